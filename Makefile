@@ -1,0 +1,31 @@
+# Two commands on a fresh machine:
+#   make run   set up .venv and run the main job (FedAvg vs FedSubAvg on the embedded data)
+#   make test  set up .venv and run ruff and the test suite
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+OUT ?= runs/default
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/fedsub compare --out $(OUT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) runs
