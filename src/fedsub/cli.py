@@ -1,0 +1,145 @@
+"""``fedsub``: run, compare and inspect federated submodel training from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedsub import config as config_lib
+from fedsub.errors import ConfigError, FedsubError
+
+
+def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.Config:
+    path = Path(args.config) if args.config else None
+    return config_lib.load(path, [*args.set, *extra])
+
+
+def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
+    from fedsub.experiment import compare
+
+    extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
+    config = _config(args, extra)
+    console = Console(stderr=True, quiet=args.quiet)
+    total = config.train.rounds * len(config.train.algorithms)
+    progress = (
+        nullcontext(None)
+        if args.quiet
+        else Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
+    )
+    with progress as bar:
+        on_round: Callable[[str, int], None] | None = None
+        if bar is not None:
+            task = bar.add_task("training", total=total)
+
+            def on_round(name: str, round_index: int) -> None:
+                bar.update(task, advance=1, description=f"{name} round {round_index}")
+
+        outcome = compare(config, Path(args.out), on_round)
+    print(outcome.markdown, end="")
+    if not args.quiet:
+        console.print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.algorithm:
+        return _compare(args, [args.algorithm])
+    listed = _config(args).train.algorithms
+    if len(listed) != 1:
+        raise ConfigError(
+            f"`fedsub run` trains one algorithm but train.algorithms lists {listed}; "
+            "pass --algorithm NAME or use `fedsub compare`"
+        )
+    return _compare(args, None)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    algorithms = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
+    return _compare(args, algorithms)
+
+
+def cmd_data_stats(args: argparse.Namespace) -> int:
+    from fedsub.data.registry import DATASETS
+    from fedsub.data.stats import feature_heat, plot_heat_distribution, table1_row
+    from fedsub.experiment import load_data
+    from fedsub.submodel.index import SubmodelIndex
+
+    if args.name not in DATASETS:
+        raise ConfigError(f"unknown dataset {args.name!r}; choose from {', '.join(DATASETS)}")
+    config = config_lib.load(None, [f'data.name="{args.name}"', *args.set])
+    dataset = load_data(config)
+    index = SubmodelIndex.build(dataset)
+    row = table1_row(dataset, index)
+    table = Table(title=f"{dataset.name} ({', '.join(f'{k}={v}' for k, v in _options(config))})")
+    for key in row:
+        table.add_column(key.replace("_", " "), justify="right")
+    table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console().print(table)
+    if args.plot:
+        plot_heat_distribution(feature_heat(dataset, index), Path(args.plot), dataset.name)
+        print(f"heat distribution plot: {args.plot}")
+    return 0
+
+
+def _options(config: config_lib.Config) -> list[tuple[str, object]]:
+    return [("seed", config.data.seed), *dataclasses.asdict(config.data.options).items()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedsub", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def add_common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", nargs="?", help="TOML config (default: the embedded default)")
+        p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+        p.add_argument("--out", default="runs/latest", help="output folder (default runs/latest)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+
+    run = commands.add_parser("run", help="train one algorithm")
+    add_common(run)
+    run.add_argument("--algorithm", help="which algorithm (default: the config's only one)")
+    run.set_defaults(func=cmd_run)
+
+    comp = commands.add_parser("compare", help="train several algorithms on the same schedule")
+    add_common(comp)
+    comp.add_argument("--algorithms", help="comma-separated, e.g. fedavg,fedsubavg")
+    comp.set_defaults(func=cmd_compare)
+
+    data = commands.add_parser("data", help="inspect datasets")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    stats = data_commands.add_parser("stats", help="clients, samples, feature heat dispersion")
+    stats.add_argument("name", help="dataset name, e.g. synthetic-sparse")
+    stats.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE")
+    stats.add_argument("--plot", help="write the feature heat distribution (PNG)")
+    stats.set_defaults(func=cmd_data_stats)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FedsubError as error:
+        print(f"fedsub: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedsub: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

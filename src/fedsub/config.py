@@ -1,0 +1,244 @@
+"""Configuration: a TOML file with sections [data], [model], [train], [eval], validated on load.
+
+Every key has a type and an allowed range; an unknown key, a wrong type or an out-of-range value
+raises ``ConfigError`` naming the key and what is allowed. ``--set section.key=value`` overrides
+any key (the value is read as a TOML value, or as a plain string when it is not one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedsub.algorithms.registry import algorithm_names
+from fedsub.data.registry import DATASETS, dataset_names
+from fedsub.errors import ConfigError
+from fedsub.models.registry import model_names
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = field(default="synthetic-sparse", metadata={"choices": dataset_names})
+    path: str | None = None
+    seed: int = field(default=0, metadata={"min": 0})
+    options: Any = None  # the dataset's own options dataclass, filled from the remaining keys
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = field(default="sparse-lr", metadata={"choices": model_names})
+    init_std: float = field(default=0.0, metadata={"min": 0.0})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    algorithms: list[str] = field(
+        default_factory=lambda: ["fedavg", "fedsubavg"],
+        metadata={"choices": algorithm_names, "nonempty": True},
+    )
+    rounds: int = field(default=100, metadata={"min": 1})
+    clients_per_round: int = field(default=50, metadata={"min": 1})
+    local_steps: int = field(default=10, metadata={"min": 1})
+    batch_size: int = field(default=5, metadata={"min": 1})
+    lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
+    seed: int = field(default=0, metadata={"min": 0})
+    heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
+    dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = field(default=5, metadata={"min": 1})
+    train_loss_samples: int = field(default=10_000, metadata={"min": 1})
+    target_train_loss: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    target_test_auc: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    eval: EvalConfig
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+}
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[tp]
+
+
+def _coerce(where: str, tp: Any, value: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        return None if value is None else _coerce(where, inner, value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+        return [_coerce(where, typing.get_args(tp)[0], v) for v in value]
+    ok = (
+        isinstance(value, bool)
+        if tp is bool
+        else isinstance(value, tp) and not isinstance(value, bool)
+        or (tp is float and isinstance(value, int) and not isinstance(value, bool))
+    )
+    if not ok:
+        raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _check_range(where: str, meta: typing.Mapping[str, Any], value: Any) -> None:
+    values = value if isinstance(value, list) else [value]
+    if meta.get("nonempty") and not values:
+        raise ConfigError(f"{where} must not be empty")
+    for v in values:
+        if v is None:
+            continue
+        if "choices" in meta and v not in (allowed := meta["choices"]()):
+            raise ConfigError(f"{where} = {v!r} is not allowed; choose from {', '.join(allowed)}")
+        if "min" in meta and v < meta["min"]:
+            raise ConfigError(f"{where} = {v!r} is out of range; expected >= {meta['min']}")
+        if "min_exclusive" in meta and v <= meta["min_exclusive"]:
+            raise ConfigError(
+                f"{where} = {v!r} is out of range; expected > {meta['min_exclusive']}"
+            )
+        if "max" in meta and v > meta["max"]:
+            raise ConfigError(f"{where} = {v!r} is out of range; expected <= {meta['max']}")
+
+
+def parse_section(cls: type, section: str, table: dict[str, Any], context: str = "") -> Any:
+    """Build the frozen dataclass ``cls`` from a TOML table, validating every key."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"[{section}] unknown key {unknown[0]!r}{context}; allowed keys: {', '.join(known)}"
+        )
+    values = {}
+    for name, value in table.items():
+        where = f"{section}.{name}"
+        values[name] = _coerce(where, hints[name], value)
+        _check_range(where, known[name].metadata, values[name])
+    return cls(**values)
+
+
+def parse(raw: dict[str, Any]) -> Config:
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown section [{unknown[0]}]; allowed sections: {', '.join(SECTIONS)}"
+        )
+    for section, table in raw.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{section} must be a [section] table, got {table!r}")
+    data_raw = dict(raw.get("data", {}))
+    common = {f.name for f in dataclasses.fields(DataConfig)} - {"options"}
+    data = parse_section(DataConfig, "data", {k: v for k, v in data_raw.items() if k in common})
+    options = parse_section(
+        DATASETS[data.name].options,
+        "data",
+        {k: v for k, v in data_raw.items() if k not in common},
+        context=f" (neither a common key nor an option of dataset {data.name!r})",
+    )
+    return Config(
+        data=dataclasses.replace(data, options=options),
+        model=parse_section(ModelConfig, "model", raw.get("model", {})),
+        train=parse_section(TrainConfig, "train", raw.get("train", {})),
+        eval=parse_section(EvalConfig, "eval", raw.get("eval", {})),
+    )
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """``section.key=value`` -> (section, key, value); the value is TOML or a plain string."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    dotted, value_text = text.split("=", 1)
+    section, dot, key = dotted.strip().partition(".")
+    if not dot or not key or section not in SECTIONS:
+        raise ConfigError(
+            f"--set {text!r}: the key must be section.key with section one of "
+            f"{', '.join(SECTIONS)}"
+        )
+    try:
+        value = tomllib.loads(f"v = {value_text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = value_text
+    return section, key, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    merged = {section: dict(table) for section, table in raw.items() if isinstance(table, dict)}
+    merged.update({s: t for s, t in raw.items() if not isinstance(t, dict)})
+    for text in overrides:
+        section, key, value = parse_override(text)
+        merged.setdefault(section, {})[key] = value
+    return merged
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot be read: {error}") from None
+
+
+def load(path: Path | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """The config at ``path`` (or fedsub's embedded default) with ``--set`` overrides applied."""
+    raw = read_toml(path if path is not None else default_config_path())
+    try:
+        return parse(apply_overrides(raw, list(overrides)))
+    except ConfigError as error:
+        where = path if path is not None else "default config"
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def default_config_path() -> Path:
+    return Path(__file__).parent / "configs" / "default.toml"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def to_toml(config: Config) -> str:
+    """The resolved config (every key, defaults included) as TOML; unset optional keys omitted."""
+    lines: list[str] = []
+    for section in SECTIONS:
+        part = getattr(config, section)
+        items = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)}
+        options = items.pop("options", None)
+        if options is not None:
+            items.update(dataclasses.asdict(options))
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in items.items() if v is not None]
+        lines.append("")
+    return "\n".join(lines)

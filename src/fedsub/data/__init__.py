@@ -1,0 +1,1 @@
+"""Federated datasets: ragged sparse ids grouped by client, and their loaders."""

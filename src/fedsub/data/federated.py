@@ -1,0 +1,112 @@
+"""A federated dataset: samples of ragged sparse ids (+ optional dense features), grouped by client.
+
+Training samples are stored client after client, so client ``k`` owns the contiguous range
+``client_offsets[k]:client_offsets[k + 1]``; its sample count ``w_k`` is the range's length.
+The test set is pooled (the papers evaluate the global model on a central test set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedsub.data.ragged import Ragged
+from fedsub.errors import DataError
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    """Samples: per embedding table a ``Ragged`` of row ids, dense features, binary labels."""
+
+    ids: dict[str, Ragged]
+    labels: np.ndarray
+    dense: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.labels)
+        for table, ragged in self.ids.items():
+            if len(ragged) != n:
+                raise DataError(f"table {table!r} has {len(ragged)} samples, labels have {n}")
+        if self.dense is not None and (self.dense.ndim != 2 or len(self.dense) != n):
+            raise DataError(f"dense features must be [{n}, d], got {self.dense.shape}")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def dense_dim(self) -> int:
+        return 0 if self.dense is None else self.dense.shape[1]
+
+    def take(self, index: np.ndarray) -> SampleSet:
+        return SampleSet(
+            ids={t: r.take(index) for t, r in self.ids.items()},
+            labels=self.labels[index],
+            dense=None if self.dense is None else self.dense[index],
+        )
+
+    def slice(self, start: int, stop: int) -> SampleSet:
+        return SampleSet(
+            ids={t: r.slice(start, stop) for t, r in self.ids.items()},
+            labels=self.labels[start:stop],
+            dense=None if self.dense is None else self.dense[start:stop],
+        )
+
+    @staticmethod
+    def concat(parts: list[SampleSet]) -> SampleSet:
+        tables = parts[0].ids.keys()
+        dense = [p.dense for p in parts]
+        return SampleSet(
+            ids={t: Ragged.concat([p.ids[t] for p in parts]) for t in tables},
+            labels=np.concatenate([p.labels for p in parts]),
+            dense=None if dense[0] is None else np.concatenate(dense),
+        )
+
+
+@dataclass(frozen=True)
+class FederatedDataset:
+    """Clients' training data, a pooled test set, and the size of every embedding table."""
+
+    name: str
+    table_rows: dict[str, int]
+    train: SampleSet
+    client_offsets: np.ndarray
+    test: SampleSet
+
+    def __post_init__(self) -> None:
+        offsets = self.client_offsets
+        if offsets[0] != 0 or offsets[-1] != len(self.train) or np.any(np.diff(offsets) <= 0):
+            raise DataError(f"{self.name}: client offsets must split the training set, no empties")
+        for split, samples in (("train", self.train), ("test", self.test)):
+            if set(samples.ids) != set(self.table_rows):
+                raise DataError(f"{self.name} {split}: tables {sorted(samples.ids)} "
+                                f"differ from {sorted(self.table_rows)}")
+            for table, ragged in samples.ids.items():
+                rows = self.table_rows[table]
+                if len(ragged.values) and (ragged.values.min() < 0 or ragged.values.max() >= rows):
+                    raise DataError(
+                        f"{self.name} {split}: table {table!r} ids must lie in [0, {rows})"
+                    )
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_offsets) - 1
+
+    def sample_counts(self) -> np.ndarray:
+        """``w_k``: each client's number of training samples."""
+        return np.diff(self.client_offsets)
+
+    def client(self, k: int) -> SampleSet:
+        return self.train.slice(int(self.client_offsets[k]), int(self.client_offsets[k + 1]))
+
+    def client_of_sample(self) -> np.ndarray:
+        """For every training sample, the client that holds it."""
+        return np.repeat(np.arange(self.num_clients), self.sample_counts())
+
+    @staticmethod
+    def from_clients(
+        name: str, table_rows: dict[str, int], clients: list[SampleSet], test: SampleSet
+    ) -> FederatedDataset:
+        offsets = np.zeros(len(clients) + 1, dtype=np.int64)
+        np.cumsum([len(c) for c in clients], out=offsets[1:])
+        return FederatedDataset(name, table_rows, SampleSet.concat(clients), offsets, test)

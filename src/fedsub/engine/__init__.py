@@ -1,0 +1,1 @@
+"""The round loop and its stages: sampling, client work, evaluation."""

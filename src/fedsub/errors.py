@@ -1,0 +1,13 @@
+"""The errors fedsub raises on bad input: each message names what was wrong and what was expected."""
+
+
+class FedsubError(Exception):
+    """Base of every error fedsub documents; the CLI prints its message without a traceback."""
+
+
+class ConfigError(FedsubError):
+    """A configuration key, type or value is not allowed."""
+
+
+class DataError(FedsubError):
+    """A dataset is missing, malformed, or inconsistent."""

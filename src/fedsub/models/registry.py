@@ -1,0 +1,24 @@
+"""Model names usable as ``[model] name`` and how each is built for a dataset."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fedsub.data.federated import FederatedDataset
+from fedsub.models.base import Model
+from fedsub.models.sparse_lr import SparseLogisticRegression
+
+_BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
+    "sparse-lr": lambda ds, opts: SparseLogisticRegression(
+        table_rows=dict(ds.table_rows), dense_dim=ds.train.dense_dim, **opts
+    ),
+}
+
+
+def model_names() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def build_model(name: str, dataset: FederatedDataset, options: dict[str, Any]) -> Model:
+    return _BUILDERS[name](dataset, options)

@@ -1,0 +1,152 @@
+"""What a run leaves behind: metrics.jsonl per algorithm, summary.json, summary.md, curves.png."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedsub.engine.loop import Evaluation
+
+CURVE_METRICS = (("train_loss", "train loss"), ("test_auc", "test AUC"))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same folder and rename, so no reader sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class Target:
+    """The rounds-to-target criterion: every target given must be met."""
+
+    train_loss: float | None = None
+    test_auc: float | None = None
+
+    def as_json(self) -> dict[str, float]:
+        out = {}
+        if self.train_loss is not None:
+            out["train_loss"] = self.train_loss
+        if self.test_auc is not None:
+            out["test_auc"] = self.test_auc
+        return out
+
+    def met(self, metrics: dict[str, float]) -> bool:
+        if self.train_loss is None and self.test_auc is None:
+            return False
+        ok = True
+        if self.train_loss is not None:
+            ok &= metrics.get("train_loss", math.inf) <= self.train_loss
+        if self.test_auc is not None:
+            ok &= metrics.get("test_auc", -math.inf) >= self.test_auc
+        return ok
+
+    def describe(self) -> str:
+        parts = []
+        if self.train_loss is not None:
+            parts.append(f"train loss <= {self.train_loss:g}")
+        if self.test_auc is not None:
+            parts.append(f"test AUC >= {self.test_auc:g}")
+        return " and ".join(parts) or "none"
+
+
+def rounds_to_target(history: list[Evaluation], target: Target) -> int | None:
+    """The first evaluated round at which the target is met, or None."""
+    return next((e.round for e in history if target.met(e.metrics)), None)
+
+
+def best_metrics(history: list[Evaluation]) -> dict[str, float]:
+    best: dict[str, float] = {}
+    for name in history[0].metrics:
+        values = [e.metrics[name] for e in history if not math.isnan(e.metrics[name])]
+        if values:
+            best[name] = max(values) if name.endswith(("auc", "accuracy")) else min(values)
+    return best
+
+
+class MetricsLog:
+    """``<out>/<algorithm>/metrics.jsonl``: one JSON line per evaluation, flushed as written."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self.history: list[Evaluation] = []
+
+    def __call__(self, evaluation: Evaluation) -> None:
+        self.history.append(evaluation)
+        self._handle.write(json.dumps(evaluation.as_json()) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def summary(histories: dict[str, list[Evaluation]], target: Target) -> dict:
+    return {
+        "target": target.as_json(),
+        "algorithms": {
+            name: {
+                "rounds_to_target": rounds_to_target(history, target),
+                "final": history[-1].metrics,
+                "best": best_metrics(history),
+            }
+            for name, history in histories.items()
+        },
+    }
+
+
+def summary_markdown(result: dict, target: Target, rounds: int) -> str:
+    lines = [
+        f"Target: {target.describe()} (rounds to target; '{rounds}+' = not reached in {rounds})",
+        "",
+        "| algorithm | rounds to target | final train loss | final test loss | final test AUC |"
+        " best test AUC |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, entry in result["algorithms"].items():
+        reached = entry["rounds_to_target"]
+        final, best = entry["final"], entry["best"]
+        lines.append(
+            f"| {name} | {reached if reached is not None else f'{rounds}+'} "
+            f"| {final.get('train_loss', math.nan):.4f} | {final.get('test_loss', math.nan):.4f} "
+            f"| {final.get('test_auc', math.nan):.4f} | {best.get('test_auc', math.nan):.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(histories: dict[str, list[Evaluation]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [(m, label) for m, label in CURVE_METRICS if any(
+        m in h[0].metrics for h in histories.values()
+    )]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    for ax, (metric, label) in zip(axes[0], metrics, strict=True):
+        for name, history in histories.items():
+            points = [(e.round, e.metrics[metric]) for e in history if metric in e.metrics]
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=name)
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,33 @@
+"""Model parameters split the way federated submodel training sees them.
+
+``tables`` are embedding tables (a client only ever sees the rows it touches); ``dense`` are the
+parameters every client uses in full (biases, MLP weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Params:
+    tables: dict[str, torch.Tensor]
+    dense: dict[str, torch.Tensor]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.tables.values(), *self.dense.values()]
+
+    def clone(self) -> Params:
+        return Params(
+            {k: v.clone() for k, v in self.tables.items()},
+            {k: v.clone() for k, v in self.dense.items()},
+        )
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat names (``table.<name>`` / ``dense.<name>``), e.g. for safetensors files."""
+        return {
+            **{f"table.{k}": v for k, v in self.tables.items()},
+            **{f"dense.{k}": v for k, v in self.dense.items()},
+        }
