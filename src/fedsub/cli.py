@@ -84,10 +84,13 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     dataset = load_data(config)
     index = SubmodelIndex.build(dataset)
     row = table1_row(dataset, index)
-    table = Table(title=f"{dataset.name} ({', '.join(f'{k}={v}' for k, v in _options(config))})")
-    for key in row:
-        table.add_column(key.replace("_", " "), justify="right")
-    table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+    table = Table(title=dataset.name, caption=", ".join(f"{k}={v}" for k, v in _options(config)))
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    for key, value in row.items():
+        table.add_row(
+            key.replace("_", " "), f"{value:.4g}" if isinstance(value, float) else str(value)
+        )
     Console().print(table)
     if args.plot:
         plot_heat_distribution(feature_heat(dataset, index), Path(args.plot), dataset.name)

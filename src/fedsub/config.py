@@ -87,7 +87,7 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
     """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        inner = next(a for a in typing.get_args(tp) if a is not type(None))
         return None if value is None else _coerce(where, inner, value)
     if origin is list:
         if not isinstance(value, list):
@@ -96,7 +96,7 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
     ok = (
         isinstance(value, bool)
         if tp is bool
-        else isinstance(value, tp) and not isinstance(value, bool)
+        else (isinstance(value, tp) and not isinstance(value, bool))
         or (tp is float and isinstance(value, int) and not isinstance(value, bool))
     )
     if not ok:
@@ -174,8 +174,7 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     section, dot, key = dotted.strip().partition(".")
     if not dot or not key or section not in SECTIONS:
         raise ConfigError(
-            f"--set {text!r}: the key must be section.key with section one of "
-            f"{', '.join(SECTIONS)}"
+            f"--set {text!r}: the key must be section.key with section one of {', '.join(SECTIONS)}"
         )
     try:
         value = tomllib.loads(f"v = {value_text}")["v"]

@@ -1,4 +1,4 @@
-"""The errors fedsub raises on bad input: each message names what was wrong and what was expected."""
+"""Errors fedsub raises on bad input: each message names what was wrong and what was expected."""
 
 
 class FedsubError(Exception):

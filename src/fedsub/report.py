@@ -132,9 +132,11 @@ def plot_curves(histories: dict[str, list[Evaluation]], path: Path, title: str) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [(m, label) for m, label in CURVE_METRICS if any(
-        m in h[0].metrics for h in histories.values()
-    )]
+    metrics = [
+        (m, label)
+        for m, label in CURVE_METRICS
+        if any(m in h[0].metrics for h in histories.values())
+    ]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
     for ax, (metric, label) in zip(axes[0], metrics, strict=True):
         for name, history in histories.items():

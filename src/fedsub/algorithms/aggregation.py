@@ -57,7 +57,9 @@ def aggregate(updates: list[ClientUpdate], aggregation: Aggregation) -> ServerUp
     tables: dict[str, RowUpdate] = {}
     for table in updates[0].rows:
         rows = torch.cat([u.rows[table] for u in updates])
-        values = torch.cat([a * u.table_deltas[table] for a, u in zip(weights, updates, strict=True)])
+        values = torch.cat(
+            [a * u.table_deltas[table] for a, u in zip(weights, updates, strict=True)]
+        )
         unique_rows, inverse = torch.unique(rows, return_inverse=True)
         summed = values.new_zeros((len(unique_rows), values.shape[1]))
         summed.index_add_(0, inverse, values)
@@ -66,8 +68,9 @@ def aggregate(updates: list[ClientUpdate], aggregation: Aggregation) -> ServerUp
             summed *= coef.to(summed.dtype).unsqueeze(1)
         tables[table] = RowUpdate(unique_rows, summed)
     dense = {
-        name: torch.stack([a * u.dense_deltas[name] for a, u in zip(weights, updates, strict=True)])
-        .sum(0)
+        name: torch.stack(
+            [a * u.dense_deltas[name] for a, u in zip(weights, updates, strict=True)]
+        ).sum(0)
         for name in updates[0].dense_deltas
     }
     return ServerUpdate(tables, dense)

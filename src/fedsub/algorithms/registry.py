@@ -55,9 +55,7 @@ def _fedavg(context: AlgorithmContext) -> Algorithm:
 
 def _fedsubavg(context: AlgorithmContext) -> Algorithm:
     weighting = "samples" if context.heat == "samples" else "uniform"
-    return Algorithm(
-        "fedsubavg", Aggregation(weighting, heat_coefficients(context)), ServerSGD()
-    )
+    return Algorithm("fedsubavg", Aggregation(weighting, heat_coefficients(context)), ServerSGD())
 
 
 _BUILDERS: dict[str, Callable[[AlgorithmContext], Algorithm]] = {

@@ -79,8 +79,10 @@ class FederatedDataset:
             raise DataError(f"{self.name}: client offsets must split the training set, no empties")
         for split, samples in (("train", self.train), ("test", self.test)):
             if set(samples.ids) != set(self.table_rows):
-                raise DataError(f"{self.name} {split}: tables {sorted(samples.ids)} "
-                                f"differ from {sorted(self.table_rows)}")
+                raise DataError(
+                    f"{self.name} {split}: tables {sorted(samples.ids)} "
+                    f"differ from {sorted(self.table_rows)}"
+                )
             for table, ragged in samples.ids.items():
                 rows = self.table_rows[table]
                 if len(ragged.values) and (ragged.values.min() < 0 or ragged.values.max() >= rows):

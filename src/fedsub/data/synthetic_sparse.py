@@ -44,7 +44,10 @@ def field_offsets(num_items: int) -> dict[str, int]:
         "age_x_item": AGE_GROUPS * num_items,
     }
     starts = np.cumsum([0, *sizes.values()])
-    return {**{name: int(s) for name, s in zip(sizes, starts, strict=False)}, "total": int(starts[-1])}
+    return {
+        **{name: int(s) for name, s in zip(sizes, starts, strict=False)},
+        "total": int(starts[-1]),
+    }
 
 
 def generate(options: SyntheticSparseOptions, seed: int) -> FederatedDataset:

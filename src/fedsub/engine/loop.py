@@ -48,7 +48,9 @@ class Evaluation:
 
 
 def initial_params(model: Model, schedule: Schedule) -> Params:
-    generator = torch.Generator().manual_seed(int(seeding.rng(schedule.seed, seeding.INIT).integers(2**62)))
+    generator = torch.Generator().manual_seed(
+        int(seeding.rng(schedule.seed, seeding.INIT).integers(2**62))
+    )
     return model.init(generator, schedule.dtype)
 
 
@@ -98,9 +100,7 @@ def train(
     for r in range(1, schedule.rounds + 1):
         started = time.perf_counter()
         cohort = uniform_cohort(schedule.seed, r, dataset.num_clients, schedule.clients_per_round)
-        updates = [
-            client_round(model, params, dataset, index, int(k), r, schedule) for k in cohort
-        ]
+        updates = [client_round(model, params, dataset, index, int(k), r, schedule) for k in cohort]
         algorithm.server.apply(params, aggregate(updates, algorithm.aggregation))
         elapsed += time.perf_counter() - started
         if r % schedule.eval_every == 0 or r == schedule.rounds:

@@ -17,8 +17,8 @@ from fedsub.data.ragged import Ragged
 
 @dataclass(frozen=True)
 class SubmodelIndex:
-    """``rows[table]`` is a Ragged over clients: client k's ``S(k)`` for that table;
-    ``local_ids[table]`` has the layout of ``train.ids[table].values``, holding positions in S(k)."""
+    """``rows[table]`` is a Ragged over clients: client k's ``S(k)`` for that table.
+    ``local_ids[table]`` has the layout of ``train.ids[table].values``, holding S(k) positions."""
 
     rows: dict[str, Ragged]
     local_ids: dict[str, np.ndarray]

@@ -1,0 +1,130 @@
+"""The command line end to end on a tiny configuration, checking every output file."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from fedsub.cli import main
+
+TINY = """
+[data]
+name = "synthetic-sparse"
+num_users = 60
+num_items = 40
+mean_samples_per_user = 10
+
+[train]
+algorithms = ["fedavg", "fedsubavg"]
+rounds = 6
+clients_per_round = 8
+local_steps = 3
+batch_size = 4
+lr = 0.2
+
+[eval]
+every = 2
+train_loss_samples = 200
+target_train_loss = 0.69
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def test_compare_writes_every_output(tmp_path, tiny_config, capsys):
+    out = tmp_path / "out"
+    assert main(["compare", str(tiny_config), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "| fedavg |" in printed and "| fedsubavg |" in printed
+
+    assert (out / "config.toml").read_text().count("[train]") == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target"] == {"train_loss": 0.69}
+    for name in ("fedavg", "fedsubavg"):
+        lines = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+        assert [x["round"] for x in lines] == [0, 2, 4, 6]
+        for line in lines:
+            assert {"train_loss", "test_loss", "test_accuracy", "test_auc", "elapsed"} <= set(line)
+        entry = summary["algorithms"][name]
+        assert entry["final"]["train_loss"] == lines[-1]["train_loss"]
+        assert entry["best"]["test_auc"] == max(x["test_auc"] for x in lines)
+        reached = [x["round"] for x in lines if x["train_loss"] <= 0.69]
+        assert entry["rounds_to_target"] == (reached[0] if reached else None)
+    assert (out / "summary.md").read_text().startswith("Target: train loss <= 0.69")
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_one_algorithm_and_resolved_config_reruns_identically(tmp_path, tiny_config):
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert (
+        main(["run", str(tiny_config), "--algorithm", "fedsubavg", "--out", str(first), "--quiet"])
+        == 0
+    )
+    assert (
+        main(
+            [
+                "run",
+                str(first / "config.toml"),
+                "--algorithm",
+                "fedsubavg",
+                "--out",
+                str(second),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    strip = lambda p: [  # noqa: E731
+        {k: v for k, v in json.loads(x).items() if k != "elapsed"}
+        for x in p.read_text().splitlines()
+    ]
+    assert strip(first / "fedsubavg" / "metrics.jsonl") == strip(
+        second / "fedsubavg" / "metrics.jsonl"
+    )
+
+
+def test_run_refuses_an_ambiguous_algorithm_choice(tmp_path, tiny_config, capsys):
+    assert main(["run", str(tiny_config), "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert "pass --algorithm NAME" in capsys.readouterr().err
+
+
+def test_data_stats_prints_table1_row_and_plots(tmp_path, capsys):
+    plot = tmp_path / "heat.png"
+    assert (
+        main(
+            ["data", "stats", "synthetic-sparse", "--set", "data.num_users=80", "--plot", str(plot)]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "heat dispersion" in printed
+    assert re.search(r"clients\s+│\s+80\s", printed)
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_console_script_reports_bad_config_without_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nrounds = -3\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "fedsub.cli", "compare", str(bad), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "train.rounds = -3 is out of range; expected >= 1" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unwritable_output_folder_is_reported_before_training(tmp_path, tiny_config, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert main(["compare", str(tiny_config), "--out", str(blocker / "sub"), "--quiet"]) == 2
+    assert "is not writable" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""Configuration loading: defaults, overrides, and a clear message for every kind of bad input."""
+
+from pathlib import Path
+
+import pytest
+
+from fedsub import config as config_lib
+from fedsub.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_embedded_default_loads_and_round_trips_through_toml(tmp_path):
+    config = config_lib.load(None)
+    assert config.data.name == "synthetic-sparse"
+    assert config.train.algorithms == ["fedavg", "fedsubavg"]
+    again = config_lib.load(write(tmp_path, config_lib.to_toml(config)))
+    assert again == config
+
+
+def test_overrides_take_toml_values_and_plain_strings(tmp_path):
+    path = write(tmp_path, "[train]\nrounds = 3\n")
+    config = config_lib.load(
+        path,
+        [
+            "train.lr=0.25",
+            "train.heat=clients",
+            'train.algorithms=["fedavg"]',
+            "data.num_users=50",
+            "eval.target_test_auc=0.7",
+        ],
+    )
+    assert config.train.rounds == 3
+    assert config.train.lr == 0.25
+    assert config.train.heat == "clients"
+    assert config.train.algorithms == ["fedavg"]
+    assert config.data.options.num_users == 50
+    assert config.eval.target_test_auc == 0.7
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[train]\nlrr = 0.1\n", "[train] unknown key 'lrr'; allowed keys: algorithms, rounds"),
+        ("[train]\nrounds = 'ten'\n", "train.rounds must be an integer, got 'ten'"),
+        ("[train]\nrounds = 2.5\n", "train.rounds must be an integer, got 2.5"),
+        ("[train]\nrounds = true\n", "train.rounds must be an integer, got True"),
+        ("[train]\nrounds = 0\n", "train.rounds = 0 is out of range; expected >= 1"),
+        ("[train]\nlr = -1\n", "train.lr = -1.0 is out of range; expected > 0.0"),
+        ("[train]\nalgorithms = []\n", "train.algorithms must not be empty"),
+        (
+            "[train]\nalgorithms = ['fedsgd']\n",
+            "train.algorithms = 'fedsgd' is not allowed; choose from fedavg, fedsubavg",
+        ),
+        ("[train]\nheat = 'rows'\n", "train.heat = 'rows' is not allowed; choose from clients"),
+        (
+            "[eval]\ntarget_test_auc = 1.5\n",
+            "eval.target_test_auc = 1.5 is out of range; expected <= 1.0",
+        ),
+        ("[data]\nname = 'nope'\n", "data.name = 'nope' is not allowed; choose from"),
+        (
+            "[data]\nnum_usrs = 5\n",
+            "[data] unknown key 'num_usrs' (neither a common key nor an option of dataset "
+            "'synthetic-sparse')",
+        ),
+        ("[data]\nnum_users = 1\n", "data.num_users = 1 is out of range; expected >= 2"),
+        ("[trian]\nrounds = 1\n", "unknown section [trian]; allowed sections: data, model"),
+        ("train = 3\n", "train must be a [section] table, got 3"),
+        ("[train\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_key_and_what_is_allowed(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        config_lib.load(path)
+    assert message in str(error.value)
+    assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rounds=3", "the key must be section.key"),
+        ("train.rounds", "expected section.key=value"),
+        ("optim.lr=1", "the key must be section.key with section one of data, model"),
+        ("train.rounds=abc", "train.rounds must be an integer, got 'abc'"),
+    ],
+)
+def test_bad_override_is_explained(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        config_lib.load(None, [override])
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        config_lib.load(tmp_path / "absent.toml")

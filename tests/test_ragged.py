@@ -1,0 +1,34 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fedsub.data.ragged import Ragged
+
+lists_of_ids = st.lists(st.lists(st.integers(0, 50), max_size=6), min_size=1, max_size=20)
+
+
+@given(lists_of_ids, st.data())
+def test_take_matches_python_indexing(lists, data):
+    ragged = Ragged.from_lists(lists)
+    index = data.draw(st.lists(st.integers(0, len(lists) - 1), max_size=30))
+    taken = ragged.take(np.array(index, dtype=np.int64))
+    expected = [lists[i] for i in index]
+    assert [
+        taken.values[a:b].tolist()
+        for a, b in zip(taken.offsets[:-1], taken.offsets[1:], strict=True)
+    ] == (expected)
+
+
+@given(lists_of_ids, st.data())
+def test_slice_and_concat_round_trip(lists, data):
+    ragged = Ragged.from_lists(lists)
+    cut = data.draw(st.integers(0, len(lists)))
+    joined = Ragged.concat([ragged.slice(0, cut), ragged.slice(cut, len(lists))])
+    np.testing.assert_array_equal(joined.values, ragged.values)
+    np.testing.assert_array_equal(joined.offsets, ragged.offsets)
+
+
+def test_inconsistent_offsets_are_rejected():
+    with pytest.raises(ValueError, match="offsets end at 3 but there are 2 values"):
+        Ragged(np.array([1, 2]), np.array([0, 3]))
