@@ -21,8 +21,8 @@ run: $(STAMP)
 	$(BIN)/fedsub compare --out $(OUT)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests $(wildcard benchmarks)
+	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
 
 test: lint
 	$(BIN)/pytest -q
