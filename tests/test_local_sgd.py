@@ -51,3 +51,23 @@ def test_submodel_sgd_equals_full_model_torch_sgd(small_synthetic):
         others[rows[table]] = False
         assert torch.equal(reference.tables[table].detach()[others], full.tables[table][others])
     torch.testing.assert_close(local.dense["bias"], reference.dense["bias"].detach())
+
+
+def test_sparse_lr_forward_with_dense_features_by_hand():
+    from fedsub.data.federated import SampleSet
+    from fedsub.data.ragged import Ragged
+
+    model = SparseLogisticRegression({"a": 5, "b": 3}, dense_dim=2)
+    params = model.init(torch.Generator().manual_seed(0), torch.float64)
+    params.tables["a"][:, 0] = torch.arange(5.0, dtype=torch.float64)
+    params.tables["b"][:, 0] = torch.tensor([10.0, 20.0, 30.0], dtype=torch.float64)
+    params.dense["bias"][0] = 0.5
+    params.dense["dense_weight"][:] = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    samples = SampleSet(
+        {"a": Ragged.from_lists([[1, 4], [], [2]]), "b": Ragged.from_lists([[0], [2, 2], []])},
+        np.array([1.0, 0.0, 1.0], dtype=np.float32),
+        np.array([[1.0, 1.0], [0.0, 0.5], [2.0, 0.0]], dtype=np.float32),
+    )
+    logits = model.forward(params, Batch.from_samples(samples, torch.float64))
+    expected = [1 + 4 + 10 + 0.5 + (1 - 2), 60 + 0.5 - 1, 2 + 0.5 + 2]
+    torch.testing.assert_close(logits, torch.tensor(expected, dtype=torch.float64))
