@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.aggregation import Aggregation, aggregate
-from fedsub.submodel.transfer import ClientUpdate
+from fedsub.submodel.transfer import ClientUpdate, CohortUpdate
 
 
 def random_updates(rows: int, dim: int, k: int, seed: int) -> list[ClientUpdate]:
@@ -46,7 +46,7 @@ def test_sparse_aggregate_equals_dense_reference():
     for weighting in ("samples", "uniform"):
         for c in (None, coef):
             agg = aggregate(
-                updates,
+                CohortUpdate.from_clients(updates),
                 Aggregation(weighting, None if c is None else {"t": torch.from_numpy(c)}),
             )
             table, bias = dense_reference(updates, rows, dim, weighting, c)

@@ -18,12 +18,14 @@ from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
-from fedsub.engine.loop import Schedule, client_round, train
+from fedsub.engine.loop import train
 from fedsub.engine.sampling import uniform_cohort
-from fedsub.models.base import Batch
+from fedsub.engine.schedule import Schedule
+from fedsub.engine.sequential import client_round
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import CohortUpdate
 
 from .conftest import make_dataset
 
@@ -39,13 +41,16 @@ class SquaredDistance:
     def init(self, generator, dtype):
         return Params({"w": torch.full((self.rows, 1), self.w0, dtype=dtype)}, {})
 
-    def forward(self, params: Params, batch: Batch) -> torch.Tensor:
-        values, offsets = batch.ids["w"]
-        w = params.tables["w"]
+    def embed(self, tables, ids):
+        values, offsets = ids["w"]
+        w = tables["w"]
         bag = lambda weight: F.embedding_bag(  # noqa: E731
             values, weight, offsets, mode="sum", include_last_offset=True
         )[:, 0]
-        return torch.stack([bag(w**2), bag(w), bag(torch.ones_like(w))], dim=1)
+        return {"moments": torch.stack([bag(w**2), bag(w), bag(torch.ones_like(w))], dim=1)}
+
+    def head(self, dense, features, dense_inputs):
+        return features["moments"]
 
     def loss(self, outputs, labels):
         sq, s, count = outputs.unbind(1)
@@ -107,7 +112,8 @@ def test_equation3_expected_update_is_mean_over_involved_clients(small_synthetic
         cohort = uniform_cohort(seed=7, round_index=r, num_clients=ds.num_clients, k=10)
         picked = [updates[k] for k in cohort]
         for name, algorithm in (("fedsubavg", fedsubavg), ("fedavg", fedavg)):
-            agg = aggregate(picked, algorithm.aggregation).tables[table]
+            agg = aggregate(CohortUpdate.from_clients(picked), algorithm.aggregation)
+            agg = agg.tables[table]
             step = np.zeros(rows)
             step[agg.rows.numpy()] = agg.values[:, 0].numpy()
             sums[name] += step

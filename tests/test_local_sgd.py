@@ -3,19 +3,12 @@
 import numpy as np
 import torch
 
-from fedsub.engine.local_sgd import batch_schedule, local_sgd
-from fedsub.models.base import Batch
+from fedsub.engine.local_sgd import local_sgd
+from fedsub.engine.shuffle import cohort_schedules
+from fedsub.models.base import Batch, forward
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.transfer import pull
-
-
-def test_batch_schedule_cycles_through_fresh_shuffles():
-    order = batch_schedule(7, steps=5, batch_size=3, generator=np.random.default_rng(1))
-    assert order.shape == (5, 3)
-    flat = order.reshape(-1)
-    assert sorted(flat[:7]) == list(range(7))  # the first pass is a permutation
-    assert sorted(flat[7:14]) == list(range(7))  # then a fresh one
 
 
 def test_submodel_sgd_equals_full_model_torch_sgd(small_synthetic):
@@ -28,7 +21,7 @@ def test_submodel_sgd_equals_full_model_torch_sgd(small_synthetic):
         t.normal_(generator=generator)
     k, lr = 5, 0.3
     samples = index.client_samples(ds, k)
-    schedule = batch_schedule(len(samples), 8, 4, np.random.default_rng(2))
+    schedule = cohort_schedules(2, 1, np.array([k]), np.array([len(samples)]), 8, 4)[0]
 
     rows = {t: torch.from_numpy(index.client_rows(t, k)) for t in ds.table_rows}
     local = local_sgd(model, pull(full, rows), samples, schedule, lr)
@@ -40,7 +33,7 @@ def test_submodel_sgd_equals_full_model_torch_sgd(small_synthetic):
     for step in schedule:
         batch = Batch.from_samples(global_samples.take(step), torch.float64)
         optimizer.zero_grad()
-        model.loss(model.forward(reference, batch), batch.labels).backward()
+        model.loss(forward(model, reference, batch), batch.labels).backward()
         optimizer.step()
 
     for table in ds.table_rows:
@@ -68,6 +61,6 @@ def test_sparse_lr_forward_with_dense_features_by_hand():
         np.array([1.0, 0.0, 1.0], dtype=np.float32),
         np.array([[1.0, 1.0], [0.0, 0.5], [2.0, 0.0]], dtype=np.float32),
     )
-    logits = model.forward(params, Batch.from_samples(samples, torch.float64))
+    logits = forward(model, params, Batch.from_samples(samples, torch.float64))
     expected = [1 + 4 + 10 + 0.5 + (1 - 2), 60 + 0.5 - 1, 2 + 0.5 + 2]
     torch.testing.assert_close(logits, torch.tensor(expected, dtype=torch.float64))

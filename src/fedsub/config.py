@@ -49,6 +49,7 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"min": 0})
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
     dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
+    backend: str = field(default="batched", metadata={"choices": lambda: ["batched", "sequential"]})
 
 
 @dataclass(frozen=True)

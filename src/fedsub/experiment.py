@@ -14,7 +14,8 @@ from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.loop import DTYPES, Evaluation, Schedule, train
+from fedsub.engine.loop import Evaluation, train
+from fedsub.engine.schedule import DTYPES, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.registry import build_model
 from fedsub.report import (
@@ -61,6 +62,7 @@ def schedule_of(config: Config) -> Schedule:
         seed=t.seed,
         dtype=DTYPES[t.dtype],
         eval_every=config.eval.every,
+        backend=t.backend,  # type: ignore[arg-type]
     )
 
 

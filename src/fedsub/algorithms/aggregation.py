@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from fedsub.submodel.transfer import ClientUpdate
+from fedsub.submodel.transfer import CohortUpdate
 
 Weighting = Literal["samples", "uniform"]
 
@@ -43,34 +43,28 @@ class Aggregation:
     coefficients: dict[str, torch.Tensor] | None = None
 
 
-def client_weights(updates: list[ClientUpdate], weighting: Weighting) -> list[float]:
+def client_weights(cohort: CohortUpdate, weighting: Weighting) -> torch.Tensor:
+    """``a_k`` for each cohort member (float64, summing to 1)."""
     if weighting == "uniform":
-        return [1.0 / len(updates)] * len(updates)
-    total = sum(u.weight for u in updates)
-    return [u.weight / total for u in updates]
+        return torch.full((len(cohort),), 1.0 / len(cohort), dtype=torch.float64)
+    return cohort.weights / cohort.weights.sum()
 
 
-def aggregate(updates: list[ClientUpdate], aggregation: Aggregation) -> ServerUpdate:
-    if not updates:
-        raise ValueError("cannot aggregate an empty round")
-    weights = client_weights(updates, aggregation.weighting)
+def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
+    weights = client_weights(cohort, aggregation.weighting)
     tables: dict[str, RowUpdate] = {}
-    for table in updates[0].rows:
-        rows = torch.cat([u.rows[table] for u in updates])
-        values = torch.cat(
-            [a * u.table_deltas[table] for a, u in zip(weights, updates, strict=True)]
-        )
+    for table, rows in cohort.rows.items():
+        deltas = cohort.table_deltas[table]
+        row_weight = weights.to(deltas.dtype).index_select(0, cohort.row_owner[table])
         unique_rows, inverse = torch.unique(rows, return_inverse=True)
-        summed = values.new_zeros((len(unique_rows), values.shape[1]))
-        summed.index_add_(0, inverse, values)
+        summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
+        summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
         if aggregation.coefficients is not None:
             coef = aggregation.coefficients[table].index_select(0, unique_rows)
             summed *= coef.to(summed.dtype).unsqueeze(1)
         tables[table] = RowUpdate(unique_rows, summed)
-    dense = {
-        name: torch.stack(
-            [a * u.dense_deltas[name] for a, u in zip(weights, updates, strict=True)]
-        ).sum(0)
-        for name in updates[0].dense_deltas
-    }
+    dense = {}
+    for name, stacked in cohort.dense_deltas.items():
+        a = weights.to(stacked.dtype).reshape(-1, *([1] * (stacked.dim() - 1)))
+        dense[name] = (a * stacked).sum(0)
     return ServerUpdate(tables, dense)

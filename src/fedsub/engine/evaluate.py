@@ -10,7 +10,7 @@ import torch
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine import seeding
 from fedsub.engine.metrics import roc_auc
-from fedsub.models.base import Batch, Model
+from fedsub.models.base import Batch, Model, forward
 from fedsub.submodel.params import Params
 
 CHUNK = 65_536
@@ -40,7 +40,7 @@ class Evaluator:
         with torch.no_grad():
             for start in range(0, len(samples), CHUNK):
                 part = samples.slice(start, min(start + CHUNK, len(samples)))
-                chunks.append(self.model.forward(params, Batch.from_samples(part, dtype)))
+                chunks.append(forward(self.model, params, Batch.from_samples(part, dtype)))
         return torch.cat(chunks)
 
     def loss(self, params: Params, samples: SampleSet) -> float:

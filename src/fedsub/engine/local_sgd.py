@@ -1,4 +1,4 @@
-"""Client work: I local SGD steps of batch size B on the client's submodel."""
+"""Client work, the sequential reference: I local SGD steps of batch size B on one submodel."""
 
 from __future__ import annotations
 
@@ -6,19 +6,8 @@ import numpy as np
 import torch
 
 from fedsub.data.federated import SampleSet
-from fedsub.models.base import Batch, Model
+from fedsub.models.base import Batch, Model, forward
 from fedsub.submodel.params import Params
-
-
-def batch_schedule(
-    num_samples: int, steps: int, batch_size: int, generator: np.random.Generator
-) -> np.ndarray:
-    """[steps, batch_size] sample indices: a fresh shuffle per pass over the data, passes
-    concatenated (cycling) until ``steps * batch_size`` indices are drawn."""
-    needed = steps * batch_size
-    passes = -(-needed // num_samples)
-    order = np.concatenate([generator.permutation(num_samples) for _ in range(passes)])
-    return order[:needed].reshape(steps, batch_size)
 
 
 def local_sgd(
@@ -38,7 +27,7 @@ def local_sgd(
         t.requires_grad_(True)
     for step_indices in schedule:
         batch = Batch.from_samples(samples.take(step_indices), dtype)
-        loss = model.loss(model.forward(params, batch), batch.labels)
+        loss = model.loss(forward(model, params, batch), batch.labels)
         grads = torch.autograd.grad(loss, tensors)
         with torch.no_grad():
             for t, g in zip(tensors, grads, strict=True):

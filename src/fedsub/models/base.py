@@ -33,19 +33,35 @@ class Batch:
         )
 
 
-class Model(Protocol):
-    """A model fedsub can train federatedly.
+Features = dict[str, torch.Tensor]
+Ids = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
-    ``forward`` must read table rows only through the batch's ids, so that it runs unchanged on
-    the full global model (global ids) and on a client's submodel (ids local to S(k)).
+
+class Model(Protocol):
+    """A model fedsub can train federatedly, split at the embedding layer.
+
+    ``embed`` reads table rows only through the ids it is given, so it runs unchanged on the
+    global model (global ids), on one client's submodel (ids local to S(k)) and on a whole
+    cohort's concatenated submodels (ids offset per client). ``head`` sees only dense
+    parameters and per-sample features, so the batched engine can ``vmap`` it over a stack of
+    clients' dense parameters. Every output has the samples on its leading axis.
     """
 
     task: Task
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params: ...
 
-    def forward(self, params: Params, batch: Batch) -> torch.Tensor: ...
+    def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features: ...
+
+    def head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor: ...
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean loss over the batch."""
+        """The mean over the batch of a per-sample loss (the batched engine relies on it)."""
         ...
+
+
+def forward(model: Model, params: Params, batch: Batch) -> torch.Tensor:
+    """The model's outputs for a batch whose ids index ``params.tables``."""
+    return model.head(params.dense, model.embed(params.tables, batch.ids), batch.dense)

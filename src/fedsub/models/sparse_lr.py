@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fedsub.models.base import Batch, Task
+from fedsub.models.base import Features, Ids, Task
 from fedsub.submodel.params import Params
 
 
@@ -32,15 +32,20 @@ class SparseLogisticRegression:
             dense["dense_weight"] = torch.zeros(self.dense_dim, dtype=dtype)
         return Params(tables, dense)
 
-    def forward(self, params: Params, batch: Batch) -> torch.Tensor:
-        logits = params.dense["bias"].expand(len(batch.labels))
-        for table, (values, offsets) in batch.ids.items():
-            bag = F.embedding_bag(
-                values, params.tables[table], offsets, mode="sum", include_last_offset=True
-            )
-            logits = logits + bag[:, 0]
-        if self.dense_dim and batch.dense is not None:
-            logits = logits + batch.dense @ params.dense["dense_weight"]
+    def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
+        """Per sample and table, the sum of its feature weights: ``bags`` [n, tables]."""
+        bags = [
+            F.embedding_bag(values, tables[t], offsets, mode="sum", include_last_offset=True)
+            for t, (values, offsets) in ids.items()
+        ]
+        return {"bags": torch.cat(bags, dim=1)}
+
+    def head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
+        logits = features["bags"].sum(-1) + dense["bias"]
+        if self.dense_dim and dense_inputs is not None:
+            logits = logits + dense_inputs @ dense["dense_weight"]
         return logits
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -53,3 +53,45 @@ def push(
 def scatter_add_rows(table: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
     """``table[rows] += values`` in place; rows may repeat (their values add up)."""
     table.index_add_(0, rows, values.to(table.dtype))
+
+
+@dataclass
+class CohortUpdate:
+    """A round's pushes, concatenated: what the aggregator works on.
+
+    Per table, ``rows`` is every cohort member's S(k) one after another and ``row_owner`` the
+    cohort position of each of those rows; ``table_deltas`` the matching delta rows. Dense
+    deltas are stacked on a leading cohort axis. ``weights`` are the members' sample counts.
+    """
+
+    clients: torch.Tensor
+    weights: torch.Tensor
+    rows: dict[str, torch.Tensor]
+    row_owner: dict[str, torch.Tensor]
+    table_deltas: dict[str, torch.Tensor]
+    dense_deltas: dict[str, torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    @staticmethod
+    def from_clients(updates: list[ClientUpdate]) -> CohortUpdate:
+        if not updates:
+            raise ValueError("a cohort needs at least one client update")
+        tables = updates[0].rows
+        return CohortUpdate(
+            clients=torch.tensor([u.client for u in updates]),
+            weights=torch.tensor([u.weight for u in updates], dtype=torch.float64),
+            rows={t: torch.cat([u.rows[t] for u in updates]) for t in tables},
+            row_owner={
+                t: torch.repeat_interleave(
+                    torch.arange(len(updates)), torch.tensor([len(u.rows[t]) for u in updates])
+                )
+                for t in tables
+            },
+            table_deltas={t: torch.cat([u.table_deltas[t] for u in updates]) for t in tables},
+            dense_deltas={
+                n: torch.stack([u.dense_deltas[n] for u in updates])
+                for n in updates[0].dense_deltas
+            },
+        )

@@ -1,0 +1,106 @@
+"""The batched backend: the whole cohort takes each local step together, as one program.
+
+Layout of a round with K clients (positions j = 0..K-1)::
+
+    table rows   [ S(c_0) rows | S(c_1) rows | ... | S(c_K-1) rows ]   one leaf tensor
+    ids of c_j   positions in S(c_j) + row offset of block j            one embedding call
+    dense        [K, *shape] per dense parameter                         vmap over clients
+    samples      step i: [K, B] (every client runs I steps of B samples)
+
+The clients' parameters are disjoint and the loss is the sum of the K per-client batch means,
+so one backward pass gives every client exactly the gradient it would compute alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.func import vmap
+
+from fedsub.data.federated import FederatedDataset
+from fedsub.data.ragged import Ragged
+from fedsub.engine.schedule import Schedule
+from fedsub.engine.shuffle import cohort_schedules
+from fedsub.models.base import Model
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import CohortUpdate
+
+
+def _per_client(tensor: torch.Tensor, k: int) -> torch.Tensor:
+    """[K * B, ...] -> [K, B, ...]."""
+    return tensor.reshape(k, -1, *tensor.shape[1:])
+
+
+def run_cohort(
+    model: Model,
+    global_params: Params,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    cohort: np.ndarray,
+    round_index: int,
+    schedule: Schedule,
+) -> CohortUpdate:
+    k, steps, batch = len(cohort), schedule.local_steps, schedule.batch_size
+    counts = dataset.sample_counts()[cohort]
+
+    # Pull: every member's rows, concatenated; dense parameters stacked on a client axis.
+    rows: dict[str, Ragged] = {t: index.rows[t].take(cohort) for t in dataset.table_rows}
+    row_tensors = {t: torch.from_numpy(r.values) for t, r in rows.items()}
+    pulled_tables = {t: global_params.tables[t].index_select(0, row_tensors[t]) for t in rows}
+    pulled_dense = {
+        n: p.unsqueeze(0).expand(k, *p.shape).clone() for n, p in global_params.dense.items()
+    }
+
+    # Every sample the cohort will visit, step-major: [steps, K, B] global sample indices.
+    local_order = cohort_schedules(
+        schedule.seed, round_index, cohort, counts, steps, batch
+    )  # [K, steps, B]
+    visits = (local_order + dataset.client_offsets[cohort][:, None, None]).transpose(1, 0, 2)
+    visits = visits.reshape(-1)
+    member_of_visit = np.tile(np.repeat(np.arange(k), batch), steps)
+    ids: dict[str, Ragged] = {}
+    for table, ragged in dataset.train.ids.items():
+        local = Ragged(index.local_ids[table], ragged.offsets).take(visits)
+        shift = np.repeat(rows[table].offsets[:-1][member_of_visit], local.lengths())
+        ids[table] = Ragged(local.values + shift, local.offsets)
+    labels = torch.from_numpy(dataset.train.labels[visits]).to(schedule.dtype)
+    labels = labels.reshape(steps, k, batch)
+    dense_inputs = None
+    if dataset.train.dense is not None:
+        dense_inputs = torch.from_numpy(dataset.train.dense[visits]).to(schedule.dtype)
+        dense_inputs = dense_inputs.reshape(steps, k, batch, -1)
+
+    head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
+    tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
+    dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
+    leaves = [*tables.values(), *dense.values()]
+    per_step = k * batch
+    for step in range(steps):
+        step_ids = {}
+        for table, ragged in ids.items():
+            part = ragged.slice(step * per_step, (step + 1) * per_step)
+            step_ids[table] = (torch.from_numpy(part.values), torch.from_numpy(part.offsets))
+        features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
+        outputs = head(dense, features, None if dense_inputs is None else dense_inputs[step])
+        # The loss is a mean over samples, and every client has B of them: K times the mean
+        # over the cohort's K * B samples is the sum of the K client means.
+        flat = outputs.reshape(k * batch, *outputs.shape[2:])
+        total = model.loss(flat, labels[step].reshape(-1)) * k
+        grads = torch.autograd.grad(total, leaves)
+        with torch.no_grad():
+            for leaf, grad in zip(leaves, grads, strict=True):
+                leaf.sub_(schedule.lr * grad)
+
+    with torch.no_grad():
+        return CohortUpdate(
+            clients=torch.from_numpy(cohort),
+            weights=torch.from_numpy(counts.astype(np.float64)),
+            rows=row_tensors,
+            row_owner={
+                t: torch.repeat_interleave(torch.arange(k), torch.from_numpy(r.lengths()))
+                for t, r in rows.items()
+            },
+            table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
+            dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
+        )
