@@ -54,7 +54,8 @@ def test_overrides_take_toml_values_and_plain_strings(tmp_path):
         ("[train]\nalgorithms = []\n", "train.algorithms must not be empty"),
         (
             "[train]\nalgorithms = ['fedsgd']\n",
-            "train.algorithms = 'fedsgd' is not allowed; choose from fedavg, fedsubavg",
+            "train.algorithms = 'fedsgd' is not allowed: unknown algorithm 'fedsgd'; choose from "
+            "central-sgd, fedadagrad, fedadam, fedavg, fedprox",
         ),
         ("[train]\nheat = 'rows'\n", "train.heat = 'rows' is not allowed; choose from clients"),
         (

@@ -1,8 +1,10 @@
 """Client work on a submodel equals torch.optim.SGD on the full model with the same batches."""
 
 import numpy as np
+import pytest
 import torch
 
+from fedsub.engine.local_rule import LocalRule
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
@@ -11,7 +13,23 @@ from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.transfer import pull
 
 
-def test_submodel_sgd_equals_full_model_torch_sgd(small_synthetic):
+@pytest.mark.parametrize(
+    "rule",
+    [
+        LocalRule(lr=0.3),
+        LocalRule(lr=0.3, weight_decay=0.05),
+        LocalRule(lr=0.3, clip_norm=0.05),
+        LocalRule(lr=0.3, mu=0.5),
+        LocalRule(lr=0.3, mu=0.5, clip_norm=0.05),
+        LocalRule(lr=0.3, mu=0.5, weight_decay=0.05),
+    ],
+    # (not all three at once: in the full-model reference, weight decay moves rows outside
+    # S(k), whose prox gradients would then enter the clipping norm)
+    ids=["sgd", "weight-decay", "clip", "prox", "prox-clip", "prox-decay"],
+)
+def test_submodel_steps_equal_full_model_torch_sgd(small_synthetic, rule):
+    """Reference: torch.optim.SGD(weight_decay) on the full model, the prox term in the loss,
+    torch.nn.utils.clip_grad_norm_ before the step."""
     ds = small_synthetic
     index = SubmodelIndex.build(ds)
     model = SparseLogisticRegression(dict(ds.table_rows))
@@ -19,21 +37,28 @@ def test_submodel_sgd_equals_full_model_torch_sgd(small_synthetic):
     full = model.init(generator, torch.float64)
     for t in full.tensors():
         t.normal_(generator=generator)
-    k, lr = 5, 0.3
+    k = 5
     samples = index.client_samples(ds, k)
     schedule = cohort_schedules(2, 1, np.array([k]), np.array([len(samples)]), 8, 4)[0]
 
     rows = {t: torch.from_numpy(index.client_rows(t, k)) for t in ds.table_rows}
-    local = local_sgd(model, pull(full, rows), samples, schedule, lr)
+    local = local_sgd(model, pull(full, rows), samples, schedule, rule, rule.lr)
 
     reference = full.clone()
     tensors = [t.requires_grad_(True) for t in reference.tensors()]
-    optimizer = torch.optim.SGD(tensors, lr=lr)
+    anchor = [t.detach().clone() for t in tensors]
+    optimizer = torch.optim.SGD(tensors, lr=rule.lr, weight_decay=rule.weight_decay)
     global_samples = ds.client(k)
     for step in schedule:
         batch = Batch.from_samples(global_samples.take(step), torch.float64)
         optimizer.zero_grad()
-        model.loss(forward(model, reference, batch), batch.labels).backward()
+        loss = model.loss(forward(model, reference, batch), batch.labels)
+        loss = loss + rule.mu / 2 * sum(
+            (t - a).pow(2).sum() for t, a in zip(tensors, anchor, strict=True)
+        )
+        loss.backward()
+        if rule.clip_norm:
+            torch.nn.utils.clip_grad_norm_(tensors, rule.clip_norm)
         optimizer.step()
 
     for table in ds.table_rows:
@@ -42,7 +67,8 @@ def test_submodel_sgd_equals_full_model_torch_sgd(small_synthetic):
         )
         others = torch.ones(ds.table_rows[table], dtype=torch.bool)
         others[rows[table]] = False
-        assert torch.equal(reference.tables[table].detach()[others], full.tables[table][others])
+        if not rule.weight_decay:  # weight decay would shrink the rest of the full model too
+            assert torch.equal(reference.tables[table].detach()[others], full.tables[table][others])
     torch.testing.assert_close(local.dense["bias"], reference.dense["bias"].detach())
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -23,36 +23,33 @@ def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.C
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    from fedsub.experiment import compare
+    from fedsub.experiment import algorithms_to_run, compare
 
     extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
     config = _config(args, extra)
-    console = Console(stderr=True, quiet=args.quiet)
-    total = config.train.rounds * len(config.train.algorithms)
-    progress = (
-        nullcontext(None)
-        if args.quiet
-        else Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        )
-    )
-    with progress as bar:
-        on_round: Callable[[str, int], None] | None = None
-        if bar is not None:
-            task = bar.add_task("training", total=total)
-
-            def on_round(name: str, round_index: int) -> None:
-                bar.update(task, advance=1, description=f"{name} round {round_index}")
-
+    total = config.train.rounds * len(algorithms_to_run(config))
+    with _progress(args.quiet, total) as on_round:
         outcome = compare(config, Path(args.out), on_round)
     print(outcome.markdown, end="")
     if not args.quiet:
-        console.print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
+        print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
     return 0
+
+
+@contextmanager
+def _progress(quiet: bool, total: int) -> Iterator[Callable[[str, int], None] | None]:
+    """A progress bar on stderr, advanced once per round; nothing when quiet."""
+    if quiet:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task("training", total=total)
+
+        def on_round(name: str, round_index: int) -> None:
+            bar.update(task, advance=1, description=f"{name} round {round_index}")
+
+        yield on_round
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -69,7 +66,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     algorithms = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
+    if args.sweep:
+        return _sweep(args, algorithms)
     return _compare(args, algorithms)
+
+
+def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
+    from fedsub.experiment import sweep
+
+    key, eq, values_text = args.sweep.partition("=")
+    values = [v.strip() for v in values_text.split(",") if v.strip()]
+    if not eq or not values:
+        raise ConfigError(f"--sweep {args.sweep!r}: expected section.key=v1,v2,...")
+    extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
+
+    def load(value: str) -> config_lib.Config:
+        return _config(args, [*extra, f"{key}={value}"])
+
+    configs = [load(v) for v in values]  # validate every value before training
+    total = sum(c.train.rounds * (len(c.train.algorithms) + 1) for c in configs)
+    with _progress(args.quiet, total) as on_round:
+        outcome = sweep(key, values, load, Path(args.out), on_round)
+    print(outcome.markdown, end="")
+    return 0
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
@@ -120,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     comp = commands.add_parser("compare", help="train several algorithms on the same schedule")
     add_common(comp)
     comp.add_argument("--algorithms", help="comma-separated, e.g. fedavg,fedsubavg")
+    comp.add_argument(
+        "--sweep",
+        metavar="SECTION.KEY=V1,V2,...",
+        help="one comparison per value, then a rounds-to-target table (the papers' Table 3)",
+    )
     comp.set_defaults(func=cmd_compare)
 
     data = commands.add_parser("data", help="inspect datasets")

@@ -7,6 +7,7 @@ any key (the value is read as a TOML value, or as a plain string when it is not 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import tomllib
 import types
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsub.algorithms.registry import algorithm_names
+from fedsub.algorithms.registry import algorithm_names, options_class, split_name
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.errors import ConfigError
 from fedsub.models.registry import model_names
@@ -39,7 +40,7 @@ class ModelConfig:
 class TrainConfig:
     algorithms: list[str] = field(
         default_factory=lambda: ["fedavg", "fedsubavg"],
-        metadata={"choices": algorithm_names, "nonempty": True},
+        metadata={"validate": split_name, "nonempty": True},
     )
     rounds: int = field(default=100, metadata={"min": 1})
     clients_per_round: int = field(default=50, metadata={"min": 1})
@@ -50,14 +51,24 @@ class TrainConfig:
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
     dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
     backend: str = field(default="batched", metadata={"choices": lambda: ["batched", "sequential"]})
+    lr_schedule: str = field(
+        default="constant",
+        metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},
+    )
+    lr_decay: float = field(default=0.999, metadata={"min_exclusive": 0.0, "max": 1.0})
+    weight_decay: float = field(default=0.0, metadata={"min": 0.0})
+    clip_norm: float = field(default=0.0, metadata={"min": 0.0})
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     every: int = field(default=5, metadata={"min": 1})
     train_loss_samples: int = field(default=10_000, metadata={"min": 1})
-    target_train_loss: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    target_train_loss: float | str | None = field(
+        default=None, metadata={"min_exclusive": 0.0, "choices": lambda: ["central-min"]}
+    )
     target_test_auc: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
+    gradient_norms: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,13 +77,19 @@ class Config:
     model: ModelConfig
     train: TrainConfig
     eval: EvalConfig
+    algorithms: dict[str, Any] = field(default_factory=dict)  # base name -> options
+
+    def algorithm_options(self, name: str) -> Any:
+        base, _ = split_name(name)
+        return self.algorithms.get(base) or options_class(base)()
 
 
-SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type | None] = {
     "data": DataConfig,
     "model": ModelConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
+    "algorithms": None,  # [algorithms.<name>] tables, validated by each algorithm's options
 }
 
 
@@ -88,8 +105,18 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
     """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
     origin = typing.get_origin(tp)
     if origin in (types.UnionType, typing.Union):
-        inner = next(a for a in typing.get_args(tp) if a is not type(None))
-        return None if value is None else _coerce(where, inner, value)
+        if value is None:
+            return None
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        if str in members and isinstance(value, str):
+            return value
+        numeric = [a for a in members if a is not str]
+        if not numeric:
+            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+        try:
+            return _coerce(where, numeric[0], value)
+        except ConfigError:
+            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}") from None
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
@@ -112,8 +139,15 @@ def _check_range(where: str, meta: typing.Mapping[str, Any], value: Any) -> None
     for v in values:
         if v is None:
             continue
-        if "choices" in meta and v not in (allowed := meta["choices"]()):
+        if "validate" in meta:
+            try:
+                meta["validate"](v)
+            except ValueError as error:
+                raise ConfigError(f"{where} = {v!r} is not allowed: {error}") from None
+        if "choices" in meta and isinstance(v, str) and v not in (allowed := meta["choices"]()):
             raise ConfigError(f"{where} = {v!r} is not allowed; choose from {', '.join(allowed)}")
+        if isinstance(v, str):
+            continue
         if "min" in meta and v < meta["min"]:
             raise ConfigError(f"{where} = {v!r} is out of range; expected >= {meta['min']}")
         if "min_exclusive" in meta and v <= meta["min_exclusive"]:
@@ -164,7 +198,23 @@ def parse(raw: dict[str, Any]) -> Config:
         model=parse_section(ModelConfig, "model", raw.get("model", {})),
         train=parse_section(TrainConfig, "train", raw.get("train", {})),
         eval=parse_section(EvalConfig, "eval", raw.get("eval", {})),
+        algorithms=parse_algorithms(raw.get("algorithms", {})),
     )
+
+
+def parse_algorithms(raw: dict[str, Any]) -> dict[str, Any]:
+    """``[algorithms.<name>]`` tables: per-algorithm options such as fedprox's ``mu``."""
+    parsed = {}
+    for name, table in raw.items():
+        if name not in algorithm_names():
+            raise ConfigError(
+                f"[algorithms.{name}] is not an algorithm; "
+                f"choose from {', '.join(algorithm_names())}"
+            )
+        if not isinstance(table, dict):
+            raise ConfigError(f"algorithms.{name} must be a table of options, got {table!r}")
+        parsed[name] = parse_section(options_class(name), f"algorithms.{name}", table)
+    return parsed
 
 
 def parse_override(text: str) -> tuple[str, str, Any]:
@@ -173,7 +223,9 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         raise ConfigError(f"--set {text!r}: expected section.key=value")
     dotted, value_text = text.split("=", 1)
     section, dot, key = dotted.strip().partition(".")
-    if not dot or not key or section not in SECTIONS:
+    if section == "algorithms":
+        section, dot, key = dotted.strip().rpartition(".")
+    if not dot or not key or section.split(".")[0] not in SECTIONS:
         raise ConfigError(
             f"--set {text!r}: the key must be section.key with section one of {', '.join(SECTIONS)}"
         )
@@ -185,11 +237,15 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    merged = {section: dict(table) for section, table in raw.items() if isinstance(table, dict)}
-    merged.update({s: t for s, t in raw.items() if not isinstance(t, dict)})
+    merged = copy.deepcopy(raw)
     for text in overrides:
         section, key, value = parse_override(text)
-        merged.setdefault(section, {})[key] = value
+        if section.startswith("algorithms."):
+            table = merged.setdefault("algorithms", {})
+            table = table.setdefault(section.split(".", 1)[1], {})
+        else:
+            table = merged.setdefault(section, {})
+        table[key] = value
     return merged
 
 
@@ -232,7 +288,7 @@ def _toml_value(value: Any) -> str:
 def to_toml(config: Config) -> str:
     """The resolved config (every key, defaults included) as TOML; unset optional keys omitted."""
     lines: list[str] = []
-    for section in SECTIONS:
+    for section in (s for s, cls in SECTIONS.items() if cls is not None):
         part = getattr(config, section)
         items = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)}
         options = items.pop("options", None)
@@ -240,5 +296,10 @@ def to_toml(config: Config) -> str:
             items.update(dataclasses.asdict(options))
         lines.append(f"[{section}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in items.items() if v is not None]
+        lines.append("")
+    for name, options in config.algorithms.items():
+        lines.append(f"[algorithms.{name}]")
+        values = dataclasses.asdict(options).items()
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values if v is not None]
         lines.append("")
     return "\n".join(lines)

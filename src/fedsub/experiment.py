@@ -1,4 +1,5 @@
-"""A comparison: several algorithms trained on the same data, model init and client schedule."""
+"""A comparison: several algorithms trained on the same data, model init and client schedule;
+and sweeps of one key over several values (the papers' Table 3)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsub import config as config_lib
-from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
+from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.loop import Evaluation, train
 from fedsub.engine.schedule import DTYPES, Schedule
@@ -22,11 +24,14 @@ from fedsub.report import (
     MetricsLog,
     Target,
     plot_curves,
+    rounds_cell,
     summary,
     summary_markdown,
     write_atomic,
 )
 from fedsub.submodel.index import SubmodelIndex
+
+CENTRAL = "central-sgd"
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,26 @@ def schedule_of(config: Config) -> Schedule:
         dtype=DTYPES[t.dtype],
         eval_every=config.eval.every,
         backend=t.backend,  # type: ignore[arg-type]
+        lr_schedule=t.lr_schedule,  # type: ignore[arg-type]
+        lr_decay=t.lr_decay,
+        weight_decay=t.weight_decay,
+        clip_norm=t.clip_norm,
     )
+
+
+def algorithms_to_run(config: Config) -> list[str]:
+    """The configured algorithms; CentralSGD first when the target is its minimum loss."""
+    names = list(config.train.algorithms)
+    if config.eval.target_train_loss == "central-min":
+        names = [CENTRAL, *(n for n in names if n != CENTRAL)]
+    return names
+
+
+def target_of(config: Config, histories: dict[str, list[Evaluation]]) -> Target:
+    loss = config.eval.target_train_loss
+    if loss == "central-min":
+        loss = min(e.metrics["train_loss"] for e in histories[CENTRAL])
+    return Target(loss, config.eval.target_test_auc)  # type: ignore[arg-type]
 
 
 def compare(
@@ -71,7 +95,7 @@ def compare(
     out_dir: Path,
     on_round: Callable[[str, int], None] | None = None,
 ) -> Outcome:
-    """Train every algorithm of ``config.train.algorithms`` and write the run's outputs."""
+    """Train every algorithm of the comparison and write the run's outputs."""
     check_writable(out_dir)
     write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
     dataset = load_data(config)
@@ -82,18 +106,29 @@ def compare(
         if f.name != "name"
     }
     model = build_model(config.model.name, dataset, model_options)
-    evaluator = Evaluator.build(model, dataset, config.eval.train_loss_samples, config.data.seed)
-    context = AlgorithmContext(dataset, index, config.train.heat)  # type: ignore[arg-type]
+    context = AlgorithmContext(
+        dataset,
+        index,
+        config.train.heat,
+        config.train.clients_per_round,  # type: ignore[arg-type]
+    )
+    extra = None
+    if config.eval.gradient_norms:
+        coefficients = heat_coefficients(context)
+        extra = lambda params: gradient_norms(model, params, dataset.train, coefficients)  # noqa: E731
+    evaluator = Evaluator.build(
+        model, dataset, config.eval.train_loss_samples, config.data.seed, extra
+    )
     schedule = schedule_of(config)
-    target = Target(config.eval.target_train_loss, config.eval.target_test_auc)
 
     histories: dict[str, list[Evaluation]] = {}
-    for name in config.train.algorithms:
+    for name in algorithms_to_run(config):
+        algorithm = build_algorithm(name, context, config.algorithm_options(name))
         log = MetricsLog(out_dir / name / "metrics.jsonl")
         try:
             train(
                 model,
-                build_algorithm(name, context),
+                algorithm,
                 dataset,
                 index,
                 schedule,
@@ -101,13 +136,61 @@ def compare(
                 on_evaluation=log,
                 on_round=None if on_round is None else (lambda r, n=name: on_round(n, r)),
             )
+        except FloatingPointError as error:
+            raise FedsubError(str(error)) from None
         finally:
             log.close()
         histories[name] = log.history
 
+    target = target_of(config, histories)
     result = summary(histories, target)
     markdown = summary_markdown(result, target, schedule.rounds)
     write_atomic(out_dir / "summary.json", json.dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
     plot_curves(histories, out_dir / "curves.png", f"{dataset.name}: {', '.join(histories)}")
     return Outcome(result, markdown, out_dir)
+
+
+def sweep(
+    key: str,
+    values: list[str],
+    load: Callable[[str], Config],
+    out_dir: Path,
+    on_round: Callable[[str, int], None] | None = None,
+) -> Outcome:
+    """One comparison per value of ``key`` (in ``out_dir/<key>=<value>/``), then a Table-3
+    style table: rounds to target of each algorithm at each value."""
+    check_writable(out_dir)
+    outcomes = {v: compare(load(v), out_dir / f"{key}={v}", on_round) for v in values}
+    rounds = {v: load(v).train.rounds for v in values}
+    names = [n for n in next(iter(outcomes.values())).summary["algorithms"] if n != CENTRAL]
+    result = {
+        "key": key,
+        "values": values,
+        "targets": {v: o.summary["target"] for v, o in outcomes.items()},
+        "rounds_to_target": {
+            n: {v: o.summary["algorithms"][n]["rounds_to_target"] for v, o in outcomes.items()}
+            for n in names
+        },
+    }
+    header = f"| algorithm | {' | '.join(f'{key}={v}' for v in values)} |"
+    lines = [
+        f"Rounds to target for each {key} ('R+' = not reached in R rounds)",
+        "",
+        header,
+        "|---|" + "---:|" * len(values),
+    ]
+    for n in names:
+        cells = [rounds_cell(result["rounds_to_target"][n][v], rounds[v]) for v in values]
+        lines.append(f"| {n} | {' | '.join(cells)} |")
+    targets = [f"{key}={v}: {_describe(result['targets'][v])}" for v in values]
+    lines += ["", "Targets: " + "; ".join(targets)]
+    markdown = "\n".join(lines) + "\n"
+    write_atomic(out_dir / "sweep.json", json.dumps(result, indent=2) + "\n")
+    write_atomic(out_dir / "sweep.md", markdown)
+    return Outcome(result, markdown, out_dir)
+
+
+def _describe(target: dict[str, float]) -> str:
+    parts = [f"{k} {'<=' if k == 'train_loss' else '>='} {v:.4g}" for k, v in target.items()]
+    return " and ".join(parts) if parts else "none"

@@ -107,19 +107,29 @@ def summary(histories: dict[str, list[Evaluation]], target: Target) -> dict:
     }
 
 
+def rounds_cell(reached: int | None, rounds: int) -> str:
+    """A rounds-to-target cell as the papers print it: the round, or 'R+' if not reached."""
+    return str(reached) if reached is not None else f"{rounds}+"
+
+
 def summary_markdown(result: dict, target: Target, rounds: int) -> str:
+    names = list(result["algorithms"])
+    cells = [rounds_cell(result["algorithms"][n]["rounds_to_target"], rounds) for n in names]
     lines = [
         f"Target: {target.describe()} (rounds to target; '{rounds}+' = not reached in {rounds})",
+        "",
+        f"| | {' | '.join(names)} |",
+        "|---|" + "---:|" * len(names),
+        f"| rounds to target | {' | '.join(cells)} |",
         "",
         "| algorithm | rounds to target | final train loss | final test loss | final test AUC |"
         " best test AUC |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, entry in result["algorithms"].items():
-        reached = entry["rounds_to_target"]
         final, best = entry["final"], entry["best"]
         lines.append(
-            f"| {name} | {reached if reached is not None else f'{rounds}+'} "
+            f"| {name} | {rounds_cell(entry['rounds_to_target'], rounds)} "
             f"| {final.get('train_loss', math.nan):.4f} | {final.get('test_loss', math.nan):.4f} "
             f"| {final.get('test_auc', math.nan):.4f} | {best.get('test_auc', math.nan):.4f} |"
         )

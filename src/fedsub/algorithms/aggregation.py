@@ -4,9 +4,14 @@ For each row ``m`` of a table touched this round::
 
     aggregate[m] = coef[m] * sum_{k in C_r, m in S(k)} a_k * delta_k[m]
 
-with ``a_k = w_k / sum_{k in C_r} w_k`` ("samples") or ``1 / K`` ("uniform"), and
-``coef = 1`` for FedAvg or FedSubAvg's heat coefficients. Dense parameters use coefficient 1.
-The work is one concatenation and one scatter over the round's rows: O(sum_k |S(k)|).
+with ``coef = 1`` for FedAvg or FedSubAvg's heat coefficients, and ``a_k`` one of (``c_k`` =
+times client k was drawn, ``p_k = w_k / sum over all N clients of w``):
+
+- "samples": ``c_k w_k / sum_round c w``     - "uniform": ``c_k / sum_round c``
+- "scheme2": ``(N / K) p_k``                  - "original": ``p_k``
+
+Dense parameters use coefficient 1. The work is one concatenation and one scatter over the
+round's rows: O(sum_k |S(k)|).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import torch
 
 from fedsub.submodel.transfer import CohortUpdate
 
-Weighting = Literal["samples", "uniform"]
+Weighting = Literal["samples", "uniform", "scheme2", "original"]
 
 
 @dataclass(frozen=True)
@@ -34,24 +39,44 @@ class ServerUpdate:
     tables: dict[str, RowUpdate]
     dense: dict[str, torch.Tensor]
 
+    def is_finite(self) -> bool:
+        values = [u.values for u in self.tables.values()] + list(self.dense.values())
+        return all(bool(torch.isfinite(v).all()) for v in values)
+
 
 @dataclass(frozen=True)
 class Aggregation:
-    """How to weight clients and, optionally, per-row correction coefficients per table."""
+    """How to weight clients and, optionally, per-row correction coefficients per table.
+
+    ``population_weight`` (sum of w_k over all N clients) and ``num_clients`` (N) are needed
+    by the "scheme2" and "original" weightings only."""
 
     weighting: Weighting
     coefficients: dict[str, torch.Tensor] | None = None
+    population_weight: float = 0.0
+    num_clients: int = 0
 
 
 def client_weights(cohort: CohortUpdate, weighting: Weighting) -> torch.Tensor:
-    """``a_k`` for each cohort member (float64, summing to 1)."""
+    """``a_k`` for each cohort member (float64)."""
+    drawn = cohort.multiplicity.to(torch.float64)
     if weighting == "uniform":
-        return torch.full((len(cohort),), 1.0 / len(cohort), dtype=torch.float64)
-    return cohort.weights / cohort.weights.sum()
+        return drawn / drawn.sum()
+    if weighting == "samples":
+        return drawn * cohort.weights / (drawn * cohort.weights).sum()
+    raise ValueError(f"weighting {weighting!r} needs the population: use aggregation_weights")
+
+
+def aggregation_weights(cohort: CohortUpdate, aggregation: Aggregation) -> torch.Tensor:
+    if aggregation.weighting in ("scheme2", "original"):
+        p = cohort.weights / aggregation.population_weight
+        scale = aggregation.num_clients / float(cohort.multiplicity.sum())
+        return p * scale if aggregation.weighting == "scheme2" else p
+    return client_weights(cohort, aggregation.weighting)
 
 
 def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
-    weights = client_weights(cohort, aggregation.weighting)
+    weights = aggregation_weights(cohort, aggregation)
     tables: dict[str, RowUpdate] = {}
     for table, rows in cohort.rows.items():
         deltas = cohort.table_deltas[table]

@@ -1,38 +1,87 @@
-"""Each algorithm is a choice of the round's stages.
+"""Each algorithm is a choice of the round's stages: sampling and weighting (a scheme), the
+local rule (FedProx's mu), control variates, the aggregation's row coefficients, and the
+server optimizer. The round loop never branches on an algorithm's name.
 
-- ``fedavg``: sample-weighted mean of the round's deltas, applied to every parameter.
+Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``, ...
+
+- ``fedavg``: sample-weighted mean of the round's deltas, server SGD(lr 1).
 - ``fedsubavg``: the same mean, each touched row scaled by its heat coefficient (Algorithm 1
   of seed 001; with heat = "clients" the mean is uniform over the K clients, exactly as there).
+- ``fedprox``: FedAvg with ``(mu/2)||x - x_global||^2`` in the client's loss.
+- ``scaffold``: exact SCAFFOLD (option II control variates), server lr ``server_lr``.
+- ``scaffold-approx``: the FedSubAvg paper's server-side approximation (appendix D.2).
+- ``fedadam`` / ``fedadagrad`` / ``fedyogi``: adaptive server optimizers on the mean delta.
+- ``central-sgd``: SGD on the pooled data, I steps of batch K * B per round (seed 001, 5.1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from fedsub.algorithms.aggregation import Aggregation
-from fedsub.algorithms.server_optimizer import ServerSGD
+from fedsub.algorithms.schemes import SCHEMES, Scheme
+from fedsub.algorithms.server_optimizer import (
+    ServerMomentum,
+    ServerOptimizer,
+    ServerSGD,
+    ServerYogi,
+    TorchServerOptimizer,
+)
 from fedsub.data.federated import FederatedDataset
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
 
 
 @dataclass(frozen=True)
 class AlgorithmContext:
-    """What building an algorithm may look at: the data layout and the heat definition."""
+    """What building an algorithm may look at: data layout, heat definition, cohort size."""
 
     dataset: FederatedDataset
     index: SubmodelIndex
     heat: heat_lib.HeatKind
+    clients_per_round: int = 1
 
 
 @dataclass(frozen=True)
 class Algorithm:
     name: str
+    scheme: Scheme
     aggregation: Aggregation
-    server: ServerSGD
+    make_server: Callable[[Params], ServerOptimizer]
+    mu: float = 0.0
+    lr: float | None = None  # overrides train.lr for this algorithm
+    control_variates: bool = False
+    central: bool = False
+
+
+# Options of each algorithm, set in [algorithms.<name>] (every algorithm also takes ``lr``).
+@dataclass(frozen=True)
+class CommonOptions:
+    lr: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+
+
+@dataclass(frozen=True)
+class FedProxOptions(CommonOptions):
+    mu: float = field(default=0.01, metadata={"min": 0.0})
+
+
+@dataclass(frozen=True)
+class ServerLrOptions(CommonOptions):
+    server_lr: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions(CommonOptions):
+    server_lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
+    beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    beta2: float = field(default=0.99, metadata={"min": 0.0, "max": 1.0})
+    tau: float = field(default=1e-3, metadata={"min_exclusive": 0.0})
 
 
 def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
@@ -49,18 +98,83 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
     }
 
 
-def _fedavg(context: AlgorithmContext) -> Algorithm:
-    return Algorithm("fedavg", Aggregation("samples"), ServerSGD())
+Builder = Callable[[AlgorithmContext, Scheme, Any], dict[str, Any]]
 
 
-def _fedsubavg(context: AlgorithmContext) -> Algorithm:
-    weighting = "samples" if context.heat == "samples" else "uniform"
-    return Algorithm("fedsubavg", Aggregation(weighting, heat_coefficients(context)), ServerSGD())
+def _aggregation(context: AlgorithmContext, scheme: Scheme, weighting: str = "samples", **kw):
+    counts = context.dataset.sample_counts()
+    return Aggregation(
+        scheme.weighting or weighting,  # type: ignore[arg-type]
+        population_weight=float(counts.sum()),
+        num_clients=len(counts),
+        **kw,
+    )
 
 
-_BUILDERS: dict[str, Callable[[AlgorithmContext], Algorithm]] = {
-    "fedavg": _fedavg,
-    "fedsubavg": _fedsubavg,
+def _sgd(_: Params) -> ServerOptimizer:
+    return ServerSGD()
+
+
+_BUILDERS: dict[str, tuple[type, Builder]] = {
+    "fedavg": (CommonOptions, lambda c, s, o: {"aggregation": _aggregation(c, s)}),
+    "fedsubavg": (
+        CommonOptions,
+        lambda c, s, o: {
+            "aggregation": _aggregation(
+                c,
+                s,
+                "samples" if c.heat == "samples" else "uniform",
+                coefficients=heat_coefficients(c),
+            )
+        },
+    ),
+    "fedprox": (FedProxOptions, lambda c, s, o: {"aggregation": _aggregation(c, s), "mu": o.mu}),
+    "scaffold": (
+        ServerLrOptions,
+        lambda c, s, o: {
+            "aggregation": _aggregation(c, s),
+            "control_variates": True,
+            "make_server": lambda p: ServerSGD(o.server_lr),
+        },
+    ),
+    "scaffold-approx": (
+        ServerLrOptions,
+        lambda c, s, o: {
+            "aggregation": _aggregation(c, s),
+            "make_server": lambda p: ServerMomentum(
+                p,
+                beta=(c.dataset.num_clients - c.clients_per_round) / c.dataset.num_clients,
+                lr=o.server_lr,
+            ),
+        },
+    ),
+    "fedadam": (
+        AdaptiveOptions,
+        lambda c, s, o: {
+            "aggregation": _aggregation(c, s),
+            "make_server": lambda p: TorchServerOptimizer(
+                "adam", p, o.server_lr, o.beta1, o.beta2, o.tau
+            ),
+        },
+    ),
+    "fedadagrad": (
+        AdaptiveOptions,
+        lambda c, s, o: {
+            "aggregation": _aggregation(c, s),
+            "make_server": lambda p: TorchServerOptimizer("adagrad", p, o.server_lr, tau=o.tau),
+        },
+    ),
+    "fedyogi": (
+        AdaptiveOptions,
+        lambda c, s, o: {
+            "aggregation": _aggregation(c, s),
+            "make_server": lambda p: ServerYogi(p, o.server_lr, o.beta1, o.beta2, o.tau),
+        },
+    ),
+    "central-sgd": (
+        CommonOptions,
+        lambda c, s, o: {"aggregation": Aggregation("samples"), "central": True},
+    ),
 }
 
 
@@ -68,5 +182,31 @@ def algorithm_names() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def build_algorithm(name: str, context: AlgorithmContext) -> Algorithm:
-    return _BUILDERS[name](context)
+def options_class(base: str) -> type:
+    return _BUILDERS[base][0]
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """``"fedavg@scheme2"`` -> ("fedavg", "scheme2"); raises ValueError naming the choices."""
+    base, _, scheme = name.partition("@")
+    if base not in _BUILDERS:
+        raise ValueError(f"unknown algorithm {base!r}; choose from {', '.join(algorithm_names())}")
+    scheme = scheme or "default"
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
+    if base == "central-sgd" and scheme != "default":
+        raise ValueError("central-sgd samples no clients, so it takes no scheme")
+    return base, scheme
+
+
+def build_algorithm(name: str, context: AlgorithmContext, options: Any = None) -> Algorithm:
+    base, scheme_name = split_name(name)
+    option_type, builder = _BUILDERS[base]
+    options = options if options is not None else option_type()
+    scheme = SCHEMES[scheme_name]
+    fields = {"make_server": _sgd, **builder(context, scheme, options)}
+    return Algorithm(name=name, scheme=scheme, lr=options.lr, **fields)
+
+
+def default_options(base: str) -> Any:
+    return dataclasses.replace(options_class(base)())

@@ -1,17 +1,30 @@
-"""Server optimizers apply a ``ServerUpdate`` (the aggregated pseudo-gradient, negated) to the
-global model. Plain averaging is SGD with learning rate 1: ``X[rows] += update``."""
+"""Server optimizers: apply a round's aggregate (a ``ServerUpdate``, the mean delta) to the
+global model. The pseudo-gradient is the negated aggregate.
+
+Every optimizer touches only the rows the round touched, except ``ServerMomentum``, whose
+momentum keeps moving rows after their last update (its cost is stated there).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
-from fedsub.algorithms.aggregation import ServerUpdate
+import torch
+
+from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import scatter_add_rows
 
 
+class ServerOptimizer(Protocol):
+    def apply(self, params: Params, update: ServerUpdate) -> None: ...
+
+
 @dataclass(frozen=True)
 class ServerSGD:
+    """``X[rows] += lr * aggregate``; lr = 1 is plain averaging. Cost O(touched rows)."""
+
     lr: float = 1.0
 
     def apply(self, params: Params, update: ServerUpdate) -> None:
@@ -19,3 +32,124 @@ class ServerSGD:
             scatter_add_rows(params.tables[table], row_update.rows, self.lr * row_update.values)
         for name, delta in update.dense.items():
             params.dense[name].add_(self.lr * delta)
+
+
+def _sparse_gradient(row_update: RowUpdate, shape: torch.Size) -> torch.Tensor:
+    values = -row_update.values
+    return torch.sparse_coo_tensor(
+        row_update.rows.unsqueeze(0), values, shape, check_invariants=False
+    ).coalesce()
+
+
+class TorchServerOptimizer:
+    """FedAdam / FedAdagrad (Reddi et al. 2021) as real ``torch.optim`` optimizers.
+
+    The negated aggregate is written into ``.grad`` and the optimizer steps. Dense parameters
+    use ``torch.optim.Adam`` / ``Adagrad``. Tables receive a sparse gradient over the touched
+    rows only and use ``torch.optim.SparseAdam`` / ``Adagrad`` (which accepts sparse
+    gradients): per round O(touched rows x dim), never the full table. Rows not touched in a
+    round keep their state and do not move (lazy), as with SparseAdam in centralized training.
+    """
+
+    def __init__(
+        self,
+        kind: Literal["adam", "adagrad"],
+        params: Params,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+    ) -> None:
+        self.params = params
+        # Our sparse gradients are built coalesced from unique rows; opt out of torch's
+        # per-tensor invariant checks explicitly (torch warns when the choice is implicit).
+        torch.sparse.check_sparse_tensor_invariants.disable()
+        if kind == "adam":
+            self.dense = torch.optim.Adam(
+                list(params.dense.values()), lr=lr, betas=(beta1, beta2), eps=tau
+            )
+            self.tables = torch.optim.SparseAdam(
+                list(params.tables.values()), lr=lr, betas=(beta1, beta2), eps=tau
+            )
+        elif kind == "adagrad":
+            self.dense = torch.optim.Adagrad(list(params.dense.values()), lr=lr, eps=tau)
+            self.tables = torch.optim.Adagrad(list(params.tables.values()), lr=lr, eps=tau)
+        else:
+            raise ValueError(f"unknown torch server optimizer {kind!r}")
+
+    def apply(self, params: Params, update: ServerUpdate) -> None:
+        for name, tensor in params.dense.items():
+            tensor.grad = -update.dense[name] if name in update.dense else None
+        for name, table in params.tables.items():
+            row_update = update.tables.get(name)
+            table.grad = None if row_update is None else _sparse_gradient(row_update, table.shape)
+        if params.dense:
+            self.dense.step()
+        self.tables.step()
+        for tensor in params.tensors():
+            tensor.grad = None
+
+
+class ServerYogi:
+    """FedYogi (Reddi et al. 2021, Algorithm 2), written out (torch.optim has no Yogi)::
+
+        m = beta1 m + (1 - beta1) u;   v = v - (1 - beta2) u^2 sign(v - u^2)
+        X = X + lr * m / (sqrt(v) + tau)          with u the aggregate, m0 = 0, v0 = tau^2
+
+    Tables: state is kept per row and only touched rows are updated (lazy, like SparseAdam):
+    per round O(touched rows x dim).
+    """
+
+    def __init__(
+        self, params: Params, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+    ) -> None:
+        self.lr, self.beta1, self.beta2, self.tau = lr, beta1, beta2, tau
+        self.m = {n: torch.zeros_like(t) for n, t in {**params.tables, **params.dense}.items()}
+        self.v = {
+            n: torch.full_like(t, tau**2) for n, t in {**params.tables, **params.dense}.items()
+        }
+
+    def _step(self, m: torch.Tensor, v: torch.Tensor, u: torch.Tensor) -> tuple:
+        m = self.beta1 * m + (1 - self.beta1) * u
+        u2 = u * u
+        v = v - (1 - self.beta2) * u2 * torch.sign(v - u2)
+        return m, v, self.lr * m / (v.sqrt() + self.tau)
+
+    def apply(self, params: Params, update: ServerUpdate) -> None:
+        for name, row_update in update.tables.items():
+            rows = row_update.rows
+            m, v, step = self._step(self.m[name][rows], self.v[name][rows], row_update.values)
+            self.m[name][rows], self.v[name][rows] = m, v
+            params.tables[name].index_add_(0, rows, step)
+        for name, u in update.dense.items():
+            self.m[name], self.v[name], step = self._step(self.m[name], self.v[name], u)
+            params.dense[name].add_(step)
+
+
+class ServerMomentum:
+    """SCAFFOLD's server-side approximation for CTR tasks (seed 002, appendix D.2, eq. 47)::
+
+        global update = beta * previous global update + (1 - beta) * aggregate,  beta = (N-K)/N
+        X = X + lr * global update
+
+    The previous update keeps moving every row it ever touched, so each round costs
+    O(table rows x dim) (one fused pass over the momentum buffers), not O(touched rows).
+    """
+
+    def __init__(self, params: Params, beta: float, lr: float = 1.0) -> None:
+        self.beta, self.lr = beta, lr
+        self.previous = {
+            n: torch.zeros_like(t) for n, t in {**params.tables, **params.dense}.items()
+        }
+
+    def apply(self, params: Params, update: ServerUpdate) -> None:
+        for buffer in self.previous.values():
+            buffer.mul_(self.beta)
+        for name, row_update in update.tables.items():
+            self.previous[name].index_add_(0, row_update.rows, (1 - self.beta) * row_update.values)
+        for name, u in update.dense.items():
+            self.previous[name].add_((1 - self.beta) * u)
+        for name, table in params.tables.items():
+            table.add_(self.lr * self.previous[name])
+        for name, tensor in params.dense.items():
+            tensor.add_(self.lr * self.previous[name])

@@ -19,6 +19,8 @@ from torch.func import vmap
 
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.ragged import Ragged
+from fedsub.engine.local_rule import CohortWork, LocalRule, clip_scale
+from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Model
@@ -32,15 +34,25 @@ def _per_client(tensor: torch.Tensor, k: int) -> torch.Tensor:
     return tensor.reshape(k, -1, *tensor.shape[1:])
 
 
+def _per_member(values: torch.Tensor, owner: torch.Tensor | None, like: torch.Tensor):
+    """A per-member vector [K] broadcast to a cohort-layout tensor: rows via their owner,
+    stacked dense tensors via the leading axis."""
+    if owner is not None:
+        return values.index_select(0, owner).reshape(-1, *([1] * (like.dim() - 1)))
+    return values.reshape(-1, *([1] * (like.dim() - 1)))
+
+
 def run_cohort(
     model: Model,
     global_params: Params,
     dataset: FederatedDataset,
     index: SubmodelIndex,
-    cohort: np.ndarray,
+    members: Cohort,
     round_index: int,
     schedule: Schedule,
+    work: CohortWork,
 ) -> CohortUpdate:
+    cohort = members.clients
     k, steps, batch = len(cohort), schedule.local_steps, schedule.batch_size
     counts = dataset.sample_counts()[cohort]
 
@@ -75,6 +87,18 @@ def run_cohort(
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
     leaves = [*tables.values(), *dense.values()]
+    anchors = [*pulled_tables.values(), *pulled_dense.values()]
+    row_owner = {
+        t: torch.repeat_interleave(torch.arange(k), torch.from_numpy(r.lengths()))
+        for t, r in rows.items()
+    }
+    owners = [*(row_owner[t] for t in tables), *(None for _ in dense)]
+    rule = work.rule
+    lr = torch.from_numpy(work.lr_scale * rule.lr).to(schedule.dtype)
+    leaf_lr = [_per_member(lr, o, leaf) for o, leaf in zip(owners, leaves, strict=True)]
+    corrections = None
+    if work.corrections is not None:
+        corrections = [*work.corrections.tables.values(), *work.corrections.dense.values()]
     per_step = k * batch
     for step in range(steps):
         step_ids = {}
@@ -87,20 +111,48 @@ def run_cohort(
         # over the cohort's K * B samples is the sum of the K client means.
         flat = outputs.reshape(k * batch, *outputs.shape[2:])
         total = model.loss(flat, labels[step].reshape(-1)) * k
-        grads = torch.autograd.grad(total, leaves)
+        grads = list(torch.autograd.grad(total, leaves))
         with torch.no_grad():
-            for leaf, grad in zip(leaves, grads, strict=True):
-                leaf.sub_(schedule.lr * grad)
+            _apply_rule(rule, leaves, grads, anchors, owners, leaf_lr, corrections, k)
 
     with torch.no_grad():
         return CohortUpdate(
             clients=torch.from_numpy(cohort),
             weights=torch.from_numpy(counts.astype(np.float64)),
+            multiplicity=torch.from_numpy(members.multiplicity),
             rows=row_tensors,
-            row_owner={
-                t: torch.repeat_interleave(torch.arange(k), torch.from_numpy(r.lengths()))
-                for t, r in rows.items()
-            },
+            row_owner=row_owner,
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
             dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
         )
+
+
+def _apply_rule(
+    rule: LocalRule,
+    leaves: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    anchors: list[torch.Tensor],
+    owners: list[torch.Tensor | None],
+    leaf_lr: list[torch.Tensor],
+    corrections: list[torch.Tensor] | None,
+    k: int,
+) -> None:
+    """``LocalRule`` for every member at once (see fedsub.engine.local_rule)."""
+    if rule.mu:
+        grads = [g + rule.mu * (x - a) for g, x, a in zip(grads, leaves, anchors, strict=True)]
+    if rule.clip_norm:
+        squared = torch.zeros(k, dtype=grads[0].dtype)
+        for g, owner in zip(grads, owners, strict=True):
+            per_entry = g.pow(2).reshape(len(g), -1).sum(1)
+            if owner is not None:
+                squared.index_add_(0, owner, per_entry)
+            else:
+                squared += per_entry
+        scale = clip_scale(squared, rule.clip_norm)
+        grads = [g * _per_member(scale, o, g) for g, o in zip(grads, owners, strict=True)]
+    if rule.weight_decay:
+        grads = [g + rule.weight_decay * x for g, x in zip(grads, leaves, strict=True)]
+    if corrections is not None:
+        grads = [g + c for g, c in zip(grads, corrections, strict=True)]
+    for x, g, lr in zip(leaves, grads, leaf_lr, strict=True):
+        x.sub_(lr * g)

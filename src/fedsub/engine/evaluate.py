@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,16 +24,23 @@ class Evaluator:
     model: Model
     train_subset: SampleSet
     test: SampleSet
+    extra: Callable[[Params], dict[str, float]] | None = None  # e.g. gradient norms
 
     @staticmethod
-    def build(model: Model, dataset: FederatedDataset, train_samples: int, seed: int) -> Evaluator:
+    def build(
+        model: Model,
+        dataset: FederatedDataset,
+        train_samples: int,
+        seed: int,
+        extra: Callable[[Params], dict[str, float]] | None = None,
+    ) -> Evaluator:
         n = len(dataset.train)
         if train_samples >= n:
             subset = np.arange(n)
         else:
             generator = seeding.rng(seed, seeding.EVALUATION)
             subset = np.sort(generator.choice(n, size=train_samples, replace=False))
-        return Evaluator(model, dataset.train.take(subset), dataset.test)
+        return Evaluator(model, dataset.train.take(subset), dataset.test, extra)
 
     def outputs(self, params: Params, samples: SampleSet) -> torch.Tensor:
         dtype = params.tensors()[0].dtype
@@ -60,4 +68,6 @@ class Evaluator:
                 scores = outputs.double().numpy()
                 metrics["test_accuracy"] = float(np.mean((scores > 0) == (self.test.labels > 0.5)))
                 metrics["test_auc"] = roc_auc(self.test.labels, scores)
+        if self.extra is not None:
+            metrics.update(self.extra(params))
         return metrics

@@ -1,4 +1,4 @@
-"""Client work, the sequential reference: I local SGD steps of batch size B on one submodel."""
+"""Client work, the sequential reference: I local steps of batch size B on one submodel."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from fedsub.data.federated import SampleSet
+from fedsub.engine.local_rule import LocalRule, clip_scale
 from fedsub.models.base import Batch, Model, forward
 from fedsub.submodel.params import Params
 
@@ -15,21 +16,35 @@ def local_sgd(
     params: Params,
     samples: SampleSet,
     schedule: np.ndarray,
+    rule: LocalRule,
     lr: float,
+    correction: Params | None = None,
 ) -> Params:
-    """Plain SGD on ``params`` (modified in place and returned), one step per schedule row.
+    """Steps of ``rule`` on ``params`` (modified in place and returned), one per schedule row.
 
-    Each step's loss is the mean over its batch, so the step is ``x -= lr * grad``.
-    """
+    ``lr`` is this client's learning rate; the proximal anchor is ``params`` as given."""
     tensors = params.tensors()
+    anchor = [t.clone() for t in tensors] if rule.mu else None
+    offsets = correction.tensors() if correction is not None else None
     dtype = tensors[0].dtype
     for t in tensors:
         t.requires_grad_(True)
     for step_indices in schedule:
         batch = Batch.from_samples(samples.take(step_indices), dtype)
         loss = model.loss(forward(model, params, batch), batch.labels)
-        grads = torch.autograd.grad(loss, tensors)
+        grads = list(torch.autograd.grad(loss, tensors))
         with torch.no_grad():
+            if anchor is not None:
+                grads = [
+                    g + rule.mu * (t - a) for g, t, a in zip(grads, tensors, anchor, strict=True)
+                ]
+            if rule.clip_norm:
+                scale = clip_scale(sum(g.pow(2).sum() for g in grads), rule.clip_norm)
+                grads = [g * scale for g in grads]
+            if rule.weight_decay:
+                grads = [g + rule.weight_decay * t for g, t in zip(grads, tensors, strict=True)]
+            if offsets is not None:
+                grads = [g + c for g, c in zip(grads, offsets, strict=True)]
             for t, g in zip(tensors, grads, strict=True):
                 t.sub_(lr * g)
     for t in tensors:

@@ -1,13 +1,47 @@
-"""Which clients take part in a round."""
+"""Which clients take part in a round, and how many times each was drawn."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from fedsub.engine import seeding
+
+SamplingKind = Literal["uniform", "proportional-with-replacement"]
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """The round's distinct clients (sorted) and how often each was drawn (Scheme I may draw a
+    client twice; it trains once and counts twice)."""
+
+    clients: np.ndarray
+    multiplicity: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.clients)
 
 
 def uniform_cohort(seed: int, round_index: int, num_clients: int, k: int) -> np.ndarray:
     """K clients uniformly without replacement, sorted; the same for every algorithm."""
     generator = seeding.rng(seed, seeding.SAMPLING, round_index)
     return np.sort(generator.choice(num_clients, size=min(k, num_clients), replace=False))
+
+
+def sample_cohort(
+    kind: SamplingKind, seed: int, round_index: int, sample_counts: np.ndarray, k: int
+) -> Cohort:
+    """``uniform``: K distinct clients, equally likely. ``proportional-with-replacement``:
+    K draws with replacement, client k drawn with probability n_k / n (Li et al., Scheme I)."""
+    if kind == "uniform":
+        clients = uniform_cohort(seed, round_index, len(sample_counts), k)
+        return Cohort(clients, np.ones(len(clients), dtype=np.int64))
+    if kind == "proportional-with-replacement":
+        generator = seeding.rng(seed, seeding.SAMPLING, round_index, 1)
+        p = sample_counts / sample_counts.sum()
+        draws = generator.choice(len(sample_counts), size=k, replace=True, p=p)
+        clients, multiplicity = np.unique(draws, return_counts=True)
+        return Cohort(clients, multiplicity.astype(np.int64))
+    raise ValueError(f"unknown sampling {kind!r}")

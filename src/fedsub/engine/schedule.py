@@ -9,6 +9,7 @@ import torch
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 Backend = Literal["batched", "sequential"]
+LrSchedule = Literal["constant", "inverse-round", "exponential"]
 
 
 @dataclass(frozen=True)
@@ -22,3 +23,22 @@ class Schedule:
     dtype: torch.dtype = torch.float32
     eval_every: int = 1
     backend: Backend = "batched"
+    lr_schedule: LrSchedule = "constant"
+    lr_decay: float = 0.999
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+
+
+def lr_at(base: float, schedule: Schedule, round_index: int) -> float:
+    """The client learning rate of round ``round_index`` (1-based), constant inside a round.
+
+    ``inverse-round``: base / (1 + t) with t = round_index - 1 (seed 004);
+    ``exponential``: base * lr_decay^t (the FedSubAvg authors' x0.999 per round)."""
+    t = round_index - 1
+    if schedule.lr_schedule == "constant":
+        return base
+    if schedule.lr_schedule == "inverse-round":
+        return base / (1 + t)
+    if schedule.lr_schedule == "exponential":
+        return base * schedule.lr_decay**t
+    raise ValueError(f"unknown lr schedule {schedule.lr_schedule!r}")

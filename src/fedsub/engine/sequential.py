@@ -10,7 +10,9 @@ import numpy as np
 import torch
 
 from fedsub.data.federated import FederatedDataset
+from fedsub.engine.local_rule import CohortWork
 from fedsub.engine.local_sgd import local_sgd
+from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Model
@@ -27,8 +29,12 @@ def client_round(
     client: int,
     round_index: int,
     schedule: Schedule,
+    work: CohortWork,
+    member: int = 0,
 ) -> ClientUpdate:
-    """One client's work in one round: pull S(k), local SGD, push the row deltas."""
+    """One client's work in one round: pull S(k), local steps, push the row deltas.
+
+    ``member`` is the client's position in the cohort (to find its lr scale / corrections)."""
     rows = {t: torch.from_numpy(index.client_rows(t, client)) for t in dataset.table_rows}
     pulled = pull(global_params, rows)
     samples = index.client_samples(dataset, client)
@@ -40,7 +46,9 @@ def client_round(
         schedule.local_steps,
         schedule.batch_size,
     )[0]
-    trained = local_sgd(model, pulled.clone(), samples, order, schedule.lr)
+    correction = None if work.corrections is None else work.corrections.member(member)
+    lr = work.rule.lr * float(work.lr_scale[member])
+    trained = local_sgd(model, pulled.clone(), samples, order, work.rule, lr, correction)
     return push(client, float(len(samples)), rows, pulled, trained)
 
 
@@ -49,13 +57,13 @@ def run_cohort(
     global_params: Params,
     dataset: FederatedDataset,
     index: SubmodelIndex,
-    cohort: np.ndarray,
+    cohort: Cohort,
     round_index: int,
     schedule: Schedule,
+    work: CohortWork,
 ) -> CohortUpdate:
-    return CohortUpdate.from_clients(
-        [
-            client_round(model, global_params, dataset, index, int(k), round_index, schedule)
-            for k in cohort
-        ]
-    )
+    updates = [
+        client_round(model, global_params, dataset, index, int(k), round_index, schedule, work, j)
+        for j, k in enumerate(cohort.clients)
+    ]
+    return CohortUpdate.from_clients(updates, torch.from_numpy(cohort.multiplicity))

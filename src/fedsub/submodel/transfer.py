@@ -66,6 +66,7 @@ class CohortUpdate:
 
     clients: torch.Tensor
     weights: torch.Tensor
+    multiplicity: torch.Tensor
     rows: dict[str, torch.Tensor]
     row_owner: dict[str, torch.Tensor]
     table_deltas: dict[str, torch.Tensor]
@@ -74,14 +75,27 @@ class CohortUpdate:
     def __len__(self) -> int:
         return len(self.clients)
 
+    def member_rows(self, table: str, j: int) -> slice:
+        """Where cohort member j's rows of ``table`` lie in the concatenated tensors."""
+        owner = self.row_owner[table]
+        start = int(torch.searchsorted(owner, j))
+        return slice(start, int(torch.searchsorted(owner, j, right=True)))
+
     @staticmethod
-    def from_clients(updates: list[ClientUpdate]) -> CohortUpdate:
+    def from_clients(
+        updates: list[ClientUpdate], multiplicity: torch.Tensor | None = None
+    ) -> CohortUpdate:
         if not updates:
             raise ValueError("a cohort needs at least one client update")
         tables = updates[0].rows
         return CohortUpdate(
             clients=torch.tensor([u.client for u in updates]),
             weights=torch.tensor([u.weight for u in updates], dtype=torch.float64),
+            multiplicity=(
+                torch.ones(len(updates), dtype=torch.int64)
+                if multiplicity is None
+                else multiplicity
+            ),
             rows={t: torch.cat([u.rows[t] for u in updates]) for t in tables},
             row_owner={
                 t: torch.repeat_interleave(

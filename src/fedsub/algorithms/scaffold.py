@@ -1,0 +1,83 @@
+"""SCAFFOLD's control variates (Karimireddy et al. 2020, option II), on submodels.
+
+The server keeps ``c`` (full model shape); client i keeps ``c_i`` over its own rows S(i) and
+the dense parameters. During local work client i adds ``c - c_i`` to each gradient; after
+I steps with learning rate ``lr_i`` and model change ``delta_i``::
+
+    c_i+ = c_i - c - delta_i / (I * lr_i)      c = c + (1/N) * sum_{i in round} (c_i+ - c_i)
+
+Per round O(sum of |S(i)|); memory O(table rows) on the server plus every client's |S(i)|.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedsub.engine.local_rule import CohortTensors, CohortWork
+from fedsub.engine.sampling import Cohort
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import CohortUpdate
+
+
+class ControlVariates:
+    def __init__(self, global_params: Params, index: SubmodelIndex, num_clients: int) -> None:
+        self.c = Params(
+            {t: torch.zeros_like(v) for t, v in global_params.tables.items()},
+            {n: torch.zeros_like(v) for n, v in global_params.dense.items()},
+        )
+        self.index = index
+        self.num_clients = num_clients
+        self.client_c: dict[int, Params] = {}
+
+    def _client(self, client: int) -> Params:
+        if client not in self.client_c:
+            self.client_c[client] = Params(
+                {
+                    t: torch.zeros(
+                        len(self.index.client_rows(t, client)), v.shape[1], dtype=v.dtype
+                    )
+                    for t, v in self.c.tables.items()
+                },
+                {n: torch.zeros_like(v) for n, v in self.c.dense.items()},
+            )
+        return self.client_c[client]
+
+    def corrections(self, cohort: Cohort) -> CohortTensors:
+        """``c - c_i`` for every member, in the cohort layout."""
+        members = [self._client(int(k)) for k in cohort.clients]
+        row_offsets, tables = {}, {}
+        for t, table in self.c.tables.items():
+            rows = self.index.rows[t].take(cohort.clients)
+            row_offsets[t] = rows.offsets
+            local = torch.cat([m.tables[t] for m in members])
+            tables[t] = table.index_select(0, torch.from_numpy(rows.values)) - local
+        dense = {
+            n: v.unsqueeze(0) - torch.stack([m.dense[n] for m in members])
+            for n, v in self.c.dense.items()
+        }
+        return CohortTensors(row_offsets, tables, dense)
+
+    def update(self, update: CohortUpdate, work: CohortWork, local_steps: int) -> None:
+        """Fold a finished round into c_i and c (``work`` is the round's, corrections included;
+        ``c`` may change here because the corrections already hold its old value)."""
+        if work.corrections is None:
+            raise ValueError("SCAFFOLD needs the round's corrections to update its variates")
+        lr = torch.from_numpy(np.asarray(work.lr_scale, dtype=np.float64) * work.rule.lr)
+        share = 1.0 / self.num_clients
+        for j, client in enumerate(update.clients.tolist()):
+            own = self._client(client)
+            c_here = work.corrections.member(j)  # c - c_i, so c = c_here + c_i
+            scale = 1.0 / (local_steps * float(lr[j]))
+            for t, rows in update.rows.items():
+                span = update.member_rows(t, j)
+                c_rows = c_here.tables[t] + own.tables[t]
+                change = -c_rows - update.table_deltas[t][span] * scale
+                own.tables[t] += change
+                self.c.tables[t].index_add_(0, rows[span], share * change)
+            for n in self.c.dense:
+                c_dense = c_here.dense[n] + own.dense[n]
+                change = -c_dense - update.dense_deltas[n][j] * scale
+                own.dense[n] += change
+                self.c.dense[n] += share * change

@@ -1,0 +1,62 @@
+"""How a client turns its loss gradient into an SGD step; shared by both backends.
+
+At every local step, with ``x0`` the pulled model::
+
+    g = grad(batch-mean loss) + mu * (x - x0)            FedProx (mu = 0: plain SGD)
+    g = g * min(1, clip_norm / (||g|| + 1e-6))           per client, when clip_norm > 0
+    g = g + weight_decay * x                              as torch.optim.SGD(weight_decay)
+    g = g + correction                                    SCAFFOLD's c - c_i
+    x = x - lr_k * g                                      lr_k = round lr * member's lr scale
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedsub.submodel.params import Params
+
+CLIP_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class LocalRule:
+    lr: float
+    mu: float = 0.0
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+
+
+@dataclass(frozen=True)
+class CohortTensors:
+    """One tensor set per cohort member, in the cohort layout: per table the members' rows
+    concatenated (member j owns ``row_offsets[t][j]:row_offsets[t][j + 1]``); dense [K, ...]."""
+
+    row_offsets: dict[str, np.ndarray]
+    tables: dict[str, torch.Tensor]
+    dense: dict[str, torch.Tensor]
+
+    def member(self, j: int) -> Params:
+        return Params(
+            {
+                t: v[int(self.row_offsets[t][j]) : int(self.row_offsets[t][j + 1])]
+                for t, v in self.tables.items()
+            },
+            {n: v[j] for n, v in self.dense.items()},
+        )
+
+
+@dataclass(frozen=True)
+class CohortWork:
+    """A round's client work: the rule, each member's lr scale, SCAFFOLD's corrections."""
+
+    rule: LocalRule
+    lr_scale: np.ndarray
+    corrections: CohortTensors | None = None
+
+
+def clip_scale(squared_norm: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_'s factor, for one norm or a vector of per-client norms."""
+    return (clip_norm / (squared_norm.sqrt() + CLIP_EPS)).clamp(max=1.0)
