@@ -7,12 +7,13 @@ momentum keeps moving rows after their last update (its cost is stated there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
-from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
+from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import scatter_add_rows
 
@@ -34,21 +35,48 @@ class ServerSGD:
             params.dense[name].add_(self.lr * delta)
 
 
-def _sparse_gradient(row_update: RowUpdate, shape: torch.Size) -> torch.Tensor:
-    values = -row_update.values
-    return torch.sparse_coo_tensor(
-        row_update.rows.unsqueeze(0), values, shape, check_invariants=False
-    ).coalesce()
+class RowwiseTorchOptimizer:
+    """A real ``torch.optim`` optimizer applied to only the touched rows of a table.
+
+    Per-row state (e.g. Adam's moments) lives in full-table tensors; each round the touched
+    rows and their state are gathered into a small leaf tensor, one ``step()`` of a fresh
+    optimizer runs on it with the saved state, and rows and state are scattered back. The
+    step count is global (one per round), as in ``torch.optim.SparseAdam``. When every row
+    is touched every round this is exactly the dense optimizer; otherwise untouched rows keep
+    their state and do not move (lazy). Cost per round: O(touched rows x dim).
+    """
+
+    def __init__(self, make: Callable[[list[torch.Tensor]], torch.optim.Optimizer]) -> None:
+        self.make = make
+        self.row_state: dict[str, torch.Tensor] = {}
+        self.shared_state: dict[str, Any] = {}
+
+    def step(self, table: torch.Tensor, rows: torch.Tensor, gradient: torch.Tensor) -> None:
+        x = table.index_select(0, rows)
+        optimizer = self.make([x])
+        if self.shared_state or self.row_state:
+            optimizer.state[x] = {
+                **{k: v.clone() for k, v in self.shared_state.items()},
+                **{k: v.index_select(0, rows) for k, v in self.row_state.items()},
+            }
+        x.grad = gradient
+        optimizer.step()
+        for key, value in optimizer.state[x].items():
+            if torch.is_tensor(value) and value.shape == x.shape:
+                if key not in self.row_state:
+                    self.row_state[key] = torch.zeros_like(table)
+                self.row_state[key].index_copy_(0, rows, value)
+            else:
+                self.shared_state[key] = value
+        table.index_copy_(0, rows, x.detach())
 
 
 class TorchServerOptimizer:
     """FedAdam / FedAdagrad (Reddi et al. 2021) as real ``torch.optim`` optimizers.
 
-    The negated aggregate is written into ``.grad`` and the optimizer steps. Dense parameters
-    use ``torch.optim.Adam`` / ``Adagrad``. Tables receive a sparse gradient over the touched
-    rows only and use ``torch.optim.SparseAdam`` / ``Adagrad`` (which accepts sparse
-    gradients): per round O(touched rows x dim), never the full table. Rows not touched in a
-    round keep their state and do not move (lazy), as with SparseAdam in centralized training.
+    The negated aggregate is the gradient. Dense parameters: ``torch.optim.Adam`` /
+    ``Adagrad`` stepped as usual. Tables: the same optimizer on the touched rows only
+    (``RowwiseTorchOptimizer``): per round O(touched rows x dim), never the full table.
     """
 
     def __init__(
@@ -60,34 +88,24 @@ class TorchServerOptimizer:
         beta2: float = 0.99,
         tau: float = 1e-3,
     ) -> None:
-        self.params = params
-        # Our sparse gradients are built coalesced from unique rows; opt out of torch's
-        # per-tensor invariant checks explicitly (torch warns when the choice is implicit).
-        torch.sparse.check_sparse_tensor_invariants.disable()
         if kind == "adam":
-            self.dense = torch.optim.Adam(
-                list(params.dense.values()), lr=lr, betas=(beta1, beta2), eps=tau
-            )
-            self.tables = torch.optim.SparseAdam(
-                list(params.tables.values()), lr=lr, betas=(beta1, beta2), eps=tau
-            )
+            make = lambda ps: torch.optim.Adam(ps, lr=lr, betas=(beta1, beta2), eps=tau)  # noqa: E731
         elif kind == "adagrad":
-            self.dense = torch.optim.Adagrad(list(params.dense.values()), lr=lr, eps=tau)
-            self.tables = torch.optim.Adagrad(list(params.tables.values()), lr=lr, eps=tau)
+            make = lambda ps: torch.optim.Adagrad(ps, lr=lr, eps=tau)  # noqa: E731
         else:
             raise ValueError(f"unknown torch server optimizer {kind!r}")
+        self.dense = make(list(params.dense.values())) if params.dense else None
+        self.tables = {name: RowwiseTorchOptimizer(make) for name in params.tables}
 
     def apply(self, params: Params, update: ServerUpdate) -> None:
-        for name, tensor in params.dense.items():
-            tensor.grad = -update.dense[name] if name in update.dense else None
-        for name, table in params.tables.items():
-            row_update = update.tables.get(name)
-            table.grad = None if row_update is None else _sparse_gradient(row_update, table.shape)
-        if params.dense:
+        for name, row_update in update.tables.items():
+            self.tables[name].step(params.tables[name], row_update.rows, -row_update.values)
+        if self.dense is not None:
+            for name, tensor in params.dense.items():
+                tensor.grad = -update.dense[name]
             self.dense.step()
-        self.tables.step()
-        for tensor in params.tensors():
-            tensor.grad = None
+            for tensor in params.dense.values():
+                tensor.grad = None
 
 
 class ServerYogi:
