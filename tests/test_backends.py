@@ -7,9 +7,12 @@ import torch
 from fedsub.algorithms.registry import AlgorithmContext, algorithm_names, build_algorithm
 from fedsub.data.federated import SampleSet
 from fedsub.data.ragged import Ragged
+from fedsub.data.synthetic_li import SyntheticLiOptions
+from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
+from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 
@@ -41,7 +44,14 @@ DATASETS = {
         SyntheticSparseOptions(num_users=50, num_items=30, mean_samples_per_user=9), seed=1
     ),
     "two-tables-dense": lambda: two_tables_with_dense(0),
+    "dense-only-multiclass": lambda: generate_li(SyntheticLiOptions(num_devices=12, dim=5), 0),
 }
+
+
+def model_for(dataset):
+    if not dataset.table_rows:
+        return SoftmaxRegression(dataset.train.dense_dim, 10)
+    return SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
@@ -50,7 +60,7 @@ DATASETS = {
 def test_batched_equals_sequential(algorithm, data, dtype, tolerance):
     dataset = DATASETS[data]()
     index = SubmodelIndex.build(dataset)
-    model = SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
+    model = model_for(dataset)
     context = AlgorithmContext(dataset, index, "samples")
     results = {}
     for backend in ("sequential", "batched"):

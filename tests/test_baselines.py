@@ -174,3 +174,33 @@ def test_central_sgd_takes_batches_of_k_times_b_from_the_pooled_data(small_synth
         optimizer.step()
     for name, value in reference.state_dict().items():
         torch.testing.assert_close(trained.state_dict()[name], value.detach(), rtol=0, atol=1e-12)
+
+
+def test_gradient_norms_match_the_closed_form_logistic_gradient(small_synthetic):
+    """grad of the mean BCE over all samples: X^T (sigmoid(Xw + b) - y) / n, by hand."""
+    from fedsub.algorithms.registry import heat_coefficients
+    from fedsub.engine.diagnostics import gradient_norms
+
+    ds = small_synthetic
+    index = SubmodelIndex.build(ds)
+    model = SparseLogisticRegression(dict(ds.table_rows))
+    params = model.init(torch.Generator().manual_seed(0), torch.float64)
+    rng = np.random.default_rng(0)
+    params.tables["features"][:, 0] = torch.from_numpy(rng.normal(size=ds.table_rows["features"]))
+    params.dense["bias"][0] = 0.3
+    coefficients = heat_coefficients(AlgorithmContext(ds, index, "clients"))
+
+    got = gradient_norms(model, params, ds.train, coefficients)
+
+    ids, offsets = ds.train.ids["features"].values, ds.train.ids["features"].offsets
+    w = params.tables["features"][:, 0].numpy()
+    logits = np.add.reduceat(w[ids], offsets[:-1]) + 0.3
+    residual = 1 / (1 + np.exp(-logits)) - ds.train.labels
+    n = len(residual)
+    grad_w = np.bincount(ids, weights=np.repeat(residual, np.diff(offsets)), minlength=len(w)) / n
+    grad_b = residual.sum() / n
+    coef = coefficients["features"].numpy()
+    assert got["grad_norm_sq"] == pytest.approx((grad_w**2).sum() + grad_b**2, rel=1e-9)
+    assert got["precond_grad_norm_sq"] == pytest.approx(
+        (coef * grad_w**2).sum() + grad_b**2, rel=1e-9
+    )

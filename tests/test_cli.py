@@ -128,3 +128,73 @@ def test_unwritable_output_folder_is_reported_before_training(tmp_path, tiny_con
     blocker.write_text("not a folder")
     assert main(["compare", str(tiny_config), "--out", str(blocker / "sub"), "--quiet"]) == 2
     assert "is not writable" in capsys.readouterr().err
+
+
+def test_central_min_target_runs_central_sgd_first_and_sweep_prints_table3(tmp_path):
+    config = tmp_path / "t.toml"
+    config.write_text(
+        TINY.replace('algorithms = ["fedavg", "fedsubavg"]', 'algorithms = ["fedsubavg"]').replace(
+            "target_train_loss = 0.69", 'target_train_loss = "central-min"'
+        )
+        + "\n[algorithms.fedsubavg]\nlr = 0.3\n"
+    )
+    out = tmp_path / "out"
+    assert main(["compare", str(config), "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["algorithms"]) == ["central-sgd", "fedsubavg"]
+    central = [
+        json.loads(x) for x in (out / "central-sgd" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert summary["target"]["train_loss"] == min(x["train_loss"] for x in central)
+    table = (out / "summary.md").read_text()
+    assert "| | central-sgd | fedsubavg |" in table
+    assert "lr = 0.3" in (out / "config.toml").read_text()
+
+    sweep_out = tmp_path / "sweep"
+    assert (
+        main(
+            [
+                "compare",
+                str(config),
+                "--sweep",
+                "train.clients_per_round=4,8",
+                "--out",
+                str(sweep_out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    sweep = json.loads((sweep_out / "sweep.json").read_text())
+    assert sweep["values"] == ["4", "8"]
+    for value in ("4", "8"):
+        inner = json.loads(
+            (sweep_out / f"train.clients_per_round={value}" / "summary.json").read_text()
+        )
+        assert (
+            sweep["rounds_to_target"]["fedsubavg"][value]
+            == (inner["algorithms"]["fedsubavg"]["rounds_to_target"])
+        )
+    assert "| fedsubavg |" in (sweep_out / "sweep.md").read_text()
+
+
+def test_gradient_norms_are_logged_when_asked(tmp_path, tiny_config):
+    out = tmp_path / "out"
+    assert (
+        main(
+            [
+                "run",
+                str(tiny_config),
+                "--algorithm",
+                "fedsubavg",
+                "--out",
+                str(out),
+                "--quiet",
+                "--set",
+                "eval.gradient_norms=true",
+            ]
+        )
+        == 0
+    )
+    lines = [json.loads(x) for x in (out / "fedsubavg" / "metrics.jsonl").read_text().splitlines()]
+    assert all(x["precond_grad_norm_sq"] >= x["grad_norm_sq"] > 0 for x in lines)

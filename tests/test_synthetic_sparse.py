@@ -13,7 +13,7 @@ def test_default_has_heat_dispersion_of_at_least_1000():
     assert row["clients"] == 3000
     assert row["heat_dispersion"] >= 1000
     assert row["heat_min"] == 1
-    assert 0.3 < row["positive_rate"] < 0.7
+    assert 0.3 < row["label_mean"] < 0.7
 
 
 def test_same_seed_same_data_other_seed_other_data():

@@ -12,6 +12,14 @@ from pathlib import Path
 from fedsub.engine.loop import Evaluation
 
 CURVE_METRICS = (("train_loss", "train loss"), ("test_auc", "test AUC"))
+CURVE_FALLBACK = ("test_accuracy", "test accuracy")  # when no AUC (multiclass)
+# (metric, column title, also show the best value)
+TABLE_METRICS = (
+    ("train_loss", "train loss", False),
+    ("test_loss", "test loss", False),
+    ("test_accuracy", "test accuracy", False),
+    ("test_auc", "test AUC", True),
+)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -122,17 +130,23 @@ def summary_markdown(result: dict, target: Target, rounds: int) -> str:
         "|---|" + "---:|" * len(names),
         f"| rounds to target | {' | '.join(cells)} |",
         "",
-        "| algorithm | rounds to target | final train loss | final test loss | final test AUC |"
-        " best test AUC |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    shown = [
+        (m, title, with_best)
+        for m, title, with_best in TABLE_METRICS
+        if any(m in e["final"] for e in result["algorithms"].values())
+    ]
+    columns = ["algorithm", "rounds to target"]
+    for _, title, with_best in shown:
+        columns += [f"final {title}"] + ([f"best {title}"] if with_best else [])
+    lines += [f"| {' | '.join(columns)} |", "|---|" + "---:|" * (len(columns) - 1)]
     for name, entry in result["algorithms"].items():
-        final, best = entry["final"], entry["best"]
-        lines.append(
-            f"| {name} | {rounds_cell(entry['rounds_to_target'], rounds)} "
-            f"| {final.get('train_loss', math.nan):.4f} | {final.get('test_loss', math.nan):.4f} "
-            f"| {final.get('test_auc', math.nan):.4f} | {best.get('test_auc', math.nan):.4f} |"
-        )
+        cells = [name, rounds_cell(entry["rounds_to_target"], rounds)]
+        for metric, _, with_best in shown:
+            cells.append(f"{entry['final'].get(metric, math.nan):.4f}")
+            if with_best:
+                cells.append(f"{entry['best'].get(metric, math.nan):.4f}")
+        lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -142,11 +156,12 @@ def plot_curves(histories: dict[str, list[Evaluation]], path: Path, title: str) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [
-        (m, label)
-        for m, label in CURVE_METRICS
-        if any(m in h[0].metrics for h in histories.values())
-    ]
+    def present(metric: str) -> bool:
+        return any(metric in h[0].metrics for h in histories.values())
+
+    metrics = [(m, label) for m, label in CURVE_METRICS if present(m)]
+    if not present("test_auc") and present(CURVE_FALLBACK[0]):
+        metrics.append(CURVE_FALLBACK)
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
     for ax, (metric, label) in zip(axes[0], metrics, strict=True):
         for name, history in histories.items():

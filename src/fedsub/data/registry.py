@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedsub.data import synthetic_sparse
+from fedsub.data import synthetic_li, synthetic_sparse
 from fedsub.data.federated import FederatedDataset
 
 
@@ -22,6 +22,11 @@ DATASETS: dict[str, DatasetSpec] = {
         synthetic_sparse.SyntheticSparseOptions,
         lambda options, path, seed: synthetic_sparse.generate(options, seed),
         "embedded recommender-like clicks (users x Zipf items, crossed features)",
+    ),
+    "synthetic-li": DatasetSpec(
+        synthetic_li.SyntheticLiOptions,
+        lambda options, path, seed: synthetic_li.generate(options, seed),
+        "synthetic(alpha, beta) of Li et al. / Sahu et al.: 100 devices, 60 features, 10 classes",
     ),
 }
 

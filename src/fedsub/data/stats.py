@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,15 @@ from fedsub.submodel.index import SubmodelIndex
 def feature_heat(dataset: FederatedDataset, index: SubmodelIndex) -> np.ndarray:
     """n_m of every row of every table that some client touches, concatenated."""
     heats = [client_heat(index.rows[t], rows) for t, rows in dataset.table_rows.items()]
-    all_heat = np.concatenate(heats)
+    all_heat = np.concatenate(heats) if heats else np.zeros(0, dtype=np.int64)
     return all_heat[all_heat > 0]
 
 
 def table1_row(dataset: FederatedDataset, index: SubmodelIndex) -> dict[str, float]:
+    """Heat entries are NaN for a dataset without embedding tables (dense features only)."""
     heat = feature_heat(dataset, index)
     counts = dataset.sample_counts()
+    no_heat = len(heat) == 0
     return {
         "clients": dataset.num_clients,
         "samples": len(dataset.train) + len(dataset.test),
@@ -29,10 +32,10 @@ def table1_row(dataset: FederatedDataset, index: SubmodelIndex) -> dict[str, flo
         "samples_per_client": float(counts.mean()),
         "features": int(sum(dataset.table_rows.values())),
         "features_touched": len(heat),
-        "heat_min": int(heat.min()),
-        "heat_max": int(heat.max()),
+        "heat_min": math.nan if no_heat else int(heat.min()),
+        "heat_max": math.nan if no_heat else int(heat.max()),
         "heat_dispersion": dispersion(heat),
-        "positive_rate": float(dataset.train.labels.mean()),
+        "label_mean": float(dataset.train.labels.mean()),
     }
 
 

@@ -68,6 +68,9 @@ class Evaluator:
                 scores = outputs.double().numpy()
                 metrics["test_accuracy"] = float(np.mean((scores > 0) == (self.test.labels > 0.5)))
                 metrics["test_auc"] = roc_auc(self.test.labels, scores)
+            elif self.model.task == "multiclass":
+                predicted = outputs.argmax(dim=1).numpy()
+                metrics["test_accuracy"] = float(np.mean(predicted == self.test.labels))
         if self.extra is not None:
             metrics.update(self.extra(params))
         return metrics

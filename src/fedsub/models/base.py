@@ -10,7 +10,7 @@ import torch
 from fedsub.data.federated import SampleSet
 from fedsub.submodel.params import Params
 
-Task = Literal["binary", "regression"]
+Task = Literal["binary", "multiclass", "regression"]
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,16 @@ from typing import Any
 
 from fedsub.data.federated import FederatedDataset
 from fedsub.models.base import Model
+from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 
 _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "sparse-lr": lambda ds, opts: SparseLogisticRegression(
         table_rows=dict(ds.table_rows), dense_dim=ds.train.dense_dim, **opts
+    ),
+    "softmax-regression": lambda ds, opts: SoftmaxRegression(
+        dense_dim=ds.train.dense_dim,
+        classes=int(max(ds.train.labels.max(), ds.test.labels.max(initial=0))) + 1,
     ),
 }
 
