@@ -72,6 +72,17 @@ def test_overrides_take_toml_values_and_plain_strings(tmp_path):
         ("[trian]\nrounds = 1\n", "unknown section [trian]; allowed sections: data, model"),
         ("train = 3\n", "train must be a [section] table, got 3"),
         ("[train\n", "not valid TOML"),
+        ("[train]\nlr = nan\n", "train.lr must be a finite number, got nan"),
+        ("[eval]\ntarget_train_loss = inf\n", "eval.target_train_loss must be a finite number"),
+        (
+            "[eval]\ntarget_train_loss = 'best'\n",
+            "eval.target_train_loss = 'best' is not allowed; choose from central-min",
+        ),
+        ("[algorithms.fedprox]\nmu = -1\n", "algorithms.fedprox.mu = -1.0 is out of range"),
+        ("[algorithms.fedsgd]\nlr = 1\n", "[algorithms.fedsgd] is not an algorithm"),
+        ("[algorithms.fedadam]\nbeta = 0.9\n", "[algorithms.fedadam] unknown key 'beta'"),
+        ("[train]\nalgorithms = ['fedavg@scheme9']\n", "unknown scheme 'scheme9'"),
+        ("[train]\nalgorithms = ['central-sgd@scheme1']\n", "central-sgd samples no clients"),
     ],
 )
 def test_bad_config_names_the_key_and_what_is_allowed(tmp_path, text, message):

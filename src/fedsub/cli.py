@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedsub import config as config_lib
+from fedsub.engine.loop import Interrupted
 from fedsub.errors import ConfigError, FedsubError
 
 
@@ -25,15 +28,62 @@ def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.C
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     from fedsub.experiment import algorithms_to_run, compare
 
-    extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
-    config = _config(args, extra)
+    if args.resume:
+        config, out = _resumed_config(args, algorithms), Path(args.resume)
+    else:
+        extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
+        config, out = _config(args, extra), Path(args.out)
     total = config.train.rounds * len(algorithms_to_run(config))
-    with _progress(args.quiet, total) as on_round:
-        outcome = compare(config, Path(args.out), on_round)
+    try:
+        with _progress(args.quiet, total) as on_round, _stop_on_ctrl_c() as stop_requested:
+            outcome = compare(config, out, on_round, bool(args.resume), stop_requested)
+    except Interrupted as stopped:
+        print(
+            f"fedsub: stopped after round {stopped.round}; checkpoint {stopped.checkpoint}. "
+            f"Resume with: fedsub {args.command} --resume {out}",
+            file=sys.stderr,
+        )
+        return 130
     print(outcome.markdown, end="")
     if not args.quiet:
         print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
     return 0
+
+
+def _resumed_config(args: argparse.Namespace, algorithms: list[str] | None) -> config_lib.Config:
+    """``--resume DIR`` continues the run exactly as it was configured in DIR/config.toml."""
+    if args.config or args.set or algorithms or getattr(args, "algorithm", None):
+        raise ConfigError(
+            "--resume continues a run as it was configured (its config.toml); "
+            "drop CONFIG, --set and --algorithm(s)"
+        )
+    path = Path(args.resume) / "config.toml"
+    if not path.exists():
+        raise ConfigError(f"{args.resume} is not a fedsub run folder: {path} does not exist")
+    return config_lib.load(path)
+
+
+@contextmanager
+def _stop_on_ctrl_c() -> Iterator[Callable[[], bool]]:
+    """The first Ctrl-C asks the run to stop after the current round (with a checkpoint);
+    a second one interrupts at once."""
+    requested = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal requested
+        if requested:
+            raise KeyboardInterrupt
+        requested = True
+        print(
+            "\nfedsub: finishing this round, then checkpointing (Ctrl-C again to abort)",
+            file=sys.stderr,
+        )
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextmanager
@@ -53,6 +103,8 @@ def _progress(quiet: bool, total: int) -> Iterator[Callable[[str, int], None] | 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.resume:
+        return _compare(args, None)
     if args.algorithm:
         return _compare(args, [args.algorithm])
     listed = _config(args).train.algorithms
@@ -130,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
         p.add_argument("--out", default="runs/latest", help="output folder (default runs/latest)")
         p.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+        p.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR")
 
     run = commands.add_parser("run", help="train one algorithm")
     add_common(run)
@@ -158,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="fedsub: %(message)s")
     try:
         return args.func(args)
     except FedsubError as error:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -58,6 +59,8 @@ class TrainConfig:
     lr_decay: float = field(default=0.999, metadata={"min_exclusive": 0.0, "max": 1.0})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
     clip_norm: float = field(default=0.0, metadata={"min": 0.0})
+    checkpoint_every: int = field(default=10, metadata={"min": 0})
+    max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
 
 
 @dataclass(frozen=True)
@@ -111,12 +114,11 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
         if str in members and isinstance(value, str):
             return value
         numeric = [a for a in members if a is not str]
-        if not numeric:
+        if not numeric or isinstance(value, bool) or not isinstance(value, int | float):
+            if len(members) == 1:
+                return _coerce(where, members[0], value)
             raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-        try:
-            return _coerce(where, numeric[0], value)
-        except ConfigError:
-            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}") from None
+        return _coerce(where, numeric[0], value)
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
@@ -129,6 +131,8 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
     )
     if not ok:
         raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+    if tp is float and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
     return float(value) if tp is float else value
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,17 +16,22 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_c
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
+from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.loop import Evaluation, train
+from fedsub.engine.guards import Rejection
+from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.schedule import DTYPES, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.registry import build_model
 from fedsub.report import (
+    JsonLines,
     MetricsLog,
     Target,
     plot_curves,
+    read_metrics,
     rounds_cell,
+    save_tensors_atomic,
     summary,
     summary_markdown,
     write_atomic,
@@ -32,6 +39,8 @@ from fedsub.report import (
 from fedsub.submodel.index import SubmodelIndex
 
 CENTRAL = "central-sgd"
+DONE = "done"
+LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,47 @@ def check_writable(out_dir: Path) -> None:
         probe.unlink()
     except OSError as error:
         raise FedsubError(f"output folder {out_dir} is not writable: {error}") from None
+
+
+def check_free_space(out_dir: Path, needed: int = 64 * 2**20) -> None:
+    """Fail before training when the output folder's disk is (nearly) full."""
+    free = shutil.disk_usage(out_dir).free
+    if free < needed:
+        raise FedsubError(
+            f"output folder {out_dir} has {free / 2**20:.1f} MiB free; "
+            f"need at least {needed / 2**20:.0f} MiB for metrics and checkpoints"
+        )
+
+
+def _start_fresh(folder: Path) -> None:
+    """A new run of this algorithm: forget a previous run's checkpoints and completion."""
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    (folder / DONE).unlink(missing_ok=True)
+    (folder / "rejections.jsonl").unlink(missing_ok=True)
+
+
+def _resume_point(folder: Path) -> checkpoint_lib.Checkpoint | None:
+    newest = checkpoint_lib.latest(folder / "checkpoints")
+    return None if newest is None else checkpoint_lib.load(newest)
+
+
+def _fields(record: dict) -> dict:
+    return {
+        "round": record["round"],
+        "metrics": record["metrics"],
+        "elapsed_train_seconds": record["elapsed"],
+    }
+
+
+def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None:
+    LOG.warning(
+        "%s round %d: rejected client %d: %s",
+        algorithm,
+        rejection.round,
+        rejection.client,
+        rejection.reason,
+    )
+    log(rejection.as_json())
 
 
 def schedule_of(config: Config) -> Schedule:
@@ -94,10 +144,17 @@ def compare(
     config: Config,
     out_dir: Path,
     on_round: Callable[[str, int], None] | None = None,
+    resume: bool = False,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> Outcome:
-    """Train every algorithm of the comparison and write the run's outputs."""
+    """Train every algorithm of the comparison and write the run's outputs.
+
+    With ``resume``, algorithms already finished in ``out_dir`` are read back, an interrupted
+    one continues from its newest checkpoint, and the rest run from the start."""
     check_writable(out_dir)
-    write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
+    check_free_space(out_dir)
+    if not resume:
+        write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
     dataset = load_data(config)
     index = SubmodelIndex.build(dataset)
     model_options = {
@@ -124,9 +181,24 @@ def compare(
     histories: dict[str, list[Evaluation]] = {}
     for name in algorithms_to_run(config):
         algorithm = build_algorithm(name, context, config.algorithm_options(name))
-        log = MetricsLog(out_dir / name / "metrics.jsonl")
+        folder = out_dir / name
+        if resume and (folder / DONE).exists():
+            histories[name] = read_metrics(folder / "metrics.jsonl")
+            continue
+        saved = _resume_point(folder) if resume else _start_fresh(folder)
+        earlier = [] if saved is None else [Evaluation(**_fields(e)) for e in saved.history]
+        log = MetricsLog(folder / "metrics.jsonl", earlier)
+        rejections = JsonLines(folder / "rejections.jsonl")
+        control = RunControl(
+            checkpoints=folder / "checkpoints",
+            checkpoint_every=config.train.checkpoint_every,
+            max_update_norm=config.train.max_update_norm,
+            resume=saved,
+            stop_requested=stop_requested,
+            on_reject=lambda rejection, n=name, log=rejections: _log_rejection(n, rejection, log),
+        )
         try:
-            train(
+            final = train(
                 model,
                 algorithm,
                 dataset,
@@ -135,11 +207,14 @@ def compare(
                 evaluator,
                 on_evaluation=log,
                 on_round=None if on_round is None else (lambda r, n=name: on_round(n, r)),
+                control=control,
             )
-        except FloatingPointError as error:
+        except Diverged as error:
             raise FedsubError(str(error)) from None
         finally:
             log.close()
+        save_tensors_atomic(folder / "model.safetensors", final.state_dict())
+        write_atomic(folder / DONE, "finished\n")
         histories[name] = log.history
 
     target = target_of(config, histories)

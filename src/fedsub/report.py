@@ -6,8 +6,12 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
 
 from fedsub.engine.loop import Evaluation
 
@@ -29,6 +33,18 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """A safetensors file written via a temp file and rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -84,13 +100,18 @@ def best_metrics(history: list[Evaluation]) -> dict[str, float]:
 
 
 class MetricsLog:
-    """``<out>/<algorithm>/metrics.jsonl``: one JSON line per evaluation, flushed as written."""
+    """``<out>/<algorithm>/metrics.jsonl``: one JSON line per evaluation, flushed as written.
 
-    def __init__(self, path: Path) -> None:
+    A resumed run starts the file again from the checkpoint's evaluations, so the file ends
+    as an uninterrupted run's would."""
+
+    def __init__(self, path: Path, earlier: Sequence[Evaluation] = ()) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self.history: list[Evaluation] = []
+        for evaluation in earlier:
+            self(evaluation)
 
     def __call__(self, evaluation: Evaluation) -> None:
         self.history.append(evaluation)
@@ -177,3 +198,25 @@ def plot_curves(histories: dict[str, list[Evaluation]], path: Path, title: str) 
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def read_metrics(path: Path) -> list[Evaluation]:
+    """The evaluations of a finished algorithm's metrics.jsonl."""
+    history = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        round_index, elapsed = record.pop("round"), record.pop("elapsed")
+        history.append(Evaluation(round_index, record, elapsed))
+    return history
+
+
+class JsonLines:
+    """An append-only JSON-lines log (e.g. rejected client updates)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __call__(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")

@@ -81,3 +81,20 @@ class ControlVariates:
                 change = -c_dense - update.dense_deltas[n][j] * scale
                 own.dense[n] += change
                 self.c.dense[n] += share * change
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"c.{name}": v for name, v in self.c.state_dict().items()}
+        for client, variates in self.client_c.items():
+            tensors.update({f"client.{client}.{n}": v for n, v in variates.state_dict().items()})
+        return tensors
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.c = Params.from_state_dict(
+            {n[2:]: v.clone() for n, v in tensors.items() if n.startswith("c.")}
+        )
+        grouped: dict[int, dict[str, torch.Tensor]] = {}
+        for name, value in tensors.items():
+            if name.startswith("client."):
+                _, client, rest = name.split(".", 2)
+                grouped.setdefault(int(client), {})[rest] = value.clone()
+        self.client_c = {k: Params.from_state_dict(v) for k, v in grouped.items()}

@@ -21,6 +21,31 @@ from fedsub.submodel.transfer import scatter_add_rows
 class ServerOptimizer(Protocol):
     def apply(self, params: Params, update: ServerUpdate) -> None: ...
 
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Everything needed to resume, as named tensors (for a safetensors checkpoint)."""
+        ...
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None: ...
+
+
+def _torch_optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str) -> dict:
+    return {
+        f"{prefix}.{index}.{key}": value
+        for index, state in optimizer.state_dict()["state"].items()
+        for key, value in state.items()
+    }
+
+
+def _load_torch_optimizer(optimizer: torch.optim.Optimizer, prefix: str, tensors: dict) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith(prefix + "."):
+            index, key = name[len(prefix) + 1 :].split(".", 1)
+            state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict(
+        {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
+    )
+
 
 @dataclass(frozen=True)
 class ServerSGD:
@@ -33,6 +58,12 @@ class ServerSGD:
             scatter_add_rows(params.tables[table], row_update.rows, self.lr * row_update.values)
         for name, delta in update.dense.items():
             params.dense[name].add_(self.lr * delta)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        pass
 
 
 class RowwiseTorchOptimizer:
@@ -69,6 +100,19 @@ class RowwiseTorchOptimizer:
             else:
                 self.shared_state[key] = value
         table.index_copy_(0, rows, x.detach())
+
+    def state_tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {
+            **{f"{prefix}.row.{k}": v for k, v in self.row_state.items()},
+            **{f"{prefix}.shared.{k}": v for k, v in self.shared_state.items()},
+        }
+
+    def load_state_tensors(self, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
+        for name, value in tensors.items():
+            if name.startswith(f"{prefix}.row."):
+                self.row_state[name[len(prefix) + 5 :]] = value.clone()
+            elif name.startswith(f"{prefix}.shared."):
+                self.shared_state[name[len(prefix) + 8 :]] = value.clone()
 
 
 class TorchServerOptimizer:
@@ -107,6 +151,20 @@ class TorchServerOptimizer:
             for tensor in params.dense.values():
                 tensor.grad = None
 
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {}
+        for name, rowwise in self.tables.items():
+            tensors.update(rowwise.state_tensors(f"table.{name}"))
+        if self.dense is not None:
+            tensors.update(_torch_optimizer_tensors(self.dense, "dense"))
+        return tensors
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name, rowwise in self.tables.items():
+            rowwise.load_state_tensors(f"table.{name}", tensors)
+        if self.dense is not None:
+            _load_torch_optimizer(self.dense, "dense", tensors)
+
 
 class ServerYogi:
     """FedYogi (Reddi et al. 2021, Algorithm 2), written out (torch.optim has no Yogi)::
@@ -143,6 +201,17 @@ class ServerYogi:
             self.m[name], self.v[name], step = self._step(self.m[name], self.v[name], u)
             params.dense[name].add_(step)
 
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {
+            **{f"m.{k}": v for k, v in self.m.items()},
+            **{f"v.{k}": v for k, v in self.v.items()},
+        }
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name in self.m:
+            self.m[name] = tensors[f"m.{name}"].clone()
+            self.v[name] = tensors[f"v.{name}"].clone()
+
 
 class ServerMomentum:
     """SCAFFOLD's server-side approximation for CTR tasks (seed 002, appendix D.2, eq. 47)::
@@ -171,3 +240,10 @@ class ServerMomentum:
             table.add_(self.lr * self.previous[name])
         for name, tensor in params.dense.items():
             tensor.add_(self.lr * self.previous[name])
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {f"previous.{k}": v for k, v in self.previous.items()}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        for name in self.previous:
+            self.previous[name] = tensors[f"previous.{name}"].clone()

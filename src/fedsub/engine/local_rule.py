@@ -47,6 +47,18 @@ class CohortTensors:
             {n: v[j] for n, v in self.dense.items()},
         )
 
+    def select(self, members: list[int]) -> CohortTensors:
+        """The same tensors for a subset of the members (in the given order)."""
+        offsets, tables = {}, {}
+        for t, values in self.tables.items():
+            spans = [
+                (int(self.row_offsets[t][j]), int(self.row_offsets[t][j + 1])) for j in members
+            ]
+            offsets[t] = np.cumsum([0] + [b - a for a, b in spans])
+            tables[t] = torch.cat([values[a:b] for a, b in spans]) if spans else values[:0]
+        dense = {n: v[members] for n, v in self.dense.items()}
+        return CohortTensors(offsets, tables, dense)
+
 
 @dataclass(frozen=True)
 class CohortWork:
@@ -55,6 +67,10 @@ class CohortWork:
     rule: LocalRule
     lr_scale: np.ndarray
     corrections: CohortTensors | None = None
+
+    def select(self, members: list[int]) -> CohortWork:
+        corrections = None if self.corrections is None else self.corrections.select(members)
+        return CohortWork(self.rule, self.lr_scale[members], corrections)
 
 
 def clip_scale(squared_norm: torch.Tensor, clip_norm: float) -> torch.Tensor:

@@ -7,19 +7,23 @@ the scheme's sampler and weighting, the local rule, control variates, the server
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from fedsub.algorithms.aggregation import aggregate
+from fedsub.algorithms.aggregation import ServerUpdate, aggregate
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import batched, seeding, sequential
+from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.guards import Rejection, screen
 from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.sampling import sample_cohort
 from fedsub.engine.schedule import Schedule, lr_at
@@ -37,7 +41,11 @@ class Evaluation:
     elapsed_train_seconds: float
 
     def as_json(self) -> dict:
+        """One line of metrics.jsonl."""
         return {"round": self.round, **self.metrics, "elapsed": self.elapsed_train_seconds}
+
+    def as_record(self) -> dict:
+        return {"round": self.round, "metrics": self.metrics, "elapsed": self.elapsed_train_seconds}
 
 
 def initial_params(model: Model, schedule: Schedule) -> Params:
@@ -69,6 +77,47 @@ def central_setup(
     )
 
 
+def _touched_finite(params: Params, update: ServerUpdate) -> bool:
+    """Whether the rows this round changed, and the dense parameters, are finite: O(touched)."""
+    rows_ok = all(
+        bool(torch.isfinite(params.tables[t].index_select(0, u.rows)).all())
+        for t, u in update.tables.items()
+    )
+    return rows_ok and all(bool(torch.isfinite(p).all()) for p in params.dense.values())
+
+
+class Interrupted(Exception):
+    """Training stopped on request after a round, with a checkpoint to resume from."""
+
+    def __init__(self, round_index: int, checkpoint: Path | None) -> None:
+        super().__init__(f"stopped after round {round_index}")
+        self.round = round_index
+        self.checkpoint = checkpoint
+
+
+class Diverged(Exception):
+    """The model stopped being finite; names the round and the last good checkpoint."""
+
+    def __init__(self, algorithm: str, round_index: int, what: str, last: Path | None) -> None:
+        where = f"; last good checkpoint: {last}" if last else "; no checkpoint was written yet"
+        super().__init__(
+            f"{algorithm}: {what} at round {round_index}{where}. Try a smaller learning rate "
+            "or set train.max_update_norm."
+        )
+
+
+@dataclass
+class RunControl:
+    """How a run is kept safe: checkpoints, a stop request, rejected updates."""
+
+    checkpoints: Path | None = None
+    checkpoint_every: int = 0
+    max_update_norm: float = 0.0
+    resume: checkpoint_lib.Checkpoint | None = None
+    stop_requested: Callable[[], bool] = lambda: False
+    on_reject: Callable[[Rejection], None] | None = None
+
+
 def train(
     model: Model,
     algorithm: Algorithm,
@@ -78,9 +127,14 @@ def train(
     evaluator: Evaluator | None = None,
     on_evaluation: Callable[[Evaluation], None] | None = None,
     on_round: Callable[[int], None] | None = None,
+    control: RunControl | None = None,
 ) -> Params:
     """Run ``schedule.rounds`` rounds of ``algorithm``; evaluate at round 0, every
-    ``eval_every`` rounds and at the last round. Returns the final global model."""
+    ``eval_every`` rounds and at the last round. Returns the final global model.
+
+    With ``control.resume`` the run continues after the checkpoint's round and ends with the
+    same model and evaluations as an uninterrupted run."""
+    control = control or RunControl()
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     params = initial_params(model, schedule)
@@ -88,17 +142,51 @@ def train(
     variates = (
         ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
     )
+    history: list[Evaluation] = []
+    elapsed, first_round, last_checkpoint = 0.0, 1, None
+    if control.resume is not None:
+        saved = control.resume
+        for name, value in Params.from_state_dict(saved.model).state_dict().items():
+            params.state_dict()[name].copy_(value)
+        server.load_state_tensors(saved.server)
+        if variates is not None:
+            variates.load_state_tensors(saved.variates)
+        history = [Evaluation(e["round"], e["metrics"], e["elapsed"]) for e in saved.history]
+        elapsed, first_round, last_checkpoint = saved.elapsed, saved.round + 1, saved.path
+
+    def save(round_index: int) -> Path | None:
+        if control.checkpoints is None:
+            return None
+        return checkpoint_lib.save(
+            control.checkpoints,
+            checkpoint_lib.Checkpoint(
+                round=round_index,
+                model=params.state_dict(),
+                server=server.state_tensors(),
+                variates={} if variates is None else variates.state_tensors(),
+                elapsed=elapsed,
+                history=[e.as_record() for e in history],
+            ),
+        )
+
+    def evaluate(round_index: int) -> None:
+        if evaluator is None:
+            return
+        evaluation = Evaluation(round_index, evaluator.evaluate(params), elapsed)
+        if math.isnan(evaluation.metrics["train_loss"]):
+            raise Diverged(
+                algorithm.name, round_index, "the train loss became NaN", last_checkpoint
+            )
+        history.append(evaluation)
+        if on_evaluation is not None:
+            on_evaluation(evaluation)
+
     run_cohort = BACKENDS[schedule.backend]
     counts = dataset.sample_counts()
     base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
-    elapsed = 0.0
-
-    def evaluate(round_index: int) -> None:
-        if evaluator is not None and on_evaluation is not None:
-            on_evaluation(Evaluation(round_index, evaluator.evaluate(params), elapsed))
-
-    evaluate(0)
-    for r in range(1, schedule.rounds + 1):
+    if control.resume is None:
+        evaluate(0)
+    for r in range(first_round, schedule.rounds + 1):
         started = time.perf_counter()
         cohort = sample_cohort(
             algorithm.scheme.sampling, schedule.seed, r, counts, schedule.clients_per_round
@@ -114,18 +202,30 @@ def train(
             None if variates is None else variates.corrections(cohort),
         )
         update = run_cohort(model, params, dataset, index, cohort, r, schedule, work)
-        server_update = aggregate(update, algorithm.aggregation)
-        if not server_update.is_finite():
-            raise FloatingPointError(
-                f"{algorithm.name}: round {r}'s aggregate is not finite (NaN or Inf); "
-                "try a smaller learning rate"
-            )
-        server.apply(params, server_update)
-        if variates is not None:
-            variates.update(update, work, schedule.local_steps)
+        kept, rejected = screen(update, r, control.max_update_norm)
+        for rejection in rejected:
+            if control.on_reject is not None:
+                control.on_reject(rejection)
+        if rejected and kept:
+            update, work = update.select(kept), work.select(kept)
+        if kept:
+            server_update = aggregate(update, algorithm.aggregation)
+            if not server_update.is_finite():
+                raise Diverged(algorithm.name, r, "the aggregate is not finite", last_checkpoint)
+            server.apply(params, server_update)
+            if not _touched_finite(params, server_update):
+                raise Diverged(algorithm.name, r, "the model overflowed", last_checkpoint)
+            if variates is not None:
+                variates.update(update, work, schedule.local_steps)
         elapsed += time.perf_counter() - started
         if r % schedule.eval_every == 0 or r == schedule.rounds:
             evaluate(r)
         if on_round is not None:
             on_round(r)
+        stop = control.stop_requested()
+        due = control.checkpoint_every and r % control.checkpoint_every == 0
+        if (due or stop) and r < schedule.rounds:
+            last_checkpoint = save(r)
+        if stop and r < schedule.rounds:
+            raise Interrupted(r, last_checkpoint)
     return params

@@ -31,3 +31,9 @@ class Params:
             **{f"table.{k}": v for k, v in self.tables.items()},
             **{f"dense.{k}": v for k, v in self.dense.items()},
         }
+
+    @staticmethod
+    def from_state_dict(flat: dict[str, torch.Tensor]) -> Params:
+        tables = {k[len("table.") :]: v for k, v in flat.items() if k.startswith("table.")}
+        dense = {k[len("dense.") :]: v for k, v in flat.items() if k.startswith("dense.")}
+        return Params(tables, dense)

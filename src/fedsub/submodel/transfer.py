@@ -75,6 +75,36 @@ class CohortUpdate:
     def __len__(self) -> int:
         return len(self.clients)
 
+    def select(self, members: list[int]) -> CohortUpdate:
+        """The updates of a subset of the members (in the given order)."""
+        index = torch.tensor(members, dtype=torch.int64)
+        rows, owner, deltas = {}, {}, {}
+        for t in self.rows:
+            spans = [self.member_rows(t, j) for j in members]
+            rows[t] = torch.cat([self.rows[t][s] for s in spans])
+            deltas[t] = torch.cat([self.table_deltas[t][s] for s in spans])
+            owner[t] = torch.repeat_interleave(
+                torch.arange(len(members)), torch.tensor([s.stop - s.start for s in spans])
+            )
+        return CohortUpdate(
+            clients=self.clients[index],
+            weights=self.weights[index],
+            multiplicity=self.multiplicity[index],
+            rows=rows,
+            row_owner=owner,
+            table_deltas=deltas,
+            dense_deltas={n: v[index] for n, v in self.dense_deltas.items()},
+        )
+
+    def squared_norms(self) -> torch.Tensor:
+        """Each member's ||delta||^2 over its rows and the dense parameters (float64)."""
+        norms = torch.zeros(len(self), dtype=torch.float64)
+        for t, deltas in self.table_deltas.items():
+            norms.index_add_(0, self.row_owner[t], deltas.double().pow(2).sum(1))
+        for deltas in self.dense_deltas.values():
+            norms += deltas.double().pow(2).reshape(len(self), -1).sum(1)
+        return norms
+
     def member_rows(self, table: str, j: int) -> slice:
         """Where cohort member j's rows of ``table`` lie in the concatenated tensors."""
         owner = self.row_owner[table]

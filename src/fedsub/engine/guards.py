@@ -1,0 +1,40 @@
+"""Screening of client updates before aggregation: a bad client must not poison the model.
+
+A member whose update holds NaN or Inf, or whose norm exceeds ``max_update_norm`` (when set),
+is dropped from the round; the round goes on with the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedsub.submodel.transfer import CohortUpdate
+
+
+@dataclass(frozen=True)
+class Rejection:
+    client: int
+    round: int
+    reason: str
+
+    def as_json(self) -> dict:
+        return {"round": self.round, "client": self.client, "reason": self.reason}
+
+
+def screen(
+    update: CohortUpdate, round_index: int, max_update_norm: float
+) -> tuple[list[int], list[Rejection]]:
+    """Cohort positions to keep, and why the others were rejected."""
+    norms = update.squared_norms().sqrt()
+    kept, rejected = [], []
+    for j, (client, norm) in enumerate(zip(update.clients.tolist(), norms.tolist(), strict=True)):
+        if not math.isfinite(norm):
+            rejected.append(Rejection(client, round_index, "update contains NaN or Inf"))
+        elif max_update_norm and norm > max_update_norm:
+            rejected.append(
+                Rejection(client, round_index, f"update norm {norm:.4g} > {max_update_norm:g}")
+            )
+        else:
+            kept.append(j)
+    return kept, rejected
