@@ -60,6 +60,14 @@ class TrainConfig:
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
     clip_norm: float = field(default=0.0, metadata={"min": 0.0})
     checkpoint_every: int = field(default=10, metadata={"min": 0})
+    heat_source: str = field(
+        default="exact",
+        metadata={"choices": lambda: ["exact", "secagg", "sketch", "randomized-response"]},
+    )
+    rr_epsilon: float = field(default=2.0, metadata={"min_exclusive": 0.0})
+    sketch_eps: float = field(default=0.001, metadata={"min_exclusive": 0.0, "max": 1.0})
+    sketch_delta: float = field(default=0.01, metadata={"min_exclusive": 0.0, "max": 0.5})
+    secagg_group: int = field(default=50, metadata={"min": 2})
     max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
 
 

@@ -24,6 +24,7 @@ from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.schedule import DTYPES, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.registry import build_model
+from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.report import (
     JsonLines,
     MetricsLog,
@@ -163,11 +164,16 @@ def compare(
         if f.name != "name"
     }
     model = build_model(config.model.name, dataset, model_options)
+    t = config.train
+    privacy = HeatPrivacy(
+        t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
+    )
     context = AlgorithmContext(
         dataset,
         index,
-        config.train.heat,
-        config.train.clients_per_round,  # type: ignore[arg-type]
+        t.heat,
+        t.clients_per_round,
+        privacy,  # type: ignore[arg-type]
     )
     extra = None
     if config.eval.gradient_norms:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedsub.algorithms.aggregation import Aggregation
@@ -33,6 +34,7 @@ from fedsub.algorithms.server_optimizer import (
     TorchServerOptimizer,
 )
 from fedsub.data.federated import FederatedDataset
+from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -46,6 +48,7 @@ class AlgorithmContext:
     index: SubmodelIndex
     heat: heat_lib.HeatKind
     clients_per_round: int = 1
+    privacy: HeatPrivacy = field(default_factory=HeatPrivacy)
 
 
 @dataclass(frozen=True)
@@ -85,17 +88,21 @@ class AdaptiveOptions(CommonOptions):
 
 
 def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
-    """FedSubAvg's per-row coefficients for every table, computed once over all N clients."""
+    """FedSubAvg's per-row coefficients for every table, computed once over all N clients,
+    from the heat the configured source reveals (``train.heat_source``).
+
+    Estimated heat (sketch, randomized response) is clipped to [smallest client weight,
+    total] so that noise can neither divide by zero nor shrink a row below plain averaging."""
     counts = context.dataset.sample_counts()
     total = float(counts.sum()) if context.heat == "samples" else float(len(counts))
-    return {
-        table: torch.from_numpy(
-            heat_lib.coefficients(
-                heat_lib.heat(context.index.rows[table], rows, counts, context.heat), total
-            )
-        )
-        for table, rows in context.dataset.table_rows.items()
-    }
+    lowest = float(counts.min()) if context.heat == "samples" else 1.0
+    estimates = estimate_heat(context.dataset, context.index, context.heat, context.privacy)
+    coefficients = {}
+    for table, row_heat in estimates.items():
+        if context.privacy.source in ("sketch", "randomized-response"):
+            row_heat = np.clip(row_heat, lowest, total)
+        coefficients[table] = torch.from_numpy(heat_lib.coefficients(row_heat, total))
+    return coefficients
 
 
 Builder = Callable[[AlgorithmContext, Scheme, Any], dict[str, Any]]

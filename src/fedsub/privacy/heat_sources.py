@@ -1,0 +1,93 @@
+"""Where FedSubAvg's heat comes from: ``train.heat_source``.
+
+- ``exact``: the index sets in the clear (the server sees every S(k)).
+- ``secagg``: each client submits its indicator vector (or w_k at its rows) through secure
+  aggregation, in groups of ``group_size`` clients (Bonawitz et al. costs O(group^2) per
+  group); the server learns each group's sum and the exact heat, nothing about one client.
+- ``sketch``: each client's count-min sketch, summed by secure aggregation; the server gets
+  an over-estimate within ``eps * total`` with probability ``1 - delta``.
+- ``randomized-response``: eps-LDP noisy indicator bits per row; an unbiased estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedsub.data.federated import FederatedDataset
+from fedsub.privacy import randomized_response as rr
+from fedsub.privacy.secagg import secure_sum
+from fedsub.privacy.sketch import CountMinSketch
+from fedsub.submodel import heat as heat_lib
+from fedsub.submodel.index import SubmodelIndex
+
+SOURCES = ("exact", "secagg", "sketch", "randomized-response")
+
+
+@dataclass(frozen=True)
+class HeatPrivacy:
+    source: str = "exact"
+    group_size: int = 50
+    sketch_eps: float = 0.001
+    sketch_delta: float = 0.01
+    rr_epsilon: float = 2.0
+    seed: int = 0
+
+
+def _client_values(dataset: FederatedDataset, kind: heat_lib.HeatKind) -> np.ndarray:
+    counts = dataset.sample_counts()
+    return np.ones_like(counts) if kind == "clients" else counts
+
+
+def grouped_secure_sum(vectors: list[np.ndarray], group_size: int) -> np.ndarray:
+    """Sum of uint32 vectors by secure aggregation in groups (threshold floor(n/2) + 1)."""
+    total = np.zeros(len(vectors[0]), dtype=np.uint32)
+    for start in range(0, len(vectors), group_size):
+        group = dict(enumerate(vectors[start : start + group_size]))
+        group_sum, _ = secure_sum(group, threshold=len(group) // 2 + 1)
+        total = total + group_sum
+    return total
+
+
+def estimate_heat(
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    kind: heat_lib.HeatKind,
+    privacy: HeatPrivacy,
+) -> dict[str, np.ndarray]:
+    """Per table, the heat of every row (float64) as the chosen source reveals it."""
+    values = _client_values(dataset, kind)
+    result = {}
+    for table, num_rows in dataset.table_rows.items():
+        rows = index.rows[table]
+        members = [rows.values[rows.offsets[k] : rows.offsets[k + 1]] for k in range(len(values))]
+        if privacy.source == "exact":
+            result[table] = heat_lib.heat(rows, num_rows, dataset.sample_counts(), kind)
+        elif privacy.source == "secagg":
+            vectors = []
+            for own, w in zip(members, values, strict=True):
+                vector = np.zeros(num_rows, dtype=np.uint32)
+                vector[own] = w
+                vectors.append(vector)
+            result[table] = grouped_secure_sum(vectors, privacy.group_size).astype(np.float64)
+        elif privacy.source == "sketch":
+            sketch = CountMinSketch.for_error(
+                privacy.sketch_eps, privacy.sketch_delta, privacy.seed
+            )
+            sketches = [
+                sketch.sketch(own, np.full(len(own), w)).astype(np.uint32).reshape(-1)
+                for own, w in zip(members, values, strict=True)
+            ]
+            summed = grouped_secure_sum(sketches, privacy.group_size).astype(np.int64)
+            table_sketch = summed.reshape(sketch.depth, sketch.width)
+            result[table] = sketch.estimate(table_sketch, np.arange(num_rows)).astype(np.float64)
+        elif privacy.source == "randomized-response":
+            rng = np.random.default_rng([privacy.seed, 0x5151])
+            weighted = np.zeros(num_rows)
+            for own, w in zip(members, values, strict=True):
+                weighted += w * rr.report(own, num_rows, privacy.rr_epsilon, rng)
+            result[table] = rr.estimate(weighted, float(values.sum()), privacy.rr_epsilon)
+        else:
+            raise ValueError(f"unknown heat source {privacy.source!r}; choose from {SOURCES}")
+    return result

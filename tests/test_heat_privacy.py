@@ -1,0 +1,103 @@
+"""Private heat counts: randomized response, count-min sketch, and FedSubAvg fed by them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
+from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
+from fedsub.engine.loop import train
+from fedsub.engine.schedule import Schedule
+from fedsub.models.sparse_lr import SparseLogisticRegression
+from fedsub.privacy import randomized_response as rr
+from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
+from fedsub.privacy.sketch import CountMinSketch
+from fedsub.submodel.index import SubmodelIndex
+
+
+def test_randomized_response_epsilon_matches_the_formula():
+    for eps in (0.5, 1.0, 3.0):
+        p = rr.keep_probability(eps)
+        assert rr.epsilon_of(p) == pytest.approx(eps, abs=1e-12)
+        assert p / (1 - p) == pytest.approx(math.exp(eps))
+
+
+def test_randomized_response_estimator_is_unbiased():
+    rng = np.random.default_rng(0)
+    universe, clients, eps = 30, 40, 1.0
+    sets = [rng.choice(universe, size=rng.integers(1, 10), replace=False) for _ in range(clients)]
+    weights = rng.integers(1, 20, size=clients).astype(float)
+    truth = np.zeros(universe)
+    for s, w in zip(sets, weights, strict=True):
+        truth[s] += w
+    draws = 3000
+    estimates = np.zeros((draws, universe))
+    for d in range(draws):
+        reports = sum(
+            w * rr.report(s, universe, eps, rng) for s, w in zip(sets, weights, strict=True)
+        )
+        estimates[d] = rr.estimate(reports, weights.sum(), eps)
+    mean = estimates.mean(0)
+    std_error = estimates.std(0) / math.sqrt(draws)
+    assert np.all(np.abs(mean - truth) <= 5 * std_error)
+
+
+def test_count_min_sketch_error_within_its_bound_on_zipf():
+    rng = np.random.default_rng(1)
+    universe = 20_000
+    popularity = 1 / np.arange(1, universe + 1) ** 1.1
+    popularity /= popularity.sum()
+    sketch = CountMinSketch.for_error(eps=0.002, delta=0.01, seed=3)
+    table = np.zeros((sketch.depth, sketch.width), dtype=np.int64)
+    truth = np.zeros(universe, dtype=np.int64)
+    for _ in range(300):  # clients, each with its own set of items
+        items = np.unique(rng.choice(universe, size=50, p=popularity))
+        truth[items] += 1
+        table += sketch.sketch(items, np.ones(len(items), dtype=np.int64))
+    estimate = sketch.estimate(table, np.arange(universe))
+    assert np.all(estimate >= truth)  # never under
+    bound = sketch.eps * truth.sum()
+    violations = np.mean(estimate - truth > bound)
+    assert violations <= sketch.delta
+
+
+@pytest.fixture(scope="module")
+def small():
+    dataset = generate(
+        SyntheticSparseOptions(num_users=60, num_items=25, mean_samples_per_user=8), seed=2
+    )
+    return dataset, SubmodelIndex.build(dataset)
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_secagg_heat_equals_exact_and_so_does_the_model(small, kind):
+    dataset, index = small
+    exact = estimate_heat(dataset, index, kind, HeatPrivacy("exact"))
+    secure = estimate_heat(dataset, index, kind, HeatPrivacy("secagg", group_size=16))
+    np.testing.assert_array_equal(secure["features"], exact["features"])
+
+    model = SparseLogisticRegression(dict(dataset.table_rows))
+    schedule = Schedule(3, 10, 3, 4, 0.2, seed=0, dtype=torch.float64)
+    results = []
+    for source in ("exact", "secagg"):
+        context = AlgorithmContext(dataset, index, kind, 10, HeatPrivacy(source, group_size=16))
+        results.append(
+            train(model, build_algorithm("fedsubavg", context), dataset, index, schedule).tables[
+                "features"
+            ]
+        )
+    assert torch.equal(results[0], results[1])
+
+
+def test_noisy_sources_give_bounded_coefficients(small):
+    dataset, index = small
+    for source in ("sketch", "randomized-response"):
+        context = AlgorithmContext(
+            dataset, index, "clients", 10, HeatPrivacy(source, group_size=16, rr_epsilon=1.0)
+        )
+        coef = heat_coefficients(context)["features"].numpy()
+        assert np.all(coef >= 1.0) and np.all(coef <= dataset.num_clients)
