@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.serialization import (
@@ -210,11 +211,17 @@ class SecAggClient:
         for message in inbox:
             if message.recipient != self.client_id or message.session != self.session:
                 continue
-            plain = self._channel(message.sender).decrypt(
-                message.nonce,
-                message.ciphertext,
-                _aad(self.session, message.sender, self.client_id),
-            )
+            try:
+                plain = self._channel(message.sender).decrypt(
+                    message.nonce,
+                    message.ciphertext,
+                    _aad(self.session, message.sender, self.client_id),
+                )
+            except (InvalidTag, KeyError, ValueError):
+                raise SecAggError(
+                    f"client {self.client_id}: shares from client {message.sender} failed "
+                    "authentication; aborting as the protocol requires"
+                ) from None
             sender, recipient, s_share, b_share = _unpack_shares(plain)
             if (sender, recipient) != (message.sender, self.client_id):
                 raise ValueError(f"share from client {message.sender} is addressed wrongly")
