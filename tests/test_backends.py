@@ -12,6 +12,7 @@ from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
+from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
@@ -51,7 +52,9 @@ DATASETS = {
 def model_for(dataset):
     if not dataset.table_rows:
         return SoftmaxRegression(dataset.train.dense_dim, 10)
-    return SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
+    if dataset.name == "two-tables":
+        return SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
+    return EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
@@ -138,3 +141,67 @@ def test_batched_equals_sequential_for_rule_and_scheme_variants(variant):
         torch.testing.assert_close(
             results["batched"].state_dict()[name_], reference, rtol=0, atol=1e-10
         )
+
+
+@pytest.mark.parametrize("data", sorted(DATASETS))
+def test_each_cohort_head_equals_the_vmapped_head(data):
+    from torch.func import vmap
+
+    dataset = DATASETS[data]()
+    model = model_for(dataset)
+    params = model.init(torch.Generator().manual_seed(0), torch.float64)
+    k, b = 3, 4
+    generator = torch.Generator().manual_seed(1)
+    dense = {
+        n: torch.randn(k, *p.shape, generator=generator, dtype=torch.float64)
+        for n, p in params.dense.items()
+    }
+    width = {"bags": len(dataset.table_rows), "pooled": 4 * len(dataset.table_rows)}
+    features = {
+        name: torch.randn(k, b, size, generator=generator, dtype=torch.float64)
+        for name, size in width.items()
+        if name
+        in model.embed(
+            params.tables,
+            {
+                t: (torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+                for t in dataset.table_rows
+            },
+        )
+    }
+    inputs = None
+    if dataset.train.dense_dim:
+        inputs = torch.randn(
+            k, b, dataset.train.dense_dim, generator=generator, dtype=torch.float64
+        )
+    expected = vmap(model.head, in_dims=(0, 0, None if inputs is None else 0))(
+        dense, features, inputs
+    )
+    torch.testing.assert_close(model.cohort_head(dense, features, inputs), expected)
+
+
+def test_models_without_a_cohort_head_are_vmapped_and_agree():
+    from .conftest import SquaredDistance
+
+    rng = np.random.default_rng(0)
+    parts = [
+        SampleSet(
+            {"w": Ragged.from_lists([rng.choice(3, size=2).tolist() for _ in range(5)])},
+            rng.normal(size=5).astype(np.float32),
+        )
+        for _ in range(6)
+    ]
+    from fedsub.data.federated import FederatedDataset
+
+    dataset = FederatedDataset.from_clients("quadratic", {"w": 3}, parts, parts[0])
+    index = SubmodelIndex.build(dataset)
+    model = SquaredDistance(rows=3, w0=1.0)
+    assert not hasattr(model, "cohort_head")
+    context = AlgorithmContext(dataset, index, "clients", 4)
+    out = {}
+    for backend in ("sequential", "batched"):
+        schedule = Schedule(4, 4, 3, 2, 0.1, seed=0, dtype=torch.float64, backend=backend)
+        out[backend] = train(
+            model, build_algorithm("fedsubavg", context), dataset, index, schedule
+        ).tables["w"]
+    torch.testing.assert_close(out["batched"], out["sequential"], rtol=0, atol=1e-12)

@@ -35,6 +35,7 @@ class DataConfig:
 class ModelConfig:
     name: str = field(default="sparse-lr", metadata={"choices": model_names})
     init_std: float = field(default=0.0, metadata={"min": 0.0})
+    embedding_dim: int = field(default=16, metadata={"min": 1})  # embedding-lr
 
 
 @dataclass(frozen=True)

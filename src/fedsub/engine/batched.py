@@ -83,7 +83,11 @@ def run_cohort(
         dense_inputs = torch.from_numpy(dataset.train.dense[visits]).to(schedule.dtype)
         dense_inputs = dense_inputs.reshape(steps, k, batch, -1)
 
-    head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
+    # A model may provide ``cohort_head`` (dense [K, ...], features [K, B, ...]) written with
+    # batched matmuls; otherwise its per-client head is vmapped over the client axis.
+    head = getattr(model, "cohort_head", None) or vmap(
+        model.head, in_dims=(0, 0, None if dense_inputs is None else 0)
+    )
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
     leaves = [*tables.values(), *dense.values()]

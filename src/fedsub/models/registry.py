@@ -7,12 +7,18 @@ from typing import Any
 
 from fedsub.data.federated import FederatedDataset
 from fedsub.models.base import Model
+from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 
 _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "sparse-lr": lambda ds, opts: SparseLogisticRegression(
-        table_rows=dict(ds.table_rows), dense_dim=ds.train.dense_dim, **opts
+        table_rows=dict(ds.table_rows), dense_dim=ds.train.dense_dim, init_std=opts["init_std"]
+    ),
+    "embedding-lr": lambda ds, opts: EmbeddingLogisticRegression(
+        table_rows=dict(ds.table_rows),
+        embedding_dim=opts["embedding_dim"],
+        init_std=opts["init_std"] or 0.01,
     ),
     "softmax-regression": lambda ds, opts: SoftmaxRegression(
         dense_dim=ds.train.dense_dim,

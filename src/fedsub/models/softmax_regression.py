@@ -38,5 +38,13 @@ class SoftmaxRegression:
             raise ValueError("softmax regression needs dense features")
         return dense_inputs @ dense["weight"] + dense["bias"]
 
+    def cohort_head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``head`` for K clients at once: dense [K, ...], inputs [K, B, d] -> [K, B, classes]."""
+        if dense_inputs is None:
+            raise ValueError("softmax regression needs dense features")
+        return torch.bmm(dense_inputs, dense["weight"]) + dense["bias"].unsqueeze(1)
+
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, labels.long())

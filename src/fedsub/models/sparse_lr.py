@@ -48,5 +48,14 @@ class SparseLogisticRegression:
             logits = logits + dense_inputs @ dense["dense_weight"]
         return logits
 
+    def cohort_head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``head`` for K clients at once: dense [K, ...], features [K, B, ...] -> [K, B]."""
+        logits = features["bags"].sum(-1) + dense["bias"]
+        if self.dense_dim and dense_inputs is not None:
+            logits = logits + torch.einsum("kbd,kd->kb", dense_inputs, dense["dense_weight"])
+        return logits
+
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs, labels)

@@ -1,0 +1,32 @@
+"""The benchmark workloads, generated: clients of equal size, Zipf item popularity."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.ragged import Ragged
+
+
+def zipf_clicks(
+    clients: int = 1000,
+    samples_per_client: int = 100,
+    rows: int = 20_000,
+    ids_per_sample: int = 5,
+    exponent: float = 1.1,
+    seed: int = 0,
+) -> FederatedDataset:
+    """Issue 5's workload: each sample has ``ids_per_sample`` ids drawn Zipf(exponent) over
+    ``rows``; labels from a hidden logistic model over the ids."""
+    rng = np.random.default_rng(seed)
+    n = clients * samples_per_client
+    popularity = 1.0 / np.arange(1, rows + 1) ** exponent
+    cumulative = np.cumsum(popularity / popularity.sum())
+    ids = np.searchsorted(cumulative, rng.random((n, ids_per_sample)))
+    ids = np.minimum(ids, rows - 1)
+    weights = rng.normal(size=rows)
+    labels = (rng.random(n) < 1 / (1 + np.exp(-weights[ids].sum(1)))).astype(np.float32)
+    train = SampleSet({"features": Ragged.from_fixed(ids)}, labels)
+    offsets = np.arange(0, n + 1, samples_per_client, dtype=np.int64)
+    test = train.slice(0, min(n, 1000))
+    return FederatedDataset("zipf-clicks", {"features": rows}, train, offsets, test)
