@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsub.models.base import Features, Ids, Task
+from fedsub.models.pooling import sum_pool
 from fedsub.submodel.params import Params
 
 
@@ -31,10 +32,7 @@ class EmbeddingLogisticRegression:
         return Params(tables, {"weight": head, "bias": torch.zeros(1, dtype=dtype)})
 
     def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
-        bags = [
-            F.embedding_bag(values, tables[t], offsets, mode="sum", include_last_offset=True)
-            for t, (values, offsets) in ids.items()
-        ]
+        bags = [sum_pool(tables[t], values, offsets) for t, (values, offsets) in ids.items()]
         return {"pooled": torch.cat(bags, dim=-1)}
 
     def head(

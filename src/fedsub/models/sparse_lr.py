@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsub.models.base import Features, Ids, Task
+from fedsub.models.pooling import sum_pool
 from fedsub.submodel.params import Params
 
 
@@ -34,10 +35,7 @@ class SparseLogisticRegression:
 
     def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
         """Per sample and table, the sum of its feature weights: ``bags`` [n, tables]."""
-        bags = [
-            F.embedding_bag(values, tables[t], offsets, mode="sum", include_last_offset=True)
-            for t, (values, offsets) in ids.items()
-        ]
+        bags = [sum_pool(tables[t], values, offsets) for t, (values, offsets) in ids.items()]
         return {"bags": torch.cat(bags, dim=1)}
 
     def head(
