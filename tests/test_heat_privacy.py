@@ -101,3 +101,35 @@ def test_noisy_sources_give_bounded_coefficients(small):
         )
         coef = heat_coefficients(context)["features"].numpy()
         assert np.all(coef >= 1.0) and np.all(coef <= dataset.num_clients)
+
+
+def test_run_records_what_the_heat_source_guarantees(tmp_path):
+    import json
+
+    from fedsub.cli import main
+
+    out = tmp_path / "out"
+    assert (
+        main(
+            [
+                "run",
+                "--algorithm",
+                "fedsubavg",
+                "--out",
+                str(out),
+                "--quiet",
+                "--set",
+                "data.num_users=40",
+                "--set",
+                "train.rounds=2",
+                "--set",
+                "train.heat_source=sketch",
+                "--set",
+                "train.sketch_eps=0.01",
+            ]
+        )
+        == 0
+    )
+    record = json.loads((out / "heat_source.json").read_text())
+    assert record["source"] == "sketch" and record["width"] == 272 and record["depth"] == 5
+    assert record["error_bound"]["features"] > 0

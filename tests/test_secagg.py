@@ -159,3 +159,16 @@ def test_tampered_share_ciphertext_is_caught_by_the_recipient():
     )
     with pytest.raises(SecAggError, match=f"shares from client {bad.sender} failed authentication"):
         clients[0].masked_input(inboxes[0], vectors[0])
+
+
+def test_smaller_modulus_sums_mod_2_to_the_bits_and_rejects_larger_inputs():
+    rng = np.random.default_rng(8)
+    vectors = {i: rng.integers(0, 2**12, size=LENGTH).astype(np.uint32) for i in range(5)}
+    total, _ = secure_sum(vectors, threshold=3, modulus_bits=12)
+    expected = sum(v.astype(np.int64) for v in vectors.values()) % 2**12
+    np.testing.assert_array_equal(total, expected)
+    too_big = dict(vectors)
+    too_big[2] = too_big[2].copy()
+    too_big[2][0] = 2**12
+    with pytest.raises(ValueError, match=r"client 2: inputs must lie in \[0, 2\^12\)"):
+        secure_sum(too_big, threshold=3, modulus_bits=12)

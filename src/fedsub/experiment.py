@@ -24,7 +24,7 @@ from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.schedule import DTYPES, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.registry import build_model
-from fedsub.privacy.heat_sources import HeatPrivacy
+from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.report import (
     JsonLines,
     MetricsLog,
@@ -175,6 +175,10 @@ def compare(
         t.clients_per_round,
         privacy,  # type: ignore[arg-type]
     )
+    if privacy.source != "exact":
+        record = describe(dataset, index, t.heat, privacy)  # type: ignore[arg-type]
+        write_atomic(out_dir / "heat_source.json", json.dumps(record, indent=2) + "\n")
+        LOG.info("heat source: %s", json.dumps(record))
     extra = None
     if config.eval.gradient_norms:
         coefficients = heat_coefficients(context)

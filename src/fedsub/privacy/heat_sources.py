@@ -91,3 +91,31 @@ def estimate_heat(
         else:
             raise ValueError(f"unknown heat source {privacy.source!r}; choose from {SOURCES}")
     return result
+
+
+def describe(
+    dataset: FederatedDataset, index: SubmodelIndex, kind: heat_lib.HeatKind, privacy: HeatPrivacy
+) -> dict:
+    """What the chosen source guarantees, for the run's record (``heat_source.json``)."""
+    values = _client_values(dataset, kind)
+    info: dict = {"source": privacy.source, "heat": kind}
+    if privacy.source == "secagg":
+        info.update(
+            group_size=privacy.group_size,
+            threshold="floor(group / 2) + 1",
+            modulus="2^32",
+            exact=True,
+        )
+    elif privacy.source == "sketch":
+        sketch = CountMinSketch.for_error(privacy.sketch_eps, privacy.sketch_delta, privacy.seed)
+        info.update(width=sketch.width, depth=sketch.depth, eps=sketch.eps, delta=sketch.delta)
+        info["error_bound"] = {
+            table: sketch.eps * float((index.rows[table].lengths() * values).sum())
+            for table in dataset.table_rows
+        }
+        info["error_bound_meaning"] = "estimate - true <= bound, per row, w.p. >= 1 - delta"
+    elif privacy.source == "randomized-response":
+        p = rr.keep_probability(privacy.rr_epsilon)
+        info.update(epsilon=privacy.rr_epsilon, keep_probability=p)
+        info["estimate_std"] = float(np.sqrt(p * (1 - p) * (values**2).sum()) / (2 * p - 1))
+    return info

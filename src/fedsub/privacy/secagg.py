@@ -166,6 +166,7 @@ class SecAggClient:
     client_id: int
     threshold: int
     session: bytes
+    modulus_bits: int = 32
     channel_key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
     mask_key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
     self_mask_seed: bytes = field(default_factory=lambda: secrets.token_bytes(32))
@@ -226,7 +227,12 @@ class SecAggClient:
             if (sender, recipient) != (message.sender, self.client_id):
                 raise ValueError(f"share from client {message.sender} is addressed wrongly")
             self.received[sender] = (s_share, b_share)
-        values = np.asarray(values, dtype=np.uint32)
+        values = np.asarray(values)
+        if values.size and (values.min() < 0 or int(values.max()) >= 1 << self.modulus_bits):
+            raise ValueError(
+                f"client {self.client_id}: inputs must lie in [0, 2^{self.modulus_bits})"
+            )
+        values = values.astype(np.uint32)
         masked = values + expand(self.self_mask_seed, len(values))
         for peer in self.received:
             if peer == self.client_id:
@@ -235,7 +241,9 @@ class SecAggClient:
                 self.mask_key, self.peers[peer].mask_key, self.session, len(values)
             )
             masked = masked + mask if self.client_id < peer else masked - mask
-        return MaskedInput(self.session, self.client_id, masked.astype(np.uint32))
+        return MaskedInput(
+            self.session, self.client_id, masked.astype(np.uint32) & _low_bits(self.modulus_bits)
+        )
 
     def unmask(self, request: UnmaskRequest) -> UnmaskShares:
         if request.session != self.session:
@@ -260,6 +268,7 @@ class SecAggServer:
     threshold: int
     length: int
     session: bytes
+    modulus_bits: int = 32
     keys: dict[int, AdvertiseKeys] = field(default_factory=dict)
     commitments: dict[int, bytes] = field(default_factory=dict)
     routed: dict[int, list[EncryptedShares]] = field(default_factory=dict)
@@ -368,7 +377,7 @@ class SecAggServer:
                 mask = pairwise_mask(key, self.keys[v].mask_key, self.session, self.length)
                 # v added +mask if v < u, else -mask: take it back out
                 total = total - mask if v < u else total + mask
-        return total.astype(np.uint32)
+        return total.astype(np.uint32) & _low_bits(self.modulus_bits)
 
     def _recover(self, owner: int, shares: dict[int, shamir.Share | None], valid) -> int:
         """The secret of ``owner`` from its shares, naming any client whose share is bad."""
@@ -392,6 +401,14 @@ class SecAggServer:
         raise SecAggError(f"no t = {self.threshold} of the shares of client {owner} agree")
 
 
+def _low_bits(bits: int) -> np.uint32:
+    """The mask that reduces mod 2^bits (bits <= 32): arithmetic runs mod 2^32 and is then
+    reduced, which is exact because 2^bits divides 2^32."""
+    if not 1 <= bits <= 32:
+        raise ValueError(f"modulus must be 2^bits with 1 <= bits <= 32, got bits = {bits}")
+    return np.uint32((1 << bits) - 1)
+
+
 def _fits_32_bytes(value: int) -> bool:
     return 0 <= value < 2**256
 
@@ -401,6 +418,7 @@ def secure_sum(
     threshold: int,
     drop_before_masking: Iterable[int] = (),
     drop_after_masking: Iterable[int] = (),
+    modulus_bits: int = 32,
 ) -> tuple[np.ndarray, SecAggServer]:
     """Run the protocol in process over ``vectors`` (client id -> uint32 vector).
 
@@ -410,8 +428,8 @@ def secure_sum(
     the sum over the clients whose masked input arrived, and the server (its view)."""
     session = secrets.token_bytes(16)
     length = len(next(iter(vectors.values())))
-    clients = {i: SecAggClient(i, threshold, session) for i in vectors}
-    server = SecAggServer(threshold, length, session)
+    clients = {i: SecAggClient(i, threshold, session, modulus_bits) for i in vectors}
+    server = SecAggServer(threshold, length, session, modulus_bits)
     keys = server.collect_keys(c.advertise() for c in clients.values())
     inboxes = server.route_shares(c.share_keys(keys) for c in clients.values())
     before, after = set(drop_before_masking), set(drop_after_masking)
