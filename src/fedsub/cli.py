@@ -169,6 +169,20 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_fetch(args: argparse.Namespace) -> int:
+    from fedsub.data.fetch import DOWNLOADS, Download, fetch
+
+    if args.name not in DOWNLOADS:
+        raise ConfigError(
+            f"{args.name!r} has no official download; fetchable: {', '.join(DOWNLOADS)} "
+            "(others are read from data.path)"
+        )
+    pinned = DOWNLOADS[args.name]
+    download = Download(args.url or pinned.url, pinned.filename, args.checksum or pinned.checksum)
+    print(fetch(args.name, download))
+    return 0
+
+
 def _options(config: config_lib.Config) -> list[tuple[str, object]]:
     return [("seed", config.data.seed), *dataclasses.asdict(config.data.options).items()]
 
@@ -206,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE")
     stats.add_argument("--plot", help="write the feature heat distribution (PNG)")
     stats.set_defaults(func=cmd_data_stats)
+    fetch = data_commands.add_parser("fetch", help="download a dataset into the cache")
+    fetch.add_argument("name", help="e.g. movielens-1m")
+    fetch.add_argument("--url", help="a mirror of the official file (the checksum still holds)")
+    fetch.add_argument("--checksum", help="sha256:<hex> or md5:<hex> (overrides the pin)")
+    fetch.set_defaults(func=cmd_data_fetch)
     return parser
 
 

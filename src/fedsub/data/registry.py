@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedsub.data import synthetic_li, synthetic_sparse
+from fedsub.data import movielens, synthetic_li, synthetic_sparse
 from fedsub.data.federated import FederatedDataset
 
 
@@ -22,6 +22,16 @@ DATASETS: dict[str, DatasetSpec] = {
         synthetic_sparse.SyntheticSparseOptions,
         lambda options, path, seed: synthetic_sparse.generate(options, seed),
         "embedded recommender-like clicks (users x Zipf items, crossed features)",
+    ),
+    "movielens-100k": DatasetSpec(
+        movielens.MovieLensOptions,
+        lambda options, path, seed: movielens.load("movielens-100k", options, path, seed),
+        "GroupLens MovieLens 100K: rating >= 4 from gender, age, movie and their crosses",
+    ),
+    "movielens-1m": DatasetSpec(
+        movielens.MovieLensOptions,
+        lambda options, path, seed: movielens.load("movielens-1m", options, path, seed),
+        "GroupLens MovieLens 1M: rating >= 4 from gender, age, movie and their crosses",
     ),
     "synthetic-li": DatasetSpec(
         synthetic_li.SyntheticLiOptions,

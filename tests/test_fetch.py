@@ -1,0 +1,112 @@
+"""`fedsub data fetch` against an HTTP server on 127.0.0.1 serving files the test makes."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from fedsub.cli import main
+from fedsub.data.fetch import Download, fetch
+from fedsub.errors import DataError
+
+PAYLOAD = bytes(range(256)) * 4000  # ~1 MB
+
+
+class Server:
+    """Serves PAYLOAD with Range support; ``cut_after`` bytes then drops the connection."""
+
+    def __init__(self) -> None:
+        self.cut_after: int | None = None
+        self.requests: list[str | None] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                owner.requests.append(self.headers.get("Range"))
+                start = 0
+                if self.headers.get("Range"):
+                    start = int(self.headers["Range"].split("=")[1].split("-")[0])
+                    self.send_response(206)
+                else:
+                    self.send_response(200)
+                body = PAYLOAD[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if owner.cut_after is not None:
+                    self.wfile.write(body[: owner.cut_after])
+                    owner.cut_after = None
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/ml-1m.zip"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDSUB_DATA", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_fetch_succeeds_and_is_cached(server, cache, capsys):
+    assert (
+        main(["data", "fetch", "movielens-1m", "--url", server.url, "--checksum", sha256(PAYLOAD)])
+        == 0
+    )
+    path = cache / "movielens-1m" / "ml-1m.zip"
+    assert path.read_bytes() == PAYLOAD
+    assert str(path) in capsys.readouterr().out
+    fetch("movielens-1m", Download(server.url, "ml-1m.zip", sha256(PAYLOAD)))
+    assert len(server.requests) == 1  # the second call used the cache
+
+
+def test_checksum_mismatch_removes_the_partial_file(server, cache, capsys):
+    wrong = "sha256:" + "0" * 64
+    assert main(["data", "fetch", "movielens-1m", "--url", server.url, "--checksum", wrong]) == 2
+    err = capsys.readouterr().err
+    assert "checksum mismatch" in err and "the partial file was removed" in err
+    assert list((cache / "movielens-1m").iterdir()) == []
+
+
+def test_cut_off_transfer_leaves_no_cache_entry_and_a_retry_resumes(server, cache):
+    download = Download(server.url, "ml-1m.zip", sha256(PAYLOAD))
+    server.cut_after = 300_000
+    with pytest.raises(DataError, match=r"cut off|failed"):
+        fetch("movielens-1m", download)
+    folder = cache / "movielens-1m"
+    assert not (folder / "ml-1m.zip").exists()
+    assert 0 < (folder / "ml-1m.zip.part").stat().st_size <= 300_000
+    path = fetch("movielens-1m", download)
+    assert path.read_bytes() == PAYLOAD
+    assert server.requests[-1] is not None and server.requests[-1].startswith("bytes=")
+    assert not (folder / "ml-1m.zip.part").exists()
+
+
+def test_unknown_dataset_is_explained(capsys):
+    assert main(["data", "fetch", "amazon-fedsubavg"]) == 2
+    assert "has no official download" in capsys.readouterr().err
