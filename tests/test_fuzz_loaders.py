@@ -1,0 +1,55 @@
+"""File loaders fed random bytes and random lines raise only DataError, with a message."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedsub.data.movielens import MovieLensOptions, load
+from fedsub.errors import DataError
+
+from .test_movielens import write_1m, write_100k
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MEMBERS = {
+    "movielens-100k": (write_100k, ["u.data", "u.user", "u.item"]),
+    "movielens-1m": (write_1m, ["ratings.dat", "users.dat", "movies.dat"]),
+}
+LINE = st.one_of(
+    st.text(max_size=40),
+    st.lists(
+        st.one_of(st.integers(-5, 10**6).map(str), st.sampled_from(["M", "F", "", "x"])), max_size=6
+    ).map(lambda parts: st_join(parts)),
+)
+
+
+def st_join(parts: list[str]) -> str:
+    return "|".join(parts) if len(parts) % 2 else "::".join(parts)
+
+
+def try_load(name: str, member: str, data: bytes) -> None:
+    writer, _ = MEMBERS[name]
+    with tempfile.TemporaryDirectory() as folder:
+        root = writer(Path(folder))
+        (root / member).write_bytes(data)
+        try:
+            load(name, MovieLensOptions(), str(root), seed=0)
+        except DataError as error:
+            assert str(error)
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(MEMBERS)), st.data(), st.binary(max_size=300))
+def test_random_bytes(name, data, payload):
+    member = data.draw(st.sampled_from(MEMBERS[name][1]))
+    try_load(name, member, payload)
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(MEMBERS)), st.data(), st.lists(LINE, max_size=8))
+def test_random_lines(name, data, lines):
+    member = data.draw(st.sampled_from(MEMBERS[name][1]))
+    try_load(name, member, "\n".join(lines).encode("utf-8", "surrogatepass"))
