@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedsub.data import movielens, synthetic_li, synthetic_sparse
+from fedsub.data import images, movielens, synthetic_li, synthetic_sparse
 from fedsub.data.federated import FederatedDataset
 
 
@@ -32,6 +32,16 @@ DATASETS: dict[str, DatasetSpec] = {
         movielens.MovieLensOptions,
         lambda options, path, seed: movielens.load("movielens-1m", options, path, seed),
         "GroupLens MovieLens 1M: rating >= 4 from gender, age, movie and their crosses",
+    ),
+    "mnist": DatasetSpec(
+        images.ImageOptions,
+        lambda options, path, seed: images.load("mnist", options, path, seed),
+        "MNIST digits from IDX files, split over clients (seed 004's splits by default)",
+    ),
+    "fashion-mnist": DatasetSpec(
+        images.ImageOptions,
+        lambda options, path, seed: images.load("fashion-mnist", options, path, seed),
+        "Fashion-MNIST from IDX files (Debian's dataset-fashion-mnist found automatically)",
     ),
     "synthetic-li": DatasetSpec(
         synthetic_li.SyntheticLiOptions,

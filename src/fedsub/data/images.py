@@ -1,0 +1,115 @@
+"""``mnist`` and ``fashion-mnist``: IDX files (gzip or not) split over clients.
+
+Files: ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
+``t10k-labels-idx1-ubyte`` (each optionally ``.gz``) in ``data.path``, or in the cache
+(``$FEDSUB_DATA/<name>/``); Fashion-MNIST is also found where Debian's
+``dataset-fashion-mnist`` installs it. Pixels become 784 dense features in [0, 1]; the
+test set is pooled.
+
+``partition`` (see fedsub.data.partition): ``iid``, ``dirichlet``, ``shards``, ``k-labels``,
+``power-law``, and seed 004's two MNIST splits, which keep a subset of the samples by design:
+``li-balanced`` (every client ``labels_per_client`` digits and ``samples_per_client``
+samples: 100 x 542 = 54,200) and ``li-unbalanced`` (the same digits, client sizes following a
+power law: LogNormal(0, ``power_law_sigma``) proportions of the samples available).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedsub.data import partition as partitioners
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.fetch import cache_dir
+from fedsub.data.idx import read_idx
+from fedsub.errors import DataError
+
+DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
+FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+PARTITIONS = ("iid", "dirichlet", "shards", "k-labels", "power-law", "li-balanced", "li-unbalanced")
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    partition: str = field(default="li-balanced", metadata={"choices": lambda: list(PARTITIONS)})
+    num_clients: int = field(default=100, metadata={"min": 1})
+    labels_per_client: int = field(default=2, metadata={"min": 1})
+    dirichlet_alpha: float = field(default=0.5, metadata={"min_exclusive": 0.0})
+    power_law_sigma: float = field(default=2.0, metadata={"min": 0.0})
+    samples_per_client: int = field(default=542, metadata={"min": 1})
+
+
+def locate(name: str, path: str | None) -> Path:
+    candidates = [Path(path)] if path else [cache_dir() / name]
+    if name == "fashion-mnist" and not path:
+        candidates.append(DEBIAN_FASHION)
+    for folder in candidates:
+        if all(_file(folder, f) is not None for f in FILES.values()):
+            return folder
+    where = ", ".join(str(c) for c in candidates)
+    hint = " (or `apt-get install dataset-fashion-mnist`)" if name == "fashion-mnist" else ""
+    raise DataError(
+        f"{name}: no IDX files in {where}; set data.path to a folder with "
+        f"{', '.join(FILES.values())} (optionally .gz){hint}"
+    )
+
+
+def _file(folder: Path, stem: str) -> Path | None:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _split(labels: np.ndarray, options: ImageOptions, rng: np.random.Generator):
+    o = options
+    if o.partition == "iid":
+        return partitioners.iid(len(labels), o.num_clients, rng)
+    if o.partition == "dirichlet":
+        return partitioners.dirichlet(labels, o.num_clients, o.dirichlet_alpha, rng)
+    if o.partition == "shards":
+        return partitioners.shards(labels, o.num_clients, o.labels_per_client, rng)
+    if o.partition == "power-law":
+        return partitioners.power_law(len(labels), o.num_clients, o.power_law_sigma, rng)
+    parts = partitioners.k_labels(labels, o.num_clients, o.labels_per_client, rng)
+    if o.partition == "k-labels":
+        return parts
+    if o.partition == "li-balanced":
+        sizes = np.full(o.num_clients, o.samples_per_client)
+    else:  # li-unbalanced
+        weights = rng.lognormal(0.0, o.power_law_sigma, size=o.num_clients)
+        sizes = np.maximum(1, (weights / weights.max() * max(map(len, parts))).astype(int))
+    return [
+        rng.choice(p, size=min(len(p), int(s)), replace=False)
+        for p, s in zip(parts, sizes, strict=True)
+    ]
+
+
+def load(name: str, options: ImageOptions, path: str | None, seed: int) -> FederatedDataset:
+    folder = locate(name, path)
+    arrays = {key: read_idx(_file(folder, stem)) for key, stem in FILES.items()}  # type: ignore[arg-type]
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DataError(
+                f"{folder}: {split} images {images.shape} and labels {labels.shape} do not "
+                "match (expected [n, rows, cols] and [n])"
+            )
+
+    def samples(images: np.ndarray, labels: np.ndarray) -> SampleSet:
+        flat = images.reshape(len(images), -1).astype(np.float32) / 255.0
+        return SampleSet({}, labels.astype(np.float32), flat)
+
+    train_images, train_labels = arrays["train_images"], arrays["train_labels"]
+    rng = np.random.default_rng([seed, 0x1D8])
+    parts = _split(train_labels.astype(np.int64), options, rng)
+    clients = [samples(train_images[p], train_labels[p]) for p in parts]
+    test = samples(arrays["test_images"], arrays["test_labels"])
+    return FederatedDataset.from_clients(name, {}, clients, test)
