@@ -8,9 +8,13 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedsub.data.images import FILES as IDX_FILES
+from fedsub.data.images import ImageOptions
+from fedsub.data.images import load as load_images
 from fedsub.data.movielens import MovieLensOptions, load
 from fedsub.errors import DataError
 
+from .test_images import write_image_set
 from .test_movielens import write_1m, write_100k
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -53,3 +57,15 @@ def test_random_bytes(name, data, payload):
 def test_random_lines(name, data, lines):
     member = data.draw(st.sampled_from(MEMBERS[name][1]))
     try_load(name, member, "\n".join(lines).encode("utf-8", "surrogatepass"))
+
+
+@SETTINGS
+@given(st.binary(max_size=200), st.sampled_from(sorted(IDX_FILES)))
+def test_idx_loader_random_bytes(payload, member):
+    with tempfile.TemporaryDirectory() as folder:
+        root = write_image_set(Path(folder) / "idx", n_train=20, n_test=10, gz=False)
+        (root / IDX_FILES[member]).write_bytes(payload)
+        try:
+            load_images("mnist", ImageOptions(num_clients=2, samples_per_client=5), str(root), 0)
+        except DataError as error:
+            assert str(error)
