@@ -69,3 +69,28 @@ def test_idx_loader_random_bytes(payload, member):
             load_images("mnist", ImageOptions(num_clients=2, samples_per_client=5), str(root), 0)
         except DataError as error:
             assert str(error)
+
+
+@SETTINGS
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.lists(LINE, max_size=8).map(
+            lambda lines: ("user,clicked,city\n" + "\n".join(lines)).encode(
+                "utf-8", "surrogatepass"
+            )
+        ),
+    )
+)
+def test_table_loader_random_input(payload):
+    from fedsub.data.table import TableOptions
+    from fedsub.data.table import load as load_table
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.csv"
+        path.write_bytes(payload)
+        options = TableOptions(client_column="user", label_column="clicked", features=["city"])
+        try:
+            load_table(options, str(path), 0)
+        except DataError as error:
+            assert str(error)

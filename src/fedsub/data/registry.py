@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedsub.data import images, movielens, synthetic_li, synthetic_sparse
+from fedsub.data import images, movielens, synthetic_li, synthetic_sparse, table
 from fedsub.data.federated import FederatedDataset
 
 
@@ -42,6 +42,11 @@ DATASETS: dict[str, DatasetSpec] = {
         images.ImageOptions,
         lambda options, path, seed: images.load("fashion-mnist", options, path, seed),
         "Fashion-MNIST from IDX files (Debian's dataset-fashion-mnist found automatically)",
+    ),
+    "table": DatasetSpec(
+        table.TableOptions,
+        lambda options, path, seed: table.load(options, path, seed),
+        "your own CSV / Parquet: one row per sample, client and label columns",
     ),
     "synthetic-li": DatasetSpec(
         synthetic_li.SyntheticLiOptions,

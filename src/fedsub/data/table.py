@@ -1,0 +1,179 @@
+"""``table``: the user's own data, one row per sample, in a CSV file (or Parquet, with pyarrow).
+
+Columns: a client id (``client_column``), a 0/1 label (``label_column``), categorical
+``features`` (one embedding row per distinct value; columns listed in ``multi_hot`` hold
+several values separated by ``list_separator``), optional ``numeric`` columns (dense
+features), ``crosses`` of two categorical columns (``"a*b"``: one row per pair of values).
+All categorical features share one table, ``features``, with a block of rows per column.
+Vocabularies are built from the training split only; a value unseen there maps to its
+column's out-of-vocabulary row. The split: ``split_column`` (values ``train`` / ``test``) or
+a seeded random ``test_fraction`` of the rows.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.ragged import Ragged
+from fedsub.errors import DataError
+
+TABLE = "features"
+OOV = "<oov>"
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    client_column: str = "client"
+    label_column: str = "label"
+    features: list[str] = field(default_factory=list)
+    multi_hot: list[str] = field(default_factory=list)
+    list_separator: str = "|"
+    numeric: list[str] = field(default_factory=list)
+    crosses: list[str] = field(default_factory=list)
+    test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    split_column: str = ""
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[list[str]], str]:
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DataError(
+                f"{path}: reading Parquet needs pyarrow (pip install pyarrow)"
+            ) from None
+        try:
+            frame = pq.read_table(path)
+        except Exception as error:  # pyarrow raises many types for a bad file
+            raise DataError(f"{path}: not a readable Parquet file ({error})") from None
+        columns = frame.column_names
+        data = [
+            [("" if v is None else str(v)) for v in row]
+            for row in zip(*(frame.column(c).to_pylist() for c in columns), strict=True)
+        ]
+        return columns, data, "row"
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path}: the file is empty; expected a header row")
+            rows = []
+            for number, row in enumerate(reader, start=2):
+                if len(row) != len(header):
+                    raise DataError(
+                        f"{path}, line {number}: {len(row)} fields, expected {len(header)} "
+                        f"(as in the header: {', '.join(header)})"
+                    )
+                rows.append(row)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise DataError(f"{path}: cannot be read as UTF-8 CSV ({error})") from None
+    return header, rows, "line"
+
+
+def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset:
+    if not path:
+        raise DataError("table: set data.path to a CSV (or .parquet) file, one row per sample")
+    file = Path(path)
+    if not file.exists():
+        raise DataError(f"table: data.path {file} does not exist")
+    header, rows, unit = _read_rows(file)
+    o = options
+    crosses = []
+    for cross in o.crosses:
+        a, star, b = cross.partition("*")
+        if not star or a not in o.features or b not in o.features:
+            raise DataError(f"data.crosses entry {cross!r}: expected 'a*b' of two data.features")
+        crosses.append((a, b))
+    wanted = [o.client_column, o.label_column, *o.features, *o.numeric]
+    if o.split_column:
+        wanted.append(o.split_column)
+    missing = [c for c in wanted if c not in header]
+    if missing:
+        raise DataError(f"{file}: no column {missing[0]!r}; columns are {', '.join(header)}")
+    if not rows:
+        raise DataError(f"{file}: no data rows")
+    col = {name: header.index(name) for name in header}
+    first_line = 2 if unit == "line" else 0
+
+    def where(i: int) -> str:
+        return f"{file}, {unit} {i + first_line}"
+
+    labels = np.empty(len(rows), dtype=np.float32)
+    dense = np.empty((len(rows), len(o.numeric)), dtype=np.float32)
+    for i, row in enumerate(rows):
+        try:
+            labels[i] = float(row[col[o.label_column]])
+            dense[i] = [float(row[col[c]]) for c in o.numeric]
+        except ValueError:
+            raise DataError(f"{where(i)}: label and numeric columns must be numbers") from None
+    if not np.all(np.isfinite(dense)):
+        bad = int(np.flatnonzero(~np.isfinite(dense).all(1))[0])
+        raise DataError(f"{where(bad)}: numeric columns must be finite numbers")
+    if not np.all(np.isin(labels, (0.0, 1.0))):
+        bad = int(np.flatnonzero(~np.isin(labels, (0.0, 1.0)))[0])
+        raise DataError(f"{where(bad)}: label must be 0 or 1, got {labels[bad]:g}")
+
+    if o.split_column:
+        split = [row[col[o.split_column]] for row in rows]
+        for i, value in enumerate(split):
+            if value not in ("train", "test"):
+                raise DataError(
+                    f"{where(i)}: {o.split_column} must be train or test, got {value!r}"
+                )
+        is_test = np.array([v == "test" for v in split])
+    else:
+        is_test = np.random.default_rng([seed, 0x7AB1E]).random(len(rows)) < o.test_fraction
+
+    def values(row: list[str], column: str) -> list[str]:
+        text = row[col[column]]
+        return [v for v in text.split(o.list_separator) if v] if column in o.multi_hot else [text]
+
+    per_sample: list[list[tuple[str, str]]] = []  # (field, value) pairs of each sample
+    for row in rows:
+        pairs = [(c, v) for c in o.features for v in values(row, c)]
+        for a, b in crosses:
+            pairs += [(f"{a}*{b}", f"{x}\x1f{y}") for x in values(row, a) for y in values(row, b)]
+        per_sample.append(pairs)
+
+    fields = [*o.features, *(f"{a}*{b}" for a, b in crosses)]
+    vocab: dict[str, dict[str, int]] = {f: {OOV: 0} for f in fields}
+    for pairs, test in zip(per_sample, is_test, strict=True):
+        if not test:
+            for f, v in pairs:
+                vocab[f].setdefault(v, len(vocab[f]))
+    start, offset = {}, 0
+    for f in fields:
+        start[f], offset = offset, offset + len(vocab[f])
+    ids = Ragged.from_lists(
+        [[start[f] + vocab[f].get(v, 0) for f, v in pairs] for pairs in per_sample]
+    )
+
+    clients = np.array([row[col[o.client_column]] for row in rows])
+    train_rows = np.flatnonzero(~is_test)
+    order = train_rows[np.argsort(clients[train_rows], kind="stable")]
+    _, counts = np.unique(clients[order], return_counts=True)
+    if len(order) == 0:
+        raise DataError(f"{file}: every row went to the test split; nothing to train on")
+    dense_part = dense if o.numeric else None
+
+    def subset(index: np.ndarray) -> SampleSet:
+        return SampleSet(
+            {TABLE: ids.take(index)},
+            labels[index],
+            None if dense_part is None else dense_part[index],
+        )
+
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    return FederatedDataset(
+        f"table:{file.name}",
+        {TABLE: max(offset, 1)},
+        subset(order),
+        offsets,
+        subset(np.flatnonzero(is_test)),
+    )
