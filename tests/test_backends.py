@@ -205,3 +205,54 @@ def test_models_without_a_cohort_head_are_vmapped_and_agree():
             model, build_algorithm("fedsubavg", context), dataset, index, schedule
         ).tables["w"]
     torch.testing.assert_close(out["batched"], out["sequential"], rtol=0, atol=1e-12)
+
+
+def shared_table_dataset(seed: int = 0):
+    """Two fields, 'target' and 'history' (ragged, may be empty), reading one 'item' table."""
+    from fedsub.data.federated import FederatedDataset
+
+    rng = np.random.default_rng(seed)
+    parts = []
+    for _ in range(10):
+        n = int(rng.integers(1, 9))
+        target = [[int(rng.integers(25))] for _ in range(n)]
+        history = [
+            rng.choice(25, size=rng.integers(0, 5), replace=False).tolist() for _ in range(n)
+        ]
+        parts.append(
+            SampleSet(
+                {"target": Ragged.from_lists(target), "history": Ragged.from_lists(history)},
+                rng.integers(2, size=n).astype(np.float32),
+            )
+        )
+    return FederatedDataset.from_clients(
+        "shared", {"item": 25}, parts, parts[0], {"target": "item", "history": "item"}
+    )
+
+
+def test_fields_sharing_a_table_form_one_submodel_and_backends_agree():
+    dataset = shared_table_dataset()
+    index = SubmodelIndex.build(dataset)
+    for k in range(dataset.num_clients):
+        client = dataset.client(k)
+        union = np.unique(
+            np.concatenate([client.ids["target"].values, client.ids["history"].values])
+        )
+        np.testing.assert_array_equal(index.client_rows("item", k), union)
+        local = index.client_samples(dataset, k)
+        for name in ("target", "history"):
+            np.testing.assert_array_equal(union[local.ids[name].values], client.ids[name].values)
+    model = EmbeddingLogisticRegression(
+        {"item": 25},
+        embedding_dim=3,
+        init_std=0.3,
+        fields=("target", "history"),
+        field_tables={"target": "item", "history": "item"},
+    )
+    context = AlgorithmContext(dataset, index, "samples", 5)
+    out = {}
+    for backend in ("sequential", "batched"):
+        schedule = Schedule(4, 5, 3, 3, 0.3, seed=1, dtype=torch.float64, backend=backend)
+        out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
+    for name, value in out["sequential"].state_dict().items():
+        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)

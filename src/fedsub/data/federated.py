@@ -7,7 +7,7 @@ The test set is pooled (the papers evaluate the global model on a central test s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,30 +65,44 @@ class SampleSet:
 
 @dataclass(frozen=True)
 class FederatedDataset:
-    """Clients' training data, a pooled test set, and the size of every embedding table."""
+    """Clients' training data, a pooled test set, and the size of every embedding table.
+
+    Samples hold ragged ids per *field*; each field reads one table (``field_tables``, by
+    default the table of the field's own name). Several fields may share a table, e.g. a
+    target item and the clicked-item history both index the item table."""
 
     name: str
     table_rows: dict[str, int]
     train: SampleSet
     client_offsets: np.ndarray
     test: SampleSet
+    field_tables: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         offsets = self.client_offsets
         if offsets[0] != 0 or offsets[-1] != len(self.train) or np.any(np.diff(offsets) <= 0):
             raise DataError(f"{self.name}: client offsets must split the training set, no empties")
         for split, samples in (("train", self.train), ("test", self.test)):
-            if set(samples.ids) != set(self.table_rows):
-                raise DataError(
-                    f"{self.name} {split}: tables {sorted(samples.ids)} "
-                    f"differ from {sorted(self.table_rows)}"
-                )
-            for table, ragged in samples.ids.items():
+            if set(samples.ids) != set(self.train.ids):
+                raise DataError(f"{self.name} {split}: fields {sorted(samples.ids)} differ")
+            for name, ragged in samples.ids.items():
+                table = self.table_of(name)
+                if table not in self.table_rows:
+                    raise DataError(f"{self.name}: field {name!r} reads unknown table {table!r}")
                 rows = self.table_rows[table]
                 if len(ragged.values) and (ragged.values.min() < 0 or ragged.values.max() >= rows):
                     raise DataError(
-                        f"{self.name} {split}: table {table!r} ids must lie in [0, {rows})"
+                        f"{self.name} {split}: field {name!r} ids must lie in [0, {rows})"
                     )
+        unused = set(self.table_rows) - {self.table_of(f) for f in self.train.ids}
+        if unused:
+            raise DataError(f"{self.name}: no field reads table(s) {sorted(unused)}")
+
+    def table_of(self, field_name: str) -> str:
+        return self.field_tables.get(field_name, field_name)
+
+    def fields_of(self, table: str) -> list[str]:
+        return [f for f in self.train.ids if self.table_of(f) == table]
 
     @property
     def num_clients(self) -> int:
@@ -107,8 +121,14 @@ class FederatedDataset:
 
     @staticmethod
     def from_clients(
-        name: str, table_rows: dict[str, int], clients: list[SampleSet], test: SampleSet
+        name: str,
+        table_rows: dict[str, int],
+        clients: list[SampleSet],
+        test: SampleSet,
+        field_tables: dict[str, str] | None = None,
     ) -> FederatedDataset:
         offsets = np.zeros(len(clients) + 1, dtype=np.int64)
         np.cumsum([len(c) for c in clients], out=offsets[1:])
-        return FederatedDataset(name, table_rows, SampleSet.concat(clients), offsets, test)
+        return FederatedDataset(
+            name, table_rows, SampleSet.concat(clients), offsets, test, field_tables or {}
+        )

@@ -72,10 +72,11 @@ def run_cohort(
     visits = visits.reshape(-1)
     member_of_visit = np.tile(np.repeat(np.arange(k), batch), steps)
     ids: dict[str, Ragged] = {}
-    for table, ragged in dataset.train.ids.items():
-        local = Ragged(index.local_ids[table], ragged.offsets).take(visits)
-        shift = np.repeat(rows[table].offsets[:-1][member_of_visit], local.lengths())
-        ids[table] = Ragged(local.values + shift, local.offsets)
+    for name, ragged in dataset.train.ids.items():
+        local = Ragged(index.local_ids[name], ragged.offsets).take(visits)
+        table_offsets = rows[dataset.table_of(name)].offsets
+        shift = np.repeat(table_offsets[:-1][member_of_visit], local.lengths())
+        ids[name] = Ragged(local.values + shift, local.offsets)
     labels = torch.from_numpy(dataset.train.labels[visits]).to(schedule.dtype)
     labels = labels.reshape(steps, k, batch)
     dense_inputs = None
@@ -106,9 +107,9 @@ def run_cohort(
     per_step = k * batch
     for step in range(steps):
         step_ids = {}
-        for table, ragged in ids.items():
+        for name, ragged in ids.items():
             part = ragged.slice(step * per_step, (step + 1) * per_step)
-            step_ids[table] = (torch.from_numpy(part.values), torch.from_numpy(part.offsets))
+            step_ids[name] = (torch.from_numpy(part.values), torch.from_numpy(part.offsets))
         features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
         outputs = head(dense, features, None if dense_inputs is None else dense_inputs[step])
         # The loss is a mean over samples, and every client has B of them: K times the mean

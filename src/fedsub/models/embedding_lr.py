@@ -4,7 +4,7 @@ rows: the shape of the FedSubAvg papers' embedding layers without the MLP."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,8 @@ class EmbeddingLogisticRegression:
     table_rows: dict[str, int]
     embedding_dim: int = 16
     init_std: float = 0.01
+    fields: tuple[str, ...] = ()  # the sample fields, each pooled separately (default: tables)
+    field_tables: dict[str, str] = field(default_factory=dict)  # field -> table, if not same
     task: Task = "binary"
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
@@ -27,12 +29,15 @@ class EmbeddingLogisticRegression:
             * self.init_std
             for t, rows in self.table_rows.items()
         }
-        width = self.embedding_dim * len(self.table_rows)
+        width = self.embedding_dim * len(self.fields or self.table_rows)
         head = torch.randn(width, generator=generator, dtype=dtype) * self.init_std
         return Params(tables, {"weight": head, "bias": torch.zeros(1, dtype=dtype)})
 
     def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
-        bags = [sum_pool(tables[t], values, offsets) for t, (values, offsets) in ids.items()]
+        bags = [
+            sum_pool(tables[self.field_tables.get(f, f)], values, offsets)
+            for f, (values, offsets) in ids.items()
+        ]
         return {"pooled": torch.cat(bags, dim=-1)}
 
     def head(

@@ -13,12 +13,17 @@ from fedsub.models.sparse_lr import SparseLogisticRegression
 
 _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "sparse-lr": lambda ds, opts: SparseLogisticRegression(
-        table_rows=dict(ds.table_rows), dense_dim=ds.train.dense_dim, init_std=opts["init_std"]
+        table_rows=dict(ds.table_rows),
+        dense_dim=ds.train.dense_dim,
+        init_std=opts["init_std"],
+        field_tables=dict(ds.field_tables),
     ),
     "embedding-lr": lambda ds, opts: EmbeddingLogisticRegression(
         table_rows=dict(ds.table_rows),
         embedding_dim=opts["embedding_dim"],
         init_std=opts["init_std"] or 0.01,
+        fields=tuple(ds.train.ids),
+        field_tables=dict(ds.field_tables),
     ),
     "softmax-regression": lambda ds, opts: SoftmaxRegression(
         dense_dim=ds.train.dense_dim,

@@ -6,7 +6,7 @@ optional dense features get a weight vector. Loss: binary cross-entropy on the l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,7 @@ class SparseLogisticRegression:
     table_rows: dict[str, int]
     dense_dim: int = 0
     init_std: float = 0.0
+    field_tables: dict[str, str] = field(default_factory=dict)  # field -> table, if not same
     task: Task = "binary"
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
@@ -35,7 +36,10 @@ class SparseLogisticRegression:
 
     def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
         """Per sample and table, the sum of its feature weights: ``bags`` [n, tables]."""
-        bags = [sum_pool(tables[t], values, offsets) for t, (values, offsets) in ids.items()]
+        bags = [
+            sum_pool(tables[self.field_tables.get(f, f)], values, offsets)
+            for f, (values, offsets) in ids.items()
+        ]
         return {"bags": torch.cat(bags, dim=1)}
 
     def head(

@@ -17,8 +17,9 @@ from fedsub.data.ragged import Ragged
 
 @dataclass(frozen=True)
 class SubmodelIndex:
-    """``rows[table]`` is a Ragged over clients: client k's ``S(k)`` for that table.
-    ``local_ids[table]`` has the layout of ``train.ids[table].values``, holding S(k) positions."""
+    """``rows[table]`` is a Ragged over clients: client k's ``S(k)`` for that table (the union
+    over the fields reading it). ``local_ids[field]`` has the layout of
+    ``train.ids[field].values``, holding positions in the client's S(k) of the field's table."""
 
     rows: dict[str, Ragged]
     local_ids: dict[str, np.ndarray]
@@ -28,16 +29,20 @@ class SubmodelIndex:
         rows: dict[str, Ragged] = {}
         local_ids: dict[str, np.ndarray] = {}
         owner_of_sample = dataset.client_of_sample()
-        for table, ids in dataset.train.ids.items():
-            owner = np.repeat(owner_of_sample, ids.lengths())
-            key = owner * np.int64(dataset.table_rows[table]) + ids.values
-            unique_keys, inverse = np.unique(key, return_inverse=True)
-            unique_owner = unique_keys // dataset.table_rows[table]
-            counts = np.bincount(unique_owner, minlength=dataset.num_clients)
+        for table, num_rows in dataset.table_rows.items():
+            fields = dataset.fields_of(table)
+            owners = [np.repeat(owner_of_sample, dataset.train.ids[f].lengths()) for f in fields]
+            keys = [
+                o * np.int64(num_rows) + dataset.train.ids[f].values
+                for o, f in zip(owners, fields, strict=True)
+            ]
+            unique_keys = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+            counts = np.bincount(unique_keys // num_rows, minlength=dataset.num_clients)
             offsets = np.zeros(dataset.num_clients + 1, dtype=np.int64)
             np.cumsum(counts, out=offsets[1:])
-            rows[table] = Ragged(unique_keys % dataset.table_rows[table], offsets)
-            local_ids[table] = inverse.reshape(-1) - offsets[owner]
+            rows[table] = Ragged(unique_keys % num_rows, offsets)
+            for f, key, owner in zip(fields, keys, owners, strict=True):
+                local_ids[f] = np.searchsorted(unique_keys, key) - offsets[owner]
         return SubmodelIndex(rows, local_ids)
 
     def client_rows(self, table: str, k: int) -> np.ndarray:
@@ -50,7 +55,7 @@ class SubmodelIndex:
         start, stop = int(dataset.client_offsets[k]), int(dataset.client_offsets[k + 1])
         global_view = dataset.train.slice(start, stop)
         ids = {}
-        for table, ragged in dataset.train.ids.items():
+        for name, ragged in dataset.train.ids.items():
             lo, hi = ragged.offsets[start], ragged.offsets[stop]
-            ids[table] = Ragged(self.local_ids[table][lo:hi], global_view.ids[table].offsets)
+            ids[name] = Ragged(self.local_ids[name][lo:hi], global_view.ids[name].offsets)
         return SampleSet(ids, global_view.labels, global_view.dense)
