@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedsub.data import images, movielens, synthetic_li, synthetic_sparse, table
+from fedsub.data import amazon, images, movielens, synthetic_li, synthetic_sparse, table
 from fedsub.data.federated import FederatedDataset
 
 
@@ -42,6 +42,16 @@ DATASETS: dict[str, DatasetSpec] = {
         images.ImageOptions,
         lambda options, path, seed: images.load("fashion-mnist", options, path, seed),
         "Fashion-MNIST from IDX files (Debian's dataset-fashion-mnist found automatically)",
+    ),
+    "amazon-fedsubavg": DatasetSpec(
+        amazon.AmazonFilesOptions,
+        amazon.load_fedsubavg_files,
+        "the FedSubAvg authors' per-user Amazon files (label, user, item, history)",
+    ),
+    "amazon-electronics": DatasetSpec(
+        amazon.AmazonRatingsOptions,
+        amazon.load_ratings_csv,
+        "Amazon Electronics ratings CSV: click = 5 stars, history of earlier clicks",
     ),
     "table": DatasetSpec(
         table.TableOptions,

@@ -7,6 +7,7 @@ from typing import Any
 
 from fedsub.data.federated import FederatedDataset
 from fedsub.models.base import Model
+from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -17,6 +18,11 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         dense_dim=ds.train.dense_dim,
         init_std=opts["init_std"],
         field_tables=dict(ds.field_tables),
+    ),
+    "din": lambda ds, opts: DIN(
+        table_rows=dict(ds.table_rows),
+        embedding_dim=opts["embedding_dim"],
+        init_std=opts["init_std"] or 0.01,
     ),
     "embedding-lr": lambda ds, opts: EmbeddingLogisticRegression(
         table_rows=dict(ds.table_rows),

@@ -1,0 +1,108 @@
+"""DIN (Deep Interest Network) as the FedSubAvg authors deployed it for Amazon CTR.
+
+Fields ``user`` (user table), ``item`` (the target) and ``history`` (clicked items, ragged;
+both in the item table), embeddings of dimension 18 by default. Attention: an MLP on
+``[q, k, q - k, q * k]`` (q the target, k each history item) -> 80 -> 40 -> 1 with sigmoid
+activations, padding masked before the softmax. Output MLP on
+``[user, item, sum(history), item * sum(history), attention output]`` -> 200 (Dice) ->
+80 (Dice) -> 2; the logit is the difference of the two outputs (a 2-way softmax is a sigmoid
+of it). Dice normalises with the statistics of the batch it sees (a client's local batch;
+an evaluation chunk at test time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+
+from fedsub.models.base import Features, Ids, Task
+from fedsub.models.pooling import sum_pool
+from fedsub.submodel.params import Params
+
+ATTENTION = (80, 40, 1)
+HIDDEN = (200, 80, 2)
+
+
+def padded(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor):
+    """Ragged lookups as [n, L, d] with a [n, L] mask (L = the longest list, at least 1)."""
+    lengths = torch.diff(offsets)
+    n, longest = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1)
+    owner = torch.repeat_interleave(torch.arange(n), lengths, output_size=len(values))
+    rank = torch.arange(len(values)) - offsets[:-1].index_select(0, owner)
+    slot = owner * longest + rank
+    rows = weight.index_select(0, values)
+    out = rows.new_zeros((n * longest, weight.shape[1])).index_add(0, slot, rows)
+    mask = torch.zeros(n * longest, dtype=torch.bool).index_fill(0, slot, True)
+    return out.reshape(n, longest, -1), mask.reshape(n, longest)
+
+
+def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """Dice activation: a data-dependent PReLU gated by the batch-normalised input."""
+    mean = x.mean(0, keepdim=True)
+    var = x.var(0, unbiased=False, keepdim=True)
+    gate = torch.sigmoid((x - mean) / torch.sqrt(var + 1e-8))
+    return gate * x + (1 - gate) * alpha * x
+
+
+@dataclass(frozen=True)
+class DIN:
+    table_rows: dict[str, int]
+    embedding_dim: int = 18
+    init_std: float = 0.01
+    task: Task = "binary"
+
+    def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
+        d = self.embedding_dim
+
+        def normal(*shape: int, std: float) -> torch.Tensor:
+            return torch.randn(*shape, generator=generator, dtype=dtype) * std
+
+        tables = {t: normal(rows, d, std=self.init_std) for t, rows in self.table_rows.items()}
+        dense: dict[str, torch.Tensor] = {}
+        widths = (4 * d, *ATTENTION)
+        for i, (a, b) in enumerate(pairwise(widths)):
+            dense[f"att{i}.weight"] = normal(a, b, std=(1 / a) ** 0.5)
+            dense[f"att{i}.bias"] = torch.zeros(b, dtype=dtype)
+        widths = (5 * d, *HIDDEN)
+        for i, (a, b) in enumerate(pairwise(widths)):
+            dense[f"fc{i}.weight"] = normal(a, b, std=(1 / a) ** 0.5)
+            dense[f"fc{i}.bias"] = torch.zeros(b, dtype=dtype)
+            if i < len(HIDDEN) - 1:
+                dense[f"fc{i}.alpha"] = torch.zeros(b, dtype=dtype)
+        return Params(tables, dense)
+
+    def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
+        history, mask = padded(tables["item"], *ids["history"])
+        return {
+            "user": sum_pool(tables["user"], *ids["user"]),
+            "item": sum_pool(tables["item"], *ids["item"]),
+            "history": history,
+            "mask": mask,
+        }
+
+    def head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
+        item, history, mask = features["item"], features["history"], features["mask"]
+        query = item.unsqueeze(1).expand_as(history)
+        x = torch.cat([query, history, query - history, query * history], dim=-1)
+        for i in range(len(ATTENTION)):
+            x = x @ dense[f"att{i}.weight"] + dense[f"att{i}.bias"]
+            if i < len(ATTENTION) - 1:
+                x = torch.sigmoid(x)
+        scores = x.squeeze(-1).masked_fill(~mask, -1e9)
+        weights = torch.softmax(scores, dim=-1) * mask  # an empty history attends to nothing
+        attended = (weights.unsqueeze(-1) * history).sum(1)
+        pooled = (history * mask.unsqueeze(-1)).sum(1)
+        x = torch.cat([features["user"], item, pooled, item * pooled, attended], dim=-1)
+        for i in range(len(HIDDEN)):
+            x = x @ dense[f"fc{i}.weight"] + dense[f"fc{i}.bias"]
+            if i < len(HIDDEN) - 1:
+                x = dice(x, dense[f"fc{i}.alpha"])
+        return x[..., 1] - x[..., 0]
+
+    def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(outputs, labels)
