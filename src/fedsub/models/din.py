@@ -39,11 +39,19 @@ def padded(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor):
     return out.reshape(n, longest, -1), mask.reshape(n, longest)
 
 
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Per-client affine map: x [K, ..., in], weight [K, in, out], bias [K, out]."""
+    k = x.shape[0]
+    flat = torch.baddbmm(bias.unsqueeze(1), x.reshape(k, -1, x.shape[-1]), weight)
+    return flat.reshape(*x.shape[:-1], weight.shape[-1])
+
+
 def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """Dice activation: a data-dependent PReLU gated by the batch-normalised input."""
-    mean = x.mean(0, keepdim=True)
-    var = x.var(0, unbiased=False, keepdim=True)
-    gate = torch.sigmoid((x - mean) / torch.sqrt(var + 1e-8))
+    """Dice activation: a data-dependent PReLU gated by the input normalised with its
+    client's batch statistics (x is [K, B, units])."""
+    centred = x - x.mean(1, keepdim=True)
+    var = centred.pow(2).mean(1, keepdim=True)  # (torch.var is slow on CPU for this shape)
+    gate = torch.sigmoid(centred / torch.sqrt(var + 1e-8))
     return gate * x + (1 - gate) * alpha * x
 
 
@@ -86,22 +94,30 @@ class DIN:
     def head(
         self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
     ) -> torch.Tensor:
+        """One client: the cohort computation with a cohort of one."""
+        one = {n: v.unsqueeze(0) for n, v in dense.items()}
+        return self.cohort_head(one, {n: f.unsqueeze(0) for n, f in features.items()}, None)[0]
+
+    def cohort_head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
+        """K clients at once: dense [K, ...], features [K, B, ...] -> logits [K, B]."""
         item, history, mask = features["item"], features["history"], features["mask"]
-        query = item.unsqueeze(1).expand_as(history)
+        query = item.unsqueeze(2).expand_as(history)
         x = torch.cat([query, history, query - history, query * history], dim=-1)
         for i in range(len(ATTENTION)):
-            x = x @ dense[f"att{i}.weight"] + dense[f"att{i}.bias"]
+            x = _linear(x, dense[f"att{i}.weight"], dense[f"att{i}.bias"])
             if i < len(ATTENTION) - 1:
                 x = torch.sigmoid(x)
         scores = x.squeeze(-1).masked_fill(~mask, -1e9)
         weights = torch.softmax(scores, dim=-1) * mask  # an empty history attends to nothing
-        attended = (weights.unsqueeze(-1) * history).sum(1)
-        pooled = (history * mask.unsqueeze(-1)).sum(1)
+        attended = (weights.unsqueeze(-1) * history).sum(2)
+        pooled = (history * mask.unsqueeze(-1)).sum(2)
         x = torch.cat([features["user"], item, pooled, item * pooled, attended], dim=-1)
         for i in range(len(HIDDEN)):
-            x = x @ dense[f"fc{i}.weight"] + dense[f"fc{i}.bias"]
+            x = _linear(x, dense[f"fc{i}.weight"], dense[f"fc{i}.bias"])
             if i < len(HIDDEN) - 1:
-                x = dice(x, dense[f"fc{i}.alpha"])
+                x = dice(x, dense[f"fc{i}.alpha"].unsqueeze(1))
         return x[..., 1] - x[..., 0]
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
