@@ -94,3 +94,24 @@ def test_table_loader_random_input(payload):
             load_table(options, str(path), 0)
         except DataError as error:
             assert str(error)
+
+
+@SETTINGS
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.lists(LINE, max_size=8).map(lambda lines: "\n".join(lines).encode("latin-1", "replace")),
+    ),
+    st.booleans(),
+)
+def test_sent140_random_input(payload, as_json):
+    from fedsub.data.sent140 import Sent140Options
+    from fedsub.data.sent140 import load as load_sent140
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / ("t.json" if as_json else "t.csv")
+        path.write_bytes(payload)
+        try:
+            load_sent140(Sent140Options(min_samples=1), str(path), 0)
+        except DataError as error:
+            assert str(error)

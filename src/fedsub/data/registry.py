@@ -6,7 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedsub.data import amazon, images, movielens, synthetic_li, synthetic_sparse, table
+from fedsub.data import (
+    amazon,
+    images,
+    movielens,
+    sent140,
+    synthetic_li,
+    synthetic_sparse,
+    table,
+)
 from fedsub.data.federated import FederatedDataset
 
 
@@ -52,6 +60,11 @@ DATASETS: dict[str, DatasetSpec] = {
         amazon.AmazonRatingsOptions,
         amazon.load_ratings_csv,
         "Amazon Electronics ratings CSV: click = 5 stars, history of earlier clicks",
+    ),
+    "sent140": DatasetSpec(
+        sent140.Sent140Options,
+        lambda options, path, seed: sent140.load(options, path, seed),
+        "Sentiment140 tweets (official CSV or LEAF JSON), clients = users with > 40 tweets",
     ),
     "table": DatasetSpec(
         table.TableOptions,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsub.models.base import Features, Ids, Task
+from fedsub.models.cohort_ops import linear, single_client
 from fedsub.models.pooling import sum_pool
 from fedsub.submodel.params import Params
 
@@ -37,13 +38,6 @@ def padded(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor):
     out = rows.new_zeros((n * longest, weight.shape[1])).index_add(0, slot, rows)
     mask = torch.zeros(n * longest, dtype=torch.bool).index_fill(0, slot, True)
     return out.reshape(n, longest, -1), mask.reshape(n, longest)
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Per-client affine map: x [K, ..., in], weight [K, in, out], bias [K, out]."""
-    k = x.shape[0]
-    flat = torch.baddbmm(bias.unsqueeze(1), x.reshape(k, -1, x.shape[-1]), weight)
-    return flat.reshape(*x.shape[:-1], weight.shape[-1])
 
 
 def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
@@ -95,8 +89,7 @@ class DIN:
         self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
     ) -> torch.Tensor:
         """One client: the cohort computation with a cohort of one."""
-        one = {n: v.unsqueeze(0) for n, v in dense.items()}
-        return self.cohort_head(one, {n: f.unsqueeze(0) for n, f in features.items()}, None)[0]
+        return single_client(self.cohort_head, dense, features)
 
     def cohort_head(
         self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
@@ -106,7 +99,7 @@ class DIN:
         query = item.unsqueeze(2).expand_as(history)
         x = torch.cat([query, history, query - history, query * history], dim=-1)
         for i in range(len(ATTENTION)):
-            x = _linear(x, dense[f"att{i}.weight"], dense[f"att{i}.bias"])
+            x = linear(x, dense[f"att{i}.weight"], dense[f"att{i}.bias"])
             if i < len(ATTENTION) - 1:
                 x = torch.sigmoid(x)
         scores = x.squeeze(-1).masked_fill(~mask, -1e9)
@@ -115,7 +108,7 @@ class DIN:
         pooled = (history * mask.unsqueeze(-1)).sum(2)
         x = torch.cat([features["user"], item, pooled, item * pooled, attended], dim=-1)
         for i in range(len(HIDDEN)):
-            x = _linear(x, dense[f"fc{i}.weight"], dense[f"fc{i}.bias"])
+            x = linear(x, dense[f"fc{i}.weight"], dense[f"fc{i}.bias"])
             if i < len(HIDDEN) - 1:
                 x = dice(x, dense[f"fc{i}.alpha"].unsqueeze(1))
         return x[..., 1] - x[..., 0]

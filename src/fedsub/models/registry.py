@@ -9,6 +9,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.models.base import Model
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.models.lstm import LSTMClassifier
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 
@@ -24,6 +25,7 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         embedding_dim=opts["embedding_dim"],
         init_std=opts["init_std"] or 0.01,
     ),
+    "lstm": lambda ds, opts: LSTMClassifier(table_rows=dict(ds.table_rows)),
     "embedding-lr": lambda ds, opts: EmbeddingLogisticRegression(
         table_rows=dict(ds.table_rows),
         embedding_dim=opts["embedding_dim"],

@@ -1,0 +1,140 @@
+"""Sentiment140 in its two formats, the tokenizer and vocabulary, and the LSTM classifier."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.data.sent140 import Sent140Options, load, tokenize
+from fedsub.engine.loop import train
+from fedsub.engine.schedule import Schedule
+from fedsub.errors import DataError
+from fedsub.models.base import Batch, forward
+from fedsub.models.lstm import LSTMClassifier
+from fedsub.submodel.index import SubmodelIndex
+
+WORDS = ["good", "bad", "happy", "sad", "love", "hate", "café", "day"]
+
+
+def tweets(users: int = 5, per_user: int = 60, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for u in range(users):
+        count = per_user if u else 10  # user 0 has too few tweets
+        for j in range(count):
+            polarity = 2 if j % 10 == 0 else int(rng.choice([0, 4]))  # every 10th neutral
+            words = rng.choice(WORDS, size=rng.integers(1, 6))
+            yield polarity, f"id{u}{j}", f"user{u}", " ".join(words) + " @friend http://x.co"
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="", encoding="latin-1") as handle:
+        writer = csv.writer(handle, quoting=csv.QUOTE_ALL)
+        for polarity, tid, user, text in rows:
+            writer.writerow([polarity, tid, "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", user, text])
+
+
+def test_tokenizer():
+    assert tokenize("I LOVE it!! @bob http://t.co/x don't") == [
+        "i",
+        "love",
+        "it",
+        "<user>",
+        "<url>",
+        "don't",
+    ]
+
+
+def test_official_csv_latin1_neutral_dropped_and_small_users_left_out(tmp_path):
+    rows = list(tweets())
+    path = tmp_path / "training.csv"
+    write_csv(path, rows)
+    dataset = load(Sent140Options(vocab_size=5, max_tokens=4), str(path), 0)
+    assert dataset.num_clients == 4  # user0 has only 10 tweets
+    kept = [r for r in rows if r[2] != "user0" and r[0] != 2]
+    assert len(dataset.train) + len(dataset.test) == len(kept)
+    assert dataset.table_rows["words"] == 6  # 5 words + the out-of-vocabulary id 0
+    lengths = dataset.train.ids["words"].lengths()
+    assert lengths.max() <= 4
+    assert set(np.unique(dataset.train.labels)) == {0.0, 1.0}
+
+
+def test_leaf_json(tmp_path):
+    users = ["a", "b"]
+    data = {
+        u: {
+            "x": [["1", "date", "q", u, f"{w} day"] for w in WORDS * 6],
+            "y": [i % 2 for i in range(len(WORDS) * 6)],
+        }
+        for u in users
+    }
+    (tmp_path / "all_data_0.json").write_text(
+        json.dumps({"users": users, "num_samples": [48, 48], "user_data": data})
+    )
+    dataset = load(Sent140Options(), str(tmp_path), 1)
+    assert dataset.num_clients == 2 and len(dataset.train) + len(dataset.test) == 96
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('"4","1","d","q","u"\n', "line 1: expected 6 fields"),
+        ('"3","1","d","q","u","t"\n', "line 1: polarity must be 0, 2 or 4, got '3'"),
+    ],
+)
+def test_bad_csv_lines(tmp_path, content, message):
+    path = tmp_path / "t.csv"
+    path.write_text(content)
+    with pytest.raises(DataError, match=message):
+        load(Sent140Options(), str(path), 0)
+
+
+def test_bad_leaf_json(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"users": ["a"], "user_data": {"a": {"x": ["hi"], "y": [0, 1]}}}')
+    with pytest.raises(DataError, match="user 'a' needs lists x and y of equal length"):
+        load(Sent140Options(), str(path), 0)
+
+
+@pytest.fixture(scope="module")
+def sent(tmp_path_factory):
+    path = tmp_path_factory.mktemp("s") / "t.csv"
+    write_csv(path, list(tweets(users=6)))
+    dataset = load(Sent140Options(vocab_size=20, max_tokens=6), str(path), 0)
+    return dataset, SubmodelIndex.build(dataset)
+
+
+def test_lstm_shapes_and_a_step_lowers_the_loss(sent):
+    dataset, _ = sent
+    model = LSTMClassifier(dict(dataset.table_rows), embedding_dim=5, hidden=7)
+    params = model.init(torch.Generator().manual_seed(0), torch.float64)
+    batch = Batch.from_samples(dataset.train.take(np.arange(20)), torch.float64)
+    tensors = [t.requires_grad_(True) for t in params.tensors()]
+    before = model.loss(forward(model, params, batch), batch.labels)
+    grads = torch.autograd.grad(before, tensors)
+    with torch.no_grad():
+        for t, g in zip(tensors, grads, strict=True):
+            t -= 0.5 * g
+        after = model.loss(forward(model, params, batch), batch.labels)
+        assert forward(model, params, batch).shape == (20,)
+    assert float(after) < float(before.detach())
+
+
+def test_lstm_padding_changes_nothing_and_backends_agree(sent):
+    dataset, index = sent
+    model = LSTMClassifier(dict(dataset.table_rows), embedding_dim=4, hidden=5)
+    params = model.init(torch.Generator().manual_seed(1), torch.float64)
+    one = Batch.from_samples(dataset.train.take(np.array([3])), torch.float64)
+    many = Batch.from_samples(dataset.train.take(np.arange(10)), torch.float64)
+    torch.testing.assert_close(forward(model, params, one)[0], forward(model, params, many)[3])
+    context = AlgorithmContext(dataset, index, "samples", 3)
+    out = {}
+    for backend in ("sequential", "batched"):
+        schedule = Schedule(3, 3, 2, 4, 0.3, seed=0, dtype=torch.float64, backend=backend)
+        out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
+    for name, value in out["sequential"].state_dict().items():
+        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
