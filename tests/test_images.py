@@ -133,3 +133,38 @@ def test_loader_li_balanced_and_dirichlet(tmp_path, gz):
 def test_missing_files_say_what_layout_is_expected(tmp_path):
     with pytest.raises(DataError, match=r"no IDX files in .*train-images-idx3-ubyte"):
         load("mnist", ImageOptions(), str(tmp_path), 0)
+
+
+def test_small_cnn_learns_and_both_backends_agree(tmp_path):
+    import torch
+
+    from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+    from fedsub.engine.loop import train
+    from fedsub.engine.schedule import Schedule
+    from fedsub.models.base import Batch, forward
+    from fedsub.models.cnn import SmallCNN
+    from fedsub.submodel.index import SubmodelIndex
+
+    folder = write_image_set(tmp_path / "idx", n_train=120, n_test=20)
+    dataset = load("mnist", ImageOptions(partition="iid", num_clients=4), str(folder), 0)
+    model = SmallCNN(channels=(4, 6))
+    params = model.init(torch.Generator().manual_seed(0), torch.float64)
+    batch = Batch.from_samples(dataset.train.take(np.arange(16)), torch.float64)
+    assert forward(model, params, batch).shape == (16, 10)
+    tensors = [t.requires_grad_(True) for t in params.tensors()]
+    before = model.loss(forward(model, params, batch), batch.labels)
+    grads = torch.autograd.grad(before, tensors)
+    with torch.no_grad():
+        for t, g in zip(tensors, grads, strict=True):
+            t -= 0.05 * g
+        assert float(model.loss(forward(model, params, batch), batch.labels)) < float(
+            before.detach()
+        )
+    index = SubmodelIndex.build(dataset)
+    context = AlgorithmContext(dataset, index, "samples", 3)
+    out = {}
+    for backend in ("sequential", "batched"):
+        schedule = Schedule(2, 3, 2, 4, 0.05, seed=0, dtype=torch.float64, backend=backend)
+        out[backend] = train(model, build_algorithm("fedprox", context), dataset, index, schedule)
+    for name, value in out["sequential"].state_dict().items():
+        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)

@@ -7,6 +7,7 @@ from typing import Any
 
 from fedsub.data.federated import FederatedDataset
 from fedsub.models.base import Model
+from fedsub.models.cnn import SmallCNN
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.lstm import LSTMClassifier
@@ -26,6 +27,9 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         init_std=opts["init_std"] or 0.01,
     ),
     "lstm": lambda ds, opts: LSTMClassifier(table_rows=dict(ds.table_rows)),
+    "cnn": lambda ds, opts: SmallCNN(
+        classes=int(max(ds.train.labels.max(), ds.test.labels.max(initial=0))) + 1
+    ),
     "embedding-lr": lambda ds, opts: EmbeddingLogisticRegression(
         table_rows=dict(ds.table_rows),
         embedding_dim=opts["embedding_dim"],
