@@ -141,6 +141,53 @@ def target_of(config: Config, histories: dict[str, list[Evaluation]]) -> Target:
     return Target(loss, config.eval.target_test_auc)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class AlgorithmRun:
+    """One algorithm of a comparison in its folder: metrics log, rejections, checkpoints,
+    resume point, final model and completion marker."""
+
+    name: str
+    folder: Path
+    config: Config
+    resume: bool
+    stop_requested: Callable[[], bool]
+    on_round: Callable[[str, int], None] | None
+
+    def train(self, model, algorithm, dataset, index, schedule, evaluator) -> list[Evaluation]:
+        saved = _resume_point(self.folder) if self.resume else _start_fresh(self.folder)
+        earlier = [] if saved is None else [Evaluation(**_fields(e)) for e in saved.history]
+        log = MetricsLog(self.folder / "metrics.jsonl", earlier)
+        rejections = JsonLines(self.folder / "rejections.jsonl")
+        control = RunControl(
+            checkpoints=self.folder / "checkpoints",
+            checkpoint_every=self.config.train.checkpoint_every,
+            max_update_norm=self.config.train.max_update_norm,
+            resume=saved,
+            stop_requested=self.stop_requested,
+            on_reject=lambda rejection: _log_rejection(self.name, rejection, rejections),
+        )
+        on_round = self.on_round
+        try:
+            final = train(
+                model,
+                algorithm,
+                dataset,
+                index,
+                schedule,
+                evaluator,
+                on_evaluation=log,
+                on_round=None if on_round is None else (lambda r: on_round(self.name, r)),
+                control=control,
+            )
+        except Diverged as error:
+            raise FedsubError(str(error)) from None
+        finally:
+            log.close()
+        save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
+        write_atomic(self.folder / DONE, "finished\n")
+        return log.history
+
+
 def compare(
     config: Config,
     out_dir: Path,
@@ -190,42 +237,19 @@ def compare(
 
     histories: dict[str, list[Evaluation]] = {}
     for name in algorithms_to_run(config):
-        algorithm = build_algorithm(name, context, config.algorithm_options(name))
         folder = out_dir / name
         if resume and (folder / DONE).exists():
             histories[name] = read_metrics(folder / "metrics.jsonl")
             continue
-        saved = _resume_point(folder) if resume else _start_fresh(folder)
-        earlier = [] if saved is None else [Evaluation(**_fields(e)) for e in saved.history]
-        log = MetricsLog(folder / "metrics.jsonl", earlier)
-        rejections = JsonLines(folder / "rejections.jsonl")
-        control = RunControl(
-            checkpoints=folder / "checkpoints",
-            checkpoint_every=config.train.checkpoint_every,
-            max_update_norm=config.train.max_update_norm,
-            resume=saved,
-            stop_requested=stop_requested,
-            on_reject=lambda rejection, n=name, log=rejections: _log_rejection(n, rejection, log),
+        run = AlgorithmRun(name, folder, config, resume, stop_requested, on_round)
+        histories[name] = run.train(
+            model,
+            build_algorithm(name, context, config.algorithm_options(name)),
+            dataset,
+            index,
+            schedule,
+            evaluator,
         )
-        try:
-            final = train(
-                model,
-                algorithm,
-                dataset,
-                index,
-                schedule,
-                evaluator,
-                on_evaluation=log,
-                on_round=None if on_round is None else (lambda r, n=name: on_round(n, r)),
-                control=control,
-            )
-        except Diverged as error:
-            raise FedsubError(str(error)) from None
-        finally:
-            log.close()
-        save_tensors_atomic(folder / "model.safetensors", final.state_dict())
-        write_atomic(folder / DONE, "finished\n")
-        histories[name] = log.history
 
     target = target_of(config, histories)
     result = summary(histories, target)
