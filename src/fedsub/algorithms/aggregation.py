@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from fedsub.submodel.transfer import CohortUpdate
@@ -81,7 +82,8 @@ def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
     for table, rows in cohort.rows.items():
         deltas = cohort.table_deltas[table]
         row_weight = weights.to(deltas.dtype).index_select(0, cohort.row_owner[table])
-        unique_rows, inverse = torch.unique(rows, return_inverse=True)
+        unique_np, inverse_np = np.unique(rows.numpy(), return_inverse=True)  # faster on CPU
+        unique_rows, inverse = torch.from_numpy(unique_np), torch.from_numpy(inverse_np)
         summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
         summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
         if aggregation.coefficients is not None:
