@@ -62,3 +62,40 @@ class SquaredDistance:
     def loss(self, outputs, labels):
         sq, s, count = outputs.unbind(1)
         return (sq - 2 * labels * s + labels**2 * count).mean()
+
+
+def assert_one_step_lowers_loss(model, params: Params, batch, lr: float) -> None:
+    """One plain gradient step on ``batch`` must lower the model's loss on it."""
+    from fedsub.models.base import forward
+
+    tensors = [t.requires_grad_(True) for t in params.tensors()]
+    before = model.loss(forward(model, params, batch), batch.labels)
+    grads = torch.autograd.grad(before, tensors)
+    with torch.no_grad():
+        for t, g in zip(tensors, grads, strict=True):
+            t -= lr * g
+        after = model.loss(forward(model, params, batch), batch.labels)
+    assert float(after) < float(before.detach())
+
+
+def assert_backends_agree(model, dataset, index, algorithm: str, clients: int, **schedule):
+    """Both backends train ``algorithm`` to the same global model (float64, 1e-10)."""
+    from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+    from fedsub.engine.loop import train
+    from fedsub.engine.schedule import Schedule
+
+    context = AlgorithmContext(dataset, index, "samples", clients)
+    out = {}
+    for backend in ("sequential", "batched"):
+        settings = {
+            "rounds": 3,
+            "local_steps": 2,
+            "batch_size": 4,
+            "lr": 0.2,
+            "seed": 0,
+            **schedule,
+        }
+        run = Schedule(clients_per_round=clients, dtype=torch.float64, backend=backend, **settings)
+        out[backend] = train(model, build_algorithm(algorithm, context), dataset, index, run)
+    for name, value in out["sequential"].state_dict().items():
+        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)

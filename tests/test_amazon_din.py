@@ -6,19 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.amazon import (
     AmazonFilesOptions,
     AmazonRatingsOptions,
     load_fedsubavg_files,
     load_ratings_csv,
 )
-from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
 from fedsub.errors import DataError
 from fedsub.models.base import Batch, forward
 from fedsub.models.din import DIN, padded
 from fedsub.submodel.index import SubmodelIndex
+
+from .conftest import assert_backends_agree, assert_one_step_lowers_loss
 
 
 def write_user_files(folder, users=6, lines=10, seed=0):
@@ -103,26 +102,13 @@ def test_din_shapes_and_one_step_lowers_the_loss(amazon):
     features = model.embed(params.tables, batch.ids)
     assert features["history"].shape[:2] == features["mask"].shape
     assert features["user"].shape == (16, 6)
-    tensors = [t.requires_grad_(True) for t in params.tensors()]
-    before = model.loss(forward(model, params, batch), batch.labels)
-    grads = torch.autograd.grad(before, tensors)
-    with torch.no_grad():
-        for t, g in zip(tensors, grads, strict=True):
-            t -= 0.5 * g
-        after = model.loss(forward(model, params, batch), batch.labels)
     assert forward(model, params, batch).shape == (16,)
-    assert float(after) < float(before.detach())
+    assert_one_step_lowers_loss(model, params, batch, lr=0.5)
 
 
 def test_din_batched_equals_sequential(amazon):
     dataset, index = amazon
     model = DIN(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
-    context = AlgorithmContext(dataset, index, "samples", 4)
-    out = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(
-            3, 4, 3, 4, 0.2, seed=2, dtype=torch.float64, backend=backend, clip_norm=5.0
-        )
-        out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
-    for name, value in out["sequential"].state_dict().items():
-        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
+    assert_backends_agree(
+        model, dataset, index, "fedsubavg", 4, local_steps=3, seed=2, clip_norm=5.0
+    )

@@ -16,6 +16,8 @@ from fedsub.data.idx import read_idx
 from fedsub.data.images import FILES, ImageOptions, load
 from fedsub.errors import DataError
 
+from .conftest import assert_backends_agree, assert_one_step_lowers_loss
+
 
 def idx_bytes(array: np.ndarray) -> bytes:
     code = {np.uint8: 0x08, np.int32: 0x0C, np.float32: 0x0D}[array.dtype.type]
@@ -138,9 +140,6 @@ def test_missing_files_say_what_layout_is_expected(tmp_path):
 def test_small_cnn_learns_and_both_backends_agree(tmp_path):
     import torch
 
-    from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-    from fedsub.engine.loop import train
-    from fedsub.engine.schedule import Schedule
     from fedsub.models.base import Batch, forward
     from fedsub.models.cnn import SmallCNN
     from fedsub.submodel.index import SubmodelIndex
@@ -151,20 +150,6 @@ def test_small_cnn_learns_and_both_backends_agree(tmp_path):
     params = model.init(torch.Generator().manual_seed(0), torch.float64)
     batch = Batch.from_samples(dataset.train.take(np.arange(16)), torch.float64)
     assert forward(model, params, batch).shape == (16, 10)
-    tensors = [t.requires_grad_(True) for t in params.tensors()]
-    before = model.loss(forward(model, params, batch), batch.labels)
-    grads = torch.autograd.grad(before, tensors)
-    with torch.no_grad():
-        for t, g in zip(tensors, grads, strict=True):
-            t -= 0.05 * g
-        assert float(model.loss(forward(model, params, batch), batch.labels)) < float(
-            before.detach()
-        )
+    assert_one_step_lowers_loss(model, params, batch, lr=0.05)
     index = SubmodelIndex.build(dataset)
-    context = AlgorithmContext(dataset, index, "samples", 3)
-    out = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(2, 3, 2, 4, 0.05, seed=0, dtype=torch.float64, backend=backend)
-        out[backend] = train(model, build_algorithm("fedprox", context), dataset, index, schedule)
-    for name, value in out["sequential"].state_dict().items():
-        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
+    assert_backends_agree(model, dataset, index, "fedprox", 3, rounds=2, lr=0.05)

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.sent140 import Sent140Options, load, tokenize
-from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
 from fedsub.errors import DataError
 from fedsub.models.base import Batch, forward
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.submodel.index import SubmodelIndex
+
+from .conftest import assert_backends_agree, assert_one_step_lowers_loss
 
 WORDS = ["good", "bad", "happy", "sad", "love", "hate", "café", "day"]
 
@@ -113,15 +112,8 @@ def test_lstm_shapes_and_a_step_lowers_the_loss(sent):
     model = LSTMClassifier(dict(dataset.table_rows), embedding_dim=5, hidden=7)
     params = model.init(torch.Generator().manual_seed(0), torch.float64)
     batch = Batch.from_samples(dataset.train.take(np.arange(20)), torch.float64)
-    tensors = [t.requires_grad_(True) for t in params.tensors()]
-    before = model.loss(forward(model, params, batch), batch.labels)
-    grads = torch.autograd.grad(before, tensors)
-    with torch.no_grad():
-        for t, g in zip(tensors, grads, strict=True):
-            t -= 0.5 * g
-        after = model.loss(forward(model, params, batch), batch.labels)
-        assert forward(model, params, batch).shape == (20,)
-    assert float(after) < float(before.detach())
+    assert forward(model, params, batch).shape == (20,)
+    assert_one_step_lowers_loss(model, params, batch, lr=0.5)
 
 
 def test_lstm_padding_changes_nothing_and_backends_agree(sent):
@@ -131,10 +123,4 @@ def test_lstm_padding_changes_nothing_and_backends_agree(sent):
     one = Batch.from_samples(dataset.train.take(np.array([3])), torch.float64)
     many = Batch.from_samples(dataset.train.take(np.arange(10)), torch.float64)
     torch.testing.assert_close(forward(model, params, one)[0], forward(model, params, many)[3])
-    context = AlgorithmContext(dataset, index, "samples", 3)
-    out = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(3, 3, 2, 4, 0.3, seed=0, dtype=torch.float64, backend=backend)
-        out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
-    for name, value in out["sequential"].state_dict().items():
-        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
+    assert_backends_agree(model, dataset, index, "fedsubavg", 3, lr=0.3)
