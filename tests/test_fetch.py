@@ -110,3 +110,24 @@ def test_cut_off_transfer_leaves_no_cache_entry_and_a_retry_resumes(server, cach
 def test_unknown_dataset_is_explained(capsys):
     assert main(["data", "fetch", "amazon-fedsubavg"]) == 2
     assert "has no official download" in capsys.readouterr().err
+
+
+def test_multi_file_set_from_a_mirror_folder(cache, monkeypatch, capsys):
+    """mnist's four IDX files fetched from a folder URL, checked against (test) pins."""
+    from fedsub.data import fetch as fetch_module
+
+    server = Server()
+    try:
+        base = server.url.rsplit("/", 1)[0] + "/"
+        files = fetch_module.DOWNLOADS["mnist"]
+        monkeypatch.setitem(
+            fetch_module.DOWNLOADS,
+            "mnist",
+            tuple(Download(d.url, d.filename, sha256(PAYLOAD)) for d in files),
+        )
+        assert main(["data", "fetch", "mnist", "--url", base]) == 0
+        printed = capsys.readouterr().out.split()
+        assert [p.rsplit("/", 1)[1] for p in printed] == [d.filename for d in files]
+        assert all((cache / "mnist" / d.filename).read_bytes() == PAYLOAD for d in files)
+    finally:
+        server.close()

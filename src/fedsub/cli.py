@@ -178,8 +178,15 @@ def cmd_data_fetch(args: argparse.Namespace) -> int:
             "(others are read from data.path)"
         )
     pinned = DOWNLOADS[args.name]
-    download = Download(args.url or pinned.url, pinned.filename, args.checksum or pinned.checksum)
-    print(fetch(args.name, download))
+    if args.checksum and len(pinned) > 1:
+        raise ConfigError(f"{args.name} has {len(pinned)} files; --checksum fits one-file sets")
+    for download in pinned:
+        url = download.url
+        if args.url:  # a mirror: the file itself, or the folder holding several
+            url = args.url if len(pinned) == 1 else args.url.rstrip("/") + "/" + download.filename
+        print(
+            fetch(args.name, Download(url, download.filename, args.checksum or download.checksum))
+        )
     return 0
 
 
@@ -222,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     stats.set_defaults(func=cmd_data_stats)
     fetch = data_commands.add_parser("fetch", help="download a dataset into the cache")
     fetch.add_argument("name", help="e.g. movielens-1m")
-    fetch.add_argument("--url", help="a mirror of the official file (the checksum still holds)")
+    fetch.add_argument(
+        "--url", help="a mirror of the official file, or of the folder of a multi-file set"
+    )
     fetch.add_argument("--checksum", help="sha256:<hex> or md5:<hex> (overrides the pin)")
     fetch.set_defaults(func=cmd_data_fetch)
     return parser

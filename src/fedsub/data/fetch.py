@@ -28,17 +28,49 @@ class Download:
     checksum: str  # "sha256:<hex>" or "md5:<hex>" (GroupLens publishes MD5 sums)
 
 
-# Official public addresses. GroupLens publishes MD5 sums for its archives; those are pinned.
-DOWNLOADS: dict[str, Download] = {
-    "movielens-100k": Download(
-        "https://files.grouplens.org/datasets/movielens/ml-100k.zip",
-        "ml-100k.zip",
-        "md5:0e33842e24a9c977be4e0107933c0723",
+def _idx_set(base: str, md5: tuple[str, str, str, str]) -> tuple[Download, ...]:
+    names = (
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    )
+    return tuple(Download(base + n, n, f"md5:{h}") for n, h in zip(names, md5, strict=True))
+
+
+# Official public addresses with the MD5 sums their publishers (and torchvision) list.
+DOWNLOADS: dict[str, tuple[Download, ...]] = {
+    "movielens-100k": (
+        Download(
+            "https://files.grouplens.org/datasets/movielens/ml-100k.zip",
+            "ml-100k.zip",
+            "md5:0e33842e24a9c977be4e0107933c0723",
+        ),
     ),
-    "movielens-1m": Download(
-        "https://files.grouplens.org/datasets/movielens/ml-1m.zip",
-        "ml-1m.zip",
-        "md5:c4d9eecfca2ab87c1945afe126590906",
+    "movielens-1m": (
+        Download(
+            "https://files.grouplens.org/datasets/movielens/ml-1m.zip",
+            "ml-1m.zip",
+            "md5:c4d9eecfca2ab87c1945afe126590906",
+        ),
+    ),
+    "mnist": _idx_set(
+        "https://ossci-datasets.s3.amazonaws.com/mnist/",
+        (
+            "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+            "d53e105ee54ea40749a09fcbcd1e9432",
+            "9fb629c4189551a2d022fa330f9573f3",
+            "ec29112dd5afa0611ce80d1b7f02629c",
+        ),
+    ),
+    "fashion-mnist": _idx_set(
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+        (
+            "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+            "25c81989df183df01b3e8a0aad5dffbe",
+            "bef4ecab320f06d8554ea6380940ec79",
+            "bb300cfdad3c16e7a12a480ee83cd310",
+        ),
     ),
 }
 
@@ -48,10 +80,11 @@ def cache_dir() -> Path:
 
 
 def cached_file(name: str) -> Path | None:
-    download = DOWNLOADS.get(name)
-    if download is None:
+    """The cached archive of a one-file dataset, if fetched."""
+    downloads = DOWNLOADS.get(name)
+    if not downloads:
         return None
-    path = cache_dir() / name / download.filename
+    path = cache_dir() / name / downloads[0].filename
     return path if path.exists() else None
 
 
