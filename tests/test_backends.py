@@ -256,3 +256,27 @@ def test_fields_sharing_a_table_form_one_submodel_and_backends_agree():
         out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
     for name, value in out["sequential"].state_dict().items():
         torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
+
+
+def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(caplog):
+    from dataclasses import dataclass
+
+    from .conftest import SquaredDistance
+
+    @dataclass(frozen=True)
+    class Unbatchable(SquaredDistance):
+        batchable: bool = False
+
+    dataset = make_dataset([[[0, 1]], [[1]], [[1, 2]]], table_rows=3, table="w")
+    index = SubmodelIndex.build(dataset)
+    model = Unbatchable(rows=3, w0=1.0)
+    context = AlgorithmContext(dataset, index, "clients", 3)
+    out = {}
+    for backend in ("sequential", "batched"):
+        schedule = Schedule(2, 3, 1, 1, 0.1, seed=0, dtype=torch.float64, backend=backend)
+        with caplog.at_level("WARNING", logger="fedsub"):
+            out[backend] = train(
+                model, build_algorithm("fedavg", context), dataset, index, schedule
+            )
+    assert "model Unbatchable cannot be batched; running the sequential backend" in caplog.text
+    assert torch.equal(out["batched"].tables["w"], out["sequential"].tables["w"])

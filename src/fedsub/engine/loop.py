@@ -7,6 +7,7 @@ the scheme's sampler and weighting, the local rule, control variates, the server
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
 BACKENDS = {"batched": batched.run_cohort, "sequential": sequential.run_cohort}
+LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,13 @@ def train(
             on_evaluation(evaluation)
 
     run_cohort = BACKENDS[schedule.backend]
+    if schedule.backend == "batched" and not getattr(model, "batchable", True):
+        LOG.warning(
+            "%s: model %s cannot be batched; running the sequential backend",
+            algorithm.name,
+            type(model).__name__,
+        )
+        run_cohort = BACKENDS["sequential"]
     counts = dataset.sample_counts()
     base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
     if control.resume is None:

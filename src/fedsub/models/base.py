@@ -48,6 +48,8 @@ class Model(Protocol):
     """
 
     task: Task
+    # A model whose head cannot run for a whole cohort at once (neither ``cohort_head`` nor
+    # vmap) sets ``batchable = False``; the engine then says so and runs it sequentially.
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params: ...
 
