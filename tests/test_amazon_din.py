@@ -14,7 +14,8 @@ from fedsub.data.amazon import (
 )
 from fedsub.errors import DataError
 from fedsub.models.base import Batch, forward
-from fedsub.models.din import DIN, padded
+from fedsub.models.din import DIN
+from fedsub.models.pooling import padded
 from fedsub.submodel.index import SubmodelIndex
 
 from .conftest import assert_backends_agree, assert_one_step_lowers_loss

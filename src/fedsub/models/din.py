@@ -20,24 +20,11 @@ import torch.nn.functional as F
 
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.cohort_ops import linear, single_client
-from fedsub.models.pooling import sum_pool
+from fedsub.models.pooling import padded, sum_pool
 from fedsub.submodel.params import Params
 
 ATTENTION = (80, 40, 1)
 HIDDEN = (200, 80, 2)
-
-
-def padded(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor):
-    """Ragged lookups as [n, L, d] with a [n, L] mask (L = the longest list, at least 1)."""
-    lengths = torch.diff(offsets)
-    n, longest = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1)
-    owner = torch.repeat_interleave(torch.arange(n), lengths, output_size=len(values))
-    rank = torch.arange(len(values)) - offsets[:-1].index_select(0, owner)
-    slot = owner * longest + rank
-    rows = weight.index_select(0, values)
-    out = rows.new_zeros((n * longest, weight.shape[1])).index_add(0, slot, rows)
-    mask = torch.zeros(n * longest, dtype=torch.bool).index_fill(0, slot, True)
-    return out.reshape(n, longest, -1), mask.reshape(n, longest)
 
 
 def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:

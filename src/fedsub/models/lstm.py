@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.cohort_ops import linear, single_client
-from fedsub.models.din import padded
+from fedsub.models.pooling import padded
 from fedsub.submodel.params import Params
 
 

@@ -1,4 +1,4 @@
-"""Sum pooling of ragged embedding lookups.
+"""Pooling of ragged embedding lookups: sums, or padded sequences with a mask.
 
 ``index_select`` + ``index_add`` instead of ``F.embedding_bag``: same numbers, and on CPU the
 backward pass is about 4x faster for the small submodel tables of a cohort (the gradient of
@@ -18,3 +18,16 @@ def sum_pool(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) 
     )
     gathered = weight.index_select(0, values)
     return gathered.new_zeros((samples, weight.shape[1])).index_add(0, owner, gathered)
+
+
+def padded(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor):
+    """Ragged lookups as [n, L, d] with a [n, L] mask (L = the longest list, at least 1)."""
+    lengths = torch.diff(offsets)
+    n, longest = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1)
+    owner = torch.repeat_interleave(torch.arange(n), lengths, output_size=len(values))
+    rank = torch.arange(len(values)) - offsets[:-1].index_select(0, owner)
+    slot = owner * longest + rank
+    rows = weight.index_select(0, values)
+    out = rows.new_zeros((n * longest, weight.shape[1])).index_add(0, slot, rows)
+    mask = torch.zeros(n * longest, dtype=torch.bool).index_fill(0, slot, True)
+    return out.reshape(n, longest, -1), mask.reshape(n, longest)
