@@ -133,3 +133,17 @@ def test_run_records_what_the_heat_source_guarantees(tmp_path):
     record = json.loads((out / "heat_source.json").read_text())
     assert record["source"] == "sketch" and record["width"] == 272 and record["depth"] == 5
     assert record["error_bound"]["features"] > 0
+
+
+def test_coefficients_are_computed_once_per_context(small, monkeypatch):
+    import fedsub.algorithms.registry as registry
+
+    dataset, index = small
+    calls = []
+    real = registry.estimate_heat
+    monkeypatch.setattr(registry, "estimate_heat", lambda *a: calls.append(1) or real(*a))
+    context = AlgorithmContext(dataset, index, "clients", 10, HeatPrivacy("secagg", group_size=16))
+    first = heat_coefficients(context)
+    build_algorithm("fedsubavg", context)
+    build_algorithm("fedsubavg@scheme2", context)
+    assert heat_coefficients(context) is first and len(calls) == 1

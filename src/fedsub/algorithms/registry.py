@@ -49,6 +49,8 @@ class AlgorithmContext:
     heat: heat_lib.HeatKind
     clients_per_round: int = 1
     privacy: HeatPrivacy = field(default_factory=HeatPrivacy)
+    # heat_coefficients' result, computed once: a private heat source runs a whole protocol
+    _coefficients: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,10 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
     from the heat the configured source reveals (``train.heat_source``).
 
     Estimated heat (sketch, randomized response) is clipped to [smallest client weight,
-    total] so that noise can neither divide by zero nor shrink a row below plain averaging."""
+    total] so that noise can neither divide by zero nor shrink a row below plain averaging.
+    Computed on first use and kept on the context."""
+    if context._coefficients:
+        return context._coefficients
     counts = context.dataset.sample_counts()
     total = float(counts.sum()) if context.heat == "samples" else float(len(counts))
     lowest = float(counts.min()) if context.heat == "samples" else 1.0
@@ -102,7 +107,8 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
         if context.privacy.source in ("sketch", "randomized-response"):
             row_heat = np.clip(row_heat, lowest, total)
         coefficients[table] = torch.from_numpy(heat_lib.coefficients(row_heat, total))
-    return coefficients
+    context._coefficients.update(coefficients)
+    return context._coefficients
 
 
 Builder = Callable[[AlgorithmContext, Scheme, Any], dict[str, Any]]
