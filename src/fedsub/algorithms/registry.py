@@ -16,7 +16,6 @@ Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``,
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,7 +218,3 @@ def build_algorithm(name: str, context: AlgorithmContext, options: Any = None) -
     scheme = SCHEMES[scheme_name]
     fields = {"make_server": _sgd, **builder(context, scheme, options)}
     return Algorithm(name=name, scheme=scheme, lr=options.lr, **fields)
-
-
-def default_options(base: str) -> Any:
-    return dataclasses.replace(options_class(base)())

@@ -71,10 +71,6 @@ class Ragged:
         base = self.offsets[start]
         return Ragged(self.values[base : self.offsets[stop]], self.offsets[start : stop + 1] - base)
 
-    def map_values(self, mapping: np.ndarray) -> Ragged:
-        """The same layout with every id ``v`` replaced by ``mapping[v]``."""
-        return Ragged(mapping[self.values], self.offsets)
-
     @staticmethod
     def concat(parts: list[Ragged]) -> Ragged:
         values = np.concatenate([p.values for p in parts]) if parts else np.zeros(0, np.int64)
