@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import settings
 
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.submodel.params import Params
+
+# CI runs the same examples every time (a red CI is then a real regression, reproducible
+# locally); `HYPOTHESIS_PROFILE=explore pytest` searches fresh random examples on each run.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def make_dataset(

@@ -153,3 +153,9 @@ def test_small_cnn_learns_and_both_backends_agree(tmp_path):
     assert_one_step_lowers_loss(model, params, batch, lr=0.05)
     index = SubmodelIndex.build(dataset)
     assert_backends_agree(model, dataset, index, "fedprox", 3, rounds=2, lr=0.05)
+
+
+def test_k_labels_refuses_a_label_too_rare_to_share():
+    labels = np.array([0] * 39 + [1])  # label 1 has one sample but both clients must hold it
+    with pytest.raises(DataError, match="label 1 has 1 samples but 2 clients"):
+        partition.k_labels(labels, 2, 2, np.random.default_rng(0))

@@ -76,6 +76,11 @@ def k_labels(
     parts: list[list[np.ndarray]] = [[] for _ in range(clients)]
     for label, owners in holders.items():
         members = rng.permutation(np.flatnonzero(labels == label))
+        if len(members) < len(owners):
+            raise DataError(
+                f"k_labels: label {label} has {len(members)} samples but {len(owners)} "
+                "clients must each get some; use fewer clients or a smaller k"
+            )
         for c, piece in zip(owners, np.array_split(members, len(owners)), strict=True):
             parts[c].append(piece)
     return _check([np.concatenate(p) for p in parts], "k_labels partition")
