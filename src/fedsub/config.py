@@ -20,7 +20,8 @@ from typing import Any
 from fedsub.algorithms.registry import algorithm_names, options_class, split_name
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.errors import ConfigError
-from fedsub.models.registry import model_names
+from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
+from fedsub.models.registry import SLICEABLE, model_names
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class ModelConfig:
     name: str = field(default="sparse-lr", metadata={"choices": model_names})
     init_std: float = field(default=0.0, metadata={"min": 0.0})
     embedding_dim: int = field(default=16, metadata={"min": 1})  # embedding-lr
+    # mlp / cnn / resnet18: hidden widths (empty: the model's default), HeteroFL's scaler
+    widths: list[int] = field(default_factory=list, metadata={"min": 1})
+    scaler: bool = True
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,18 @@ class TrainConfig:
     sketch_delta: float = field(default=0.01, metadata={"min_exclusive": 0.0, "max": 0.5})
     secagg_group: int = field(default=50, metadata={"min": 2})
     max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
+    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    # sub-model training on width-sliceable models (seed 003; fedsub.masking)
+    masking: str = field(default="none", metadata={"choices": lambda: list(MASKING_SCHEMES)})
+    capacities: list[float] = field(
+        default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625],
+        metadata={"min_exclusive": 0.0, "max": 1.0, "nonempty": True},
+    )
+    capacity_proportions: list[float] = field(default_factory=list, metadata={"min_exclusive": 0.0})
+    capacity_assignment: str = field(
+        default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
+    )
+    mask_average: str = field(default="trainers", metadata={"choices": lambda: ["trainers", "all"]})
 
 
 @dataclass(frozen=True)
@@ -206,13 +222,40 @@ def parse(raw: dict[str, Any]) -> Config:
         {k: v for k, v in data_raw.items() if k not in common},
         context=f" (neither a common key nor an option of dataset {data.name!r})",
     )
-    return Config(
+    config = Config(
         data=dataclasses.replace(data, options=options),
         model=parse_section(ModelConfig, "model", raw.get("model", {})),
         train=parse_section(TrainConfig, "train", raw.get("train", {})),
         eval=parse_section(EvalConfig, "eval", raw.get("eval", {})),
         algorithms=parse_algorithms(raw.get("algorithms", {})),
     )
+    check_masking(config)
+    return config
+
+
+def check_masking(config: Config) -> None:
+    """Sub-model masking needs a width-sliceable model and per-client state-free algorithms."""
+    t = config.train
+    if t.capacity_proportions and len(t.capacity_proportions) != len(t.capacities):
+        raise ConfigError(
+            f"train.capacity_proportions has {len(t.capacity_proportions)} entries but "
+            f"train.capacities has {len(t.capacities)}; give one proportion per capacity"
+        )
+    if t.masking == "none":
+        return
+    if config.model.name not in SLICEABLE:
+        raise ConfigError(
+            f"train.masking = {t.masking!r} needs a width-sliceable model "
+            f"({', '.join(SLICEABLE)}); model.name is {config.model.name!r}"
+        )
+    for name in t.algorithms:
+        base, _ = split_name(name)
+        if base.startswith("scaffold") or base == "central-sgd":
+            raise ConfigError(
+                f"train.masking = {t.masking!r} cannot be combined with algorithm {name!r} "
+                "(its client or server state is full-model); use fedavg, fedprox or an "
+                "adaptive server optimizer"
+            )
 
 
 def parse_algorithms(raw: dict[str, Any]) -> dict[str, Any]:

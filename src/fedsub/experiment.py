@@ -23,6 +23,8 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.schedule import DTYPES, Schedule
 from fedsub.errors import FedsubError
+from fedsub.masking.capacity import Capacities
+from fedsub.masking.schemes import Masking
 from fedsub.models.registry import build_model
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.report import (
@@ -123,6 +125,16 @@ def schedule_of(config: Config) -> Schedule:
         lr_decay=t.lr_decay,
         weight_decay=t.weight_decay,
         clip_norm=t.clip_norm,
+        momentum=t.momentum,
+        masking=Masking(
+            t.masking,  # type: ignore[arg-type]
+            Capacities(
+                tuple(t.capacities),
+                tuple(t.capacity_proportions),
+                t.capacity_assignment,  # type: ignore[arg-type]
+            ),
+            t.mask_average,  # type: ignore[arg-type]
+        ),
     )
 
 

@@ -104,6 +104,7 @@ def run_cohort(
     corrections = None
     if work.corrections is not None:
         corrections = [*work.corrections.tables.values(), *work.corrections.dense.values()]
+    buffers = [torch.zeros_like(x) for x in leaves] if rule.momentum else None
     per_step = k * batch
     for step in range(steps):
         step_ids = {}
@@ -118,7 +119,7 @@ def run_cohort(
         total = model.loss(flat, labels[step].reshape(-1)) * k
         grads = list(torch.autograd.grad(total, leaves))
         with torch.no_grad():
-            _apply_rule(rule, leaves, grads, anchors, owners, leaf_lr, corrections, k)
+            _apply_rule(rule, leaves, grads, anchors, owners, leaf_lr, corrections, buffers, k)
 
     with torch.no_grad():
         return CohortUpdate(
@@ -140,6 +141,7 @@ def _apply_rule(
     owners: list[torch.Tensor | None],
     leaf_lr: list[torch.Tensor],
     corrections: list[torch.Tensor] | None,
+    buffers: list[torch.Tensor] | None,
     k: int,
 ) -> None:
     """``LocalRule`` for every member at once (see fedsub.engine.local_rule)."""
@@ -159,5 +161,9 @@ def _apply_rule(
         grads = [g + rule.weight_decay * x for g, x in zip(grads, leaves, strict=True)]
     if corrections is not None:
         grads = [g + c for g, c in zip(grads, corrections, strict=True)]
+    if buffers is not None:
+        for b, g in zip(buffers, grads, strict=True):
+            b.mul_(rule.momentum).add_(g)
+        grads = buffers
     for x, g, lr in zip(leaves, grads, leaf_lr, strict=True):
         x.sub_(lr * g)

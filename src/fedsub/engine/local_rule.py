@@ -6,7 +6,8 @@ At every local step, with ``x0`` the pulled model::
     g = g * min(1, clip_norm / (||g|| + 1e-6))           per client, when clip_norm > 0
     g = g + weight_decay * x                              as torch.optim.SGD(weight_decay)
     g = g + correction                                    SCAFFOLD's c - c_i
-    x = x - lr_k * g                                      lr_k = round lr * member's lr scale
+    b = momentum * b + g  (b = 0 at the round's start)    as torch.optim.SGD(momentum)
+    x = x - lr_k * b                                      lr_k = round lr * member's lr scale
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class LocalRule:
     mu: float = 0.0
     weight_decay: float = 0.0
     clip_norm: float = 0.0
+    momentum: float = 0.0
 
 
 @dataclass(frozen=True)

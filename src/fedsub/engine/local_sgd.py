@@ -26,6 +26,7 @@ def local_sgd(
     tensors = params.tensors()
     anchor = [t.clone() for t in tensors] if rule.mu else None
     offsets = correction.tensors() if correction is not None else None
+    buffers = [torch.zeros_like(t) for t in tensors] if rule.momentum else None
     dtype = tensors[0].dtype
     for t in tensors:
         t.requires_grad_(True)
@@ -45,6 +46,10 @@ def local_sgd(
                 grads = [g + rule.weight_decay * t for g, t in zip(grads, tensors, strict=True)]
             if offsets is not None:
                 grads = [g + c for g, c in zip(grads, offsets, strict=True)]
+            if buffers is not None:
+                for b, g in zip(buffers, grads, strict=True):
+                    b.mul_(rule.momentum).add_(g)
+                grads = buffers
             for t, g in zip(tensors, grads, strict=True):
                 t.sub_(lr * g)
     for t in tensors:

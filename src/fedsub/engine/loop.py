@@ -7,6 +7,7 @@ the scheme's sampler and weighting, the local rule, control variates, the server
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -17,17 +18,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedsub.algorithms.aggregation import ServerUpdate, aggregate
+from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
-from fedsub.engine import batched, seeding, sequential
+from fedsub.engine import batched, masked, seeding, sequential
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection, screen
 from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.sampling import sample_cohort
 from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -86,6 +88,31 @@ def _touched_finite(params: Params, update: ServerUpdate) -> bool:
         for t, u in update.tables.items()
     )
     return rows_ok and all(bool(torch.isfinite(p).all()) for p in params.dense.values())
+
+
+def round_stages(
+    model: Model, algorithm: Algorithm, schedule: Schedule, params: Params
+) -> tuple[Callable, Callable]:
+    """The round's client work (the configured backend, on width slices when masking) and how
+    its updates become the server's update."""
+    backend = schedule.backend
+    if backend == "batched" and not getattr(model, "batchable", True):
+        LOG.warning(
+            "%s: model %s cannot be batched; running the sequential backend",
+            algorithm.name,
+            type(model).__name__,
+        )
+        backend = "sequential"
+    run_cohort = BACKENDS[backend]
+    masking = schedule.masking
+    if masking is None or masking.scheme == "none":
+        return run_cohort, lambda update: aggregate(update, algorithm.aggregation)
+
+    def combine(update: MaskedCohortUpdate) -> ServerUpdate:
+        weights = aggregation_weights(update, algorithm.aggregation)  # type: ignore[arg-type]
+        return aggregate_slices(update, weights, params.dense, masking.average_over)
+
+    return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
 
 
 class Interrupted(Exception):
@@ -183,14 +210,7 @@ def train(
         if on_evaluation is not None:
             on_evaluation(evaluation)
 
-    run_cohort = BACKENDS[schedule.backend]
-    if schedule.backend == "batched" and not getattr(model, "batchable", True):
-        LOG.warning(
-            "%s: model %s cannot be batched; running the sequential backend",
-            algorithm.name,
-            type(model).__name__,
-        )
-        run_cohort = BACKENDS["sequential"]
+    run_cohort, combine = round_stages(model, algorithm, schedule, params)
     counts = dataset.sample_counts()
     base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
     if control.resume is None:
@@ -205,7 +225,11 @@ def train(
             lr_scale = counts[cohort.clients] / counts.sum() * dataset.num_clients
         work = CohortWork(
             LocalRule(
-                lr_at(base_lr, schedule, r), algorithm.mu, schedule.weight_decay, schedule.clip_norm
+                lr_at(base_lr, schedule, r),
+                algorithm.mu,
+                schedule.weight_decay,
+                schedule.clip_norm,
+                schedule.momentum,
             ),
             lr_scale,
             None if variates is None else variates.corrections(cohort),
@@ -218,7 +242,7 @@ def train(
         if rejected and kept:
             update, work = update.select(kept), work.select(kept)
         if kept:
-            server_update = aggregate(update, algorithm.aggregation)
+            server_update = combine(update)
             if not server_update.is_finite():
                 raise Diverged(algorithm.name, r, "the aggregate is not finite", last_checkpoint)
             server.apply(params, server_update)

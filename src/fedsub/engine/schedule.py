@@ -7,6 +7,8 @@ from typing import Literal
 
 import torch
 
+from fedsub.masking.schemes import Masking
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 Backend = Literal["batched", "sequential"]
 LrSchedule = Literal["constant", "inverse-round", "exponential"]
@@ -27,6 +29,8 @@ class Schedule:
     lr_decay: float = 0.999
     weight_decay: float = 0.0
     clip_norm: float = 0.0
+    momentum: float = 0.0
+    masking: Masking | None = None  # width-sliced sub-model training (seed 003)
 
 
 def lr_at(base: float, schedule: Schedule, round_index: int) -> float:

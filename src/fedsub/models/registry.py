@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from fedsub.data.federated import FederatedDataset
+from fedsub.errors import ConfigError
 from fedsub.models.base import Model
 from fedsub.models.cnn import SmallCNN
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.lstm import LSTMClassifier
+from fedsub.models.mlp import MLP
+from fedsub.models.resnet import PreActResNet18
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
+
+
+def _classes(dataset: FederatedDataset) -> int:
+    return int(max(dataset.train.labels.max(), dataset.test.labels.max(initial=0))) + 1
+
+
+def _side(dataset: FederatedDataset) -> int:
+    """The side of the square grey images stored as dense pixels."""
+    side = math.isqrt(dataset.train.dense_dim)
+    if side == 0 or side * side != dataset.train.dense_dim:
+        raise ConfigError(
+            f"model: {dataset.name} has {dataset.train.dense_dim} dense features per sample, "
+            "not the pixels of a square image"
+        )
+    return side
+
 
 _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "sparse-lr": lambda ds, opts: SparseLogisticRegression(
@@ -28,7 +48,23 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     ),
     "lstm": lambda ds, opts: LSTMClassifier(table_rows=dict(ds.table_rows)),
     "cnn": lambda ds, opts: SmallCNN(
-        classes=int(max(ds.train.labels.max(), ds.test.labels.max(initial=0))) + 1
+        classes=_classes(ds),
+        side=_side(ds),
+        channels=tuple(opts.get("widths") or (16, 32)),  # type: ignore[arg-type]
+        scaler=opts.get("scaler", True),
+    ),
+    "mlp": lambda ds, opts: MLP(
+        inputs=ds.train.dense_dim,
+        classes=_classes(ds),
+        hidden=tuple(opts.get("widths") or (200, 200)),
+        scaler=opts.get("scaler", True),
+    ),
+    "resnet18": lambda ds, opts: PreActResNet18(
+        classes=_classes(ds),
+        side=_side(ds),
+        in_channels=1,
+        widths=tuple(opts.get("widths") or (64, 128, 256, 512)),  # type: ignore[arg-type]
+        scaler=opts.get("scaler", True),
     ),
     "embedding-lr": lambda ds, opts: EmbeddingLogisticRegression(
         table_rows=dict(ds.table_rows),
@@ -39,9 +75,10 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     ),
     "softmax-regression": lambda ds, opts: SoftmaxRegression(
         dense_dim=ds.train.dense_dim,
-        classes=int(max(ds.train.labels.max(), ds.test.labels.max(initial=0))) + 1,
+        classes=_classes(ds),
     ),
 }
+SLICEABLE = ("cnn", "mlp", "resnet18")  # width-sliceable: usable with train.masking
 
 
 def model_names() -> list[str]:

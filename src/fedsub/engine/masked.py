@@ -1,0 +1,112 @@
+"""Client work on width slices: each member trains the slice its capacity and the masking
+scheme give it, on the sequential or batched backend.
+
+Members that train the same slice (equal capacity under static, rolling and shuffled masking)
+form one group and run as one cohort of the inner backend, on a model narrowed to that slice;
+random and Bernoulli slices are per member. The local rule, the batch schedule of each client
+and the aggregation weights are exactly those of full-model training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedsub.data.federated import FederatedDataset
+from fedsub.engine.local_rule import CohortWork
+from fedsub.engine.sampling import Cohort
+from fedsub.engine.schedule import Schedule
+from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, masked_deltas
+from fedsub.masking.schemes import Masking, plan
+from fedsub.models.base import Features, Ids, Model
+from fedsub.models.width import CoordinateMask
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import CohortUpdate
+
+RunCohort = Callable[..., CohortUpdate]
+
+
+@dataclass(frozen=True)
+class MaskedForward:
+    """A model evaluated at ``mask * x`` (Bernoulli masking), so gradients vanish off the mask."""
+
+    model: Model
+    masks: dict[str, torch.Tensor]
+
+    @property
+    def task(self):
+        return self.model.task
+
+    def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
+        return self.model.embed(tables, ids)
+
+    def head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
+        masked = {n: p * self.masks[n].to(p.dtype) for n, p in dense.items()}
+        return self.model.head(masked, features, dense_inputs)
+
+    def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model.loss(outputs, labels)
+
+
+def run_cohort(
+    model: Model,
+    global_params: Params,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    cohort: Cohort,
+    round_index: int,
+    schedule: Schedule,
+    work: CohortWork,
+    masking: Masking,
+    inner: RunCohort,
+) -> MaskedCohortUpdate:
+    slicing = model.slicing  # type: ignore[attr-defined]
+    shapes = {n: p.shape for n, p in global_params.dense.items()}
+    if masking.scheme == "none":
+        capacities = np.ones(len(cohort))
+    else:
+        capacities = masking.capacities.of(
+            schedule.seed, round_index, cohort.clients, dataset.num_clients
+        )
+    slices = [
+        plan(masking.scheme, slicing, shapes, float(c), round_index, schedule.seed, int(k))
+        for k, c in zip(cohort.clients, capacities, strict=True)
+    ]
+    by_slice: dict[tuple, list[int]] = {}
+    for position, piece in enumerate(slices):
+        by_slice.setdefault(piece.key(), []).append(position)
+
+    groups = []
+    for members in by_slice.values():
+        piece = slices[members[0]]
+        if isinstance(piece, CoordinateMask):
+            narrowed: Model = MaskedForward(model, piece.masks)
+        else:
+            narrowed = model.at_capacity(piece.capacity)  # type: ignore[attr-defined]
+        sub_params = Params({}, piece.extract(global_params.dense))
+        sub_cohort = Cohort(cohort.clients[members], cohort.multiplicity[members])
+        update = inner(
+            narrowed,
+            sub_params,
+            dataset,
+            index,
+            sub_cohort,
+            round_index,
+            schedule,
+            work.select(members),
+        )
+        if isinstance(piece, CoordinateMask):
+            update.dense_deltas = masked_deltas(piece, update.dense_deltas)
+        groups.append(SliceGroup(members, piece, update))
+    return MaskedCohortUpdate(
+        clients=torch.from_numpy(cohort.clients),
+        weights=torch.from_numpy(dataset.sample_counts()[cohort.clients].astype(np.float64)),
+        multiplicity=torch.from_numpy(cohort.multiplicity),
+        groups=groups,
+    )
