@@ -31,6 +31,7 @@ from fedsub.report import (
     JsonLines,
     MetricsLog,
     Target,
+    metrics_table,
     plot_curves,
     read_metrics,
     rounds_cell,
@@ -305,8 +306,20 @@ def sweep(
         cells = [rounds_cell(result["rounds_to_target"][n][v], rounds[v]) for v in values]
         lines.append(f"| {n} | {' | '.join(cells)} |")
     targets = [f"{key}={v}: {_describe(result['targets'][v])}" for v in values]
-    lines += ["", "Targets: " + "; ".join(targets)]
+    lines += ["", "Targets: " + "; ".join(targets), ""]
+    rows = [
+        (n, v, o.summary["algorithms"][n], rounds[v])
+        for v, o in outcomes.items()
+        for n in o.summary["algorithms"]
+    ]
+    lines += metrics_table(rows, ["algorithm", key])
     markdown = "\n".join(lines) + "\n"
+    histories = {
+        f"{n} {key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
+        for v, o in outcomes.items()
+        for n in o.summary["algorithms"]
+    }
+    plot_curves(histories, out_dir / "curves.png", f"sweep of {key}")
     write_atomic(out_dir / "sweep.json", json.dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
     return Outcome(result, markdown, out_dir)

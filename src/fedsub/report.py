@@ -15,14 +15,16 @@ from safetensors.torch import save_file
 
 from fedsub.engine.loop import Evaluation
 
-CURVE_METRICS = (("train_loss", "train loss"), ("test_auc", "test AUC"))
+CURVE_METRICS = (("train_loss", "train loss"), ("test_loss", "test loss"), ("test_auc", "test AUC"))
 CURVE_FALLBACK = ("test_accuracy", "test accuracy")  # when no AUC (multiclass)
 # (metric, column title, also show the best value)
 TABLE_METRICS = (
     ("train_loss", "train loss", False),
     ("test_loss", "test loss", False),
-    ("test_accuracy", "test accuracy", False),
+    ("test_accuracy", "test accuracy", True),
     ("test_auc", "test AUC", True),
+    ("gap_loss", "gap loss (train - test)", False),
+    ("gap_accuracy", "gap accuracy (train - test)", False),
 )
 
 
@@ -152,23 +154,30 @@ def summary_markdown(result: dict, target: Target, rounds: int) -> str:
         f"| rounds to target | {' | '.join(cells)} |",
         "",
     ]
+    rows = [(name, entry, rounds) for name, entry in result["algorithms"].items()]
+    return "\n".join(lines + metrics_table(rows, ["algorithm"])) + "\n"
+
+
+def metrics_table(rows: list[tuple], labels: list[str]) -> list[str]:
+    """Markdown lines: per row (its label cells..., summary entry, rounds) the rounds to target
+    and the final (and best) value of every metric some row has."""
     shown = [
         (m, title, with_best)
         for m, title, with_best in TABLE_METRICS
-        if any(m in e["final"] for e in result["algorithms"].values())
+        if any(m in row[-2]["final"] for row in rows)
     ]
-    columns = ["algorithm", "rounds to target"]
+    columns = [*labels, "rounds to target"]
     for _, title, with_best in shown:
         columns += [f"final {title}"] + ([f"best {title}"] if with_best else [])
-    lines += [f"| {' | '.join(columns)} |", "|---|" + "---:|" * (len(columns) - 1)]
-    for name, entry in result["algorithms"].items():
-        cells = [name, rounds_cell(entry["rounds_to_target"], rounds)]
+    lines = [f"| {' | '.join(columns)} |", "|---|" + "---:|" * (len(columns) - 1)]
+    for *label, entry, rounds in rows:
+        cells = [*label, rounds_cell(entry["rounds_to_target"], rounds)]
         for metric, _, with_best in shown:
             cells.append(f"{entry['final'].get(metric, math.nan):.4f}")
             if with_best:
                 cells.append(f"{entry['best'].get(metric, math.nan):.4f}")
         lines.append(f"| {' | '.join(cells)} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot_curves(histories: dict[str, list[Evaluation]], path: Path, title: str) -> None:

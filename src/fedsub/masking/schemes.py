@@ -31,7 +31,7 @@ from fedsub.models.width import ChannelSlice, CoordinateMask, Slicing, SubmodelS
 
 MaskingScheme = Literal["none", "static", "rolling", "shuffled", "random", "bernoulli"]
 SCHEMES: tuple[str, ...] = ("none", "static", "rolling", "shuffled", "random", "bernoulli")
-SHUFFLE, RANDOM = 7, 8  # seeding purposes
+SHUFFLE, RANDOM, BERNOULLI = 7, 8, 9  # seeding purposes
 AverageOver = Literal["trainers", "all"]
 
 
@@ -78,7 +78,7 @@ def channels(
 def bernoulli_mask(
     shapes: dict[str, torch.Size], p: float, seed: int, round_index: int, client: int
 ) -> CoordinateMask:
-    generator = seeding.rng(seed, RANDOM, round_index, client, -1)
+    generator = seeding.rng(seed, BERNOULLI, round_index, client)
     masks = {n: torch.from_numpy(generator.random(tuple(s)) < p) for n, s in shapes.items()}
     return CoordinateMask(masks, p)
 

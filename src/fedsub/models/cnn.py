@@ -29,6 +29,10 @@ class SmallCNN:
     scaler: bool = True
     task: Task = "multiclass"
 
+    def __post_init__(self) -> None:
+        if self._pooled_side < 1:
+            raise ValueError(f"the CNN needs images of side >= 16, got {self.side}")
+
     @property
     def _pooled_side(self) -> int:
         return ((self.side - 4) // 2 - 4) // 2

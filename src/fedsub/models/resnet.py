@@ -32,7 +32,7 @@ class PreActResNet18:
     widths: tuple[int, int, int, int] = (64, 128, 256, 512)
     capacity: float = 1.0
     scaler: bool = True
-    batchable: bool = False  # BatchNorm over a vmapped cohort is not supported; sequential
+    eval_batch: int = 256  # evaluation batches (BatchNorm uses each batch's statistics)
     task: Task = "multiclass"
 
     def _blocks(self):
