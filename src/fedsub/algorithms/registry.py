@@ -32,7 +32,7 @@ from fedsub.algorithms.server_optimizer import (
     ServerYogi,
     TorchServerOptimizer,
 )
-from fedsub.data.federated import FederatedDataset
+from fedsub.data.federated import Population
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
@@ -41,9 +41,11 @@ from fedsub.submodel.params import Params
 
 @dataclass(frozen=True)
 class AlgorithmContext:
-    """What building an algorithm may look at: data layout, heat definition, cohort size."""
+    """What building an algorithm may look at: client sizes and index sets, heat definition,
+    cohort size. ``dataset`` is the federation as the server knows it (a ``FederatedDataset``
+    in simulation, the clients' reports on Flower); only ``index.rows`` is read."""
 
-    dataset: FederatedDataset
+    dataset: Population
     index: SubmodelIndex
     heat: heat_lib.HeatKind
     clients_per_round: int = 1

@@ -8,6 +8,7 @@ The test set is pooled (the papers evaluate the global model on a central test s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -61,6 +62,32 @@ class SampleSet:
             labels=np.concatenate([p.labels for p in parts]),
             dense=None if dense[0] is None else np.concatenate(dense),
         )
+
+
+class Population(Protocol):
+    """What a server may know of a federation without its data: table sizes, client sizes."""
+
+    table_rows: dict[str, int]
+
+    @property
+    def num_clients(self) -> int: ...
+
+    def sample_counts(self) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ClientSizes:
+    """A ``Population`` reported by the clients themselves (e.g. a Flower query round)."""
+
+    table_rows: dict[str, int]
+    counts: np.ndarray
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.counts)
+
+    def sample_counts(self) -> np.ndarray:
+        return self.counts
 
 
 @dataclass(frozen=True)

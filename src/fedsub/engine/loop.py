@@ -27,7 +27,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection, screen
 from fedsub.engine.local_rule import CohortWork, LocalRule
-from fedsub.engine.sampling import sample_cohort
+from fedsub.engine.sampling import Cohort, sample_cohort
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
@@ -88,6 +88,25 @@ def _touched_finite(params: Params, update: ServerUpdate) -> bool:
         for t, u in update.tables.items()
     )
     return rows_ok and all(bool(torch.isfinite(p).all()) for p in params.dense.values())
+
+
+def round_work(
+    algorithm: Algorithm, schedule: Schedule, counts: np.ndarray, cohort: Cohort, round_index: int
+) -> CohortWork:
+    """The round's local rule and each member's lr scale (transformed Scheme II scales the
+    lr by p_k N); SCAFFOLD's corrections are added by the caller."""
+    lr_scale = np.ones(len(cohort))
+    if algorithm.scheme.scale_lr_by_pn:
+        lr_scale = counts[cohort.clients] / counts.sum() * len(counts)
+    base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
+    rule = LocalRule(
+        lr_at(base_lr, schedule, round_index),
+        algorithm.mu,
+        schedule.weight_decay,
+        schedule.clip_norm,
+        schedule.momentum,
+    )
+    return CohortWork(rule, lr_scale)
 
 
 def round_stages(
@@ -212,7 +231,6 @@ def train(
 
     run_cohort, combine = round_stages(model, algorithm, schedule, params)
     counts = dataset.sample_counts()
-    base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
     if control.resume is None:
         evaluate(0)
     for r in range(first_round, schedule.rounds + 1):
@@ -220,20 +238,9 @@ def train(
         cohort = sample_cohort(
             algorithm.scheme.sampling, schedule.seed, r, counts, schedule.clients_per_round
         )
-        lr_scale = np.ones(len(cohort))
-        if algorithm.scheme.scale_lr_by_pn:
-            lr_scale = counts[cohort.clients] / counts.sum() * dataset.num_clients
-        work = CohortWork(
-            LocalRule(
-                lr_at(base_lr, schedule, r),
-                algorithm.mu,
-                schedule.weight_decay,
-                schedule.clip_norm,
-                schedule.momentum,
-            ),
-            lr_scale,
-            None if variates is None else variates.corrections(cohort),
-        )
+        work = round_work(algorithm, schedule, counts, cohort, r)
+        if variates is not None:
+            work = dataclasses.replace(work, corrections=variates.corrections(cohort))
         update = run_cohort(model, params, dataset, index, cohort, r, schedule, work)
         kept, rejected = screen(update, r, control.max_update_norm)
         for rejection in rejected:

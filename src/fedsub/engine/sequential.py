@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsub.data.federated import FederatedDataset
-from fedsub.engine.local_rule import CohortWork
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
@@ -19,6 +19,30 @@ from fedsub.models.base import Model
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull, push
+
+
+def train_submodel(
+    model: Model,
+    pulled: Params,
+    samples: SampleSet,
+    client: int,
+    round_index: int,
+    schedule: Schedule,
+    rule: LocalRule,
+    lr: float,
+    correction: Params | None = None,
+) -> Params:
+    """A client's local steps on its pulled submodel (a copy is trained): its batches come
+    from the counter-based schedule of (seed, round, client), wherever it runs."""
+    order = cohort_schedules(
+        schedule.seed,
+        round_index,
+        np.array([client]),
+        np.array([len(samples)]),
+        schedule.local_steps,
+        schedule.batch_size,
+    )[0]
+    return local_sgd(model, pulled.clone(), samples, order, rule, lr, correction)
 
 
 def client_round(
@@ -38,17 +62,11 @@ def client_round(
     rows = {t: torch.from_numpy(index.client_rows(t, client)) for t in dataset.table_rows}
     pulled = pull(global_params, rows)
     samples = index.client_samples(dataset, client)
-    order = cohort_schedules(
-        schedule.seed,
-        round_index,
-        np.array([client]),
-        np.array([len(samples)]),
-        schedule.local_steps,
-        schedule.batch_size,
-    )[0]
     correction = None if work.corrections is None else work.corrections.member(member)
     lr = work.rule.lr * float(work.lr_scale[member])
-    trained = local_sgd(model, pulled.clone(), samples, order, work.rule, lr, correction)
+    trained = train_submodel(
+        model, pulled, samples, client, round_index, schedule, work.rule, lr, correction
+    )
     return push(client, float(len(samples)), rows, pulled, trained)
 
 

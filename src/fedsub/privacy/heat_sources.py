@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsub.data.federated import FederatedDataset
+from fedsub.data.federated import Population
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.secagg import secure_sum
 from fedsub.privacy.sketch import CountMinSketch
@@ -35,7 +35,7 @@ class HeatPrivacy:
     seed: int = 0
 
 
-def _client_values(dataset: FederatedDataset, kind: heat_lib.HeatKind) -> np.ndarray:
+def _client_values(dataset: Population, kind: heat_lib.HeatKind) -> np.ndarray:
     counts = dataset.sample_counts()
     return np.ones_like(counts) if kind == "clients" else counts
 
@@ -51,7 +51,7 @@ def grouped_secure_sum(vectors: list[np.ndarray], group_size: int) -> np.ndarray
 
 
 def estimate_heat(
-    dataset: FederatedDataset,
+    dataset: Population,
     index: SubmodelIndex,
     kind: heat_lib.HeatKind,
     privacy: HeatPrivacy,
@@ -94,7 +94,7 @@ def estimate_heat(
 
 
 def describe(
-    dataset: FederatedDataset, index: SubmodelIndex, kind: heat_lib.HeatKind, privacy: HeatPrivacy
+    dataset: Population, index: SubmodelIndex, kind: heat_lib.HeatKind, privacy: HeatPrivacy
 ) -> dict:
     """What the chosen source guarantees, for the run's record (``heat_source.json``)."""
     values = _client_values(dataset, kind)
