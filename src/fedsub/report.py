@@ -43,6 +43,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """A safetensors file written via a temp file and rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:

@@ -1,0 +1,1 @@
+"""FedSubAvg on Flower with fedsub."""

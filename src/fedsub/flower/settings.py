@@ -1,0 +1,77 @@
+"""The settings of a fedsub run on Flower, read from a Flower run config.
+
+Keys of ``[tool.flwr.app.config]`` (all optional):
+
+- ``config``: path of a fedsub TOML config ("" = fedsub's embedded default);
+- ``set``: fedsub overrides, ``section.key=value`` separated by ``;``;
+- ``algorithm``: which of the config's algorithms to run (default: the last one listed);
+- ``payload``: ``submodel`` (rows S(k) only) or ``full`` (every row, as stock FedAvg would);
+- ``min-replies``: fewest replies with which a round still updates the model (default 1);
+- ``round-timeout``: seconds to wait for a round's replies (default 600);
+- ``eval-every``: evaluate the global model on the test set every n rounds (0 = never);
+- ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model;
+- ``train-delay``: seconds each node waits before replying (to test faults; default 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from fedsub import config as config_lib
+from fedsub.config import Config
+from fedsub.errors import ConfigError
+
+Payload = Literal["submodel", "full"]
+
+
+@dataclass(frozen=True)
+class FlowerSettings:
+    config: str = ""
+    overrides: tuple[str, ...] = field(default_factory=tuple)
+    algorithm: str = ""
+    payload: Payload = "submodel"
+    min_replies: int = 1
+    round_timeout: float = 600.0
+    eval_every: int = 0
+    out_dir: str = ""
+    train_delay: float = 0.0
+
+    @staticmethod
+    def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
+        known = {
+            "config", "set", "algorithm", "payload", "min-replies", "round-timeout",
+            "eval-every", "out-dir", "train-delay",
+        }  # fmt: skip
+        unknown = sorted(set(run_config) - known)
+        if unknown:
+            allowed = ", ".join(sorted(known))
+            raise ConfigError(f"Flower run config: unknown key {unknown[0]!r}; allowed: {allowed}")
+        payload = str(run_config.get("payload", "submodel"))
+        if payload not in ("submodel", "full"):
+            raise ConfigError(f"Flower run config: payload = {payload!r}; use submodel or full")
+        text = str(run_config.get("set", ""))
+        return FlowerSettings(
+            config=str(run_config.get("config", "")),
+            overrides=tuple(part.strip() for part in text.split(";") if part.strip()),
+            algorithm=str(run_config.get("algorithm", "")),
+            payload=payload,  # type: ignore[arg-type]
+            min_replies=int(run_config.get("min-replies", 1)),
+            round_timeout=float(run_config.get("round-timeout", 600.0)),
+            eval_every=int(run_config.get("eval-every", 0)),
+            out_dir=str(run_config.get("out-dir", "")),
+            train_delay=float(run_config.get("train-delay", 0.0)),
+        )
+
+    def fedsub_config(self) -> Config:
+        return config_lib.load(Path(self.config) if self.config else None, self.overrides)
+
+    def algorithm_name(self, config: Config) -> str:
+        name = self.algorithm or config.train.algorithms[-1]
+        if name.partition("@")[0] in ("scaffold", "central-sgd"):
+            raise ConfigError(
+                f"algorithm {name!r} keeps per-client state or pools the data; on Flower use "
+                "fedavg, fedsubavg, fedprox, scaffold-approx or an adaptive server optimizer"
+            )
+        return name

@@ -1,0 +1,271 @@
+"""A Flower strategy for federated submodel training (FedSubAvg, FedAvg and the rest).
+
+Before round 1 a query round asks every node for its partition id, its sample count and its
+index sets S(k) (in the clear: the heat counts n_m follow from them; fedsub's secure
+aggregation computes the same counts without revealing any S(k), see fedsub.privacy). Then each
+round:
+
+- ``configure_train``: the cohort is fedsub's (same seed, same clients as the in-process
+  engine); each sampled node gets one Message with its rows X[S(k)], the dense parameters and
+  the round's local rule;
+- ``aggregate_train``: the replies' row deltas go through fedsub's screening, aggregator (heat
+  coefficients over all clients) and server optimizer. A node that fails or times out is left
+  out: the round's mean is over the replies received, if there are at least ``min_replies``.
+
+Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedsub.algorithms.aggregation import aggregate
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.data.federated import ClientSizes
+from fedsub.data.ragged import Ragged
+from fedsub.engine.guards import screen
+from fedsub.engine.loop import round_work
+from fedsub.engine.sampling import Cohort, sample_cohort
+from fedsub.engine.schedule import Schedule
+from fedsub.errors import FedsubError
+from fedsub.flower.records import read_deltas, submodel_record
+from fedsub.flower.settings import Payload
+from fedsub.submodel.heat import HeatKind
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull
+
+LOG = logging.getLogger("fedsub")
+
+
+class SubmodelStrategy(Strategy):
+    """Sends nodes their submodels and aggregates row deltas with a fedsub algorithm."""
+
+    def __init__(
+        self,
+        params: Params,
+        algorithm: str,
+        options: object,
+        heat: HeatKind,
+        schedule: Schedule,
+        *,
+        min_replies: int = 1,
+        max_update_norm: float = 0.0,
+        payload: Payload = "submodel",
+        on_progress: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.params = params
+        self.algorithm_name = algorithm
+        self.options = options
+        self.heat = heat
+        self.schedule = schedule
+        self.min_replies = min_replies
+        self.max_update_norm = max_update_norm
+        self.payload = payload
+        self.on_progress = on_progress  # called when a round is sent out and when it is done
+        self.rounds: list[dict] = []  # one record per round: replies, bytes, left out
+        self._node_of: dict[int, int] = {}
+        self._index: SubmodelIndex | None = None
+        self._counts = np.zeros(0, dtype=np.int64)
+        self._cohort: Cohort | None = None
+        self._sent = 0
+
+    # --- the query round -------------------------------------------------------------------
+    def discover(self, grid: Grid, num_clients: int, timeout: float) -> None:
+        """Learn every node's partition, sample count and S(k); build the algorithm."""
+        deadline = time.monotonic() + timeout
+        while len(nodes := sorted(grid.get_node_ids())) < num_clients:
+            if time.monotonic() > deadline:
+                raise FedsubError(
+                    f"Flower: {len(nodes)} of {num_clients} nodes connected after {timeout:g} s"
+                )
+            time.sleep(0.5)
+        query = [
+            Message(RecordDict({"query": ConfigRecord({"what": "index"})}), n, MessageType.QUERY)
+            for n in nodes
+        ]
+        reports: dict[int, tuple[int, int, dict[str, np.ndarray]]] = {}
+        for reply in grid.send_and_receive(query, timeout=timeout):
+            if reply.has_error():
+                LOG.warning("query: node %d failed: %s", reply.metadata.src_node_id, reply.error)
+                continue
+            metrics = reply.content["metrics"]
+            client = int(metrics["partition-id"])
+            rows = {
+                k[len("rows.") :]: v.numpy()
+                for k, v in reply.content["index"].to_torch_state_dict().items()
+            }
+            reports[client] = (reply.metadata.src_node_id, int(metrics["num-examples"]), rows)
+        missing = sorted(set(range(num_clients)) - set(reports))
+        if missing:
+            raise FedsubError(
+                f"Flower: no index report from partition(s) {missing[:10]} of {num_clients}; "
+                "every partition must answer the query round"
+            )
+        self._node_of = {k: reports[k][0] for k in range(num_clients)}
+        self._counts = np.array([reports[k][1] for k in range(num_clients)], dtype=np.int64)
+        tables = {t: self.params.tables[t].shape[0] for t in self.params.tables}
+        self._index = SubmodelIndex(
+            {
+                t: Ragged.from_lists([reports[k][2][t].tolist() for k in range(num_clients)])
+                for t in tables
+            },
+            {},
+        )
+        context = AlgorithmContext(
+            ClientSizes(tables, self._counts),
+            self._index,
+            self.heat,
+            self.schedule.clients_per_round,
+        )
+        self.algorithm = build_algorithm(self.algorithm_name, context, self.options)
+        self.server = self.algorithm.make_server(self.params)
+
+    # --- training ---------------------------------------------------------------------------
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self._index is None:
+            raise FedsubError("SubmodelStrategy: call discover() before training")
+        cohort = sample_cohort(
+            self.algorithm.scheme.sampling,
+            self.schedule.seed,
+            server_round,
+            self._counts,
+            self.schedule.clients_per_round,
+        )
+        work = round_work(self.algorithm, self.schedule, self._counts, cohort, server_round)
+        self._cohort, self._sent = cohort, 0
+        if self.on_progress is not None:
+            self.on_progress({"round": server_round, "sent_to": cohort.clients.tolist()})
+        messages = []
+        for member, client in enumerate(cohort.clients.tolist()):
+            rows = {
+                t: torch.from_numpy(self._index.client_rows(t, client)) for t in self.params.tables
+            }
+            if self.payload == "full":
+                arrays = ArrayRecord(self.params.state_dict())
+            else:
+                arrays = submodel_record(rows, pull(self.params, rows))
+            rule = work.rule
+            settings = ConfigRecord(
+                {
+                    "round": server_round,
+                    "lr": rule.lr * float(work.lr_scale[member]),
+                    "mu": rule.mu,
+                    "weight-decay": rule.weight_decay,
+                    "clip-norm": rule.clip_norm,
+                    "momentum": rule.momentum,
+                }
+            )
+            self._sent += arrays.count_bytes()
+            record = RecordDict({"submodel": arrays, "config": settings})
+            messages.append(
+                Message(
+                    record, self._node_of[client], MessageType.TRAIN, group_id=str(server_round)
+                )
+            )
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        assert self._cohort is not None and self._index is not None
+        position = {int(k): j for j, k in enumerate(self._cohort.clients)}
+        updates: dict[int, ClientUpdate] = {}
+        received = 0
+        for reply in replies:
+            if reply.has_error():
+                LOG.warning(
+                    "round %d: node %d failed: %s",
+                    server_round,
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
+                continue
+            client = int(reply.content["metrics"]["partition-id"])
+            if client not in position or self._node_of.get(client) != reply.metadata.src_node_id:
+                LOG.warning("round %d: unexpected reply for partition %d", server_round, client)
+                continue
+            record = reply.content["deltas"]
+            received += record.count_bytes()
+            deltas = read_deltas(record)
+            rows = {t: torch.from_numpy(self._index.client_rows(t, client)) for t in deltas.tables}
+            if self.payload == "full":  # full-size deltas: only S(k) can be non-zero
+                deltas = Params(
+                    {t: d.index_select(0, rows[t]) for t, d in deltas.tables.items()},
+                    deltas.dense,
+                )
+            weight = float(reply.content["metrics"]["num-examples"])
+            updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
+        left_out = sorted(set(position) - set(updates))
+        record = {
+            "round": server_round,
+            "sampled": len(position),
+            "replies": len(updates),
+            "left_out": left_out,
+            "bytes_sent": self._sent,
+            "bytes_received": received,
+            "updated": False,
+        }
+        metrics = MetricRecord(
+            {"replies": len(updates), "bytes-sent": self._sent, "bytes-received": received}
+        )
+        if len(updates) < self.min_replies:
+            LOG.warning(
+                "round %d: %d replies, fewer than min_replies = %d: model unchanged",
+                server_round,
+                len(updates),
+                self.min_replies,
+            )
+            self._done(record)
+            return None, metrics
+        ordered = [updates[k] for k in sorted(updates, key=position.__getitem__)]
+        multiplicity = torch.from_numpy(
+            self._cohort.multiplicity[[position[u.client] for u in ordered]]
+        )
+        update = CohortUpdate.from_clients(ordered, multiplicity)
+        kept, rejected = screen(update, server_round, self.max_update_norm)
+        for rejection in rejected:
+            LOG.warning(
+                "round %d: rejected client %d: %s", server_round, rejection.client, rejection.reason
+            )
+        if kept:
+            update = update.select(kept) if rejected else update
+            self.server.apply(self.params, aggregate(update, self.algorithm.aggregation))
+            record["updated"] = True
+        self._done(record)
+        return None, metrics
+
+    def _done(self, record: dict) -> None:
+        self.rounds.append(record)
+        if self.on_progress is not None:
+            self.on_progress(record)
+
+    # --- no client-side evaluation: the server evaluates the global model ------------------
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return []
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return None
+
+    def summary(self) -> None:
+        LOG.info(
+            "SubmodelStrategy: %s, %s payloads, %d clients per round, min %d replies",
+            self.algorithm_name,
+            self.payload,
+            self.schedule.clients_per_round,
+            self.min_replies,
+        )

@@ -1,0 +1,192 @@
+"""fedsub on Flower: the simulation runtime against the in-process engine, and a real
+SuperLink with three SuperNodes, one of which is killed mid-round."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from fedsub import config as config_lib
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine.loop import initial_params, train
+from fedsub.experiment import load_data, schedule_of
+from fedsub.flower.settings import FlowerSettings
+from fedsub.models.registry import build_model
+from fedsub.submodel.index import SubmodelIndex
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
+BIN = Path(sys.executable).parent
+OVERRIDES = (
+    "data.num_users=6",
+    "train.rounds=3",
+    "train.clients_per_round=3",
+    "train.algorithms=['fedsubavg']",
+    "train.lr_schedule='exponential'",
+)
+
+
+def in_process_model(overrides: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The same run on fedsub's own engine (sequential backend)."""
+    config = config_lib.load(None, overrides)
+    dataset = load_data(config)
+    index = SubmodelIndex.build(dataset)
+    model = build_model("sparse-lr", dataset, {"init_std": 0.0})
+    schedule = schedule_of(config)
+    context = AlgorithmContext(dataset, index, config.train.heat, schedule.clients_per_round)
+    algorithm = build_algorithm("fedsubavg", context)
+    return train(model, algorithm, dataset, index, schedule).state_dict()
+
+
+def test_flower_simulation_gives_the_in_process_engines_model(tmp_path):
+    from flwr.simulation import run_simulation
+
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    expected = in_process_model(OVERRIDES)
+    out = tmp_path / "out"
+    settings = FlowerSettings(overrides=OVERRIDES, out_dir=str(out))
+    run_simulation(
+        server_app=make_server_app(settings),
+        client_app=make_client_app(settings),
+        num_supernodes=6,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    flower = load_file(out / "model.safetensors")
+    for name, value in expected.items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
+    assert float(flower["table.features"].abs().sum()) > 0  # it trained
+    result = json.loads((out / "flower-result.json").read_text())
+    assert [r["replies"] for r in result["rounds"]] == [3, 3, 3]
+    # Each node received only its rows: far fewer bytes than three full tables per round.
+    full_tables = 3 * flower["table.features"].numel() * 4
+    assert all(r["bytes_sent"] < full_tables / 5 for r in result["rounds"])
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def progress(out: Path) -> list[dict]:
+    path = out / "progress.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_2(tmp_path):
+    link, *node_ports = free_ports(4)  # the SuperLink serves every API on one port
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{link}"\ninsecure = true\n'
+    )
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # Flower starts its helpers
+        "PYTHONUNBUFFERED": "1",
+    }
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, *args: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+        process = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,  # its own process group: its children die with it
+        )
+        started.append(process)
+        return process
+
+    out = tmp_path / "out"
+    try:
+        start(
+            "superlink",
+            "flower-superlink",
+            "--insecure",
+            "--disable-runtime-dependency-installation",
+            f"--port={link}",
+            f"--database={tmp_path / 'state.db'}",
+        )
+        nodes = [
+            start(
+                f"supernode{i}",
+                "flower-supernode",
+                "--insecure",
+                f"--superlink=127.0.0.1:{link}",
+                f"--port={port}",
+                "--node-config",
+                f"partition-id={i} num-partitions=3",
+            )
+            for i, port in enumerate(node_ports)
+        ]
+        wait_for(lambda: port_open(link), 60, "the SuperLink")
+        overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
+        run_config = (
+            f'set="{overrides}" out-dir="{out}" train-delay=3.0 round-timeout=15.0 eval-every=1'
+        )
+        submitted = subprocess.run(
+            [str(BIN / "flwr"), "run", str(EXAMPLE), "test", "--run-config", run_config],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        wait_for(
+            lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 120, "round 2"
+        )
+        time.sleep(1.0)  # the nodes are training (they reply after 3 s)
+        os.killpg(nodes[2].pid, signal.SIGKILL)
+        wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to finish")
+
+        result = json.loads((out / "flower-result.json").read_text())
+        rounds = {r["round"]: r for r in result["rounds"]}
+        assert sorted(rounds) == [1, 2, 3]
+        assert rounds[1]["replies"] == 3 and rounds[1]["left_out"] == []
+        assert rounds[2]["replies"] == 2 and rounds[2]["left_out"] == [2]
+        assert all(r["updated"] for r in rounds.values())
+        config = config_lib.load(None, [o.strip() for o in overrides.split(";")])
+        dataset = load_data(config)
+        model = build_model("sparse-lr", dataset, {"init_std": 0.0})
+        before = initial_params(model, schedule_of(config)).state_dict()
+        after = load_file(out / "model.safetensors")
+        assert any(not torch.equal(after[n], v) for n, v in before.items())
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
+        print(json.dumps(logs, indent=1)[-6000:])
