@@ -154,7 +154,7 @@ def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_
         wait_for(lambda: port_open(link), 60, "the SuperLink")
         overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
         run_config = (
-            f'set="{overrides}" out-dir="{out}" train-delay=3.0 round-timeout=15.0 eval-every=1'
+            f'set="{overrides}" out-dir="{out}" train-delay=3.0 round-timeout=30.0 eval-every=1'
         )
         submitted = subprocess.run(
             [str(BIN / "flwr"), "run", str(EXAMPLE), "test", "--run-config", run_config],
