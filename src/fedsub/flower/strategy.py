@@ -46,6 +46,12 @@ from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull
 LOG = logging.getLogger("fedsub")
 
 
+def _ragged(parts: list[np.ndarray]) -> Ragged:
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    return Ragged(np.concatenate(parts).astype(np.int64), offsets)
+
+
 class SubmodelStrategy(Strategy):
     """Sends nodes their submodels and aggregates row deltas with a fedsub algorithm."""
 
@@ -114,11 +120,7 @@ class SubmodelStrategy(Strategy):
         self._counts = np.array([reports[k][1] for k in range(num_clients)], dtype=np.int64)
         tables = {t: self.params.tables[t].shape[0] for t in self.params.tables}
         self._index = SubmodelIndex(
-            {
-                t: Ragged.from_lists([reports[k][2][t].tolist() for k in range(num_clients)])
-                for t in tables
-            },
-            {},
+            {t: _ragged([reports[k][2][t] for k in range(num_clients)]) for t in tables}, {}
         )
         context = AlgorithmContext(
             ClientSizes(tables, self._counts),
@@ -146,13 +148,13 @@ class SubmodelStrategy(Strategy):
         self._cohort, self._sent = cohort, 0
         if self.on_progress is not None:
             self.on_progress({"round": server_round, "sent_to": cohort.clients.tolist()})
-        messages = []
+        messages, full = [], None
         for member, client in enumerate(cohort.clients.tolist()):
             rows = {
                 t: torch.from_numpy(self._index.client_rows(t, client)) for t in self.params.tables
             }
-            if self.payload == "full":
-                arrays = ArrayRecord(self.params.state_dict())
+            if self.payload == "full":  # the same whole model for everyone, built once
+                arrays = full = full or ArrayRecord(self.params.state_dict())
             else:
                 arrays = submodel_record(rows, pull(self.params, rows))
             rule = work.rule
