@@ -67,7 +67,7 @@ def main() -> None:
         float((models["full"][n] - v).abs().max()) for n, v in models["submodel"].items()
     )
     assert report["max_model_difference"] < 1e-5, "both payloads must train the same model"
-    print(json.dumps(report, indent=2))
+    print("RESULT " + json.dumps(report))
 
 
 if __name__ == "__main__":
