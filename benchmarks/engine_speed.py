@@ -1,7 +1,7 @@
 """Issue 5's engine benchmarks: per-round time of fedsub's batched and sequential backends
 against a Flower simulation (Ray backend, FedAvg), table-size scaling, peak memory.
 
-    python benchmarks/engine_speed.py [--runs 3] [--skip-flower] [--only a|b|c]
+    python benchmarks/engine_speed.py [--runs 3] [--skip-flower] [--only a|b|c|d] [--threads 1]
 
 (a) sparse LR, FedAvg, N = 1,000 clients of 100 samples, 20,000 ids, 5 ids per sample,
     Zipf(1.1), K = 50, B = 5, I = 10, lr 0.1, 50 rounds. Steady-state per-round time = the
@@ -177,7 +177,16 @@ def main() -> None:
     parser.add_argument("--skip-flower", action="store_true")
     parser.add_argument("--only", choices=["a", "b", "c", "d"])
     parser.add_argument("--scaling-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the fedsub runs (default 1, as each Flower client gets 1 CPU; "
+        "0 = torch's default)",
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.scaling_child:
         print(json.dumps(scaling_run(args.scaling_child)))
         return

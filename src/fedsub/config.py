@@ -75,6 +75,9 @@ class TrainConfig:
     secagg_group: int = field(default=50, metadata={"min": 2})
     max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
     momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    # torch intra-op threads (0 = torch's default). Small cohorts of sparse models run faster
+    # on 1: handing tiny kernels between threads costs more than the kernels.
+    threads: int = field(default=0, metadata={"min": 0})
     # sub-model training on width-sliceable models (seed 003; fedsub.masking)
     masking: str = field(default="none", metadata={"choices": lambda: list(MASKING_SCHEMES)})
     capacities: list[float] = field(

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.config import Config
@@ -214,6 +216,8 @@ def compare(
     one continues from its newest checkpoint, and the rest run from the start."""
     check_writable(out_dir)
     check_free_space(out_dir)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
     if not resume:
         write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
     dataset = load_data(config)
