@@ -198,3 +198,25 @@ def test_gradient_norms_are_logged_when_asked(tmp_path, tiny_config):
     )
     lines = [json.loads(x) for x in (out / "fedsubavg" / "metrics.jsonl").read_text().splitlines()]
     assert all(x["precond_grad_norm_sq"] >= x["grad_norm_sq"] > 0 for x in lines)
+
+
+def test_train_threads_sets_torchs_thread_count_and_the_results_do_not_change(
+    tmp_path, tiny_config
+):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        outs = {}
+        for threads in (0, 1):
+            out = tmp_path / f"t{threads}"
+            argv = ["compare", str(tiny_config), "--set", f"train.threads={threads}"]
+            assert main([*argv, "--out", str(out), "--quiet"]) == 0
+            outs[threads] = json.loads((out / "summary.json").read_text())
+            if threads:
+                assert torch.get_num_threads() == threads
+        for name, entry in outs[0]["algorithms"].items():
+            for metric, value in entry["final"].items():
+                assert outs[1]["algorithms"][name]["final"][metric] == pytest.approx(value, 1e-5)
+    finally:
+        torch.set_num_threads(before)
