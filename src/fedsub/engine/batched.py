@@ -19,7 +19,7 @@ from torch.func import vmap
 
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.ragged import Ragged
-from fedsub.engine.local_rule import CohortWork, LocalRule, clip_scale
+from fedsub.engine.local_rule import CohortWork, LocalRule, clip_scale, descend
 from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
@@ -157,13 +157,4 @@ def _apply_rule(
                 squared += per_entry
         scale = clip_scale(squared, rule.clip_norm)
         grads = [g * _per_member(scale, o, g) for g, o in zip(grads, owners, strict=True)]
-    if rule.weight_decay:
-        grads = [g + rule.weight_decay * x for g, x in zip(grads, leaves, strict=True)]
-    if corrections is not None:
-        grads = [g + c for g, c in zip(grads, corrections, strict=True)]
-    if buffers is not None:
-        for b, g in zip(buffers, grads, strict=True):
-            b.mul_(rule.momentum).add_(g)
-        grads = buffers
-    for x, g, lr in zip(leaves, grads, leaf_lr, strict=True):
-        x.sub_(lr * g)
+    descend(rule, leaves, grads, leaf_lr, corrections, buffers)

@@ -12,6 +12,7 @@ At every local step, with ``x0`` the pulled model::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,3 +79,26 @@ class CohortWork:
 def clip_scale(squared_norm: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_'s factor, for one norm or a vector of per-client norms."""
     return (clip_norm / (squared_norm.sqrt() + CLIP_EPS)).clamp(max=1.0)
+
+
+def descend(
+    rule: LocalRule,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    lrs: Sequence[float | torch.Tensor],
+    corrections: list[torch.Tensor] | None = None,
+    buffers: list[torch.Tensor] | None = None,
+) -> None:
+    """The rest of a local step once the proximal term and clipping are in ``grads``: weight
+    decay, SCAFFOLD's correction, momentum (``buffers``, updated in place) and
+    ``x -= lr * step``; one ``lr`` per parameter tensor (a tensor broadcasts per member)."""
+    if rule.weight_decay:
+        grads = [g + rule.weight_decay * x for g, x in zip(grads, params, strict=True)]
+    if corrections is not None:
+        grads = [g + c for g, c in zip(grads, corrections, strict=True)]
+    if buffers is not None:
+        for b, g in zip(buffers, grads, strict=True):
+            b.mul_(rule.momentum).add_(g)
+        grads = buffers
+    for x, g, lr in zip(params, grads, lrs, strict=True):
+        x.sub_(lr * g)

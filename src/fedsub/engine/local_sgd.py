@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from fedsub.data.federated import SampleSet
-from fedsub.engine.local_rule import LocalRule, clip_scale
+from fedsub.engine.local_rule import LocalRule, clip_scale, descend
 from fedsub.models.base import Batch, Model, forward
 from fedsub.submodel.params import Params
 
@@ -42,16 +42,7 @@ def local_sgd(
             if rule.clip_norm:
                 scale = clip_scale(sum(g.pow(2).sum() for g in grads), rule.clip_norm)
                 grads = [g * scale for g in grads]
-            if rule.weight_decay:
-                grads = [g + rule.weight_decay * t for g, t in zip(grads, tensors, strict=True)]
-            if offsets is not None:
-                grads = [g + c for g, c in zip(grads, offsets, strict=True)]
-            if buffers is not None:
-                for b, g in zip(buffers, grads, strict=True):
-                    b.mul_(rule.momentum).add_(g)
-                grads = buffers
-            for t, g in zip(tensors, grads, strict=True):
-                t.sub_(lr * g)
+            descend(rule, tensors, grads, [lr] * len(tensors), offsets, buffers)
     for t in tensors:
         t.requires_grad_(False)
     return params
