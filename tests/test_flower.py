@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -190,3 +191,23 @@ def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_
             process.wait(timeout=30)
         logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
         print(json.dumps(logs, indent=1)[-6000:])
+
+
+def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run():
+    from fedsub.errors import ConfigError
+
+    settings = FlowerSettings.from_run_config(
+        {"set": "train.rounds=2; data.num_users=4", "payload": "full", "min-replies": 2}
+    )
+    assert settings.overrides == ("train.rounds=2", "data.num_users=4")
+    assert settings.fedsub_config().train.rounds == 2 and settings.min_replies == 2
+    with pytest.raises(ConfigError, match="unknown key 'rounds'"):
+        FlowerSettings.from_run_config({"rounds": 3})
+    with pytest.raises(ConfigError, match="payload = 'half'"):
+        FlowerSettings.from_run_config({"payload": "half"})
+    config = settings.fedsub_config()
+    with pytest.raises(ConfigError, match="keeps per-client state"):
+        FlowerSettings(algorithm="scaffold").algorithm_name(config)
+    masked = FlowerSettings(overrides=("model.name='cnn'", "train.masking='static'"))
+    with pytest.raises(ConfigError, match="masking runs in-process only"):
+        masked.fedsub_config()

@@ -65,7 +65,13 @@ class FlowerSettings:
         )
 
     def fedsub_config(self) -> Config:
-        return config_lib.load(Path(self.config) if self.config else None, self.overrides)
+        config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
+        if config.train.masking != "none":
+            raise ConfigError(
+                f"train.masking = {config.train.masking!r}: sub-model masking runs in-process "
+                "only (fedsub compare); on Flower use train.masking = 'none'"
+            )
+        return config
 
     def algorithm_name(self, config: Config) -> str:
         name = self.algorithm or config.train.algorithms[-1]
