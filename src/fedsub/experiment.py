@@ -27,6 +27,7 @@ from fedsub.engine.schedule import DTYPES, Schedule
 from fedsub.errors import FedsubError
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
+from fedsub.models.base import Model
 from fedsub.models.registry import build_model
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.report import (
@@ -58,6 +59,16 @@ class Outcome:
 
 def load_data(config: Config) -> FederatedDataset:
     return load_dataset(config.data.name, config.data.options, config.data.path, config.data.seed)
+
+
+def model_of(config: Config, dataset: FederatedDataset) -> Model:
+    """The configured model, shaped for ``dataset``."""
+    options = {
+        f.name: getattr(config.model, f.name)
+        for f in dataclasses.fields(config.model)
+        if f.name != "name"
+    }
+    return build_model(config.model.name, dataset, options)
 
 
 def check_writable(out_dir: Path) -> None:
@@ -222,12 +233,7 @@ def compare(
         write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
     dataset = load_data(config)
     index = SubmodelIndex.build(dataset)
-    model_options = {
-        f.name: getattr(config.model, f.name)
-        for f in dataclasses.fields(config.model)
-        if f.name != "name"
-    }
-    model = build_model(config.model.name, dataset, model_options)
+    model = model_of(config, dataset)
     t = config.train
     privacy = HeatPrivacy(
         t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed

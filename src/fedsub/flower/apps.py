@@ -12,7 +12,6 @@ without them they are read from the run config (``flwr run ... --run-config``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.local_rule import LocalRule
@@ -31,12 +31,11 @@ from fedsub.engine.loop import initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.sequential import train_submodel
 from fedsub.errors import FedsubError
-from fedsub.experiment import load_data, schedule_of
+from fedsub.experiment import load_data, model_of, schedule_of
 from fedsub.flower.records import deltas_record, read_submodel
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import SubmodelStrategy
 from fedsub.models.base import Model
-from fedsub.models.registry import build_model
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.transfer import pull, push
@@ -44,8 +43,9 @@ from fedsub.submodel.transfer import pull, push
 
 @dataclass(frozen=True)
 class Federation:
-    """A run's data, model and schedule, loaded once per process."""
+    """A run's config, data, model and schedule, loaded once per process."""
 
+    config: Config
     dataset: FederatedDataset
     index: SubmodelIndex
     model: Model
@@ -56,13 +56,8 @@ class Federation:
 def federation(settings: FlowerSettings) -> Federation:
     config = settings.fedsub_config()
     dataset = load_data(config)
-    model_options = {
-        f.name: getattr(config.model, f.name)
-        for f in dataclasses.fields(config.model)
-        if f.name != "name"
-    }
-    model = build_model(config.model.name, dataset, model_options)
-    return Federation(dataset, SubmodelIndex.build(dataset), model, schedule_of(config))
+    model = model_of(config, dataset)
+    return Federation(config, dataset, SubmodelIndex.build(dataset), model, schedule_of(config))
 
 
 def _settings(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
@@ -149,8 +144,8 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         settings = _settings(fixed, context)
-        config = settings.fedsub_config()
         fed = federation(settings)
+        config = fed.config
         name = settings.algorithm_name(config)
         params = initial_params(fed.model, fed.schedule)
         progress = None
