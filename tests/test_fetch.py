@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 
 from fedsub.cli import main
@@ -18,7 +20,8 @@ PAYLOAD = bytes(range(256)) * 4000  # ~1 MB
 class Server:
     """Serves PAYLOAD with Range support; ``cut_after`` bytes then drops the connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, payload: bytes = PAYLOAD, filename: str = "ml-1m.zip") -> None:
+        self.payload = payload
         self.cut_after: int | None = None
         self.requests: list[str | None] = []
         owner = self
@@ -35,7 +38,7 @@ class Server:
                     self.send_response(206)
                 else:
                     self.send_response(200)
-                body = PAYLOAD[start:]
+                body = owner.payload[start:]
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if owner.cut_after is not None:
@@ -47,7 +50,7 @@ class Server:
                 self.wfile.write(body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/ml-1m.zip"
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/{filename}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
@@ -131,3 +134,94 @@ def test_multi_file_set_from_a_mirror_folder(cache, monkeypatch, capsys):
         assert all((cache / "mnist" / d.filename).read_bytes() == PAYLOAD for d in files)
     finally:
         server.close()
+
+
+def test_a_size_mismatch_removes_the_partial_file(server, cache):
+    download = Download(server.url, "ml-1m.zip", sha256(PAYLOAD), size=len(PAYLOAD) + 1)
+    with pytest.raises(DataError, match=r"expected 1,024,001; the partial file was removed"):
+        fetch("movielens-1m", download)
+    assert list((cache / "movielens-1m").iterdir()) == []
+
+
+def test_a_mirror_is_held_to_the_official_pins(server, cache, capsys):
+    """--url alone keeps ml-1m's published size and sha256, so other bytes are refused."""
+    assert main(["data", "fetch", "movielens-1m", "--url", server.url]) == 2
+    assert "expected 5,917,549" in capsys.readouterr().err
+    assert not (cache / "movielens-1m" / "ml-1m.zip").exists()
+
+
+def test_pins_are_sha256_with_sizes():
+    from fedsub.data.fetch import DOWNLOADS
+
+    for name, downloads in DOWNLOADS.items():
+        for download in downloads:
+            assert download.size and download.size > 0, name
+            if download.checksum is not None:
+                algorithm, _, digest = download.checksum.partition(":")
+                assert algorithm == "sha256" and len(bytes.fromhex(digest)) == 32, name
+    assert DOWNLOADS["amazon-electronics"][0].checksum is None  # no public checksum exists
+
+
+def test_an_unpinned_file_needs_consent_and_records_its_sha256(cache, monkeypatch, capsys):
+    from fedsub.data import fetch as fetch_module
+    from fedsub.data.amazon import AmazonRatingsOptions, load_ratings_csv
+
+    rows = [f"u{u},i{(u + k) % 5},{1 + (u + k) % 5},{100 + k}" for u in range(3) for k in range(6)]
+    body = ("\n".join(rows) + "\n").encode()
+    server = Server(body, "ratings_Electronics.csv")
+    try:
+        official = fetch_module.DOWNLOADS["amazon-electronics"][0]
+        monkeypatch.setitem(
+            fetch_module.DOWNLOADS,
+            "amazon-electronics",
+            (Download(server.url, official.filename, None, len(body)),),
+        )
+        assert main(["data", "fetch", "amazon-electronics"]) == 2
+        assert "--unpinned" in capsys.readouterr().err
+        assert not (cache / "amazon-electronics" / official.filename).exists()
+        assert main(["data", "fetch", "amazon-electronics", "--unpinned"]) == 0
+    finally:
+        server.close()
+    folder = cache / "amazon-electronics"
+    recorded = (folder / (official.filename + ".sha256")).read_text().split()[0]
+    assert recorded == hashlib.sha256(body).hexdigest()
+    dataset = load_ratings_csv(AmazonRatingsOptions(min_ratings=6), None, 0)  # from the cache
+    assert dataset.num_clients == 3 and len(dataset.train) == 18
+
+
+def test_sent140_reads_the_fetched_official_zip(cache, monkeypatch, tmp_path):
+    from fedsub.data import fetch as fetch_module
+    from fedsub.data.sent140 import TRAINING_CSV, Sent140Options, load
+
+    from .test_sent140_lstm import tweets, write_csv
+
+    write_csv(tmp_path / TRAINING_CSV, tweets())
+    archive = tmp_path / "trainingandtestdata.zip"
+    with zipfile.ZipFile(archive, "w") as handle:
+        handle.write(tmp_path / TRAINING_CSV, TRAINING_CSV)
+        handle.writestr("testdata.manual.2009.06.14.csv", "")
+    body = archive.read_bytes()
+    server = Server(body, archive.name)
+    try:
+        monkeypatch.setitem(
+            fetch_module.DOWNLOADS,
+            "sent140",
+            (Download(server.url, archive.name, sha256(body), len(body)),),
+        )
+        assert main(["data", "fetch", "sent140"]) == 0
+    finally:
+        server.close()
+    from_cache = load(Sent140Options(), None, 0)
+    from_csv = load(Sent140Options(), str(tmp_path / TRAINING_CSV), 0)
+    assert from_cache.num_clients == from_csv.num_clients == 4
+    assert np.array_equal(from_cache.train.labels, from_csv.train.labels)
+    for part in ("values", "offsets"):
+        words = (from_cache.train.ids["words"], from_csv.train.ids["words"])
+        assert np.array_equal(getattr(words[0], part), getattr(words[1], part))
+
+
+def test_sent140_without_data_explains_how_to_get_it(cache):
+    from fedsub.data.sent140 import Sent140Options, load
+
+    with pytest.raises(DataError, match=r"fedsub data fetch sent140"):
+        load(Sent140Options(), None, 0)

@@ -184,9 +184,11 @@ def cmd_data_fetch(args: argparse.Namespace) -> int:
         url = download.url
         if args.url:  # a mirror: the file itself, or the folder holding several
             url = args.url if len(pinned) == 1 else args.url.rstrip("/") + "/" + download.filename
-        print(
-            fetch(args.name, Download(url, download.filename, args.checksum or download.checksum))
-        )
+        if args.checksum:  # the user's own pin replaces both of ours (e.g. a newer release)
+            download = Download(url, download.filename, args.checksum)
+        else:
+            download = dataclasses.replace(download, url=url)
+        print(fetch(args.name, download, unpinned=args.unpinned))
     return 0
 
 
@@ -233,6 +235,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", help="a mirror of the official file, or of the folder of a multi-file set"
     )
     fetch.add_argument("--checksum", help="sha256:<hex> or md5:<hex> (overrides the pin)")
+    fetch.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="accept a file that has no published checksum on its size alone",
+    )
     fetch.set_defaults(func=cmd_data_fetch)
     return parser
 

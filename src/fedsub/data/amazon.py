@@ -9,6 +9,8 @@ ids (``0`` = empty history). The files are in time order and ship no test set: t
 as the authors did: click = rating 5; users with at least ``min_ratings`` ratings; one sample
 per rating with history = the user's earlier clicked items in time order (at most
 ``max_history``, the most recent); train = timestamp <= ``split_timestamp`` (1385000000).
+Without ``data.path`` the file fetched into the cache is used (``fedsub data fetch
+amazon-electronics --unpinned``: SNAP publishes no checksum).
 
 Fields: ``user`` (table ``user``), ``item`` and ``history`` (both table ``item``). Ids are
 re-numbered densely; the history is real item ids (not the authors' iterator's zeros).
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.fetch import cached_file
 from fedsub.data.ragged import Ragged
 from fedsub.errors import DataError
 
@@ -119,11 +122,13 @@ def load_fedsubavg_files(options: AmazonFilesOptions, path: str | None, seed: in
 
 def load_ratings_csv(options: AmazonRatingsOptions, path: str | None, seed: int):
     del seed
-    if not path:
+    file = Path(path) if path else cached_file("amazon-electronics")
+    if file is None:
         raise DataError(
-            "amazon-electronics: set data.path to the ratings CSV (user, item, rating, timestamp)"
+            "amazon-electronics: no data. Run `fedsub data fetch amazon-electronics --unpinned` "
+            "(no public checksum exists), or set data.path to the ratings CSV (user, item, "
+            "rating, timestamp)"
         )
-    file = Path(path)
     records: dict[str, list[tuple[int, str, float]]] = {}
     try:
         with open(file, newline="", encoding="utf-8") as handle:

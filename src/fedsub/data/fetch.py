@@ -25,51 +25,76 @@ CHUNK = 1 << 20
 class Download:
     url: str
     filename: str
-    checksum: str  # "sha256:<hex>" or "md5:<hex>" (GroupLens publishes MD5 sums)
+    checksum: str | None  # "sha256:<hex>" or "md5:<hex>"; None: no public pin exists
+    size: int | None = None  # bytes, when published
 
 
-def _idx_set(base: str, md5: tuple[str, str, str, str]) -> tuple[Download, ...]:
+def _idx_set(base: str, pins: tuple[tuple[str, int], ...]) -> tuple[Download, ...]:
     names = (
         "train-images-idx3-ubyte.gz",
         "train-labels-idx1-ubyte.gz",
         "t10k-images-idx3-ubyte.gz",
         "t10k-labels-idx1-ubyte.gz",
     )
-    return tuple(Download(base + n, n, f"md5:{h}") for n, h in zip(names, md5, strict=True))
+    return tuple(
+        Download(base + n, n, f"sha256:{h}", size) for n, (h, size) in zip(names, pins, strict=True)
+    )
 
 
-# Official public addresses with the MD5 sums their publishers (and torchvision) list.
+# Official public addresses. The sha256 sums and sizes are the ones TensorFlow Datasets
+# (url_checksums/) and Hugging Face datasets (dataset_infos.json) record for these files;
+# MovieLens and the IDX sets agree with the MD5 sums their publishers list.
 DOWNLOADS: dict[str, tuple[Download, ...]] = {
     "movielens-100k": (
         Download(
             "https://files.grouplens.org/datasets/movielens/ml-100k.zip",
             "ml-100k.zip",
-            "md5:0e33842e24a9c977be4e0107933c0723",
+            "sha256:50d2a982c66986937beb9ffb3aa76efe955bf3d5c6b761f4e3a7cd717c6a3229",
+            4_924_029,
         ),
     ),
     "movielens-1m": (
         Download(
             "https://files.grouplens.org/datasets/movielens/ml-1m.zip",
             "ml-1m.zip",
-            "md5:c4d9eecfca2ab87c1945afe126590906",
+            "sha256:a6898adb50b9ca05aa231689da44c217cb524e7ebd39d264c56e2832f2c54e20",
+            5_917_549,
         ),
     ),
     "mnist": _idx_set(
-        "https://ossci-datasets.s3.amazonaws.com/mnist/",
+        "https://storage.googleapis.com/cvdf-datasets/mnist/",
         (
-            "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-            "d53e105ee54ea40749a09fcbcd1e9432",
-            "9fb629c4189551a2d022fa330f9573f3",
-            "ec29112dd5afa0611ce80d1b7f02629c",
+            ("440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609", 9_912_422),
+            ("3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c", 28_881),
+            ("8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6", 1_648_877),
+            ("f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6", 4_542),
         ),
     ),
     "fashion-mnist": _idx_set(
         "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
         (
-            "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
-            "25c81989df183df01b3e8a0aad5dffbe",
-            "bef4ecab320f06d8554ea6380940ec79",
-            "bb300cfdad3c16e7a12a480ee83cd310",
+            ("3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84", 26_421_880),
+            ("a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845", 29_515),
+            ("346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073", 4_422_102),
+            ("67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5", 5_148),
+        ),
+    ),
+    "sent140": (
+        Download(
+            "https://cs.stanford.edu/people/alecmgo/trainingandtestdata.zip",
+            "trainingandtestdata.zip",
+            "sha256:004a3772c8a7ff9bbfeb875880f47f0679d93fc63e5cf9cff72d54a8a6162e57",
+            81_363_704,
+        ),
+    ),
+    # No public checksum of this file exists to pin: only its size is known (318,766,497 bytes),
+    # so fetching it needs --checksum, or --unpinned to accept it on its size alone.
+    "amazon-electronics": (
+        Download(
+            "https://snap.stanford.edu/data/amazon/productGraph/categoryFiles/ratings_Electronics.csv",
+            "ratings_Electronics.csv",
+            None,
+            318_766_497,
         ),
     ),
 }
@@ -80,7 +105,7 @@ def cache_dir() -> Path:
 
 
 def cached_file(name: str) -> Path | None:
-    """The cached archive of a one-file dataset, if fetched."""
+    """The cached file of a one-file dataset, if fetched."""
     downloads = DOWNLOADS.get(name)
     if not downloads:
         return None
@@ -96,11 +121,24 @@ def _digest(path: Path, algorithm: str) -> str:
     return digest.hexdigest()
 
 
-def fetch(name: str, download: Download, timeout: float = 60.0) -> Path:
-    """The verified file in the cache, downloading (or resuming) it first when needed."""
-    algorithm, _, expected = download.checksum.partition(":")
-    if algorithm not in ("sha256", "md5") or not expected:
-        raise DataError(f"{name}: checksum must be 'sha256:<hex>' or 'md5:<hex>'")
+def fetch(name: str, download: Download, timeout: float = 60.0, unpinned: bool = False) -> Path:
+    """The verified file in the cache, downloading (or resuming) it first when needed.
+
+    ``unpinned`` accepts a download that has no checksum on its size alone (the sha256 is
+    then written next to it, ``<file>.sha256``, for the user to pin).
+    """
+    if download.checksum is None:
+        if not unpinned:
+            raise DataError(
+                f"{name}: {download.url} has no published checksum to verify it against; pass "
+                "--checksum sha256:<hex> if you know it, or --unpinned to accept the file on "
+                "its size alone"
+            )
+        algorithm, expected = "sha256", None
+    else:
+        algorithm, _, expected = download.checksum.partition(":")
+        if algorithm not in ("sha256", "md5") or not expected:
+            raise DataError(f"{name}: checksum must be 'sha256:<hex>' or 'md5:<hex>'")
     folder = cache_dir() / name
     final = folder / download.filename
     if final.exists():
@@ -127,12 +165,21 @@ def fetch(name: str, download: Download, timeout: float = 60.0) -> Path:
         expected_length
     ):
         raise DataError(f"{name}: the transfer from {download.url} was cut off; run it again")
+    size = partial.stat().st_size
+    if download.size is not None and size != download.size:
+        partial.unlink()
+        raise DataError(
+            f"{name}: {download.url} gave {size:,} bytes, expected {download.size:,}; the "
+            "partial file was removed"
+        )
     actual = _digest(partial, algorithm)
-    if actual != expected:
+    if expected is not None and actual != expected:
         partial.unlink()
         raise DataError(
             f"{name}: checksum mismatch for {download.url}: {algorithm} {actual}, expected "
             f"{expected}; the partial file was removed"
         )
+    if expected is None:
+        final.with_name(final.name + ".sha256").write_text(f"{actual}  {final.name}\n")
     os.replace(partial, final)
     return final

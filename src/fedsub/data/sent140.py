@@ -1,7 +1,9 @@
 """``sent140``: Sentiment140 tweets, clients = users (seed 001: users with more than 40).
 
 Two formats in ``data.path``: the official CSV (``training.1600000.processed.noemoticon.csv``:
-polarity 0/2/4, id, date, query, user, text; Latin-1; neutral tweets dropped, 4 -> 1), or
+polarity 0/2/4, id, date, query, user, text; Latin-1; neutral tweets dropped, 4 -> 1), alone or
+in the official ``trainingandtestdata.zip`` (what ``fedsub data fetch sent140`` caches and what
+is used when ``data.path`` is unset), or
 LEAF's JSON (``users``, ``num_samples``, ``user_data`` -> {``x``, ``y``}; an ``x`` entry is the
 text or a list whose last string is the text), a file or a folder of ``*.json``.
 Text is lower-cased and split into words (``[a-z0-9']+``, ``@user`` and URLs collapsed to
@@ -13,15 +15,19 @@ out-of-vocabulary word); each tweet keeps its first ``max_tokens`` words. A seed
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
+import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
 from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.fetch import cached_file
 from fedsub.data.ragged import Ragged
 from fedsub.errors import DataError
 
@@ -48,25 +54,38 @@ def tokenize(text: str) -> list[str]:
     return words
 
 
-def _read_csv(path: Path) -> list[tuple[str, str, float]]:
+TRAINING_CSV = "training.1600000.processed.noemoticon.csv"  # inside the official zip
+
+
+def _parse_csv(handle: TextIO, where: str) -> list[tuple[str, str, float]]:
     samples = []
-    try:
-        with open(path, newline="", encoding="latin-1") as handle:
-            for number, row in enumerate(csv.reader(handle), start=1):
-                if len(row) != 6:
-                    raise DataError(
-                        f"{path}, line {number}: expected 6 fields (polarity, id, date, query, "
-                        f"user, text), got {len(row)}"
-                    )
-                if row[0] not in ("0", "2", "4"):
-                    raise DataError(
-                        f"{path}, line {number}: polarity must be 0, 2 or 4, got {row[0]!r}"
-                    )
-                if row[0] != "2":
-                    samples.append((row[4], row[5], float(row[0] == "4")))
-    except (OSError, csv.Error) as error:
-        raise DataError(f"{path}: cannot be read as CSV ({error})") from None
+    for number, row in enumerate(csv.reader(handle), start=1):
+        if len(row) != 6:
+            raise DataError(
+                f"{where}, line {number}: expected 6 fields (polarity, id, date, query, user, "
+                f"text), got {len(row)}"
+            )
+        if row[0] not in ("0", "2", "4"):
+            raise DataError(f"{where}, line {number}: polarity must be 0, 2 or 4, got {row[0]!r}")
+        if row[0] != "2":
+            samples.append((row[4], row[5], float(row[0] == "4")))
     return samples
+
+
+def _read_csv(path: Path) -> list[tuple[str, str, float]]:
+    """The official CSV, as a file or inside the official ``trainingandtestdata.zip``."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                if TRAINING_CSV not in archive.namelist():
+                    raise DataError(f"{path}: the archive has no {TRAINING_CSV}")
+                with archive.open(TRAINING_CSV) as raw:
+                    text = io.TextIOWrapper(raw, encoding="latin-1", newline="")
+                    return _parse_csv(text, f"{path}:{TRAINING_CSV}")
+        with open(path, newline="", encoding="latin-1") as handle:
+            return _parse_csv(handle, str(path))
+    except (OSError, csv.Error, zipfile.BadZipFile) as error:
+        raise DataError(f"{path}: cannot be read as CSV ({error})") from None
 
 
 def _text(x: object) -> str | None:
@@ -101,9 +120,13 @@ def _read_leaf(files: list[Path]) -> list[tuple[str, str, float]]:
 
 
 def load(options: Sent140Options, path: str | None, seed: int) -> FederatedDataset:
-    if not path:
-        raise DataError("sent140: set data.path to the Sentiment140 CSV or LEAF JSON file/folder")
-    root = Path(path)
+    located = Path(path) if path else cached_file("sent140")
+    if located is None:
+        raise DataError(
+            "sent140: no data. Run `fedsub data fetch sent140`, or set data.path to the "
+            f"Sentiment140 zip or its {TRAINING_CSV}, or to LEAF JSON (a file or a folder)"
+        )
+    root = located
     if root.is_dir():
         files = sorted(root.glob("*.json"))
         if not files:
