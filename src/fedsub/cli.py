@@ -149,9 +149,15 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     from fedsub.experiment import load_data
     from fedsub.submodel.index import SubmodelIndex
 
-    if args.name not in DATASETS:
-        raise ConfigError(f"unknown dataset {args.name!r}; choose from {', '.join(DATASETS)}")
-    config = config_lib.load(None, [f'data.name="{args.name}"', *args.set])
+    if args.name.endswith(".toml"):  # a run's config: its [data] section, as the run sees it
+        config = config_lib.load(Path(args.name), args.set)
+    elif args.name in DATASETS:
+        config = config_lib.load(None, [f'data.name="{args.name}"', *args.set])
+    else:
+        raise ConfigError(
+            f"unknown dataset {args.name!r}; give a config file (.toml) or one of "
+            f"{', '.join(DATASETS)}"
+        )
     dataset = load_data(config)
     index = SubmodelIndex.build(dataset)
     row = table1_row(dataset, index)
@@ -225,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="inspect datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     stats = data_commands.add_parser("stats", help="clients, samples, feature heat dispersion")
-    stats.add_argument("name", help="dataset name, e.g. synthetic-sparse")
+    stats.add_argument(
+        "name", help="dataset name (e.g. synthetic-sparse) or a config file whose [data] to use"
+    )
     stats.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE")
     stats.add_argument("--plot", help="write the feature heat distribution (PNG)")
     stats.set_defaults(func=cmd_data_stats)
