@@ -280,3 +280,42 @@ def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(caplog):
             )
     assert "model Unbatchable cannot be batched; running the sequential backend" in caplog.text
     assert torch.equal(out["batched"].tables["w"], out["sequential"].tables["w"])
+
+
+def test_sparse_lr_closed_form_gradients_equal_autograd():
+    """``cohort_gradients`` against autograd through embed, cohort_head and the loss, with two
+    fields sharing a table, an empty id list and dense inputs (float64)."""
+    rng = np.random.default_rng(3)
+    k, batch = 4, 3
+    model = SparseLogisticRegression(
+        {"items": 30}, dense_dim=2, field_tables={"item": "items", "history": "items"}
+    )
+    tables = {"items": torch.from_numpy(rng.normal(size=(30, 1)))}
+    dense = {
+        "bias": torch.from_numpy(rng.normal(size=(k, 1))),
+        "dense_weight": torch.from_numpy(rng.normal(size=(k, 2))),
+    }
+    ids, samples = {}, {}
+    for name, longest in (("item", 1), ("history", 4)):
+        lists = [
+            rng.choice(30, size=rng.integers(0, longest + 1)).tolist() for _ in range(k * batch)
+        ]
+        lists[0] = [] if name == "history" else [5]
+        ragged = Ragged.from_lists(lists)
+        ids[name] = (torch.from_numpy(ragged.values), torch.from_numpy(ragged.offsets))
+        samples[name] = torch.from_numpy(np.repeat(np.arange(k * batch), ragged.lengths()))
+    inputs = torch.from_numpy(rng.normal(size=(k, batch, 2)))
+    labels = torch.from_numpy(rng.integers(2, size=(k, batch)).astype(np.float64))
+
+    table_grads, dense_grads = model.cohort_gradients(tables, dense, ids, samples, inputs, labels)
+
+    leaves = {**tables, **dense}
+    leaves = {n: v.clone().requires_grad_(True) for n, v in leaves.items()}
+    bags = model.embed({"items": leaves["items"]}, ids)["bags"].reshape(k, batch, -1)
+    outputs = model.cohort_head({n: leaves[n] for n in dense}, {"bags": bags}, inputs)
+    total = model.loss(outputs.reshape(-1), labels.reshape(-1)) * k  # sum of the K means
+    total.backward()
+    expected = {**table_grads, **dense_grads}
+    assert expected["items"].abs().max() > 0
+    for name, leaf in leaves.items():
+        torch.testing.assert_close(expected[name], leaf.grad, rtol=0, atol=1e-12)

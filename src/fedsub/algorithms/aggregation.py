@@ -76,14 +76,28 @@ def aggregation_weights(cohort: CohortUpdate, aggregation: Aggregation) -> torch
     return client_weights(cohort, aggregation.weighting)
 
 
+def union_of_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sorted distinct rows and each entry's position among them: ``np.unique(rows,
+    return_inverse=True)``, written out because numpy's (and torch's) version takes about
+    twice as long on CPU for a cohort's few thousand rows."""
+    values = rows.numpy()
+    order = np.argsort(values)
+    ordered = values[order]
+    starts = np.empty(len(ordered), dtype=bool)
+    starts[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    inverse = np.empty(len(ordered), dtype=np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    return torch.from_numpy(ordered[starts]), torch.from_numpy(inverse)
+
+
 def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
     weights = aggregation_weights(cohort, aggregation)
     tables: dict[str, RowUpdate] = {}
     for table, rows in cohort.rows.items():
         deltas = cohort.table_deltas[table]
         row_weight = weights.to(deltas.dtype).index_select(0, cohort.row_owner[table])
-        unique_np, inverse_np = np.unique(rows.numpy(), return_inverse=True)  # faster on CPU
-        unique_rows, inverse = torch.from_numpy(unique_np), torch.from_numpy(inverse_np)
+        unique_rows, inverse = union_of_rows(rows)
         summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
         summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
         if aggregation.coefficients is not None:

@@ -105,19 +105,40 @@ def run_cohort(
     if work.corrections is not None:
         corrections = [*work.corrections.tables.values(), *work.corrections.dense.values()]
     buffers = [torch.zeros_like(x) for x in leaves] if rule.momentum else None
+    # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
+    # autograd differentiates embed -> head -> loss.
+    closed_form = getattr(model, "cohort_gradients", None)
     per_step = k * batch
+    id_tensors = {
+        n: (torch.from_numpy(r.values), torch.from_numpy(r.offsets)) for n, r in ids.items()
+    }
+    # For each id, which sample of its step it belongs to (0 .. K * B - 1).
+    sample_of_id = {
+        n: torch.from_numpy(np.repeat(np.arange(len(r)) % per_step, r.lengths()))
+        for n, r in ids.items()
+    }
     for step in range(steps):
-        step_ids = {}
-        for name, ragged in ids.items():
-            part = ragged.slice(step * per_step, (step + 1) * per_step)
-            step_ids[name] = (torch.from_numpy(part.values), torch.from_numpy(part.offsets))
-        features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
-        outputs = head(dense, features, None if dense_inputs is None else dense_inputs[step])
-        # The loss is a mean over samples, and every client has B of them: K times the mean
-        # over the cohort's K * B samples is the sum of the K client means.
-        flat = outputs.reshape(k * batch, *outputs.shape[2:])
-        total = model.loss(flat, labels[step].reshape(-1)) * k
-        grads = list(torch.autograd.grad(total, leaves))
+        step_ids, step_samples = {}, {}
+        for name, (values, offsets) in id_tensors.items():
+            step_offsets = offsets[step * per_step : (step + 1) * per_step + 1]
+            base, end = int(step_offsets[0]), int(step_offsets[-1])
+            step_ids[name] = (values[base:end], step_offsets - base)
+            step_samples[name] = sample_of_id[name][base:end]
+        step_inputs = None if dense_inputs is None else dense_inputs[step]
+        if closed_form is not None:
+            with torch.no_grad():
+                table_grads, dense_grads = closed_form(
+                    tables, dense, step_ids, step_samples, step_inputs, labels[step]
+                )
+            grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
+        else:
+            features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
+            outputs = head(dense, features, step_inputs)
+            # The loss is a mean over samples, and every client has B of them: K times the
+            # mean over the cohort's K * B samples is the sum of the K client means.
+            flat = outputs.reshape(k * batch, *outputs.shape[2:])
+            total = model.loss(flat, labels[step].reshape(-1)) * k
+            grads = list(torch.autograd.grad(total, leaves))
         with torch.no_grad():
             _apply_rule(rule, leaves, grads, anchors, owners, leaf_lr, corrections, buffers, k)
 

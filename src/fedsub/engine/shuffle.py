@@ -51,7 +51,11 @@ def cohort_schedules(
     position = np.arange(block.sum()) - start  # index within the client's block
     sample = position % counts[member]
     pass_index = position // counts[member]
-    keys = _mix(np.uint64(seed), np.uint64(round_index), clients[member], pass_index, sample)
+    # _mix(seed, round, client, pass, sample), with the per-client prefix mixed once per client.
+    client_keys = _mix(np.uint64(seed), np.uint64(round_index), clients)
+    keys = splitmix64(
+        splitmix64(client_keys[member] ^ pass_index.astype(np.uint64)) ^ sample.astype(np.uint64)
+    )
     # One sort of (block, high 32 key bits): blocks stay in place, shuffled inside. Ties of
     # the 32-bit keys inside a block (probability ~ n^2 / 2^33) keep their sample order.
     pass_block = np.cumsum(passes)[member] - passes[member] + pass_index

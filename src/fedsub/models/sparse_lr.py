@@ -61,3 +61,43 @@ class SparseLogisticRegression:
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs, labels)
+
+    def cohort_gradients(
+        self,
+        tables: dict[str, torch.Tensor],
+        dense: dict[str, torch.Tensor],
+        ids: Ids,
+        sample_of_id: dict[str, torch.Tensor],
+        dense_inputs: torch.Tensor | None,
+        labels: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The gradients of the K clients' batch-mean losses (labels [K, B]) in closed form;
+        ``sample_of_id[field]`` says which of the K * B samples each id belongs to.
+
+        d loss / d logit = (sigmoid(logit) - y) / B, and a logit is a sum of weights, so a
+        row's gradient is the sum of that residual over its occurrences. The batched engine
+        uses this instead of autograd (about 2.5x faster per step on CPU: no graph to build);
+        tests check it against autograd through ``embed``, ``cohort_head`` and ``loss``."""
+        k, batch = labels.shape
+        logits = dense["bias"].expand(k, batch).clone()
+        for name, (values, _) in ids.items():
+            weight = tables[self.field_tables.get(name, name)][:, 0]
+            sums = weight.new_zeros(k * batch)
+            sums.index_add_(0, sample_of_id[name], weight.index_select(0, values))
+            logits += sums.reshape(k, batch)
+        if self.dense_dim and dense_inputs is not None:
+            logits += torch.einsum("kbd,kd->kb", dense_inputs, dense["dense_weight"])
+        residual = (torch.sigmoid(logits) - labels) / batch
+        flat = residual.reshape(-1)
+        table_grads = {t: torch.zeros_like(v) for t, v in tables.items()}
+        for name, (values, _) in ids.items():
+            grad = table_grads[self.field_tables.get(name, name)]
+            grad.index_add_(0, values, flat.index_select(0, sample_of_id[name]).unsqueeze(1))
+        dense_grads = {"bias": residual.sum(1, keepdim=True)}
+        if "dense_weight" in dense:
+            dense_grads["dense_weight"] = (
+                torch.zeros_like(dense["dense_weight"])
+                if dense_inputs is None
+                else torch.einsum("kbd,kb->kd", dense_inputs, residual)
+            )
+        return table_grads, dense_grads
