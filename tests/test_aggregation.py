@@ -56,3 +56,18 @@ def test_sparse_aggregate_equals_dense_reference():
             np.testing.assert_allclose(agg.dense["b"].numpy(), bias, rtol=0, atol=1e-12)
             touched = np.unique(np.concatenate([u.rows["t"].numpy() for u in updates]))
             np.testing.assert_array_equal(agg.tables["t"].rows.numpy(), touched)
+
+
+def test_row_union_equals_numpy_unique_across_calls():
+    """One RowUnion reused for inputs of growing and shrinking ranges, repeats and empties."""
+    from fedsub.algorithms.aggregation import RowUnion
+
+    union = RowUnion()
+    rng = np.random.default_rng(5)
+    for high in (10, 1_000, 3, 50_000, 7, 1):
+        for size in (0, 1, 40, 3_000):
+            rows = rng.integers(0, high, size=size)
+            distinct, inverse = union(torch.from_numpy(rows))
+            expected, expected_inverse = np.unique(rows, return_inverse=True)
+            assert np.array_equal(distinct.numpy(), expected)
+            assert np.array_equal(inverse.numpy(), expected_inverse)

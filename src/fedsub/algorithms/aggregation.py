@@ -16,7 +16,7 @@ round's rows: O(sum_k |S(k)|).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -45,6 +45,28 @@ class ServerUpdate:
         return all(bool(torch.isfinite(v).all()) for v in values)
 
 
+class RowUnion:
+    """The distinct rows of a round (sorted) and each entry's position among them, as
+    ``np.unique(rows, return_inverse=True)`` gives, in O(entries) time: a slot array as long
+    as the largest row id seen, allocated once and never cleared, stands in for the sort
+    (about 3x faster for a cohort's few thousand rows; every slot read was written first)."""
+
+    def __init__(self) -> None:
+        self.slots = np.empty(0, dtype=np.int64)
+
+    def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values = rows.numpy()
+        if len(values) == 0:
+            return rows.clone(), rows.clone()
+        if int(values.max()) >= len(self.slots):
+            self.slots = np.empty(max(int(values.max()) + 1, 2 * len(self.slots)), np.int64)
+        slots, positions = self.slots, np.arange(len(values))
+        slots[values] = positions  # the last position of each distinct row wins
+        distinct = np.sort(values[slots[values] == positions])
+        slots[distinct] = np.arange(len(distinct))
+        return torch.from_numpy(distinct), torch.from_numpy(slots[values])
+
+
 @dataclass(frozen=True)
 class Aggregation:
     """How to weight clients and, optionally, per-row correction coefficients per table.
@@ -56,6 +78,7 @@ class Aggregation:
     coefficients: dict[str, torch.Tensor] | None = None
     population_weight: float = 0.0
     num_clients: int = 0
+    union: RowUnion = field(default_factory=RowUnion, compare=False, repr=False)
 
 
 def client_weights(cohort: CohortUpdate, weighting: Weighting) -> torch.Tensor:
@@ -76,28 +99,13 @@ def aggregation_weights(cohort: CohortUpdate, aggregation: Aggregation) -> torch
     return client_weights(cohort, aggregation.weighting)
 
 
-def union_of_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sorted distinct rows and each entry's position among them: ``np.unique(rows,
-    return_inverse=True)``, written out because numpy's (and torch's) version takes about
-    twice as long on CPU for a cohort's few thousand rows."""
-    values = rows.numpy()
-    order = np.argsort(values)
-    ordered = values[order]
-    starts = np.empty(len(ordered), dtype=bool)
-    starts[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-    inverse = np.empty(len(ordered), dtype=np.int64)
-    inverse[order] = np.cumsum(starts) - 1
-    return torch.from_numpy(ordered[starts]), torch.from_numpy(inverse)
-
-
 def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
     weights = aggregation_weights(cohort, aggregation)
     tables: dict[str, RowUpdate] = {}
     for table, rows in cohort.rows.items():
         deltas = cohort.table_deltas[table]
         row_weight = weights.to(deltas.dtype).index_select(0, cohort.row_owner[table])
-        unique_rows, inverse = union_of_rows(rows)
+        unique_rows, inverse = aggregation.union(rows)
         summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
         summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
         if aggregation.coefficients is not None:

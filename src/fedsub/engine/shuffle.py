@@ -49,8 +49,10 @@ def cohort_schedules(
     member = np.repeat(np.arange(len(clients)), block)
     start = np.repeat(np.cumsum(block) - block, block)
     position = np.arange(block.sum()) - start  # index within the client's block
-    sample = position % counts[member]
-    pass_index = position // counts[member]
+    if (passes == 1).all():  # one pass each (the usual case): no divisions needed
+        sample, pass_index = position, np.zeros_like(position)
+    else:
+        sample, pass_index = position % counts[member], position // counts[member]
     # _mix(seed, round, client, pass, sample), with the per-client prefix mixed once per client.
     client_keys = _mix(np.uint64(seed), np.uint64(round_index), clients)
     keys = splitmix64(
