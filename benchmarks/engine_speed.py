@@ -62,6 +62,13 @@ def fedsub_run(dataset, model, backend: str, rounds: int = ROUNDS, k: int = K, b
     return float(np.median(per_round[1:])), params
 
 
+def interleaved(first, second, runs: int) -> tuple[list, list]:
+    """``runs`` results of each, alternating, so that a slower or faster spell of a shared
+    machine falls on both sides of a ratio."""
+    pairs = [(first(), second()) for _ in range(runs)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 def flower_run(dataset, rounds: int = ROUNDS):
     """The same FedAvg in a Flower simulation; returns steady per-round time and the model."""
     import flwr
@@ -195,11 +202,17 @@ def main() -> None:
         dataset = zipf_clicks()
         model = SparseLogisticRegression(dict(dataset.table_rows))
         fedsub_run(dataset, model, "batched", rounds=3)  # warm-up
-        batched = [fedsub_run(dataset, model, "batched") for _ in range(args.runs)]
-        sequential = [fedsub_run(dataset, model, "sequential") for _ in range(args.runs)]
+        batched, sequential = interleaved(
+            lambda: fedsub_run(dataset, model, "batched"),
+            lambda: fedsub_run(dataset, model, "sequential"),
+            args.runs,
+        )
         a = {
             "batched_s_per_round": statistics.median(t for t, _ in batched),
             "sequential_s_per_round": statistics.median(t for t, _ in sequential),
+            "batched_vs_sequential_per_pair": sorted(
+                s / b for (b, _), (s, _) in zip(batched, sequential, strict=True)
+            ),
         }
         a["batched_vs_sequential"] = a["sequential_s_per_round"] / a["batched_s_per_round"]
         reference = batched[0][1]
@@ -242,10 +255,11 @@ def main() -> None:
         dataset = amazon_like()
         model = DIN(dict(dataset.table_rows), embedding_dim=18)
         fedsub_run(dataset, model, "batched", rounds=2, k=100, b=4)  # warm-up
-        batched = [fedsub_run(dataset, model, "batched", 6, 100, 4)[0] for _ in range(args.runs)]
-        sequential = [
-            fedsub_run(dataset, model, "sequential", 4, 100, 4)[0] for _ in range(args.runs)
-        ]
+        batched, sequential = interleaved(
+            lambda: fedsub_run(dataset, model, "batched", 6, 100, 4)[0],
+            lambda: fedsub_run(dataset, model, "sequential", 4, 100, 4)[0],
+            args.runs,
+        )
         d = {
             "batched_s_per_round": statistics.median(batched),
             "sequential_s_per_round": statistics.median(sequential),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from fedsub.submodel.transfer import CohortUpdate
 
 
@@ -27,6 +29,10 @@ def screen(
 ) -> tuple[list[int], list[Rejection]]:
     """Cohort positions to keep, and why the others were rejected."""
     norms = update.squared_norms().sqrt()
+    if bool(torch.isfinite(norms).all()) and not (
+        max_update_norm and norms.max() > max_update_norm
+    ):
+        return list(range(len(norms))), []  # the usual round: nothing to reject
     kept, rejected = [], []
     for j, (client, norm) in enumerate(zip(update.clients.tolist(), norms.tolist(), strict=True)):
         if not math.isfinite(norm):

