@@ -8,7 +8,8 @@ Layout of a round with K clients (positions j = 0..K-1)::
     samples      step i: [K, B] (every client runs I steps of B samples)
 
 The clients' parameters are disjoint and the loss is the sum of the K per-client batch means,
-so one backward pass gives every client exactly the gradient it would compute alone.
+so one backward pass gives every client exactly the gradient it would compute alone. A model
+with ``cohort_gradients`` (sparse LR) gives those gradients in closed form, without autograd.
 """
 
 from __future__ import annotations

@@ -50,6 +50,8 @@ class Model(Protocol):
     task: Task
     # A model whose head cannot run for a whole cohort at once (neither ``cohort_head`` nor
     # vmap) sets ``batchable = False``; the engine then says so and runs it sequentially.
+    # A model may also offer ``cohort_gradients`` (its gradients in closed form, see
+    # SparseLogisticRegression), which the batched engine then uses instead of autograd.
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params: ...
 
