@@ -113,6 +113,7 @@ def run_cohort(
     id_tensors = {
         n: (torch.from_numpy(r.values), torch.from_numpy(r.offsets)) for n, r in ids.items()
     }
+    step_bounds = {n: r.offsets[::per_step].tolist() for n, r in ids.items()}  # per step
     # For each id, which sample of its step it belongs to (0 .. K * B - 1).
     sample_of_id = {
         n: torch.from_numpy(np.repeat(np.arange(len(r)) % per_step, r.lengths()))
@@ -121,9 +122,9 @@ def run_cohort(
     for step in range(steps):
         step_ids, step_samples = {}, {}
         for name, (values, offsets) in id_tensors.items():
-            step_offsets = offsets[step * per_step : (step + 1) * per_step + 1]
-            base, end = int(step_offsets[0]), int(step_offsets[-1])
-            step_ids[name] = (values[base:end], step_offsets - base)
+            base, end = step_bounds[name][step], step_bounds[name][step + 1]
+            step_offsets = offsets[step * per_step : (step + 1) * per_step + 1] - base
+            step_ids[name] = (values[base:end], step_offsets)
             step_samples[name] = sample_of_id[name][base:end]
         step_inputs = None if dense_inputs is None else dense_inputs[step]
         if closed_form is not None:
