@@ -48,23 +48,28 @@ class ServerUpdate:
 class RowUnion:
     """The distinct rows of a round (sorted) and each entry's position among them, as
     ``np.unique(rows, return_inverse=True)`` gives, in O(entries) time: a slot array as long
-    as the largest row id seen, allocated once and never cleared, stands in for the sort
-    (about 3x faster for a cohort's few thousand rows; every slot read was written first)."""
+    as the largest row id seen (int32, 4 bytes per row), allocated once and never cleared,
+    stands in for the sort (about 2x faster for a cohort's rows; every slot read was
+    written first)."""
 
     def __init__(self) -> None:
-        self.slots = np.empty(0, dtype=np.int64)
+        self.slots = np.empty(0, dtype=np.int32)
 
     def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         values = rows.numpy()
         if len(values) == 0:
             return rows.clone(), rows.clone()
-        if int(values.max()) >= len(self.slots):
-            self.slots = np.empty(max(int(values.max()) + 1, 2 * len(self.slots)), np.int64)
-        slots, positions = self.slots, np.arange(len(values))
+        if len(values) >= 2**31:  # positions would not fit the int32 slots
+            distinct, inverse = np.unique(values, return_inverse=True)
+            return torch.from_numpy(distinct), torch.from_numpy(inverse)
+        top = int(values.max())
+        if top >= len(self.slots):
+            self.slots = np.empty(max(top + 1, 2 * len(self.slots)), dtype=np.int32)
+        slots, positions = self.slots, np.arange(len(values), dtype=np.int32)
         slots[values] = positions  # the last position of each distinct row wins
         distinct = np.sort(values[slots[values] == positions])
-        slots[distinct] = np.arange(len(distinct))
-        return torch.from_numpy(distinct), torch.from_numpy(slots[values])
+        slots[distinct] = np.arange(len(distinct), dtype=np.int32)
+        return torch.from_numpy(distinct), torch.from_numpy(slots[values].astype(np.int64))
 
 
 @dataclass(frozen=True)
