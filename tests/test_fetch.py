@@ -225,3 +225,18 @@ def test_sent140_without_data_explains_how_to_get_it(cache):
 
     with pytest.raises(DataError, match=r"fedsub data fetch sent140"):
         load(Sent140Options(), None, 0)
+
+
+def test_fetch_without_a_name_lists_what_can_be_fetched(cache, monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "250")
+    (cache / "sent140").mkdir(parents=True)
+    (cache / "sent140" / "trainingandtestdata.zip").write_bytes(b"x")
+    assert main(["data", "fetch"]) == 0
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("│")
+    }
+    assert "81,363,704" in rows["sent140"] and rows["sent140"].rstrip(" │").endswith("yes")
+    assert "none published" in rows["amazon-electronics"]
+    assert rows["movielens-1m"].rstrip(" │").endswith("no")

@@ -176,8 +176,20 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_data_fetch(args: argparse.Namespace) -> int:
-    from fedsub.data.fetch import DOWNLOADS, Download, fetch
+    from fedsub.data.fetch import DOWNLOADS, Download, cache_dir, fetch
 
+    if args.name is None:  # what can be fetched, from where, and whether it is cached
+        table = Table(title=f"fetchable datasets (cache: {cache_dir()})")
+        for column in ("dataset", "file", "bytes", "checksum", "cached"):
+            table.add_column(column, justify="right" if column == "bytes" else "left")
+        for name, downloads in DOWNLOADS.items():
+            for d in downloads:
+                cached = (cache_dir() / name / d.filename).exists()
+                pin = d.checksum[:15] + "..." if d.checksum else "none published"
+                size = f"{d.size:,}" if d.size else "?"
+                table.add_row(name, d.url, size, pin, "yes" if cached else "no")
+        Console().print(table)
+        return 0
     if args.name not in DOWNLOADS:
         raise ConfigError(
             f"{args.name!r} has no official download; fetchable: {', '.join(DOWNLOADS)} "
@@ -238,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--plot", help="write the feature heat distribution (PNG)")
     stats.set_defaults(func=cmd_data_stats)
     fetch = data_commands.add_parser("fetch", help="download a dataset into the cache")
-    fetch.add_argument("name", help="e.g. movielens-1m")
+    fetch.add_argument("name", nargs="?", help="e.g. movielens-1m (none: list what can be)")
     fetch.add_argument(
         "--url", help="a mirror of the official file, or of the folder of a multi-file set"
     )
