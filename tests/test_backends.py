@@ -307,7 +307,10 @@ def test_sparse_lr_closed_form_gradients_equal_autograd():
     inputs = torch.from_numpy(rng.normal(size=(k, batch, 2)))
     labels = torch.from_numpy(rng.integers(2, size=(k, batch)).astype(np.float64))
 
-    table_grads, dense_grads = model.cohort_gradients(tables, dense, ids, samples, inputs, labels)
+    values = {n: v for n, (v, _) in ids.items()}
+    table_grads, dense_grads = model.cohort_gradients(
+        tables, dense, values, samples, inputs, labels
+    )
 
     leaves = {**tables, **dense}
     leaves = {n: v.clone().requires_grad_(True) for n, v in leaves.items()}

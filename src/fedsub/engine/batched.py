@@ -94,10 +94,7 @@ def run_cohort(
     dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
     leaves = [*tables.values(), *dense.values()]
     anchors = [*pulled_tables.values(), *pulled_dense.values()]
-    row_owner = {
-        t: torch.repeat_interleave(torch.arange(k), torch.from_numpy(r.lengths()))
-        for t, r in rows.items()
-    }
+    row_owner = {t: torch.from_numpy(np.repeat(np.arange(k), r.lengths())) for t, r in rows.items()}
     owners = [*(row_owner[t] for t in tables), *(None for _ in dense)]
     rule = work.rule
     lr = torch.from_numpy(work.lr_scale * rule.lr).to(schedule.dtype)
@@ -114,26 +111,27 @@ def run_cohort(
         n: (torch.from_numpy(r.values), torch.from_numpy(r.offsets)) for n, r in ids.items()
     }
     step_bounds = {n: r.offsets[::per_step].tolist() for n, r in ids.items()}  # per step
-    # For each id, which sample of its step it belongs to (0 .. K * B - 1).
-    sample_of_id = {
-        n: torch.from_numpy(np.repeat(np.arange(len(r)) % per_step, r.lengths()))
-        for n, r in ids.items()
-    }
+    if closed_form is not None:  # for each id, which of its step's K * B samples it is in
+        sample_of_id = {
+            n: torch.from_numpy(np.repeat(np.arange(len(r)) % per_step, r.lengths()))
+            for n, r in ids.items()
+        }
     for step in range(steps):
-        step_ids, step_samples = {}, {}
-        for name, (values, offsets) in id_tensors.items():
-            base, end = step_bounds[name][step], step_bounds[name][step + 1]
-            step_offsets = offsets[step * per_step : (step + 1) * per_step + 1] - base
-            step_ids[name] = (values[base:end], step_offsets)
-            step_samples[name] = sample_of_id[name][base:end]
+        spans = {n: (bounds[step], bounds[step + 1]) for n, bounds in step_bounds.items()}
+        step_values = {n: id_tensors[n][0][a:b] for n, (a, b) in spans.items()}
         step_inputs = None if dense_inputs is None else dense_inputs[step]
         if closed_form is not None:
+            step_samples = {n: sample_of_id[n][a:b] for n, (a, b) in spans.items()}
             with torch.no_grad():
                 table_grads, dense_grads = closed_form(
-                    tables, dense, step_ids, step_samples, step_inputs, labels[step]
+                    tables, dense, step_values, step_samples, step_inputs, labels[step]
                 )
             grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
         else:
+            step_ids = {
+                n: (values, id_tensors[n][1][step * per_step : (step + 1) * per_step + 1] - a)
+                for (n, values), (a, _) in zip(step_values.items(), spans.values(), strict=True)
+            }
             features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
             outputs = head(dense, features, step_inputs)
             # The loss is a mean over samples, and every client has B of them: K times the

@@ -67,13 +67,14 @@ class SparseLogisticRegression:
         self,
         tables: dict[str, torch.Tensor],
         dense: dict[str, torch.Tensor],
-        ids: Ids,
+        ids: dict[str, torch.Tensor],
         sample_of_id: dict[str, torch.Tensor],
         dense_inputs: torch.Tensor | None,
         labels: torch.Tensor,
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The gradients of the K clients' batch-mean losses (labels [K, B]) in closed form;
-        ``sample_of_id[field]`` says which of the K * B samples each id belongs to.
+        ``ids[field]`` are the K * B samples' row ids, one after another, and
+        ``sample_of_id[field]`` says which sample each id belongs to.
 
         d loss / d logit = (sigmoid(logit) - y) / B, and a logit is a sum of weights, so a
         row's gradient is the sum of that residual over its occurrences. Both sums are
@@ -82,7 +83,7 @@ class SparseLogisticRegression:
         Tests check it against autograd through ``embed``, ``cohort_head`` and ``loss``."""
         k, batch = labels.shape
         logits = np.repeat(dense["bias"].detach().numpy().astype(np.float64), batch, axis=1)
-        for name, (values, _) in ids.items():
+        for name, values in ids.items():
             weight = tables[self.field_tables.get(name, name)].detach().numpy()[:, 0]
             sums = np.bincount(
                 sample_of_id[name].numpy(), weights=weight[values.numpy()], minlength=k * batch
@@ -95,7 +96,7 @@ class SparseLogisticRegression:
         residual = (sigmoid - labels.numpy()) / batch
         flat = residual.reshape(-1)
         table_grads: dict[str, np.ndarray] = {}
-        for name, (values, _) in ids.items():
+        for name, values in ids.items():
             table = self.field_tables.get(name, name)
             grad = np.bincount(
                 values.numpy(),
