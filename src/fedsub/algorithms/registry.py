@@ -10,7 +10,12 @@ Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``,
 - ``fedprox``: FedAvg with ``(mu/2)||x - x_global||^2`` in the client's loss.
 - ``scaffold``: exact SCAFFOLD (option II control variates), server lr ``server_lr``.
 - ``scaffold-approx``: the FedSubAvg paper's server-side approximation (appendix D.2).
-- ``fedadam`` / ``fedadagrad`` / ``fedyogi``: adaptive server optimizers on the mean delta.
+- ``fedadam`` / ``fedadagrad`` / ``fedyogi``: Reddi et al.'s adaptive server optimizers over
+  the full model (every row's moments decay and every row moves, every round).
+- ``fedadam-lazy`` / ``fedadagrad-lazy`` / ``fedyogi-lazy``: fedsub's lazy variant, touched
+  rows only (also ``lazy = true`` on the names above).
+- ``fedsubavg-adam`` / ``fedsubavg-adagrad`` / ``fedsubavg-yogi``: FedSubAvg's heat-coefficient
+  aggregate, then the adaptive server optimizer (presets until stages compose freely).
 - ``central-sgd``: SGD on the pooled data, I steps of batch K * B per round (seed 001, 5.1).
 """
 
@@ -26,6 +31,7 @@ import torch
 from fedsub.algorithms.aggregation import Aggregation
 from fedsub.algorithms.schemes import SCHEMES, Scheme
 from fedsub.algorithms.server_optimizer import (
+    LazyTorchServerOptimizer,
     ServerMomentum,
     ServerOptimizer,
     ServerSGD,
@@ -83,11 +89,18 @@ class ServerLrOptions(CommonOptions):
 
 
 @dataclass(frozen=True)
-class AdaptiveOptions(CommonOptions):
+class LazyAdaptiveOptions(CommonOptions):
+    """Options of the ``-lazy`` names (always lazy). Adagrad ignores beta1 and beta2."""
+
     server_lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
     beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
     beta2: float = field(default=0.99, metadata={"min": 0.0, "max": 1.0})
     tau: float = field(default=1e-3, metadata={"min_exclusive": 0.0})
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions(LazyAdaptiveOptions):
+    lazy: bool = False  # true: touched rows only (fedsub's variant), not Reddi et al.'s
 
 
 def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
@@ -129,6 +142,29 @@ def _sgd(_: Params) -> ServerOptimizer:
     return ServerSGD()
 
 
+def _adaptive_server(kind: str, o: Any, lazy: bool) -> Callable[[Params], ServerOptimizer]:
+    if kind == "yogi":
+        return lambda p: ServerYogi(p, o.server_lr, o.beta1, o.beta2, o.tau, lazy=lazy)
+    optimizer = LazyTorchServerOptimizer if lazy else TorchServerOptimizer
+    return lambda p: optimizer(kind, p, o.server_lr, o.beta1, o.beta2, o.tau)  # type: ignore[arg-type]
+
+
+def _adaptive(kind: str, heat: bool, lazy: bool | None) -> Builder:
+    """An adaptive server optimizer after FedAvg's (or, with ``heat``, FedSubAvg's) aggregate;
+    ``lazy`` None means the ``lazy`` option decides."""
+
+    def build(c: AlgorithmContext, s: Scheme, o: Any) -> dict[str, Any]:
+        if heat:
+            weighting = "samples" if c.heat == "samples" else "uniform"
+            aggregation = _aggregation(c, s, weighting, coefficients=heat_coefficients(c))
+        else:
+            aggregation = _aggregation(c, s)
+        is_lazy = o.lazy if lazy is None else lazy
+        return {"aggregation": aggregation, "make_server": _adaptive_server(kind, o, is_lazy)}
+
+    return build
+
+
 _BUILDERS: dict[str, tuple[type, Builder]] = {
     "fedavg": (CommonOptions, lambda c, s, o: {"aggregation": _aggregation(c, s)}),
     "fedsubavg": (
@@ -162,29 +198,15 @@ _BUILDERS: dict[str, tuple[type, Builder]] = {
             ),
         },
     ),
-    "fedadam": (
-        AdaptiveOptions,
-        lambda c, s, o: {
-            "aggregation": _aggregation(c, s),
-            "make_server": lambda p: TorchServerOptimizer(
-                "adam", p, o.server_lr, o.beta1, o.beta2, o.tau
-            ),
-        },
-    ),
-    "fedadagrad": (
-        AdaptiveOptions,
-        lambda c, s, o: {
-            "aggregation": _aggregation(c, s),
-            "make_server": lambda p: TorchServerOptimizer("adagrad", p, o.server_lr, tau=o.tau),
-        },
-    ),
-    "fedyogi": (
-        AdaptiveOptions,
-        lambda c, s, o: {
-            "aggregation": _aggregation(c, s),
-            "make_server": lambda p: ServerYogi(p, o.server_lr, o.beta1, o.beta2, o.tau),
-        },
-    ),
+    **{
+        name: (options, _adaptive(kind, heat=heat, lazy=lazy))
+        for kind in ("adam", "adagrad", "yogi")
+        for name, options, heat, lazy in (
+            (f"fed{kind}", AdaptiveOptions, False, None),
+            (f"fed{kind}-lazy", LazyAdaptiveOptions, False, True),
+            (f"fedsubavg-{kind}", AdaptiveOptions, True, None),
+        )
+    },
     "central-sgd": (
         CommonOptions,
         lambda c, s, o: {"aggregation": Aggregation("samples"), "central": True},

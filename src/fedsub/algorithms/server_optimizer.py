@@ -1,8 +1,10 @@
 """Server optimizers: apply a round's aggregate (a ``ServerUpdate``, the mean delta) to the
-global model. The pseudo-gradient is the negated aggregate.
+global model. The pseudo-gradient is the negated aggregate (zero for rows no client touched).
 
-Every optimizer touches only the rows the round touched, except ``ServerMomentum``, whose
-momentum keeps moving rows after their last update (its cost is stated there).
+``ServerSGD`` and the lazy adaptive optimizers touch only the rows the round touched:
+O(touched rows x dim) per round. Reddi et al.'s adaptive optimizers (``TorchServerOptimizer``,
+``ServerYogi``) and ``ServerMomentum`` keep moving every row through their moments, so each
+round costs O(table rows x dim), the O(RM) overhead seed 002's appendix E attributes to FedAdam.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-from fedsub.algorithms.aggregation import ServerUpdate
+from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import scatter_add_rows
 
@@ -115,12 +117,66 @@ class RowwiseTorchOptimizer:
                 self.shared_state[name[len(prefix) + 8 :]] = value.clone()
 
 
-class TorchServerOptimizer:
-    """FedAdam / FedAdagrad (Reddi et al. 2021) as real ``torch.optim`` optimizers.
+def _torch_factory(
+    kind: Literal["adam", "adagrad"], lr: float, beta1: float, beta2: float, tau: float
+) -> Callable[[list[torch.Tensor]], torch.optim.Optimizer]:
+    if kind == "adam":
+        return lambda ps: torch.optim.Adam(ps, lr=lr, betas=(beta1, beta2), eps=tau)
+    if kind == "adagrad":
+        return lambda ps: torch.optim.Adagrad(ps, lr=lr, eps=tau)
+    raise ValueError(f"unknown torch server optimizer {kind!r}")
 
-    The negated aggregate is the gradient. Dense parameters: ``torch.optim.Adam`` /
-    ``Adagrad`` stepped as usual. Tables: the same optimizer on the touched rows only
-    (``RowwiseTorchOptimizer``): per round O(touched rows x dim), never the full table.
+
+def dense_pseudo_gradient(table: torch.Tensor, update: RowUpdate | None) -> torch.Tensor:
+    """The negated aggregate over the whole table: zeros for rows no client touched."""
+    gradient = torch.zeros_like(table)
+    if update is not None:
+        gradient.index_copy_(0, update.rows, -update.values.to(table.dtype))
+    return gradient
+
+
+class TorchServerOptimizer:
+    """FedAdam / FedAdagrad of Reddi et al. (2021): ``torch.optim.Adam`` / ``Adagrad`` over
+    the FULL model, the pseudo-gradient being the negated aggregate with zeros for untouched
+    rows. Every row's moments decay every round and every row moves by its moment ratio, as
+    in the paper (and as seed 002 compares against). Cost per round: O(table rows x dim).
+
+    torch's conventions hold: Adam has bias correction, Adagrad has no first moment."""
+
+    def __init__(
+        self,
+        kind: Literal["adam", "adagrad"],
+        params: Params,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+    ) -> None:
+        make = _torch_factory(kind, lr, beta1, beta2, tau)
+        self.optimizer = make([*params.tables.values(), *params.dense.values()])
+
+    def apply(self, params: Params, update: ServerUpdate) -> None:
+        for name, table in params.tables.items():
+            table.grad = dense_pseudo_gradient(table, update.tables.get(name))
+        for name, tensor in params.dense.items():
+            tensor.grad = -update.dense[name]
+        self.optimizer.step()
+        for tensor in [*params.tables.values(), *params.dense.values()]:
+            tensor.grad = None
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return _torch_optimizer_tensors(self.optimizer, "full")
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        _load_torch_optimizer(self.optimizer, "full", tensors)
+
+
+class LazyTorchServerOptimizer:
+    """fedsub's lazy variant of FedAdam / FedAdagrad (``fedadam-lazy``, ``lazy = true``).
+
+    Dense parameters: ``torch.optim.Adam`` / ``Adagrad`` stepped as usual. Tables: the same
+    optimizer on the touched rows only (``RowwiseTorchOptimizer``, SparseAdam-style): rows
+    no client touched keep their value and their moments. Per round O(touched rows x dim).
     """
 
     def __init__(
@@ -132,12 +188,7 @@ class TorchServerOptimizer:
         beta2: float = 0.99,
         tau: float = 1e-3,
     ) -> None:
-        if kind == "adam":
-            make = lambda ps: torch.optim.Adam(ps, lr=lr, betas=(beta1, beta2), eps=tau)  # noqa: E731
-        elif kind == "adagrad":
-            make = lambda ps: torch.optim.Adagrad(ps, lr=lr, eps=tau)  # noqa: E731
-        else:
-            raise ValueError(f"unknown torch server optimizer {kind!r}")
+        make = _torch_factory(kind, lr, beta1, beta2, tau)
         self.dense = make(list(params.dense.values())) if params.dense else None
         self.tables = {name: RowwiseTorchOptimizer(make) for name in params.tables}
 
@@ -172,14 +223,21 @@ class ServerYogi:
         m = beta1 m + (1 - beta1) u;   v = v - (1 - beta2) u^2 sign(v - u^2)
         X = X + lr * m / (sqrt(v) + tau)          with u the aggregate, m0 = 0, v0 = tau^2
 
-    Tables: state is kept per row and only touched rows are updated (lazy, like SparseAdam):
-    per round O(touched rows x dim).
+    Default: over the full model, u = 0 for untouched rows (their m decays and they keep
+    moving), O(table rows x dim) per round. ``lazy``: only touched rows' state and values
+    are updated (fedsub's variant), O(touched rows x dim).
     """
 
     def __init__(
-        self, params: Params, lr: float, beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3
+        self,
+        params: Params,
+        lr: float,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+        lazy: bool = False,
     ) -> None:
-        self.lr, self.beta1, self.beta2, self.tau = lr, beta1, beta2, tau
+        self.lr, self.beta1, self.beta2, self.tau, self.lazy = lr, beta1, beta2, tau, lazy
         self.m = {n: torch.zeros_like(t) for n, t in {**params.tables, **params.dense}.items()}
         self.v = {
             n: torch.full_like(t, tau**2) for n, t in {**params.tables, **params.dense}.items()
@@ -192,11 +250,19 @@ class ServerYogi:
         return m, v, self.lr * m / (v.sqrt() + self.tau)
 
     def apply(self, params: Params, update: ServerUpdate) -> None:
-        for name, row_update in update.tables.items():
-            rows = row_update.rows
-            m, v, step = self._step(self.m[name][rows], self.v[name][rows], row_update.values)
-            self.m[name][rows], self.v[name][rows] = m, v
-            params.tables[name].index_add_(0, rows, step)
+        for name, table in params.tables.items():
+            row_update = update.tables.get(name)
+            if self.lazy:
+                if row_update is None:
+                    continue
+                rows = row_update.rows
+                m, v, step = self._step(self.m[name][rows], self.v[name][rows], row_update.values)
+                self.m[name][rows], self.v[name][rows] = m, v
+                table.index_add_(0, rows, step)
+            else:
+                u = -dense_pseudo_gradient(table, row_update)
+                self.m[name], self.v[name], step = self._step(self.m[name], self.v[name], u)
+                table.add_(step)
         for name, u in update.dense.items():
             self.m[name], self.v[name], step = self._step(self.m[name], self.v[name], u)
             params.dense[name].add_(step)
