@@ -55,7 +55,7 @@ def test_overrides_take_toml_values_and_plain_strings(tmp_path):
         (
             "[train]\nalgorithms = ['fedsgd']\n",
             "train.algorithms = 'fedsgd' is not allowed: unknown algorithm 'fedsgd'; choose from "
-            "central-sgd, fedadagrad, fedadam, fedavg, fedprox",
+            "central-sgd, fedadagrad, fedadagrad-lazy, fedadam, fedadam-lazy, fedavg, fedprox",
         ),
         ("[train]\nheat = 'rows'\n", "train.heat = 'rows' is not allowed; choose from clients"),
         (
