@@ -36,7 +36,9 @@ OVERRIDES = (
 )
 
 
-def in_process_model(overrides: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def in_process_model(
+    overrides: tuple[str, ...], name: str = "fedsubavg"
+) -> dict[str, torch.Tensor]:
     """The same run on fedsub's own engine (sequential backend)."""
     config = config_lib.load(None, overrides)
     dataset = load_data(config)
@@ -44,18 +46,21 @@ def in_process_model(overrides: tuple[str, ...]) -> dict[str, torch.Tensor]:
     model = build_model("sparse-lr", dataset, {"init_std": 0.0})
     schedule = schedule_of(config)
     context = AlgorithmContext(dataset, index, config.train.heat, schedule.clients_per_round)
-    algorithm = build_algorithm("fedsubavg", context)
+    algorithm = build_algorithm(name, context, config.algorithm_options(name))
     return train(model, algorithm, dataset, index, schedule).state_dict()
 
 
-def test_flower_simulation_gives_the_in_process_engines_model(tmp_path):
+# fedsubavg-adam: heat coefficients and Reddi et al.'s full-model server Adam on Flower
+@pytest.mark.parametrize("name", ["fedsubavg", "fedsubavg-adam"])
+def test_flower_simulation_gives_the_in_process_engines_model(tmp_path, name):
     from flwr.simulation import run_simulation
 
     from fedsub.flower.apps import make_client_app, make_server_app
 
-    expected = in_process_model(OVERRIDES)
+    overrides = (*OVERRIDES, f"train.algorithms=['{name}']")
+    expected = in_process_model(overrides, name)
     out = tmp_path / "out"
-    settings = FlowerSettings(overrides=OVERRIDES, out_dir=str(out))
+    settings = FlowerSettings(overrides=overrides, out_dir=str(out))
     run_simulation(
         server_app=make_server_app(settings),
         client_app=make_client_app(settings),
