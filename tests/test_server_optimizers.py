@@ -237,3 +237,19 @@ def test_fedsubavg_preset_aggregates_with_the_heat_coefficients():
     _, fedsubavg_adam = first_round("fedsubavg-adam", dataset)
     assert not torch.allclose(fedavg.tables["a"], fedsubavg.tables["a"])
     assert not torch.allclose(fedavg_adam.tables["a"], fedsubavg_adam.tables["a"])
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_resuming_with_the_other_forms_state_is_an_error_not_a_silent_restart(lazy):
+    from fedsub.errors import FedsubError
+
+    saved_by, loads = (
+        (TorchServerOptimizer, LazyTorchServerOptimizer)
+        if lazy
+        else (LazyTorchServerOptimizer, TorchServerOptimizer)
+    )
+    params = fresh_params()
+    saver = saved_by("adam", params, 0.1)
+    saver.apply(params, next(sparse_rounds(0)))
+    with pytest.raises(FedsubError, match="resume with the matching algorithm"):
+        loads("adam", fresh_params(), 0.1).load_state_tensors(saver.state_tensors())

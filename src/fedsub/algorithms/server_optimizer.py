@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
+from fedsub.errors import FedsubError
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import scatter_add_rows
 
@@ -135,6 +136,19 @@ def dense_pseudo_gradient(table: torch.Tensor, update: RowUpdate | None) -> torc
     return gradient
 
 
+def _require_form(tensors: dict[str, torch.Tensor], lazy: bool) -> None:
+    """A saved state of the other form (full-model vs lazy) would load as empty moments and
+    silently restart them: refuse it instead."""
+    full = any(name.startswith("full.") for name in tensors)
+    if tensors and full == lazy:
+        saved, wanted = ("full-model", "lazy") if full else ("lazy", "full-model")
+        raise FedsubError(
+            f"the checkpoint holds a {saved} adaptive server optimizer's state, but this run's "
+            f"optimizer is {wanted} (fedadam/fedyogi/fedadagrad are full-model, the -lazy "
+            "names and lazy = true are lazy); resume with the matching algorithm or start over"
+        )
+
+
 class TorchServerOptimizer:
     """FedAdam / FedAdagrad of Reddi et al. (2021): ``torch.optim.Adam`` / ``Adagrad`` over
     the FULL model, the pseudo-gradient being the negated aggregate with zeros for untouched
@@ -168,6 +182,7 @@ class TorchServerOptimizer:
         return _torch_optimizer_tensors(self.optimizer, "full")
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        _require_form(tensors, lazy=False)
         _load_torch_optimizer(self.optimizer, "full", tensors)
 
 
@@ -211,6 +226,7 @@ class LazyTorchServerOptimizer:
         return tensors
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        _require_form(tensors, lazy=True)
         for name, rowwise in self.tables.items():
             rowwise.load_state_tensors(f"table.{name}", tensors)
         if self.dense is not None:
