@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedsub.checks import check_against_dataset
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.evaluate import Evaluator
@@ -57,6 +58,7 @@ def federation(settings: FlowerSettings) -> Federation:
     config = settings.fedsub_config()
     dataset = load_data(config)
     model = model_of(config, dataset)
+    check_against_dataset(config, dataset, model)
     return Federation(config, dataset, SubmodelIndex.build(dataset), model, schedule_of(config))
 
 
