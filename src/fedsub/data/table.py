@@ -105,10 +105,10 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
     wanted = [o.client_column, o.label_column, *o.features, *o.numeric]
     if o.split_column:
         wanted.append(o.split_column)
+    _check_header(file, header, o)
     missing = [c for c in wanted if c not in header]
     if missing:
         raise DataError(f"{file}: no column {missing[0]!r}; columns are {', '.join(header)}")
-    _check_header(file, header, o)
     if not rows:
         raise DataError(f"{file}: no data rows")
     col = {name: header.index(name) for name in header}
@@ -179,7 +179,7 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
     if len(counts) < 2:
         raise DataError(
             f"{file}: the training split holds {len(counts)} client "
-            f"({o.client_column} = {clients[order[0]]!r}); federated training needs at least 2"
+            f"({o.client_column} = {str(clients[order[0]])!r}); federated training needs at least 2"
         )
     classes = np.unique(labels[train_rows])
     if len(classes) < 2:
