@@ -117,17 +117,22 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
     def where(i: int) -> str:
         return f"{file}, {unit} {i + first_line}"
 
-    labels = np.empty(len(rows), dtype=np.float32)
-    dense = np.empty((len(rows), len(o.numeric)), dtype=np.float32)
+    labels = np.empty(len(rows), dtype=np.float64)
+    dense = np.empty((len(rows), len(o.numeric)), dtype=np.float64)
     for i, row in enumerate(rows):
         try:
             labels[i] = float(row[col[o.label_column]])
             dense[i] = [float(row[col[c]]) for c in o.numeric]
         except ValueError:
             raise DataError(f"{where(i)}: label and numeric columns must be numbers") from None
-    if not np.all(np.isfinite(dense)):
-        bad = int(np.flatnonzero(~np.isfinite(dense).all(1))[0])
-        raise DataError(f"{where(bad)}: numeric columns must be finite numbers")
+    largest = float(np.finfo(np.float32).max)
+    fits = np.isfinite(dense) & (np.abs(dense) <= largest)
+    if not np.all(fits):
+        bad, column = (int(x[0]) for x in np.nonzero(~fits))
+        raise DataError(
+            f"{where(bad)}: numeric columns must be finite numbers of at most {largest:.3g} in "
+            f"size; {o.numeric[column]} is {dense[bad, column]:g}"
+        )
     if not np.all(np.isin(labels, (0.0, 1.0))):
         bad = int(np.flatnonzero(~np.isin(labels, (0.0, 1.0)))[0])
         raise DataError(f"{where(bad)}: label must be 0 or 1, got {labels[bad]:g}")
@@ -190,7 +195,8 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
     scaling = None
     if o.numeric and o.standardize:
         dense, scaling = standardized(dense, train_rows, o.numeric, file)
-    dense_part = dense if o.numeric else None
+    labels = labels.astype(np.float32)
+    dense_part = dense.astype(np.float32) if o.numeric else None
 
     def subset(index: np.ndarray) -> SampleSet:
         return SampleSet(
@@ -243,7 +249,7 @@ def standardized(
 ) -> tuple[np.ndarray, dict]:
     """(x - mean) / std per column, with the training split's statistics (a constant column
     gets std 1); the statistics as stored in the run's feature_scaling.json."""
-    train = dense[train_rows].astype(np.float64)
+    train = dense[train_rows]
     mean, std = train.mean(axis=0), train.std(axis=0)
     constant = [n for n, s in zip(names, std, strict=True) if not s > 0]
     if constant:
@@ -253,7 +259,7 @@ def standardized(
             ", ".join(constant),
         )
     std = np.where(std > 0, std, 1.0)
-    scaled = ((dense - mean) / std).astype(np.float32)
+    scaled = (dense - mean) / std
     record = {
         "method": "standardize: (x - mean) / std, training split statistics",
         "file": str(file),

@@ -12,7 +12,6 @@ without them they are read from the run config (``flwr run ... --run-config``).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,6 +35,7 @@ from fedsub.experiment import load_data, model_of, schedule_of
 from fedsub.flower.records import deltas_record, read_submodel
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import SubmodelStrategy
+from fedsub.json_values import dumps
 from fedsub.models.base import Model
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
 from fedsub.submodel.index import SubmodelIndex
@@ -191,6 +191,6 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
             result = {"algorithm": name, "payload": settings.payload, "rounds": strategy.rounds}
             result["evaluations"] = {str(r): m for r, m in evaluations.items()}
-            write_atomic(out / "flower-result.json", json.dumps(result, indent=2) + "\n")
+            write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
 
     return app
