@@ -165,7 +165,7 @@ def target_of(config: Config, histories: dict[str, list[Evaluation]]) -> Target:
     loss = config.eval.target_train_loss
     if loss == "central-min":
         losses = [e.metrics["train_loss"] for e in histories[CENTRAL]]
-        loss = min(x for x in losses if math.isfinite(x))
+        loss = min((x for x in losses if math.isfinite(x)), default=None)
     return Target(loss, config.eval.target_test_auc)  # type: ignore[arg-type]
 
 
