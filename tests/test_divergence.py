@@ -106,3 +106,18 @@ def test_masked_mlp_blow_up_stops_naming_algorithm_round_loss_and_rule():
     assert message.startswith("fedavg: train loss ")
     assert "> 10 x the round-0 train loss" in message and "at round 1" in message
     assert "no checkpoint was written yet" in message
+
+
+def test_a_sweep_records_the_diverged_value_and_exits_1(tmp_path, capsys):
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.replace("{lr}", "0.2"))
+    out = tmp_path / "sweep"
+    argv = ["compare", str(config), "--algorithms", "fedavg", "--out", str(out), "--quiet"]
+    assert main([*argv, "--sweep", "algorithms.fedavg.lr=0.2,1e6"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("fedsub: error: fedavg (algorithms.fedavg.lr=1e6) diverged at round 2")
+    result = strict_json((out / "sweep.json").read_text())
+    assert result["rounds_to_target"]["fedavg"]["1e6"] is None
+    assert result["diverged"]["fedavg"]["1e6"]["round"] == 2
+    assert result["diverged"]["fedavg"]["0.2"] is None
+    assert "| fedavg | 0 | diverged at round 2 |" in (out / "sweep.md").read_text()

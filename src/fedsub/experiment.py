@@ -319,6 +319,10 @@ def sweep(
             n: {v: o.summary["algorithms"][n]["rounds_to_target"] for v, o in outcomes.items()}
             for n in names
         },
+        "diverged": {
+            n: {v: o.summary["algorithms"][n]["diverged"] for v, o in outcomes.items()}
+            for n in names
+        },
     }
     with_target = any(result["targets"].values())
     lines = []
