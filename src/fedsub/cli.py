@@ -47,7 +47,16 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     print(outcome.markdown, end="")
     if not args.quiet:
         print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
-    return 0
+    return _diverged_exit(outcome)
+
+
+def _diverged_exit(outcome) -> int:
+    """Exit 1 with a ``fedsub: error:`` line when any algorithm diverged (its outputs are
+    written all the same), else 0."""
+    if not outcome.diverged:
+        return 0
+    print(f"fedsub: error: {outcome.divergence_message()}", file=sys.stderr)
+    return 1
 
 
 def _resumed_config(args: argparse.Namespace, algorithms: list[str] | None) -> config_lib.Config:
@@ -140,7 +149,7 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     with _progress(args.quiet, total) as on_round:
         outcome = sweep(key, values, load, Path(args.out), on_round)
     print(outcome.markdown, end="")
-    return 0
+    return _diverged_exit(outcome)
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:

@@ -100,6 +100,9 @@ class EvalConfig:
     )
     target_test_auc: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
     gradient_norms: bool = False
+    # a run diverges when an evaluation's train loss exceeds this many times the round-0
+    # train loss (engine/divergence.py); 0 = only NaN / Inf losses count as divergence
+    divergence_factor: float = field(default=10.0, metadata={"min": 0.0})
 
 
 @dataclass(frozen=True)

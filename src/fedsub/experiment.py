@@ -4,8 +4,8 @@ and sweeps of one key over several values (the papers' Table 3)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ import torch
 
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
+from fedsub.checks import check_against_dataset
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
@@ -25,6 +26,7 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.schedule import DTYPES, Schedule
 from fedsub.errors import FedsubError
+from fedsub.json_values import dumps
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
 from fedsub.models.base import Model
@@ -35,9 +37,9 @@ from fedsub.report import (
     MetricsLog,
     Target,
     metrics_table,
+    outcome_cell,
     plot_curves,
     read_metrics,
-    rounds_cell,
     save_tensors_atomic,
     summary,
     summary_markdown,
@@ -55,6 +57,13 @@ class Outcome:
     summary: dict
     markdown: str
     out_dir: Path
+    diverged: dict[str, Diverged] = dataclasses.field(default_factory=dict)  # by algorithm
+
+    def divergence_message(self) -> str:
+        """One line naming every diverged algorithm, its round and why ("" when none)."""
+        return "; ".join(
+            f"{name} diverged at round {d.round} ({d.reason})" for name, d in self.diverged.items()
+        )
 
 
 def load_data(config: Config) -> FederatedDataset:
@@ -102,14 +111,6 @@ def _start_fresh(folder: Path) -> None:
 def _resume_point(folder: Path) -> checkpoint_lib.Checkpoint | None:
     newest = checkpoint_lib.latest(folder / "checkpoints")
     return None if newest is None else checkpoint_lib.load(newest)
-
-
-def _fields(record: dict) -> dict:
-    return {
-        "round": record["round"],
-        "metrics": record["metrics"],
-        "elapsed_train_seconds": record["elapsed"],
-    }
 
 
 def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None:
@@ -163,7 +164,8 @@ def algorithms_to_run(config: Config) -> list[str]:
 def target_of(config: Config, histories: dict[str, list[Evaluation]]) -> Target:
     loss = config.eval.target_train_loss
     if loss == "central-min":
-        loss = min(e.metrics["train_loss"] for e in histories[CENTRAL])
+        losses = [e.metrics["train_loss"] for e in histories[CENTRAL]]
+        loss = min((x for x in losses if math.isfinite(x)), default=None)
     return Target(loss, config.eval.target_test_auc)  # type: ignore[arg-type]
 
 
@@ -179,9 +181,13 @@ class AlgorithmRun:
     stop_requested: Callable[[], bool]
     on_round: Callable[[str, int], None] | None
 
-    def train(self, model, algorithm, dataset, index, schedule, evaluator) -> list[Evaluation]:
+    def train(
+        self, model, algorithm, dataset, index, schedule, evaluator
+    ) -> tuple[list[Evaluation], Diverged | None]:
+        """The algorithm's evaluations, and its divergence when it diverged (then no final
+        model or completion marker is written; the other algorithms still run)."""
         saved = _resume_point(self.folder) if self.resume else _start_fresh(self.folder)
-        earlier = [] if saved is None else [Evaluation(**_fields(e)) for e in saved.history]
+        earlier = [] if saved is None else [Evaluation.from_record(e) for e in saved.history]
         log = MetricsLog(self.folder / "metrics.jsonl", earlier)
         rejections = JsonLines(self.folder / "rejections.jsonl")
         control = RunControl(
@@ -191,6 +197,7 @@ class AlgorithmRun:
             resume=saved,
             stop_requested=self.stop_requested,
             on_reject=lambda rejection: _log_rejection(self.name, rejection, rejections),
+            divergence_factor=self.config.eval.divergence_factor,
         )
         on_round = self.on_round
         try:
@@ -206,12 +213,13 @@ class AlgorithmRun:
                 control=control,
             )
         except Diverged as error:
-            raise FedsubError(str(error)) from None
+            LOG.warning("%s", error)
+            return log.history, error
         finally:
             log.close()
         save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
         write_atomic(self.folder / DONE, "finished\n")
-        return log.history
+        return log.history, None
 
 
 def compare(
@@ -232,8 +240,12 @@ def compare(
     if not resume:
         write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
     dataset = load_data(config)
-    index = SubmodelIndex.build(dataset)
     model = model_of(config, dataset)
+    check_against_dataset(config, dataset, model)
+    if dataset.feature_scaling is not None:
+        scaling = dumps(dataset.feature_scaling, indent=2) + "\n"
+        write_atomic(out_dir / "feature_scaling.json", scaling)
+    index = SubmodelIndex.build(dataset)
     t = config.train
     privacy = HeatPrivacy(
         t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
@@ -247,8 +259,8 @@ def compare(
     )
     if privacy.source != "exact":
         record = describe(dataset, index, t.heat, privacy)  # type: ignore[arg-type]
-        write_atomic(out_dir / "heat_source.json", json.dumps(record, indent=2) + "\n")
-        LOG.info("heat source: %s", json.dumps(record))
+        write_atomic(out_dir / "heat_source.json", dumps(record, indent=2) + "\n")
+        LOG.info("heat source: %s", dumps(record))
     extra = None
     if config.eval.gradient_norms:
         coefficients = heat_coefficients(context)
@@ -259,13 +271,14 @@ def compare(
     schedule = schedule_of(config)
 
     histories: dict[str, list[Evaluation]] = {}
+    diverged: dict[str, Diverged] = {}
     for name in algorithms_to_run(config):
         folder = out_dir / name
         if resume and (folder / DONE).exists():
             histories[name] = read_metrics(folder / "metrics.jsonl")
             continue
         run = AlgorithmRun(name, folder, config, resume, stop_requested, on_round)
-        histories[name] = run.train(
+        histories[name], divergence = run.train(
             model,
             build_algorithm(name, context, config.algorithm_options(name)),
             dataset,
@@ -273,14 +286,16 @@ def compare(
             schedule,
             evaluator,
         )
+        if divergence is not None:
+            diverged[name] = divergence
 
     target = target_of(config, histories)
-    result = summary(histories, target)
+    result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
     markdown = summary_markdown(result, target, schedule.rounds)
-    write_atomic(out_dir / "summary.json", json.dumps(result, indent=2) + "\n")
+    write_atomic(out_dir / "summary.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
     plot_curves(histories, out_dir / "curves.png", f"{dataset.name}: {', '.join(histories)}")
-    return Outcome(result, markdown, out_dir)
+    return Outcome(result, markdown, out_dir, diverged)
 
 
 def sweep(
@@ -304,25 +319,35 @@ def sweep(
             n: {v: o.summary["algorithms"][n]["rounds_to_target"] for v, o in outcomes.items()}
             for n in names
         },
+        "diverged": {
+            n: {v: o.summary["algorithms"][n]["diverged"] for v, o in outcomes.items()}
+            for n in names
+        },
     }
-    header = f"| algorithm | {' | '.join(f'{key}={v}' for v in values)} |"
-    lines = [
-        f"Rounds to target for each {key} ('R+' = not reached in R rounds)",
-        "",
-        header,
-        "|---|" + "---:|" * len(values),
-    ]
-    for n in names:
-        cells = [rounds_cell(result["rounds_to_target"][n][v], rounds[v]) for v in values]
-        lines.append(f"| {n} | {' | '.join(cells)} |")
-    targets = [f"{key}={v}: {_describe(result['targets'][v])}" for v in values]
-    lines += ["", "Targets: " + "; ".join(targets), ""]
+    with_target = any(result["targets"].values())
+    lines = []
+    if with_target:
+        header = f"| algorithm | {' | '.join(f'{key}={v}' for v in values)} |"
+        lines += [
+            f"Rounds to target for each {key} ('R+' = not reached in R rounds)",
+            "",
+            header,
+            "|---|" + "---:|" * len(values),
+        ]
+        for n in names:
+            entries = [outcomes[v].summary["algorithms"][n] for v in values]
+            cells = [outcome_cell(e, rounds[v]) for e, v in zip(entries, values, strict=True)]
+            lines.append(f"| {n} | {' | '.join(cells)} |")
+        targets = [f"{key}={v}: {_describe(result['targets'][v])}" for v in values]
+        lines += ["", "Targets: " + "; ".join(targets), ""]
+    else:
+        lines += [f"Sweep of {key}: no target set (no rounds to target)", ""]
     rows = [
         (n, v, o.summary["algorithms"][n], rounds[v])
         for v, o in outcomes.items()
         for n in o.summary["algorithms"]
     ]
-    lines += metrics_table(rows, ["algorithm", key])
+    lines += metrics_table(rows, ["algorithm", key], with_rounds=with_target)
     markdown = "\n".join(lines) + "\n"
     histories = {
         f"{n} {key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
@@ -330,11 +355,12 @@ def sweep(
         for n in o.summary["algorithms"]
     }
     plot_curves(histories, out_dir / "curves.png", f"sweep of {key}")
-    write_atomic(out_dir / "sweep.json", json.dumps(result, indent=2) + "\n")
+    write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
-    return Outcome(result, markdown, out_dir)
+    diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
+    return Outcome(result, markdown, out_dir, diverged)
 
 
 def _describe(target: dict[str, float]) -> str:
     parts = [f"{k} {'<=' if k == 'train_loss' else '>='} {v:.4g}" for k, v in target.items()]
-    return " and ".join(parts) if parts else "none"
+    return " and ".join(parts) if parts else "no target set"

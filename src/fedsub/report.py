@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from fedsub.engine.loop import Evaluation
+from fedsub.json_values import dumps, metrics_from_json
 
 CURVE_METRICS = (("train_loss", "train loss"), ("test_loss", "test loss"), ("test_auc", "test AUC"))
 CURVE_FALLBACK = ("test_accuracy", "test accuracy")  # when no AUC (multiclass)
@@ -79,13 +80,20 @@ class Target:
             ok &= metrics.get("test_auc", -math.inf) >= self.test_auc
         return ok
 
+    @property
+    def is_set(self) -> bool:
+        return self.train_loss is not None or self.test_auc is not None
+
     def describe(self) -> str:
         parts = []
         if self.train_loss is not None:
             parts.append(f"train loss <= {self.train_loss:g}")
         if self.test_auc is not None:
             parts.append(f"test AUC >= {self.test_auc:g}")
-        return " and ".join(parts) or "none"
+        return " and ".join(parts) or NO_TARGET
+
+
+NO_TARGET = "no target set"
 
 
 def rounds_to_target(history: list[Evaluation], target: Target) -> int | None:
@@ -118,19 +126,31 @@ class MetricsLog:
 
     def __call__(self, evaluation: Evaluation) -> None:
         self.history.append(evaluation)
-        self._handle.write(json.dumps(evaluation.as_json()) + "\n")
+        self._handle.write(dumps(evaluation.as_json()) + "\n")
         self._handle.flush()
 
     def close(self) -> None:
         self._handle.close()
 
 
-def summary(histories: dict[str, list[Evaluation]], target: Target) -> dict:
+def summary(
+    histories: dict[str, list[Evaluation]],
+    target: Target,
+    diverged: dict[str, tuple[int, str]] | None = None,
+) -> dict:
+    """summary.json: per algorithm its rounds to target (null when not reached, when no
+    target is set, or when it diverged), final and best metrics, and its divergence."""
+    diverged = diverged or {}
     return {
         "target": target.as_json(),
         "algorithms": {
             name: {
-                "rounds_to_target": rounds_to_target(history, target),
+                "rounds_to_target": None if name in diverged else rounds_to_target(history, target),
+                "diverged": (
+                    {"round": diverged[name][0], "reason": diverged[name][1]}
+                    if name in diverged
+                    else None
+                ),
                 "final": history[-1].metrics,
                 "best": best_metrics(history),
             }
@@ -144,9 +164,32 @@ def rounds_cell(reached: int | None, rounds: int) -> str:
     return str(reached) if reached is not None else f"{rounds}+"
 
 
+def outcome_cell(entry: dict, rounds: int) -> str:
+    """An algorithm's rounds-to-target cell; 'diverged at round r' for a diverged run."""
+    if entry.get("diverged"):
+        return f"diverged at round {entry['diverged']['round']}"
+    return rounds_cell(entry["rounds_to_target"], rounds)
+
+
+def number_cell(value: float | None) -> str:
+    """A metric in a table: 'n/a' when undefined (e.g. AUC with one class in the test set)."""
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.4f}"
+
+
 def summary_markdown(result: dict, target: Target, rounds: int) -> str:
     names = list(result["algorithms"])
-    cells = [rounds_cell(result["algorithms"][n]["rounds_to_target"], rounds) for n in names]
+    rows = [(name, entry, rounds) for name, entry in result["algorithms"].items()]
+    if not target.is_set:  # no rounds to target at all: never print 'R+' cells
+        diverged = [
+            f"{n}: {outcome_cell(result['algorithms'][n], rounds)}"
+            for n in names
+            if result["algorithms"][n].get("diverged")
+        ]
+        lines = ["Target: no target set (no rounds to target)", ""]
+        if diverged:
+            lines += ["Diverged: " + "; ".join(diverged), ""]
+        return "\n".join(lines + metrics_table(rows, ["algorithm"], with_rounds=False)) + "\n"
+    cells = [outcome_cell(result["algorithms"][n], rounds) for n in names]
     lines = [
         f"Target: {target.describe()} (rounds to target; '{rounds}+' = not reached in {rounds})",
         "",
@@ -155,28 +198,28 @@ def summary_markdown(result: dict, target: Target, rounds: int) -> str:
         f"| rounds to target | {' | '.join(cells)} |",
         "",
     ]
-    rows = [(name, entry, rounds) for name, entry in result["algorithms"].items()]
     return "\n".join(lines + metrics_table(rows, ["algorithm"])) + "\n"
 
 
-def metrics_table(rows: list[tuple], labels: list[str]) -> list[str]:
+def metrics_table(rows: list[tuple], labels: list[str], with_rounds: bool = True) -> list[str]:
     """Markdown lines: per row (its label cells..., summary entry, rounds) the rounds to target
-    and the final (and best) value of every metric some row has."""
+    (unless ``with_rounds`` is false) and the final (and best) value of every metric some row
+    has ('n/a' where undefined)."""
     shown = [
         (m, title, with_best)
         for m, title, with_best in TABLE_METRICS
         if any(m in row[-2]["final"] for row in rows)
     ]
-    columns = [*labels, "rounds to target"]
+    columns = [*labels, *(["rounds to target"] if with_rounds else [])]
     for _, title, with_best in shown:
         columns += [f"final {title}"] + ([f"best {title}"] if with_best else [])
     lines = [f"| {' | '.join(columns)} |", "|---|" + "---:|" * (len(columns) - 1)]
     for *label, entry, rounds in rows:
-        cells = [*label, rounds_cell(entry["rounds_to_target"], rounds)]
+        cells = [*label, *([outcome_cell(entry, rounds)] if with_rounds else [])]
         for metric, _, with_best in shown:
-            cells.append(f"{entry['final'].get(metric, math.nan):.4f}")
+            cells.append(number_cell(entry["final"].get(metric)))
             if with_best:
-                cells.append(f"{entry['best'].get(metric, math.nan):.4f}")
+                cells.append(number_cell(entry["best"].get(metric)))
         lines.append(f"| {' | '.join(cells)} |")
     return lines
 
@@ -216,7 +259,7 @@ def read_metrics(path: Path) -> list[Evaluation]:
     for line in path.read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         round_index, elapsed = record.pop("round"), record.pop("elapsed")
-        history.append(Evaluation(round_index, record, elapsed))
+        history.append(Evaluation(round_index, metrics_from_json(record), elapsed))
     return history
 
 
@@ -229,4 +272,4 @@ class JsonLines:
     def __call__(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(dumps(record) + "\n")

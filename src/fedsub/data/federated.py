@@ -104,6 +104,8 @@ class FederatedDataset:
     client_offsets: np.ndarray
     test: SampleSet
     field_tables: dict[str, str] = field(default_factory=dict)
+    # how dense features were standardized (table.py), written to the run's feature_scaling.json
+    feature_scaling: dict | None = None
 
     def __post_init__(self) -> None:
         offsets = self.client_offsets

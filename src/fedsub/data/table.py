@@ -8,11 +8,21 @@ All categorical features share one table, ``features``, with a block of rows per
 Vocabularies are built from the training split only; a value unseen there maps to its
 column's out-of-vocabulary row. The split: ``split_column`` (values ``train`` / ``test``) or
 a seeded random ``test_fraction`` of the rows.
+
+Numeric columns are standardized (``standardize``, on by default) with the training split's
+mean and standard deviation per column, applied to both splits (a constant column gets std 1);
+the statistics go to the run folder's ``feature_scaling.json``. Unscaled inputs such as a
+price of 1-50 make a fixed learning rate diverge.
+
+Degenerate data are refused with the file and line: fewer than 2 clients in the training
+split, an empty client id, training labels all of one class, a header naming a column twice,
+a label or split column also used as an input.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +34,7 @@ from fedsub.errors import DataError
 
 TABLE = "features"
 OOV = "<oov>"
+LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class TableOptions:
     crosses: list[str] = field(default_factory=list)
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
     split_column: str = ""
+    standardize: bool = True
 
 
 def _read_rows(path: Path) -> tuple[list[str], list[list[str]], str]:
@@ -93,6 +105,7 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
     wanted = [o.client_column, o.label_column, *o.features, *o.numeric]
     if o.split_column:
         wanted.append(o.split_column)
+    _check_header(file, header, o)
     missing = [c for c in wanted if c not in header]
     if missing:
         raise DataError(f"{file}: no column {missing[0]!r}; columns are {', '.join(header)}")
@@ -104,17 +117,22 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
     def where(i: int) -> str:
         return f"{file}, {unit} {i + first_line}"
 
-    labels = np.empty(len(rows), dtype=np.float32)
-    dense = np.empty((len(rows), len(o.numeric)), dtype=np.float32)
+    labels = np.empty(len(rows), dtype=np.float64)
+    dense = np.empty((len(rows), len(o.numeric)), dtype=np.float64)
     for i, row in enumerate(rows):
         try:
             labels[i] = float(row[col[o.label_column]])
             dense[i] = [float(row[col[c]]) for c in o.numeric]
         except ValueError:
             raise DataError(f"{where(i)}: label and numeric columns must be numbers") from None
-    if not np.all(np.isfinite(dense)):
-        bad = int(np.flatnonzero(~np.isfinite(dense).all(1))[0])
-        raise DataError(f"{where(bad)}: numeric columns must be finite numbers")
+    largest = float(np.finfo(np.float32).max)
+    fits = np.isfinite(dense) & (np.abs(dense) <= largest)
+    if not np.all(fits):
+        bad, column = (int(x[0]) for x in np.nonzero(~fits))
+        raise DataError(
+            f"{where(bad)}: numeric columns must be finite numbers of at most {largest:.3g} in "
+            f"size; {o.numeric[column]} is {dense[bad, column]:g}"
+        )
     if not np.all(np.isin(labels, (0.0, 1.0))):
         bad = int(np.flatnonzero(~np.isin(labels, (0.0, 1.0)))[0])
         raise DataError(f"{where(bad)}: label must be 0 or 1, got {labels[bad]:g}")
@@ -155,12 +173,30 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
     )
 
     clients = np.array([row[col[o.client_column]] for row in rows])
+    for i, client in enumerate(clients):
+        if not client.strip():
+            raise DataError(f"{where(i)}: empty client id in column {o.client_column!r}")
     train_rows = np.flatnonzero(~is_test)
     order = train_rows[np.argsort(clients[train_rows], kind="stable")]
     _, counts = np.unique(clients[order], return_counts=True)
     if len(order) == 0:
         raise DataError(f"{file}: every row went to the test split; nothing to train on")
-    dense_part = dense if o.numeric else None
+    if len(counts) < 2:
+        raise DataError(
+            f"{file}: the training split holds {len(counts)} client "
+            f"({o.client_column} = {str(clients[order[0]])!r}); federated training needs at least 2"
+        )
+    classes = np.unique(labels[train_rows])
+    if len(classes) < 2:
+        raise DataError(
+            f"{file}: every training label ({o.label_column}) is {classes[0]:g}; "
+            "a binary classifier needs both 0 and 1"
+        )
+    scaling = None
+    if o.numeric and o.standardize:
+        dense, scaling = standardized(dense, train_rows, o.numeric, file)
+    labels = labels.astype(np.float32)
+    dense_part = dense.astype(np.float32) if o.numeric else None
 
     def subset(index: np.ndarray) -> SampleSet:
         return SampleSet(
@@ -176,4 +212,61 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
         subset(order),
         offsets,
         subset(np.flatnonzero(is_test)),
+        feature_scaling=scaling,
     )
+
+
+def _check_header(file: Path, header: list[str], o: TableOptions) -> None:
+    """Every column name once; the label and split columns are never inputs."""
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise DataError(f"{file}, line 1: column {name!r} appears twice in the header")
+        seen.add(name)
+    for key, columns in (("data.features", o.features), ("data.numeric", o.numeric)):
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise DataError(f"{key} lists column {twice[0]!r} twice")
+    inputs = {"data.client_column": [o.client_column], "data.features": o.features}
+    inputs["data.numeric"] = o.numeric
+    for key, column in (
+        ("data.label_column", o.label_column),
+        ("data.split_column", o.split_column),
+    ):
+        for other, columns in inputs.items():
+            if column and column in columns:
+                raise DataError(
+                    f"{file}: column {column!r} is both {key} and in {other}; "
+                    "a label or split column must not be an input"
+                )
+    for column in o.multi_hot:
+        if column not in o.features:
+            raise DataError(f"data.multi_hot lists {column!r}, which is not in data.features")
+
+
+def standardized(
+    dense: np.ndarray, train_rows: np.ndarray, names: list[str], file: Path
+) -> tuple[np.ndarray, dict]:
+    """(x - mean) / std per column, with the training split's statistics (a constant column
+    gets std 1); the statistics as stored in the run's feature_scaling.json."""
+    train = dense[train_rows]
+    mean, std = train.mean(axis=0), train.std(axis=0)
+    constant = [n for n, s in zip(names, std, strict=True) if not s > 0]
+    if constant:
+        LOG.warning(
+            "%s: numeric column(s) %s are constant on the training split; std set to 1",
+            file,
+            ", ".join(constant),
+        )
+    std = np.where(std > 0, std, 1.0)
+    scaled = (dense - mean) / std
+    record = {
+        "method": "standardize: (x - mean) / std, training split statistics",
+        "file": str(file),
+        "training_rows": len(train_rows),
+        "columns": {
+            n: {"mean": float(m), "std": float(s), "constant": n in constant}
+            for n, m, s in zip(names, mean, std, strict=True)
+        },
+    }
+    return scaled, record

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,11 +23,13 @@ from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import batched, masked, seeding, sequential
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection, screen
 from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.sampling import Cohort, sample_cohort
 from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.submodel.index import SubmodelIndex
@@ -45,11 +46,18 @@ class Evaluation:
     elapsed_train_seconds: float
 
     def as_json(self) -> dict:
-        """One line of metrics.jsonl."""
-        return {"round": self.round, **self.metrics, "elapsed": self.elapsed_train_seconds}
+        """One line of metrics.jsonl (an undefined metric, e.g. AUC with one class, is null)."""
+        return nulled({"round": self.round, **self.metrics, "elapsed": self.elapsed_train_seconds})
 
     def as_record(self) -> dict:
-        return {"round": self.round, "metrics": self.metrics, "elapsed": self.elapsed_train_seconds}
+        return nulled(
+            {"round": self.round, "metrics": self.metrics, "elapsed": self.elapsed_train_seconds}
+        )
+
+    @staticmethod
+    def from_record(record: dict) -> Evaluation:
+        """The inverse of ``as_record`` (null metrics are NaN again)."""
+        return Evaluation(record["round"], metrics_from_json(record["metrics"]), record["elapsed"])
 
 
 def initial_params(model: Model, schedule: Schedule) -> Params:
@@ -144,7 +152,8 @@ class Interrupted(Exception):
 
 
 class Diverged(Exception):
-    """The model stopped being finite; names the round and the last good checkpoint."""
+    """The run diverged (engine/divergence.py's rule, or a model that stopped being finite);
+    names the algorithm, the round, why, and the last good checkpoint."""
 
     def __init__(self, algorithm: str, round_index: int, what: str, last: Path | None) -> None:
         where = f"; last good checkpoint: {last}" if last else "; no checkpoint was written yet"
@@ -152,6 +161,10 @@ class Diverged(Exception):
             f"{algorithm}: {what} at round {round_index}{where}. Try a smaller learning rate "
             "or set train.max_update_norm."
         )
+        self.algorithm = algorithm
+        self.round = round_index
+        self.reason = what
+        self.checkpoint = last
 
 
 @dataclass
@@ -164,6 +177,7 @@ class RunControl:
     resume: checkpoint_lib.Checkpoint | None = None
     stop_requested: Callable[[], bool] = lambda: False
     on_reject: Callable[[Rejection], None] | None = None
+    divergence_factor: float = 0.0  # engine/divergence.py; 0: only non-finite losses diverge
 
 
 def train(
@@ -199,7 +213,7 @@ def train(
         server.load_state_tensors(saved.server)
         if variates is not None:
             variates.load_state_tensors(saved.variates)
-        history = [Evaluation(e["round"], e["metrics"], e["elapsed"]) for e in saved.history]
+        history = [Evaluation.from_record(e) for e in saved.history]
         elapsed, first_round, last_checkpoint = saved.elapsed, saved.round + 1, saved.path
 
     def save(round_index: int) -> Path | None:
@@ -221,13 +235,15 @@ def train(
         if evaluator is None:
             return
         evaluation = Evaluation(round_index, evaluator.evaluate(params), elapsed)
-        if math.isnan(evaluation.metrics["train_loss"]):
-            raise Diverged(
-                algorithm.name, round_index, "the train loss became NaN", last_checkpoint
-            )
+        initial = history[0].metrics["train_loss"] if history else None
+        reason = divergence_reason(
+            evaluation.metrics["train_loss"], initial, control.divergence_factor
+        )
         history.append(evaluation)
         if on_evaluation is not None:
-            on_evaluation(evaluation)
+            on_evaluation(evaluation)  # the diverged evaluation is logged too: it shows why
+        if reason is not None:
+            raise Diverged(algorithm.name, round_index, reason, last_checkpoint)
 
     run_cohort, combine = round_stages(model, algorithm, schedule, params)
     counts = dataset.sample_counts()

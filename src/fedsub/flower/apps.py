@@ -12,7 +12,6 @@ without them they are read from the run config (``flwr run ... --run-config``).
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,6 +22,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fedsub.checks import check_against_dataset
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.evaluate import Evaluator
@@ -35,6 +35,7 @@ from fedsub.experiment import load_data, model_of, schedule_of
 from fedsub.flower.records import deltas_record, read_submodel
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import SubmodelStrategy
+from fedsub.json_values import dumps
 from fedsub.models.base import Model
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
 from fedsub.submodel.index import SubmodelIndex
@@ -57,6 +58,7 @@ def federation(settings: FlowerSettings) -> Federation:
     config = settings.fedsub_config()
     dataset = load_data(config)
     model = model_of(config, dataset)
+    check_against_dataset(config, dataset, model)
     return Federation(config, dataset, SubmodelIndex.build(dataset), model, schedule_of(config))
 
 
@@ -189,6 +191,6 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
             result = {"algorithm": name, "payload": settings.payload, "rounds": strategy.rounds}
             result["evaluations"] = {str(r): m for r, m in evaluations.items()}
-            write_atomic(out / "flower-result.json", json.dumps(result, indent=2) + "\n")
+            write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
 
     return app
