@@ -164,6 +164,7 @@ class RunControl:
     resume: checkpoint_lib.Checkpoint | None = None
     stop_requested: Callable[[], bool] = lambda: False
     on_reject: Callable[[Rejection], None] | None = None
+    run: dict[str, str] = dataclasses.field(default_factory=dict)  # stamped on checkpoints
 
 
 def train(
@@ -214,6 +215,7 @@ def train(
                 variates={} if variates is None else variates.state_tensors(),
                 elapsed=elapsed,
                 history=[e.as_record() for e in history],
+                run=control.run,
             ),
         )
 
