@@ -314,11 +314,18 @@ def prepare(config: Config) -> Setup:
 
 
 def _claim(
-    out_dir: Path, config_text: str, overwrite: bool, extra: dict | None = None
+    out_dir: Path,
+    config_text: str,
+    overwrite: bool,
+    extra: dict | None = None,
+    config_file: str | None = None,
 ) -> RunIdentity:
-    """Make ``out_dir`` this run's: clear a previous run (``overwrite``), write run.json."""
+    """Make ``out_dir`` this run's: clear a previous run (``overwrite``), write ``config_file``
+    (if given) and then run.json, which marks the folder as a run that can be resumed."""
     if overwrite:
         clear_run(out_dir)
+    if config_file is not None:
+        write_atomic(out_dir / "config.toml", config_file)
     identity = new_identity(config_text)
     record = {**identity.as_json(), **(extra or {})}
     write_atomic(out_dir / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
@@ -368,8 +375,7 @@ def compare(
         remove_if_empty(created)
         raise
     if not resume:
-        identity = _claim(out_dir, config_text, overwrite)
-        write_atomic(out_dir / "config.toml", config_text)
+        identity = _claim(out_dir, config_text, overwrite, config_file=config_text)
         points = {n: ResumePoint() for n in names}
     if setup.heat_source is not None:
         text = json.dumps(setup.heat_source, indent=2) + "\n"
