@@ -272,3 +272,12 @@ def test_sweep_refuses_a_used_folder(tmp_path, tiny):
         sweep("train.lr", ["0.2"], base, tmp_path / "s")
     sweep("train.lr", ["0.2"], base, tmp_path / "s", overwrite=True)
     assert not (tmp_path / "s" / "train.lr=0.1").exists()
+
+
+def test_a_sweep_that_fails_before_training_leaves_no_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("t.toml").write_text(TABLE)
+    base = config_lib.read_toml(Path("t.toml"))
+    with pytest.raises(FedsubError, match=re.escape(str(tmp_path / "data" / "clicks.csv"))):
+        sweep("train.lr", ["0.1", "0.2"], base, tmp_path / "runs" / "s")
+    assert not (tmp_path / "runs").exists()

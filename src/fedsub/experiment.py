@@ -461,6 +461,7 @@ def sweep(
             raise FedsubError(f"{out_dir / RUN_FILE}: its base config does not match its hash")
     else:
         refuse_if_taken(out_dir, overwrite)
+        created = missing_ancestors(out_dir)
         check_writable(out_dir)
         record = {"kind": "sweep", "key": key, "values": values, "base": base}
         _claim(out_dir, base_text, overwrite, record)
@@ -470,7 +471,13 @@ def sweep(
         again = resume and (folder / RUN_FILE).exists()
         if resume and not again:
             LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
-        outcomes[v] = compare(configs[v], folder, on_round, again, stop_requested)
+        try:
+            outcomes[v] = compare(configs[v], folder, on_round, again, stop_requested)
+        except FedsubError:
+            if not resume and not outcomes and not folder.exists():  # failed before training
+                (out_dir / RUN_FILE).unlink(missing_ok=True)
+                remove_if_empty(created)
+            raise
     rounds = {v: configs[v].train.rounds for v in values}
     names = [n for n in next(iter(outcomes.values())).summary["algorithms"] if n != CENTRAL]
     result = {
