@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import signal
 import sys
@@ -28,6 +29,8 @@ def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.C
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     from fedsub.experiment import algorithms_to_run, compare
 
+    if args.resume and _is_sweep(Path(args.resume)):
+        return _sweep(args, algorithms)
     if args.resume:
         config, out = _resumed_config(args, algorithms), Path(args.resume)
     else:
@@ -36,14 +39,11 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     total = config.train.rounds * len(algorithms_to_run(config))
     try:
         with _progress(args.quiet, total) as on_round, _stop_on_ctrl_c() as stop_requested:
-            outcome = compare(config, out, on_round, bool(args.resume), stop_requested)
+            outcome = compare(
+                config, out, on_round, bool(args.resume), stop_requested, args.overwrite
+            )
     except Interrupted as stopped:
-        print(
-            f"fedsub: stopped after round {stopped.round}; checkpoint {stopped.checkpoint}. "
-            f"Resume with: fedsub {args.command} --resume {out}",
-            file=sys.stderr,
-        )
-        return 130
+        return _say_how_to_resume(args.command, stopped, out)
     print(outcome.markdown, end="")
     if not args.quiet:
         print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
@@ -59,13 +59,36 @@ def _diverged_exit(outcome) -> int:
     return 1
 
 
+def _say_how_to_resume(command: str, stopped: Interrupted, out: Path) -> int:
+    print(
+        f"fedsub: stopped after round {stopped.round}; checkpoint {stopped.checkpoint}. "
+        f"Resume with: fedsub {command} --resume {out}",
+        file=sys.stderr,
+    )
+    return 130
+
+
+def _is_sweep(folder: Path) -> bool:
+    from fedsub.run_folder import RUN_FILE
+
+    try:
+        return json.loads((folder / RUN_FILE).read_text(encoding="utf-8")).get("kind") == "sweep"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _refuse_changes_on_resume(args: argparse.Namespace, algorithms: list[str] | None) -> None:
+    changes = [args.config, args.set, algorithms, getattr(args, "algorithm", None)]
+    if any(changes) or getattr(args, "sweep", None) or args.overwrite:
+        raise ConfigError(
+            "--resume continues a run as it was configured (its run.json and config.toml); "
+            "drop CONFIG, --set, --algorithm(s), --sweep and --overwrite"
+        )
+
+
 def _resumed_config(args: argparse.Namespace, algorithms: list[str] | None) -> config_lib.Config:
     """``--resume DIR`` continues the run exactly as it was configured in DIR/config.toml."""
-    if args.config or args.set or algorithms or getattr(args, "algorithm", None):
-        raise ConfigError(
-            "--resume continues a run as it was configured (its config.toml); "
-            "drop CONFIG, --set and --algorithm(s)"
-        )
+    _refuse_changes_on_resume(args, algorithms)
     path = Path(args.resume) / "config.toml"
     if not path.exists():
         raise ConfigError(f"{args.resume} is not a fedsub run folder: {path} does not exist")
@@ -133,21 +156,41 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    from fedsub.experiment import sweep
+    """A sweep, or (``--resume DIR`` of a sweep's folder) the rest of one."""
+    from fedsub.experiment import read_sweep, sweep, sweep_config
 
-    key, eq, values_text = args.sweep.partition("=")
-    values = [v.strip() for v in values_text.split(",") if v.strip()]
-    if not eq or not values:
-        raise ConfigError(f"--sweep {args.sweep!r}: expected section.key=v1,v2,...")
-    extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
-
-    def load(value: str) -> config_lib.Config:
-        return _config(args, [*extra, f"{key}={value}"])
-
-    configs = [load(v) for v in values]  # validate every value before training
+    if args.resume:
+        _refuse_changes_on_resume(args, algorithms)
+        out = Path(args.resume)
+        key, values, base = read_sweep(out)
+        where = str(out / "run.json")
+    else:
+        out = Path(args.out)
+        key, eq, values_text = args.sweep.partition("=")
+        values = [v.strip() for v in values_text.split(",") if v.strip()]
+        if not eq or not values:
+            raise ConfigError(f"--sweep {args.sweep!r}: expected section.key=v1,v2,...")
+        extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
+        path = Path(args.config) if args.config else config_lib.default_config_path()
+        where = str(path) if args.config else "default config"
+        base = config_lib.apply_overrides(config_lib.read_toml(path), [*args.set, *extra])
+    configs = [sweep_config(base, key, v, where) for v in values]  # all valid before training
     total = sum(c.train.rounds * (len(c.train.algorithms) + 1) for c in configs)
-    with _progress(args.quiet, total) as on_round:
-        outcome = sweep(key, values, load, Path(args.out), on_round)
+    try:
+        with _progress(args.quiet, total) as on_round, _stop_on_ctrl_c() as stop_requested:
+            outcome = sweep(
+                key,
+                values,
+                base,
+                out,
+                on_round,
+                resume=bool(args.resume),
+                stop_requested=stop_requested,
+                overwrite=args.overwrite,
+                where=where,
+            )
+    except Interrupted as stopped:
+        return _say_how_to_resume("compare", stopped, out)
     print(outcome.markdown, end="")
     return _diverged_exit(outcome)
 
@@ -232,7 +275,17 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
         p.add_argument("--out", default="runs/latest", help="output folder (default runs/latest)")
         p.add_argument("--quiet", action="store_true", help="no progress bar or notes")
-        p.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR")
+        p.add_argument(
+            "--resume",
+            metavar="DIR",
+            help="continue the stopped run (or sweep) in DIR; every piece read back is checked "
+            "to belong to that run",
+        )
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace the run already in --out (only the files fedsub wrote are removed)",
+        )
 
     run = commands.add_parser("run", help="train one algorithm")
     add_common(run)
@@ -276,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="fedsub: %(message)s")
+    quiet = getattr(args, "quiet", False)
+    logging.getLogger("fedsub").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
         return args.func(args)
     except FedsubError as error:

@@ -4,6 +4,7 @@ and sweeps of one key over several values (the papers' Table 3)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import shutil
@@ -25,7 +26,7 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.schedule import DTYPES, Schedule
-from fedsub.errors import FedsubError
+from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
@@ -45,10 +46,25 @@ from fedsub.report import (
     summary_markdown,
     write_atomic,
 )
+from fedsub.run_folder import (
+    DONE,
+    RUN_FILE,
+    RunIdentity,
+    check_checkpoint,
+    check_done,
+    clear_run,
+    done_record,
+    hash_config,
+    identity_of,
+    missing_ancestors,
+    new_identity,
+    read_run_file,
+    refuse_if_taken,
+    remove_if_empty,
+)
 from fedsub.submodel.index import SubmodelIndex
 
 CENTRAL = "central-sgd"
-DONE = "done"
 LOG = logging.getLogger("fedsub")
 
 
@@ -66,7 +82,23 @@ class Outcome:
         )
 
 
+def resolve_path(path: str) -> str:
+    """A ``data.path`` as an absolute path: relative paths are relative to the current
+    directory (where fedsub is started), never to the config file's folder."""
+    return str(Path(path).expanduser().absolute())
+
+
+def with_resolved_paths(config: Config) -> Config:
+    """The config with ``data.path`` absolute, as a run stores it (so it can be resumed or
+    rerun from any directory)."""
+    if config.data.path is None:
+        return config
+    data = dataclasses.replace(config.data, path=resolve_path(config.data.path))
+    return dataclasses.replace(config, data=data)
+
+
 def load_data(config: Config) -> FederatedDataset:
+    config = with_resolved_paths(config)
     return load_dataset(config.data.name, config.data.options, config.data.path, config.data.seed)
 
 
@@ -108,9 +140,28 @@ def _start_fresh(folder: Path) -> None:
     (folder / "rejections.jsonl").unlink(missing_ok=True)
 
 
-def _resume_point(folder: Path) -> checkpoint_lib.Checkpoint | None:
-    newest = checkpoint_lib.latest(folder / "checkpoints")
-    return None if newest is None else checkpoint_lib.load(newest)
+@dataclass(frozen=True)
+class ResumePoint:
+    """What a resume picks up for one algorithm: finished (read back), a checkpoint to
+    continue from, or nothing (start from round 1)."""
+
+    done: bool = False
+    checkpoint: checkpoint_lib.Checkpoint | None = None
+
+
+def resume_point(name: str, folder: Path, identity: RunIdentity) -> ResumePoint:
+    """Check every piece a resume reads back belongs to this run, and say what it picked up."""
+    if (folder / DONE).exists():
+        check_done(folder, identity)
+        LOG.info("resume: %s finished earlier; its results are read back from %s", name, folder)
+        return ResumePoint(done=True)
+    saved = checkpoint_lib.newest_intact(folder / "checkpoints")
+    if saved is None:
+        LOG.info("resume: %s has no intact checkpoint; it starts from round 1", name)
+        return ResumePoint()
+    check_checkpoint(saved.path or folder, saved.run, identity)
+    LOG.info("resume: %s continues after round %d from %s", name, saved.round, saved.path)
+    return ResumePoint(checkpoint=saved)
 
 
 def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None:
@@ -177,7 +228,8 @@ class AlgorithmRun:
     name: str
     folder: Path
     config: Config
-    resume: bool
+    identity: RunIdentity
+    saved: checkpoint_lib.Checkpoint | None
     stop_requested: Callable[[], bool]
     on_round: Callable[[str, int], None] | None
 
@@ -186,7 +238,9 @@ class AlgorithmRun:
     ) -> tuple[list[Evaluation], Diverged | None]:
         """The algorithm's evaluations, and its divergence when it diverged (then no final
         model or completion marker is written; the other algorithms still run)."""
-        saved = _resume_point(self.folder) if self.resume else _start_fresh(self.folder)
+        saved = self.saved
+        if saved is None:
+            _start_fresh(self.folder)
         earlier = [] if saved is None else [Evaluation.from_record(e) for e in saved.history]
         log = MetricsLog(self.folder / "metrics.jsonl", earlier)
         rejections = JsonLines(self.folder / "rejections.jsonl")
@@ -198,6 +252,7 @@ class AlgorithmRun:
             stop_requested=self.stop_requested,
             on_reject=lambda rejection: _log_rejection(self.name, rejection, rejections),
             divergence_factor=self.config.eval.divergence_factor,
+            run=self.identity.as_json(),
         )
         on_round = self.on_round
         try:
@@ -218,33 +273,30 @@ class AlgorithmRun:
         finally:
             log.close()
         save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
-        write_atomic(self.folder / DONE, "finished\n")
+        write_atomic(self.folder / DONE, done_record(self.folder, self.identity))
         return log.history, None
 
 
-def compare(
-    config: Config,
-    out_dir: Path,
-    on_round: Callable[[str, int], None] | None = None,
-    resume: bool = False,
-    stop_requested: Callable[[], bool] = lambda: False,
-) -> Outcome:
-    """Train every algorithm of the comparison and write the run's outputs.
+@dataclass(frozen=True)
+class Setup:
+    """Everything a comparison needs before its first round."""
 
-    With ``resume``, algorithms already finished in ``out_dir`` are read back, an interrupted
-    one continues from its newest checkpoint, and the rest run from the start."""
-    check_writable(out_dir)
-    check_free_space(out_dir)
+    dataset: FederatedDataset
+    index: SubmodelIndex
+    model: Model
+    context: AlgorithmContext
+    evaluator: Evaluator
+    schedule: Schedule
+    heat_source: dict | None
+
+
+def prepare(config: Config) -> Setup:
+    """Load the data and build the model, algorithms' context and evaluator (no output yet)."""
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    if not resume:
-        write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
     dataset = load_data(config)
     model = model_of(config, dataset)
     check_against_dataset(config, dataset, model)
-    if dataset.feature_scaling is not None:
-        scaling = dumps(dataset.feature_scaling, indent=2) + "\n"
-        write_atomic(out_dir / "feature_scaling.json", scaling)
     index = SubmodelIndex.build(dataset)
     t = config.train
     privacy = HeatPrivacy(
@@ -257,10 +309,10 @@ def compare(
         t.clients_per_round,
         privacy,  # type: ignore[arg-type]
     )
+    heat_source = None
     if privacy.source != "exact":
-        record = describe(dataset, index, t.heat, privacy)  # type: ignore[arg-type]
-        write_atomic(out_dir / "heat_source.json", dumps(record, indent=2) + "\n")
-        LOG.info("heat source: %s", dumps(record))
+        heat_source = describe(dataset, index, t.heat, privacy)  # type: ignore[arg-type]
+        LOG.info("heat source: %s", dumps(heat_source))
     extra = None
     if config.eval.gradient_norms:
         coefficients = heat_coefficients(context)
@@ -268,48 +320,181 @@ def compare(
     evaluator = Evaluator.build(
         model, dataset, config.eval.train_loss_samples, config.data.seed, extra
     )
-    schedule = schedule_of(config)
+    return Setup(dataset, index, model, context, evaluator, schedule_of(config), heat_source)
+
+
+def _claim(
+    out_dir: Path,
+    config_text: str,
+    overwrite: bool,
+    extra: dict | None = None,
+    config_file: str | None = None,
+) -> RunIdentity:
+    """Make ``out_dir`` this run's: clear a previous run (``overwrite``), write ``config_file``
+    (if given) and then run.json, which marks the folder as a run that can be resumed."""
+    if overwrite:
+        clear_run(out_dir)
+    if config_file is not None:
+        write_atomic(out_dir / "config.toml", config_file)
+    identity = new_identity(config_text)
+    record = {**identity.as_json(), **(extra or {})}
+    write_atomic(out_dir / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
+    return identity
+
+
+def _resumed_identity(out_dir: Path, config_text: str) -> RunIdentity:
+    identity = identity_of(read_run_file(out_dir))
+    if identity.config_hash != hash_config(config_text):
+        raise FedsubError(
+            f"the config resumed in {out_dir} (hash {hash_config(config_text)}) is not the one "
+            f"its {RUN_FILE} was started with (hash {identity.config_hash}); was "
+            f"{out_dir / 'config.toml'} edited? Start a new run instead"
+        )
+    return identity
+
+
+def compare(
+    config: Config,
+    out_dir: Path,
+    on_round: Callable[[str, int], None] | None = None,
+    resume: bool = False,
+    stop_requested: Callable[[], bool] = lambda: False,
+    overwrite: bool = False,
+) -> Outcome:
+    """Train every algorithm of the comparison and write the run's outputs.
+
+    A new run refuses a folder holding another run unless ``overwrite``; nothing is written
+    (and a folder it created is removed) when it fails before training. With ``resume``,
+    every piece read back is checked to belong to the run in ``out_dir/run.json``: finished
+    algorithms are read back, an interrupted one continues from its newest intact
+    checkpoint, and the rest run from the start."""
+    config = with_resolved_paths(config)
+    config_text = config_lib.to_toml(config)
+    names = algorithms_to_run(config)
+    created = missing_ancestors(out_dir)
+    try:
+        if resume:
+            identity = _resumed_identity(out_dir, config_text)
+            points = {n: resume_point(n, out_dir / n, identity) for n in names}
+        else:
+            refuse_if_taken(out_dir, overwrite)
+        check_writable(out_dir)
+        check_free_space(out_dir)
+        setup = prepare(config)
+    except BaseException:
+        remove_if_empty(created)
+        raise
+    if not resume:
+        identity = _claim(out_dir, config_text, overwrite, config_file=config_text)
+        points = {n: ResumePoint() for n in names}
+    if setup.heat_source is not None:
+        text = dumps(setup.heat_source, indent=2) + "\n"
+        write_atomic(out_dir / "heat_source.json", text)
+    if setup.dataset.feature_scaling is not None:
+        scaling = dumps(setup.dataset.feature_scaling, indent=2) + "\n"
+        write_atomic(out_dir / "feature_scaling.json", scaling)
 
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
-    for name in algorithms_to_run(config):
+    for name in names:
         folder = out_dir / name
-        if resume and (folder / DONE).exists():
+        if points[name].done:
             histories[name] = read_metrics(folder / "metrics.jsonl")
             continue
-        run = AlgorithmRun(name, folder, config, resume, stop_requested, on_round)
+        saved = points[name].checkpoint
+        run = AlgorithmRun(name, folder, config, identity, saved, stop_requested, on_round)
         histories[name], divergence = run.train(
-            model,
-            build_algorithm(name, context, config.algorithm_options(name)),
-            dataset,
-            index,
-            schedule,
-            evaluator,
+            setup.model,
+            build_algorithm(name, setup.context, config.algorithm_options(name)),
+            setup.dataset,
+            setup.index,
+            setup.schedule,
+            setup.evaluator,
         )
         if divergence is not None:
             diverged[name] = divergence
 
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
-    markdown = summary_markdown(result, target, schedule.rounds)
+    markdown = summary_markdown(result, target, setup.schedule.rounds)
     write_atomic(out_dir / "summary.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
-    plot_curves(histories, out_dir / "curves.png", f"{dataset.name}: {', '.join(histories)}")
+    title = f"{setup.dataset.name}: {', '.join(histories)}"
+    plot_curves(histories, out_dir / "curves.png", title)
     return Outcome(result, markdown, out_dir, diverged)
+
+
+def sweep_config(base: dict, key: str, value: str, where: str) -> Config:
+    """The comparison a sweep runs at one value: the base config with ``key = value``."""
+    try:
+        return config_lib.parse(config_lib.apply_overrides(base, [f"{key}={value}"]))
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def resolved_base(base: dict) -> dict:
+    """A sweep's raw base config with ``data.path`` absolute (see ``resolve_path``)."""
+    path = base.get("data", {}).get("path")
+    if not isinstance(path, str):
+        return base
+    return {**base, "data": {**base["data"], "path": resolve_path(path)}}
+
+
+def read_sweep(out_dir: Path) -> tuple[str, list[str], dict]:
+    """The key, values and base config of the sweep in ``out_dir`` (for ``--resume``)."""
+    record = read_run_file(out_dir)
+    if record.get("kind") != "sweep":
+        raise FedsubError(f"{out_dir / RUN_FILE} is not a sweep's run file")
+    try:
+        return str(record["key"]), [str(v) for v in record["values"]], dict(record["base"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise FedsubError(f"{out_dir / RUN_FILE}: not a readable sweep record ({error})") from None
 
 
 def sweep(
     key: str,
     values: list[str],
-    load: Callable[[str], Config],
+    base: dict,
     out_dir: Path,
     on_round: Callable[[str, int], None] | None = None,
+    resume: bool = False,
+    stop_requested: Callable[[], bool] = lambda: False,
+    overwrite: bool = False,
+    where: str = "sweep",
 ) -> Outcome:
     """One comparison per value of ``key`` (in ``out_dir/<key>=<value>/``), then a Table-3
-    style table: rounds to target of each algorithm at each value."""
-    check_writable(out_dir)
-    outcomes = {v: compare(load(v), out_dir / f"{key}={v}", on_round) for v in values}
-    rounds = {v: load(v).train.rounds for v in values}
+    style table: rounds to target of each algorithm at each value.
+
+    ``base`` is the raw config (TOML tables, overrides applied) every value starts from; it is
+    stored in ``out_dir/run.json`` so ``resume`` can rebuild each value's config: finished
+    values are read back (and checked), an interrupted one continues, the rest start."""
+    base = resolved_base(base)
+    configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
+    base_text = json.dumps(base, sort_keys=True, default=str)
+    if resume:
+        identity = identity_of(read_run_file(out_dir))
+        if identity.config_hash != hash_config(base_text):
+            raise FedsubError(f"{out_dir / RUN_FILE}: its base config does not match its hash")
+    else:
+        refuse_if_taken(out_dir, overwrite)
+        created = missing_ancestors(out_dir)
+        check_writable(out_dir)
+        record = {"kind": "sweep", "key": key, "values": values, "base": base}
+        _claim(out_dir, base_text, overwrite, record)
+    outcomes = {}
+    for v in values:
+        folder = out_dir / f"{key}={v}"
+        again = resume and (folder / RUN_FILE).exists()
+        if resume and not again:
+            LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
+        try:
+            outcomes[v] = compare(configs[v], folder, on_round, again, stop_requested)
+        except FedsubError:
+            if not resume and not outcomes and not folder.exists():  # failed before training
+                (out_dir / RUN_FILE).unlink(missing_ok=True)
+                remove_if_empty(created)
+            raise
+    rounds = {v: configs[v].train.rounds for v in values}
     names = [n for n in next(iter(outcomes.values())).summary["algorithms"] if n != CENTRAL]
     result = {
         "key": key,

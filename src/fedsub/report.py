@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save as tensors_to_bytes
 
+from fedsub.atomic_files import create_temp_file
 from fedsub.engine.loop import Evaluation
 from fedsub.json_values import dumps, metrics_from_json
 
@@ -30,28 +30,29 @@ TABLE_METRICS = (
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so no reader sees half a file."""
+    """Write via a temp file in the same folder and rename, so no reader sees half a file;
+    the file's mode follows the umask, as any file the user writes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = create_temp_file(path.parent, path.name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
 def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """A safetensors file written via a temp file and rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    fd, tmp = create_temp_file(path.parent, path.name)
     try:
-        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, tmp)
+        with os.fdopen(fd, "wb") as handle:  # not save_file, which ignores the umask
+            handle.write(tensors_to_bytes({k: v.detach().contiguous() for k, v in tensors.items()}))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

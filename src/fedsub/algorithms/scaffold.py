@@ -89,7 +89,10 @@ class ControlVariates:
         return tensors
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.c = Params.from_state_dict(
+        """Restore ``c`` and every ``c_i``, in the model's parameter order: the local rule
+        pairs corrections with parameters by position, and a safetensors file lists its
+        tensors sorted by name, not in that order."""
+        self.c = self._in_model_order(
             {n[2:]: v.clone() for n, v in tensors.items() if n.startswith("c.")}
         )
         grouped: dict[int, dict[str, torch.Tensor]] = {}
@@ -97,4 +100,10 @@ class ControlVariates:
             if name.startswith("client."):
                 _, client, rest = name.split(".", 2)
                 grouped.setdefault(int(client), {})[rest] = value.clone()
-        self.client_c = {k: Params.from_state_dict(v) for k, v in grouped.items()}
+        self.client_c = {k: self._in_model_order(v) for k, v in grouped.items()}
+
+    def _in_model_order(self, flat: dict[str, torch.Tensor]) -> Params:
+        return Params(
+            {t: flat[f"table.{t}"] for t in self.c.tables},
+            {n: flat[f"dense.{n}"] for n in self.c.dense},
+        )

@@ -1,25 +1,31 @@
 """Checkpoints of a training run: tensors in safetensors files, the rest in JSON.
 
 Layout: ``<dir>/round-000050/{model,server,variates}.safetensors`` and ``state.json`` (round,
-training seconds so far, the evaluations so far). A checkpoint is written into a temporary
-folder and renamed into place, so a run killed at any moment leaves only whole checkpoints;
-the newest ``keep`` are kept. Nothing else is needed to resume: every random stream in fedsub
-is keyed by (seed, purpose, round, client), so the round number restores them all.
+training seconds so far, the evaluations so far, and the run it belongs to: run id and config
+hash, so a resume never continues another run's checkpoint). A checkpoint is written into a
+temporary folder and renamed into place, so a run killed at any moment leaves only whole
+checkpoints; the newest ``keep`` are kept (a resume falls back to the older one when the newest
+is damaged). Nothing else is needed to resume: every random stream in fedsub is keyed by (seed,
+purpose, round, client), so the round number restores them all.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as tensors_to_bytes
 
+from fedsub.atomic_files import create_temp_dir
 from fedsub.errors import FedsubError
+
+LOG = logging.getLogger("fedsub")
 
 FORMAT = 1
 PREFIX = "round-"
@@ -34,18 +40,22 @@ class Checkpoint:
     elapsed: float
     history: list[dict]
     path: Path | None = None
+    run: dict[str, str] = field(default_factory=dict)  # {"run_id": ..., "config_hash": ...}
 
 
 def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path))
-    with open(path, "rb") as handle:
+    # bytes written by open(), not save_file, so the file's mode follows the umask
+    data = tensors_to_bytes({k: v.detach().contiguous().clone() for k, v in tensors.items()})
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
         os.fsync(handle.fileno())
 
 
 def save(directory: Path, checkpoint: Checkpoint, keep: int = 2) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{PREFIX}{checkpoint.round:06d}"
-    staging = Path(tempfile.mkdtemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp"))
+    staging = create_temp_dir(directory, final.name)
     try:
         _save_tensors(staging / "model.safetensors", checkpoint.model)
         _save_tensors(staging / "server.safetensors", checkpoint.server)
@@ -55,6 +65,7 @@ def save(directory: Path, checkpoint: Checkpoint, keep: int = 2) -> Path:
             "round": checkpoint.round,
             "elapsed": checkpoint.elapsed,
             "history": checkpoint.history,
+            "run": checkpoint.run,
         }
         with open(staging / "state.json", "w", encoding="utf-8") as handle:
             json.dump(state, handle)
@@ -71,11 +82,26 @@ def save(directory: Path, checkpoint: Checkpoint, keep: int = 2) -> Path:
     return final
 
 
+def all_newest_first(directory: Path) -> list[Path]:
+    if not directory.exists():
+        return []
+    return sorted((p for p in directory.glob(f"{PREFIX}*") if p.is_dir()), reverse=True)
+
+
 def latest(directory: Path) -> Path | None:
-    found = (
-        sorted(p for p in directory.glob(f"{PREFIX}*") if p.is_dir()) if directory.exists() else []
-    )
-    return found[-1] if found else None
+    found = all_newest_first(directory)
+    return found[0] if found else None
+
+
+def newest_intact(directory: Path) -> Checkpoint | None:
+    """The newest checkpoint that loads; a damaged newer one (a truncated tensor file, a bad
+    state.json) is skipped with a warning naming it. None when there is no intact one."""
+    for path in all_newest_first(directory):
+        try:
+            return load(path)
+        except FedsubError as error:
+            LOG.warning("skipping damaged checkpoint: %s; trying an older one", error)
+    return None
 
 
 def load(path: Path) -> Checkpoint:
@@ -93,8 +119,9 @@ def load(path: Path) -> Checkpoint:
             elapsed=float(state["elapsed"]),
             history=list(state["history"]),
             path=path,
+            run=dict(state.get("run") or {}),
         )
     except FedsubError:
         raise
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except Exception as error:  # safetensors raises its own SafetensorError
         raise FedsubError(f"{path}: not a readable fedsub checkpoint ({error})") from None

@@ -178,6 +178,7 @@ class RunControl:
     stop_requested: Callable[[], bool] = lambda: False
     on_reject: Callable[[Rejection], None] | None = None
     divergence_factor: float = 0.0  # engine/divergence.py; 0: only non-finite losses diverge
+    run: dict[str, str] = dataclasses.field(default_factory=dict)  # stamped on checkpoints
 
 
 def train(
@@ -228,6 +229,7 @@ def train(
                 variates={} if variates is None else variates.state_tensors(),
                 elapsed=elapsed,
                 history=[e.as_record() for e in history],
+                run=control.run,
             ),
         )
 
