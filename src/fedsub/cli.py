@@ -1,4 +1,5 @@
-"""``fedsub``: run, compare and inspect federated submodel training from the command line."""
+"""fedsub: run, compare and inspect federated submodel training (FedSubAvg, FedAvg and
+baselines) from the command line. `fedsub list keys` shows every config key."""
 
 from __future__ import annotations
 
@@ -12,12 +13,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedsub import __version__
 from fedsub import config as config_lib
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import ConfigError, FedsubError
+from fedsub.progress import Reporter, RichReporter, reporting
+
+SET_NOTE = """\
+--set SECTION.KEY=VALUE overrides one config key and may be repeated; VALUE is
+read as TOML (numbers, true/false, "strings", [lists]; a bare word is taken as a
+string). `fedsub list keys` shows every key with its default and allowed values;
+`fedsub list algorithms|datasets|models` shows those and their options."""
 
 
 def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.Config:
@@ -26,17 +34,16 @@ def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.C
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    from fedsub.experiment import algorithms_to_run, compare
+    from fedsub.experiment import compare
 
     if args.resume:
         config, out = _resumed_config(args, algorithms), Path(args.resume)
     else:
         extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
         config, out = _config(args, extra), Path(args.out)
-    total = config.train.rounds * len(algorithms_to_run(config))
     try:
-        with _progress(args.quiet, total) as on_round, _stop_on_ctrl_c() as stop_requested:
-            outcome = compare(config, out, on_round, bool(args.resume), stop_requested)
+        with _reporting(args.quiet), _stop_on_ctrl_c() as stop_requested:
+            outcome = compare(config, out, None, bool(args.resume), stop_requested)
     except Interrupted as stopped:
         print(
             f"fedsub: stopped after round {stopped.round}; checkpoint {stopped.checkpoint}. "
@@ -86,20 +93,9 @@ def _stop_on_ctrl_c() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-@contextmanager
-def _progress(quiet: bool, total: int) -> Iterator[Callable[[str, int], None] | None]:
-    """A progress bar on stderr, advanced once per round; nothing when quiet."""
-    if quiet:
-        yield None
-        return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
-        task = bar.add_task("training", total=total)
-
-        def on_round(name: str, round_index: int) -> None:
-            bar.update(task, advance=1, description=f"{name} round {round_index}")
-
-        yield on_round
+def _reporting(quiet: bool):
+    """Progress of long phases and the training bar on stderr; nothing when quiet."""
+    return reporting(Reporter() if quiet else RichReporter())
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -135,10 +131,10 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     def load(value: str) -> config_lib.Config:
         return _config(args, [*extra, f"{key}={value}"])
 
-    configs = [load(v) for v in values]  # validate every value before training
-    total = sum(c.train.rounds * (len(c.train.algorithms) + 1) for c in configs)
-    with _progress(args.quiet, total) as on_round:
-        outcome = sweep(key, values, load, Path(args.out), on_round)
+    for value in values:  # validate every value before training
+        load(value)
+    with _reporting(args.quiet):
+        outcome = sweep(key, values, load, Path(args.out))
     print(outcome.markdown, end="")
     return 0
 
@@ -158,9 +154,10 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
             f"unknown dataset {args.name!r}; give a config file (.toml) or one of "
             f"{', '.join(DATASETS)}"
         )
-    dataset = load_data(config)
-    index = SubmodelIndex.build(dataset)
-    row = table1_row(dataset, index)
+    with _reporting(False):
+        dataset = load_data(config)
+        index = SubmodelIndex.build(dataset)
+        row = table1_row(dataset, index)
     table = Table(title=dataset.name, caption=", ".join(f"{k}={v}" for k, v in _options(config)))
     table.add_column("statistic")
     table.add_column("value", justify="right")
@@ -176,19 +173,10 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_data_fetch(args: argparse.Namespace) -> int:
-    from fedsub.data.fetch import DOWNLOADS, Download, cache_dir, fetch
+    from fedsub.data.fetch import DOWNLOADS, Download, fetch, listing
 
     if args.name is None:  # what can be fetched, from where, and whether it is cached
-        table = Table(title=f"fetchable datasets (cache: {cache_dir()})")
-        for column in ("dataset", "file", "bytes", "checksum", "cached"):
-            table.add_column(column, justify="right" if column == "bytes" else "left")
-        for name, downloads in DOWNLOADS.items():
-            for d in downloads:
-                cached = (cache_dir() / name / d.filename).exists()
-                pin = d.checksum[:15] + "..." if d.checksum else "none published"
-                size = f"{d.size:,}" if d.size else "?"
-                table.add_row(name, d.url, size, pin, "yes" if cached else "no")
-        Console().print(table)
+        print("\n".join(listing()))
         return 0
     if args.name not in DOWNLOADS:
         raise ConfigError(
@@ -214,25 +202,89 @@ def _options(config: config_lib.Config) -> list[tuple[str, object]]:
     return [("seed", config.data.seed), *dataclasses.asdict(config.data.options).items()]
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    from fedsub.catalog import listing
+
+    print("\n".join(listing(args.kind)))
+    return 0
+
+
+EXAMPLES = {
+    "run": """\
+  fedsub run --algorithm fedsubavg --set train.rounds=20 --out runs/quick
+  fedsub run configs/li-synthetic.toml --algorithm fedavg@scheme1 --set data.alpha=1""",
+    "compare": """\
+  fedsub compare configs/movielens-lr.toml --set train.lr=0.05 --set eval.every=10
+  fedsub compare --algorithms fedavg,fedsubavg --sweep train.local_steps=1,5,10""",
+    "stats": """\
+  fedsub data stats synthetic-sparse --set data.num_users=500
+  fedsub data stats configs/movielens-lr.toml --plot heat.png""",
+    "fetch": """\
+  fedsub data fetch
+  fedsub data fetch movielens-1m --url https://example.org/mirror/ml-1m.zip""",
+    "list": """\
+  fedsub list algorithms
+  fedsub list keys""",
+    "data": """\
+  fedsub data stats synthetic-sparse
+  fedsub data fetch movielens-1m""",
+    "fedsub": """\
+  fedsub compare --set train.rounds=50 --out runs/first
+  fedsub run configs/li-synthetic.toml --algorithm fedavg@scheme1""",
+}
+
+
+def _epilog(command: str, set_note: bool = True) -> str:
+    """A subcommand's help ending: the --set note (where it takes --set) and two examples."""
+    note = (
+        SET_NOTE if set_note else "`fedsub list algorithms|datasets|models|keys` shows the choices."
+    )
+    return f"{note}\n\nexamples:\n{EXAMPLES[command]}\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedsub", description=__doc__)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="fedsub", description=__doc__, epilog=_epilog("fedsub"), formatter_class=raw
+    )
+    parser.add_argument("--version", action="version", version=f"fedsub {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add_common(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", nargs="?", help="TOML config (default: the embedded default)")
-        p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="SECTION.KEY=VALUE",
+            help="override a config key; repeatable; VALUE is TOML (see below)",
+        )
         p.add_argument("--out", default="runs/latest", help="output folder (default runs/latest)")
         p.add_argument("--quiet", action="store_true", help="no progress bar or notes")
         p.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR")
 
-    run = commands.add_parser("run", help="train one algorithm")
+    def add_command(where, name: str, help_text: str, set_note: bool = True):
+        return where.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_epilog(name, set_note),
+            formatter_class=raw,
+        )
+
+    run = add_command(commands, "run", "train one algorithm")
     add_common(run)
-    run.add_argument("--algorithm", help="which algorithm (default: the config's only one)")
+    run.add_argument(
+        "--algorithm",
+        help="which algorithm (default: the config's only one; fedsub list algorithms)",
+    )
     run.set_defaults(func=cmd_run)
 
-    comp = commands.add_parser("compare", help="train several algorithms on the same schedule")
+    comp = add_command(commands, "compare", "train several algorithms on the same schedule")
     add_common(comp)
-    comp.add_argument("--algorithms", help="comma-separated, e.g. fedavg,fedsubavg")
+    comp.add_argument(
+        "--algorithms", help="comma-separated, e.g. fedavg,fedsubavg (fedsub list algorithms)"
+    )
     comp.add_argument(
         "--sweep",
         metavar="SECTION.KEY=V1,V2,...",
@@ -240,16 +292,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.set_defaults(func=cmd_compare)
 
-    data = commands.add_parser("data", help="inspect datasets")
+    data = add_command(commands, "data", "inspect and download datasets", set_note=False)
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    stats = data_commands.add_parser("stats", help="clients, samples, feature heat dispersion")
+    stats = add_command(data_commands, "stats", "clients, samples, feature heat dispersion")
     stats.add_argument(
-        "name", help="dataset name (e.g. synthetic-sparse) or a config file whose [data] to use"
+        "name", help="dataset name (fedsub list datasets) or a config file whose [data] to use"
     )
-    stats.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE")
+    stats.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="data.KEY=VALUE",
+        help="override a [data] key; repeatable; VALUE is TOML",
+    )
     stats.add_argument("--plot", help="write the feature heat distribution (PNG)")
     stats.set_defaults(func=cmd_data_stats)
-    fetch = data_commands.add_parser("fetch", help="download a dataset into the cache")
+    fetch = add_command(data_commands, "fetch", "download a dataset into the cache", set_note=False)
     fetch.add_argument("name", nargs="?", help="e.g. movielens-1m (none: list what can be)")
     fetch.add_argument(
         "--url", help="a mirror of the official file, or of the folder of a multi-file set"
@@ -261,6 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept a file that has no published checksum on its size alone",
     )
     fetch.set_defaults(func=cmd_data_fetch)
+
+    listing = add_command(
+        commands,
+        "list",
+        "list algorithms, datasets, models (with their options) or every config key",
+        set_note=False,
+    )
+    listing.add_argument("kind", choices=["algorithms", "datasets", "models", "keys"])
+    listing.set_defaults(func=cmd_list)
     return parser
 
 

@@ -321,13 +321,29 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def load(path: Path | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """The config at ``path`` (or fedsub's embedded default) with ``--set`` overrides applied."""
+    """The config at ``path`` (or fedsub's embedded default) with ``--set`` overrides applied.
+
+    An error names its cause: the ``--set`` that introduced it, else the file."""
     raw = read_toml(path if path is not None else default_config_path())
     try:
         return parse(apply_overrides(raw, list(overrides)))
     except ConfigError as error:
-        where = path if path is not None else "default config"
-        raise ConfigError(f"{where}: {error}") from None
+        if str(error).startswith("--set "):  # already names its --set
+            raise
+        raise ConfigError(f"{_culprit(raw, list(overrides), str(error), path)}: {error}") from None
+
+
+def _culprit(raw: dict[str, Any], overrides: list[str], message: str, path: Path | None) -> str:
+    """Who to blame for ``message``: the first ``--set`` after which it appears, or the file
+    when it is there without any ``--set``."""
+    where = str(path) if path is not None else "default config"
+    for count in range(len(overrides) + 1):
+        try:
+            parse(apply_overrides(raw, overrides[:count]))
+        except ConfigError as error:
+            if str(error) == message:
+                return where if count == 0 else f"--set {overrides[count - 1]}"
+    return f"{where} with --set {' --set '.join(overrides)}"
 
 
 def default_config_path() -> Path:

@@ -30,6 +30,8 @@ from fedsub.masking.schemes import Masking
 from fedsub.models.base import Model
 from fedsub.models.registry import build_model
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
+from fedsub.progress import current as current_reporter
+from fedsub.progress import phase
 from fedsub.report import (
     JsonLines,
     MetricsLog,
@@ -58,7 +60,10 @@ class Outcome:
 
 
 def load_data(config: Config) -> FederatedDataset:
-    return load_dataset(config.data.name, config.data.options, config.data.path, config.data.seed)
+    with phase(f"loading {config.data.name}"):
+        return load_dataset(
+            config.data.name, config.data.options, config.data.path, config.data.seed
+        )
 
 
 def model_of(config: Config, dataset: FederatedDataset) -> Model:
@@ -220,11 +225,14 @@ def compare(
     on_round: Callable[[str, int], None] | None = None,
     resume: bool = False,
     stop_requested: Callable[[], bool] = lambda: False,
+    label: str = "",
 ) -> Outcome:
     """Train every algorithm of the comparison and write the run's outputs.
 
     With ``resume``, algorithms already finished in ``out_dir`` are read back, an interrupted
-    one continues from its newest checkpoint, and the rest run from the start."""
+    one continues from its newest checkpoint, and the rest run from the start. Data are loaded
+    and checked before the training bar appears; ``label`` prefixes the bar's algorithm names
+    (a sweep's value)."""
     check_writable(out_dir)
     check_free_space(out_dir)
     if config.train.threads:
@@ -232,7 +240,8 @@ def compare(
     if not resume:
         write_atomic(out_dir / "config.toml", config_lib.to_toml(config))
     dataset = load_data(config)
-    index = SubmodelIndex.build(dataset)
+    with phase("indexing the clients' rows"):
+        index = SubmodelIndex.build(dataset)
     model = model_of(config, dataset)
     t = config.train
     privacy = HeatPrivacy(
@@ -259,15 +268,20 @@ def compare(
     schedule = schedule_of(config)
 
     histories: dict[str, list[Evaluation]] = {}
+    reporter = current_reporter()
+    reporter.training([(label + name, schedule.rounds) for name in algorithms_to_run(config)])
     for name in algorithms_to_run(config):
         folder = out_dir / name
         if resume and (folder / DONE).exists():
             histories[name] = read_metrics(folder / "metrics.jsonl")
+            reporter.round(label + name, schedule.rounds)
             continue
-        run = AlgorithmRun(name, folder, config, resume, stop_requested, on_round)
+        run = AlgorithmRun(name, folder, config, resume, stop_requested, _reported(label, on_round))
+        with phase(f"{label}{name}: preparing (heat counts, state)"):
+            algorithm = build_algorithm(name, context, config.algorithm_options(name))
         histories[name] = run.train(
             model,
-            build_algorithm(name, context, config.algorithm_options(name)),
+            algorithm,
             dataset,
             index,
             schedule,
@@ -279,8 +293,23 @@ def compare(
     markdown = summary_markdown(result, target, schedule.rounds)
     write_atomic(out_dir / "summary.json", json.dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
-    plot_curves(histories, out_dir / "curves.png", f"{dataset.name}: {', '.join(histories)}")
+    plot_curves(
+        histories, out_dir / "curves.png", f"{dataset.name}: {', '.join(histories)}", target
+    )
     return Outcome(result, markdown, out_dir)
+
+
+def _reported(
+    label: str, on_round: Callable[[str, int], None] | None
+) -> Callable[[str, int], None]:
+    """A round callback that also advances the training bar (when one is shown)."""
+
+    def report(name: str, round_index: int) -> None:
+        current_reporter().round(label + name, round_index)
+        if on_round is not None:
+            on_round(name, round_index)
+
+    return report
 
 
 def sweep(
@@ -293,7 +322,9 @@ def sweep(
     """One comparison per value of ``key`` (in ``out_dir/<key>=<value>/``), then a Table-3
     style table: rounds to target of each algorithm at each value."""
     check_writable(out_dir)
-    outcomes = {v: compare(load(v), out_dir / f"{key}={v}", on_round) for v in values}
+    outcomes = {
+        v: compare(load(v), out_dir / f"{key}={v}", on_round, label=f"{key}={v}: ") for v in values
+    }
     rounds = {v: load(v).train.rounds for v in values}
     names = [n for n in next(iter(outcomes.values())).summary["algorithms"] if n != CENTRAL]
     result = {
@@ -324,12 +355,17 @@ def sweep(
     ]
     lines += metrics_table(rows, ["algorithm", key])
     markdown = "\n".join(lines) + "\n"
-    histories = {
-        f"{n} {key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
-        for v, o in outcomes.items()
-        for n in o.summary["algorithms"]
+    panels = {  # one row of panels per algorithm, one line per value
+        n: {
+            f"{key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
+            for v, o in outcomes.items()
+            if n in o.summary["algorithms"]
+        }
+        for n in dict.fromkeys(n for o in outcomes.values() for n in o.summary["algorithms"])
     }
-    plot_curves(histories, out_dir / "curves.png", f"sweep of {key}")
+    shared = {json.dumps(o.summary["target"], sort_keys=True) for o in outcomes.values()}
+    target = Target(**json.loads(shared.pop())) if len(shared) == 1 else None
+    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
     write_atomic(out_dir / "sweep.json", json.dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
     return Outcome(result, markdown, out_dir)
