@@ -339,6 +339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FedsubError as error:
         print(f"fedsub: error: {error}", file=sys.stderr)
         return 2
+    except MemoryError as error:  # e.g. a dataset size far beyond this machine
+        print(
+            f"fedsub: error: out of memory ({error or 'allocation failed'}); "
+            "reduce the sizes in the config (data sizes, train.clients_per_round, ...)",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print("fedsub: interrupted", file=sys.stderr)
         return 130

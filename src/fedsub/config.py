@@ -159,7 +159,9 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
     )
     if not ok:
         raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-    if tp is float and not math.isfinite(value):
+    if tp is int and not -(2**63) <= value < 2**63:
+        raise ConfigError(f"{where} = {value} does not fit a 64-bit integer (|value| < 2^63)")
+    if tp is float and not math.isfinite(float(value) if abs(value) < 2**1000 else math.inf):
         raise ConfigError(f"{where} must be a finite number, got {value!r}")
     return float(value) if tp is float else value
 
@@ -342,8 +344,13 @@ def _culprit(raw: dict[str, Any], overrides: list[str], message: str, path: Path
             parse(apply_overrides(raw, overrides[:count]))
         except ConfigError as error:
             if str(error) == message:
-                return where if count == 0 else f"--set {overrides[count - 1]}"
-    return f"{where} with --set {' --set '.join(overrides)}"
+                return where if count == 0 else f"--set {_shown(overrides[count - 1])}"
+    return f"{where} with --set {' --set '.join(map(_shown, overrides))}"
+
+
+def _shown(text: str) -> str:
+    """``text`` as typed, or quoted when it holds characters that would break the line."""
+    return text if text.isprintable() else repr(text)
 
 
 def default_config_path() -> Path:
