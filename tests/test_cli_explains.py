@@ -151,3 +151,11 @@ def test_fetch_listing_fits_80_columns_and_names_every_file():
         for download in downloads:
             assert f"  {download.filename}  " in text
     assert "no checksum published" in text  # amazon-electronics has no public pin
+
+
+def test_a_bad_sweep_value_names_the_sweep(capsys):
+    code, _, err = run_cli(capsys, "compare", "--quiet", "--sweep", "train.lr=0.1,abc")
+    assert code == 2
+    assert err.startswith(
+        "fedsub: error: --sweep train.lr=0.1,abc: value abc: train.lr must be a number"
+    )

@@ -82,7 +82,7 @@ def test_secure_aggregation_reports_progress_per_client():
     recorder = Recorder()
     with reporting(recorder):
         estimate_heat(dataset, index, "clients", HeatPrivacy("secagg", group_size=16))
-    secure = [e for e in recorder.events if e[0] == "phase" and "secure aggregation" in e[1]]
+    secure = [e for e in recorder.events if e[0] == "phase" and e[1].startswith("secagg ")]
     assert len(secure) == len(dataset.table_rows)
     for _, label, total in secure:
         assert total == dataset.num_clients

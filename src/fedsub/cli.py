@@ -132,7 +132,14 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
         return _config(args, [*extra, f"{key}={value}"])
 
     for value in values:  # validate every value before training
-        load(value)
+        try:
+            load(value)
+        except ConfigError as error:
+            blamed = f"--set {key}={value}: "
+            message = str(error)
+            if message.startswith(blamed):  # the value came from --sweep, not a --set
+                message = f"--sweep {args.sweep}: value {value}: {message[len(blamed) :]}"
+            raise ConfigError(message) from None
     with _reporting(args.quiet):
         outcome = sweep(key, values, load, Path(args.out))
     print(outcome.markdown, end="")

@@ -277,7 +277,7 @@ def compare(
             reporter.round(label + name, schedule.rounds)
             continue
         run = AlgorithmRun(name, folder, config, resume, stop_requested, _reported(label, on_round))
-        with phase(f"{label}{name}: preparing (heat counts, state)"):
+        with phase(f"{label}{name}: preparing"):
             algorithm = build_algorithm(name, context, config.algorithm_options(name))
         histories[name] = run.train(
             model,

@@ -57,7 +57,7 @@ class RichReporter(Reporter):
             self._progress = Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),
-                BarColumn(),
+                BarColumn(bar_width=24),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 console=self.console,

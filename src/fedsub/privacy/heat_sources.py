@@ -47,7 +47,7 @@ def grouped_secure_sum(
     """Sum of uint32 vectors by secure aggregation in groups (threshold floor(n/2) + 1).
     A group costs O(group^2) key agreements, so progress is reported per client summed."""
     total = np.zeros(len(vectors[0]), dtype=np.uint32)
-    label = f"secure aggregation of {what} (groups of {group_size}), clients"
+    label = f"secagg {what} (groups of {group_size})"
     with phase(label, total=len(vectors)) as advance:
         for start in range(0, len(vectors), group_size):
             group = dict(enumerate(vectors[start : start + group_size]))
@@ -93,7 +93,7 @@ def _table_heat(
             vector = np.zeros(num_rows, dtype=np.uint32)
             vector[own] = w
             vectors.append(vector)
-        what = f"heat counts of {table}"
+        what = table
         return grouped_secure_sum(vectors, privacy.group_size, what).astype(np.float64)
     elif privacy.source == "sketch":
         sketch = CountMinSketch.for_error(privacy.sketch_eps, privacy.sketch_delta, privacy.seed)
@@ -101,7 +101,7 @@ def _table_heat(
             sketch.sketch(own, np.full(len(own), w)).astype(np.uint32).reshape(-1)
             for own, w in zip(members, values, strict=True)
         ]
-        what = f"heat sketches of {table}"
+        what = f"{table} sketches"
         summed = grouped_secure_sum(sketches, privacy.group_size, what).astype(np.int64)
         table_sketch = summed.reshape(sketch.depth, sketch.width)
         return sketch.estimate(table_sketch, np.arange(num_rows)).astype(np.float64)
