@@ -99,7 +99,8 @@ SUBCOMMANDS = [["run"], ["compare"], ["data", "stats"], ["data", "fetch"], ["lis
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS, ids=" ".join)
-def test_every_help_mentions_fedsub_list_and_ends_with_two_examples(capsys, command):
+def test_every_help_mentions_fedsub_list_and_ends_with_two_examples(capsys, monkeypatch, command):
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps option help to the terminal
     code, out, _ = run_cli(capsys, *command, "--help")
     assert code == 0
     assert "fedsub list" in out
@@ -108,6 +109,8 @@ def test_every_help_mentions_fedsub_list_and_ends_with_two_examples(capsys, comm
     assert all(line.startswith(f"  fedsub {command[0]}") for line in examples)
     if "--set" in out:
         assert "may be repeated" in out and "read as TOML" in out
+    description_and_epilog = out.split("\n\n", 1)[1]
+    assert max(len(line) for line in description_and_epilog.splitlines()) <= 80
 
 
 def test_top_level_help_has_no_rest_markup(capsys):
@@ -115,6 +118,7 @@ def test_top_level_help_has_no_rest_markup(capsys):
     assert code == 0
     assert "``" not in out
     assert "``" not in (build_parser().description or "")
+    assert max(len(line) for line in (build_parser().description or "").splitlines()) <= 80
 
 
 @pytest.mark.parametrize(

@@ -179,7 +179,7 @@ SMALL_VALUES = st.one_of(
     st.text(max_size=6).map(lambda t: t.replace("\n", " ")),
 )
 RUN_SETTINGS = settings(
-    max_examples=25,
+    max_examples=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -1,5 +1,6 @@
-"""fedsub: run, compare and inspect federated submodel training (FedSubAvg, FedAvg and
-baselines) from the command line. `fedsub list keys` shows every config key."""
+"""fedsub: run, compare and inspect federated submodel training (FedSubAvg,
+FedAvg and baselines) from the command line. `fedsub list keys` shows every
+config key."""
 
 from __future__ import annotations
 
@@ -219,9 +220,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 EXAMPLES = {
     "run": """\
   fedsub run --algorithm fedsubavg --set train.rounds=20 --out runs/quick
-  fedsub run configs/li-synthetic.toml --algorithm fedavg@scheme1 --set data.alpha=1""",
+  fedsub run configs/li-synthetic.toml --algorithm fedavg@scheme1 --quiet""",
     "compare": """\
-  fedsub compare configs/movielens-lr.toml --set train.lr=0.05 --set eval.every=10
+  fedsub compare configs/li-synthetic.toml --set train.lr=0.5 --set eval.every=5
   fedsub compare --algorithms fedavg,fedsubavg --sweep train.local_steps=1,5,10""",
     "stats": """\
   fedsub data stats synthetic-sparse --set data.num_users=500
