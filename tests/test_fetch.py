@@ -227,16 +227,23 @@ def test_sent140_without_data_explains_how_to_get_it(cache):
         load(Sent140Options(), None, 0)
 
 
-def test_fetch_without_a_name_lists_what_can_be_fetched(cache, monkeypatch, capsys):
-    monkeypatch.setenv("COLUMNS", "250")
+def test_fetch_without_a_name_lists_what_can_be_fetched(cache, capsys):
     (cache / "sent140").mkdir(parents=True)
     (cache / "sent140" / "trainingandtestdata.zip").write_bytes(b"x")
     assert main(["data", "fetch"]) == 0
-    rows = {
-        line.split("│")[1].strip(): line
-        for line in capsys.readouterr().out.splitlines()
-        if line.startswith("│")
-    }
-    assert "81,363,704" in rows["sent140"] and rows["sent140"].rstrip(" │").endswith("yes")
-    assert "none published" in rows["amazon-electronics"]
-    assert rows["movielens-1m"].rstrip(" │").endswith("no")
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    files = {line.split()[0]: line for line in lines if line.startswith("  ") and "bytes" in line}
+    assert "81,363,704 bytes" in files["trainingandtestdata.zip"]
+    assert files["trainingandtestdata.zip"].endswith("  cached")
+    assert "no checksum published" in files["ratings_Electronics.csv"]
+    assert files["ml-1m.zip"].endswith("not cached")
+    assert "  https://files.grouplens.org/datasets/movielens/ml-1m.zip" in lines
+
+
+def test_a_download_that_never_started_mentions_no_partial_file(cache):
+    download = Download("http://127.0.0.1:9/ml-1m.zip", "ml-1m.zip", "sha256:" + "0" * 64)
+    with pytest.raises(DataError, match="nothing was downloaded") as error:
+        fetch("movielens-1m", download, timeout=5)
+    assert ".part" not in str(error.value)
+    assert not (cache / "movielens-1m" / "ml-1m.zip.part").exists()

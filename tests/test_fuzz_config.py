@@ -109,3 +109,113 @@ def test_random_overrides(overrides):
         config_lib.load(None, overrides)
     except ConfigError as error:
         assert str(error)
+
+
+# Every config key, random values through `--set` or a TOML file, in-process `fedsub compare`
+# on tiny data: a run (exit 0) or only `fedsub: ...` lines ending in an error (exit 2), never
+# a traceback. Sizes are kept small so that every accepted config trains in well under 1 s.
+def _all_keys() -> list[str]:
+    import dataclasses
+
+    from fedsub.algorithms.registry import algorithm_names, options_class
+    from fedsub.data.registry import DATASETS
+
+    keys = [
+        f"{section}.{f.name}"
+        for section, cls in config_lib.SECTIONS.items()
+        if cls is not None
+        for f in dataclasses.fields(cls)
+        if f.name != "options"
+    ]
+    for name in ("synthetic-sparse", "synthetic-li"):
+        keys += [f"data.{f.name}" for f in dataclasses.fields(DATASETS[name].options)]
+    for name in algorithm_names():
+        keys += [f"algorithms.{name}.{f.name}" for f in dataclasses.fields(options_class(name))]
+    return sorted(set(keys))
+
+
+ALL_KEYS = _all_keys()
+TINY_RUN = [
+    "data.num_users=12",
+    "data.num_items=10",
+    "data.mean_samples_per_user=6",
+    "train.rounds=1",
+    "train.clients_per_round=3",
+    "train.local_steps=1",
+    "train.batch_size=2",
+    "train.secagg_group=3",
+    "train.checkpoint_every=0",
+    "eval.train_loss_samples=20",
+    'train.algorithms=["fedavg", "fedsubavg"]',
+]
+SMALL_VALUES = st.one_of(
+    st.integers(min_value=-2, max_value=4).map(str),
+    st.sampled_from(["0.0", "0.5", "1.0", "1e-9", "-1.5", "1e30", "nan", "inf", "2**70"]),
+    st.sampled_from([str(2**63), str(2**62), "true", "false", "[]", "[2, 1]", "{}", '""']),
+    st.sampled_from(
+        [
+            '"synthetic-li"',
+            '"table"',
+            '"din"',
+            '"mlp"',
+            '"cnn"',
+            '"lstm"',
+            '"embedding-lr"',
+            '"softmax-regression"',
+            '"secagg"',
+            '"sketch"',
+            '"randomized-response"',
+            '"static"',
+            '"central-min"',
+            '"clients"',
+            '"sequential"',
+            '"float64"',
+            '"exponential"',
+            '["scaffold", "fedprox@scheme1"]',
+            '["central-sgd"]',
+            '["fedadam", "scaffold-approx"]',
+        ]
+    ),
+    st.text(max_size=6).map(lambda t: t.replace("\n", " ")),
+)
+RUN_SETTINGS = settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+
+def _run_main(argv: list[str], capsys) -> None:
+    from fedsub.cli import main
+
+    code = main(argv)  # any exception other than FedsubError escapes: a traceback
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code in (0, 2), (argv, code, err)
+    if code == 2:
+        assert lines and lines[-1].startswith("fedsub: error: "), err
+        assert all(line.startswith("fedsub: ") for line in lines), err
+
+
+@RUN_SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(ALL_KEYS), SMALL_VALUES), min_size=1, max_size=3))
+def test_random_values_for_every_key_through_set_run_or_exit_2(capsys, overrides):
+    with tempfile.TemporaryDirectory() as folder:
+        sets = [*TINY_RUN, *(f"{k}={v}" for k, v in overrides)]
+        argv = ["compare", "--quiet", "--out", folder]
+        _run_main(argv + [a for s in sets for a in ("--set", s)], capsys)
+
+
+@RUN_SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(ALL_KEYS), SMALL_VALUES), min_size=1, max_size=3))
+def test_random_values_for_every_key_in_a_toml_file_run_or_exit_2(capsys, overrides):
+    tables: dict[str, list[str]] = {}
+    for text in [*TINY_RUN, *(f"{k}={v}" for k, v in overrides)]:
+        dotted, value = text.split("=", 1)
+        section, key = dotted.rsplit(".", 1)
+        tables.setdefault(section, []).append(f"{key} = {value}")
+    body = "\n".join(f"[{s}]\n" + "\n".join(lines) for s, lines in tables.items())
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "fuzz.toml"
+        path.write_text(body, encoding="utf-8")
+        _run_main(["compare", str(path), "--quiet", "--out", str(Path(folder) / "out")], capsys)

@@ -123,6 +123,8 @@ def test_run_records_what_the_heat_source_guarantees(tmp_path):
                 "--set",
                 "train.clients_per_round=10",
                 "--set",
+                "train.secagg_group=20",
+                "--set",
                 "train.rounds=2",
                 "--set",
                 "train.heat_source=sketch",

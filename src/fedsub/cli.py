@@ -1,4 +1,6 @@
-"""``fedsub``: run, compare and inspect federated submodel training from the command line."""
+"""fedsub: run, compare and inspect federated submodel training (FedSubAvg,
+FedAvg and baselines) from the command line. `fedsub list keys` shows every
+config key."""
 
 from __future__ import annotations
 
@@ -13,12 +15,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedsub import __version__
 from fedsub import config as config_lib
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import ConfigError, FedsubError
+from fedsub.progress import Reporter, RichReporter, reporting
+
+SET_NOTE = """\
+--set SECTION.KEY=VALUE overrides one config key and may be repeated; VALUE is
+read as TOML (numbers, true/false, "strings", [lists]; a bare word is taken as a
+string). `fedsub list keys` shows every key with its default and allowed values;
+`fedsub list algorithms|datasets|models` shows those and their options."""
 
 
 def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.Config:
@@ -27,7 +36,7 @@ def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.C
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    from fedsub.experiment import algorithms_to_run, compare
+    from fedsub.experiment import compare
 
     if args.resume and _is_sweep(Path(args.resume)):
         return _sweep(args, algorithms)
@@ -36,12 +45,9 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     else:
         extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
         config, out = _config(args, extra), Path(args.out)
-    total = config.train.rounds * len(algorithms_to_run(config))
     try:
-        with _progress(args.quiet, total) as on_round, _stop_on_ctrl_c() as stop_requested:
-            outcome = compare(
-                config, out, on_round, bool(args.resume), stop_requested, args.overwrite
-            )
+        with _reporting(args.quiet), _stop_on_ctrl_c() as stop_requested:
+            outcome = compare(config, out, None, bool(args.resume), stop_requested, args.overwrite)
     except Interrupted as stopped:
         return _say_how_to_resume(args.command, stopped, out)
     print(outcome.markdown, end="")
@@ -118,20 +124,9 @@ def _stop_on_ctrl_c() -> Iterator[Callable[[], bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-@contextmanager
-def _progress(quiet: bool, total: int) -> Iterator[Callable[[str, int], None] | None]:
-    """A progress bar on stderr, advanced once per round; nothing when quiet."""
-    if quiet:
-        yield None
-        return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True)) as bar:
-        task = bar.add_task("training", total=total)
-
-        def on_round(name: str, round_index: int) -> None:
-            bar.update(task, advance=1, description=f"{name} round {round_index}")
-
-        yield on_round
+def _reporting(quiet: bool):
+    """Progress of long phases and the training bar on stderr; nothing when quiet."""
+    return reporting(Reporter() if quiet else RichReporter())
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -174,16 +169,24 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
         path = Path(args.config) if args.config else config_lib.default_config_path()
         where = str(path) if args.config else "default config"
         base = config_lib.apply_overrides(config_lib.read_toml(path), [*args.set, *extra])
-    configs = [sweep_config(base, key, v, where) for v in values]  # all valid before training
-    total = sum(c.train.rounds * (len(c.train.algorithms) + 1) for c in configs)
+        # a bad --set or file is named as such, before the sweep's values are tried
+        config_lib.load(Path(args.config) if args.config else None, [*args.set, *extra])
+    for value in values:  # every value valid before training
+        try:
+            sweep_config(base, key, value, where)
+        except ConfigError as error:
+            if args.resume:
+                raise
+            inner = str(error).removeprefix(f"{where}: ")
+            raise ConfigError(f"--sweep {args.sweep}: value {value}: {inner}") from None
     try:
-        with _progress(args.quiet, total) as on_round, _stop_on_ctrl_c() as stop_requested:
+        with _reporting(args.quiet), _stop_on_ctrl_c() as stop_requested:
             outcome = sweep(
                 key,
                 values,
                 base,
                 out,
-                on_round,
+                None,
                 resume=bool(args.resume),
                 stop_requested=stop_requested,
                 overwrite=args.overwrite,
@@ -210,9 +213,10 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
             f"unknown dataset {args.name!r}; give a config file (.toml) or one of "
             f"{', '.join(DATASETS)}"
         )
-    dataset = load_data(config)
-    index = SubmodelIndex.build(dataset)
-    row = table1_row(dataset, index)
+    with _reporting(False):
+        dataset = load_data(config)
+        index = SubmodelIndex.build(dataset)
+        row = table1_row(dataset, index)
     table = Table(title=dataset.name, caption=", ".join(f"{k}={v}" for k, v in _options(config)))
     table.add_column("statistic")
     table.add_column("value", justify="right")
@@ -228,19 +232,10 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_data_fetch(args: argparse.Namespace) -> int:
-    from fedsub.data.fetch import DOWNLOADS, Download, cache_dir, fetch
+    from fedsub.data.fetch import DOWNLOADS, Download, fetch, listing
 
     if args.name is None:  # what can be fetched, from where, and whether it is cached
-        table = Table(title=f"fetchable datasets (cache: {cache_dir()})")
-        for column in ("dataset", "file", "bytes", "checksum", "cached"):
-            table.add_column(column, justify="right" if column == "bytes" else "left")
-        for name, downloads in DOWNLOADS.items():
-            for d in downloads:
-                cached = (cache_dir() / name / d.filename).exists()
-                pin = d.checksum[:15] + "..." if d.checksum else "none published"
-                size = f"{d.size:,}" if d.size else "?"
-                table.add_row(name, d.url, size, pin, "yes" if cached else "no")
-        Console().print(table)
+        print("\n".join(listing()))
         return 0
     if args.name not in DOWNLOADS:
         raise ConfigError(
@@ -266,13 +261,63 @@ def _options(config: config_lib.Config) -> list[tuple[str, object]]:
     return [("seed", config.data.seed), *dataclasses.asdict(config.data.options).items()]
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    from fedsub.catalog import listing
+
+    print("\n".join(listing(args.kind)))
+    return 0
+
+
+EXAMPLES = {
+    "run": """\
+  fedsub run --algorithm fedsubavg --set train.rounds=20 --out runs/quick
+  fedsub run configs/li-synthetic.toml --algorithm fedavg@scheme1 --quiet""",
+    "compare": """\
+  fedsub compare configs/li-synthetic.toml --set train.lr=0.5 --set eval.every=5
+  fedsub compare --algorithms fedavg,fedsubavg --sweep train.local_steps=1,5,10""",
+    "stats": """\
+  fedsub data stats synthetic-sparse --set data.num_users=500
+  fedsub data stats configs/movielens-lr.toml --plot heat.png""",
+    "fetch": """\
+  fedsub data fetch
+  fedsub data fetch movielens-1m --url https://example.org/mirror/ml-1m.zip""",
+    "list": """\
+  fedsub list algorithms
+  fedsub list keys""",
+    "data": """\
+  fedsub data stats synthetic-sparse
+  fedsub data fetch movielens-1m""",
+    "fedsub": """\
+  fedsub compare --set train.rounds=50 --out runs/first
+  fedsub run configs/li-synthetic.toml --algorithm fedavg@scheme1""",
+}
+
+
+def _epilog(command: str, set_note: bool = True) -> str:
+    """A subcommand's help ending: the --set note (where it takes --set) and two examples."""
+    note = (
+        SET_NOTE if set_note else "`fedsub list algorithms|datasets|models|keys` shows the choices."
+    )
+    return f"{note}\n\nexamples:\n{EXAMPLES[command]}\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedsub", description=__doc__)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="fedsub", description=__doc__, epilog=_epilog("fedsub"), formatter_class=raw
+    )
+    parser.add_argument("--version", action="version", version=f"fedsub {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def add_common(p: argparse.ArgumentParser) -> None:
         p.add_argument("config", nargs="?", help="TOML config (default: the embedded default)")
-        p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="SECTION.KEY=VALUE",
+            help="override a config key; repeatable; VALUE is TOML (see below)",
+        )
         p.add_argument("--out", default="runs/latest", help="output folder (default runs/latest)")
         p.add_argument("--quiet", action="store_true", help="no progress bar or notes")
         p.add_argument(
@@ -287,14 +332,28 @@ def build_parser() -> argparse.ArgumentParser:
             help="replace the run already in --out (only the files fedsub wrote are removed)",
         )
 
-    run = commands.add_parser("run", help="train one algorithm")
+    def add_command(where, name: str, help_text: str, set_note: bool = True):
+        return where.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_epilog(name, set_note),
+            formatter_class=raw,
+        )
+
+    run = add_command(commands, "run", "train one algorithm")
     add_common(run)
-    run.add_argument("--algorithm", help="which algorithm (default: the config's only one)")
+    run.add_argument(
+        "--algorithm",
+        help="which algorithm (default: the config's only one; fedsub list algorithms)",
+    )
     run.set_defaults(func=cmd_run)
 
-    comp = commands.add_parser("compare", help="train several algorithms on the same schedule")
+    comp = add_command(commands, "compare", "train several algorithms on the same schedule")
     add_common(comp)
-    comp.add_argument("--algorithms", help="comma-separated, e.g. fedavg,fedsubavg")
+    comp.add_argument(
+        "--algorithms", help="comma-separated, e.g. fedavg,fedsubavg (fedsub list algorithms)"
+    )
     comp.add_argument(
         "--sweep",
         metavar="SECTION.KEY=V1,V2,...",
@@ -302,16 +361,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.set_defaults(func=cmd_compare)
 
-    data = commands.add_parser("data", help="inspect datasets")
+    data = add_command(commands, "data", "inspect and download datasets", set_note=False)
     data_commands = data.add_subparsers(dest="data_command", required=True)
-    stats = data_commands.add_parser("stats", help="clients, samples, feature heat dispersion")
+    stats = add_command(data_commands, "stats", "clients, samples, feature heat dispersion")
     stats.add_argument(
-        "name", help="dataset name (e.g. synthetic-sparse) or a config file whose [data] to use"
+        "name", help="dataset name (fedsub list datasets) or a config file whose [data] to use"
     )
-    stats.add_argument("--set", action="append", default=[], metavar="data.KEY=VALUE")
+    stats.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="data.KEY=VALUE",
+        help="override a [data] key; repeatable; VALUE is TOML",
+    )
     stats.add_argument("--plot", help="write the feature heat distribution (PNG)")
     stats.set_defaults(func=cmd_data_stats)
-    fetch = data_commands.add_parser("fetch", help="download a dataset into the cache")
+    fetch = add_command(data_commands, "fetch", "download a dataset into the cache", set_note=False)
     fetch.add_argument("name", nargs="?", help="e.g. movielens-1m (none: list what can be)")
     fetch.add_argument(
         "--url", help="a mirror of the official file, or of the folder of a multi-file set"
@@ -323,6 +388,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept a file that has no published checksum on its size alone",
     )
     fetch.set_defaults(func=cmd_data_fetch)
+
+    listing = add_command(
+        commands,
+        "list",
+        "list algorithms, datasets, models (with their options) or every config key",
+        set_note=False,
+    )
+    listing.add_argument("kind", choices=["algorithms", "datasets", "models", "keys"])
+    listing.set_defaults(func=cmd_list)
     return parser
 
 
@@ -335,6 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except FedsubError as error:
         print(f"fedsub: error: {error}", file=sys.stderr)
+        return 2
+    except MemoryError as error:  # e.g. a dataset size far beyond this machine
+        print(
+            f"fedsub: error: out of memory ({error or 'allocation failed'}); "
+            "reduce the sizes in the config (data sizes, train.clients_per_round, ...)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("fedsub: interrupted", file=sys.stderr)

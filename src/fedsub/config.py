@@ -162,7 +162,9 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
     )
     if not ok:
         raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-    if tp is float and not math.isfinite(value):
+    if tp is int and not -(2**63) <= value < 2**63:
+        raise ConfigError(f"{where} = {value} does not fit a 64-bit integer (|value| < 2^63)")
+    if tp is float and not math.isfinite(float(value) if abs(value) < 2**1000 else math.inf):
         raise ConfigError(f"{where} must be a finite number, got {value!r}")
     return float(value) if tp is float else value
 
@@ -324,13 +326,34 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def load(path: Path | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """The config at ``path`` (or fedsub's embedded default) with ``--set`` overrides applied."""
+    """The config at ``path`` (or fedsub's embedded default) with ``--set`` overrides applied.
+
+    An error names its cause: the ``--set`` that introduced it, else the file."""
     raw = read_toml(path if path is not None else default_config_path())
     try:
         return parse(apply_overrides(raw, list(overrides)))
     except ConfigError as error:
-        where = path if path is not None else "default config"
-        raise ConfigError(f"{where}: {error}") from None
+        if str(error).startswith("--set "):  # already names its --set
+            raise
+        raise ConfigError(f"{_culprit(raw, list(overrides), str(error), path)}: {error}") from None
+
+
+def _culprit(raw: dict[str, Any], overrides: list[str], message: str, path: Path | None) -> str:
+    """Who to blame for ``message``: the first ``--set`` after which it appears, or the file
+    when it is there without any ``--set``."""
+    where = str(path) if path is not None else "default config"
+    for count in range(len(overrides) + 1):
+        try:
+            parse(apply_overrides(raw, overrides[:count]))
+        except ConfigError as error:
+            if str(error) == message:
+                return where if count == 0 else f"--set {_shown(overrides[count - 1])}"
+    return f"{where} with --set {' --set '.join(map(_shown, overrides))}"
+
+
+def _shown(text: str) -> str:
+    """``text`` as typed, or quoted when it holds characters that would break the line."""
+    return text if text.isprintable() else repr(text)
 
 
 def default_config_path() -> Path:

@@ -33,6 +33,8 @@ from fedsub.masking.schemes import Masking
 from fedsub.models.base import Model
 from fedsub.models.registry import build_model
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
+from fedsub.progress import current as current_reporter
+from fedsub.progress import phase
 from fedsub.report import (
     JsonLines,
     MetricsLog,
@@ -99,7 +101,10 @@ def with_resolved_paths(config: Config) -> Config:
 
 def load_data(config: Config) -> FederatedDataset:
     config = with_resolved_paths(config)
-    return load_dataset(config.data.name, config.data.options, config.data.path, config.data.seed)
+    with phase(f"loading {config.data.name}"):
+        return load_dataset(
+            config.data.name, config.data.options, config.data.path, config.data.seed
+        )
 
 
 def model_of(config: Config, dataset: FederatedDataset) -> Model:
@@ -297,7 +302,8 @@ def prepare(config: Config) -> Setup:
     dataset = load_data(config)
     model = model_of(config, dataset)
     check_against_dataset(config, dataset, model)
-    index = SubmodelIndex.build(dataset)
+    with phase("indexing the clients' rows"):
+        index = SubmodelIndex.build(dataset)
     t = config.train
     privacy = HeatPrivacy(
         t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
@@ -360,6 +366,7 @@ def compare(
     resume: bool = False,
     stop_requested: Callable[[], bool] = lambda: False,
     overwrite: bool = False,
+    label: str = "",
 ) -> Outcome:
     """Train every algorithm of the comparison and write the run's outputs.
 
@@ -367,7 +374,8 @@ def compare(
     (and a folder it created is removed) when it fails before training. With ``resume``,
     every piece read back is checked to belong to the run in ``out_dir/run.json``: finished
     algorithms are read back, an interrupted one continues from its newest intact
-    checkpoint, and the rest run from the start."""
+    checkpoint, and the rest run from the start. Data are loaded and checked before the
+    training bar appears; ``label`` prefixes the bar's algorithm names (a sweep's value)."""
     config = with_resolved_paths(config)
     config_text = config_lib.to_toml(config)
     names = algorithms_to_run(config)
@@ -396,16 +404,23 @@ def compare(
 
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
+    reporter = current_reporter()
+    reporter.training([(label + name, setup.schedule.rounds) for name in names])
     for name in names:
         folder = out_dir / name
         if points[name].done:
             histories[name] = read_metrics(folder / "metrics.jsonl")
+            reporter.round(label + name, setup.schedule.rounds)
             continue
         saved = points[name].checkpoint
-        run = AlgorithmRun(name, folder, config, identity, saved, stop_requested, on_round)
+        run = AlgorithmRun(
+            name, folder, config, identity, saved, stop_requested, _reported(label, on_round)
+        )
+        with phase(f"{label}{name}: preparing"):
+            algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
         histories[name], divergence = run.train(
             setup.model,
-            build_algorithm(name, setup.context, config.algorithm_options(name)),
+            algorithm,
             setup.dataset,
             setup.index,
             setup.schedule,
@@ -420,7 +435,7 @@ def compare(
     write_atomic(out_dir / "summary.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
     title = f"{setup.dataset.name}: {', '.join(histories)}"
-    plot_curves(histories, out_dir / "curves.png", title)
+    plot_curves(histories, out_dir / "curves.png", title, target)
     return Outcome(result, markdown, out_dir, diverged)
 
 
@@ -449,6 +464,19 @@ def read_sweep(out_dir: Path) -> tuple[str, list[str], dict]:
         return str(record["key"]), [str(v) for v in record["values"]], dict(record["base"])
     except (KeyError, TypeError, ValueError) as error:
         raise FedsubError(f"{out_dir / RUN_FILE}: not a readable sweep record ({error})") from None
+
+
+def _reported(
+    label: str, on_round: Callable[[str, int], None] | None
+) -> Callable[[str, int], None]:
+    """A round callback that also advances the training bar (when one is shown)."""
+
+    def report(name: str, round_index: int) -> None:
+        current_reporter().round(label + name, round_index)
+        if on_round is not None:
+            on_round(name, round_index)
+
+    return report
 
 
 def sweep(
@@ -488,7 +516,9 @@ def sweep(
         if resume and not again:
             LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
         try:
-            outcomes[v] = compare(configs[v], folder, on_round, again, stop_requested)
+            outcomes[v] = compare(
+                configs[v], folder, on_round, again, stop_requested, label=f"{key}={v}: "
+            )
         except FedsubError:
             if not resume and not outcomes and not folder.exists():  # failed before training
                 (out_dir / RUN_FILE).unlink(missing_ok=True)
@@ -534,12 +564,17 @@ def sweep(
     ]
     lines += metrics_table(rows, ["algorithm", key], with_rounds=with_target)
     markdown = "\n".join(lines) + "\n"
-    histories = {
-        f"{n} {key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
-        for v, o in outcomes.items()
-        for n in o.summary["algorithms"]
+    panels = {  # one row of panels per algorithm, one line per value
+        n: {
+            f"{key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
+            for v, o in outcomes.items()
+            if n in o.summary["algorithms"]
+        }
+        for n in dict.fromkeys(n for o in outcomes.values() for n in o.summary["algorithms"])
     }
-    plot_curves(histories, out_dir / "curves.png", f"sweep of {key}")
+    shared = {json.dumps(o.summary["target"], sort_keys=True) for o in outcomes.values()}
+    target = Target(**json.loads(shared.pop())) if len(shared) == 1 else None
+    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
     write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
     diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}

@@ -225,33 +225,73 @@ def metrics_table(rows: list[tuple], labels: list[str], with_rounds: bool = True
     return lines
 
 
-def plot_curves(histories: dict[str, list[Evaluation]], path: Path, title: str) -> None:
+def plot_curves(
+    histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
+    path: Path,
+    title: str,
+    target: Target | None = None,
+) -> None:
+    """curves.png: one panel per metric; ``histories`` either maps line names to histories
+    (one row of panels) or row titles to such maps (one row per title, e.g. per algorithm of
+    a sweep, so that no panel holds more lines than there are values)."""
+    fig = curves_figure(histories, title, target)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def curves_figure(
+    histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
+    title: str,
+    target: Target | None = None,
+):
+    """The matplotlib figure of ``plot_curves``; the target, when set, is a dashed horizontal
+    line on the panel of its metric."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    first = next(iter(histories.values()), None)
+    rows: dict[str, dict[str, list[Evaluation]]] = (
+        histories if isinstance(first, dict) else {"": histories}  # type: ignore[assignment]
+    )
+    every = [h for row in rows.values() for h in row.values()]
+
     def present(metric: str) -> bool:
-        return any(metric in h[0].metrics for h in histories.values())
+        return any(h and metric in h[0].metrics for h in every)
 
     metrics = [(m, label) for m, label in CURVE_METRICS if present(m)]
     if not present("test_auc") and present(CURVE_FALLBACK[0]):
         metrics.append(CURVE_FALLBACK)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
-    for ax, (metric, label) in zip(axes[0], metrics, strict=True):
-        for name, history in histories.items():
-            points = [(e.round, e.metrics[metric]) for e in history if metric in e.metrics]
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=name)
-        ax.set_xlabel("round")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend()
+    targets = {} if target is None else target.as_json()
+    fig, axes = plt.subplots(
+        len(rows),
+        len(metrics),
+        figsize=(5.5 * len(metrics), 4 * len(rows)),
+        squeeze=False,
+    )
+    for row_axes, (row_title, row) in zip(axes, rows.items(), strict=True):
+        for ax, (metric, label) in zip(row_axes, metrics, strict=True):
+            for name, history in row.items():
+                points = [(e.round, e.metrics[metric]) for e in history if metric in e.metrics]
+                ax.plot([p[0] for p in points], [p[1] for p in points], label=name)
+            if metric in targets:
+                ax.axhline(
+                    targets[metric], color="black", linestyle="--", linewidth=1, label="target"
+                )
+            ax.set_xlabel("round")
+            ax.set_ylabel(label)
+            if row_title:
+                ax.set_title(row_title)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    return fig
 
 
 def read_metrics(path: Path) -> list[Evaluation]:

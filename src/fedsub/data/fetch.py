@@ -113,6 +113,42 @@ def cached_file(name: str) -> Path | None:
     return path if path.exists() else None
 
 
+def _url_lines(url: str, indent: str, width: int) -> list[str]:
+    """A URL on lines of at most ``width`` characters, broken after a '/' where needed."""
+    lines, line = [], indent
+    for piece in url.replace("/", "/\n").split("\n"):
+        if len(line) + len(piece) > width and line.strip():
+            lines.append(line)
+            line = indent + "  "
+        line += piece
+    return [*lines, line]
+
+
+def listing(width: int = 80) -> list[str]:
+    """What ``fedsub data fetch`` can download, from where, its pin and whether it is cached,
+    readable at ``width`` columns (one header line per dataset, one line per file)."""
+    lines = ["Fetchable datasets, cached in:", f"  {cache_dir()}"]
+    for name, downloads in DOWNLOADS.items():
+        lines.append("")
+        folders = {d.url[: -len(d.filename)] for d in downloads if d.url.endswith(d.filename)}
+        if len(folders) == 1 and len(downloads) > 1:
+            lines += _url_lines(f"{name} from {folders.pop()}", "", width)
+        else:
+            lines.append(name)
+            for d in downloads:
+                lines += _url_lines(d.url, "  ", width)
+        for d in downloads:
+            size = f"{d.size:,} bytes" if d.size else "size unknown"
+            pin = (
+                d.checksum[: d.checksum.index(":") + 9] + "..."
+                if d.checksum
+                else "no checksum published"
+            )
+            cached = "cached" if (cache_dir() / name / d.filename).exists() else "not cached"
+            lines.append(f"  {d.filename}  {size}  {pin}  {cached}")
+    return lines
+
+
 def _digest(path: Path, algorithm: str) -> str:
     digest = hashlib.new(algorithm)
     with open(path, "rb") as handle:
@@ -157,10 +193,15 @@ def fetch(name: str, download: Download, timeout: float = 60.0, unpinned: bool =
                     handle.write(block)
             expected_length = response.headers.get("Content-Length")
     except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError) as error:
-        raise DataError(
-            f"{name}: download from {download.url} failed ({error}); the partial file "
-            f"{partial} is kept and the next `fedsub data fetch {name}` resumes it"
-        ) from None
+        if partial.exists() and partial.stat().st_size > 0:
+            kept = (
+                f"the partial file {partial} ({partial.stat().st_size:,} bytes) is kept and "
+                f"the next `fedsub data fetch {name}` resumes it"
+            )
+        else:
+            partial.unlink(missing_ok=True)
+            kept = "nothing was downloaded"
+        raise DataError(f"{name}: download from {download.url} failed ({error}); {kept}") from None
     if expected_length is not None and partial.stat().st_size < start * resumed + int(
         expected_length
     ):

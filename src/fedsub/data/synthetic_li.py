@@ -21,9 +21,9 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 class SyntheticLiOptions:
     alpha: float = field(default=0.0, metadata={"min": 0.0})
     beta: float = field(default=0.0, metadata={"min": 0.0})
-    num_devices: int = field(default=100, metadata={"min": 2})
-    dim: int = field(default=60, metadata={"min": 1})
-    classes: int = field(default=10, metadata={"min": 2})
+    num_devices: int = field(default=100, metadata={"min": 2, "max": 10**6})
+    dim: int = field(default=60, metadata={"min": 1, "max": 10**6})
+    classes: int = field(default=10, metadata={"min": 2, "max": 10**5})
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
 
 

@@ -24,11 +24,11 @@ TABLE = "features"
 
 @dataclass(frozen=True)
 class SyntheticSparseOptions:
-    num_users: int = field(default=3000, metadata={"min": 2})
-    num_items: int = field(default=2000, metadata={"min": 1})
-    zipf_exponent: float = field(default=1.1, metadata={"min": 0.0})
-    mean_samples_per_user: float = field(default=40.0, metadata={"min": 5.0})
-    samples_sigma: float = field(default=0.8, metadata={"min": 0.0})
+    num_users: int = field(default=3000, metadata={"min": 2, "max": 10**7})
+    num_items: int = field(default=2000, metadata={"min": 1, "max": 10**8})
+    zipf_exponent: float = field(default=1.1, metadata={"min": 0.0, "max": 10.0})
+    mean_samples_per_user: float = field(default=40.0, metadata={"min": 5.0, "max": 10**5})
+    samples_sigma: float = field(default=0.8, metadata={"min": 0.0, "max": 5.0})
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
     weight_std: float = field(default=1.0, metadata={"min": 0.0})
     noise_std: float = field(default=0.5, metadata={"min": 0.0})

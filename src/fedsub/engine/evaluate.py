@@ -12,6 +12,7 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine import seeding
 from fedsub.engine.metrics import roc_auc
 from fedsub.models.base import Batch, Model, forward
+from fedsub.progress import phase
 from fedsub.submodel.params import Params
 
 CHUNK = 65_536
@@ -55,6 +56,10 @@ class Evaluator:
     def evaluate(self, params: Params) -> dict[str, float]:
         """Losses and accuracies on the clients' training data (the fixed subset) and the test
         set, and the generalization gaps (train - test) seed 003 reports."""
+        with phase("evaluating"):
+            return self._evaluate(params)
+
+    def _evaluate(self, params: Params) -> dict[str, float]:
         train = self._scores(params, self.train_subset, auc=False)
         metrics = {"train_loss": train["loss"]}
         if "accuracy" in train:

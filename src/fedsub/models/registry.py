@@ -34,6 +34,16 @@ def _side(dataset: FederatedDataset) -> int:
     return side
 
 
+def _dense_inputs(dataset: FederatedDataset, model: str) -> int:
+    """The dense features per sample, for models that read only those."""
+    if dataset.train.dense_dim == 0:
+        raise ConfigError(
+            f"model.name = {model!r} reads dense features, but {dataset.name} has none "
+            "(only ids); choose a model for ids, e.g. sparse-lr (`fedsub list models`)"
+        )
+    return dataset.train.dense_dim
+
+
 _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "sparse-lr": lambda ds, opts: SparseLogisticRegression(
         table_rows=dict(ds.table_rows),
@@ -54,7 +64,7 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         scaler=opts.get("scaler", True),
     ),
     "mlp": lambda ds, opts: MLP(
-        inputs=ds.train.dense_dim,
+        inputs=_dense_inputs(ds, "mlp"),
         classes=_classes(ds),
         hidden=tuple(opts.get("widths") or (200, 200)),
         scaler=opts.get("scaler", True),
@@ -74,11 +84,26 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         field_tables=dict(ds.field_tables),
     ),
     "softmax-regression": lambda ds, opts: SoftmaxRegression(
-        dense_dim=ds.train.dense_dim,
+        dense_dim=_dense_inputs(ds, "softmax-regression"),
         classes=_classes(ds),
     ),
 }
 SLICEABLE = ("cnn", "mlp", "resnet18")  # width-sliceable: usable with train.masking
+
+# What each model is and which [model] keys its builder above reads (`fedsub list models`).
+MODEL_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sparse-lr": ("logistic regression on sparse ids and dense features", ("init_std",)),
+    "din": (
+        "Deep Interest Network (target item attends over the history)",
+        ("embedding_dim", "init_std"),
+    ),
+    "lstm": ("LSTM text classifier over token ids (Sent140)", ()),
+    "cnn": ("small CNN for square grey images", ("widths", "scaler")),
+    "mlp": ("multilayer perceptron on dense features", ("widths", "scaler")),
+    "resnet18": ("pre-activation ResNet-18 for square grey images", ("widths", "scaler")),
+    "embedding-lr": ("logistic regression on summed id embeddings", ("embedding_dim", "init_std")),
+    "softmax-regression": ("multinomial logistic regression on dense features", ()),
+}
 
 
 def model_names() -> list[str]:

@@ -19,6 +19,7 @@ from fedsub.data.federated import Population
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.secagg import secure_sum
 from fedsub.privacy.sketch import CountMinSketch
+from fedsub.progress import phase
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 
@@ -40,13 +41,19 @@ def _client_values(dataset: Population, kind: heat_lib.HeatKind) -> np.ndarray:
     return np.ones_like(counts) if kind == "clients" else counts
 
 
-def grouped_secure_sum(vectors: list[np.ndarray], group_size: int) -> np.ndarray:
-    """Sum of uint32 vectors by secure aggregation in groups (threshold floor(n/2) + 1)."""
+def grouped_secure_sum(
+    vectors: list[np.ndarray], group_size: int, what: str = "vectors"
+) -> np.ndarray:
+    """Sum of uint32 vectors by secure aggregation in groups (threshold floor(n/2) + 1).
+    A group costs O(group^2) key agreements, so progress is reported per client summed."""
     total = np.zeros(len(vectors[0]), dtype=np.uint32)
-    for start in range(0, len(vectors), group_size):
-        group = dict(enumerate(vectors[start : start + group_size]))
-        group_sum, _ = secure_sum(group, threshold=len(group) // 2 + 1)
-        total = total + group_sum
+    label = f"secagg {what} (groups of {group_size})"
+    with phase(label, total=len(vectors)) as advance:
+        for start in range(0, len(vectors), group_size):
+            group = dict(enumerate(vectors[start : start + group_size]))
+            group_sum, _ = secure_sum(group, threshold=len(group) // 2 + 1)
+            total = total + group_sum
+            advance(len(group))
     return total
 
 
@@ -59,38 +66,53 @@ def estimate_heat(
     """Per table, the heat of every row (float64) as the chosen source reveals it."""
     values = _client_values(dataset, kind)
     result = {}
-    for table, num_rows in dataset.table_rows.items():
-        rows = index.rows[table]
-        members = [rows.values[rows.offsets[k] : rows.offsets[k + 1]] for k in range(len(values))]
-        if privacy.source == "exact":
-            result[table] = heat_lib.heat(rows, num_rows, dataset.sample_counts(), kind)
-        elif privacy.source == "secagg":
-            vectors = []
-            for own, w in zip(members, values, strict=True):
-                vector = np.zeros(num_rows, dtype=np.uint32)
-                vector[own] = w
-                vectors.append(vector)
-            result[table] = grouped_secure_sum(vectors, privacy.group_size).astype(np.float64)
-        elif privacy.source == "sketch":
-            sketch = CountMinSketch.for_error(
-                privacy.sketch_eps, privacy.sketch_delta, privacy.seed
-            )
-            sketches = [
-                sketch.sketch(own, np.full(len(own), w)).astype(np.uint32).reshape(-1)
-                for own, w in zip(members, values, strict=True)
-            ]
-            summed = grouped_secure_sum(sketches, privacy.group_size).astype(np.int64)
-            table_sketch = summed.reshape(sketch.depth, sketch.width)
-            result[table] = sketch.estimate(table_sketch, np.arange(num_rows)).astype(np.float64)
-        elif privacy.source == "randomized-response":
-            rng = np.random.default_rng([privacy.seed, 0x5151])
-            weighted = np.zeros(num_rows)
-            for own, w in zip(members, values, strict=True):
-                weighted += w * rr.report(own, num_rows, privacy.rr_epsilon, rng)
-            result[table] = rr.estimate(weighted, float(values.sum()), privacy.rr_epsilon)
-        else:
-            raise ValueError(f"unknown heat source {privacy.source!r}; choose from {SOURCES}")
+    with phase(f"heat counts ({privacy.source})", total=len(dataset.table_rows)) as advance:
+        for table, num_rows in dataset.table_rows.items():
+            result[table] = _table_heat(dataset, index, kind, privacy, values, table, num_rows)
+            advance(1)
     return result
+
+
+def _table_heat(
+    dataset: Population,
+    index: SubmodelIndex,
+    kind: heat_lib.HeatKind,
+    privacy: HeatPrivacy,
+    values: np.ndarray,
+    table: str,
+    num_rows: int,
+) -> np.ndarray:
+    """The heat of every row of one table, as the chosen source reveals it."""
+    rows = index.rows[table]
+    members = [rows.values[rows.offsets[k] : rows.offsets[k + 1]] for k in range(len(values))]
+    if privacy.source == "exact":
+        return heat_lib.heat(rows, num_rows, dataset.sample_counts(), kind)
+    elif privacy.source == "secagg":
+        vectors = []
+        for own, w in zip(members, values, strict=True):
+            vector = np.zeros(num_rows, dtype=np.uint32)
+            vector[own] = w
+            vectors.append(vector)
+        what = table
+        return grouped_secure_sum(vectors, privacy.group_size, what).astype(np.float64)
+    elif privacy.source == "sketch":
+        sketch = CountMinSketch.for_error(privacy.sketch_eps, privacy.sketch_delta, privacy.seed)
+        sketches = [
+            sketch.sketch(own, np.full(len(own), w)).astype(np.uint32).reshape(-1)
+            for own, w in zip(members, values, strict=True)
+        ]
+        what = f"{table} sketches"
+        summed = grouped_secure_sum(sketches, privacy.group_size, what).astype(np.int64)
+        table_sketch = summed.reshape(sketch.depth, sketch.width)
+        return sketch.estimate(table_sketch, np.arange(num_rows)).astype(np.float64)
+    elif privacy.source == "randomized-response":
+        rng = np.random.default_rng([privacy.seed, 0x5151])
+        weighted = np.zeros(num_rows)
+        for own, w in zip(members, values, strict=True):
+            weighted += w * rr.report(own, num_rows, privacy.rr_epsilon, rng)
+        return rr.estimate(weighted, float(values.sum()), privacy.rr_epsilon)
+    else:
+        raise ValueError(f"unknown heat source {privacy.source!r}; choose from {SOURCES}")
 
 
 def describe(

@@ -1,0 +1,149 @@
+"""``fedsub list algorithms|datasets|models|keys``: what can be configured, generated from the
+registries and the config dataclasses (so it cannot drift from what the parser accepts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+import types
+import typing
+from typing import Any
+
+from fedsub import config as config_lib
+from fedsub.algorithms import registry as algorithm_registry
+from fedsub.algorithms.schemes import SCHEMES
+from fedsub.data.registry import DATASETS, dataset_names
+from fedsub.models.registry import MODEL_INFO, model_names
+
+KINDS = ("algorithms", "datasets", "models", "keys")
+WIDTH = 80
+
+
+def describe_field(cls: type, field: dataclasses.Field) -> str:
+    """ "a number, default 0.1, > 0" for one config field: type, default, allowed values."""
+    hint = typing.get_type_hints(cls)[field.name]
+    parts = [config_lib._type_name(hint)]
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    if optional and type(None) in typing.get_args(hint):
+        parts[0] += " (optional)"
+    parts.append(f"default {_default_text(field)}")
+    meta = field.metadata
+    if "choices" in meta:
+        parts.append("one of " + ", ".join(meta["choices"]()))
+    if "min" in meta:
+        parts.append(f">= {meta['min']}")
+    if "min_exclusive" in meta:
+        parts.append(f"> {meta['min_exclusive']}")
+    if "max" in meta:
+        parts.append(f"<= {meta['max']}")
+    if "validate" in meta:
+        parts.append("algorithm names, each optionally @scheme")
+    if meta.get("nonempty"):
+        parts.append("not empty")
+    return ", ".join(parts)
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        value: Any = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return "(required)"
+    return "unset" if value is None else config_lib._toml_value(value)
+
+
+def _fields(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.name != "options"]
+
+
+def _key_lines(cls: type, prefix: str, indent: str = "  ") -> list[str]:
+    lines = []
+    for f in _fields(cls):
+        head = f"{indent}{prefix}{f.name}: "
+        lines += textwrap.wrap(
+            describe_field(cls, f),
+            WIDTH,
+            initial_indent=head,
+            subsequent_indent=indent + "    ",
+        )
+    return lines
+
+
+def _wrapped(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+
+
+def algorithm_descriptions() -> dict[str, str]:
+    """Each algorithm's line in the registry's docstring ("- ``name``: what it does")."""
+    found: dict[str, str] = {}
+    bullets = re.split(r"\n(?=- ``)", algorithm_registry.__doc__ or "")
+    for bullet in bullets:
+        if not bullet.startswith("- ``"):
+            continue
+        head, _, text = bullet.partition(": ")
+        text = " ".join(text.split("\n\n")[0].split())
+        for name in re.findall(r"``([^`]+)``", head):
+            found[name] = text.replace("``", "")
+    return found
+
+
+def algorithms() -> list[str]:
+    descriptions = algorithm_descriptions()
+    lines = ["Algorithms (train.algorithms; options in [algorithms.<name>]):"]
+    for name in algorithm_registry.algorithm_names():
+        lines.append("")
+        lines += _wrapped(f"{name}: {descriptions.get(name, '')}".rstrip(": "))
+        lines += _key_lines(algorithm_registry.options_class(name), f"algorithms.{name}.")
+    lines += [""]
+    lines += _wrapped(
+        "Schemes (Li et al.), as name@scheme, e.g. fedavg@scheme1: " + ", ".join(SCHEMES)
+    )
+    return lines
+
+
+def datasets() -> list[str]:
+    lines = ["Datasets (data.name; their options are further [data] keys):"]
+    for name in dataset_names():
+        spec = DATASETS[name]
+        lines.append("")
+        lines += _wrapped(f"{name}: {spec.description}")
+        lines += _key_lines(spec.options, "data.")
+    return lines
+
+
+def models() -> list[str]:
+    fields = {f.name: f for f in _fields(config_lib.ModelConfig)}
+    lines = ["Models (model.name; options are further [model] keys):"]
+    for name in model_names():
+        description, options = MODEL_INFO[name]
+        lines.append("")
+        lines += _wrapped(f"{name}: {description}")
+        for option in options:
+            head = f"  model.{option}: "
+            text = describe_field(config_lib.ModelConfig, fields[option])
+            lines += textwrap.wrap(text, WIDTH, initial_indent=head, subsequent_indent="      ")
+        if not options:
+            lines.append("  (no options)")
+    return lines
+
+
+def keys() -> list[str]:
+    lines = ["Config keys (TOML sections, or --set section.key=value):"]
+    for section, cls in config_lib.SECTIONS.items():
+        if cls is None:
+            continue
+        lines += ["", f"[{section}]"]
+        lines += _key_lines(cls, f"{section}.")
+        if section == "data":
+            lines.append("  + the dataset's own options: `fedsub list datasets`")
+    lines += ["", "[algorithms.<name>]"]
+    for name in algorithm_registry.algorithm_names():
+        lines += _key_lines(algorithm_registry.options_class(name), f"algorithms.{name}.")
+    return lines
+
+
+def listing(kind: str) -> list[str]:
+    """The lines of ``fedsub list KIND``."""
+    return {"algorithms": algorithms, "datasets": datasets, "models": models, "keys": keys}[kind]()
