@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/fedsub compare --out $(OUT)
+	$(BIN)/fedsub compare --overwrite --out $(OUT)  # the demo folder is replaced each time
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests $(wildcard benchmarks)
