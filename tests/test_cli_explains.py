@@ -163,3 +163,25 @@ def test_a_bad_sweep_value_names_the_sweep(capsys):
     assert err.startswith(
         "fedsub: error: --sweep train.lr=0.1,abc: value abc: train.lr must be a number"
     )
+
+
+def test_a_closed_pipe_ends_the_listing_without_a_traceback():
+    """`fedsub list keys | head -1`: the reader has gone before fedsub writes."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader: every write gets EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "fedsub.cli", "list", "keys"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert done.stderr == ""

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -420,6 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedsub: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `fedsub list keys | head`: the reader left, not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+        return 141
 
 
 if __name__ == "__main__":
