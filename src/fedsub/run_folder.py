@@ -32,6 +32,7 @@ RUN_FILES = (
     "summary.md",
     "curves.png",
     "heat_source.json",
+    "feature_scaling.json",
     "sweep.json",
     "sweep.md",
 )
