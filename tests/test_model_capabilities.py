@@ -109,3 +109,23 @@ def test_eval_batch_is_a_positive_sample_count(tmp_path_factory):
         if EvalBatch in caps:
             model, _ = built(name, str(tmp_path_factory.getbasetemp()))
             assert isinstance(model.eval_batch, int) and model.eval_batch > 0
+
+
+def test_batchable_unless_a_model_declares_otherwise():
+    from .conftest import SquaredDistance
+
+    @dataclasses.dataclass(frozen=True)
+    class Declares(SquaredDistance):
+        batchable: bool = True
+
+    assert is_batchable(SquaredDistance(rows=3, w0=1.0))
+    assert is_batchable(Declares(rows=3, w0=1.0))
+    assert not is_batchable(Declares(rows=3, w0=1.0, batchable=False))
+
+
+def test_masked_training_of_a_model_that_cannot_be_sliced_says_so(tmp_path_factory):
+    from fedsub.engine import masked
+
+    model, _ = built("sparse-lr", str(tmp_path_factory.getbasetemp()))
+    with pytest.raises(TypeError, match="SparseLogisticRegression is not one"):
+        masked.run_cohort(model, *([None] * 9))
