@@ -129,3 +129,16 @@ def test_masked_training_of_a_model_that_cannot_be_sliced_says_so(tmp_path_facto
     model, _ = built("sparse-lr", str(tmp_path_factory.getbasetemp()))
     with pytest.raises(TypeError, match="SparseLogisticRegression is not one"):
         masked.run_cohort(model, *([None] * 9))
+
+
+def test_capacities_too_small_for_a_sliceable_models_layers_are_warned_about(
+    tmp_path_factory, caplog
+):
+    from fedsub.checks import _check_capacities
+    from fedsub.config import parse
+
+    config = parse({"model": {"name": "cnn"}, "train": {"masking": "static", "capacities": [0.1]}})
+    model, _ = built("cnn", str(tmp_path_factory.getbasetemp()))  # 2 and 3 channels
+    with caplog.at_level("WARNING", logger="fedsub"):
+        _check_capacities(config, model, num_clients=10)
+    assert "train.capacities entry 0.1 keeps less than one of the 2 channels" in caplog.text
