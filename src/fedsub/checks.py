@@ -12,7 +12,7 @@ import logging
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ConfigError
-from fedsub.models.base import Model
+from fedsub.models.base import Model, SliceableModel
 
 LOG = logging.getLogger("fedsub")
 GROUPED_HEAT_SOURCES = ("secagg", "sketch")  # heat summed by secure aggregation in groups
@@ -77,9 +77,9 @@ def _check_capacities(config: Config, model: Model, num_clients: int) -> None:
             len(t.capacities),
             num_clients,
         )
-    slicing = getattr(model, "slicing", None)
-    if slicing is None:
+    if not isinstance(model, SliceableModel):
         return
+    slicing = model.slicing
     for capacity in t.capacities:
         narrow = {g: c for g, c in slicing.groups.items() if c * capacity < 1}
         if narrow:

@@ -24,7 +24,7 @@ from fedsub.engine.local_rule import CohortWork, LocalRule, clip_scale, descend
 from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
-from fedsub.models.base import Model
+from fedsub.models.base import ClosedFormGradients, CohortHead, Model
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
@@ -87,9 +87,10 @@ def run_cohort(
 
     # A model may provide ``cohort_head`` (dense [K, ...], features [K, B, ...]) written with
     # batched matmuls; otherwise its per-client head is vmapped over the client axis.
-    head = getattr(model, "cohort_head", None) or vmap(
-        model.head, in_dims=(0, 0, None if dense_inputs is None else 0)
-    )
+    if isinstance(model, CohortHead):
+        head = model.cohort_head
+    else:
+        head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
     leaves = [*tables.values(), *dense.values()]
@@ -105,7 +106,7 @@ def run_cohort(
     buffers = [torch.zeros_like(x) for x in leaves] if rule.momentum else None
     # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
     # autograd differentiates embed -> head -> loss.
-    closed_form = getattr(model, "cohort_gradients", None)
+    closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
     per_step = k * batch
     id_tensors = {
         n: (torch.from_numpy(r.values), torch.from_numpy(r.offsets)) for n, r in ids.items()

@@ -11,7 +11,7 @@ import torch
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine import seeding
 from fedsub.engine.metrics import roc_auc
-from fedsub.models.base import Batch, Model, forward
+from fedsub.models.base import Batch, EvalBatch, Model, forward
 from fedsub.progress import phase
 from fedsub.submodel.params import Params
 
@@ -47,7 +47,7 @@ class Evaluator:
         dtype = params.tensors()[0].dtype
         chunks = []
         with torch.no_grad():
-            chunk = getattr(self.model, "eval_batch", CHUNK)  # e.g. a ResNet's memory
+            chunk = self.model.eval_batch if isinstance(self.model, EvalBatch) else CHUNK
             for start in range(0, len(samples), chunk):
                 part = samples.slice(start, min(start + chunk, len(samples)))
                 chunks.append(forward(self.model, params, Batch.from_samples(part, dtype)))

@@ -31,7 +31,7 @@ from fedsub.engine.sampling import Cohort, sample_cohort
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
-from fedsub.models.base import Model
+from fedsub.models.base import Model, is_batchable
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -123,7 +123,7 @@ def round_stages(
     """The round's client work (the configured backend, on width slices when masking) and how
     its updates become the server's update."""
     backend = schedule.backend
-    if backend == "batched" and not getattr(model, "batchable", True):
+    if backend == "batched" and not is_batchable(model):
         LOG.warning(
             "%s: model %s cannot be batched; running the sequential backend",
             algorithm.name,

@@ -21,7 +21,7 @@ from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, masked_deltas
 from fedsub.masking.schemes import Masking, plan
-from fedsub.models.base import Features, Ids, Model
+from fedsub.models.base import Features, Ids, Model, SliceableModel
 from fedsub.models.width import CoordinateMask
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -66,7 +66,12 @@ def run_cohort(
     masking: Masking,
     inner: RunCohort,
 ) -> MaskedCohortUpdate:
-    slicing = model.slicing  # type: ignore[attr-defined]
+    if not isinstance(model, SliceableModel):
+        raise TypeError(
+            f"sub-model masking needs a width-sliceable model (slicing, at_capacity); "
+            f"{type(model).__name__} is not one"
+        )
+    slicing = model.slicing
     shapes = {n: p.shape for n, p in global_params.dense.items()}
     if masking.scheme == "none":
         capacities = np.ones(len(cohort))
@@ -88,7 +93,7 @@ def run_cohort(
         if isinstance(piece, CoordinateMask):
             narrowed: Model = MaskedForward(model, piece.masks)
         else:
-            narrowed = model.at_capacity(piece.capacity)  # type: ignore[attr-defined]
+            narrowed = model.at_capacity(piece.capacity)  # type: ignore[assignment]
         sub_params = Params({}, piece.extract(global_params.dense))
         sub_cohort = Cohort(cohort.clients[members], cohort.multiplicity[members])
         update = inner(

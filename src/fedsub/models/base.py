@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import torch
 
 from fedsub.data.federated import SampleSet
 from fedsub.submodel.params import Params
+
+if TYPE_CHECKING:  # width.py's types, for annotations only
+    from fedsub.models.width import Slicing
 
 Task = Literal["binary", "multiclass", "regression"]
 
@@ -48,10 +51,9 @@ class Model(Protocol):
     """
 
     task: Task
-    # A model whose head cannot run for a whole cohort at once (neither ``cohort_head`` nor
-    # vmap) sets ``batchable = False``; the engine then says so and runs it sequentially.
-    # A model may also offer ``cohort_gradients`` (its gradients in closed form, see
-    # SparseLogisticRegression), which the batched engine then uses instead of autograd.
+    # Optional capabilities are the protocols below (``CohortHead``, ``ClosedFormGradients``,
+    # ``DeclaresBatchable``, ``EvalBatch``; width slicing is ``SliceableModel``): the engine
+    # asks ``isinstance(model, Capability)``, never for attribute names.
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params: ...
 
@@ -64,6 +66,73 @@ class Model(Protocol):
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The mean over the batch of a per-sample loss (the batched engine relies on it)."""
         ...
+
+
+# Optional capabilities. Each is checked with ``isinstance`` (``runtime_checkable`` only checks
+# that the members exist; tests/test_model_capabilities.py checks that they also work).
+# Convention for heads: ``head`` is always the single-client head (dense parameters without a
+# client axis); ``cohort_head`` is the same function for K clients at once and must equal
+# ``vmap(head)``. A model that writes its head once for the cohort defines ``head`` as
+# ``cohort_ops.single_client(self.cohort_head, ...)``.
+
+
+@runtime_checkable
+class CohortHead(Protocol):
+    """A head written for a whole cohort (dense [K, ...], features [K, B, ...] -> [K, B, ...]),
+    which the batched engine runs instead of ``vmap(model.head)``."""
+
+    def cohort_head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ClosedFormGradients(Protocol):
+    """Gradients of the K clients' batch-mean losses in closed form, which the batched engine
+    uses instead of autograd (see ``SparseLogisticRegression.cohort_gradients``)."""
+
+    def cohort_gradients(
+        self,
+        tables: dict[str, torch.Tensor],
+        dense: dict[str, torch.Tensor],
+        ids: dict[str, torch.Tensor],
+        sample_of_id: dict[str, torch.Tensor],
+        dense_inputs: torch.Tensor | None,
+        labels: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]: ...
+
+
+@runtime_checkable
+class DeclaresBatchable(Protocol):
+    """A model that says whether its head can run for a whole cohort at once (neither a
+    ``cohort_head`` nor vmap works when ``batchable`` is False); see ``is_batchable``."""
+
+    batchable: bool
+
+
+@runtime_checkable
+class EvalBatch(Protocol):
+    """A model that evaluates in batches of ``eval_batch`` samples (memory, or BatchNorm's
+    per-batch statistics) instead of the evaluator's default chunk."""
+
+    eval_batch: int
+
+
+@runtime_checkable
+class SliceableModel(Protocol):
+    """A dense model whose layers can be narrowed (sub-model masking): ``slicing`` says how,
+    ``at_capacity`` gives the narrowed model a client of capacity beta trains (with the scaler
+    dividing by beta)."""
+
+    @property
+    def slicing(self) -> Slicing: ...
+
+    def at_capacity(self, capacity: float) -> SliceableModel: ...
+
+
+def is_batchable(model: Model) -> bool:
+    """Whether the batched engine can run ``model``: yes unless it declares otherwise."""
+    return not isinstance(model, DeclaresBatchable) or model.batchable
 
 
 def forward(model: Model, params: Params, batch: Batch) -> torch.Tensor:

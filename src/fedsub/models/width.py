@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
@@ -32,16 +31,6 @@ class Slicing:
     def kept(self, capacity: float) -> dict[str, int]:
         """L = ceil(C * capacity) channels per group (at least one)."""
         return {g: max(1, math.ceil(c * capacity - 1e-9)) for g, c in self.groups.items()}
-
-
-class SliceableModel(Protocol):
-    """A dense model whose layers can be narrowed: ``slicing`` says how, ``at_capacity`` gives
-    the narrowed model a client of capacity beta trains (with the scaler dividing by beta)."""
-
-    @property
-    def slicing(self) -> Slicing: ...
-
-    def at_capacity(self, capacity: float) -> SliceableModel: ...
 
 
 @dataclass(frozen=True)
