@@ -25,10 +25,9 @@ from fedsub.engine import batched, masked, seeding, sequential
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.guards import Rejection, screen
-from fedsub.engine.local_rule import CohortWork, LocalRule
-from fedsub.engine.sampling import Cohort, sample_cohort
-from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.engine.guards import Rejection
+from fedsub.engine.schedule import Schedule
+from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model, is_batchable
@@ -89,34 +88,6 @@ def central_setup(
     )
 
 
-def _touched_finite(params: Params, update: ServerUpdate) -> bool:
-    """Whether the rows this round changed, and the dense parameters, are finite: O(touched)."""
-    rows_ok = all(
-        bool(torch.isfinite(params.tables[t].index_select(0, u.rows)).all())
-        for t, u in update.tables.items()
-    )
-    return rows_ok and all(bool(torch.isfinite(p).all()) for p in params.dense.values())
-
-
-def round_work(
-    algorithm: Algorithm, schedule: Schedule, counts: np.ndarray, cohort: Cohort, round_index: int
-) -> CohortWork:
-    """The round's local rule and each member's lr scale (transformed Scheme II scales the
-    lr by p_k N); SCAFFOLD's corrections are added by the caller."""
-    lr_scale = np.ones(len(cohort))
-    if algorithm.scheme.scale_lr_by_pn:
-        lr_scale = counts[cohort.clients] / counts.sum() * len(counts)
-    base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
-    rule = LocalRule(
-        lr_at(base_lr, schedule, round_index),
-        algorithm.mu,
-        schedule.weight_decay,
-        schedule.clip_norm,
-        schedule.momentum,
-    )
-    return CohortWork(rule, lr_scale)
-
-
 def round_stages(
     model: Model, algorithm: Algorithm, schedule: Schedule, params: Params
 ) -> tuple[Callable, Callable]:
@@ -149,22 +120,6 @@ class Interrupted(Exception):
         super().__init__(f"stopped after round {round_index}")
         self.round = round_index
         self.checkpoint = checkpoint
-
-
-class Diverged(Exception):
-    """The run diverged (engine/divergence.py's rule, or a model that stopped being finite);
-    names the algorithm, the round, why, and the last good checkpoint."""
-
-    def __init__(self, algorithm: str, round_index: int, what: str, last: Path | None) -> None:
-        where = f"; last good checkpoint: {last}" if last else "; no checkpoint was written yet"
-        super().__init__(
-            f"{algorithm}: {what} at round {round_index}{where}. Try a smaller learning rate "
-            "or set train.max_update_norm."
-        )
-        self.algorithm = algorithm
-        self.round = round_index
-        self.reason = what
-        self.checkpoint = last
 
 
 @dataclass
@@ -249,32 +204,25 @@ def train(
 
     run_cohort, combine = round_stages(model, algorithm, schedule, params)
     counts = dataset.sample_counts()
+    rounds = ServerRound(
+        algorithm,
+        schedule,
+        counts,
+        params,
+        server,
+        combine,
+        variates,
+        control.max_update_norm,
+        control.on_reject,
+        last_checkpoint,
+    )
     if control.resume is None:
         evaluate(0)
     for r in range(first_round, schedule.rounds + 1):
         started = time.perf_counter()
-        cohort = sample_cohort(
-            algorithm.scheme.sampling, schedule.seed, r, counts, schedule.clients_per_round
-        )
-        work = round_work(algorithm, schedule, counts, cohort, r)
-        if variates is not None:
-            work = dataclasses.replace(work, corrections=variates.corrections(cohort))
-        update = run_cohort(model, params, dataset, index, cohort, r, schedule, work)
-        kept, rejected = screen(update, r, control.max_update_norm)
-        for rejection in rejected:
-            if control.on_reject is not None:
-                control.on_reject(rejection)
-        if rejected and kept:
-            update, work = update.select(kept), work.select(kept)
-        if kept:
-            server_update = combine(update)
-            if not server_update.is_finite():
-                raise Diverged(algorithm.name, r, "the aggregate is not finite", last_checkpoint)
-            server.apply(params, server_update)
-            if not _touched_finite(params, server_update):
-                raise Diverged(algorithm.name, r, "the model overflowed", last_checkpoint)
-            if variates is not None:
-                variates.update(update, work, schedule.local_steps)
+        plan = rounds.begin(r)
+        update = run_cohort(model, params, dataset, index, plan.cohort, r, schedule, plan.work)
+        rounds.finish(plan, update)
         elapsed += time.perf_counter() - started
         if r % schedule.eval_every == 0 or r == schedule.rounds:
             evaluate(r)
@@ -283,7 +231,7 @@ def train(
         stop = control.stop_requested()
         due = control.checkpoint_every and r % control.checkpoint_every == 0
         if (due or stop) and r < schedule.rounds:
-            last_checkpoint = save(r)
+            last_checkpoint = rounds.last_checkpoint = save(r)
         if stop and r < schedule.rounds:
             raise Interrupted(r, last_checkpoint)
     return params

@@ -1,0 +1,139 @@
+"""The server half of a round, written once: the in-process loop (engine/loop.py) and the
+Flower strategy (flower/strategy.py) both use it, so both screen updates, check finiteness and
+stop with ``Diverged`` the same way.
+
+``begin(r)`` samples round r's cohort and describes its client work (local rule, lr scales,
+SCAFFOLD's corrections); ``finish(plan, update)`` screens the clients' updates, combines them,
+checks the aggregate and the model stay finite, applies the server optimizer and updates the
+control variates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsub.algorithms.aggregation import ServerUpdate
+from fedsub.algorithms.registry import Algorithm
+from fedsub.algorithms.scaffold import ControlVariates
+from fedsub.engine.guards import Rejection, screen
+from fedsub.engine.local_rule import CohortWork, LocalRule
+from fedsub.engine.sampling import Cohort, sample_cohort
+from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.submodel.params import Params
+
+
+class Diverged(Exception):
+    """The run diverged (engine/divergence.py's rule, or a model that stopped being finite);
+    names the algorithm, the round, why, and the last good checkpoint."""
+
+    def __init__(self, algorithm: str, round_index: int, what: str, last: Path | None) -> None:
+        where = f"; last good checkpoint: {last}" if last else "; no checkpoint was written yet"
+        super().__init__(
+            f"{algorithm}: {what} at round {round_index}{where}. Try a smaller learning rate "
+            "or set train.max_update_norm."
+        )
+        self.algorithm = algorithm
+        self.round = round_index
+        self.reason = what
+        self.checkpoint = last
+
+
+def round_work(
+    algorithm: Algorithm, schedule: Schedule, counts: np.ndarray, cohort: Cohort, round_index: int
+) -> CohortWork:
+    """The round's local rule and each member's lr scale (transformed Scheme II scales the
+    lr by p_k N); SCAFFOLD's corrections are added by ``ServerRound.begin``."""
+    lr_scale = np.ones(len(cohort))
+    if algorithm.scheme.scale_lr_by_pn:
+        lr_scale = counts[cohort.clients] / counts.sum() * len(counts)
+    base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
+    rule = LocalRule(
+        lr_at(base_lr, schedule, round_index),
+        algorithm.mu,
+        schedule.weight_decay,
+        schedule.clip_norm,
+        schedule.momentum,
+    )
+    return CohortWork(rule, lr_scale)
+
+
+def touched_finite(params: Params, update: ServerUpdate) -> bool:
+    """Whether the rows this round changed, and the dense parameters, are finite: O(touched)."""
+    rows_ok = all(
+        bool(torch.isfinite(params.tables[t].index_select(0, u.rows)).all())
+        for t, u in update.tables.items()
+    )
+    return rows_ok and all(bool(torch.isfinite(p).all()) for p in params.dense.values())
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What ``begin`` decided for one round: who trains, and how."""
+
+    round: int
+    cohort: Cohort
+    work: CohortWork
+
+
+@dataclass
+class ServerRound:
+    """Cohort sampling, client work and the checked application of a round's updates.
+
+    ``combine`` turns the (screened) cohort update into the server's update (plain aggregation,
+    or width-slice aggregation when masking). ``last_checkpoint`` is named by ``Diverged``; the
+    caller keeps it current."""
+
+    algorithm: Algorithm
+    schedule: Schedule
+    counts: np.ndarray
+    params: Params
+    server: Any  # the algorithm's server optimizer (make_server)
+    combine: Callable[[Any], ServerUpdate]
+    variates: ControlVariates | None = None
+    max_update_norm: float = 0.0
+    on_reject: Callable[[Rejection], None] | None = None
+    last_checkpoint: Path | None = None
+
+    def begin(self, round_index: int) -> RoundPlan:
+        """Round r's cohort (the same for every runtime: seeded by round) and its work."""
+        cohort = sample_cohort(
+            self.algorithm.scheme.sampling,
+            self.schedule.seed,
+            round_index,
+            self.counts,
+            self.schedule.clients_per_round,
+        )
+        work = round_work(self.algorithm, self.schedule, self.counts, cohort, round_index)
+        if self.variates is not None:
+            work = dataclasses.replace(work, corrections=self.variates.corrections(cohort))
+        return RoundPlan(round_index, cohort, work)
+
+    def finish(self, plan: RoundPlan, update: Any) -> bool:
+        """Screen, combine and apply the cohort's update; whether the model changed (False when
+        every update was rejected). Raises ``Diverged`` if the aggregate or the model is not
+        finite."""
+        r, work, last = plan.round, plan.work, self.last_checkpoint
+        kept, rejected = screen(update, r, self.max_update_norm)
+        for rejection in rejected:
+            if self.on_reject is not None:
+                self.on_reject(rejection)
+        if not kept:
+            return False
+        if rejected:
+            update, work = update.select(kept), work.select(kept)
+        server_update = self.combine(update)
+        if not server_update.is_finite():
+            raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)
+        self.server.apply(self.params, server_update)
+        if not touched_finite(self.params, server_update):
+            raise Diverged(self.algorithm.name, r, "the model overflowed", last)
+        if self.variates is not None:
+            self.variates.update(update, work, self.schedule.local_steps)
+        return True
