@@ -127,7 +127,9 @@ class ServerRound:
         if not kept:
             return False
         if rejected:
-            update, work = update.select(kept), work.select(kept)
+            update = update.select(kept)
+            if self.variates is not None:  # only the variates read the members' work
+                work = work.select(kept)
         server_update = self.combine(update)
         if not server_update.is_finite():
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)

@@ -30,6 +30,7 @@ from fedsub.engine.local_rule import LocalRule
 from fedsub.engine.loop import initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.sequential import train_submodel
+from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.experiment import load_data, model_of, schedule_of
 from fedsub.flower.records import deltas_record, read_submodel
@@ -178,14 +179,22 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             evaluations[round_index] = evaluator.evaluate(strategy.params)
             return MetricRecord(evaluations[round_index])
 
-        strategy.start(
-            grid,
-            ArrayRecord(),
-            num_rounds=fed.schedule.rounds,
-            timeout=settings.round_timeout,
-            train_config=ConfigRecord(),
-            evaluate_fn=evaluate,
-        )
+        try:
+            strategy.start(
+                grid,
+                ArrayRecord(),
+                num_rounds=fed.schedule.rounds,
+                timeout=settings.round_timeout,
+                train_config=ConfigRecord(),
+                evaluate_fn=evaluate,
+            )
+        except Diverged as error:  # the run fails; the result says why, no model is saved
+            if settings.out_dir:
+                result = {"algorithm": name, "payload": settings.payload, "rounds": strategy.rounds}
+                result["diverged"] = {"round": error.round, "reason": error.reason}
+                out = Path(settings.out_dir)
+                write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+            raise FedsubError(f"Flower: {error}") from error
         if settings.out_dir:
             out = Path(settings.out_dir)
             save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())

@@ -31,10 +31,9 @@ from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes
 from fedsub.data.ragged import Ragged
-from fedsub.engine.guards import screen
-from fedsub.engine.loop import round_work
-from fedsub.engine.sampling import Cohort, sample_cohort
+from fedsub.engine.guards import Rejection
 from fedsub.engine.schedule import Schedule
+from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.records import read_deltas, submodel_record
 from fedsub.flower.settings import Payload
@@ -81,7 +80,8 @@ class SubmodelStrategy(Strategy):
         self._node_of: dict[int, int] = {}
         self._index: SubmodelIndex | None = None
         self._counts = np.zeros(0, dtype=np.int64)
-        self._cohort: Cohort | None = None
+        self._round: ServerRound | None = None
+        self._plan: RoundPlan | None = None
         self._sent = 0
 
     # --- the query round -------------------------------------------------------------------
@@ -130,22 +130,32 @@ class SubmodelStrategy(Strategy):
         )
         self.algorithm = build_algorithm(self.algorithm_name, context, self.options)
         self.server = self.algorithm.make_server(self.params)
+        self._round = ServerRound(
+            self.algorithm,
+            self.schedule,
+            self._counts,
+            self.params,
+            self.server,
+            lambda update: aggregate(update, self.algorithm.aggregation),
+            max_update_norm=self.max_update_norm,
+            on_reject=self._log_rejection,
+        )
+
+    @staticmethod
+    def _log_rejection(rejection: Rejection) -> None:
+        LOG.warning(
+            "round %d: rejected client %d: %s", rejection.round, rejection.client, rejection.reason
+        )
 
     # --- training ---------------------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if self._index is None:
+        if self._index is None or self._round is None:
             raise FedsubError("SubmodelStrategy: call discover() before training")
-        cohort = sample_cohort(
-            self.algorithm.scheme.sampling,
-            self.schedule.seed,
-            server_round,
-            self._counts,
-            self.schedule.clients_per_round,
-        )
-        work = round_work(self.algorithm, self.schedule, self._counts, cohort, server_round)
-        self._cohort, self._sent = cohort, 0
+        self._plan = self._round.begin(server_round)
+        cohort, work = self._plan.cohort, self._plan.work
+        self._sent = 0
         if self.on_progress is not None:
             self.on_progress({"round": server_round, "sent_to": cohort.clients.tolist()})
         messages, full = [], None
@@ -180,8 +190,9 @@ class SubmodelStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        assert self._cohort is not None and self._index is not None
-        position = {int(k): j for j, k in enumerate(self._cohort.clients)}
+        assert self._plan is not None and self._round is not None and self._index is not None
+        cohort = self._plan.cohort
+        position = {int(k): j for j, k in enumerate(cohort.clients)}
         updates: dict[int, ClientUpdate] = {}
         received = 0
         for reply in replies:
@@ -231,19 +242,14 @@ class SubmodelStrategy(Strategy):
             self._done(record)
             return None, metrics
         ordered = [updates[k] for k in sorted(updates, key=position.__getitem__)]
-        multiplicity = torch.from_numpy(
-            self._cohort.multiplicity[[position[u.client] for u in ordered]]
-        )
+        multiplicity = torch.from_numpy(cohort.multiplicity[[position[u.client] for u in ordered]])
         update = CohortUpdate.from_clients(ordered, multiplicity)
-        kept, rejected = screen(update, server_round, self.max_update_norm)
-        for rejection in rejected:
-            LOG.warning(
-                "round %d: rejected client %d: %s", server_round, rejection.client, rejection.reason
-            )
-        if kept:
-            update = update.select(kept) if rejected else update
-            self.server.apply(self.params, aggregate(update, self.algorithm.aggregation))
-            record["updated"] = True
+        try:
+            record["updated"] = self._round.finish(self._plan, update)
+        except Diverged as error:  # recorded, then raised: the run ends with the error
+            record["diverged"] = error.reason
+            self._done(record)
+            raise
         self._done(record)
         return None, metrics
 

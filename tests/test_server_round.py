@@ -1,0 +1,146 @@
+"""ServerRound: the server half of a round, shared by the in-process loop and Flower's strategy.
+A round whose update would make the model non-finite stops with Diverged naming the round, in
+both runtimes; a client's non-finite update is screened out, not applied."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsub.algorithms.aggregation import aggregate
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.ragged import Ragged
+from fedsub.engine.schedule import Schedule
+from fedsub.engine.server_round import Diverged, ServerRound
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import ClientUpdate, CohortUpdate
+
+BIG = 3e38  # finite in float32; twice it is not
+CLIENTS = 6
+
+
+def quadratic() -> tuple[FederatedDataset, SubmodelIndex]:
+    """Six clients, one sample each, all on the single row of table w."""
+    parts = [
+        SampleSet({"w": Ragged.from_lists([[0]])}, np.ones(1, np.float32)) for _ in range(CLIENTS)
+    ]
+    dataset = FederatedDataset.from_clients("quadratic", {"w": 1}, parts, parts[0])
+    return dataset, SubmodelIndex.build(dataset)
+
+
+def cohort_update(clients: list[int], delta: float) -> CohortUpdate:
+    rows = {"w": torch.zeros(1, dtype=torch.int64)}
+    return CohortUpdate.from_clients(
+        [ClientUpdate(k, 1.0, rows, {"w": torch.full((1, 1), delta)}, {}) for k in clients]
+    )
+
+
+def server_round(params: Params, rejections: list) -> ServerRound:
+    dataset, index = quadratic()
+    algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", 3))
+    return ServerRound(
+        algorithm,
+        Schedule(5, 3, 1, 1, 0.1, seed=0),
+        dataset.sample_counts(),
+        params,
+        algorithm.make_server(params),
+        lambda update: aggregate(update, algorithm.aggregation),
+        on_reject=rejections.append,
+    )
+
+
+def test_finish_raises_diverged_naming_the_round_when_the_model_overflows(tmp_path):
+    params = Params({"w": torch.full((1, 1), BIG)}, {})
+    rounds = server_round(params, [])
+    rounds.last_checkpoint = tmp_path / "round-000002"
+    plan = rounds.begin(3)
+    assert len(plan.cohort) == 3 and plan.work.lr_scale.shape == (3,)
+    with pytest.raises(Diverged) as error:
+        rounds.finish(plan, cohort_update(plan.cohort.clients.tolist(), BIG))
+    assert error.value.round == 3 and error.value.reason == "the model overflowed"
+    assert str(error.value).startswith("fedavg: the model overflowed at round 3")
+    assert f"last good checkpoint: {tmp_path / 'round-000002'}" in str(error.value)
+
+
+def test_finish_screens_out_a_non_finite_client_update_and_applies_the_rest():
+    params = Params({"w": torch.zeros(1, 1)}, {})
+    rejections: list = []
+    rounds = server_round(params, rejections)
+    plan = rounds.begin(1)
+    clients = plan.cohort.clients.tolist()
+    update = cohort_update(clients, 0.5)
+    update.table_deltas["w"][0] = float("nan")  # the first member's only row
+    assert rounds.finish(plan, update) is True
+    assert [(r.client, r.round) for r in rejections] == [(clients[0], 1)]
+    assert float(params.tables["w"][0, 0]) == pytest.approx(0.5)  # the mean of the others
+
+    nothing_left = cohort_update(clients, float("inf"))
+    assert rounds.finish(rounds.begin(2), nothing_left) is False
+    assert float(params.tables["w"][0, 0]) == pytest.approx(0.5)  # unchanged
+
+
+class OneRowGrid:
+    """A stand-in for Flower's Grid: six nodes, each holding row 0 of table w."""
+
+    def get_node_ids(self) -> list[int]:
+        return [100 + k for k in range(CLIENTS)]
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+        return [
+            Message(
+                RecordDict(
+                    {
+                        "index": ArrayRecord({"rows.w": torch.zeros(1, dtype=torch.int64)}),
+                        "metrics": MetricRecord(
+                            {"partition-id": m.metadata.dst_node_id - 100, "num-examples": 1}
+                        ),
+                    }
+                ),
+                reply_to=m,
+            )
+            for m in messages
+        ]
+
+
+def test_flower_strategy_raises_diverged_naming_the_round_and_records_it(monkeypatch):
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    # Outside a Flower runtime, Messages need the process's task identity (flwr 1.41 internals).
+    for name in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+    from fedsub.flower.records import deltas_record
+    from fedsub.flower.strategy import SubmodelStrategy
+
+    params = Params({"w": torch.full((1, 1), BIG)}, {})
+    strategy = SubmodelStrategy(
+        params, "fedavg", None, "samples", Schedule(5, 3, 1, 1, 0.1, seed=0)
+    )
+    grid = OneRowGrid()
+    strategy.discover(grid, CLIENTS, timeout=1.0)
+    sent = list(strategy.configure_train(2, ArrayRecord(), ConfigRecord(), grid))
+    replies = [
+        Message(
+            RecordDict(
+                {
+                    "deltas": deltas_record({"w": torch.full((1, 1), BIG)}, {}),
+                    "metrics": MetricRecord(
+                        {"partition-id": m.metadata.dst_node_id - 100, "num-examples": 1}
+                    ),
+                }
+            ),
+            reply_to=m,
+        )
+        for m in sent
+    ]
+    with pytest.raises(Diverged) as error:
+        strategy.aggregate_train(2, replies)
+    assert error.value.round == 2 and error.value.reason == "the model overflowed"
+    assert strategy.rounds[-1]["diverged"] == "the model overflowed"
+    assert strategy.rounds[-1]["replies"] == len(sent)
