@@ -8,9 +8,11 @@ round:
 - ``configure_train``: the cohort is fedsub's (same seed, same clients as the in-process
   engine); each sampled node gets one Message with its rows X[S(k)], the dense parameters and
   the round's local rule;
-- ``aggregate_train``: the replies' row deltas go through fedsub's screening, aggregator (heat
-  coefficients over all clients) and server optimizer. A node that fails or times out is left
-  out: the round's mean is over the replies received, if there are at least ``min_replies``.
+- ``aggregate_train``: the replies' row deltas go through the in-process engine's server round
+  (engine/server_round.py: screening, aggregator with heat coefficients over all clients,
+  finiteness checks raising ``Diverged``, server optimizer). A node that fails or times out is
+  left out: the round's mean is over the replies received, if there are at least
+  ``min_replies``.
 
 Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 """
