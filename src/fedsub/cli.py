@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -76,11 +75,11 @@ def _say_how_to_resume(command: str, stopped: Interrupted, out: Path) -> int:
 
 
 def _is_sweep(folder: Path) -> bool:
-    from fedsub.run_folder import RUN_FILE
+    from fedsub.run_folder import read_run_file
 
     try:
-        return json.loads((folder / RUN_FILE).read_text(encoding="utf-8")).get("kind") == "sweep"
-    except (OSError, ValueError, AttributeError):
+        return read_run_file(folder).get("kind") == "sweep"
+    except FedsubError:  # no run file, or not a readable one: the run's resume says why
         return False
 
 
@@ -170,8 +169,7 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
         path = Path(args.config) if args.config else config_lib.default_config_path()
         where = str(path) if args.config else "default config"
         base = config_lib.apply_overrides(config_lib.read_toml(path), [*args.set, *extra])
-        # a bad --set or file is named as such, before the sweep's values are tried
-        config_lib.load(Path(args.config) if args.config else None, [*args.set, *extra])
+        _config(args, extra)  # a bad --set or file is named as such, before the values
     for value in values:  # every value valid before training
         try:
             sweep_config(base, key, value, where)

@@ -161,7 +161,7 @@ def train(
         ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
     )
     history: list[Evaluation] = []
-    elapsed, first_round, last_checkpoint = 0.0, 1, None
+    elapsed, first_round, resumed_from = 0.0, 1, None
     if control.resume is not None:
         saved = control.resume
         for name, value in Params.from_state_dict(saved.model).state_dict().items():
@@ -170,7 +170,7 @@ def train(
         if variates is not None:
             variates.load_state_tensors(saved.variates)
         history = [Evaluation.from_record(e) for e in saved.history]
-        elapsed, first_round, last_checkpoint = saved.elapsed, saved.round + 1, saved.path
+        elapsed, first_round, resumed_from = saved.elapsed, saved.round + 1, saved.path
 
     def save(round_index: int) -> Path | None:
         if control.checkpoints is None:
@@ -200,7 +200,7 @@ def train(
         if on_evaluation is not None:
             on_evaluation(evaluation)  # the diverged evaluation is logged too: it shows why
         if reason is not None:
-            raise Diverged(algorithm.name, round_index, reason, last_checkpoint)
+            raise Diverged(algorithm.name, round_index, reason, rounds.last_checkpoint)
 
     run_cohort, combine = round_stages(model, algorithm, schedule, params)
     counts = dataset.sample_counts()
@@ -214,7 +214,7 @@ def train(
         variates,
         control.max_update_norm,
         control.on_reject,
-        last_checkpoint,
+        resumed_from,  # the last good checkpoint, until this run writes one
     )
     if control.resume is None:
         evaluate(0)
@@ -231,7 +231,7 @@ def train(
         stop = control.stop_requested()
         due = control.checkpoint_every and r % control.checkpoint_every == 0
         if (due or stop) and r < schedule.rounds:
-            last_checkpoint = rounds.last_checkpoint = save(r)
+            rounds.last_checkpoint = save(r)
         if stop and r < schedule.rounds:
-            raise Interrupted(r, last_checkpoint)
+            raise Interrupted(r, rounds.last_checkpoint)
     return params

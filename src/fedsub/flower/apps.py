@@ -179,6 +179,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             evaluations[round_index] = evaluator.evaluate(strategy.params)
             return MetricRecord(evaluations[round_index])
 
+        diverged: Diverged | None = None
         try:
             strategy.start(
                 grid,
@@ -189,17 +190,17 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
                 evaluate_fn=evaluate,
             )
         except Diverged as error:  # the run fails; the result says why, no model is saved
-            if settings.out_dir:
-                result = {"algorithm": name, "payload": settings.payload, "rounds": strategy.rounds}
-                result["diverged"] = {"round": error.round, "reason": error.reason}
-                out = Path(settings.out_dir)
-                write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
-            raise FedsubError(f"Flower: {error}") from error
+            diverged = error
         if settings.out_dir:
             out = Path(settings.out_dir)
-            save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
             result = {"algorithm": name, "payload": settings.payload, "rounds": strategy.rounds}
-            result["evaluations"] = {str(r): m for r, m in evaluations.items()}
+            if diverged is None:
+                save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
+                result["evaluations"] = {str(r): m for r, m in evaluations.items()}
+            else:
+                result["diverged"] = {"round": diverged.round, "reason": diverged.reason}
             write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+        if diverged is not None:
+            raise FedsubError(f"Flower: {diverged}") from diverged
 
     return app
