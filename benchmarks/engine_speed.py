@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.engine.loop import train
-from fedsub.engine.sampling import uniform_cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.din import DIN

@@ -13,11 +13,11 @@ import torch
 
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.loop import train
-from fedsub.engine.sampling import uniform_cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.sequential import client_round
 from fedsub.models.sparse_lr import SparseLogisticRegression

@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from fedsub.data.stats import table1_row
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, field_offsets, generate
 from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.stats import table1_row
 
 
 def test_default_has_heat_dispersion_of_at_least_1000():

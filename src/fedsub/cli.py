@@ -199,9 +199,9 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
     from fedsub.data.registry import DATASETS
-    from fedsub.data.stats import feature_heat, plot_heat_distribution, table1_row
     from fedsub.experiment import load_data
     from fedsub.submodel.index import SubmodelIndex
+    from fedsub.submodel.stats import feature_heat, plot_heat_distribution, table1_row
 
     if args.name.endswith(".toml"):  # a run's config: its [data] section, as the run sees it
         config = config_lib.load(Path(args.name), args.set)

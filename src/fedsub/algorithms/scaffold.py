@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsub.algorithms.sampling import Cohort
 from fedsub.engine.local_rule import CohortTensors, CohortWork
-from fedsub.engine.sampling import Cohort
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsub.algorithms.aggregation import Weighting
-from fedsub.engine.sampling import SamplingKind
+from fedsub.algorithms.sampling import SamplingKind
 
 
 @dataclass(frozen=True)

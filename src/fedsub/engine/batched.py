@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch.func import vmap
 
+from fedsub.algorithms.sampling import Cohort
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.ragged import Ragged
 from fedsub.engine.local_rule import CohortWork, LocalRule, clip_scale, descend
-from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import ClosedFormGradients, CohortHead, Model

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedsub import seeding
 from fedsub.data.federated import FederatedDataset, SampleSet
-from fedsub.engine import seeding
 from fedsub.engine.metrics import roc_auc
 from fedsub.models.base import Batch, EvalBatch, Model, forward
 from fedsub.progress import phase

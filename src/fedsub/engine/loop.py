@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedsub import seeding
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
-from fedsub.engine import batched, masked, seeding, sequential
+from fedsub.engine import batched, masked, sequential
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsub.algorithms.sampling import Cohort
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.local_sgd import local_sgd
-from fedsub.engine.sampling import Cohort
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Model

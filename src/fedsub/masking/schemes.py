@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedsub.engine import seeding
+from fedsub import seeding
 from fedsub.masking.capacity import Capacities
 from fedsub.models.width import ChannelSlice, CoordinateMask, Slicing, SubmodelSlice, full_slice
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedsub.engine import seeding
+from fedsub import seeding
 
 SamplingKind = Literal["uniform", "proportional-with-replacement"]
 
