@@ -89,7 +89,7 @@ def flower_run(dataset, rounds: int = ROUNDS):
             return {"partition": self.partition}
 
         def fit(self, parameters, config):
-            from fedsub.engine.local_rule import LocalRule
+            from fedsub.client.local_rule import LocalRule
             from fedsub.engine.local_sgd import local_sgd
             from fedsub.submodel.params import Params
 

@@ -7,9 +7,9 @@ import torch
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, FedProxOptions, build_algorithm
 from fedsub.algorithms.sampling import sample_cohort
+from fedsub.client.local_rule import CohortWork, LocalRule
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
-from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.loop import central_setup, train
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.sequential import client_round

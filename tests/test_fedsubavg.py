@@ -14,9 +14,9 @@ import torch
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
+from fedsub.client.local_rule import CohortWork, LocalRule
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
-from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.sequential import client_round

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.engine.local_rule import LocalRule
+from fedsub.client.local_rule import LocalRule
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward

@@ -10,8 +10,8 @@ import torch
 
 from fedsub.algorithms.aggregation import client_weights
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.client.local_rule import LocalRule
 from fedsub.data.federated import FederatedDataset, SampleSet
-from fedsub.engine.local_rule import LocalRule
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.loop import initial_params, train
 from fedsub.engine.schedule import Schedule

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.sampling import Cohort
-from fedsub.engine.local_rule import CohortTensors, CohortWork
+from fedsub.client.local_rule import CohortTensors, CohortWork
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate

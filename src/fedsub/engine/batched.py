@@ -19,9 +19,9 @@ import torch
 from torch.func import vmap
 
 from fedsub.algorithms.sampling import Cohort
+from fedsub.client.local_rule import CohortWork, LocalRule, clip_scale, descend
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.ragged import Ragged
-from fedsub.engine.local_rule import CohortWork, LocalRule, clip_scale, descend
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import ClosedFormGradients, CohortHead, Model
@@ -166,7 +166,7 @@ def _apply_rule(
     buffers: list[torch.Tensor] | None,
     k: int,
 ) -> None:
-    """``LocalRule`` for every member at once (see fedsub.engine.local_rule)."""
+    """``LocalRule`` for every member at once (see fedsub.client.local_rule)."""
     if rule.mu:
         grads = [g + rule.mu * (x - a) for g, x, a in zip(grads, leaves, anchors, strict=True)]
     if rule.clip_norm:

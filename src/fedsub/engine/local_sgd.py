@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsub.client.local_rule import LocalRule, clip_scale, descend
 from fedsub.data.federated import SampleSet
-from fedsub.engine.local_rule import LocalRule, clip_scale, descend
 from fedsub.models.base import Batch, Model, forward
 from fedsub.submodel.params import Params
 

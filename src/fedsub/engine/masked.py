@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.sampling import Cohort
+from fedsub.client.local_rule import CohortWork
 from fedsub.data.federated import FederatedDataset
-from fedsub.engine.local_rule import CohortWork
 from fedsub.engine.schedule import Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, masked_deltas
 from fedsub.masking.schemes import Masking, plan

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.sampling import Cohort
+from fedsub.client.local_rule import CohortWork, LocalRule
 from fedsub.data.federated import FederatedDataset, SampleSet
-from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules

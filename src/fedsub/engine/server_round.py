@@ -23,8 +23,8 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.sampling import Cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
+from fedsub.client.local_rule import CohortWork, LocalRule
 from fedsub.engine.guards import Rejection, screen
-from fedsub.engine.local_rule import CohortWork, LocalRule
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.submodel.params import Params
 

@@ -23,10 +23,10 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub.checks import check_against_dataset
+from fedsub.client.local_rule import LocalRule
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.local_rule import LocalRule
 from fedsub.engine.loop import initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.sequential import train_submodel
