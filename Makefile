@@ -23,6 +23,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests $(wildcard benchmarks)
 	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
+	$(BIN)/mypy  # files and settings: [tool.mypy] in pyproject.toml
 
 test: lint
 	$(BIN)/pytest -q
