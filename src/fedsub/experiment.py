@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -25,11 +26,11 @@ from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
-from fedsub.engine.schedule import DTYPES, Schedule
+from fedsub.engine.schedule import DTYPES, Backend, LrSchedule, Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
-from fedsub.masking.capacity import Capacities
-from fedsub.masking.schemes import Masking
+from fedsub.masking.capacity import Assignment, Capacities
+from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model
 from fedsub.models.registry import build_model
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
@@ -64,6 +65,7 @@ from fedsub.run_folder import (
     refuse_if_taken,
     remove_if_empty,
 )
+from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 
 CENTRAL = "central-sgd"
@@ -182,6 +184,8 @@ def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None
 
 def schedule_of(config: Config) -> Schedule:
     t = config.train
+    # The casts: config.py types its choice fields as str and has checked each value against
+    # the field's choices, which are the Literal types named here.
     return Schedule(
         rounds=t.rounds,
         clients_per_round=t.clients_per_round,
@@ -191,20 +195,20 @@ def schedule_of(config: Config) -> Schedule:
         seed=t.seed,
         dtype=DTYPES[t.dtype],
         eval_every=config.eval.every,
-        backend=t.backend,  # type: ignore[arg-type]
-        lr_schedule=t.lr_schedule,  # type: ignore[arg-type]
+        backend=cast(Backend, t.backend),
+        lr_schedule=cast(LrSchedule, t.lr_schedule),
         lr_decay=t.lr_decay,
         weight_decay=t.weight_decay,
         clip_norm=t.clip_norm,
         momentum=t.momentum,
         masking=Masking(
-            t.masking,  # type: ignore[arg-type]
+            cast(MaskingScheme, t.masking),
             Capacities(
                 tuple(t.capacities),
                 tuple(t.capacity_proportions),
-                t.capacity_assignment,  # type: ignore[arg-type]
+                cast(Assignment, t.capacity_assignment),
             ),
-            t.mask_average,  # type: ignore[arg-type]
+            cast(AverageOver, t.mask_average),
         ),
     )
 
@@ -218,11 +222,18 @@ def algorithms_to_run(config: Config) -> list[str]:
 
 
 def target_of(config: Config, histories: dict[str, list[Evaluation]]) -> Target:
-    loss = config.eval.target_train_loss
-    if loss == "central-min":
+    wanted = config.eval.target_train_loss
+    loss: float | None
+    if wanted == "central-min":
         losses = [e.metrics["train_loss"] for e in histories[CENTRAL]]
         loss = min((x for x in losses if math.isfinite(x)), default=None)
-    return Target(loss, config.eval.target_test_auc)  # type: ignore[arg-type]
+    elif isinstance(wanted, str):
+        raise ConfigError(
+            f'eval.target_train_loss = {wanted!r}: expected a number or "central-min"'
+        )
+    else:
+        loss = wanted
+    return Target(loss, config.eval.target_test_auc)
 
 
 @dataclass(frozen=True)
@@ -308,16 +319,11 @@ def prepare(config: Config) -> Setup:
     privacy = HeatPrivacy(
         t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
     )
-    context = AlgorithmContext(
-        dataset,
-        index,
-        t.heat,
-        t.clients_per_round,
-        privacy,  # type: ignore[arg-type]
-    )
+    heat = cast(HeatKind, t.heat)  # config.py has checked it against its choices
+    context = AlgorithmContext(dataset, index, heat, t.clients_per_round, privacy)
     heat_source = None
     if privacy.source != "exact":
-        heat_source = describe(dataset, index, t.heat, privacy)  # type: ignore[arg-type]
+        heat_source = describe(dataset, index, heat, privacy)
         LOG.info("heat source: %s", dumps(heat_source))
     extra = None
     if config.eval.gradient_norms:
@@ -526,10 +532,11 @@ def sweep(
             raise
     rounds = {v: configs[v].train.rounds for v in values}
     names = [n for n in next(iter(outcomes.values())).summary["algorithms"] if n != CENTRAL]
+    targets = {v: o.summary["target"] for v, o in outcomes.items()}
     result = {
         "key": key,
         "values": values,
-        "targets": {v: o.summary["target"] for v, o in outcomes.items()},
+        "targets": targets,
         "rounds_to_target": {
             n: {v: o.summary["algorithms"][n]["rounds_to_target"] for v, o in outcomes.items()}
             for n in names
@@ -539,7 +546,7 @@ def sweep(
             for n in names
         },
     }
-    with_target = any(result["targets"].values())
+    with_target = any(targets.values())
     lines = []
     if with_target:
         header = f"| algorithm | {' | '.join(f'{key}={v}' for v in values)} |"
@@ -553,8 +560,8 @@ def sweep(
             entries = [outcomes[v].summary["algorithms"][n] for v in values]
             cells = [outcome_cell(e, rounds[v]) for e, v in zip(entries, values, strict=True)]
             lines.append(f"| {n} | {' | '.join(cells)} |")
-        targets = [f"{key}={v}: {_describe(result['targets'][v])}" for v in values]
-        lines += ["", "Targets: " + "; ".join(targets), ""]
+        described = [f"{key}={v}: {_describe(targets[v])}" for v in values]
+        lines += ["", "Targets: " + "; ".join(described), ""]
     else:
         lines += [f"Sweep of {key}: no target set (no rounds to target)", ""]
     rows = [

@@ -11,8 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # rich is imported only when a reporter draws (it is slow to import)
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 Advance = Callable[[int], None]
+
+
+def _ignore(steps: int) -> None:
+    """Advances the silent reporter's phases: nothing to draw."""
 
 
 class Reporter:
@@ -21,7 +30,7 @@ class Reporter:
     @contextmanager
     def phase(self, label: str, total: int | None = None) -> Iterator[Advance]:
         """A phase of work; ``total`` steps when known (the yielded callable advances)."""
-        yield lambda steps=1: None
+        yield _ignore
 
     def training(self, plan: Sequence[tuple[str, int]]) -> None:
         """Training starts: ``plan`` lists (algorithm label, rounds) in the order they run."""
@@ -35,15 +44,15 @@ class RichReporter(Reporter):
     labelled "<algorithm> (<i>/<n>) round <r>/<R>". Nothing is drawn before the first phase or
     round, so an error found while reading the config leaves stderr clean."""
 
-    def __init__(self, console=None) -> None:
+    def __init__(self, console: Console | None = None) -> None:
         from rich.console import Console
 
         self.console = console or Console(stderr=True)
-        self._progress = None
-        self._task = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._plan: list[tuple[str, int]] = []
 
-    def _display(self):
+    def _display(self) -> Progress:
         if self._progress is None:
             from rich.progress import (
                 BarColumn,
@@ -54,7 +63,7 @@ class RichReporter(Reporter):
                 TimeElapsedColumn,
             )
 
-            self._progress = Progress(
+            progress = Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),
                 BarColumn(bar_width=24),
@@ -62,15 +71,20 @@ class RichReporter(Reporter):
                 TimeElapsedColumn(),
                 console=self.console,
             )
-            self._progress.start()
+            progress.start()
+            self._progress = progress
         return self._progress
 
     @contextmanager
     def phase(self, label: str, total: int | None = None) -> Iterator[Advance]:
         display = self._display()
         task = display.add_task(label, total=total)
+
+        def advance(steps: int) -> None:
+            display.advance(task, steps)
+
         try:
-            yield lambda steps=1: display.advance(task, steps)
+            yield advance
         finally:
             display.remove_task(task)
 

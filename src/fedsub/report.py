@@ -243,6 +243,19 @@ def plot_curves(
     os.replace(tmp, path)
 
 
+def _panel_rows(
+    histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
+) -> dict[str, dict[str, list[Evaluation]]]:
+    """One row of panels per outer key; histories not nested under one form the row ""."""
+    rows: dict[str, dict[str, list[Evaluation]]] = {}
+    for key, value in histories.items():
+        if isinstance(value, dict):
+            rows[key] = value
+        else:
+            rows.setdefault("", {})[key] = value
+    return rows or {"": {}}
+
+
 def curves_figure(
     histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
     title: str,
@@ -255,10 +268,7 @@ def curves_figure(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    first = next(iter(histories.values()), None)
-    rows: dict[str, dict[str, list[Evaluation]]] = (
-        histories if isinstance(first, dict) else {"": histories}  # type: ignore[assignment]
-    )
+    rows = _panel_rows(histories)
     every = [h for row in rows.values() for h in row.values()]
 
     def present(metric: str) -> bool:

@@ -56,18 +56,23 @@ class SampleSet:
     @staticmethod
     def concat(parts: list[SampleSet]) -> SampleSet:
         tables = parts[0].ids.keys()
-        dense = [p.dense for p in parts]
+        dense = [p.dense for p in parts if p.dense is not None]
+        if dense and len(dense) != len(parts):
+            raise ValueError("SampleSet.concat: some parts have dense features, others none")
         return SampleSet(
             ids={t: Ragged.concat([p.ids[t] for p in parts]) for t in tables},
             labels=np.concatenate([p.labels for p in parts]),
-            dense=None if dense[0] is None else np.concatenate(dense),
+            dense=np.concatenate(dense) if dense else None,
         )
 
 
 class Population(Protocol):
     """What a server may know of a federation without its data: table sizes, client sizes."""
 
-    table_rows: dict[str, int]
+    @property
+    def table_rows(self) -> dict[str, int]:
+        """Read-only, so a frozen dataclass's ``table_rows`` field satisfies it."""
+        ...
 
     @property
     def num_clients(self) -> int: ...

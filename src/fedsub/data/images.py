@@ -46,13 +46,16 @@ class ImageOptions:
     samples_per_client: int = field(default=542, metadata={"min": 1})
 
 
-def locate(name: str, path: str | None) -> Path:
+def locate(name: str, path: str | None) -> dict[str, Path]:
+    """The IDX file of each ``FILES`` key, from the first candidate folder holding all four."""
     candidates = [Path(path)] if path else [cache_dir() / name]
     if name == "fashion-mnist" and not path:
         candidates.append(DEBIAN_FASHION)
     for folder in candidates:
-        if all(_file(folder, f) is not None for f in FILES.values()):
-            return folder
+        found = {key: _file(folder, stem) for key, stem in FILES.items()}
+        files = {key: file for key, file in found.items() if file is not None}
+        if len(files) == len(FILES):
+            return files
     where = ", ".join(str(c) for c in candidates)
     hint = " (or `apt-get install dataset-fashion-mnist`)" if name == "fashion-mnist" else ""
     raise DataError(
@@ -93,8 +96,9 @@ def _split(labels: np.ndarray, options: ImageOptions, rng: np.random.Generator):
 
 
 def load(name: str, options: ImageOptions, path: str | None, seed: int) -> FederatedDataset:
-    folder = locate(name, path)
-    arrays = {key: read_idx(_file(folder, stem)) for key, stem in FILES.items()}  # type: ignore[arg-type]
+    files = locate(name, path)
+    folder = files["train_images"].parent
+    arrays = {key: read_idx(file) for key, file in files.items()}
     for split in ("train", "test"):
         images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):

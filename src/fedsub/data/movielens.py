@@ -169,18 +169,18 @@ def load(name: str, options: MovieLensOptions, path: str | None, seed: int) -> F
 
     table = np.array(records, dtype=np.int64)
     movie_ids = np.array(sorted(movies))
-    movie = np.searchsorted(movie_ids, table[:, 1])
+    rated = np.searchsorted(movie_ids, table[:, 1])
     m = len(movie_ids)
-    gender = np.array([users[u][0] for u in table[:, 0]])
-    age = np.array([users[u][1] for u in table[:, 0]])
+    rater_gender = np.array([users[u][0] for u in table[:, 0]])
+    rater_age = np.array([users[u][1] for u in table[:, 0]])
     starts = np.cumsum([0, 2, len(AGE_GROUPS), m, 2 * m])
     ids = np.stack(
         [
-            starts[0] + gender,
-            starts[1] + age,
-            starts[2] + movie,
-            starts[3] + gender * m + movie,
-            starts[4] + age * m + movie,
+            starts[0] + rater_gender,
+            starts[1] + rater_age,
+            starts[2] + rated,
+            starts[3] + rater_gender * m + rated,
+            starts[4] + rater_age * m + rated,
         ],
         axis=1,
     )

@@ -146,7 +146,9 @@ def load(options: Sent140Options, path: str | None, seed: int) -> FederatedDatas
     if not kept:
         raise DataError(f"sent140: no user has at least {options.min_samples} tweets")
     rng = np.random.default_rng([seed, 0x5E47])
-    train_rows, test_rows, counts = [], [], []
+    train_rows: list[int] = []
+    test_rows: list[int] = []
+    counts: list[int] = []
     for user in kept:
         rows = np.array(by_user[user])
         test = rng.random(len(rows)) < options.test_fraction

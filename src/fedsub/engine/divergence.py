@@ -17,7 +17,7 @@ def divergence_reason(train_loss: float, initial_loss: float | None, factor: flo
     if math.isinf(train_loss):
         return "the train loss became infinite"
     rising = factor > 0 and initial_loss is not None and initial_loss > 0
-    if rising and train_loss > factor * initial_loss:  # type: ignore[operator]
+    if rising and initial_loss is not None and train_loss > factor * initial_loss:
         return (
             f"train loss {train_loss:.4g} > {factor:g} x the round-0 train loss "
             f"{initial_loss:.4g} (eval.divergence_factor)"

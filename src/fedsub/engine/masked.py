@@ -21,7 +21,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine.schedule import Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, masked_deltas
 from fedsub.masking.schemes import Masking, plan
-from fedsub.models.base import Features, Ids, Model, SliceableModel
+from fedsub.models.base import Features, Ids, Model, SliceableModel, Task
 from fedsub.models.width import CoordinateMask
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -38,8 +38,11 @@ class MaskedForward:
     masks: dict[str, torch.Tensor]
 
     @property
-    def task(self):
+    def task(self) -> Task:
         return self.model.task
+
+    def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
+        return self.model.init(generator, dtype)
 
     def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
         return self.model.embed(tables, ids)
@@ -93,7 +96,7 @@ def run_cohort(
         if isinstance(piece, CoordinateMask):
             narrowed: Model = MaskedForward(model, piece.masks)
         else:
-            narrowed = model.at_capacity(piece.capacity)  # type: ignore[assignment]
+            narrowed = model.at_capacity(piece.capacity)
         sub_params = Params({}, piece.extract(global_params.dense))
         sub_cohort = Cohort(cohort.clients[members], cohort.multiplicity[members])
         update = inner(

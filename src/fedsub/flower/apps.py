@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -33,12 +34,13 @@ from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.experiment import load_data, model_of, schedule_of
-from fedsub.flower.records import deltas_record, read_submodel
+from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import SubmodelStrategy
 from fedsub.json_values import dumps
 from fedsub.models.base import Model
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
+from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.transfer import pull, push
 
@@ -102,7 +104,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         settings = _settings(fixed, context)
         fed = federation(settings)
         k = _partition(context, fed)
-        rows, received = read_submodel(message.content["submodel"])
+        rows, received = read_submodel(record_of(message.content, "submodel", ArrayRecord))
         own = {t: torch.from_numpy(fed.index.client_rows(t, k)) for t in fed.dataset.table_rows}
         full = not rows
         if full:  # the whole model came: take S(k) locally
@@ -111,17 +113,17 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             raise FedsubError(f"partition {k}: the rows received are not this node's S(k)")
         else:
             pulled = received
-        c = message.content["config"]
+        c = record_of(message.content, "config", ConfigRecord)
         rule = LocalRule(
-            float(c["lr"]),
-            float(c["mu"]),
-            float(c["weight-decay"]),
-            float(c["clip-norm"]),
-            float(c["momentum"]),
+            float(number_of(c, "lr")),
+            float(number_of(c, "mu")),
+            float(number_of(c, "weight-decay")),
+            float(number_of(c, "clip-norm")),
+            float(number_of(c, "momentum")),
         )
         samples = fed.index.client_samples(fed.dataset, k)
         trained = train_submodel(
-            fed.model, pulled, samples, k, int(c["round"]), fed.schedule, rule, rule.lr
+            fed.model, pulled, samples, k, int(number_of(c, "round")), fed.schedule, rule, rule.lr
         )
         update = push(k, float(len(samples)), own, pulled, trained)
         table_deltas = update.table_deltas
@@ -159,7 +161,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             params,
             name,
             config.algorithm_options(name),
-            config.train.heat,  # type: ignore[arg-type]
+            cast(HeatKind, config.train.heat),  # config.py has checked it against its choices
             fed.schedule,
             min_replies=settings.min_replies,
             max_update_norm=config.train.max_update_norm,
@@ -177,7 +179,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             if not every or (round_index % every and round_index != fed.schedule.rounds):
                 return None
             evaluations[round_index] = evaluator.evaluate(strategy.params)
-            return MetricRecord(evaluations[round_index])
+            return MetricRecord(dict(evaluations[round_index]))
 
         diverged: Diverged | None = None
         try:
@@ -193,7 +195,11 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             diverged = error
         if settings.out_dir:
             out = Path(settings.out_dir)
-            result = {"algorithm": name, "payload": settings.payload, "rounds": strategy.rounds}
+            result: dict[str, object] = {
+                "algorithm": name,
+                "payload": settings.payload,
+                "rounds": strategy.rounds,
+            }
             if diverged is None:
                 save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
                 result["evaluations"] = {str(r): m for r, m in evaluations.items()}

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
-import torch
-from flwr.app import ArrayRecord
+from typing import TypeVar
 
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedsub.errors import FedsubError
 from fedsub.submodel.params import Params
+
+AnyRecord = TypeVar("AnyRecord", ArrayRecord, MetricRecord, ConfigRecord)
 
 
 def submodel_record(rows: dict[str, torch.Tensor], submodel: Params) -> ArrayRecord:
@@ -31,3 +36,21 @@ def deltas_record(table_deltas: dict[str, torch.Tensor], dense_deltas: dict[str,
 
 def read_deltas(record: ArrayRecord) -> Params:
     return Params.from_state_dict(record.to_torch_state_dict())
+
+
+def record_of(content: RecordDict, key: str, kind: type[AnyRecord]) -> AnyRecord:
+    """``content[key]``, checked to be a ``kind``: a message from another node may hold any."""
+    record = content[key]
+    if not isinstance(record, kind):
+        raise FedsubError(
+            f"Flower: the message's {key!r} is a {type(record).__name__}, expected {kind.__name__}"
+        )
+    return record
+
+
+def number_of(record: MetricRecord | ConfigRecord, key: str) -> int | float:
+    """``record[key]``, checked to be one number (not a list, text or flag)."""
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FedsubError(f"Flower: the message's {key!r} is {value!r}, expected a number")
+    return value

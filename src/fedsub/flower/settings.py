@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fedsub import config as config_lib
 from fedsub.config import Config
@@ -56,7 +56,7 @@ class FlowerSettings:
             config=str(run_config.get("config", "")),
             overrides=tuple(part.strip() for part in text.split(";") if part.strip()),
             algorithm=str(run_config.get("algorithm", "")),
-            payload=payload,  # type: ignore[arg-type]
+            payload=cast(Payload, payload),  # checked against Payload's values above
             min_replies=int(run_config.get("min-replies", 1)),
             round_timeout=float(run_config.get("round-timeout", 600.0)),
             eval_every=int(run_config.get("eval-every", 0)),

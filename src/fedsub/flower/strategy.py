@@ -37,7 +37,7 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
-from fedsub.flower.records import read_deltas, submodel_record
+from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
@@ -105,13 +105,12 @@ class SubmodelStrategy(Strategy):
             if reply.has_error():
                 LOG.warning("query: node %d failed: %s", reply.metadata.src_node_id, reply.error)
                 continue
-            metrics = reply.content["metrics"]
-            client = int(metrics["partition-id"])
-            rows = {
-                k[len("rows.") :]: v.numpy()
-                for k, v in reply.content["index"].to_torch_state_dict().items()
-            }
-            reports[client] = (reply.metadata.src_node_id, int(metrics["num-examples"]), rows)
+            metrics = record_of(reply.content, "metrics", MetricRecord)
+            client = int(number_of(metrics, "partition-id"))
+            index = record_of(reply.content, "index", ArrayRecord)
+            rows = {k[len("rows.") :]: v.numpy() for k, v in index.to_torch_state_dict().items()}
+            examples = int(number_of(metrics, "num-examples"))
+            reports[client] = (reply.metadata.src_node_id, examples, rows)
         missing = sorted(set(range(num_clients)) - set(reports))
         if missing:
             raise FedsubError(
@@ -206,23 +205,24 @@ class SubmodelStrategy(Strategy):
                     reply.error.reason,
                 )
                 continue
-            client = int(reply.content["metrics"]["partition-id"])
+            metrics = record_of(reply.content, "metrics", MetricRecord)
+            client = int(number_of(metrics, "partition-id"))
             if client not in position or self._node_of.get(client) != reply.metadata.src_node_id:
                 LOG.warning("round %d: unexpected reply for partition %d", server_round, client)
                 continue
-            record = reply.content["deltas"]
-            received += record.count_bytes()
-            deltas = read_deltas(record)
+            deltas_in = record_of(reply.content, "deltas", ArrayRecord)
+            received += deltas_in.count_bytes()
+            deltas = read_deltas(deltas_in)
             rows = {t: torch.from_numpy(self._index.client_rows(t, client)) for t in deltas.tables}
             if self.payload == "full":  # full-size deltas: only S(k) can be non-zero
                 deltas = Params(
                     {t: d.index_select(0, rows[t]) for t, d in deltas.tables.items()},
                     deltas.dense,
                 )
-            weight = float(reply.content["metrics"]["num-examples"])
+            weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         left_out = sorted(set(position) - set(updates))
-        record = {
+        record: dict[str, object] = {
             "round": server_round,
             "sampled": len(position),
             "replies": len(updates),

@@ -50,7 +50,11 @@ class Model(Protocol):
     clients' dense parameters. Every output has the samples on its leading axis.
     """
 
-    task: Task
+    @property
+    def task(self) -> Task:
+        """Read-only, so a frozen dataclass's ``task`` field satisfies it."""
+        ...
+
     # Optional capabilities are the protocols below (``CohortHead``, ``ClosedFormGradients``,
     # ``DeclaresBatchable``, ``EvalBatch``; width slicing is ``SliceableModel``): the engine
     # asks ``isinstance(model, Capability)``, never for attribute names.
@@ -127,7 +131,7 @@ class SliceableModel(Protocol):
     @property
     def slicing(self) -> Slicing: ...
 
-    def at_capacity(self, capacity: float) -> SliceableModel: ...
+    def at_capacity(self, capacity: float) -> Model: ...
 
 
 def is_batchable(model: Model) -> bool:

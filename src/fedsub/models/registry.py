@@ -60,7 +60,7 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "cnn": lambda ds, opts: SmallCNN(
         classes=_classes(ds),
         side=_side(ds),
-        channels=tuple(opts.get("widths") or (16, 32)),  # type: ignore[arg-type]
+        channels=tuple(opts.get("widths") or (16, 32)),
         scaler=opts.get("scaler", True),
     ),
     "mlp": lambda ds, opts: MLP(
@@ -73,7 +73,7 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         classes=_classes(ds),
         side=_side(ds),
         in_channels=1,
-        widths=tuple(opts.get("widths") or (64, 128, 256, 512)),  # type: ignore[arg-type]
+        widths=tuple(opts.get("widths") or (64, 128, 256, 512)),
         scaler=opts.get("scaler", True),
     ),
     "embedding-lr": lambda ds, opts: EmbeddingLogisticRegression(

@@ -72,20 +72,26 @@ class PreActResNet18:
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
         slicing = self.slicing
-        size = dict(slicing.groups)
+        groups = dict(slicing.groups)
+
+        def size(axis: str | None) -> int:
+            """The width of a sliced axis; every leading axis initialized here is one."""
+            if axis is None:
+                raise ValueError("PreActResNet18.init: expected a sliced (named) axis")
+            return groups[axis]
 
         def shape(name: str, kernel: int) -> tuple[int, ...]:
             out, given = slicing.axes[name][:2]
-            return (size[out], self.in_channels if given is None else size[given], kernel, kernel)
+            return (size(out), self.in_channels if given is None else size(given), kernel, kernel)
 
         dense: dict[str, torch.Tensor] = {}
         for name, axes in slicing.axes.items():
             if name.endswith("bn1.weight") or name.endswith("bn2.weight") or name == "bn.weight":
-                dense[name] = torch.ones(size[axes[0]], dtype=dtype)
+                dense[name] = torch.ones(size(axes[0]), dtype=dtype)
             elif name.endswith(".bias") and name != "fc.bias":
-                dense[name] = torch.zeros(size[axes[0]], dtype=dtype)
+                dense[name] = torch.zeros(size(axes[0]), dtype=dtype)
             elif name == "fc.weight":
-                fan_in = size["stage3"]
+                fan_in = size("stage3")
                 weight = torch.randn(self.classes, fan_in, generator=generator, dtype=dtype)
                 dense[name] = weight / fan_in**0.5
             elif name == "fc.bias":
