@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,132 +89,219 @@ def _read_rows(path: Path) -> tuple[list[str], list[list[str]], str]:
     return header, rows, "line"
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """The file's rows as text (the header checked), and how errors name one of them."""
+
+    file: Path
+    header: list[str]
+    rows: list[list[str]]
+    unit: str  # "line" for CSV (numbered from 1, the header included), "row" for Parquet
+
+    def column(self, name: str) -> list[str]:
+        position = self.header.index(name)
+        return [row[position] for row in self.rows]
+
+    def where(self, i: int) -> str:
+        """Row ``i`` (0-based, data rows only) as the user finds it in the file."""
+        return f"{self.file}, {self.unit} {i + (2 if self.unit == 'line' else 0)}"
+
+
 def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset:
+    """Read, check and encode the table; the training split's clients in client-id order."""
+    file = _existing_file(path)
+    header, rows, unit = _read_rows(file)
+    crosses = _crosses(options)
+    _check_header(file, header, options)
+    _check_columns(file, header, rows, options)
+    table = _Rows(file, header, rows, unit)
+    labels, dense = _labels_and_numeric(table, options)
+    is_test = _test_split(table, options, seed)
+    ids, table_size = _feature_ids(table, options, crosses, is_test)
+    clients = _client_ids(table, options)
+    train_rows = np.flatnonzero(~is_test)
+    order, counts = _clients_in_order(table, options, clients, train_rows)
+    _check_both_classes(file, labels[train_rows], options.label_column)
+    scaling = None
+    if options.numeric and options.standardize:
+        dense, scaling = standardized(dense, train_rows, options.numeric, file)
+    labels32 = labels.astype(np.float32)
+    dense32 = dense.astype(np.float32) if options.numeric else None
+
+    def subset(index: np.ndarray) -> SampleSet:
+        return SampleSet(
+            {TABLE: ids.take(index)},
+            labels32[index],
+            None if dense32 is None else dense32[index],
+        )
+
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    return FederatedDataset(
+        f"table:{file.name}",
+        {TABLE: table_size},
+        subset(order),
+        offsets,
+        subset(np.flatnonzero(is_test)),
+        feature_scaling=scaling,
+    )
+
+
+def _existing_file(path: str | None) -> Path:
     if not path:
         raise DataError("table: set data.path to a CSV (or .parquet) file, one row per sample")
     file = Path(path)
     if not file.exists():
         raise DataError(f"table: data.path {file} does not exist")
-    header, rows, unit = _read_rows(file)
-    o = options
+    return file
+
+
+def _crosses(o: TableOptions) -> list[tuple[str, str]]:
+    """``data.crosses`` as (a, b) pairs of categorical columns."""
     crosses = []
     for cross in o.crosses:
         a, star, b = cross.partition("*")
         if not star or a not in o.features or b not in o.features:
             raise DataError(f"data.crosses entry {cross!r}: expected 'a*b' of two data.features")
         crosses.append((a, b))
+    return crosses
+
+
+def _check_columns(file: Path, header: list[str], rows: list[list[str]], o: TableOptions) -> None:
+    """Every configured column is in the header, and there are rows to read."""
     wanted = [o.client_column, o.label_column, *o.features, *o.numeric]
     if o.split_column:
         wanted.append(o.split_column)
-    _check_header(file, header, o)
     missing = [c for c in wanted if c not in header]
     if missing:
         raise DataError(f"{file}: no column {missing[0]!r}; columns are {', '.join(header)}")
     if not rows:
         raise DataError(f"{file}: no data rows")
-    col = {name: header.index(name) for name in header}
-    first_line = 2 if unit == "line" else 0
 
-    def where(i: int) -> str:
-        return f"{file}, {unit} {i + first_line}"
 
-    labels = np.empty(len(rows), dtype=np.float64)
-    dense = np.empty((len(rows), len(o.numeric)), dtype=np.float64)
-    for i, row in enumerate(rows):
+def _labels_and_numeric(table: _Rows, o: TableOptions) -> tuple[np.ndarray, np.ndarray]:
+    """The 0/1 labels and the numeric columns (finite, float32-sized) as float64 arrays."""
+    n = len(table.rows)
+    label_text = table.column(o.label_column)
+    numeric_text = [table.column(c) for c in o.numeric]
+    labels = np.empty(n, dtype=np.float64)
+    dense = np.empty((n, len(o.numeric)), dtype=np.float64)
+    for i in range(n):
         try:
-            labels[i] = float(row[col[o.label_column]])
-            dense[i] = [float(row[col[c]]) for c in o.numeric]
+            labels[i] = float(label_text[i])
+            dense[i] = [float(column[i]) for column in numeric_text]
         except ValueError:
-            raise DataError(f"{where(i)}: label and numeric columns must be numbers") from None
+            raise DataError(
+                f"{table.where(i)}: label and numeric columns must be numbers"
+            ) from None
     largest = float(np.finfo(np.float32).max)
     fits = np.isfinite(dense) & (np.abs(dense) <= largest)
     if not np.all(fits):
         bad, column = (int(x[0]) for x in np.nonzero(~fits))
         raise DataError(
-            f"{where(bad)}: numeric columns must be finite numbers of at most {largest:.3g} in "
-            f"size; {o.numeric[column]} is {dense[bad, column]:g}"
+            f"{table.where(bad)}: numeric columns must be finite numbers of at most "
+            f"{largest:.3g} in size; {o.numeric[column]} is {dense[bad, column]:g}"
         )
     if not np.all(np.isin(labels, (0.0, 1.0))):
         bad = int(np.flatnonzero(~np.isin(labels, (0.0, 1.0)))[0])
-        raise DataError(f"{where(bad)}: label must be 0 or 1, got {labels[bad]:g}")
+        raise DataError(f"{table.where(bad)}: label must be 0 or 1, got {labels[bad]:g}")
+    return labels, dense
 
-    if o.split_column:
-        split = [row[col[o.split_column]] for row in rows]
-        for i, value in enumerate(split):
-            if value not in ("train", "test"):
-                raise DataError(
-                    f"{where(i)}: {o.split_column} must be train or test, got {value!r}"
-                )
-        is_test = np.array([v == "test" for v in split])
-    else:
-        is_test = np.random.default_rng([seed, 0x7AB1E]).random(len(rows)) < o.test_fraction
 
-    def values(row: list[str], column: str) -> list[str]:
-        text = row[col[column]]
-        return [v for v in text.split(o.list_separator) if v] if column in o.multi_hot else [text]
+def _test_split(table: _Rows, o: TableOptions, seed: int) -> np.ndarray:
+    """Which rows are test rows: ``split_column`` when set, else a seeded random fraction."""
+    if not o.split_column:
+        n = len(table.rows)
+        return np.random.default_rng([seed, 0x7AB1E]).random(n) < o.test_fraction
+    split = table.column(o.split_column)
+    for i, value in enumerate(split):
+        if value not in ("train", "test"):
+            raise DataError(
+                f"{table.where(i)}: {o.split_column} must be train or test, got {value!r}"
+            )
+    return np.array([v == "test" for v in split])
 
-    per_sample: list[list[tuple[str, str]]] = []  # (field, value) pairs of each sample
-    for row in rows:
-        pairs = [(c, v) for c in o.features for v in values(row, c)]
-        for a, b in crosses:
-            pairs += [(f"{a}*{b}", f"{x}\x1f{y}") for x in values(row, a) for y in values(row, b)]
-        per_sample.append(pairs)
 
+def _feature_ids(
+    table: _Rows, o: TableOptions, crosses: list[tuple[str, str]], is_test: np.ndarray
+) -> tuple[Ragged, int]:
+    """Each sample's row ids in the shared ``features`` table, and that table's size."""
+    per_sample = _field_values(table, o, crosses)
     fields = [*o.features, *(f"{a}*{b}" for a, b in crosses)]
-    vocab: dict[str, dict[str, int]] = {f: {OOV: 0} for f in fields}
-    for pairs, test in zip(per_sample, is_test, strict=True):
-        if not test:
-            for f, v in pairs:
-                vocab[f].setdefault(v, len(vocab[f]))
+    training = (pairs for pairs, test in zip(per_sample, is_test, strict=True) if not test)
+    vocab = _vocabularies(fields, training)
     start, offset = {}, 0
     for f in fields:
         start[f], offset = offset, offset + len(vocab[f])
     ids = Ragged.from_lists(
         [[start[f] + vocab[f].get(v, 0) for f, v in pairs] for pairs in per_sample]
     )
+    return ids, max(offset, 1)
 
-    clients = np.array([row[col[o.client_column]] for row in rows])
+
+def _field_values(
+    table: _Rows, o: TableOptions, crosses: list[tuple[str, str]]
+) -> list[list[tuple[str, str]]]:
+    """The (field, value) pairs of each sample: one per categorical value (several for a
+    multi-hot column) and one per pair of values of each cross."""
+    position = {name: i for i, name in enumerate(table.header)}
+
+    def values(row: list[str], column: str) -> list[str]:
+        text = row[position[column]]
+        return [v for v in text.split(o.list_separator) if v] if column in o.multi_hot else [text]
+
+    per_sample = []
+    for row in table.rows:
+        pairs = [(c, v) for c in o.features for v in values(row, c)]
+        for a, b in crosses:
+            pairs += [(f"{a}*{b}", f"{x}\x1f{y}") for x in values(row, a) for y in values(row, b)]
+        per_sample.append(pairs)
+    return per_sample
+
+
+def _vocabularies(
+    fields: list[str], training: Iterable[list[tuple[str, str]]]
+) -> dict[str, dict[str, int]]:
+    """Per field, value -> index in order of first appearance in the training split; index 0
+    is the field's out-of-vocabulary row."""
+    vocab: dict[str, dict[str, int]] = {f: {OOV: 0} for f in fields}
+    for pairs in training:
+        for f, v in pairs:
+            vocab[f].setdefault(v, len(vocab[f]))
+    return vocab
+
+
+def _client_ids(table: _Rows, o: TableOptions) -> np.ndarray:
+    clients = np.array(table.column(o.client_column))
     for i, client in enumerate(clients):
         if not client.strip():
-            raise DataError(f"{where(i)}: empty client id in column {o.client_column!r}")
-    train_rows = np.flatnonzero(~is_test)
+            raise DataError(f"{table.where(i)}: empty client id in column {o.client_column!r}")
+    return clients
+
+
+def _clients_in_order(
+    table: _Rows, o: TableOptions, clients: np.ndarray, train_rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The training rows sorted by client id (stable), and each client's number of rows;
+    refused unless at least 2 clients have training rows."""
     order = train_rows[np.argsort(clients[train_rows], kind="stable")]
     _, counts = np.unique(clients[order], return_counts=True)
     if len(order) == 0:
-        raise DataError(f"{file}: every row went to the test split; nothing to train on")
+        raise DataError(f"{table.file}: every row went to the test split; nothing to train on")
     if len(counts) < 2:
         raise DataError(
-            f"{file}: the training split holds {len(counts)} client "
+            f"{table.file}: the training split holds {len(counts)} client "
             f"({o.client_column} = {str(clients[order[0]])!r}); federated training needs at least 2"
         )
-    classes = np.unique(labels[train_rows])
+    return order, counts
+
+
+def _check_both_classes(file: Path, train_labels: np.ndarray, label_column: str) -> None:
+    classes = np.unique(train_labels)
     if len(classes) < 2:
         raise DataError(
-            f"{file}: every training label ({o.label_column}) is {classes[0]:g}; "
+            f"{file}: every training label ({label_column}) is {classes[0]:g}; "
             "a binary classifier needs both 0 and 1"
         )
-    scaling = None
-    if o.numeric and o.standardize:
-        dense, scaling = standardized(dense, train_rows, o.numeric, file)
-    labels = labels.astype(np.float32)
-    dense_part = dense.astype(np.float32) if o.numeric else None
-
-    def subset(index: np.ndarray) -> SampleSet:
-        return SampleSet(
-            {TABLE: ids.take(index)},
-            labels[index],
-            None if dense_part is None else dense_part[index],
-        )
-
-    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
-    return FederatedDataset(
-        f"table:{file.name}",
-        {TABLE: max(offset, 1)},
-        subset(order),
-        offsets,
-        subset(np.flatnonzero(is_test)),
-        feature_scaling=scaling,
-    )
 
 
 def _check_header(file: Path, header: list[str], o: TableOptions) -> None:
