@@ -504,18 +504,8 @@ def sweep(
     values are read back (and checked), an interrupted one continues, the rest start."""
     base = resolved_base(base)
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
-    base_text = json.dumps(base, sort_keys=True, default=str)
-    if resume:
-        identity = identity_of(read_run_file(out_dir))
-        if identity.config_hash != hash_config(base_text):
-            raise FedsubError(f"{out_dir / RUN_FILE}: its base config does not match its hash")
-    else:
-        refuse_if_taken(out_dir, overwrite)
-        created = missing_ancestors(out_dir)
-        check_writable(out_dir)
-        record = {"kind": "sweep", "key": key, "values": values, "base": base}
-        _claim(out_dir, base_text, overwrite, record)
-    outcomes = {}
+    created = _open_sweep_folder(out_dir, key, values, base, resume, overwrite)
+    outcomes: dict[str, Outcome] = {}
     for v in values:
         folder = out_dir / f"{key}={v}"
         again = resume and (folder / RUN_FILE).exists()
@@ -531,12 +521,47 @@ def sweep(
                 remove_if_empty(created)
             raise
     rounds = {v: configs[v].train.rounds for v in values}
-    names = [n for n in next(iter(outcomes.values())).summary["algorithms"] if n != CENTRAL]
-    targets = {v: o.summary["target"] for v, o in outcomes.items()}
-    result = {
+    result = _sweep_result(key, values, outcomes)
+    markdown = _sweep_markdown(key, values, outcomes, rounds)
+    panels, target = _sweep_curves(key, outcomes, out_dir)
+    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
+    write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
+    write_atomic(out_dir / "sweep.md", markdown)
+    diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
+    return Outcome(result, markdown, out_dir, diverged)
+
+
+def _open_sweep_folder(
+    out_dir: Path, key: str, values: list[str], base: dict, resume: bool, overwrite: bool
+) -> list[Path]:
+    """Claim ``out_dir`` for a new sweep (the folders it had to create are returned, to be
+    removed if the first value fails before training), or check a resumed one's base config."""
+    base_text = json.dumps(base, sort_keys=True, default=str)
+    if resume:
+        identity = identity_of(read_run_file(out_dir))
+        if identity.config_hash != hash_config(base_text):
+            raise FedsubError(f"{out_dir / RUN_FILE}: its base config does not match its hash")
+        return []
+    refuse_if_taken(out_dir, overwrite)
+    created = missing_ancestors(out_dir)
+    check_writable(out_dir)
+    record = {"kind": "sweep", "key": key, "values": values, "base": base}
+    _claim(out_dir, base_text, overwrite, record)
+    return created
+
+
+def _compared_algorithms(outcomes: dict[str, Outcome]) -> list[str]:
+    """The algorithms of the sweep's table, in the order they ran (CentralSGD left out)."""
+    return [n for n in next(iter(outcomes.values())).summary["algorithms"] if n != CENTRAL]
+
+
+def _sweep_result(key: str, values: list[str], outcomes: dict[str, Outcome]) -> dict:
+    """sweep.json: the targets, and each algorithm's rounds to target and divergence per value."""
+    names = _compared_algorithms(outcomes)
+    return {
         "key": key,
         "values": values,
-        "targets": targets,
+        "targets": {v: o.summary["target"] for v, o in outcomes.items()},
         "rounds_to_target": {
             n: {v: o.summary["algorithms"][n]["rounds_to_target"] for v, o in outcomes.items()}
             for n in names
@@ -546,6 +571,13 @@ def sweep(
             for n in names
         },
     }
+
+
+def _sweep_markdown(
+    key: str, values: list[str], outcomes: dict[str, Outcome], rounds: dict[str, int]
+) -> str:
+    """sweep.md: the Table-3 style table (when a target is set), then the metrics table."""
+    targets = {v: o.summary["target"] for v, o in outcomes.items()}
     with_target = any(targets.values())
     lines = []
     if with_target:
@@ -556,7 +588,7 @@ def sweep(
             header,
             "|---|" + "---:|" * len(values),
         ]
-        for n in names:
+        for n in _compared_algorithms(outcomes):
             entries = [outcomes[v].summary["algorithms"][n] for v in values]
             cells = [outcome_cell(e, rounds[v]) for e, v in zip(entries, values, strict=True)]
             lines.append(f"| {n} | {' | '.join(cells)} |")
@@ -570,8 +602,15 @@ def sweep(
         for n in o.summary["algorithms"]
     ]
     lines += metrics_table(rows, ["algorithm", key], with_rounds=with_target)
-    markdown = "\n".join(lines) + "\n"
-    panels = {  # one row of panels per algorithm, one line per value
+    return "\n".join(lines) + "\n"
+
+
+def _sweep_curves(
+    key: str, outcomes: dict[str, Outcome], out_dir: Path
+) -> tuple[dict[str, dict[str, list[Evaluation]]], Target | None]:
+    """The sweep's curves, one row of panels per algorithm and one line per value, and the
+    target line when every value has the same target."""
+    panels = {
         n: {
             f"{key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
             for v, o in outcomes.items()
@@ -581,11 +620,7 @@ def sweep(
     }
     shared = {json.dumps(o.summary["target"], sort_keys=True) for o in outcomes.values()}
     target = Target(**json.loads(shared.pop())) if len(shared) == 1 else None
-    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
-    write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
-    write_atomic(out_dir / "sweep.md", markdown)
-    diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
-    return Outcome(result, markdown, out_dir, diverged)
+    return panels, target
 
 
 def _describe(target: dict[str, float]) -> str:
