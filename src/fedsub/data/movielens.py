@@ -124,14 +124,35 @@ def _integer(where: str, number: int, text: str, what: str) -> int:
 
 def load(name: str, options: MovieLensOptions, path: str | None, seed: int) -> FederatedDataset:
     source = Source(name, path)
-    layout = source.layout
-    ml1m = name == "movielens-1m"
+    users = _read_users(source)
+    movies = _read_movies(source)
+    ratings = _read_ratings(source, users, movies)
+    ids, rows = _one_hot_ids(ratings, users, movies)
+    labels = (ratings[:, 2] >= options.positive_rating).astype(np.float32)
 
-    users: dict[int, tuple[int, int]] = {}  # user -> (gender 0/1, age group index)
+    rng = np.random.default_rng([seed, 0x4D4C])
+    is_test = rng.random(len(ratings)) < options.test_fraction
+    order = np.argsort(ratings[:, 0], kind="stable")
+    train_order = order[~is_test[order]]
+    _, counts = np.unique(ratings[train_order, 0], return_counts=True)
+    train = SampleSet({TABLE: Ragged.from_fixed(ids[train_order])}, labels[train_order])
+    test = SampleSet({TABLE: Ragged.from_fixed(ids[is_test])}, labels[is_test])
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    return FederatedDataset(name, {TABLE: rows}, train, offsets, test)
+
+
+def _ml1m(source: Source) -> bool:
+    return source.name == "movielens-1m"
+
+
+def _read_users(source: Source) -> dict[int, tuple[int, int]]:
+    """user -> (gender 0/1, age group index)."""
+    ml1m = _ml1m(source)
+    users: dict[int, tuple[int, int]] = {}
     user_fields = (
         "user, gender, age, occupation, zip" if ml1m else "user, age, gender, occupation, zip"
     )
-    for where, number, line in source.lines(layout.users, "latin-1"):
+    for where, number, line in source.lines(source.layout.users, "latin-1"):
         parts = _fields(where, number, line, "::" if ml1m else "|", 5, user_fields)
         user = _integer(where, number, parts[0], "user id")
         gender_text, age_text = (parts[1], parts[2]) if ml1m else (parts[2], parts[1])
@@ -144,12 +165,22 @@ def load(name: str, options: MovieLensOptions, path: str | None, seed: int) -> F
                 f"{where}, line {number}: age code must be one of {AGE_GROUPS}, got {age}"
             )
         users[user] = (int(gender_text == "F"), AGE_GROUPS.index(code))
+    return users
 
+
+def _read_movies(source: Source) -> set[int]:
     movies = set()
-    for where, number, line in source.lines(layout.movies, "latin-1"):
-        separator = "::" if ml1m else "|"
+    separator = "::" if _ml1m(source) else "|"
+    for where, number, line in source.lines(source.layout.movies, "latin-1"):
         movies.add(_integer(where, number, line.split(separator, 1)[0], "movie id"))
+    return movies
 
+
+def _read_ratings(
+    source: Source, users: dict[int, tuple[int, int]], movies: set[int]
+) -> np.ndarray:
+    """(user, movie, rating) rows, every user and movie known and every rating 1..5."""
+    layout = source.layout
     records = []
     for where, number, line in source.lines(layout.ratings, "latin-1"):
         parts = _fields(where, number, line, layout.separator, 4, "user, movie, rating, timestamp")
@@ -165,14 +196,20 @@ def load(name: str, options: MovieLensOptions, path: str | None, seed: int) -> F
             raise DataError(f"{where}, line {number}: rating must be 1..5, got {rating}")
         records.append((user, movie, rating))
     if not records:
-        raise DataError(f"{name}: {layout.ratings} has no ratings")
+        raise DataError(f"{source.name}: {layout.ratings} has no ratings")
+    return np.array(records, dtype=np.int64)
 
-    table = np.array(records, dtype=np.int64)
+
+def _one_hot_ids(
+    ratings: np.ndarray, users: dict[int, tuple[int, int]], movies: set[int]
+) -> tuple[np.ndarray, int]:
+    """Each rating's five feature rows (gender, age group, movie, gender x movie, age group x
+    movie) in the one feature table, and the table's size."""
     movie_ids = np.array(sorted(movies))
-    rated = np.searchsorted(movie_ids, table[:, 1])
+    rated = np.searchsorted(movie_ids, ratings[:, 1])
     m = len(movie_ids)
-    rater_gender = np.array([users[u][0] for u in table[:, 0]])
-    rater_age = np.array([users[u][1] for u in table[:, 0]])
+    rater_gender = np.array([users[u][0] for u in ratings[:, 0]])
+    rater_age = np.array([users[u][1] for u in ratings[:, 0]])
     starts = np.cumsum([0, 2, len(AGE_GROUPS), m, 2 * m])
     ids = np.stack(
         [
@@ -184,15 +221,4 @@ def load(name: str, options: MovieLensOptions, path: str | None, seed: int) -> F
         ],
         axis=1,
     )
-    labels = (table[:, 2] >= options.positive_rating).astype(np.float32)
-    rows = int(starts[4] + len(AGE_GROUPS) * m)
-
-    rng = np.random.default_rng([seed, 0x4D4C])
-    is_test = rng.random(len(table)) < options.test_fraction
-    order = np.argsort(table[:, 0], kind="stable")
-    train_order = order[~is_test[order]]
-    _, counts = np.unique(table[train_order, 0], return_counts=True)
-    train = SampleSet({TABLE: Ragged.from_fixed(ids[train_order])}, labels[train_order])
-    test = SampleSet({TABLE: Ragged.from_fixed(ids[is_test])}, labels[is_test])
-    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
-    return FederatedDataset(name, {TABLE: rows}, train, offsets, test)
+    return ids, int(starts[4] + len(AGE_GROUPS) * m)
