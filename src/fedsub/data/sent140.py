@@ -120,6 +120,25 @@ def _read_leaf(files: list[Path]) -> list[tuple[str, str, float]]:
 
 
 def load(options: Sent140Options, path: str | None, seed: int) -> FederatedDataset:
+    samples = _read_samples(path)
+    train_rows, test_rows, counts = _split_by_user(samples, options, seed)
+    tokens = {i: tokenize(samples[i][1])[: options.max_tokens] for i in train_rows + test_rows}
+    frequency = Counter(w for i in train_rows for w in tokens[i])
+    vocab = {w: j + 1 for j, (w, _) in enumerate(frequency.most_common(options.vocab_size))}
+
+    def subset(rows: list[int]) -> SampleSet:
+        ids = Ragged.from_lists([[vocab.get(w, 0) for w in tokens[i]] for i in rows])
+        labels = np.array([samples[i][2] for i in rows], dtype=np.float32)
+        return SampleSet({"words": ids}, labels)
+
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    return FederatedDataset(
+        "sent140", {"words": len(vocab) + 1}, subset(train_rows), offsets, subset(test_rows)
+    )
+
+
+def _read_samples(path: str | None) -> list[tuple[str, str, float]]:
+    """(user, text, label) of every tweet, from LEAF JSON or the Sentiment140 CSV (or zip)."""
     located = Path(path) if path else cached_file("sent140")
     if located is None:
         raise DataError(
@@ -131,14 +150,20 @@ def load(options: Sent140Options, path: str | None, seed: int) -> FederatedDatas
         files = sorted(root.glob("*.json"))
         if not files:
             raise DataError(f"sent140: no *.json (LEAF) files in {root}")
-        samples = _read_leaf(files)
-    elif root.suffix == ".json":
-        samples = _read_leaf([root])
-    elif root.exists():
-        samples = _read_csv(root)
-    else:
-        raise DataError(f"sent140: data.path {root} does not exist")
+        return _read_leaf(files)
+    if root.suffix == ".json":
+        return _read_leaf([root])
+    if root.exists():
+        return _read_csv(root)
+    raise DataError(f"sent140: data.path {root} does not exist")
 
+
+def _split_by_user(
+    samples: list[tuple[str, str, float]], options: Sent140Options, seed: int
+) -> tuple[list[int], list[int], list[int]]:
+    """Training and test rows (training rows grouped by user, users in sorted order) and each
+    user's number of training rows; users with fewer than ``min_samples`` tweets are dropped,
+    and each kept user keeps at least one training tweet."""
     by_user: dict[str, list[int]] = {}
     for i, (user, _, _) in enumerate(samples):
         by_user.setdefault(user, []).append(i)
@@ -157,16 +182,4 @@ def load(options: Sent140Options, path: str | None, seed: int) -> FederatedDatas
         train_rows.extend(rows[~test])
         test_rows.extend(rows[test])
         counts.append(int((~test).sum()))
-    tokens = {i: tokenize(samples[i][1])[: options.max_tokens] for i in train_rows + test_rows}
-    frequency = Counter(w for i in train_rows for w in tokens[i])
-    vocab = {w: j + 1 for j, (w, _) in enumerate(frequency.most_common(options.vocab_size))}
-
-    def subset(rows: list[int]) -> SampleSet:
-        ids = Ragged.from_lists([[vocab.get(w, 0) for w in tokens[i]] for i in rows])
-        labels = np.array([samples[i][2] for i in rows], dtype=np.float32)
-        return SampleSet({"words": ids}, labels)
-
-    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
-    return FederatedDataset(
-        "sent140", {"words": len(vocab) + 1}, subset(train_rows), offsets, subset(test_rows)
-    )
+    return train_rows, test_rows, counts
