@@ -150,26 +150,43 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _compare(args, algorithms)
 
 
-def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    """A sweep, or (``--resume DIR`` of a sweep's folder) the rest of one."""
-    from fedsub.experiment import read_sweep, sweep, sweep_config
+@dataclasses.dataclass(frozen=True)
+class _SweepPlan:
+    out: Path
+    key: str
+    values: list[str]
+    base: dict  # the raw config every value starts from
+    where: str  # where the base config comes from, for error messages
+
+
+def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _SweepPlan:
+    """The sweep the arguments ask for: read back from its folder on ``--resume``, else from
+    ``--sweep``, the config file and ``--set``."""
+    from fedsub.experiment import read_sweep
 
     if args.resume:
         _refuse_changes_on_resume(args, algorithms)
         out = Path(args.resume)
         key, values, base = read_sweep(out)
-        where = str(out / "run.json")
-    else:
-        out = Path(args.out)
-        key, eq, values_text = args.sweep.partition("=")
-        values = [v.strip() for v in values_text.split(",") if v.strip()]
-        if not eq or not values:
-            raise ConfigError(f"--sweep {args.sweep!r}: expected section.key=v1,v2,...")
-        extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
-        path = Path(args.config) if args.config else config_lib.default_config_path()
-        where = str(path) if args.config else "default config"
-        base = config_lib.apply_overrides(config_lib.read_toml(path), [*args.set, *extra])
-        _config(args, extra)  # a bad --set or file is named as such, before the values
+        return _SweepPlan(out, key, values, base, str(out / "run.json"))
+    key, eq, values_text = args.sweep.partition("=")
+    values = [v.strip() for v in values_text.split(",") if v.strip()]
+    if not eq or not values:
+        raise ConfigError(f"--sweep {args.sweep!r}: expected section.key=v1,v2,...")
+    extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
+    path = Path(args.config) if args.config else config_lib.default_config_path()
+    where = str(path) if args.config else "default config"
+    base = config_lib.apply_overrides(config_lib.read_toml(path), [*args.set, *extra])
+    _config(args, extra)  # a bad --set or file is named as such, before the values
+    return _SweepPlan(Path(args.out), key, values, base, where)
+
+
+def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
+    """A sweep, or (``--resume DIR`` of a sweep's folder) the rest of one."""
+    from fedsub.experiment import sweep, sweep_config
+
+    plan = _sweep_plan(args, algorithms)
+    out, key, values, base, where = plan.out, plan.key, plan.values, plan.base, plan.where
     for value in values:  # every value valid before training
         try:
             sweep_config(base, key, value, where)
