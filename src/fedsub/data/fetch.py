@@ -163,6 +163,23 @@ def fetch(name: str, download: Download, timeout: float = 60.0, unpinned: bool =
     ``unpinned`` accepts a download that has no checksum on its size alone (the sha256 is
     then written next to it, ``<file>.sha256``, for the user to pin).
     """
+    algorithm, expected = _checksum(name, download, unpinned)
+    folder = cache_dir() / name
+    final = folder / download.filename
+    if final.exists():
+        return final
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = final.with_name(final.name + ".part")
+    _download(name, download, partial, timeout)
+    actual = _verified_digest(name, download, partial, algorithm, expected)
+    if expected is None:
+        final.with_name(final.name + ".sha256").write_text(f"{actual}  {final.name}\n")
+    os.replace(partial, final)
+    return final
+
+
+def _checksum(name: str, download: Download, unpinned: bool) -> tuple[str, str | None]:
+    """(algorithm, expected hex digest); no digest for an ``unpinned`` download."""
     if download.checksum is None:
         if not unpinned:
             raise DataError(
@@ -170,17 +187,16 @@ def fetch(name: str, download: Download, timeout: float = 60.0, unpinned: bool =
                 "--checksum sha256:<hex> if you know it, or --unpinned to accept the file on "
                 "its size alone"
             )
-        algorithm, expected = "sha256", None
-    else:
-        algorithm, _, expected = download.checksum.partition(":")
-        if algorithm not in ("sha256", "md5") or not expected:
-            raise DataError(f"{name}: checksum must be 'sha256:<hex>' or 'md5:<hex>'")
-    folder = cache_dir() / name
-    final = folder / download.filename
-    if final.exists():
-        return final
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(final.name + ".part")
+        return "sha256", None
+    algorithm, _, expected = download.checksum.partition(":")
+    if algorithm not in ("sha256", "md5") or not expected:
+        raise DataError(f"{name}: checksum must be 'sha256:<hex>' or 'md5:<hex>'")
+    return algorithm, expected
+
+
+def _download(name: str, download: Download, partial: Path, timeout: float) -> None:
+    """Download into ``partial``, resuming what an earlier attempt left there; a failed
+    attempt keeps what it got for the next one."""
     start = partial.stat().st_size if partial.exists() else 0
     request = urllib.request.Request(download.url)
     if start:
@@ -206,6 +222,13 @@ def fetch(name: str, download: Download, timeout: float = 60.0, unpinned: bool =
         expected_length
     ):
         raise DataError(f"{name}: the transfer from {download.url} was cut off; run it again")
+
+
+def _verified_digest(
+    name: str, download: Download, partial: Path, algorithm: str, expected: str | None
+) -> str:
+    """The downloaded file's digest, after checking its size and digest where known; a file
+    that fails is removed."""
     size = partial.stat().st_size
     if download.size is not None and size != download.size:
         partial.unlink()
@@ -220,7 +243,4 @@ def fetch(name: str, download: Download, timeout: float = 60.0, unpinned: bool =
             f"{name}: checksum mismatch for {download.url}: {algorithm} {actual}, expected "
             f"{expected}; the partial file was removed"
         )
-    if expected is None:
-        final.with_name(final.name + ".sha256").write_text(f"{actual}  {final.name}\n")
-    os.replace(partial, final)
-    return final
+    return actual
