@@ -256,6 +256,19 @@ def _panel_rows(
     return rows or {"": {}}
 
 
+def _plotted_metrics(histories: list[list[Evaluation]]) -> list[tuple[str, str]]:
+    """(metric, axis label) of each panel: the ``CURVE_METRICS`` some history has, and
+    ``CURVE_FALLBACK`` when no test AUC is there."""
+
+    def present(metric: str) -> bool:
+        return any(h and metric in h[0].metrics for h in histories)
+
+    metrics = [(m, label) for m, label in CURVE_METRICS if present(m)]
+    if not present("test_auc") and present(CURVE_FALLBACK[0]):
+        metrics.append(CURVE_FALLBACK)
+    return metrics
+
+
 def curves_figure(
     histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
     title: str,
@@ -269,14 +282,7 @@ def curves_figure(
     import matplotlib.pyplot as plt
 
     rows = _panel_rows(histories)
-    every = [h for row in rows.values() for h in row.values()]
-
-    def present(metric: str) -> bool:
-        return any(h and metric in h[0].metrics for h in every)
-
-    metrics = [(m, label) for m, label in CURVE_METRICS if present(m)]
-    if not present("test_auc") and present(CURVE_FALLBACK[0]):
-        metrics.append(CURVE_FALLBACK)
+    metrics = _plotted_metrics([h for row in rows.values() for h in row.values()])
     targets = {} if target is None else target.as_json()
     fig, axes = plt.subplots(
         len(rows),
