@@ -88,9 +88,16 @@ def restore(stages: Mapping[str, Stateful], checkpoint: Checkpoint) -> None:
             "configuration that wrote it, or start over."
         )
     for name, stage in stages.items():
+        saved = checkpoint.stages[name]
         try:
-            stage.load_state_tensors(checkpoint.stages[name])
-        except (ValueError, KeyError, FedsubError) as error:
+            stage.load_state_tensors(saved)
+        except KeyError as error:
+            held = ", ".join(sorted(saved)[:4]) + (", ..." if len(saved) > 4 else "")
+            raise FedsubError(
+                f"{where}: stage {name!r} does not fit this run: it has no tensor "
+                f"{error.args[0]!r} (it holds {held or 'none'})"
+            ) from None
+        except (ValueError, FedsubError) as error:
             raise FedsubError(f"{where}: stage {name!r} does not fit this run: {error}") from None
 
 
