@@ -10,18 +10,22 @@ import pytest
 import torch
 
 from fedsub.algorithms.registry import algorithm_names, options_class
+from fedsub.config import parse
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.data.synthetic_li import SyntheticLiOptions
 from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
-from fedsub.engine.backends import REFERENCE, get_backend
+from fedsub.engine import backends, sequential
+from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backend
 from fedsub.engine.schedule import Schedule
+from fedsub.errors import ConfigError
 from fedsub.models.base import CohortHead
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.transfer import CohortUpdate
 
 from .conftest import SquaredDistance, make_dataset
 from .equivalence import CHECKED_BACKENDS, algorithm_for, assert_backends_match_reference
@@ -234,6 +238,49 @@ def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(backend, c
             atol=0,
         )
     assert "model Unbatchable cannot be batched; running the sequential backend" in caplog.text
+
+
+def reversed_members(model, global_params, dataset, index, cohort, round_index, schedule, work):
+    """A toy backend: the members' work in reverse order (results in cohort order)."""
+    members = list(enumerate(cohort.clients))[::-1]
+    updates = [
+        sequential.client_round(
+            model, global_params, dataset, index, int(k), round_index, schedule, work, j
+        )
+        for j, k in members
+    ]
+    return CohortUpdate.from_clients(updates[::-1], torch.from_numpy(cohort.multiplicity))
+
+
+def test_a_new_backend_is_one_registration(monkeypatch):
+    """Registered, a backend is accepted by train.backend, run by the loop and checked here."""
+    assert REFERENCE in backend_names() and set(CHECKED_BACKENDS) < set(backend_names())
+    calls = []
+
+    def counted(*args):
+        calls.append(args[5])  # the round
+        return reversed_members(*args)
+
+    toy = Backend("reversed", counted, False, "members in reverse order")
+    monkeypatch.setitem(backends._REGISTRY, toy.name, toy)
+    assert parse({"train": {"backend": "reversed"}}).train.backend == "reversed"
+    dataset = DATASETS["two-tables-dense"]()
+    index = SubmodelIndex.build(dataset)
+    assert_backends_match_reference(
+        SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim),
+        algorithm_for("scaffold", dataset, index, 5),
+        dataset,
+        index,
+        Schedule(3, 5, local_steps=2, batch_size=3, lr=0.3, seed=0, dtype=torch.float64),
+        ["reversed"],
+    )
+    assert calls == [1, 2, 3]  # the loop ran the registered backend, once a round
+
+
+def test_an_unknown_backend_is_refused_naming_the_registered_ones():
+    with pytest.raises(ConfigError, match=r"train\.backend") as error:
+        parse({"train": {"backend": "gpu"}})
+    assert all(name in str(error.value) for name in backend_names())
 
 
 def test_sparse_lr_closed_form_gradients_equal_autograd():
