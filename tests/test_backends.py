@@ -103,6 +103,7 @@ def test_clients_with_fewer_samples_than_a_batch(backend):
     )
 
 
+BATCHING = [name for name in CHECKED_BACKENDS if get_backend(name).needs_batchable]
 VARIANTS = {
     "fedprox-mu": ("fedprox", {}, {"mu": 0.5}),
     "clip-decay-exp-lr": (
@@ -219,7 +220,7 @@ def test_fields_sharing_a_table_train_alike_on_every_backend(backend):
     )
 
 
-@pytest.mark.parametrize("backend", [b for b in CHECKED_BACKENDS if get_backend(b).needs_batchable])
+@pytest.mark.parametrize("backend", BATCHING)
 def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(backend, caplog):
     @dataclass(frozen=True)
     class Unbatchable(SquaredDistance):
