@@ -191,3 +191,18 @@ def test_saved_parameters_of_another_shape_are_refused(tmp_path):
     wider = SparseLogisticRegression({"t": 7})
     with pytest.raises(FedsubError, match=r"stage 'model' .* has shape \(5, 1\), this model's"):
         resumed(wider, dataset, index, algorithm, saved)
+
+
+def test_stage_names_must_be_file_names(tmp_path):
+    model, dataset, index, algorithm = setup("fedavg")
+    rounds, _ = fresh_round(model, dataset, index, algorithm, RoundLog())
+    rounds.more_stages["../log"] = RoundLog()
+    with pytest.raises(ValueError, match=r"stage name '\.\./log' is not"):
+        save_checkpoint(tmp_path, rounds, Progress(round=1), {})
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+    path = stopped_after_round_1(model, dataset, index, algorithm, tmp_path / "run")
+    state = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps({**state, "stages": ["model", "../server"]}))
+    with pytest.raises(FedsubError, match=r"state\.json's stages must be a list of stage names"):
+        checkpoint_lib.load(path)
