@@ -87,23 +87,12 @@ def assert_one_step_lowers_loss(model, params: Params, batch, lr: float) -> None
 
 
 def assert_backends_agree(model, dataset, index, algorithm: str, clients: int, **schedule):
-    """Both backends train ``algorithm`` to the same global model (float64, 1e-10)."""
-    from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-    from fedsub.engine.loop import train
+    """Every backend trains ``algorithm`` to the reference's global model (float64, 1e-10)."""
     from fedsub.engine.schedule import Schedule
 
-    context = AlgorithmContext(dataset, index, "samples", clients)
-    out = {}
-    for backend in ("sequential", "batched"):
-        settings = {
-            "rounds": 3,
-            "local_steps": 2,
-            "batch_size": 4,
-            "lr": 0.2,
-            "seed": 0,
-            **schedule,
-        }
-        run = Schedule(clients_per_round=clients, dtype=torch.float64, backend=backend, **settings)
-        out[backend] = train(model, build_algorithm(algorithm, context), dataset, index, run)
-    for name, value in out["sequential"].state_dict().items():
-        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
+    from .equivalence import algorithm_for, assert_backends_match_reference
+
+    settings = {"rounds": 3, "local_steps": 2, "batch_size": 4, "lr": 0.2, "seed": 0, **schedule}
+    run = Schedule(clients_per_round=clients, dtype=torch.float64, **settings)
+    built = algorithm_for(algorithm, dataset, index, clients)
+    assert_backends_match_reference(model, built, dataset, index, run)

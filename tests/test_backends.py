@@ -1,24 +1,34 @@
-"""The batched backend gives the sequential reference's global model, algorithm by algorithm."""
+"""Backend conformance: every backend in the registry (engine/backends.py) gives the sequential
+reference's global model, algorithm by algorithm, for rule and scheme variants, models with and
+without a cohort head, fields sharing a table and models that cannot be batched. A new backend
+is tested here by registering it; the comparison itself is tests/equivalence.py's."""
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
-from fedsub.algorithms.registry import AlgorithmContext, algorithm_names, build_algorithm
-from fedsub.data.federated import SampleSet
+from fedsub.algorithms.registry import algorithm_names, options_class
+from fedsub.config import parse
+from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.data.synthetic_li import SyntheticLiOptions
 from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
-from fedsub.engine.loop import train
+from fedsub.engine import backends, sequential
+from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backend
 from fedsub.engine.schedule import Schedule
+from fedsub.errors import ConfigError
 from fedsub.models.base import CohortHead
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.transfer import CohortUpdate
 
-from .conftest import make_dataset
+from .conftest import SquaredDistance, make_dataset
+from .equivalence import CHECKED_BACKENDS, algorithm_for, assert_backends_match_reference
 
 
 def two_tables_with_dense(seed: int):
@@ -36,8 +46,6 @@ def two_tables_with_dense(seed: int):
                 rng.normal(size=(n, 3)).astype(np.float32),
             )
         )
-    from fedsub.data.federated import FederatedDataset
-
     return FederatedDataset.from_clients("two-tables", {"a": 40, "b": 9}, parts, parts[0])
 
 
@@ -58,47 +66,44 @@ def model_for(dataset):
     return EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
 
 
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
 @pytest.mark.parametrize("algorithm", algorithm_names())
 @pytest.mark.parametrize("data", sorted(DATASETS))
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_batched_equals_sequential(algorithm, data, dtype, tolerance):
+def test_every_backend_equals_the_reference(backend, algorithm, data, dtype, tolerance):
     dataset = DATASETS[data]()
     index = SubmodelIndex.build(dataset)
-    model = model_for(dataset)
-    context = AlgorithmContext(dataset, index, "samples")
-    results = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(
-            5, 7, local_steps=4, batch_size=3, lr=0.3, seed=2, dtype=dtype, backend=backend
-        )
-        results[backend] = train(
-            model, build_algorithm(algorithm, context), dataset, index, schedule
-        )
-    for name, reference in results["sequential"].state_dict().items():
-        got = results["batched"].state_dict()[name]
-        assert reference.abs().max() > 1e-3  # the model did move from its zero init
-        if dtype == torch.float64:
-            torch.testing.assert_close(got, reference, rtol=0, atol=tolerance)
-        else:
-            torch.testing.assert_close(got, reference, rtol=tolerance, atol=tolerance)
+    schedule = Schedule(5, 7, local_steps=4, batch_size=3, lr=0.3, seed=2, dtype=dtype)
+    results = assert_backends_match_reference(
+        model_for(dataset),
+        algorithm_for(algorithm, dataset, index),
+        dataset,
+        index,
+        schedule,
+        [backend],
+        rtol=0 if dtype == torch.float64 else tolerance,
+        atol=tolerance,
+    )
+    for reference in results[REFERENCE].state_dict().values():
+        assert reference.abs().max() > 1e-3  # every tensor moved from its zero init
 
 
-def test_batched_handles_clients_with_fewer_samples_than_a_batch():
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
+def test_clients_with_fewer_samples_than_a_batch(backend):
     dataset = make_dataset([[[0]], [[1, 2], [2]], [[0, 3]] * 9], table_rows=4)
     index = SubmodelIndex.build(dataset)
-    model = SparseLogisticRegression(dict(dataset.table_rows))
-    context = AlgorithmContext(dataset, index, "clients")
-    out = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(
-            3, 3, local_steps=5, batch_size=4, lr=0.5, seed=0, dtype=torch.float64, backend=backend
-        )
-        out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
-    torch.testing.assert_close(
-        out["batched"].tables["t"], out["sequential"].tables["t"], rtol=0, atol=1e-12
+    assert_backends_match_reference(
+        SparseLogisticRegression(dict(dataset.table_rows)),
+        algorithm_for("fedsubavg", dataset, index, heat="clients"),
+        dataset,
+        index,
+        Schedule(3, 3, local_steps=5, batch_size=4, lr=0.5, seed=0, dtype=torch.float64),
+        [backend],
+        atol=1e-12,
     )
 
 
+BATCHING = [name for name in CHECKED_BACKENDS if get_backend(name).needs_batchable]
 VARIANTS = {
     "fedprox-mu": ("fedprox", {}, {"mu": 0.5}),
     "clip-decay-exp-lr": (
@@ -113,77 +118,24 @@ VARIANTS = {
 }
 
 
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_batched_equals_sequential_for_rule_and_scheme_variants(variant):
-    from fedsub.algorithms.registry import options_class
-
+def test_rule_and_scheme_variants(backend, variant):
     name, schedule_extra, options = VARIANTS[variant]
     dataset = DATASETS["two-tables-dense"]()
     index = SubmodelIndex.build(dataset)
     model = SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
-    context = AlgorithmContext(dataset, index, "samples", 12)
-    base = name.split("@")[0]
-    algorithm = build_algorithm(name, context, options_class(base)(**options))
-    results = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(
-            4,
-            12,
-            local_steps=3,
-            batch_size=4,
-            lr=0.3,
-            seed=5,
-            dtype=torch.float64,
-            backend=backend,
-            **schedule_extra,
-        )
-        results[backend] = train(model, algorithm, dataset, index, schedule)
-    for name_, reference in results["sequential"].state_dict().items():
-        torch.testing.assert_close(
-            results["batched"].state_dict()[name_], reference, rtol=0, atol=1e-10
-        )
-
-
-@pytest.mark.parametrize("data", sorted(DATASETS))
-def test_each_cohort_head_equals_the_vmapped_head(data):
-    from torch.func import vmap
-
-    dataset = DATASETS[data]()
-    model = model_for(dataset)
-    params = model.init(torch.Generator().manual_seed(0), torch.float64)
-    k, b = 3, 4
-    generator = torch.Generator().manual_seed(1)
-    dense = {
-        n: torch.randn(k, *p.shape, generator=generator, dtype=torch.float64)
-        for n, p in params.dense.items()
-    }
-    width = {"bags": len(dataset.table_rows), "pooled": 4 * len(dataset.table_rows)}
-    features = {
-        name: torch.randn(k, b, size, generator=generator, dtype=torch.float64)
-        for name, size in width.items()
-        if name
-        in model.embed(
-            params.tables,
-            {
-                t: (torch.zeros(0, dtype=torch.long), torch.zeros(1, dtype=torch.long))
-                for t in dataset.table_rows
-            },
-        )
-    }
-    inputs = None
-    if dataset.train.dense_dim:
-        inputs = torch.randn(
-            k, b, dataset.train.dense_dim, generator=generator, dtype=torch.float64
-        )
-    expected = vmap(model.head, in_dims=(0, 0, None if inputs is None else 0))(
-        dense, features, inputs
+    algorithm = algorithm_for(
+        name, dataset, index, 12, options=options_class(name.split("@")[0])(**options)
     )
-    torch.testing.assert_close(model.cohort_head(dense, features, inputs), expected)
+    schedule = Schedule(
+        4, 12, local_steps=3, batch_size=4, lr=0.3, seed=5, dtype=torch.float64, **schedule_extra
+    )
+    assert_backends_match_reference(model, algorithm, dataset, index, schedule, [backend])
 
 
-def test_models_without_a_cohort_head_are_vmapped_and_agree():
-    from .conftest import SquaredDistance
-
+def quadratic_dataset():
+    """Six clients whose samples each read two rows of a 3-row table 'w'."""
     rng = np.random.default_rng(0)
     parts = [
         SampleSet(
@@ -192,26 +144,28 @@ def test_models_without_a_cohort_head_are_vmapped_and_agree():
         )
         for _ in range(6)
     ]
-    from fedsub.data.federated import FederatedDataset
+    return FederatedDataset.from_clients("quadratic", {"w": 3}, parts, parts[0])
 
-    dataset = FederatedDataset.from_clients("quadratic", {"w": 3}, parts, parts[0])
+
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
+def test_models_without_a_cohort_head_are_vmapped_and_agree(backend):
+    dataset = quadratic_dataset()
     index = SubmodelIndex.build(dataset)
     model = SquaredDistance(rows=3, w0=1.0)
     assert not isinstance(model, CohortHead)
-    context = AlgorithmContext(dataset, index, "clients", 4)
-    out = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(4, 4, 3, 2, 0.1, seed=0, dtype=torch.float64, backend=backend)
-        out[backend] = train(
-            model, build_algorithm("fedsubavg", context), dataset, index, schedule
-        ).tables["w"]
-    torch.testing.assert_close(out["batched"], out["sequential"], rtol=0, atol=1e-12)
+    assert_backends_match_reference(
+        model,
+        algorithm_for("fedsubavg", dataset, index, 4, heat="clients"),
+        dataset,
+        index,
+        Schedule(4, 4, 3, 2, 0.1, seed=0, dtype=torch.float64),
+        [backend],
+        atol=1e-12,
+    )
 
 
 def shared_table_dataset(seed: int = 0):
     """Two fields, 'target' and 'history' (ragged, may be empty), reading one 'item' table."""
-    from fedsub.data.federated import FederatedDataset
-
     rng = np.random.default_rng(seed)
     parts = []
     for _ in range(10):
@@ -231,7 +185,7 @@ def shared_table_dataset(seed: int = 0):
     )
 
 
-def test_fields_sharing_a_table_form_one_submodel_and_backends_agree():
+def test_fields_sharing_a_table_form_one_submodel():
     dataset = shared_table_dataset()
     index = SubmodelIndex.build(dataset)
     for k in range(dataset.num_clients):
@@ -243,6 +197,12 @@ def test_fields_sharing_a_table_form_one_submodel_and_backends_agree():
         local = index.client_samples(dataset, k)
         for name in ("target", "history"):
             np.testing.assert_array_equal(union[local.ids[name].values], client.ids[name].values)
+
+
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
+def test_fields_sharing_a_table_train_alike_on_every_backend(backend):
+    dataset = shared_table_dataset()
+    index = SubmodelIndex.build(dataset)
     model = EmbeddingLogisticRegression(
         {"item": 25},
         embedding_dim=3,
@@ -250,37 +210,78 @@ def test_fields_sharing_a_table_form_one_submodel_and_backends_agree():
         fields=("target", "history"),
         field_tables={"target": "item", "history": "item"},
     )
-    context = AlgorithmContext(dataset, index, "samples", 5)
-    out = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(4, 5, 3, 3, 0.3, seed=1, dtype=torch.float64, backend=backend)
-        out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
-    for name, value in out["sequential"].state_dict().items():
-        torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
+    assert_backends_match_reference(
+        model,
+        algorithm_for("fedsubavg", dataset, index, 5),
+        dataset,
+        index,
+        Schedule(4, 5, 3, 3, 0.3, seed=1, dtype=torch.float64),
+        [backend],
+    )
 
 
-def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(caplog):
-    from dataclasses import dataclass
-
-    from .conftest import SquaredDistance
-
+@pytest.mark.parametrize("backend", BATCHING)
+def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(backend, caplog):
     @dataclass(frozen=True)
     class Unbatchable(SquaredDistance):
         batchable: bool = False
 
     dataset = make_dataset([[[0, 1]], [[1]], [[1, 2]]], table_rows=3, table="w")
     index = SubmodelIndex.build(dataset)
-    model = Unbatchable(rows=3, w0=1.0)
-    context = AlgorithmContext(dataset, index, "clients", 3)
-    out = {}
-    for backend in ("sequential", "batched"):
-        schedule = Schedule(2, 3, 1, 1, 0.1, seed=0, dtype=torch.float64, backend=backend)
-        with caplog.at_level("WARNING", logger="fedsub"):
-            out[backend] = train(
-                model, build_algorithm("fedavg", context), dataset, index, schedule
-            )
+    with caplog.at_level("WARNING", logger="fedsub"):
+        assert_backends_match_reference(
+            Unbatchable(rows=3, w0=0.5),  # w0 = 1 with labels 1 would not move
+            algorithm_for("fedavg", dataset, index, 3, heat="clients"),
+            dataset,
+            index,
+            Schedule(2, 3, 1, 1, 0.1, seed=0, dtype=torch.float64),
+            [backend],
+            atol=0,
+        )
     assert "model Unbatchable cannot be batched; running the sequential backend" in caplog.text
-    assert torch.equal(out["batched"].tables["w"], out["sequential"].tables["w"])
+
+
+def reversed_members(model, global_params, dataset, index, cohort, round_index, schedule, work):
+    """A toy backend: the members' work in reverse order (results in cohort order)."""
+    members = list(enumerate(cohort.clients))[::-1]
+    updates = [
+        sequential.client_round(
+            model, global_params, dataset, index, int(k), round_index, schedule, work, j
+        )
+        for j, k in members
+    ]
+    return CohortUpdate.from_clients(updates[::-1], torch.from_numpy(cohort.multiplicity))
+
+
+def test_a_new_backend_is_one_registration(monkeypatch):
+    """Registered, a backend is accepted by train.backend, run by the loop and checked here."""
+    assert REFERENCE in backend_names() and set(CHECKED_BACKENDS) < set(backend_names())
+    calls = []
+
+    def counted(*args):
+        calls.append(args[5])  # the round
+        return reversed_members(*args)
+
+    toy = Backend("reversed", counted, False, "members in reverse order")
+    monkeypatch.setitem(backends._REGISTRY, toy.name, toy)
+    assert parse({"train": {"backend": "reversed"}}).train.backend == "reversed"
+    dataset = DATASETS["two-tables-dense"]()
+    index = SubmodelIndex.build(dataset)
+    assert_backends_match_reference(
+        SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim),
+        algorithm_for("scaffold", dataset, index, 5),
+        dataset,
+        index,
+        Schedule(3, 5, local_steps=2, batch_size=3, lr=0.3, seed=0, dtype=torch.float64),
+        ["reversed"],
+    )
+    assert calls == [1, 2, 3]  # the loop ran the registered backend, once a round
+
+
+def test_an_unknown_backend_is_refused_naming_the_registered_ones():
+    with pytest.raises(ConfigError, match=r"train\.backend") as error:
+        parse({"train": {"backend": "gpu"}})
+    assert all(name in str(error.value) for name in backend_names())
 
 
 def test_sparse_lr_closed_form_gradients_equal_autograd():

@@ -1,19 +1,16 @@
 """Every registered model's optional capabilities (the Protocols in models/base.py): which it
-claims, and that each claimed one works. Closed-form gradients are checked against autograd in
-test_backends.py (test_sparse_lr_closed_form_gradients_equal_autograd), and the sequential
-fallback of a model declaring ``batchable = False`` there too."""
+claims. test_conformance_models.py checks that the claimed ones work (cohort head against vmap,
+slicing round trips); closed-form gradients are checked against autograd in test_backends.py
+(test_sparse_lr_closed_form_gradients_equal_autograd), and the sequential fallback of a model
+declaring ``batchable = False`` there too."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-import torch
-from torch.func import vmap
 
-from fedsub.masking.schemes import plan
 from fedsub.models.base import (
-    Batch,
     ClosedFormGradients,
     CohortHead,
     DeclaresBatchable,
@@ -22,7 +19,6 @@ from fedsub.models.base import (
     is_batchable,
 )
 from fedsub.models.registry import SLICEABLE, build_model, model_names
-from fedsub.models.width import check_slicing
 
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
 
@@ -61,47 +57,6 @@ def test_each_model_satisfies_exactly_its_protocols(name, tmp_path_factory):
     model, _ = built(name, str(tmp_path_factory.getbasetemp()))
     assert {c for c in CAPABILITIES if isinstance(model, c)} == EXPECTED[name]
     assert is_batchable(model)
-
-
-@pytest.mark.parametrize("name", [n for n, caps in EXPECTED.items() if CohortHead in caps])
-def test_a_cohort_head_equals_the_vmapped_single_client_head(name, tmp_path_factory):
-    model, dataset = built(name, str(tmp_path_factory.getbasetemp()))
-    k, b = 3, 2
-    params = model.init(torch.Generator().manual_seed(0), torch.float64)
-    batch = Batch.from_samples(dataset.train.slice(0, k * b), torch.float64)
-    with torch.no_grad():
-        embedded = model.embed(params.tables, batch.ids)
-    features = {n: f.reshape(k, b, *f.shape[1:]) for n, f in embedded.items()}
-    generator = torch.Generator().manual_seed(1)
-    dense = {  # a different dense model per client
-        n: p + 0.1 * torch.randn(k, *p.shape, generator=generator, dtype=p.dtype)
-        for n, p in params.dense.items()
-    }
-    inputs = None if batch.dense is None else batch.dense.reshape(k, b, -1)
-    expected = vmap(model.head, in_dims=(0, 0, None if inputs is None else 0))(
-        dense, features, inputs
-    )
-    got = model.cohort_head(dense, features, inputs)
-    assert got.shape[:2] == (k, b)
-    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-
-
-@pytest.mark.parametrize("name", [n for n, caps in EXPECTED.items() if SliceableModel in caps])
-def test_a_narrowed_model_runs_on_the_parameters_its_slice_extracts(name, tmp_path_factory):
-    """``slicing`` describes every parameter, and ``at_capacity`` runs on a half-width slice
-    (test_masking.py checks that its outputs are the full model's with channels dropped)."""
-    model, dataset = built(name, str(tmp_path_factory.getbasetemp()))
-    params = model.init(torch.Generator().manual_seed(0), torch.float64)
-    check_slicing(model.slicing, params.dense)
-    shapes = {n: p.shape for n, p in params.dense.items()}
-    piece = plan("static", model.slicing, shapes, 0.5, 0, 0, 0)
-    extracted = piece.extract(params.dense)
-    assert any(extracted[n].shape != p.shape for n, p in params.dense.items())
-    batch = Batch.from_samples(dataset.train.slice(0, 4), torch.float64)
-    with torch.no_grad():
-        full = model.head(params.dense, {}, batch.dense)
-        narrow = model.at_capacity(0.5).head(extracted, {}, batch.dense)
-    assert narrow.shape == full.shape and torch.isfinite(narrow).all()
 
 
 def test_eval_batch_is_a_positive_sample_count(tmp_path_factory):

@@ -162,7 +162,7 @@ def test_checkpoints_are_written_every_n_rounds_and_only_two_kept(tmp_path):
     assert kept == ["round-000015", "round-000020"]
     saved = checkpoint_lib.load(out / "scaffold" / "checkpoints" / "round-000020")
     assert saved.round == 20 and len(saved.history) == 21
-    assert any(name.startswith("client.") for name in saved.variates)  # c_i are saved
+    assert any(name.startswith("client.") for name in saved.stages["variates"])  # c_i are saved
     assert not list((out / "scaffold" / "checkpoints").glob(".*"))  # no staging leftovers
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from fedsub.algorithms.registry import algorithm_names, options_class, split_name
 from fedsub.data.registry import DATASETS, dataset_names
+from fedsub.engine.backends import backend_names
 from fedsub.errors import ConfigError
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
 from fedsub.models.registry import SLICEABLE, model_names
@@ -56,7 +57,7 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"min": 0})
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
     dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
-    backend: str = field(default="batched", metadata={"choices": lambda: ["batched", "sequential"]})
+    backend: str = field(default="batched", metadata={"choices": backend_names})
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},

@@ -17,18 +17,15 @@ import torch
 
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.errors import FedsubError
+from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import scatter_add_rows
 
 
-class ServerOptimizer(Protocol):
+class ServerOptimizer(Stateful, Protocol):
+    """Applies a round's aggregate; its state (``Stateful``) is the checkpoint's "server"."""
+
     def apply(self, params: Params, update: ServerUpdate) -> None: ...
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Everything needed to resume, as named tensors (for a safetensors checkpoint)."""
-        ...
-
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None: ...
 
 
 def _torch_optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str) -> dict:

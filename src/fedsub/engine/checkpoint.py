@@ -1,12 +1,20 @@
-"""Checkpoints of a training run: tensors in safetensors files, the rest in JSON.
+"""Checkpoints of a training run: every stage's state in its own safetensors file, the rest in
+JSON.
 
-Layout: ``<dir>/round-000050/{model,server,variates}.safetensors`` and ``state.json`` (round,
-training seconds so far, the evaluations so far, and the run it belongs to: run id and config
-hash, so a resume never continues another run's checkpoint). A checkpoint is written into a
-temporary folder and renamed into place, so a run killed at any moment leaves only whole
+Layout: ``<dir>/round-000050/<stage>.safetensors``, one file per stateful stage of the round
+(``ServerRound.stages()``: ``model``, ``server``, ``variates`` when SCAFFOLD runs, and any
+later one), and ``state.json`` (format, the stage names, round, training seconds so far, the
+evaluations so far, and the run it belongs to: run id and config hash, so a resume never
+continues another run's checkpoint). Stages are saved and restored generically through
+``fedsub.stateful.Stateful``: a new stateful piece needs no code here. A checkpoint is written
+into a temporary folder and renamed into place, so a run killed at any moment leaves only whole
 checkpoints; the newest ``keep`` are kept (a resume falls back to the older one when the newest
 is damaged). Nothing else is needed to resume: every random stream in fedsub is keyed by (seed,
 purpose, round, client), so the round number restores them all.
+
+Format 1 (before stages were generic) had fixed ``model``/``server``/``variates`` files and no
+stage list in ``state.json``; it still loads, as those three stages (an empty ``variates``
+file meaning: no control variates).
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,19 +34,22 @@ from safetensors.torch import save as tensors_to_bytes
 
 from fedsub.atomic_files import create_temp_dir
 from fedsub.errors import FedsubError
+from fedsub.stateful import Stateful
 
 LOG = logging.getLogger("fedsub")
 
-FORMAT = 1
+FORMAT = 2
+FORMAT_1_STAGES = ("model", "server", "variates")
 PREFIX = "round-"
+STAGE_NAME = re.compile(r"[a-z][a-z0-9_-]*")  # a stage's name is its file's name
+
+StageStates = dict[str, dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     round: int
-    model: dict[str, torch.Tensor]
-    server: dict[str, torch.Tensor]
-    variates: dict[str, torch.Tensor]
+    stages: StageStates  # stage name -> its named tensors
     elapsed: float
     history: list[dict]
     path: Path | None = None
@@ -52,16 +65,55 @@ def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         os.fsync(handle.fileno())
 
 
+def capture(stages: Mapping[str, Stateful]) -> StageStates:
+    """Every stage's state now, by stage name (what ``save`` writes)."""
+    return {name: stage.state_tensors() for name, stage in stages.items()}
+
+
+def restore(stages: Mapping[str, Stateful], checkpoint: Checkpoint) -> None:
+    """Load every stage's saved state into ``stages``. The checkpoint must hold each of them;
+    a saved stage this run lacks is refused when it holds state (that state would be lost)."""
+    where = checkpoint.path or "the checkpoint"
+    missing = sorted(set(stages) - set(checkpoint.stages))
+    unused = sorted(n for n, t in checkpoint.stages.items() if n not in stages and t)
+    if missing or unused:
+        problems = []
+        if missing:
+            problems.append(f"it lacks {', '.join(missing)}")
+        if unused:
+            problems.append(f"this run has no {', '.join(unused)}")
+        raise FedsubError(
+            f"{where}: its stages ({', '.join(sorted(checkpoint.stages)) or 'none'}) do not fit "
+            f"this run's ({', '.join(sorted(stages))}): {'; '.join(problems)}. Resume with the "
+            "configuration that wrote it, or start over."
+        )
+    for name, stage in stages.items():
+        saved = checkpoint.stages[name]
+        try:
+            stage.load_state_tensors(saved)
+        except KeyError as error:
+            held = ", ".join(sorted(saved)[:4]) + (", ..." if len(saved) > 4 else "")
+            raise FedsubError(
+                f"{where}: stage {name!r} does not fit this run: it has no tensor "
+                f"{error.args[0]!r} (it holds {held or 'none'})"
+            ) from None
+        except (ValueError, FedsubError) as error:
+            raise FedsubError(f"{where}: stage {name!r} does not fit this run: {error}") from None
+
+
 def save(directory: Path, checkpoint: Checkpoint, keep: int = 2) -> Path:
+    for name in checkpoint.stages:
+        if not STAGE_NAME.fullmatch(name):
+            raise ValueError(f"stage name {name!r} is not {STAGE_NAME.pattern} (a file name)")
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{PREFIX}{checkpoint.round:06d}"
     staging = create_temp_dir(directory, final.name)
     try:
-        _save_tensors(staging / "model.safetensors", checkpoint.model)
-        _save_tensors(staging / "server.safetensors", checkpoint.server)
-        _save_tensors(staging / "variates.safetensors", checkpoint.variates)
+        for name, tensors in checkpoint.stages.items():
+            _save_tensors(staging / f"{name}.safetensors", tensors)
         state = {
             "format": FORMAT,
+            "stages": sorted(checkpoint.stages),
             "round": checkpoint.round,
             "elapsed": checkpoint.elapsed,
             "history": checkpoint.history,
@@ -107,15 +159,9 @@ def newest_intact(directory: Path) -> Checkpoint | None:
 def load(path: Path) -> Checkpoint:
     try:
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        if state.get("format") != FORMAT:
-            raise FedsubError(
-                f"{path}: checkpoint format {state.get('format')!r}, expected {FORMAT}"
-            )
         return Checkpoint(
             round=int(state["round"]),
-            model=load_file(str(path / "model.safetensors")),
-            server=load_file(str(path / "server.safetensors")),
-            variates=load_file(str(path / "variates.safetensors")),
+            stages=_load_stages(path, state),
             elapsed=float(state["elapsed"]),
             history=list(state["history"]),
             path=path,
@@ -125,3 +171,23 @@ def load(path: Path) -> Checkpoint:
         raise
     except Exception as error:  # safetensors raises its own SafetensorError
         raise FedsubError(f"{path}: not a readable fedsub checkpoint ({error})") from None
+
+
+def _load_stages(path: Path, state: dict) -> StageStates:
+    version = state.get("format")
+    if version == 1:
+        stages = {name: load_file(str(path / f"{name}.safetensors")) for name in FORMAT_1_STAGES}
+        if not stages["variates"]:
+            del stages["variates"]  # format 1 wrote an empty file when there were none
+        return stages
+    if version != FORMAT:
+        raise FedsubError(
+            f"{path}: checkpoint format {version!r}, expected {FORMAT} (or 1); it was written "
+            "by another version of fedsub"
+        )
+    names = state["stages"]
+    if not isinstance(names, list) or not all(
+        isinstance(n, str) and STAGE_NAME.fullmatch(n) for n in names
+    ):
+        raise FedsubError(f"{path}: state.json's stages must be a list of stage names")
+    return {name: load_file(str(path / f"{name}.safetensors")) for name in names}

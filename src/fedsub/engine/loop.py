@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,8 +22,9 @@ from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_w
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
-from fedsub.engine import batched, masked, sequential
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine import masked
+from fedsub.engine.backends import backend_for
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
@@ -31,12 +32,9 @@ from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
-from fedsub.models.base import Model, is_batchable
+from fedsub.models.base import Model
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
-
-BACKENDS = {"batched": batched.run_cohort, "sequential": sequential.run_cohort}
-LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -94,15 +92,7 @@ def round_stages(
 ) -> tuple[Callable, Callable]:
     """The round's client work (the configured backend, on width slices when masking) and how
     its updates become the server's update."""
-    backend = schedule.backend
-    if backend == "batched" and not is_batchable(model):
-        LOG.warning(
-            "%s: model %s cannot be batched; running the sequential backend",
-            algorithm.name,
-            type(model).__name__,
-        )
-        backend = "sequential"
-    run_cohort = BACKENDS[backend]
+    run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
     masking = schedule.masking
     if masking is None or masking.scheme == "none":
         return run_cohort, lambda update: aggregate(update, algorithm.aggregation)
@@ -137,6 +127,96 @@ class RunControl:
     run: dict[str, str] = dataclasses.field(default_factory=dict)  # stamped on checkpoints
 
 
+@dataclass
+class Progress:
+    """What a run has done so far (saved in its checkpoints): the last finished round, its
+    evaluations and its training seconds."""
+
+    round: int = 0
+    history: list[Evaluation] = dataclasses.field(default_factory=list)
+    elapsed: float = 0.0
+
+
+def build_server_round(
+    algorithm: Algorithm,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    schedule: Schedule,
+    params: Params,
+    combine: Callable[[Any], ServerUpdate],
+    control: RunControl,
+) -> ServerRound:
+    """The server half of the run's rounds, with every stateful stage freshly initialised."""
+    variates = (
+        ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
+    )
+    return ServerRound(
+        algorithm,
+        schedule,
+        dataset.sample_counts(),
+        params,
+        algorithm.make_server(params),
+        combine,
+        variates,
+        control.max_update_norm,
+        control.on_reject,
+    )
+
+
+def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
+    """Restore every stage of ``rounds`` from ``saved``; the run goes on after its round."""
+    checkpoint_lib.restore(rounds.stages(), saved)
+    rounds.last_checkpoint = saved.path  # the last good checkpoint, until this run writes one
+    return Progress(saved.round, [Evaluation.from_record(e) for e in saved.history], saved.elapsed)
+
+
+def save_checkpoint(
+    folder: Path, rounds: ServerRound, progress: Progress, run: dict[str, str]
+) -> Path:
+    """Every stage's state and the progress so far, after round ``progress.round``."""
+    return checkpoint_lib.save(
+        folder,
+        checkpoint_lib.Checkpoint(
+            round=progress.round,
+            stages=checkpoint_lib.capture(rounds.stages()),
+            elapsed=progress.elapsed,
+            history=[e.as_record() for e in progress.history],
+            run=run,
+        ),
+    )
+
+
+def evaluate(
+    evaluator: Evaluator,
+    params: Params,
+    progress: Progress,
+    divergence_factor: float,
+    on_evaluation: Callable[[Evaluation], None] | None,
+) -> str | None:
+    """Evaluate the model after ``progress.round`` and record it; why the run diverged (the
+    evaluation is recorded and reported first: it shows why), or None."""
+    evaluation = Evaluation(progress.round, evaluator.evaluate(params), progress.elapsed)
+    initial = progress.history[0].metrics["train_loss"] if progress.history else None
+    reason = divergence_reason(evaluation.metrics["train_loss"], initial, divergence_factor)
+    progress.history.append(evaluation)
+    if on_evaluation is not None:
+        on_evaluation(evaluation)
+    return reason
+
+
+def keep_safe(rounds: ServerRound, progress: Progress, control: RunControl, last: int) -> None:
+    """After a round: checkpoint when due or when a stop is requested, then stop if asked
+    (``Interrupted``). Nothing is saved after the last round: the run is complete."""
+    stop = control.stop_requested()
+    if progress.round >= last:
+        return
+    due = control.checkpoint_every and progress.round % control.checkpoint_every == 0
+    if (due or stop) and control.checkpoints is not None:
+        rounds.last_checkpoint = save_checkpoint(control.checkpoints, rounds, progress, control.run)
+    if stop:
+        raise Interrupted(progress.round, rounds.last_checkpoint)
+
+
 def train(
     model: Model,
     algorithm: Algorithm,
@@ -157,82 +237,29 @@ def train(
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     params = initial_params(model, schedule)
-    server = algorithm.make_server(params)
-    variates = (
-        ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
-    )
-    history: list[Evaluation] = []
-    elapsed, first_round, resumed_from = 0.0, 1, None
-    if control.resume is not None:
-        saved = control.resume
-        for name, value in Params.from_state_dict(saved.model).state_dict().items():
-            params.state_dict()[name].copy_(value)
-        server.load_state_tensors(saved.server)
-        if variates is not None:
-            variates.load_state_tensors(saved.variates)
-        history = [Evaluation.from_record(e) for e in saved.history]
-        elapsed, first_round, resumed_from = saved.elapsed, saved.round + 1, saved.path
+    run_cohort, combine = round_stages(model, algorithm, schedule, params)
+    rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
+    progress = Progress() if control.resume is None else resume(rounds, control.resume)
 
-    def save(round_index: int) -> Path | None:
-        if control.checkpoints is None:
-            return None
-        return checkpoint_lib.save(
-            control.checkpoints,
-            checkpoint_lib.Checkpoint(
-                round=round_index,
-                model=params.state_dict(),
-                server=server.state_tensors(),
-                variates={} if variates is None else variates.state_tensors(),
-                elapsed=elapsed,
-                history=[e.as_record() for e in history],
-                run=control.run,
-            ),
-        )
-
-    def evaluate(round_index: int) -> None:
+    def evaluate_and_check() -> None:
         if evaluator is None:
             return
-        evaluation = Evaluation(round_index, evaluator.evaluate(params), elapsed)
-        initial = history[0].metrics["train_loss"] if history else None
-        reason = divergence_reason(
-            evaluation.metrics["train_loss"], initial, control.divergence_factor
-        )
-        history.append(evaluation)
-        if on_evaluation is not None:
-            on_evaluation(evaluation)  # the diverged evaluation is logged too: it shows why
+        reason = evaluate(evaluator, params, progress, control.divergence_factor, on_evaluation)
         if reason is not None:
-            raise Diverged(algorithm.name, round_index, reason, rounds.last_checkpoint)
+            raise Diverged(algorithm.name, progress.round, reason, rounds.last_checkpoint)
 
-    run_cohort, combine = round_stages(model, algorithm, schedule, params)
-    counts = dataset.sample_counts()
-    rounds = ServerRound(
-        algorithm,
-        schedule,
-        counts,
-        params,
-        server,
-        combine,
-        variates,
-        control.max_update_norm,
-        control.on_reject,
-        resumed_from,  # the last good checkpoint, until this run writes one
-    )
     if control.resume is None:
-        evaluate(0)
-    for r in range(first_round, schedule.rounds + 1):
+        evaluate_and_check()
+    for r in range(progress.round + 1, schedule.rounds + 1):
         started = time.perf_counter()
         plan = rounds.begin(r)
         update = run_cohort(model, params, dataset, index, plan.cohort, r, schedule, plan.work)
         rounds.finish(plan, update)
-        elapsed += time.perf_counter() - started
+        progress.elapsed += time.perf_counter() - started
+        progress.round = r
         if r % schedule.eval_every == 0 or r == schedule.rounds:
-            evaluate(r)
+            evaluate_and_check()
         if on_round is not None:
             on_round(r)
-        stop = control.stop_requested()
-        due = control.checkpoint_every and r % control.checkpoint_every == 0
-        if (due or stop) and r < schedule.rounds:
-            rounds.last_checkpoint = save(r)
-        if stop and r < schedule.rounds:
-            raise Interrupted(r, rounds.last_checkpoint)
+        keep_safe(rounds, progress, control, schedule.rounds)
     return params

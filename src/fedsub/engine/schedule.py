@@ -10,7 +10,6 @@ import torch
 from fedsub.masking.schemes import Masking
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-Backend = Literal["batched", "sequential"]
 LrSchedule = Literal["constant", "inverse-round", "exponential"]
 
 
@@ -24,7 +23,7 @@ class Schedule:
     seed: int
     dtype: torch.dtype = torch.float32
     eval_every: int = 1
-    backend: Backend = "batched"
+    backend: str = "batched"  # a name in engine/backends.py's registry
     lr_schedule: LrSchedule = "constant"
     lr_decay: float = 0.999
     weight_decay: float = 0.0

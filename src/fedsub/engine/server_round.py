@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.client.local_rule import CohortWork, LocalRule
 from fedsub.engine.guards import Rejection, screen
 from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
 
 
@@ -100,6 +101,20 @@ class ServerRound:
     max_update_norm: float = 0.0
     on_reject: Callable[[Rejection], None] | None = None
     last_checkpoint: Path | None = None
+    more_stages: dict[str, Stateful] = field(default_factory=dict)  # e.g. a stateful transform
+
+    def stages(self) -> dict[str, Stateful]:
+        """Every stateful stage of the round by name: what a checkpoint saves and a resume
+        restores (engine/checkpoint.py), each through ``state_tensors`` /
+        ``load_state_tensors``. A new stateful piece is listed here or in ``more_stages``."""
+        stages: dict[str, Stateful] = {"model": self.params, "server": self.server}
+        if self.variates is not None:
+            stages["variates"] = self.variates
+        for name, stage in self.more_stages.items():
+            if name in stages:
+                raise ValueError(f"stage name {name!r} is taken by a built-in stage")
+            stages[name] = stage
+        return stages
 
     def begin(self, round_index: int) -> RoundPlan:
         """Round r's cohort (the same for every runtime: seeded by round) and its work."""

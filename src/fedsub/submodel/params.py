@@ -37,3 +37,27 @@ class Params:
         tables = {k[len("table.") :]: v for k, v in flat.items() if k.startswith("table.")}
         dense = {k[len("dense.") :]: v for k, v in flat.items() if k.startswith("dense.")}
         return Params(tables, dense)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """The parameters as a stateful stage (fedsub.stateful): ``state_dict``'s names."""
+        return self.state_dict()
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy saved values into these tensors in place (optimizers and the server round
+        hold references to them); the names and shapes must be exactly these parameters'."""
+        own = self.state_dict()
+        if set(tensors) != set(own):
+            missing = sorted(set(own) - set(tensors))
+            unexpected = sorted(set(tensors) - set(own))
+            raise ValueError(
+                f"the saved parameters do not match this model: missing {missing}, "
+                f"unexpected {unexpected}"
+            )
+        for name, value in tensors.items():
+            if value.shape != own[name].shape:
+                raise ValueError(
+                    f"saved parameter {name} has shape {tuple(value.shape)}, "
+                    f"this model's has {tuple(own[name].shape)}"
+                )
+        for name, value in tensors.items():
+            own[name].copy_(value)
