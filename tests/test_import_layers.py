@@ -24,7 +24,16 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "fedsub"
 
 # Lowest first. A package may import from its own layer or any lower one, never a higher one.
 LAYERS: list[set[str]] = [
-    {"fedsub", "errors", "seeding", "json_values", "atomic_files", "progress", "run_folder"},
+    {
+        "fedsub",
+        "errors",
+        "seeding",
+        "json_values",
+        "atomic_files",
+        "progress",
+        "run_folder",
+        "stateful",
+    },
     {"data"},
     {"submodel"},
     {"models", "client"},

@@ -26,7 +26,7 @@ from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
-from fedsub.engine.schedule import DTYPES, Backend, LrSchedule, Schedule
+from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -195,7 +195,7 @@ def schedule_of(config: Config) -> Schedule:
         seed=t.seed,
         dtype=DTYPES[t.dtype],
         eval_every=config.eval.every,
-        backend=cast(Backend, t.backend),
+        backend=t.backend,
         lr_schedule=cast(LrSchedule, t.lr_schedule),
         lr_decay=t.lr_decay,
         weight_decay=t.weight_decay,
