@@ -401,12 +401,7 @@ def compare(
     if not resume:
         identity = _claim(out_dir, config_text, overwrite, config_file=config_text)
         points = {n: ResumePoint() for n in names}
-    if setup.heat_source is not None:
-        text = dumps(setup.heat_source, indent=2) + "\n"
-        write_atomic(out_dir / "heat_source.json", text)
-    if setup.dataset.feature_scaling is not None:
-        scaling = dumps(setup.dataset.feature_scaling, indent=2) + "\n"
-        write_atomic(out_dir / "feature_scaling.json", scaling)
+    _write_data_records(setup, out_dir)
 
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
@@ -435,6 +430,27 @@ def compare(
         if divergence is not None:
             diverged[name] = divergence
 
+    return _summarized(config, setup, histories, diverged, out_dir)
+
+
+def _write_data_records(setup: Setup, out_dir: Path) -> None:
+    """What the run's data gave: the heat source's guarantees and the feature scaling."""
+    if setup.heat_source is not None:
+        text = dumps(setup.heat_source, indent=2) + "\n"
+        write_atomic(out_dir / "heat_source.json", text)
+    if setup.dataset.feature_scaling is not None:
+        scaling = dumps(setup.dataset.feature_scaling, indent=2) + "\n"
+        write_atomic(out_dir / "feature_scaling.json", scaling)
+
+
+def _summarized(
+    config: Config,
+    setup: Setup,
+    histories: dict[str, list[Evaluation]],
+    diverged: dict[str, Diverged],
+    out_dir: Path,
+) -> Outcome:
+    """The comparison's summary.json, summary.md and curves.png, written, as an Outcome."""
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
     markdown = summary_markdown(result, target, setup.schedule.rounds)
