@@ -7,10 +7,13 @@ Every module under src/fedsub is parsed with ``ast`` (nothing is imported). A pa
   ``TYPE_CHECKING``), is acyclic and each import goes to the same or a lower layer of
   ``LAYERS``; a new package must be given a layer here;
 - the module graph of the imports that run when a module is imported (module level, not
-  under ``TYPE_CHECKING``) is acyclic, so no module ever sees a half-initialized one.
+  under ``TYPE_CHECKING``) is acyclic, so no module ever sees a half-initialized one;
+- adding the imports inside functions keeps it acyclic: a lazy import never hides a cycle.
 
 Imports inside functions are allowed when they respect the layers: the command line defers
 heavy imports (torch, the experiment) until a command needs them, so ``fedsub --help`` is fast.
+Imports under ``TYPE_CHECKING`` (annotations only) may close a cycle between modules of one
+package (``models.base`` names ``models.width``'s types), never between packages.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ast
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "fedsub"
 
@@ -44,11 +48,16 @@ LAYERS: list[set[str]] = [
 ]
 
 
+# When an import runs: when its module is imported, when a function is called, or only for
+# the type checker (under ``if TYPE_CHECKING:``).
+When = Literal["import", "call", "typing"]
+
+
 @dataclass(frozen=True)
 class Import:
     source: str  # the importing module, e.g. fedsub.engine.loop
     target: str  # the imported fedsub module, e.g. fedsub.submodel.params
-    at_import_time: bool  # module level and not under TYPE_CHECKING
+    when: When
     line: int
 
 
@@ -72,23 +81,21 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _import_nodes(
-    body: list[ast.stmt], at_import_time: bool
-) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement with whether it runs when the module is imported."""
+    body: list[ast.stmt], when: When
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, When]]:
+    """Every import statement in ``body`` with when it runs."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node, at_import_time
+            yield node, when
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            yield from _import_nodes(node.body, False)
-            yield from _import_nodes(node.orelse, at_import_time)
+            yield from _import_nodes(node.body, "typing")
+            yield from _import_nodes(node.orelse, when)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.Import | ast.ImportFrom):
-                    yield inner, False
+            yield from _import_nodes(node.body, "call" if when == "import" else when)
         else:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.stmt):
-                    yield from _import_nodes([child], at_import_time)
+                    yield from _import_nodes([child], when)
 
 
 def _targets(node: ast.Import | ast.ImportFrom, modules: set[str]) -> Iterator[str]:
@@ -111,10 +118,10 @@ def read_imports(source: Path = SOURCE) -> tuple[set[str], list[Import]]:
     imports = []
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node, at_import_time in _import_nodes(tree.body, True):
+        for node, when in _import_nodes(tree.body, "import"):
             for target in _targets(node, modules):
                 source_module = module_name(path, source)
-                imports.append(Import(source_module, target, at_import_time, node.lineno))
+                imports.append(Import(source_module, target, when, node.lineno))
     return modules, imports
 
 
@@ -186,39 +193,69 @@ def test_the_package_graph_is_acyclic():
     assert cycle is None, f"package import cycle: {' -> '.join(cycle or [])}"
 
 
-def test_modules_imported_at_import_time_form_no_cycle():
+def module_graph(imports: list[Import], when: set[When]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for i in IMPORTS:
-        if i.at_import_time and i.source != i.target:
+    for i in imports:
+        if i.when in when and i.source != i.target:
             graph.setdefault(i.source, set()).add(i.target)
-    cycle = find_cycle(graph)
+    return graph
+
+
+def test_modules_imported_at_import_time_form_no_cycle():
+    cycle = find_cycle(module_graph(IMPORTS, {"import"}))
     assert cycle is None, f"module import cycle: {' -> '.join(cycle or [])}"
 
 
-def test_the_checks_catch_what_they_look_for(tmp_path):
-    # The same code on a planted tree: a cycle through two modules, a lazy import, and an
-    # import under TYPE_CHECKING (which runs at type-checking time only).
-    package = tmp_path / "fedsub"
-    (package / "low").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "low" / "__init__.py").write_text("")
-    (package / "low" / "a.py").write_text("from fedsub.low import b\n")
-    (package / "low" / "b.py").write_text(
-        "from typing import TYPE_CHECKING\n"
-        "import fedsub.low.a\n"
-        "if TYPE_CHECKING:\n    from fedsub.high import c\n"
-        "def f():\n    from fedsub import high\n"
+def test_no_import_inside_a_function_closes_a_cycle():
+    cycle = find_cycle(module_graph(IMPORTS, {"import", "call"}))
+    assert cycle is None, f"cycle through an import inside a function: {' -> '.join(cycle or [])}"
+
+
+def plant(root: Path, files: dict[str, str]) -> tuple[set[str], list[Import]]:
+    """A fedsub tree of ``files`` (relative path -> text) under ``root``, read back."""
+    for relative, text in files.items():
+        path = root / "fedsub" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return read_imports(root / "fedsub")
+
+
+def test_imports_are_classified_by_when_they_run(tmp_path):
+    modules, imports = plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low/__init__.py": "",
+            "low/a.py": "from fedsub.low import b\n",
+            "low/b.py": "from typing import TYPE_CHECKING\n"
+            "import fedsub.low.a\n"
+            "if TYPE_CHECKING:\n    from fedsub.high import c\n"
+            "def f():\n    if True:\n        from fedsub import high\n",
+            "high.py": "from fedsub.low.a import x\n",
+        },
     )
-    (package / "high.py").write_text("from fedsub.low.a import x\n")
-    modules, imports = read_imports(package)
     assert modules == {"fedsub", "fedsub.low", "fedsub.low.a", "fedsub.low.b", "fedsub.high"}
-    found = {(i.source, i.target, i.at_import_time) for i in imports}
-    assert found == {
-        ("fedsub.low.a", "fedsub.low.b", True),
-        ("fedsub.low.b", "fedsub.low.a", True),
-        ("fedsub.low.b", "fedsub.high", False),
-        ("fedsub.high", "fedsub.low.a", True),
+    assert {(i.source, i.target, i.when) for i in imports} == {
+        ("fedsub.low.a", "fedsub.low.b", "import"),
+        ("fedsub.low.b", "fedsub.low.a", "import"),
+        ("fedsub.low.b", "fedsub.high", "typing"),
+        ("fedsub.low.b", "fedsub.high", "call"),
+        ("fedsub.high", "fedsub.low.a", "import"),
     }
-    runtime = {"fedsub.low.a": {"fedsub.low.b"}, "fedsub.low.b": {"fedsub.low.a"}}
-    assert find_cycle(runtime) == ["fedsub.low.a", "fedsub.low.b", "fedsub.low.a"]
+    cycle = find_cycle(module_graph(imports, {"import"}))
+    assert cycle == ["fedsub.low.a", "fedsub.low.b", "fedsub.low.a"]
+
+
+def test_a_cycle_closed_by_a_lazy_import_is_found(tmp_path):
+    _, imports = plant(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "import fedsub.b\n",
+            "b.py": "def f():\n    import fedsub.a\n",
+        },
+    )
+    assert find_cycle(module_graph(imports, {"import"})) is None
+    cycle = find_cycle(module_graph(imports, {"import", "call"}))
+    assert cycle == ["fedsub.a", "fedsub.b", "fedsub.a"]
     assert find_cycle({"x": {"y"}, "y": {"z"}}) is None
