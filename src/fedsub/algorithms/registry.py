@@ -38,6 +38,7 @@ from fedsub.algorithms.server_optimizer import (
     ServerYogi,
     TorchServerOptimizer,
 )
+from fedsub.client.transforms import Prox, ScaffoldCorrection
 from fedsub.data.federated import Population
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.submodel import heat as heat_lib
@@ -66,10 +67,14 @@ class Algorithm:
     scheme: Scheme
     aggregation: Aggregation
     make_server: Callable[[Params], ServerOptimizer]
-    mu: float = 0.0
+    client: tuple[Any, ...] = ()  # client transforms (fedsub.client.transforms), e.g. Prox
     lr: float | None = None  # overrides train.lr for this algorithm
-    control_variates: bool = False
     central: bool = False
+
+    @property
+    def control_variates(self) -> bool:
+        """SCAFFOLD's correction keeps c_i on the client: the server keeps control variates."""
+        return any(piece.keeps_client_state for piece in self.client)
 
 
 # Options of each algorithm, set in [algorithms.<name>] (every algorithm also takes ``lr``).
@@ -178,12 +183,15 @@ _BUILDERS: dict[str, tuple[type, Builder]] = {
             )
         },
     ),
-    "fedprox": (FedProxOptions, lambda c, s, o: {"aggregation": _aggregation(c, s), "mu": o.mu}),
+    "fedprox": (
+        FedProxOptions,
+        lambda c, s, o: {"aggregation": _aggregation(c, s), "client": (Prox(o.mu),)},
+    ),
     "scaffold": (
         ServerLrOptions,
         lambda c, s, o: {
             "aggregation": _aggregation(c, s),
-            "control_variates": True,
+            "client": (ScaffoldCorrection(),),
             "make_server": lambda p: ServerSGD(o.server_lr),
         },
     ),

@@ -12,6 +12,7 @@ without them they are read from the run config (``flwr run ... --run-config``).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,7 +24,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub.checks import check_against_dataset
-from fedsub.client.local_rule import LocalRule
+from fedsub.client.transforms import Chain
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.evaluate import Evaluator
@@ -112,16 +113,10 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         else:
             pulled = received
         c = message.content["config"]
-        rule = LocalRule(
-            float(c["lr"]),
-            float(c["mu"]),
-            float(c["weight-decay"]),
-            float(c["clip-norm"]),
-            float(c["momentum"]),
-        )
+        chain = Chain.from_description(json.loads(str(c["chain"])))
         samples = fed.index.client_samples(fed.dataset, k)
         trained = train_submodel(
-            fed.model, pulled, samples, k, int(c["round"]), fed.schedule, rule, rule.lr
+            fed.model, pulled, samples, k, int(c["round"]), fed.schedule, chain, float(c["lr"])
         )
         update = push(k, float(len(samples)), own, pulled, trained)
         table_deltas = update.table_deltas
