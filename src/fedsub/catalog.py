@@ -37,7 +37,9 @@ def describe_field(cls: type, field: dataclasses.Field) -> str:
         parts.append(f"> {meta['min_exclusive']}")
     if "max" in meta:
         parts.append(f"<= {meta['max']}")
-    if "validate" in meta:
+    if "max_exclusive" in meta:
+        parts.append(f"< {meta['max_exclusive']}")
+    if "algorithm_names" in meta:
         parts.append("algorithm names, each optionally @scheme")
     if meta.get("nonempty"):
         parts.append("not empty")
