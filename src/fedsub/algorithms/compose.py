@@ -25,6 +25,7 @@ from fedsub.algorithms.registry import (
     CommonOptions,
     Composed,
     Recipe,
+    check_combination,
     client_piece_names,
 )
 from fedsub.client.transforms import TRANSFORMS
@@ -104,6 +105,7 @@ def parse_composed(name: str, table: dict[str, Any], parse_section: Any) -> Comp
     """``[algorithms.<name>]`` with aggregation / client / server keys as a ``Composed``;
     ``parse_section`` validates the options (config.parse_section)."""
     recipe = parse_recipe(name, table)
+    check_combination(name, recipe)  # pieces that never combine, whether listed or not
     options = {k: v for k, v in table.items() if k not in RECIPE_KEYS}
     cls = options_class_of(recipe)
     allowed = {f.name for f in dataclasses.fields(cls)}

@@ -222,7 +222,8 @@ SERVERS: dict[str, ServerPiece] = {
         lambda c, o: lambda p: ServerSGD(o.server_lr),
     ),
     "momentum": ServerPiece(
-        "heavy-ball momentum on the aggregate, over the full model",
+        "heavy-ball momentum on the aggregate, over the full model (server_momentum "
+        "unset: (N - K) / N, the FedSubAvg paper's server-side SCAFFOLD approximation)",
         ServerMomentumOptions,
         _server_momentum,
     ),

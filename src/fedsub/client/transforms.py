@@ -159,9 +159,11 @@ class WeightDecay:
 @register
 @dataclass(frozen=True)
 class ScaffoldCorrection:
-    """SCAFFOLD's drift correction ``c - c_i`` added to every gradient. The client keeps c_i
-    across rounds (``keeps_client_state``): the algorithm then keeps control variates
-    (fedsub.algorithms.scaffold), which give the corrections and update c_i after the round."""
+    """SCAFFOLD's drift correction ``c - c_i`` added to every gradient (option II variates).
+
+    The client keeps c_i across rounds (``keeps_client_state``): the algorithm then keeps
+    control variates (fedsub.algorithms.scaffold), which give the corrections and update c_i
+    after the round."""
 
     name: ClassVar[str] = "scaffold"
     stage: ClassVar[Stage] = "correction"
@@ -216,8 +218,9 @@ class Sgd:
 @register
 @dataclass(frozen=True)
 class Adam:
-    """Client Adam, as torch.optim.Adam(lr_k, (client_beta1, client_beta2), client_eps): moments
-    per entry (so per member), one step count, all reset at every round's start."""
+    """Client Adam, as torch.optim.Adam(lr_k, (client_beta1, client_beta2), client_eps).
+
+    Moments per entry (so per member) and one step count, all reset at every round's start."""
 
     name: ClassVar[str] = "adam"
     stage: ClassVar[Stage] = "step"
