@@ -23,6 +23,7 @@ Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``,
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,6 +203,10 @@ def _adaptive_server(kind: str, o: Any, lazy: bool) -> Callable[[Params], Server
     return lambda p: optimizer(kind, p, o.server_lr, beta1, beta2, o.tau)  # type: ignore[arg-type]
 
 
+def _adaptive_piece(kind: str, c: AlgorithmContext, o: Any) -> Callable[[Params], ServerOptimizer]:
+    return _adaptive_server(kind, o, o.lazy)
+
+
 def _server_momentum(c: AlgorithmContext, o: Any) -> Callable[[Params], ServerOptimizer]:
     n = c.dataset.num_clients
     beta = o.server_momentum if o.server_momentum is not None else (n - c.clients_per_round) / n
@@ -231,7 +236,7 @@ SERVERS: dict[str, ServerPiece] = {
         kind: ServerPiece(
             f"Reddi et al.'s {name} on the negated aggregate (lazy: touched rows only)",
             ServerAdagradOptions if kind == "adagrad" else ServerAdaptiveOptions,
-            lambda c, o, kind=kind: _adaptive_server(kind, o, o.lazy),
+            functools.partial(_adaptive_piece, kind),
         )
         for kind, name in (("adam", "Adam"), ("adagrad", "Adagrad"), ("yogi", "Yogi"))
     },

@@ -74,7 +74,7 @@ class CohortLayout:
         return self.size
 
     def squared_norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        squared = torch.zeros(self.size, dtype=tensors[0].dtype)
+        squared = torch.zeros(self.size, dtype=tensors[0].dtype, device=tensors[0].device)
         for t, owner in zip(tensors, self.owners, strict=True):
             per_entry = t.pow(2).reshape(len(t), -1).sum(1)
             if owner is not None:
@@ -90,5 +90,5 @@ class CohortLayout:
         return values.reshape(-1, *([1] * (like.dim() - 1)))
 
     def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
-        per_member = torch.from_numpy(values).to(tensors[0].dtype)
+        per_member = torch.from_numpy(values).to(tensors[0].device, tensors[0].dtype)
         return [self.spread(per_member, i, t) for i, t in enumerate(tensors)]

@@ -43,6 +43,7 @@ from fedsub.client.layout import Layout
 CLIP_EPS = 1e-6
 Tensors = Sequence[torch.Tensor]
 State = dict[str, Any]
+Out = tuple[list[torch.Tensor], State]  # (updates, new state)
 
 # Where a transform goes in a round's chain (client/work.py sorts the pieces by it).
 Stage = Literal["gradient", "clip", "decay", "correction", "direction", "step"]
@@ -61,8 +62,10 @@ class Members:
 
 
 class Transform(Protocol):
-    name: ClassVar[str]
-    stage: ClassVar[Stage]
+    name: ClassVar[str]  # its name in configs and Flower messages
+    stage: ClassVar[Stage]  # where it goes in a round's chain
+    keeps_client_state: ClassVar[bool]  # state kept on the client across rounds (SCAFFOLD)
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a dataclass: its fields are its options
 
     def init(self, params: Tensors, members: Members) -> State: ...
 
@@ -76,20 +79,17 @@ TRANSFORMS: dict[str, type] = {}
 
 
 def register(cls: type) -> type:
-    """Make a transform class known by its ``name`` (config, Flower messages, ``fedsub list``)."""
-    if cls.name in TRANSFORMS:  # type: ignore[attr-defined]
-        raise ValueError(f"client transform {cls.name!r} is registered twice")  # type: ignore[attr-defined]
-    TRANSFORMS[cls.name] = cls  # type: ignore[attr-defined]
+    """Make a transform class known by its ``name`` (config, Flower messages, ``fedsub list``);
+    its dataclass fields are its options (config keys of the same name)."""
+    name = cls.__dict__["name"]
+    if name in TRANSFORMS:
+        raise ValueError(f"client transform {name!r} is registered twice")
+    TRANSFORMS[name] = cls
     return cls
 
 
 def transform_names() -> list[str]:
     return sorted(TRANSFORMS)
-
-
-def options_of(transform_class: type) -> list[dataclasses.Field]:
-    """The options of a transform: its dataclass fields (config keys of the same name)."""
-    return list(dataclasses.fields(transform_class))
 
 
 # --- the transforms ------------------------------------------------------------------------
@@ -106,7 +106,7 @@ class Prox:
     def init(self, params: Tensors, members: Members) -> State:
         return {"anchor": [x.detach().clone() for x in params]} if self.mu else {}
 
-    def update(self, grads, state, params, members):
+    def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         if not self.mu:  # mu = 0 is plain SGD, exactly
             return list(grads), state
         anchor = state["anchor"]
@@ -132,7 +132,7 @@ class Clip:
     def init(self, params: Tensors, members: Members) -> State:
         return {}
 
-    def update(self, grads, state, params, members):
+    def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         layout = members.layout
         scale = clip_scale(layout.squared_norms(grads), self.clip_norm)
         return [g * layout.spread(scale, i, g) for i, g in enumerate(grads)], state
@@ -151,7 +151,7 @@ class WeightDecay:
     def init(self, params: Tensors, members: Members) -> State:
         return {}
 
-    def update(self, grads, state, params, members):
+    def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         wd = self.weight_decay
         return [g + wd * x for g, x in zip(grads, params, strict=True)], state
 
@@ -174,7 +174,7 @@ class ScaffoldCorrection:
             raise ValueError("the scaffold transform needs the round's corrections c - c_i")
         return {"correction": members.corrections}
 
-    def update(self, grads, state, params, members):
+    def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         return [g + c for g, c in zip(grads, state["correction"], strict=True)], state
 
 
@@ -192,7 +192,7 @@ class Momentum:
     def init(self, params: Tensors, members: Members) -> State:
         return {"buffer": [torch.zeros_like(x) for x in params]}
 
-    def update(self, grads, state, params, members):
+    def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         m = self.momentum
         buffers = [b * m + g for b, g in zip(state["buffer"], grads, strict=True)]
         return buffers, {"buffer": buffers}
@@ -210,7 +210,7 @@ class Sgd:
     def init(self, params: Tensors, members: Members) -> State:
         return {"negative_lr": [-lr for lr in members.layout.per_tensor(members.lr, params)]}
 
-    def update(self, grads, state, params, members):
+    def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         rates = state["negative_lr"]
         return [g * lr for g, lr in zip(grads, rates, strict=True)], state
 
@@ -237,7 +237,7 @@ class Adam:
             "count": 0,
         }
 
-    def update(self, grads, state, params, members):
+    def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         b1, b2 = self.client_beta1, self.client_beta2
         count = state["count"] + 1
         m = [b1 * m + (1 - b1) * g for m, g in zip(state["m"], grads, strict=True)]
@@ -255,7 +255,7 @@ class Adam:
 class Chain:
     """Transforms applied one after another; its state is one state per transform."""
 
-    transforms: tuple[Any, ...]
+    transforms: tuple[Transform, ...]
 
     def init(self, params: Tensors, members: Members) -> tuple[State, ...]:
         return tuple(t.init(params, members) for t in self.transforms)
@@ -293,7 +293,7 @@ class Chain:
         return Chain(tuple(pieces))
 
 
-def chain(*transforms: Any) -> Chain:
+def chain(*transforms: Transform) -> Chain:
     return Chain(tuple(transforms))
 
 
