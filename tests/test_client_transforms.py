@@ -132,3 +132,24 @@ def test_chain_description_rebuilds_the_same_chain():
     assert Chain.from_description(json.loads(text)) == chain
     with pytest.raises(ValueError, match="unknown client transform 'nesterov'"):
         Chain.from_description([{"name": "nesterov"}])
+
+
+def test_cohort_layout_reduces_and_spreads_per_member_like_one_client_each():
+    """Member j's norm in the cohort layout is its own tensors' norm (OneClient); a per-member
+    value lands on exactly member j's rows and on slot j of a stacked dense tensor."""
+    from fedsub.client.layout import CohortLayout, OneClient
+
+    generator = torch.Generator().manual_seed(0)
+    owner = torch.tensor([0, 0, 1, 2, 2, 2])
+    rows, dense = torch.randn(6, 2, generator=generator), torch.randn(3, 4, generator=generator)
+    layout = CohortLayout((owner, None), 3)
+    norms = layout.squared_norms([rows, dense])
+    for j in range(3):
+        alone = OneClient().squared_norms([rows[owner == j], dense[j]])
+        torch.testing.assert_close(norms[j], alone, rtol=1e-6, atol=0)  # float32 sums
+    lr_rows, lr_dense = layout.per_tensor(np.array([0.1, 0.2, 0.3]), [rows, dense])
+    assert torch.equal(
+        (lr_rows * torch.ones_like(rows))[:, 0], torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3, 0.3])
+    )
+    assert torch.equal((lr_dense * torch.ones_like(dense))[:, 0], torch.tensor([0.1, 0.2, 0.3]))
+    assert OneClient().per_tensor(np.array([0.25]), [rows, dense]) == [0.25, 0.25]
