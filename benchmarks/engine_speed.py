@@ -89,7 +89,7 @@ def flower_run(dataset, rounds: int = ROUNDS):
             return {"partition": self.partition}
 
         def fit(self, parameters, config):
-            from fedsub.client.local_rule import LocalRule
+            from fedsub.client.work import round_chain
             from fedsub.engine.local_sgd import local_sgd
             from fedsub.submodel.params import Params
 
@@ -106,7 +106,7 @@ def flower_run(dataset, rounds: int = ROUNDS):
                 STEPS,
                 B,
             )[0]
-            local_sgd(model, params, samples, order, LocalRule(LR), LR)
+            local_sgd(model, params, samples, order, round_chain(()), LR)
             new = [params.tables["features"].numpy(), params.dense["bias"].numpy()]
             return new, len(samples), {}
 

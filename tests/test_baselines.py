@@ -7,7 +7,7 @@ import torch
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, FedProxOptions, build_algorithm
 from fedsub.algorithms.sampling import sample_cohort
-from fedsub.client.local_rule import CohortWork, LocalRule
+from fedsub.client.work import CohortWork, round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.loop import central_setup, train
@@ -94,7 +94,7 @@ def test_li_theorem4_constant_lr_stalls_decaying_lr_approaches_optimum():
 def fixed_round_updates(ds, index, model):
     params = model.init(torch.Generator().manual_seed(0), torch.float64)
     schedule = Schedule(1, 1, local_steps=3, batch_size=4, lr=0.5, seed=0, dtype=torch.float64)
-    work = CohortWork(LocalRule(lr=0.5), np.ones(1))
+    work = CohortWork(round_chain(()), np.full(1, 0.5))
     return [
         client_round(model, params, ds, index, k, 1, schedule, work) for k in range(ds.num_clients)
     ]

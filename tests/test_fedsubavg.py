@@ -14,7 +14,7 @@ import torch
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
-from fedsub.client.local_rule import CohortWork, LocalRule
+from fedsub.client.work import CohortWork, round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.loop import train
@@ -59,7 +59,7 @@ def test_equation3_expected_update_is_mean_over_involved_clients(small_synthetic
     model = SparseLogisticRegression(dict(ds.table_rows))
     schedule = Schedule(1, 10, local_steps=3, batch_size=4, lr=0.5, seed=0, dtype=torch.float64)
     params = model.init(torch.Generator().manual_seed(0), torch.float64)
-    plain_sgd = CohortWork(LocalRule(lr=0.5), np.ones(1))
+    plain_sgd = CohortWork(round_chain(()), np.full(1, 0.5))
     ((table, rows),) = ds.table_rows.items()
     updates = [
         client_round(model, params, ds, index, k, 1, schedule, plain_sgd)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.client.local_rule import LocalRule
+from fedsub.client.transforms import Prox
+from fedsub.client.work import round_chain
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
@@ -14,20 +15,20 @@ from fedsub.submodel.transfer import pull
 
 
 @pytest.mark.parametrize(
-    "rule",
+    "mu, weight_decay, clip_norm",
     [
-        LocalRule(lr=0.3),
-        LocalRule(lr=0.3, weight_decay=0.05),
-        LocalRule(lr=0.3, clip_norm=0.05),
-        LocalRule(lr=0.3, mu=0.5),
-        LocalRule(lr=0.3, mu=0.5, clip_norm=0.05),
-        LocalRule(lr=0.3, mu=0.5, weight_decay=0.05),
+        (0.0, 0.0, 0.0),
+        (0.0, 0.05, 0.0),
+        (0.0, 0.0, 0.05),
+        (0.5, 0.0, 0.0),
+        (0.5, 0.0, 0.05),
+        (0.5, 0.05, 0.0),
     ],
     # (not all three at once: in the full-model reference, weight decay moves rows outside
     # S(k), whose prox gradients would then enter the clipping norm)
     ids=["sgd", "weight-decay", "clip", "prox", "prox-clip", "prox-decay"],
 )
-def test_submodel_steps_equal_full_model_torch_sgd(small_synthetic, rule):
+def test_submodel_steps_equal_full_model_torch_sgd(small_synthetic, mu, weight_decay, clip_norm):
     """Reference: torch.optim.SGD(weight_decay) on the full model, the prox term in the loss,
     torch.nn.utils.clip_grad_norm_ before the step."""
     ds = small_synthetic
@@ -42,23 +43,24 @@ def test_submodel_steps_equal_full_model_torch_sgd(small_synthetic, rule):
     schedule = cohort_schedules(2, 1, np.array([k]), np.array([len(samples)]), 8, 4)[0]
 
     rows = {t: torch.from_numpy(index.client_rows(t, k)) for t in ds.table_rows}
-    local = local_sgd(model, pull(full, rows), samples, schedule, rule, rule.lr)
+    chain = round_chain((Prox(mu),), weight_decay, clip_norm)
+    local = local_sgd(model, pull(full, rows), samples, schedule, chain, 0.3)
 
     reference = full.clone()
     tensors = [t.requires_grad_(True) for t in reference.tensors()]
     anchor = [t.detach().clone() for t in tensors]
-    optimizer = torch.optim.SGD(tensors, lr=rule.lr, weight_decay=rule.weight_decay)
+    optimizer = torch.optim.SGD(tensors, lr=0.3, weight_decay=weight_decay)
     global_samples = ds.client(k)
     for step in schedule:
         batch = Batch.from_samples(global_samples.take(step), torch.float64)
         optimizer.zero_grad()
         loss = model.loss(forward(model, reference, batch), batch.labels)
-        loss = loss + rule.mu / 2 * sum(
+        loss = loss + mu / 2 * sum(
             (t - a).pow(2).sum() for t, a in zip(tensors, anchor, strict=True)
         )
         loss.backward()
-        if rule.clip_norm:
-            torch.nn.utils.clip_grad_norm_(tensors, rule.clip_norm)
+        if clip_norm:
+            torch.nn.utils.clip_grad_norm_(tensors, clip_norm)
         optimizer.step()
 
     for table in ds.table_rows:
@@ -67,7 +69,7 @@ def test_submodel_steps_equal_full_model_torch_sgd(small_synthetic, rule):
         )
         others = torch.ones(ds.table_rows[table], dtype=torch.bool)
         others[rows[table]] = False
-        if not rule.weight_decay:  # weight decay would shrink the rest of the full model too
+        if not weight_decay:  # weight decay would shrink the rest of the full model too
             assert torch.equal(reference.tables[table].detach()[others], full.tables[table][others])
     torch.testing.assert_close(local.dense["bias"], reference.dense["bias"].detach())
 

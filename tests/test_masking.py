@@ -10,7 +10,7 @@ import torch
 
 from fedsub.algorithms.aggregation import client_weights
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-from fedsub.client.local_rule import LocalRule
+from fedsub.client.work import round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.loop import initial_params, train
@@ -236,8 +236,8 @@ def test_local_momentum_matches_torch_optim_sgd():
     params = init(model)
     samples = dataset.client(0)
     order = np.random.default_rng(0).integers(len(samples), size=(5, 4))
-    rule = LocalRule(lr=0.1, weight_decay=1e-3, momentum=0.9)
-    ours = local_sgd(model, params.clone(), samples, order, rule, rule.lr)
+    chain = round_chain((), weight_decay=1e-3, momentum=0.9)
+    ours = local_sgd(model, params.clone(), samples, order, chain, 0.1)
 
     reference = {n: p.clone().requires_grad_(True) for n, p in params.dense.items()}
     optimizer = torch.optim.SGD(reference.values(), lr=0.1, momentum=0.9, weight_decay=1e-3)

@@ -13,6 +13,7 @@ from typing import Any
 from fedsub import config as config_lib
 from fedsub.algorithms import registry as algorithm_registry
 from fedsub.algorithms.schemes import SCHEMES
+from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.models.registry import MODEL_INFO, model_names
 
@@ -37,7 +38,9 @@ def describe_field(cls: type, field: dataclasses.Field) -> str:
         parts.append(f"> {meta['min_exclusive']}")
     if "max" in meta:
         parts.append(f"<= {meta['max']}")
-    if "validate" in meta:
+    if "max_exclusive" in meta:
+        parts.append(f"< {meta['max_exclusive']}")
+    if "algorithm_names" in meta:
         parts.append("algorithm names, each optionally @scheme")
     if meta.get("nonempty"):
         parts.append("not empty")
@@ -95,11 +98,40 @@ def algorithms() -> list[str]:
     for name in algorithm_registry.algorithm_names():
         lines.append("")
         lines += _wrapped(f"{name}: {descriptions.get(name, '')}".rstrip(": "))
+        lines += _wrapped(f"= {algorithm_registry.PRESETS[name].recipe.describe()}", "  ")
         lines += _key_lines(algorithm_registry.options_class(name), f"algorithms.{name}.")
     lines += [""]
     lines += _wrapped(
         "Schemes (Li et al.), as name@scheme, e.g. fedavg@scheme1: " + ", ".join(SCHEMES)
     )
+    return [*lines, "", *pieces()]
+
+
+def _first_sentence(cls: type) -> str:
+    text = " ".join((cls.__doc__ or "").split()).replace("``", "")
+    return text.split(". ")[0].rstrip(".")
+
+
+def pieces() -> list[str]:
+    """The pieces an algorithm is composed of, each with its options (config keys of
+    ``[algorithms.<name>]`` when the algorithm uses that piece)."""
+    registry = algorithm_registry
+    lines = _wrapped(
+        "Pieces: compose an algorithm in [algorithms.<name>] with aggregation = ..., "
+        "client = [...], server = ... and the chosen pieces' options (lr for every one):"
+    )
+    lines += ["", "aggregation (default fedavg):"]
+    for name, piece in registry.AGGREGATIONS.items():
+        lines += _wrapped(f"{name}: {piece.description}", "  ")
+    lines += ["", "client (a list; train.clip_norm / weight_decay / momentum add theirs):"]
+    for name in registry.client_piece_names():
+        cls = TRANSFORMS[name]
+        lines += _wrapped(f"{name}: {_first_sentence(cls)}", "  ")
+        lines += _key_lines(cls, "", "    ") or ["    (no options)"]
+    lines += ["", "server (default sgd):"]
+    for name, server in registry.SERVERS.items():
+        lines += _wrapped(f"{name}: {server.description}", "  ")
+        lines += _key_lines(server.options, "", "    ")
     return lines
 
 
@@ -141,6 +173,7 @@ def keys() -> list[str]:
     lines += ["", "[algorithms.<name>]"]
     for name in algorithm_registry.algorithm_names():
         lines += _key_lines(algorithm_registry.options_class(name), f"algorithms.{name}.")
+    lines.append("  + a composed algorithm's pieces and options: `fedsub list algorithms`")
     return lines
 
 

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedsub.algorithms.registry import algorithm_names, options_class, split_name
+from fedsub.algorithms.compose import RECIPE_KEYS, composed_table, parse_composed, recipe_of
+from fedsub.algorithms.registry import (
+    Composed,
+    algorithm_names,
+    check_combination,
+    options_class,
+    split_name,
+)
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.engine.backends import backend_names
 from fedsub.errors import ConfigError
@@ -47,7 +54,7 @@ class ModelConfig:
 class TrainConfig:
     algorithms: list[str] = field(
         default_factory=lambda: ["fedavg", "fedsubavg"],
-        metadata={"validate": split_name, "nonempty": True},
+        metadata={"algorithm_names": True, "nonempty": True},  # checked by check_algorithms
     )
     rounds: int = field(default=100, metadata={"min": 1})
     clients_per_round: int = field(default=50, metadata={"min": 1})
@@ -115,8 +122,13 @@ class Config:
     algorithms: dict[str, Any] = field(default_factory=dict)  # base name -> options
 
     def algorithm_options(self, name: str) -> Any:
-        base, _ = split_name(name)
+        """A preset's options, or a composed algorithm's ``Composed`` (build_algorithm takes
+        either)."""
+        base, _ = split_name(name, self.composed_names())
         return self.algorithms.get(base) or options_class(base)()
+
+    def composed_names(self) -> list[str]:
+        return [n for n, v in self.algorithms.items() if isinstance(v, Composed)]
 
 
 SECTIONS: dict[str, type | None] = {
@@ -194,6 +206,10 @@ def _check_range(where: str, meta: typing.Mapping[str, Any], value: Any) -> None
             )
         if "max" in meta and v > meta["max"]:
             raise ConfigError(f"{where} = {v!r} is out of range; expected <= {meta['max']}")
+        if "max_exclusive" in meta and v >= meta["max_exclusive"]:
+            raise ConfigError(
+                f"{where} = {v!r} is out of range; expected < {meta['max_exclusive']}"
+            )
 
 
 def parse_section(cls: type, section: str, table: dict[str, Any], context: str = "") -> Any:
@@ -239,11 +255,32 @@ def parse(raw: dict[str, Any]) -> Config:
         algorithms=parse_algorithms(raw.get("algorithms", {})),
     )
     check_masking(config)
+    check_algorithms(config)
     return config
 
 
+def check_algorithms(config: Config) -> None:
+    """Every name in train.algorithms is a preset or composed in [algorithms.<name>], and its
+    pieces combine with each other and with the training settings (registry.check_combination,
+    the one place incompatible pieces are refused)."""
+    t = config.train
+    for name in t.algorithms:
+        try:
+            _, scheme = split_name(name, config.composed_names())
+        except ValueError as error:
+            raise ConfigError(f"train.algorithms = {name!r} is not allowed: {error}") from None
+        check_combination(
+            name,
+            recipe_of(name, config.algorithms),
+            scheme=scheme,
+            momentum=t.momentum,
+            masking=t.masking,
+        )
+
+
 def check_masking(config: Config) -> None:
-    """Sub-model masking needs a width-sliceable model and per-client state-free algorithms."""
+    """Sub-model masking needs a width-sliceable model (its algorithms are checked by
+    ``check_algorithms``)."""
     t = config.train
     if t.capacity_proportions and len(t.capacity_proportions) != len(t.capacities):
         raise ConfigError(
@@ -257,28 +294,25 @@ def check_masking(config: Config) -> None:
             f"train.masking = {t.masking!r} needs a width-sliceable model "
             f"({', '.join(SLICEABLE)}); model.name is {config.model.name!r}"
         )
-    for name in t.algorithms:
-        base, _ = split_name(name)
-        if base.startswith("scaffold") or base == "central-sgd":
-            raise ConfigError(
-                f"train.masking = {t.masking!r} cannot be combined with algorithm {name!r} "
-                "(its client or server state is full-model); use fedavg, fedprox or an "
-                "adaptive server optimizer"
-            )
 
 
 def parse_algorithms(raw: dict[str, Any]) -> dict[str, Any]:
-    """``[algorithms.<name>]`` tables: per-algorithm options such as fedprox's ``mu``."""
+    """``[algorithms.<name>]`` tables: a preset's options (such as fedprox's ``mu``), or an
+    algorithm composed of pieces (aggregation / client / server keys; algorithms/compose.py)."""
     parsed = {}
     for name, table in raw.items():
-        if name not in algorithm_names():
-            raise ConfigError(
-                f"[algorithms.{name}] is not an algorithm; "
-                f"choose from {', '.join(algorithm_names())}"
-            )
         if not isinstance(table, dict):
             raise ConfigError(f"algorithms.{name} must be a table of options, got {table!r}")
-        parsed[name] = parse_section(options_class(name), f"algorithms.{name}", table)
+        if name in algorithm_names() and not set(RECIPE_KEYS) & set(table):
+            parsed[name] = parse_section(options_class(name), f"algorithms.{name}", table)
+        elif name in algorithm_names() or set(RECIPE_KEYS) & set(table):
+            parsed[name] = parse_composed(name, table, parse_section)
+        else:
+            raise ConfigError(
+                f"[algorithms.{name}] is not an algorithm; choose from "
+                f"{', '.join(algorithm_names())}, or compose one with "
+                f"{' / '.join(RECIPE_KEYS)} keys"
+            )
     return parsed
 
 
@@ -385,7 +419,8 @@ def to_toml(config: Config) -> str:
         lines.append("")
     for name, options in config.algorithms.items():
         lines.append(f"[algorithms.{name}]")
-        values = dataclasses.asdict(options).items()
+        table = options if not isinstance(options, Composed) else None
+        values = (composed_table(options) if table is None else dataclasses.asdict(table)).items()
         lines += [f"{k} = {_toml_value(v)}" for k, v in values if v is not None]
         lines.append("")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
-"""Each algorithm is a choice of the round's stages: sampling and weighting (a scheme), the
-local rule (FedProx's mu), control variates, the aggregation's row coefficients, and the
-server optimizer. The round loop never branches on an algorithm's name.
+"""Each algorithm is a choice of pieces: an aggregation (with the scheme's sampling and
+weighting), client transforms (fedsub.client.transforms) and a server optimizer. The named
+algorithms below are presets of the same pieces a user composes in ``[algorithms.<name>]``
+(fedsub.algorithms.compose); the round loop never branches on an algorithm's name.
 
 Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``, ...
 
@@ -15,13 +16,15 @@ Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``,
 - ``fedadam-lazy`` / ``fedadagrad-lazy`` / ``fedyogi-lazy``: fedsub's lazy variant, touched
   rows only (also ``lazy = true`` on the names above).
 - ``fedsubavg-adam`` / ``fedsubavg-adagrad`` / ``fedsubavg-yogi``: FedSubAvg's heat-coefficient
-  aggregate, then the adaptive server optimizer (presets until stages compose freely).
+  aggregate, then the adaptive server optimizer.
 - ``central-sgd``: SGD on the pooled data, I steps of batch K * B per round (seed 001, 5.1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import functools
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +41,10 @@ from fedsub.algorithms.server_optimizer import (
     ServerYogi,
     TorchServerOptimizer,
 )
+from fedsub.client.transforms import TRANSFORMS, transform_names
+from fedsub.client.work import round_chain
 from fedsub.data.federated import Population
+from fedsub.errors import ConfigError
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
@@ -66,10 +72,14 @@ class Algorithm:
     scheme: Scheme
     aggregation: Aggregation
     make_server: Callable[[Params], ServerOptimizer]
-    mu: float = 0.0
+    client: tuple[Any, ...] = ()  # client transforms (fedsub.client.transforms), e.g. Prox
     lr: float | None = None  # overrides train.lr for this algorithm
-    control_variates: bool = False
     central: bool = False
+
+    @property
+    def control_variates(self) -> bool:
+        """SCAFFOLD's correction keeps c_i on the client: the server keeps control variates."""
+        return any(piece.keeps_client_state for piece in self.client)
 
 
 # Options of each algorithm, set in [algorithms.<name>] (every algorithm also takes ``lr``).
@@ -125,9 +135,7 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
     return context._coefficients
 
 
-Builder = Callable[[AlgorithmContext, Scheme, Any], dict[str, Any]]
-
-
+# --- the pieces ----------------------------------------------------------------------------
 def _aggregation(context: AlgorithmContext, scheme: Scheme, weighting: str = "samples", **kw):
     counts = context.dataset.sample_counts()
     return Aggregation(
@@ -138,107 +146,264 @@ def _aggregation(context: AlgorithmContext, scheme: Scheme, weighting: str = "sa
     )
 
 
-def _sgd(_: Params) -> ServerOptimizer:
-    return ServerSGD()
+def _heat_aggregation(context: AlgorithmContext, scheme: Scheme) -> Aggregation:
+    weighting = "samples" if context.heat == "samples" else "uniform"
+    return _aggregation(context, scheme, weighting, coefficients=heat_coefficients(context))
 
 
-def _adaptive_server(kind: str, o: Any, lazy: bool) -> Callable[[Params], ServerOptimizer]:
-    if kind == "yogi":
-        return lambda p: ServerYogi(p, o.server_lr, o.beta1, o.beta2, o.tau, lazy=lazy)
-    optimizer = LazyTorchServerOptimizer if lazy else TorchServerOptimizer
-    return lambda p: optimizer(kind, p, o.server_lr, o.beta1, o.beta2, o.tau)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class AggregationPiece:
+    description: str
+    build: Callable[[AlgorithmContext, Scheme], Aggregation]
+    pools_data: bool = False  # one client holding every sample: no cohort, no scheme
 
 
-def _adaptive(kind: str, heat: bool, lazy: bool | None) -> Builder:
-    """An adaptive server optimizer after FedAvg's (or, with ``heat``, FedSubAvg's) aggregate;
-    ``lazy`` None means the ``lazy`` option decides."""
-
-    def build(c: AlgorithmContext, s: Scheme, o: Any) -> dict[str, Any]:
-        if heat:
-            weighting = "samples" if c.heat == "samples" else "uniform"
-            aggregation = _aggregation(c, s, weighting, coefficients=heat_coefficients(c))
-        else:
-            aggregation = _aggregation(c, s)
-        is_lazy = o.lazy if lazy is None else lazy
-        return {"aggregation": aggregation, "make_server": _adaptive_server(kind, o, is_lazy)}
-
-    return build
-
-
-_BUILDERS: dict[str, tuple[type, Builder]] = {
-    "fedavg": (CommonOptions, lambda c, s, o: {"aggregation": _aggregation(c, s)}),
-    "fedsubavg": (
-        CommonOptions,
-        lambda c, s, o: {
-            "aggregation": _aggregation(
-                c,
-                s,
-                "samples" if c.heat == "samples" else "uniform",
-                coefficients=heat_coefficients(c),
-            )
-        },
+AGGREGATIONS: dict[str, AggregationPiece] = {
+    "fedavg": AggregationPiece("sample-weighted mean of the round's deltas", _aggregation),
+    "fedsubavg": AggregationPiece(
+        "the same mean, each touched row scaled by its heat coefficient", _heat_aggregation
     ),
-    "fedprox": (FedProxOptions, lambda c, s, o: {"aggregation": _aggregation(c, s), "mu": o.mu}),
-    "scaffold": (
-        ServerLrOptions,
-        lambda c, s, o: {
-            "aggregation": _aggregation(c, s),
-            "control_variates": True,
-            "make_server": lambda p: ServerSGD(o.server_lr),
-        },
-    ),
-    "scaffold-approx": (
-        ServerLrOptions,
-        lambda c, s, o: {
-            "aggregation": _aggregation(c, s),
-            "make_server": lambda p: ServerMomentum(
-                p,
-                beta=(c.dataset.num_clients - c.clients_per_round) / c.dataset.num_clients,
-                lr=o.server_lr,
-            ),
-        },
-    ),
-    **{
-        name: (options, _adaptive(kind, heat=heat, lazy=lazy))
-        for kind in ("adam", "adagrad", "yogi")
-        for name, options, heat, lazy in (
-            (f"fed{kind}", AdaptiveOptions, False, None),
-            (f"fed{kind}-lazy", LazyAdaptiveOptions, False, True),
-            (f"fedsubavg-{kind}", AdaptiveOptions, True, None),
-        )
-    },
-    "central-sgd": (
-        CommonOptions,
-        lambda c, s, o: {"aggregation": Aggregation("samples"), "central": True},
+    "central": AggregationPiece(
+        "all training data pooled as one client, batch K * B (CentralSGD)",
+        lambda c, s: Aggregation("samples"),
+        pools_data=True,
     ),
 }
 
 
+@dataclass(frozen=True)
+class ServerSgdOptions:
+    server_lr: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+
+
+@dataclass(frozen=True)
+class ServerMomentumOptions(ServerSgdOptions):
+    # unset: (N - K) / N, the FedSubAvg paper's server-side SCAFFOLD approximation
+    server_momentum: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
+
+
+@dataclass(frozen=True)
+class ServerAdagradOptions:
+    server_lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
+    tau: float = field(default=1e-3, metadata={"min_exclusive": 0.0})
+    lazy: bool = False  # true: touched rows only (fedsub's variant), not Reddi et al.'s
+
+
+@dataclass(frozen=True)
+class ServerAdaptiveOptions(ServerAdagradOptions):
+    beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    beta2: float = field(default=0.99, metadata={"min": 0.0, "max": 1.0})
+
+
+def _adaptive_server(kind: str, o: Any, lazy: bool) -> Callable[[Params], ServerOptimizer]:
+    beta1, beta2 = getattr(o, "beta1", 0.9), getattr(o, "beta2", 0.99)  # Adagrad has none
+    if kind == "yogi":
+        return lambda p: ServerYogi(p, o.server_lr, beta1, beta2, o.tau, lazy=lazy)
+    optimizer = LazyTorchServerOptimizer if lazy else TorchServerOptimizer
+    return lambda p: optimizer(kind, p, o.server_lr, beta1, beta2, o.tau)  # type: ignore[arg-type]
+
+
+def _adaptive_piece(kind: str, c: AlgorithmContext, o: Any) -> Callable[[Params], ServerOptimizer]:
+    return _adaptive_server(kind, o, o.lazy)
+
+
+def _server_momentum(c: AlgorithmContext, o: Any) -> Callable[[Params], ServerOptimizer]:
+    n = c.dataset.num_clients
+    beta = o.server_momentum if o.server_momentum is not None else (n - c.clients_per_round) / n
+    return lambda p: ServerMomentum(p, beta=beta, lr=o.server_lr)
+
+
+@dataclass(frozen=True)
+class ServerPiece:
+    description: str
+    options: type
+    build: Callable[[AlgorithmContext, Any], Callable[[Params], ServerOptimizer]]
+
+
+SERVERS: dict[str, ServerPiece] = {
+    "sgd": ServerPiece(
+        "X += server_lr * aggregate (1: plain averaging)",
+        ServerSgdOptions,
+        lambda c, o: lambda p: ServerSGD(o.server_lr),
+    ),
+    "momentum": ServerPiece(
+        "heavy-ball momentum on the aggregate, over the full model (server_momentum "
+        "unset: (N - K) / N, the FedSubAvg paper's server-side SCAFFOLD approximation)",
+        ServerMomentumOptions,
+        _server_momentum,
+    ),
+    **{
+        kind: ServerPiece(
+            f"Reddi et al.'s {name} on the negated aggregate (lazy: touched rows only)",
+            ServerAdagradOptions if kind == "adagrad" else ServerAdaptiveOptions,
+            functools.partial(_adaptive_piece, kind),
+        )
+        for kind, name in (("adam", "Adam"), ("adagrad", "Adagrad"), ("yogi", "Yogi"))
+    },
+}
+
+# Set by [train] keys (clip_norm, weight_decay, momentum) or always there (the SGD step).
+_FROM_TRAIN = ("clip", "weight-decay", "momentum", "sgd")
+
+
+def client_piece_names() -> list[str]:
+    """Client transforms an algorithm may name in ``client = [...]``."""
+    return [n for n in transform_names() if n not in _FROM_TRAIN]
+
+
+# --- algorithms as pieces: the presets -----------------------------------------------------
+@dataclass(frozen=True)
+class Recipe:
+    """Which pieces an algorithm is made of (names in AGGREGATIONS, client transforms, SERVERS)."""
+
+    aggregation: str = "fedavg"
+    client: tuple[str, ...] = ()
+    server: str = "sgd"
+
+    def describe(self) -> str:
+        client = ", ".join(self.client) or "-"
+        return f"aggregation {self.aggregation}, client [{client}], server {self.server}"
+
+
+@dataclass(frozen=True)
+class Preset:
+    recipe: Recipe
+    options: type  # the options of [algorithms.<preset>]
+    fixed: tuple[tuple[str, Any], ...] = ()  # option values the preset fixes
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A user's algorithm from ``[algorithms.<name>]``: its pieces and their options' values
+    (fedsub.algorithms.compose builds it from the config)."""
+
+    recipe: Recipe
+    options: Any
+
+
+PRESETS: dict[str, Preset] = {
+    "fedavg": Preset(Recipe("fedavg"), CommonOptions),
+    "fedsubavg": Preset(Recipe("fedsubavg"), CommonOptions),
+    "fedprox": Preset(Recipe("fedavg", ("prox",)), FedProxOptions),
+    "scaffold": Preset(Recipe("fedavg", ("scaffold",)), ServerLrOptions),
+    "scaffold-approx": Preset(Recipe("fedavg", (), "momentum"), ServerLrOptions),
+    **{
+        name: preset
+        for kind in ("adam", "adagrad", "yogi")
+        for name, preset in (
+            (f"fed{kind}", Preset(Recipe("fedavg", (), kind), AdaptiveOptions)),
+            (
+                f"fed{kind}-lazy",
+                Preset(Recipe("fedavg", (), kind), LazyAdaptiveOptions, (("lazy", True),)),
+            ),
+            (f"fedsubavg-{kind}", Preset(Recipe("fedsubavg", (), kind), AdaptiveOptions)),
+        )
+    },
+    "central-sgd": Preset(Recipe("central"), CommonOptions),
+}
+
+
 def algorithm_names() -> list[str]:
-    return sorted(_BUILDERS)
+    return sorted(PRESETS)
 
 
 def options_class(base: str) -> type:
-    return _BUILDERS[base][0]
+    return PRESETS[base].options
 
 
-def split_name(name: str) -> tuple[str, str]:
-    """``"fedavg@scheme2"`` -> ("fedavg", "scheme2"); raises ValueError naming the choices."""
+def split_name(name: str, defined: Collection[str] = ()) -> tuple[str, str]:
+    """``"fedavg@scheme2"`` -> ("fedavg", "scheme2"); raises ValueError naming the choices.
+    ``defined``: the names of the config's own algorithms."""
     base, _, scheme = name.partition("@")
-    if base not in _BUILDERS:
-        raise ValueError(f"unknown algorithm {base!r}; choose from {', '.join(algorithm_names())}")
+    if base not in PRESETS and base not in defined:
+        choices = ", ".join([*algorithm_names(), *sorted(defined)])
+        raise ValueError(
+            f"unknown algorithm {base!r}; choose from {choices}, or compose one in "
+            f"[algorithms.{base}] with aggregation / client / server keys"
+        )
     scheme = scheme or "default"
     if scheme not in SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose from {', '.join(SCHEMES)}")
-    if base == "central-sgd" and scheme != "default":
-        raise ValueError("central-sgd samples no clients, so it takes no scheme")
     return base, scheme
 
 
+def check_combination(
+    name: str,
+    recipe: Recipe,
+    *,
+    scheme: str = "default",
+    momentum: float = 0.0,
+    masking: str = "none",
+    on_flower: bool = False,
+) -> None:
+    """The one place where pieces that cannot work together are refused (ConfigError naming
+    the pieces), from their declared properties: an aggregation that pools the data samples
+    no clients (no scheme, no masking, no Flower); a client piece that keeps per-client state
+    across rounds (SCAFFOLD's c_i) cannot run on width slices or on fedsub's stateless Flower
+    ClientApp; client pieces must form one chain (fedsub.client.work.round_chain)."""
+    base = name.partition("@")[0]
+    pooled = AGGREGATIONS[recipe.aggregation].pools_data
+    if pooled and scheme != "default":
+        raise ConfigError(
+            f"{base} samples no clients (its aggregation {recipe.aggregation!r} pools the "
+            "data), so it takes no scheme"
+        )
+    pieces = [TRANSFORMS[n]() for n in recipe.client]
+    try:
+        round_chain(pieces, momentum=momentum)
+    except ValueError as error:
+        raise ConfigError(f"algorithm {name!r}: {error}") from None
+    stateful = [p.name for p in pieces if p.keeps_client_state]
+    reasons = [f"its client piece {n!r} keeps per-client state across rounds" for n in stateful]
+    if pooled:
+        reasons.append(f"its aggregation {recipe.aggregation!r} pools the data (no clients)")
+    if not reasons:
+        return
+    if masking != "none":
+        raise ConfigError(
+            f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: "
+            f"{'; '.join(reasons)}. Masked training needs per-client state-free pieces"
+        )
+    if on_flower:
+        raise ConfigError(
+            f"algorithm {name!r} cannot run on Flower: {'; '.join(reasons)}, and fedsub's "
+            "ClientApp keeps nothing between rounds"
+        )
+
+
+def _piece_options(cls: type, values: Any, fixed: dict[str, Any]) -> Any:
+    """``cls`` (a piece's options, or a client transform) from an algorithm's option values:
+    a value the preset fixes, else the algorithm's option, else the piece's default."""
+    chosen = {}
+    for f in dataclasses.fields(cls):
+        if f.name in fixed:
+            chosen[f.name] = fixed[f.name]
+        elif hasattr(values, f.name):
+            chosen[f.name] = getattr(values, f.name)
+    return cls(**chosen)
+
+
 def build_algorithm(name: str, context: AlgorithmContext, options: Any = None) -> Algorithm:
-    base, scheme_name = split_name(name)
-    option_type, builder = _BUILDERS[base]
-    options = options if options is not None else option_type()
+    """The algorithm ``name`` (a preset, or with ``Composed`` options a user's composition)."""
+    fixed: dict[str, Any] = {}
+    if isinstance(options, Composed):
+        base, scheme_name = split_name(name, (name.partition("@")[0],))
+        recipe, values = options.recipe, options.options
+    else:
+        base, scheme_name = split_name(name)
+        preset = PRESETS[base]
+        recipe, fixed = preset.recipe, dict(preset.fixed)
+        values = options if options is not None else preset.options()
+    check_combination(name, recipe, scheme=scheme_name)
     scheme = SCHEMES[scheme_name]
-    fields = {"make_server": _sgd, **builder(context, scheme, options)}
-    return Algorithm(name=name, scheme=scheme, lr=options.lr, **fields)
+    aggregation = AGGREGATIONS[recipe.aggregation]
+    server = SERVERS[recipe.server]
+    return Algorithm(
+        name=name,
+        scheme=scheme,
+        aggregation=aggregation.build(context, scheme),
+        make_server=server.build(context, _piece_options(server.options, values, fixed)),
+        client=tuple(_piece_options(TRANSFORMS[n], values, fixed) for n in recipe.client),
+        lr=values.lr,
+        central=aggregation.pools_data,
+    )

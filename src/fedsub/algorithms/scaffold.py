@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.sampling import Cohort
-from fedsub.client.local_rule import CohortTensors, CohortWork
+from fedsub.client.work import CohortTensors, CohortWork
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
@@ -64,7 +64,7 @@ class ControlVariates:
         ``c`` may change here because the corrections already hold its old value)."""
         if work.corrections is None:
             raise ValueError("SCAFFOLD needs the round's corrections to update its variates")
-        lr = torch.from_numpy(np.asarray(work.lr_scale, dtype=np.float64) * work.rule.lr)
+        lr = torch.from_numpy(np.asarray(work.lr, dtype=np.float64))
         share = 1.0 / self.num_clients
         for j, client in enumerate(update.clients.tolist()):
             own = self._client(client)

@@ -19,7 +19,9 @@ import torch
 from torch.func import vmap
 
 from fedsub.algorithms.sampling import Cohort
-from fedsub.client.local_rule import CohortWork, LocalRule, clip_scale, descend
+from fedsub.client.layout import CohortLayout
+from fedsub.client.transforms import Members, apply_updates
+from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.ragged import Ragged
 from fedsub.engine.schedule import Schedule
@@ -33,14 +35,6 @@ from fedsub.submodel.transfer import CohortUpdate
 def _per_client(tensor: torch.Tensor, k: int) -> torch.Tensor:
     """[K * B, ...] -> [K, B, ...]."""
     return tensor.reshape(k, -1, *tensor.shape[1:])
-
-
-def _per_member(values: torch.Tensor, owner: torch.Tensor | None, like: torch.Tensor):
-    """A per-member vector [K] broadcast to a cohort-layout tensor: rows via their owner,
-    stacked dense tensors via the leading axis."""
-    if owner is not None:
-        return values.index_select(0, owner).reshape(-1, *([1] * (like.dim() - 1)))
-    return values.reshape(-1, *([1] * (like.dim() - 1)))
 
 
 def run_cohort(
@@ -94,16 +88,16 @@ def run_cohort(
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
     leaves = [*tables.values(), *dense.values()]
-    anchors = [*pulled_tables.values(), *pulled_dense.values()]
     row_owner = {t: torch.from_numpy(np.repeat(np.arange(k), r.lengths())) for t, r in rows.items()}
-    owners = [*(row_owner[t] for t in tables), *(None for _ in dense)]
-    rule = work.rule
-    lr = torch.from_numpy(work.lr_scale * rule.lr).to(schedule.dtype)
-    leaf_lr = [_per_member(lr, o, leaf) for o, leaf in zip(owners, leaves, strict=True)]
+    # The client transforms run on all members at once: the layout gives per-member norms
+    # and learning rates (fedsub.client.layout).
+    layout = CohortLayout((*(row_owner[t] for t in tables), *(None for _ in dense)), k)
     corrections = None
     if work.corrections is not None:
         corrections = [*work.corrections.tables.values(), *work.corrections.dense.values()]
-    buffers = [torch.zeros_like(x) for x in leaves] if rule.momentum else None
+    rule_inputs = Members(layout, work.lr, corrections)
+    with torch.no_grad():
+        state = work.chain.init(leaves, rule_inputs)
     # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
     # autograd differentiates embed -> head -> loss.
     closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
@@ -141,7 +135,8 @@ def run_cohort(
             total = model.loss(flat, labels[step].reshape(-1)) * k
             grads = list(torch.autograd.grad(total, leaves))
         with torch.no_grad():
-            _apply_rule(rule, leaves, grads, anchors, owners, leaf_lr, corrections, buffers, k)
+            updates, state = work.chain.update(grads, state, leaves, rule_inputs)
+            apply_updates(leaves, updates)
 
     with torch.no_grad():
         return CohortUpdate(
@@ -153,30 +148,3 @@ def run_cohort(
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
             dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
         )
-
-
-def _apply_rule(
-    rule: LocalRule,
-    leaves: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    anchors: list[torch.Tensor],
-    owners: list[torch.Tensor | None],
-    leaf_lr: list[torch.Tensor],
-    corrections: list[torch.Tensor] | None,
-    buffers: list[torch.Tensor] | None,
-    k: int,
-) -> None:
-    """``LocalRule`` for every member at once (see fedsub.client.local_rule)."""
-    if rule.mu:
-        grads = [g + rule.mu * (x - a) for g, x, a in zip(grads, leaves, anchors, strict=True)]
-    if rule.clip_norm:
-        squared = torch.zeros(k, dtype=grads[0].dtype)
-        for g, owner in zip(grads, owners, strict=True):
-            per_entry = g.pow(2).reshape(len(g), -1).sum(1)
-            if owner is not None:
-                squared.index_add_(0, owner, per_entry)
-            else:
-                squared += per_entry
-        scale = clip_scale(squared, rule.clip_norm)
-        grads = [g * _per_member(scale, o, g) for g, o in zip(grads, owners, strict=True)]
-    descend(rule, leaves, grads, leaf_lr, corrections, buffers)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsub.client.local_rule import LocalRule, clip_scale, descend
+from fedsub.client.layout import OneClient
+from fedsub.client.transforms import Chain, Members, apply_updates
 from fedsub.data.federated import SampleSet
 from fedsub.models.base import Batch, Model, forward
 from fedsub.submodel.params import Params
@@ -16,18 +17,22 @@ def local_sgd(
     params: Params,
     samples: SampleSet,
     schedule: np.ndarray,
-    rule: LocalRule,
+    chain: Chain,
     lr: float,
     correction: Params | None = None,
 ) -> Params:
-    """Steps of ``rule`` on ``params`` (modified in place and returned), one per schedule row.
+    """Steps of ``chain`` on ``params`` (modified in place and returned), one per schedule row.
 
     ``lr`` is this client's learning rate; the proximal anchor is ``params`` as given."""
     tensors = params.tensors()
-    anchor = [t.clone() for t in tensors] if rule.mu else None
-    offsets = correction.tensors() if correction is not None else None
-    buffers = [torch.zeros_like(t) for t in tensors] if rule.momentum else None
+    members = Members(
+        OneClient(),
+        np.array([lr], dtype=np.float64),
+        correction.tensors() if correction is not None else None,
+    )
     dtype = tensors[0].dtype
+    with torch.no_grad():
+        state = chain.init(tensors, members)
     for t in tensors:
         t.requires_grad_(True)
     for step_indices in schedule:
@@ -35,14 +40,8 @@ def local_sgd(
         loss = model.loss(forward(model, params, batch), batch.labels)
         grads = list(torch.autograd.grad(loss, tensors))
         with torch.no_grad():
-            if anchor is not None:
-                grads = [
-                    g + rule.mu * (t - a) for g, t, a in zip(grads, tensors, anchor, strict=True)
-                ]
-            if rule.clip_norm:
-                scale = clip_scale(sum(g.pow(2).sum() for g in grads), rule.clip_norm)
-                grads = [g * scale for g in grads]
-            descend(rule, tensors, grads, [lr] * len(tensors), offsets, buffers)
+            updates, state = chain.update(grads, state, tensors, members)
+            apply_updates(tensors, updates)
     for t in tensors:
         t.requires_grad_(False)
     return params

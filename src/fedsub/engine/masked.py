@@ -3,7 +3,7 @@ scheme give it, on the sequential or batched backend.
 
 Members that train the same slice (equal capacity under static, rolling and shuffled masking)
 form one group and run as one cohort of the inner backend, on a model narrowed to that slice;
-random and Bernoulli slices are per member. The local rule, the batch schedule of each client
+random and Bernoulli slices are per member. The client transforms, the batch schedule of each client
 and the aggregation weights are exactly those of full-model training.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.sampling import Cohort
-from fedsub.client.local_rule import CohortWork
+from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.schedule import Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, masked_deltas

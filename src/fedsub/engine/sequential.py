@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.sampling import Cohort
-from fedsub.client.local_rule import CohortWork, LocalRule
+from fedsub.client.transforms import Chain
+from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.schedule import Schedule
@@ -28,7 +29,7 @@ def train_submodel(
     client: int,
     round_index: int,
     schedule: Schedule,
-    rule: LocalRule,
+    chain: Chain,
     lr: float,
     correction: Params | None = None,
 ) -> Params:
@@ -42,7 +43,7 @@ def train_submodel(
         schedule.local_steps,
         schedule.batch_size,
     )[0]
-    return local_sgd(model, pulled.clone(), samples, order, rule, lr, correction)
+    return local_sgd(model, pulled.clone(), samples, order, chain, lr, correction)
 
 
 def client_round(
@@ -58,14 +59,14 @@ def client_round(
 ) -> ClientUpdate:
     """One client's work in one round: pull S(k), local steps, push the row deltas.
 
-    ``member`` is the client's position in the cohort (to find its lr scale / corrections)."""
+    ``member`` is the client's position in the cohort (to find its lr / corrections)."""
     rows = {t: torch.from_numpy(index.client_rows(t, client)) for t in dataset.table_rows}
     pulled = pull(global_params, rows)
     samples = index.client_samples(dataset, client)
     correction = None if work.corrections is None else work.corrections.member(member)
-    lr = work.rule.lr * float(work.lr_scale[member])
+    lr = float(work.lr[member])
     trained = train_submodel(
-        model, pulled, samples, client, round_index, schedule, work.rule, lr, correction
+        model, pulled, samples, client, round_index, schedule, work.chain, lr, correction
     )
     return push(client, float(len(samples)), rows, pulled, trained)
 

@@ -2,10 +2,10 @@
 Flower strategy (flower/strategy.py) both use it, so both screen updates, check finiteness and
 stop with ``Diverged`` the same way.
 
-``begin(r)`` samples round r's cohort and describes its client work (local rule, lr scales,
-SCAFFOLD's corrections); ``finish(plan, update)`` screens the clients' updates, combines them,
-checks the aggregate and the model stay finite, applies the server optimizer and updates the
-control variates.
+``begin(r)`` samples round r's cohort and describes its client work (the chain of client
+transforms, learning rates, SCAFFOLD's corrections); ``finish(plan, update)`` screens the
+clients' updates, combines them, checks the aggregate and the model stay finite, applies the
+server optimizer and updates the control variates.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.sampling import Cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
-from fedsub.client.local_rule import CohortWork, LocalRule
+from fedsub.client.work import CohortWork, round_chain
 from fedsub.engine.guards import Rejection, screen
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.stateful import Stateful
@@ -49,20 +49,17 @@ class Diverged(Exception):
 def round_work(
     algorithm: Algorithm, schedule: Schedule, counts: np.ndarray, cohort: Cohort, round_index: int
 ) -> CohortWork:
-    """The round's local rule and each member's lr scale (transformed Scheme II scales the
-    lr by p_k N); SCAFFOLD's corrections are added by ``ServerRound.begin``."""
+    """The round's chain of client transforms (the algorithm's client pieces with
+    train.clip_norm / weight_decay / momentum) and each member's learning rate (transformed
+    Scheme II scales it by p_k N); SCAFFOLD's corrections are added by ``ServerRound.begin``."""
     lr_scale = np.ones(len(cohort))
     if algorithm.scheme.scale_lr_by_pn:
         lr_scale = counts[cohort.clients] / counts.sum() * len(counts)
     base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
-    rule = LocalRule(
-        lr_at(base_lr, schedule, round_index),
-        algorithm.mu,
-        schedule.weight_decay,
-        schedule.clip_norm,
-        schedule.momentum,
+    chain = round_chain(
+        algorithm.client, schedule.weight_decay, schedule.clip_norm, schedule.momentum
     )
-    return CohortWork(rule, lr_scale)
+    return CohortWork(chain, lr_scale * lr_at(base_lr, schedule, round_index))
 
 
 def touched_finite(params: Params, update: ServerUpdate) -> bool:

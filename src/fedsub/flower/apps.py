@@ -12,6 +12,7 @@ without them they are read from the run config (``flwr run ... --run-config``).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,7 +25,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub.checks import check_against_dataset
-from fedsub.client.local_rule import LocalRule
+from fedsub.client.transforms import Chain
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.evaluate import Evaluator
@@ -114,16 +115,17 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         else:
             pulled = received
         c = record_of(message.content, "config", ConfigRecord)
-        rule = LocalRule(
-            float(number_of(c, "lr")),
-            float(number_of(c, "mu")),
-            float(number_of(c, "weight-decay")),
-            float(number_of(c, "clip-norm")),
-            float(number_of(c, "momentum")),
-        )
+        chain = Chain.from_description(json.loads(str(c["chain"])))
         samples = fed.index.client_samples(fed.dataset, k)
         trained = train_submodel(
-            fed.model, pulled, samples, k, int(number_of(c, "round")), fed.schedule, rule, rule.lr
+            fed.model,
+            pulled,
+            samples,
+            k,
+            int(number_of(c, "round")),
+            fed.schedule,
+            chain,
+            float(number_of(c, "lr")),
         )
         update = push(k, float(len(samples)), own, pulled, trained)
         table_deltas = update.table_deltas

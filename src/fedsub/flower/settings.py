@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from fedsub import config as config_lib
+from fedsub.algorithms.compose import recipe_of
+from fedsub.algorithms.registry import check_combination, split_name
 from fedsub.config import Config
 from fedsub.errors import ConfigError
 
@@ -74,10 +76,12 @@ class FlowerSettings:
         return config
 
     def algorithm_name(self, config: Config) -> str:
+        """The algorithm to run (a preset or one composed in the config), refused here when
+        one of its pieces cannot run on Flower (registry.check_combination)."""
         name = self.algorithm or config.train.algorithms[-1]
-        if name.partition("@")[0] in ("scaffold", "central-sgd"):
-            raise ConfigError(
-                f"algorithm {name!r} keeps per-client state or pools the data; on Flower use "
-                "fedavg, fedsubavg, fedprox, scaffold-approx or an adaptive server optimizer"
-            )
+        try:
+            _, scheme = split_name(name, config.composed_names())
+        except ValueError as error:
+            raise ConfigError(f"Flower run config: algorithm = {name!r}: {error}") from None
+        check_combination(name, recipe_of(name, config.algorithms), scheme=scheme, on_flower=True)
         return name

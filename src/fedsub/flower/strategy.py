@@ -6,8 +6,9 @@ aggregation computes the same counts without revealing any S(k), see fedsub.priv
 round:
 
 - ``configure_train``: the cohort is fedsub's (same seed, same clients as the in-process
-  engine); each sampled node gets one Message with its rows X[S(k)], the dense parameters and
-  the round's local rule;
+  engine); each sampled node gets one Message with its rows X[S(k)], the dense parameters,
+  its learning rate and the round's chain of client transforms (names and options, rebuilt
+  from fedsub.client.transforms' registry by the ClientApp);
 - ``aggregate_train``: the replies' row deltas go through the in-process engine's server round
   (engine/server_round.py: screening, aggregator with heat coefficients over all clients,
   finiteness checks raising ``Diverged``, server optimizer). A node that fails or times out is
@@ -19,6 +20,7 @@ Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -160,6 +162,7 @@ class SubmodelStrategy(Strategy):
         if self.on_progress is not None:
             self.on_progress({"round": server_round, "sent_to": cohort.clients.tolist()})
         messages, full = [], None
+        chain = json.dumps(work.chain.describe())  # the ClientApp rebuilds it by name
         for member, client in enumerate(cohort.clients.tolist()):
             rows = {
                 t: torch.from_numpy(self._index.client_rows(t, client)) for t in self.params.tables
@@ -168,16 +171,8 @@ class SubmodelStrategy(Strategy):
                 arrays = full = full or ArrayRecord(self.params.state_dict())
             else:
                 arrays = submodel_record(rows, pull(self.params, rows))
-            rule = work.rule
             settings = ConfigRecord(
-                {
-                    "round": server_round,
-                    "lr": rule.lr * float(work.lr_scale[member]),
-                    "mu": rule.mu,
-                    "weight-decay": rule.weight_decay,
-                    "clip-norm": rule.clip_norm,
-                    "momentum": rule.momentum,
-                }
+                {"round": server_round, "lr": float(work.lr[member]), "chain": chain}
             )
             self._sent += arrays.count_bytes()
             record = RecordDict({"submodel": arrays, "config": settings})

@@ -1,0 +1,94 @@
+"""Which member of a cohort owns which entries of a list of parameter tensors.
+
+Client transforms are written once and run on one client (the sequential reference, Flower's
+ClientApp) and on a whole cohort at once (the batched backend). What differs is only how a
+per-member quantity is reduced (a gradient norm for clipping) or spread back onto the
+tensors (a learning rate); a layout answers both:
+
+- ``OneClient``: the tensors are one client's; a per-member value is one scalar.
+- ``CohortLayout``: the cohort layout of the batched backend, table rows of all K members
+  concatenated with a row -> member ``owner`` index, dense tensors stacked [K, ...].
+
+Each layout keeps the exact order of floating-point operations its backend always used, so the
+numbers of every backend are unchanged bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+LearningRate = float | torch.Tensor  # a scalar for one client, per-member broadcast for a cohort
+
+
+class Layout(Protocol):
+    @property
+    def members(self) -> int: ...
+
+    def squared_norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Each member's squared L2 norm over all of its entries."""
+        ...
+
+    def spread(self, values: torch.Tensor, position: int, like: torch.Tensor) -> torch.Tensor:
+        """Per-member ``values`` (as ``squared_norms`` returns them) broadcast onto the tensor
+        at ``position`` of the parameter list (``like``)."""
+        ...
+
+    def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
+        """A per-member float64 vector (e.g. learning rates) as one factor per tensor."""
+        ...
+
+
+@dataclass(frozen=True)
+class OneClient:
+    """The tensors of one client."""
+
+    @property
+    def members(self) -> int:
+        return 1
+
+    def squared_norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        return sum(t.pow(2).sum() for t in tensors)  # type: ignore[return-value]
+
+    def spread(self, values: torch.Tensor, position: int, like: torch.Tensor) -> torch.Tensor:
+        return values
+
+    def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
+        return [float(values[0])] * len(tensors)
+
+
+@dataclass(frozen=True)
+class CohortLayout:
+    """K members in the batched backend's layout: ``owners[i]`` maps the rows of table tensor i
+    to their member; ``None`` marks a dense tensor stacked on a leading member axis."""
+
+    owners: tuple[torch.Tensor | None, ...]
+    size: int
+
+    @property
+    def members(self) -> int:
+        return self.size
+
+    def squared_norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        squared = torch.zeros(self.size, dtype=tensors[0].dtype, device=tensors[0].device)
+        for t, owner in zip(tensors, self.owners, strict=True):
+            per_entry = t.pow(2).reshape(len(t), -1).sum(1)
+            if owner is not None:
+                squared.index_add_(0, owner, per_entry)
+            else:
+                squared += per_entry
+        return squared
+
+    def spread(self, values: torch.Tensor, position: int, like: torch.Tensor) -> torch.Tensor:
+        owner = self.owners[position]
+        if owner is not None:
+            values = values.index_select(0, owner)
+        return values.reshape(-1, *([1] * (like.dim() - 1)))
+
+    def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
+        per_member = torch.from_numpy(values).to(tensors[0].device, tensors[0].dtype)
+        return [self.spread(per_member, i, t) for i, t in enumerate(tensors)]

@@ -1,0 +1,155 @@
+"""Client transforms (fedsub.client.transforms): client Adam against torch.optim.Adam, the same
+chain on the sequential and batched backends, the chain's order, description and errors."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.client.transforms import (
+    Adam,
+    Chain,
+    Clip,
+    Momentum,
+    Prox,
+    ScaffoldCorrection,
+    Sgd,
+    WeightDecay,
+)
+from fedsub.client.work import round_chain
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.engine.local_sgd import local_sgd
+from fedsub.engine.loop import train
+from fedsub.engine.schedule import Schedule
+from fedsub.models.base import Batch
+from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.models.mlp import MLP
+from fedsub.submodel.index import SubmodelIndex
+
+
+def dense_client(n: int = 30, dim: int = 6, seed: int = 0) -> SampleSet:
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(3, size=n)
+    x = rng.normal(size=(n, dim)) + labels[:, None]
+    return SampleSet({}, labels.astype(np.float32), x.astype(np.float32))
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
+def test_client_adam_matches_torch_optim_adam(weight_decay):
+    """Reference: torch.optim.Adam (with its weight_decay) on the same batches, one client."""
+    model = MLP(inputs=6, classes=3, hidden=(5,))
+    params = model.init(torch.Generator().manual_seed(1), torch.float64)
+    samples = dense_client()
+    order = np.random.default_rng(0).integers(len(samples), size=(7, 4))
+    adam = Adam(client_beta1=0.8, client_beta2=0.95, client_eps=1e-6)
+    chain = round_chain((adam,), weight_decay=weight_decay)
+    ours = local_sgd(model, params.clone(), samples, order, chain, 0.05)
+
+    reference = {n: p.clone().requires_grad_(True) for n, p in params.dense.items()}
+    optimizer = torch.optim.Adam(
+        reference.values(), lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=weight_decay
+    )
+    for step in order:
+        batch = Batch.from_samples(samples.take(step), torch.float64)
+        optimizer.zero_grad()
+        model.loss(model.head(reference, {}, batch.dense), batch.labels).backward()
+        optimizer.step()
+    for n, p in reference.items():
+        assert not torch.allclose(p.detach(), params.dense[n])  # it trained
+        torch.testing.assert_close(ours.dense[n], p.detach(), rtol=0, atol=1e-12)
+
+
+def sparse_dataset(seed: int = 0) -> FederatedDataset:
+    from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
+
+    return generate(
+        SyntheticSparseOptions(num_users=20, num_items=25, mean_samples_per_user=8), seed=seed
+    )
+
+
+@pytest.mark.parametrize("scheme", ["", "@transformed-scheme2"])
+def test_client_adam_batched_equals_sequential(scheme):
+    """Moments per member in the cohort layout: the batched backend gives the sequential
+    reference's model (per-member learning rates under transformed Scheme II)."""
+    dataset = sparse_dataset()
+    index = SubmodelIndex.build(dataset)
+    model = EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=3, init_std=0.3)
+    algorithm = build_algorithm(f"fedavg{scheme}", AlgorithmContext(dataset, index, "samples"))
+    algorithm = dataclasses.replace(algorithm, client=(Adam(),))
+    results = {}
+    for backend in ("sequential", "batched"):
+        schedule = Schedule(
+            3, 6, local_steps=4, batch_size=3, lr=0.05, seed=2, dtype=torch.float64,
+            backend=backend, clip_norm=0.5, weight_decay=0.01,
+        )  # fmt: skip
+        results[backend] = train(model, algorithm, dataset, index, schedule)
+    plain = train(
+        model,
+        build_algorithm(f"fedavg{scheme}", AlgorithmContext(dataset, index, "samples")),
+        dataset,
+        index,
+        Schedule(3, 6, local_steps=4, batch_size=3, lr=0.05, seed=2, dtype=torch.float64),
+    )
+    for name, reference in results["sequential"].state_dict().items():
+        got = results["batched"].state_dict()[name]
+        torch.testing.assert_close(got, reference, rtol=0, atol=1e-10)
+        assert not torch.allclose(reference, plain.state_dict()[name])  # Adam is not SGD
+
+
+def test_round_chain_puts_pieces_in_the_order_of_operations():
+    chain = round_chain(
+        (ScaffoldCorrection(), Prox(0.1)), weight_decay=0.1, clip_norm=2.0, momentum=0.5
+    )
+    assert [t.name for t in chain.transforms] == [
+        "prox", "clip", "weight-decay", "scaffold", "momentum", "sgd",
+    ]  # fmt: skip
+    assert chain.transforms[1] == Clip(2.0) and chain.transforms[2] == WeightDecay(0.1)
+    assert chain.transforms[4] == Momentum(0.5) and chain.needs_corrections
+    assert [t.name for t in round_chain(()).transforms] == ["sgd"]
+    assert [t.name for t in round_chain((Adam(),), clip_norm=1.0).transforms] == ["clip", "adam"]
+
+
+@pytest.mark.parametrize(
+    "pieces, momentum, message",
+    [
+        ((Adam(),), 0.9, "client piece 'adam' makes its own steps"),
+        ((Adam(), Sgd()), 0.0, "'adam', 'sgd' are both a step rule"),
+        ((Prox(0.1), Prox(0.2)), 0.0, "client piece 'prox' is named twice"),
+    ],
+)
+def test_round_chain_refuses_pieces_that_do_not_combine(pieces, momentum, message):
+    with pytest.raises(ValueError, match=message):
+        round_chain(pieces, momentum=momentum)
+
+
+def test_chain_description_rebuilds_the_same_chain():
+    """How the Flower strategy sends a chain to a ClientApp: names and options as JSON."""
+    chain = round_chain((Prox(0.3), Adam(client_beta1=0.5)), weight_decay=0.1, clip_norm=1.5)
+    text = json.dumps(chain.describe())
+    assert Chain.from_description(json.loads(text)) == chain
+    with pytest.raises(ValueError, match="unknown client transform 'nesterov'"):
+        Chain.from_description([{"name": "nesterov"}])
+
+
+def test_cohort_layout_reduces_and_spreads_per_member_like_one_client_each():
+    """Member j's norm in the cohort layout is its own tensors' norm (OneClient); a per-member
+    value lands on exactly member j's rows and on slot j of a stacked dense tensor."""
+    from fedsub.client.layout import CohortLayout, OneClient
+
+    generator = torch.Generator().manual_seed(0)
+    owner = torch.tensor([0, 0, 1, 2, 2, 2])
+    rows, dense = torch.randn(6, 2, generator=generator), torch.randn(3, 4, generator=generator)
+    layout = CohortLayout((owner, None), 3)
+    norms = layout.squared_norms([rows, dense])
+    for j in range(3):
+        alone = OneClient().squared_norms([rows[owner == j], dense[j]])
+        torch.testing.assert_close(norms[j], alone, rtol=1e-6, atol=0)  # float32 sums
+    lr_rows, lr_dense = layout.per_tensor(np.array([0.1, 0.2, 0.3]), [rows, dense])
+    assert torch.equal(
+        (lr_rows * torch.ones_like(rows))[:, 0], torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3, 0.3])
+    )
+    assert torch.equal((lr_dense * torch.ones_like(dense))[:, 0], torch.tensor([0.1, 0.2, 0.3]))
+    assert OneClient().per_tensor(np.array([0.25]), [rows, dense]) == [0.25, 0.25]
