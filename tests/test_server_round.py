@@ -57,7 +57,7 @@ def test_finish_raises_diverged_naming_the_round_when_the_model_overflows(tmp_pa
     rounds = server_round(params, [])
     rounds.last_checkpoint = tmp_path / "round-000002"
     plan = rounds.begin(3)
-    assert len(plan.cohort) == 3 and plan.work.lr_scale.shape == (3,)
+    assert len(plan.cohort) == 3 and plan.work.lr.shape == (3,)
     with pytest.raises(Diverged) as error:
         rounds.finish(plan, cohort_update(plan.cohort.clients.tolist(), BIG))
     assert error.value.round == 3 and error.value.reason == "the model overflowed"
