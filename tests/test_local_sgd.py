@@ -39,7 +39,9 @@ def test_submodel_steps_equal_full_model_torch_sgd(small_synthetic, rule):
         t.normal_(generator=generator)
     k = 5
     samples = index.client_samples(ds, k)
-    schedule = cohort_schedules(2, 1, np.array([k]), np.array([len(samples)]), 8, 4)[0]
+    schedule = cohort_schedules(2, 1, torch.tensor([k]), torch.tensor([len(samples)]), 8, 4)[
+        0
+    ].numpy()
 
     rows = {t: torch.from_numpy(index.client_rows(t, k)) for t in ds.table_rows}
     local = local_sgd(model, pull(full, rows), samples, schedule, rule, rule.lr)

@@ -19,6 +19,7 @@ from typing import Any
 
 from fedsub.algorithms.registry import algorithm_names, options_class, split_name
 from fedsub.data.registry import DATASETS, dataset_names
+from fedsub.device import resolve_device
 from fedsub.errors import ConfigError
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
 from fedsub.models.registry import SLICEABLE, model_names
@@ -57,6 +58,8 @@ class TrainConfig:
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
     dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
     backend: str = field(default="batched", metadata={"choices": lambda: ["batched", "sequential"]})
+    # where the model, server state and training data live: cpu, cuda, cuda:N, auto
+    device: str = field(default="cpu", metadata={"validate": resolve_device})
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},

@@ -44,13 +44,13 @@ class Evaluator:
         return Evaluator(model, dataset.train.take(subset), dataset.test, extra)
 
     def outputs(self, params: Params, samples: SampleSet) -> torch.Tensor:
-        dtype = params.tensors()[0].dtype
+        dtype, device = params.tensors()[0].dtype, params.device
         chunks = []
         with torch.no_grad():
             chunk = self.model.eval_batch if isinstance(self.model, EvalBatch) else CHUNK
             for start in range(0, len(samples), chunk):
                 part = samples.slice(start, min(start + chunk, len(samples)))
-                chunks.append(forward(self.model, params, Batch.from_samples(part, dtype)))
+                chunks.append(forward(self.model, params, Batch.from_samples(part, dtype, device)))
         return torch.cat(chunks)
 
     def evaluate(self, params: Params) -> dict[str, float]:
@@ -79,9 +79,10 @@ class Evaluator:
 
     def _scores(self, params: Params, samples: SampleSet, auc: bool) -> dict[str, float]:
         outputs = self.outputs(params, samples)
-        labels = torch.from_numpy(samples.labels).to(outputs.dtype)
+        labels = torch.from_numpy(samples.labels).to(outputs.device, outputs.dtype)
         with torch.no_grad():
             scores = {"loss": float(self.model.loss(outputs, labels))}
+        outputs = outputs.cpu()  # metrics are reporting: numpy from here
         if self.model.task == "binary":
             logits = outputs.double().numpy()
             scores["accuracy"] = float(np.mean((logits > 0) == (samples.labels > 0.5)))

@@ -61,10 +61,12 @@ class Evaluation:
 
 
 def initial_params(model: Model, schedule: Schedule) -> Params:
+    """The seeded initial model on ``schedule.device``: drawn on the CPU and copied there, so
+    every device starts from the same numbers."""
     generator = torch.Generator().manual_seed(
         int(seeding.rng(schedule.seed, seeding.INIT).integers(2**62))
     )
-    return model.init(generator, schedule.dtype)
+    return model.init(generator, schedule.dtype).to(schedule.device)
 
 
 def pooled(dataset: FederatedDataset) -> FederatedDataset:
@@ -104,11 +106,12 @@ def round_stages(
         backend = "sequential"
     run_cohort = BACKENDS[backend]
     masking = schedule.masking
+    aggregation = algorithm.aggregation.to(schedule.device)
     if masking is None or masking.scheme == "none":
-        return run_cohort, lambda update: aggregate(update, algorithm.aggregation)
+        return run_cohort, lambda update: aggregate(update, aggregation)
 
     def combine(update: MaskedCohortUpdate) -> ServerUpdate:
-        weights = aggregation_weights(update, algorithm.aggregation)  # type: ignore[arg-type]
+        weights = aggregation_weights(update, aggregation)  # type: ignore[arg-type]
         return aggregate_slices(update, weights, params.dense, masking.average_over)
 
     return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
@@ -167,9 +170,11 @@ def train(
         saved = control.resume
         for name, value in Params.from_state_dict(saved.model).state_dict().items():
             params.state_dict()[name].copy_(value)
-        server.load_state_tensors(saved.server)
+        server.load_state_tensors({n: v.to(schedule.device) for n, v in saved.server.items()})
         if variates is not None:
-            variates.load_state_tensors(saved.variates)
+            variates.load_state_tensors(
+                {n: v.to(schedule.device) for n, v in saved.variates.items()}
+            )
         history = [Evaluation.from_record(e) for e in saved.history]
         elapsed, first_round, resumed_from = saved.elapsed, saved.round + 1, saved.path
 

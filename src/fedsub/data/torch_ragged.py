@@ -1,0 +1,58 @@
+"""Ragged id lists in CSR form as torch tensors, on any device: the round's view of ``Ragged``.
+
+The same layout as ``fedsub.data.ragged.Ragged`` (``values`` [nnz], ``offsets`` [n + 1], int64),
+built once per run from the numpy arrays (``from_numpy`` shares their memory on the CPU), so
+the round gathers ids with torch ops on the model's device and never goes back to numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedsub.data.ragged import Ragged
+
+
+@dataclass(frozen=True)
+class TorchRagged:
+    values: torch.Tensor
+    offsets: torch.Tensor
+
+    @staticmethod
+    def of(ragged: Ragged, device: torch.device) -> TorchRagged:
+        return TorchRagged(
+            torch.from_numpy(ragged.values).to(device), torch.from_numpy(ragged.offsets).to(device)
+        )
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def row(self, i: int) -> torch.Tensor:
+        """List ``i``'s values (a view)."""
+        return self.values[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def take(self, index: torch.Tensor) -> TorchRagged:
+        """The lists at ``index`` (int64, any order, repeats allowed), as ``Ragged.take``."""
+        starts = self.offsets[index]
+        lengths = self.offsets[index + 1] - starts
+        offsets = torch.zeros(len(index) + 1, dtype=torch.int64, device=index.device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        total = int(offsets[-1])
+        positions = torch.repeat_interleave(starts - offsets[:-1], lengths, output_size=total)
+        positions += torch.arange(total, device=index.device)
+        return TorchRagged(self.values[positions], offsets)
+
+    def owners(self) -> torch.Tensor:
+        """For every value, the list it belongs to: ``[0] * len_0 + [1] * len_1 + ...``."""
+        lengths = self.lengths()
+        return torch.repeat_interleave(
+            torch.arange(len(lengths), device=lengths.device), lengths, output_size=len(self.values)
+        )
+
+    def numpy(self) -> Ragged:
+        """Back to the numpy layout (for reporting and tests)."""
+        return Ragged(self.values.cpu().numpy(), self.offsets.cpu().numpy())
