@@ -8,7 +8,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedsub.engine.shuffle import cohort_schedules, splitmix64, splitmix64_int
+from fedsub.engine.shuffle import (
+    cohort_schedules,
+    numpy_schedules,
+    splitmix64,
+    splitmix64_int,
+    torch_schedules,
+)
+
+KERNELS = {"torch": torch_schedules, "numpy": numpy_schedules}
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -55,9 +63,9 @@ def numpy_cohort_schedules(seed, round_index, clients, counts, steps, batch_size
     return shuffled[take].reshape(len(clients), steps, batch_size)
 
 
-def schedules(seed, round_index, clients, counts, steps, batch) -> np.ndarray:
+def schedules(seed, round_index, clients, counts, steps, batch, kernel=cohort_schedules):
     clients, counts = torch.as_tensor(np.asarray(clients)), torch.as_tensor(np.asarray(counts))
-    return cohort_schedules(seed, round_index, clients, counts, steps, batch).numpy()
+    return kernel(seed, round_index, clients, counts, steps, batch).numpy()
 
 
 def test_splitmix64_matches_uint64_arithmetic():
@@ -69,8 +77,9 @@ def test_splitmix64_matches_uint64_arithmetic():
     assert [splitmix64_int(int(v)) for v in x[:50]] == numpy_splitmix64(x[:50]).tolist()
 
 
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
 @pytest.mark.parametrize("trial", range(40))
-def test_bit_identical_to_the_numpy_reference(trial):
+def test_bit_identical_to_the_numpy_reference(trial, kernel):
     """Random cohorts, counts, steps and batches, single- and multi-pass, 64-bit seeds."""
     rng = np.random.default_rng(trial)
     k = int(rng.integers(1, 12))
@@ -79,12 +88,13 @@ def test_bit_identical_to_the_numpy_reference(trial):
     steps, batch = int(rng.integers(1, 12)), int(rng.integers(1, 10))
     seed, round_index = int(rng.integers(0, 2**63)), int(rng.integers(0, 10**6))
     expected = numpy_cohort_schedules(seed, round_index, clients, counts, steps, batch)
-    got = schedules(seed, round_index, clients, counts, steps, batch)
+    got = schedules(seed, round_index, clients, counts, steps, batch, KERNELS[kernel])
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, expected)
 
 
-def test_bit_identical_on_the_benchmark_shape_and_many_passes():
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_bit_identical_on_the_benchmark_shape_and_many_passes(kernel):
     rng = np.random.default_rng(7)
     clients = rng.choice(1000, size=50, replace=False)
     for counts, steps, batch in (
@@ -95,7 +105,7 @@ def test_bit_identical_on_the_benchmark_shape_and_many_passes():
         for seed in (0, 1, 2**31 - 1, 2**63 - 1):
             expected = numpy_cohort_schedules(seed, 3, clients, counts, steps, batch)
             np.testing.assert_array_equal(
-                schedules(seed, 3, clients, counts, steps, batch), expected
+                schedules(seed, 3, clients, counts, steps, batch, KERNELS[kernel]), expected
             )
 
 

@@ -37,14 +37,14 @@ class TorchRagged:
 
     def take(self, index: torch.Tensor) -> TorchRagged:
         """The lists at ``index`` (int64, any order, repeats allowed), as ``Ragged.take``."""
-        starts = self.offsets[index]
-        lengths = self.offsets[index + 1] - starts
+        starts = self.offsets.index_select(0, index)  # index_select: no advanced-indexing cost
+        lengths = self.offsets.index_select(0, index + 1) - starts
         offsets = torch.zeros(len(index) + 1, dtype=torch.int64, device=index.device)
         torch.cumsum(lengths, 0, out=offsets[1:])
         total = int(offsets[-1])
         positions = torch.repeat_interleave(starts - offsets[:-1], lengths, output_size=total)
         positions += torch.arange(total, device=index.device)
-        return TorchRagged(self.values[positions], offsets)
+        return TorchRagged(self.values.index_select(0, positions), offsets)
 
     def owners(self) -> torch.Tensor:
         """For every value, the list it belongs to: ``[0] * len_0 + [1] * len_1 + ...``."""

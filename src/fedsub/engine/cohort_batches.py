@@ -103,5 +103,18 @@ def cohort_batches(
         labels=labels,
         dense=dense,
         step_bounds={n: r.offsets[::per_step].tolist() for n, r in ids.items()},
-        sample_of_id=({n: r.owners() % per_step for n, r in ids.items()} if sample_of_id else None),
+        sample_of_id=_sample_of_id(ids, per_step, steps) if sample_of_id else None,
     )
+
+
+def _sample_of_id(
+    ids: dict[str, TorchRagged], per_step: int, steps: int
+) -> dict[str, torch.Tensor]:
+    """Per field, for each id, its sample's position in its step (0 .. K * B - 1)."""
+    result = {}
+    for name, ragged in ids.items():
+        in_step = torch.arange(per_step, device=ragged.offsets.device).repeat(steps)
+        result[name] = torch.repeat_interleave(
+            in_step, ragged.lengths(), output_size=len(ragged.values)
+        )
+    return result

