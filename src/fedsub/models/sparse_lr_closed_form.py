@@ -9,9 +9,10 @@ another and ``sample_of_id[field]`` the sample of each id::
 
 Both sums run in float64 and are cast to the labels' dtype. ``torch_gradients`` is the
 device-generic kernel; ``numpy_gradients`` computes the same sums in the same order (tanh and
-einsum may round the last float64 bit differently) on zero-copy numpy views of CPU tensors: a closed-form step is ~20 tiny ops, and torch's per-op overhead
-on the CPU makes the torch kernel about 1.7x slower there (benchmark (a) runs it 10 times a
-round). ``SparseLogisticRegression.cohort_gradients`` picks by device.
+einsum may round the last float64 bit differently) on zero-copy numpy views of CPU
+tensors: a closed-form step is ~20 tiny ops, and torch's per-op overhead on the CPU makes the
+torch kernel about 1.7x slower there (benchmark (a) runs it 10 times a round).
+``SparseLogisticRegression.cohort_gradients`` picks by device.
 """
 
 from __future__ import annotations
