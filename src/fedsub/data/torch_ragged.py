@@ -37,14 +37,22 @@ class TorchRagged:
 
     def take(self, index: torch.Tensor) -> TorchRagged:
         """The lists at ``index`` (int64, any order, repeats allowed), as ``Ragged.take``."""
+        return self.take_with_owners(index)[0]
+
+    def take_with_owners(self, index: torch.Tensor) -> tuple[TorchRagged, torch.Tensor]:
+        """``take(index)`` and, for each of its values, the position in ``index`` it came
+        from (what ``owners()`` of the result gives, computed once for both)."""
         starts = self.offsets.index_select(0, index)  # index_select: no advanced-indexing cost
         lengths = self.offsets.index_select(0, index + 1) - starts
         offsets = torch.zeros(len(index) + 1, dtype=torch.int64, device=index.device)
         torch.cumsum(lengths, 0, out=offsets[1:])
         total = int(offsets[-1])
-        positions = torch.repeat_interleave(starts - offsets[:-1], lengths, output_size=total)
+        owners = torch.repeat_interleave(
+            torch.arange(len(index), device=index.device), lengths, output_size=total
+        )
+        positions = (starts - offsets[:-1]).index_select(0, owners)
         positions += torch.arange(total, device=index.device)
-        return TorchRagged(self.values.index_select(0, positions), offsets)
+        return TorchRagged(self.values.index_select(0, positions), offsets), owners
 
     def owners(self) -> torch.Tensor:
         """For every value, the list it belongs to: ``[0] * len_0 + [1] * len_1 + ...``."""

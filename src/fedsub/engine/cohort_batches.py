@@ -9,6 +9,7 @@ clients come from the host (the seeded draw); the rest reads ``DeviceData``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -76,20 +77,25 @@ def cohort_batches(
     """The cohort's rows and batches (``clients`` int64 on ``data.device``); each member's
     sample order is ``cohort_schedules`` of (seed, round, client), as on every backend.
     ``sample_of_id``: also say which sample of its step every id belongs to."""
-    k, device = len(clients), data.device
+    k = len(clients)
     counts = data.counts.index_select(0, clients)
-    rows = {t: r.take(clients) for t, r in data.rows.items()}
+    rows, row_owner = {}, {}
+    for table, all_rows in data.rows.items():
+        rows[table], row_owner[table] = all_rows.take_with_owners(clients)
     local_order = cohort_schedules(seed, round_index, clients, counts, steps, batch)
     visits = local_order + data.client_offsets.index_select(0, clients)[:, None, None]
     visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]
-    member_of_visit = torch.arange(k, device=device).repeat_interleave(batch).repeat(steps)
-    ids = {}
-    for name, local_ids in data.local_ids.items():
-        local = local_ids.take(visits)
-        row_start = rows[data.field_tables[name]].offsets[:-1].index_select(0, member_of_visit)
-        shift = torch.repeat_interleave(row_start, local.lengths(), output_size=len(local.values))
-        ids[name] = TorchRagged(local.values + shift, local.offsets)
     per_step = k * batch
+    member_of_visit, in_step = _visit_layout(k, steps, batch, data.device)
+    ids, samples = {}, {}
+    for name, local_ids in data.local_ids.items():
+        local, visit_of_id = local_ids.take_with_owners(visits)
+        row_start = rows[data.field_tables[name]].offsets[:-1].index_select(0, member_of_visit)
+        ids[name] = TorchRagged(
+            local.values + row_start.index_select(0, visit_of_id), local.offsets
+        )
+        if sample_of_id:
+            samples[name] = in_step.index_select(0, visit_of_id)
     labels = data.labels.index_select(0, visits).reshape(steps, k, batch)
     dense = None
     if data.dense is not None:
@@ -98,23 +104,21 @@ def cohort_batches(
         clients=clients,
         counts=counts,
         rows=rows,
-        row_owner={t: r.owners() for t, r in rows.items()},
+        row_owner=row_owner,
         ids=ids,
         labels=labels,
         dense=dense,
         step_bounds={n: r.offsets[::per_step].tolist() for n, r in ids.items()},
-        sample_of_id=_sample_of_id(ids, per_step, steps) if sample_of_id else None,
+        sample_of_id=samples if sample_of_id else None,
     )
 
 
-def _sample_of_id(
-    ids: dict[str, TorchRagged], per_step: int, steps: int
-) -> dict[str, torch.Tensor]:
-    """Per field, for each id, its sample's position in its step (0 .. K * B - 1)."""
-    result = {}
-    for name, ragged in ids.items():
-        in_step = torch.arange(per_step, device=ragged.offsets.device).repeat(steps)
-        result[name] = torch.repeat_interleave(
-            in_step, ragged.lengths(), output_size=len(ragged.values)
-        )
-    return result
+@functools.lru_cache(maxsize=8)
+def _visit_layout(
+    k: int, steps: int, batch: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For the step-major visits [steps, K, B]: each visit's member and its sample's position
+    in its step. The same every round of a run, so built once (never written to)."""
+    member = torch.arange(k, device=device).repeat_interleave(batch).repeat(steps)
+    in_step = torch.arange(k * batch, device=device).repeat(steps)
+    return member, in_step

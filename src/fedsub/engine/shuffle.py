@@ -65,7 +65,8 @@ def cohort_schedules(
     batch_size: int,
 ) -> torch.Tensor:
     """[K, steps, batch_size] local sample indices (int64) for each client of a cohort, on the
-    device of ``clients`` (``counts``: each client's number of samples, same device).
+    device of ``clients`` (``counts``: each client's number of samples, same device); a view
+    of step-major [steps, K, batch_size] storage, the layout the batched backend reads.
 
     Two kernels give the same bits: torch ops on any device, and on the CPU numpy on
     zero-copy views, where a cohort's ~40 small ops cost about 1.6x less than torch's."""
@@ -111,8 +112,9 @@ def torch_schedules(
     order = torch.sort((block << 32) | _shift_right(keys, 32), stable=True).indices
     shuffled = sample.index_select(0, order)
     client_starts = (block_ends - block_sizes).index_select(0, pass_ends - passes)
-    take = client_starts[:, None] + torch.arange(needed, device=device)[None, :]
-    return shuffled.index_select(0, take.reshape(-1)).reshape(k, steps, batch_size)
+    within = torch.arange(needed, device=device).reshape(steps, 1, batch_size)
+    take = (client_starts[None, :, None] + within).reshape(-1)
+    return shuffled.index_select(0, take).reshape(steps, k, batch_size).permute(1, 0, 2)
 
 
 _GOLDEN_NP, _MUL1_NP, _MUL2_NP = (np.uint64(c) for c in (_GOLDEN, _MUL1, _MUL2))
@@ -157,5 +159,6 @@ def numpy_schedules(
         (pass_block.astype(np.uint64) << np.uint64(32)) | (keys >> np.uint64(32)), kind="stable"
     )
     shuffled = sample[order]
-    take = (np.cumsum(block) - block)[:, None] + np.arange(needed)[None, :]
-    return torch.from_numpy(shuffled[take].reshape(len(client_ids), steps, batch_size))
+    client_starts = np.cumsum(block) - block
+    take = client_starts[None, :, None] + np.arange(needed).reshape(steps, 1, batch_size)
+    return torch.from_numpy(shuffled[take]).permute(1, 0, 2)
