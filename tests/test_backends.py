@@ -19,7 +19,7 @@ from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 
-from .conftest import make_dataset
+from .conftest import TEST_DEVICE, make_dataset
 
 
 def two_tables_with_dense(seed: int):
@@ -70,7 +70,15 @@ def test_batched_equals_sequential(algorithm, data, dtype, tolerance):
     results = {}
     for backend in ("sequential", "batched"):
         schedule = Schedule(
-            5, 7, local_steps=4, batch_size=3, lr=0.3, seed=2, dtype=dtype, backend=backend
+            5,
+            7,
+            local_steps=4,
+            batch_size=3,
+            lr=0.3,
+            seed=2,
+            dtype=dtype,
+            backend=backend,
+            device=TEST_DEVICE,
         )
         results[backend] = train(
             model, build_algorithm(algorithm, context), dataset, index, schedule
@@ -92,7 +100,15 @@ def test_batched_handles_clients_with_fewer_samples_than_a_batch():
     out = {}
     for backend in ("sequential", "batched"):
         schedule = Schedule(
-            3, 3, local_steps=5, batch_size=4, lr=0.5, seed=0, dtype=torch.float64, backend=backend
+            3,
+            3,
+            local_steps=5,
+            batch_size=4,
+            lr=0.5,
+            seed=0,
+            dtype=torch.float64,
+            backend=backend,
+            device=TEST_DEVICE,
         )
         out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
     torch.testing.assert_close(
@@ -136,6 +152,7 @@ def test_batched_equals_sequential_for_rule_and_scheme_variants(variant):
             seed=5,
             dtype=torch.float64,
             backend=backend,
+            device=TEST_DEVICE,
             **schedule_extra,
         )
         results[backend] = train(model, algorithm, dataset, index, schedule)
@@ -202,7 +219,9 @@ def test_models_without_a_cohort_head_are_vmapped_and_agree():
     context = AlgorithmContext(dataset, index, "clients", 4)
     out = {}
     for backend in ("sequential", "batched"):
-        schedule = Schedule(4, 4, 3, 2, 0.1, seed=0, dtype=torch.float64, backend=backend)
+        schedule = Schedule(
+            4, 4, 3, 2, 0.1, seed=0, dtype=torch.float64, backend=backend, device=TEST_DEVICE
+        )
         out[backend] = train(
             model, build_algorithm("fedsubavg", context), dataset, index, schedule
         ).tables["w"]
@@ -254,7 +273,9 @@ def test_fields_sharing_a_table_form_one_submodel_and_backends_agree():
     context = AlgorithmContext(dataset, index, "samples", 5)
     out = {}
     for backend in ("sequential", "batched"):
-        schedule = Schedule(4, 5, 3, 3, 0.3, seed=1, dtype=torch.float64, backend=backend)
+        schedule = Schedule(
+            4, 5, 3, 3, 0.3, seed=1, dtype=torch.float64, backend=backend, device=TEST_DEVICE
+        )
         out[backend] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
     for name, value in out["sequential"].state_dict().items():
         torch.testing.assert_close(out["batched"].state_dict()[name], value, rtol=0, atol=1e-10)
@@ -275,7 +296,9 @@ def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(caplog):
     context = AlgorithmContext(dataset, index, "clients", 3)
     out = {}
     for backend in ("sequential", "batched"):
-        schedule = Schedule(2, 3, 1, 1, 0.1, seed=0, dtype=torch.float64, backend=backend)
+        schedule = Schedule(
+            2, 3, 1, 1, 0.1, seed=0, dtype=torch.float64, backend=backend, device=TEST_DEVICE
+        )
         with caplog.at_level("WARNING", logger="fedsub"):
             out[backend] = train(
                 model, build_algorithm("fedavg", context), dataset, index, schedule
