@@ -10,6 +10,8 @@ Layout of a round with K clients (positions j = 0..K-1)::
 The clients' parameters are disjoint and the loss is the sum of the K per-client batch means,
 so one backward pass gives every client exactly the gradient it would compute alone. A model
 with ``cohort_gradients`` (sparse LR) gives those gradients in closed form, without autograd.
+The rows, ids and labels come from ``cohort_batches`` (engine/cohort_batches.py), gathered on
+the run's device.
 """
 
 from __future__ import annotations
