@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from fedsub.data.federated import SampleSet
@@ -28,7 +29,7 @@ class Batch:
     def from_samples(
         samples: SampleSet, dtype: torch.dtype, device: torch.device | None = None
     ) -> Batch:
-        def tensor(array, dtype=None):
+        def tensor(array: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
             return torch.from_numpy(array).to(device, dtype)
 
         return Batch(

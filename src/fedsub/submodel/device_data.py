@@ -1,10 +1,10 @@
 """The training data a round reads, as torch tensors on the run's device, built once per run.
 
-Numpy is for loading and reporting; the round (engine/batched.py, engine/sequential.py,
-SCAFFOLD's variates) gathers everything from this view: per field the training ids rewritten
-as positions in their client's S(k), labels and dense features in the run's dtype, client
-offsets and sample counts, and every client's S(k) per table. On the CPU the tensors share the
-numpy arrays' memory (no copy); on a GPU they are copied there once.
+Numpy is for loading and reporting; the round (engine/cohort_batches.py for the batched
+backend, engine/sequential.py) gathers everything from this view: per field the training ids
+rewritten as positions in their client's S(k), labels and dense features in the run's dtype,
+client offsets and sample counts, and every client's S(k) per table. On the CPU the id arrays
+share the numpy arrays' memory (no copy); on a GPU everything is copied there once.
 """
 
 from __future__ import annotations
