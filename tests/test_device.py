@@ -72,19 +72,28 @@ def random_ragged(rng, n: int, longest: int) -> Ragged:
     return Ragged.from_lists(lists)
 
 
+@pytest.mark.parametrize("kernel", ["take_with_owners", "_torch_take", "_numpy_take"])
 @pytest.mark.parametrize("seed", range(5))
-def test_torch_ragged_take_equals_numpy_take(seed):
+def test_torch_ragged_take_equals_numpy_take(seed, kernel):
     rng = np.random.default_rng(seed)
     ragged = random_ragged(rng, 30, 4)  # empty lists included
     index = rng.integers(0, 30, size=45)  # any order, repeats
     expected = ragged.take(index)
-    got, owners = TorchRagged.of(ragged, torch.device("cpu")).take_with_owners(
-        torch.from_numpy(index)
-    )
+    view = TorchRagged.of(ragged, torch.device("cpu"))
+    got, owners = getattr(view, kernel)(torch.from_numpy(index))
     np.testing.assert_array_equal(got.numpy().values, expected.values)
     np.testing.assert_array_equal(got.numpy().offsets, expected.offsets)
     np.testing.assert_array_equal(owners.numpy(), np.repeat(np.arange(45), expected.lengths()))
     np.testing.assert_array_equal(got.owners().numpy(), owners.numpy())
+
+
+@pytest.mark.parametrize("kernel", ["_torch_take", "_numpy_take"])
+def test_torch_ragged_take_of_empty_lists_and_no_lists(kernel):
+    view = TorchRagged.of(Ragged.from_lists([[], [3, 4], []]), torch.device("cpu"))
+    for index, values, offsets in (([0, 2, 0], [], [0, 0, 0, 0]), ([], [], [0])):
+        got, owners = getattr(view, kernel)(torch.tensor(index, dtype=torch.int64))
+        assert got.values.tolist() == values and got.offsets.tolist() == offsets
+        assert owners.tolist() == []
 
 
 def numpy_cohort_batches(dataset, index, clients, seed, round_index, steps, batch):
