@@ -241,7 +241,18 @@ def parse(raw: dict[str, Any]) -> Config:
         algorithms=parse_algorithms(raw.get("algorithms", {})),
     )
     check_masking(config)
+    check_device(config)
     return config
+
+
+def check_device(config: Config) -> None:
+    """Width-sliced sub-model training indexes its slices on the host: CPU only for now."""
+    t = config.train
+    if t.masking != "none" and resolve_device(t.device).type != "cpu":
+        raise ConfigError(
+            f"train.masking = {t.masking!r} runs on the CPU only; train.device = {t.device!r} "
+            'resolves to a GPU: use "cpu"'
+        )
 
 
 def check_masking(config: Config) -> None:
