@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedsub import config as config_lib
+from fedsub import device as device_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.ragged import Ragged
 from fedsub.data.torch_ragged import TorchRagged
@@ -152,6 +153,31 @@ def test_cohort_batches_equal_the_numpy_preparation(data, steps, batch):
         assert all(len(o) == len(clients) * batch + 1 and o[-1] == len(v) for v, o in parts)
         values = torch.cat([v for v, _ in parts]).numpy()
         np.testing.assert_array_equal(values, ids[name].values)
+
+
+@pytest.mark.parametrize("algorithm", ["fedsubavg", "scaffold", "fedadam", "central-sgd"])
+@pytest.mark.parametrize("data", ["synthetic", "two-tables-dense"])
+def test_the_device_generic_kernels_run_end_to_end_on_the_cpu(monkeypatch, algorithm, data):
+    """With the CPU fast paths off, the round runs the torch kernels a GPU runs (schedules,
+    takes, sparse LR's closed form, torch.unique): the same model as the fast paths and as
+    the sequential reference."""
+    dataset = DATASETS[data]()
+    index = SubmodelIndex.build(dataset)
+    model = model_for(dataset)
+    context = AlgorithmContext(dataset, index, "samples", 6)
+    runs = {}
+    for fast in (True, False):
+        monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", fast)
+        for backend in ("sequential", "batched"):
+            schedule = Schedule(3, 6, 4, 3, 0.3, seed=1, dtype=torch.float64, backend=backend)
+            algo = build_algorithm(algorithm, context)
+            runs[fast, backend] = train(model, algo, dataset, index, schedule)
+    reference = runs[True, "sequential"]
+    for name, expected in reference.state_dict().items():
+        assert expected.abs().max() > 1e-3
+        for key in ((False, "batched"), (False, "sequential"), (True, "batched")):
+            got = runs[key].state_dict()[name]
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
 
 
 # --- CUDA: the same runs on a GPU against the CPU sequential reference (skipped without one)

@@ -36,3 +36,14 @@ def resolve_device(name: str) -> torch.device:
             f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
         )
     return torch.device("cuda", ordinal)
+
+
+# Some round kernels have a numpy twin for CPU tensors (shuffle, ragged take, sparse LR's
+# closed form, RowUnion), faster there because torch's per-op cost dominates small arrays.
+# Tests set this to False to run the device-generic torch kernels on the CPU end to end.
+CPU_FAST_PATHS = True
+
+
+def on_host(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s round kernels take their CPU (numpy) fast path."""
+    return CPU_FAST_PATHS and tensor.device.type == "cpu"

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedsub import device as device_lib
 from fedsub.submodel.transfer import CohortUpdate
 
 Weighting = Literal["samples", "uniform", "scheme2", "original"]
@@ -57,7 +58,7 @@ class RowUnion:
         self.slots = np.empty(0, dtype=np.int32)
 
     def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if rows.device.type != "cpu" or len(rows) >= 2**31:  # int32 slots hold < 2^31 entries
+        if not device_lib.on_host(rows) or len(rows) >= 2**31:  # int32 slots hold < 2^31 entries
             distinct, inverse = torch.unique(rows, sorted=True, return_inverse=True)
             return distinct, inverse
         values = rows.numpy()

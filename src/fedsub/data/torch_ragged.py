@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedsub import device as device_lib
 from fedsub.data.ragged import Ragged
 
 
@@ -47,7 +48,7 @@ class TorchRagged:
 
         On the CPU the gather runs in numpy on zero-copy views: a cohort's take is ~10 ops on
         ~10^4 ids, where torch's per-op cost makes it about 3x slower than numpy."""
-        if index.device.type == "cpu":
+        if device_lib.on_host(index):
             return self._numpy_take(index)
         return self._torch_take(index)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsub import device as device_lib
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MUL1 = 0xBF58476D1CE4E5B9
@@ -70,7 +72,7 @@ def cohort_schedules(
 
     Two kernels give the same bits: torch ops on any device, and on the CPU numpy on
     zero-copy views, where a cohort's ~40 small ops cost about 1.6x less than torch's."""
-    kernel = numpy_schedules if clients.device.type == "cpu" else torch_schedules
+    kernel = numpy_schedules if device_lib.on_host(clients) else torch_schedules
     return kernel(seed, round_index, clients, counts, steps, batch_size)
 
 

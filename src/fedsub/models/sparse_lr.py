@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from fedsub import device as device_lib
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.pooling import sum_pool
 from fedsub.models.sparse_lr_closed_form import numpy_gradients, torch_gradients
@@ -81,7 +82,7 @@ class SparseLogisticRegression:
         several times faster per step on CPU than autograd). See sparse_lr_closed_form.py:
         torch ops on any device, numpy views on the CPU (where torch's per-op cost would
         dominate at a cohort's size); tests check both against autograd."""
-        kernel = numpy_gradients if labels.device.type == "cpu" else torch_gradients
+        kernel = numpy_gradients if device_lib.on_host(labels) else torch_gradients
         return kernel(
             self.field_tables,
             self.dense_dim,
