@@ -101,11 +101,11 @@ def flower_run(dataset, rounds: int = ROUNDS):
             order = cohort_schedules(
                 SEED,
                 int(config["round"]),
-                np.array([self.partition]),
-                np.array([len(samples)]),
+                torch.tensor([self.partition]),
+                torch.tensor([len(samples)]),
                 STEPS,
                 B,
-            )[0]
+            )[0].numpy()
             local_sgd(model, params, samples, order, round_chain(()), LR)
             new = [params.tables["features"].numpy(), params.dense["bias"].numpy()]
             return new, len(samples), {}

@@ -14,6 +14,7 @@ from hypothesis import settings
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
+from fedsub.device import resolve_device
 from fedsub.submodel.params import Params
 
 # CI runs the same examples every time (a red CI is then a real regression, reproducible
@@ -21,6 +22,10 @@ from fedsub.submodel.params import Params
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The device of the backend-equivalence tests (train.device's forms): `FEDSUB_TEST_DEVICE=cuda
+# pytest tests/test_backends.py` runs them on a GPU; the default is the CPU.
+TEST_DEVICE = resolve_device(os.environ.get("FEDSUB_TEST_DEVICE", "cpu"))
 
 
 def make_dataset(

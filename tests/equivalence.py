@@ -14,6 +14,8 @@ from fedsub.engine.loop import initial_params, train
 from fedsub.engine.schedule import Schedule
 from fedsub.submodel.params import Params
 
+from .conftest import TEST_DEVICE
+
 # every registered backend except the reference: what the equivalence tests check
 CHECKED_BACKENDS = [name for name in backend_names() if name != REFERENCE]
 
@@ -28,13 +30,16 @@ def algorithm_for(
 def train_on_backends(
     model, algorithm: Algorithm, dataset, index, schedule: Schedule, backends: list[str]
 ) -> dict[str, Params]:
-    """The global model after ``schedule`` on the reference and on each of ``backends``."""
-    return {
-        backend: train(
-            model, algorithm, dataset, index, dataclasses.replace(schedule, backend=backend)
-        )
-        for backend in [REFERENCE, *backends]
-    }
+    """The global model after ``schedule`` on the reference (on the CPU) and on each of
+    ``backends`` (on FEDSUB_TEST_DEVICE, the CPU unless set; width-sliced training stays on the
+    CPU, the only device it runs on)."""
+    masked = schedule.masking is not None and schedule.masking.scheme != "none"
+    device = schedule.device if masked else TEST_DEVICE
+    results = {REFERENCE: train(model, algorithm, dataset, index, schedule)}
+    for backend in backends:
+        on_device = dataclasses.replace(schedule, backend=backend, device=device)
+        results[backend] = train(model, algorithm, dataset, index, on_device).to(schedule.device)
+    return results
 
 
 def assert_equal_to_reference(results: dict[str, Params], rtol: float, atol: float) -> None:

@@ -20,6 +20,7 @@ from fedsub.engine import backends, sequential
 from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backend
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError
+from fedsub.models import sparse_lr_closed_form as closed_form
 from fedsub.models.base import CohortHead
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.softmax_regression import SoftmaxRegression
@@ -284,9 +285,11 @@ def test_an_unknown_backend_is_refused_naming_the_registered_ones():
     assert all(name in str(error.value) for name in backend_names())
 
 
-def test_sparse_lr_closed_form_gradients_equal_autograd():
-    """``cohort_gradients`` against autograd through embed, cohort_head and the loss, with two
-    fields sharing a table, an empty id list and dense inputs (float64)."""
+@pytest.mark.parametrize("kernel", ["cohort_gradients", "torch", "numpy"])
+def test_sparse_lr_closed_form_gradients_equal_autograd(kernel):
+    """``cohort_gradients`` (and each of its two kernels) against autograd through embed,
+    cohort_head and the loss, with two fields sharing a table, an empty id list and dense
+    inputs (float64)."""
     rng = np.random.default_rng(3)
     k, batch = 4, 3
     model = SparseLogisticRegression(
@@ -310,9 +313,12 @@ def test_sparse_lr_closed_form_gradients_equal_autograd():
     labels = torch.from_numpy(rng.integers(2, size=(k, batch)).astype(np.float64))
 
     values = {n: v for n, (v, _) in ids.items()}
-    table_grads, dense_grads = model.cohort_gradients(
-        tables, dense, values, samples, inputs, labels
-    )
+    arguments = (tables, dense, values, samples, inputs, labels)
+    if kernel == "cohort_gradients":
+        table_grads, dense_grads = model.cohort_gradients(*arguments)
+    else:
+        chosen = closed_form.torch_gradients if kernel == "torch" else closed_form.numpy_gradients
+        table_grads, dense_grads = chosen(model.field_tables, model.dense_dim, *arguments)
 
     leaves = {**tables, **dense}
     leaves = {n: v.clone().requires_grad_(True) for n, v in leaves.items()}
@@ -324,3 +330,31 @@ def test_sparse_lr_closed_form_gradients_equal_autograd():
     assert expected["items"].abs().max() > 0
     for name, leaf in leaves.items():
         torch.testing.assert_close(expected[name], leaf.grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparse_lr_closed_form_kernels_agree(dtype):
+    """The CPU (numpy) and device-generic (torch) kernels agree to float64 rounding (the same
+    sums in the same order; tanh and einsum may differ in the last float64 bit)."""
+    rng = np.random.default_rng(11)
+    k, batch, rows = 6, 4, 50
+    lists = [rng.choice(rows, size=rng.integers(0, 6)).tolist() for _ in range(k * batch)]
+    ragged = Ragged.from_lists(lists)
+    arguments = (
+        {"t": torch.from_numpy(rng.normal(size=(rows, 1))).to(dtype)},
+        {
+            "bias": torch.from_numpy(rng.normal(size=(k, 1))).to(dtype),
+            "dense_weight": torch.from_numpy(rng.normal(size=(k, 3))).to(dtype),
+        },
+        {"t": torch.from_numpy(ragged.values)},
+        {"t": torch.from_numpy(np.repeat(np.arange(k * batch), ragged.lengths()))},
+        torch.from_numpy(rng.normal(size=(k, batch, 3))).to(dtype),
+        torch.from_numpy(rng.integers(2, size=(k, batch))).to(dtype),
+    )
+    by_torch = closed_form.torch_gradients({}, 3, *arguments)
+    by_numpy = closed_form.numpy_gradients({}, 3, *arguments)
+    for got, expected in zip(by_torch, by_numpy, strict=True):
+        assert got.keys() == expected.keys()
+        for name in got:
+            assert got[name].dtype == expected[name].dtype == dtype
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-13, atol=1e-15)

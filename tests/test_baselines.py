@@ -165,7 +165,9 @@ def test_central_sgd_takes_batches_of_k_times_b_from_the_pooled_data(small_synth
     )
     tensors = [t.requires_grad_(True) for t in reference.tensors()]
     optimizer = torch.optim.SGD(tensors, lr=lr)
-    order = cohort_schedules(3, 1, np.array([0]), np.array([len(ds.train)]), steps, k * b)[0]
+    order = cohort_schedules(3, 1, torch.tensor([0]), torch.tensor([len(ds.train)]), steps, k * b)[
+        0
+    ].numpy()
     for batch_indices in order:
         assert len(set(batch_indices.tolist())) == k * b
         batch = Batch.from_samples(ds.train.take(batch_indices), torch.float64)

@@ -40,7 +40,9 @@ def test_submodel_steps_equal_full_model_torch_sgd(small_synthetic, mu, weight_d
         t.normal_(generator=generator)
     k = 5
     samples = index.client_samples(ds, k)
-    schedule = cohort_schedules(2, 1, np.array([k]), np.array([len(samples)]), 8, 4)[0]
+    schedule = cohort_schedules(2, 1, torch.tensor([k]), torch.tensor([len(samples)]), 8, 4)[
+        0
+    ].numpy()
 
     rows = {t: torch.from_numpy(index.client_rows(t, k)) for t in ds.table_rows}
     chain = round_chain((Prox(mu),), weight_decay, clip_norm)

@@ -26,6 +26,7 @@ from fedsub.algorithms.registry import (
     split_name,
 )
 from fedsub.data.registry import DATASETS, dataset_names
+from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
 from fedsub.errors import ConfigError
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
@@ -65,6 +66,8 @@ class TrainConfig:
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
     dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
     backend: str = field(default="batched", metadata={"choices": backend_names})
+    # where the model, server state and training data live: cpu, cuda, cuda:N, auto
+    device: str = field(default="cpu", metadata={"validate": resolve_device})
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},
@@ -256,6 +259,7 @@ def parse(raw: dict[str, Any]) -> Config:
     )
     check_masking(config)
     check_algorithms(config)
+    check_device(config)
     return config
 
 
@@ -275,6 +279,16 @@ def check_algorithms(config: Config) -> None:
             scheme=scheme,
             momentum=t.momentum,
             masking=t.masking,
+        )
+
+
+def check_device(config: Config) -> None:
+    """Width-sliced sub-model training indexes its slices on the host: CPU only for now."""
+    t = config.train
+    if t.masking != "none" and resolve_device(t.device).type != "cpu":
+        raise ConfigError(
+            f"train.masking = {t.masking!r} runs on the CPU only; train.device = {t.device!r} "
+            'resolves to a GPU: use "cpu"'
         )
 
 

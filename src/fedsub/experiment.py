@@ -21,6 +21,7 @@ from fedsub.checks import check_against_dataset
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
+from fedsub.device import resolve_device
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
@@ -196,6 +197,7 @@ def schedule_of(config: Config) -> Schedule:
         dtype=DTYPES[t.dtype],
         eval_every=config.eval.every,
         backend=t.backend,
+        device=resolve_device(t.device),
         lr_schedule=cast(LrSchedule, t.lr_schedule),
         lr_decay=t.lr_decay,
         weight_decay=t.weight_decay,

@@ -16,12 +16,14 @@ round's rows: O(sum_k |S(k)|).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 import torch
 
+from fedsub import device as device_lib
 from fedsub.submodel.transfer import CohortUpdate
 
 Weighting = Literal["samples", "uniform", "scheme2", "original"]
@@ -47,21 +49,21 @@ class ServerUpdate:
 
 class RowUnion:
     """The distinct rows of a round (sorted) and each entry's position among them, as
-    ``np.unique(rows, return_inverse=True)`` gives, in O(entries) time: a slot array as long
-    as the largest row id seen (int32, 4 bytes per row), allocated once and never cleared,
-    stands in for the sort (about 2x faster for a cohort's rows; every slot read was
-    written first)."""
+    ``torch.unique(rows, return_inverse=True)`` gives. On the CPU in O(entries) time: a slot
+    array as long as the largest row id seen (int32, 4 bytes per row), allocated once and
+    never cleared, stands in for the sort (about 2x faster for a cohort's rows; every slot
+    read was written first); on other devices ``torch.unique`` (a sort, where it is fast)."""
 
     def __init__(self) -> None:
         self.slots = np.empty(0, dtype=np.int32)
 
     def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not device_lib.on_host(rows) or len(rows) >= 2**31:  # int32 slots hold < 2^31 entries
+            distinct, inverse = torch.unique(rows, sorted=True, return_inverse=True)
+            return distinct, inverse
         values = rows.numpy()
         if len(values) == 0:
             return rows.clone(), rows.clone()
-        if len(values) >= 2**31:  # positions would not fit the int32 slots
-            distinct, inverse = np.unique(values, return_inverse=True)
-            return torch.from_numpy(distinct), torch.from_numpy(inverse)
         top = int(values.max())
         if top >= len(self.slots):
             self.slots = np.empty(max(top + 1, 2 * len(self.slots)), dtype=np.int32)
@@ -84,6 +86,13 @@ class Aggregation:
     population_weight: float = 0.0
     num_clients: int = 0
     union: RowUnion = field(default_factory=RowUnion, compare=False, repr=False)
+
+    def to(self, device: torch.device) -> Aggregation:
+        """The same aggregation with its row coefficients on ``device``."""
+        if self.coefficients is None:
+            return self
+        moved = {t: c.to(device) for t, c in self.coefficients.items()}
+        return dataclasses.replace(self, coefficients=moved)
 
 
 def client_weights(cohort: CohortUpdate, weighting: Weighting) -> torch.Tensor:

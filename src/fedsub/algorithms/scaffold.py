@@ -16,6 +16,7 @@ import torch
 
 from fedsub.algorithms.sampling import Cohort
 from fedsub.client.work import CohortTensors, CohortWork
+from fedsub.data.torch_ragged import TorchRagged
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
@@ -29,15 +30,15 @@ class ControlVariates:
         )
         self.index = index
         self.num_clients = num_clients
+        self.device = global_params.device
+        self.rows = {t: TorchRagged.of(index.rows[t], self.device) for t in global_params.tables}
         self.client_c: dict[int, Params] = {}
 
     def _client(self, client: int) -> Params:
         if client not in self.client_c:
             self.client_c[client] = Params(
                 {
-                    t: torch.zeros(
-                        len(self.index.client_rows(t, client)), v.shape[1], dtype=v.dtype
-                    )
+                    t: v.new_zeros(len(self.index.client_rows(t, client)), v.shape[1])
                     for t, v in self.c.tables.items()
                 },
                 {n: torch.zeros_like(v) for n, v in self.c.dense.items()},
@@ -47,12 +48,13 @@ class ControlVariates:
     def corrections(self, cohort: Cohort) -> CohortTensors:
         """``c - c_i`` for every member, in the cohort layout."""
         members = [self._client(int(k)) for k in cohort.clients]
+        clients = torch.from_numpy(cohort.clients).to(self.device)
         row_offsets, tables = {}, {}
         for t, table in self.c.tables.items():
-            rows = self.index.rows[t].take(cohort.clients)
-            row_offsets[t] = rows.offsets
+            rows = self.rows[t].take(clients)
+            row_offsets[t] = rows.offsets.cpu().numpy()  # K + 1 ints, read on the host
             local = torch.cat([m.tables[t] for m in members])
-            tables[t] = table.index_select(0, torch.from_numpy(rows.values)) - local
+            tables[t] = table.index_select(0, rows.values) - local
         dense = {
             n: v.unsqueeze(0) - torch.stack([m.dense[n] for m in members])
             for n, v in self.c.dense.items()

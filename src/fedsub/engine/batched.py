@@ -10,11 +10,12 @@ Layout of a round with K clients (positions j = 0..K-1)::
 The clients' parameters are disjoint and the loss is the sum of the K per-client batch means,
 so one backward pass gives every client exactly the gradient it would compute alone. A model
 with ``cohort_gradients`` (sparse LR) gives those gradients in closed form, without autograd.
+The rows, ids and labels come from ``cohort_batches`` (engine/cohort_batches.py), gathered on
+the run's device.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch.func import vmap
 
@@ -23,10 +24,10 @@ from fedsub.client.layout import CohortLayout
 from fedsub.client.transforms import Members, apply_updates
 from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
-from fedsub.data.ragged import Ragged
+from fedsub.engine.cohort_batches import cohort_batches
 from fedsub.engine.schedule import Schedule
-from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import ClosedFormGradients, CohortHead, Model
+from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
@@ -47,37 +48,25 @@ def run_cohort(
     schedule: Schedule,
     work: CohortWork,
 ) -> CohortUpdate:
-    cohort = members.clients
-    k, steps, batch = len(cohort), schedule.local_steps, schedule.batch_size
-    counts = dataset.sample_counts()[cohort]
+    k, steps, batch = len(members), schedule.local_steps, schedule.batch_size
+    data = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
+    clients = torch.from_numpy(members.clients).to(schedule.device)
+    # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
+    # autograd differentiates embed -> head -> loss.
+    closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
+    batches = cohort_batches(
+        data, clients, schedule.seed, round_index, steps, batch, closed_form is not None
+    )
+    labels, dense_inputs = batches.labels, batches.dense
 
     # Pull: every member's rows, concatenated; dense parameters stacked on a client axis.
-    rows: dict[str, Ragged] = {t: index.rows[t].take(cohort) for t in dataset.table_rows}
-    row_tensors = {t: torch.from_numpy(r.values) for t, r in rows.items()}
-    pulled_tables = {t: global_params.tables[t].index_select(0, row_tensors[t]) for t in rows}
+    row_tensors = {t: r.values for t, r in batches.rows.items()}
+    pulled_tables = {
+        t: global_params.tables[t].index_select(0, rows) for t, rows in row_tensors.items()
+    }
     pulled_dense = {
         n: p.unsqueeze(0).expand(k, *p.shape).clone() for n, p in global_params.dense.items()
     }
-
-    # Every sample the cohort will visit, step-major: [steps, K, B] global sample indices.
-    local_order = cohort_schedules(
-        schedule.seed, round_index, cohort, counts, steps, batch
-    )  # [K, steps, B]
-    visits = (local_order + dataset.client_offsets[cohort][:, None, None]).transpose(1, 0, 2)
-    visits = visits.reshape(-1)
-    member_of_visit = np.tile(np.repeat(np.arange(k), batch), steps)
-    ids: dict[str, Ragged] = {}
-    for name, ragged in dataset.train.ids.items():
-        local = Ragged(index.local_ids[name], ragged.offsets).take(visits)
-        table_offsets = rows[dataset.table_of(name)].offsets
-        shift = np.repeat(table_offsets[:-1][member_of_visit], local.lengths())
-        ids[name] = Ragged(local.values + shift, local.offsets)
-    labels = torch.from_numpy(dataset.train.labels[visits]).to(schedule.dtype)
-    labels = labels.reshape(steps, k, batch)
-    dense_inputs = None
-    if dataset.train.dense is not None:
-        dense_inputs = torch.from_numpy(dataset.train.dense[visits]).to(schedule.dtype)
-        dense_inputs = dense_inputs.reshape(steps, k, batch, -1)
 
     # A model may provide ``cohort_head`` (dense [K, ...], features [K, B, ...]) written with
     # batched matmuls; otherwise its per-client head is vmapped over the client axis.
@@ -88,7 +77,7 @@ def run_cohort(
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
     leaves = [*tables.values(), *dense.values()]
-    row_owner = {t: torch.from_numpy(np.repeat(np.arange(k), r.lengths())) for t, r in rows.items()}
+    row_owner = batches.row_owner
     # The client transforms run on all members at once: the layout gives per-member norms
     # and learning rates (fedsub.client.layout).
     layout = CohortLayout((*(row_owner[t] for t in tables), *(None for _ in dense)), k)
@@ -98,35 +87,17 @@ def run_cohort(
     rule_inputs = Members(layout, work.lr, corrections)
     with torch.no_grad():
         state = work.chain.init(leaves, rule_inputs)
-    # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
-    # autograd differentiates embed -> head -> loss.
-    closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
-    per_step = k * batch
-    id_tensors = {
-        n: (torch.from_numpy(r.values), torch.from_numpy(r.offsets)) for n, r in ids.items()
-    }
-    step_bounds = {n: r.offsets[::per_step].tolist() for n, r in ids.items()}  # per step
-    if closed_form is not None:  # for each id, which of its step's K * B samples it is in
-        sample_of_id = {
-            n: torch.from_numpy(np.repeat(np.arange(len(r)) % per_step, r.lengths()))
-            for n, r in ids.items()
-        }
     for step in range(steps):
-        spans = {n: (bounds[step], bounds[step + 1]) for n, bounds in step_bounds.items()}
-        step_values = {n: id_tensors[n][0][a:b] for n, (a, b) in spans.items()}
         step_inputs = None if dense_inputs is None else dense_inputs[step]
         if closed_form is not None:
-            step_samples = {n: sample_of_id[n][a:b] for n, (a, b) in spans.items()}
+            step_values, step_samples = batches.step_values(step), batches.step_samples(step)
             with torch.no_grad():
                 table_grads, dense_grads = closed_form(
                     tables, dense, step_values, step_samples, step_inputs, labels[step]
                 )
             grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
         else:
-            step_ids = {
-                n: (values, id_tensors[n][1][step * per_step : (step + 1) * per_step + 1] - a)
-                for (n, values), (a, _) in zip(step_values.items(), spans.values(), strict=True)
-            }
+            step_ids = batches.step_ids(step)
             features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
             outputs = head(dense, features, step_inputs)
             # The loss is a mean over samples, and every client has B of them: K times the
@@ -140,9 +111,9 @@ def run_cohort(
 
     with torch.no_grad():
         return CohortUpdate(
-            clients=torch.from_numpy(cohort),
-            weights=torch.from_numpy(counts.astype(np.float64)),
-            multiplicity=torch.from_numpy(members.multiplicity),
+            clients=clients,
+            weights=batches.counts.to(torch.float64),
+            multiplicity=torch.from_numpy(members.multiplicity).to(schedule.device),
             rows=row_tensors,
             row_owner=row_owner,
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},

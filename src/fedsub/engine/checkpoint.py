@@ -70,9 +70,12 @@ def capture(stages: Mapping[str, Stateful]) -> StageStates:
     return {name: stage.state_tensors() for name, stage in stages.items()}
 
 
-def restore(stages: Mapping[str, Stateful], checkpoint: Checkpoint) -> None:
-    """Load every stage's saved state into ``stages``. The checkpoint must hold each of them;
-    a saved stage this run lacks is refused when it holds state (that state would be lost)."""
+def restore(
+    stages: Mapping[str, Stateful], checkpoint: Checkpoint, device: torch.device | None = None
+) -> None:
+    """Load every stage's saved state into ``stages``, on ``device`` (the model's; files load
+    on the CPU). The checkpoint must hold each of them; a saved stage this run lacks is refused
+    when it holds state (that state would be lost)."""
     where = checkpoint.path or "the checkpoint"
     missing = sorted(set(stages) - set(checkpoint.stages))
     unused = sorted(n for n, t in checkpoint.stages.items() if n not in stages and t)
@@ -89,6 +92,8 @@ def restore(stages: Mapping[str, Stateful], checkpoint: Checkpoint) -> None:
         )
     for name, stage in stages.items():
         saved = checkpoint.stages[name]
+        if device is not None:
+            saved = {n: v.to(device) for n, v in saved.items()}
         try:
             stage.load_state_tensors(saved)
         except KeyError as error:

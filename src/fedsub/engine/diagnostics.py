@@ -26,7 +26,7 @@ def gradient_norms(
     dtype = tensors[0].dtype
     for start in range(0, len(samples), CHUNK):
         part = samples.slice(start, min(start + CHUNK, len(samples)))
-        batch = Batch.from_samples(part, dtype)
+        batch = Batch.from_samples(part, dtype, work.device)
         share = len(part) / len(samples)
         loss = model.loss(forward(model, work, batch), batch.labels) * share
         for total, g in zip(grads, torch.autograd.grad(loss, tensors), strict=True):
@@ -34,7 +34,8 @@ def gradient_norms(
     plain = sum(float(g.double().pow(2).sum()) for g in grads)
     preconditioned = 0.0
     for name, g in zip(work.tables, grads, strict=False):
-        preconditioned += float((coefficients[name].unsqueeze(1) * g.double().pow(2)).sum())
+        coefficient = coefficients[name].to(g.device).unsqueeze(1)
+        preconditioned += float((coefficient * g.double().pow(2)).sum())
     for g in grads[len(work.tables) :]:
         preconditioned += float(g.double().pow(2).sum())
     return {"grad_norm_sq": plain, "precond_grad_norm_sq": preconditioned}

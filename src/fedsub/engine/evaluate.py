@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,6 +26,11 @@ class Evaluator:
     train_subset: SampleSet
     test: SampleSet
     extra: Callable[[Params], dict[str, float]] | None = None  # e.g. gradient norms
+    # the evaluation sets as tensor batches per (set, device, dtype), built on first use: the
+    # same every evaluation, so a GPU run copies them there once
+    batches: dict[tuple, tuple[SampleSet, list[Batch]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @staticmethod
     def build(
@@ -44,14 +49,22 @@ class Evaluator:
         return Evaluator(model, dataset.train.take(subset), dataset.test, extra)
 
     def outputs(self, params: Params, samples: SampleSet) -> torch.Tensor:
-        dtype = params.tensors()[0].dtype
-        chunks = []
         with torch.no_grad():
+            batches = self._batches(samples, params.tensors()[0].dtype, params.device)
+            return torch.cat([forward(self.model, params, batch) for batch in batches])
+
+    def _batches(self, samples: SampleSet, dtype: torch.dtype, device: torch.device) -> list[Batch]:
+        key = (id(samples), str(device), dtype)
+        cached = self.batches.get(key)
+        if cached is None or cached[0] is not samples:
             chunk = self.model.eval_batch if isinstance(self.model, EvalBatch) else CHUNK
-            for start in range(0, len(samples), chunk):
-                part = samples.slice(start, min(start + chunk, len(samples)))
-                chunks.append(forward(self.model, params, Batch.from_samples(part, dtype)))
-        return torch.cat(chunks)
+            parts = [
+                samples.slice(start, min(start + chunk, len(samples)))
+                for start in range(0, len(samples), chunk)
+            ]
+            cached = (samples, [Batch.from_samples(p, dtype, device) for p in parts])
+            self.batches[key] = cached
+        return cached[1]
 
     def evaluate(self, params: Params) -> dict[str, float]:
         """Losses and accuracies on the clients' training data (the fixed subset) and the test
@@ -79,9 +92,10 @@ class Evaluator:
 
     def _scores(self, params: Params, samples: SampleSet, auc: bool) -> dict[str, float]:
         outputs = self.outputs(params, samples)
-        labels = torch.from_numpy(samples.labels).to(outputs.dtype)
+        labels = torch.from_numpy(samples.labels).to(outputs.device, outputs.dtype)
         with torch.no_grad():
             scores = {"loss": float(self.model.loss(outputs, labels))}
+        outputs = outputs.cpu()  # metrics are reporting: numpy from here
         if self.model.task == "binary":
             logits = outputs.double().numpy()
             scores["accuracy"] = float(np.mean((logits > 0) == (samples.labels > 0.5)))

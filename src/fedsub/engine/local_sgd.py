@@ -36,7 +36,7 @@ def local_sgd(
     for t in tensors:
         t.requires_grad_(True)
     for step_indices in schedule:
-        batch = Batch.from_samples(samples.take(step_indices), dtype)
+        batch = Batch.from_samples(samples.take(step_indices), dtype, tensors[0].device)
         loss = model.loss(forward(model, params, batch), batch.labels)
         grads = list(torch.autograd.grad(loss, tensors))
         with torch.no_grad():

@@ -59,10 +59,12 @@ class Evaluation:
 
 
 def initial_params(model: Model, schedule: Schedule) -> Params:
+    """The seeded initial model on ``schedule.device``: drawn on the CPU and copied there, so
+    every device starts from the same numbers."""
     generator = torch.Generator().manual_seed(
         int(seeding.rng(schedule.seed, seeding.INIT).integers(2**62))
     )
-    return model.init(generator, schedule.dtype)
+    return model.init(generator, schedule.dtype).to(schedule.device)
 
 
 def pooled(dataset: FederatedDataset) -> FederatedDataset:
@@ -94,11 +96,12 @@ def round_stages(
     its updates become the server's update."""
     run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
     masking = schedule.masking
+    aggregation = algorithm.aggregation.to(schedule.device)
     if masking is None or masking.scheme == "none":
-        return run_cohort, lambda update: aggregate(update, algorithm.aggregation)
+        return run_cohort, lambda update: aggregate(update, aggregation)
 
     def combine(update: MaskedCohortUpdate) -> ServerUpdate:
-        weights = aggregation_weights(update, algorithm.aggregation)  # type: ignore[arg-type]
+        weights = aggregation_weights(update, aggregation)  # type: ignore[arg-type]
         return aggregate_slices(update, weights, params.dense, masking.average_over)
 
     return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
@@ -165,7 +168,7 @@ def build_server_round(
 
 def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
     """Restore every stage of ``rounds`` from ``saved``; the run goes on after its round."""
-    checkpoint_lib.restore(rounds.stages(), saved)
+    checkpoint_lib.restore(rounds.stages(), saved, rounds.params.device)
     rounds.last_checkpoint = saved.path  # the last good checkpoint, until this run writes one
     return Progress(saved.round, [Evaluation.from_record(e) for e in saved.history], saved.elapsed)
 

@@ -50,7 +50,7 @@ class MaskedForward:
     def head(
         self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
     ) -> torch.Tensor:
-        masked = {n: p * self.masks[n].to(p.dtype) for n, p in dense.items()}
+        masked = {n: p * self.masks[n].to(p.device, p.dtype) for n, p in dense.items()}
         return self.model.head(masked, features, dense_inputs)
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -112,9 +112,10 @@ def run_cohort(
         if isinstance(piece, CoordinateMask):
             update.dense_deltas = masked_deltas(piece, update.dense_deltas)
         groups.append(SliceGroup(members, piece, update))
+    counts = dataset.sample_counts()[cohort.clients]
     return MaskedCohortUpdate(
-        clients=torch.from_numpy(cohort.clients),
-        weights=torch.from_numpy(dataset.sample_counts()[cohort.clients].astype(np.float64)),
-        multiplicity=torch.from_numpy(cohort.multiplicity),
+        clients=torch.from_numpy(cohort.clients).to(schedule.device),
+        weights=torch.from_numpy(counts.astype(np.float64)).to(schedule.device),
+        multiplicity=torch.from_numpy(cohort.multiplicity).to(schedule.device),
         groups=groups,
     )

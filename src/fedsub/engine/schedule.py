@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -22,6 +22,8 @@ class Schedule:
     lr: float
     seed: int
     dtype: torch.dtype = torch.float32
+    # where the model, the server state and the training data live (train.device)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     eval_every: int = 1
     backend: str = "batched"  # a name in engine/backends.py's registry
     lr_schedule: LrSchedule = "constant"

@@ -6,7 +6,6 @@ against it.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from fedsub.algorithms.sampling import Cohort
@@ -17,6 +16,7 @@ from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Model
+from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull, push
@@ -38,11 +38,11 @@ def train_submodel(
     order = cohort_schedules(
         schedule.seed,
         round_index,
-        np.array([client]),
-        np.array([len(samples)]),
+        torch.tensor([client]),
+        torch.tensor([len(samples)]),
         schedule.local_steps,
         schedule.batch_size,
-    )[0]
+    )[0].numpy()  # host indices into the client's numpy samples (the plain reference)
     return local_sgd(model, pulled.clone(), samples, order, chain, lr, correction)
 
 
@@ -60,7 +60,8 @@ def client_round(
     """One client's work in one round: pull S(k), local steps, push the row deltas.
 
     ``member`` is the client's position in the cohort (to find its lr / corrections)."""
-    rows = {t: torch.from_numpy(index.client_rows(t, client)) for t in dataset.table_rows}
+    data = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
+    rows = {t: r.row(client) for t, r in data.rows.items()}
     pulled = pull(global_params, rows)
     samples = index.client_samples(dataset, client)
     correction = None if work.corrections is None else work.corrections.member(member)
@@ -85,4 +86,5 @@ def run_cohort(
         client_round(model, global_params, dataset, index, int(k), round_index, schedule, work, j)
         for j, k in enumerate(cohort.clients)
     ]
-    return CohortUpdate.from_clients(updates, torch.from_numpy(cohort.multiplicity))
+    multiplicity = torch.from_numpy(cohort.multiplicity).to(schedule.device)
+    return CohortUpdate.from_clients(updates, multiplicity)

@@ -46,7 +46,7 @@ class MaskedCohortUpdate:
         return len(self.clients)
 
     def squared_norms(self) -> torch.Tensor:
-        norms = torch.zeros(len(self), dtype=torch.float64)
+        norms = torch.zeros(len(self), dtype=torch.float64, device=self.clients.device)
         for group in self.groups:
             norms[group.members] = group.update.squared_norms()
         return norms
@@ -60,7 +60,7 @@ class MaskedCohortUpdate:
             if keep:
                 renumbered = [position[group.members[i]] for i in keep]
                 groups.append(SliceGroup(renumbered, group.slice, group.update.select(keep)))
-        index = torch.tensor(members, dtype=torch.int64)
+        index = torch.tensor(members, dtype=torch.int64, device=self.clients.device)
         return MaskedCohortUpdate(
             self.clients[index], self.weights[index], self.multiplicity[index], groups
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from fedsub.data.federated import SampleSet
@@ -25,14 +26,16 @@ class Batch:
     dense: torch.Tensor | None
 
     @staticmethod
-    def from_samples(samples: SampleSet, dtype: torch.dtype) -> Batch:
+    def from_samples(
+        samples: SampleSet, dtype: torch.dtype, device: torch.device | None = None
+    ) -> Batch:
+        def tensor(array: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.from_numpy(array).to(device, dtype)
+
         return Batch(
-            ids={
-                t: (torch.from_numpy(r.values), torch.from_numpy(r.offsets))
-                for t, r in samples.ids.items()
-            },
-            labels=torch.from_numpy(samples.labels).to(dtype),
-            dense=None if samples.dense is None else torch.from_numpy(samples.dense).to(dtype),
+            ids={t: (tensor(r.values), tensor(r.offsets)) for t, r in samples.ids.items()},
+            labels=tensor(samples.labels, dtype),
+            dense=None if samples.dense is None else tensor(samples.dense, dtype),
         )
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedsub import device as device_lib
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.pooling import sum_pool
+from fedsub.models.sparse_lr_closed_form import numpy_gradients, torch_gradients
 from fedsub.submodel.params import Params
 
 
@@ -77,47 +78,18 @@ class SparseLogisticRegression:
         ``sample_of_id[field]`` says which sample each id belongs to.
 
         d loss / d logit = (sigmoid(logit) - y) / B, and a logit is a sum of weights, so a
-        row's gradient is the sum of that residual over its occurrences. Both sums are
-        ``np.bincount`` (in float64): with no graph to build and numpy's small per-call cost
-        this is about 5x faster per step on CPU than autograd, so the batched engine uses it.
-        Tests check it against autograd through ``embed``, ``cohort_head`` and ``loss``."""
-        k, batch = labels.shape
-        logits = np.repeat(dense["bias"].detach().numpy().astype(np.float64), batch, axis=1)
-        for name, values in ids.items():
-            weight = tables[self.field_tables.get(name, name)].detach().numpy()[:, 0]
-            sums = np.bincount(
-                sample_of_id[name].numpy(), weights=weight[values.numpy()], minlength=k * batch
-            )
-            logits += sums.reshape(k, batch)
-        inputs = None if dense_inputs is None else dense_inputs.numpy()
-        if self.dense_dim and inputs is not None:
-            logits += np.einsum("kbd,kd->kb", inputs, dense["dense_weight"].detach().numpy())
-        sigmoid = 0.5 * (1.0 + np.tanh(0.5 * logits))  # never overflows
-        residual = (sigmoid - labels.numpy()) / batch
-        flat = residual.reshape(-1)
-        table_grads: dict[str, np.ndarray] = {}
-        for name, values in ids.items():
-            table = self.field_tables.get(name, name)
-            grad = np.bincount(
-                values.numpy(),
-                weights=flat[sample_of_id[name].numpy()],
-                minlength=len(tables[table]),
-            )
-            table_grads[table] = grad + table_grads[table] if table in table_grads else grad
-        dense_grads = {"bias": residual.sum(1, keepdims=True)}
-        if "dense_weight" in dense:
-            dense_grads["dense_weight"] = (
-                np.zeros(dense["dense_weight"].shape)
-                if inputs is None
-                else np.einsum("kbd,kb->kd", inputs, residual)
-            )
-        dtype = labels.numpy().dtype
-        return (
-            {
-                t: torch.from_numpy(table_grads[t].astype(dtype, copy=False)[:, None])
-                if t in table_grads
-                else torch.zeros_like(v)
-                for t, v in tables.items()
-            },
-            {n: torch.from_numpy(g.astype(dtype, copy=False)) for n, g in dense_grads.items()},
+        row's gradient is the sum of that residual over its occurrences (no graph to build:
+        several times faster per step on CPU than autograd). See sparse_lr_closed_form.py:
+        torch ops on any device, numpy views on the CPU (where torch's per-op cost would
+        dominate at a cohort's size); tests check both against autograd."""
+        kernel = numpy_gradients if device_lib.on_host(labels) else torch_gradients
+        return kernel(
+            self.field_tables,
+            self.dense_dim,
+            tables,
+            dense,
+            ids,
+            sample_of_id,
+            dense_inputs,
+            labels,
         )

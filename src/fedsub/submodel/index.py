@@ -7,7 +7,8 @@ is just the gathered rows ``X[S(k)]`` and its data indexes them directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,8 @@ class SubmodelIndex:
 
     rows: dict[str, Ragged]
     local_ids: dict[str, np.ndarray]
+    # torch views of the index and its dataset per device (submodel/device_data.py), built once
+    views: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def build(dataset: FederatedDataset) -> SubmodelIndex:

@@ -25,6 +25,18 @@ class Params:
             {k: v.clone() for k, v in self.dense.items()},
         )
 
+    def to(self, device: torch.device) -> Params:
+        """The same parameters on ``device`` (no copy where they already are)."""
+        return Params(
+            {k: v.to(device) for k, v in self.tables.items()},
+            {k: v.to(device) for k, v in self.dense.items()},
+        )
+
+    @property
+    def device(self) -> torch.device:
+        tensors = self.tensors()
+        return tensors[0].device if tensors else torch.device("cpu")
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Flat names (``table.<name>`` / ``dense.<name>``), e.g. for safetensors files."""
         return {

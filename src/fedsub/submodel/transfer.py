@@ -77,14 +77,16 @@ class CohortUpdate:
 
     def select(self, members: list[int]) -> CohortUpdate:
         """The updates of a subset of the members (in the given order)."""
-        index = torch.tensor(members, dtype=torch.int64)
+        device = self.clients.device
+        index = torch.tensor(members, dtype=torch.int64, device=device)
         rows, owner, deltas = {}, {}, {}
         for t in self.rows:
             spans = [self.member_rows(t, j) for j in members]
             rows[t] = torch.cat([self.rows[t][s] for s in spans])
             deltas[t] = torch.cat([self.table_deltas[t][s] for s in spans])
             owner[t] = torch.repeat_interleave(
-                torch.arange(len(members)), torch.tensor([s.stop - s.start for s in spans])
+                torch.arange(len(members), device=device),
+                torch.tensor([s.stop - s.start for s in spans], device=device),
             )
         return CohortUpdate(
             clients=self.clients[index],
@@ -98,7 +100,7 @@ class CohortUpdate:
 
     def squared_norms(self) -> torch.Tensor:
         """Each member's ||delta||^2 over its rows and the dense parameters (float64)."""
-        norms = torch.zeros(len(self), dtype=torch.float64)
+        norms = torch.zeros(len(self), dtype=torch.float64, device=self.clients.device)
         for t, deltas in self.table_deltas.items():
             norms.index_add_(0, self.row_owner[t], deltas.double().pow(2).sum(1))
         for deltas in self.dense_deltas.values():
@@ -118,18 +120,21 @@ class CohortUpdate:
         if not updates:
             raise ValueError("a cohort needs at least one client update")
         tables = updates[0].rows
+        first = [*updates[0].rows.values(), *updates[0].dense_deltas.values()]
+        device = first[0].device if first else torch.device("cpu")
         return CohortUpdate(
-            clients=torch.tensor([u.client for u in updates]),
-            weights=torch.tensor([u.weight for u in updates], dtype=torch.float64),
+            clients=torch.tensor([u.client for u in updates], device=device),
+            weights=torch.tensor([u.weight for u in updates], dtype=torch.float64, device=device),
             multiplicity=(
-                torch.ones(len(updates), dtype=torch.int64)
+                torch.ones(len(updates), dtype=torch.int64, device=device)
                 if multiplicity is None
-                else multiplicity
+                else multiplicity.to(device)
             ),
             rows={t: torch.cat([u.rows[t] for u in updates]) for t in tables},
             row_owner={
                 t: torch.repeat_interleave(
-                    torch.arange(len(updates)), torch.tensor([len(u.rows[t]) for u in updates])
+                    torch.arange(len(updates), device=device),
+                    torch.tensor([len(u.rows[t]) for u in updates], device=device),
                 )
                 for t in tables
             },

@@ -1,0 +1,124 @@
+"""A round's training data for a whole cohort, gathered with torch ops on the run's device.
+
+For K members running ``steps`` local steps of ``batch`` samples each, everything the batched
+backend feeds the model: the members' S(k) rows (concatenated, member after member), every
+visited sample's ids rewritten as positions in those concatenated rows, labels and dense
+features, step-major (step i is samples ``i * K * B : (i + 1) * K * B``). Only the cohort's
+clients come from the host (the seeded draw); the rest reads ``DeviceData``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from fedsub.data.torch_ragged import TorchRagged
+from fedsub.engine.shuffle import cohort_schedules
+from fedsub.submodel.device_data import DeviceData
+
+
+@dataclass(frozen=True)
+class CohortBatches:
+    clients: torch.Tensor  # [K] int64
+    counts: torch.Tensor  # [K] the members' sample counts w_k (int64)
+    rows: dict[str, TorchRagged]  # per table, over members: S(c_j), global row ids
+    row_owner: dict[str, torch.Tensor]  # per table, the member owning each of those rows
+    ids: dict[str, TorchRagged]  # per field, over the steps * K * B visits: cohort row positions
+    labels: torch.Tensor  # [steps, K, B]
+    dense: torch.Tensor | None  # [steps, K, B, d]
+    step_bounds: dict[str, list[int]]  # per field, where each step's ids start (steps + 1)
+    # per field, for each id, which of its step's K * B samples it is in (closed-form models)
+    sample_of_id: dict[str, torch.Tensor] | None = None
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.labels.shape[1] * self.labels.shape[2]
+
+    def step_ids(self, step: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Step ``step``'s ids per field as (values, offsets) of its K * B samples."""
+        per_step, ids = self.samples_per_step, {}
+        for name, ragged in self.ids.items():
+            a, b = self.step_bounds[name][step], self.step_bounds[name][step + 1]
+            offsets = ragged.offsets[step * per_step : (step + 1) * per_step + 1] - a
+            ids[name] = (ragged.values[a:b], offsets)
+        return ids
+
+    def step_values(self, step: int) -> dict[str, torch.Tensor]:
+        """Step ``step``'s ids per field, values only."""
+        return self._step_slices(self.ids_values(), step)
+
+    def step_samples(self, step: int) -> dict[str, torch.Tensor]:
+        """For each of step ``step``'s ids, which of the step's K * B samples it is in."""
+        if self.sample_of_id is None:
+            raise ValueError("cohort_batches(..., sample_of_id=True) gives each id's sample")
+        return self._step_slices(self.sample_of_id, step)
+
+    def ids_values(self) -> dict[str, torch.Tensor]:
+        return {n: r.values for n, r in self.ids.items()}
+
+    def _step_slices(self, per_id: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+        return {
+            n: v[self.step_bounds[n][step] : self.step_bounds[n][step + 1]]
+            for n, v in per_id.items()
+        }
+
+
+def cohort_batches(
+    data: DeviceData,
+    clients: torch.Tensor,
+    seed: int,
+    round_index: int,
+    steps: int,
+    batch: int,
+    sample_of_id: bool = False,
+) -> CohortBatches:
+    """The cohort's rows and batches (``clients`` int64 on ``data.device``); each member's
+    sample order is ``cohort_schedules`` of (seed, round, client), as on every backend.
+    ``sample_of_id``: also say which sample of its step every id belongs to."""
+    k = len(clients)
+    counts = data.counts.index_select(0, clients)
+    rows, row_owner = {}, {}
+    for table, all_rows in data.rows.items():
+        rows[table], row_owner[table] = all_rows.take_with_owners(clients)
+    local_order = cohort_schedules(seed, round_index, clients, counts, steps, batch)
+    visits = local_order + data.client_offsets.index_select(0, clients)[:, None, None]
+    visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]
+    per_step = k * batch
+    member_of_visit, in_step = _visit_layout(k, steps, batch, data.device)
+    ids, samples = {}, {}
+    for name, local_ids in data.local_ids.items():
+        local, visit_of_id = local_ids.take_with_owners(visits)
+        row_start = rows[data.field_tables[name]].offsets[:-1].index_select(0, member_of_visit)
+        ids[name] = TorchRagged(
+            local.values + row_start.index_select(0, visit_of_id), local.offsets
+        )
+        if sample_of_id:
+            samples[name] = in_step.index_select(0, visit_of_id)
+    labels = data.labels.index_select(0, visits).reshape(steps, k, batch)
+    dense = None
+    if data.dense is not None:
+        dense = data.dense.index_select(0, visits).reshape(steps, k, batch, -1)
+    return CohortBatches(
+        clients=clients,
+        counts=counts,
+        rows=rows,
+        row_owner=row_owner,
+        ids=ids,
+        labels=labels,
+        dense=dense,
+        step_bounds={n: r.offsets[::per_step].tolist() for n, r in ids.items()},
+        sample_of_id=samples if sample_of_id else None,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _visit_layout(
+    k: int, steps: int, batch: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For the step-major visits [steps, K, B]: each visit's member and its sample's position
+    in its step. The same every round of a run, so built once (never written to)."""
+    member = torch.arange(k, device=device).repeat_interleave(batch).repeat(steps)
+    in_step = torch.arange(k * batch, device=device).repeat(steps)
+    return member, in_step
