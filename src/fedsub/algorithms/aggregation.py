@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -95,7 +95,18 @@ class Aggregation:
         return dataclasses.replace(self, coefficients=moved)
 
 
-def client_weights(cohort: CohortUpdate, weighting: Weighting) -> torch.Tensor:
+class CohortMembers(Protocol):
+    """What client weighting reads of a round's update: each member's sample count and how
+    often it was drawn (a ``CohortUpdate`` or a width-sliced ``MaskedCohortUpdate``)."""
+
+    @property
+    def weights(self) -> torch.Tensor: ...
+
+    @property
+    def multiplicity(self) -> torch.Tensor: ...
+
+
+def client_weights(cohort: CohortMembers, weighting: Weighting) -> torch.Tensor:
     """``a_k`` for each cohort member (float64)."""
     drawn = cohort.multiplicity.to(torch.float64)
     if weighting == "uniform":
@@ -105,7 +116,7 @@ def client_weights(cohort: CohortUpdate, weighting: Weighting) -> torch.Tensor:
     raise ValueError(f"weighting {weighting!r} needs the population: use aggregation_weights")
 
 
-def aggregation_weights(cohort: CohortUpdate, aggregation: Aggregation) -> torch.Tensor:
+def aggregation_weights(cohort: CohortMembers, aggregation: Aggregation) -> torch.Tensor:
     if aggregation.weighting in ("scheme2", "original"):
         p = cohort.weights / aggregation.population_weight
         scale = aggregation.num_clients / float(cohort.multiplicity.sum())

@@ -26,12 +26,12 @@ import dataclasses
 import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from fedsub.algorithms.aggregation import Aggregation
+from fedsub.algorithms.aggregation import Aggregation, Weighting
 from fedsub.algorithms.schemes import SCHEMES, Scheme
 from fedsub.algorithms.server_optimizer import (
     LazyTorchServerOptimizer,
@@ -136,10 +136,12 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
 
 
 # --- the pieces ----------------------------------------------------------------------------
-def _aggregation(context: AlgorithmContext, scheme: Scheme, weighting: str = "samples", **kw):
+def _aggregation(
+    context: AlgorithmContext, scheme: Scheme, weighting: Weighting = "samples", **kw: Any
+) -> Aggregation:
     counts = context.dataset.sample_counts()
     return Aggregation(
-        scheme.weighting or weighting,  # type: ignore[arg-type]
+        scheme.weighting or weighting,
         population_weight=float(counts.sum()),
         num_clients=len(counts),
         **kw,
@@ -147,7 +149,7 @@ def _aggregation(context: AlgorithmContext, scheme: Scheme, weighting: str = "sa
 
 
 def _heat_aggregation(context: AlgorithmContext, scheme: Scheme) -> Aggregation:
-    weighting = "samples" if context.heat == "samples" else "uniform"
+    weighting: Weighting = "samples" if context.heat == "samples" else "uniform"
     return _aggregation(context, scheme, weighting, coefficients=heat_coefficients(context))
 
 
@@ -195,12 +197,17 @@ class ServerAdaptiveOptions(ServerAdagradOptions):
     beta2: float = field(default=0.99, metadata={"min": 0.0, "max": 1.0})
 
 
+# the adaptive servers torch.optim provides (Yogi is fedsub's own)
+_TORCH_OPTIMIZERS: dict[str, Literal["adam", "adagrad"]] = {"adam": "adam", "adagrad": "adagrad"}
+
+
 def _adaptive_server(kind: str, o: Any, lazy: bool) -> Callable[[Params], ServerOptimizer]:
     beta1, beta2 = getattr(o, "beta1", 0.9), getattr(o, "beta2", 0.99)  # Adagrad has none
     if kind == "yogi":
         return lambda p: ServerYogi(p, o.server_lr, beta1, beta2, o.tau, lazy=lazy)
     optimizer = LazyTorchServerOptimizer if lazy else TorchServerOptimizer
-    return lambda p: optimizer(kind, p, o.server_lr, beta1, beta2, o.tau)  # type: ignore[arg-type]
+    torch_kind = _TORCH_OPTIMIZERS[kind]
+    return lambda p: optimizer(torch_kind, p, o.server_lr, beta1, beta2, o.tau)
 
 
 def _adaptive_piece(kind: str, c: AlgorithmContext, o: Any) -> Callable[[Params], ServerOptimizer]:

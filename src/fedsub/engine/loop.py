@@ -101,7 +101,7 @@ def round_stages(
         return run_cohort, lambda update: aggregate(update, aggregation)
 
     def combine(update: MaskedCohortUpdate) -> ServerUpdate:
-        weights = aggregation_weights(update, aggregation)  # type: ignore[arg-type]
+        weights = aggregation_weights(update, aggregation)
         return aggregate_slices(update, weights, params.dense, masking.average_over)
 
     return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
