@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
         "progress",
         "run_folder",
         "stateful",
+        "device",
     },
     {"data"},
     {"submodel"},
