@@ -9,7 +9,6 @@ and the aggregation weights are exactly those of full-model training.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 from fedsub.algorithms.sampling import Cohort
 from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
+from fedsub.engine.backends import RunCohort
 from fedsub.engine.schedule import Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, masked_deltas
 from fedsub.masking.schemes import Masking, plan
@@ -25,9 +25,6 @@ from fedsub.models.base import Features, Ids, Model, SliceableModel, Task
 from fedsub.models.width import CoordinateMask
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
-from fedsub.submodel.transfer import CohortUpdate
-
-RunCohort = Callable[..., CohortUpdate]
 
 
 @dataclass(frozen=True)

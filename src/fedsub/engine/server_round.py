@@ -23,6 +23,7 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.sampling import Cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
+from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
 from fedsub.engine.guards import Rejection, screen
 from fedsub.engine.schedule import Schedule, lr_at
@@ -92,7 +93,7 @@ class ServerRound:
     schedule: Schedule
     counts: np.ndarray
     params: Params
-    server: Any  # the algorithm's server optimizer (make_server)
+    server: ServerOptimizer  # the algorithm's (make_server)
     combine: Callable[[Any], ServerUpdate]
     variates: ControlVariates | None = None
     max_update_norm: float = 0.0
