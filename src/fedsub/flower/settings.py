@@ -9,7 +9,9 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``min-replies``: fewest replies with which a round still updates the model (default 1);
 - ``round-timeout``: seconds to wait for a round's replies (default 600);
 - ``eval-every``: evaluate the global model on the test set every n rounds (0 = never);
-- ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model;
+- ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model: an
+  absolute path or one starting with ``~`` ("" = write nothing). A relative path is refused:
+  it would land inside the app folder, which the next ``flwr run .`` ships to every node;
 - ``train-delay``: seconds each node waits before replying (to test faults; default 0).
 """
 
@@ -62,7 +64,7 @@ class FlowerSettings:
             min_replies=int(run_config.get("min-replies", 1)),
             round_timeout=float(run_config.get("round-timeout", 600.0)),
             eval_every=int(run_config.get("eval-every", 0)),
-            out_dir=str(run_config.get("out-dir", "")),
+            out_dir=output_folder(str(run_config.get("out-dir", ""))),
             train_delay=float(run_config.get("train-delay", 0.0)),
         )
 
@@ -85,3 +87,18 @@ class FlowerSettings:
             raise ConfigError(f"Flower run config: algorithm = {name!r}: {error}") from None
         check_combination(name, recipe_of(name, config.algorithms), scheme=scheme, on_flower=True)
         return name
+
+
+def output_folder(text: str) -> str:
+    """The run config's ``out-dir`` with ``~`` expanded; a relative path is refused, since
+    the ServerApp runs inside the app folder and ``flwr run .`` would ship the results on."""
+    if not text:
+        return ""
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        raise ConfigError(
+            f"Flower run config: out-dir = {text!r} is relative, so the results would be "
+            "written inside the app folder (and shipped to every node by the next flwr run); "
+            "give an absolute path or one starting with ~"
+        )
+    return str(path)

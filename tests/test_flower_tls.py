@@ -1,0 +1,183 @@
+"""The example's TLS + SuperNode-authentication recipe (its README, its certificate script)
+on real processes: registered nodes train over TLS, an unregistered key is refused."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
+SCRIPT = EXAMPLE / "scripts" / "make_certificates.sh"
+BIN = Path(sys.executable).parent
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def make_certificates(out: Path, nodes: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(out), str(nodes)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_certificate_script_makes_a_server_certificate_the_ca_verifies_and_ec_node_keys(
+    tmp_path,
+):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    certs = tmp_path / "certs"
+    made = make_certificates(certs, 2)
+    assert made.returncode == 0, made.stderr
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(certs / "ca.crt"), str(certs / "server.crt")],
+        capture_output=True,
+        text=True,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    text = subprocess.run(
+        ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", str(certs / "server.crt")],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "DNS:localhost" in text and "IP Address:127.0.0.1" in text
+    for i in (1, 2):  # read as flwr reads them (`flwr supernode register`, the SuperNode)
+        public = serialization.load_ssh_public_key((certs / f"supernode-{i}.pub").read_bytes())
+        private = serialization.load_ssh_private_key((certs / f"supernode-{i}").read_bytes(), None)
+        assert isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp384r1"
+        assert private.public_key() == public
+    assert not (certs / "supernode-3").exists()
+    assert sorted(p.name for p in certs.iterdir() if p.name.startswith(".")) == []
+
+
+def test_certificate_script_refuses_a_folder_inside_the_app_and_writes_nothing_there():
+    before = sorted(EXAMPLE.rglob("*"))
+    made = make_certificates(EXAMPLE / "certificates", 1)
+    assert made.returncode == 2
+    assert "inside the app folder" in made.stderr
+    for path in sorted(set(EXAMPLE.rglob("*")) - set(before)):  # the empty folder it made
+        path.rmdir()
+    assert sorted(EXAMPLE.rglob("*")) == before
+
+
+def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistered_one(tmp_path):
+    certs = tmp_path / "certs"
+    assert make_certificates(certs, 3).returncode == 0
+    link, *node_ports = free_ports(4)
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{link}"\nroot-certificates = "{certs / "ca.crt"}"\n'
+    )
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    }
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, *args: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+        process = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+        started.append(process)
+        return process
+
+    def flwr(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "flwr"), *args], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    def supernode(i: int, port: int, *extra: str) -> subprocess.Popen:
+        return start(
+            f"supernode{i}",
+            "flower-supernode",
+            f"--root-certificates={certs / 'ca.crt'}",
+            f"--superlink=127.0.0.1:{link}",
+            f"--port={port}",
+            f"--auth-supernode-private-key={certs / f'supernode-{i}'}",
+            "--node-config",
+            f"partition-id={i - 1} num-partitions=2",
+            *extra,
+        )
+
+    out = tmp_path / "out"
+    try:
+        start(
+            "superlink",
+            "flower-superlink",
+            f"--ssl-ca-certfile={certs / 'ca.crt'}",
+            f"--ssl-certfile={certs / 'server.crt'}",
+            f"--ssl-keyfile={certs / 'server.key'}",
+            "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation",
+            f"--port={link}",
+            f"--database={tmp_path / 'state.db'}",
+        )
+        wait_for(lambda: port_open(link), 60, "the SuperLink")
+        for i in (1, 2):
+            registered = flwr("supernode", "register", str(certs / f"supernode-{i}.pub"), "test")
+            assert registered.returncode == 0, registered.stdout + registered.stderr
+        supernode(1, node_ports[0])
+        supernode(2, node_ports[1])
+        stranger = supernode(3, node_ports[2], "--max-retries=1")  # its key was never registered
+        stranger.wait(timeout=60)  # refused, it gives up after one retry
+        overrides = "data.num_users=2; train.rounds=1; train.clients_per_round=2"
+        submitted = flwr(
+            "run",
+            str(EXAMPLE),
+            "test",
+            "--run-config",
+            f'set="{overrides}" out-dir="{out}" round-timeout=30.0 eval-every=0',
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        wait_for(lambda: (out / "flower-result.json").exists(), 120, "the run to finish")
+        result = json.loads((out / "flower-result.json").read_text())
+        assert [r["replies"] for r in result["rounds"]] == [2]
+        assert (
+            "No SuperNode found with the given public key"
+            in (tmp_path / "superlink.log").read_text()
+        )
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
+        print(json.dumps(logs, indent=1)[-6000:])
