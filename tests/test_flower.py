@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from fedsub.experiment import load_data, schedule_of
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.registry import build_model
 from fedsub.submodel.index import SubmodelIndex
+
+from .processes import free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 BIN = Path(sys.executable).parent
@@ -76,29 +77,6 @@ def test_flower_simulation_gives_the_in_process_engines_model(tmp_path, name):
     # Each node received only its rows: far fewer bytes than three full tables per round.
     full_tables = 3 * flower["table.features"].numel() * 4
     assert all(r["bytes_sent"] < full_tables / 5 for r in result["rounds"])
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def progress(out: Path) -> list[dict]:

@@ -7,38 +7,15 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from .processes import free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 SCRIPT = EXAMPLE / "scripts" / "make_certificates.sh"
 BIN = Path(sys.executable).parent
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def make_certificates(out: Path, nodes: int) -> subprocess.CompletedProcess:
