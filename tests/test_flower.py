@@ -213,7 +213,9 @@ def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run()
     with pytest.raises(ConfigError, match="max-failed-rounds = 0; expected an integer >= 1"):
         FlowerSettings.from_run_config({"max-failed-rounds": 0})
     with pytest.raises(ConfigError, match=r"min-replies = 9 exceeds train\.clients_per_round"):
-        FlowerSettings(min_replies=9).check_against(settings.fedsub_config())
+        FlowerSettings(min_replies=9).check_against(
+            FlowerSettings(overrides=("train.clients_per_round=3",)).fedsub_config()
+        )
     config = settings.fedsub_config()
     with pytest.raises(ConfigError, match="keeps per-client state"):
         FlowerSettings(algorithm="scaffold").algorithm_name(config)
