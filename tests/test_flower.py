@@ -188,9 +188,102 @@ def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run()
         FlowerSettings.from_run_config({"rounds": 3})
     with pytest.raises(ConfigError, match="payload = 'half'"):
         FlowerSettings.from_run_config({"payload": "half"})
+    with pytest.raises(ConfigError, match="max-failed-rounds = 0; expected an integer >= 1"):
+        FlowerSettings.from_run_config({"max-failed-rounds": 0})
+    with pytest.raises(ConfigError, match=r"min-replies = 9 exceeds train\.clients_per_round"):
+        FlowerSettings(min_replies=9).check_against(
+            FlowerSettings(overrides=("train.clients_per_round=3",)).fedsub_config()
+        )
     config = settings.fedsub_config()
     with pytest.raises(ConfigError, match="keeps per-client state"):
         FlowerSettings(algorithm="scaffold").algorithm_name(config)
     masked = FlowerSettings(overrides=("model.name='cnn'", "train.masking='static'"))
     with pytest.raises(ConfigError, match="masking runs in-process only"):
         masked.fedsub_config()
+
+
+def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_path):
+    """Two nodes, min-replies = 2: once one is killed no round can update the model; after
+    max-failed-rounds = 2 such rounds the ServerApp fails and flower-result says so."""
+    link, *node_ports = free_ports(3)
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{link}"\ninsecure = true\n'
+    )
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, *args: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+        process = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+        started.append(process)
+        return process
+
+    out = tmp_path / "out"
+    try:
+        start(
+            "superlink",
+            "flower-superlink",
+            "--insecure",
+            "--disable-runtime-dependency-installation",
+            f"--port={link}",
+            f"--database={tmp_path / 'state.db'}",
+        )
+        nodes = [
+            start(
+                f"supernode{i}",
+                "flower-supernode",
+                "--insecure",
+                f"--superlink=127.0.0.1:{link}",
+                f"--port={port}",
+                "--node-config",
+                f"partition-id={i} num-partitions=2",
+            )
+            for i, port in enumerate(node_ports)
+        ]
+        wait_for(lambda: port_open(link), 60, "the SuperLink")
+        overrides = "data.num_users=2; train.rounds=5; train.clients_per_round=2"
+        run_config = (
+            f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=10.0 '
+            "min-replies=2 max-failed-rounds=2"
+        )
+        submitted = subprocess.run(
+            [str(BIN / "flwr"), "run", str(EXAMPLE), "test", "--run-config", run_config],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        wait_for(lambda: any(p.get("sent_to") for p in progress(out)), 120, "round 1")
+        os.killpg(nodes[1].pid, signal.SIGKILL)  # before its reply (it waits 1 s)
+        wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to stop")
+
+        result = json.loads((out / "flower-result.json").read_text())
+        assert result["succeeded"] is False
+        assert [r["round"] for r in result["rounds"]] == [1, 2]
+        assert all(not r["updated"] and r["left_out"] == [1] for r in result["rounds"])
+        assert result["failed"]["round"] == 2
+        assert "fewer than min-replies = 2" in result["failed"]["reason"]
+        assert not (out / "model.safetensors").exists()
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
+        print(json.dumps(logs, indent=1)[-6000:])

@@ -37,7 +37,7 @@ from fedsub.errors import FedsubError
 from fedsub.experiment import load_data, model_of, schedule_of
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.settings import FlowerSettings
-from fedsub.flower.strategy import SubmodelStrategy
+from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
 from fedsub.models.base import Model
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
@@ -154,6 +154,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         fed = federation(settings)
         config = fed.config
         name = settings.algorithm_name(config)
+        settings.check_against(config)
         params = initial_params(fed.model, fed.schedule)
         progress = None
         if settings.out_dir:
@@ -166,6 +167,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             cast(HeatKind, config.train.heat),  # config.py has checked it against its choices
             fed.schedule,
             min_replies=settings.min_replies,
+            max_failed_rounds=settings.max_failed_rounds,
             max_update_norm=config.train.max_update_norm,
             payload=settings.payload,
             on_progress=progress,
@@ -183,7 +185,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             evaluations[round_index] = evaluator.evaluate(strategy.params)
             return MetricRecord(dict(evaluations[round_index]))
 
-        diverged: Diverged | None = None
+        failure: Diverged | RoundsFailed | None = None
         try:
             strategy.start(
                 grid,
@@ -193,22 +195,24 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
                 train_config=ConfigRecord(),
                 evaluate_fn=evaluate,
             )
-        except Diverged as error:  # the run fails; the result says why, no model is saved
-            diverged = error
+        except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
+            failure = error
         if settings.out_dir:
             out = Path(settings.out_dir)
             result: dict[str, object] = {
                 "algorithm": name,
                 "payload": settings.payload,
+                "succeeded": failure is None,
                 "rounds": strategy.rounds,
             }
-            if diverged is None:
+            if failure is None:
                 save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
                 result["evaluations"] = {str(r): m for r, m in evaluations.items()}
             else:
-                result["diverged"] = {"round": diverged.round, "reason": diverged.reason}
+                kind = "diverged" if isinstance(failure, Diverged) else "failed"
+                result[kind] = {"round": failure.round, "reason": failure.reason}
             write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
-        if diverged is not None:
-            raise FedsubError(f"Flower: {diverged}") from diverged
+        if failure is not None:  # the ServerApp exits with an error: the run did not succeed
+            raise FedsubError(f"Flower: {failure}") from failure
 
     return app

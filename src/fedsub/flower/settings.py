@@ -7,6 +7,8 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``algorithm``: which of the config's algorithms to run (default: the last one listed);
 - ``payload``: ``submodel`` (rows S(k) only) or ``full`` (every row, as stock FedAvg would);
 - ``min-replies``: fewest replies with which a round still updates the model (default 1);
+- ``max-failed-rounds``: consecutive rounds short of ``min-replies`` after which the run stops
+  with an error (default 3);
 - ``round-timeout``: seconds to wait for a round's replies (default 600);
 - ``eval-every``: evaluate the global model on the test set every n rounds (0 = never);
 - ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model: an
@@ -37,6 +39,7 @@ class FlowerSettings:
     algorithm: str = ""
     payload: Payload = "submodel"
     min_replies: int = 1
+    max_failed_rounds: int = 3
     round_timeout: float = 600.0
     eval_every: int = 0
     out_dir: str = ""
@@ -45,8 +48,8 @@ class FlowerSettings:
     @staticmethod
     def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
         known = {
-            "config", "set", "algorithm", "payload", "min-replies", "round-timeout",
-            "eval-every", "out-dir", "train-delay",
+            "config", "set", "algorithm", "payload", "min-replies", "max-failed-rounds",
+            "round-timeout", "eval-every", "out-dir", "train-delay",
         }  # fmt: skip
         unknown = sorted(set(run_config) - known)
         if unknown:
@@ -56,17 +59,43 @@ class FlowerSettings:
         if payload not in ("submodel", "full"):
             raise ConfigError(f"Flower run config: payload = {payload!r}; use submodel or full")
         text = str(run_config.get("set", ""))
-        return FlowerSettings(
+        settings = FlowerSettings(
             config=str(run_config.get("config", "")),
             overrides=tuple(part.strip() for part in text.split(";") if part.strip()),
             algorithm=str(run_config.get("algorithm", "")),
             payload=cast(Payload, payload),  # checked against Payload's values above
             min_replies=int(run_config.get("min-replies", 1)),
+            max_failed_rounds=int(run_config.get("max-failed-rounds", 3)),
             round_timeout=float(run_config.get("round-timeout", 600.0)),
             eval_every=int(run_config.get("eval-every", 0)),
             out_dir=output_folder(str(run_config.get("out-dir", ""))),
             train_delay=float(run_config.get("train-delay", 0.0)),
         )
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Refuse settings with which no run could succeed."""
+        for key, value in (
+            ("min-replies", self.min_replies),
+            ("max-failed-rounds", self.max_failed_rounds),
+        ):
+            if value < 1:
+                raise ConfigError(f"Flower run config: {key} = {value}; expected an integer >= 1")
+        if not self.round_timeout > 0:
+            raise ConfigError(
+                f"Flower run config: round-timeout = {self.round_timeout:g}; expected seconds > 0"
+            )
+
+    def check_against(self, config: Config) -> None:
+        """min-replies above the cohort size could never be met: refuse it before round 1."""
+        self.check()
+        if self.min_replies > config.train.clients_per_round:
+            raise ConfigError(
+                f"Flower run config: min-replies = {self.min_replies} exceeds "
+                f"train.clients_per_round = {config.train.clients_per_round}; no round could "
+                "ever update the model"
+            )
 
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)

@@ -13,7 +13,8 @@ round:
   (engine/server_round.py: screening, aggregator with heat coefficients over all clients,
   finiteness checks raising ``Diverged``, server optimizer). A node that fails or times out is
   left out: the round's mean is over the replies received, if there are at least
-  ``min_replies``.
+  ``min_replies``. After ``max_failed_rounds`` consecutive rounds short of it the run stops
+  with ``RoundsFailed`` (a federation that cannot train must not end as if it had).
 
 Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 """
@@ -49,6 +50,15 @@ from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull
 LOG = logging.getLogger("fedsub")
 
 
+class RoundsFailed(FedsubError):
+    """Too many consecutive rounds got fewer than ``min_replies`` replies."""
+
+    def __init__(self, round_index: int, reason: str) -> None:
+        super().__init__(f"round {round_index}: {reason}")
+        self.round = round_index
+        self.reason = reason
+
+
 def _ragged(parts: list[np.ndarray]) -> Ragged:
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum([len(p) for p in parts], out=offsets[1:])
@@ -67,6 +77,7 @@ class SubmodelStrategy(Strategy):
         schedule: Schedule,
         *,
         min_replies: int = 1,
+        max_failed_rounds: int = 3,
         max_update_norm: float = 0.0,
         payload: Payload = "submodel",
         on_progress: Callable[[dict], None] | None = None,
@@ -77,6 +88,8 @@ class SubmodelStrategy(Strategy):
         self.heat = heat
         self.schedule = schedule
         self.min_replies = min_replies
+        self.max_failed_rounds = max_failed_rounds
+        self._failed_in_a_row = 0
         self.max_update_norm = max_update_norm
         self.payload = payload
         self.on_progress = on_progress  # called when a round is sent out and when it is done
@@ -217,6 +230,13 @@ class SubmodelStrategy(Strategy):
             weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         left_out = sorted(set(position) - set(updates))
+        for client in left_out:  # name the node and its partition: the operator's next step
+            LOG.warning(
+                "round %d: no update from node %d (partition %d)",
+                server_round,
+                self._node_of[client],
+                client,
+            )
         record: dict[str, object] = {
             "round": server_round,
             "sampled": len(position),
@@ -230,14 +250,20 @@ class SubmodelStrategy(Strategy):
             {"replies": len(updates), "bytes-sent": self._sent, "bytes-received": received}
         )
         if len(updates) < self.min_replies:
-            LOG.warning(
-                "round %d: %d replies, fewer than min_replies = %d: model unchanged",
-                server_round,
-                len(updates),
-                self.min_replies,
+            self._failed_in_a_row += 1
+            reason = (
+                f"{len(updates)} of {len(position)} sampled nodes replied, fewer than "
+                f"min-replies = {self.min_replies} (missing partitions {left_out[:10]}); "
+                f"{self._failed_in_a_row} such round(s) in a row, "
+                f"max-failed-rounds = {self.max_failed_rounds}"
             )
+            LOG.warning("round %d: %s: model unchanged", server_round, reason)
+            record["failed"] = reason
             self._done(record)
+            if self._failed_in_a_row >= self.max_failed_rounds:
+                raise RoundsFailed(server_round, reason)
             return None, metrics
+        self._failed_in_a_row = 0
         ordered = [updates[k] for k in sorted(updates, key=position.__getitem__)]
         multiplicity = torch.from_numpy(cohort.multiplicity[[position[u.client] for u in ordered]])
         update = CohortUpdate.from_clients(ordered, multiplicity)
