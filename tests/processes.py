@@ -3,9 +3,15 @@ ports, whether a port listens, waiting for a condition with a named timeout."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def free_ports(n: int) -> list[int]:
@@ -29,3 +35,34 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.2)
+
+
+class Processes:
+    """The processes a test starts: each logs to ``<folder>/<name>.log`` and runs in its own
+    process group (so its children die with it); ``stop_all`` kills them all and prints the
+    logs' tails (pytest shows them when the test fails)."""
+
+    def __init__(self, folder: Path, env: dict[str, str], bin_dir: Path) -> None:
+        self.folder, self.env, self.bin_dir = folder, env, bin_dir
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+        process = subprocess.Popen(
+            [str(self.bin_dir / args[0]), *args[1:]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.folder,
+            start_new_session=True,
+        )
+        self.started.append(process)
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        logs = {p.name: p.read_text()[-2000:] for p in self.folder.glob("*.log")}
+        print(json.dumps(logs, indent=1)[-6000:])

@@ -3,7 +3,6 @@ SuperLink with three SuperNodes, one of which is killed mid-round."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -24,7 +23,7 @@ from fedsub.flower.settings import FlowerSettings
 from fedsub.models.registry import build_model
 from fedsub.submodel.index import SubmodelIndex
 
-from .processes import free_ports, port_open, wait_for
+from .processes import Processes, free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 BIN = Path(sys.executable).parent
@@ -98,20 +97,8 @@ def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # Flower starts its helpers
         "PYTHONUNBUFFERED": "1",
     }
-    started: list[subprocess.Popen] = []
-
-    def start(name: str, *args: str) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-        process = subprocess.Popen(
-            [str(BIN / args[0]), *args[1:]],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp_path,
-            start_new_session=True,  # its own process group: its children die with it
-        )
-        started.append(process)
-        return process
+    processes = Processes(tmp_path, env, BIN)
+    start = processes.start
 
     out = tmp_path / "out"
     try:
@@ -168,12 +155,7 @@ def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_
         after = load_file(out / "model.safetensors")
         assert any(not torch.equal(after[n], v) for n, v in before.items())
     finally:
-        for process in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
-        print(json.dumps(logs, indent=1)[-6000:])
+        processes.stop_all()
 
 
 def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run():
@@ -218,20 +200,8 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_p
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
     }
-    started: list[subprocess.Popen] = []
-
-    def start(name: str, *args: str) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-        process = subprocess.Popen(
-            [str(BIN / args[0]), *args[1:]],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
-        started.append(process)
-        return process
+    processes = Processes(tmp_path, env, BIN)
+    start = processes.start
 
     out = tmp_path / "out"
     try:
@@ -281,9 +251,4 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_p
         assert "fewer than min-replies = 2" in result["failed"]["reason"]
         assert not (out / "model.safetensors").exists()
     finally:
-        for process in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
-        print(json.dumps(logs, indent=1)[-6000:])
+        processes.stop_all()

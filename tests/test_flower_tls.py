@@ -3,15 +3,13 @@ on real processes: registered nodes train over TLS, an unregistered key is refus
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from .processes import free_ports, port_open, wait_for
+from .processes import Processes, free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 SCRIPT = EXAMPLE / "scripts" / "make_certificates.sh"
@@ -81,20 +79,8 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
         "PYTHONUNBUFFERED": "1",
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     }
-    started: list[subprocess.Popen] = []
-
-    def start(name: str, *args: str) -> subprocess.Popen:
-        log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-        process = subprocess.Popen(
-            [str(BIN / args[0]), *args[1:]],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=tmp_path,
-            start_new_session=True,
-        )
-        started.append(process)
-        return process
+    processes = Processes(tmp_path, env, BIN)
+    start = processes.start
 
     def flwr(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -152,9 +138,4 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
             in (tmp_path / "superlink.log").read_text()
         )
     finally:
-        for process in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-        logs = {p.name: p.read_text()[-2000:] for p in tmp_path.glob("*.log")}
-        print(json.dumps(logs, indent=1)[-6000:])
+        processes.stop_all()
