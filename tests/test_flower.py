@@ -158,6 +158,18 @@ def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_
         processes.stop_all()
 
 
+def test_flower_settings_refuse_a_device_other_than_the_cpu(monkeypatch):
+    """On a machine with a GPU, train.device = "cuda" loads, and Flower refuses it by name."""
+    from fedsub.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    settings = FlowerSettings.from_run_config({"set": "train.device='cuda'"})
+    with pytest.raises(ConfigError, match=r"train\.device = 'cuda'.*CPU"):
+        settings.fedsub_config()
+    assert FlowerSettings.from_run_config({"set": "train.device='cpu'"}).fedsub_config()
+
+
 def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run():
     from fedsub.errors import ConfigError
 

@@ -104,6 +104,11 @@ class FlowerSettings:
                 f"train.masking = {config.train.masking!r}: sub-model masking runs in-process "
                 "only (fedsub compare); on Flower use train.masking = 'none'"
             )
+        if config.train.device != "cpu":
+            raise ConfigError(
+                f"train.device = {config.train.device!r}: the Flower apps run on the CPU for "
+                "now (their index sets are host arrays); on Flower use train.device = 'cpu'"
+            )
         return config
 
     def algorithm_name(self, config: Config) -> str:
