@@ -66,3 +66,23 @@ class Processes:
             process.wait(timeout=30)
         logs = {p.name: p.read_text()[-2000:] for p in self.folder.glob("*.log")}
         print(json.dumps(logs, indent=1)[-6000:])
+
+
+def flower_env(folder: Path, link: int, connection: str, bin_dir: Path, **extra: str) -> dict:
+    """The environment of a test's ``flwr`` / SuperLink / SuperNode processes: a FLWR_HOME in
+    ``folder`` whose default connection "test" reaches the SuperLink on port ``link``
+    (``connection`` is its security line, e.g. ``insecure = true``), and ``bin_dir`` first on
+    the PATH, as Flower starts its helpers from there."""
+    home = folder / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+        f'address = "127.0.0.1:{link}"\n{connection}\n'
+    )
+    return {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }

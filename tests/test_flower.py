@@ -23,7 +23,7 @@ from fedsub.flower.settings import FlowerSettings
 from fedsub.models.registry import build_model
 from fedsub.submodel.index import SubmodelIndex
 
-from .processes import Processes, free_ports, port_open, wait_for
+from .processes import Processes, flower_env, free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 BIN = Path(sys.executable).parent
@@ -78,6 +78,47 @@ def test_flower_simulation_gives_the_in_process_engines_model(tmp_path, name):
     assert all(r["bytes_sent"] < full_tables / 5 for r in result["rounds"])
 
 
+def start_insecure_federation(
+    processes: Processes, folder: Path, link: int, node_ports: list[int]
+) -> list[subprocess.Popen]:
+    """A plain-text SuperLink on ``link`` and one SuperNode per port (partition i of them);
+    returns the SuperNodes once the SuperLink listens."""
+    processes.start(
+        "superlink",
+        "flower-superlink",
+        "--insecure",
+        "--disable-runtime-dependency-installation",
+        f"--port={link}",
+        f"--database={folder / 'state.db'}",
+    )
+    nodes = [
+        processes.start(
+            f"supernode{i}",
+            "flower-supernode",
+            "--insecure",
+            f"--superlink=127.0.0.1:{link}",
+            f"--port={port}",
+            "--node-config",
+            f"partition-id={i} num-partitions={len(node_ports)}",
+        )
+        for i, port in enumerate(node_ports)
+    ]
+    wait_for(lambda: port_open(link), 60, "the SuperLink")
+    return nodes
+
+
+def submit_example(env: dict, run_config: str) -> None:
+    """``flwr run`` of the example app on the "test" connection (it only submits the run)."""
+    submitted = subprocess.run(
+        [str(BIN / "flwr"), "run", str(EXAMPLE), "test", "--run-config", run_config],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+
+
 def progress(out: Path) -> list[dict]:
     path = out / "progress.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -85,56 +126,17 @@ def progress(out: Path) -> list[dict]:
 
 def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_2(tmp_path):
     link, *node_ports = free_ports(4)  # the SuperLink serves every API on one port
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{link}"\ninsecure = true\n'
-    )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # Flower starts its helpers
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = flower_env(tmp_path, link, "insecure = true", BIN)
     processes = Processes(tmp_path, env, BIN)
-    start = processes.start
 
     out = tmp_path / "out"
     try:
-        start(
-            "superlink",
-            "flower-superlink",
-            "--insecure",
-            "--disable-runtime-dependency-installation",
-            f"--port={link}",
-            f"--database={tmp_path / 'state.db'}",
-        )
-        nodes = [
-            start(
-                f"supernode{i}",
-                "flower-supernode",
-                "--insecure",
-                f"--superlink=127.0.0.1:{link}",
-                f"--port={port}",
-                "--node-config",
-                f"partition-id={i} num-partitions=3",
-            )
-            for i, port in enumerate(node_ports)
-        ]
-        wait_for(lambda: port_open(link), 60, "the SuperLink")
+        nodes = start_insecure_federation(processes, tmp_path, link, node_ports)
         overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
         run_config = (
             f'set="{overrides}" out-dir="{out}" train-delay=3.0 round-timeout=30.0 eval-every=1'
         )
-        submitted = subprocess.run(
-            [str(BIN / "flwr"), "run", str(EXAMPLE), "test", "--run-config", run_config],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        submit_example(env, run_config)
         wait_for(
             lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 120, "round 2"
         )
@@ -200,57 +202,18 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_p
     """Two nodes, min-replies = 2: once one is killed no round can update the model; after
     max-failed-rounds = 2 such rounds the ServerApp fails and flower-result says so."""
     link, *node_ports = free_ports(3)
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{link}"\ninsecure = true\n'
-    )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = flower_env(tmp_path, link, "insecure = true", BIN)
     processes = Processes(tmp_path, env, BIN)
-    start = processes.start
 
     out = tmp_path / "out"
     try:
-        start(
-            "superlink",
-            "flower-superlink",
-            "--insecure",
-            "--disable-runtime-dependency-installation",
-            f"--port={link}",
-            f"--database={tmp_path / 'state.db'}",
-        )
-        nodes = [
-            start(
-                f"supernode{i}",
-                "flower-supernode",
-                "--insecure",
-                f"--superlink=127.0.0.1:{link}",
-                f"--port={port}",
-                "--node-config",
-                f"partition-id={i} num-partitions=2",
-            )
-            for i, port in enumerate(node_ports)
-        ]
-        wait_for(lambda: port_open(link), 60, "the SuperLink")
+        nodes = start_insecure_federation(processes, tmp_path, link, node_ports)
         overrides = "data.num_users=2; train.rounds=5; train.clients_per_round=2"
         run_config = (
             f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=10.0 '
             "min-replies=2 max-failed-rounds=2"
         )
-        submitted = subprocess.run(
-            [str(BIN / "flwr"), "run", str(EXAMPLE), "test", "--run-config", run_config],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        submit_example(env, run_config)
         wait_for(lambda: any(p.get("sent_to") for p in progress(out)), 120, "round 1")
         os.killpg(nodes[1].pid, signal.SIGKILL)  # before its reply (it waits 1 s)
         wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to stop")

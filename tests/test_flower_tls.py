@@ -4,12 +4,11 @@ on real processes: registered nodes train over TLS, an unregistered key is refus
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from .processes import Processes, free_ports, port_open, wait_for
+from .processes import Processes, flower_env, free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 SCRIPT = EXAMPLE / "scripts" / "make_certificates.sh"
@@ -66,19 +65,13 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
     certs = tmp_path / "certs"
     assert make_certificates(certs, 3).returncode == 0
     link, *node_ports = free_ports(4)
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-        f'address = "127.0.0.1:{link}"\nroot-certificates = "{certs / "ca.crt"}"\n'
+    env = flower_env(
+        tmp_path,
+        link,
+        f'root-certificates = "{certs / "ca.crt"}"',
+        BIN,
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
     )
-    env = {
-        **os.environ,
-        "FLWR_HOME": str(home),
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONUNBUFFERED": "1",
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    }
     processes = Processes(tmp_path, env, BIN)
     start = processes.start
 
