@@ -101,3 +101,38 @@ def assert_backends_agree(model, dataset, index, algorithm: str, clients: int, *
     run = Schedule(clients_per_round=clients, dtype=torch.float64, **settings)
     built = algorithm_for(algorithm, dataset, index, clients)
     assert_backends_match_reference(model, built, dataset, index, run)
+
+
+# A small synthetic-sparse comparison (FedAvg vs FedSubAvg, 4 rounds) for tests that run whole
+# comparisons: its [data] and [train]; callers append [train] keys, then their other sections.
+TINY_COMPARISON = """
+[data]
+name = "synthetic-sparse"
+num_users = 40
+num_items = 30
+mean_samples_per_user = 8
+
+[train]
+algorithms = ["fedavg", "fedsubavg"]
+rounds = 4
+clients_per_round = 6
+local_steps = 2
+batch_size = 4
+lr = 0.2
+"""
+
+
+def dense_model_by_torch_optim(model, params, samples, order, make_optimizer) -> dict:
+    """The reference for local rules on a model with dense parameters only: a copy of them
+    trained by a real torch.optim optimizer (``make_optimizer(parameters)``), one step per
+    row of ``order`` (that step's sample indices into ``samples``), in float64."""
+    from fedsub.models.base import Batch
+
+    reference = {n: p.clone().requires_grad_(True) for n, p in params.dense.items()}
+    optimizer = make_optimizer(reference.values())
+    for step in order:
+        batch = Batch.from_samples(samples.take(step), torch.float64)
+        optimizer.zero_grad()
+        model.loss(model.head(reference, {}, batch.dense), batch.labels).backward()
+        optimizer.step()
+    return {n: p.detach() for n, p in reference.items()}

@@ -17,21 +17,11 @@ from fedsub.models.mlp import MLP
 from fedsub.submodel.index import SubmodelIndex
 from tests.test_masking import _schedule, dense_dataset
 
-TINY = """
-[data]
-name = "synthetic-sparse"
-num_users = 40
-num_items = 30
-mean_samples_per_user = 8
+from .conftest import TINY_COMPARISON
 
-[train]
-algorithms = ["fedavg", "fedsubavg"]
-rounds = 4
-clients_per_round = 6
-local_steps = 2
-batch_size = 4
-lr = 0.2
-
+TINY = (
+    TINY_COMPARISON
+    + """
 [algorithms.fedavg]
 lr = {lr}
 
@@ -40,6 +30,7 @@ every = 2
 train_loss_samples = 200
 target_train_loss = 0.695
 """
+)
 
 
 def strict_json(text: str):

@@ -26,7 +26,7 @@ from fedsub.models.width import ChannelSlice, check_slicing, full_slice
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
-from tests.conftest import assert_one_step_lowers_loss
+from tests.conftest import assert_one_step_lowers_loss, dense_model_by_torch_optim
 
 MODELS = {
     "mlp": MLP(inputs=16, classes=3, hidden=(12, 8)),
@@ -239,15 +239,15 @@ def test_local_momentum_matches_torch_optim_sgd():
     chain = round_chain((), weight_decay=1e-3, momentum=0.9)
     ours = local_sgd(model, params.clone(), samples, order, chain, 0.1)
 
-    reference = {n: p.clone().requires_grad_(True) for n, p in params.dense.items()}
-    optimizer = torch.optim.SGD(reference.values(), lr=0.1, momentum=0.9, weight_decay=1e-3)
-    for step in order:
-        batch = Batch.from_samples(samples.take(step), torch.float64)
-        optimizer.zero_grad()
-        model.loss(model.head(reference, {}, batch.dense), batch.labels).backward()
-        optimizer.step()
+    reference = dense_model_by_torch_optim(
+        model,
+        params,
+        samples,
+        order,
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    )
     for n, p in reference.items():
-        torch.testing.assert_close(ours.dense[n], p.detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(ours.dense[n], p, rtol=0, atol=1e-12)
 
 
 def _schedule(scheme, backend="sequential", rounds=3, **masking) -> Schedule:

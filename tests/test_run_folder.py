@@ -19,27 +19,18 @@ from fedsub.engine.loop import Interrupted
 from fedsub.errors import FedsubError
 from fedsub.experiment import compare, sweep
 
-TINY = """
-[data]
-name = "synthetic-sparse"
-num_users = 40
-num_items = 30
-mean_samples_per_user = 8
+from .conftest import TINY_COMPARISON
 
-[train]
-algorithms = ["fedavg", "fedsubavg"]
-rounds = 4
-clients_per_round = 6
-local_steps = 2
-batch_size = 4
-lr = 0.2
-checkpoint_every = 1
+TINY = (
+    TINY_COMPARISON
+    + """checkpoint_every = 1
 
 [eval]
 every = 1
 train_loss_samples = 100
 target_train_loss = 0.69
 """
+)
 
 
 @pytest.fixture
