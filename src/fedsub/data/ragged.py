@@ -56,15 +56,18 @@ class Ragged:
 
     def take(self, index: np.ndarray) -> Ragged:
         """The samples at ``index`` (any order, repeats allowed), vectorised."""
+        return self.take_with_owners(index)[0]
+
+    def take_with_owners(self, index: np.ndarray) -> tuple[Ragged, np.ndarray]:
+        """``take(index)`` and, for each of its values, the position in ``index`` it came from."""
         index = np.asarray(index, dtype=np.int64)
         starts = self.offsets[index]
         lengths = self.offsets[index + 1] - starts
         offsets = np.zeros(len(index) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(
-            offsets[-1], dtype=np.int64
-        )
-        return Ragged(self.values[positions], offsets)
+        owners = np.repeat(np.arange(len(index)), lengths)
+        positions = (starts - offsets[:-1])[owners] + np.arange(offsets[-1], dtype=np.int64)
+        return Ragged(self.values[positions], offsets), owners
 
     def slice(self, start: int, stop: int) -> Ragged:
         """Samples ``start:stop`` without copying values."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from fedsub import device as device_lib
@@ -53,15 +52,8 @@ class TorchRagged:
         return self._torch_take(index)
 
     def _numpy_take(self, index: torch.Tensor) -> tuple[TorchRagged, torch.Tensor]:
-        all_offsets, chosen = self.offsets.numpy(), index.numpy()
-        starts = all_offsets[chosen]
-        lengths = all_offsets[chosen + 1] - starts
-        offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        owners = np.repeat(np.arange(len(chosen)), lengths)
-        positions = (starts - offsets[:-1])[owners] + np.arange(offsets[-1], dtype=np.int64)
-        values = torch.from_numpy(self.values.numpy()[positions])
-        return TorchRagged(values, torch.from_numpy(offsets)), torch.from_numpy(owners)
+        taken, owners = self.numpy().take_with_owners(index.numpy())
+        return TorchRagged.of(taken, index.device), torch.from_numpy(owners)
 
     def _torch_take(self, index: torch.Tensor) -> tuple[TorchRagged, torch.Tensor]:
         starts = self.offsets.index_select(0, index)  # index_select: no advanced-indexing cost
