@@ -46,6 +46,7 @@ from fedsub.client.work import round_chain
 from fedsub.data.federated import Population
 from fedsub.errors import ConfigError
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
+from fedsub.privacy.heat_vectors import MeasuredHeat
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -55,13 +56,17 @@ from fedsub.submodel.params import Params
 class AlgorithmContext:
     """What building an algorithm may look at: client sizes and index sets, heat definition,
     cohort size. ``dataset`` is the federation as the server knows it (a ``FederatedDataset``
-    in simulation, the clients' reports on Flower); only ``index.rows`` is read."""
+    in simulation, the clients' reports on Flower); only ``index.rows`` is read.
+    ``measured``: heat already measured by a private source over a network (Flower's heat
+    exchange); then neither index sets nor per-client sample counts are read for the heat,
+    nor for the population totals the aggregation needs."""
 
     dataset: Population
     index: SubmodelIndex
     heat: heat_lib.HeatKind
     clients_per_round: int = 1
     privacy: HeatPrivacy = field(default_factory=HeatPrivacy)
+    measured: MeasuredHeat | None = None
     # heat_coefficients' result, computed once: a private heat source runs a whole protocol
     _coefficients: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
@@ -122,13 +127,20 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
     Computed on first use and kept on the context."""
     if context._coefficients:
         return context._coefficients
-    counts = context.dataset.sample_counts()
-    total = float(counts.sum()) if context.heat == "samples" else float(len(counts))
-    lowest = float(counts.min()) if context.heat == "samples" else 1.0
-    estimates = estimate_heat(context.dataset, context.index, context.heat, context.privacy)
+    measured = context.measured
+    if measured is not None:
+        source, estimates = measured.source, measured.heat
+        total = measured.total_samples if context.heat == "samples" else float(measured.num_clients)
+        lowest = measured.lowest_weight if context.heat == "samples" else 1.0
+    else:
+        counts = context.dataset.sample_counts()
+        total = float(counts.sum()) if context.heat == "samples" else float(len(counts))
+        lowest = float(counts.min()) if context.heat == "samples" else 1.0
+        source = context.privacy.source
+        estimates = estimate_heat(context.dataset, context.index, context.heat, context.privacy)
     coefficients = {}
     for table, row_heat in estimates.items():
-        if context.privacy.source in ("sketch", "randomized-response"):
+        if source in ("sketch", "randomized-response"):
             row_heat = np.clip(row_heat, lowest, total)
         coefficients[table] = torch.from_numpy(heat_lib.coefficients(row_heat, total))
     context._coefficients.update(coefficients)
@@ -139,12 +151,13 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
 def _aggregation(
     context: AlgorithmContext, scheme: Scheme, weighting: Weighting = "samples", **kw: Any
 ) -> Aggregation:
-    counts = context.dataset.sample_counts()
+    if context.measured is not None:  # the population's totals came with the heat
+        population, clients = context.measured.total_samples, context.measured.num_clients
+    else:
+        counts = context.dataset.sample_counts()
+        population, clients = float(counts.sum()), len(counts)
     return Aggregation(
-        scheme.weighting or weighting,
-        population_weight=float(counts.sum()),
-        num_clients=len(counts),
-        **kw,
+        scheme.weighting or weighting, population_weight=population, num_clients=clients, **kw
     )
 
 

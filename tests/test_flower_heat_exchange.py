@@ -1,0 +1,262 @@
+"""The private heat exchange over Flower Messages (fedsub.flower.heat_exchange), on a grid
+that hands each message to the node's real handler in process: its heat equals the in-process
+sources', dropouts are handled by the threshold, and foreign or malformed replies are left out
+naming the node."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+
+from fedsub import config as config_lib
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
+from fedsub.data.federated import ClientSizes
+from fedsub.experiment import load_data
+from fedsub.flower import heat_exchange as hx
+from fedsub.privacy import randomized_response as rr
+from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
+from fedsub.privacy.heat_vectors import heat_from_reports
+from fedsub.privacy.secagg import SecAggError
+from fedsub.submodel.index import SubmodelIndex
+
+Handler = Callable[[Message, Context], Message]
+
+
+@pytest.fixture(autouse=True)
+def task_identity(monkeypatch):
+    """Messages read the process's run and node ids, which a Flower runtime sets."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+@pytest.fixture(scope="module")
+def federation():
+    config = config_lib.load(None, ["data.num_users=5"])
+    dataset = load_data(config)
+    return dataset, SubmodelIndex.build(dataset)
+
+
+class LoopbackGrid:
+    """A Grid whose nodes answer in process, each with its own Context (its state persists
+    across messages, as a SuperNode's does); ``tamper`` may replace a node's reply."""
+
+    def __init__(self, handlers: dict[int, Handler]) -> None:
+        self.handlers = handlers
+        self.contexts = {n: Context(1, n, {}, RecordDict(), {}) for n in handlers}
+        self.tamper: Callable[[int, str, Message], Message | None] = lambda n, s, m: m
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> list[Message]:
+        replies = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            stage = str(message.content["heat"]["stage"])
+            assert message.metadata.message_type == hx.MESSAGE_TYPE
+            try:
+                reply = self.handlers[node](message, self.contexts[node])
+            except Exception as error:  # a ClientApp's exception comes back as an error reply
+                reply = Message(Error(code=1, reason=str(error)), reply_to=message)
+            sent = self.tamper(node, stage, reply)
+            if sent is not None:  # None: the node dropped out
+                replies.append(sent)
+        return replies
+
+
+def node_handlers(dataset, index, privacy, kind) -> dict[int, Handler]:
+    """Node ids 101.. for clients 0..N-1, each answering with its own S(k) and count."""
+    counts = dataset.sample_counts()
+
+    def handler(k: int) -> Handler:
+        rows = {t: index.client_rows(t, k) for t in dataset.table_rows}
+        return lambda m, c: hx.answer_heat(
+            m, c, privacy, kind, dataset.table_rows, rows, int(counts[k])
+        )
+
+    return {101 + k: handler(k) for k in range(dataset.num_clients)}
+
+
+@pytest.mark.parametrize("source", ["secagg", "sketch"])
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_secure_heat_over_messages_equals_the_in_process_source(federation, source, kind):
+    dataset, index = federation
+    privacy = HeatPrivacy(source, group_size=2, sketch_eps=0.05, sketch_delta=0.1)
+    grid = LoopbackGrid(node_handlers(dataset, index, privacy, kind))
+    received: list[tuple[int, str]] = []
+    report = hx.collect_heat(
+        grid,
+        sorted(grid.handlers),
+        privacy,
+        kind,
+        dataset.table_rows,
+        10.0,
+        lambda node, stage, content: received.append((node, stage)),
+    )
+    expected = estimate_heat(dataset, index, kind, privacy)
+    assert set(report.measured.heat) == set(expected)
+    for table, heat in expected.items():
+        np.testing.assert_array_equal(report.measured.heat[table], heat)
+    assert report.measured.total_samples == dataset.sample_counts().sum()
+    assert report.measured.num_clients == dataset.num_clients == len(report.contributors)
+    # groups of 2 over 5 nodes: [101, 102], [103, 104, 105] (a lone tail joins the last group)
+    assert received.count((105, "unmask")) == 1 and len(received) == 4 * 5
+    assert all(hx.STATE not in c.state for c in grid.contexts.values())  # keys forgotten
+
+
+def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, caplog):
+    dataset, index = federation
+    privacy = HeatPrivacy("secagg", group_size=5)
+    grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
+    grid.tamper = lambda node, stage, m: None if (node, stage) == (103, "mask") else m
+    with caplog.at_level(logging.WARNING, logger="fedsub"):
+        report = hx.collect_heat(
+            grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0
+        )
+    assert "stage mask: no reply from node 103" in caplog.text
+    assert report.contributors == (101, 102, 104, 105)
+    without = [k for k in range(dataset.num_clients) if k != 2]
+    for table in dataset.table_rows:
+        expected = np.zeros(dataset.table_rows[table])
+        for k in without:
+            expected[index.client_rows(table, k)] += 1
+        np.testing.assert_array_equal(report.measured.heat[table], expected)
+    assert report.measured.num_clients == 4
+    # three of five drop before masking: fewer than t = 3 remain
+    grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
+    grid.tamper = lambda node, stage, m: None if node > 102 and stage == "mask" else m
+    with pytest.raises(SecAggError, match=r"only 2 clients left.*t = 3"):
+        hx.collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0)
+
+
+def _reply_with(reply: Message, **changes) -> Message:
+    """``reply`` with some of its heat fields replaced (a forged or broken reply)."""
+    fields = {**dict(hx._heat_record(reply.content, "test")), **changes}
+    request = Message(RecordDict(), reply.metadata.src_node_id, hx.MESSAGE_TYPE)
+    return Message(RecordDict({"heat": ConfigRecord(fields)}), reply_to=request)
+
+
+def test_foreign_replies_are_left_out_naming_the_node(federation, caplog):
+    dataset, index = federation
+    privacy = HeatPrivacy("secagg", group_size=5)
+    grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
+    bad: dict[tuple[int, str], dict[str, bytes | int]] = {
+        (101, "advertise"): {"session": b"another session!"},
+        (102, "share"): {"sender": 3},  # claims to be another node's client
+    }
+    grid.tamper = lambda node, stage, m: (
+        _reply_with(m, **bad[node, stage]) if (node, stage) in bad else m
+    )
+    with caplog.at_level(logging.WARNING, logger="fedsub"):
+        report = hx.collect_heat(
+            grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0
+        )
+    assert "node 101: heat message from another session; left out" in caplog.text
+    assert "node 102: claims to be client 3 of its group, it is client 1" in caplog.text
+    assert report.contributors == (103, 104, 105)
+    expected = np.zeros(dataset.table_rows["features"])
+    for k in (2, 3, 4):
+        expected[index.client_rows("features", k)] += 1
+    np.testing.assert_array_equal(report.measured.heat["features"], expected)
+
+
+def test_malformed_heat_records_are_refused_naming_node_and_field():
+    session = b"s" * 16
+    masked = ConfigRecord({"stage": "mask", "session": session, "sender": 0, "values": b"1234567"})
+    with pytest.raises(hx.HeatMessageError, match="node 7: masked input of 7 bytes, expected 2"):
+        hx.decode_masked(masked, session, 2, "node 7")
+    keys = ConfigRecord({"stage": "advertise", "session": session, "sender": "0"})
+    with pytest.raises(hx.HeatMessageError, match="node 7: heat message's 'sender' is a str"):
+        hx.decode_advertise(keys, session, "node 7")
+    with pytest.raises(hx.HeatMessageError, match="node 7: heat message of stage 'advertise', "):
+        hx.decode_unmask(keys, session, "node 7")
+    with pytest.raises(hx.HeatMessageError, match="node 7: not a heat message"):
+        hx._heat_record(RecordDict({"metrics": ConfigRecord({"a": 1})}), "node 7")
+    shares = ConfigRecord(
+        {"self-owners": [0, 1], "self-x": [1], "self-y": [b"x" * 66], "stage": "unmask"}
+    )
+    with pytest.raises(hx.HeatMessageError, match="node 7: heat message's self shares do not"):
+        hx._shares_of(shares, "self", "node 7")
+    report = ConfigRecord({"stage": "report", "num-examples": 3, "bits.features": b"\x00"})
+    with pytest.raises(hx.HeatMessageError, match="1 bytes of bits for table 'features', exp"):
+        hx.decode_report(report, {"features": 100}, "node 7")
+
+
+def test_a_node_answers_only_for_its_own_heat_source(federation):
+    dataset, index = federation
+    grid = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("sketch"), "clients"))
+    request = hx.advertise_request(b"s" * 16, 0, 3, "secagg")
+    message = Message(RecordDict({"heat": ConfigRecord(request)}), 101, hx.MESSAGE_TYPE)
+    with pytest.raises(hx.HeatMessageError, match=r"asks for heat source 'secagg'.*'sketch'"):
+        grid.handlers[101](message, grid.contexts[101])
+    exact = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("exact"), "clients"))
+    with pytest.raises(hx.HeatMessageError, match=r"train\.heat_source = 'exact'"):
+        exact.handlers[101](message, exact.contexts[101])
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_randomized_response_estimate_equals_the_in_process_estimator(federation, kind):
+    """Given the reports the in-process source draws (its seeded stream), the reports sent as
+    messages give the in-process estimate."""
+    dataset, index = federation
+    privacy = HeatPrivacy("randomized-response", rr_epsilon=1.0, seed=3)
+    counts = dataset.sample_counts()
+    bits: list[dict[str, np.ndarray]] = [{} for _ in range(dataset.num_clients)]
+    for table, size in dataset.table_rows.items():  # the in-process stream: one per table
+        rng = np.random.default_rng([privacy.seed, 0x5151])
+        for k in range(dataset.num_clients):
+            bits[k][table] = rr.report(index.client_rows(table, k), size, 1.0, rng)
+    sent = [
+        hx.decode_report(ConfigRecord(hx.encode_report(b, int(n))), dataset.table_rows, f"node {k}")
+        for k, (b, n) in enumerate(zip(bits, counts, strict=True))
+    ]
+    measured = heat_from_reports(privacy, kind, dataset.table_rows, sent)
+    expected = estimate_heat(dataset, index, kind, privacy)
+    for table, heat in expected.items():
+        np.testing.assert_allclose(measured.heat[table], heat, rtol=1e-12, atol=1e-9)
+    assert measured.lowest_weight == (counts.min() if kind == "samples" else 1.0)
+
+
+def test_randomized_response_over_messages_is_unbiased_enough(federation):
+    """Over the grid (the nodes draw their own noise): noisy per row, but the mean error over
+    the rows (independent draws) is within 6 standard errors of 0."""
+    dataset, index = federation
+    privacy = HeatPrivacy("randomized-response", rr_epsilon=4.0)
+    grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
+    report = hx.collect_heat(
+        grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0
+    )
+    exact = estimate_heat(dataset, index, "clients", HeatPrivacy())
+    p = rr.keep_probability(4.0)
+    std = np.sqrt(p * (1 - p) * dataset.num_clients) / (2 * p - 1)
+    for table, heat in exact.items():
+        error = report.measured.heat[table] - heat
+        assert np.abs(error).max() > 0  # noise was added on the nodes
+        assert abs(error.mean()) < 6 * std / np.sqrt(len(error))
+    assert report.measured.num_clients == dataset.num_clients
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_measured_heat_gives_the_algorithm_the_coefficients_of_the_index_sets(federation, kind):
+    """AlgorithmContext with ``measured`` heat (no index sets, no per-client counts) builds
+    FedSubAvg with the coefficients and population totals of the exact context."""
+    dataset, index = federation
+    privacy = HeatPrivacy("secagg", group_size=5)
+    grid = LoopbackGrid(node_handlers(dataset, index, privacy, kind))
+    report = hx.collect_heat(grid, sorted(grid.handlers), privacy, kind, dataset.table_rows, 5.0)
+    exact = AlgorithmContext(dataset, index, kind, 2)
+    unknown = ClientSizes(dataset.table_rows, np.ones(dataset.num_clients, dtype=np.int64))
+    measured = AlgorithmContext(
+        unknown, SubmodelIndex({}, {}), kind, 2, privacy, measured=report.measured
+    )
+    for name, scheme in (("fedsubavg", ""), ("fedsubavg@scheme2", "scheme2")):
+        a = build_algorithm(name, exact, None).aggregation
+        b = build_algorithm(name, measured, None).aggregation
+        assert (a.population_weight, a.num_clients) == (b.population_weight, b.num_clients)
+        assert a.weighting == b.weighting, scheme
+    want, got = heat_coefficients(exact), heat_coefficients(measured)
+    for table in want:
+        np.testing.assert_array_equal(got[table].numpy(), want[table].numpy())
