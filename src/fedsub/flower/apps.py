@@ -35,6 +35,7 @@ from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.experiment import load_data, model_of, schedule_of
+from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat, privacy_of
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
@@ -86,17 +87,47 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
 
     @app.query()
     def report_index(message: Message, context: Context) -> Message:
-        """The node's partition, sample count and index sets S(k)."""
+        """The node's partition, and (query "index") its sample count and index sets S(k),
+        or (query "rows") its S(k) only: what the download of X[S(k)] reveals anyway. A node
+        whose train.heat_source is private refuses "index": its heat goes by query.heat."""
         fed = federation(_settings(fixed, context))
         k = _partition(context, fed)
-        rows = {
-            f"rows.{t}": torch.from_numpy(fed.index.client_rows(t, k))
-            for t in fed.dataset.table_rows
-        }
-        counts = int(fed.dataset.sample_counts()[k])
-        metrics = MetricRecord({"partition-id": k, "num-examples": counts})
-        return Message(
-            RecordDict({"index": ArrayRecord(rows), "metrics": metrics}), reply_to=message
+        what = str(record_of(message.content, "query", ConfigRecord).get("what", "index"))
+        private = privacy_of(fed.config).source != "exact"
+        if what not in ("index", "rows", "partition"):
+            raise FedsubError(f"partition {k}: unknown query {what!r}")
+        if what == "index" and private:
+            raise FedsubError(
+                f"partition {k}: train.heat_source = {fed.config.train.heat_source!r}, so this "
+                "node does not send its index sets and sample count in the clear"
+            )
+        metrics = MetricRecord({"partition-id": k})
+        content = RecordDict({"metrics": metrics})
+        if what in ("index", "rows"):
+            content["index"] = ArrayRecord(
+                {
+                    f"rows.{t}": torch.from_numpy(fed.index.client_rows(t, k))
+                    for t in fed.dataset.table_rows
+                }
+            )
+        if what == "index":
+            metrics["num-examples"] = int(fed.dataset.sample_counts()[k])
+        return Message(content, reply_to=message)
+
+    @app.query("heat")
+    def exchange_heat(message: Message, context: Context) -> Message:
+        """One stage of the private heat exchange (fedsub.flower.heat_exchange)."""
+        fed = federation(_settings(fixed, context))
+        k = _partition(context, fed)
+        rows = {t: fed.index.client_rows(t, k) for t in fed.dataset.table_rows}
+        return answer_heat(
+            message,
+            context,
+            privacy_of(fed.config),
+            cast(HeatKind, fed.config.train.heat),  # config.py has checked it
+            fed.dataset.table_rows,
+            rows,
+            int(fed.dataset.sample_counts()[k]),
         )
 
     @app.train()
@@ -145,6 +176,17 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     return app
 
 
+def write_heat(out: Path, report: HeatReport, transcript: Transcript | None) -> None:
+    """What the private heat exchange measured (``heat.safetensors``: per table the heat of
+    every row) and, if recorded, everything the server received in it."""
+    measured = report.measured
+    tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
+    save_tensors_atomic(out / "heat.safetensors", tensors)
+    if transcript is not None:
+        text = dumps({"source": measured.source, "replies": transcript.entries}) + "\n"
+        write_atomic(out / "heat-transcript.json", text)
+
+
 def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     app = ServerApp()
 
@@ -156,7 +198,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         name = settings.algorithm_name(config)
         settings.check_against(config)
         params = initial_params(fed.model, fed.schedule)
-        progress = None
+        progress, transcript = None, None
+        privacy = privacy_of(config)
+        if settings.heat_transcript and privacy.source != "exact":
+            transcript = Transcript()
         if settings.out_dir:
             progress = JsonLines(Path(settings.out_dir) / "progress.jsonl")
             progress.path.unlink(missing_ok=True)
@@ -171,8 +216,12 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             max_update_norm=config.train.max_update_norm,
             payload=settings.payload,
             on_progress=progress,
+            privacy=privacy,
+            on_heat_reply=transcript,
         )
         strategy.discover(grid, fed.dataset.num_clients, settings.round_timeout)
+        if settings.out_dir and strategy.heat_report is not None:
+            write_heat(Path(settings.out_dir), strategy.heat_report, transcript)
         evaluator = Evaluator.build(
             fed.model, fed.dataset, config.eval.train_loss_samples, config.data.seed
         )

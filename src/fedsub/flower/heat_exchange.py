@@ -36,8 +36,9 @@ from typing import Protocol
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
+from fedsub.config import Config
 from fedsub.errors import FedsubError
 from fedsub.flower.records import record_of
 from fedsub.privacy import shamir
@@ -93,6 +94,14 @@ class HeatReport:
 
     measured: MeasuredHeat
     contributors: tuple[int, ...]
+
+
+def privacy_of(config: Config) -> HeatPrivacy:
+    """The run's heat source and its parameters (``train.heat_source`` and the rest)."""
+    t = config.train
+    return HeatPrivacy(
+        t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
+    )
 
 
 # ---- typed fields of a heat ConfigRecord ---------------------------------------------------
@@ -443,6 +452,38 @@ def answer_heat(
 
 def _reply(message: Message, fields: dict) -> Message:
     return Message(RecordDict({RECORD: ConfigRecord(fields)}), reply_to=message)
+
+
+# ---- what the server received -------------------------------------------------------------
+
+
+def _plain(value: object) -> object:
+    """A record value as JSON: bytes as {"bytes": hex}, lists element-wise."""
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class Transcript:
+    """A ``Recorder`` keeping, as JSON-able data, every reply the server received: its node,
+    stage, and each record's values (arrays as lists with their dtype, bytes as hex)."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict] = []
+
+    def __call__(self, node: int, stage: str, content: RecordDict) -> None:
+        records: dict[str, dict] = {}
+        for name, record in content.items():
+            if isinstance(record, ArrayRecord):
+                records[name] = {
+                    key: {"dtype": str(array.dtype), "array": array.numpy().tolist()}
+                    for key, array in record.to_torch_state_dict().items()
+                }
+            else:
+                records[name] = {key: _plain(v) for key, v in dict(record).items()}
+        self.entries.append({"node": node, "stage": stage, "records": records})
 
 
 # ---- the server's side -------------------------------------------------------------------

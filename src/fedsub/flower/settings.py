@@ -14,7 +14,10 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model: an
   absolute path or one starting with ``~`` ("" = write nothing). A relative path is refused:
   it would land inside the app folder, which the next ``flwr run .`` ships to every node;
-- ``train-delay``: seconds each node waits before replying (to test faults; default 0).
+- ``train-delay``: seconds each node waits before replying (to test faults; default 0);
+- ``heat-transcript``: with a private ``train.heat_source``, write everything the server
+  received in the query round and the heat exchange to ``out-dir/heat-transcript.json``
+  (to inspect what the server learns; default false).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Literal, cast
 from fedsub import config as config_lib
 from fedsub.algorithms.compose import recipe_of
 from fedsub.algorithms.registry import check_combination, split_name
+from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError
 
@@ -44,12 +48,13 @@ class FlowerSettings:
     eval_every: int = 0
     out_dir: str = ""
     train_delay: float = 0.0
+    heat_transcript: bool = False
 
     @staticmethod
     def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
         known = {
             "config", "set", "algorithm", "payload", "min-replies", "max-failed-rounds",
-            "round-timeout", "eval-every", "out-dir", "train-delay",
+            "round-timeout", "eval-every", "out-dir", "train-delay", "heat-transcript",
         }  # fmt: skip
         unknown = sorted(set(run_config) - known)
         if unknown:
@@ -70,6 +75,7 @@ class FlowerSettings:
             eval_every=int(run_config.get("eval-every", 0)),
             out_dir=output_folder(str(run_config.get("out-dir", ""))),
             train_delay=float(run_config.get("train-delay", 0.0)),
+            heat_transcript=_flag(run_config, "heat-transcript"),
         )
         settings.check()
         return settings
@@ -120,7 +126,21 @@ class FlowerSettings:
         except ValueError as error:
             raise ConfigError(f"Flower run config: algorithm = {name!r}: {error}") from None
         check_combination(name, recipe_of(name, config.algorithms), scheme=scheme, on_flower=True)
+        needs_counts = SCHEMES[scheme].sampling != "uniform" or SCHEMES[scheme].scale_lr_by_pn
+        if config.train.heat_source != "exact" and needs_counts:
+            raise ConfigError(
+                f"Flower run config: algorithm = {name!r}: scheme {scheme!r} needs every "
+                "client's sample count on the server, which train.heat_source = "
+                f"{config.train.heat_source!r} keeps private; use another scheme or exact heat"
+            )
         return name
+
+
+def _flag(run_config: dict[str, Any], key: str) -> bool:
+    value = run_config.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"Flower run config: {key} = {value!r}; expected true or false")
+    return value
 
 
 def output_folder(text: str) -> str:
