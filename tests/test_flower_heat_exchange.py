@@ -20,7 +20,7 @@ from fedsub.flower import heat_exchange as hx
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import heat_from_reports
-from fedsub.privacy.secagg import SecAggError
+from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
 from fedsub.submodel.index import SubmodelIndex
 
 Handler = Callable[[Message, Context], Message]
@@ -260,3 +260,31 @@ def test_measured_heat_gives_the_algorithm_the_coefficients_of_the_index_sets(fe
     want, got = heat_coefficients(exact), heat_coefficients(measured)
     for table in want:
         np.testing.assert_array_equal(got[table].numpy(), want[table].numpy())
+
+
+def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
+    """A server asking for a group of one, a minority threshold, or unmasking with fewer than
+    t survivors is refused by the node itself."""
+    dataset, index = federation
+    privacy = HeatPrivacy("secagg")
+    grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
+    handler, context = grid.handlers[101], grid.contexts[101]
+
+    def ask(fields: dict) -> Message:
+        return handler(
+            Message(RecordDict({"heat": ConfigRecord(fields)}), 101, hx.MESSAGE_TYPE), context
+        )
+
+    session = b"s" * 16
+    keys = hx._heat_record(ask(hx.advertise_request(session, 0, 1, "secagg")).content, "test")
+    own = hx.decode_advertise(keys, session, "test")
+    with pytest.raises(hx.HeatMessageError, match="a group of 1 with threshold t = 1"):
+        ask(hx.share_request(session, [own]))
+    peer = AdvertiseKeys(session, 1, own.channel_key, own.mask_key)
+    with pytest.raises(hx.HeatMessageError, match="a group of 2 with threshold t = 1"):
+        ask(hx.share_request(session, [own, peer]))
+    ask(hx.advertise_request(session, 0, 2, "secagg"))
+    ask(hx.share_request(session, [own, peer]))
+    request = UnmaskRequest(session, (0,), (1,))
+    with pytest.raises(hx.HeatMessageError, match="only 1 survivors, fewer than t = 2"):
+        ask(hx.unmask_request(request))

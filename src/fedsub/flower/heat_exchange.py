@@ -22,7 +22,8 @@ node. For ``randomized-response`` one stage, "report": each node sends its eps-L
 (drawn on the node) and its sample count; the server debiases.
 
 A node answers only for the heat source its own config names, so a server cannot talk it into
-a weaker one.
+a weaker one, and refuses a group of one, a threshold below a majority of its group, or an
+unmask request with fewer than t survivors.
 """
 
 from __future__ import annotations
@@ -435,12 +436,25 @@ def answer_heat(
             raise HeatMessageError(f"{who}: stage {stage!r} before this node advertised keys")
         client = load_client(record_of(context.state, STATE, ConfigRecord), session, who)
         if stage == "share":
-            reply = encode_share_keys(client.share_keys(keys_of(request, session, who)))
+            keys = keys_of(request, session, who)
+            if len(keys) < 2 or 2 * client.threshold <= len(keys):
+                raise HeatMessageError(
+                    f"{who}: a group of {len(keys)} with threshold t = {client.threshold}: "
+                    "the sum of fewer than two vectors, or a minority able to unmask, would "
+                    "not hide this node's; refusing"
+                )
+            reply = encode_share_keys(client.share_keys(keys))
         elif stage == "mask":
             vector = summed_vector(privacy, kind, table_rows, rows, num_samples)
             reply = encode_masked(client.masked_input(inbox_of(request, session, who), vector))
         elif stage == "unmask":
-            reply = encode_unmask(client.unmask(request_of(request, session, who)))
+            unmask = request_of(request, session, who)
+            if len(unmask.survivors) < client.threshold:
+                raise HeatMessageError(
+                    f"{who}: only {len(unmask.survivors)} survivors, fewer than t = "
+                    f"{client.threshold}: unmasking would reveal one node's vector; refusing"
+                )
+            reply = encode_unmask(client.unmask(unmask))
         else:
             raise HeatMessageError(f"{who}: unknown heat stage {stage!r}; expected {STAGES}")
     if stage == "unmask":
