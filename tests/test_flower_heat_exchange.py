@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 
 from fedsub import config as config_lib
@@ -288,3 +289,116 @@ def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
     request = UnmaskRequest(session, (0,), (1,))
     with pytest.raises(hx.HeatMessageError, match="only 1 survivors, fewer than t = 2"):
         ask(hx.unmask_request(request))
+
+
+class AppGrid:
+    """Nodes 100.. running the real ClientApp in process, each with its node config and own
+    Context (a deployment without processes); ``drop`` says which messages go unanswered."""
+
+    def __init__(self, app, num_nodes: int) -> None:
+        self.app = app
+        self.contexts = {
+            100 + k: Context(
+                1, 100 + k, {"partition-id": k, "num-partitions": num_nodes}, RecordDict(), {}
+            )
+            for k in range(num_nodes)
+        }
+        self.drop: Callable[[int, Message], bool] = lambda node, message: False
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> list[Message]:
+        replies = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            if not self.drop(node, message):
+                replies.append(self.app(message, self.contexts[node]))
+        return replies
+
+
+def _private_strategy(settings):
+    from fedsub.engine.loop import initial_params
+    from fedsub.flower.apps import federation
+    from fedsub.flower.heat_exchange import privacy_of
+    from fedsub.flower.strategy import SubmodelStrategy
+
+    fed = federation(settings)
+    name = settings.algorithm_name(fed.config)
+    return SubmodelStrategy(
+        initial_params(fed.model, fed.schedule),
+        name,
+        fed.config.algorithm_options(name),
+        fed.config.train.heat,  # type: ignore[arg-type]  # config.py checked its choices
+        fed.schedule,
+        payload=settings.payload,
+        privacy=privacy_of(fed.config),
+    )
+
+
+def _train(strategy, grid, rounds: int) -> None:
+    from flwr.app import ArrayRecord
+
+    strategy.discover(grid, len(grid.contexts), 5.0)
+    for r in range(1, rounds + 1):
+        messages = strategy.configure_train(r, ArrayRecord(), ConfigRecord(), grid)
+        strategy.aggregate_train(r, grid.send_and_receive(messages))
+
+
+EXACT = (
+    "data.num_users=4",
+    "train.rounds=2",
+    "train.clients_per_round=2",
+    "train.algorithms=['fedsubavg']",
+    "train.heat='samples'",
+)
+
+
+@pytest.mark.parametrize("payload", ["submodel", "full"])
+def test_strategy_with_secagg_heat_gives_the_exact_heat_model(payload):
+    """The strategy and ClientApp with ``secagg`` heat (both payloads) train the in-process
+    exact-heat model; the server learned S(k) of sampled nodes only (by the rows query)."""
+    from fedsub.flower.apps import make_client_app
+    from fedsub.flower.settings import FlowerSettings
+
+    from .test_flower import in_process_model
+
+    private = (*EXACT, "train.heat_source='secagg'", "train.secagg_group=2")
+    settings = FlowerSettings(overrides=private, payload=payload)
+    grid = AppGrid(make_client_app(settings), 4)
+    strategy = _private_strategy(settings)
+    _train(strategy, grid, 2)
+    expected = in_process_model(EXACT)
+    for name, value in strategy.params.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-5)
+    assert strategy._index is None  # no S(k) from the query round
+    cohorts = {k for r in (1, 2) for k in strategy._round.begin(r).cohort.clients.tolist()}
+    assert set(strategy._sampled_rows) == cohorts < set(range(4))  # the sampled nodes' only
+    assert [r["replies"] for r in strategy.rounds] == [2, 2]
+
+
+def test_a_node_that_does_not_send_its_rows_is_left_out_of_the_round():
+    from flwr.app import ArrayRecord
+
+    from fedsub.flower.apps import make_client_app
+    from fedsub.flower.settings import FlowerSettings
+
+    private = (*EXACT, "train.heat_source='secagg'", "train.secagg_group=2", "train.rounds=1")
+    settings = FlowerSettings(overrides=private)
+    grid = AppGrid(make_client_app(settings), 4)
+    strategy = _private_strategy(settings)
+    strategy.discover(grid, 4, 5.0)
+    silent = strategy._round.begin(1).cohort.clients.tolist()[0]  # partition k is node 100 + k
+
+    def rows_query_to_silent(node: int, message: Message) -> bool:
+        query = message.content.get("query")
+        rows = isinstance(query, ConfigRecord) and query.get("what") == "rows"
+        return rows and node == 100 + silent
+
+    grid.drop = rows_query_to_silent
+    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
+    assert [m.metadata.dst_node_id for m in messages] != [] and 100 + silent not in [
+        m.metadata.dst_node_id for m in messages
+    ]
+    strategy.aggregate_train(1, grid.send_and_receive(messages))
+    assert strategy.rounds[0]["left_out"] == [silent] and strategy.rounds[0]["updated"]
