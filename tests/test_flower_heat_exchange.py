@@ -129,7 +129,9 @@ def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, cap
     # three of five drop before masking: fewer than t = 3 remain
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
     grid.tamper = lambda node, stage, m: None if node > 102 and stage == "mask" else m
-    with pytest.raises(SecAggError, match=r"only 2 clients left.*t = 3"):
+    with pytest.raises(
+        SecAggError, match=r"group of nodes \[101, 102, 103, 104, 105\]: only 2 clients left.*t = 3"
+    ):
         hx.collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0)
 
 

@@ -659,7 +659,12 @@ def collect_heat(
     total = np.zeros(length, dtype=np.int64)
     contributors: list[int] = []
     for group in groups_of(sorted(nodes), privacy.group_size):
-        group_sum, survivors = _group_sum(grid, group, privacy, length, timeout, record)
+        try:
+            group_sum, survivors = _group_sum(grid, group, privacy, length, timeout, record)
+        except SecAggError as error:  # name the group: the operator's next step
+            raise SecAggError(
+                f"heat exchange ({privacy.source}), group of nodes {group}: {error}"
+            ) from None
         total += group_sum.astype(np.int64)
         contributors.extend(survivors)
     return HeatReport(heat_from_sum(privacy, table_rows, total), tuple(contributors))
