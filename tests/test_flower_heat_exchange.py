@@ -281,6 +281,10 @@ def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
     session = b"s" * 16
     keys = hx._heat_record(ask(hx.advertise_request(session, 0, 1, "secagg")).content, "test")
     own = hx.decode_advertise(keys, session, "test")
+    with pytest.raises(hx.HeatMessageError, match="from another session than this node's"):
+        ask(hx.share_request(b"o" * 16, [own]))
+    with pytest.raises(hx.HeatMessageError, match="unknown heat stage 'sum'"):
+        ask({"stage": "sum", "session": session})
     with pytest.raises(hx.HeatMessageError, match="a group of 1 with threshold t = 1"):
         ask(hx.share_request(session, [own]))
     peer = AdvertiseKeys(session, 1, own.channel_key, own.mask_key)
