@@ -40,6 +40,7 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
+from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
 from fedsub.submodel.heat import HeatKind
@@ -81,6 +82,7 @@ class SubmodelStrategy(Strategy):
         max_update_norm: float = 0.0,
         payload: Payload = "submodel",
         on_progress: Callable[[dict], None] | None = None,
+        evaluation: FederatedEvaluation | None = None,
     ) -> None:
         self.params = params
         self.algorithm_name = algorithm
@@ -94,6 +96,7 @@ class SubmodelStrategy(Strategy):
         self.payload = payload
         self.on_progress = on_progress  # called when a round is sent out and when it is done
         self.rounds: list[dict] = []  # one record per round: replies, bytes, left out
+        self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
         self._node_of: dict[int, int] = {}
         self._index: SubmodelIndex | None = None
         self._counts = np.zeros(0, dtype=np.int64)
@@ -112,7 +115,11 @@ class SubmodelStrategy(Strategy):
                 )
             time.sleep(0.5)
         query = [
-            Message(RecordDict({"query": ConfigRecord({"what": "index"})}), n, MessageType.QUERY)
+            Message(
+                RecordDict({"query": ConfigRecord({"what": "index", **self.evaluation.query})}),
+                n,
+                MessageType.QUERY,
+            )
             for n in nodes
         ]
         reports: dict[int, tuple[int, int, dict[str, np.ndarray]]] = {}
@@ -126,6 +133,7 @@ class SubmodelStrategy(Strategy):
             rows = {k[len("rows.") :]: v.numpy() for k, v in index.to_torch_state_dict().items()}
             examples = int(number_of(metrics, "num-examples"))
             reports[client] = (reply.metadata.src_node_id, examples, rows)
+            self.evaluation.learn(client, reply.content)
         missing = sorted(set(range(num_clients)) - set(reports))
         if missing:
             raise FedsubError(
@@ -281,16 +289,16 @@ class SubmodelStrategy(Strategy):
         if self.on_progress is not None:
             self.on_progress(record)
 
-    # --- no client-side evaluation: the server evaluates the global model ------------------
+    # --- federated evaluation (flower/federated_eval.py) ------------------------------------
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return []
+        return self.evaluation.messages(server_round, self.params, self._node_of)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        return None
+        return self.evaluation.aggregate(server_round, replies)
 
     def summary(self) -> None:
         LOG.info(
