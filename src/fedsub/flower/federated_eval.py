@@ -12,6 +12,7 @@ binned one, reported with its bound ``test_auc_bin_error``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import numpy as np
@@ -19,15 +20,17 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsub.data.federated import SampleSet
-from fedsub.engine.binned_auc import binned_auc
+from fedsub.engine.binned_auc import BINS, binned_auc
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.metrics import roc_auc
+from fedsub.errors import FedsubError
 from fedsub.flower.records import number_of, record_of, submodel_record
 from fedsub.models.base import Model
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull
 
 EVAL_INDEX = "eval-index"  # the query reply's record of the rows a node's evaluation reads
+LOG = logging.getLogger("fedsub")
 SUMS = [f"{p}{k}" for p in ("", "train-") for k in ("num-examples", "loss-sum", "correct")]
 
 
@@ -74,26 +77,46 @@ class FederatedEvaluation:
     def aggregate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         if not self.due(server_round):
             return None
-        total: dict[str, float] = {}
-        positives = negatives = None
-        nodes = 0
+        reports = []
         for reply in replies:
-            if reply.has_error():
+            if reply.has_error():  # that node's samples are left out of this evaluation
+                LOG.warning(
+                    "round %d: evaluation on node %d failed: %s",
+                    server_round,
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
                 continue
-            metrics = record_of(reply.content, "metrics", MetricRecord)
-            nodes += 1
+            reports.append(record_of(reply.content, "metrics", MetricRecord))
+        return MetricRecord(dict(self.combine(server_round, reports)))
+
+    def combine(self, server_round: int, reports: list[MetricRecord]) -> dict[str, float]:
+        """The global metrics from the nodes' reports (kept in ``results``)."""
+        total: dict[str, float] = {}
+        positives = np.zeros(BINS, np.int64)
+        negatives = np.zeros(BINS, np.int64)
+        histograms = False
+        for metrics in reports:
             for key in SUMS:
                 if key in metrics:
                     total[key] = total.get(key, 0.0) + number_of(metrics, key)
             if "auc-positives" in metrics:
-                pos = np.asarray(metrics["auc-positives"], np.int64)
-                neg = np.asarray(metrics["auc-negatives"], np.int64)
-                positives = pos if positives is None else positives + pos
-                negatives = neg if negatives is None else negatives + neg
-        result = global_metrics(total, positives, negatives)
-        result["eval_nodes"] = float(nodes)
+                histograms = True
+                positives += _histogram(metrics, "auc-positives")
+                negatives += _histogram(metrics, "auc-negatives")
+        result = global_metrics(total, *((positives, negatives) if histograms else (None, None)))
+        result["eval_nodes"] = float(len(reports))
         self.results[server_round] = result
-        return MetricRecord(dict(result))
+        return result
+
+
+def _histogram(metrics: MetricRecord, key: str) -> np.ndarray:
+    counts = np.asarray(metrics[key], np.int64)
+    if counts.shape != (BINS,):
+        raise FedsubError(
+            f"Flower: an evaluation reply's {key!r} has {counts.size} bins, expected {BINS}"
+        )
+    return counts
 
 
 def global_metrics(
