@@ -79,10 +79,14 @@ def test_flower_simulation_gives_the_in_process_engines_model(tmp_path, name):
 
 
 def start_insecure_federation(
-    processes: Processes, folder: Path, link: int, node_ports: list[int]
+    processes: Processes,
+    folder: Path,
+    link: int,
+    node_ports: list[int],
+    node_configs: list[str] | None = None,
 ) -> list[subprocess.Popen]:
-    """A plain-text SuperLink on ``link`` and one SuperNode per port (partition i of them);
-    returns the SuperNodes once the SuperLink listens."""
+    """A plain-text SuperLink on ``link`` and one SuperNode per port (partition i of them, or
+    the ``node_configs`` given); returns the SuperNodes once the SuperLink listens."""
     processes.start(
         "superlink",
         "flower-superlink",
@@ -99,7 +103,9 @@ def start_insecure_federation(
             f"--superlink=127.0.0.1:{link}",
             f"--port={port}",
             "--node-config",
-            f"partition-id={i} num-partitions={len(node_ports)}",
+            node_configs[i]
+            if node_configs
+            else f"partition-id={i} num-partitions={len(node_ports)}",
         )
         for i, port in enumerate(node_ports)
     ]

@@ -44,6 +44,12 @@ class FederatedEvaluation:
         self.query = dict(query or {})  # sent with every message, e.g. the run's spec hash
         self.rows: dict[int, dict[str, np.ndarray]] = {}
         self.results: dict[int, dict[str, float]] = {}
+        # nodes that missed their latest training round: not asked to evaluate (a dead node
+        # would hold the evaluation up for the whole round timeout) until they reply again
+        self.silent: set[int] = set()
+
+    def note_replies(self, sampled: set[int], left_out: list[int]) -> None:
+        self.silent = (self.silent - sampled) | set(left_out)
 
     def due(self, server_round: int) -> bool:
         if not self.every:
@@ -64,7 +70,7 @@ class FederatedEvaluation:
             return []
         config = ConfigRecord({"round": server_round, **self.query})
         messages = []
-        for client in sorted(self.rows):
+        for client in sorted(set(self.rows) - self.silent):
             rows = {t: torch.from_numpy(r) for t, r in self.rows[client].items()}
             content = RecordDict(
                 {"submodel": submodel_record(rows, pull(params, rows)), "config": config}

@@ -14,7 +14,10 @@ round:
   finiteness checks raising ``Diverged``, server optimizer). A node that fails or times out is
   left out: the round's mean is over the replies received, if there are at least
   ``min_replies``. After ``max_failed_rounds`` consecutive rounds short of it the run stops
-  with ``RoundsFailed`` (a federation that cannot train must not end as if it had).
+  with ``RoundsFailed`` (a federation that cannot train must not end as if it had);
+- ``configure_evaluate`` / ``aggregate_evaluate``: when an evaluation is due, each node gets
+  the global rows its own samples read and replies sums (loss, counts, AUC histograms), never
+  a sample (``FederatedEvaluation`` in flower/federated_eval.py).
 
 Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 """
@@ -238,6 +241,7 @@ class SubmodelStrategy(Strategy):
             weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         left_out = sorted(set(position) - set(updates))
+        self.evaluation.note_replies(set(position), left_out)
         for client in left_out:  # name the node and its partition: the operator's next step
             LOG.warning(
                 "round %d: no update from node %d (partition %d)",
