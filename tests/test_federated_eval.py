@@ -16,6 +16,7 @@ from fedsub.errors import ConfigError, DataError
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.node_data import node_config_items, node_data
 from fedsub.flower.node_eval import node_report
+from fedsub.flower.run_model import federation
 from fedsub.flower.settings import FlowerSettings
 from fedsub.submodel.transfer import pull
 
@@ -83,3 +84,30 @@ def test_nodes_sums_give_the_pooled_held_out_metrics(tmp_path):
     with pytest.raises(ConfigError, match="holds its own data-file, but the run has no"):
         nodes[0].check_spec(0, "")
     nodes[0].check_spec(SPEC.version, SPEC.hash)
+
+
+def test_partition_nodes_hold_out_disjoint_shares_of_the_whole_test_set():
+    settings = FlowerSettings(overrides=("data.num_users=3", "train.clients_per_round=3"))
+    nodes = [
+        node_data(settings, node_config_items({"partition-id": k, "num-partitions": 3}))
+        for k in range(3)
+    ]
+    test = federation(settings).dataset.test
+    assert sum(len(n.held_out) for n in nodes) == len(test) > 0
+    pooled = np.sort(np.concatenate([n.held_out.labels for n in nodes]))
+    np.testing.assert_array_equal(pooled, np.sort(test.labels))
+    with pytest.raises(ConfigError, match="the run uses a feature spec"):
+        nodes[0].check_spec(SPEC.version, SPEC.hash)
+
+
+def test_run_settings_for_node_local_data_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="num-nodes = 0; with a feature-spec"):
+        FlowerSettings.from_run_config({"feature-spec": str(tmp_path / "spec.json")})
+    with pytest.raises(ConfigError, match=r"server-test-file = .* needs a feature-spec"):
+        FlowerSettings.from_run_config({"server-test-file": "/srv/test.csv"})
+    settings = FlowerSettings.from_run_config(
+        {"feature-spec": "~/spec.json", "num-nodes": 2, "set": "train.clients_per_round=3"}
+    )
+    assert settings.feature_spec.endswith("/spec.json") and "~" not in settings.feature_spec
+    with pytest.raises(ConfigError, match=r"clients_per_round = 3 is more than .* num-nodes = 2"):
+        settings.check_against(settings.fedsub_config())
