@@ -156,6 +156,9 @@ def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_
         assert rounds[1]["replies"] == 3 and rounds[1]["left_out"] == []
         assert rounds[2]["replies"] == 2 and rounds[2]["left_out"] == [2]
         assert all(r["updated"] for r in rounds.values())
+        # federated evaluation every round; the killed node is not asked once it missed a round
+        evaluations = result["evaluations"]
+        assert [evaluations[r]["eval_nodes"] for r in "123"] == [3, 2, 2]
         config = config_lib.load(None, [o.strip() for o in overrides.split(";")])
         dataset = load_data(config)
         model = build_model("sparse-lr", dataset, {"init_std": 0.0})
