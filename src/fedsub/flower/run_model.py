@@ -23,7 +23,6 @@ from fedsub.engine.schedule import Schedule
 from fedsub.experiment import load_data, model_of, schedule_of
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.base import Model
-from fedsub.submodel.index import SubmodelIndex
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,6 @@ class Federation:
 
     config: Config
     dataset: FederatedDataset
-    index: SubmodelIndex
     model: Model
     schedule: Schedule
 
@@ -44,7 +42,7 @@ def federation(settings: FlowerSettings) -> Federation:
     dataset = load_data(config)
     model = model_of(config, dataset)
     check_against_dataset(config, dataset, model)
-    return Federation(config, dataset, SubmodelIndex.build(dataset), model, schedule_of(config))
+    return Federation(config, dataset, model, schedule_of(config))
 
 
 @dataclass(frozen=True)
