@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from sklearn.metrics import roc_auc_score
 
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
@@ -68,8 +69,9 @@ def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
     assert evaluation["eval_nodes"] == 3 and evaluation["test_samples"] == len(dataset.test)
     for key in ("test_loss", "test_accuracy", "train_loss", "train_accuracy"):
         assert abs(evaluation[key] - central[key]) <= 1e-6 * abs(central[key]) + 1e-9, key
-    exact_auc = central["test_auc"]
-    assert abs(evaluation["test_auc"] - exact_auc) <= evaluation["test_auc_bin_error"]
+    logits = evaluator.outputs(params, dataset.test).double().numpy()
+    exact_auc = roc_auc_score(dataset.test.labels, logits)
+    assert abs(evaluation["test_auc"] - exact_auc) <= evaluation["test_auc_bin_error"] < 0.05
     server_test = SPEC.encode(federation.server_test_file)
     logits = evaluator.outputs(params, server_test).double().numpy()
     assert evaluation["server_test_auc"] == pytest.approx(roc_auc(server_test.labels, logits))
