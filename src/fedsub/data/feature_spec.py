@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ class FeatureSpec:
             "numeric": [{"column": n.column, "mean": n.mean, "std": n.std} for n in self.numeric],
         }
 
-    @property
+    @cached_property  # vocabularies may be long; every message's check asks for it
     def hash(self) -> str:
         canonical = json.dumps(self.content(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
