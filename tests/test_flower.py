@@ -79,10 +79,14 @@ def test_flower_simulation_gives_the_in_process_engines_model(tmp_path, name):
 
 
 def start_insecure_federation(
-    processes: Processes, folder: Path, link: int, node_ports: list[int]
+    processes: Processes,
+    folder: Path,
+    link: int,
+    node_ports: list[int],
+    node_configs: list[str] | None = None,
 ) -> list[subprocess.Popen]:
-    """A plain-text SuperLink on ``link`` and one SuperNode per port (partition i of them);
-    returns the SuperNodes once the SuperLink listens."""
+    """A plain-text SuperLink on ``link`` and one SuperNode per port (partition i of them, or
+    the ``node_configs`` given); returns the SuperNodes once the SuperLink listens."""
     processes.start(
         "superlink",
         "flower-superlink",
@@ -99,7 +103,9 @@ def start_insecure_federation(
             f"--superlink=127.0.0.1:{link}",
             f"--port={port}",
             "--node-config",
-            f"partition-id={i} num-partitions={len(node_ports)}",
+            node_configs[i]
+            if node_configs
+            else f"partition-id={i} num-partitions={len(node_ports)}",
         )
         for i, port in enumerate(node_ports)
     ]
@@ -150,6 +156,9 @@ def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_
         assert rounds[1]["replies"] == 3 and rounds[1]["left_out"] == []
         assert rounds[2]["replies"] == 2 and rounds[2]["left_out"] == [2]
         assert all(r["updated"] for r in rounds.values())
+        # federated evaluation every round; the killed node is not asked once it missed a round
+        evaluations = result["evaluations"]
+        assert [evaluations[r]["eval_nodes"] for r in "123"] == [3, 2, 2]
         config = config_lib.load(None, [o.strip() for o in overrides.split(";")])
         dataset = load_data(config)
         model = build_model("sparse-lr", dataset, {"init_std": 0.0})

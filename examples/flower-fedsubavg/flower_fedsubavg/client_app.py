@@ -1,4 +1,5 @@
-"""The ClientApp: each node trains its partition's submodel with fedsub's client work."""
+"""The ClientApp: each node trains its submodel on its own data (its data-file read with the
+run's feature spec, or its partition of a fedsub dataset) and evaluates on its held-out part."""
 
 from fedsub.flower.apps import make_client_app
 

@@ -52,7 +52,7 @@ class TableOptions:
     standardize: bool = True
 
 
-def _read_rows(path: Path) -> tuple[list[str], list[list[str]], str]:
+def read_rows(path: Path) -> tuple[list[str], list[list[str]], str]:
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -110,7 +110,7 @@ class _Rows:
 def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset:
     """Read, check and encode the table; the training split's clients in client-id order."""
     file = _existing_file(path)
-    header, rows, unit = _read_rows(file)
+    header, rows, unit = read_rows(file)
     crosses = _crosses(options)
     _check_header(file, header, options)
     _check_columns(file, header, rows, options)

@@ -1,10 +1,11 @@
 """Flower ``ServerApp`` and ``ClientApp`` running fedsub's algorithms.
 
-Every node loads the run's fedsub dataset and keeps the partition ``partition-id`` of its
-node config (``num-partitions`` must equal the dataset's number of clients). The ServerApp
-builds the model from the same config, never reads a client's training data (index sets and
-sample counts come from the nodes' query replies), and evaluates the global model on the
-dataset's central test set.
+Each node trains on its own data (flower/node_data.py: its own file read with the run's
+feature spec, or a partition of a fedsub dataset). The ServerApp sizes the model from the
+config and the spec (flower/run_model.py) and never reads a client's samples: index sets and
+sample counts come from the nodes' query replies, evaluation is federated (the nodes report
+sums on their held-out samples, flower/federated_eval.py), plus an optional
+``server-test-file`` the server reads with the spec.
 
 Pass ``FlowerSettings`` to the factories to fix the settings in code (tests, scripts);
 without them they are read from the run config (``flwr run ... --run-config``).
@@ -14,8 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import cast
 
@@ -24,62 +23,38 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedsub.checks import check_against_dataset
 from fedsub.client.transforms import Chain
-from fedsub.config import Config
-from fedsub.data.federated import FederatedDataset
-from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.loop import initial_params
-from fedsub.engine.schedule import Schedule
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
-from fedsub.experiment import load_data, model_of, schedule_of
+from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat, privacy_of
+from fedsub.flower.node_data import NodeData, node_config_items, node_data
+from fedsub.flower.node_eval import eval_index_record, node_report
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
+from fedsub.flower.run_model import run_model
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
-from fedsub.models.base import Model
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
 from fedsub.submodel.heat import HeatKind
-from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.transfer import pull, push
-
-
-@dataclass(frozen=True)
-class Federation:
-    """A run's config, data, model and schedule, loaded once per process."""
-
-    config: Config
-    dataset: FederatedDataset
-    index: SubmodelIndex
-    model: Model
-    schedule: Schedule
-
-
-@lru_cache(maxsize=4)
-def federation(settings: FlowerSettings) -> Federation:
-    config = settings.fedsub_config()
-    dataset = load_data(config)
-    model = model_of(config, dataset)
-    check_against_dataset(config, dataset, model)
-    return Federation(config, dataset, SubmodelIndex.build(dataset), model, schedule_of(config))
 
 
 def _settings(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
     return fixed if fixed is not None else FlowerSettings.from_run_config(dict(context.run_config))
 
 
-def _partition(context: Context, fed: Federation) -> int:
-    partition = int(context.node_config["partition-id"])
-    expected = int(context.node_config.get("num-partitions", fed.dataset.num_clients))
-    if expected != fed.dataset.num_clients or not 0 <= partition < expected:
-        raise FedsubError(
-            f"node config partition-id={partition} num-partitions={expected}, but "
-            f"{fed.dataset.name} has {fed.dataset.num_clients} clients: start one node per client"
-        )
-    return partition
+def _node(fixed: FlowerSettings | None, context: Context, message: Message) -> NodeData:
+    """This node's data, checked against the run's feature spec named in the message."""
+    node = node_data(_settings(fixed, context), node_config_items(dict(context.node_config)))
+    config = message.content.get("query", message.content.get("config"))
+    run_version, run_hash = 0, ""
+    if isinstance(config, ConfigRecord) and "spec-hash" in config:
+        run_version, run_hash = int(number_of(config, "spec-version")), str(config["spec-hash"])
+    node.check_spec(run_version, run_hash)
+    return node
 
 
 def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
@@ -87,57 +62,53 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
 
     @app.query()
     def report_index(message: Message, context: Context) -> Message:
-        """The node's partition, and (query "index") its sample count and index sets S(k),
-        or (query "rows") its S(k) only: what the download of X[S(k)] reveals anyway. A node
-        whose train.heat_source is private refuses "index": its heat goes by query.heat."""
-        fed = federation(_settings(fixed, context))
-        k = _partition(context, fed)
+        """The node's partition, and (query "index") its sample count, index sets S(k) and
+        evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
+        anyway. A node whose train.heat_source is private refuses "index": its heat goes by
+        query.heat."""
+        node = _node(fixed, context, message)
+        k = node.client
         what = str(record_of(message.content, "query", ConfigRecord).get("what", "index"))
-        private = privacy_of(fed.config).source != "exact"
+        private = privacy_of(node.config).source != "exact"
         if what not in ("index", "rows", "partition"):
             raise FedsubError(f"partition {k}: unknown query {what!r}")
         if what == "index" and private:
             raise FedsubError(
-                f"partition {k}: train.heat_source = {fed.config.train.heat_source!r}, so this "
-                "node does not send its index sets and sample count in the clear"
+                f"partition {k}: train.heat_source = {node.config.train.heat_source!r}, so "
+                "this node does not send its index sets and sample count in the clear"
             )
         metrics = MetricRecord({"partition-id": k})
         content = RecordDict({"metrics": metrics})
         if what in ("index", "rows"):
-            content["index"] = ArrayRecord(
-                {
-                    f"rows.{t}": torch.from_numpy(fed.index.client_rows(t, k))
-                    for t in fed.dataset.table_rows
-                }
-            )
+            rows = {f"rows.{t}": torch.from_numpy(r) for t, r in node.rows.items()}
+            content["index"] = ArrayRecord(rows)
         if what == "index":
-            metrics["num-examples"] = int(fed.dataset.sample_counts()[k])
+            metrics["num-examples"] = len(node.train)
+            content[EVAL_INDEX] = eval_index_record(node)
         return Message(content, reply_to=message)
 
     @app.query("heat")
     def exchange_heat(message: Message, context: Context) -> Message:
         """One stage of the private heat exchange (fedsub.flower.heat_exchange)."""
-        fed = federation(_settings(fixed, context))
-        k = _partition(context, fed)
-        rows = {t: fed.index.client_rows(t, k) for t in fed.dataset.table_rows}
+        node = _node(fixed, context, message)
         return answer_heat(
             message,
             context,
-            privacy_of(fed.config),
-            cast(HeatKind, fed.config.train.heat),  # config.py has checked it
-            fed.dataset.table_rows,
-            rows,
-            int(fed.dataset.sample_counts()[k]),
+            privacy_of(node.config),
+            cast(HeatKind, node.config.train.heat),  # config.py has checked it
+            node.table_rows,
+            node.rows,
+            len(node.train),
         )
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
         """Local steps of fedsub's client work on the submodel received; reply row deltas."""
         settings = _settings(fixed, context)
-        fed = federation(settings)
-        k = _partition(context, fed)
+        node = node_data(settings, node_config_items(dict(context.node_config)))
+        k = node.client
         rows, received = read_submodel(record_of(message.content, "submodel", ArrayRecord))
-        own = {t: torch.from_numpy(fed.index.client_rows(t, k)) for t in fed.dataset.table_rows}
+        own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
         full = not rows
         if full:  # the whole model came: take S(k) locally
             pulled = pull(received, own)
@@ -147,14 +118,14 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             pulled = received
         c = record_of(message.content, "config", ConfigRecord)
         chain = Chain.from_description(json.loads(str(c["chain"])))
-        samples = fed.index.client_samples(fed.dataset, k)
+        samples = node.samples
         trained = train_submodel(
-            fed.model,
+            node.model,
             pulled,
             samples,
             k,
             int(number_of(c, "round")),
-            fed.schedule,
+            node.schedule,
             chain,
             float(number_of(c, "lr")),
         )
@@ -172,6 +143,17 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             {"deltas": deltas_record(table_deltas, update.dense_deltas), "metrics": metrics}
         )
         return Message(content, reply_to=message)
+
+    @app.evaluate()
+    def evaluate(message: Message, context: Context) -> Message:
+        """Sums of the loss (and AUC histograms) of the rows received on this node's own
+        held-out and training samples: no sample leaves the node."""
+        node = _node(fixed, context, message)
+        rows, received = read_submodel(record_of(message.content, "submodel", ArrayRecord))
+        if not rows:  # the whole model came (a node that keeps its rows to itself)
+            rows = {t: torch.arange(v.shape[0]) for t, v in received.tables.items()}
+        report = node_report(node, rows, received)
+        return Message(RecordDict({"metrics": report}), reply_to=message)
 
     return app
 
@@ -193,11 +175,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         settings = _settings(fixed, context)
-        fed = federation(settings)
-        config = fed.config
+        run = run_model(settings)  # sizes only: the server reads no client's samples
+        config = run.config
         name = settings.algorithm_name(config)
-        settings.check_against(config)
-        params = initial_params(fed.model, fed.schedule)
+        params = initial_params(run.model, run.schedule)
         progress, transcript = None, None
         privacy = privacy_of(config)
         if settings.heat_transcript and privacy.source != "exact":
@@ -205,12 +186,15 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         if settings.out_dir:
             progress = JsonLines(Path(settings.out_dir) / "progress.jsonl")
             progress.path.unlink(missing_ok=True)
+        query: dict[str, int | str] = {}
+        if run.spec is not None:  # every node checks its spec against the run's
+            query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
         strategy = SubmodelStrategy(
             params,
             name,
             config.algorithm_options(name),
             cast(HeatKind, config.train.heat),  # config.py has checked it against its choices
-            fed.schedule,
+            run.schedule,
             min_replies=settings.min_replies,
             max_failed_rounds=settings.max_failed_rounds,
             max_update_norm=config.train.max_update_norm,
@@ -218,28 +202,32 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             on_progress=progress,
             privacy=privacy,
             on_heat_reply=transcript,
+            evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
         )
-        strategy.discover(grid, fed.dataset.num_clients, settings.round_timeout)
+        server_test = None  # read before any node is asked: a bad file fails the run at once
+        if settings.server_test_file and run.spec is not None:
+            server_test = run.spec.encode(Path(settings.server_test_file))
+        strategy.discover(grid, run.num_clients, settings.round_timeout)
         if settings.out_dir and strategy.heat_report is not None:
             write_heat(Path(settings.out_dir), strategy.heat_report, transcript)
-        evaluator = Evaluator.build(
-            fed.model, fed.dataset, config.eval.train_loss_samples, config.data.seed
-        )
         evaluations: dict[int, dict[str, float]] = {}
 
         def evaluate(round_index: int, _: ArrayRecord) -> MetricRecord | None:
-            every = settings.eval_every
-            if not every or (round_index % every and round_index != fed.schedule.rounds):
+            """The round's federated metrics (and the server's own test file's, if given)."""
+            if round_index == 0 or not strategy.evaluation.due(round_index):
                 return None
-            evaluations[round_index] = evaluator.evaluate(strategy.params)
-            return MetricRecord(dict(evaluations[round_index]))
+            metrics = dict(strategy.evaluation.results.get(round_index, {}))
+            if server_test is not None:
+                metrics.update(server_test_metrics(run.model, strategy.params, server_test))
+            evaluations[round_index] = metrics
+            return MetricRecord(dict(metrics))
 
         failure: Diverged | RoundsFailed | None = None
         try:
             strategy.start(
                 grid,
                 ArrayRecord(),
-                num_rounds=fed.schedule.rounds,
+                num_rounds=run.schedule.rounds,
                 timeout=settings.round_timeout,
                 train_config=ConfigRecord(),
                 evaluate_fn=evaluate,

@@ -10,7 +10,14 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``max-failed-rounds``: consecutive rounds short of ``min-replies`` after which the run stops
   with an error (default 3);
 - ``round-timeout``: seconds to wait for a round's replies (default 600);
-- ``eval-every``: evaluate the global model on the test set every n rounds (0 = never);
+- ``eval-every``: every n rounds (and after the last), federated evaluation of the global
+  model on every node's held-out samples, plus the ``server-test-file`` if given (0 = never);
+- ``feature-spec``: the run's feature spec (data/feature_spec.py), read by the ServerApp: the
+  model is sized from it and every node must hold the same spec ("" = the nodes hold
+  partitions of the fedsub config's dataset, ``partition-id`` of ``num-partitions``);
+- ``num-nodes``: how many nodes hold data (required with ``feature-spec``);
+- ``server-test-file``: a test file the ServerApp reads with the feature spec and evaluates
+  the global model on (optional; never a client's training data);
 - ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model: an
   absolute path or one starting with ``~`` ("" = write nothing). A relative path is refused:
   it would land inside the app folder, which the next ``flwr run .`` ships to every node;
@@ -49,12 +56,16 @@ class FlowerSettings:
     out_dir: str = ""
     train_delay: float = 0.0
     heat_transcript: bool = False
+    feature_spec: str = ""
+    num_nodes: int = 0
+    server_test_file: str = ""
 
     @staticmethod
     def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
         known = {
             "config", "set", "algorithm", "payload", "min-replies", "max-failed-rounds",
             "round-timeout", "eval-every", "out-dir", "train-delay", "heat-transcript",
+            "feature-spec", "num-nodes", "server-test-file",
         }  # fmt: skip
         unknown = sorted(set(run_config) - known)
         if unknown:
@@ -76,6 +87,9 @@ class FlowerSettings:
             out_dir=output_folder(str(run_config.get("out-dir", ""))),
             train_delay=float(run_config.get("train-delay", 0.0)),
             heat_transcript=_flag(run_config, "heat-transcript"),
+            feature_spec=_path(str(run_config.get("feature-spec", ""))),
+            num_nodes=int(run_config.get("num-nodes", 0)),
+            server_test_file=_path(str(run_config.get("server-test-file", ""))),
         )
         settings.check()
         return settings
@@ -88,6 +102,16 @@ class FlowerSettings:
         ):
             if value < 1:
                 raise ConfigError(f"Flower run config: {key} = {value}; expected an integer >= 1")
+        if self.feature_spec and self.num_nodes < 2:
+            raise ConfigError(
+                f"Flower run config: num-nodes = {self.num_nodes}; with a feature-spec the "
+                "server knows the population only from it: give the number of nodes (>= 2)"
+            )
+        if self.server_test_file and not self.feature_spec:
+            raise ConfigError(
+                f"Flower run config: server-test-file = {self.server_test_file!r} needs a "
+                "feature-spec to read it with"
+            )
         if not self.round_timeout > 0:
             raise ConfigError(
                 f"Flower run config: round-timeout = {self.round_timeout:g}; expected seconds > 0"
@@ -101,6 +125,11 @@ class FlowerSettings:
                 f"Flower run config: min-replies = {self.min_replies} exceeds "
                 f"train.clients_per_round = {config.train.clients_per_round}; no round could "
                 "ever update the model"
+            )
+        if self.feature_spec and config.train.clients_per_round > self.num_nodes:
+            raise ConfigError(
+                f"train.clients_per_round = {config.train.clients_per_round} is more than the "
+                f"population: Flower run config num-nodes = {self.num_nodes}"
             )
 
     def fedsub_config(self) -> Config:
@@ -141,6 +170,10 @@ def _flag(run_config: dict[str, Any], key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"Flower run config: {key} = {value!r}; expected true or false")
     return value
+
+
+def _path(text: str) -> str:
+    return str(Path(text).expanduser()) if text else ""
 
 
 def output_folder(text: str) -> str:

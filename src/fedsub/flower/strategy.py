@@ -16,7 +16,10 @@ then learns a node's S(k) only when it samples it, as the download of X[S(k)] na
   finiteness checks raising ``Diverged``, server optimizer). A node that fails or times out is
   left out: the round's mean is over the replies received, if there are at least
   ``min_replies``. After ``max_failed_rounds`` consecutive rounds short of it the run stops
-  with ``RoundsFailed`` (a federation that cannot train must not end as if it had).
+  with ``RoundsFailed`` (a federation that cannot train must not end as if it had);
+- ``configure_evaluate`` / ``aggregate_evaluate``: when an evaluation is due, each node gets
+  the global rows its own samples read and replies sums (loss, counts, AUC histograms), never
+  a sample (``FederatedEvaluation`` in flower/federated_eval.py).
 
 Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 """
@@ -42,6 +45,7 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
+from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
@@ -104,6 +108,7 @@ class SubmodelStrategy(Strategy):
         on_progress: Callable[[dict], None] | None = None,
         privacy: HeatPrivacy | None = None,
         on_heat_reply: Recorder | None = None,
+        evaluation: FederatedEvaluation | None = None,
     ) -> None:
         self.params = params
         self.algorithm_name = algorithm
@@ -120,6 +125,7 @@ class SubmodelStrategy(Strategy):
         self.privacy = privacy or HeatPrivacy()
         self.on_heat_reply = on_heat_reply  # sees every reply of the query and heat exchange
         self.heat_report: HeatReport | None = None  # what a private heat source measured
+        self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
         self._node_of: dict[int, int] = {}
         self._index: SubmodelIndex | None = None  # every S(k): with exact heat only
         self._sampled_rows: dict[int, dict[str, np.ndarray]] = {}  # private: sampled nodes'
@@ -144,7 +150,11 @@ class SubmodelStrategy(Strategy):
             time.sleep(0.5)
         what = "partition" if private else "index"
         query = [
-            Message(RecordDict({"query": ConfigRecord({"what": what})}), n, MessageType.QUERY)
+            Message(
+                RecordDict({"query": ConfigRecord({"what": what, **self.evaluation.query})}),
+                n,
+                MessageType.QUERY,
+            )
             for n in nodes
         ]
         reports: dict[int, tuple[int, int, dict[str, np.ndarray]]] = {}
@@ -156,13 +166,15 @@ class SubmodelStrategy(Strategy):
                 self.on_heat_reply(reply.metadata.src_node_id, "query", reply.content)
             metrics = record_of(reply.content, "metrics", MetricRecord)
             client = int(number_of(metrics, "partition-id"))
-            if private:  # the partition only
+            if private:  # the partition only; its evaluation gets the whole model
                 reports[client] = (reply.metadata.src_node_id, 0, {})
+                self.evaluation.learn_whole(client)
                 continue
             index = record_of(reply.content, "index", ArrayRecord)
             rows = {k[len("rows.") :]: v.numpy() for k, v in index.to_torch_state_dict().items()}
             examples = int(number_of(metrics, "num-examples"))
             reports[client] = (reply.metadata.src_node_id, examples, rows)
+            self.evaluation.learn(client, reply.content)
         missing = sorted(set(range(num_clients)) - set(reports))
         if missing:
             raise FedsubError(
@@ -337,6 +349,7 @@ class SubmodelStrategy(Strategy):
             weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         left_out = sorted(set(position) - set(updates))
+        self.evaluation.note_replies(set(position), left_out)
         for client in left_out:  # name the node and its partition: the operator's next step
             LOG.warning(
                 "round %d: no update from node %d (partition %d)",
@@ -388,16 +401,16 @@ class SubmodelStrategy(Strategy):
         if self.on_progress is not None:
             self.on_progress(record)
 
-    # --- no client-side evaluation: the server evaluates the global model ------------------
+    # --- federated evaluation (flower/federated_eval.py) ------------------------------------
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return []
+        return self.evaluation.messages(server_round, self.params, self._node_of)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        return None
+        return self.evaluation.aggregate(server_round, replies)
 
     def summary(self) -> None:
         LOG.info(

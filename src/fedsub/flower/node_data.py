@@ -1,0 +1,191 @@
+"""What one SuperNode holds: its training samples, its held-out samples, its rows S(k).
+
+A node's data come from its node config (``flower-supernode --node-config``):
+
+- with the run's ``feature-spec`` (a deployment): ``data-file`` (the table CSV / Parquet of
+  data/table.py, one row per sample; any client column is ignored: the file is this node's),
+  ``feature-spec`` (this node's copy of the run's spec; refused unless its hash is the run's),
+  ``partition-id`` (this node's client number, 0 to num-nodes - 1: it keys the cohort draw, as
+  client k in the in-process engine), and its held-out part: ``eval-file`` or
+  ``eval-fraction`` of the data file's rows (drawn with ``eval-seed``, default 0);
+- without it (partitions of a fedsub dataset): ``partition-id`` and ``num-partitions``; the
+  held-out samples are every ``num-partitions``-th sample of the dataset's test set, starting
+  at ``partition-id``, so the nodes' held-out parts pool to exactly that test set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from fedsub.config import Config
+from fedsub.data.feature_spec import FeatureSpec, NodeFiles, check_same_spec, read_spec
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.engine.schedule import Schedule
+from fedsub.errors import ConfigError, FedsubError
+from fedsub.experiment import schedule_of
+from fedsub.flower.run_model import federation, spec_model
+from fedsub.flower.settings import FlowerSettings
+from fedsub.models.base import Model
+from fedsub.submodel.index import SubmodelIndex
+
+NodeConfig = tuple[tuple[str, object], ...]  # a node config's items, sorted (hashable)
+
+
+@dataclass(frozen=True)
+class NodeData:
+    client: int
+    config: Config  # the run's fedsub config, as this node reads it
+    model: Model
+    schedule: Schedule
+    table_rows: dict[str, int]  # every table's size (from the spec or the dataset)
+    rows: dict[str, np.ndarray]  # S(k) per table: sorted unique global rows
+    samples: SampleSet  # training samples, ids local to S(k)
+    train: SampleSet  # the same samples, global ids
+    held_out: SampleSet  # global ids
+    field_tables: dict[str, str]
+    spec: FeatureSpec | None
+
+    def table_of(self, field: str) -> str:
+        return self.field_tables.get(field, field)
+
+    def eval_rows(self) -> dict[str, np.ndarray]:
+        """Per table the rows an evaluation of this node's training and held-out samples
+        reads: S(k) and the held-out samples' rows."""
+        rows = {}
+        for table, own in self.rows.items():
+            fields = [f for f in self.held_out.ids if self.table_of(f) == table]
+            extra = [self.held_out.ids[f].values for f in fields]
+            rows[table] = np.unique(np.concatenate([own, *extra])).astype(np.int64)
+        return rows
+
+    def check_spec(self, run_version: int, run_hash: str) -> None:
+        """Refuse to serve a run whose spec is not this node's (or that has none)."""
+        who = f"node partition-id={self.client}"
+        if self.spec is None and run_hash:
+            raise ConfigError(
+                f"{who}: the run uses a feature spec (version {run_version}, hash "
+                f"{run_hash[:12]}), but this node has none: start it with --node-config "
+                '\'data-file="..." feature-spec="..." partition-id=N\''
+            )
+        if self.spec is not None and not run_hash:
+            raise ConfigError(
+                f"{who}: this node holds its own data-file, but the run has no feature-spec "
+                "(set feature-spec and num-nodes in the run config)"
+            )
+        if self.spec is not None:
+            check_same_spec(self.spec, run_version, run_hash, who)
+
+
+def node_config_items(node_config: dict[str, object]) -> NodeConfig:
+    return tuple(sorted(node_config.items()))
+
+
+@lru_cache(maxsize=64)  # the simulation runtime runs every node in one process
+def node_data(settings: FlowerSettings, node_config: NodeConfig) -> NodeData:
+    """This node's data, loaded once per process."""
+    given = dict(node_config)
+    client = _integer(given, "partition-id")
+    if "data-file" in given:
+        return _own_files(settings, given, client)
+    return _partition(settings, given, client)
+
+
+def _own_files(settings: FlowerSettings, given: dict[str, object], client: int) -> NodeData:
+    if not settings.feature_spec:
+        raise ConfigError(
+            f"node config data-file = {given['data-file']!r}: the run has no feature-spec to "
+            "read it with (set feature-spec and num-nodes in the run config)"
+        )
+    if not 0 <= client < settings.num_nodes:
+        raise ConfigError(
+            f"node config partition-id = {client}; expected 0 to num-nodes - 1 = "
+            f"{settings.num_nodes - 1} (one number per node)"
+        )
+    if "feature-spec" not in given:
+        raise ConfigError("node config: data-file needs feature-spec (this node's copy of it)")
+    spec = read_spec(str(given["feature-spec"]))
+    eval_file = given.get("eval-file")
+    files = NodeFiles(
+        Path(str(given["data-file"])).expanduser(),
+        Path(str(eval_file)).expanduser() if eval_file else None,
+        _number(given, "eval-fraction", 0.0),
+        int(_number(given, "eval-seed", 0)),
+    )
+    train, held_out = files.read(spec)
+    config = settings.fedsub_config()
+    model = spec_model(config, spec)
+    return _node(
+        client, config, model, schedule_of(config), spec.table_rows, train, held_out, {}, spec
+    )
+
+
+def _partition(settings: FlowerSettings, given: dict[str, object], client: int) -> NodeData:
+    fed = federation(settings)
+    n = fed.dataset.num_clients
+    expected = int(_number(given, "num-partitions", n))
+    if expected != n or not 0 <= client < expected:
+        raise FedsubError(
+            f"node config partition-id={client} num-partitions={expected}, but "
+            f"{fed.dataset.name} has {n} clients: start one node per client"
+        )
+    test = fed.dataset.test
+    held_out = test.take(np.arange(client, len(test), n))
+    return _node(
+        client,
+        fed.config,
+        fed.model,
+        fed.schedule,
+        dict(fed.dataset.table_rows),
+        fed.dataset.client(client),
+        held_out,
+        dict(fed.dataset.field_tables),
+        None,
+    )
+
+
+def _node(
+    client: int,
+    config: Config,
+    model: Model,
+    schedule: Schedule,
+    table_rows: dict[str, int],
+    train: SampleSet,
+    held_out: SampleSet,
+    field_tables: dict[str, str],
+    spec: FeatureSpec | None,
+) -> NodeData:
+    """The node's samples as a one-client dataset, for its S(k) and local ids."""
+    local = FederatedDataset.from_clients("node", table_rows, [train], held_out, field_tables)
+    index = SubmodelIndex.build(local)
+    rows = {t: index.client_rows(t, 0) for t in table_rows}
+    return NodeData(
+        client,
+        config,
+        model,
+        schedule,
+        dict(table_rows),
+        rows,
+        index.client_samples(local, 0),
+        train,
+        held_out,
+        field_tables,
+        spec,
+    )
+
+
+def _integer(given: dict[str, object], key: str) -> int:
+    value = given.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"node config {key} = {value!r}; expected an integer")
+    return value
+
+
+def _number(given: dict[str, object], key: str, default: float) -> float:
+    value = given.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"node config {key} = {value!r}; expected a number")
+    return float(value)

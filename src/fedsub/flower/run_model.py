@@ -1,0 +1,78 @@
+"""What a Flower run's processes know before any node reports: config, model, schedule.
+
+Two ways to give nodes their data:
+
+- **feature spec** (run config ``feature-spec``, a deployment): every node reads its own file
+  with the shared spec; the ServerApp sizes the model from the spec alone and knows the
+  population from ``num-nodes``. No process ever loads another node's data;
+- **partitions** (no ``feature-spec``, fedsub's datasets, e.g. the simulation runtime): every
+  node loads the fedsub config's dataset and keeps partition ``partition-id``; the ServerApp
+  loads it only to size the model and count the clients, and evaluates nothing on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from fedsub.checks import check_against_dataset
+from fedsub.config import Config
+from fedsub.data.feature_spec import FeatureSpec, read_spec
+from fedsub.data.federated import FederatedDataset
+from fedsub.engine.schedule import Schedule
+from fedsub.experiment import load_data, model_of, schedule_of
+from fedsub.flower.settings import FlowerSettings
+from fedsub.models.base import Model
+
+
+@dataclass(frozen=True)
+class Federation:
+    """Partition mode: a run's config, whole dataset, model and schedule, loaded once per
+    process (a node keeps one partition of it)."""
+
+    config: Config
+    dataset: FederatedDataset
+    model: Model
+    schedule: Schedule
+
+
+@lru_cache(maxsize=4)
+def federation(settings: FlowerSettings) -> Federation:
+    config = settings.fedsub_config()
+    dataset = load_data(config)
+    model = model_of(config, dataset)
+    check_against_dataset(config, dataset, model)
+    return Federation(config, dataset, model, schedule_of(config))
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The ServerApp's view of a run: no client's samples, only sizes."""
+
+    config: Config
+    model: Model
+    schedule: Schedule
+    num_clients: int
+    spec: FeatureSpec | None
+
+
+@lru_cache(maxsize=4)
+def run_spec(path: str) -> FeatureSpec:
+    return read_spec(path)
+
+
+def spec_model(config: Config, spec: FeatureSpec) -> Model:
+    """The configured model sized by the spec's tables and numeric columns."""
+    return model_of(config, spec.template(2))
+
+
+def run_model(settings: FlowerSettings) -> RunModel:
+    config = settings.fedsub_config()
+    settings.check_against(config)
+    if settings.feature_spec:
+        spec = run_spec(settings.feature_spec)
+        return RunModel(
+            config, spec_model(config, spec), schedule_of(config), settings.num_nodes, spec
+        )
+    fed = federation(settings)
+    return RunModel(config, fed.model, fed.schedule, fed.dataset.num_clients, None)

@@ -1,0 +1,81 @@
+"""A real SuperLink and three SuperNodes, each with its own data file and the shared feature
+spec: the model equals the in-process engine's on the same files, and the federated
+evaluation equals the metrics computed centrally on the pooled held-out samples."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from sklearn.metrics import roc_auc_score
+
+from fedsub import config as config_lib
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.data.feature_spec import dataset_of_nodes
+from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.loop import train
+from fedsub.engine.metrics import roc_auc
+from fedsub.experiment import model_of, schedule_of
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+
+from .node_files import SPEC, write_federation
+from .processes import Processes, flower_env, free_ports, wait_for
+from .test_flower import BIN, start_insecure_federation, submit_example
+
+OVERRIDES = "train.rounds=2; train.clients_per_round=3; train.algorithms=['fedsubavg']"
+
+
+def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
+    federation = write_federation(tmp_path / "data")
+    link, *node_ports = free_ports(4)
+    env = flower_env(tmp_path, link, "insecure = true", BIN)
+    processes = Processes(tmp_path, env, BIN)
+    out = tmp_path / "out"
+    try:
+        start_insecure_federation(processes, tmp_path, link, node_ports, federation.node_configs)
+        submit_example(
+            env,
+            f'set="{OVERRIDES}" out-dir="{out}" round-timeout=60.0 eval-every=2 num-nodes=3 '
+            f'feature-spec="{federation.spec_file}" '
+            f'server-test-file="{federation.server_test_file}"',
+        )
+        wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to finish")
+    finally:
+        processes.stop_all()
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] and [r["replies"] for r in result["rounds"]] == [3, 3]
+
+    # the in-process engine on the same three files, read with the same spec
+    config = config_lib.load(None, [o.strip() for o in OVERRIDES.split(";")])
+    dataset = dataset_of_nodes(SPEC, federation.nodes)
+    index = SubmodelIndex.build(dataset)
+    model, schedule = model_of(config, dataset), schedule_of(config)
+    context = AlgorithmContext(dataset, index, config.train.heat, schedule.clients_per_round)
+    algorithm = build_algorithm("fedsubavg", context, config.algorithm_options("fedsubavg"))
+    expected = train(model, algorithm, dataset, index, schedule)
+    flower = load_file(out / "model.safetensors")
+    for name, value in expected.state_dict().items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-6)
+    assert float(flower["table.features"].abs().sum()) > 0  # it trained
+
+    # federated evaluation against the pooled held-out samples, computed centrally
+    evaluation = result["evaluations"]["2"]
+    params = Params.from_state_dict(flower)
+    evaluator = Evaluator.build(model, dataset, 10**6, config.data.seed)
+    central = evaluator.evaluate(params)
+    assert evaluation["eval_nodes"] == 3 and evaluation["test_samples"] == len(dataset.test)
+    for key in ("test_loss", "test_accuracy", "train_loss", "train_accuracy"):
+        assert abs(evaluation[key] - central[key]) <= 1e-6 * abs(central[key]) + 1e-9, key
+    logits = evaluator.outputs(params, dataset.test).double().numpy()
+    exact_auc = roc_auc_score(dataset.test.labels, logits)
+    assert abs(evaluation["test_auc"] - exact_auc) <= evaluation["test_auc_bin_error"] < 0.05
+    server_test = SPEC.encode(federation.server_test_file)
+    logits = evaluator.outputs(params, server_test).double().numpy()
+    assert evaluation["server_test_auc"] == pytest.approx(roc_auc(server_test.labels, logits))
+    loss = float(
+        model.loss(torch.from_numpy(logits), torch.from_numpy(server_test.labels).double())
+    )
+    assert evaluation["server_test_loss"] == pytest.approx(loss, rel=1e-9)
