@@ -27,6 +27,7 @@ from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
+from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
@@ -34,6 +35,7 @@ from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model
 from fedsub.models.registry import build_model
+from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
@@ -212,6 +214,20 @@ def schedule_of(config: Config) -> Schedule:
             ),
             cast(AverageOver, t.mask_average),
         ),
+        privacy=privacy_of(config),
+    )
+
+
+def privacy_of(config: Config) -> privacy_levels.Privacy:
+    """``train.privacy`` and its settings (choices checked by config.py, hence the casts)."""
+    t = config.train
+    return privacy_levels.Privacy(
+        cast(privacy_levels.Level, t.privacy),
+        cast(privacy_levels.Download, t.download),
+        t.download_epsilon,
+        t.download_keep,
+        t.download_bucket,
+        t.secagg_clip,
     )
 
 
@@ -271,7 +287,9 @@ class AlgorithmRun:
             on_reject=lambda rejection: _log_rejection(self.name, rejection, rejections),
             divergence_factor=self.config.eval.divergence_factor,
             run=self.identity.as_json(),
+            on_private_rounds=lambda private: stages.append(private),
         )
+        stages: list[PrivateRounds] = []
         on_round = self.on_round
         try:
             final = train(
@@ -290,6 +308,9 @@ class AlgorithmRun:
             return log.history, error
         finally:
             log.close()
+            for private in stages:
+                record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
+                write_atomic(self.folder / "privacy.json", dumps(record, indent=2) + "\n")
         save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
         write_atomic(self.folder / DONE, done_record(self.folder, self.identity))
         return log.history, None
@@ -318,8 +339,9 @@ def prepare(config: Config) -> Setup:
     with phase("indexing the clients' rows"):
         index = SubmodelIndex.build(dataset)
     t = config.train
+    source = privacy_levels.heat_source_for(t.privacy, t.heat_source)
     privacy = HeatPrivacy(
-        t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
+        source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
     )
     heat = cast(HeatKind, t.heat)  # config.py has checked it against its choices
     context = AlgorithmContext(dataset, index, heat, t.clients_per_round, privacy)

@@ -342,6 +342,7 @@ def check_combination(
     momentum: float = 0.0,
     masking: str = "none",
     on_flower: bool = False,
+    privacy: str = "none",
 ) -> None:
     """The one place where pieces that cannot work together are refused (ConfigError naming
     the pieces), from their declared properties: an aggregation that pools the data samples
@@ -361,6 +362,12 @@ def check_combination(
     except ValueError as error:
         raise ConfigError(f"algorithm {name!r}: {error}") from None
     stateful = [p.name for p in pieces if p.keeps_client_state]
+    if stateful and privacy in ("download", "full"):
+        raise ConfigError(
+            f"train.privacy = {privacy!r} cannot be combined with algorithm {name!r}: its "
+            f"client piece {stateful[0]!r} keeps per-client state built from each client's "
+            "own update, which private download and secure aggregation keep from the server"
+        )
     reasons = [f"its client piece {n!r} keeps per-client state across rounds" for n in stateful]
     if pooled:
         reasons.append(f"its aggregation {recipe.aggregation!r} pools the data (no clients)")
