@@ -130,7 +130,7 @@ class PrivateRounds:
             self._count_download(update)
             if not self.privacy.private_download:
                 return update
-            return restrict(update, self._requests, self.table_rows)
+            return restrict(update, self._requests)
 
         return run
 
@@ -223,19 +223,18 @@ def _dense_bytes(update: CohortUpdate) -> int:
     return sum(v[0].numel() * v.element_size() for v in update.dense_deltas.values())
 
 
-def restrict(
-    update: CohortUpdate,
-    requests: dict[int, dict[str, np.ndarray]],
-    table_rows: dict[str, int],
-) -> CohortUpdate:
-    """The cohort update with each member's rows cut to those it requested."""
+def restrict(update: CohortUpdate, requests: dict[int, dict[str, np.ndarray]]) -> CohortUpdate:
+    """The cohort update with each member's rows cut to those it requested (sorted)."""
     members = [int(k) for k in update.clients.tolist()]
     rows, owner, deltas = {}, {}, {}
     for t, all_rows in update.rows.items():
-        span = table_rows[t]  # (member, row) pairs as member * span + row
-        wanted = [j * span + requests[k][t] for j, k in enumerate(members)]
-        entries = update.row_owner[t].cpu().numpy() * span + all_rows.cpu().numpy()
-        keep = np.isin(entries, np.concatenate([np.empty(0, np.int64), *wanted]))
+        held = all_rows.cpu().numpy()
+        keep = np.zeros(len(held), dtype=bool)
+        for j, k in enumerate(members):
+            span = update.member_rows(t, j)
+            own, request = held[span], requests[k][t]
+            at = np.minimum(np.searchsorted(request, own), max(len(request) - 1, 0))
+            keep[span] = request[at] == own if len(request) else False
         keep_on_device = torch.from_numpy(keep).to(all_rows.device)
         rows[t] = all_rows[keep_on_device]
         owner[t] = update.row_owner[t][keep_on_device]

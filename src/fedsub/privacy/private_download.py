@@ -59,7 +59,7 @@ def randomized_request(
     rows = np.asarray(rows, dtype=np.int64)
     kept = rows[rng.random(len(rows)) < p]
     decoys = _outside(rows, int(rng.binomial(table_rows - len(rows), q)), table_rows, rng)
-    return np.union1d(kept, decoys)
+    return np.sort(np.concatenate([kept, decoys]))  # disjoint: decoys are outside ``rows``
 
 
 def size_class(count: int, bucket: int, table_rows: int) -> int:
@@ -76,7 +76,7 @@ def bucketed_request(
     """``rows`` (sorted unique) and uniform decoys, padded to the size class of |rows|."""
     rows = np.asarray(rows, dtype=np.int64)
     padding = size_class(len(rows), bucket, table_rows) - len(rows)
-    return np.union1d(rows, _outside(rows, padding, table_rows, rng))
+    return np.sort(np.concatenate([rows, _outside(rows, padding, table_rows, rng)]))
 
 
 def estimate_holders(requests: np.ndarray, clients: int, p: float, q: float) -> np.ndarray:
