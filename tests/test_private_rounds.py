@@ -204,3 +204,28 @@ def test_full_privacy_reaches_the_default_target_within_1_05x_the_rounds_of_none
     private = rounds_to_auc(setup, algorithm, Privacy("full"), 0.8, 2 * plain)
     assert private <= 2 * plain
     assert private == 20  # the measured ratio 20 / 19 = 1.05 of the test's name
+
+
+def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
+    """``fedsub compare --sweep train.privacy=...``: each level's privacy.json (guarantees,
+    bytes, seconds) lands in sweep.json and sweep.md; the levels' costs are ordered as their
+    messages are (decoy rows, then secure aggregation's vectors and shares)."""
+    import json
+
+    from fedsub.cli import main
+
+    from .conftest import TINY_COMPARISON
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY_COMPARISON.replace('["fedavg", "fedsubavg"]', '["fedsubavg"]'))
+    out = tmp_path / "sweep"
+    argv = ["compare", str(config), "--sweep", "train.privacy=none,download,full"]
+    settings = ["--set", "train.rounds=2", "--set", "train.secagg_group=20"]
+    assert main([*argv, *settings, "--out", str(out), "--quiet"]) == 0
+    costs = json.loads((out / "sweep.json").read_text())["privacy"]["fedsubavg"]
+    assert [costs[v]["level"] for v in ("none", "download", "full")] == ["none", "download", "full"]
+    up = [costs[v]["bytes_up_per_client_round"] for v in ("none", "download", "full")]
+    assert 0 < up[0] < up[1] < up[2]
+    assert costs["full"]["epsilon"] == pytest.approx(4.0)
+    assert costs["full"]["clipped_values"] == 0
+    assert "| fedsubavg | full | full |" in (out / "sweep.md").read_text()

@@ -610,7 +610,42 @@ def _sweep_result(key: str, values: list[str], outcomes: dict[str, Outcome]) -> 
             n: {v: o.summary["algorithms"][n]["diverged"] for v, o in outcomes.items()}
             for n in names
         },
+        "privacy": _privacy_records(outcomes),
     }
+
+
+def _privacy_records(outcomes: dict[str, Outcome]) -> dict[str, dict[str, dict]]:
+    """Per algorithm and value, its privacy.json (level, guarantees, bytes, seconds)."""
+    records: dict[str, dict[str, dict]] = {}
+    for v, o in outcomes.items():
+        for n in o.summary["algorithms"]:
+            path = o.out_dir / n / "privacy.json"
+            if path.exists():
+                records.setdefault(n, {})[v] = json.loads(path.read_text())
+    return records
+
+
+def _privacy_markdown(key: str, outcomes: dict[str, Outcome]) -> list[str]:
+    """sweep.md's table of what each privacy level cost per round (when recorded)."""
+    records = _privacy_records(outcomes)
+    if not records:
+        return []
+    lines = [
+        "Privacy cost per round (privacy.json): bytes per client each way, the clients' "
+        "privacy work per client (requests, encoding, masking) and the server's aggregation",
+        "",
+        f"| algorithm | {key} | level | bytes up | bytes down | client s | server s |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for n, by_value in records.items():
+        for v, r in by_value.items():
+            lines.append(
+                f"| {n} | {v} | {r['level']} | {r['bytes_up_per_client_round']:.0f} | "
+                f"{r['bytes_down_per_client_round']:.0f} | "
+                f"{r['privacy_client_seconds_per_client_round']:.2g} | "
+                f"{r['server_seconds_per_round']:.2g} |"
+            )
+    return [*lines, ""]
 
 
 def _sweep_markdown(
@@ -642,7 +677,8 @@ def _sweep_markdown(
         for n in o.summary["algorithms"]
     ]
     lines += metrics_table(rows, ["algorithm", key], with_rounds=with_target)
-    return "\n".join(lines) + "\n"
+    lines += ["", *_privacy_markdown(key, outcomes)]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _sweep_curves(
