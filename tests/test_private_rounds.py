@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -208,10 +209,8 @@ def test_full_privacy_reaches_the_default_target_within_1_05x_the_rounds_of_none
 
 def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
     """``fedsub compare --sweep train.privacy=...``: each level's privacy.json (guarantees,
-    bytes, seconds) lands in sweep.json and sweep.md; the levels' costs are ordered as their
-    messages are (decoy rows, then secure aggregation's vectors and shares)."""
-    import json
-
+    bytes, seconds), tabled in sweep.md; the levels' costs are ordered as their messages are
+    (decoy rows, then secure aggregation's vectors and shares)."""
     from fedsub.cli import main
 
     from .conftest import TINY_COMPARISON
@@ -222,7 +221,10 @@ def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
     argv = ["compare", str(config), "--sweep", "train.privacy=none,download,full"]
     settings = ["--set", "train.rounds=2", "--set", "train.secagg_group=20"]
     assert main([*argv, *settings, "--out", str(out), "--quiet"]) == 0
-    costs = json.loads((out / "sweep.json").read_text())["privacy"]["fedsubavg"]
+    costs = {
+        v: json.loads((out / f"train.privacy={v}" / "fedsubavg" / "privacy.json").read_text())
+        for v in ("none", "download", "full")
+    }
     assert [costs[v]["level"] for v in ("none", "download", "full")] == ["none", "download", "full"]
     up = [costs[v]["bytes_up_per_client_round"] for v in ("none", "download", "full")]
     assert 0 < up[0] < up[1] < up[2]

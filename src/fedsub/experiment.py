@@ -610,12 +610,12 @@ def _sweep_result(key: str, values: list[str], outcomes: dict[str, Outcome]) -> 
             n: {v: o.summary["algorithms"][n]["diverged"] for v, o in outcomes.items()}
             for n in names
         },
-        "privacy": _privacy_records(outcomes),
     }
 
 
 def _privacy_records(outcomes: dict[str, Outcome]) -> dict[str, dict[str, dict]]:
-    """Per algorithm and value, its privacy.json (level, guarantees, bytes, seconds)."""
+    """Per algorithm and value, its privacy.json (level, guarantees, bytes, seconds; kept out
+    of sweep.json, whose numbers a resumed sweep must reproduce)."""
     records: dict[str, dict[str, dict]] = {}
     for v, o in outcomes.items():
         for n in o.summary["algorithms"]:
@@ -628,8 +628,9 @@ def _privacy_records(outcomes: dict[str, Outcome]) -> dict[str, dict[str, dict]]
 def _privacy_markdown(key: str, outcomes: dict[str, Outcome]) -> list[str]:
     """sweep.md's table of what each privacy level cost per round (when recorded)."""
     records = _privacy_records(outcomes)
-    if not records:
-        return []
+    levels = {r["level"] for by_value in records.values() for r in by_value.values()}
+    if levels <= {"none"}:
+        return []  # a sweep of something else: nothing private to report
     lines = [
         "Privacy cost per round (privacy.json): bytes per client each way, the clients' "
         "privacy work per client (requests, encoding, masking) and the server's aggregation",
@@ -677,8 +678,10 @@ def _sweep_markdown(
         for n in o.summary["algorithms"]
     ]
     lines += metrics_table(rows, ["algorithm", key], with_rounds=with_target)
-    lines += ["", *_privacy_markdown(key, outcomes)]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    privacy = _privacy_markdown(key, outcomes)
+    if privacy:
+        lines += ["", *privacy]
+    return "\n".join(lines) + "\n"
 
 
 def _sweep_curves(
