@@ -311,6 +311,14 @@ class AlgorithmRun:
             for private in stages:
                 record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
                 write_atomic(self.folder / "privacy.json", dumps(record, indent=2) + "\n")
+                if private.costs.clipped:
+                    LOG.warning(
+                        "%s: secure aggregation clipped %d values to train.secagg_clip = %g; "
+                        "raise it if that is not intended",
+                        self.name,
+                        private.costs.clipped,
+                        private.privacy.secagg_clip,
+                    )
         save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
         write_atomic(self.folder / DONE, done_record(self.folder, self.identity))
         return log.history, None

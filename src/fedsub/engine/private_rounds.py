@@ -66,6 +66,7 @@ class Costs:
     member_rounds: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    training_seconds: float = 0.0  # the backend's client work (the same at every level)
     client_seconds: float = 0.0  # requests, encoding and masking, summed over clients
     server_seconds: float = 0.0  # aggregation (secure: unmasking and decoding)
     clipped: int = 0  # fixed-point values clipped to the range (secure aggregation)
@@ -76,6 +77,7 @@ class Costs:
             "rounds": self.rounds,
             "bytes_up_per_client_round": self.bytes_up / per,
             "bytes_down_per_client_round": self.bytes_down / per,
+            "training_seconds_per_round": self.training_seconds / max(self.rounds, 1),
             "privacy_client_seconds_per_client_round": self.client_seconds / per,
             "server_seconds_per_round": self.server_seconds / max(self.rounds, 1),
             "clipped_values": self.clipped,
@@ -118,7 +120,9 @@ class PrivateRounds:
         only its requested rows."""
 
         def run(model, global_params, dataset, index, cohort: Cohort, round_index, *rest):
+            started = time.perf_counter()
             update = run_cohort(model, global_params, dataset, index, cohort, round_index, *rest)
+            self.costs.training_seconds += time.perf_counter() - started
             started = time.perf_counter()
             held = {
                 int(k): {t: index.client_rows(t, int(k)) for t in update.rows}
