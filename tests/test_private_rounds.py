@@ -25,7 +25,15 @@ from .equivalence import algorithm_for
 CLIENTS = 8
 
 
-def run(dataset, privacy: Privacy | None, backend="batched", algorithm="fedsubavg", rounds=3):
+def run(
+    dataset,
+    privacy: Privacy | None,
+    backend="batched",
+    algorithm="fedsubavg",
+    rounds=3,
+    control: RunControl | None = None,
+    on_round=None,
+):
     """The global model after ``rounds`` (float64), and the run's privacy stages."""
     index = SubmodelIndex.build(dataset)
     model = build_model("sparse-lr", dataset, {"init_std": 0.0})
@@ -39,8 +47,8 @@ def run(dataset, privacy: Privacy | None, backend="batched", algorithm="fedsubav
         stages.append(private)
 
     built = algorithm_for(algorithm, dataset, index, CLIENTS)
-    control = RunControl(on_private_rounds=keep)
-    params = train(model, built, dataset, index, schedule, control=control)
+    control = dataclasses.replace(control or RunControl(), on_private_rounds=keep)
+    params = train(model, built, dataset, index, schedule, on_round=on_round, control=control)
     return params, (stages[0] if stages else None), model, schedule
 
 
@@ -113,6 +121,37 @@ def test_at_full_the_server_receives_no_index_set_and_no_individual_delta(small_
         # the server's only plaintext: per-row sums over all members
         assert set(vars(record)) == {"round", "requests", "plain_updates", "secagg", "sums"}
         assert sums.survivors == tuple(range(len(record.requests)))
+
+
+def test_the_transcript_check_finds_index_sets_where_they_are_sent(small_synthetic):
+    """The positive control of the transcript test: without private download every request
+    is the client's S(k), and the plain uploads carry its rows."""
+    _, private, _, _ = run(small_synthetic, Privacy("none"), rounds=1)
+    index = SubmodelIndex.build(small_synthetic)
+    (record,) = private.transcript
+    for client, request in record.requests.items():
+        assert np.array_equal(request["features"], index.client_rows("features", client))
+    assert record.plain_updates is not None and record.secagg is None
+
+
+def test_a_private_run_resumes_to_the_uninterrupted_model(small_synthetic, tmp_path):
+    """Requests are seeded by (seed, round, client) and secure sums are exact, so a run at
+    ``full`` stopped after round 2 resumes to the same model (PrivateRounds keeps no state
+    across rounds)."""
+    from fedsub.engine import checkpoint as checkpoint_lib
+    from fedsub.engine.loop import Interrupted
+
+    straight, _, _, _ = run(small_synthetic, Privacy("full"), rounds=4)
+    done: list[int] = []
+    stop = RunControl(checkpoints=tmp_path, stop_requested=lambda: done[-1] >= 2)
+    with pytest.raises(Interrupted) as stopped:
+        run(small_synthetic, Privacy("full"), rounds=4, control=stop, on_round=done.append)
+    saved = checkpoint_lib.load(stopped.value.checkpoint)
+    resumed, _, _, _ = run(
+        small_synthetic, Privacy("full"), rounds=4, control=RunControl(resume=saved)
+    )
+    assert bool(table(straight).abs().max() > 0)
+    torch.testing.assert_close(table(resumed), table(straight), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(
