@@ -640,17 +640,20 @@ def _privacy_markdown(key: str, outcomes: dict[str, Outcome]) -> list[str]:
     if levels <= {"none"}:
         return []  # a sweep of something else: nothing private to report
     lines = [
-        "Privacy cost per round (privacy.json): bytes per client each way, the clients' "
-        "privacy work per client (requests, encoding, masking) and the server's aggregation",
+        "Privacy cost per round (privacy.json): bytes per client each way, the cohort's "
+        "training, each client's privacy work (requests, encoding, masking) and the server's "
+        "aggregation",
         "",
-        f"| algorithm | {key} | level | bytes up | bytes down | client s | server s |",
-        "|---|---|---|---:|---:|---:|---:|",
+        f"| algorithm | {key} | level | bytes up | bytes down | training s | client privacy s "
+        "| server s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for n, by_value in records.items():
         for v, r in by_value.items():
             lines.append(
                 f"| {n} | {v} | {r['level']} | {r['bytes_up_per_client_round']:.0f} | "
                 f"{r['bytes_down_per_client_round']:.0f} | "
+                f"{r['training_seconds_per_round']:.2g} | "
                 f"{r['privacy_client_seconds_per_client_round']:.2g} | "
                 f"{r['server_seconds_per_round']:.2g} |"
             )

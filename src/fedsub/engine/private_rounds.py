@@ -99,7 +99,9 @@ class PrivateRounds:
     _round: int = 0
     _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
-    def request(self, rows: dict[str, np.ndarray], client: int, round_index: int):
+    def request(
+        self, rows: dict[str, np.ndarray], client: int, round_index: int
+    ) -> dict[str, np.ndarray]:
         """Client ``client``'s download request in round ``round_index`` (table -> rows)."""
         if not self.privacy.private_download:
             return rows
