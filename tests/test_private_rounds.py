@@ -270,3 +270,13 @@ def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
     assert costs["full"]["epsilon"] == pytest.approx(4.0)
     assert costs["full"]["clipped_values"] == 0
     assert "| fedsubavg | full | full |" in (out / "sweep.md").read_text()
+
+
+def test_flower_refuses_private_download_and_secure_aggregation_when_told_the_level():
+    """For the Flower settings: check_combination(..., on_flower=True, privacy=level)."""
+    from fedsub.algorithms.registry import PRESETS, check_combination
+
+    recipe = PRESETS["fedsubavg"].recipe
+    check_combination("fedsubavg", recipe, on_flower=True, privacy="heat")
+    with pytest.raises(ConfigError, match="runs in process only for now"):
+        check_combination("fedsubavg", recipe, on_flower=True, privacy="full")
