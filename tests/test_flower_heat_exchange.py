@@ -325,8 +325,8 @@ class AppGrid:
 
 def _private_strategy(settings):
     from fedsub.engine.loop import initial_params
-    from fedsub.flower.run_model import federation
     from fedsub.flower.heat_exchange import privacy_of
+    from fedsub.flower.run_model import federation
     from fedsub.flower.strategy import SubmodelStrategy
 
     fed = federation(settings)

@@ -13,6 +13,7 @@ from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ConfigError
 from fedsub.models.base import Model, SliceableModel
+from fedsub.privacy.levels import heat_source_for
 
 LOG = logging.getLogger("fedsub")
 GROUPED_HEAT_SOURCES = ("secagg", "sketch")  # heat summed by secure aggregation in groups
@@ -31,10 +32,14 @@ def check_against_dataset(config: Config, dataset: FederatedDataset, model: Mode
             f"train.clients_per_round = {t.clients_per_round} is more than the population: "
             f"{about}; set it to at most {n}"
         )
-    if t.heat_source in GROUPED_HEAT_SOURCES and t.secagg_group > n:
+    source = heat_source_for(t.privacy, t.heat_source)  # train.privacy may make it secagg
+    if source in GROUPED_HEAT_SOURCES and t.secagg_group > n:
+        why = f"train.heat_source = {source!r}"
+        if source != t.heat_source:
+            why = f"train.privacy = {t.privacy!r} makes the heat source {source!r}"
         raise ConfigError(
             f"train.secagg_group = {t.secagg_group} is larger than the population "
-            f"(train.heat_source = {t.heat_source!r}): {about}; set it to at most {n}"
+            f"({why}): {about}; set it to at most {n}"
         )
     if t.masking != "none":
         _check_capacities(config, model, n)

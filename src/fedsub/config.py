@@ -31,6 +31,8 @@ from fedsub.engine.backends import backend_names
 from fedsub.errors import ConfigError
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
 from fedsub.models.registry import SLICEABLE, model_names
+from fedsub.privacy.levels import DOWNLOADS as PRIVATE_DOWNLOADS
+from fedsub.privacy.levels import LEVELS as PRIVACY_LEVELS
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,15 @@ class TrainConfig:
         default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
     )
     mask_average: str = field(default="trainers", metadata={"choices": lambda: ["trainers", "all"]})
+    # private submodel learning (fedsub.privacy.levels): none | heat | download | full
+    privacy: str = field(default="none", metadata={"choices": lambda: list(PRIVACY_LEVELS)})
+    download: str = field(
+        default="randomized-response", metadata={"choices": lambda: list(PRIVATE_DOWNLOADS)}
+    )
+    download_epsilon: float = field(default=4.0, metadata={"min_exclusive": 0.0, "max": 50.0})
+    download_keep: float = field(default=0.9, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
+    download_bucket: int = field(default=64, metadata={"min": 1})
+    secagg_clip: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1e6})
 
 
 @dataclass(frozen=True)
@@ -260,7 +271,31 @@ def parse(raw: dict[str, Any]) -> Config:
     check_masking(config)
     check_algorithms(config)
     check_device(config)
+    check_privacy(config)
     return config
+
+
+def check_privacy(config: Config) -> None:
+    """Private download and secure aggregation change what the server holds of each client:
+    refuse settings that need a client's own update (width slices, the server's norm
+    screening) or a cohort too small to hide one (the sum of one client is its update)."""
+    t = config.train
+    if t.privacy in ("download", "full") and t.masking != "none":
+        raise ConfigError(
+            f"train.privacy = {t.privacy!r} cannot be combined with train.masking = "
+            f"{t.masking!r}: width slices are aggregated per client; use privacy none or heat"
+        )
+    if t.privacy == "full" and t.max_update_norm > 0:
+        raise ConfigError(
+            f"train.max_update_norm = {t.max_update_norm:g} needs each client's update norm, "
+            'which train.privacy = "full" hides from the server (secure aggregation clips '
+            "values to train.secagg_clip instead); set it to 0"
+        )
+    if t.privacy == "full" and t.clients_per_round < 2:
+        raise ConfigError(
+            f'train.privacy = "full" needs train.clients_per_round >= 2, got '
+            f"{t.clients_per_round}: the secure sum of one client is its update"
+        )
 
 
 def check_algorithms(config: Config) -> None:
@@ -279,6 +314,7 @@ def check_algorithms(config: Config) -> None:
             scheme=scheme,
             momentum=t.momentum,
             masking=t.masking,
+            privacy=t.privacy,
         )
 
 

@@ -27,6 +27,7 @@ from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
+from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
@@ -34,6 +35,7 @@ from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model
 from fedsub.models.registry import build_model
+from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
@@ -212,6 +214,20 @@ def schedule_of(config: Config) -> Schedule:
             ),
             cast(AverageOver, t.mask_average),
         ),
+        privacy=privacy_of(config),
+    )
+
+
+def privacy_of(config: Config) -> privacy_levels.Privacy:
+    """``train.privacy`` and its settings (choices checked by config.py, hence the casts)."""
+    t = config.train
+    return privacy_levels.Privacy(
+        cast(privacy_levels.Level, t.privacy),
+        cast(privacy_levels.Download, t.download),
+        t.download_epsilon,
+        t.download_keep,
+        t.download_bucket,
+        t.secagg_clip,
     )
 
 
@@ -271,7 +287,9 @@ class AlgorithmRun:
             on_reject=lambda rejection: _log_rejection(self.name, rejection, rejections),
             divergence_factor=self.config.eval.divergence_factor,
             run=self.identity.as_json(),
+            on_private_rounds=lambda private: stages.append(private),
         )
+        stages: list[PrivateRounds] = []
         on_round = self.on_round
         try:
             final = train(
@@ -290,6 +308,17 @@ class AlgorithmRun:
             return log.history, error
         finally:
             log.close()
+            for private in stages:
+                record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
+                write_atomic(self.folder / "privacy.json", dumps(record, indent=2) + "\n")
+                if private.costs.clipped:
+                    LOG.warning(
+                        "%s: secure aggregation clipped %d values to train.secagg_clip = %g; "
+                        "raise it if that is not intended",
+                        self.name,
+                        private.costs.clipped,
+                        private.privacy.secagg_clip,
+                    )
         save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
         write_atomic(self.folder / DONE, done_record(self.folder, self.identity))
         return log.history, None
@@ -318,8 +347,9 @@ def prepare(config: Config) -> Setup:
     with phase("indexing the clients' rows"):
         index = SubmodelIndex.build(dataset)
     t = config.train
+    source = privacy_levels.heat_source_for(t.privacy, t.heat_source)
     privacy = HeatPrivacy(
-        t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
+        source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
     )
     heat = cast(HeatKind, t.heat)  # config.py has checked it against its choices
     context = AlgorithmContext(dataset, index, heat, t.clients_per_round, privacy)
@@ -591,6 +621,45 @@ def _sweep_result(key: str, values: list[str], outcomes: dict[str, Outcome]) -> 
     }
 
 
+def _privacy_records(outcomes: dict[str, Outcome]) -> dict[str, dict[str, dict]]:
+    """Per algorithm and value, its privacy.json (level, guarantees, bytes, seconds; kept out
+    of sweep.json, whose numbers a resumed sweep must reproduce)."""
+    records: dict[str, dict[str, dict]] = {}
+    for v, o in outcomes.items():
+        for n in o.summary["algorithms"]:
+            path = o.out_dir / n / "privacy.json"
+            if path.exists():
+                records.setdefault(n, {})[v] = json.loads(path.read_text())
+    return records
+
+
+def _privacy_markdown(key: str, outcomes: dict[str, Outcome]) -> list[str]:
+    """sweep.md's table of what each privacy level cost per round (when recorded)."""
+    records = _privacy_records(outcomes)
+    levels = {r["level"] for by_value in records.values() for r in by_value.values()}
+    if levels <= {"none"}:
+        return []  # a sweep of something else: nothing private to report
+    lines = [
+        "Privacy cost per round (privacy.json): bytes per client each way, the cohort's "
+        "training, each client's privacy work (requests, encoding, masking) and the server's "
+        "aggregation",
+        "",
+        f"| algorithm | {key} | level | bytes up | bytes down | training s | client privacy s "
+        "| server s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for n, by_value in records.items():
+        for v, r in by_value.items():
+            lines.append(
+                f"| {n} | {v} | {r['level']} | {r['bytes_up_per_client_round']:.0f} | "
+                f"{r['bytes_down_per_client_round']:.0f} | "
+                f"{r['training_seconds_per_round']:.2g} | "
+                f"{r['privacy_client_seconds_per_client_round']:.2g} | "
+                f"{r['server_seconds_per_round']:.2g} |"
+            )
+    return [*lines, ""]
+
+
 def _sweep_markdown(
     key: str, values: list[str], outcomes: dict[str, Outcome], rounds: dict[str, int]
 ) -> str:
@@ -620,6 +689,9 @@ def _sweep_markdown(
         for n in o.summary["algorithms"]
     ]
     lines += metrics_table(rows, ["algorithm", key], with_rounds=with_target)
+    privacy = _privacy_markdown(key, outcomes)
+    if privacy:
+        lines += ["", *privacy]
     return "\n".join(lines) + "\n"
 
 

@@ -355,12 +355,15 @@ def check_combination(
     momentum: float = 0.0,
     masking: str = "none",
     on_flower: bool = False,
+    privacy: str = "none",
 ) -> None:
     """The one place where pieces that cannot work together are refused (ConfigError naming
     the pieces), from their declared properties: an aggregation that pools the data samples
     no clients (no scheme, no masking, no Flower); a client piece that keeps per-client state
     across rounds (SCAFFOLD's c_i) cannot run on width slices or on fedsub's stateless Flower
-    ClientApp; client pieces must form one chain (fedsub.client.work.round_chain)."""
+    ClientApp; client pieces must form one chain (fedsub.client.work.round_chain); private
+    download and secure aggregation (``privacy``) hide each client's update, which per-client
+    state is built from, and run in process only."""
     base = name.partition("@")[0]
     pooled = AGGREGATIONS[recipe.aggregation].pools_data
     if pooled and scheme != "default":
@@ -374,6 +377,17 @@ def check_combination(
     except ValueError as error:
         raise ConfigError(f"algorithm {name!r}: {error}") from None
     stateful = [p.name for p in pieces if p.keeps_client_state]
+    if on_flower and privacy in ("download", "full"):
+        raise ConfigError(
+            f"train.privacy = {privacy!r} runs in process only for now (fedsub compare); "
+            "on Flower use privacy none or heat"
+        )
+    if stateful and privacy in ("download", "full"):
+        raise ConfigError(
+            f"train.privacy = {privacy!r} cannot be combined with algorithm {name!r}: its "
+            f"client piece {stateful[0]!r} keeps per-client state built from each client's "
+            "own update, which private download and secure aggregation keep from the server"
+        )
     reasons = [f"its client piece {n!r} keeps per-client state across rounds" for n in stateful]
     if pooled:
         reasons.append(f"its aggregation {recipe.aggregation!r} pools the data (no clients)")

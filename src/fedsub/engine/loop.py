@@ -28,6 +28,7 @@ from fedsub.engine.backends import backend_for
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
+from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.json_values import metrics_from_json, nulled
@@ -89,14 +90,34 @@ def central_setup(
     )
 
 
+def private_rounds(
+    algorithm: Algorithm, schedule: Schedule, params: Params
+) -> PrivateRounds | None:
+    """The round's privacy stages (``train.privacy``), or None: no privacy configured, width
+    slices (config.py refuses private levels with masking), or CentralSGD (the pooled
+    reference has no clients to protect)."""
+    masked_run = schedule.masking is not None and schedule.masking.scheme != "none"
+    if schedule.privacy is None or algorithm.central or masked_run:
+        return None
+    table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
+    aggregation = algorithm.aggregation.to(schedule.device)
+    return PrivateRounds(schedule.privacy, aggregation, table_rows, schedule.seed)
+
+
 def round_stages(
-    model: Model, algorithm: Algorithm, schedule: Schedule, params: Params
+    model: Model,
+    algorithm: Algorithm,
+    schedule: Schedule,
+    params: Params,
+    private: PrivateRounds | None = None,
 ) -> tuple[Callable, Callable]:
     """The round's client work (the configured backend, on width slices when masking) and how
-    its updates become the server's update."""
+    its updates become the server's update (through ``private`` when given)."""
     run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
     masking = schedule.masking
     aggregation = algorithm.aggregation.to(schedule.device)
+    if private is not None:
+        return private.wrap(run_cohort), private.combine
     if masking is None or masking.scheme == "none":
         return run_cohort, lambda update: aggregate(update, aggregation)
 
@@ -128,6 +149,8 @@ class RunControl:
     on_reject: Callable[[Rejection], None] | None = None
     divergence_factor: float = 0.0  # engine/divergence.py; 0: only non-finite losses diverge
     run: dict[str, str] = dataclasses.field(default_factory=dict)  # stamped on checkpoints
+    # given the run's privacy stages before round 1 (to keep a transcript, read the costs)
+    on_private_rounds: Callable[[PrivateRounds], None] | None = None
 
 
 @dataclass
@@ -240,7 +263,10 @@ def train(
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     params = initial_params(model, schedule)
-    run_cohort, combine = round_stages(model, algorithm, schedule, params)
+    private = private_rounds(algorithm, schedule, params)
+    if private is not None and control.on_private_rounds is not None:
+        control.on_private_rounds(private)
+    run_cohort, combine = round_stages(model, algorithm, schedule, params, private)
     rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
     progress = Progress() if control.resume is None else resume(rounds, control.resume)
 

@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 
 from fedsub.masking.schemes import Masking
+from fedsub.privacy.levels import Privacy
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LrSchedule = Literal["constant", "inverse-round", "exponential"]
@@ -32,6 +33,7 @@ class Schedule:
     clip_norm: float = 0.0
     momentum: float = 0.0
     masking: Masking | None = None  # width-sliced sub-model training (seed 003)
+    privacy: Privacy | None = None  # train.privacy (engine/private_rounds.py); None: none
 
 
 def lr_at(base: float, schedule: Schedule, round_index: int) -> float:

@@ -54,6 +54,7 @@ from fedsub.privacy.heat_vectors import (
     summed_length,
     summed_vector,
 )
+from fedsub.privacy.levels import heat_source_for
 from fedsub.privacy.secagg import (
     AdvertiseKeys,
     EncryptedShares,
@@ -98,10 +99,16 @@ class HeatReport:
 
 
 def privacy_of(config: Config) -> HeatPrivacy:
-    """The run's heat source and its parameters (``train.heat_source`` and the rest)."""
+    """The run's heat source (``train.heat_source``, made private by ``train.privacy``) and
+    its parameters."""
     t = config.train
     return HeatPrivacy(
-        t.heat_source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
+        heat_source_for(t.privacy, t.heat_source),  # privacy "heat" makes exact heat secagg
+        t.secagg_group,
+        t.sketch_eps,
+        t.sketch_delta,
+        t.rr_epsilon,
+        t.seed,
     )
 
 

@@ -39,6 +39,7 @@ from fedsub.algorithms.registry import check_combination, split_name
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError
+from fedsub.privacy.levels import heat_source_for
 
 Payload = Literal["submodel", "full"]
 
@@ -154,9 +155,18 @@ class FlowerSettings:
             _, scheme = split_name(name, config.composed_names())
         except ValueError as error:
             raise ConfigError(f"Flower run config: algorithm = {name!r}: {error}") from None
-        check_combination(name, recipe_of(name, config.algorithms), scheme=scheme, on_flower=True)
+        check_combination(
+            name,
+            recipe_of(name, config.algorithms),
+            scheme=scheme,
+            on_flower=True,
+            privacy=config.train.privacy,
+        )
         needs_counts = SCHEMES[scheme].sampling != "uniform" or SCHEMES[scheme].scale_lr_by_pn
-        if config.train.heat_source != "exact" and needs_counts:
+        if (
+            heat_source_for(config.train.privacy, config.train.heat_source) != "exact"
+            and needs_counts
+        ):
             raise ConfigError(
                 f"Flower run config: algorithm = {name!r}: scheme {scheme!r} needs every "
                 "client's sample count on the server, which train.heat_source = "

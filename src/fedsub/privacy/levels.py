@@ -1,0 +1,86 @@
+"""``train.privacy``: how much of a client's submodel the server may learn, as cumulative levels.
+
+- ``none``: the server sees every client's index set S(k) and row deltas (plain FedSubAvg).
+- ``heat``: heat counts come from a private source (``train.heat_source``; ``exact`` is
+  replaced by ``secagg``), so the precomputed heat reveals no S(k).
+- ``download``: + private download requests (randomized response or size buckets,
+  ``privacy/private_download.py``); row deltas still go up in the clear.
+- ``full``: + secure sparse aggregation of the row deltas over the union of the requests
+  (``privacy/sparse_secagg.py``): the server learns only per-row sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fedsub.privacy import private_download
+
+LEVELS = ("none", "heat", "download", "full")
+DOWNLOADS = ("randomized-response", "buckets")
+Level = Literal["none", "heat", "download", "full"]
+Download = Literal["randomized-response", "buckets"]
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """The level and its settings (config keys ``train.privacy``, ``train.download`` ...)."""
+
+    level: Level = "none"
+    download: Download = "randomized-response"
+    download_epsilon: float = 4.0  # randomized response's local epsilon per row
+    download_keep: float = 0.9  # p: probability that a held row is requested
+    download_bucket: int = 64  # buckets: the smallest size class
+    secagg_clip: float = 1.0  # fixed-point range [-clip, clip] of a weighted delta value
+
+    @property
+    def private_heat(self) -> bool:
+        return LEVELS.index(self.level) >= LEVELS.index("heat")
+
+    @property
+    def private_download(self) -> bool:
+        return LEVELS.index(self.level) >= LEVELS.index("download")
+
+    @property
+    def secure_aggregation(self) -> bool:
+        return self.level == "full"
+
+    @property
+    def randomized(self) -> bool:
+        return self.private_download and self.download == "randomized-response"
+
+    @property
+    def keep(self) -> float:
+        """p: the probability that a held row is requested (1 with buckets)."""
+        return self.download_keep if self.randomized else 1.0
+
+    @property
+    def decoy(self) -> float:
+        """q: the probability that a row not held is requested by randomized response."""
+        return private_download.decoy_probability(self.download_epsilon, self.download_keep)
+
+
+def heat_source_for(level: str, configured: str) -> str:
+    """The heat source a level uses: from ``heat`` up, exact heat becomes ``secagg`` (a
+    private source the user chose, sketch or randomized response, is kept)."""
+    private = LEVELS.index(level) >= LEVELS.index("heat")
+    return "secagg" if private and configured == "exact" else configured
+
+
+def describe(privacy: Privacy) -> dict:
+    """The level's guarantees, for the run's record (``privacy.json``)."""
+    info: dict = {"level": privacy.level}
+    if privacy.private_download:
+        info["download"] = privacy.download
+        if privacy.randomized:
+            p, q = privacy.keep, privacy.decoy
+            info.update(keep_probability=p, decoy_probability=q)
+            info["epsilon"] = private_download.epsilon_of(p, q)
+            info["held_rows_not_requested"] = "skipped: no update sent; row sums divided by p"
+        else:
+            info["smallest_size_class"] = privacy.download_bucket
+    if privacy.secure_aggregation:
+        info.update(secagg_clip=privacy.secagg_clip, threshold="floor(cohort / 2) + 1")
+        info["fixed_point"] = "scale = largest 2^b with cohort * clip * 2^b < 2^31"
+        info["error_bound"] = "cohort / (2 * scale) per summed value"
+    return info
