@@ -42,9 +42,16 @@ class ServerUpdate:
     tables: dict[str, RowUpdate]
     dense: dict[str, torch.Tensor]
 
-    def is_finite(self) -> bool:
+    def nonfinite(self) -> torch.Tensor:
+        """A 0-d bool tensor on the update's device: whether any entry is NaN or Inf (no
+        host read; ``is_finite`` reads it)."""
         values = [u.values for u in self.tables.values()] + list(self.dense.values())
-        return all(bool(torch.isfinite(v).all()) for v in values)
+        if not values:
+            return torch.tensor(False)
+        return torch.stack([~torch.isfinite(v).all() for v in values]).any()
+
+    def is_finite(self) -> bool:
+        return not bool(self.nonfinite())
 
 
 class RowUnion:
@@ -119,7 +126,8 @@ def client_weights(cohort: CohortMembers, weighting: Weighting) -> torch.Tensor:
 def aggregation_weights(cohort: CohortMembers, aggregation: Aggregation) -> torch.Tensor:
     if aggregation.weighting in ("scheme2", "original"):
         p = cohort.weights / aggregation.population_weight
-        scale = aggregation.num_clients / float(cohort.multiplicity.sum())
+        # a 0-d float64 tensor: the division stays on the device (no host read)
+        scale = aggregation.num_clients / cohort.multiplicity.sum().to(torch.float64)
         return p * scale if aggregation.weighting == "scheme2" else p
     return client_weights(cohort, aggregation.weighting)
 

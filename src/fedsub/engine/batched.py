@@ -55,7 +55,14 @@ def run_cohort(
     # autograd differentiates embed -> head -> loss.
     closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
     batches = cohort_batches(
-        data, clients, schedule.seed, round_index, steps, batch, closed_form is not None
+        data,
+        clients,
+        schedule.seed,
+        round_index,
+        steps,
+        batch,
+        closed_form is not None,
+        host_clients=members.clients,
     )
     labels, dense_inputs = batches.labels, batches.dense
 

@@ -5,6 +5,11 @@ backend feeds the model: the members' S(k) rows (concatenated, member after memb
 visited sample's ids rewritten as positions in those concatenated rows, labels and dense
 features, step-major (step i is samples ``i * K * B : (i + 1) * K * B``). Only the cohort's
 clients come from the host (the seeded draw); the rest reads ``DeviceData``.
+
+Host syncs: the sizes of the schedules and of the members' rows are known on the host from
+the clients' ids (``DeviceData.host_counts`` / ``host_row_counts``); how many ids the round's
+visited samples hold is not, so each field's per-step id counts are computed on the device
+and read once, all fields together: the one host read of ``cohort_batches``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedsub.data.torch_ragged import TorchRagged
@@ -73,23 +79,32 @@ def cohort_batches(
     steps: int,
     batch: int,
     sample_of_id: bool = False,
+    host_clients: np.ndarray | None = None,
 ) -> CohortBatches:
     """The cohort's rows and batches (``clients`` int64 on ``data.device``); each member's
     sample order is ``cohort_schedules`` of (seed, round, client), as on every backend.
-    ``sample_of_id``: also say which sample of its step every id belongs to."""
+    ``sample_of_id``: also say which sample of its step every id belongs to.
+    ``host_clients``: the same clients as a numpy array (the draw's), else read from
+    ``clients``."""
     k = len(clients)
+    if host_clients is None:
+        host_clients = clients.cpu().numpy()
     counts = data.counts.index_select(0, clients)
     rows, row_owner = {}, {}
     for table, all_rows in data.rows.items():
-        rows[table], row_owner[table] = all_rows.take_with_owners(clients)
-    local_order = cohort_schedules(seed, round_index, clients, counts, steps, batch)
+        total_rows = int(data.host_row_counts[table][host_clients].sum())
+        rows[table], row_owner[table] = all_rows.take_with_owners(clients, total_rows)
+    local_order = cohort_schedules(
+        seed, round_index, clients, counts, steps, batch, data.host_counts[host_clients]
+    )
     visits = local_order + data.client_offsets.index_select(0, clients)[:, None, None]
     visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]
     per_step = k * batch
     member_of_visit, in_step = _visit_layout(k, steps, batch, data.device)
+    step_bounds = _step_bounds(data, visits, steps, per_step)
     ids, samples = {}, {}
     for name, local_ids in data.local_ids.items():
-        local, visit_of_id = local_ids.take_with_owners(visits)
+        local, visit_of_id = local_ids.take_with_owners(visits, step_bounds[name][-1])
         row_start = rows[data.field_tables[name]].offsets[:-1].index_select(0, member_of_visit)
         ids[name] = TorchRagged(
             local.values + row_start.index_select(0, visit_of_id), local.offsets
@@ -108,9 +123,26 @@ def cohort_batches(
         ids=ids,
         labels=labels,
         dense=dense,
-        step_bounds={n: r.offsets[::per_step].tolist() for n, r in ids.items()},
+        step_bounds=step_bounds,
         sample_of_id=samples if sample_of_id else None,
     )
+
+
+def _step_bounds(
+    data: DeviceData, visits: torch.Tensor, steps: int, per_step: int
+) -> dict[str, list[int]]:
+    """Per field, where each step's ids start among the visited samples' ids (steps + 1
+    values, the last the field's total): computed on the device, read in one transfer."""
+    if not data.local_ids:
+        return {}
+    per_field = []
+    for local_ids in data.local_ids.values():
+        offsets = local_ids.offsets
+        lengths = offsets.index_select(0, visits + 1) - offsets.index_select(0, visits)
+        per_field.append(lengths.reshape(steps, per_step).sum(1))
+    ends = torch.stack(per_field).cumsum(1)
+    bounds = torch.cat([torch.zeros_like(ends[:, :1]), ends], dim=1).tolist()  # the one read
+    return dict(zip(data.local_ids, bounds, strict=True))
 
 
 @functools.lru_cache(maxsize=8)
