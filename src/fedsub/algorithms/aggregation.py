@@ -81,6 +81,27 @@ class RowUnion:
         return torch.from_numpy(distinct), torch.from_numpy(slots[values].astype(np.int64))
 
 
+class PendingUnion:
+    """``torch.unique(rows, sorted=True, return_inverse=True)`` in two halves, so a GPU never
+    waits for it: the device work (a sort, group numbers by a cumsum) now, and the result once
+    the caller has read ``size`` (the number of distinct rows, a 0-d device tensor) together
+    with its other reads; ``torch.unique`` itself reads that size from the device."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.sorted, self.order = torch.sort(rows, stable=True)
+        starts = torch.ones_like(self.sorted, dtype=torch.bool)
+        starts[1:] = self.sorted[1:] != self.sorted[:-1]
+        self.group = torch.cumsum(starts, 0) - 1  # each sorted entry's distinct row
+        self.size = starts.sum()
+
+    def finish(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distinct rows sorted, each entry's position among them), given ``size``."""
+        inverse = torch.empty_like(self.group).index_copy_(0, self.order, self.group)
+        distinct = self.sorted.new_empty(size)
+        distinct.scatter_(0, self.group, self.sorted)  # repeats write the same row id
+        return distinct, inverse
+
+
 @dataclass(frozen=True)
 class Aggregation:
     """How to weight clients and, optionally, per-row correction coefficients per table.
@@ -138,7 +159,8 @@ def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
     for table, rows in cohort.rows.items():
         deltas = cohort.table_deltas[table]
         row_weight = weights.to(deltas.dtype).index_select(0, cohort.row_owner[table])
-        unique_rows, inverse = aggregation.union(rows)
+        known = cohort.unions.get(table) if cohort.unions else None  # the backend's
+        unique_rows, inverse = known if known is not None else aggregation.union(rows)
         summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
         summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
         if aggregation.coefficients is not None:

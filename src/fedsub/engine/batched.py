@@ -126,4 +126,5 @@ def run_cohort(
             row_owner=row_owner,
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
             dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
+            unions=batches.unions,
         )

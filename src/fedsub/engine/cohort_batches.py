@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedsub import device as device_lib
+from fedsub.algorithms.aggregation import PendingUnion
 from fedsub.data.torch_ragged import TorchRagged
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.submodel.device_data import DeviceData
@@ -37,6 +39,9 @@ class CohortBatches:
     step_bounds: dict[str, list[int]]  # per field, where each step's ids start (steps + 1)
     # per field, for each id, which of its step's K * B samples it is in (closed-form models)
     sample_of_id: dict[str, torch.Tensor] | None = None
+    # per table, the union of the members' rows as torch.unique(..., return_inverse=True)
+    # gives it; computed here off the CPU, where it costs no host read of its own
+    unions: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def samples_per_step(self) -> int:
@@ -101,7 +106,12 @@ def cohort_batches(
     visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]
     per_step = k * batch
     member_of_visit, in_step = _visit_layout(k, steps, batch, data.device)
-    step_bounds = _step_bounds(data, visits, steps, per_step)
+    # the rows' union for the aggregation, off the CPU (there RowUnion's slot array is faster)
+    pending = {}
+    if not device_lib.on_host(clients):
+        pending = {t: PendingUnion(r.values) for t, r in rows.items()}
+    step_bounds, union_sizes = _read_sizes(data, visits, steps, per_step, pending)
+    unions = {t: u.finish(union_sizes[t]) for t, u in pending.items()}
     ids, samples = {}, {}
     for name, local_ids in data.local_ids.items():
         local, visit_of_id = local_ids.take_with_owners(visits, step_bounds[name][-1])
@@ -125,24 +135,34 @@ def cohort_batches(
         dense=dense,
         step_bounds=step_bounds,
         sample_of_id=samples if sample_of_id else None,
+        unions=unions or None,
     )
 
 
-def _step_bounds(
-    data: DeviceData, visits: torch.Tensor, steps: int, per_step: int
-) -> dict[str, list[int]]:
+def _read_sizes(
+    data: DeviceData,
+    visits: torch.Tensor,
+    steps: int,
+    per_step: int,
+    unions: dict[str, PendingUnion],
+) -> tuple[dict[str, list[int]], dict[str, int]]:
     """Per field, where each step's ids start among the visited samples' ids (steps + 1
-    values, the last the field's total): computed on the device, read in one transfer."""
-    if not data.local_ids:
-        return {}
+    values, the last the field's total), and per table the size of the rows' union: computed
+    on the device, read in one transfer (the round's one read here)."""
     per_field = []
     for local_ids in data.local_ids.values():
         offsets = local_ids.offsets
         lengths = offsets.index_select(0, visits + 1) - offsets.index_select(0, visits)
-        per_field.append(lengths.reshape(steps, per_step).sum(1))
-    ends = torch.stack(per_field).cumsum(1)
-    bounds = torch.cat([torch.zeros_like(ends[:, :1]), ends], dim=1).tolist()  # the one read
-    return dict(zip(data.local_ids, bounds, strict=True))
+        ends = lengths.reshape(steps, per_step).sum(1).cumsum(0)
+        per_field.append(torch.cat([torch.zeros_like(ends[:1]), ends]))
+    sizes = [u.size.reshape(1) for u in unions.values()]
+    if not per_field and not sizes:
+        return {}, {}
+    values = torch.cat([*per_field, *sizes]).tolist()  # the one read
+    width = steps + 1
+    bounds = {n: values[i * width : (i + 1) * width] for i, n in enumerate(data.local_ids)}
+    tail = values[len(per_field) * width :]
+    return bounds, dict(zip(unions, tail, strict=True))
 
 
 @functools.lru_cache(maxsize=8)

@@ -32,9 +32,9 @@ from fedsub.submodel.params import Params
 
 # How often a round of the batched backend's torch kernels (a GPU's) reads the device from the
 # host, with server SGD (FedAvg, FedSubAvg; adaptive server optimizers may add their own):
-# ``cohort_batches`` reads the visited samples' id counts once, ``finish`` reads its checks
-# twice. Besides, each table's row union (``torch.unique``) has a size only the device knows.
-# Evaluations, progress and checkpoints read more; tests/test_host_syncs.py counts them.
+# ``cohort_batches`` reads the visited samples' id counts and the row unions' sizes once,
+# ``finish`` reads its checks twice; no op waits for a value-dependent size. Evaluations,
+# progress and checkpoints read more; tests/test_host_syncs.py counts them.
 HOST_READS_PER_ROUND = 3
 
 
