@@ -205,6 +205,7 @@ def g4(size: dict, device: torch.device, rounds: int) -> dict:
         "cpu_all_cores_ms_per_round": cpu * 1e3,
         "cpu_threads": os.cpu_count(),
         "speedup": cpu / on_device,
+        **({"note": "--device is the CPU too: not a GPU figure"} if device.type == "cpu" else {}),
     }
 
 

@@ -21,9 +21,11 @@ from fedsub.engine.loop import RunControl, initial_params, train
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import HOST_READS_PER_ROUND
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.models.registry import build_model
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 from tests.host_reads import READS, HostReads
+from tests.test_resume_matrix import OPTIONS, dataset_for
 
 ROUNDS = 4
 
@@ -98,6 +100,25 @@ def test_a_round_of_the_torch_kernels_reads_the_host_at_most_the_documented_time
         reads = sum(n for kind, n in counts.items() if kind in READS.values())
         assert reads <= HOST_READS_PER_ROUND, counts
         assert set(counts) <= set(READS.values()), counts  # no value-shaped op
+
+
+def test_two_tables_and_dense_features_keep_the_bound_and_padded_models_add_one_per_step(
+    monkeypatch, tmp_path
+):
+    """Several tables and fields share the round's reads; DIN's padded history reads its
+    longest list once per local step (models/pooling.py: padded), the documented exception."""
+    monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", False)
+    steps = 3  # reads_per_round's local steps
+    for name, allowed in [
+        ("embedding-lr", HOST_READS_PER_ROUND),
+        ("din", HOST_READS_PER_ROUND + steps),
+    ]:
+        dataset, index = dataset_for(name, str(tmp_path))
+        model = build_model(name, dataset, {**OPTIONS, "widths": []})
+        rounds = reads_per_round((dataset, index), model, "fedsubavg", torch.device("cpu"))
+        for counts in rounds:
+            assert set(counts) <= set(READS.values()), counts
+            assert sum(counts.values()) <= allowed, (name, counts)
 
 
 def test_a_member_screened_out_still_works_with_the_deferred_checks(monkeypatch, data):

@@ -8,8 +8,9 @@ clients come from the host (the seeded draw); the rest reads ``DeviceData``.
 
 Host syncs: the sizes of the schedules and of the members' rows are known on the host from
 the clients' ids (``DeviceData.host_counts`` / ``host_row_counts``); how many ids the round's
-visited samples hold is not, so each field's per-step id counts are computed on the device
-and read once, all fields together: the one host read of ``cohort_batches``.
+visited samples hold is not, nor how many distinct rows the members share, so each field's
+per-step id counts and each table's union size (``PendingUnion``, for the aggregation) are
+computed on the device and read together: the one host read of ``cohort_batches``.
 """
 
 from __future__ import annotations
