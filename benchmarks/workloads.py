@@ -69,3 +69,41 @@ def amazon_like(
         samples.slice(0, 2000),
         {"user": "user", "item": "item", "history": "item"},
     )
+
+
+def power_law_ids(rng: np.random.Generator, size, rows: int, exponent: float) -> np.ndarray:
+    """Ids in [0, rows) with P(rank r) ~ r^-exponent (a continuous Zipf by inverse CDF): no
+    table-sized array, so it serves 1e9-row tables too."""
+    u = rng.random(size)
+    if exponent == 1.0:
+        ranks = np.exp(u * np.log(rows + 1.0))
+    else:
+        top = (rows + 1.0) ** (1.0 - exponent)
+        ranks = (1.0 + u * (top - 1.0)) ** (1.0 / (1.0 - exponent))
+    return np.minimum(ranks.astype(np.int64) - 1, rows - 1)
+
+
+def lognormal_zipf(
+    clients: int = 100_000,
+    mean_samples: float = 49.0,
+    sigma: float = 1.0,
+    rows: int = 10**7,
+    ids_per_sample: int = 10,
+    exponent: float = 1.1,
+    seed: int = 0,
+) -> FederatedDataset:
+    """Issue 15's probe workload: client sizes lognormal (mean ``mean_samples``, at least 1;
+    100,000 clients hold ~4.9M samples), each sample ``ids_per_sample`` Zipf(``exponent``)
+    ids over ``rows``; labels from a hidden logistic model over the ids (one weight per row,
+    drawn from the ids' hash so no table-sized array is needed)."""
+    rng = np.random.default_rng(seed)
+    mu = np.log(mean_samples) - sigma**2 / 2
+    counts = np.maximum(1, rng.lognormal(mu, sigma, size=clients).astype(np.int64))
+    n = int(counts.sum())
+    ids = power_law_ids(rng, (n, ids_per_sample), rows, exponent)
+    hidden = np.sin(ids * 12.9898).sum(1)  # a fixed pseudo-random weight per row
+    labels = (rng.random(n) < 1 / (1 + np.exp(-hidden))).astype(np.float32)
+    train = SampleSet({"features": Ragged.from_fixed(ids)}, labels)
+    offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    test = train.slice(0, min(n, 1000))
+    return FederatedDataset("lognormal-zipf", {"features": rows}, train, offsets, test)

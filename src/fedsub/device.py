@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import torch
 
 DEVICE_FORMS = ('"cpu"', '"cuda"', '"cuda:N"', '"auto"')
@@ -47,3 +48,14 @@ CPU_FAST_PATHS = True
 def on_host(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s round kernels take their CPU (numpy) fast path."""
     return CPU_FAST_PATHS and tensor.device.type == "cpu"
+
+
+def from_host(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Host numbers (a round's cohort ids, multiplicities, learning rates) as a tensor on
+    ``device`` without a host sync: a plain copy from pageable memory waits for every kernel
+    queued on the GPU, one from pinned memory with ``non_blocking`` does not (the caching
+    host allocator keeps the buffer alive until the copy is done). Zero-copy on the CPU."""
+    tensor = torch.from_numpy(values)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

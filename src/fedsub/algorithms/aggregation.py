@@ -42,9 +42,16 @@ class ServerUpdate:
     tables: dict[str, RowUpdate]
     dense: dict[str, torch.Tensor]
 
-    def is_finite(self) -> bool:
+    def nonfinite(self) -> torch.Tensor:
+        """A 0-d bool tensor on the update's device: whether any entry is NaN or Inf (no
+        host read; ``is_finite`` reads it)."""
         values = [u.values for u in self.tables.values()] + list(self.dense.values())
-        return all(bool(torch.isfinite(v).all()) for v in values)
+        if not values:
+            return torch.tensor(False)
+        return torch.stack([~torch.isfinite(v).all() for v in values]).any()
+
+    def is_finite(self) -> bool:
+        return not bool(self.nonfinite())
 
 
 class RowUnion:
@@ -72,6 +79,27 @@ class RowUnion:
         distinct = np.sort(values[slots[values] == positions])
         slots[distinct] = np.arange(len(distinct), dtype=np.int32)
         return torch.from_numpy(distinct), torch.from_numpy(slots[values].astype(np.int64))
+
+
+class PendingUnion:
+    """``torch.unique(rows, sorted=True, return_inverse=True)`` in two halves, so a GPU never
+    waits for it: the device work (a sort, group numbers by a cumsum) now, and the result once
+    the caller has read ``size`` (the number of distinct rows, a 0-d device tensor) together
+    with its other reads; ``torch.unique`` itself reads that size from the device."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self.sorted, self.order = torch.sort(rows, stable=True)
+        starts = torch.ones_like(self.sorted, dtype=torch.bool)
+        starts[1:] = self.sorted[1:] != self.sorted[:-1]
+        self.group = torch.cumsum(starts, 0) - 1  # each sorted entry's distinct row
+        self.size = starts.sum()
+
+    def finish(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distinct rows sorted, each entry's position among them), given ``size``."""
+        inverse = torch.empty_like(self.group).index_copy_(0, self.order, self.group)
+        distinct = self.sorted.new_empty(size)
+        distinct.scatter_(0, self.group, self.sorted)  # repeats write the same row id
+        return distinct, inverse
 
 
 @dataclass(frozen=True)
@@ -119,7 +147,8 @@ def client_weights(cohort: CohortMembers, weighting: Weighting) -> torch.Tensor:
 def aggregation_weights(cohort: CohortMembers, aggregation: Aggregation) -> torch.Tensor:
     if aggregation.weighting in ("scheme2", "original"):
         p = cohort.weights / aggregation.population_weight
-        scale = aggregation.num_clients / float(cohort.multiplicity.sum())
+        # a 0-d float64 tensor: the division stays on the device (no host read)
+        scale = aggregation.num_clients / cohort.multiplicity.sum().to(torch.float64)
         return p * scale if aggregation.weighting == "scheme2" else p
     return client_weights(cohort, aggregation.weighting)
 
@@ -130,7 +159,8 @@ def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
     for table, rows in cohort.rows.items():
         deltas = cohort.table_deltas[table]
         row_weight = weights.to(deltas.dtype).index_select(0, cohort.row_owner[table])
-        unique_rows, inverse = aggregation.union(rows)
+        known = cohort.unions.get(table) if cohort.unions else None  # the backend's
+        unique_rows, inverse = known if known is not None else aggregation.union(rows)
         summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
         summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
         if aggregation.coefficients is not None:

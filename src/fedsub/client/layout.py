@@ -23,6 +23,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from fedsub.device import from_host
+
 LearningRate = float | torch.Tensor  # a scalar for one client, per-member broadcast for a cohort
 
 
@@ -92,5 +94,5 @@ class CohortLayout:
         return values.reshape(-1, *([1] * (like.dim() - 1)))
 
     def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
-        per_member = torch.from_numpy(values).to(tensors[0].device, tensors[0].dtype)
+        per_member = from_host(values, tensors[0].device).to(tensors[0].dtype)
         return [self.spread(per_member, i, t) for i, t in enumerate(tensors)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
+from fedsub import device as device_lib
 from fedsub.algorithms.sampling import Cohort
 from fedsub.client.layout import CohortLayout
 from fedsub.client.transforms import Members, apply_updates
@@ -50,12 +51,19 @@ def run_cohort(
 ) -> CohortUpdate:
     k, steps, batch = len(members), schedule.local_steps, schedule.batch_size
     data = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
-    clients = torch.from_numpy(members.clients).to(schedule.device)
+    clients = device_lib.from_host(members.clients, schedule.device)
     # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
     # autograd differentiates embed -> head -> loss.
     closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
     batches = cohort_batches(
-        data, clients, schedule.seed, round_index, steps, batch, closed_form is not None
+        data,
+        clients,
+        schedule.seed,
+        round_index,
+        steps,
+        batch,
+        closed_form is not None,
+        host_clients=members.clients,
     )
     labels, dense_inputs = batches.labels, batches.dense
 
@@ -113,9 +121,10 @@ def run_cohort(
         return CohortUpdate(
             clients=clients,
             weights=batches.counts.to(torch.float64),
-            multiplicity=torch.from_numpy(members.multiplicity).to(schedule.device),
+            multiplicity=device_lib.from_host(members.multiplicity, schedule.device),
             rows=row_tensors,
             row_owner=row_owner,
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
             dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
+            unions=batches.unions,
         )

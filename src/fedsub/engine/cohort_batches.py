@@ -5,6 +5,12 @@ backend feeds the model: the members' S(k) rows (concatenated, member after memb
 visited sample's ids rewritten as positions in those concatenated rows, labels and dense
 features, step-major (step i is samples ``i * K * B : (i + 1) * K * B``). Only the cohort's
 clients come from the host (the seeded draw); the rest reads ``DeviceData``.
+
+Host syncs: the sizes of the schedules and of the members' rows are known on the host from
+the clients' ids (``DeviceData.host_counts`` / ``host_row_counts``); how many ids the round's
+visited samples hold is not, nor how many distinct rows the members share, so each field's
+per-step id counts and each table's union size (``PendingUnion``, for the aggregation) are
+computed on the device and read together: the one host read of ``cohort_batches``.
 """
 
 from __future__ import annotations
@@ -12,8 +18,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from fedsub import device as device_lib
+from fedsub.algorithms.aggregation import PendingUnion
 from fedsub.data.torch_ragged import TorchRagged
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.submodel.device_data import DeviceData
@@ -31,6 +40,9 @@ class CohortBatches:
     step_bounds: dict[str, list[int]]  # per field, where each step's ids start (steps + 1)
     # per field, for each id, which of its step's K * B samples it is in (closed-form models)
     sample_of_id: dict[str, torch.Tensor] | None = None
+    # per table, the union of the members' rows as torch.unique(..., return_inverse=True)
+    # gives it; computed here off the CPU, where it costs no host read of its own
+    unions: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def samples_per_step(self) -> int:
@@ -73,23 +85,37 @@ def cohort_batches(
     steps: int,
     batch: int,
     sample_of_id: bool = False,
+    host_clients: np.ndarray | None = None,
 ) -> CohortBatches:
     """The cohort's rows and batches (``clients`` int64 on ``data.device``); each member's
     sample order is ``cohort_schedules`` of (seed, round, client), as on every backend.
-    ``sample_of_id``: also say which sample of its step every id belongs to."""
+    ``sample_of_id``: also say which sample of its step every id belongs to.
+    ``host_clients``: the same clients as a numpy array (the draw's), else read from
+    ``clients``."""
     k = len(clients)
+    if host_clients is None:
+        host_clients = clients.cpu().numpy()
     counts = data.counts.index_select(0, clients)
     rows, row_owner = {}, {}
     for table, all_rows in data.rows.items():
-        rows[table], row_owner[table] = all_rows.take_with_owners(clients)
-    local_order = cohort_schedules(seed, round_index, clients, counts, steps, batch)
+        total_rows = int(data.host_row_counts[table][host_clients].sum())
+        rows[table], row_owner[table] = all_rows.take_with_owners(clients, total_rows)
+    local_order = cohort_schedules(
+        seed, round_index, clients, counts, steps, batch, data.host_counts[host_clients]
+    )
     visits = local_order + data.client_offsets.index_select(0, clients)[:, None, None]
     visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]
     per_step = k * batch
     member_of_visit, in_step = _visit_layout(k, steps, batch, data.device)
+    # the rows' union for the aggregation, off the CPU (there RowUnion's slot array is faster)
+    pending = {}
+    if not device_lib.on_host(clients):
+        pending = {t: PendingUnion(r.values) for t, r in rows.items()}
+    step_bounds, union_sizes = _read_sizes(data, visits, steps, per_step, pending)
+    unions = {t: u.finish(union_sizes[t]) for t, u in pending.items()}
     ids, samples = {}, {}
     for name, local_ids in data.local_ids.items():
-        local, visit_of_id = local_ids.take_with_owners(visits)
+        local, visit_of_id = local_ids.take_with_owners(visits, step_bounds[name][-1])
         row_start = rows[data.field_tables[name]].offsets[:-1].index_select(0, member_of_visit)
         ids[name] = TorchRagged(
             local.values + row_start.index_select(0, visit_of_id), local.offsets
@@ -108,9 +134,36 @@ def cohort_batches(
         ids=ids,
         labels=labels,
         dense=dense,
-        step_bounds={n: r.offsets[::per_step].tolist() for n, r in ids.items()},
+        step_bounds=step_bounds,
         sample_of_id=samples if sample_of_id else None,
+        unions=unions or None,
     )
+
+
+def _read_sizes(
+    data: DeviceData,
+    visits: torch.Tensor,
+    steps: int,
+    per_step: int,
+    unions: dict[str, PendingUnion],
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Per field, where each step's ids start among the visited samples' ids (steps + 1
+    values, the last the field's total), and per table the size of the rows' union: computed
+    on the device, read in one transfer (the round's one read here)."""
+    per_field = []
+    for local_ids in data.local_ids.values():
+        offsets = local_ids.offsets
+        lengths = offsets.index_select(0, visits + 1) - offsets.index_select(0, visits)
+        ends = lengths.reshape(steps, per_step).sum(1).cumsum(0)
+        per_field.append(torch.cat([torch.zeros_like(ends[:1]), ends]))
+    sizes = [u.size.reshape(1) for u in unions.values()]
+    if not per_field and not sizes:
+        return {}, {}
+    values = torch.cat([*per_field, *sizes]).tolist()  # the one read
+    width = steps + 1
+    bounds = {n: values[i * width : (i + 1) * width] for i, n in enumerate(data.local_ids)}
+    tail = values[len(per_field) * width :]
+    return bounds, dict(zip(unions, tail, strict=True))
 
 
 @functools.lru_cache(maxsize=8)

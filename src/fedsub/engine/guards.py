@@ -24,15 +24,24 @@ class Rejection:
         return {"round": self.round, "client": self.client, "reason": self.reason}
 
 
+def needs_screening(update: CohortUpdate, max_update_norm: float) -> torch.Tensor:
+    """A 0-d bool tensor on the update's device: whether ``screen`` would reject a member
+    (an update with NaN or Inf, or a norm over ``max_update_norm``), computed without a host
+    read so a round can read it together with its other checks."""
+    norms = update.squared_norms().sqrt()
+    suspect = ~torch.isfinite(norms).all()
+    if max_update_norm:
+        suspect = suspect | (norms > max_update_norm).any()
+    return suspect
+
+
 def screen(
     update: CohortUpdate, round_index: int, max_update_norm: float
 ) -> tuple[list[int], list[Rejection]]:
     """Cohort positions to keep, and why the others were rejected."""
+    if not bool(needs_screening(update, max_update_norm)):
+        return list(range(len(update))), []  # the usual round: nothing to reject
     norms = update.squared_norms().sqrt()
-    if bool(torch.isfinite(norms).all()) and not (
-        max_update_norm and norms.max() > max_update_norm
-    ):
-        return list(range(len(norms))), []  # the usual round: nothing to reject
     kept, rejected = [], []
     for j, (client, norm) in enumerate(zip(update.clients.tolist(), norms.tolist(), strict=True)):
         if not math.isfinite(norm):

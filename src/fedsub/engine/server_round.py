@@ -25,10 +25,17 @@ from fedsub.algorithms.sampling import Cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
-from fedsub.engine.guards import Rejection, screen
+from fedsub.engine.guards import Rejection, needs_screening, screen
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
+
+# How often a round of the batched backend's torch kernels (a GPU's) reads the device from the
+# host, with server SGD (FedAvg, FedSubAvg; adaptive server optimizers may add their own):
+# ``cohort_batches`` reads the visited samples' id counts and the row unions' sizes once,
+# ``finish`` reads its checks twice; no op waits for a value-dependent size. Evaluations,
+# progress and checkpoints read more; tests/test_host_syncs.py counts them.
+HOST_READS_PER_ROUND = 3
 
 
 class Diverged(Exception):
@@ -63,13 +70,20 @@ def round_work(
     return CohortWork(chain, lr_scale * lr_at(base_lr, schedule, round_index))
 
 
-def touched_finite(params: Params, update: ServerUpdate) -> bool:
-    """Whether the rows this round changed, and the dense parameters, are finite: O(touched)."""
-    rows_ok = all(
-        bool(torch.isfinite(params.tables[t].index_select(0, u.rows)).all())
+def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
+    """A 0-d bool tensor on the model's device: whether a row this round changed, or a dense
+    parameter, is NaN or Inf. O(touched), no host read."""
+    checks = [
+        ~torch.isfinite(params.tables[t].index_select(0, u.rows)).all()
         for t, u in update.tables.items()
-    )
-    return rows_ok and all(bool(torch.isfinite(p).all()) for p in params.dense.values())
+    ]
+    checks += [~torch.isfinite(p).all() for p in params.dense.values()]
+    return torch.stack(checks).any() if checks else torch.tensor(False)
+
+
+def touched_finite(params: Params, update: ServerUpdate) -> bool:
+    """Whether the rows this round changed, and the dense parameters, are finite."""
+    return not bool(touched_nonfinite(params, update))
 
 
 @dataclass(frozen=True)
@@ -131,23 +145,34 @@ class ServerRound:
     def finish(self, plan: RoundPlan, update: Any) -> bool:
         """Screen, combine and apply the cohort's update; whether the model changed (False when
         every update was rejected). Raises ``Diverged`` if the aggregate or the model is not
-        finite."""
+        finite.
+
+        Host syncs (``HOST_READS_PER_ROUND``): the checks are computed on the device and read
+        twice, once before the server step (something to screen out? an aggregate that is not
+        finite? both in one transfer: the aggregate is combined before the screening verdict
+        is known, and combined again in the rare round that rejects a member) and once after
+        it (did the model overflow?)."""
         r, work, last = plan.round, plan.work, self.last_checkpoint
-        kept, rejected = screen(update, r, self.max_update_norm)
-        for rejection in rejected:
-            if self.on_reject is not None:
-                self.on_reject(rejection)
-        if not kept:
-            return False
-        if rejected:
+        suspect = needs_screening(update, self.max_update_norm)
+        server_update = self.combine(update)
+        checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
+        to_screen, aggregate_bad = checks.tolist()  # host read 1
+        if to_screen:
+            kept, rejected = screen(update, r, self.max_update_norm)
+            for rejection in rejected:
+                if self.on_reject is not None:
+                    self.on_reject(rejection)
+            if not kept:
+                return False
             update = update.select(kept)
             if self.variates is not None:  # only the variates read the members' work
                 work = work.select(kept)
-        server_update = self.combine(update)
-        if not server_update.is_finite():
+            server_update = self.combine(update)
+            aggregate_bad = bool(server_update.nonfinite())
+        if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)
         self.server.apply(self.params, server_update)
-        if not touched_finite(self.params, server_update):
+        if bool(touched_nonfinite(self.params, server_update)):  # host read 2
             raise Diverged(self.algorithm.name, r, "the model overflowed", last)
         if self.variates is not None:
             self.variates.update(update, work, self.schedule.local_steps)

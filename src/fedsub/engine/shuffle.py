@@ -65,15 +65,27 @@ def cohort_schedules(
     counts: torch.Tensor,
     steps: int,
     batch_size: int,
+    host_counts: np.ndarray | None = None,
 ) -> torch.Tensor:
     """[K, steps, batch_size] local sample indices (int64) for each client of a cohort, on the
     device of ``clients`` (``counts``: each client's number of samples, same device); a view
     of step-major [steps, K, batch_size] storage, the layout the batched backend reads.
+    ``host_counts``: the same counts as host numbers, when the caller has them: the torch
+    kernel then sizes its tensors without reading the device.
 
     Two kernels give the same bits: torch ops on any device, and on the CPU numpy on
     zero-copy views, where a cohort's ~40 small ops cost about 1.6x less than torch's."""
-    kernel = numpy_schedules if device_lib.on_host(clients) else torch_schedules
-    return kernel(seed, round_index, clients, counts, steps, batch_size)
+    if device_lib.on_host(clients):
+        return numpy_schedules(seed, round_index, clients, counts, steps, batch_size)
+    return torch_schedules(seed, round_index, clients, counts, steps, batch_size, host_counts)
+
+
+def schedule_sizes(counts: np.ndarray, steps: int, batch_size: int) -> tuple[int, int]:
+    """(blocks, entries) of ``torch_schedules``' layout for members with ``counts`` samples:
+    one block per (member, pass over its data), ``count`` entries per block."""
+    counts = counts.astype(np.int64)
+    passes = -(-(steps * batch_size) // counts)  # ceil
+    return int(passes.sum()), int((passes * counts).sum())
 
 
 def torch_schedules(
@@ -83,16 +95,19 @@ def torch_schedules(
     counts: torch.Tensor,
     steps: int,
     batch_size: int,
+    host_counts: np.ndarray | None = None,
 ) -> torch.Tensor:
-    """``cohort_schedules`` in torch int64 ops, on the tensors' device."""
+    """``cohort_schedules`` in torch int64 ops, on the tensors' device. Its two sizes come
+    from ``host_counts`` when given (no host sync), else from one read of ``counts``."""
     device = clients.device
     k, needed = len(clients), steps * batch_size
+    if host_counts is None:
+        host_counts = counts.cpu().numpy()  # a host read: callers on a GPU pass host_counts
+    num_blocks, total = schedule_sizes(host_counts, steps, batch_size)
     passes = torch.div(needed + counts - 1, counts, rounding_mode="floor")  # ceil
     # Blocks: one per (client, pass) of the client's `count` samples, client after client.
-    block_sizes = torch.repeat_interleave(counts, passes)
-    num_blocks = len(block_sizes)
+    block_sizes = torch.repeat_interleave(counts, passes, output_size=num_blocks)
     block_ends = torch.cumsum(block_sizes, 0)
-    total = int(block_ends[-1])
     block = torch.repeat_interleave(
         torch.arange(num_blocks, device=device), block_sizes, output_size=total
     )

@@ -4,13 +4,16 @@ Numpy is for loading and reporting; the round (engine/cohort_batches.py for the 
 backend, engine/sequential.py) gathers everything from this view: per field the training ids
 rewritten as positions in their client's S(k), labels and dense features in the run's dtype,
 client offsets and sample counts, and every client's S(k) per table. On the CPU the id arrays
-share the numpy arrays' memory (no copy); on a GPU everything is copied there once.
+share the numpy arrays' memory (no copy); on a GPU everything is copied there once. The
+host keeps the per-client sizes (sample counts, |S(k)|) as numpy arrays, so a round sizes its
+tensors from the cohort's client ids without reading the device (no host sync).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedsub.data.federated import FederatedDataset
@@ -30,6 +33,8 @@ class DeviceData:
     counts: torch.Tensor  # [N] sample counts w_k (int64)
     rows: dict[str, TorchRagged]  # per table, over clients: S(k)
     field_tables: dict[str, str]  # every field -> the table it reads
+    host_counts: np.ndarray  # [N] the sample counts, on the host
+    host_row_counts: dict[str, np.ndarray]  # per table, [N] |S(k)|, on the host
 
     @staticmethod
     def build(
@@ -50,6 +55,8 @@ class DeviceData:
             counts=offsets[1:] - offsets[:-1],
             rows={t: TorchRagged.of(r, device) for t, r in index.rows.items()},
             field_tables={f: dataset.table_of(f) for f in train.ids},
+            host_counts=dataset.sample_counts(),
+            host_row_counts={t: np.diff(r.offsets) for t, r in index.rows.items()},
         )
 
     @staticmethod

@@ -71,6 +71,9 @@ class CohortUpdate:
     row_owner: dict[str, torch.Tensor]
     table_deltas: dict[str, torch.Tensor]
     dense_deltas: dict[str, torch.Tensor]
+    # per table, ``torch.unique(rows, sorted=True, return_inverse=True)`` when the backend
+    # computed it already (the batched backend on a GPU, without a host sync); else None
+    unions: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def __len__(self) -> int:
         return len(self.clients)
