@@ -136,10 +136,11 @@ def _stop_on_ctrl_c() -> Iterator[Callable[[], bool]]:
         if requested:
             raise KeyboardInterrupt
         requested = True
-        print(
-            "\nfedsub: finishing this round, then checkpointing (Ctrl-C again to abort)",
-            file=sys.stderr,
-        )
+        if distributed.from_environment().writes:  # under torchrun every process hears it
+            print(
+                "\nfedsub: finishing this round, then checkpointing (Ctrl-C again to abort)",
+                file=sys.stderr,
+            )
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
