@@ -128,10 +128,11 @@ def join(device: torch.device) -> Processes:
                 f"processes already use {dist.get_backend()} (one device type per run)"
             )
         return processes
-    if backend == "nccl":
+    on_gpu = backend == "nccl"
+    if on_gpu:
         torch.cuda.set_device(device)
     try:
-        dist.init_process_group(backend, timeout=TIMEOUT)
+        dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if on_gpu else None)
     except (RuntimeError, ValueError) as error:
         raise FedsubError(f"{processes}: could not join the other processes: {error}") from None
     return processes

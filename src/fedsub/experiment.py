@@ -277,9 +277,9 @@ class AlgorithmRun:
         if saved is None and writes:
             _start_fresh(self.folder)
         earlier = [] if saved is None else [Evaluation.from_record(e) for e in saved.history]
-        log: MetricsLog | _Evaluations = _Evaluations(earlier)
-        if writes:
-            log = MetricsLog(self.folder / "metrics.jsonl", earlier)
+        log: MetricsLog | _Evaluations = (
+            MetricsLog(self.folder / "metrics.jsonl", earlier) if writes else _Evaluations(earlier)
+        )
         rejections = JsonLines(self.folder / "rejections.jsonl")
         control = RunControl(
             checkpoints=self.folder / "checkpoints" if writes else None,
@@ -588,8 +588,9 @@ def sweep(
                 (out_dir / RUN_FILE).unlink(missing_ok=True)
                 remove_if_empty(created)
             raise
+    diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
     if not writes:
-        return Outcome({}, "", out_dir, {})
+        return Outcome({}, "", out_dir, diverged)
     rounds = {v: configs[v].train.rounds for v in values}
     result = _sweep_result(key, values, outcomes)
     markdown = _sweep_markdown(key, values, outcomes, rounds)
@@ -597,7 +598,6 @@ def sweep(
     plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
     write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
-    diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
     return Outcome(result, markdown, out_dir, diverged)
 
 
