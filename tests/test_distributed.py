@@ -70,6 +70,13 @@ def test_each_process_takes_its_own_gpu_and_one_named_gpu_is_refused():
         assert process_device(torch.device("cuda"), two) == torch.device("cuda", 1)
 
 
+def test_data_commands_are_refused_under_torchrun(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(["data", "fetch"]) == 2
+    assert "`fedsub data fetch` under torchrun: only `fedsub run` and" in capsys.readouterr().err
+
+
 def in_shares(world: int):
     """``split_cohort``'s stand-in for one process: every process's share computed here, then
     concatenated in rank order (what the gather gives each process)."""

@@ -67,6 +67,16 @@ def _silence_other_processes(args: argparse.Namespace) -> None:
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
 
 
+def _refuse_what_torchrun_cannot_split(args: argparse.Namespace) -> None:
+    """Under torchrun only training splits across processes; `fedsub data` (downloads, plots)
+    would run once per process, writing the same files at the same time."""
+    if args.command == "data" and distributed.from_environment().split:
+        raise ConfigError(
+            f"`fedsub data {args.data_command}` under torchrun: only `fedsub run` and "
+            "`fedsub compare` are split across processes; run it without torchrun"
+        )
+
+
 def _diverged_exit(outcome) -> int:
     """Exit 1 with a ``fedsub: error:`` line when any algorithm diverged (its outputs are
     written all the same), else 0."""
@@ -447,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = getattr(args, "quiet", False)
     logging.getLogger("fedsub").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
+        _refuse_what_torchrun_cannot_split(args)
         _silence_other_processes(args)
         return args.func(args)
     except FedsubError as error:
