@@ -33,13 +33,14 @@ from fedsub.submodel.transfer import CohortUpdate
 RunCohort = Callable[..., CohortUpdate]
 
 
-def moved(update: CohortUpdate, device: torch.device | str) -> CohortUpdate:
-    """``update`` with every tensor on ``device``."""
+def moved(update: CohortUpdate, device: torch.device | str, copy: bool = False) -> CohortUpdate:
+    """``update`` with every tensor on ``device`` (``copy``: each a compact copy, so pickling
+    a view never sends the whole buffer it views)."""
 
     def to(value):
         if isinstance(value, dict):
-            return {k: v.to(device) for k, v in value.items()}
-        return value.to(device)
+            return {k: v.to(device, copy=copy) for k, v in value.items()}
+        return value.to(device, copy=copy)
 
     fields = {f.name: to(getattr(update, f.name)) for f in dataclasses.fields(update)}
     return CohortUpdate(**fields)
@@ -118,7 +119,7 @@ def split_cohort(run_cohort: RunCohort, processes: Processes) -> RunCohort:
             schedule,
             work,
         )
-        sent = None if part is None else moved(part, "cpu")
+        sent = None if part is None else moved(part, "cpu", copy=True)
         what = f"gathering round {round_index}'s client updates"
         parts = [p for p in distributed.all_gather(sent, what) if p is not None]
         return moved(concatenated(parts), schedule.device)
