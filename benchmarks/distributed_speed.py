@@ -54,6 +54,17 @@ def one_run(rounds: int, k: int, device: str, out: Path) -> None:
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", k))
     schedule = Schedule(rounds, k, STEPS, B, LR, SEED, backend="batched", device=place)
     stamps = [time.perf_counter()]
+    gathers: list[float] = []
+    gather = distributed.all_gather
+
+    def timed_gather(value, what):
+        started = time.perf_counter()
+        try:
+            return gather(value, what)
+        finally:
+            gathers.append(time.perf_counter() - started)
+
+    distributed.all_gather = timed_gather  # process 0's time in the gather, its wait included
 
     def stamp(round_index: int) -> None:
         if place.type == "cuda":
@@ -63,14 +74,15 @@ def one_run(rounds: int, k: int, device: str, out: Path) -> None:
     params = train(model, algorithm, dataset, index, schedule, on_round=stamp)
     if processes.writes:
         per_round = np.diff(stamps)[1:]
-        (out / "times.json").write_text(json.dumps([float(t) for t in per_round]))
+        times = {"rounds": [float(t) for t in per_round], "gathers": gathers[1:]}
+        (out / "times.json").write_text(json.dumps(times))
         torch.save({k: v.cpu() for k, v in params.state_dict().items()}, out / "model.pt")
     distributed.leave()
 
 
-def launch(nproc: int, args: argparse.Namespace, out: Path) -> tuple[float, dict]:
+def launch(nproc: int, args: argparse.Namespace, out: Path) -> tuple[float, float, dict]:
     """The run in fresh processes (``nproc`` under torchrun, or one alone): median seconds
-    per round and the final model."""
+    per round, median seconds in the gather of a round (0 alone) and the final model."""
     out.mkdir(parents=True, exist_ok=True)
     child = [
         __file__,
@@ -91,7 +103,8 @@ def launch(nproc: int, args: argparse.Namespace, out: Path) -> tuple[float, dict
         command += ["--nproc-per-node", str(nproc), *child]
     subprocess.run(command, check=True, env=env)
     times = json.loads((out / "times.json").read_text())
-    return float(np.median(times)), torch.load(out / "model.pt")
+    gathers = float(np.median(times["gathers"])) if times["gathers"] else 0.0
+    return float(np.median(times["rounds"])), gathers, torch.load(out / "model.pt")
 
 
 def main() -> None:
@@ -108,12 +121,14 @@ def main() -> None:
         one_run(args.rounds, args.clients_per_round, args.device, Path(args.child))
         return
     runs: dict[int, list[float]] = {1: [], args.nproc: []}
+    gathers: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
         for run in range(args.runs):
-            alone, model_alone = launch(1, args, Path(folder) / f"one-{run}")
-            split, model_split = launch(args.nproc, args, Path(folder) / f"split-{run}")
+            alone, _, model_alone = launch(1, args, Path(folder) / f"one-{run}")
+            split, gathered, model_split = launch(args.nproc, args, Path(folder) / f"split-{run}")
             runs[1].append(alone)
             runs[args.nproc].append(split)
+            gathers.append(gathered)
     difference = max(float((model_split[k] - v).abs().max()) for k, v in model_alone.items())
     alone, split = float(np.median(runs[1])), float(np.median(runs[args.nproc]))
     result = {
@@ -135,11 +150,14 @@ def main() -> None:
         "runs": args.runs,
         "seconds_per_round": {"1": alone, str(args.nproc): split},
         "seconds_per_round_of_each_run": {str(n): times for n, times in runs.items()},
+        "gather_seconds_per_round": float(np.median(gathers)),
+        "gather_seconds_of_each_run": gathers,
         "speedup": alone / split,
         "max_abs_model_difference": difference,
     }
     print(f"1 process: {alone * 1e3:.1f} ms/round")
-    print(f"{args.nproc} processes: {split * 1e3:.1f} ms/round")
+    gathering = float(np.median(gathers)) * 1e3
+    print(f"{args.nproc} processes: {split * 1e3:.1f} ms/round ({gathering:.1f} ms gathering)")
     print(f"max |model difference| = {difference:.3g}")
     print("RESULT " + json.dumps(result))
 
