@@ -148,6 +148,15 @@ def test_split_rounds_give_the_one_process_model(monkeypatch, backend, dtype, al
         assert_same_model(train_split(monkeypatch, world, *args), whole, tolerance, tolerance)
 
 
+def test_a_cohort_smaller_than_the_processes_leaves_some_idle_and_the_same_model(monkeypatch):
+    dataset = DATASETS["synthetic"]()
+    index = loop.SubmodelIndex.build(dataset)
+    schedule = Schedule(2, 2, local_steps=2, batch_size=3, lr=0.3, seed=2, dtype=torch.float64)
+    args = (model_for(dataset), algorithm_for("scaffold", dataset, index), dataset, index, schedule)
+    assert [len(Processes(r, 3).share(2)) for r in range(3)] == [1, 1, 0]
+    assert_same_model(train_split(monkeypatch, 3, *args), train(*args), 1e-10, 1e-10)
+
+
 def test_split_masked_rounds_give_exactly_the_one_process_model(monkeypatch, tmp_path):
     model, dataset = built("mlp", str(tmp_path))
     _, index = dataset_for("mlp", str(tmp_path))
