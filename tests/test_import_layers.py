@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
         "run_folder",
         "stateful",
         "device",
+        "distributed",
     },
     {"data"},
     {"submodel"},
@@ -45,7 +46,7 @@ LAYERS: list[set[str]] = [
     {"algorithms", "masking", "privacy"},
     {"engine", "config"},
     {"checks", "report"},
-    {"experiment", "flower", "cli", "catalog"},
+    {"experiment", "flower", "cli", "catalog", "__main__"},
 ]
 
 

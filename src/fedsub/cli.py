@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from fedsub import __version__
+from fedsub import __version__, distributed
 from fedsub import config as config_lib
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import ConfigError, FedsubError
@@ -56,16 +56,50 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     return _diverged_exit(outcome)
 
 
+def _silence_other_processes(args: argparse.Namespace) -> None:
+    """Under torchrun only process 0 talks: the others get --quiet, no standard output and
+    only error logs (their errors are still printed, naming the process)."""
+    if distributed.from_environment().writes:
+        return
+    if hasattr(args, "quiet"):
+        args.quiet = True
+    logging.getLogger("fedsub").setLevel(logging.ERROR)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+
+
+def _refuse_what_torchrun_cannot_split(args: argparse.Namespace) -> None:
+    """Under torchrun only training splits across processes; `fedsub data` (downloads, plots)
+    would run once per process, writing the same files at the same time."""
+    if args.command == "data" and distributed.from_environment().split:
+        raise ConfigError(
+            f"`fedsub data {args.data_command}` under torchrun: only `fedsub run` and "
+            "`fedsub compare` are split across processes; run it without torchrun"
+        )
+
+
 def _diverged_exit(outcome) -> int:
     """Exit 1 with a ``fedsub: error:`` line when any algorithm diverged (its outputs are
     written all the same), else 0."""
     if not outcome.diverged:
         return 0
+    if not distributed.from_environment().writes:
+        return 1
     print(f"fedsub: error: {outcome.divergence_message()}", file=sys.stderr)
     return 1
 
 
+def _which_process() -> str:
+    """How an error names the torchrun process it comes from ("" for process 0 and alone)."""
+    try:
+        processes = distributed.from_environment()
+    except FedsubError:
+        return ""
+    return "" if processes.writes else f"{processes}: "
+
+
 def _say_how_to_resume(command: str, stopped: Interrupted, out: Path) -> int:
+    if not distributed.from_environment().writes:
+        return 130
     print(
         f"fedsub: stopped after round {stopped.round}; checkpoint {stopped.checkpoint}. "
         f"Resume with: fedsub {command} --resume {out}",
@@ -112,10 +146,11 @@ def _stop_on_ctrl_c() -> Iterator[Callable[[], bool]]:
         if requested:
             raise KeyboardInterrupt
         requested = True
-        print(
-            "\nfedsub: finishing this round, then checkpointing (Ctrl-C again to abort)",
-            file=sys.stderr,
-        )
+        if distributed.from_environment().writes:  # under torchrun every process hears it
+            print(
+                "\nfedsub: finishing this round, then checkpointing (Ctrl-C again to abort)",
+                file=sys.stderr,
+            )
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
@@ -422,9 +457,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = getattr(args, "quiet", False)
     logging.getLogger("fedsub").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
+        _refuse_what_torchrun_cannot_split(args)
+        _silence_other_processes(args)
         return args.func(args)
     except FedsubError as error:
-        print(f"fedsub: error: {error}", file=sys.stderr)
+        print(f"fedsub: error: {_which_process()}{error}", file=sys.stderr)
         return 2
     except MemoryError as error:  # e.g. a dataset size far beyond this machine
         print(
@@ -440,6 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
         return 141
+    finally:
+        distributed.leave()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from typing import cast
 import torch
 
 from fedsub import config as config_lib
+from fedsub import distributed
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.checks import check_against_dataset
 from fedsub.config import Config
@@ -199,7 +200,7 @@ def schedule_of(config: Config) -> Schedule:
         dtype=DTYPES[t.dtype],
         eval_every=config.eval.every,
         backend=t.backend,
-        device=resolve_device(t.device),
+        device=distributed.process_device(resolve_device(t.device)),
         lr_schedule=cast(LrSchedule, t.lr_schedule),
         lr_decay=t.lr_decay,
         weight_decay=t.weight_decay,
@@ -254,10 +255,25 @@ def target_of(config: Config, histories: dict[str, list[Evaluation]]) -> Target:
     return Target(loss, config.eval.target_test_auc)
 
 
+class _Evaluations:
+    """The evaluations of a process that writes nothing (torchrun's processes other than 0):
+    ``MetricsLog``'s interface without a file."""
+
+    def __init__(self, earlier: list[Evaluation]) -> None:
+        self.history = list(earlier)
+
+    def __call__(self, evaluation: Evaluation) -> None:
+        self.history.append(evaluation)
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
 @dataclass(frozen=True)
 class AlgorithmRun:
     """One algorithm of a comparison in its folder: metrics log, rejections, checkpoints,
-    resume point, final model and completion marker."""
+    resume point, final model and completion marker (all written only when ``writes``: under
+    torchrun, process 0 writes and the others train silently alongside)."""
 
     name: str
     folder: Path
@@ -266,25 +282,32 @@ class AlgorithmRun:
     saved: checkpoint_lib.Checkpoint | None
     stop_requested: Callable[[], bool]
     on_round: Callable[[str, int], None] | None
+    writes: bool = True
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
     ) -> tuple[list[Evaluation], Diverged | None]:
         """The algorithm's evaluations, and its divergence when it diverged (then no final
         model or completion marker is written; the other algorithms still run)."""
-        saved = self.saved
-        if saved is None:
+        saved, writes = self.saved, self.writes
+        if saved is None and writes:
             _start_fresh(self.folder)
         earlier = [] if saved is None else [Evaluation.from_record(e) for e in saved.history]
-        log = MetricsLog(self.folder / "metrics.jsonl", earlier)
+        log: MetricsLog | _Evaluations = (
+            MetricsLog(self.folder / "metrics.jsonl", earlier) if writes else _Evaluations(earlier)
+        )
         rejections = JsonLines(self.folder / "rejections.jsonl")
         control = RunControl(
-            checkpoints=self.folder / "checkpoints",
+            checkpoints=self.folder / "checkpoints" if writes else None,
             checkpoint_every=self.config.train.checkpoint_every,
             max_update_norm=self.config.train.max_update_norm,
             resume=saved,
             stop_requested=self.stop_requested,
-            on_reject=lambda rejection: _log_rejection(self.name, rejection, rejections),
+            on_reject=(
+                (lambda rejection: _log_rejection(self.name, rejection, rejections))
+                if writes
+                else None
+            ),
             divergence_factor=self.config.eval.divergence_factor,
             run=self.identity.as_json(),
             on_private_rounds=lambda private: stages.append(private),
@@ -308,7 +331,7 @@ class AlgorithmRun:
             return log.history, error
         finally:
             log.close()
-            for private in stages:
+            for private in stages if writes else []:  # process 0 writes
                 record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
                 write_atomic(self.folder / "privacy.json", dumps(record, indent=2) + "\n")
                 if private.costs.clipped:
@@ -319,6 +342,8 @@ class AlgorithmRun:
                         private.costs.clipped,
                         private.privacy.secagg_clip,
                     )
+        if not writes:
+            return log.history, None
         save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
         write_atomic(self.folder / DONE, done_record(self.folder, self.identity))
         return log.history, None
@@ -413,27 +438,41 @@ def compare(
     every piece read back is checked to belong to the run in ``out_dir/run.json``: finished
     algorithms are read back, an interrupted one continues from its newest intact
     checkpoint, and the rest run from the start. Data are loaded and checked before the
-    training bar appears; ``label`` prefixes the bar's algorithm names (a sweep's value)."""
+    training bar appears; ``label`` prefixes the bar's algorithm names (a sweep's value).
+
+    Under torchrun every process runs this (each reads the folder when resuming), trains its
+    share of each cohort, and only process 0 checks and writes the folder."""
     config = with_resolved_paths(config)
     config_text = config_lib.to_toml(config)
     names = algorithms_to_run(config)
-    created = missing_ancestors(out_dir)
+    writes = distributed.from_environment().writes
+    created = missing_ancestors(out_dir) if writes else []
     try:
         if resume:
             identity = _resumed_identity(out_dir, config_text)
             points = {n: resume_point(n, out_dir / n, identity) for n in names}
-        else:
+        elif writes:
             refuse_if_taken(out_dir, overwrite)
-        check_writable(out_dir)
-        check_free_space(out_dir)
+        if writes:
+            check_writable(out_dir)
+            check_free_space(out_dir)
         setup = prepare(config)
+        distributed.join(setup.schedule.device)
+        distributed.barrier("starting the run")  # all have read the folder: 0 may write
     except BaseException:
         remove_if_empty(created)
         raise
     if not resume:
-        identity = _claim(out_dir, config_text, overwrite, config_file=config_text)
+        identity = (
+            _claim(out_dir, config_text, overwrite, config_file=config_text)
+            if writes
+            else new_identity(config_text)  # stamps nothing: this process writes no file
+        )
         points = {n: ResumePoint() for n in names}
-    _write_data_records(setup, out_dir)
+    if writes:
+        _write_data_records(setup, out_dir)
+    if distributed.joined() is not None:
+        stop_requested = distributed.agreed(stop_requested)
 
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
@@ -447,7 +486,14 @@ def compare(
             continue
         saved = points[name].checkpoint
         run = AlgorithmRun(
-            name, folder, config, identity, saved, stop_requested, _reported(label, on_round)
+            name,
+            folder,
+            config,
+            identity,
+            saved,
+            stop_requested,
+            _reported(label, on_round),
+            writes,
         )
         with phase(f"{label}{name}: preparing"):
             algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
@@ -462,6 +508,8 @@ def compare(
         if divergence is not None:
             diverged[name] = divergence
 
+    if not writes:
+        return Outcome({}, "", out_dir, diverged)
     return _summarized(config, setup, histories, diverged, out_dir)
 
 
@@ -552,10 +600,12 @@ def sweep(
     values are read back (and checked), an interrupted one continues, the rest start."""
     base = resolved_base(base)
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
-    created = _open_sweep_folder(out_dir, key, values, base, resume, overwrite)
+    writes = distributed.from_environment().writes
+    created = _open_sweep_folder(out_dir, key, values, base, resume, overwrite) if writes else []
     outcomes: dict[str, Outcome] = {}
     for v in values:
         folder = out_dir / f"{key}={v}"
+        distributed.barrier(f"starting {key}={v}")  # all look at the folder before 0 writes
         again = resume and (folder / RUN_FILE).exists()
         if resume and not again:
             LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
@@ -564,10 +614,13 @@ def sweep(
                 configs[v], folder, on_round, again, stop_requested, label=f"{key}={v}: "
             )
         except FedsubError:
-            if not resume and not outcomes and not folder.exists():  # failed before training
+            if writes and not resume and not outcomes and not folder.exists():  # before training
                 (out_dir / RUN_FILE).unlink(missing_ok=True)
                 remove_if_empty(created)
             raise
+    diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
+    if not writes:
+        return Outcome({}, "", out_dir, diverged)
     rounds = {v: configs[v].train.rounds for v in values}
     result = _sweep_result(key, values, outcomes)
     markdown = _sweep_markdown(key, values, outcomes, rounds)
@@ -575,7 +628,6 @@ def sweep(
     plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
     write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
-    diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
     return Outcome(result, markdown, out_dir, diverged)
 
 

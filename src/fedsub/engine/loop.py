@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsub import seeding
+from fedsub import distributed, seeding
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
@@ -31,6 +31,7 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
+from fedsub.engine.split_cohort import split_cohort
 from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
@@ -112,8 +113,13 @@ def round_stages(
     private: PrivateRounds | None = None,
 ) -> tuple[Callable, Callable]:
     """The round's client work (the configured backend, on width slices when masking) and how
-    its updates become the server's update (through ``private`` when given)."""
+    its updates become the server's update (through ``private`` when given). Under torchrun (a
+    joined process group) the members are split across the processes
+    (engine/split_cohort.py)."""
     run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
+    processes = distributed.joined()
+    if processes is not None:
+        run_cohort = split_cohort(run_cohort, processes)
     masking = schedule.masking
     aggregation = algorithm.aggregation.to(schedule.device)
     if private is not None:

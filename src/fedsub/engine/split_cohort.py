@@ -1,0 +1,131 @@
+"""A round's client work split across processes (torchrun): the one place it is split.
+
+Each member's update depends only on its own data, the global model and its keyed random
+streams, never on the other members (tests/test_backends.py), so the cohort can be cut into
+contiguous shares: process i runs its share through the configured backend, the shares are
+gathered and concatenated in member order, and every process holds the cohort update one
+process would have computed. Screening, aggregation, the server step and the control variates
+then run identically everywhere (``ServerRound.finish``), so the processes' models stay equal
+without a broadcast, and the combination order never depends on timing.
+
+Masked rounds work the same way: ``engine/masked.py`` calls the split backend once per slice
+group, and each group is split in turn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from fedsub import distributed
+from fedsub.algorithms.sampling import Cohort
+from fedsub.client.work import CohortWork
+from fedsub.data.federated import FederatedDataset
+from fedsub.distributed import Processes
+from fedsub.engine.schedule import Schedule
+from fedsub.models.base import Model
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import CohortUpdate
+
+RunCohort = Callable[..., CohortUpdate]
+
+
+def moved(update: CohortUpdate, device: torch.device | str, copy: bool = False) -> CohortUpdate:
+    """``update`` with every tensor on ``device`` (``copy``: each a compact copy, so pickling
+    a view never sends the whole buffer it views)."""
+
+    def to(value):
+        if isinstance(value, dict):
+            return {k: v.to(device, copy=copy) for k, v in value.items()}
+        return value.to(device, copy=copy)
+
+    fields = {
+        f.name: to(getattr(update, f.name))
+        for f in dataclasses.fields(update)
+        if f.name != "unions"  # one share's pending row union is not the cohort's: dropped
+    }
+    return CohortUpdate(**fields)
+
+
+def concatenated(parts: list[CohortUpdate]) -> CohortUpdate:
+    """The cohort update of consecutive shares of members, in the order given: exactly the
+    layout one backend call on all of them gives (rows member after member)."""
+    if len(parts) == 1:
+        return parts[0]
+    offsets = [0]
+    for part in parts[:-1]:
+        offsets.append(offsets[-1] + len(part))
+    first = parts[0]
+    return CohortUpdate(
+        clients=torch.cat([p.clients for p in parts]),
+        weights=torch.cat([p.weights for p in parts]),
+        multiplicity=torch.cat([p.multiplicity for p in parts]),
+        rows={t: torch.cat([p.rows[t] for p in parts]) for t in first.rows},
+        row_owner={
+            t: torch.cat([p.row_owner[t] + o for p, o in zip(parts, offsets, strict=True)])
+            for t in first.row_owner
+        },
+        table_deltas={t: torch.cat([p.table_deltas[t] for p in parts]) for t in first.rows},
+        dense_deltas={n: torch.cat([p.dense_deltas[n] for p in parts]) for n in first.dense_deltas},
+    )
+
+
+def run_share(
+    run_cohort: RunCohort,
+    share: range,
+    model: Model,
+    global_params: Params,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    cohort: Cohort,
+    round_index: int,
+    schedule: Schedule,
+    work: CohortWork,
+) -> CohortUpdate | None:
+    """The updates of the cohort members at positions ``share`` (None for no member: a cohort
+    smaller than the number of processes leaves some idle)."""
+    if not len(share):
+        return None
+    members = list(share)
+    mine = Cohort(cohort.clients[members], cohort.multiplicity[members])
+    return run_cohort(
+        model, global_params, dataset, index, mine, round_index, schedule, work.select(members)
+    )
+
+
+def split_cohort(run_cohort: RunCohort, processes: Processes) -> RunCohort:
+    """``run_cohort`` with its members split across ``processes``: same signature, same
+    result, in every process."""
+
+    def run_split(
+        model: Model,
+        global_params: Params,
+        dataset: FederatedDataset,
+        index: SubmodelIndex,
+        cohort: Cohort,
+        round_index: int,
+        schedule: Schedule,
+        work: CohortWork,
+    ) -> CohortUpdate:
+        share = processes.share(len(cohort))
+        part = run_share(
+            run_cohort,
+            share,
+            model,
+            global_params,
+            dataset,
+            index,
+            cohort,
+            round_index,
+            schedule,
+            work,
+        )
+        sent = None if part is None else moved(part, "cpu", copy=True)
+        what = f"gathering round {round_index}'s client updates"
+        parts = [p for p in distributed.all_gather(sent, what) if p is not None]
+        return moved(concatenated(parts), schedule.device)
+
+    return run_split
