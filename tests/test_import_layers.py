@@ -38,6 +38,7 @@ LAYERS: list[set[str]] = [
         "run_folder",
         "stateful",
         "device",
+        "segment_sum",
     },
     {"data"},
     {"submodel"},

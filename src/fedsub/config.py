@@ -68,6 +68,9 @@ class TrainConfig:
     backend: str = field(default="batched", metadata={"choices": backend_names})
     # where the model, server state and training data live: cpu, cuda, cuda:N, auto
     device: str = field(default="cpu", metadata={"validate": resolve_device})
+    # fixed-order scatter-adds and torch.use_deterministic_algorithms for the run: a GPU run
+    # is bit-identical from run to run and across a resume (fedsub/segment_sum.py)
+    deterministic: bool = False
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},

@@ -203,6 +203,7 @@ def schedule_of(config: Config) -> Schedule:
         weight_decay=t.weight_decay,
         clip_norm=t.clip_norm,
         momentum=t.momentum,
+        deterministic=t.deterministic,
         masking=Masking(
             cast(MaskingScheme, t.masking),
             Capacities(

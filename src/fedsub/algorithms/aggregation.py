@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedsub import device as device_lib
+from fedsub import segment_sum
 from fedsub.submodel.transfer import CohortUpdate
 
 Weighting = Literal["samples", "uniform", "scheme2", "original"]
@@ -132,7 +133,7 @@ def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
         row_weight = weights.to(deltas.dtype).index_select(0, cohort.row_owner[table])
         unique_rows, inverse = aggregation.union(rows)
         summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
-        summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
+        segment_sum.index_add_(summed, inverse, deltas * row_weight.unsqueeze(1))
         if aggregation.coefficients is not None:
             coef = aggregation.coefficients[table].index_select(0, unique_rows)
             summed *= coef.to(summed.dtype).unsqueeze(1)

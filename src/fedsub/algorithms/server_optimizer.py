@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from fedsub import segment_sum
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.errors import FedsubError
 from fedsub.stateful import Stateful
@@ -271,7 +272,7 @@ class ServerYogi:
                 rows = row_update.rows
                 m, v, step = self._step(self.m[name][rows], self.v[name][rows], row_update.values)
                 self.m[name][rows], self.v[name][rows] = m, v
-                table.index_add_(0, rows, step)
+                segment_sum.index_add_(table, rows, step)
             else:
                 u = -dense_pseudo_gradient(table, row_update)
                 self.m[name], self.v[name], step = self._step(self.m[name], self.v[name], u)
@@ -312,7 +313,9 @@ class ServerMomentum:
         for buffer in self.previous.values():
             buffer.mul_(self.beta)
         for name, row_update in update.tables.items():
-            self.previous[name].index_add_(0, row_update.rows, (1 - self.beta) * row_update.values)
+            segment_sum.index_add_(
+                self.previous[name], row_update.rows, (1 - self.beta) * row_update.values
+            )
         for name, u in update.dense.items():
             self.previous[name].add_((1 - self.beta) * u)
         for name, table in params.tables.items():

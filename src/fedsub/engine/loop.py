@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsub import seeding
+from fedsub import seeding, segment_sum
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
@@ -221,6 +221,33 @@ def keep_safe(rounds: ServerRound, progress: Progress, control: RunControl, last
 
 
 def train(
+    model: Model,
+    algorithm: Algorithm,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    schedule: Schedule,
+    evaluator: Evaluator | None = None,
+    on_evaluation: Callable[[Evaluation], None] | None = None,
+    on_round: Callable[[int], None] | None = None,
+    control: RunControl | None = None,
+) -> Params:
+    """``run_rounds``, under ``torch.use_deterministic_algorithms`` when
+    ``schedule.deterministic`` (train.deterministic; fedsub/segment_sum.py)."""
+    with segment_sum.deterministic_run(schedule.deterministic):
+        return run_rounds(
+            model,
+            algorithm,
+            dataset,
+            index,
+            schedule,
+            evaluator,
+            on_evaluation,
+            on_round,
+            control,
+        )
+
+
+def run_rounds(
     model: Model,
     algorithm: Algorithm,
     dataset: FederatedDataset,

@@ -32,6 +32,8 @@ class Schedule:
     clip_norm: float = 0.0
     momentum: float = 0.0
     masking: Masking | None = None  # width-sliced sub-model training (seed 003)
+    # train.deterministic: fixed-order scatter-adds (fedsub/segment_sum.py), bit-identical runs
+    deterministic: bool = False
 
 
 def lr_at(base: float, schedule: Schedule, round_index: int) -> float:
