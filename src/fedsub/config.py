@@ -262,7 +262,6 @@ def parse(raw: dict[str, Any]) -> Config:
     )
     check_masking(config)
     check_algorithms(config)
-    check_device(config)
     return config
 
 
@@ -282,16 +281,6 @@ def check_algorithms(config: Config) -> None:
             scheme=scheme,
             momentum=t.momentum,
             masking=t.masking,
-        )
-
-
-def check_device(config: Config) -> None:
-    """Width-sliced sub-model training indexes its slices on the host: CPU only for now."""
-    t = config.train
-    if t.masking != "none" and resolve_device(t.device).type != "cpu":
-        raise ConfigError(
-            f"train.masking = {t.masking!r} runs on the CPU only; train.device = {t.device!r} "
-            'resolves to a GPU: use "cpu"'
         )
 
 
