@@ -22,6 +22,7 @@ from fedsub.algorithms.registry import (
     Composed,
     algorithm_names,
     check_combination,
+    check_table_placement,
     options_class,
     split_name,
 )
@@ -71,6 +72,9 @@ class TrainConfig:
     # fixed-order scatter-adds and torch.use_deterministic_algorithms for the run: a GPU run
     # is bit-identical from run to run and across a resume (fedsub/segment_sum.py)
     deterministic: bool = False
+    # "host": the embedding tables and their per-row server state stay in (pinned) host
+    # memory, only each round's cohort rows travel to the device (engine/placement.py)
+    table_placement: str = field(default="device", metadata={"choices": lambda: ["device", "host"]})
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},
@@ -282,6 +286,7 @@ def check_algorithms(config: Config) -> None:
             momentum=t.momentum,
             masking=t.masking,
         )
+        check_table_placement(name, config.algorithm_options(name), t.table_placement)
 
 
 def check_masking(config: Config) -> None:

@@ -27,7 +27,7 @@ from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
-from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule
+from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule, TablePlacement
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -204,6 +204,7 @@ def schedule_of(config: Config) -> Schedule:
         clip_norm=t.clip_norm,
         momentum=t.momentum,
         deterministic=t.deterministic,
+        table_placement=cast(TablePlacement, t.table_placement),
         masking=Masking(
             cast(MaskingScheme, t.masking),
             Capacities(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -27,6 +27,16 @@ class ServerOptimizer(Stateful, Protocol):
     """Applies a round's aggregate; its state (``Stateful``) is the checkpoint's "server"."""
 
     def apply(self, params: Params, update: ServerUpdate) -> None: ...
+
+
+@runtime_checkable
+class RowLocal(Protocol):
+    """A server optimizer that says whether its step reads and writes only the rows the
+    round's update touched (and their per-row state): what ``train.table_placement = "host"``
+    needs, as only those rows travel to the device (engine/placement.py)."""
+
+    @property
+    def row_local(self) -> bool: ...
 
 
 def _torch_optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str) -> dict:
@@ -53,6 +63,7 @@ class ServerSGD:
     """``X[rows] += lr * aggregate``; lr = 1 is plain averaging. Cost O(touched rows)."""
 
     lr: float = 1.0
+    row_local = True
 
     def apply(self, params: Params, update: ServerUpdate) -> None:
         for table, row_update in update.tables.items():
@@ -155,6 +166,8 @@ class TorchServerOptimizer:
 
     torch's conventions hold: Adam has bias correction, Adagrad has no first moment."""
 
+    row_local = False  # every row's moments decay and every row moves, every round
+
     def __init__(
         self,
         kind: Literal["adam", "adagrad"],
@@ -191,6 +204,8 @@ class LazyTorchServerOptimizer:
     optimizer on the touched rows only (``RowwiseTorchOptimizer``, SparseAdam-style): rows
     no client touched keep their value and their moments. Per round O(touched rows x dim).
     """
+
+    row_local = True
 
     def __init__(
         self,
@@ -252,6 +267,7 @@ class ServerYogi:
         lazy: bool = False,
     ) -> None:
         self.lr, self.beta1, self.beta2, self.tau, self.lazy = lr, beta1, beta2, tau, lazy
+        self.row_local = lazy
         self.m = {n: torch.zeros_like(t) for n, t in {**params.tables, **params.dense}.items()}
         self.v = {
             n: torch.full_like(t, tau**2) for n, t in {**params.tables, **params.dense}.items()
@@ -302,6 +318,8 @@ class ServerMomentum:
     The previous update keeps moving every row it ever touched, so each round costs
     O(table rows x dim) (one fused pass over the momentum buffers), not O(touched rows).
     """
+
+    row_local = False
 
     def __init__(self, params: Params, beta: float, lr: float = 1.0) -> None:
         self.beta, self.lr = beta, lr

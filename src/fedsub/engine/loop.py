@@ -23,7 +23,7 @@ from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine import masked
+from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
@@ -90,19 +90,27 @@ def central_setup(
 
 
 def round_stages(
-    model: Model, algorithm: Algorithm, schedule: Schedule, params: Params
+    model: Model,
+    algorithm: Algorithm,
+    schedule: Schedule,
+    params: Params,
+    host: placement.HostTables | None = None,
 ) -> tuple[Callable, Callable]:
     """The round's client work (the configured backend, on width slices when masking) and how
-    its updates become the server's update."""
+    its updates become the server's update (brought to the host tables when ``host``)."""
     run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
     masking = schedule.masking
-    aggregation = algorithm.aggregation.to(schedule.device)
+    aggregation = algorithm.aggregation
+    received: Callable[[ServerUpdate], ServerUpdate] = lambda update: update  # noqa: E731
+    if host is not None:  # the per-row coefficients stay on the host (HostTables.receive)
+        aggregation, received = dataclasses.replace(aggregation, coefficients=None), host.receive
+    aggregation = aggregation.to(schedule.device)
     if masking is None or masking.scheme == "none":
-        return run_cohort, lambda update: aggregate(update, aggregation)
+        return run_cohort, lambda update: received(aggregate(update, aggregation))
 
     def combine(update: MaskedCohortUpdate) -> ServerUpdate:
         weights = aggregation_weights(update, aggregation)
-        return aggregate_slices(update, weights, params.dense, masking.average_over)
+        return received(aggregate_slices(update, weights, params.dense, masking.average_over))
 
     return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
 
@@ -267,14 +275,21 @@ def run_rounds(
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     params = initial_params(model, schedule)
-    run_cohort, combine = round_stages(model, algorithm, schedule, params)
+    host = None
+    if schedule.table_placement == "host":
+        params = placement.place(params, schedule.device)
+        host = placement.HostTables.of(algorithm, schedule.device)
+    run_cohort, combine = round_stages(model, algorithm, schedule, params, host)
     rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
+    if host is not None:
+        placement.check_row_local(algorithm, rounds.server)
     progress = Progress() if control.resume is None else resume(rounds, control.resume)
 
     def evaluate_and_check() -> None:
         if evaluator is None:
             return
-        reason = evaluate(evaluator, params, progress, control.divergence_factor, on_evaluation)
+        evaluated = params if host is None else params.to(placement.HOST)
+        reason = evaluate(evaluator, evaluated, progress, control.divergence_factor, on_evaluation)
         if reason is not None:
             raise Diverged(algorithm.name, progress.round, reason, rounds.last_checkpoint)
 
@@ -283,7 +298,8 @@ def run_rounds(
     for r in range(progress.round + 1, schedule.rounds + 1):
         started = time.perf_counter()
         plan = rounds.begin(r)
-        update = run_cohort(model, params, dataset, index, plan.cohort, r, schedule, plan.work)
+        staged = params if host is None else host.stage(params, index, plan.cohort)
+        update = run_cohort(model, staged, dataset, index, plan.cohort, r, schedule, plan.work)
         rounds.finish(plan, update)
         progress.elapsed += time.perf_counter() - started
         progress.round = r

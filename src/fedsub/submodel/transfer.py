@@ -29,7 +29,7 @@ class ClientUpdate:
 def pull(global_params: Params, rows: dict[str, torch.Tensor]) -> Params:
     """The client's local model: its rows of each table (copied) and the dense parameters."""
     return Params(
-        tables={t: global_params.tables[t].index_select(0, rows[t]) for t in global_params.tables},
+        tables={t: global_params.gather_rows(t, rows[t]) for t in global_params.tables},
         dense={name: p.clone() for name, p in global_params.dense.items()},
     )
 
