@@ -422,7 +422,7 @@ def check_table_placement(name: str, options: Any, table_placement: str) -> None
         lazy = "lazy" in {f.name for f in dataclasses.fields(server.options)}
         hint = " (lazy = true, or its -lazy preset, is row-local)" if lazy else ""
         reasons.append(f"its server piece {recipe.server!r} updates every row every round{hint}")
-    stateful = [n for n in recipe.client if TRANSFORMS[n].keeps_client_state]
+    stateful = [p.name for p in (TRANSFORMS[n]() for n in recipe.client) if p.keeps_client_state]
     if stateful:
         reasons.append(
             f"its client piece {stateful[0]!r} keeps control variates as large as the tables"
