@@ -274,11 +274,13 @@ def run_rounds(
     control = control or RunControl()
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
-    params = initial_params(model, schedule)
     host = None
-    if schedule.table_placement == "host":
-        params = placement.place(params, schedule.device)
+    if schedule.table_placement == "host":  # drawn on the host, the tables never leave it
+        drawn = initial_params(model, dataclasses.replace(schedule, device=placement.HOST))
+        params = placement.place(drawn, schedule.device)
         host = placement.HostTables.of(algorithm, schedule.device)
+    else:
+        params = initial_params(model, schedule)
     run_cohort, combine = round_stages(model, algorithm, schedule, params, host)
     rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
     if host is not None:

@@ -52,11 +52,10 @@ class StagedParams(Params):
 
 
 def place(params: Params, device: torch.device) -> Params:
-    """The initial model with its tables on the host (pinned when ``device`` is a GPU) and
-    its dense parameters on ``device``."""
-    pinned = device.type == "cuda"
+    """The initial model (drawn on the host) with its tables left there, pinned when
+    ``device`` is a GPU, and its dense parameters on ``device``."""
     tables = {t: v.to(HOST) for t, v in params.tables.items()}
-    if pinned:
+    if device.type == "cuda":
         tables = {t: v.pin_memory() for t, v in tables.items()}
     return Params(tables, {n: v.to(device) for n, v in params.dense.items()})
 
