@@ -10,6 +10,7 @@ harness honest on a machine without a GPU, and checks the device-generic kernels
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ from .test_model_capabilities import EXPECTED
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
 
 CUDA = torch.cuda.is_available()
+# cuBLAS reads its workspace setting when torch creates its handle: set it at collection,
+# before any test's first CUDA matmul, so deterministic runs are deterministic in cuBLAS too
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")),

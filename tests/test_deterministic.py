@@ -8,6 +8,8 @@ bit for bit. The CUDA tests (skipped without a GPU) check the same where atomics
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -24,6 +26,9 @@ from fedsub.submodel.index import SubmodelIndex
 from .test_backends import DATASETS, model_for
 
 CUDA = torch.cuda.is_available()
+# cuBLAS reads its workspace setting when torch creates its handle: set it at collection,
+# before any test's first CUDA matmul, so deterministic runs are deterministic in cuBLAS too
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
