@@ -31,10 +31,8 @@ def train_on_backends(
     model, algorithm: Algorithm, dataset, index, schedule: Schedule, backends: list[str]
 ) -> dict[str, Params]:
     """The global model after ``schedule`` on the reference (on the CPU) and on each of
-    ``backends`` (on FEDSUB_TEST_DEVICE, the CPU unless set; width-sliced training stays on the
-    CPU, the only device it runs on)."""
-    masked = schedule.masking is not None and schedule.masking.scheme != "none"
-    device = schedule.device if masked else TEST_DEVICE
+    ``backends`` (on FEDSUB_TEST_DEVICE, the CPU unless set; width-sliced training too)."""
+    device = TEST_DEVICE
     results = {REFERENCE: train(model, algorithm, dataset, index, schedule)}
     for backend in backends:
         on_device = dataclasses.replace(schedule, backend=backend, device=device)

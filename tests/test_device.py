@@ -54,9 +54,11 @@ def test_a_gpu_on_a_machine_without_one_is_refused_naming_key_and_value():
 
 
 @needs_cuda
-def test_masking_on_a_gpu_is_refused():
-    with pytest.raises(ConfigError, match=r"train\.masking = 'static' runs on the CPU only"):
-        config_lib.load(None, ['model.name="mlp"', 'train.masking="static"', 'train.device="cuda"'])
+def test_masking_on_a_gpu_is_a_valid_config():
+    config = config_lib.load(
+        None, ['model.name="mlp"', 'train.masking="static"', 'train.device="cuda"']
+    )
+    assert schedule_of(config).device.type == "cuda"
 
 
 def test_a_run_with_device_cpu_set_explicitly_is_the_default_run():

@@ -39,6 +39,7 @@ LAYERS: list[set[str]] = [
         "stateful",
         "device",
         "distributed",
+        "segment_sum",
     },
     {"data"},
     {"submodel"},

@@ -22,6 +22,7 @@ from fedsub.algorithms.registry import (
     Composed,
     algorithm_names,
     check_combination,
+    check_table_placement,
     options_class,
     split_name,
 )
@@ -70,6 +71,12 @@ class TrainConfig:
     backend: str = field(default="batched", metadata={"choices": backend_names})
     # where the model, server state and training data live: cpu, cuda, cuda:N, auto
     device: str = field(default="cpu", metadata={"validate": resolve_device})
+    # fixed-order scatter-adds and torch.use_deterministic_algorithms for the run: a GPU run
+    # is bit-identical from run to run and across a resume (fedsub/segment_sum.py)
+    deterministic: bool = False
+    # "host": the embedding tables and their per-row server state stay in (pinned) host
+    # memory, only each round's cohort rows travel to the device (engine/placement.py)
+    table_placement: str = field(default="device", metadata={"choices": lambda: ["device", "host"]})
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},
@@ -270,7 +277,6 @@ def parse(raw: dict[str, Any]) -> Config:
     )
     check_masking(config)
     check_algorithms(config)
-    check_device(config)
     check_privacy(config)
     return config
 
@@ -284,6 +290,12 @@ def check_privacy(config: Config) -> None:
         raise ConfigError(
             f"train.privacy = {t.privacy!r} cannot be combined with train.masking = "
             f"{t.masking!r}: width slices are aggregated per client; use privacy none or heat"
+        )
+    if t.privacy != "none" and t.table_placement == "host":
+        raise ConfigError(
+            f"train.privacy = {t.privacy!r} cannot be combined with train.table_placement = "
+            '"host" yet: the private round aggregates on the device; use table_placement '
+            '"device" or privacy "none"'
         )
     if t.privacy == "full" and t.max_update_norm > 0:
         raise ConfigError(
@@ -316,16 +328,7 @@ def check_algorithms(config: Config) -> None:
             masking=t.masking,
             privacy=t.privacy,
         )
-
-
-def check_device(config: Config) -> None:
-    """Width-sliced sub-model training indexes its slices on the host: CPU only for now."""
-    t = config.train
-    if t.masking != "none" and resolve_device(t.device).type != "cpu":
-        raise ConfigError(
-            f"train.masking = {t.masking!r} runs on the CPU only; train.device = {t.device!r} "
-            'resolves to a GPU: use "cpu"'
-        )
+        check_table_placement(name, config.algorithm_options(name), t.table_placement)
 
 
 def check_masking(config: Config) -> None:

@@ -29,7 +29,7 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule
+from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule, TablePlacement
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -206,6 +206,8 @@ def schedule_of(config: Config) -> Schedule:
         weight_decay=t.weight_decay,
         clip_norm=t.clip_norm,
         momentum=t.momentum,
+        deterministic=t.deterministic,
+        table_placement=cast(TablePlacement, t.table_placement),
         masking=Masking(
             cast(MaskingScheme, t.masking),
             Capacities(

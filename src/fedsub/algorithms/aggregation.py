@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedsub import device as device_lib
+from fedsub import segment_sum
 from fedsub.submodel.transfer import CohortUpdate
 
 Weighting = Literal["samples", "uniform", "scheme2", "original"]
@@ -153,6 +154,20 @@ def aggregation_weights(cohort: CohortMembers, aggregation: Aggregation) -> torc
     return client_weights(cohort, aggregation.weighting)
 
 
+def with_coefficients(
+    tables: dict[str, RowUpdate], coefficients: dict[str, torch.Tensor]
+) -> dict[str, RowUpdate]:
+    """Each row's aggregate times its table's per-row coefficient (FedSubAvg's heat
+    correction), read where the coefficients live (the device, or the host when
+    ``train.table_placement = "host"``)."""
+    scaled = {}
+    for table, update in tables.items():
+        coef = coefficients[table].index_select(0, update.rows)
+        values = update.values * coef.to(update.values.dtype).unsqueeze(1)
+        scaled[table] = RowUpdate(update.rows, values)
+    return scaled
+
+
 def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
     weights = aggregation_weights(cohort, aggregation)
     tables: dict[str, RowUpdate] = {}
@@ -162,11 +177,10 @@ def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
         known = cohort.unions.get(table) if cohort.unions else None  # the backend's
         unique_rows, inverse = known if known is not None else aggregation.union(rows)
         summed = deltas.new_zeros((len(unique_rows), deltas.shape[1]))
-        summed.index_add_(0, inverse, deltas * row_weight.unsqueeze(1))
-        if aggregation.coefficients is not None:
-            coef = aggregation.coefficients[table].index_select(0, unique_rows)
-            summed *= coef.to(summed.dtype).unsqueeze(1)
+        segment_sum.index_add_(summed, inverse, deltas * row_weight.unsqueeze(1))
         tables[table] = RowUpdate(unique_rows, summed)
+    if aggregation.coefficients is not None:
+        tables = with_coefficients(tables, aggregation.coefficients)
     dense = {}
     for name, stacked in cohort.dense_deltas.items():
         a = weights.to(stacked.dtype).reshape(-1, *([1] * (stacked.dim() - 1)))

@@ -238,6 +238,9 @@ class ServerPiece:
     description: str
     options: type
     build: Callable[[AlgorithmContext, Any], Callable[[Params], ServerOptimizer]]
+    # whether, with these options, a step touches only the round's rows and their state
+    # (train.table_placement = "host" needs it; engine/placement.py)
+    row_local: Callable[[Any], bool] = lambda options: False
 
 
 SERVERS: dict[str, ServerPiece] = {
@@ -245,6 +248,7 @@ SERVERS: dict[str, ServerPiece] = {
         "X += server_lr * aggregate (1: plain averaging)",
         ServerSgdOptions,
         lambda c, o: lambda p: ServerSGD(o.server_lr),
+        row_local=lambda options: True,
     ),
     "momentum": ServerPiece(
         "heavy-ball momentum on the aggregate, over the full model (server_momentum "
@@ -257,6 +261,7 @@ SERVERS: dict[str, ServerPiece] = {
             f"Reddi et al.'s {name} on the negated aggregate (lazy: touched rows only)",
             ServerAdagradOptions if kind == "adagrad" else ServerAdaptiveOptions,
             functools.partial(_adaptive_piece, kind),
+            row_local=lambda options: bool(options.lazy),
         )
         for kind, name in (("adam", "Adam"), ("adagrad", "Adagrad"), ("yogi", "Yogi"))
     },
@@ -417,17 +422,49 @@ def _piece_options(cls: type, values: Any, fixed: dict[str, Any]) -> Any:
     return cls(**chosen)
 
 
-def build_algorithm(name: str, context: AlgorithmContext, options: Any = None) -> Algorithm:
-    """The algorithm ``name`` (a preset, or with ``Composed`` options a user's composition)."""
+def _pieces_of(name: str, options: Any) -> tuple[str, Recipe, Any, dict[str, Any]]:
+    """Algorithm ``name``'s scheme, pieces, option values and the values its preset fixes."""
     fixed: dict[str, Any] = {}
     if isinstance(options, Composed):
-        base, scheme_name = split_name(name, (name.partition("@")[0],))
+        _, scheme_name = split_name(name, (name.partition("@")[0],))
         recipe, values = options.recipe, options.options
     else:
         base, scheme_name = split_name(name)
         preset = PRESETS[base]
         recipe, fixed = preset.recipe, dict(preset.fixed)
         values = options if options is not None else preset.options()
+    return scheme_name, recipe, values, fixed
+
+
+def check_table_placement(name: str, options: Any, table_placement: str) -> None:
+    """``train.table_placement = "host"`` moves only a round's rows to the device: refuse
+    (ConfigError naming the key) a server piece whose step is not row-local with these
+    options, and control variates, which live beside every row of the tables."""
+    if table_placement != "host":
+        return
+    _, recipe, values, fixed = _pieces_of(name, options)
+    server = SERVERS[recipe.server]
+    reasons = []
+    if not server.row_local(_piece_options(server.options, values, fixed)):
+        lazy = "lazy" in {f.name for f in dataclasses.fields(server.options)}
+        hint = " (lazy = true, or its -lazy preset, is row-local)" if lazy else ""
+        reasons.append(f"its server piece {recipe.server!r} updates every row every round{hint}")
+    stateful = [p.name for p in (TRANSFORMS[n]() for n in recipe.client) if p.keeps_client_state]
+    if stateful:
+        reasons.append(
+            f"its client piece {stateful[0]!r} keeps control variates as large as the tables"
+        )
+    if reasons:
+        raise ConfigError(
+            f'train.table_placement = "host" cannot run algorithm {name!r}: '
+            f"{'; '.join(reasons)}. Only the cohort's rows travel to the device, so the server "
+            'step must touch only them; use train.table_placement = "device"'
+        )
+
+
+def build_algorithm(name: str, context: AlgorithmContext, options: Any = None) -> Algorithm:
+    """The algorithm ``name`` (a preset, or with ``Composed`` options a user's composition)."""
+    scheme_name, recipe, values, fixed = _pieces_of(name, options)
     check_combination(name, recipe, scheme=scheme_name)
     scheme = SCHEMES[scheme_name]
     aggregation = AGGREGATIONS[recipe.aggregation]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsub import segment_sum
 from fedsub.algorithms.sampling import Cohort
 from fedsub.client.work import CohortTensors, CohortWork
 from fedsub.data.torch_ragged import TorchRagged
@@ -77,7 +78,7 @@ class ControlVariates:
                 c_rows = c_here.tables[t] + own.tables[t]
                 change = -c_rows - update.table_deltas[t][span] * scale
                 own.tables[t] += change
-                self.c.tables[t].index_add_(0, rows[span], share * change)
+                segment_sum.index_add_(self.c.tables[t], rows[span], share * change)
             for n in self.c.dense:
                 c_dense = c_here.dense[n] + own.dense[n]
                 change = -c_dense - update.dense_deltas[n][j] * scale

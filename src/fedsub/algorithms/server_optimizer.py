@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
+from fedsub import segment_sum
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.errors import FedsubError
 from fedsub.stateful import Stateful
@@ -26,6 +27,16 @@ class ServerOptimizer(Stateful, Protocol):
     """Applies a round's aggregate; its state (``Stateful``) is the checkpoint's "server"."""
 
     def apply(self, params: Params, update: ServerUpdate) -> None: ...
+
+
+@runtime_checkable
+class RowLocal(Protocol):
+    """A server optimizer that says whether its step reads and writes only the rows the
+    round's update touched (and their per-row state): what ``train.table_placement = "host"``
+    needs, as only those rows travel to the device (engine/placement.py)."""
+
+    @property
+    def row_local(self) -> bool: ...
 
 
 def _torch_optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str) -> dict:
@@ -52,6 +63,7 @@ class ServerSGD:
     """``X[rows] += lr * aggregate``; lr = 1 is plain averaging. Cost O(touched rows)."""
 
     lr: float = 1.0
+    row_local = True
 
     def apply(self, params: Params, update: ServerUpdate) -> None:
         for table, row_update in update.tables.items():
@@ -154,6 +166,8 @@ class TorchServerOptimizer:
 
     torch's conventions hold: Adam has bias correction, Adagrad has no first moment."""
 
+    row_local = False  # every row's moments decay and every row moves, every round
+
     def __init__(
         self,
         kind: Literal["adam", "adagrad"],
@@ -190,6 +204,8 @@ class LazyTorchServerOptimizer:
     optimizer on the touched rows only (``RowwiseTorchOptimizer``, SparseAdam-style): rows
     no client touched keep their value and their moments. Per round O(touched rows x dim).
     """
+
+    row_local = True
 
     def __init__(
         self,
@@ -251,6 +267,7 @@ class ServerYogi:
         lazy: bool = False,
     ) -> None:
         self.lr, self.beta1, self.beta2, self.tau, self.lazy = lr, beta1, beta2, tau, lazy
+        self.row_local = lazy
         self.m = {n: torch.zeros_like(t) for n, t in {**params.tables, **params.dense}.items()}
         self.v = {
             n: torch.full_like(t, tau**2) for n, t in {**params.tables, **params.dense}.items()
@@ -271,7 +288,7 @@ class ServerYogi:
                 rows = row_update.rows
                 m, v, step = self._step(self.m[name][rows], self.v[name][rows], row_update.values)
                 self.m[name][rows], self.v[name][rows] = m, v
-                table.index_add_(0, rows, step)
+                segment_sum.index_add_(table, rows, step)
             else:
                 u = -dense_pseudo_gradient(table, row_update)
                 self.m[name], self.v[name], step = self._step(self.m[name], self.v[name], u)
@@ -302,6 +319,8 @@ class ServerMomentum:
     O(table rows x dim) (one fused pass over the momentum buffers), not O(touched rows).
     """
 
+    row_local = False
+
     def __init__(self, params: Params, beta: float, lr: float = 1.0) -> None:
         self.beta, self.lr = beta, lr
         self.previous = {
@@ -312,7 +331,9 @@ class ServerMomentum:
         for buffer in self.previous.values():
             buffer.mul_(self.beta)
         for name, row_update in update.tables.items():
-            self.previous[name].index_add_(0, row_update.rows, (1 - self.beta) * row_update.values)
+            segment_sum.index_add_(
+                self.previous[name], row_update.rows, (1 - self.beta) * row_update.values
+            )
         for name, u in update.dense.items():
             self.previous[name].add_((1 - self.beta) * u)
         for name, table in params.tables.items():

@@ -23,6 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from fedsub import segment_sum
 from fedsub.device import from_host
 
 LearningRate = float | torch.Tensor  # a scalar for one client, per-member broadcast for a cohort
@@ -82,7 +83,7 @@ class CohortLayout:
         for t, owner in zip(tensors, self.owners, strict=True):
             per_entry = t.pow(2).reshape(len(t), -1).sum(1)
             if owner is not None:
-                squared.index_add_(0, owner, per_entry)
+                segment_sum.index_add_(squared, owner, per_entry)
             else:
                 squared += per_entry
         return squared

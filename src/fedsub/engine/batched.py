@@ -69,9 +69,7 @@ def run_cohort(
 
     # Pull: every member's rows, concatenated; dense parameters stacked on a client axis.
     row_tensors = {t: r.values for t, r in batches.rows.items()}
-    pulled_tables = {
-        t: global_params.tables[t].index_select(0, rows) for t, rows in row_tensors.items()
-    }
+    pulled_tables = {t: global_params.gather_rows(t, rows) for t, rows in row_tensors.items()}
     pulled_dense = {
         n: p.unsqueeze(0).expand(k, *p.shape).clone() for n, p in global_params.dense.items()
     }

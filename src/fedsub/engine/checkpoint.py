@@ -92,8 +92,11 @@ def restore(
         )
     for name, stage in stages.items():
         saved = checkpoint.stages[name]
-        if device is not None:
-            saved = {n: v.to(device) for n, v in saved.items()}
+        if device is not None:  # each tensor where the stage keeps it now (a host-placed table)
+            current = stage.state_tensors()
+            saved = {
+                n: v.to(current[n].device if n in current else device) for n, v in saved.items()
+            }
         try:
             stage.load_state_tensors(saved)
         except KeyError as error:

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsub import distributed, seeding
+from fedsub import distributed, seeding, segment_sum
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine import masked
+from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
@@ -111,25 +111,30 @@ def round_stages(
     schedule: Schedule,
     params: Params,
     private: PrivateRounds | None = None,
+    host: placement.HostTables | None = None,
 ) -> tuple[Callable, Callable]:
     """The round's client work (the configured backend, on width slices when masking) and how
-    its updates become the server's update (through ``private`` when given). Under torchrun (a
-    joined process group) the members are split across the processes
-    (engine/split_cohort.py)."""
+    its updates become the server's update (through ``private`` when given; brought to the host
+    tables when ``host``). Under torchrun (a joined process group) the members are split across
+    the processes (engine/split_cohort.py)."""
     run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
     processes = distributed.joined()
     if processes is not None:
         run_cohort = split_cohort(run_cohort, processes)
     masking = schedule.masking
-    aggregation = algorithm.aggregation.to(schedule.device)
-    if private is not None:
+    if private is not None:  # config.py refuses privacy with host placement
         return private.wrap(run_cohort), private.combine
+    aggregation = algorithm.aggregation
+    received: Callable[[ServerUpdate], ServerUpdate] = lambda update: update  # noqa: E731
+    if host is not None:  # the per-row coefficients stay on the host (HostTables.receive)
+        aggregation, received = dataclasses.replace(aggregation, coefficients=None), host.receive
+    aggregation = aggregation.to(schedule.device)
     if masking is None or masking.scheme == "none":
-        return run_cohort, lambda update: aggregate(update, aggregation)
+        return run_cohort, lambda update: received(aggregate(update, aggregation))
 
     def combine(update: MaskedCohortUpdate) -> ServerUpdate:
         weights = aggregation_weights(update, aggregation)
-        return aggregate_slices(update, weights, params.dense, masking.average_over)
+        return received(aggregate_slices(update, weights, params.dense, masking.average_over))
 
     return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
 
@@ -260,6 +265,33 @@ def train(
     on_round: Callable[[int], None] | None = None,
     control: RunControl | None = None,
 ) -> Params:
+    """``run_rounds``, under ``torch.use_deterministic_algorithms`` when
+    ``schedule.deterministic`` (train.deterministic; fedsub/segment_sum.py)."""
+    with segment_sum.deterministic_run(schedule.deterministic):
+        return run_rounds(
+            model,
+            algorithm,
+            dataset,
+            index,
+            schedule,
+            evaluator,
+            on_evaluation,
+            on_round,
+            control,
+        )
+
+
+def run_rounds(
+    model: Model,
+    algorithm: Algorithm,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    schedule: Schedule,
+    evaluator: Evaluator | None = None,
+    on_evaluation: Callable[[Evaluation], None] | None = None,
+    on_round: Callable[[int], None] | None = None,
+    control: RunControl | None = None,
+) -> Params:
     """Run ``schedule.rounds`` rounds of ``algorithm``; evaluate at round 0, every
     ``eval_every`` rounds and at the last round. Returns the final global model.
 
@@ -268,18 +300,27 @@ def train(
     control = control or RunControl()
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
-    params = initial_params(model, schedule)
+    host = None
+    if schedule.table_placement == "host":  # drawn on the host, the tables never leave it
+        drawn = initial_params(model, dataclasses.replace(schedule, device=placement.HOST))
+        params = placement.place(drawn, schedule.device)
+        host = placement.HostTables.of(algorithm, schedule.device)
+    else:
+        params = initial_params(model, schedule)
     private = private_rounds(algorithm, schedule, params)
     if private is not None and control.on_private_rounds is not None:
         control.on_private_rounds(private)
-    run_cohort, combine = round_stages(model, algorithm, schedule, params, private)
+    run_cohort, combine = round_stages(model, algorithm, schedule, params, private, host)
     rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
+    if host is not None:
+        placement.check_row_local(algorithm, rounds.server)
     progress = Progress() if control.resume is None else resume(rounds, control.resume)
 
     def evaluate_and_check() -> None:
         if evaluator is None:
             return
-        reason = evaluate(evaluator, params, progress, control.divergence_factor, on_evaluation)
+        evaluated = params if host is None else params.to(placement.HOST)
+        reason = evaluate(evaluator, evaluated, progress, control.divergence_factor, on_evaluation)
         if reason is not None:
             raise Diverged(algorithm.name, progress.round, reason, rounds.last_checkpoint)
 
@@ -288,7 +329,8 @@ def train(
     for r in range(progress.round + 1, schedule.rounds + 1):
         started = time.perf_counter()
         plan = rounds.begin(r)
-        update = run_cohort(model, params, dataset, index, plan.cohort, r, schedule, plan.work)
+        staged = params if host is None else host.stage(params, index, plan.cohort)
+        update = run_cohort(model, staged, dataset, index, plan.cohort, r, schedule, plan.work)
         rounds.finish(plan, update)
         progress.elapsed += time.perf_counter() - started
         progress.round = r

@@ -5,6 +5,10 @@ Members that train the same slice (equal capacity under static, rolling and shuf
 form one group and run as one cohort of the inner backend, on a model narrowed to that slice;
 random and Bernoulli slices are per member. The client transforms, the batch schedule of each client
 and the aggregation weights are exactly those of full-model training.
+
+Device-generic: the slices are drawn on the host from the run's seed (a few channel indices
+per group, or a Bernoulli mask, with the same numbers on every device, like the cohort draw)
+and moved once to ``schedule.device``; extraction, training and aggregation run there.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class MaskedForward:
     def head(
         self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
     ) -> torch.Tensor:
-        masked = {n: p * self.masks[n].to(p.device, p.dtype) for n, p in dense.items()}
+        masked = {n: p * self.masks[n].to(p.dtype) for n, p in dense.items()}
         return self.model.head(masked, features, dense_inputs)
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -89,7 +93,7 @@ def run_cohort(
 
     groups = []
     for members in by_slice.values():
-        piece = slices[members[0]]
+        piece = slices[members[0]].to(schedule.device)
         if isinstance(piece, CoordinateMask):
             narrowed: Model = MaskedForward(model, piece.masks)
         else:

@@ -12,6 +12,7 @@ from fedsub.privacy.levels import Privacy
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LrSchedule = Literal["constant", "inverse-round", "exponential"]
+TablePlacement = Literal["device", "host"]  # train.table_placement (engine/placement.py)
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Schedule:
     momentum: float = 0.0
     masking: Masking | None = None  # width-sliced sub-model training (seed 003)
     privacy: Privacy | None = None  # train.privacy (engine/private_rounds.py); None: none
+    # train.deterministic: fixed-order scatter-adds (fedsub/segment_sum.py), bit-identical runs
+    deterministic: bool = False
+    # train.table_placement: "host" keeps the tables in host memory (engine/placement.py)
+    table_placement: TablePlacement = "device"
 
 
 def lr_at(base: float, schedule: Schedule, round_index: int) -> float:

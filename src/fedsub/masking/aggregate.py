@@ -82,10 +82,10 @@ def aggregate_slices(
             for n, d in group.update.dense_deltas.items()
         }
         group.slice.add(total, summed)
-        group.slice.add_constant(trained, float(a.sum()))
+        group.slice.add_constant(trained, a.sum())  # a 0-d tensor: no read on the host
     if average_over == "all":
-        scale = float(weights.sum())
-        return ServerUpdate({}, {n: t / scale for n, t in total.items()})
+        scale = weights.sum()
+        return ServerUpdate({}, {n: t / scale.to(t.dtype) for n, t in total.items()})
     if average_over != "trainers":
         raise ValueError(f"unknown average_over {average_over!r}")
     means = {}

@@ -9,25 +9,30 @@ from __future__ import annotations
 
 import torch
 
+from fedsub import segment_sum
+
 
 def sum_pool(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """[n, dim]: for each of the n samples (offsets of length n + 1) the sum of its rows."""
     samples = len(offsets) - 1
     owner = torch.repeat_interleave(
-        torch.arange(samples), torch.diff(offsets), output_size=len(values)
+        torch.arange(samples, device=values.device), torch.diff(offsets), output_size=len(values)
     )
     gathered = weight.index_select(0, values)
-    return gathered.new_zeros((samples, weight.shape[1])).index_add(0, owner, gathered)
+    return segment_sum.segment_sum(owner, gathered, samples)
 
 
 def padded(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor):
     """Ragged lookups as [n, L, d] with a [n, L] mask (L = the longest list, at least 1)."""
     lengths = torch.diff(offsets)
     n, longest = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1)
-    owner = torch.repeat_interleave(torch.arange(n), lengths, output_size=len(values))
-    rank = torch.arange(len(values)) - offsets[:-1].index_select(0, owner)
-    slot = owner * longest + rank
+    device = values.device
+    owner = torch.repeat_interleave(
+        torch.arange(n, device=device), lengths, output_size=len(values)
+    )
+    rank = torch.arange(len(values), device=device) - offsets[:-1].index_select(0, owner)
+    slot = owner * longest + rank  # distinct slots: a copy, not a sum (no two entries meet)
     rows = weight.index_select(0, values)
-    out = rows.new_zeros((n * longest, weight.shape[1])).index_add(0, slot, rows)
-    mask = torch.zeros(n * longest, dtype=torch.bool).index_fill(0, slot, True)
+    out = rows.new_zeros((n * longest, weight.shape[1])).index_copy(0, slot, rows)
+    mask = torch.zeros(n * longest, dtype=torch.bool, device=device).index_fill(0, slot, True)
     return out.reshape(n, longest, -1), mask.reshape(n, longest)

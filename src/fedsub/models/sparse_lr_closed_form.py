@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedsub import segment_sum
+
 Grads = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 
@@ -39,7 +41,7 @@ def torch_gradients(
     logits = None
     for name, values in ids.items():  # bias + each field's sum, in that order
         weight = tables[field_tables.get(name, name)].index_select(0, values)
-        sums = torch.bincount(sample_of_id[name], weight.view(-1).to(f64), k * batch)
+        sums = segment_sum.segment_sum(sample_of_id[name], weight.view(-1).to(f64), k * batch)
         logits = (bias if logits is None else logits) + sums.view(k, batch)
     if logits is None:
         logits = bias.to(f64).expand(k, batch)
@@ -51,7 +53,9 @@ def torch_gradients(
     table_grads: dict[str, torch.Tensor] = {}
     for name, values in ids.items():
         table = field_tables.get(name, name)
-        grad = torch.bincount(values, flat.index_select(0, sample_of_id[name]), len(tables[table]))
+        grad = segment_sum.segment_sum(
+            values, flat.index_select(0, sample_of_id[name]), len(tables[table])
+        )
         table_grads[table] = grad + table_grads[table] if table in table_grads else grad
     dense_grads = {"bias": residual.sum(1, keepdim=True)}
     if "dense_weight" in dense:

@@ -42,17 +42,28 @@ class ChannelSlice:
     capacity: float
 
     def key(self) -> tuple:
-        """Equal keys mean equal sub-models (clients with the same key train the same slice)."""
+        """Equal keys mean equal sub-models (clients with the same key train the same slice);
+        read on the host, where ``plan`` draws the slices."""
         return (self.capacity, *(tuple(c.tolist()) for c in self.channels.values()))
 
-    def _grid(self, name: str, shape: torch.Size) -> tuple[torch.Tensor, ...]:
-        """Index tensors, one per axis, broadcasting to the sub-tensor's shape."""
+    def to(self, device: torch.device) -> ChannelSlice:
+        """The same slice with its channel indices on ``device`` (where the model lives)."""
+        moved = {g: c.to(device) for g, c in self.channels.items()}
+        return ChannelSlice(self.slicing, moved, self.capacity)
+
+    def _grid(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Index tensors on ``tensor``'s device, one per axis, broadcasting to the
+        sub-tensor's shape."""
+        shape, device = tensor.shape, tensor.device
         axes = self.slicing.axes[name]
         if len(axes) != len(shape):
             raise ValueError(f"{name}: slicing names {len(axes)} axes, the tensor has {len(shape)}")
         grid = []
         for position, (group, size) in enumerate(zip(axes, shape, strict=True)):
-            index = torch.arange(size) if group is None else self.channels[group]
+            if group is None:
+                index = torch.arange(size, device=device)
+            else:
+                index = self.channels[group].to(device)  # a no-op once the slice is ``to`` it
             view = [1] * len(shape)
             view[position] = len(index)
             grid.append(index.reshape(view))
@@ -60,23 +71,25 @@ class ChannelSlice:
 
     def extract(self, dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The sub-model's tensors (new tensors of the narrowed shapes)."""
-        return {n: p[self._grid(n, p.shape)] for n, p in dense.items()}
+        return {n: p[self._grid(n, p)] for n, p in dense.items()}
 
     def place(self, dense: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
         """Write a sub-model's tensors back into the full tensors, in place."""
         for n, p in dense.items():
-            p.index_put_(self._grid(n, p.shape), values[n].to(p.dtype))
+            p.index_put_(self._grid(n, p), values[n].to(p.dtype))
 
     def add(self, dense: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
         """``full[slice] += values`` for every tensor, in place."""
         for n, p in dense.items():
-            p.index_put_(self._grid(n, p.shape), values[n].to(p.dtype), accumulate=True)
+            p.index_put_(self._grid(n, p), values[n].to(p.dtype), accumulate=True)
 
-    def add_constant(self, dense: dict[str, torch.Tensor], value: float) -> None:
-        """``full[slice] += value``: counts how often (or how much weight) trained each entry."""
+    def add_constant(self, dense: dict[str, torch.Tensor], value: float | torch.Tensor) -> None:
+        """``full[slice] += value``: counts how often (or how much weight) trained each entry
+        (``value`` a number or a 0-d tensor, so a GPU run need not read it on the host)."""
         for n, p in dense.items():
-            grid = self._grid(n, p.shape)
-            p.index_put_(grid, torch.tensor(value, dtype=p.dtype), accumulate=True)
+            grid = self._grid(n, p)
+            constant = torch.as_tensor(value, dtype=p.dtype, device=p.device)
+            p.index_put_(grid, constant, accumulate=True)
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,9 @@ class CoordinateMask:
     def key(self) -> tuple:
         return (id(self),)  # every client's mask is its own
 
+    def to(self, device: torch.device) -> CoordinateMask:
+        return CoordinateMask({n: m.to(device) for n, m in self.masks.items()}, self.capacity)
+
     def extract(self, dense: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {n: p.clone() for n, p in dense.items()}
 
@@ -97,9 +113,9 @@ class CoordinateMask:
         for n, p in dense.items():
             p.add_(values[n].to(p.dtype) * self.masks[n].to(p.dtype))
 
-    def add_constant(self, dense: dict[str, torch.Tensor], value: float) -> None:
+    def add_constant(self, dense: dict[str, torch.Tensor], value: float | torch.Tensor) -> None:
         for n, p in dense.items():
-            p.add_(self.masks[n].to(p.dtype), alpha=value)
+            p.add_(self.masks[n].to(p.dtype) * torch.as_tensor(value, dtype=p.dtype))
 
 
 SubmodelSlice = ChannelSlice | CoordinateMask

@@ -16,6 +16,11 @@ class Params:
     tables: dict[str, torch.Tensor]
     dense: dict[str, torch.Tensor]
 
+    def gather_rows(self, table: str, rows: torch.Tensor) -> torch.Tensor:
+        """Rows ``rows`` (global ids) of ``table``: what a client pulls. A round's staged
+        slice of the model (engine/placement.py) holds only the cohort's rows."""
+        return self.tables[table].index_select(0, rows)
+
     def tensors(self) -> list[torch.Tensor]:
         return [*self.tables.values(), *self.dense.values()]
 

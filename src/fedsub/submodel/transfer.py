@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedsub import segment_sum
 from fedsub.submodel.params import Params
 
 
@@ -28,7 +29,7 @@ class ClientUpdate:
 def pull(global_params: Params, rows: dict[str, torch.Tensor]) -> Params:
     """The client's local model: its rows of each table (copied) and the dense parameters."""
     return Params(
-        tables={t: global_params.tables[t].index_select(0, rows[t]) for t in global_params.tables},
+        tables={t: global_params.gather_rows(t, rows[t]) for t in global_params.tables},
         dense={name: p.clone() for name, p in global_params.dense.items()},
     )
 
@@ -52,7 +53,7 @@ def push(
 
 def scatter_add_rows(table: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
     """``table[rows] += values`` in place; rows may repeat (their values add up)."""
-    table.index_add_(0, rows, values.to(table.dtype))
+    segment_sum.index_add_(table, rows, values)
 
 
 @dataclass
@@ -105,7 +106,7 @@ class CohortUpdate:
         """Each member's ||delta||^2 over its rows and the dense parameters (float64)."""
         norms = torch.zeros(len(self), dtype=torch.float64, device=self.clients.device)
         for t, deltas in self.table_deltas.items():
-            norms.index_add_(0, self.row_owner[t], deltas.double().pow(2).sum(1))
+            segment_sum.index_add_(norms, self.row_owner[t], deltas.double().pow(2).sum(1))
         for deltas in self.dense_deltas.values():
             norms += deltas.double().pow(2).reshape(len(self), -1).sum(1)
         return norms

@@ -1,0 +1,163 @@
+"""Every model and a representative set of algorithms on a GPU equal the CPU sequential
+reference (float64 1e-10; float32 1e-5 relative), masking and ``train.deterministic`` included.
+
+The CUDA cases skip without a GPU (run them with ``pytest tests/test_cuda.py`` on a machine
+with one). Each test also has a ``cpu`` case that runs the same code with
+``fedsub.device.CPU_FAST_PATHS = False`` (the GPU's torch kernels, on the CPU): it keeps the
+harness honest on a machine without a GPU, and checks the device-generic kernels of every model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from fedsub import device as device_lib
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine.loop import train
+from fedsub.engine.schedule import Schedule
+from fedsub.masking.capacity import Capacities
+from fedsub.masking.schemes import Masking
+from fedsub.models.base import SliceableModel
+from fedsub.models.registry import build_model, model_names
+from fedsub.submodel.params import Params
+
+from .test_model_capabilities import EXPECTED
+from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
+
+CUDA = torch.cuda.is_available()
+# cuBLAS reads its workspace setting when torch creates its handle: set it at collection,
+# before any test's first CUDA matmul, so deterministic runs are deterministic in cuBLAS too
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")),
+]
+# the state a round carries: plain averaging, heat coefficients, a proximal term, control
+# variates, a row-wise adaptive server, a lazy one, server momentum, one central client
+ALGORITHMS = [
+    "fedavg",
+    "fedsubavg",
+    "fedprox",
+    "scaffold",
+    "fedadam",
+    "fedyogi-lazy",
+    "scaffold-approx",
+    "central-sgd",
+]
+SLICEABLE = [name for name, claims in EXPECTED.items() if SliceableModel in claims]
+# the ResNet is slow on the CPU at any size: one client step of two samples
+STEPS = {"resnet18": (1, 2)}
+# The CPU cases (the GPU's kernels on the CPU) of the slow models are left to
+# tests/test_conformance_models.py, which runs every model's round on the CPU.
+CPU_MODELS = {"embedding-lr", "sparse-lr", "din", "softmax-regression", "mlp"}
+
+
+def only_some_on_the_cpu(device: str, case: str, cpu_cases: set[str]) -> None:
+    if device == "cpu" and case not in cpu_cases:
+        pytest.skip("the CPU case runs a few of these (the GPU case runs every one)")
+
+
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    """The device-generic torch kernels on every device (no numpy fast path on the CPU)."""
+    monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", False)
+
+
+def model_and_data(name: str, folder: str):
+    dataset, index = dataset_for(name, folder)
+    options = {**OPTIONS, "widths": SMALL_WIDTHS.get(name, [])}
+    model = dataclasses.replace(build_model(name, dataset, options), **SMALLER.get(name, {}))
+    return model, dataset, index
+
+
+def schedule_for(name: str, dtype: torch.dtype, **changes) -> Schedule:
+    steps, batch = STEPS.get(name, (2, 3))
+    return Schedule(2, 3, steps, batch, lr=0.1, seed=5, dtype=dtype, **changes)
+
+
+def run(model, algorithm: str, dataset, index, schedule: Schedule) -> Params:
+    built = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 3))
+    params = train(model, built, dataset, index, schedule)
+    assert all(p.device.type == schedule.device.type for p in params.tensors())
+    return params.to(torch.device("cpu"))
+
+
+def assert_matches(got: Params, reference: Params, dtype: torch.dtype, where: str) -> None:
+    moved = False
+    for name, expected in reference.state_dict().items():
+        value = got.state_dict()[name]
+        if dtype == torch.float64:
+            torch.testing.assert_close(value, expected, rtol=0, atol=1e-10, msg=f"{where} {name}")
+        else:
+            torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-5, msg=f"{where} {name}")
+        moved |= bool((expected != 0).any())
+    assert moved, where  # the model trained, so equality says something
+
+
+def compare_on(device: str, name: str, algorithm: str, dtype, folder: str, **changes) -> None:
+    """The batched and sequential backends on ``device`` against the CPU sequential run."""
+    model, dataset, index = model_and_data(name, folder)
+    reference = run(
+        model, algorithm, dataset, index, schedule_for(name, dtype, backend="sequential", **changes)
+    )
+    for backend in ("batched", "sequential"):
+        on_device = schedule_for(
+            name, dtype, backend=backend, device=torch.device(device), **changes
+        )
+        got = run(model, algorithm, dataset, index, on_device)
+        assert_matches(got, reference, dtype, f"{name} {algorithm} {backend} on {device}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", model_names())
+def test_every_model_on_the_device_equals_the_cpu_reference(
+    torch_kernels, tmp_path_factory, name, device
+):
+    only_some_on_the_cpu(device, name, CPU_MODELS)
+    folder = str(tmp_path_factory.getbasetemp())
+    for dtype in (torch.float64, torch.float32):
+        compare_on(device, name, "fedsubavg", dtype, folder)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("name", ["embedding-lr", "din", "softmax-regression"])
+def test_every_algorithm_on_the_device_equals_the_cpu_reference(
+    torch_kernels, tmp_path_factory, name, algorithm, device
+):
+    only_some_on_the_cpu(device, name, {"embedding-lr"})
+    compare_on(device, name, algorithm, torch.float64, str(tmp_path_factory.getbasetemp()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scheme", ["static", "rolling", "shuffled", "random", "bernoulli"])
+@pytest.mark.parametrize("name", SLICEABLE)
+def test_every_masking_scheme_on_the_device_equals_the_cpu_reference(
+    torch_kernels, tmp_path_factory, name, scheme, device
+):
+    only_some_on_the_cpu(device, f"{name} {scheme}", {"mlp static", "mlp bernoulli"})
+    masking = Masking(scheme, Capacities((1.0, 0.5), (), "per-round"))
+    folder = str(tmp_path_factory.getbasetemp())
+    compare_on(device, name, "fedavg", torch.float64, folder, masking=masking)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["embedding-lr", "sparse-lr", "din", "lstm", "cnn", "mlp"])
+def test_a_deterministic_run_on_the_device_repeats_bit_for_bit(
+    torch_kernels, tmp_path_factory, name, device
+):
+    """Every model's round under torch.use_deterministic_algorithms (no op of the round
+    refuses it) repeats bit for bit, and equals the CPU reference."""
+    only_some_on_the_cpu(device, name, {"embedding-lr", "sparse-lr", "mlp"})
+    model, dataset, index = model_and_data(name, str(tmp_path_factory.getbasetemp()))
+    schedule = schedule_for(name, torch.float64, device=torch.device(device), deterministic=True)
+    first = run(model, "fedsubavg", dataset, index, schedule)
+    second = run(model, "fedsubavg", dataset, index, schedule)
+    for key, value in first.state_dict().items():
+        assert torch.equal(second.state_dict()[key], value), key
+    reference = schedule_for(name, torch.float64, backend="sequential")
+    assert_matches(first, run(model, "fedsubavg", dataset, index, reference), torch.float64, name)
