@@ -114,15 +114,22 @@ class ServerRound:
             stages[name] = stage
         return stages
 
-    def begin(self, round_index: int) -> RoundPlan:
-        """Round r's cohort (the same for every runtime: seeded by round) and its work."""
+    def begin(self, round_index: int, among: np.ndarray | None = None) -> RoundPlan:
+        """Round r's cohort (the same for every runtime: seeded by round) and its work.
+
+        ``among``: the clients that can take part (sorted positions; default all), e.g. the
+        Flower nodes connected now; the sampler draws from them with the same seed, so with
+        every client present the cohort is the in-process engine's."""
+        counts = self.counts if among is None else self.counts[among]
         cohort = sample_cohort(
             self.algorithm.scheme.sampling,
             self.schedule.seed,
             round_index,
-            self.counts,
+            counts,
             self.schedule.clients_per_round,
         )
+        if among is not None:
+            cohort = Cohort(among[cohort.clients], cohort.multiplicity)
         work = round_work(self.algorithm, self.schedule, self.counts, cohort, round_index)
         if self.variates is not None:
             work = dataclasses.replace(work, corrections=self.variates.corrections(cohort))

@@ -35,6 +35,7 @@ from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.experiment import load_data, model_of, schedule_of
+from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
@@ -156,10 +157,18 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         name = settings.algorithm_name(config)
         settings.check_against(config)
         params = initial_params(fed.model, fed.schedule)
-        progress = None
+        progress, checkpoints = None, None
         if settings.out_dir:
-            progress = JsonLines(Path(settings.out_dir) / "progress.jsonl")
-            progress.path.unlink(missing_ok=True)
+            out = Path(settings.out_dir)
+            progress = JsonLines(out / "progress.jsonl")
+            if not settings.resume:
+                progress.path.unlink(missing_ok=True)
+            checkpoints = FlowerCheckpoints(
+                out / "checkpoints",
+                settings.checkpoint_every,
+                settings.resume,
+                config_stamp(settings.model_description(config, name)),
+            )
         strategy = SubmodelStrategy(
             params,
             name,
@@ -170,20 +179,23 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             max_failed_rounds=settings.max_failed_rounds,
             max_update_norm=config.train.max_update_norm,
             payload=settings.payload,
+            min_nodes=settings.min_nodes or fed.dataset.num_clients,
+            node_wait=settings.node_wait,
+            query_timeout=settings.round_timeout,
+            heat_refresh_every=settings.heat_refresh_every,
+            checkpoints=checkpoints,
             on_progress=progress,
         )
-        strategy.discover(grid, fed.dataset.num_clients, settings.round_timeout)
         evaluator = Evaluator.build(
             fed.model, fed.dataset, config.eval.train_loss_samples, config.data.seed
         )
-        evaluations: dict[int, dict[str, float]] = {}
 
         def evaluate(round_index: int, _: ArrayRecord) -> MetricRecord | None:
             every = settings.eval_every
             if not every or (round_index % every and round_index != fed.schedule.rounds):
                 return None
-            evaluations[round_index] = evaluator.evaluate(strategy.params)
-            return MetricRecord(dict(evaluations[round_index]))
+            strategy.evaluations[round_index] = evaluator.evaluate(strategy.params)
+            return MetricRecord(dict(strategy.evaluations[round_index]))
 
         failure: Diverged | RoundsFailed | None = None
         try:
@@ -207,7 +219,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             }
             if failure is None:
                 save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
-                result["evaluations"] = {str(r): m for r, m in evaluations.items()}
+                result["evaluations"] = {str(r): m for r, m in strategy.evaluations.items()}
             else:
                 kind = "diverged" if isinstance(failure, Diverged) else "failed"
                 result[kind] = {"round": failure.round, "reason": failure.reason}

@@ -9,7 +9,17 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``min-replies``: fewest replies with which a round still updates the model (default 1);
 - ``max-failed-rounds``: consecutive rounds short of ``min-replies`` after which the run stops
   with an error (default 3);
-- ``round-timeout``: seconds to wait for a round's replies (default 600);
+- ``round-timeout``: seconds to wait for a round's replies and for new nodes' registration
+  (default 600);
+- ``min-nodes``: nodes that must register before round 1 (0, the default: one per client of
+  the config's dataset, i.e. everyone, so the run is the in-process engine's);
+- ``node-wait``: seconds round 1 waits for ``min-nodes`` nodes to connect (default 600);
+- ``heat-refresh-every``: R; the heat coefficients are rebuilt over the registered clients at
+  rounds 1, 1 + R, ... when clients registered since (default 1: at the next round);
+- ``checkpoint-every``: save the server state into ``out-dir``/checkpoints every n rounds
+  (0 = never);
+- ``resume``: true continues the newest checkpoint in ``out-dir``/checkpoints (written with
+  the same configuration);
 - ``eval-every``: evaluate the global model on the test set every n rounds (0 = never);
 - ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model: an
   absolute path or one starting with ``~`` ("" = write nothing). A relative path is refused:
@@ -44,12 +54,18 @@ class FlowerSettings:
     eval_every: int = 0
     out_dir: str = ""
     train_delay: float = 0.0
+    min_nodes: int = 0
+    node_wait: float = 600.0
+    heat_refresh_every: int = 1
+    checkpoint_every: int = 0
+    resume: bool = False
 
     @staticmethod
     def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
         known = {
             "config", "set", "algorithm", "payload", "min-replies", "max-failed-rounds",
-            "round-timeout", "eval-every", "out-dir", "train-delay",
+            "round-timeout", "eval-every", "out-dir", "train-delay", "min-nodes", "node-wait",
+            "heat-refresh-every", "checkpoint-every", "resume",
         }  # fmt: skip
         unknown = sorted(set(run_config) - known)
         if unknown:
@@ -70,22 +86,37 @@ class FlowerSettings:
             eval_every=int(run_config.get("eval-every", 0)),
             out_dir=output_folder(str(run_config.get("out-dir", ""))),
             train_delay=float(run_config.get("train-delay", 0.0)),
+            min_nodes=int(run_config.get("min-nodes", 0)),
+            node_wait=float(run_config.get("node-wait", 600.0)),
+            heat_refresh_every=int(run_config.get("heat-refresh-every", 1)),
+            checkpoint_every=int(run_config.get("checkpoint-every", 0)),
+            resume=_flag(run_config.get("resume", False), "resume"),
         )
         settings.check()
         return settings
 
     def check(self) -> None:
         """Refuse settings with which no run could succeed."""
-        for key, value in (
-            ("min-replies", self.min_replies),
-            ("max-failed-rounds", self.max_failed_rounds),
+        for key, value, lowest in (
+            ("min-replies", self.min_replies, 1),
+            ("max-failed-rounds", self.max_failed_rounds, 1),
+            ("heat-refresh-every", self.heat_refresh_every, 1),
+            ("min-nodes", self.min_nodes, 0),
+            ("checkpoint-every", self.checkpoint_every, 0),
         ):
-            if value < 1:
-                raise ConfigError(f"Flower run config: {key} = {value}; expected an integer >= 1")
-        if not self.round_timeout > 0:
-            raise ConfigError(
-                f"Flower run config: round-timeout = {self.round_timeout:g}; expected seconds > 0"
-            )
+            if value < lowest:
+                raise ConfigError(
+                    f"Flower run config: {key} = {value}; expected an integer >= {lowest}"
+                )
+        for key, seconds in (("round-timeout", self.round_timeout), ("node-wait", self.node_wait)):
+            if not seconds > 0:
+                raise ConfigError(f"Flower run config: {key} = {seconds:g}; expected seconds > 0")
+        for key, wanted in (("checkpoint-every", self.checkpoint_every), ("resume", self.resume)):
+            if wanted and not self.out_dir:
+                raise ConfigError(
+                    f"Flower run config: {key} needs out-dir (checkpoints go to "
+                    "<out-dir>/checkpoints)"
+                )
 
     def check_against(self, config: Config) -> None:
         """min-replies above the cohort size could never be met: refuse it before round 1."""
@@ -96,6 +127,13 @@ class FlowerSettings:
                 f"train.clients_per_round = {config.train.clients_per_round}; no round could "
                 "ever update the model"
             )
+
+    def model_description(self, config: Config, algorithm: str) -> str:
+        """Everything that decides the model a run ends with (hashed into its checkpoints)."""
+        return (
+            f"{config_lib.to_toml(config)}\n# flower\nalgorithm = {algorithm!r}\n"
+            f"payload = {self.payload!r}\nheat-refresh-every = {self.heat_refresh_every}\n"
+        )
 
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
@@ -121,6 +159,15 @@ class FlowerSettings:
             raise ConfigError(f"Flower run config: algorithm = {name!r}: {error}") from None
         check_combination(name, recipe_of(name, config.algorithms), scheme=scheme, on_flower=True)
         return name
+
+
+def _flag(value: object, key: str) -> bool:
+    """A run config flag: a TOML boolean, or the text true / false (from --run-config)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    raise ConfigError(f"Flower run config: {key} = {value!r}; expected true or false")
 
 
 def output_folder(text: str) -> str:

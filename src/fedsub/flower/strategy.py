@@ -1,20 +1,30 @@
 """A Flower strategy for federated submodel training (FedSubAvg, FedAvg and the rest).
 
-Before round 1 a query round asks every node for its partition id, its sample count and its
-index sets S(k) (in the clear: the heat counts n_m follow from them; fedsub's secure
-aggregation computes the same counts without revealing any S(k), see fedsub.privacy). Then each
-round:
+Membership is elastic (flower/membership.py). Each round, in ``configure_train``, the nodes
+online (``grid.get_node_ids()``) that the strategy does not know yet are asked for their
+partition id, sample count and index sets S(k) (in the clear: the heat counts n_m follow from
+them; fedsub's secure aggregation computes the same counts without revealing any S(k), see
+fedsub.privacy); the first round waits up to ``node_wait`` seconds for ``min_nodes`` of them. A
+new node with a known partition takes it over from this round on. The heat coefficients (and
+N, the sample counts, the server optimizer's population) are rebuilt over every registered
+client when registrations changed, at rounds 1, 1 + R, 1 + 2R, ... (R = ``heat_refresh_every``);
+a client is sampled only once the coefficients count it. Then each round:
 
-- ``configure_train``: the cohort is fedsub's (same seed, same clients as the in-process
-  engine); each sampled node gets one Message with its rows X[S(k)], the dense parameters,
-  its learning rate and the round's chain of client transforms (names and options, rebuilt
-  from fedsub.client.transforms' registry by the ClientApp);
+- ``configure_train``: the cohort is fedsub's sampler (same seed) over the clients whose node
+  is online and has not failed: with every client online it is the in-process engine's
+  cohort. Each sampled node gets one Message with its rows X[S(k)], the dense parameters, its
+  learning rate and the round's chain of client transforms (names and options, rebuilt from
+  fedsub.client.transforms' registry by the ClientApp);
 - ``aggregate_train``: the replies' row deltas go through the in-process engine's server round
-  (engine/server_round.py: screening, aggregator with heat coefficients over all clients,
-  finiteness checks raising ``Diverged``, server optimizer). A node that fails or times out is
-  left out: the round's mean is over the replies received, if there are at least
-  ``min_replies``. After ``max_failed_rounds`` consecutive rounds short of it the run stops
-  with ``RoundsFailed`` (a federation that cannot train must not end as if it had).
+  (engine/server_round.py: screening, aggregator with heat coefficients over the registered
+  clients, finiteness checks raising ``Diverged``, server optimizer). A node that fails or
+  times out is left out, and left out of the next rounds (it costs one round timeout): the
+  round's mean is over the replies received, if there are at least ``min_replies``. After
+  ``max_failed_rounds`` consecutive rounds short of it the run stops with ``RoundsFailed`` (a
+  federation that cannot train must not end as if it had).
+
+``start`` is Flower's round loop, plus checkpoints every ``checkpoints.every`` rounds and a
+resume from the newest (flower/checkpoints.py).
 
 Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 """
@@ -26,22 +36,23 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-from fedsub.data.federated import ClientSizes
-from fedsub.data.ragged import Ragged
+from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
+from fedsub.flower.checkpoints import FlowerCheckpoints
+from fedsub.flower.membership import Membership, query_nodes
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
+from fedsub.stateful import Stateful
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -59,12 +70,6 @@ class RoundsFailed(FedsubError):
         self.reason = reason
 
 
-def _ragged(parts: list[np.ndarray]) -> Ragged:
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
-    return Ragged(np.concatenate(parts).astype(np.int64), offsets)
-
-
 class SubmodelStrategy(Strategy):
     """Sends nodes their submodels and aggregates row deltas with a fedsub algorithm."""
 
@@ -80,6 +85,11 @@ class SubmodelStrategy(Strategy):
         max_failed_rounds: int = 3,
         max_update_norm: float = 0.0,
         payload: Payload = "submodel",
+        min_nodes: int = 1,
+        node_wait: float = 600.0,
+        query_timeout: float = 600.0,
+        heat_refresh_every: int = 1,
+        checkpoints: FlowerCheckpoints | None = None,
         on_progress: Callable[[dict], None] | None = None,
     ) -> None:
         self.params = params
@@ -92,88 +102,173 @@ class SubmodelStrategy(Strategy):
         self._failed_in_a_row = 0
         self.max_update_norm = max_update_norm
         self.payload = payload
+        self.min_nodes = min_nodes
+        self.node_wait = node_wait
+        self.query_timeout = query_timeout
+        self.heat_refresh_every = heat_refresh_every
+        self.checkpoints = checkpoints
         self.on_progress = on_progress  # called when a round is sent out and when it is done
         self.rounds: list[dict] = []  # one record per round: replies, bytes, left out
-        self._node_of: dict[int, int] = {}
+        self.evaluations: dict[int, dict[str, float]] = {}  # kept in checkpoints
+        self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
+        self._joined = False
         self._index: SubmodelIndex | None = None
-        self._counts = np.zeros(0, dtype=np.int64)
         self._round: ServerRound | None = None
         self._plan: RoundPlan | None = None
+        self._sent_to: dict[int, int] = {}  # node id -> cohort position, this round
         self._sent = 0
+        self._available = 0  # clients that could be sampled this round
 
-    # --- the query round -------------------------------------------------------------------
-    def discover(self, grid: Grid, num_clients: int, timeout: float) -> None:
-        """Learn every node's partition, sample count and S(k); build the algorithm."""
-        deadline = time.monotonic() + timeout
-        while len(nodes := sorted(grid.get_node_ids())) < num_clients:
+    # --- membership ----------------------------------------------------------------------
+    def _wait_for_nodes(self, grid: Grid) -> set[int]:
+        """The online nodes, once ``min_nodes`` are (or ``node_wait`` seconds have passed)."""
+        deadline = time.monotonic() + self.node_wait
+        while len(online := set(grid.get_node_ids())) < self.min_nodes:
             if time.monotonic() > deadline:
-                raise FedsubError(
-                    f"Flower: {len(nodes)} of {num_clients} nodes connected after {timeout:g} s"
-                )
+                break
             time.sleep(0.5)
-        query = [
-            Message(RecordDict({"query": ConfigRecord({"what": "index"})}), n, MessageType.QUERY)
-            for n in nodes
-        ]
-        reports: dict[int, tuple[int, int, dict[str, np.ndarray]]] = {}
-        for reply in grid.send_and_receive(query, timeout=timeout):
-            if reply.has_error():
-                LOG.warning("query: node %d failed: %s", reply.metadata.src_node_id, reply.error)
-                continue
-            metrics = record_of(reply.content, "metrics", MetricRecord)
-            client = int(number_of(metrics, "partition-id"))
-            index = record_of(reply.content, "index", ArrayRecord)
-            rows = {k[len("rows.") :]: v.numpy() for k, v in index.to_torch_state_dict().items()}
-            examples = int(number_of(metrics, "num-examples"))
-            reports[client] = (reply.metadata.src_node_id, examples, rows)
-        missing = sorted(set(range(num_clients)) - set(reports))
-        if missing:
-            raise FedsubError(
-                f"Flower: no index report from partition(s) {missing[:10]} of {num_clients}; "
-                "every partition must answer the query round"
-            )
-        self._node_of = {k: reports[k][0] for k in range(num_clients)}
-        self._counts = np.array([reports[k][1] for k in range(num_clients)], dtype=np.int64)
-        tables = {t: self.params.tables[t].shape[0] for t in self.params.tables}
-        self._index = SubmodelIndex(
-            {t: _ragged([reports[k][2][t] for k in range(num_clients)]) for t in tables}, {}
-        )
-        context = AlgorithmContext(
-            ClientSizes(tables, self._counts),
-            self._index,
-            self.heat,
-            self.schedule.clients_per_round,
-        )
-        self.algorithm = build_algorithm(self.algorithm_name, context, self.options)
-        self.server = self.algorithm.make_server(self.params)
+        return online
+
+    def _update_membership(self, grid: Grid, server_round: int) -> set[int]:
+        """Register the nodes that came online since the last round (new clients and
+        replacements), rebuild the heat coefficients when due; the online nodes."""
+        online = self._wait_for_nodes(grid) if not self._joined else set(grid.get_node_ids())
+        self.membership.forget_offline(online)
+        new = sorted(online - self.membership.known_nodes())
+        if new:
+            answered = set()
+            for registration in query_nodes(grid, new, self.query_timeout):
+                self.membership.register(registration)
+                answered.add(registration.node)
+            for node in set(new) - answered:
+                self.membership.drop(node)
+        if not self._joined:
+            self._joined = True
+            if len(self.membership.registered) < self.min_nodes:
+                raise FedsubError(
+                    f"Flower: {len(self.membership.registered)} node(s) registered (of "
+                    f"{len(online)} online) within node-wait = {self.node_wait:g} s; "
+                    f"min-nodes = {self.min_nodes}"
+                )
+        refresh_due = (server_round - 1) % self.heat_refresh_every == 0
+        if self._round is None or (self.membership.stale() and refresh_due):
+            self.membership.refresh()
+            self._build()
+        return online
+
+    def _build(self) -> None:
+        """The algorithm over the counted population (heat n_m, N, sample counts); a server
+        optimizer already running keeps its state."""
+        sizes = self.membership.sizes()
+        self._index = self.membership.index()
+        context = AlgorithmContext(sizes, self._index, self.heat, self.schedule.clients_per_round)
+        algorithm = build_algorithm(self.algorithm_name, context, self.options)
+        server = algorithm.make_server(self.params)
+        if self._round is not None:
+            server.load_state_tensors(self._round.server.state_tensors())
         self._round = ServerRound(
-            self.algorithm,
+            algorithm,
             self.schedule,
-            self._counts,
+            sizes.counts,
             self.params,
-            self.server,
-            lambda update: aggregate(update, self.algorithm.aggregation),
+            server,
+            lambda update: aggregate(update, algorithm.aggregation),
             max_update_norm=self.max_update_norm,
             on_reject=self._log_rejection,
         )
 
-    @staticmethod
-    def _log_rejection(rejection: Rejection) -> None:
+    def stages(self) -> dict[str, Stateful]:
+        """What a checkpoint saves: every stage of the server round and the population."""
+        assert self._round is not None
+        return {**self._round.stages(), "population": self.membership}
+
+    # --- the run -----------------------------------------------------------------------
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's round loop (Strategy.start), continuing a checkpoint when asked to and
+        saving one every ``checkpoints.every`` rounds. Nodes register in ``configure_train``,
+        so a strategy wrapper running Flower's own loop on this strategy needs nothing else."""
+        self.summary()
+        train_config = train_config or ConfigRecord()
+        evaluate_config = evaluate_config or ConfigRecord()
+        result = Result()
+        first = 1
+        if self.checkpoints is not None and self.checkpoints.resume:
+            first = self._resume(self.checkpoints) + 1
+        elif evaluate_fn is not None and (metrics := evaluate_fn(0, initial_arrays)):
+            result.evaluate_metrics_serverapp[0] = metrics
+        for r in range(first, num_rounds + 1):
+            messages = self.configure_train(r, initial_arrays, train_config, grid)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            _, metrics = self.aggregate_train(r, replies)
+            if metrics is not None:
+                result.train_metrics_clientapp[r] = metrics
+            messages = self.configure_evaluate(r, initial_arrays, evaluate_config, grid)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            if (metrics := self.aggregate_evaluate(r, replies)) is not None:
+                result.evaluate_metrics_clientapp[r] = metrics
+            if evaluate_fn is not None and (metrics := evaluate_fn(r, initial_arrays)):
+                result.evaluate_metrics_serverapp[r] = metrics
+            if self.checkpoints is not None and self.checkpoints.due(r, num_rounds):
+                path = self.checkpoints.save(r, self.stages(), self._history())
+                LOG.info("round %d: checkpoint %s", r, path)
+        result.arrays = ArrayRecord(self.params.state_dict())
+        return result
+
+    def _history(self) -> list[dict]:
+        evaluations = [{"evaluation": r, "metrics": m} for r, m in sorted(self.evaluations.items())]
+        return [*evaluations, *({"record": record} for record in self.rounds)]
+
+    def _resume(self, checkpoints: FlowerCheckpoints) -> int:
+        """Restore the population, every stage and the records of the newest checkpoint;
+        its round."""
+        saved = checkpoints.latest()
+        self.membership.load_state_tensors(saved.stages["population"])
+        self._build()
+        checkpoint_lib.restore(self.stages(), saved)
+        self.rounds = [e["record"] for e in saved.history if "record" in e]
+        self.evaluations = {
+            int(e["evaluation"]): dict(e["metrics"]) for e in saved.history if "evaluation" in e
+        }
+        self._failed_in_a_row = 0
+        for record in reversed(self.rounds):  # the failed rounds in a row at the end
+            if "failed" not in record:
+                break
+            self._failed_in_a_row += 1
+        LOG.info("resuming after round %d from %s", saved.round, saved.path)
+        return saved.round
+
+    def _log_rejection(self, rejection: Rejection) -> None:
         LOG.warning(
-            "round %d: rejected client %d: %s", rejection.round, rejection.client, rejection.reason
+            "round %d: rejected partition %d: %s",
+            rejection.round,
+            self.membership.counted[rejection.client],
+            rejection.reason,
         )
 
     # --- training ---------------------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if self._index is None or self._round is None:
-            raise FedsubError("SubmodelStrategy: call discover() before training")
-        self._plan = self._round.begin(server_round)
+        online = self._update_membership(grid, server_round)
+        assert self._round is not None and self._index is not None
+        available = self.membership.available(online)
+        self._plan = self._round.begin(server_round, among=available)
         cohort, work = self._plan.cohort, self._plan.work
+        partitions = [self.membership.counted[j] for j in cohort.clients.tolist()]
+        nodes = [self.membership.node_of(k) for k in partitions]
+        self._sent_to = {node: j for j, node in zip(cohort.clients.tolist(), nodes, strict=True)}
         self._sent = 0
         if self.on_progress is not None:
-            self.on_progress({"round": server_round, "sent_to": cohort.clients.tolist()})
+            self.on_progress({"round": server_round, "sent_to": partitions, "nodes": nodes})
         messages, full = [], None
         chain = json.dumps(work.chain.describe())  # the ClientApp rebuilds it by name
         for member, client in enumerate(cohort.clients.tolist()):
@@ -190,33 +285,34 @@ class SubmodelStrategy(Strategy):
             self._sent += arrays.count_bytes()
             record = RecordDict({"submodel": arrays, "config": settings})
             messages.append(
-                Message(
-                    record, self._node_of[client], MessageType.TRAIN, group_id=str(server_round)
-                )
+                Message(record, nodes[member], MessageType.TRAIN, group_id=str(server_round))
             )
+        self._available = len(available)
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         assert self._plan is not None and self._round is not None and self._index is not None
-        cohort = self._plan.cohort
-        position = {int(k): j for j, k in enumerate(cohort.clients)}
+        cohort, counted = self._plan.cohort, self.membership.counted
+        position = {int(j): m for m, j in enumerate(cohort.clients)}
         updates: dict[int, ClientUpdate] = {}
         received = 0
         for reply in replies:
+            node = reply.metadata.src_node_id
             if reply.has_error():
-                LOG.warning(
-                    "round %d: node %d failed: %s",
-                    server_round,
-                    reply.metadata.src_node_id,
-                    reply.error.reason,
-                )
+                LOG.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
                 continue
             metrics = record_of(reply.content, "metrics", MetricRecord)
-            client = int(number_of(metrics, "partition-id"))
-            if client not in position or self._node_of.get(client) != reply.metadata.src_node_id:
-                LOG.warning("round %d: unexpected reply for partition %d", server_round, client)
+            client = self._sent_to.get(node)
+            partition = int(number_of(metrics, "partition-id"))
+            if client is None or counted[client] != partition:
+                LOG.warning(
+                    "round %d: unexpected reply from node %d (partition %d)",
+                    server_round,
+                    node,
+                    partition,
+                )
                 continue
             deltas_in = record_of(reply.content, "deltas", ArrayRecord)
             received += deltas_in.count_bytes()
@@ -229,17 +325,23 @@ class SubmodelStrategy(Strategy):
                 )
             weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
-        left_out = sorted(set(position) - set(updates))
-        for client in left_out:  # name the node and its partition: the operator's next step
+        missing = sorted(set(position) - set(updates))
+        left_out = [counted[j] for j in missing]
+        for j in missing:  # name the node and its partition: the operator's next step
+            node = self.membership.node_of(counted[j])
             LOG.warning(
-                "round %d: no update from node %d (partition %d)",
+                "round %d: no update from node %d (partition %d): left out of the next rounds",
                 server_round,
-                self._node_of[client],
-                client,
+                node,
+                counted[j],
             )
+            self.membership.drop(node)
         record: dict[str, object] = {
             "round": server_round,
+            "available": self._available,
             "sampled": len(position),
+            "clients": [counted[j] for j in cohort.clients.tolist()],
+            "nodes": [self.membership.node_of(counted[j]) for j in cohort.clients.tolist()],
             "replies": len(updates),
             "left_out": left_out,
             "bytes_sent": self._sent,
@@ -253,7 +355,8 @@ class SubmodelStrategy(Strategy):
             self._failed_in_a_row += 1
             reason = (
                 f"{len(updates)} of {len(position)} sampled nodes replied, fewer than "
-                f"min-replies = {self.min_replies} (missing partitions {left_out[:10]}); "
+                f"min-replies = {self.min_replies} (missing partitions {left_out[:10]}; "
+                f"{self._available} client(s) available); "
                 f"{self._failed_in_a_row} such round(s) in a row, "
                 f"max-failed-rounds = {self.max_failed_rounds}"
             )
