@@ -123,7 +123,6 @@ def test_flower_strategy_raises_diverged_naming_the_round_and_records_it(monkeyp
         params, "fedavg", None, "samples", Schedule(5, 3, 1, 1, 0.1, seed=0)
     )
     grid = OneRowGrid()
-    strategy.discover(grid, CLIENTS, timeout=1.0)
     sent = list(strategy.configure_train(2, ArrayRecord(), ConfigRecord(), grid))
     replies = [
         Message(
