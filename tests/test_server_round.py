@@ -88,6 +88,13 @@ class OneRowGrid:
     def get_node_ids(self) -> list[int]:
         return [100 + k for k in range(CLIENTS)]
 
+    def push_messages(self, messages) -> list:
+        self.queued = list(messages)
+        return list(range(len(self.queued)))
+
+    def pull_messages(self, ids) -> list:
+        return self.send_and_receive([self.queued[i] for i in ids])
+
     def send_and_receive(self, messages, timeout=None):
         from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 

@@ -181,7 +181,6 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             payload=settings.payload,
             min_nodes=settings.min_nodes or fed.dataset.num_clients,
             node_wait=settings.node_wait,
-            query_timeout=settings.round_timeout,
             heat_refresh_every=settings.heat_refresh_every,
             checkpoints=checkpoints,
             on_progress=progress,

@@ -50,34 +50,53 @@ class Registration:
         )
 
 
-def query_nodes(grid: Grid, nodes: list[int], timeout: float) -> list[Registration]:
-    """Ask ``nodes`` for their registration; a node that fails or does not answer within
-    ``timeout`` seconds is logged and left out."""
-    query = [
-        Message(RecordDict({"query": ConfigRecord({"what": "index"})}), n, MessageType.QUERY)
-        for n in nodes
-    ]
-    answers = []
-    for reply in grid.send_and_receive(query, timeout=timeout):
-        node = reply.metadata.src_node_id
-        if reply.has_error():
-            LOG.warning("query: node %d failed: %s", node, reply.error.reason)
-            continue
-        metrics = record_of(reply.content, "metrics", MetricRecord)
-        index = record_of(reply.content, "index", ArrayRecord)
-        rows = {
-            k[len("rows.") :]: v.numpy().astype(np.int64)
-            for k, v in index.to_torch_state_dict().items()
-        }
-        answers.append(
-            Registration(
-                int(number_of(metrics, "partition-id")),
-                node,
-                int(number_of(metrics, "num-examples")),
-                rows,
-            )
-        )
-    return answers
+class Registrar:
+    """Registration queries in flight: sent to a node when it comes online, collected whenever
+    its answer has arrived, so a node that is slow to start (or dies before answering) never
+    holds a round up."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, str] = {}  # node id -> the query's message id
+
+    def ask(self, grid: Grid, nodes: list[int]) -> None:
+        query = [
+            Message(RecordDict({"query": ConfigRecord({"what": "index"})}), n, MessageType.QUERY)
+            for n in nodes
+        ]
+        sent = list(grid.push_messages(query))
+        self.pending.update(zip(nodes, sent, strict=True))
+
+    def collect(self, grid: Grid) -> tuple[list[Registration], list[int]]:
+        """The registrations that arrived, and the nodes whose query failed."""
+        if not self.pending:
+            return [], []
+        answers, failed = [], []
+        for reply in grid.pull_messages(list(self.pending.values())):
+            node = reply.metadata.src_node_id
+            self.pending.pop(node, None)
+            if reply.has_error():
+                LOG.warning("query: node %d failed: %s", node, reply.error.reason)
+                failed.append(node)
+                continue
+            answers.append(registration_of(reply))
+        return answers, failed
+
+
+def registration_of(reply: Message) -> Registration:
+    """A node's answer to the query: ``metrics`` partition-id / num-examples, ``index``
+    rows.<table>."""
+    metrics = record_of(reply.content, "metrics", MetricRecord)
+    index = record_of(reply.content, "index", ArrayRecord)
+    rows = {
+        k[len("rows.") :]: v.numpy().astype(np.int64)
+        for k, v in index.to_torch_state_dict().items()
+    }
+    return Registration(
+        int(number_of(metrics, "partition-id")),
+        reply.metadata.src_node_id,
+        int(number_of(metrics, "num-examples")),
+        rows,
+    )
 
 
 def _ragged(parts: list[np.ndarray]) -> Ragged:

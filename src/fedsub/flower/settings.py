@@ -9,8 +9,7 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``min-replies``: fewest replies with which a round still updates the model (default 1);
 - ``max-failed-rounds``: consecutive rounds short of ``min-replies`` after which the run stops
   with an error (default 3);
-- ``round-timeout``: seconds to wait for a round's replies and for new nodes' registration
-  (default 600);
+- ``round-timeout``: seconds to wait for a round's replies (default 600);
 - ``min-nodes``: nodes that must register before round 1 (0, the default: one per client of
   the config's dataset, i.e. everyone, so the run is the in-process engine's);
 - ``node-wait``: seconds round 1 waits for ``min-nodes`` nodes to connect (default 600);

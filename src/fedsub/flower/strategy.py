@@ -49,7 +49,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import FlowerCheckpoints
-from fedsub.flower.membership import Membership, query_nodes
+from fedsub.flower.membership import Membership, Registrar
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
 from fedsub.stateful import Stateful
@@ -87,7 +87,6 @@ class SubmodelStrategy(Strategy):
         payload: Payload = "submodel",
         min_nodes: int = 1,
         node_wait: float = 600.0,
-        query_timeout: float = 600.0,
         heat_refresh_every: int = 1,
         checkpoints: FlowerCheckpoints | None = None,
         on_progress: Callable[[dict], None] | None = None,
@@ -104,14 +103,14 @@ class SubmodelStrategy(Strategy):
         self.payload = payload
         self.min_nodes = min_nodes
         self.node_wait = node_wait
-        self.query_timeout = query_timeout
         self.heat_refresh_every = heat_refresh_every
         self.checkpoints = checkpoints
         self.on_progress = on_progress  # called when a round is sent out and when it is done
         self.rounds: list[dict] = []  # one record per round: replies, bytes, left out
         self.evaluations: dict[int, dict[str, float]] = {}  # kept in checkpoints
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
-        self._joined = False
+        self._registrar = Registrar()
+        self._joined = False  # min_nodes registered once
         self._index: SubmodelIndex | None = None
         self._round: ServerRound | None = None
         self._plan: RoundPlan | None = None
@@ -120,36 +119,33 @@ class SubmodelStrategy(Strategy):
         self._available = 0  # clients that could be sampled this round
 
     # --- membership ----------------------------------------------------------------------
-    def _wait_for_nodes(self, grid: Grid) -> set[int]:
-        """The online nodes, once ``min_nodes`` are (or ``node_wait`` seconds have passed)."""
-        deadline = time.monotonic() + self.node_wait
-        while len(online := set(grid.get_node_ids())) < self.min_nodes:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        return online
-
     def _update_membership(self, grid: Grid, server_round: int) -> set[int]:
-        """Register the nodes that came online since the last round (new clients and
-        replacements), rebuild the heat coefficients when due; the online nodes."""
-        online = self._wait_for_nodes(grid) if not self._joined else set(grid.get_node_ids())
-        self.membership.forget_offline(online)
-        new = sorted(online - self.membership.known_nodes())
-        if new:
-            answered = set()
-            for registration in query_nodes(grid, new, self.query_timeout):
+        """Ask the nodes that came online since the last round to register (new clients and
+        replacements), take the answers that arrived (round 1 waits up to ``node_wait``
+        seconds for ``min_nodes`` of them), rebuild the heat coefficients when due; the nodes
+        online."""
+        deadline = time.monotonic() + self.node_wait
+        while True:
+            online = set(grid.get_node_ids())
+            self.membership.forget_offline(online)
+            asked = self.membership.known_nodes() | set(self._registrar.pending)
+            if new := sorted(online - asked):
+                self._registrar.ask(grid, new)
+            answers, failed = self._registrar.collect(grid)
+            for registration in answers:
                 self.membership.register(registration)
-                answered.add(registration.node)
-            for node in set(new) - answered:
+            for node in failed:
                 self.membership.drop(node)
-        if not self._joined:
-            self._joined = True
-            if len(self.membership.registered) < self.min_nodes:
+            if self._joined or len(self.membership.registered) >= self.min_nodes:
+                break
+            if time.monotonic() > deadline:
                 raise FedsubError(
                     f"Flower: {len(self.membership.registered)} node(s) registered (of "
                     f"{len(online)} online) within node-wait = {self.node_wait:g} s; "
                     f"min-nodes = {self.min_nodes}"
                 )
+            time.sleep(0.5)
+        self._joined = True
         refresh_due = (server_round - 1) % self.heat_refresh_every == 0
         if self._round is None or (self.membership.stale() and refresh_due):
             self.membership.refresh()
