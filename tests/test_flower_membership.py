@@ -158,7 +158,7 @@ def run(tmp_path, grid: StandInGrid, resume: bool = False) -> SubmodelStrategy:
 
 
 def test_a_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_model(tmp_path):
-    nodes = {100: 0, 101: 1, 102: 2, 103: 3}
+    nodes = {100: 0, 101: 1, 102: 2, 2**64 - 7: 3}  # Flower's node ids are unsigned 64-bit
     whole = run(tmp_path / "whole", StandInGrid(dict(nodes)))
     assert float(whole.params.tables["w"].abs().sum()) > 0
     with pytest.raises(RuntimeError, match="crashed"):
@@ -168,6 +168,7 @@ def test_a_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_mode
     torch.testing.assert_close(resumed.params.tables["w"], whole.params.tables["w"], rtol=0, atol=0)
     assert [r["round"] for r in resumed.rounds] == [1, 2, 3, 4, 5]
     assert resumed.membership.counted == [0, 1, 2, 3]
+    assert resumed.membership.node_of(3) == 2**64 - 7
 
 
 def test_resume_refuses_another_configurations_checkpoint_and_a_missing_one(tmp_path):

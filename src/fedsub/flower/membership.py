@@ -106,6 +106,15 @@ def _ragged(parts: list[np.ndarray]) -> Ragged:
     return Ragged(values.astype(np.int64), offsets)
 
 
+def _signed(nodes: list[int]) -> torch.Tensor:
+    """Flower's node ids are unsigned 64-bit: stored as int64 with the same bits."""
+    return torch.from_numpy(np.array(nodes, dtype=np.uint64).view(np.int64))
+
+
+def _unsigned(tensor: torch.Tensor) -> list[int]:
+    return [int(n) for n in tensor.numpy().view(np.uint64)]
+
+
 class Membership:
     """The registered clients by partition, their nodes, and the nodes dropped this run."""
 
@@ -180,10 +189,10 @@ class Membership:
         regs = [self.registered[k] for k in partitions]
         tensors = {
             "partitions": torch.tensor(partitions, dtype=torch.int64),
-            "nodes": torch.tensor([r.node for r in regs], dtype=torch.int64),
+            "nodes": _signed([r.node for r in regs]),
             "examples": torch.tensor([r.examples for r in regs], dtype=torch.int64),
             "counted": torch.tensor(self.counted, dtype=torch.int64),
-            "dropped": torch.tensor(sorted(self.dropped), dtype=torch.int64),
+            "dropped": _signed(sorted(self.dropped)),
         }
         for t in self.tables:
             rows = _ragged([r.rows[t] for r in regs])
@@ -196,7 +205,7 @@ class Membership:
         if missing:
             raise ValueError(f"the population has no rows of table(s) {', '.join(missing)}")
         partitions = tensors["partitions"].tolist()
-        nodes, examples = tensors["nodes"].tolist(), tensors["examples"].tolist()
+        nodes, examples = _unsigned(tensors["nodes"]), tensors["examples"].tolist()
         registered = {}
         for j, k in enumerate(partitions):
             rows = {}
@@ -206,4 +215,4 @@ class Membership:
             registered[k] = Registration(k, nodes[j], examples[j], rows)
         self.registered = registered
         self.counted = tensors["counted"].tolist()
-        self.dropped = set(tensors["dropped"].tolist())
+        self.dropped = set(_unsigned(tensors["dropped"]))
