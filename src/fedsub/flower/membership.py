@@ -125,9 +125,6 @@ class Membership:
         self.dropped: set[int] = set()  # node ids that failed a round: not sampled again
 
     # --- registration ------------------------------------------------------------------------
-    def known_nodes(self) -> set[int]:
-        return {r.node for r in self.registered.values()} | self.dropped
-
     def register(self, registration: Registration) -> None:
         """Add a node's registration; a known partition is taken over by the new node, and
         waits for the next refresh only when its data differ from those counted."""

@@ -111,6 +111,9 @@ class SubmodelStrategy(Strategy):
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
         self._registrar = Registrar()
         self._joined = False  # min_nodes registered once
+        # nodes that answered this ServerApp's query: a resumed run asks again, which also
+        # waits (node-wait) for the nodes' ClientApps to start serving the new Flower run
+        self._answered: set[int] = set()
         self._index: SubmodelIndex | None = None
         self._round: ServerRound | None = None
         self._plan: RoundPlan | None = None
@@ -128,19 +131,20 @@ class SubmodelStrategy(Strategy):
         while True:
             online = set(grid.get_node_ids())
             self.membership.forget_offline(online)
-            asked = self.membership.known_nodes() | set(self._registrar.pending)
+            asked = self._answered | self.membership.dropped | set(self._registrar.pending)
             if new := sorted(online - asked):
                 self._registrar.ask(grid, new)
             answers, failed = self._registrar.collect(grid)
             for registration in answers:
                 self.membership.register(registration)
+                self._answered.add(registration.node)
             for node in failed:
                 self.membership.drop(node)
-            if self._joined or len(self.membership.registered) >= self.min_nodes:
+            if self._joined or len(self._answered) >= self.min_nodes:
                 break
             if time.monotonic() > deadline:
                 raise FedsubError(
-                    f"Flower: {len(self.membership.registered)} node(s) registered (of "
+                    f"Flower: {len(self._answered)} node(s) registered (of "
                     f"{len(online)} online) within node-wait = {self.node_wait:g} s; "
                     f"min-nodes = {self.min_nodes}"
                 )
