@@ -283,7 +283,7 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_p
         nodes = start_insecure_federation(processes, tmp_path, link, node_ports)
         overrides = "data.num_users=2; train.rounds=5; train.clients_per_round=2"
         run_config = (
-            f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=10.0 '
+            f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=20.0 '
             "min-replies=2 max-failed-rounds=2"
         )
         submit_example(env, run_config)
