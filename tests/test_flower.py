@@ -199,7 +199,7 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     goes on without it (one round timeout), and a later round samples the replacement."""
     out = tmp_path / "out"
     overrides = "data.num_users=3; train.rounds=5; train.clients_per_round=3"
-    run_config = f'set="{overrides}" out-dir="{out}" train-delay=2.0 round-timeout=20.0'
+    run_config = f'set="{overrides}" out-dir="{out}" train-delay=2.0 round-timeout=30.0'
 
     submit_example(three_nodes.env, run_config)
     wait_for(

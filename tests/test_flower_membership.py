@@ -84,9 +84,9 @@ class StandInGrid:
             return Message(RecordDict({"index": index, "metrics": metrics}), reply_to=m)
         if int(record_of(m.content, "config", ConfigRecord)["round"]) == self.fail_on_round:
             raise RuntimeError("the ServerApp crashed")
-        _, submodel = read_submodel(record_of(m.content, "submodel", ArrayRecord))
+        _, submodel = read_submodel(record_of(m.content, "arrays", ArrayRecord))
         delta = 0.1 * (k - submodel.tables["w"])
-        content = RecordDict({"deltas": deltas_record({"w": delta}, {}), "metrics": metrics})
+        content = RecordDict({"arrays": deltas_record({"w": delta}, {}), "metrics": metrics})
         return Message(content, reply_to=m)
 
 
@@ -179,3 +179,15 @@ def test_resume_refuses_another_configurations_checkpoint_and_a_missing_one(tmp_
     nothing = FlowerCheckpoints(tmp_path / "none", 1, True, config_stamp("a"))
     with pytest.raises(FedsubError, match="holds no checkpoint"):
         nothing.latest()
+
+
+def test_a_node_that_missed_a_round_is_sampled_again_once_it_answers():
+    grid = StandInGrid({100: 0, 101: 1, 102: 2})
+    s = strategy()
+    train_round(s, grid, 1)
+    grid.silent.add(101)  # slow: misses round 2, and the question sent after it
+    train_round(s, grid, 2)
+    assert train_round(s, grid, 3) == [100, 102]
+    grid.silent.discard(101)  # its answer to that question arrives
+    assert train_round(s, grid, 4) == [100, 101, 102]
+    assert s.rounds[-1]["replies"] == 3

@@ -135,7 +135,7 @@ def test_flower_strategy_raises_diverged_naming_the_round_and_records_it(monkeyp
         Message(
             RecordDict(
                 {
-                    "deltas": deltas_record({"w": torch.full((1, 1), BIG)}, {}),
+                    "arrays": deltas_record({"w": torch.full((1, 1), BIG)}, {}),
                     "metrics": MetricRecord(
                         {"partition-id": m.metadata.dst_node_id - 100, "num-examples": 1}
                     ),

@@ -106,7 +106,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         settings = _settings(fixed, context)
         fed = federation(settings)
         k = _partition(context, fed)
-        rows, received = read_submodel(record_of(message.content, "submodel", ArrayRecord))
+        rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
         own = {t: torch.from_numpy(fed.index.client_rows(t, k)) for t in fed.dataset.table_rows}
         full = not rows
         if full:  # the whole model came: take S(k) locally
@@ -139,7 +139,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             time.sleep(settings.train_delay)
         metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         content = RecordDict(
-            {"deltas": deltas_record(table_deltas, update.dense_deltas), "metrics": metrics}
+            {"arrays": deltas_record(table_deltas, update.dense_deltas), "metrics": metrics}
         )
         return Message(content, reply_to=message)
 

@@ -133,12 +133,13 @@ class Membership:
         if before is not None and before.node != registration.node:
             LOG.info("partition %d: node %d replaces node %d", k, registration.node, before.node)
         self.registered[k] = registration
+        self.dropped.discard(registration.node)  # it answered: alive again
         if before is not None and k in self.counted and not before.same_data(registration):
             self.counted.remove(k)  # its heat changed: counted again at the next refresh
 
     def drop(self, node: int) -> None:
-        """A node that did not answer: leave it out of the next rounds (a restarted SuperNode
-        registers again under a new node id)."""
+        """A node that did not answer: leave it out of the next rounds, until it answers a
+        registration query again (a restarted SuperNode registers under a new node id)."""
         self.dropped.add(node)
 
     def forget_offline(self, online: set[int]) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 
@@ -40,6 +41,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
+from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
 
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
@@ -68,6 +71,26 @@ class RoundsFailed(FedsubError):
         super().__init__(f"round {round_index}: {reason}")
         self.round = round_index
         self.reason = reason
+
+
+# Flower's wrappers whose semantics are defined on whole-model arrays (they clip each reply
+# against the global model and add noise to the aggregated arrays the strategy returns)
+WHOLE_MODEL_WRAPPERS = (DifferentialPrivacyFixedClippingBase, DifferentialPrivacyAdaptiveBase)
+
+
+def _refuse_whole_model_wrapper(caller: object) -> None:
+    """Refuse to run under a wrapper that would silently not do what it says: a node's reply
+    holds the row deltas of its own submodel, and the model is updated in place (no
+    aggregated arrays are returned), so the DP wrappers' clipping would compare unrelated
+    arrays and their noise would never be added."""
+    if isinstance(caller, WHOLE_MODEL_WRAPPERS):
+        raise FedsubError(
+            f"Flower: {type(caller).__name__} cannot wrap SubmodelStrategy: its clipping and "
+            "noise are defined on whole-model arrays, while each reply holds the row deltas "
+            "of a node's own submodel and the strategy returns no aggregated arrays (the noise "
+            "would never be added). Clip client updates with train.clip_norm and keep heat "
+            "private with train.heat_source (fedsub.privacy) instead"
+        )
 
 
 class SubmodelStrategy(Strategy):
@@ -114,6 +137,7 @@ class SubmodelStrategy(Strategy):
         # nodes that answered this ServerApp's query: a resumed run asks again, which also
         # waits (node-wait) for the nodes' ClientApps to start serving the new Flower run
         self._answered: set[int] = set()
+        self._to_probe: set[int] = set()  # nodes that missed a round, to be asked again
         self._index: SubmodelIndex | None = None
         self._round: ServerRound | None = None
         self._plan: RoundPlan | None = None
@@ -132,11 +156,13 @@ class SubmodelStrategy(Strategy):
             online = set(grid.get_node_ids())
             self.membership.forget_offline(online)
             asked = self._answered | self.membership.dropped | set(self._registrar.pending)
-            if new := sorted(online - asked):
+            probe = sorted(self._to_probe - set(self._registrar.pending))
+            if new := sorted(online - asked) + probe:
                 self._registrar.ask(grid, new)
+            self._to_probe.clear()
             answers, failed = self._registrar.collect(grid)
             for registration in answers:
-                self.membership.register(registration)
+                self.membership.register(registration)  # also readmits a dropped node
                 self._answered.add(registration.node)
             for node in failed:
                 self.membership.drop(node)
@@ -258,6 +284,7 @@ class SubmodelStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        _refuse_whole_model_wrapper(sys._getframe(1).f_locals.get("self"))
         online = self._update_membership(grid, server_round)
         assert self._round is not None and self._index is not None
         available = self.membership.available(online)
@@ -283,7 +310,7 @@ class SubmodelStrategy(Strategy):
                 {"round": server_round, "lr": float(work.lr[member]), "chain": chain}
             )
             self._sent += arrays.count_bytes()
-            record = RecordDict({"submodel": arrays, "config": settings})
+            record = RecordDict({"arrays": arrays, "config": settings})
             messages.append(
                 Message(record, nodes[member], MessageType.TRAIN, group_id=str(server_round))
             )
@@ -314,7 +341,7 @@ class SubmodelStrategy(Strategy):
                     partition,
                 )
                 continue
-            deltas_in = record_of(reply.content, "deltas", ArrayRecord)
+            deltas_in = record_of(reply.content, "arrays", ArrayRecord)
             received += deltas_in.count_bytes()
             deltas = read_deltas(deltas_in)
             rows = {t: torch.from_numpy(self._index.client_rows(t, client)) for t in deltas.tables}
@@ -330,12 +357,13 @@ class SubmodelStrategy(Strategy):
         for j in missing:  # name the node and its partition: the operator's next step
             node = self.membership.node_of(counted[j])
             LOG.warning(
-                "round %d: no update from node %d (partition %d): left out of the next rounds",
+                "round %d: no update from node %d (partition %d): left out until it answers",
                 server_round,
                 node,
                 counted[j],
             )
             self.membership.drop(node)
+            self._to_probe.add(node)  # asked to register again: a slow node comes back
         record: dict[str, object] = {
             "round": server_round,
             "available": self._available,
