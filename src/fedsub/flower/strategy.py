@@ -18,13 +18,16 @@ a client is sampled only once the coefficients count it. Then each round:
 - ``aggregate_train``: the replies' row deltas go through the in-process engine's server round
   (engine/server_round.py: screening, aggregator with heat coefficients over the registered
   clients, finiteness checks raising ``Diverged``, server optimizer). A node that fails or
-  times out is left out, and left out of the next rounds (it costs one round timeout): the
-  round's mean is over the replies received, if there are at least ``min_replies``. After
-  ``max_failed_rounds`` consecutive rounds short of it the run stops with ``RoundsFailed`` (a
-  federation that cannot train must not end as if it had).
+  times out is left out, and left out of the next rounds until it answers a registration
+  question sent right after (a dead node costs one round timeout): the round's mean is over
+  the replies received, if there are at least ``min_replies``. After ``max_failed_rounds``
+  consecutive rounds short of it the run stops with ``RoundsFailed`` (a federation that
+  cannot train must not end as if it had).
 
 ``start`` is Flower's round loop, plus checkpoints every ``checkpoints.every`` rounds and a
-resume from the newest (flower/checkpoints.py).
+resume from the newest (flower/checkpoints.py). Messages follow Flower's conventions
+(``arrays`` + ``config`` out, ``arrays`` + ``metrics`` with ``num-examples`` back); Flower's
+DP wrappers are refused (their whole-model clipping and noise do not apply to row deltas).
 
 Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 """
