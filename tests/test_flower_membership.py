@@ -191,3 +191,31 @@ def test_a_node_that_missed_a_round_is_sampled_again_once_it_answers():
     grid.silent.discard(101)  # its answer to that question arrives
     assert train_round(s, grid, 4) == [100, 101, 102]
     assert s.rounds[-1]["replies"] == 3
+
+
+def test_settings_of_membership_and_checkpoints_are_read_and_checked():
+    from fedsub.errors import ConfigError
+    from fedsub.flower.settings import FlowerSettings
+
+    settings = FlowerSettings.from_run_config(
+        {
+            "min-nodes": 2,
+            "node-wait": 5.0,
+            "heat-refresh-every": 3,
+            "checkpoint-every": 2,
+            "resume": "true",
+            "out-dir": "/tmp/fedsub-flower-test",
+        }
+    )
+    assert (settings.min_nodes, settings.node_wait, settings.heat_refresh_every) == (2, 5.0, 3)
+    assert settings.checkpoint_every == 2 and settings.resume is True
+    for bad, message in (
+        ({"heat-refresh-every": 0}, "heat-refresh-every = 0; expected an integer >= 1"),
+        ({"min-nodes": -1}, "min-nodes = -1; expected an integer >= 0"),
+        ({"node-wait": 0}, "node-wait = 0; expected seconds > 0"),
+        ({"checkpoint-every": 1}, "checkpoint-every needs out-dir"),
+        ({"resume": True}, "resume needs out-dir"),
+        ({"resume": "yes", "out-dir": "/tmp/x"}, "resume = 'yes'; expected true or false"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            FlowerSettings.from_run_config(bad)
