@@ -219,3 +219,14 @@ def test_settings_of_membership_and_checkpoints_are_read_and_checked():
     ):
         with pytest.raises(ConfigError, match=message):
             FlowerSettings.from_run_config(bad)
+
+
+def test_a_round_with_no_node_available_fails_without_sampling_anyone():
+    """Scheme I (proportional sampling) over nobody: an empty round, counted as failed."""
+    grid = StandInGrid({100: 0, 101: 1})
+    s = strategy(algorithm="fedavg@scheme1", max_failed_rounds=5)
+    train_round(s, grid, 1)
+    grid.silent.update({100, 101})
+    train_round(s, grid, 2)
+    assert train_round(s, grid, 3) == []
+    assert s.rounds[-1]["sampled"] == 0 and "fewer than min-replies" in s.rounds[-1]["failed"]
