@@ -86,3 +86,28 @@ def flower_env(folder: Path, link: int, connection: str, bin_dir: Path, **extra:
         "PYTHONUNBUFFERED": "1",
         **extra,
     }
+
+
+def descendants(ancestor: int, command: str) -> list[int]:
+    """Process ids descending from ``ancestor`` (a process ``Processes`` started) whose command
+    line contains ``command``, e.g. the ``flwr-serverapp`` a SuperLink launched for a run
+    (through its SuperExec, in a session of its own)."""
+    parent, cmdline = {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # it exited meanwhile
+            continue
+        parent[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])  # after (comm)
+
+    def descends(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == ancestor:
+                return True
+        return False
+
+    return [p for p, line in cmdline.items() if command.encode() in line and descends(p)]

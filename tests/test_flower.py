@@ -1,5 +1,6 @@
 """fedsub on Flower: the simulation runtime against the in-process engine, and a real
-SuperLink with three SuperNodes, one of which is killed mid-round."""
+SuperLink with three SuperNodes: a ServerApp killed and resumed, a node killed mid-round and
+replaced."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from fedsub.flower.settings import FlowerSettings
 from fedsub.models.registry import build_model
 from fedsub.submodel.index import SubmodelIndex
 
-from .processes import Processes, flower_env, free_ports, port_open, wait_for
+from .processes import Processes, descendants, flower_env, free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 BIN = Path(sys.executable).parent
@@ -130,43 +132,110 @@ def progress(out: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_real_superlink_and_three_supernodes_finish_when_one_is_killed_in_round_2(tmp_path):
+@dataclass
+class Federation:
+    """A running SuperLink with three SuperNodes (partitions 0, 1, 2), shared by the tests
+    below (in file order: the last one kills a node)."""
+
+    folder: Path
+    env: dict
+    processes: Processes
+    link: int
+    nodes: list[subprocess.Popen]
+
+    def start_node(self, name: str, partition: int) -> subprocess.Popen:
+        (port,) = free_ports(1)
+        return self.processes.start(
+            name,
+            "flower-supernode",
+            "--insecure",
+            f"--superlink=127.0.0.1:{self.link}",
+            f"--port={port}",
+            "--node-config",
+            f"partition-id={partition} num-partitions=3",
+        )
+
+
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("federation")
     link, *node_ports = free_ports(4)  # the SuperLink serves every API on one port
-    env = flower_env(tmp_path, link, "insecure = true", BIN)
-    processes = Processes(tmp_path, env, BIN)
-
-    out = tmp_path / "out"
+    env = flower_env(folder, link, "insecure = true", BIN)
+    processes = Processes(folder, env, BIN)
     try:
-        nodes = start_insecure_federation(processes, tmp_path, link, node_ports)
-        overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
-        run_config = (
-            f'set="{overrides}" out-dir="{out}" train-delay=3.0 round-timeout=30.0 eval-every=1'
-        )
-        submit_example(env, run_config)
-        wait_for(
-            lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 120, "round 2"
-        )
-        time.sleep(1.0)  # the nodes are training (they reply after 3 s)
-        os.killpg(nodes[2].pid, signal.SIGKILL)
-        wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to finish")
-
-        result = json.loads((out / "flower-result.json").read_text())
-        rounds = {r["round"]: r for r in result["rounds"]}
-        assert sorted(rounds) == [1, 2, 3]
-        assert rounds[1]["replies"] == 3 and rounds[1]["left_out"] == []
-        assert rounds[2]["replies"] == 2 and rounds[2]["left_out"] == [2]
-        assert all(r["updated"] for r in rounds.values())
-        # federated evaluation every round; the killed node is not asked once it missed a round
-        evaluations = result["evaluations"]
-        assert [evaluations[r]["eval_nodes"] for r in "123"] == [3, 2, 2]
-        config = config_lib.load(None, [o.strip() for o in overrides.split(";")])
-        dataset = load_data(config)
-        model = build_model("sparse-lr", dataset, {"init_std": 0.0})
-        before = initial_params(model, schedule_of(config)).state_dict()
-        after = load_file(out / "model.safetensors")
-        assert any(not torch.equal(after[n], v) for n, v in before.items())
+        nodes = start_insecure_federation(processes, folder, link, node_ports)
+        yield Federation(folder, env, processes, link, nodes)
     finally:
         processes.stop_all()
+
+
+def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrupted_model(
+    three_nodes, tmp_path
+):
+    """Checkpoints every round; the ServerApp process is killed after round 2's checkpoint;
+    ``resume=true`` continues it to the in-process engine's model (= an uninterrupted run)."""
+    overrides = (
+        "data.num_users=3; train.rounds=4; train.clients_per_round=2; "
+        "train.algorithms=['fedsubavg']; train.lr_schedule='exponential'"
+    )
+    out = tmp_path / "out"
+    run_config = (
+        f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=30.0 checkpoint-every=1'
+    )
+    submit_example(three_nodes.env, run_config)
+    wait_for(lambda: (out / "checkpoints" / "round-000002").exists(), 150, "checkpoint 2")
+    (serverapp,) = descendants(three_nodes.processes.started[0].pid, "flwr-serverapp")
+    os.kill(serverapp, signal.SIGKILL)
+    assert not (out / "flower-result.json").exists()  # it stopped before the end
+
+    submit_example(three_nodes.env, f"{run_config} resume=true")
+    wait_for(lambda: (out / "flower-result.json").exists(), 150, "the resumed run to finish")
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] is True
+    assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+    assert all(r["updated"] and r["replies"] == 2 for r in result["rounds"])
+    expected = in_process_model(tuple(o.strip() for o in overrides.split(";")))
+    flower = load_file(out / "model.safetensors")
+    for name, value in expected.items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
+
+
+def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_nodes, tmp_path):
+    """Node 2 is killed in round 2 and a new SuperNode with partition 2 is started: round 2
+    goes on without it (one round timeout), and a later round samples the replacement."""
+    out = tmp_path / "out"
+    overrides = "data.num_users=3; train.rounds=5; train.clients_per_round=3"
+    run_config = f'set="{overrides}" out-dir="{out}" train-delay=2.0 round-timeout=30.0'
+
+    submit_example(three_nodes.env, run_config)
+    wait_for(
+        lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 120, "round 2"
+    )
+    time.sleep(0.5)  # the nodes are training (they reply after 2 s)
+    os.killpg(three_nodes.nodes[2].pid, signal.SIGKILL)
+    three_nodes.start_node("replacement2", partition=2)
+    wait_for(lambda: (out / "flower-result.json").exists(), 200, "the run to finish")
+
+    result = json.loads((out / "flower-result.json").read_text())
+    rounds = {r["round"]: r for r in result["rounds"]}
+    assert sorted(rounds) == [1, 2, 3, 4, 5] and result["succeeded"] is True
+    assert rounds[1]["replies"] == 3 and rounds[1]["left_out"] == []
+    assert rounds[2]["replies"] == 2 and rounds[2]["left_out"] == [2]
+    assert all(r["updated"] for r in rounds.values())
+    killed = dict(zip(rounds[1]["clients"], rounds[1]["nodes"], strict=True))[2]
+    replaced = [
+        r
+        for r in rounds.values()
+        if 2 in r["clients"] and r["nodes"][r["clients"].index(2)] != killed
+    ]
+    assert replaced, "the replacement of partition 2 was never sampled"
+    assert all(r["replies"] == r["sampled"] == 3 for r in replaced)
+    config = config_lib.load(None, [o.strip() for o in overrides.split(";")])
+    dataset = load_data(config)
+    model = build_model("sparse-lr", dataset, {"init_std": 0.0})
+    before = initial_params(model, schedule_of(config)).state_dict()
+    after = load_file(out / "model.safetensors")
+    assert any(not torch.equal(after[n], v) for n, v in before.items())
 
 
 def test_flower_settings_refuse_a_device_other_than_the_cpu(monkeypatch):
@@ -208,8 +277,9 @@ def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run()
 
 
 def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_path):
-    """Two nodes, min-replies = 2: once one is killed no round can update the model; after
-    max-failed-rounds = 2 such rounds the ServerApp fails and flower-result says so."""
+    """Two nodes, min-replies = 2: once one is killed no round can update the model (round 2
+    samples only the node left); after max-failed-rounds = 2 such rounds the ServerApp fails
+    and flower-result says so."""
     link, *node_ports = free_ports(3)
     env = flower_env(tmp_path, link, "insecure = true", BIN)
     processes = Processes(tmp_path, env, BIN)
@@ -219,7 +289,7 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_p
         nodes = start_insecure_federation(processes, tmp_path, link, node_ports)
         overrides = "data.num_users=2; train.rounds=5; train.clients_per_round=2"
         run_config = (
-            f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=10.0 '
+            f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=20.0 '
             "min-replies=2 max-failed-rounds=2"
         )
         submit_example(env, run_config)
@@ -230,7 +300,10 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(tmp_p
         result = json.loads((out / "flower-result.json").read_text())
         assert result["succeeded"] is False
         assert [r["round"] for r in result["rounds"]] == [1, 2]
-        assert all(not r["updated"] and r["left_out"] == [1] for r in result["rounds"])
+        first, second = result["rounds"]
+        assert not first["updated"] and first["left_out"] == [1]
+        # the node that did not answer is left out: round 2 samples the one node left
+        assert not second["updated"] and second["clients"] == [0] and second["available"] == 1
         assert result["failed"]["round"] == 2
         assert "fewer than min-replies = 2" in result["failed"]["reason"]
         assert not (out / "model.safetensors").exists()

@@ -322,6 +322,18 @@ class AppGrid:
                 replies.append(self.app(message, self.contexts[node]))
         return replies
 
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """Answered at once: the replies wait for ``pull_messages``."""
+        self.pushed = getattr(self, "pushed", {})
+        ids = []
+        for message in messages:
+            ids.append(str(len(self.pushed)))
+            self.pushed[ids[-1]] = self.send_and_receive([message])
+        return ids
+
+    def pull_messages(self, ids: Iterable[str]) -> list[Message]:
+        return [reply for i in ids for reply in self.pushed.pop(i, [])]
+
 
 def _private_strategy(settings):
     from fedsub.engine.loop import initial_params
@@ -339,13 +351,13 @@ def _private_strategy(settings):
         fed.schedule,
         payload=settings.payload,
         privacy=privacy_of(fed.config),
+        min_nodes=fed.dataset.num_clients,
     )
 
 
 def _train(strategy, grid, rounds: int) -> None:
     from flwr.app import ArrayRecord
 
-    strategy.discover(grid, len(grid.contexts), 5.0)
     for r in range(1, rounds + 1):
         messages = strategy.configure_train(r, ArrayRecord(), ConfigRecord(), grid)
         strategy.aggregate_train(r, grid.send_and_receive(messages))
@@ -393,7 +405,7 @@ def test_a_node_that_does_not_send_its_rows_is_left_out_of_the_round():
     settings = FlowerSettings(overrides=private)
     grid = AppGrid(make_client_app(settings), 4)
     strategy = _private_strategy(settings)
-    strategy.discover(grid, 4, 5.0)
+    strategy._update_membership(grid, 1)  # registration and the heat exchange
     silent = strategy._round.begin(1).cohort.clients.tolist()[0]  # partition k is node 100 + k
 
     def rows_query_to_silent(node: int, message: Message) -> bool:

@@ -88,6 +88,13 @@ class OneRowGrid:
     def get_node_ids(self) -> list[int]:
         return [100 + k for k in range(CLIENTS)]
 
+    def push_messages(self, messages) -> list:
+        self.queued = list(messages)
+        return list(range(len(self.queued)))
+
+    def pull_messages(self, ids) -> list:
+        return self.send_and_receive([self.queued[i] for i in ids])
+
     def send_and_receive(self, messages, timeout=None):
         from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
@@ -123,13 +130,12 @@ def test_flower_strategy_raises_diverged_naming_the_round_and_records_it(monkeyp
         params, "fedavg", None, "samples", Schedule(5, 3, 1, 1, 0.1, seed=0)
     )
     grid = OneRowGrid()
-    strategy.discover(grid, CLIENTS, timeout=1.0)
     sent = list(strategy.configure_train(2, ArrayRecord(), ConfigRecord(), grid))
     replies = [
         Message(
             RecordDict(
                 {
-                    "deltas": deltas_record({"w": torch.full((1, 1), BIG)}, {}),
+                    "arrays": deltas_record({"w": torch.full((1, 1), BIG)}, {}),
                     "metrics": MetricRecord(
                         {"partition-id": m.metadata.dst_node_id - 100, "num-examples": 1}
                     ),

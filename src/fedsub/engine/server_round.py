@@ -128,19 +128,32 @@ class ServerRound:
             stages[name] = stage
         return stages
 
-    def begin(self, round_index: int) -> RoundPlan:
-        """Round r's cohort (the same for every runtime: seeded by round) and its work."""
+    def begin(self, round_index: int, among: np.ndarray | None = None) -> RoundPlan:
+        """Round r's cohort (the same for every runtime: seeded by round) and its work.
+
+        ``among``: the clients that can take part (sorted positions; default all), e.g. the
+        Flower nodes connected now; the sampler draws from them with the same seed, so with
+        every client present the cohort is the in-process engine's."""
+        counts = self.counts if among is None else self.counts[among]
+        if len(counts) == 0:  # nobody can take part: an empty round (the caller decides)
+            nobody = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+            return RoundPlan(round_index, nobody, self._work(nobody, round_index))
         cohort = sample_cohort(
             self.algorithm.scheme.sampling,
             self.schedule.seed,
             round_index,
-            self.counts,
+            counts,
             self.schedule.clients_per_round,
         )
+        if among is not None:
+            cohort = Cohort(among[cohort.clients], cohort.multiplicity)
+        return RoundPlan(round_index, cohort, self._work(cohort, round_index))
+
+    def _work(self, cohort: Cohort, round_index: int) -> CohortWork:
         work = round_work(self.algorithm, self.schedule, self.counts, cohort, round_index)
         if self.variates is not None:
             work = dataclasses.replace(work, corrections=self.variates.corrections(cohort))
-        return RoundPlan(round_index, cohort, work)
+        return work
 
     def finish(self, plan: RoundPlan, update: Any) -> bool:
         """Screen, combine and apply the cohort's update; whether the model changed (False when

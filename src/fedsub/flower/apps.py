@@ -28,6 +28,7 @@ from fedsub.engine.loop import initial_params
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
+from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
 from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat, privacy_of
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
@@ -107,7 +108,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         settings = _settings(fixed, context)
         node = node_data(settings, node_config_items(dict(context.node_config)))
         k = node.client
-        rows, received = read_submodel(record_of(message.content, "submodel", ArrayRecord))
+        rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
         own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
         full = not rows
         if full:  # the whole model came: take S(k) locally
@@ -140,7 +141,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             time.sleep(settings.train_delay)
         metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         content = RecordDict(
-            {"deltas": deltas_record(table_deltas, update.dense_deltas), "metrics": metrics}
+            {"arrays": deltas_record(table_deltas, update.dense_deltas), "metrics": metrics}
         )
         return Message(content, reply_to=message)
 
@@ -149,7 +150,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         """Sums of the loss (and AUC histograms) of the rows received on this node's own
         held-out and training samples: no sample leaves the node."""
         node = _node(fixed, context, message)
-        rows, received = read_submodel(record_of(message.content, "submodel", ArrayRecord))
+        rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
         if not rows:  # the whole model came (a node that keeps its rows to itself)
             rows = {t: torch.arange(v.shape[0]) for t, v in received.tables.items()}
         report = node_report(node, rows, received)
@@ -179,13 +180,21 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         config = run.config
         name = settings.algorithm_name(config)
         params = initial_params(run.model, run.schedule)
-        progress, transcript = None, None
+        progress, transcript, checkpoints = None, None, None
         privacy = privacy_of(config)
         if settings.heat_transcript and privacy.source != "exact":
             transcript = Transcript()
         if settings.out_dir:
-            progress = JsonLines(Path(settings.out_dir) / "progress.jsonl")
-            progress.path.unlink(missing_ok=True)
+            out = Path(settings.out_dir)
+            progress = JsonLines(out / "progress.jsonl")
+            if not settings.resume:
+                progress.path.unlink(missing_ok=True)
+            checkpoints = FlowerCheckpoints(
+                out / "checkpoints",
+                settings.checkpoint_every,
+                settings.resume,
+                config_stamp(settings.model_description(config, name)),
+            )
         query: dict[str, int | str] = {}
         if run.spec is not None:  # every node checks its spec against the run's
             query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
@@ -199,6 +208,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             max_failed_rounds=settings.max_failed_rounds,
             max_update_norm=config.train.max_update_norm,
             payload=settings.payload,
+            min_nodes=settings.min_nodes or run.num_clients,
+            node_wait=settings.node_wait,
+            heat_refresh_every=settings.heat_refresh_every,
+            checkpoints=checkpoints,
             on_progress=progress,
             privacy=privacy,
             on_heat_reply=transcript,
@@ -207,10 +220,6 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         server_test = None  # read before any node is asked: a bad file fails the run at once
         if settings.server_test_file and run.spec is not None:
             server_test = run.spec.encode(Path(settings.server_test_file))
-        strategy.discover(grid, run.num_clients, settings.round_timeout)
-        if settings.out_dir and strategy.heat_report is not None:
-            write_heat(Path(settings.out_dir), strategy.heat_report, transcript)
-        evaluations: dict[int, dict[str, float]] = {}
 
         def evaluate(round_index: int, _: ArrayRecord) -> MetricRecord | None:
             """The round's federated metrics (and the server's own test file's, if given)."""
@@ -219,7 +228,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             metrics = dict(strategy.evaluation.results.get(round_index, {}))
             if server_test is not None:
                 metrics.update(server_test_metrics(run.model, strategy.params, server_test))
-            evaluations[round_index] = metrics
+            strategy.evaluations[round_index] = metrics
             return MetricRecord(dict(metrics))
 
         failure: Diverged | RoundsFailed | None = None
@@ -234,6 +243,8 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             )
         except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
             failure = error
+        if settings.out_dir and strategy.heat_report is not None:
+            write_heat(Path(settings.out_dir), strategy.heat_report, transcript)
         if settings.out_dir:
             out = Path(settings.out_dir)
             result: dict[str, object] = {
@@ -244,7 +255,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             }
             if failure is None:
                 save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
-                result["evaluations"] = {str(r): m for r, m in evaluations.items()}
+                result["evaluations"] = {str(r): m for r, m in strategy.evaluations.items()}
             else:
                 kind = "diverged" if isinstance(failure, Diverged) else "failed"
                 result[kind] = {"round": failure.round, "reason": failure.reason}

@@ -78,12 +78,14 @@ class FederatedEvaluation:
         messages = []
         whole = None
         for client in sorted((set(self.rows) | self.whole) - self.silent):
+            if client not in node_of:  # its node is offline or left out: not asked
+                continue
             if client in self.whole:  # no rows named: the node takes its own
                 submodel = whole = whole or ArrayRecord(params.state_dict())
             else:
                 rows = {t: torch.from_numpy(r) for t, r in self.rows[client].items()}
                 submodel = submodel_record(rows, pull(params, rows))
-            content = RecordDict({"submodel": submodel, "config": config})
+            content = RecordDict({"arrays": submodel, "config": config})
             messages.append(
                 Message(content, node_of[client], MessageType.EVALUATE, group_id=str(server_round))
             )

@@ -10,6 +10,15 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``max-failed-rounds``: consecutive rounds short of ``min-replies`` after which the run stops
   with an error (default 3);
 - ``round-timeout``: seconds to wait for a round's replies (default 600);
+- ``min-nodes``: nodes that must register before round 1 (0, the default: one per client of
+  the config's dataset, i.e. everyone, so the run is the in-process engine's);
+- ``node-wait``: seconds round 1 waits for ``min-nodes`` nodes to connect (default 600);
+- ``heat-refresh-every``: R; the heat coefficients are rebuilt over the registered clients at
+  rounds 1, 1 + R, ... when clients registered since (default 1: at the next round);
+- ``checkpoint-every``: save the server state into ``out-dir``/checkpoints every n rounds
+  (0 = never);
+- ``resume``: true continues the newest checkpoint in ``out-dir``/checkpoints (written with
+  the same configuration);
 - ``eval-every``: every n rounds (and after the last), federated evaluation of the global
   model on every node's held-out samples, plus the ``server-test-file`` if given (0 = never);
 - ``feature-spec``: the run's feature spec (data/feature_spec.py), read by the ServerApp: the
@@ -60,13 +69,19 @@ class FlowerSettings:
     feature_spec: str = ""
     num_nodes: int = 0
     server_test_file: str = ""
+    min_nodes: int = 0
+    node_wait: float = 600.0
+    heat_refresh_every: int = 1
+    checkpoint_every: int = 0
+    resume: bool = False
 
     @staticmethod
     def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
         known = {
             "config", "set", "algorithm", "payload", "min-replies", "max-failed-rounds",
             "round-timeout", "eval-every", "out-dir", "train-delay", "heat-transcript",
-            "feature-spec", "num-nodes", "server-test-file",
+            "feature-spec", "num-nodes", "server-test-file", "min-nodes", "node-wait",
+            "heat-refresh-every", "checkpoint-every", "resume",
         }  # fmt: skip
         unknown = sorted(set(run_config) - known)
         if unknown:
@@ -87,22 +102,41 @@ class FlowerSettings:
             eval_every=int(run_config.get("eval-every", 0)),
             out_dir=output_folder(str(run_config.get("out-dir", ""))),
             train_delay=float(run_config.get("train-delay", 0.0)),
-            heat_transcript=_flag(run_config, "heat-transcript"),
+            heat_transcript=_flag(run_config.get("heat-transcript", False), "heat-transcript"),
             feature_spec=_path(str(run_config.get("feature-spec", ""))),
             num_nodes=int(run_config.get("num-nodes", 0)),
             server_test_file=_path(str(run_config.get("server-test-file", ""))),
+            min_nodes=int(run_config.get("min-nodes", 0)),
+            node_wait=float(run_config.get("node-wait", 600.0)),
+            heat_refresh_every=int(run_config.get("heat-refresh-every", 1)),
+            checkpoint_every=int(run_config.get("checkpoint-every", 0)),
+            resume=_flag(run_config.get("resume", False), "resume"),
         )
         settings.check()
         return settings
 
     def check(self) -> None:
         """Refuse settings with which no run could succeed."""
-        for key, value in (
-            ("min-replies", self.min_replies),
-            ("max-failed-rounds", self.max_failed_rounds),
+        for key, value, lowest in (
+            ("min-replies", self.min_replies, 1),
+            ("max-failed-rounds", self.max_failed_rounds, 1),
+            ("heat-refresh-every", self.heat_refresh_every, 1),
+            ("min-nodes", self.min_nodes, 0),
+            ("checkpoint-every", self.checkpoint_every, 0),
         ):
-            if value < 1:
-                raise ConfigError(f"Flower run config: {key} = {value}; expected an integer >= 1")
+            if value < lowest:
+                raise ConfigError(
+                    f"Flower run config: {key} = {value}; expected an integer >= {lowest}"
+                )
+        for key, seconds in (("round-timeout", self.round_timeout), ("node-wait", self.node_wait)):
+            if not seconds > 0:
+                raise ConfigError(f"Flower run config: {key} = {seconds:g}; expected seconds > 0")
+        for key, wanted in (("checkpoint-every", self.checkpoint_every), ("resume", self.resume)):
+            if wanted and not self.out_dir:
+                raise ConfigError(
+                    f"Flower run config: {key} needs out-dir (checkpoints go to "
+                    "<out-dir>/checkpoints)"
+                )
         if self.feature_spec and self.num_nodes < 2:
             raise ConfigError(
                 f"Flower run config: num-nodes = {self.num_nodes}; with a feature-spec the "
@@ -112,10 +146,6 @@ class FlowerSettings:
             raise ConfigError(
                 f"Flower run config: server-test-file = {self.server_test_file!r} needs a "
                 "feature-spec to read it with"
-            )
-        if not self.round_timeout > 0:
-            raise ConfigError(
-                f"Flower run config: round-timeout = {self.round_timeout:g}; expected seconds > 0"
             )
 
     def check_against(self, config: Config) -> None:
@@ -132,6 +162,13 @@ class FlowerSettings:
                 f"train.clients_per_round = {config.train.clients_per_round} is more than the "
                 f"population: Flower run config num-nodes = {self.num_nodes}"
             )
+
+    def model_description(self, config: Config, algorithm: str) -> str:
+        """Everything that decides the model a run ends with (hashed into its checkpoints)."""
+        return (
+            f"{config_lib.to_toml(config)}\n# flower\nalgorithm = {algorithm!r}\n"
+            f"payload = {self.payload!r}\nheat-refresh-every = {self.heat_refresh_every}\n"
+        )
 
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
@@ -175,11 +212,13 @@ class FlowerSettings:
         return name
 
 
-def _flag(run_config: dict[str, Any], key: str) -> bool:
-    value = run_config.get(key, False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"Flower run config: {key} = {value!r}; expected true or false")
-    return value
+def _flag(value: object, key: str) -> bool:
+    """A run config flag: a TOML boolean, or the text true / false (from --run-config)."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    raise ConfigError(f"Flower run config: {key} = {value!r}; expected true or false")
 
 
 def _path(text: str) -> str:

@@ -1,25 +1,43 @@
 """A Flower strategy for federated submodel training (FedSubAvg, FedAvg and the rest).
 
-Before round 1 a query round asks every node for its partition id, its sample count and its
-index sets S(k), in the clear: the heat counts n_m follow from them. With a private
-``train.heat_source`` (secagg, sketch, randomized-response) the query asks for the partition
-only and the heat comes from the private exchange (``heat_exchange.collect_heat``); the server
-then learns a node's S(k) only when it samples it, as the download of X[S(k)] names those rows
-(a "rows" query before the round). Then each round:
+Membership is elastic (flower/membership.py). Each round, in ``configure_train``, the nodes
+online (``grid.get_node_ids()``) that the strategy does not know yet are asked for their
+partition id, sample count and index sets S(k) (in the clear: the heat counts n_m follow from
+them; fedsub's secure aggregation computes the same counts without revealing any S(k), see
+fedsub.privacy); the first round waits up to ``node_wait`` seconds for ``min_nodes`` of them. A
+new node with a known partition takes it over from this round on. The heat coefficients (and
+N, the sample counts, the server optimizer's population) are rebuilt over every registered
+client when registrations changed, at rounds 1, 1 + R, 1 + 2R, ... (R = ``heat_refresh_every``);
+a client is sampled only once the coefficients count it. Then each round:
 
-- ``configure_train``: the cohort is fedsub's (same seed, same clients as the in-process
-  engine); each sampled node gets one Message with its rows X[S(k)], the dense parameters,
-  its learning rate and the round's chain of client transforms (names and options, rebuilt
-  from fedsub.client.transforms' registry by the ClientApp);
+- ``configure_train``: the cohort is fedsub's sampler (same seed) over the clients whose node
+  is online and has not failed: with every client online it is the in-process engine's
+  cohort. Each sampled node gets one Message with its rows X[S(k)], the dense parameters, its
+  learning rate and the round's chain of client transforms (names and options, rebuilt from
+  fedsub.client.transforms' registry by the ClientApp);
 - ``aggregate_train``: the replies' row deltas go through the in-process engine's server round
-  (engine/server_round.py: screening, aggregator with heat coefficients over all clients,
-  finiteness checks raising ``Diverged``, server optimizer). A node that fails or times out is
-  left out: the round's mean is over the replies received, if there are at least
-  ``min_replies``. After ``max_failed_rounds`` consecutive rounds short of it the run stops
-  with ``RoundsFailed`` (a federation that cannot train must not end as if it had);
-- ``configure_evaluate`` / ``aggregate_evaluate``: when an evaluation is due, each node gets
-  the global rows its own samples read and replies sums (loss, counts, AUC histograms), never
-  a sample (``FederatedEvaluation`` in flower/federated_eval.py).
+  (engine/server_round.py: screening, aggregator with heat coefficients over the registered
+  clients, finiteness checks raising ``Diverged``, server optimizer). A node that fails or
+  times out is left out, and left out of the next rounds until it answers a registration
+  question sent right after (a dead node costs one round timeout): the round's mean is over
+  the replies received, if there are at least ``min_replies``. After ``max_failed_rounds``
+  consecutive rounds short of it the run stops with ``RoundsFailed`` (a federation that
+  cannot train must not end as if it had).
+
+With a private ``train.heat_source`` (secagg, sketch, randomized-response) a node registers
+with its partition only, and the heat comes from the private exchange with the registered
+nodes (``heat_exchange.collect_heat``) when the coefficients are first built; the population
+is then the one of that exchange (a replacement node takes its partition over; a new partition
+would need a new exchange with every counted node online, and is not counted). The server
+learns a node's S(k) only when it samples it, as the download of X[S(k)] names those rows (a
+"rows" query before the round). Evaluation is federated (``configure_evaluate`` /
+``aggregate_evaluate``): each node gets the global rows its own samples read and replies sums
+(loss, counts, AUC histograms), never a sample (flower/federated_eval.py).
+
+``start`` is Flower's round loop, plus checkpoints every ``checkpoints.every`` rounds and a
+resume from the newest (flower/checkpoints.py). Messages follow Flower's conventions
+(``arrays`` + ``config`` out, ``arrays`` + ``metrics`` with ``num-examples`` back); Flower's
+DP wrappers are refused (their whole-model clipping and noise do not apply to row deltas).
 
 Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
 """
@@ -28,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 
@@ -35,21 +54,26 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
+from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
 
 from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes
-from fedsub.data.ragged import Ragged
+from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
+from fedsub.flower.checkpoints import FlowerCheckpoints
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
+from fedsub.flower.membership import Membership, Registrar
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
 from fedsub.privacy.heat_sources import HeatPrivacy
+from fedsub.stateful import Stateful
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -67,10 +91,24 @@ class RoundsFailed(FedsubError):
         self.reason = reason
 
 
-def _ragged(parts: list[np.ndarray]) -> Ragged:
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
-    return Ragged(np.concatenate(parts).astype(np.int64), offsets)
+# Flower's wrappers whose semantics are defined on whole-model arrays (they clip each reply
+# against the global model and add noise to the aggregated arrays the strategy returns)
+WHOLE_MODEL_WRAPPERS = (DifferentialPrivacyFixedClippingBase, DifferentialPrivacyAdaptiveBase)
+
+
+def _refuse_whole_model_wrapper(caller: object) -> None:
+    """Refuse to run under a wrapper that would silently not do what it says: a node's reply
+    holds the row deltas of its own submodel, and the model is updated in place (no
+    aggregated arrays are returned), so the DP wrappers' clipping would compare unrelated
+    arrays and their noise would never be added."""
+    if isinstance(caller, WHOLE_MODEL_WRAPPERS):
+        raise FedsubError(
+            f"Flower: {type(caller).__name__} cannot wrap SubmodelStrategy: its clipping and "
+            "noise are defined on whole-model arrays, while each reply holds the row deltas "
+            "of a node's own submodel and the strategy returns no aggregated arrays (the noise "
+            "would never be added). Clip client updates with train.clip_norm and keep heat "
+            "private with train.heat_source (fedsub.privacy) instead"
+        )
 
 
 def _row_ids(reply: Message, params: Params) -> dict[str, np.ndarray] | str:
@@ -105,6 +143,10 @@ class SubmodelStrategy(Strategy):
         max_failed_rounds: int = 3,
         max_update_norm: float = 0.0,
         payload: Payload = "submodel",
+        min_nodes: int = 1,
+        node_wait: float = 600.0,
+        heat_refresh_every: int = 1,
+        checkpoints: FlowerCheckpoints | None = None,
         on_progress: Callable[[dict], None] | None = None,
         privacy: HeatPrivacy | None = None,
         on_heat_reply: Recorder | None = None,
@@ -120,183 +162,294 @@ class SubmodelStrategy(Strategy):
         self._failed_in_a_row = 0
         self.max_update_norm = max_update_norm
         self.payload = payload
+        self.min_nodes = min_nodes
+        self.node_wait = node_wait
+        self.heat_refresh_every = heat_refresh_every
+        self.checkpoints = checkpoints
         self.on_progress = on_progress  # called when a round is sent out and when it is done
         self.rounds: list[dict] = []  # one record per round: replies, bytes, left out
+        self.evaluations: dict[int, dict[str, float]] = {}  # kept in checkpoints
         self.privacy = privacy or HeatPrivacy()
         self.on_heat_reply = on_heat_reply  # sees every reply of the query and heat exchange
         self.heat_report: HeatReport | None = None  # what a private heat source measured
         self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
-        self._node_of: dict[int, int] = {}
-        self._index: SubmodelIndex | None = None  # every S(k): with exact heat only
-        self._sampled_rows: dict[int, dict[str, np.ndarray]] = {}  # private: sampled nodes'
+        self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
+        private = self.privacy.source != "exact"
+        self._registrar = Registrar(
+            {"what": "partition" if private else "index", **self.evaluation.query},
+            on_reply=self._heard,
+        )
+        self._sampled_rows: dict[int, dict[str, np.ndarray]] = {}  # private: partition -> S(k)
         self._timeout = 600.0
-        self._counts = np.zeros(0, dtype=np.int64)
+        self._joined = False  # min_nodes registered once
+        # nodes that answered this ServerApp's query: a resumed run asks again, which also
+        # waits (node-wait) for the nodes' ClientApps to start serving the new Flower run
+        self._answered: set[int] = set()
+        self._to_probe: set[int] = set()  # nodes that missed a round, to be asked again
+        self._index: SubmodelIndex | None = None
         self._round: ServerRound | None = None
         self._plan: RoundPlan | None = None
+        self._sent_to: dict[int, int] = {}  # node id -> cohort position, this round
         self._sent = 0
+        self._available = 0  # clients that could be sampled this round
 
-    # --- the query round -------------------------------------------------------------------
-    def discover(self, grid: Grid, num_clients: int, timeout: float) -> None:
-        """Learn every node's partition, and its sample count and S(k) or (private heat
-        source) the heat by the private exchange; build the algorithm."""
-        self._timeout = timeout
-        private = self.privacy.source != "exact"
-        deadline = time.monotonic() + timeout
-        while len(nodes := sorted(grid.get_node_ids())) < num_clients:
+    # --- membership ----------------------------------------------------------------------
+    def _update_membership(self, grid: Grid, server_round: int) -> set[int]:
+        """Ask the nodes that came online since the last round to register (new clients and
+        replacements), take the answers that arrived (round 1 waits up to ``node_wait``
+        seconds for ``min_nodes`` of them), rebuild the heat coefficients when due; the nodes
+        online."""
+        deadline = time.monotonic() + self.node_wait
+        while True:
+            online = set(grid.get_node_ids())
+            self.membership.forget_offline(online)
+            asked = self._answered | self.membership.dropped | set(self._registrar.pending)
+            probe = sorted(self._to_probe - set(self._registrar.pending))
+            if new := sorted(online - asked) + probe:
+                self._registrar.ask(grid, new)
+            self._to_probe.clear()
+            answers, failed = self._registrar.collect(grid)
+            for registration, content in answers:
+                self.membership.register(registration)  # also readmits a dropped node
+                self._answered.add(registration.node)
+                if self.privacy.source != "exact":  # its evaluation gets the whole model
+                    self._sampled_rows.pop(registration.partition, None)
+                    self.evaluation.learn_whole(registration.partition)
+                else:
+                    self.evaluation.learn(registration.partition, content)
+            for node in failed:
+                self.membership.drop(node)
+            if self._joined or len(self._answered) >= self.min_nodes:
+                break
             if time.monotonic() > deadline:
                 raise FedsubError(
-                    f"Flower: {len(nodes)} of {num_clients} nodes connected after {timeout:g} s"
+                    f"Flower: {len(self._answered)} node(s) registered (of "
+                    f"{len(online)} online) within node-wait = {self.node_wait:g} s; "
+                    f"min-nodes = {self.min_nodes}"
                 )
             time.sleep(0.5)
-        what = "partition" if private else "index"
-        query = [
-            Message(
-                RecordDict({"query": ConfigRecord({"what": what, **self.evaluation.query})}),
-                n,
-                MessageType.QUERY,
-            )
-            for n in nodes
-        ]
-        reports: dict[int, tuple[int, int, dict[str, np.ndarray]]] = {}
-        for reply in grid.send_and_receive(query, timeout=timeout):
-            if reply.has_error():
-                LOG.warning("query: node %d failed: %s", reply.metadata.src_node_id, reply.error)
-                continue
-            if self.on_heat_reply is not None:
-                self.on_heat_reply(reply.metadata.src_node_id, "query", reply.content)
-            metrics = record_of(reply.content, "metrics", MetricRecord)
-            client = int(number_of(metrics, "partition-id"))
-            if private:  # the partition only; its evaluation gets the whole model
-                reports[client] = (reply.metadata.src_node_id, 0, {})
-                self.evaluation.learn_whole(client)
-                continue
-            index = record_of(reply.content, "index", ArrayRecord)
-            rows = {k[len("rows.") :]: v.numpy() for k, v in index.to_torch_state_dict().items()}
-            examples = int(number_of(metrics, "num-examples"))
-            reports[client] = (reply.metadata.src_node_id, examples, rows)
-            self.evaluation.learn(client, reply.content)
-        missing = sorted(set(range(num_clients)) - set(reports))
-        if missing:
-            raise FedsubError(
-                f"Flower: no index report from partition(s) {missing[:10]} of {num_clients}; "
-                "every partition must answer the query round"
-            )
-        self._node_of = {k: reports[k][0] for k in range(num_clients)}
-        tables = {t: self.params.tables[t].shape[0] for t in self.params.tables}
-        if private:
-            context = self._private_heat(grid, tables, timeout)
+        self._joined = True
+        refresh_due = (server_round - 1) % self.heat_refresh_every == 0
+        private = self.privacy.source != "exact"
+        if self._round is None or (self.membership.stale() and refresh_due and not private):
+            self.membership.refresh()
+            self._build(grid)
+        return online
+
+    def _heard(self, node: int, content: RecordDict) -> None:
+        if self.on_heat_reply is not None:
+            self.on_heat_reply(node, "query", content)
+
+    def _build(self, grid: Grid | None = None) -> None:
+        """The algorithm over the counted population (heat n_m, N, sample counts); a server
+        optimizer already running keeps its state. With a private heat source the heat comes
+        from the private exchange with the counted nodes (``grid``), or from a checkpoint."""
+        if self.privacy.source != "exact":
+            context = self._private_context(grid)
+            sizes = context.dataset
         else:
-            self._counts = np.array([reports[k][1] for k in range(num_clients)], dtype=np.int64)
-            self._index = SubmodelIndex(
-                {t: _ragged([reports[k][2][t] for k in range(num_clients)]) for t in tables}, {}
-            )
+            sizes = self.membership.sizes()
+            self._index = self.membership.index()
             context = AlgorithmContext(
-                ClientSizes(tables, self._counts),
-                self._index,
-                self.heat,
-                self.schedule.clients_per_round,
+                sizes, self._index, self.heat, self.schedule.clients_per_round
             )
-        self.algorithm = build_algorithm(self.algorithm_name, context, self.options)
-        self.server = self.algorithm.make_server(self.params)
+        algorithm = build_algorithm(self.algorithm_name, context, self.options)
+        server = algorithm.make_server(self.params)
+        if self._round is not None:
+            server.load_state_tensors(self._round.server.state_tensors())
         self._round = ServerRound(
-            self.algorithm,
+            algorithm,
             self.schedule,
-            self._counts,
+            sizes.sample_counts(),
             self.params,
-            self.server,
-            lambda update: aggregate(update, self.algorithm.aggregation),
+            server,
+            lambda update: aggregate(update, algorithm.aggregation),
             max_update_norm=self.max_update_norm,
             on_reject=self._log_rejection,
         )
 
-    def _private_heat(self, grid: Grid, tables: dict[str, int], timeout: float) -> AlgorithmContext:
-        """The algorithm's context from the private heat exchange with every node: no S(k),
-        no per-client sample count (their total comes with the heat)."""
-        report = collect_heat(
-            grid,
-            list(self._node_of.values()),
-            self.privacy,
-            self.heat,
-            tables,
-            timeout,
-            self.on_heat_reply,
-        )
-        missing = sorted(k for k, n in self._node_of.items() if n not in report.contributors)
-        if missing:
-            raise FedsubError(
-                f"Flower: heat exchange ({self.privacy.source}): no contribution from "
-                f"partition(s) {missing[:10]}; every partition must be in the heat"
+    def _private_context(self, grid: Grid | None) -> AlgorithmContext:
+        """The algorithm's context from the private heat exchange with every counted node:
+        no S(k), no per-client sample count (their total comes with the heat)."""
+        tables = dict(self.membership.tables)
+        if grid is not None:
+            nodes = {k: self.membership.node_of(k) for k in self.membership.counted}
+            report = collect_heat(
+                grid,
+                list(nodes.values()),
+                self.privacy,
+                self.heat,
+                tables,
+                self._timeout,
+                self.on_heat_reply,
             )
-        self.heat_report = report
+            missing = sorted(k for k, n in nodes.items() if n not in report.contributors)
+            if missing:
+                raise FedsubError(
+                    f"Flower: heat exchange ({self.privacy.source}): no contribution from "
+                    f"partition(s) {missing[:10]}; every registered partition must be in the "
+                    "heat"
+                )
+            self.heat_report = report
+        if self.heat_report is None:
+            raise FedsubError("Flower: a private heat source needs its heat exchange first")
         # The server does not know the clients' sample counts: uniform sampling reads only
         # how many clients there are (settings.algorithm_name refuses schemes needing them).
-        self._counts = np.ones(len(self._node_of), dtype=np.int64)
+        counts = np.ones(len(self.membership.counted), dtype=np.int64)
         return AlgorithmContext(
-            ClientSizes(tables, self._counts),
+            ClientSizes(tables, counts),
             SubmodelIndex({}, {}),
             self.heat,
             self.schedule.clients_per_round,
             self.privacy,
-            measured=report.measured,
+            measured=self.heat_report.measured,
         )
 
     def _rows_of(self, client: int) -> dict[str, torch.Tensor]:
-        """Client ``client``'s S(k) per table (exact: from the query round; private: from
-        the "rows" query of the round that sampled it)."""
+        """Client ``client``'s S(k) per table (its position in ``counted``; exact: from its
+        registration; private: from the "rows" query of the round that sampled it)."""
         if self._index is not None:
             index = self._index
             return {t: torch.from_numpy(index.client_rows(t, client)) for t in self.params.tables}
-        return {t: torch.from_numpy(r) for t, r in self._sampled_rows[client].items()}
+        partition = self.membership.counted[client]
+        return {t: torch.from_numpy(r) for t, r in self._sampled_rows[partition].items()}
 
-    def _ask_rows(self, grid: Grid, clients: list[int], server_round: int) -> None:
+    def _ask_rows(self, grid: Grid, partitions: list[int], server_round: int) -> None:
         """Private heat source: the S(k) of the round's sampled clients not known yet."""
-        unknown = [k for k in clients if k not in self._sampled_rows]
+        unknown = [k for k in partitions if k not in self._sampled_rows]
         if not unknown:
             return
-        client_of = {self._node_of[k]: k for k in unknown}
+        partition_of = {self.membership.node_of(k): k for k in unknown}
         query = [
             Message(
-                RecordDict({"query": ConfigRecord({"what": "rows"})}),
-                self._node_of[k],
+                RecordDict({"query": ConfigRecord({"what": "rows", **self.evaluation.query})}),
+                node,
                 MessageType.QUERY,
                 group_id=str(server_round),
             )
-            for k in unknown
+            for node in partition_of
         ]
         for reply in grid.send_and_receive(query, timeout=self._timeout):
             node = reply.metadata.src_node_id
-            if reply.has_error() or node not in client_of:
+            if reply.has_error() or node not in partition_of:
                 LOG.warning("round %d: no rows from node %d", server_round, node)
                 continue
             rows = _row_ids(reply, self.params)
             if isinstance(rows, str):  # left out of the round, like a node that failed
                 LOG.warning("round %d: node %d: %s", server_round, node, rows)
                 continue
-            self._sampled_rows[client_of[node]] = rows
+            self._sampled_rows[partition_of[node]] = rows
 
-    @staticmethod
-    def _log_rejection(rejection: Rejection) -> None:
+    def stages(self) -> dict[str, Stateful]:
+        """What a checkpoint saves: every stage of the server round and the population."""
+        assert self._round is not None
+        return {**self._round.stages(), "population": self.membership}
+
+    # --- the run -----------------------------------------------------------------------
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's round loop (Strategy.start), continuing a checkpoint when asked to and
+        saving one every ``checkpoints.every`` rounds. Nodes register in ``configure_train``,
+        so a strategy wrapper running Flower's own loop on this strategy needs nothing else."""
+        self.summary()
+        self._timeout = timeout
+        train_config = train_config or ConfigRecord()
+        evaluate_config = evaluate_config or ConfigRecord()
+        result = Result()
+        first = 1
+        if self.checkpoints is not None and self.checkpoints.resume:
+            first = self._resume(self.checkpoints) + 1
+        elif evaluate_fn is not None and (metrics := evaluate_fn(0, initial_arrays)):
+            result.evaluate_metrics_serverapp[0] = metrics
+        for r in range(first, num_rounds + 1):
+            messages = self.configure_train(r, initial_arrays, train_config, grid)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            _, metrics = self.aggregate_train(r, replies)
+            if metrics is not None:
+                result.train_metrics_clientapp[r] = metrics
+            messages = self.configure_evaluate(r, initial_arrays, evaluate_config, grid)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            if (metrics := self.aggregate_evaluate(r, replies)) is not None:
+                result.evaluate_metrics_clientapp[r] = metrics
+            if evaluate_fn is not None and (metrics := evaluate_fn(r, initial_arrays)):
+                result.evaluate_metrics_serverapp[r] = metrics
+            if self.checkpoints is not None and self.checkpoints.due(r, num_rounds):
+                path = self.checkpoints.save(r, self.stages(), self._history())
+                LOG.info("round %d: checkpoint %s", r, path)
+        result.arrays = ArrayRecord(self.params.state_dict())
+        return result
+
+    def _history(self) -> list[dict]:
+        evaluations = [{"evaluation": r, "metrics": m} for r, m in sorted(self.evaluations.items())]
+        return [*evaluations, *({"record": record} for record in self.rounds)]
+
+    def _resume(self, checkpoints: FlowerCheckpoints) -> int:
+        """Restore the population, every stage and the records of the newest checkpoint;
+        its round."""
+        if self.privacy.source != "exact":
+            raise FedsubError(
+                f"Flower: resume with train.heat_source = {self.privacy.source!r} is not "
+                "supported yet (the checkpoint does not keep the private heat); use exact heat "
+                "or start the run again"
+            )
+        saved = checkpoints.latest()
+        self.membership.load_state_tensors(saved.stages["population"])
+        self._build()
+        checkpoint_lib.restore(self.stages(), saved)
+        self.rounds = [e["record"] for e in saved.history if "record" in e]
+        self.evaluations = {
+            int(e["evaluation"]): dict(e["metrics"]) for e in saved.history if "evaluation" in e
+        }
+        self._failed_in_a_row = 0
+        for record in reversed(self.rounds):  # the failed rounds in a row at the end
+            if "failed" not in record:
+                break
+            self._failed_in_a_row += 1
+        LOG.info("resuming after round %d from %s", saved.round, saved.path)
+        return saved.round
+
+    def _log_rejection(self, rejection: Rejection) -> None:
         LOG.warning(
-            "round %d: rejected client %d: %s", rejection.round, rejection.client, rejection.reason
+            "round %d: rejected partition %d: %s",
+            rejection.round,
+            self.membership.counted[rejection.client],
+            rejection.reason,
         )
 
     # --- training ---------------------------------------------------------------------------
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if self._round is None:
-            raise FedsubError("SubmodelStrategy: call discover() before training")
-        self._plan = self._round.begin(server_round)
+        _refuse_whole_model_wrapper(sys._getframe(1).f_locals.get("self"))
+        online = self._update_membership(grid, server_round)
+        assert self._round is not None
+        available = self.membership.available(online)
+        self._plan = self._round.begin(server_round, among=available)
         cohort, work = self._plan.cohort, self._plan.work
+        partitions = [self.membership.counted[j] for j in cohort.clients.tolist()]
         if self._index is None:  # private heat: the sampled nodes' rows, for their download
-            self._ask_rows(grid, cohort.clients.tolist(), server_round)
+            self._ask_rows(grid, partitions, server_round)
+        nodes = [self.membership.node_of(k) for k in partitions]
+        self._sent_to = {
+            node: j
+            for j, node, k in zip(cohort.clients.tolist(), nodes, partitions, strict=True)
+            if self._index is not None or k in self._sampled_rows  # no rows: left out
+        }
         self._sent = 0
         if self.on_progress is not None:
-            self.on_progress({"round": server_round, "sent_to": cohort.clients.tolist()})
+            self.on_progress({"round": server_round, "sent_to": partitions, "nodes": nodes})
         messages, full = [], None
         chain = json.dumps(work.chain.describe())  # the ClientApp rebuilds it by name
         for member, client in enumerate(cohort.clients.tolist()):
-            if self._index is None and client not in self._sampled_rows:
+            if nodes[member] not in self._sent_to:
                 continue  # no rows from it: left out of the round
             rows = self._rows_of(client)
             if self.payload == "full":  # the same whole model for everyone, built once
@@ -307,37 +460,38 @@ class SubmodelStrategy(Strategy):
                 {"round": server_round, "lr": float(work.lr[member]), "chain": chain}
             )
             self._sent += arrays.count_bytes()
-            record = RecordDict({"submodel": arrays, "config": settings})
+            record = RecordDict({"arrays": arrays, "config": settings})
             messages.append(
-                Message(
-                    record, self._node_of[client], MessageType.TRAIN, group_id=str(server_round)
-                )
+                Message(record, nodes[member], MessageType.TRAIN, group_id=str(server_round))
             )
+        self._available = len(available)
         return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         assert self._plan is not None and self._round is not None
-        cohort = self._plan.cohort
-        position = {int(k): j for j, k in enumerate(cohort.clients)}
+        cohort, counted = self._plan.cohort, self.membership.counted
+        position = {int(j): m for m, j in enumerate(cohort.clients)}
         updates: dict[int, ClientUpdate] = {}
         received = 0
         for reply in replies:
+            node = reply.metadata.src_node_id
             if reply.has_error():
-                LOG.warning(
-                    "round %d: node %d failed: %s",
-                    server_round,
-                    reply.metadata.src_node_id,
-                    reply.error.reason,
-                )
+                LOG.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
                 continue
             metrics = record_of(reply.content, "metrics", MetricRecord)
-            client = int(number_of(metrics, "partition-id"))
-            if client not in position or self._node_of.get(client) != reply.metadata.src_node_id:
-                LOG.warning("round %d: unexpected reply for partition %d", server_round, client)
+            client = self._sent_to.get(node)
+            partition = int(number_of(metrics, "partition-id"))
+            if client is None or counted[client] != partition:
+                LOG.warning(
+                    "round %d: unexpected reply from node %d (partition %d)",
+                    server_round,
+                    node,
+                    partition,
+                )
                 continue
-            deltas_in = record_of(reply.content, "deltas", ArrayRecord)
+            deltas_in = record_of(reply.content, "arrays", ArrayRecord)
             received += deltas_in.count_bytes()
             deltas = read_deltas(deltas_in)
             rows = {t: r for t, r in self._rows_of(client).items() if t in deltas.tables}
@@ -348,18 +502,25 @@ class SubmodelStrategy(Strategy):
                 )
             weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
-        left_out = sorted(set(position) - set(updates))
-        self.evaluation.note_replies(set(position), left_out)
-        for client in left_out:  # name the node and its partition: the operator's next step
+        missing = sorted(set(position) - set(updates))
+        left_out = [counted[j] for j in missing]
+        for j in missing:  # name the node and its partition: the operator's next step
+            node = self.membership.node_of(counted[j])
             LOG.warning(
-                "round %d: no update from node %d (partition %d)",
+                "round %d: no update from node %d (partition %d): left out until it answers",
                 server_round,
-                self._node_of[client],
-                client,
+                node,
+                counted[j],
             )
+            self.membership.drop(node)
+            self._to_probe.add(node)  # asked to register again: a slow node comes back
+        self.evaluation.note_replies(set(counted[j] for j in position), left_out)
         record: dict[str, object] = {
             "round": server_round,
+            "available": self._available,
             "sampled": len(position),
+            "clients": [counted[j] for j in cohort.clients.tolist()],
+            "nodes": [self.membership.node_of(counted[j]) for j in cohort.clients.tolist()],
             "replies": len(updates),
             "left_out": left_out,
             "bytes_sent": self._sent,
@@ -373,7 +534,8 @@ class SubmodelStrategy(Strategy):
             self._failed_in_a_row += 1
             reason = (
                 f"{len(updates)} of {len(position)} sampled nodes replied, fewer than "
-                f"min-replies = {self.min_replies} (missing partitions {left_out[:10]}); "
+                f"min-replies = {self.min_replies} (missing partitions {left_out[:10]}; "
+                f"{self._available} client(s) available); "
                 f"{self._failed_in_a_row} such round(s) in a row, "
                 f"max-failed-rounds = {self.max_failed_rounds}"
             )
@@ -405,7 +567,9 @@ class SubmodelStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        return self.evaluation.messages(server_round, self.params, self._node_of)
+        online = set(grid.get_node_ids()) - self.membership.dropped
+        node_of = {k: r.node for k, r in self.membership.registered.items() if r.node in online}
+        return self.evaluation.messages(server_round, self.params, node_of)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

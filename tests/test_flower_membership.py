@@ -1,0 +1,232 @@
+"""The Flower strategy's elastic membership, checkpoints and resume, on a stand-in Grid (no
+processes): nodes register as they come online, a replacement takes its partition over, a
+node that does not answer is left out, new clients wait for the next heat refresh, and a run
+resumed from a checkpoint ends with the uninterrupted run's model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from fedsub.engine.schedule import Schedule
+from fedsub.errors import FedsubError
+from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+from fedsub.flower.records import deltas_record, read_submodel, record_of
+from fedsub.flower.strategy import SubmodelStrategy
+from fedsub.submodel.params import Params
+
+ROWS = 5
+# partition -> (its rows S(k) of table w, its sample count)
+DATA = {0: ([0, 1], 3), 1: ([1, 2, 3], 1), 2: ([3, 4], 2), 3: ([0, 4], 5)}
+
+
+@pytest.fixture(autouse=True)
+def task_identity(monkeypatch):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    # Outside a Flower runtime, Messages need the process's task identity (flwr 1.41 internals).
+    for name in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+@dataclass
+class StandInGrid:
+    """Flower's Grid for the strategy: ``online`` node id -> partition; a node in ``silent``
+    never answers (as a killed node until the round times out). A node trains by moving each
+    of its rows 10% of the way towards its partition id."""
+
+    online: dict[int, int]
+    silent: set[int] = field(default_factory=set)
+    sent: list[list[Message]] = field(default_factory=list)
+    fail_on_round: int = 0  # raise when that round's training is sent (a ServerApp crash)
+    queued: list[Message | None] = field(default_factory=list)
+    asked: list[int] = field(default_factory=list)  # nodes that answered a query
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.online)
+
+    def push_messages(self, messages) -> list[str]:
+        ids = []
+        for m in messages:
+            ids.append(str(len(self.queued)))
+            self.queued.append(m)
+        return ids
+
+    def pull_messages(self, ids) -> list[Message]:
+        """Replies to the messages ``ids`` whose node is online and answers (once each)."""
+        replies = []
+        for i in ids:
+            m = self.queued[int(i)]
+            if m is not None and (reply := self.reply(m)) is not None:
+                replies.append(reply)
+                self.queued[int(i)] = None
+        return replies
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        self.sent.append(messages)
+        return self.pull_messages(self.push_messages(messages))
+
+    def reply(self, m: Message) -> Message | None:
+        node = m.metadata.dst_node_id
+        if node not in self.online or node in self.silent:
+            return None
+        k = self.online[node]
+        rows, examples = DATA[k]
+        metrics = MetricRecord({"partition-id": k, "num-examples": examples})
+        if m.metadata.message_type == MessageType.QUERY:
+            self.asked.append(node)
+            index = ArrayRecord({"rows.w": torch.tensor(rows, dtype=torch.int64)})
+            return Message(RecordDict({"index": index, "metrics": metrics}), reply_to=m)
+        if int(record_of(m.content, "config", ConfigRecord)["round"]) == self.fail_on_round:
+            raise RuntimeError("the ServerApp crashed")
+        _, submodel = read_submodel(record_of(m.content, "arrays", ArrayRecord))
+        delta = 0.1 * (k - submodel.tables["w"])
+        content = RecordDict({"arrays": deltas_record({"w": delta}, {}), "metrics": metrics})
+        return Message(content, reply_to=m)
+
+
+def strategy(**kw) -> SubmodelStrategy:
+    options = {"min_nodes": 1, "node_wait": 1.0, **kw}
+    name = options.pop("algorithm", "fedsubavg")
+    return SubmodelStrategy(
+        Params({"w": torch.zeros(ROWS, 1)}, {}),
+        name,
+        None,
+        "clients",
+        Schedule(8, 3, 1, 1, 0.5, seed=0),
+        **options,
+    )
+
+
+def train_round(s: SubmodelStrategy, grid: StandInGrid, r: int) -> list[int]:
+    """One round; the nodes it was sent to."""
+    messages = list(s.configure_train(r, ArrayRecord(), ConfigRecord(), grid))
+    s.aggregate_train(r, grid.send_and_receive(messages))
+    return [m.metadata.dst_node_id for m in messages]
+
+
+def test_a_replacement_takes_its_partition_over_and_a_silent_node_costs_one_round():
+    grid = StandInGrid({100: 0, 101: 1, 102: 2})
+    s = strategy()
+    assert train_round(s, grid, 1) == [100, 101, 102]
+    grid.silent.add(102)  # killed: it never answers
+    assert train_round(s, grid, 2) == [100, 101, 102]
+    assert s.rounds[-1]["left_out"] == [2] and s.rounds[-1]["updated"]
+    grid.online[300] = 3
+    grid.silent.add(300)  # online but never answers its registration query: not waited for
+    assert train_round(s, grid, 3) == [100, 101]  # 102 left out, though Flower still lists it
+    grid.online[202] = 2  # the replacement: same partition, new node
+    assert train_round(s, grid, 4) == [100, 101, 202]
+    assert s.rounds[-1]["clients"] == [0, 1, 2] and s.rounds[-1]["replies"] == 3
+    assert grid.asked == [100, 101, 102, 202]  # only new nodes are asked to register
+    assert 3 not in s.membership.registered
+    assert s.membership.counted == [0, 1, 2]  # same data: no new population
+
+
+def test_a_new_client_is_sampled_once_the_heat_coefficients_count_it():
+    grid = StandInGrid({100: 0, 101: 1})
+    s = strategy(heat_refresh_every=2)
+    train_round(s, grid, 1)
+    grid.online[103] = 3
+    assert train_round(s, grid, 2) == [100, 101]  # registered, not yet in the coefficients
+    assert 3 in s.membership.registered and s.membership.counted == [0, 1]
+    assert train_round(s, grid, 3) == [100, 101, 103]  # round 3 = 1 + R: refreshed
+    # FedSubAvg's coefficient of row m is N / n_m over the registered clients (heat "clients")
+    held = [DATA[k][0] for k in (0, 1, 3)]
+    heat = np.array([sum(m in rows for rows in held) for m in range(ROWS)])
+    assert s._round is not None
+    coefficients = s._round.algorithm.aggregation.coefficients["w"].flatten().numpy()
+    np.testing.assert_allclose(coefficients, 3 / heat, rtol=1e-6)
+    np.testing.assert_array_equal(s._round.counts, [3, 1, 5])
+
+
+def test_round_1_refuses_to_start_without_min_nodes():
+    with pytest.raises(FedsubError, match=r"1 node\(s\) registered .*min-nodes = 2"):
+        train_round(strategy(min_nodes=2, node_wait=0.3), StandInGrid({100: 0}), 1)
+
+
+def run(tmp_path, grid: StandInGrid, resume: bool = False) -> SubmodelStrategy:
+    checkpoints = FlowerCheckpoints(tmp_path / "checkpoints", 1, resume, config_stamp("a"))
+    s = strategy(algorithm="fedsubavg-adam", checkpoints=checkpoints)
+    s.start(grid, ArrayRecord(), num_rounds=5, timeout=1.0)
+    return s
+
+
+def test_a_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_model(tmp_path):
+    nodes = {100: 0, 101: 1, 102: 2, 2**64 - 7: 3}  # Flower's node ids are unsigned 64-bit
+    whole = run(tmp_path / "whole", StandInGrid(dict(nodes)))
+    assert float(whole.params.tables["w"].abs().sum()) > 0
+    with pytest.raises(RuntimeError, match="crashed"):
+        run(tmp_path / "cut", StandInGrid(dict(nodes), fail_on_round=4))
+    resumed = run(tmp_path / "cut", StandInGrid(dict(nodes)), resume=True)
+    # the server's Adam state came back too: otherwise rounds 4-5 would move differently
+    torch.testing.assert_close(resumed.params.tables["w"], whole.params.tables["w"], rtol=0, atol=0)
+    assert [r["round"] for r in resumed.rounds] == [1, 2, 3, 4, 5]
+    assert resumed.membership.counted == [0, 1, 2, 3]
+    assert resumed.membership.node_of(3) == 2**64 - 7
+
+
+def test_resume_refuses_another_configurations_checkpoint_and_a_missing_one(tmp_path):
+    run(tmp_path, StandInGrid({100: 0, 101: 1}))
+    other = FlowerCheckpoints(tmp_path / "checkpoints", 1, True, config_stamp("b"))
+    with pytest.raises(FedsubError, match="written by another configuration"):
+        other.latest()
+    nothing = FlowerCheckpoints(tmp_path / "none", 1, True, config_stamp("a"))
+    with pytest.raises(FedsubError, match="holds no checkpoint"):
+        nothing.latest()
+
+
+def test_a_node_that_missed_a_round_is_sampled_again_once_it_answers():
+    grid = StandInGrid({100: 0, 101: 1, 102: 2})
+    s = strategy()
+    train_round(s, grid, 1)
+    grid.silent.add(101)  # slow: misses round 2, and the question sent after it
+    train_round(s, grid, 2)
+    assert train_round(s, grid, 3) == [100, 102]
+    grid.silent.discard(101)  # its answer to that question arrives
+    assert train_round(s, grid, 4) == [100, 101, 102]
+    assert s.rounds[-1]["replies"] == 3
+
+
+def test_settings_of_membership_and_checkpoints_are_read_and_checked():
+    from fedsub.errors import ConfigError
+    from fedsub.flower.settings import FlowerSettings
+
+    settings = FlowerSettings.from_run_config(
+        {
+            "min-nodes": 2,
+            "node-wait": 5.0,
+            "heat-refresh-every": 3,
+            "checkpoint-every": 2,
+            "resume": "true",
+            "out-dir": "/tmp/fedsub-flower-test",
+        }
+    )
+    assert (settings.min_nodes, settings.node_wait, settings.heat_refresh_every) == (2, 5.0, 3)
+    assert settings.checkpoint_every == 2 and settings.resume is True
+    for bad, message in (
+        ({"heat-refresh-every": 0}, "heat-refresh-every = 0; expected an integer >= 1"),
+        ({"min-nodes": -1}, "min-nodes = -1; expected an integer >= 0"),
+        ({"node-wait": 0}, "node-wait = 0; expected seconds > 0"),
+        ({"checkpoint-every": 1}, "checkpoint-every needs out-dir"),
+        ({"resume": True}, "resume needs out-dir"),
+        ({"resume": "yes", "out-dir": "/tmp/x"}, "resume = 'yes'; expected true or false"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            FlowerSettings.from_run_config(bad)
+
+
+def test_a_round_with_no_node_available_fails_without_sampling_anyone():
+    """Scheme I (proportional sampling) over nobody: an empty round, counted as failed."""
+    grid = StandInGrid({100: 0, 101: 1})
+    s = strategy(algorithm="fedavg@scheme1", max_failed_rounds=5)
+    train_round(s, grid, 1)
+    grid.silent.update({100, 101})
+    train_round(s, grid, 2)
+    assert train_round(s, grid, 3) == []
+    assert s.rounds[-1]["sampled"] == 0 and "fewer than min-replies" in s.rounds[-1]["failed"]
