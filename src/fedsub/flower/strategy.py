@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes
 from fedsub.data.ragged import Ragged
@@ -47,6 +47,7 @@ from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
+from fedsub.flower.private_download import download_combine, downloads_privately, reply_rows
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
 from fedsub.privacy.heat_sources import HeatPrivacy
@@ -204,7 +205,7 @@ class SubmodelStrategy(Strategy):
             self._counts,
             self.params,
             self.server,
-            lambda update: aggregate(update, self.algorithm.aggregation),
+            download_combine(self.algorithm.aggregation, self.schedule.privacy),
             max_update_norm=self.max_update_norm,
             on_reject=self._log_rejection,
         )
@@ -249,14 +250,19 @@ class SubmodelStrategy(Strategy):
         return {t: torch.from_numpy(r) for t, r in self._sampled_rows[client].items()}
 
     def _ask_rows(self, grid: Grid, clients: list[int], server_round: int) -> None:
-        """Private heat source: the S(k) of the round's sampled clients not known yet."""
+        """Private heat source: the S(k) of the round's sampled clients not known yet; with
+        private download (flower/private_download.py) their requests for this round instead."""
+        asked: dict[str, ConfigRecordValues] = {"what": "rows"}
+        if downloads_privately(self.schedule.privacy):  # a new request every round
+            self._sampled_rows = {}
+            asked = {"what": "request", "round": server_round}
         unknown = [k for k in clients if k not in self._sampled_rows]
         if not unknown:
             return
         client_of = {self._node_of[k]: k for k in unknown}
         query = [
             Message(
-                RecordDict({"query": ConfigRecord({"what": "rows"})}),
+                RecordDict({"query": ConfigRecord(asked)}),
                 self._node_of[k],
                 MessageType.QUERY,
                 group_id=str(server_round),
@@ -341,7 +347,13 @@ class SubmodelStrategy(Strategy):
             received += deltas_in.count_bytes()
             deltas = read_deltas(deltas_in)
             rows = {t: r for t, r in self._rows_of(client).items() if t in deltas.tables}
-            if self.payload == "full":  # full-size deltas: only S(k) can be non-zero
+            if downloads_privately(self.schedule.privacy):  # the held rows it requested
+                try:
+                    rows = reply_rows(reply, rows, client)
+                except FedsubError as error:  # left out, like a node that failed
+                    LOG.warning("round %d: %s", server_round, error)
+                    continue
+            elif self.payload == "full":  # full-size deltas: only S(k) can be non-zero
                 deltas = Params(
                     {t: d.index_select(0, rows[t]) for t, d in deltas.tables.items()},
                     deltas.dense,

@@ -1,0 +1,119 @@
+"""``train.privacy = download`` on Flower (fedsub.flower.private_download): the strategy and
+the real ClientApp on an in-process grid (tests/test_flower_heat_exchange.py's AppGrid) train
+the in-process engine's model, and the server never receives a node's S(k)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from fedsub import config as config_lib
+from fedsub.errors import FedsubError
+from fedsub.experiment import load_data
+from fedsub.flower.apps import make_client_app
+from fedsub.flower.settings import FlowerSettings, Payload
+from fedsub.privacy.levels import Privacy
+from fedsub.privacy.requests import client_request
+from fedsub.submodel.index import SubmodelIndex
+
+from .test_flower import in_process_model
+from .test_flower_heat_exchange import AppGrid, _private_strategy, task_identity  # noqa: F401
+
+BASE = (
+    "data.num_users=4",
+    "train.clients_per_round=2",
+    "train.algorithms=['fedsubavg']",
+    "train.heat='samples'",
+    "train.secagg_group=2",
+    "train.privacy='download'",
+)
+RANDOMIZED = ("train.download='randomized-response'", "train.download_keep=0.6")
+BUCKETS = ("train.download='buckets'", "train.download_bucket=4")
+
+
+class Recording(AppGrid):
+    """AppGrid keeping every reply the server received (its whole view of the nodes)."""
+
+    def __init__(self, app, num_nodes: int) -> None:
+        super().__init__(app, num_nodes)
+        self.received: list[Message] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = super().send_and_receive(messages, timeout=timeout)
+        self.received.extend(replies)
+        return replies
+
+
+def _run(overrides: tuple[str, ...], payload: Payload, rounds: int):
+    settings = FlowerSettings(overrides=(*overrides, f"train.rounds={rounds}"), payload=payload)
+    grid = Recording(make_client_app(settings), 4)
+    strategy = _private_strategy(settings)
+    strategy.discover(grid, 4, 5.0)
+    for r in range(1, rounds + 1):
+        messages = strategy.configure_train(r, ArrayRecord(), ConfigRecord(), grid)
+        strategy.aggregate_train(r, grid.send_and_receive(messages))
+    return strategy, grid
+
+
+@pytest.mark.parametrize(
+    ("download", "payload", "rounds"),
+    [
+        (BUCKETS, "submodel", 3),  # every held row requested: the local copy is never read
+        (RANDOMIZED, "full", 3),  # the whole model comes: every held row is current
+        (RANDOMIZED, "submodel", 1),  # round 1: the local copy is the initial model
+    ],
+)
+def test_private_download_on_flower_gives_the_in_process_model(
+    download: tuple[str, ...], payload: Payload, rounds: int
+):
+    overrides = (*BASE, *download)
+    strategy, _ = _run(overrides, payload, rounds)
+    expected = in_process_model((*overrides, f"train.rounds={rounds}"))
+    moved = False
+    for name, value in strategy.params.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6)
+        moved |= bool(value.abs().max() > 0)
+    assert moved  # the comparison is not between two untouched models
+    if download == RANDOMIZED:  # positive control: skipped rows and 1/p change the model
+        plain = in_process_model((*BASE[:-1], f"train.rounds={rounds}"))
+        assert any(not torch.allclose(v, plain[n]) for n, v in expected.items())
+    assert [r["replies"] for r in strategy.rounds] == [2] * rounds
+
+
+def _row_sets(message: Message) -> list[np.ndarray]:
+    """Every row-id array a reply carries (its index record's rows.*)."""
+    if "index" not in message.content:
+        return []
+    index = message.content["index"]
+    assert isinstance(index, ArrayRecord)
+    return [v.numpy() for k, v in index.to_torch_state_dict().items() if k.startswith("rows.")]
+
+
+def test_the_server_receives_requests_never_a_nodes_rows():
+    """What the server received (every reply): requests drawn as in process (seed, round,
+    client) and held rows it requested, never S(k) itself; the requests differ from S(k)."""
+    overrides = (*BASE, *RANDOMIZED, "train.download_epsilon=1.0")
+    strategy, grid = _run(overrides, "submodel", 2)
+    config = config_lib.load(None, (*overrides, "train.rounds=2"))
+    dataset = load_data(config)
+    index = SubmodelIndex.build(dataset)
+    truth = [index.client_rows("features", k) for k in range(4)]
+    sent = [rows for reply in grid.received for rows in _row_sets(reply)]
+    assert sent  # requests and reply rows did reach the server
+    for rows in sent:
+        assert not any(np.array_equal(rows, s) for s in truth)
+    privacy = Privacy("download", "randomized-response", 1.0, 0.6)
+    cohort = strategy._round.begin(2).cohort.clients.tolist()
+    for k in cohort:  # round 2's requests as the in-process engine draws them
+        want = client_request(privacy, {"features": truth[k]}, dataset.table_rows, 0, 2, k)
+        assert np.array_equal(strategy._sampled_rows[k]["features"], want["features"])
+
+
+def test_a_node_at_download_refuses_to_send_its_rows():
+    settings = FlowerSettings(overrides=(*BASE, *BUCKETS))
+    grid = AppGrid(make_client_app(settings), 4)
+    ask = Message(RecordDict({"query": ConfigRecord({"what": "rows"})}), 100, MessageType.QUERY)
+    with pytest.raises(FedsubError, match=r"partition 0: train.privacy = 'download'.*never"):
+        grid.app(ask, grid.contexts[100])
