@@ -117,3 +117,48 @@ def test_a_node_at_download_refuses_to_send_its_rows():
     ask = Message(RecordDict({"query": ConfigRecord({"what": "rows"})}), 100, MessageType.QUERY)
     with pytest.raises(FedsubError, match=r"partition 0: train.privacy = 'download'.*never"):
         grid.app(ask, grid.contexts[100])
+
+
+def test_held_rows_left_out_of_a_request_come_from_the_nodes_local_copy():
+    """A node's model over S(k): requested rows as received; a held row not requested takes
+    the value the node last received for it (at first the seeded initial model's)."""
+    from flwr.app import Context
+
+    from fedsub.engine.loop import initial_params
+    from fedsub.flower.node_data import node_config_items, node_data
+    from fedsub.flower.private_download import local_submodel
+    from fedsub.submodel.params import Params
+
+    settings = FlowerSettings(overrides=(*BASE, *RANDOMIZED, "model.init_std=0.1"))
+    node = node_data(settings, node_config_items({"partition-id": 0, "num-partitions": 4}))
+    held = node.rows["features"]
+    assert len(held) >= 3
+    context = Context(1, 100, {}, RecordDict(), {})
+    start = initial_params(node.model, node.schedule)
+    dense = {n: v.clone() for n, v in start.dense.items()}
+
+    def receive(request: np.ndarray, values: torch.Tensor) -> torch.Tensor:
+        rows = {"features": torch.from_numpy(request)}
+        got = local_submodel(
+            node, context, rows, Params({"features": values}, dense), {"features": request}
+        )
+        return got.tables["features"]
+
+    width = start.tables["features"].shape[1]
+    first = held[1:]  # the first held row is left out: the initial model's value
+    sent = torch.full((len(first), width), 7.0)
+    mine = receive(first, sent)
+    torch.testing.assert_close(mine[0], start.tables["features"][held[0]])
+    assert bool((mine[0] != 0).any())  # the initial value is not zero: a real check
+    torch.testing.assert_close(mine[1:], sent)
+    second = held[:1]  # now only the first: the others keep the 7s received last time
+    mine = receive(second, torch.full((1, width), -2.0))
+    assert bool((mine[0] == -2.0).all()) and bool((mine[1:] == 7.0).all())
+    with pytest.raises(FedsubError, match="the rows received are not its request"):
+        local_submodel(
+            node,
+            context,
+            {"features": torch.from_numpy(held)},
+            Params({"features": torch.zeros(len(held), width)}, dense),
+            {"features": second},
+        )
