@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from fedsub import config as config_lib
 from fedsub.errors import FedsubError
 from fedsub.experiment import load_data
+from fedsub.flower import secure_rows
 from fedsub.flower.apps import make_client_app
 from fedsub.flower.settings import FlowerSettings, Payload
 from fedsub.privacy.levels import Privacy
@@ -29,6 +30,7 @@ BASE = (
     "train.secagg_group=2",
     "train.privacy='download'",
 )
+FULL = ("train.privacy='full'",)  # overrides BASE's download
 RANDOMIZED = ("train.download='randomized-response'", "train.download_keep=0.6")
 BUCKETS = ("train.download='buckets'", "train.download_bucket=4")
 
@@ -63,6 +65,8 @@ def _run(overrides: tuple[str, ...], payload: Payload, rounds: int):
         (BUCKETS, "submodel", 3),  # every held row requested: the local copy is never read
         (RANDOMIZED, "full", 3),  # the whole model comes: every held row is current
         (RANDOMIZED, "submodel", 1),  # round 1: the local copy is the initial model
+        ((*FULL, *BUCKETS), "submodel", 3),  # secure row sums over Flower messages
+        ((*FULL, *RANDOMIZED), "full", 2),
     ],
 )
 def test_private_download_on_flower_gives_the_in_process_model(
@@ -73,10 +77,13 @@ def test_private_download_on_flower_gives_the_in_process_model(
     expected = in_process_model((*overrides, f"train.rounds={rounds}"))
     moved = False
     for name, value in strategy.params.state_dict().items():
+        # full: fixed point with 2 nodes and clip 1 errs by <= 1e-9 per sum (README)
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6)
         moved |= bool(value.abs().max() > 0)
     assert moved  # the comparison is not between two untouched models
-    if download == RANDOMIZED:  # positive control: skipped rows and 1/p change the model
+    if (
+        "train.download='randomized-response'" in download
+    ):  # positive control: skipped rows and 1/p change the model
         plain = in_process_model((*BASE[:-1], f"train.rounds={rounds}"))
         assert any(not torch.allclose(v, plain[n]) for n, v in expected.items())
     assert [r["replies"] for r in strategy.rounds] == [2] * rounds
@@ -162,3 +169,43 @@ def test_held_rows_left_out_of_a_request_come_from_the_nodes_local_copy():
             Params({"features": torch.zeros(len(held), width)}, dense),
             {"features": second},
         )
+
+
+def _float_arrays(message: Message) -> list[np.ndarray]:
+    """Every floating-point array of a reply's ArrayRecords."""
+    arrays = []
+    for record in message.content.values():
+        if isinstance(record, ArrayRecord):
+            for value in record.to_torch_state_dict().values():
+                if value.is_floating_point():
+                    arrays.append(value.numpy())
+    return arrays
+
+
+@pytest.mark.parametrize("level", ["download", "full"])
+def test_at_full_the_server_receives_no_rows_and_no_delta(level):
+    """Everything the server received in two rounds (query, train and secure-sum replies):
+    at ``full`` no S(k), and every float array is empty or zero (no delta in the clear); the
+    same check finds the deltas at ``download`` (positive control)."""
+    overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'")
+    strategy, grid = _run(overrides, "submodel", 2)
+    dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=2")))
+    index = SubmodelIndex.build(dataset)
+    truth = [index.client_rows("features", k) for k in range(4)]
+    for rows in (rows for reply in grid.received for rows in _row_sets(reply)):
+        assert not any(np.array_equal(rows, s) for s in truth)
+    floats = [a for reply in grid.received for a in _float_arrays(reply)]
+    nonzero = [a for a in floats if a.size and np.abs(a).max() > 0]
+    if level == "full":
+        assert floats and not nonzero
+        secure = [r for r in grid.received if r.metadata.message_type == secure_rows.MESSAGE_TYPE]
+        assert {str(r.content["heat"]["stage"]) for r in secure} == {
+            "advertise",
+            "share",
+            "mask",
+            "unmask",
+        }
+        assert len(secure) == 2 * 4 * 2  # 2 rounds, 4 stages, 2 nodes
+        assert bool(strategy.params.tables["features"].abs().max() > 0)  # it trained
+    else:
+        assert nonzero

@@ -191,22 +191,32 @@ class PrivateRounds:
         return self._server_update(update, slots, sums)
 
     def _server_update(self, update: CohortUpdate, slots: RowSlots, sums: RowSums) -> ServerUpdate:
-        """Per-row sums with FedSubAvg's coefficients applied (1 for FedAvg), on the model's
-        device and dtype."""
-        device = update.clients.device
-        tables = {}
-        for t, union in slots.rows.items():
-            rows = torch.from_numpy(union).to(device)
-            summed = torch.from_numpy(sums.tables[t]).to(device)
-            if self.aggregation.coefficients is not None:
-                coef = self.aggregation.coefficients[t].index_select(0, rows)
-                summed = summed * coef.to(summed.dtype).unsqueeze(1)
-            tables[t] = RowUpdate(rows, summed.to(update.table_deltas[t].dtype))
-        dense = {
-            n: torch.from_numpy(np.ascontiguousarray(sums.dense[n])).to(device, v.dtype)
-            for n, v in update.dense_deltas.items()
-        }
-        return ServerUpdate(tables, dense)
+        return server_update_of_sums(self.aggregation, update, slots, sums.tables, sums.dense)
+
+
+def server_update_of_sums(
+    aggregation: Aggregation,
+    update: CohortUpdate,
+    slots: RowSlots,
+    tables_sums: dict[str, np.ndarray],
+    dense_sums: dict[str, np.ndarray],
+) -> ServerUpdate:
+    """Per-row sums with FedSubAvg's coefficients applied (1 for FedAvg), on the device and
+    in the dtypes of ``update``'s deltas (a network runtime passes deltas of no rows)."""
+    device = update.clients.device
+    tables = {}
+    for t, union in slots.rows.items():
+        rows = torch.from_numpy(union).to(device)
+        summed = torch.from_numpy(tables_sums[t]).to(device)
+        if aggregation.coefficients is not None:
+            coef = aggregation.coefficients[t].index_select(0, rows)
+            summed = summed * coef.to(summed.dtype).unsqueeze(1)
+        tables[t] = RowUpdate(rows, summed.to(update.table_deltas[t].dtype))
+    dense = {
+        n: torch.from_numpy(np.ascontiguousarray(dense_sums[n])).to(device, v.dtype)
+        for n, v in update.dense_deltas.items()
+    }
+    return ServerUpdate(tables, dense)
 
 
 def _dense_bytes(update: CohortUpdate) -> int:

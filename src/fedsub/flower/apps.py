@@ -40,6 +40,7 @@ from fedsub.flower.private_download import (
 )
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.run_model import run_model
+from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
@@ -125,6 +126,14 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             len(node.train),
         )
 
+    @app.query(ACTION)
+    def secure_rows(message: Message, context: Context) -> Message:
+        """One stage of the secure sum of row deltas (fedsub.flower.secure_rows)."""
+        node = _node(fixed, context, message)
+        if node.schedule.privacy is None:
+            raise FedsubError(f"partition {node.client}: no train.privacy; refusing")
+        return answer_secure_rows(message, context, node.schedule.privacy)
+
     @app.train()
     def train(message: Message, context: Context) -> Message:
         """Local steps of fedsub's client work on the submodel received; reply row deltas."""
@@ -161,8 +170,13 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         update = push(k, float(len(samples)), own, pulled, trained)
         table_deltas = update.table_deltas
         index = None
+        dense_deltas = update.dense_deltas
         if downloading:  # the held rows it requested, with their ids (the others skipped)
             kept, table_deltas = reply_record(node.rows, request, table_deltas)
+            privacy = node.schedule.privacy
+            if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
+                keep_deltas(context, kept, table_deltas, dense_deltas)
+                kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
             index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
         elif full:  # reply as stock FedAvg would: the whole table
             table_deltas = {
@@ -173,7 +187,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             time.sleep(settings.train_delay)
         metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         content = RecordDict(
-            {"deltas": deltas_record(table_deltas, update.dense_deltas), "metrics": metrics}
+            {"deltas": deltas_record(table_deltas, dense_deltas), "metrics": metrics}
         )
         if index is not None:
             content["index"] = index

@@ -47,8 +47,9 @@ from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
-from fedsub.flower.private_download import download_combine, downloads_privately, reply_rows
+from fedsub.flower.private_download import downloads_privately, reply_rows
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
+from fedsub.flower.secure_rows import round_combine
 from fedsub.flower.settings import Payload
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.submodel.heat import HeatKind
@@ -205,7 +206,15 @@ class SubmodelStrategy(Strategy):
             self._counts,
             self.params,
             self.server,
-            download_combine(self.algorithm.aggregation, self.schedule.privacy),
+            round_combine(
+                grid,
+                self._node_of,
+                self.algorithm.aggregation,
+                self.schedule.privacy,
+                lambda: self._sampled_rows,
+                timeout,
+                self.on_heat_reply,
+            ),
             max_update_norm=self.max_update_norm,
             on_reject=self._log_rejection,
         )
