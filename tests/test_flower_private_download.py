@@ -17,6 +17,7 @@ from fedsub.flower.apps import make_client_app
 from fedsub.flower.settings import FlowerSettings, Payload
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
+from fedsub.privacy.secagg import SecAggError
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_flower import in_process_model
@@ -209,3 +210,46 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
         assert bool(strategy.params.tables["features"].abs().max() > 0)  # it trained
     else:
         assert nonzero
+
+
+def _first_round(overrides: tuple[str, ...], dropped: set[int]):
+    """Round 1 at ``full`` with 3 of 4 nodes; the nodes in ``dropped`` vanish before their
+    masked vector (after training and sharing keys)."""
+    settings = FlowerSettings(overrides=(*overrides, "train.rounds=1"))
+    grid = AppGrid(make_client_app(settings), 4)
+
+    def drop(node: int, message: Message) -> bool:
+        heat = message.content.get("heat")
+        return (
+            message.metadata.message_type == secure_rows.MESSAGE_TYPE
+            and isinstance(heat, ConfigRecord)
+            and heat["stage"] == "mask"
+            and node in dropped
+        )
+
+    grid.drop = drop
+    strategy = _private_strategy(settings)
+    strategy.discover(grid, 4, 5.0)
+    messages = strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)
+    strategy.aggregate_train(1, grid.send_and_receive(messages))
+    return strategy
+
+
+def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
+    """3 nodes, t = 2: one drops after training and the round still updates the model, which
+    differs from the no-dropout round only in the dropped node's rows S(k) (and the dense
+    part); two drop and the round stops with secagg's error naming t."""
+    overrides = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=3")
+    everyone = _first_round(overrides, set())
+    cohort = everyone._round.begin(1).cohort.clients.tolist()
+    gone = cohort[0]
+    dropped = _first_round(overrides, {100 + gone})  # partition k is node 100 + k
+    assert dropped.rounds[0]["updated"]
+    diff = (everyone.params.tables["features"] - dropped.params.tables["features"]).abs()
+    changed = np.flatnonzero(diff.amax(1).numpy() > 1e-7)
+    dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=1")))
+    held = SubmodelIndex.build(dataset).client_rows("features", gone)
+    assert len(changed) and set(changed.tolist()) <= set(held.tolist())
+    failed = r"secure row sum over nodes \[.*\]: only 1 clients left.*t = 2"
+    with pytest.raises(SecAggError, match=failed):
+        _first_round(overrides, {100 + cohort[0], 100 + cohort[1]})

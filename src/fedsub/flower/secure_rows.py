@@ -17,6 +17,7 @@ step is smaller).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -38,9 +39,11 @@ from fedsub.flower.private_download import download_combine
 from fedsub.flower.records import record_of
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.sparse_secagg import RowSlots, decode_sums, encode_client, union_of
 from fedsub.submodel.transfer import CohortUpdate
 
+LOG = logging.getLogger("fedsub")
 ACTION = "secure_rows"
 MESSAGE_TYPE = f"{MessageType.QUERY}.{ACTION}"
 SOURCE = "secure-rows"  # what a node agrees to sum in this protocol
@@ -148,18 +151,23 @@ class SecureRows:
             for j, k in enumerate(members)
         }
         coding = FixedPoint.for_clients(len(members), self.privacy.secagg_clip)
-        total, survivors = group_sum(
-            self.grid,
-            [self.node_of[k] for k in members],
-            SOURCE,
-            slots.length,
-            self.timeout,
-            self.record,
-            MESSAGE_TYPE,
-            fields,
-        )
+        nodes = [self.node_of[k] for k in members]
+        try:
+            total, survivors = group_sum(
+                self.grid, nodes, SOURCE, slots.length, self.timeout, self.record,
+                MESSAGE_TYPE, fields,
+            )  # fmt: skip
+        except SecAggError as error:  # name the nodes: the operator's next step
+            raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
         tables, dense, clipped, _ = decode_sums(slots, coding, total, len(survivors))
         self.clipped += clipped
+        if clipped:
+            LOG.warning(
+                "secure row sum: %d values clipped to [-%g, %g] (train.secagg_clip)",
+                clipped,
+                self.privacy.secagg_clip,
+                self.privacy.secagg_clip,
+            )
         server_update = server_update_of_sums(self.aggregation, update, slots, tables, dense)
         return unbias(server_update, self.privacy.keep)
 
