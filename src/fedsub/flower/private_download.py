@@ -11,7 +11,8 @@
   (every held row is requested), with ``payload = full`` (the whole model comes), and in the
   first round a node takes part.
 - **Reply** (``reply_record``): the deltas of the held rows it requested (as the simulator's
-  ``restrict``) with their row ids, in the clear (this level hides the download only).
+  ``restrict``) with their row ids, in the clear (this level hides the download only; at
+  ``full`` they go into the secure sum instead, flower/secure_rows.py).
 - **Aggregation** (``download_combine``): the algorithm's aggregate, row sums divided by p
   (``engine/private_rounds.unbias``).
 """
@@ -130,5 +131,5 @@ def download_combine(
 ) -> Callable[[CohortUpdate], ServerUpdate]:
     """The round's aggregation: the algorithm's, row sums divided by p under randomized
     response (each held row reaches the server from a fraction p of its clients)."""
-    keep = privacy.keep if downloads_privately(privacy) and privacy is not None else 1.0
+    keep = 1.0 if privacy is None else privacy.keep  # keep is 1 below level download
     return lambda update: unbias(aggregate(update, aggregation), keep)
