@@ -253,3 +253,20 @@ def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
     failed = r"secure row sum over nodes \[.*\]: only 1 clients left.*t = 2"
     with pytest.raises(SecAggError, match=failed):
         _first_round(overrides, {100 + cohort[0], 100 + cohort[1]})
+
+
+def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
+    """The real ServerApp (called as Flower calls it) and ClientApp on the grid: the run at
+    ``full`` succeeds and saves the in-process model."""
+    from flwr.app import Context
+    from safetensors.torch import load_file
+
+    from fedsub.flower.apps import make_server_app
+
+    overrides = (*BASE, *FULL, *BUCKETS, "train.rounds=2")
+    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    grid = AppGrid(make_client_app(settings), 4)  # what the ServerApp uses of a Grid
+    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    saved = load_file(tmp_path / "model.safetensors")
+    for name, value in in_process_model(overrides).items():
+        torch.testing.assert_close(saved[name], value, rtol=0, atol=1e-6)
