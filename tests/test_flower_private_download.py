@@ -1,6 +1,7 @@
-"""``train.privacy = download`` on Flower (fedsub.flower.private_download): the strategy and
-the real ClientApp on an in-process grid (tests/test_flower_heat_exchange.py's AppGrid) train
-the in-process engine's model, and the server never receives a node's S(k)."""
+"""``train.privacy = download | full`` on Flower (fedsub.flower.private_download,
+fedsub.flower.secure_rows): the strategy and the real ClientApp on an in-process grid
+(tests/test_flower_heat_exchange.py's AppGrid) train the in-process engine's model; the server
+never receives a node's S(k), and at ``full`` no delta; dropouts from the secure sum."""
 
 from __future__ import annotations
 
