@@ -272,11 +272,11 @@ def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
     assert "| fedsubavg | full | full |" in (out / "sweep.md").read_text()
 
 
-def test_flower_refuses_private_download_and_secure_aggregation_when_told_the_level():
-    """For the Flower settings: check_combination(..., on_flower=True, privacy=level)."""
+def test_flower_accepts_every_privacy_level():
+    """For the Flower settings: check_combination(..., on_flower=True, privacy=level) lets
+    every level run (tests/test_flower_private_download.py runs download and full)."""
     from fedsub.algorithms.registry import PRESETS, check_combination
 
     recipe = PRESETS["fedsubavg"].recipe
-    check_combination("fedsubavg", recipe, on_flower=True, privacy="heat")
-    with pytest.raises(ConfigError, match="runs in process only for now"):
-        check_combination("fedsubavg", recipe, on_flower=True, privacy="full")
+    for level in ("none", "heat", "download", "full"):
+        check_combination("fedsubavg", recipe, on_flower=True, privacy=level)

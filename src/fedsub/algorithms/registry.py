@@ -368,7 +368,7 @@ def check_combination(
     across rounds (SCAFFOLD's c_i) cannot run on width slices or on fedsub's stateless Flower
     ClientApp; client pieces must form one chain (fedsub.client.work.round_chain); private
     download and secure aggregation (``privacy``) hide each client's update, which per-client
-    state is built from, and run in process only."""
+    state is built from."""
     base = name.partition("@")[0]
     pooled = AGGREGATIONS[recipe.aggregation].pools_data
     if pooled and scheme != "default":
@@ -382,11 +382,6 @@ def check_combination(
     except ValueError as error:
         raise ConfigError(f"algorithm {name!r}: {error}") from None
     stateful = [p.name for p in pieces if p.keeps_client_state]
-    if on_flower and privacy in ("download", "full"):
-        raise ConfigError(
-            f"train.privacy = {privacy!r} runs in process only for now (fedsub compare); "
-            "on Flower use privacy none or heat"
-        )
     if stateful and privacy in ("download", "full"):
         raise ConfigError(
             f"train.privacy = {privacy!r} cannot be combined with algorithm {name!r}: its "

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedsub import seeding
 from fedsub.algorithms.aggregation import (
     Aggregation,
     RowUpdate,
@@ -31,8 +30,8 @@ from fedsub.algorithms.aggregation import (
     aggregation_weights,
 )
 from fedsub.algorithms.sampling import Cohort
-from fedsub.privacy import private_download
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
 from fedsub.privacy.sparse_secagg import (
     RowSlots,
@@ -42,8 +41,6 @@ from fedsub.privacy.sparse_secagg import (
     union_of,
 )
 from fedsub.submodel.transfer import CohortUpdate
-
-DOWNLOAD_STREAM = 0x5D0  # seeding purpose of the download requests
 
 
 @dataclass(frozen=True)
@@ -103,19 +100,7 @@ class PrivateRounds:
         self, rows: dict[str, np.ndarray], client: int, round_index: int
     ) -> dict[str, np.ndarray]:
         """Client ``client``'s download request in round ``round_index`` (table -> rows)."""
-        if not self.privacy.private_download:
-            return rows
-        rng = seeding.rng(self.seed, DOWNLOAD_STREAM, round_index, client)
-        p = self.privacy
-        if p.randomized:
-            return {
-                t: private_download.randomized_request(r, self.table_rows[t], p.keep, p.decoy, rng)
-                for t, r in rows.items()
-            }
-        return {
-            t: private_download.bucketed_request(r, self.table_rows[t], p.download_bucket, rng)
-            for t, r in rows.items()
-        }
+        return client_request(self.privacy, rows, self.table_rows, self.seed, round_index, client)
 
     def wrap(self, run_cohort: RunCohort) -> RunCohort:
         """The backend's ``run_cohort``, followed by the members' requests: each update keeps
@@ -206,22 +191,32 @@ class PrivateRounds:
         return self._server_update(update, slots, sums)
 
     def _server_update(self, update: CohortUpdate, slots: RowSlots, sums: RowSums) -> ServerUpdate:
-        """Per-row sums with FedSubAvg's coefficients applied (1 for FedAvg), on the model's
-        device and dtype."""
-        device = update.clients.device
-        tables = {}
-        for t, union in slots.rows.items():
-            rows = torch.from_numpy(union).to(device)
-            summed = torch.from_numpy(sums.tables[t]).to(device)
-            if self.aggregation.coefficients is not None:
-                coef = self.aggregation.coefficients[t].index_select(0, rows)
-                summed = summed * coef.to(summed.dtype).unsqueeze(1)
-            tables[t] = RowUpdate(rows, summed.to(update.table_deltas[t].dtype))
-        dense = {
-            n: torch.from_numpy(np.ascontiguousarray(sums.dense[n])).to(device, v.dtype)
-            for n, v in update.dense_deltas.items()
-        }
-        return ServerUpdate(tables, dense)
+        return server_update_of_sums(self.aggregation, update, slots, sums.tables, sums.dense)
+
+
+def server_update_of_sums(
+    aggregation: Aggregation,
+    update: CohortUpdate,
+    slots: RowSlots,
+    tables_sums: dict[str, np.ndarray],
+    dense_sums: dict[str, np.ndarray],
+) -> ServerUpdate:
+    """Per-row sums with FedSubAvg's coefficients applied (1 for FedAvg), on the device and
+    in the dtypes of ``update``'s deltas (a network runtime passes deltas of no rows)."""
+    device = update.clients.device
+    tables = {}
+    for t, union in slots.rows.items():
+        rows = torch.from_numpy(union).to(device)
+        summed = torch.from_numpy(tables_sums[t]).to(device)
+        if aggregation.coefficients is not None:
+            coef = aggregation.coefficients[t].index_select(0, rows)
+            summed = summed * coef.to(summed.dtype).unsqueeze(1)
+        tables[t] = RowUpdate(rows, summed.to(update.table_deltas[t].dtype))
+    dense = {
+        n: torch.from_numpy(np.ascontiguousarray(dense_sums[n])).to(device, v.dtype)
+        for n, v in update.dense_deltas.items()
+    }
+    return ServerUpdate(tables, dense)
 
 
 def _dense_bytes(update: CohortUpdate) -> int:

@@ -33,8 +33,15 @@ from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat, privacy_of
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.node_eval import eval_index_record, node_report
+from fedsub.flower.private_download import (
+    downloads_privately,
+    local_submodel,
+    node_request,
+    reply_record,
+)
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.run_model import run_model
+from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
@@ -65,14 +72,27 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     def report_index(message: Message, context: Context) -> Message:
         """The node's partition, and (query "index") its sample count, index sets S(k) and
         evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
-        anyway. A node whose train.heat_source is private refuses "index": its heat goes by
-        query.heat."""
+        anyway; at train.privacy download (query "request") its download request for the
+        round instead, never S(k) (flower/private_download.py). A node whose
+        train.heat_source is private refuses "index": its heat goes by query.heat."""
         node = _node(fixed, context, message)
         k = node.client
-        what = str(record_of(message.content, "query", ConfigRecord).get("what", "index"))
+        query = record_of(message.content, "query", ConfigRecord)
+        what = str(query.get("what", "index"))
         private = privacy_of(node.config).source != "exact"
-        if what not in ("index", "rows", "partition"):
+        if what not in ("index", "rows", "partition", "request"):
             raise FedsubError(f"partition {k}: unknown query {what!r}")
+        downloading = downloads_privately(node.schedule.privacy)
+        if what == "rows" and downloading:
+            raise FedsubError(
+                f"partition {k}: train.privacy = {node.config.train.privacy!r}, so this node "
+                "sends a download request (query 'request'), never its rows S(k)"
+            )
+        if what == "request" and not downloading:
+            raise FedsubError(
+                f"partition {k}: train.privacy = {node.config.train.privacy!r} draws no "
+                "private download request; ask for its rows"
+            )
         if what == "index" and private:
             raise FedsubError(
                 f"partition {k}: train.heat_source = {node.config.train.heat_source!r}, so "
@@ -83,6 +103,11 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         if what in ("index", "rows"):
             rows = {f"rows.{t}": torch.from_numpy(r) for t, r in node.rows.items()}
             content["index"] = ArrayRecord(rows)
+        if what == "request":  # privacy download: its request for the round, never S(k)
+            request = node_request(node, int(number_of(query, "round")))
+            content["index"] = ArrayRecord(
+                {f"rows.{t}": torch.from_numpy(r) for t, r in request.items()}
+            )
         if what == "index":
             metrics["num-examples"] = len(node.train)
             content[EVAL_INDEX] = eval_index_record(node)
@@ -102,6 +127,14 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             len(node.train),
         )
 
+    @app.query(ACTION)
+    def secure_rows(message: Message, context: Context) -> Message:
+        """One stage of the secure sum of row deltas (fedsub.flower.secure_rows)."""
+        node = _node(fixed, context, message)
+        if node.schedule.privacy is None:
+            raise FedsubError(f"partition {node.client}: no train.privacy; refusing")
+        return answer_secure_rows(message, context, node.schedule.privacy)
+
     @app.train()
     def train(message: Message, context: Context) -> Message:
         """Local steps of fedsub's client work on the submodel received; reply row deltas."""
@@ -110,14 +143,19 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         k = node.client
         rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
         own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
+        c = record_of(message.content, "config", ConfigRecord)
+        round_index = int(number_of(c, "round"))
+        downloading = downloads_privately(node.schedule.privacy)
         full = not rows
-        if full:  # the whole model came: take S(k) locally
+        request = node_request(node, round_index) if downloading else {}
+        if downloading:  # requested rows received, the others from the node's local copy
+            pulled = local_submodel(node, context, rows, received, request)
+        elif full:  # the whole model came: take S(k) locally
             pulled = pull(received, own)
         elif any(not torch.equal(rows[t], own[t]) for t in own):
             raise FedsubError(f"partition {k}: the rows received are not this node's S(k)")
         else:
             pulled = received
-        c = record_of(message.content, "config", ConfigRecord)
         chain = Chain.from_description(json.loads(str(c["chain"])))
         samples = node.samples
         trained = train_submodel(
@@ -125,14 +163,23 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             pulled,
             samples,
             k,
-            int(number_of(c, "round")),
+            round_index,
             node.schedule,
             chain,
             float(number_of(c, "lr")),
         )
         update = push(k, float(len(samples)), own, pulled, trained)
         table_deltas = update.table_deltas
-        if full:  # reply as stock FedAvg would: the whole table
+        index = None
+        dense_deltas = update.dense_deltas
+        if downloading:  # the held rows it requested, with their ids (the others skipped)
+            kept, table_deltas = reply_record(node.rows, request, table_deltas)
+            privacy = node.schedule.privacy
+            if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
+                keep_deltas(context, kept, table_deltas, dense_deltas)
+                kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
+            index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
+        elif full:  # reply as stock FedAvg would: the whole table
             table_deltas = {
                 t: torch.zeros_like(received.tables[t]).index_copy_(0, own[t], d)
                 for t, d in table_deltas.items()
@@ -141,8 +188,10 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             time.sleep(settings.train_delay)
         metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         content = RecordDict(
-            {"arrays": deltas_record(table_deltas, update.dense_deltas), "metrics": metrics}
+            {"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics}
         )
+        if index is not None:
+            content["index"] = index
         return Message(content, reply_to=message)
 
     @app.evaluate()

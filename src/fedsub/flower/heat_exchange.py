@@ -127,6 +127,15 @@ def _get(record: ConfigRecord, key: str, kind: type, who: str) -> object:
     return value
 
 
+def number_field(record: ConfigRecord, key: str, kind: type[int] | type[float], who: str) -> float:
+    """A numeric field of a protocol message, checked (for flower/secure_rows.py too)."""
+    return float(_get(record, key, kind, who))  # type: ignore[arg-type]  # checked number
+
+
+def int_list_field(record: ConfigRecord, key: str, who: str) -> list[int]:
+    return _list(record, key, int, who)
+
+
 def _int(record: ConfigRecord, key: str, who: str) -> int:
     return int(_get(record, key, int, who))  # type: ignore[call-overload]  # checked int
 
@@ -429,12 +438,33 @@ def answer_heat(
         return _reply(message, encode_report(bits, num_samples))
     if privacy.source not in SUMMED_SOURCES:
         raise HeatMessageError(f"{who}: asked for secure aggregation, configured otherwise")
+    return answer_secagg(
+        message,
+        context,
+        privacy.source,
+        lambda _: summed_vector(privacy, kind, table_rows, rows, num_samples),
+        who,
+    )
+
+
+def answer_secagg(
+    message: Message,
+    context: Context,
+    source: str,
+    vector: Callable[[ConfigRecord], np.ndarray],
+    who: str,
+) -> Message:
+    """A node's reply to one stage of a secure sum over Flower (the heat exchange's, or the
+    secure row sums' of flower/secure_rows.py): ``source`` is what this node agrees to sum,
+    ``vector`` gives its uint32 input from the "mask" request."""
+    request = _heat_record(message.content, who)
+    stage = _str(request, "stage", who)
     session = _bytes(request, "session", who)
     if stage == "advertise":
-        if _str(request, "source", who) != privacy.source:
+        if _str(request, "source", who) != source:
             raise HeatMessageError(
                 f"{who}: the server asks for heat source {request['source']!r}, this node's "
-                f"train.heat_source is {privacy.source!r}"
+                f"train.heat_source is {source!r}"
             )
         client = SecAggClient(_int(request, "id", who), _int(request, "threshold", who), session)
         reply = encode_advertise(client.advertise())
@@ -452,8 +482,8 @@ def answer_heat(
                 )
             reply = encode_share_keys(client.share_keys(keys))
         elif stage == "mask":
-            vector = summed_vector(privacy, kind, table_rows, rows, num_samples)
-            reply = encode_masked(client.masked_input(inbox_of(request, session, who), vector))
+            inbox = inbox_of(request, session, who)
+            reply = encode_masked(client.masked_input(inbox, vector(request)))
         elif stage == "unmask":
             unmask = request_of(request, session, who)
             if len(unmask.survivors) < client.threshold:
@@ -516,10 +546,11 @@ def _ask(
     stage: str,
     timeout: float,
     record: Recorder | None,
+    message_type: str = MESSAGE_TYPE,
 ) -> dict[int, ConfigRecord]:
     """Send each node its request; the valid heat records of the replies by node."""
     messages = [
-        Message(RecordDict({RECORD: ConfigRecord(fields)}), node, MESSAGE_TYPE)
+        Message(RecordDict({RECORD: ConfigRecord(fields)}), node, message_type)
         for node, fields in requests.items()
     ]
     replies: dict[int, ConfigRecord] = {}
@@ -562,28 +593,33 @@ def _decoded(replies: Mapping[int, ConfigRecord], decode: Callable, stage: str, 
     return messages
 
 
-def _group_sum(
+def group_sum(
     grid: MessageGrid,
     group: Sequence[int],
-    privacy: HeatPrivacy,
+    source: str,
     length: int,
     timeout: float,
     record: Recorder | None,
+    message_type: str = MESSAGE_TYPE,
+    mask_fields: Mapping[int, dict] | None = None,
 ) -> tuple[np.ndarray, tuple[int, ...]]:
-    """One group's secure sum over Flower, and the nodes whose vectors it holds."""
+    """One group's secure sum (secagg's four stages as ``message_type`` Messages) and the
+    nodes whose vectors it holds; ``mask_fields`` adds per-node fields to the "mask"
+    request (what a node needs to build its vector)."""
     session = secrets.token_bytes(16)
     threshold = len(group) // 2 + 1
     ids = {node: i for i, node in enumerate(group)}
     node_of = dict(enumerate(group))
     server = SecAggServer(threshold, length, session)
+    extra = mask_fields or {}
 
     def ask(requests: Mapping[int, dict], stage: str, decode: Callable) -> list:
-        replies = _ask(grid, requests, stage, timeout, record)
+        replies = _ask(grid, requests, stage, timeout, record, message_type)
         return _decoded(replies, decode, stage, ids)
 
     keys = server.collect_keys(
         ask(
-            {n: advertise_request(session, ids[n], threshold, privacy.source) for n in group},
+            {n: advertise_request(session, ids[n], threshold, source) for n in group},
             "advertise",
             lambda r, who: decode_advertise(r, session, who),
         )
@@ -597,7 +633,10 @@ def _group_sum(
     )
     request = server.collect_masked(
         ask(
-            {node_of[u]: mask_request(session, inbox) for u, inbox in routed.items()},
+            {
+                node_of[u]: {**mask_request(session, inbox), **extra.get(node_of[u], {})}
+                for u, inbox in routed.items()
+            },
             "mask",
             lambda r, who: decode_masked(r, session, length, who),
         )
@@ -667,11 +706,11 @@ def collect_heat(
     contributors: list[int] = []
     for group in groups_of(sorted(nodes), privacy.group_size):
         try:
-            group_sum, survivors = _group_sum(grid, group, privacy, length, timeout, record)
+            group_total, survivors = group_sum(grid, group, privacy.source, length, timeout, record)
         except SecAggError as error:  # name the group: the operator's next step
             raise SecAggError(
                 f"heat exchange ({privacy.source}), group of nodes {group}: {error}"
             ) from None
-        total += group_sum.astype(np.int64)
+        total += group_total.astype(np.int64)
         contributors.extend(survivors)
     return HeatReport(heat_from_sum(privacy, table_rows, total), tuple(contributors))

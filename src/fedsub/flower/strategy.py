@@ -48,17 +48,17 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
 from flwr.serverapp.strategy.dp_fixed_clipping import DifferentialPrivacyFixedClippingBase
 
-from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes
 from fedsub.engine import checkpoint as checkpoint_lib
@@ -70,7 +70,9 @@ from fedsub.flower.checkpoints import FlowerCheckpoints
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
 from fedsub.flower.membership import Membership, Registrar
+from fedsub.flower.private_download import downloads_privately, reply_rows
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
+from fedsub.flower.secure_rows import round_combine
 from fedsub.flower.settings import Payload
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.stateful import Stateful
@@ -128,6 +130,22 @@ def _row_ids(reply: Message, params: Params) -> dict[str, np.ndarray] | str:
     return rows
 
 
+class _PositionNodes(Mapping[int, int]):
+    """Node id of the client at each position of ``membership.counted`` (a cohort's ids)."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def __getitem__(self, j: int) -> int:
+        return self.membership.node_of(self.membership.counted[j])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.membership.counted)))
+
+    def __len__(self) -> int:
+        return len(self.membership.counted)
+
+
 class SubmodelStrategy(Strategy):
     """Sends nodes their submodels and aggregates row deltas with a fedsub algorithm."""
 
@@ -179,7 +197,8 @@ class SubmodelStrategy(Strategy):
             {"what": "partition" if private else "index", **self.evaluation.query},
             on_reply=self._heard,
         )
-        self._sampled_rows: dict[int, dict[str, np.ndarray]] = {}  # private: partition -> S(k)
+        # private heat: S(k) (or this round's request) of sampled clients, by position in counted
+        self._sampled_rows: dict[int, dict[str, np.ndarray]] = {}
         self._timeout = 600.0
         self._joined = False  # min_nodes registered once
         # nodes that answered this ServerApp's query: a resumed run asks again, which also
@@ -213,7 +232,9 @@ class SubmodelStrategy(Strategy):
                 self.membership.register(registration)  # also readmits a dropped node
                 self._answered.add(registration.node)
                 if self.privacy.source != "exact":  # its evaluation gets the whole model
-                    self._sampled_rows.pop(registration.partition, None)
+                    if registration.partition in self.membership.counted:  # a new node: ask
+                        j = self.membership.counted.index(registration.partition)
+                        self._sampled_rows.pop(j, None)
                     self.evaluation.learn_whole(registration.partition)
                 else:
                     self.evaluation.learn(registration.partition, content)
@@ -263,7 +284,15 @@ class SubmodelStrategy(Strategy):
             sizes.sample_counts(),
             self.params,
             server,
-            lambda update: aggregate(update, algorithm.aggregation),
+            round_combine(
+                grid,  # None only on a resume, which a private level (full) refuses
+                _PositionNodes(self.membership),
+                algorithm.aggregation,
+                self.schedule.privacy,
+                lambda: self._sampled_rows,
+                self._timeout,
+                self.on_heat_reply,
+            ),
             max_update_norm=self.max_update_norm,
             on_reject=self._log_rejection,
         )
@@ -311,18 +340,24 @@ class SubmodelStrategy(Strategy):
         if self._index is not None:
             index = self._index
             return {t: torch.from_numpy(index.client_rows(t, client)) for t in self.params.tables}
-        partition = self.membership.counted[client]
-        return {t: torch.from_numpy(r) for t, r in self._sampled_rows[partition].items()}
+        return {t: torch.from_numpy(r) for t, r in self._sampled_rows[client].items()}
 
-    def _ask_rows(self, grid: Grid, partitions: list[int], server_round: int) -> None:
-        """Private heat source: the S(k) of the round's sampled clients not known yet."""
-        unknown = [k for k in partitions if k not in self._sampled_rows]
+    def _ask_rows(self, grid: Grid, clients: list[int], server_round: int) -> None:
+        """Private heat source: the S(k) of the round's sampled clients (positions in
+        ``counted``) not known yet; with private download (flower/private_download.py) their
+        requests for this round instead."""
+        asked: dict[str, ConfigRecordValues] = {"what": "rows", **self.evaluation.query}
+        if downloads_privately(self.schedule.privacy):  # a new request every round
+            self._sampled_rows = {}
+            asked = {"what": "request", "round": server_round, **self.evaluation.query}
+        unknown = [j for j in clients if j not in self._sampled_rows]
         if not unknown:
             return
-        partition_of = {self.membership.node_of(k): k for k in unknown}
+        counted = self.membership.counted
+        partition_of = {self.membership.node_of(counted[j]): j for j in unknown}  # node -> j
         query = [
             Message(
-                RecordDict({"query": ConfigRecord({"what": "rows", **self.evaluation.query})}),
+                RecordDict({"query": ConfigRecord(asked)}),
                 node,
                 MessageType.QUERY,
                 group_id=str(server_round),
@@ -436,12 +471,12 @@ class SubmodelStrategy(Strategy):
         cohort, work = self._plan.cohort, self._plan.work
         partitions = [self.membership.counted[j] for j in cohort.clients.tolist()]
         if self._index is None:  # private heat: the sampled nodes' rows, for their download
-            self._ask_rows(grid, partitions, server_round)
+            self._ask_rows(grid, cohort.clients.tolist(), server_round)
         nodes = [self.membership.node_of(k) for k in partitions]
         self._sent_to = {
             node: j
             for j, node, k in zip(cohort.clients.tolist(), nodes, partitions, strict=True)
-            if self._index is not None or k in self._sampled_rows  # no rows: left out
+            if self._index is not None or j in self._sampled_rows  # no rows: left out
         }
         self._sent = 0
         if self.on_progress is not None:
@@ -495,7 +530,13 @@ class SubmodelStrategy(Strategy):
             received += deltas_in.count_bytes()
             deltas = read_deltas(deltas_in)
             rows = {t: r for t, r in self._rows_of(client).items() if t in deltas.tables}
-            if self.payload == "full":  # full-size deltas: only S(k) can be non-zero
+            if downloads_privately(self.schedule.privacy):  # the held rows it requested
+                try:
+                    rows = reply_rows(reply, rows, client)
+                except FedsubError as error:  # left out, like a node that failed
+                    LOG.warning("round %d: %s", server_round, error)
+                    continue
+            elif self.payload == "full":  # full-size deltas: only S(k) can be non-zero
                 deltas = Params(
                     {t: d.index_select(0, rows[t]) for t, d in deltas.tables.items()},
                     deltas.dense,
