@@ -1,25 +1,15 @@
-"""Private heat on a real Flower deployment (a SuperLink and three SuperNodes): with
-``train.heat_source = "secagg"`` the heat is exact, the model is the exact-heat run's, and
-nothing the server received in the query round and the heat exchange holds a node's S(k)."""
+"""Private heat on Flower: the leak check that tests/test_flower_node_data.py's real-process
+run (a SuperLink and three SuperNodes with ``train.heat_source = "secagg"``) applies to what
+the server received, shown to find an index set sent in the clear; settings refused."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from fedsub import config as config_lib
-from fedsub.experiment import load_data
 from fedsub.flower.heat_exchange import Transcript
 from fedsub.flower.settings import FlowerSettings
-from fedsub.submodel import heat as heat_lib
-from fedsub.submodel.index import SubmodelIndex
-
-from .processes import Processes, flower_env, free_ports, wait_for
-from .test_flower import BIN, in_process_model, start_insecure_federation, submit_example
 
 SETTINGS = (
     "data.num_users=3",
@@ -99,54 +89,6 @@ def test_the_leak_check_finds_an_index_set_sent_in_the_clear():
     assert leaks([{"node": 6, "stage": "mask", "records": {"heat": masked}}], rows, [4, 2]) == [
         (6, "mask", "features", 0)
     ]
-
-
-def test_secagg_heat_on_real_processes_is_exact_and_the_server_never_sees_an_index_set(
-    tmp_path,
-):
-    link, *node_ports = free_ports(4)
-    env = flower_env(tmp_path, link, "insecure = true", BIN)
-    processes = Processes(tmp_path, env, BIN)
-    out = tmp_path / "out"
-    private = (*SETTINGS, "train.heat_source='secagg'", "train.secagg_group=3")
-    try:
-        start_insecure_federation(processes, tmp_path, link, node_ports)
-        run_config = (
-            f'set="{"; ".join(private)}" out-dir="{out}" round-timeout=30.0 heat-transcript=true'
-        )
-        submit_example(env, run_config)
-        wait_for(lambda: (out / "flower-result.json").exists(), 240, "the run to finish")
-    finally:
-        processes.stop_all()
-
-    result = json.loads((out / "flower-result.json").read_text())
-    assert result["succeeded"] and [r["replies"] for r in result["rounds"]] == [2]
-    config = config_lib.load(None, list(SETTINGS))
-    dataset = load_data(config)
-    index = SubmodelIndex.build(dataset)
-    counts = dataset.sample_counts()
-    heat = load_file(out / "heat.safetensors")
-    for table, size in dataset.table_rows.items():
-        exact = heat_lib.heat(index.rows[table], size, counts, "samples")
-        np.testing.assert_array_equal(heat[f"heat.{table}"].numpy(), exact)
-    flower = load_file(out / "model.safetensors")
-    for name, value in in_process_model(SETTINGS).items():  # the exact-heat run
-        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
-    assert float(flower["table.features"].abs().sum()) > 0  # it trained
-
-    transcript = json.loads((out / "heat-transcript.json").read_text())
-    replies = transcript["replies"]
-    stages = [r["stage"] for r in replies]
-    assert {s: stages.count(s) for s in set(stages)} == {
-        "query": 3,
-        "advertise": 3,
-        "share": 3,
-        "mask": 3,
-        "unmask": 3,
-    }
-    rows = [{t: index.client_rows(t, k) for t in dataset.table_rows} for k in range(3)]
-    assert leaks(replies, rows, counts.tolist()) == []
-    assert "num-examples" not in json.dumps(replies)  # sample counts only inside the sum
 
 
 def test_flower_settings_refuse_schemes_that_need_private_sample_counts():

@@ -1,11 +1,15 @@
 """A real SuperLink and three SuperNodes, each with its own data file and the shared feature
-spec: the model equals the in-process engine's on the same files, and the federated
-evaluation equals the metrics computed centrally on the pooled held-out samples."""
+spec, their heat by secure aggregation over Flower messages: the heat is exact, the model
+equals the in-process engine's (exact heat) on the same files, nothing the server received in
+the query round and the heat exchange holds a node's S(k), and the federated evaluation equals
+the metrics computed centrally on the pooled held-out samples. (One run checks all of it: each
+Flower message starts a ClientApp process, so the Flower tests share their runs.)"""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -18,14 +22,20 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.loop import train
 from fedsub.engine.metrics import roc_auc
 from fedsub.experiment import model_of, schedule_of
+from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
 from .node_files import SPEC, write_federation
 from .processes import Processes, flower_env, free_ports, wait_for
 from .test_flower import BIN, start_insecure_federation, submit_example
+from .test_flower_heat import leaks
 
-OVERRIDES = "train.rounds=2; train.clients_per_round=3; train.algorithms=['fedsubavg']"
+OVERRIDES = (
+    "train.rounds=2; train.clients_per_round=3; train.algorithms=['fedsubavg']; "
+    "train.heat='samples'"
+)
+PRIVATE = f"{OVERRIDES}; train.heat_source='secagg'; train.secagg_group=3"
 
 
 def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
@@ -38,11 +48,11 @@ def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
         start_insecure_federation(processes, tmp_path, link, node_ports, federation.node_configs)
         submit_example(
             env,
-            f'set="{OVERRIDES}" out-dir="{out}" round-timeout=60.0 eval-every=2 num-nodes=3 '
+            f'set="{PRIVATE}" out-dir="{out}" round-timeout=60.0 eval-every=2 num-nodes=3 '
             f'feature-spec="{federation.spec_file}" '
-            f'server-test-file="{federation.server_test_file}"',
+            f'server-test-file="{federation.server_test_file}" heat-transcript=true',
         )
-        wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to finish")
+        wait_for(lambda: (out / "flower-result.json").exists(), 240, "the run to finish")
     finally:
         processes.stop_all()
     result = json.loads((out / "flower-result.json").read_text())
@@ -60,6 +70,25 @@ def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
     for name, value in expected.state_dict().items():
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-6)
     assert float(flower["table.features"].abs().sum()) > 0  # it trained
+
+    # the secure heat is the exact heat, and the server never received an index set
+    counts = dataset.sample_counts()
+    heat = load_file(out / "heat.safetensors")
+    for table, size in dataset.table_rows.items():
+        exact = heat_lib.heat(index.rows[table], size, counts, "samples")
+        np.testing.assert_array_equal(heat[f"heat.{table}"].numpy(), exact)
+    replies = json.loads((out / "heat-transcript.json").read_text())["replies"]
+    stages = [r["stage"] for r in replies]
+    assert {s: stages.count(s) for s in set(stages)} == {
+        "query": 3,
+        "advertise": 3,
+        "share": 3,
+        "mask": 3,
+        "unmask": 3,
+    }
+    rows = [{t: index.client_rows(t, k) for t in dataset.table_rows} for k in range(3)]
+    assert leaks(replies, rows, counts.tolist()) == []
+    assert "num-examples" not in json.dumps(replies)  # sample counts only inside the sum
 
     # federated evaluation against the pooled held-out samples, computed centrally
     evaluation = result["evaluations"]["2"]

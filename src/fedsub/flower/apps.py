@@ -54,9 +54,14 @@ def _settings(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
     return fixed if fixed is not None else FlowerSettings.from_run_config(dict(context.run_config))
 
 
+def _own_data(fixed: FlowerSettings | None, context: Context) -> NodeData:
+    """This node's data (for protocol stages: its spec was checked when it registered)."""
+    return node_data(_settings(fixed, context), node_config_items(dict(context.node_config)))
+
+
 def _node(fixed: FlowerSettings | None, context: Context, message: Message) -> NodeData:
     """This node's data, checked against the run's feature spec named in the message."""
-    node = node_data(_settings(fixed, context), node_config_items(dict(context.node_config)))
+    node = _own_data(fixed, context)
     config = message.content.get("query", message.content.get("config"))
     run_version, run_hash = 0, ""
     if isinstance(config, ConfigRecord) and "spec-hash" in config:
@@ -116,7 +121,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     @app.query("heat")
     def exchange_heat(message: Message, context: Context) -> Message:
         """One stage of the private heat exchange (fedsub.flower.heat_exchange)."""
-        node = _node(fixed, context, message)
+        node = _own_data(fixed, context)
         return answer_heat(
             message,
             context,
@@ -130,7 +135,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     @app.query(ACTION)
     def secure_rows(message: Message, context: Context) -> Message:
         """One stage of the secure sum of row deltas (fedsub.flower.secure_rows)."""
-        node = _node(fixed, context, message)
+        node = _own_data(fixed, context)
         if node.schedule.privacy is None:
             raise FedsubError(f"partition {node.client}: no train.privacy; refusing")
         return answer_secure_rows(message, context, node.schedule.privacy)
