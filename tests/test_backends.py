@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.algorithms.registry import algorithm_names, options_class
+from fedsub.algorithms.registry import (
+    AlgorithmContext,
+    algorithm_names,
+    build_algorithm,
+    options_class,
+)
 from fedsub.config import parse
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
@@ -18,6 +23,7 @@ from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine import backends, sequential
 from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backend
+from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError
 from fedsub.models import sparse_lr_closed_form as closed_form
@@ -65,6 +71,19 @@ def model_for(dataset):
     if dataset.name == "two-tables":
         return SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
     return EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
+
+
+def setup(data: str):
+    """One of ``DATASETS``, its index and its model."""
+    dataset = DATASETS[data]()
+    return dataset, SubmodelIndex.build(dataset), model_for(dataset)
+
+
+def run(data: str, algorithm: str, schedule: Schedule, control=None, on_round=None):
+    """A whole run of ``algorithm`` (sample-weighted heat, 6 clients per round) on ``data``."""
+    dataset, index, model = setup(data)
+    algo = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 6))
+    return train(model, algo, dataset, index, schedule, on_round=on_round, control=control)
 
 
 @pytest.mark.parametrize("backend", CHECKED_BACKENDS)

@@ -16,14 +16,12 @@ import torch
 from fedsub import config as config_lib
 from fedsub import device as device_lib
 from fedsub import segment_sum
-from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.loop import Interrupted, RunControl, train
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import Schedule
 from fedsub.experiment import schedule_of
-from fedsub.submodel.index import SubmodelIndex
 
-from .test_backends import DATASETS, model_for
+from .test_backends import run
 
 CUDA = torch.cuda.is_available()
 # cuBLAS reads its workspace setting when torch creates its handle: set it at collection,
@@ -109,17 +107,6 @@ def test_train_deterministic_is_a_config_key_of_the_schedule():
 
 
 ALGORITHMS = ["fedsubavg", "scaffold", "fedadam", "fedavg"]
-
-
-def setup(data: str):
-    dataset = DATASETS[data]()
-    return dataset, SubmodelIndex.build(dataset), model_for(dataset)
-
-
-def run(data: str, algorithm: str, schedule: Schedule, control=None, on_round=None):
-    dataset, index, model = setup(data)
-    algo = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 6))
-    return train(model, algo, dataset, index, schedule, on_round=on_round, control=control)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

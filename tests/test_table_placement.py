@@ -26,24 +26,13 @@ from fedsub.errors import ConfigError
 from fedsub.experiment import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
-from .test_backends import DATASETS, model_for
+from .test_backends import run, setup
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 # row-local server steps: plain averaging (with and without heat coefficients), lazy
 # adaptive servers (per-row state on the host), one pooled client
 ROW_LOCAL = ["fedavg", "fedsubavg", "fedadam-lazy", "fedyogi-lazy", "central-sgd"]
-
-
-def setup(data: str):
-    dataset = DATASETS[data]()
-    return dataset, SubmodelIndex.build(dataset), model_for(dataset)
-
-
-def run(data: str, algorithm: str, schedule: Schedule, control=None, on_round=None):
-    dataset, index, model = setup(data)
-    algo = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 6))
-    return train(model, algo, dataset, index, schedule, on_round=on_round, control=control)
 
 
 def test_train_table_placement_is_a_config_key_of_the_schedule():

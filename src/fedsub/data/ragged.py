@@ -13,6 +13,7 @@ Sample ``i`` owns ``values[offsets[i]:offsets[i + 1]]``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +35,13 @@ class Ragged:
             )
 
     @staticmethod
-    def from_lists(lists: list[list[int]]) -> Ragged:
+    def from_lists(lists: Sequence[Sequence[int] | np.ndarray]) -> Ragged:
+        """Row i is ``lists[i]`` (lists of ints or integer arrays)."""
         lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
         offsets = np.zeros(len(lists) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        values = np.fromiter((v for x in lists for v in x), dtype=np.int64, count=int(offsets[-1]))
+        parts = [np.asarray(x, dtype=np.int64) for x in lists]
+        values = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return Ragged(values, offsets)
 
     @staticmethod

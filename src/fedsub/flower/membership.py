@@ -112,13 +112,6 @@ def registration_of(reply: Message) -> Registration:
     )
 
 
-def _ragged(parts: list[np.ndarray]) -> Ragged:
-    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum([len(p) for p in parts], out=offsets[1:])
-    values = np.concatenate(parts) if parts else np.zeros(0)
-    return Ragged(values.astype(np.int64), offsets)
-
-
 def _signed(nodes: list[int]) -> torch.Tensor:
     """Flower's node ids are unsigned 64-bit: stored as int64 with the same bits."""
     return torch.from_numpy(np.array(nodes, dtype=np.uint64).view(np.int64))
@@ -179,7 +172,10 @@ class Membership:
     def index(self) -> SubmodelIndex:
         """S(k) of the counted clients, client j being partition ``counted[j]``."""
         return SubmodelIndex(
-            {t: _ragged([self.registered[k].rows[t] for k in self.counted]) for t in self.tables},
+            {
+                t: Ragged.from_lists([self.registered[k].rows[t] for k in self.counted])
+                for t in self.tables
+            },
             {},
         )
 
@@ -206,7 +202,7 @@ class Membership:
             "dropped": _signed(sorted(self.dropped)),
         }
         for t in self.tables:
-            rows = _ragged([r.rows.get(t, np.zeros(0, dtype=np.int64)) for r in regs])
+            rows = Ragged.from_lists([r.rows.get(t, np.zeros(0, dtype=np.int64)) for r in regs])
             tensors[f"rows.{t}"] = torch.from_numpy(rows.values)
             tensors[f"offsets.{t}"] = torch.from_numpy(rows.offsets)
         return tensors
