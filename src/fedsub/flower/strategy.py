@@ -608,6 +608,8 @@ class SubmodelStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        if not self.evaluation.due(server_round):  # no call to the SuperLink for nothing
+            return []
         online = set(grid.get_node_ids()) - self.membership.dropped
         node_of = {k: r.node for k, r in self.membership.registered.items() if r.node in online}
         return self.evaluation.messages(server_round, self.params, node_of)
