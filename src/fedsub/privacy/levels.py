@@ -34,12 +34,8 @@ class Privacy:
     secagg_clip: float = 1.0  # fixed-point range [-clip, clip] of a weighted delta value
 
     @property
-    def private_heat(self) -> bool:
-        return LEVELS.index(self.level) >= LEVELS.index("heat")
-
-    @property
     def private_download(self) -> bool:
-        return LEVELS.index(self.level) >= LEVELS.index("download")
+        return reaches(self.level, "download")
 
     @property
     def secure_aggregation(self) -> bool:
@@ -60,11 +56,15 @@ class Privacy:
         return private_download.decoy_probability(self.download_epsilon, self.download_keep)
 
 
+def reaches(level: str, floor: str) -> bool:
+    """Whether privacy ``level`` includes everything ``floor`` protects (LEVELS' order)."""
+    return LEVELS.index(level) >= LEVELS.index(floor)
+
+
 def heat_source_for(level: str, configured: str) -> str:
     """The heat source a level uses: from ``heat`` up, exact heat becomes ``secagg`` (a
     private source the user chose, sketch or randomized response, is kept)."""
-    private = LEVELS.index(level) >= LEVELS.index("heat")
-    return "secagg" if private and configured == "exact" else configured
+    return "secagg" if reaches(level, "heat") and configured == "exact" else configured
 
 
 def describe(privacy: Privacy) -> dict:
