@@ -144,7 +144,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     def train(message: Message, context: Context) -> Message:
         """Local steps of fedsub's client work on the submodel received; reply row deltas."""
         settings = _settings(fixed, context)
-        node = node_data(settings, node_config_items(dict(context.node_config)))
+        node = _own_data(fixed, context)
         k = node.client
         rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
         own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
