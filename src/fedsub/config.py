@@ -77,6 +77,10 @@ class TrainConfig:
     # "host": the embedding tables and their per-row server state stay in (pinned) host
     # memory, only each round's cohort rows travel to the device (engine/placement.py)
     table_placement: str = field(default="device", metadata={"choices": lambda: ["device", "host"]})
+    # "on": the batched backend's local step captured as one program with torch.compile
+    # (inductor; CUDA graphs on a GPU), rows and ids padded to size classes
+    # (engine/captured_step.py)
+    compile: str = field(default="off", metadata={"choices": lambda: ["off", "on"]})
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},
@@ -278,7 +282,35 @@ def parse(raw: dict[str, Any]) -> Config:
     check_masking(config)
     check_algorithms(config)
     check_privacy(config)
+    check_compile(config)
     return config
+
+
+def check_compile(config: Config) -> None:
+    """``train.compile = "on"`` captures the batched backend's local step with fixed shapes:
+    refuse the settings whose step is not that one program."""
+    t = config.train
+    if t.compile == "off":
+        return
+    refusals = [
+        (
+            t.backend != "batched",
+            f'train.backend = {t.backend!r} runs clients one by one; use backend "batched"',
+        ),
+        (
+            t.masking != "none",
+            f"train.masking = {t.masking!r} trains each round's slice groups (their sizes "
+            'and shapes change every round) as separate cohorts; use masking "none"',
+        ),
+        (
+            t.deterministic,
+            "train.deterministic = true sums in a fixed order with sorted segment sums, whose "
+            "sizes depend on the values; use deterministic = false",
+        ),
+    ]
+    for condition, reason in refusals:
+        if condition:
+            raise ConfigError(f'train.compile = "on" cannot be used here: {reason}')
 
 
 def check_privacy(config: Config) -> None:

@@ -29,7 +29,7 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import DTYPES, LrSchedule, Schedule, TablePlacement
+from fedsub.engine.schedule import DTYPES, Compile, LrSchedule, Schedule, TablePlacement
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -188,6 +188,7 @@ def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None
 
 def schedule_of(config: Config) -> Schedule:
     t = config.train
+    device = distributed.process_device(resolve_device(t.device))
     # The casts: config.py types its choice fields as str and has checked each value against
     # the field's choices, which are the Literal types named here.
     return Schedule(
@@ -200,7 +201,7 @@ def schedule_of(config: Config) -> Schedule:
         dtype=DTYPES[t.dtype],
         eval_every=config.eval.every,
         backend=t.backend,
-        device=distributed.process_device(resolve_device(t.device)),
+        device=device,
         lr_schedule=cast(LrSchedule, t.lr_schedule),
         lr_decay=t.lr_decay,
         weight_decay=t.weight_decay,
@@ -208,6 +209,7 @@ def schedule_of(config: Config) -> Schedule:
         momentum=t.momentum,
         deterministic=t.deterministic,
         table_placement=cast(TablePlacement, t.table_placement),
+        compile=Compile.for_device(device) if t.compile == "on" else None,
         masking=Masking(
             cast(MaskingScheme, t.masking),
             Capacities(

@@ -16,6 +16,8 @@ the run's device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.func import vmap
 
@@ -25,13 +27,16 @@ from fedsub.client.layout import CohortLayout
 from fedsub.client.transforms import Members, apply_updates
 from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
-from fedsub.engine.cohort_batches import cohort_batches
+from fedsub.engine import captured_step
+from fedsub.engine.cohort_batches import CohortBatches, cohort_batches
 from fedsub.engine.schedule import Schedule
 from fedsub.models.base import ClosedFormGradients, CohortHead, Model
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
+
+Tensors = dict[str, torch.Tensor]
 
 
 def _per_client(tensor: torch.Tensor, k: int) -> torch.Tensor:
@@ -65,7 +70,7 @@ def run_cohort(
         closed_form is not None,
         host_clients=members.clients,
     )
-    labels, dense_inputs = batches.labels, batches.dense
+    dense_inputs = batches.dense
 
     # Pull: every member's rows, concatenated; dense parameters stacked on a client axis.
     row_tensors = {t: r.values for t, r in batches.rows.items()}
@@ -80,10 +85,51 @@ def run_cohort(
         head = model.cohort_head
     else:
         head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
+    row_owner = batches.row_owner
+    capture = captured_step.capture_for(model, closed_form is not None, schedule.compile)
+    if capture is not None:  # train.compile: the steps as one captured program
+        step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
+        padding = captured_step.PaddedCohort.of(
+            {t: len(v) for t, v in pulled_tables.items()}, data.field_tables
+        )
+        tables, dense = captured_step.run_steps(
+            step, padding, pulled_tables, pulled_dense, row_owner, batches, work
+        )
+    else:
+        tables, dense = _eager_steps(
+            model, head, closed_form, pulled_tables, pulled_dense, row_owner, batches, work
+        )
+
+    with torch.no_grad():
+        return CohortUpdate(
+            clients=clients,
+            weights=batches.counts.to(torch.float64),
+            multiplicity=device_lib.from_host(members.multiplicity, schedule.device),
+            rows=row_tensors,
+            row_owner=row_owner,
+            table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
+            dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
+            unions=batches.unions,
+        )
+
+
+def _eager_steps(
+    model: Model,
+    head: Callable[..., torch.Tensor],
+    closed_form: Callable[..., tuple[Tensors, Tensors]] | None,
+    pulled_tables: Tensors,
+    pulled_dense: Tensors,
+    row_owner: Tensors,
+    batches: CohortBatches,
+    work: CohortWork,
+) -> tuple[Tensors, Tensors]:
+    """The local steps op by op (autograd, or the model's closed-form gradients): the
+    members' tables and dense parameters after the last step."""
+    steps, k, batch = batches.labels.shape
+    labels, dense_inputs = batches.labels, batches.dense
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
     leaves = [*tables.values(), *dense.values()]
-    row_owner = batches.row_owner
     # The client transforms run on all members at once: the layout gives per-member norms
     # and learning rates (fedsub.client.layout).
     layout = CohortLayout((*(row_owner[t] for t in tables), *(None for _ in dense)), k)
@@ -114,15 +160,4 @@ def run_cohort(
         with torch.no_grad():
             updates, state = work.chain.update(grads, state, leaves, rule_inputs)
             apply_updates(leaves, updates)
-
-    with torch.no_grad():
-        return CohortUpdate(
-            clients=clients,
-            weights=batches.counts.to(torch.float64),
-            multiplicity=device_lib.from_host(members.multiplicity, schedule.device),
-            rows=row_tensors,
-            row_owner=row_owner,
-            table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
-            dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
-            unions=batches.unions,
-        )
+    return tables, dense

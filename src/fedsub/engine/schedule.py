@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -13,6 +14,20 @@ from fedsub.privacy.levels import Privacy
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LrSchedule = Literal["constant", "inverse-round", "exponential"]
 TablePlacement = Literal["device", "host"]  # train.table_placement (engine/placement.py)
+
+
+@dataclass(frozen=True)
+class Compile:
+    """How ``torch.compile`` captures the step: its ``backend`` and ``mode`` (``train.compile =
+    "on"`` gives ``for_device``'s; tests use the cheap ``"eager"`` / ``"aot_eager"``)."""
+
+    backend: str | Callable[..., Any] = "inductor"  # a torch.compile backend
+    mode: str | None = None
+
+    @staticmethod
+    def for_device(device: torch.device) -> Compile:
+        """Inductor; on CUDA with ``reduce-overhead`` (the step replayed as a CUDA graph)."""
+        return Compile("inductor", "reduce-overhead" if device.type == "cuda" else None)
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,8 @@ class Schedule:
     deterministic: bool = False
     # train.table_placement: "host" keeps the tables in host memory (engine/placement.py)
     table_placement: TablePlacement = "device"
+    # train.compile: how torch.compile captures the batched local step (None: eager ops)
+    compile: Compile | None = None
 
 
 def lr_at(base: float, schedule: Schedule, round_index: int) -> float:

@@ -118,6 +118,15 @@ class DeclaresBatchable(Protocol):
 
 
 @runtime_checkable
+class DeclaresCapturable(Protocol):
+    """A model that says whether its local step can be captured as one program of fixed
+    shapes (``train.compile``, engine/captured_step.py): False when a shape depends on the
+    values (DIN and LSTM pad to the longest sequence of a batch, read on the host)."""
+
+    capturable: bool
+
+
+@runtime_checkable
 class EvalBatch(Protocol):
     """A model that evaluates in batches of ``eval_batch`` samples (memory, or BatchNorm's
     per-batch statistics) instead of the evaluator's default chunk."""

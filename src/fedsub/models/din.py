@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,7 @@ def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class DIN:
+    capturable: ClassVar[bool] = False  # pads to the longest history (train.compile)
     table_rows: dict[str, int]
     embedding_dim: int = 18
     init_std: float = 0.01

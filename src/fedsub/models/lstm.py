@@ -9,6 +9,7 @@ leaves the state unchanged, so padding to a longer cohort-wide length changes no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from fedsub.submodel.params import Params
 
 @dataclass(frozen=True)
 class LSTMClassifier:
+    capturable: ClassVar[bool] = False  # pads to the longest sentence (train.compile)
     table_rows: dict[str, int]
     embedding_dim: int = 25
     hidden: int = 100
