@@ -1,11 +1,13 @@
 """Issue 15's GPU benchmarks (figures g1..g7), through fedsub's own round loop.
 
     python benchmarks/gpu.py [--device cuda] [--small] [--only g1,g3] [--rounds 20] [--threads N]
+                             [--compile]
 
 (g1) the issue's probe workload: embedding-LR (sum-pooled rows of dimension 16 + a linear
      head), FedSubAvg with sample-weighted coefficients, N = 100,000 clients with lognormal
      sizes (~4.9M samples), 10 Zipf(1.1) ids per sample, I = 10, B = 5, a 1e7-row table:
-     steady per-round time (median of rounds 3..R) at K = 100, 1,000 and 10,000.
+     steady per-round time (median of rounds 3..R) at K = 100, 1,000 and 10,000; with
+     ``--compile`` also with ``train.compile = "on"`` (K = 100 is the launch-bound case).
 (g2) the same on a 1e8-row table at K = 1,000 (ratio to g1's K = 1,000).
 (g3) a 1e9 x 16 table with ``train.table_placement = "host"`` at K = 1,000 (ratio to g1's
      device-resident K = 1,000); "not available" when the config refuses the key.
@@ -47,7 +49,7 @@ from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.device import resolve_device
 from fedsub.engine import server_round
 from fedsub.engine.loop import initial_params, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import Compile, Schedule
 from fedsub.errors import FedsubError
 from fedsub.experiment import schedule_of
 from fedsub.models.din import DIN
@@ -131,14 +133,32 @@ def probe_data(size: dict, rows: int):
     return dataset, SubmodelIndex.build(dataset)
 
 
-def g1(size: dict, device: torch.device, rounds: int, data) -> dict:
+def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = False) -> dict:
+    """``compile``: each K also with ``train.compile = "on"`` (the captured local step), its
+    steady per-round time, its first round (which compiles) and the largest difference of its
+    model from the eager one."""
     dataset, index = data
     model = embedding_lr(dataset)
-    per_k = {}
+    per_k, compiled = {}, {}
     for k in size["cohorts"]:
-        seconds, _, _ = timed_run(model, dataset, index, schedule(device, k, rounds))
+        eager = schedule(device, k, rounds)
+        seconds, _, eager_model = timed_run(model, dataset, index, eager)
         per_k[k] = seconds
         print(f"(g1) K = {k}: {seconds * 1e3:.2f} ms / round", flush=True)
+        if compile:
+            captured = dataclasses.replace(eager, compile=Compile.for_device(device))
+            c_seconds, c_rounds, c_model = timed_run(model, dataset, index, captured)
+            difference = max(
+                float((a - c_model.state_dict()[n].to(a.device)).abs().max())
+                for n, a in eager_model.state_dict().items()
+            )
+            compiled[k] = {
+                "ms_per_round": c_seconds * 1e3,
+                "speedup": seconds / c_seconds,
+                "first_round_s": c_rounds[0],
+                "max_abs_difference": difference,
+            }
+            print(f"(g1) K = {k} compiled: {json.dumps(compiled[k])}", flush=True)
     return {
         "rows": size["rows"],
         "clients": dataset.num_clients,
@@ -146,6 +166,11 @@ def g1(size: dict, device: torch.device, rounds: int, data) -> dict:
         "ms_per_round": {k: s * 1e3 for k, s in per_k.items()},
         "client_steps_per_s": {k: k * STEPS / s for k, s in per_k.items()},
         "targets_ms": {"K=100": 3.0, "K=10000": 10.0} if size is FULL else None,
+        "compiled": (
+            {"how": dataclasses.asdict(Compile.for_device(device)), "per_k": compiled}
+            if compile
+            else None
+        ),
     }
 
 
@@ -332,6 +357,12 @@ def main() -> None:
         help="torch threads (0: torch's default; 1 on a shared machine, where idle-spinning "
         "threads slow small kernels down 10x); g4's CPU side always uses every core",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help='g1 also with train.compile = "on" (the local step captured by torch.compile; '
+        "CUDA graphs on a GPU): its per-round time and its model's difference from eager",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -353,7 +384,7 @@ def main() -> None:
     data = probe_data(size, size["rows"]) if {"g1", "g5", "g6"} & set(only) else None
     g1_k_ms = None
     if "g1" in only:
-        result["g1"] = g1(size, device, rounds, data)
+        result["g1"] = g1(size, device, rounds, data, args.compile)
         g1_k_ms = result["g1"]["ms_per_round"].get(size["k"])
     steps = {
         "g2": lambda: g2(size, device, rounds, g1_k_ms),

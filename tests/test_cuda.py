@@ -18,7 +18,7 @@ import torch
 from fedsub import device as device_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import Compile, Schedule
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
 from fedsub.models.base import SliceableModel
@@ -161,3 +161,26 @@ def test_a_deterministic_run_on_the_device_repeats_bit_for_bit(
         assert torch.equal(second.state_dict()[key], value), key
     reference = schedule_for(name, torch.float64, backend="sequential")
     assert_matches(first, run(model, "fedsubavg", dataset, index, reference), torch.float64, name)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("algorithm", ["fedsubavg", "scaffold"])
+@pytest.mark.parametrize("name", ["embedding-lr", "softmax-regression", "mlp", "cnn"])
+def test_the_local_step_captured_in_cuda_graphs_equals_the_cpu_reference(
+    tmp_path_factory, name, algorithm
+):
+    """``train.compile = "on"`` on CUDA: inductor with ``mode="reduce-overhead"`` replays the
+    captured local step as CUDA graphs (none skipped), over rounds whose shapes change, and
+    gives the CPU sequential reference's model."""
+    from torch._dynamo.utils import counters
+
+    model, dataset, index = model_and_data(name, str(tmp_path_factory.getbasetemp()))
+    cuda = torch.device("cuda")
+    counters.clear()
+    for dtype in (torch.float64, torch.float32):
+        reference = schedule_for(name, dtype, backend="sequential")
+        captured = schedule_for(name, dtype, device=cuda, compile=Compile.for_device(cuda))
+        got = run(model, algorithm, dataset, index, dataclasses.replace(captured, rounds=4))
+        expected = run(model, algorithm, dataset, index, dataclasses.replace(reference, rounds=4))
+        assert_matches(got, expected, dtype, f"{name} {algorithm} captured on cuda")
+    assert counters["inductor"]["cudagraph_skips"] == 0

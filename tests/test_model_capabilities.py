@@ -14,6 +14,7 @@ from fedsub.models.base import (
     ClosedFormGradients,
     CohortHead,
     DeclaresBatchable,
+    DeclaresCapturable,
     EvalBatch,
     SliceableModel,
     is_batchable,
@@ -22,13 +23,20 @@ from fedsub.models.registry import SLICEABLE, build_model, model_names
 
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
 
-CAPABILITIES = (CohortHead, ClosedFormGradients, DeclaresBatchable, EvalBatch, SliceableModel)
+CAPABILITIES = (
+    CohortHead,
+    ClosedFormGradients,
+    DeclaresBatchable,
+    DeclaresCapturable,
+    EvalBatch,
+    SliceableModel,
+)
 EXPECTED = {
     "sparse-lr": {CohortHead, ClosedFormGradients},
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
-    "din": {CohortHead},
-    "lstm": {CohortHead},
+    "din": {CohortHead, DeclaresCapturable},  # capturable = False (train.compile)
+    "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},
     "resnet18": {SliceableModel, EvalBatch},
@@ -57,6 +65,8 @@ def test_each_model_satisfies_exactly_its_protocols(name, tmp_path_factory):
     model, _ = built(name, str(tmp_path_factory.getbasetemp()))
     assert {c for c in CAPABILITIES if isinstance(model, c)} == EXPECTED[name]
     assert is_batchable(model)
+    if isinstance(model, DeclaresCapturable):
+        assert model.capturable is False  # the only reason to declare it
 
 
 def test_eval_batch_is_a_positive_sample_count(tmp_path_factory):

@@ -234,6 +234,9 @@ def run_steps(
             *work.corrections.dense.values(),
         ]
     members = Members(layout, work.lr, corrections)
+    # CUDA graphs (reduce-overhead): a new round's replays may reuse the memory of the last
+    # round's outputs, which are not read again (the backend took its deltas from them)
+    torch.compiler.cudagraph_mark_step_begin()
     with torch.no_grad():
         state = work.chain.init([*tables.values(), *dense.values()], members)
     for i in range(len(batches.labels)):
