@@ -69,8 +69,12 @@ def fedsubavg(dataset, index, clients: int):
 
 
 # --- size classes and padding ------------------------------------------------------------------
-def test_size_classes_are_powers_of_two_from_sixteen():
-    assert [size_class(n) for n in (0, 1, 16, 17, 32, 33, 1000)] == [16, 16, 16, 32, 32, 64, 1024]
+def test_size_classes_are_four_per_doubling_from_sixteen():
+    sizes = (0, 1, 16, 17, 20, 21, 32, 33, 100, 1000, 1025)
+    assert [size_class(n) for n in sizes] == [16, 16, 16, 20, 20, 24, 32, 40, 112, 1024, 1280]
+    for n in range(1, 5000):
+        assert n <= size_class(n) < max(1.25 * n, 17)  # under a quarter wasted
+    assert len({size_class(n) for n in range(1000, 2001)}) == 5
 
 
 def test_padding_keeps_every_real_sample_and_row():

@@ -10,8 +10,8 @@ GPU ``mode="reduce-overhead"``, which replays the step as a CUDA graph.
 
 A captured program has fixed shapes, but a round's shapes change: the rows of the cohort's
 S(k) (per table) every round, and the number of ids its samples hold (per field) every step.
-So both are padded to size classes (powers of two, ``size_class``), and a run compiles at most
-one program per class combination it meets (torch.compile's automatic dynamic shapes may fold
+So both are padded to size classes (``size_class``: four per doubling), and a run compiles at
+most one program per class combination it meets (torch.compile's automatic dynamic shapes may fold
 them into fewer). The padding changes no number:
 
 - padding rows (at least one per table) are zeros owned by the last member; no real id
@@ -58,8 +58,12 @@ HeadFn = Callable[[Tensors, Features, torch.Tensor | None], torch.Tensor]
 
 
 def size_class(n: int) -> int:
-    """The padded size of ``n`` entries: the next power of two, at least ``SMALLEST_CLASS``."""
-    return max(SMALLEST_CLASS, 1 << max(n - 1, 0).bit_length())
+    """The padded size of ``n`` entries (at least ``SMALLEST_CLASS``): four classes per
+    doubling (8, 10, 12, 14 times a power of two), so padding wastes under a quarter of a
+    step's work and a size range [n, 2n] meets at most five classes."""
+    n = max(n, SMALLEST_CLASS)
+    step = 1 << max((n - 1).bit_length() - 3, 0)
+    return -(-n // step) * step
 
 
 def pad_rows(values: torch.Tensor, size: int, fill: float | int = 0) -> torch.Tensor:
