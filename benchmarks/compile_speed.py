@@ -23,10 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from gpu import SMALL, device_name, embedding_lr, probe_data, schedule, timed_run
-
 from fedsub.device import resolve_device
 from fedsub.engine.schedule import Compile
+from gpu import SMALL, device_name, embedding_lr, probe_data, schedule, timed_run
 
 
 def compare(k: int, device: torch.device, rounds: int, runs: int, data) -> dict:
