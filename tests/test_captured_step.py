@@ -157,6 +157,24 @@ def test_fields_sharing_a_table_pad_into_that_table():
     assert_same_model(eager, captured, torch.float64)
 
 
+def test_the_cuda_graph_loop_keeps_copies_and_gives_the_eager_model(monkeypatch):
+    """On CUDA (``mode="reduce-overhead"``) every step starts a cudagraph step and copies its
+    outputs before the next replay overwrites them: the same loop, run here on the CPU."""
+    run_steps = captured_step.run_steps
+    calls = []
+
+    def as_on_cuda(*args, **options):
+        calls.append(options)
+        return run_steps(*args, **{**options, "cuda_graphs": True})
+
+    monkeypatch.setattr(captured_step, "run_steps", as_on_cuda)
+    dataset, index, model = setup("synthetic")
+    schedule = Schedule(3, 4, 3, 3, lr=0.3, seed=1, dtype=torch.float64, momentum=0.5)
+    eager, captured = run_both(model, fedsubavg(dataset, index, 4), dataset, index, schedule)
+    assert calls == [{"cuda_graphs": False}] * 3
+    assert_same_model(eager, captured, torch.float64)
+
+
 # --- a bounded number of programs ---------------------------------------------------------------
 def test_a_run_compiles_at_most_one_program_per_size_class(monkeypatch):
     """Ten rounds meet many shapes (rows per round, ids per step) but few size classes; the

@@ -93,7 +93,14 @@ def run_cohort(
             {t: len(v) for t, v in pulled_tables.items()}, data.field_tables
         )
         tables, dense = captured_step.run_steps(
-            step, padding, pulled_tables, pulled_dense, row_owner, batches, work
+            step,
+            padding,
+            pulled_tables,
+            pulled_dense,
+            row_owner,
+            batches,
+            work,
+            cuda_graphs=capture.mode == "reduce-overhead",
         )
     else:
         tables, dense = _eager_steps(

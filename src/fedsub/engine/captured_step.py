@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch._dynamo.config
+from torch.utils._pytree import tree_map
 
 from fedsub.client.layout import CohortLayout
 from fedsub.client.transforms import Chain, Members
@@ -224,9 +225,11 @@ def run_steps(
     row_owner: Tensors,
     batches: CohortBatches,
     work: CohortWork,
+    cuda_graphs: bool = False,
 ) -> tuple[Tensors, Tensors]:
     """The cohort's local steps with the captured ``step``, on tables padded by ``padding``:
-    the members' tables (real rows) and dense parameters after the last step."""
+    the members' tables (real rows) and dense parameters after the last step.
+    ``cuda_graphs``: ``step`` replays CUDA graphs (``mode="reduce-overhead"``)."""
     k = len(batches.clients)
     tables = padding.tables(tables)
     owners = padding.owners(row_owner, k)
@@ -238,13 +241,15 @@ def run_steps(
             *work.corrections.dense.values(),
         ]
     members = Members(layout, work.lr, corrections)
-    # CUDA graphs (reduce-overhead): a new round's replays may reuse the memory of the last
-    # round's outputs, which are not read again (the backend took its deltas from them)
-    torch.compiler.cudagraph_mark_step_begin()
     with torch.no_grad():
         state = work.chain.init([*tables.values(), *dense.values()], members)
     for i in range(len(batches.labels)):
         inputs = None if batches.dense is None else batches.dense[i]
         ids = padding.ids(batches.step_ids(i))
-        tables, dense, state = step(tables, dense, state, ids, inputs, batches.labels[i], members)
+        if cuda_graphs:  # every step replays a graph of its size class from the tree's root
+            torch.compiler.cudagraph_mark_step_begin()
+        out = step(tables, dense, state, ids, inputs, batches.labels[i], members)
+        if cuda_graphs:  # the next replay overwrites its outputs' memory: keep copies
+            out = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)
+        tables, dense, state = out
     return padding.cut(tables), dense
