@@ -26,7 +26,9 @@ them into fewer). The padding changes no number:
 
 Not captured (run eagerly, with a warning): models whose shapes depend on the values
 (``DeclaresCapturable.capturable = False``: DIN and LSTM pad to their longest sequence, read
-on the host) and closed-form gradients (sparse LR: its CPU kernel works on numpy views).
+on the host mid-step, which no CUDA graph can hold; LSTM's ``range(longest)`` loop does not
+trace, DIN's step traces with a data-dependent size and equals eager, but inductor compiles
+it for minutes) and closed-form gradients (sparse LR: its CPU kernel works on numpy views).
 """
 
 from __future__ import annotations
