@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsub import config as config_lib
 from fedsub.errors import FedsubError
@@ -186,8 +186,9 @@ def _float_arrays(message: Message) -> list[np.ndarray]:
 @pytest.mark.parametrize("level", ["download", "full"])
 def test_at_full_the_server_receives_no_rows_and_no_delta(level):
     """Everything the server received in two rounds (query, train and secure-sum replies):
-    at ``full`` no S(k), and every float array is empty or zero (no delta in the clear); the
-    same check finds the deltas at ``download`` (positive control)."""
+    at ``full`` no S(k), every float array is empty or zero (no delta in the clear) and no
+    reply names a sample count; the same checks find the deltas and the counts at
+    ``download`` (positive control)."""
     overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'")
     strategy, grid = _run(overrides, "submodel", 2)
     dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=2")))
@@ -197,8 +198,10 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
         assert not any(np.array_equal(rows, s) for s in truth)
     floats = [a for reply in grid.received for a in _float_arrays(reply)]
     nonzero = [a for a in floats if a.size and np.abs(a).max() > 0]
+    counted = [reply for reply in grid.received if _names_a_count(reply)]
     if level == "full":
         assert floats and not nonzero
+        assert counted == []  # no node's sample count: it weights the deltas inside the sum
         secure = [r for r in grid.received if r.metadata.message_type == secure_rows.MESSAGE_TYPE]
         assert {str(r.content["heat"]["stage"]) for r in secure} == {
             "advertise",
@@ -210,6 +213,16 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
         assert bool(strategy.params.tables["features"].abs().max() > 0)  # it trained
     else:
         assert nonzero
+        assert counted  # positive control: the train replies carry num-examples at download
+
+
+def _names_a_count(message: Message) -> bool:
+    """Whether a reply carries a per-node count in the clear: a ``num-examples`` key in any of
+    its metric or config records."""
+    return any(
+        isinstance(record, (MetricRecord, ConfigRecord)) and "num-examples" in record
+        for record in message.content.values()
+    )
 
 
 def _first_round(overrides: tuple[str, ...], dropped: set[int]):
@@ -235,23 +248,33 @@ def _first_round(overrides: tuple[str, ...], dropped: set[int]):
 
 
 def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
-    """3 nodes, t = 2: one drops after training and the round still updates the model, which
-    differs from the no-dropout round only in the dropped node's rows S(k) (and the dense
-    part); two drop and the round stops with secagg's error naming t."""
+    """3 nodes, t = 2: one drops after training and the round still updates the model with
+    the survivors' weighted mean: the secure sum normalizes by the survivors' total weight
+    (draws x sample count, summed inside it), so every row the dropped node does not hold
+    moves by the no-dropout step times D_all / D_survivors (computed here from the data's
+    counts); two drop and the round stops with secagg's error naming t."""
     overrides = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=3")
+    start = _private_strategy(FlowerSettings(overrides=overrides)).params.tables["features"]
     everyone = _first_round(overrides, set())
-    cohort = everyone._round.begin(1).cohort.clients.tolist()
-    gone = cohort[0]
+    cohort = everyone._round.begin(1).cohort
+    members = cohort.clients.tolist()
+    gone = members[0]
     dropped = _first_round(overrides, {100 + gone})  # partition k is node 100 + k
     assert dropped.rounds[0]["updated"]
-    diff = (everyone.params.tables["features"] - dropped.params.tables["features"]).abs()
-    changed = np.flatnonzero(diff.amax(1).numpy() > 1e-7)
     dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=1")))
+    counts = dataset.sample_counts()
+    units = {k: int(m) * int(counts[k]) for k, m in zip(members, cohort.multiplicity, strict=True)}
+    ratio = sum(units.values()) / (sum(units.values()) - units[gone])
     held = SubmodelIndex.build(dataset).client_rows("features", gone)
-    assert len(changed) and set(changed.tolist()) <= set(held.tolist())
+    step_all = everyone.params.tables["features"] - start
+    step_dropped = dropped.params.tables["features"] - start
+    others = np.setdiff1d(np.flatnonzero(step_all.abs().amax(1).numpy() > 1e-4), held)
+    assert len(others)  # rows only the survivors updated
+    torch.testing.assert_close(step_dropped[others], step_all[others] * ratio, rtol=1e-5, atol=1e-8)
+    assert ratio > 1.05  # the check tells a renormalized step from the plain one
     failed = r"secure row sum over nodes \[.*\]: only 1 clients left.*t = 2"
     with pytest.raises(SecAggError, match=failed):
-        _first_round(overrides, {100 + cohort[0], 100 + cohort[1]})
+        _first_round(overrides, {100 + members[0], 100 + members[1]})
 
 
 def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):

@@ -118,9 +118,43 @@ def test_at_full_the_server_receives_no_index_set_and_no_individual_delta(small_
             assert not np.array_equal(filled, held_slots[j])
             decoded = coding.decode_sum(masked[: len(union["features"])])
             assert np.abs(decoded).max() > 1.0  # masks make it out of any delta's range
-        # the server's only plaintext: per-row sums over all members
+        # no member's sample count: the weight slot of every masked vector is masked, and the
+        # server decodes only the members' total (draws x samples)
+        counts = small_synthetic.sample_counts()
+        members = sorted(record.requests)
+        assert sums.weight_units == sum(int(counts[k]) for k in members)  # each drawn once
+        for j, masked in view.masked.items():
+            assert int(masked[-2]) != int(counts[members[j]])
+        # the server's only plaintext: per-row sums and the total weight over all members
         assert set(vars(record)) == {"round", "requests", "plain_updates", "secagg", "sums"}
         assert sums.survivors == tuple(range(len(record.requests)))
+
+
+@pytest.mark.parametrize("weighting", ["samples", "uniform", "scheme2", "original"])
+def test_secure_weighting_gives_the_plain_aggregation_weights(weighting):
+    """At ``full`` a member weights its deltas itself (public scale and draws, its own count),
+    and the server corrects the decoded sums by the total units: the product is the plain
+    aggregation's a_k (aggregation_weights, the reference) for every weighting."""
+    from fedsub.algorithms.aggregation import Aggregation, aggregation_weights
+    from fedsub.engine.private_rounds import secure_weighting
+
+    counts = [7, 1, 30, 12]
+    draws = [1, 2, 1, 3]
+    members = _Members(torch.tensor(counts, dtype=torch.float64), torch.tensor(draws))
+    aggregation = Aggregation(weighting, population_weight=400.0, num_clients=25)
+    expected = aggregation_weights(members, aggregation)
+    secure = secure_weighting(aggregation, draws)
+    units = [secure.units(j, n) for j, n in enumerate(counts)]
+    correction = secure.correction(sum(units))
+    got = torch.tensor([secure.coefficient(u) * correction for u in units], dtype=torch.float64)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    assert len(set(got.tolist())) > 1  # the weights are not all equal
+
+
+@dataclasses.dataclass(frozen=True)
+class _Members:
+    weights: torch.Tensor
+    multiplicity: torch.Tensor
 
 
 def test_the_transcript_check_finds_index_sets_where_they_are_sent(small_synthetic):

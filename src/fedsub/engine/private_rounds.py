@@ -8,6 +8,9 @@ updates of requested rows: a held row that randomized response left out is skipp
 under randomized response), by secure sparse aggregation at ``full``
 (``privacy/sparse_secagg.py``: each member's weighted deltas over the union of the cohort's
 requests; the server decodes per-row sums and applies FedSubAvg's coefficients to them).
+At ``full`` no member's sample count reaches the server either (``SecureWeighting``): a member
+weights its deltas itself from public numbers and its own count, its weight units go into the
+secure sum beside them, and the server normalizes the decoded sums by the survivors' total.
 
 It also counts what a level costs (bytes per client per round, the clients' and the server's
 privacy work in seconds) and can keep a transcript of everything the server received.
@@ -22,13 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedsub.algorithms.aggregation import (
-    Aggregation,
-    RowUpdate,
-    ServerUpdate,
-    aggregate,
-    aggregation_weights,
-)
+from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.sampling import Cohort
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
@@ -82,6 +79,57 @@ class Costs:
 
 
 RunCohort = Callable[..., CohortUpdate]
+
+
+@dataclass(frozen=True)
+class SecureWeighting:
+    """A member's aggregation weight a_k at ``full``, computed by the member itself from public
+    numbers and its own sample count n_k, which never leaves it in the clear:
+    ``a_k = units_k * scale`` with ``units_k = draws_k * (n_k if by_count else 1)``, an integer
+    that goes into the secure sum's weight slot. When the weighting is a normalized mean
+    (``samples``, ``uniform``) the server multiplies the decoded sums by
+    ``correction(total units of the survivors)``, so the round's step is the survivors'
+    weighted mean, as the plain aggregation's ``sum_k units_k delta_k / sum_k units_k``."""
+
+    draws: tuple[int, ...]  # per member: its draws m_k (normalized weightings) or 1
+    by_count: bool
+    scale: float  # public: 1 / (expected cohort units) or the weighting's population factor
+    normalized: bool
+
+    def units(self, member: int, count: int) -> int:
+        return self.draws[member] * (count if self.by_count else 1)
+
+    def coefficient(self, units: int) -> float:
+        """The factor a member multiplies its deltas by before encoding them."""
+        return units * self.scale
+
+    def correction(self, total_units: int) -> float:
+        """The factor of the decoded sums: 1 / (scale * the survivors' units) when normalized."""
+        if not self.normalized:
+            return 1.0
+        if total_units <= 0:
+            raise ValueError("the secure sum's weight units add up to 0: no member's weight")
+        return 1.0 / (self.scale * total_units)
+
+
+def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> SecureWeighting:
+    """``aggregation_weights``'s a_k as a ``SecureWeighting`` over public numbers only: the
+    members' draws, the cohort size and the population totals (N and the total sample count
+    W, which at ``full`` come from the secure heat exchange). The scale of ``samples`` keeps
+    a member's coefficient near its plain a_k (1 / (draws * W / N)), so the fixed-point range
+    (``train.secagg_clip``) bounds the same values as before."""
+    drawn = sum(multiplicity)
+    if aggregation.weighting == "uniform":
+        return SecureWeighting(tuple(multiplicity), False, 1.0 / drawn, True)
+    if aggregation.weighting == "samples":
+        mean = aggregation.population_weight / max(aggregation.num_clients, 1)
+        expected = drawn * mean if mean > 0 else float(drawn)
+        return SecureWeighting(tuple(multiplicity), True, 1.0 / expected, True)
+    ones = (1,) * len(multiplicity)  # scheme2 / original: n_k / W (times N / draws)
+    scale = 1.0 / aggregation.population_weight
+    if aggregation.weighting == "scheme2":
+        scale *= aggregation.num_clients / drawn
+    return SecureWeighting(ones, True, scale, False)
 
 
 @dataclass
@@ -154,21 +202,26 @@ class PrivateRounds:
         return unbias(server_update, self.privacy.keep)
 
     def _secure(self, update: CohortUpdate) -> ServerUpdate:
-        """Secure sparse aggregation of the members' weighted deltas over the union of the
-        cohort's requests (building the vectors is the clients' time; the protocol's steps
-        are timed per side by ``secure_row_sum``)."""
+        """Secure sparse aggregation of the members' weighted deltas and weight units over the
+        union of the cohort's requests (building the vectors is the clients' time; the
+        protocol's steps are timed per side by ``secure_row_sum``). The server's side reads
+        the public weighting and the decoded sums only; each member's count (``weights``) is
+        read on the member's side."""
         started = time.perf_counter()
         members = [int(k) for k in update.clients.tolist()]
-        weights = aggregation_weights(update, self.aggregation).to(torch.float64).cpu()
+        draws = [int(m) for m in update.multiplicity.tolist()]
+        weighting = secure_weighting(self.aggregation, draws)
+        counts = [round(float(w)) for w in update.weights.tolist()]  # each member's own n_k
         union = union_of(self._requests[k] for k in members)
         slots = RowSlots(
             {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
             {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
             {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
         )
-        values = {}
+        values, units = {}, {}
         for j in range(len(members)):
-            a = weights[j]
+            units[j] = weighting.units(j, counts[j])
+            a = weighting.coefficient(units[j])
             spans = {t: update.member_rows(t, j) for t in update.rows}
             deltas = update.table_deltas
             values[j] = slots.client_values(
@@ -177,7 +230,7 @@ class PrivateRounds:
                 {n: (v[j].double() * a).cpu().numpy() for n, v in update.dense_deltas.items()},
             )
         built = time.perf_counter()
-        sums = secure_row_sum(slots, values, self.privacy.secagg_clip)
+        sums = secure_row_sum(slots, values, self.privacy.secagg_clip, weight_units=units)
         self.costs.client_seconds += built - started + sums.client_seconds
         self.costs.server_seconds += sums.server_seconds
         self.costs.clipped += sums.clipped
@@ -188,10 +241,10 @@ class PrivateRounds:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
-        return self._server_update(update, slots, sums)
-
-    def _server_update(self, update: CohortUpdate, slots: RowSlots, sums: RowSums) -> ServerUpdate:
-        return server_update_of_sums(self.aggregation, update, slots, sums.tables, sums.dense)
+        correction = weighting.correction(sums.weight_units)
+        return server_update_of_sums(
+            self.aggregation, update, slots, sums.tables, sums.dense, correction
+        )
 
 
 def server_update_of_sums(
@@ -200,20 +253,22 @@ def server_update_of_sums(
     slots: RowSlots,
     tables_sums: dict[str, np.ndarray],
     dense_sums: dict[str, np.ndarray],
+    correction: float = 1.0,
 ) -> ServerUpdate:
-    """Per-row sums with FedSubAvg's coefficients applied (1 for FedAvg), on the device and
-    in the dtypes of ``update``'s deltas (a network runtime passes deltas of no rows)."""
+    """Per-row sums times ``correction`` (``SecureWeighting.correction``) with FedSubAvg's
+    coefficients applied (1 for FedAvg), on the device and in the dtypes of ``update``'s
+    deltas (a network runtime passes deltas of no rows)."""
     device = update.clients.device
     tables = {}
     for t, union in slots.rows.items():
         rows = torch.from_numpy(union).to(device)
-        summed = torch.from_numpy(tables_sums[t]).to(device)
+        summed = torch.from_numpy(tables_sums[t] * correction).to(device)
         if aggregation.coefficients is not None:
             coef = aggregation.coefficients[t].index_select(0, rows)
             summed = summed * coef.to(summed.dtype).unsqueeze(1)
         tables[t] = RowUpdate(rows, summed.to(update.table_deltas[t].dtype))
     dense = {
-        n: torch.from_numpy(np.ascontiguousarray(dense_sums[n])).to(device, v.dtype)
+        n: torch.from_numpy(np.ascontiguousarray(dense_sums[n] * correction)).to(device, v.dtype)
         for n, v in update.dense_deltas.items()
     }
     return ServerUpdate(tables, dense)

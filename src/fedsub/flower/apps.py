@@ -138,7 +138,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         node = _own_data(fixed, context)
         if node.schedule.privacy is None:
             raise FedsubError(f"partition {node.client}: no train.privacy; refusing")
-        return answer_secure_rows(message, context, node.schedule.privacy)
+        return answer_secure_rows(message, context, node.schedule.privacy, len(node.samples))
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
@@ -177,12 +177,14 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         table_deltas = update.table_deltas
         index = None
         dense_deltas = update.dense_deltas
+        metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         if downloading:  # the held rows it requested, with their ids (the others skipped)
             kept, table_deltas = reply_record(node.rows, request, table_deltas)
             privacy = node.schedule.privacy
             if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
                 keep_deltas(context, kept, table_deltas, dense_deltas)
                 kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
+                del metrics["num-examples"]  # its count weights its deltas inside the sum
             index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
         elif full:  # reply as stock FedAvg would: the whole table
             table_deltas = {
@@ -191,7 +193,6 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             }
         if settings.train_delay:
             time.sleep(settings.train_delay)
-        metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         content = RecordDict(
             {"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics}
         )

@@ -211,6 +211,8 @@ class SubmodelStrategy(Strategy):
         self._sent_to: dict[int, int] = {}  # node id -> cohort position, this round
         self._sent = 0
         self._available = 0  # clients that could be sampled this round
+        # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
+        self._counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
 
     # --- membership ----------------------------------------------------------------------
     def _update_membership(self, grid: Grid, server_round: int) -> set[int]:
@@ -541,7 +543,9 @@ class SubmodelStrategy(Strategy):
                     {t: d.index_select(0, rows[t]) for t, d in deltas.tables.items()},
                     deltas.dense,
                 )
-            weight = float(number_of(metrics, "num-examples"))
+            weight = 1.0  # at privacy full no count comes: the secure sum weights the deltas
+            if not self._counts_secret:
+                weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         missing = sorted(set(position) - set(updates))
         left_out = [counted[j] for j in missing]

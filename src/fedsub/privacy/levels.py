@@ -83,4 +83,5 @@ def describe(privacy: Privacy) -> dict:
         info.update(secagg_clip=privacy.secagg_clip, threshold="floor(cohort / 2) + 1")
         info["fixed_point"] = "scale = largest 2^b with cohort * clip * 2^b < 2^31"
         info["error_bound"] = "cohort / (2 * scale) per summed value"
+        info["sample_counts"] = "inside the secure sum: each client weights its own deltas"
     return info
