@@ -63,11 +63,12 @@ def _run(overrides: tuple[str, ...], payload: Payload, rounds: int):
 @pytest.mark.parametrize(
     ("download", "payload", "rounds"),
     [
-        (BUCKETS, "submodel", 3),  # every held row requested: the local copy is never read
-        (RANDOMIZED, "full", 3),  # the whole model comes: every held row is current
-        (RANDOMIZED, "submodel", 1),  # round 1: the local copy is the initial model
+        (BUCKETS, "submodel", 3),  # every held row requested
+        (RANDOMIZED, "full", 3),  # the whole model comes: held rows not requested skipped
+        (RANDOMIZED, "submodel", 4),  # skipped rows read as zero on the node and in process
         ((*FULL, *BUCKETS), "submodel", 3),  # secure row sums over Flower messages
         ((*FULL, *RANDOMIZED), "full", 2),
+        ((*FULL, *RANDOMIZED), "submodel", 3),
     ],
 )
 def test_private_download_on_flower_gives_the_in_process_model(
@@ -127,11 +128,11 @@ def test_a_node_at_download_refuses_to_send_its_rows():
         grid.app(ask, grid.contexts[100])
 
 
-def test_held_rows_left_out_of_a_request_come_from_the_nodes_local_copy():
-    """A node's model over S(k): requested rows as received; a held row not requested takes
-    the value the node last received for it (at first the seeded initial model's)."""
-    from flwr.app import Context
-
+@pytest.mark.parametrize("payload", ["submodel", "full"])
+def test_held_rows_left_out_of_a_request_are_skipped_with_either_payload(payload):
+    """A node's model over S(k): requested rows as received; a held row not requested reads
+    as zero (it is skipped: the node trains without it), whether its current value came
+    (payload full) or not (submodel), and whatever it received in earlier rounds."""
     from fedsub.engine.loop import initial_params
     from fedsub.flower.node_data import node_config_items, node_data
     from fedsub.flower.private_download import local_submodel
@@ -141,35 +142,32 @@ def test_held_rows_left_out_of_a_request_come_from_the_nodes_local_copy():
     node = node_data(settings, node_config_items({"partition-id": 0, "num-partitions": 4}))
     held = node.rows["features"]
     assert len(held) >= 3
-    context = Context(1, 100, {}, RecordDict(), {})
     start = initial_params(node.model, node.schedule)
     dense = {n: v.clone() for n, v in start.dense.items()}
+    table = start.tables["features"].clone()
+    table[held] = 7.0  # the current global value of every held row
 
-    def receive(request: np.ndarray, values: torch.Tensor) -> torch.Tensor:
-        rows = {"features": torch.from_numpy(request)}
-        got = local_submodel(
-            node, context, rows, Params({"features": values}, dense), {"features": request}
-        )
+    def receive(request: np.ndarray) -> torch.Tensor:
+        if payload == "full":
+            rows, sent = {}, Params({"features": table}, dense)
+        else:
+            rows = {"features": torch.from_numpy(request)}
+            sent = Params({"features": table[request]}, dense)
+        got = local_submodel(node, rows, sent, {"features": request})
         return got.tables["features"]
 
-    width = start.tables["features"].shape[1]
-    first = held[1:]  # the first held row is left out: the initial model's value
-    sent = torch.full((len(first), width), 7.0)
-    mine = receive(first, sent)
-    torch.testing.assert_close(mine[0], start.tables["features"][held[0]])
-    assert bool((mine[0] != 0).any())  # the initial value is not zero: a real check
-    torch.testing.assert_close(mine[1:], sent)
-    second = held[:1]  # now only the first: the others keep the 7s received last time
-    mine = receive(second, torch.full((1, width), -2.0))
-    assert bool((mine[0] == -2.0).all()) and bool((mine[1:] == 7.0).all())
-    with pytest.raises(FedsubError, match="the rows received are not its request"):
-        local_submodel(
-            node,
-            context,
-            {"features": torch.from_numpy(held)},
-            Params({"features": torch.zeros(len(held), width)}, dense),
-            {"features": second},
-        )
+    mine = receive(held[1:])  # the first held row is left out
+    assert bool((mine[0] == 0).all()) and bool((mine[1:] == 7.0).all())
+    mine = receive(held[:1])  # now only the first: the others are skipped this round
+    assert bool((mine[0] == 7.0).all()) and bool((mine[1:] == 0).all())
+    if payload == "submodel":
+        with pytest.raises(FedsubError, match="the rows received are not its request"):
+            local_submodel(
+                node,
+                {"features": torch.from_numpy(held)},
+                Params({"features": table[held]}, dense),
+                {"features": held[:1]},
+            )
 
 
 def _float_arrays(message: Message) -> list[np.ndarray]:

@@ -1,9 +1,13 @@
 """``train.privacy`` in the in-process engine, in one place: the cohort's requests and the
 round's aggregation.
 
-``PrivateRounds.wrap`` runs the configured backend unchanged, then draws each member's download
-request (``privacy/private_download.py``, seeded by (seed, round, client)) and keeps only the
-updates of requested rows: a held row that randomized response left out is skipped that round.
+``PrivateRounds.wrap`` draws each member's download request (``privacy/private_download.py``,
+seeded by (seed, round, client)), runs the configured backend and keeps only the updates of
+requested rows. A held row that randomized response left out is *skipped* that round: the
+member never received it, so it trains without it (the row reads as zero in its local steps,
+as if the feature were absent from its samples: ``WithoutRows``) and sends no update for it;
+a Flower node does the same (``flower/private_download.py``), so both agree with either
+payload and keep no state across rounds.
 ``PrivateRounds.combine`` aggregates: in the clear up to ``download`` (row sums divided by p
 under randomized response), by secure sparse aggregation at ``full``
 (``privacy/sparse_secagg.py``: each member's weighted deltas over the union of the cohort's
@@ -27,6 +31,7 @@ import torch
 
 from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.sampling import Cohort
+from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
@@ -37,6 +42,7 @@ from fedsub.privacy.sparse_secagg import (
     secure_row_sum,
     union_of,
 )
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 
@@ -79,6 +85,29 @@ class Costs:
 
 
 RunCohort = Callable[..., CohortUpdate]
+
+
+@dataclass
+class WithoutRows(Params):
+    """One member's view of the global model under randomized-response download: the held rows
+    its request left out (``skipped``, per table) read as zero, so its local steps run as if
+    those features were absent from its samples, as on a node that never received them."""
+
+    skipped: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def gather_rows(self, table: str, rows: torch.Tensor) -> torch.Tensor:
+        values = super().gather_rows(table, rows)
+        skipped = self.skipped.get(table)
+        if skipped is None or not len(skipped):
+            return values
+        return values.masked_fill(torch.isin(rows, skipped).unsqueeze(1), 0)
+
+
+def skipped_rows(
+    held: dict[str, np.ndarray], request: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Per table, the held rows (sorted) that ``request`` (sorted) leaves out."""
+    return {t: np.setdiff1d(r, request[t], assume_unique=True) for t, r in held.items()}
 
 
 @dataclass(frozen=True)
@@ -156,22 +185,58 @@ class PrivateRounds:
 
         def run(model, global_params, dataset, index, cohort: Cohort, round_index, *rest):
             started = time.perf_counter()
-            update = run_cohort(model, global_params, dataset, index, cohort, round_index, *rest)
-            self.costs.training_seconds += time.perf_counter() - started
-            started = time.perf_counter()
+            tables = list(global_params.tables)
             held = {
-                int(k): {t: index.client_rows(t, int(k)) for t in update.rows}
-                for k in cohort.clients
+                int(k): {t: index.client_rows(t, int(k)) for t in tables} for k in cohort.clients
             }
             self._requests = {k: self.request(rows, k, round_index) for k, rows in held.items()}
             self._round = round_index
             self.costs.client_seconds += time.perf_counter() - started
+            started = time.perf_counter()
+            args = (model, global_params, dataset, index, cohort, round_index, *rest)
+            if self.privacy.keep < 1.0:  # rows skipped: each member trains on its own view
+                update = self._run_members(run_cohort, held, *args)
+            else:
+                update = run_cohort(*args)
+            self.costs.training_seconds += time.perf_counter() - started
             self._count_download(update)
             if not self.privacy.private_download:
                 return update
             return restrict(update, self._requests)
 
         return run
+
+    def _run_members(
+        self,
+        run_cohort: RunCohort,
+        held: dict[int, dict[str, np.ndarray]],
+        model,
+        global_params: Params,
+        dataset,
+        index,
+        cohort: Cohort,
+        round_index: int,
+        schedule,
+        work,
+    ) -> CohortUpdate:
+        """The backend on each member alone, with the held rows its request left out reading
+        as zero (``WithoutRows``); the members' updates concatenated in cohort order."""
+        parts = []
+        for j, k in enumerate(cohort.clients.tolist()):
+            skipped = skipped_rows(held[int(k)], self._requests[int(k)])
+            device = next(iter(global_params.tables.values())).device
+            view = WithoutRows(
+                global_params.tables,
+                global_params.dense,
+                {t: torch.from_numpy(r).to(device) for t, r in skipped.items()},
+            )
+            part = run_share(
+                run_cohort, range(j, j + 1), model, view, dataset, index, cohort,
+                round_index, schedule, work,
+            )  # fmt: skip
+            assert part is not None  # one member: never an empty share
+            parts.append(part)
+        return concatenated(parts)
 
     def _count_download(self, update: CohortUpdate) -> None:
         """Request ids up (8 bytes each), the requested rows and the dense model down."""

@@ -153,8 +153,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         downloading = downloads_privately(node.schedule.privacy)
         full = not rows
         request = node_request(node, round_index) if downloading else {}
-        if downloading:  # requested rows received, the others from the node's local copy
-            pulled = local_submodel(node, context, rows, received, request)
+        if downloading:  # requested rows received, the other held rows skipped (zero)
+            pulled = local_submodel(node, rows, received, request)
         elif full:  # the whole model came: take S(k) locally
             pulled = pull(received, own)
         elif any(not torch.equal(rows[t], own[t]) for t in own):
@@ -214,15 +214,24 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     return app
 
 
-def write_heat(out: Path, report: HeatReport, transcript: Transcript | None) -> None:
+def write_heat(
+    out: Path,
+    report: HeatReport,
+    transcript: Transcript | None,
+    train_transcript: Transcript | None = None,
+) -> None:
     """What the private heat exchange measured (``heat.safetensors``: per table the heat of
-    every row) and, if recorded, everything the server received in it."""
+    every row) and, if recorded, everything the server received: in the queries, the heat
+    exchange and the secure row sums (``replies``), and in the train replies
+    (``train_replies``)."""
     measured = report.measured
     tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
     save_tensors_atomic(out / "heat.safetensors", tensors)
     if transcript is not None:
-        text = dumps({"source": measured.source, "replies": transcript.entries}) + "\n"
-        write_atomic(out / "heat-transcript.json", text)
+        recorded = {"source": measured.source, "replies": transcript.entries}
+        if train_transcript is not None:
+            recorded["train_replies"] = train_transcript.entries
+        write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
 
 
 def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
@@ -235,10 +244,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         config = run.config
         name = settings.algorithm_name(config)
         params = initial_params(run.model, run.schedule)
-        progress, transcript, checkpoints = None, None, None
+        progress, transcript, train_transcript, checkpoints = None, None, None, None
         privacy = privacy_of(config)
         if settings.heat_transcript and privacy.source != "exact":
-            transcript = Transcript()
+            transcript, train_transcript = Transcript(), Transcript()
         if settings.out_dir:
             out = Path(settings.out_dir)
             progress = JsonLines(out / "progress.jsonl")
@@ -270,6 +279,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             on_progress=progress,
             privacy=privacy,
             on_heat_reply=transcript,
+            on_train_reply=train_transcript,
             evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
         )
         server_test = None  # read before any node is asked: a bad file fails the run at once
@@ -299,7 +309,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
             failure = error
         if settings.out_dir and strategy.heat_report is not None:
-            write_heat(Path(settings.out_dir), strategy.heat_report, transcript)
+            write_heat(Path(settings.out_dir), strategy.heat_report, transcript, train_transcript)
         if settings.out_dir:
             out = Path(settings.out_dir)
             result: dict[str, object] = {

@@ -32,8 +32,9 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
   it would land inside the app folder, which the next ``flwr run .`` ships to every node;
 - ``train-delay``: seconds each node waits before replying (to test faults; default 0);
 - ``heat-transcript``: with a private ``train.heat_source``, write everything the server
-  received in the query round and the heat exchange to ``out-dir/heat-transcript.json``
-  (to inspect what the server learns; default false).
+  received in the query round, the heat exchange and the secure row sums (``replies``) and
+  in the train replies (``train_replies``) to ``out-dir/heat-transcript.json`` (to inspect
+  what the server learns; default false).
 """
 
 from __future__ import annotations

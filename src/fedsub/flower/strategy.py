@@ -169,6 +169,7 @@ class SubmodelStrategy(Strategy):
         privacy: HeatPrivacy | None = None,
         on_heat_reply: Recorder | None = None,
         evaluation: FederatedEvaluation | None = None,
+        on_train_reply: Recorder | None = None,
     ) -> None:
         self.params = params
         self.algorithm_name = algorithm
@@ -189,6 +190,7 @@ class SubmodelStrategy(Strategy):
         self.evaluations: dict[int, dict[str, float]] = {}  # kept in checkpoints
         self.privacy = privacy or HeatPrivacy()
         self.on_heat_reply = on_heat_reply  # sees every reply of the query and heat exchange
+        self.on_train_reply = on_train_reply  # sees every train reply (a transcript)
         self.heat_report: HeatReport | None = None  # what a private heat source measured
         self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
@@ -517,6 +519,8 @@ class SubmodelStrategy(Strategy):
             if reply.has_error():
                 LOG.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
                 continue
+            if self.on_train_reply is not None:
+                self.on_train_reply(node, "train", reply.content)
             metrics = record_of(reply.content, "metrics", MetricRecord)
             client = self._sent_to.get(node)
             partition = int(number_of(metrics, "partition-id"))

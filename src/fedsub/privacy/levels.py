@@ -76,7 +76,9 @@ def describe(privacy: Privacy) -> dict:
             p, q = privacy.keep, privacy.decoy
             info.update(keep_probability=p, decoy_probability=q)
             info["epsilon"] = private_download.epsilon_of(p, q)
-            info["held_rows_not_requested"] = "skipped: no update sent; row sums divided by p"
+            info["held_rows_not_requested"] = (
+                "skipped: read as zero in the local steps, no update sent; row sums divided by p"
+            )
         else:
             info["smallest_size_class"] = privacy.download_bucket
     if privacy.secure_aggregation:
