@@ -5,6 +5,8 @@ never receives a node's S(k), and at ``full`` no delta; dropouts from the secure
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -290,3 +292,75 @@ def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
     saved = load_file(tmp_path / "model.safetensors")
     for name, value in in_process_model(overrides).items():
         torch.testing.assert_close(saved[name], value, rtol=0, atol=1e-6)
+
+
+class Metered(AppGrid):
+    """AppGrid keeping every message the server sent and every reply it received."""
+
+    def __init__(self, app, num_nodes: int) -> None:
+        super().__init__(app, num_nodes)
+        self.sent: list[Message] = []
+        self.received: list[Message] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.sent.extend(messages)
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        self.received.extend(replies)
+        return replies
+
+
+def _size(value) -> int:
+    if isinstance(value, list):
+        return sum(_size(v) for v in value)
+    return 1 if isinstance(value, bool) else len(value) if isinstance(value, str | bytes) else 8
+
+
+def _bytes_by_type(messages: list[Message]) -> dict[str, int]:
+    """The reference count, by message type: every array's serialized bytes, every config or
+    metric value's (8 per number, 1 per bool, a text's length), and every key."""
+    totals: dict[str, int] = {}
+    for m in messages:
+        if m.has_error():
+            continue
+        size = 0
+        for record in m.content.values():
+            if isinstance(record, ArrayRecord):
+                size += sum(len(k) + len(array.data) for k, array in record.items())
+            else:
+                size += sum(len(k) + _size(v) for k, v in record.items())
+        totals[m.metadata.message_type] = totals.get(m.metadata.message_type, 0) + size
+    return totals
+
+
+def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
+    """flower-result.json's ``costs``: per round and sampled node the bytes each way and the
+    node's seconds of work, the server's CPU seconds, the run's means and the bytes by message
+    type (equal to the bytes of every message the grid carried, counted here); the bytes a
+    node sends grow with the level (secure sums at ``full``), as in process."""
+    from flwr.app import Context
+
+    from fedsub.flower.apps import make_server_app
+
+    up = {}
+    for level in ("heat", "download", "full"):
+        overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'", "train.rounds=2")
+        out = tmp_path / level
+        settings = FlowerSettings(overrides=overrides, out_dir=str(out), round_timeout=30.0)
+        grid = Metered(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+        result = json.loads((out / "flower-result.json").read_text())
+        costs = result["costs"]
+        assert costs["level"] == level and costs["rounds"] == 2
+        for record in result["rounds"]:
+            nodes = record["costs"]["nodes"]
+            assert sorted(nodes) == sorted(str(n) for n in record["nodes"])
+            for node in nodes.values():
+                assert node["bytes_down"] > 0 and node["bytes_up"] > 0
+                assert node["client_seconds"] > 0
+            assert record["costs"]["server_cpu_seconds"] > 0
+        by_type = costs["bytes_by_message_type"]
+        assert {t: v["down"] for t, v in by_type.items()} == _bytes_by_type(grid.sent)
+        assert {t: v["up"] for t, v in by_type.items()} == _bytes_by_type(grid.received)
+        up[level] = costs["bytes_up_per_client_round"]
+    assert up["heat"] < up["full"] and up["download"] < up["full"]

@@ -29,6 +29,7 @@ from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat, privacy_of
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
@@ -45,6 +46,7 @@ from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, 
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
+from fedsub.privacy.levels import Privacy, describe
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
@@ -74,6 +76,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     app = ClientApp()
 
     @app.query()
+    @with_seconds
     def report_index(message: Message, context: Context) -> Message:
         """The node's partition, and (query "index") its sample count, index sets S(k) and
         evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
@@ -133,6 +136,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         )
 
     @app.query(ACTION)
+    @with_seconds
     def secure_rows(message: Message, context: Context) -> Message:
         """One stage of the secure sum of row deltas (fedsub.flower.secure_rows)."""
         node = _own_data(fixed, context)
@@ -141,6 +145,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         return answer_secure_rows(message, context, node.schedule.privacy, len(node.samples))
 
     @app.train()
+    @with_seconds
     def train(message: Message, context: Context) -> Message:
         """Local steps of fedsub's client work on the submodel received; reply row deltas."""
         settings = _settings(fixed, context)
@@ -259,6 +264,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
                 settings.resume,
                 config_stamp(settings.model_description(config, name)),
             )
+        metered = MeteredGrid(grid)  # every message's bytes, each round's seconds
         query: dict[str, int | str] = {}
         if run.spec is not None:  # every node checks its spec against the run's
             query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
@@ -280,6 +286,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             privacy=privacy,
             on_heat_reply=transcript,
             on_train_reply=train_transcript,
+            meter=metered,
             evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
         )
         server_test = None  # read before any node is asked: a bad file fails the run at once
@@ -299,7 +306,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         failure: Diverged | RoundsFailed | None = None
         try:
             strategy.start(
-                grid,
+                cast(Grid, metered),  # a Grid: its methods, measured (flower/costs.py)
                 ArrayRecord(),
                 num_rounds=run.schedule.rounds,
                 timeout=settings.round_timeout,
@@ -317,6 +324,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
                 "payload": settings.payload,
                 "succeeded": failure is None,
                 "rounds": strategy.rounds,
+                "costs": {
+                    **describe(run.schedule.privacy or Privacy()),
+                    **run_costs(strategy.rounds, metered.totals),
+                },
             }
             if failure is None:
                 save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())

@@ -49,6 +49,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -130,6 +131,12 @@ def _row_ids(reply: Message, params: Params) -> dict[str, np.ndarray] | str:
     return rows
 
 
+class RoundMeter(Protocol):
+    """What a round cost since the last call, over its sampled nodes (flower/costs.py)."""
+
+    def take(self, nodes: Iterable[int]) -> dict: ...
+
+
 class _PositionNodes(Mapping[int, int]):
     """Node id of the client at each position of ``membership.counted`` (a cohort's ids)."""
 
@@ -170,6 +177,7 @@ class SubmodelStrategy(Strategy):
         on_heat_reply: Recorder | None = None,
         evaluation: FederatedEvaluation | None = None,
         on_train_reply: Recorder | None = None,
+        meter: RoundMeter | None = None,
     ) -> None:
         self.params = params
         self.algorithm_name = algorithm
@@ -191,6 +199,7 @@ class SubmodelStrategy(Strategy):
         self.privacy = privacy or HeatPrivacy()
         self.on_heat_reply = on_heat_reply  # sees every reply of the query and heat exchange
         self.on_train_reply = on_train_reply  # sees every train reply (a transcript)
+        self.meter = meter  # what each round cost (flower/costs.py), in its record
         self.heat_report: HeatReport | None = None  # what a private heat source measured
         self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
@@ -608,6 +617,8 @@ class SubmodelStrategy(Strategy):
         return None, metrics
 
     def _done(self, record: dict) -> None:
+        if self.meter is not None:
+            record["costs"] = self.meter.take(record["nodes"])
         self.rounds.append(record)
         if self.on_progress is not None:
             self.on_progress(record)
