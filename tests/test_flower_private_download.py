@@ -364,3 +364,62 @@ def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
         assert {t: v["up"] for t, v in by_type.items()} == _bytes_by_type(grid.received)
         up[level] = costs["bytes_up_per_client_round"]
     assert up["heat"] < up["full"] and up["download"] < up["full"]
+
+
+class _Stop(Exception):
+    """Ends a run as a killed ServerApp would: after its checkpoint of round 2."""
+
+
+def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
+    """At ``full`` (randomized response, secure heat and secure row sums) a ServerApp stopped
+    after round 2's checkpoint and resumed on restarted nodes (fresh contexts) ends with the
+    uninterrupted run's model and the in-process one; the resumed run takes the heat from the
+    checkpoint (no second exchange)."""
+    from fedsub.engine.loop import initial_params
+    from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+    from fedsub.flower.heat_exchange import privacy_of
+    from fedsub.flower.run_model import federation
+    from fedsub.flower.strategy import SubmodelStrategy
+
+    overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")
+    settings = FlowerSettings(overrides=overrides, round_timeout=30.0)
+    fed = federation(settings)
+
+    def strategy(checkpoints=None, on_progress=None) -> SubmodelStrategy:
+        return SubmodelStrategy(
+            initial_params(fed.model, fed.schedule),
+            "fedsubavg",
+            fed.config.algorithm_options("fedsubavg"),
+            "samples",
+            fed.schedule,
+            privacy=privacy_of(fed.config),
+            min_nodes=4,
+            checkpoints=checkpoints,
+            on_progress=on_progress,
+        )
+
+    def start(run: SubmodelStrategy, grid) -> None:
+        run.start(grid, ArrayRecord(), num_rounds=4, timeout=30.0)
+
+    straight = strategy()
+    start(straight, AppGrid(make_client_app(settings), 4))
+
+    def kill_in_round_3(record: dict) -> None:
+        if record.get("round") == 3 and "sent_to" in record:
+            raise _Stop
+
+    stamp = config_stamp("private resume")
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(_Stop):
+        first = strategy(FlowerCheckpoints(folder, 1, False, stamp), kill_in_round_3)
+        start(first, AppGrid(make_client_app(settings), 4))
+    restarted = Recording(make_client_app(settings), 4)  # the nodes' contexts are new
+    resumed = strategy(FlowerCheckpoints(folder, 1, True, stamp))
+    start(resumed, restarted)
+    assert [r["round"] for r in resumed.rounds] == [1, 2, 3, 4]
+    assert not any(m.metadata.message_type == "query.heat" for m in restarted.received)
+    expected = in_process_model(overrides)
+    for name, value in resumed.params.state_dict().items():
+        torch.testing.assert_close(value, straight.params.state_dict()[name], rtol=0, atol=1e-12)
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6)
+    assert bool(resumed.params.tables["features"].abs().max() > 0)
