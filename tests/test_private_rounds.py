@@ -183,22 +183,22 @@ def test_the_transcript_check_finds_index_sets_where_they_are_sent(small_synthet
     assert record.plain_updates is not None and record.secagg is None
 
 
-def test_a_private_run_resumes_to_the_uninterrupted_model(small_synthetic, tmp_path):
-    """Requests are seeded by (seed, round, client) and secure sums are exact, so a run at
-    ``full`` stopped after round 2 resumes to the same model (PrivateRounds keeps no state
-    across rounds)."""
+@pytest.mark.parametrize("level", ["download", "full"])
+def test_a_private_run_resumes_to_the_uninterrupted_model(small_synthetic, tmp_path, level):
+    """Requests are seeded by (seed, round, client), skipped rows need no client state and
+    secure sums are exact, so a run stopped after round 2 resumes to the same model
+    (PrivateRounds keeps no state across rounds; randomized response, p = 0.9)."""
     from fedsub.engine import checkpoint as checkpoint_lib
     from fedsub.engine.loop import Interrupted
 
-    straight, _, _, _ = run(small_synthetic, Privacy("full"), rounds=4)
+    privacy = Privacy(level)
+    straight, _, _, _ = run(small_synthetic, privacy, rounds=4)
     done: list[int] = []
     stop = RunControl(checkpoints=tmp_path, stop_requested=lambda: done[-1] >= 2)
     with pytest.raises(Interrupted) as stopped:
-        run(small_synthetic, Privacy("full"), rounds=4, control=stop, on_round=done.append)
+        run(small_synthetic, privacy, rounds=4, control=stop, on_round=done.append)
     saved = checkpoint_lib.load(stopped.value.checkpoint)
-    resumed, _, _, _ = run(
-        small_synthetic, Privacy("full"), rounds=4, control=RunControl(resume=saved)
-    )
+    resumed, _, _, _ = run(small_synthetic, privacy, rounds=4, control=RunControl(resume=saved))
     assert bool(table(straight).abs().max() > 0)
     torch.testing.assert_close(table(resumed), table(straight), rtol=0, atol=1e-12)
 
