@@ -95,6 +95,8 @@ class MeteredGrid:
         }
 
     def __getattr__(self, name: str) -> Any:  # everything else is the grid's own
+        if name == "grid":  # not set yet (e.g. a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.grid, name)
 
     def _sent(self, messages: Iterable[Message]) -> list[Message]:
