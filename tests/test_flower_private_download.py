@@ -423,3 +423,25 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
         torch.testing.assert_close(value, straight.params.state_dict()[name], rtol=0, atol=1e-12)
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6)
     assert bool(resumed.params.tables["features"].abs().max() > 0)
+
+
+def test_at_full_nodes_are_not_asked_to_evaluate_and_eval_needs_a_server_test_file():
+    """Federated evaluation replies a node's sums, its sample counts among them: at ``full``
+    the strategy sends no evaluation message even when one is due, and eval-every without
+    the server's own test file is refused; at ``download`` the nodes are asked (control)."""
+    from fedsub.errors import ConfigError
+    from fedsub.flower.federated_eval import FederatedEvaluation
+
+    for level, asked in (("full", False), ("download", True)):
+        settings = FlowerSettings(overrides=(*BASE, *BUCKETS, f"train.privacy='{level}'"))
+        grid = AppGrid(make_client_app(settings), 4)
+        strategy = _private_strategy(settings)
+        strategy.evaluation = FederatedEvaluation(every=1, rounds=3)
+        messages = strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)
+        strategy.aggregate_train(1, grid.send_and_receive(messages))
+        evaluation = list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
+        assert bool(evaluation) == asked, level
+    config = FlowerSettings(overrides=(*BASE, *FULL)).fedsub_config()
+    with pytest.raises(ConfigError, match=r"eval-every = 2 with train.privacy = 'full'"):
+        FlowerSettings(eval_every=2).check_against(config)
+    FlowerSettings(eval_every=0).check_against(config)  # no evaluation: accepted

@@ -646,6 +646,8 @@ class SubmodelStrategy(Strategy):
     ) -> Iterable[Message]:
         if not self.evaluation.due(server_round):  # no call to the SuperLink for nothing
             return []
+        if self._counts_secret:  # a node's sums name its sample counts: not at privacy full
+            return []
         online = set(grid.get_node_ids()) - self.membership.dropped
         node_of = {k: r.node for k, r in self.membership.registered.items() if r.node in online}
         return self.evaluation.messages(server_round, self.params, node_of)
@@ -653,6 +655,8 @@ class SubmodelStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
+        if self._counts_secret:  # no federated evaluation at privacy full (configure_evaluate)
+            return None
         return self.evaluation.aggregate(server_round, replies)
 
     def summary(self) -> None:
