@@ -185,7 +185,7 @@ class PrivateRounds:
 
         def run(model, global_params, dataset, index, cohort: Cohort, round_index, *rest):
             started = time.perf_counter()
-            tables = list(global_params.tables)
+            tables = list(index.rows)  # the tables clients hold rows of
             held = {
                 int(k): {t: index.client_rows(t, int(k)) for t in tables} for k in cohort.clients
             }
@@ -222,9 +222,9 @@ class PrivateRounds:
         """The backend on each member alone, with the held rows its request left out reading
         as zero (``WithoutRows``); the members' updates concatenated in cohort order."""
         parts = []
+        device = next(iter(global_params.tables.values())).device
         for j, k in enumerate(cohort.clients.tolist()):
             skipped = skipped_rows(held[int(k)], self._requests[int(k)])
-            device = next(iter(global_params.tables.values())).device
             view = WithoutRows(
                 global_params.tables,
                 global_params.dense,
