@@ -5,10 +5,12 @@ never receives a node's S(k), and at ``full`` no delta; dropouts from the secure
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsub import config as config_lib
 from fedsub.errors import FedsubError
@@ -63,11 +65,12 @@ def _run(overrides: tuple[str, ...], payload: Payload, rounds: int):
 @pytest.mark.parametrize(
     ("download", "payload", "rounds"),
     [
-        (BUCKETS, "submodel", 3),  # every held row requested: the local copy is never read
-        (RANDOMIZED, "full", 3),  # the whole model comes: every held row is current
-        (RANDOMIZED, "submodel", 1),  # round 1: the local copy is the initial model
+        (BUCKETS, "submodel", 3),  # every held row requested
+        (RANDOMIZED, "full", 3),  # the whole model comes: held rows not requested skipped
+        (RANDOMIZED, "submodel", 4),  # skipped rows read as zero on the node and in process
         ((*FULL, *BUCKETS), "submodel", 3),  # secure row sums over Flower messages
         ((*FULL, *RANDOMIZED), "full", 2),
+        ((*FULL, *RANDOMIZED), "submodel", 3),
     ],
 )
 def test_private_download_on_flower_gives_the_in_process_model(
@@ -127,11 +130,11 @@ def test_a_node_at_download_refuses_to_send_its_rows():
         grid.app(ask, grid.contexts[100])
 
 
-def test_held_rows_left_out_of_a_request_come_from_the_nodes_local_copy():
-    """A node's model over S(k): requested rows as received; a held row not requested takes
-    the value the node last received for it (at first the seeded initial model's)."""
-    from flwr.app import Context
-
+@pytest.mark.parametrize("payload", ["submodel", "full"])
+def test_held_rows_left_out_of_a_request_are_skipped_with_either_payload(payload):
+    """A node's model over S(k): requested rows as received; a held row not requested reads
+    as zero (it is skipped: the node trains without it), whether its current value came
+    (payload full) or not (submodel), and whatever it received in earlier rounds."""
     from fedsub.engine.loop import initial_params
     from fedsub.flower.node_data import node_config_items, node_data
     from fedsub.flower.private_download import local_submodel
@@ -141,35 +144,32 @@ def test_held_rows_left_out_of_a_request_come_from_the_nodes_local_copy():
     node = node_data(settings, node_config_items({"partition-id": 0, "num-partitions": 4}))
     held = node.rows["features"]
     assert len(held) >= 3
-    context = Context(1, 100, {}, RecordDict(), {})
     start = initial_params(node.model, node.schedule)
     dense = {n: v.clone() for n, v in start.dense.items()}
+    table = start.tables["features"].clone()
+    table[held] = 7.0  # the current global value of every held row
 
-    def receive(request: np.ndarray, values: torch.Tensor) -> torch.Tensor:
-        rows = {"features": torch.from_numpy(request)}
-        got = local_submodel(
-            node, context, rows, Params({"features": values}, dense), {"features": request}
-        )
+    def receive(request: np.ndarray) -> torch.Tensor:
+        if payload == "full":
+            rows, sent = {}, Params({"features": table}, dense)
+        else:
+            rows = {"features": torch.from_numpy(request)}
+            sent = Params({"features": table[request]}, dense)
+        got = local_submodel(node, rows, sent, {"features": request})
         return got.tables["features"]
 
-    width = start.tables["features"].shape[1]
-    first = held[1:]  # the first held row is left out: the initial model's value
-    sent = torch.full((len(first), width), 7.0)
-    mine = receive(first, sent)
-    torch.testing.assert_close(mine[0], start.tables["features"][held[0]])
-    assert bool((mine[0] != 0).any())  # the initial value is not zero: a real check
-    torch.testing.assert_close(mine[1:], sent)
-    second = held[:1]  # now only the first: the others keep the 7s received last time
-    mine = receive(second, torch.full((1, width), -2.0))
-    assert bool((mine[0] == -2.0).all()) and bool((mine[1:] == 7.0).all())
-    with pytest.raises(FedsubError, match="the rows received are not its request"):
-        local_submodel(
-            node,
-            context,
-            {"features": torch.from_numpy(held)},
-            Params({"features": torch.zeros(len(held), width)}, dense),
-            {"features": second},
-        )
+    mine = receive(held[1:])  # the first held row is left out
+    assert bool((mine[0] == 0).all()) and bool((mine[1:] == 7.0).all())
+    mine = receive(held[:1])  # now only the first: the others are skipped this round
+    assert bool((mine[0] == 7.0).all()) and bool((mine[1:] == 0).all())
+    if payload == "submodel":
+        with pytest.raises(FedsubError, match="the rows received are not its request"):
+            local_submodel(
+                node,
+                {"features": torch.from_numpy(held)},
+                Params({"features": table[held]}, dense),
+                {"features": held[:1]},
+            )
 
 
 def _float_arrays(message: Message) -> list[np.ndarray]:
@@ -186,8 +186,9 @@ def _float_arrays(message: Message) -> list[np.ndarray]:
 @pytest.mark.parametrize("level", ["download", "full"])
 def test_at_full_the_server_receives_no_rows_and_no_delta(level):
     """Everything the server received in two rounds (query, train and secure-sum replies):
-    at ``full`` no S(k), and every float array is empty or zero (no delta in the clear); the
-    same check finds the deltas at ``download`` (positive control)."""
+    at ``full`` no S(k), every float array is empty or zero (no delta in the clear) and no
+    reply names a sample count; the same checks find the deltas and the counts at
+    ``download`` (positive control)."""
     overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'")
     strategy, grid = _run(overrides, "submodel", 2)
     dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=2")))
@@ -197,8 +198,10 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
         assert not any(np.array_equal(rows, s) for s in truth)
     floats = [a for reply in grid.received for a in _float_arrays(reply)]
     nonzero = [a for a in floats if a.size and np.abs(a).max() > 0]
+    counted = [reply for reply in grid.received if _names_a_count(reply)]
     if level == "full":
         assert floats and not nonzero
+        assert counted == []  # no node's sample count: it weights the deltas inside the sum
         secure = [r for r in grid.received if r.metadata.message_type == secure_rows.MESSAGE_TYPE]
         assert {str(r.content["heat"]["stage"]) for r in secure} == {
             "advertise",
@@ -210,6 +213,16 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
         assert bool(strategy.params.tables["features"].abs().max() > 0)  # it trained
     else:
         assert nonzero
+        assert counted  # positive control: the train replies carry num-examples at download
+
+
+def _names_a_count(message: Message) -> bool:
+    """Whether a reply carries a per-node count in the clear: a ``num-examples`` key in any of
+    its metric or config records."""
+    return any(
+        isinstance(record, (MetricRecord, ConfigRecord)) and "num-examples" in record
+        for record in message.content.values()
+    )
 
 
 def _first_round(overrides: tuple[str, ...], dropped: set[int]):
@@ -235,23 +248,33 @@ def _first_round(overrides: tuple[str, ...], dropped: set[int]):
 
 
 def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
-    """3 nodes, t = 2: one drops after training and the round still updates the model, which
-    differs from the no-dropout round only in the dropped node's rows S(k) (and the dense
-    part); two drop and the round stops with secagg's error naming t."""
+    """3 nodes, t = 2: one drops after training and the round still updates the model with
+    the survivors' weighted mean: the secure sum normalizes by the survivors' total weight
+    (draws x sample count, summed inside it), so every row the dropped node does not hold
+    moves by the no-dropout step times D_all / D_survivors (computed here from the data's
+    counts); two drop and the round stops with secagg's error naming t."""
     overrides = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=3")
+    start = _private_strategy(FlowerSettings(overrides=overrides)).params.tables["features"]
     everyone = _first_round(overrides, set())
-    cohort = everyone._round.begin(1).cohort.clients.tolist()
-    gone = cohort[0]
+    cohort = everyone._round.begin(1).cohort
+    members = cohort.clients.tolist()
+    gone = members[0]
     dropped = _first_round(overrides, {100 + gone})  # partition k is node 100 + k
     assert dropped.rounds[0]["updated"]
-    diff = (everyone.params.tables["features"] - dropped.params.tables["features"]).abs()
-    changed = np.flatnonzero(diff.amax(1).numpy() > 1e-7)
     dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=1")))
+    counts = dataset.sample_counts()
+    units = {k: int(m) * int(counts[k]) for k, m in zip(members, cohort.multiplicity, strict=True)}
+    ratio = sum(units.values()) / (sum(units.values()) - units[gone])
     held = SubmodelIndex.build(dataset).client_rows("features", gone)
-    assert len(changed) and set(changed.tolist()) <= set(held.tolist())
+    step_all = everyone.params.tables["features"] - start
+    step_dropped = dropped.params.tables["features"] - start
+    others = np.setdiff1d(np.flatnonzero(step_all.abs().amax(1).numpy() > 1e-4), held)
+    assert len(others)  # rows only the survivors updated
+    torch.testing.assert_close(step_dropped[others], step_all[others] * ratio, rtol=1e-5, atol=1e-8)
+    assert ratio > 1.05  # the check tells a renormalized step from the plain one
     failed = r"secure row sum over nodes \[.*\]: only 1 clients left.*t = 2"
     with pytest.raises(SecAggError, match=failed):
-        _first_round(overrides, {100 + cohort[0], 100 + cohort[1]})
+        _first_round(overrides, {100 + members[0], 100 + members[1]})
 
 
 def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
@@ -269,3 +292,156 @@ def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
     saved = load_file(tmp_path / "model.safetensors")
     for name, value in in_process_model(overrides).items():
         torch.testing.assert_close(saved[name], value, rtol=0, atol=1e-6)
+
+
+class Metered(AppGrid):
+    """AppGrid keeping every message the server sent and every reply it received."""
+
+    def __init__(self, app, num_nodes: int) -> None:
+        super().__init__(app, num_nodes)
+        self.sent: list[Message] = []
+        self.received: list[Message] = []
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        self.sent.extend(messages)
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        self.received.extend(replies)
+        return replies
+
+
+def _size(value) -> int:
+    if isinstance(value, list):
+        return sum(_size(v) for v in value)
+    return 1 if isinstance(value, bool) else len(value) if isinstance(value, str | bytes) else 8
+
+
+def _bytes_by_type(messages: list[Message]) -> dict[str, int]:
+    """The reference count, by message type: every array's serialized bytes, every config or
+    metric value's (8 per number, 1 per bool, a text's length), and every key."""
+    totals: dict[str, int] = {}
+    for m in messages:
+        if m.has_error():
+            continue
+        size = 0
+        for record in m.content.values():
+            if isinstance(record, ArrayRecord):
+                size += sum(len(k) + len(array.data) for k, array in record.items())
+            else:
+                size += sum(len(k) + _size(v) for k, v in record.items())
+        totals[m.metadata.message_type] = totals.get(m.metadata.message_type, 0) + size
+    return totals
+
+
+def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
+    """flower-result.json's ``costs``: per round and sampled node the bytes each way and the
+    node's seconds of work, the server's CPU seconds, the run's means and the bytes by message
+    type (equal to the bytes of every message the grid carried, counted here); the bytes a
+    node sends grow with the level (secure sums at ``full``), as in process."""
+    from flwr.app import Context
+
+    from fedsub.flower.apps import make_server_app
+
+    up = {}
+    for level in ("heat", "download", "full"):
+        overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'", "train.rounds=2")
+        out = tmp_path / level
+        settings = FlowerSettings(overrides=overrides, out_dir=str(out), round_timeout=30.0)
+        grid = Metered(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+        result = json.loads((out / "flower-result.json").read_text())
+        costs = result["costs"]
+        assert costs["level"] == level and costs["rounds"] == 2
+        for record in result["rounds"]:
+            nodes = record["costs"]["nodes"]
+            assert sorted(nodes) == sorted(str(n) for n in record["nodes"])
+            for node in nodes.values():
+                assert node["bytes_down"] > 0 and node["bytes_up"] > 0
+                assert node["client_seconds"] > 0
+            assert record["costs"]["server_cpu_seconds"] > 0
+        by_type = costs["bytes_by_message_type"]
+        assert {t: v["down"] for t, v in by_type.items()} == _bytes_by_type(grid.sent)
+        assert {t: v["up"] for t, v in by_type.items()} == _bytes_by_type(grid.received)
+        up[level] = costs["bytes_up_per_client_round"]
+    assert up["heat"] < up["full"] and up["download"] < up["full"]
+
+
+class _Stop(Exception):
+    """Ends a run as a killed ServerApp would: after its checkpoint of round 2."""
+
+
+def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
+    """At ``full`` (randomized response, secure heat and secure row sums) a ServerApp stopped
+    after round 2's checkpoint and resumed on restarted nodes (fresh contexts) ends with the
+    uninterrupted run's model and the in-process one; the resumed run takes the heat from the
+    checkpoint (no second exchange)."""
+    from fedsub.engine.loop import initial_params
+    from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+    from fedsub.flower.heat_exchange import privacy_of
+    from fedsub.flower.run_model import federation
+    from fedsub.flower.strategy import SubmodelStrategy
+
+    overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")
+    settings = FlowerSettings(overrides=overrides, round_timeout=30.0)
+    fed = federation(settings)
+
+    def strategy(checkpoints=None, on_progress=None) -> SubmodelStrategy:
+        return SubmodelStrategy(
+            initial_params(fed.model, fed.schedule),
+            "fedsubavg",
+            fed.config.algorithm_options("fedsubavg"),
+            "samples",
+            fed.schedule,
+            privacy=privacy_of(fed.config),
+            min_nodes=4,
+            checkpoints=checkpoints,
+            on_progress=on_progress,
+        )
+
+    def start(run: SubmodelStrategy, grid) -> None:
+        run.start(grid, ArrayRecord(), num_rounds=4, timeout=30.0)
+
+    straight = strategy()
+    start(straight, AppGrid(make_client_app(settings), 4))
+
+    def kill_in_round_3(record: dict) -> None:
+        if record.get("round") == 3 and "sent_to" in record:
+            raise _Stop
+
+    stamp = config_stamp("private resume")
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(_Stop):
+        first = strategy(FlowerCheckpoints(folder, 1, False, stamp), kill_in_round_3)
+        start(first, AppGrid(make_client_app(settings), 4))
+    restarted = Recording(make_client_app(settings), 4)  # the nodes' contexts are new
+    resumed = strategy(FlowerCheckpoints(folder, 1, True, stamp))
+    start(resumed, restarted)
+    assert [r["round"] for r in resumed.rounds] == [1, 2, 3, 4]
+    assert not any(m.metadata.message_type == "query.heat" for m in restarted.received)
+    expected = in_process_model(overrides)
+    for name, value in resumed.params.state_dict().items():
+        torch.testing.assert_close(value, straight.params.state_dict()[name], rtol=0, atol=1e-12)
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6)
+    assert bool(resumed.params.tables["features"].abs().max() > 0)
+
+
+def test_at_full_nodes_are_not_asked_to_evaluate_and_eval_needs_a_server_test_file():
+    """Federated evaluation replies a node's sums, its sample counts among them: at ``full``
+    the strategy sends no evaluation message even when one is due, and eval-every without
+    the server's own test file is refused; at ``download`` the nodes are asked (control)."""
+    from fedsub.errors import ConfigError
+    from fedsub.flower.federated_eval import FederatedEvaluation
+
+    for level, asked in (("full", False), ("download", True)):
+        settings = FlowerSettings(overrides=(*BASE, *BUCKETS, f"train.privacy='{level}'"))
+        grid = AppGrid(make_client_app(settings), 4)
+        strategy = _private_strategy(settings)
+        strategy.evaluation = FederatedEvaluation(every=1, rounds=3)
+        messages = strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)
+        strategy.aggregate_train(1, grid.send_and_receive(messages))
+        evaluation = list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
+        assert bool(evaluation) == asked, level
+    config = FlowerSettings(overrides=(*BASE, *FULL)).fedsub_config()
+    with pytest.raises(ConfigError, match=r"eval-every = 2 with train.privacy = 'full'"):
+        FlowerSettings(eval_every=2).check_against(config)
+    FlowerSettings(eval_every=0).check_against(config)  # no evaluation: accepted

@@ -90,6 +90,21 @@ def test_full_batched_equals_the_sequential_reference(small_synthetic):
     torch.testing.assert_close(table(batched), table(sequential), rtol=0, atol=1e-6)
 
 
+def test_randomized_download_trains_without_the_rows_it_skipped(small_synthetic, monkeypatch):
+    """A held row randomized response left out reads as zero in the member's local steps
+    (WithoutRows): both backends agree, and training from the rows' current values instead
+    (the simulator's former shortcut) gives another model, so the skip is exercised."""
+    privacy = Privacy("download", download_keep=0.6)
+    batched, _, _, _ = run(small_synthetic, privacy, backend="batched")
+    sequential, _, _, _ = run(small_synthetic, privacy, backend="sequential")
+    torch.testing.assert_close(table(batched), table(sequential), rtol=0, atol=1e-12)
+    monkeypatch.setattr(
+        PrivateRounds, "_run_members", lambda self, run_cohort, held, *args: run_cohort(*args)
+    )
+    current, _, _, _ = run(small_synthetic, privacy, backend="batched")
+    assert float((table(current) - table(batched)).abs().max()) > 1e-6
+
+
 def test_at_full_the_server_receives_no_index_set_and_no_individual_delta(small_synthetic):
     """Everything the server received in each round (requests, secure aggregation messages)
     is inspected against every client's true S(k) and its true delta vector."""
@@ -118,9 +133,43 @@ def test_at_full_the_server_receives_no_index_set_and_no_individual_delta(small_
             assert not np.array_equal(filled, held_slots[j])
             decoded = coding.decode_sum(masked[: len(union["features"])])
             assert np.abs(decoded).max() > 1.0  # masks make it out of any delta's range
-        # the server's only plaintext: per-row sums over all members
+        # no member's sample count: the weight slot of every masked vector is masked, and the
+        # server decodes only the members' total (draws x samples)
+        counts = small_synthetic.sample_counts()
+        members = sorted(record.requests)
+        assert sums.weight_units == sum(int(counts[k]) for k in members)  # each drawn once
+        for j, masked in view.masked.items():
+            assert int(masked[-2]) != int(counts[members[j]])
+        # the server's only plaintext: per-row sums and the total weight over all members
         assert set(vars(record)) == {"round", "requests", "plain_updates", "secagg", "sums"}
         assert sums.survivors == tuple(range(len(record.requests)))
+
+
+@pytest.mark.parametrize("weighting", ["samples", "uniform", "scheme2", "original"])
+def test_secure_weighting_gives_the_plain_aggregation_weights(weighting):
+    """At ``full`` a member weights its deltas itself (public scale and draws, its own count),
+    and the server corrects the decoded sums by the total units: the product is the plain
+    aggregation's a_k (aggregation_weights, the reference) for every weighting."""
+    from fedsub.algorithms.aggregation import Aggregation, aggregation_weights
+    from fedsub.engine.private_rounds import secure_weighting
+
+    counts = [7, 1, 30, 12]
+    draws = [1, 2, 1, 3]
+    members = _Members(torch.tensor(counts, dtype=torch.float64), torch.tensor(draws))
+    aggregation = Aggregation(weighting, population_weight=400.0, num_clients=25)
+    expected = aggregation_weights(members, aggregation)
+    secure = secure_weighting(aggregation, draws)
+    units = [secure.units(j, n) for j, n in enumerate(counts)]
+    correction = secure.correction(sum(units))
+    got = torch.tensor([secure.coefficient(u) * correction for u in units], dtype=torch.float64)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    assert len(set(got.tolist())) > 1  # the weights are not all equal
+
+
+@dataclasses.dataclass(frozen=True)
+class _Members:
+    weights: torch.Tensor
+    multiplicity: torch.Tensor
 
 
 def test_the_transcript_check_finds_index_sets_where_they_are_sent(small_synthetic):
@@ -134,22 +183,22 @@ def test_the_transcript_check_finds_index_sets_where_they_are_sent(small_synthet
     assert record.plain_updates is not None and record.secagg is None
 
 
-def test_a_private_run_resumes_to_the_uninterrupted_model(small_synthetic, tmp_path):
-    """Requests are seeded by (seed, round, client) and secure sums are exact, so a run at
-    ``full`` stopped after round 2 resumes to the same model (PrivateRounds keeps no state
-    across rounds)."""
+@pytest.mark.parametrize("level", ["download", "full"])
+def test_a_private_run_resumes_to_the_uninterrupted_model(small_synthetic, tmp_path, level):
+    """Requests are seeded by (seed, round, client), skipped rows need no client state and
+    secure sums are exact, so a run stopped after round 2 resumes to the same model
+    (PrivateRounds keeps no state across rounds; randomized response, p = 0.9)."""
     from fedsub.engine import checkpoint as checkpoint_lib
     from fedsub.engine.loop import Interrupted
 
-    straight, _, _, _ = run(small_synthetic, Privacy("full"), rounds=4)
+    privacy = Privacy(level)
+    straight, _, _, _ = run(small_synthetic, privacy, rounds=4)
     done: list[int] = []
     stop = RunControl(checkpoints=tmp_path, stop_requested=lambda: done[-1] >= 2)
     with pytest.raises(Interrupted) as stopped:
-        run(small_synthetic, Privacy("full"), rounds=4, control=stop, on_round=done.append)
+        run(small_synthetic, privacy, rounds=4, control=stop, on_round=done.append)
     saved = checkpoint_lib.load(stopped.value.checkpoint)
-    resumed, _, _, _ = run(
-        small_synthetic, Privacy("full"), rounds=4, control=RunControl(resume=saved)
-    )
+    resumed, _, _, _ = run(small_synthetic, privacy, rounds=4, control=RunControl(resume=saved))
     assert bool(table(straight).abs().max() > 0)
     torch.testing.assert_close(table(resumed), table(straight), rtol=0, atol=1e-12)
 

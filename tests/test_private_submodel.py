@@ -12,7 +12,7 @@ import pytest
 from fedsub.privacy import private_download as pd
 from fedsub.privacy.fixed_point import SIGNED_LIMIT, FixedPoint
 from fedsub.privacy.secagg import SecAggError
-from fedsub.privacy.sparse_secagg import RowSlots, secure_row_sum, union_of
+from fedsub.privacy.sparse_secagg import RowSlots, encode_client, secure_row_sum, union_of
 
 TABLE_ROWS, WIDTH = 1000, 3
 
@@ -53,7 +53,8 @@ def run_sum(clients, clip=1.0, **drops):
         u: slots.client_values({"t": c["rows"]}, {"t": c["deltas"]}, {"w": c["dense"]})
         for u, c in enumerate(clients)
     }
-    return slots, secure_row_sum(slots, values, clip, **drops)
+    units = {u: 100 + 37 * u for u in range(len(clients))}  # e.g. draws x sample count
+    return slots, secure_row_sum(slots, values, clip, weight_units=units, **drops)
 
 
 def test_fixed_point_scale_cannot_wrap_and_decodes_within_its_bound():
@@ -104,6 +105,16 @@ def test_secure_row_sum_with_dropouts_is_the_survivors_sum():
     table, dense = plain_sums(clients, survivors)
     assert np.abs(sums.tables["t"] - table[slots.rows["t"]]).max() <= sums.error_bound
     assert np.abs(sums.dense["w"] - dense).max() <= sums.error_bound
+    assert sums.weight_units == sum(100 + 37 * u for u in survivors)  # exact: integers
+
+
+def test_weight_units_that_could_wrap_the_integer_sum_are_refused():
+    slots = slots_for(sparse_clients(1))
+    values = np.zeros(slots.length)
+    coding = FixedPoint.for_clients(4, 1.0)
+    assert encode_client(slots, coding, values, 2**30 - 1, clients=4)[-2] == 2**30 - 1
+    with pytest.raises(ValueError, match=r"weight units 1073741824 out of .*2\^32 / 4"):
+        encode_client(slots, coding, values, 2**30, clients=4)
 
 
 def test_fewer_than_t_survivors_stop_with_a_clear_error():

@@ -1,13 +1,20 @@
 """``train.privacy`` in the in-process engine, in one place: the cohort's requests and the
 round's aggregation.
 
-``PrivateRounds.wrap`` runs the configured backend unchanged, then draws each member's download
-request (``privacy/private_download.py``, seeded by (seed, round, client)) and keeps only the
-updates of requested rows: a held row that randomized response left out is skipped that round.
+``PrivateRounds.wrap`` draws each member's download request (``privacy/private_download.py``,
+seeded by (seed, round, client)), runs the configured backend and keeps only the updates of
+requested rows. A held row that randomized response left out is *skipped* that round: the
+member never received it, so it trains without it (the row reads as zero in its local steps,
+as if the feature were absent from its samples: ``WithoutRows``) and sends no update for it;
+a Flower node does the same (``flower/private_download.py``), so both agree with either
+payload and keep no state across rounds.
 ``PrivateRounds.combine`` aggregates: in the clear up to ``download`` (row sums divided by p
 under randomized response), by secure sparse aggregation at ``full``
 (``privacy/sparse_secagg.py``: each member's weighted deltas over the union of the cohort's
 requests; the server decodes per-row sums and applies FedSubAvg's coefficients to them).
+At ``full`` no member's sample count reaches the server either (``SecureWeighting``): a member
+weights its deltas itself from public numbers and its own count, its weight units go into the
+secure sum beside them, and the server normalizes the decoded sums by the survivors' total.
 
 It also counts what a level costs (bytes per client per round, the clients' and the server's
 privacy work in seconds) and can keep a transcript of everything the server received.
@@ -22,14 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedsub.algorithms.aggregation import (
-    Aggregation,
-    RowUpdate,
-    ServerUpdate,
-    aggregate,
-    aggregation_weights,
-)
+from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.sampling import Cohort
+from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
@@ -40,6 +42,7 @@ from fedsub.privacy.sparse_secagg import (
     secure_row_sum,
     union_of,
 )
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 
@@ -85,6 +88,80 @@ RunCohort = Callable[..., CohortUpdate]
 
 
 @dataclass
+class WithoutRows(Params):
+    """One member's view of the global model under randomized-response download: the held rows
+    its request left out (``skipped``, per table) read as zero, so its local steps run as if
+    those features were absent from its samples, as on a node that never received them."""
+
+    skipped: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def gather_rows(self, table: str, rows: torch.Tensor) -> torch.Tensor:
+        values = super().gather_rows(table, rows)
+        skipped = self.skipped.get(table)
+        if skipped is None or not len(skipped):
+            return values
+        return values.masked_fill(torch.isin(rows, skipped).unsqueeze(1), 0)
+
+
+def skipped_rows(
+    held: dict[str, np.ndarray], request: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Per table, the held rows (sorted) that ``request`` (sorted) leaves out."""
+    return {t: np.setdiff1d(r, request[t], assume_unique=True) for t, r in held.items()}
+
+
+@dataclass(frozen=True)
+class SecureWeighting:
+    """A member's aggregation weight a_k at ``full``, computed by the member itself from public
+    numbers and its own sample count n_k, which never leaves it in the clear:
+    ``a_k = units_k * scale`` with ``units_k = draws_k * (n_k if by_count else 1)``, an integer
+    that goes into the secure sum's weight slot. When the weighting is a normalized mean
+    (``samples``, ``uniform``) the server multiplies the decoded sums by
+    ``correction(total units of the survivors)``, so the round's step is the survivors'
+    weighted mean, as the plain aggregation's ``sum_k units_k delta_k / sum_k units_k``."""
+
+    draws: tuple[int, ...]  # per member: its draws m_k (normalized weightings) or 1
+    by_count: bool
+    scale: float  # public: 1 / (expected cohort units) or the weighting's population factor
+    normalized: bool
+
+    def units(self, member: int, count: int) -> int:
+        return self.draws[member] * (count if self.by_count else 1)
+
+    def coefficient(self, units: int) -> float:
+        """The factor a member multiplies its deltas by before encoding them."""
+        return units * self.scale
+
+    def correction(self, total_units: int) -> float:
+        """The factor of the decoded sums: 1 / (scale * the survivors' units) when normalized."""
+        if not self.normalized:
+            return 1.0
+        if total_units <= 0:
+            raise ValueError("the secure sum's weight units add up to 0: no member's weight")
+        return 1.0 / (self.scale * total_units)
+
+
+def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> SecureWeighting:
+    """``aggregation_weights``'s a_k as a ``SecureWeighting`` over public numbers only: the
+    members' draws, the cohort size and the population totals (N and the total sample count
+    W, which at ``full`` come from the secure heat exchange). The scale of ``samples`` keeps
+    a member's coefficient near its plain a_k (1 / (draws * W / N)), so the fixed-point range
+    (``train.secagg_clip``) bounds the same values as before."""
+    drawn = sum(multiplicity)
+    if aggregation.weighting == "uniform":
+        return SecureWeighting(tuple(multiplicity), False, 1.0 / drawn, True)
+    if aggregation.weighting == "samples":
+        mean = aggregation.population_weight / max(aggregation.num_clients, 1)
+        expected = drawn * mean if mean > 0 else float(drawn)
+        return SecureWeighting(tuple(multiplicity), True, 1.0 / expected, True)
+    ones = (1,) * len(multiplicity)  # scheme2 / original: n_k / W (times N / draws)
+    scale = 1.0 / aggregation.population_weight
+    if aggregation.weighting == "scheme2":
+        scale *= aggregation.num_clients / drawn
+    return SecureWeighting(ones, True, scale, False)
+
+
+@dataclass
 class PrivateRounds:
     privacy: Privacy
     aggregation: Aggregation
@@ -108,22 +185,58 @@ class PrivateRounds:
 
         def run(model, global_params, dataset, index, cohort: Cohort, round_index, *rest):
             started = time.perf_counter()
-            update = run_cohort(model, global_params, dataset, index, cohort, round_index, *rest)
-            self.costs.training_seconds += time.perf_counter() - started
-            started = time.perf_counter()
+            tables = list(index.rows)  # the tables clients hold rows of
             held = {
-                int(k): {t: index.client_rows(t, int(k)) for t in update.rows}
-                for k in cohort.clients
+                int(k): {t: index.client_rows(t, int(k)) for t in tables} for k in cohort.clients
             }
             self._requests = {k: self.request(rows, k, round_index) for k, rows in held.items()}
             self._round = round_index
             self.costs.client_seconds += time.perf_counter() - started
+            started = time.perf_counter()
+            args = (model, global_params, dataset, index, cohort, round_index, *rest)
+            if self.privacy.keep < 1.0:  # rows skipped: each member trains on its own view
+                update = self._run_members(run_cohort, held, *args)
+            else:
+                update = run_cohort(*args)
+            self.costs.training_seconds += time.perf_counter() - started
             self._count_download(update)
             if not self.privacy.private_download:
                 return update
             return restrict(update, self._requests)
 
         return run
+
+    def _run_members(
+        self,
+        run_cohort: RunCohort,
+        held: dict[int, dict[str, np.ndarray]],
+        model,
+        global_params: Params,
+        dataset,
+        index,
+        cohort: Cohort,
+        round_index: int,
+        schedule,
+        work,
+    ) -> CohortUpdate:
+        """The backend on each member alone, with the held rows its request left out reading
+        as zero (``WithoutRows``); the members' updates concatenated in cohort order."""
+        parts = []
+        device = next(iter(global_params.tables.values())).device
+        for j, k in enumerate(cohort.clients.tolist()):
+            skipped = skipped_rows(held[int(k)], self._requests[int(k)])
+            view = WithoutRows(
+                global_params.tables,
+                global_params.dense,
+                {t: torch.from_numpy(r).to(device) for t, r in skipped.items()},
+            )
+            part = run_share(
+                run_cohort, range(j, j + 1), model, view, dataset, index, cohort,
+                round_index, schedule, work,
+            )  # fmt: skip
+            assert part is not None  # one member: never an empty share
+            parts.append(part)
+        return concatenated(parts)
 
     def _count_download(self, update: CohortUpdate) -> None:
         """Request ids up (8 bytes each), the requested rows and the dense model down."""
@@ -154,21 +267,26 @@ class PrivateRounds:
         return unbias(server_update, self.privacy.keep)
 
     def _secure(self, update: CohortUpdate) -> ServerUpdate:
-        """Secure sparse aggregation of the members' weighted deltas over the union of the
-        cohort's requests (building the vectors is the clients' time; the protocol's steps
-        are timed per side by ``secure_row_sum``)."""
+        """Secure sparse aggregation of the members' weighted deltas and weight units over the
+        union of the cohort's requests (building the vectors is the clients' time; the
+        protocol's steps are timed per side by ``secure_row_sum``). The server's side reads
+        the public weighting and the decoded sums only; each member's count (``weights``) is
+        read on the member's side."""
         started = time.perf_counter()
         members = [int(k) for k in update.clients.tolist()]
-        weights = aggregation_weights(update, self.aggregation).to(torch.float64).cpu()
+        draws = [int(m) for m in update.multiplicity.tolist()]
+        weighting = secure_weighting(self.aggregation, draws)
+        counts = [round(float(w)) for w in update.weights.tolist()]  # each member's own n_k
         union = union_of(self._requests[k] for k in members)
         slots = RowSlots(
             {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
             {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
             {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
         )
-        values = {}
+        values, units = {}, {}
         for j in range(len(members)):
-            a = weights[j]
+            units[j] = weighting.units(j, counts[j])
+            a = weighting.coefficient(units[j])
             spans = {t: update.member_rows(t, j) for t in update.rows}
             deltas = update.table_deltas
             values[j] = slots.client_values(
@@ -177,7 +295,7 @@ class PrivateRounds:
                 {n: (v[j].double() * a).cpu().numpy() for n, v in update.dense_deltas.items()},
             )
         built = time.perf_counter()
-        sums = secure_row_sum(slots, values, self.privacy.secagg_clip)
+        sums = secure_row_sum(slots, values, self.privacy.secagg_clip, weight_units=units)
         self.costs.client_seconds += built - started + sums.client_seconds
         self.costs.server_seconds += sums.server_seconds
         self.costs.clipped += sums.clipped
@@ -188,10 +306,10 @@ class PrivateRounds:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
-        return self._server_update(update, slots, sums)
-
-    def _server_update(self, update: CohortUpdate, slots: RowSlots, sums: RowSums) -> ServerUpdate:
-        return server_update_of_sums(self.aggregation, update, slots, sums.tables, sums.dense)
+        correction = weighting.correction(sums.weight_units)
+        return server_update_of_sums(
+            self.aggregation, update, slots, sums.tables, sums.dense, correction
+        )
 
 
 def server_update_of_sums(
@@ -200,20 +318,22 @@ def server_update_of_sums(
     slots: RowSlots,
     tables_sums: dict[str, np.ndarray],
     dense_sums: dict[str, np.ndarray],
+    correction: float = 1.0,
 ) -> ServerUpdate:
-    """Per-row sums with FedSubAvg's coefficients applied (1 for FedAvg), on the device and
-    in the dtypes of ``update``'s deltas (a network runtime passes deltas of no rows)."""
+    """Per-row sums times ``correction`` (``SecureWeighting.correction``) with FedSubAvg's
+    coefficients applied (1 for FedAvg), on the device and in the dtypes of ``update``'s
+    deltas (a network runtime passes deltas of no rows)."""
     device = update.clients.device
     tables = {}
     for t, union in slots.rows.items():
         rows = torch.from_numpy(union).to(device)
-        summed = torch.from_numpy(tables_sums[t]).to(device)
+        summed = torch.from_numpy(tables_sums[t] * correction).to(device)
         if aggregation.coefficients is not None:
             coef = aggregation.coefficients[t].index_select(0, rows)
             summed = summed * coef.to(summed.dtype).unsqueeze(1)
         tables[t] = RowUpdate(rows, summed.to(update.table_deltas[t].dtype))
     dense = {
-        n: torch.from_numpy(np.ascontiguousarray(dense_sums[n])).to(device, v.dtype)
+        n: torch.from_numpy(np.ascontiguousarray(dense_sums[n] * correction)).to(device, v.dtype)
         for n, v in update.dense_deltas.items()
     }
     return ServerUpdate(tables, dense)

@@ -29,6 +29,7 @@ from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat, privacy_of
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
@@ -45,6 +46,7 @@ from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, 
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
+from fedsub.privacy.levels import Privacy, describe
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
@@ -74,6 +76,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     app = ClientApp()
 
     @app.query()
+    @with_seconds
     def report_index(message: Message, context: Context) -> Message:
         """The node's partition, and (query "index") its sample count, index sets S(k) and
         evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
@@ -133,14 +136,16 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         )
 
     @app.query(ACTION)
+    @with_seconds
     def secure_rows(message: Message, context: Context) -> Message:
         """One stage of the secure sum of row deltas (fedsub.flower.secure_rows)."""
         node = _own_data(fixed, context)
         if node.schedule.privacy is None:
             raise FedsubError(f"partition {node.client}: no train.privacy; refusing")
-        return answer_secure_rows(message, context, node.schedule.privacy)
+        return answer_secure_rows(message, context, node.schedule.privacy, len(node.samples))
 
     @app.train()
+    @with_seconds
     def train(message: Message, context: Context) -> Message:
         """Local steps of fedsub's client work on the submodel received; reply row deltas."""
         settings = _settings(fixed, context)
@@ -153,8 +158,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         downloading = downloads_privately(node.schedule.privacy)
         full = not rows
         request = node_request(node, round_index) if downloading else {}
-        if downloading:  # requested rows received, the others from the node's local copy
-            pulled = local_submodel(node, context, rows, received, request)
+        if downloading:  # requested rows received, the other held rows skipped (zero)
+            pulled = local_submodel(node, rows, received, request)
         elif full:  # the whole model came: take S(k) locally
             pulled = pull(received, own)
         elif any(not torch.equal(rows[t], own[t]) for t in own):
@@ -177,12 +182,14 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         table_deltas = update.table_deltas
         index = None
         dense_deltas = update.dense_deltas
+        metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         if downloading:  # the held rows it requested, with their ids (the others skipped)
             kept, table_deltas = reply_record(node.rows, request, table_deltas)
             privacy = node.schedule.privacy
             if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
                 keep_deltas(context, kept, table_deltas, dense_deltas)
                 kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
+                del metrics["num-examples"]  # its count weights its deltas inside the sum
             index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
         elif full:  # reply as stock FedAvg would: the whole table
             table_deltas = {
@@ -191,7 +198,6 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
             }
         if settings.train_delay:
             time.sleep(settings.train_delay)
-        metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
         content = RecordDict(
             {"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics}
         )
@@ -213,15 +219,24 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     return app
 
 
-def write_heat(out: Path, report: HeatReport, transcript: Transcript | None) -> None:
+def write_heat(
+    out: Path,
+    report: HeatReport,
+    transcript: Transcript | None,
+    train_transcript: Transcript | None = None,
+) -> None:
     """What the private heat exchange measured (``heat.safetensors``: per table the heat of
-    every row) and, if recorded, everything the server received in it."""
+    every row) and, if recorded, everything the server received: in the queries, the heat
+    exchange and the secure row sums (``replies``), and in the train replies
+    (``train_replies``)."""
     measured = report.measured
     tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
     save_tensors_atomic(out / "heat.safetensors", tensors)
     if transcript is not None:
-        text = dumps({"source": measured.source, "replies": transcript.entries}) + "\n"
-        write_atomic(out / "heat-transcript.json", text)
+        recorded = {"source": measured.source, "replies": transcript.entries}
+        if train_transcript is not None:
+            recorded["train_replies"] = train_transcript.entries
+        write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
 
 
 def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
@@ -234,10 +249,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         config = run.config
         name = settings.algorithm_name(config)
         params = initial_params(run.model, run.schedule)
-        progress, transcript, checkpoints = None, None, None
+        progress, transcript, train_transcript, checkpoints = None, None, None, None
         privacy = privacy_of(config)
         if settings.heat_transcript and privacy.source != "exact":
-            transcript = Transcript()
+            transcript, train_transcript = Transcript(), Transcript()
         if settings.out_dir:
             out = Path(settings.out_dir)
             progress = JsonLines(out / "progress.jsonl")
@@ -249,6 +264,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
                 settings.resume,
                 config_stamp(settings.model_description(config, name)),
             )
+        metered = MeteredGrid(grid)  # every message's bytes, each round's seconds
         query: dict[str, int | str] = {}
         if run.spec is not None:  # every node checks its spec against the run's
             query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
@@ -269,6 +285,8 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
             on_progress=progress,
             privacy=privacy,
             on_heat_reply=transcript,
+            on_train_reply=train_transcript,
+            meter=metered,
             evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
         )
         server_test = None  # read before any node is asked: a bad file fails the run at once
@@ -288,7 +306,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         failure: Diverged | RoundsFailed | None = None
         try:
             strategy.start(
-                grid,
+                cast(Grid, metered),  # a Grid: its methods, measured (flower/costs.py)
                 ArrayRecord(),
                 num_rounds=run.schedule.rounds,
                 timeout=settings.round_timeout,
@@ -298,7 +316,7 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
             failure = error
         if settings.out_dir and strategy.heat_report is not None:
-            write_heat(Path(settings.out_dir), strategy.heat_report, transcript)
+            write_heat(Path(settings.out_dir), strategy.heat_report, transcript, train_transcript)
         if settings.out_dir:
             out = Path(settings.out_dir)
             result: dict[str, object] = {
@@ -306,6 +324,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
                 "payload": settings.payload,
                 "succeeded": failure is None,
                 "rounds": strategy.rounds,
+                "costs": {
+                    **describe(run.schedule.privacy or Privacy()),
+                    **run_costs(strategy.rounds, metered.totals),
+                },
             }
             if failure is None:
                 save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())

@@ -44,10 +44,12 @@ class Registration:
     rows: dict[str, np.ndarray]
 
     def same_data(self, other: Registration) -> bool:
-        return (
-            self.examples == other.examples
-            and self.rows.keys() == other.rows.keys()
-            and all(np.array_equal(self.rows[t], other.rows[t]) for t in self.rows)
+        """Same count and rows; a table a registration does not name has no rows (a private
+        registration names none, its checkpointed copy names every table, empty)."""
+        empty = np.zeros(0, dtype=np.int64)
+        return self.examples == other.examples and all(
+            np.array_equal(self.rows.get(t, empty), other.rows.get(t, empty))
+            for t in self.rows.keys() | other.rows.keys()
         )
 
 

@@ -3,13 +3,12 @@
 - **Node** (``node_request``): asked for its rows, a node at level ``download`` answers its
   *request* (``privacy/requests.py``: randomized response or size buckets, keyed by (seed,
   round, client) exactly as ``engine/private_rounds.py`` keys its clients), never its S(k).
-- **Server**: sends the requested rows; the node's model over S(k) (``local_submodel``) takes
-  the requested rows from the message and every held row left out of the request from the
-  node's *local copy* (``Context.state``: the values it last received, at first the run's
-  seeded initial model, which the node draws itself). The simulator reads the row's current
-  global value instead, so the two agree whenever the copy is current: with size buckets
-  (every held row is requested), with ``payload = full`` (the whole model comes), and in the
-  first round a node takes part.
+- **Server**: sends the requested rows (or, with ``payload = full``, the whole model); the
+  node's model over S(k) (``local_submodel``) takes the requested rows as received, and every
+  held row left out of the request is *skipped*: it reads as zero in the local steps (as if
+  that feature were absent from the node's samples) and gets no update, with either payload.
+  The simulator does the same (``engine/private_rounds.WithoutRows``), so the two agree in
+  every round, and the node keeps no state across rounds.
 - **Reply** (``reply_record``): the deltas of the held rows it requested (as the simulator's
   ``restrict``) with their row ids, in the clear (this level hides the download only; at
   ``full`` they go into the secure sum instead, flower/secure_rows.py).
@@ -23,10 +22,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Message
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregate
-from fedsub.engine.loop import initial_params
 from fedsub.engine.private_rounds import unbias
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
@@ -35,8 +33,6 @@ from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate, pull
-
-LOCAL_COPY = "fedsub.local-rows"  # the node's copy of its rows S(k) in Context.state
 
 
 def downloads_privately(privacy: Privacy | None) -> bool:
@@ -59,39 +55,32 @@ def _requested(own: np.ndarray, request: np.ndarray) -> tuple[np.ndarray, np.nda
     return hit, at
 
 
-def _local_copy(node: NodeData, context: Context) -> dict[str, torch.Tensor]:
-    """The node's copy of its rows: as last received, at first the seeded initial model's."""
-    if LOCAL_COPY in context.state:
-        saved = record_of(context.state, LOCAL_COPY, ArrayRecord).to_torch_state_dict()
-        return {t: saved[t] for t in node.rows}
-    start = initial_params(node.model, node.schedule)
-    own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
-    return pull(start, own).tables
-
-
 def local_submodel(
     node: NodeData,
-    context: Context,
     rows: dict[str, torch.Tensor],
     received: Params,
     request: dict[str, np.ndarray],
 ) -> Params:
-    """The node's model over S(k) for training: requested rows as received (or the whole
-    model's rows when it all came), the others from the local copy, which is then updated."""
+    """The node's model over S(k) for training: requested rows as received (from the rows
+    sent, or from the whole model when it all came); held rows left out of the request read
+    as zero (skipped this round, as in the simulator)."""
     own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
-    if not rows:  # payload full: every row is current
-        return pull(received, own)
+    if not rows:  # payload full: take S(k) from the whole model, then skip as below
+        pulled = pull(received, own)
+        tables = {}
+        for t, values in pulled.tables.items():
+            hit, _ = _requested(node.rows[t], request[t])
+            tables[t] = values.masked_fill(torch.from_numpy(~hit).unsqueeze(1), 0)
+        return Params(tables, pulled.dense)
     for t, r in request.items():
         if t not in rows or not np.array_equal(rows[t].numpy(), r):
             raise FedsubError(f"partition {node.client}: the rows received are not its request")
-    copy = _local_copy(node, context)
     tables = {}
-    for t, values in copy.items():
+    for t, values in received.tables.items():
         hit, at = _requested(node.rows[t], request[t])
-        mine = values.clone().to(received.tables[t].dtype)
-        mine[torch.from_numpy(hit)] = received.tables[t][torch.from_numpy(at[hit])]
+        mine = values.new_zeros((len(node.rows[t]), values.shape[1]))
+        mine[torch.from_numpy(hit)] = values[torch.from_numpy(at[hit])]
         tables[t] = mine
-    context.state[LOCAL_COPY] = ArrayRecord({t: v.clone() for t, v in tables.items()})
     return Params(tables, {n: v.clone() for n, v in received.dense.items()})
 
 

@@ -1,18 +1,21 @@
 """``train.privacy = full`` on Flower: the cohort's row deltas summed by secure aggregation.
 
 A trained node keeps its deltas (the held rows it requested, and its dense deltas) in its
-``Context.state`` and replies none of them: its train reply carries its sample count and
-deltas of no rows. The server then runs fedsub's secure aggregation with the nodes that
-replied, as ``query.secure_rows`` Messages over the heat exchange's transport
-(``heat_exchange.group_sum`` / ``answer_secagg``: keys, encrypted shares, masked vectors,
-unmasking). In the "mask" request each node gets what it needs to build its vector with the
-in-process code (``privacy/sparse_secagg.py``): its aggregation weight a_k, the union of the
-cohort's requests (public: the server built it from the requests) and the cohort size (which
-fixes the fixed-point scale). The server decodes per-row sums over the union and applies
+``Context.state`` and replies none of them: its train reply carries its partition id and
+deltas of no rows, and no sample count (``num-examples`` is left out at this level). The
+server then runs fedsub's secure aggregation with the nodes that replied, as
+``query.secure_rows`` Messages over the heat exchange's transport (``heat_exchange.group_sum``
+/ ``answer_secagg``: keys, encrypted shares, masked vectors, unmasking). In the "mask" request
+each node gets the public part of its weight (``engine/private_rounds.SecureWeighting``: its
+draws, the scale, whether its own count enters), the union of the cohort's requests (public:
+the server built it from the requests) and the cohort size (which fixes the fixed-point
+scale); it weights its deltas with its own sample count and puts its weight units in the
+vector's integer slot (the in-process code, ``privacy/sparse_secagg.py``). The server decodes
+per-row sums and the survivors' total units over the union, normalizes, and applies
 FedSubAvg's coefficients and 1/p (``engine/private_rounds.server_update_of_sums``,
-``unbias``): no node's S(k) or delta reaches it. A node that drops out after its train reply
-is left out by the protocol's threshold (its weight stays in the others' a_k, so that round's
-step is smaller).
+``unbias``): no node's S(k), delta or sample count reaches it. A node that drops out after its
+train reply is left out by the protocol's threshold; the round's step is then the survivors'
+weighted mean (their units are what the sum normalizes by).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType
 
-from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregation_weights
-from fedsub.engine.private_rounds import server_update_of_sums, unbias
+from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
+from fedsub.engine.private_rounds import secure_weighting, server_update_of_sums, unbias
 from fedsub.errors import FedsubError
 from fedsub.flower.heat_exchange import (
     MessageGrid,
@@ -74,8 +77,9 @@ def empty_deltas(
     return rows, tables, dense
 
 
-def answer_secure_rows(message: Message, context: Context, privacy: Privacy) -> Message:
-    """A node's reply to one stage of the secure row sum (its ``query.secure_rows``)."""
+def answer_secure_rows(message: Message, context: Context, privacy: Privacy, count: int) -> Message:
+    """A node's reply to one stage of the secure row sum (its ``query.secure_rows``);
+    ``count``: its sample count, which weights its deltas inside the sum."""
     who = "secure row sum (this node)"
     if not privacy.secure_aggregation:
         raise FedsubError(f"{who}: train.privacy = {privacy.level!r}, not 'full'; refusing")
@@ -85,8 +89,11 @@ def answer_secure_rows(message: Message, context: Context, privacy: Privacy) -> 
             raise FedsubError(f"{who}: asked to mask deltas before training")
         flat = record_of(context.state, PENDING, ArrayRecord).to_torch_state_dict()
         del context.state[PENDING]  # masked once, then forgotten
-        a = number_field(request, "weight", float, who)
         clients = int(number_field(request, "clients", int, who))
+        draws = int(number_field(request, "draws", int, who))
+        by_count = bool(number_field(request, "by-count", int, who))
+        units = draws * (count if by_count else 1)  # as SecureWeighting.units
+        a = units * number_field(request, "scale", float, who)  # SecureWeighting.coefficient
         part: dict[str, dict[str, torch.Tensor]] = {"rows": {}, "table": {}, "dense": {}}
         for key, value in flat.items():
             kind, _, name = key.partition(".")
@@ -106,7 +113,8 @@ def answer_secure_rows(message: Message, context: Context, privacy: Privacy) -> 
             {t: d.double().numpy() * a for t, d in tables.items()},
             {n: d.double().numpy() * a for n, d in dense.items()},
         )
-        return encode_client(slots, FixedPoint.for_clients(clients, privacy.secagg_clip), values)
+        coding = FixedPoint.for_clients(clients, privacy.secagg_clip)
+        return encode_client(slots, coding, values, units, clients)
 
     return answer_secagg(message, context, SOURCE, vector, who)
 
@@ -134,10 +142,11 @@ class SecureRows:
         self.clipped = 0  # values clipped to the fixed-point range, over the run
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
-        """Secure sum of the members' weighted deltas over the union of their requests;
-        ``update`` holds who replied, their weights and the deltas' shapes (no rows)."""
+        """Secure sum of the members' weighted deltas and weight units over the union of their
+        requests; ``update`` holds who replied, how often each was drawn and the deltas'
+        shapes (no rows, no sample counts)."""
         members = [int(k) for k in update.clients.tolist()]
-        weights = aggregation_weights(update, self.aggregation).to(torch.float64).cpu()
+        weighting = secure_weighting(self.aggregation, [int(m) for m in update.multiplicity])
         requests = self.requests()
         union = union_of(requests[k] for k in members)
         slots = RowSlots(
@@ -146,10 +155,13 @@ class SecureRows:
             {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
         )
         shared = {f"union.{t}": r.tolist() for t, r in slots.rows.items()}
+        public = {"scale": weighting.scale, "by-count": int(weighting.by_count)}
         fields = {
-            self.node_of[k]: {"weight": float(weights[j]), "clients": len(members), **shared}
+            self.node_of[k]: {
+                "draws": weighting.draws[j], "clients": len(members), **public, **shared
+            }
             for j, k in enumerate(members)
-        }
+        }  # fmt: skip
         coding = FixedPoint.for_clients(len(members), self.privacy.secagg_clip)
         nodes = [self.node_of[k] for k in members]
         try:
@@ -159,16 +171,23 @@ class SecureRows:
             )  # fmt: skip
         except SecAggError as error:  # name the nodes: the operator's next step
             raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
-        tables, dense, clipped, _ = decode_sums(slots, coding, total, len(survivors))
-        self.clipped += clipped
-        if clipped:
+        decoded = decode_sums(slots, coding, total, len(survivors))
+        self.clipped += decoded.clipped
+        if decoded.clipped:
             LOG.warning(
                 "secure row sum: %d values clipped to [-%g, %g] (train.secagg_clip)",
-                clipped,
+                decoded.clipped,
                 self.privacy.secagg_clip,
                 self.privacy.secagg_clip,
             )
-        server_update = server_update_of_sums(self.aggregation, update, slots, tables, dense)
+        server_update = server_update_of_sums(
+            self.aggregation,
+            update,
+            slots,
+            decoded.tables,
+            decoded.dense,
+            weighting.correction(decoded.weight_units),
+        )
         return unbias(server_update, self.privacy.keep)
 
 

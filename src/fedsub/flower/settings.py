@@ -20,7 +20,9 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``resume``: true continues the newest checkpoint in ``out-dir``/checkpoints (written with
   the same configuration);
 - ``eval-every``: every n rounds (and after the last), federated evaluation of the global
-  model on every node's held-out samples, plus the ``server-test-file`` if given (0 = never);
+  model on every node's held-out samples, plus the ``server-test-file`` if given (0 = never;
+  at ``train.privacy = "full"`` the server's test file only: a node's sums would name its
+  sample counts);
 - ``feature-spec``: the run's feature spec (data/feature_spec.py), read by the ServerApp: the
   model is sized from it and every node must hold the same spec ("" = the nodes hold
   partitions of the fedsub config's dataset, ``partition-id`` of ``num-partitions``);
@@ -32,8 +34,9 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
   it would land inside the app folder, which the next ``flwr run .`` ships to every node;
 - ``train-delay``: seconds each node waits before replying (to test faults; default 0);
 - ``heat-transcript``: with a private ``train.heat_source``, write everything the server
-  received in the query round and the heat exchange to ``out-dir/heat-transcript.json``
-  (to inspect what the server learns; default false).
+  received in the query round, the heat exchange and the secure row sums (``replies``) and
+  in the train replies (``train_replies``) to ``out-dir/heat-transcript.json`` (to inspect
+  what the server learns; default false).
 """
 
 from __future__ import annotations
@@ -156,6 +159,14 @@ class FlowerSettings:
                 f"Flower run config: min-replies = {self.min_replies} exceeds "
                 f"train.clients_per_round = {config.train.clients_per_round}; no round could "
                 "ever update the model"
+            )
+        if config.train.privacy == "full" and self.eval_every and not self.server_test_file:
+            raise ConfigError(
+                f"Flower run config: eval-every = {self.eval_every} with train.privacy = "
+                "'full': federated evaluation would send each node's sums (its sample counts "
+                "among them) in the clear, which this level keeps inside the secure sum, so "
+                "the nodes are not asked; give the server its own test file (server-test-file, "
+                "with feature-spec) or set eval-every = 0"
             )
         if self.feature_spec and config.train.clients_per_round > self.num_nodes:
             raise ConfigError(

@@ -35,11 +35,14 @@ learns a node's S(k) only when it samples it, as the download of X[S(k)] names t
 (loss, counts, AUC histograms), never a sample (flower/federated_eval.py).
 
 ``start`` is Flower's round loop, plus checkpoints every ``checkpoints.every`` rounds and a
-resume from the newest (flower/checkpoints.py). Messages follow Flower's conventions
-(``arrays`` + ``config`` out, ``arrays`` + ``metrics`` with ``num-examples`` back); Flower's
-DP wrappers are refused (their whole-model clipping and noise do not apply to row deltas).
+resume from the newest (flower/checkpoints.py; a private heat source's heat is a stage of it,
+flower/heat_state.py). Messages follow Flower's conventions (``arrays`` + ``config`` out,
+``arrays`` + ``metrics`` with ``num-examples`` back; at ``train.privacy = "full"`` no
+``num-examples``: the count weights the deltas inside the secure sum); Flower's DP wrappers are
+refused (their whole-model clipping and noise do not apply to row deltas).
 
-Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round.
+Bytes on the wire (the ``ArrayRecord`` payloads) are counted per round; with a ``meter``
+(flower/costs.py) every message's bytes and the nodes' and server's seconds too.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -69,6 +73,7 @@ from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import FlowerCheckpoints
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
+from fedsub.flower.heat_state import PrivateHeatStage
 from fedsub.flower.membership import Membership, Registrar
 from fedsub.flower.private_download import downloads_privately, reply_rows
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
@@ -82,6 +87,7 @@ from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull
 
 LOG = logging.getLogger("fedsub")
+PRIVATE_HEAT = "private_heat"  # the checkpoint stage of a private heat source's measurement
 
 
 class RoundsFailed(FedsubError):
@@ -130,6 +136,12 @@ def _row_ids(reply: Message, params: Params) -> dict[str, np.ndarray] | str:
     return rows
 
 
+class RoundMeter(Protocol):
+    """What a round cost since the last call, over its sampled nodes (flower/costs.py)."""
+
+    def take(self, nodes: Iterable[int]) -> dict: ...
+
+
 class _PositionNodes(Mapping[int, int]):
     """Node id of the client at each position of ``membership.counted`` (a cohort's ids)."""
 
@@ -169,6 +181,8 @@ class SubmodelStrategy(Strategy):
         privacy: HeatPrivacy | None = None,
         on_heat_reply: Recorder | None = None,
         evaluation: FederatedEvaluation | None = None,
+        on_train_reply: Recorder | None = None,
+        meter: RoundMeter | None = None,
     ) -> None:
         self.params = params
         self.algorithm_name = algorithm
@@ -189,6 +203,8 @@ class SubmodelStrategy(Strategy):
         self.evaluations: dict[int, dict[str, float]] = {}  # kept in checkpoints
         self.privacy = privacy or HeatPrivacy()
         self.on_heat_reply = on_heat_reply  # sees every reply of the query and heat exchange
+        self.on_train_reply = on_train_reply  # sees every train reply (a transcript)
+        self.meter = meter  # what each round cost (flower/costs.py), in its record
         self.heat_report: HeatReport | None = None  # what a private heat source measured
         self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
@@ -211,6 +227,8 @@ class SubmodelStrategy(Strategy):
         self._sent_to: dict[int, int] = {}  # node id -> cohort position, this round
         self._sent = 0
         self._available = 0  # clients that could be sampled this round
+        # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
+        self._counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
 
     # --- membership ----------------------------------------------------------------------
     def _update_membership(self, grid: Grid, server_round: int) -> set[int]:
@@ -285,7 +303,7 @@ class SubmodelStrategy(Strategy):
             self.params,
             server,
             round_combine(
-                grid,  # None only on a resume, which a private level (full) refuses
+                grid,
                 _PositionNodes(self.membership),
                 algorithm.aggregation,
                 self.schedule.privacy,
@@ -301,7 +319,7 @@ class SubmodelStrategy(Strategy):
         """The algorithm's context from the private heat exchange with every counted node:
         no S(k), no per-client sample count (their total comes with the heat)."""
         tables = dict(self.membership.tables)
-        if grid is not None:
+        if grid is not None and self.heat_report is None:  # resumed: from the checkpoint
             nodes = {k: self.membership.node_of(k) for k in self.membership.counted}
             report = collect_heat(
                 grid,
@@ -376,9 +394,19 @@ class SubmodelStrategy(Strategy):
             self._sampled_rows[partition_of[node]] = rows
 
     def stages(self) -> dict[str, Stateful]:
-        """What a checkpoint saves: every stage of the server round and the population."""
+        """What a checkpoint saves: every stage of the server round and the population (and
+        with a private heat source the heat it measured, flower/heat_state.py)."""
         assert self._round is not None
-        return {**self._round.stages(), "population": self.membership}
+        stages: dict[str, Stateful] = {**self._round.stages(), "population": self.membership}
+        if self.privacy.source != "exact":
+            stages[PRIVATE_HEAT] = self._heat_stage()
+        return stages
+
+    def _heat_stage(self) -> PrivateHeatStage:
+        def put(report: HeatReport) -> None:
+            self.heat_report = report
+
+        return PrivateHeatStage(self.privacy.source, lambda: self.heat_report, put)
 
     # --- the run -----------------------------------------------------------------------
     def start(
@@ -401,7 +429,7 @@ class SubmodelStrategy(Strategy):
         result = Result()
         first = 1
         if self.checkpoints is not None and self.checkpoints.resume:
-            first = self._resume(self.checkpoints) + 1
+            first = self._resume(self.checkpoints, grid) + 1
         elif evaluate_fn is not None and (metrics := evaluate_fn(0, initial_arrays)):
             result.evaluate_metrics_serverapp[0] = metrics
         for r in range(first, num_rounds + 1):
@@ -426,18 +454,20 @@ class SubmodelStrategy(Strategy):
         evaluations = [{"evaluation": r, "metrics": m} for r, m in sorted(self.evaluations.items())]
         return [*evaluations, *({"record": record} for record in self.rounds)]
 
-    def _resume(self, checkpoints: FlowerCheckpoints) -> int:
+    def _resume(self, checkpoints: FlowerCheckpoints, grid: Grid) -> int:
         """Restore the population, every stage and the records of the newest checkpoint;
-        its round."""
-        if self.privacy.source != "exact":
-            raise FedsubError(
-                f"Flower: resume with train.heat_source = {self.privacy.source!r} is not "
-                "supported yet (the checkpoint does not keep the private heat); use exact heat "
-                "or start the run again"
-            )
+        its round. A private heat source's heat comes from the checkpoint (no new exchange);
+        the grid is for the round's protocol stages (secure row sums)."""
         saved = checkpoints.latest()
         self.membership.load_state_tensors(saved.stages["population"])
-        self._build()
+        if self.privacy.source != "exact":
+            if PRIVATE_HEAT not in saved.stages:
+                raise FedsubError(
+                    f"{saved.path}: no private heat saved (written before private runs could "
+                    "resume); start the run again"
+                )
+            self._heat_stage().load_state_tensors(saved.stages[PRIVATE_HEAT])
+        self._build(grid)
         checkpoint_lib.restore(self.stages(), saved)
         self.rounds = [e["record"] for e in saved.history if "record" in e]
         self.evaluations = {
@@ -515,6 +545,8 @@ class SubmodelStrategy(Strategy):
             if reply.has_error():
                 LOG.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
                 continue
+            if self.on_train_reply is not None:
+                self.on_train_reply(node, "train", reply.content)
             metrics = record_of(reply.content, "metrics", MetricRecord)
             client = self._sent_to.get(node)
             partition = int(number_of(metrics, "partition-id"))
@@ -541,7 +573,9 @@ class SubmodelStrategy(Strategy):
                     {t: d.index_select(0, rows[t]) for t, d in deltas.tables.items()},
                     deltas.dense,
                 )
-            weight = float(number_of(metrics, "num-examples"))
+            weight = 1.0  # at privacy full no count comes: the secure sum weights the deltas
+            if not self._counts_secret:
+                weight = float(number_of(metrics, "num-examples"))
             updates[client] = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         missing = sorted(set(position) - set(updates))
         left_out = [counted[j] for j in missing]
@@ -600,6 +634,8 @@ class SubmodelStrategy(Strategy):
         return None, metrics
 
     def _done(self, record: dict) -> None:
+        if self.meter is not None:
+            record["costs"] = self.meter.take(record["nodes"])
         self.rounds.append(record)
         if self.on_progress is not None:
             self.on_progress(record)
@@ -610,6 +646,8 @@ class SubmodelStrategy(Strategy):
     ) -> Iterable[Message]:
         if not self.evaluation.due(server_round):  # no call to the SuperLink for nothing
             return []
+        if self._counts_secret:  # a node's sums name its sample counts: not at privacy full
+            return []
         online = set(grid.get_node_ids()) - self.membership.dropped
         node_of = {k: r.node for k, r in self.membership.registered.items() if r.node in online}
         return self.evaluation.messages(server_round, self.params, node_of)
@@ -617,6 +655,8 @@ class SubmodelStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
+        if self._counts_secret:  # no federated evaluation at privacy full (configure_evaluate)
+            return None
         return self.evaluation.aggregate(server_round, replies)
 
     def summary(self) -> None:

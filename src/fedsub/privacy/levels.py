@@ -76,11 +76,14 @@ def describe(privacy: Privacy) -> dict:
             p, q = privacy.keep, privacy.decoy
             info.update(keep_probability=p, decoy_probability=q)
             info["epsilon"] = private_download.epsilon_of(p, q)
-            info["held_rows_not_requested"] = "skipped: no update sent; row sums divided by p"
+            info["held_rows_not_requested"] = (
+                "skipped: read as zero in the local steps, no update sent; row sums divided by p"
+            )
         else:
             info["smallest_size_class"] = privacy.download_bucket
     if privacy.secure_aggregation:
         info.update(secagg_clip=privacy.secagg_clip, threshold="floor(cohort / 2) + 1")
         info["fixed_point"] = "scale = largest 2^b with cohort * clip * 2^b < 2^31"
         info["error_bound"] = "cohort / (2 * scale) per summed value"
+        info["sample_counts"] = "inside the secure sum: each client weights its own deltas"
     return info

@@ -7,10 +7,11 @@ Two designs, both keyed by a seeded generator so a run is reproducible:
   client has is requested with probability p, every other row with probability q < p. Any one
   row's membership is then hidden with local differential privacy
   ``epsilon = ln(p (1 - q) / (q (1 - p)))``. A real row left out of the request is *skipped*
-  that round: the client sends no update for it (the simulator's training still reads the
-  row's current value, as a client's local copy of it would; see README "Private submodel
-  learning"). Each row thus gets an update from a fraction p of its clients, and the server,
-  which knows p, divides a row's sum by p to keep its expected update unchanged.
+  that round, as in Niu et al.'s design the client trains only with the real rows it
+  downloaded: the row reads as zero in its local steps (the feature is absent from its
+  samples) and it sends no update for it (``engine/private_rounds.WithoutRows``; a Flower node
+  does the same). Each row thus gets an update from a fraction p of its clients, and the
+  server, which knows p, divides a row's sum by p to keep its expected update unchanged.
 - **Size buckets**: the request is S(k) plus uniformly drawn decoy rows, padded to the
   smallest size class ``bucket * 2^i`` strictly above |S(k)| (capped at the table), so its
   size tells only the class. Every real row is requested and trained.

@@ -3,12 +3,14 @@
 A round's clients each hold deltas for a few rows of a large table. Their vectors are laid out
 over the *union* of the rows the cohort requested (``RowSlots``: public, the server built it
 from the download requests), never over the whole table: a client places its (weighted) deltas
-in its rows' slots and zeros elsewhere, appends its dense deltas and its count of clipped
-values, encodes them in fixed point (``fixed_point.FixedPoint``) and submits the vector to
+in its rows' slots and zeros elsewhere, appends its dense deltas, encodes them in fixed point
+(``fixed_point.FixedPoint``), appends two plain integers (its aggregation weight in units, e.g.
+its sample count times its draws, and its count of clipped values) and submits the vector to
 fedsub's secure aggregation (``secagg``: Bonawitz et al., pairwise and self masks mod 2^32,
 t-of-n recovery of dropped clients' masks). The server decodes one vector: the per-row sums
 over the surviving clients, within ``FixedPoint.error_bound(n)`` of the exact sum of their
-clipped values, and the total number of clipped values.
+clipped values, the survivors' total weight (exact: integers; no client's own weight, so no
+client's sample count reaches the server) and the total number of clipped values.
 
 Every step is a function of plain data (row ids, float and uint32 arrays, secagg's messages),
 so the same code serves the simulator (``secure_row_sum``) and a network runtime.
@@ -30,6 +32,9 @@ from fedsub.privacy.secagg import MaskedInput, SecAggClient, SecAggServer
 
 T = TypeVar("T")
 
+INTEGER_SLOTS = 2  # a client's weight units and its clipped count, after its real values
+WEIGHT_LIMIT = 2**32  # the survivors' weight units must sum below this (uint32, no wrap)
+
 
 def majority_threshold(clients: int) -> int:
     """secagg's t for a cohort of n: floor(n / 2) + 1 (as the private heat sources use)."""
@@ -48,7 +53,8 @@ def union_of(requests: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarr
 @dataclass(frozen=True)
 class RowSlots:
     """The layout of every client's vector in one round: per table the union's rows (sorted)
-    times the row width, then each dense parameter, then one slot for the clipped count."""
+    times the row width, then each dense parameter, then two integer slots: the client's
+    weight units and its clipped count (``INTEGER_SLOTS``)."""
 
     rows: dict[str, np.ndarray]
     widths: dict[str, int]
@@ -59,9 +65,9 @@ class RowSlots:
 
     @property
     def length(self) -> int:
-        """Values per client vector (the clipped-count slot included)."""
+        """Values per client vector (the integer slots included)."""
         tables = sum(self.table_length(t) for t in self.rows)
-        return tables + sum(int(np.prod(s)) for s in self.dense.values()) + 1
+        return tables + sum(int(np.prod(s)) for s in self.dense.values()) + INTEGER_SLOTS
 
     def client_values(
         self,
@@ -69,7 +75,7 @@ class RowSlots:
         deltas: Mapping[str, np.ndarray],
         dense: Mapping[str, np.ndarray],
     ) -> np.ndarray:
-        """One client's real values (float64, clipped-count slot 0): its row deltas in its rows'
+        """One client's real values (float64, integer slots 0): its row deltas in its rows'
         slots, zeros in every other slot. A row outside the union is refused (the client only
         updates rows it requested)."""
         parts = []
@@ -87,12 +93,12 @@ class RowSlots:
             parts.append(np.asarray(dense[name], dtype=np.float64).reshape(-1))
             if parts[-1].size != int(np.prod(shape)):
                 raise ValueError(f"dense parameter {name!r} must have shape {shape}")
-        parts.append(np.zeros(1))
+        parts.append(np.zeros(INTEGER_SLOTS))
         return np.concatenate(parts)
 
     def split(self, values: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """A decoded vector back into per-table [rows, width] sums and dense sums (the
-        clipped-count slot is left out)."""
+        integer slots are left out)."""
         tables, dense, start = {}, {}, 0
         for table, union in self.rows.items():
             stop = start + self.table_length(table)
@@ -105,22 +111,31 @@ class RowSlots:
         return tables, dense
 
 
-def encode_client(slots: RowSlots, coding: FixedPoint, values: np.ndarray) -> np.ndarray:
-    """A client's uint32 input to secure aggregation: its values in fixed point, and in the
-    last slot how many of them were clipped (a plain integer, so the server learns only the
-    cohort's total)."""
-    encoded, clipped = coding.encode(values[:-1])
-    return np.concatenate([encoded, np.array([clipped], dtype=np.uint32)])
+def encode_client(
+    slots: RowSlots, coding: FixedPoint, values: np.ndarray, weight_units: int = 0, clients: int = 1
+) -> np.ndarray:
+    """A client's uint32 input to secure aggregation: its values in fixed point, then two
+    plain integers: its weight units (e.g. draws times sample count; summed exactly, so the
+    server learns the survivors' total, never this client's) and how many values it clipped
+    (the server learns only the cohort's total). The units of ``clients`` clients must not
+    wrap around mod 2^32: each must be below 2^32 / clients."""
+    if not 0 <= weight_units < WEIGHT_LIMIT // clients:
+        raise ValueError(
+            f"weight units {weight_units} out of the secure sum's range [0, 2^32 / {clients})"
+        )
+    encoded, clipped = coding.encode(values[:-INTEGER_SLOTS])
+    return np.concatenate([encoded, np.array([weight_units, clipped], dtype=np.uint32)])
 
 
 @dataclass(frozen=True)
 class RowSums:
-    """What the server learns: per-row and dense sums over the survivors, how many values were
-    clipped in all, the bound on the fixed-point error of each sum, its protocol view, and
-    the seconds spent by all clients together and by the server."""
+    """What the server learns: per-row and dense sums over the survivors, their total weight
+    units, how many values were clipped in all, the bound on the fixed-point error of each
+    sum, its protocol view, and the seconds spent by all clients together and by the server."""
 
     tables: dict[str, np.ndarray]
     dense: dict[str, np.ndarray]
+    weight_units: int
     clipped: int
     error_bound: float
     survivors: tuple[int, ...]
@@ -129,13 +144,23 @@ class RowSums:
     server_seconds: float = 0.0
 
 
-def decode_sums(
-    slots: RowSlots, coding: FixedPoint, total: np.ndarray, clients: int
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int, float]:
+@dataclass(frozen=True)
+class Decoded:
+    """The server's reading of one secure sum (``decode_sums``)."""
+
+    tables: dict[str, np.ndarray]
+    dense: dict[str, np.ndarray]
+    weight_units: int
+    clipped: int
+    error_bound: float
+
+
+def decode_sums(slots: RowSlots, coding: FixedPoint, total: np.ndarray, clients: int) -> Decoded:
     """The server's decoding of the secure sum of ``clients`` encoded vectors."""
-    real = coding.decode_sum(total[:-1])
+    real = coding.decode_sum(total[:-INTEGER_SLOTS])
     tables, dense = slots.split(real)
-    return tables, dense, int(total[-1]), coding.error_bound(clients)
+    weight, clipped = (int(v) for v in np.asarray(total[-INTEGER_SLOTS:], dtype=np.uint32))
+    return Decoded(tables, dense, weight, clipped, coding.error_bound(clients))
 
 
 class _Stopwatch:
@@ -158,9 +183,11 @@ def secure_row_sum(
     threshold: int | None = None,
     drop_before_masking: Iterable[int] = (),
     drop_after_masking: Iterable[int] = (),
+    weight_units: Mapping[int, int] | None = None,
 ) -> RowSums:
     """Run the sparse secure sum in process over ``values`` (client id 0..n-1 -> its
-    ``RowSlots.client_values``), step by step as secagg's messages go over a network: clients
+    ``RowSlots.client_values``) and ``weight_units`` (client id -> its integer weight, 0 if
+    not given), step by step as secagg's messages go over a network: clients
     in ``drop_before_masking`` vanish after sharing keys, those in ``drop_after_masking`` after
     sending their masked vector (it still counts). The fixed-point scale is chosen for the n
     clients that start, so no sum of survivors can wrap around; ``threshold`` defaults to the
@@ -178,9 +205,13 @@ def secure_row_sum(
     inboxes = watch.run("server", lambda: server.route_shares(shared))
     before, after = set(drop_before_masking), set(drop_after_masking)
 
+    units = weight_units or {}
+
     def mask_inputs() -> list[MaskedInput]:
         return [
-            clients[u].masked_input(inboxes[u], encode_client(slots, coding, values[u]))
+            clients[u].masked_input(
+                inboxes[u], encode_client(slots, coding, values[u], units.get(u, 0), n)
+            )
             for u in inboxes
             if u not in before
         ]
@@ -192,14 +223,13 @@ def secure_row_sum(
     )
     total = watch.run("server", lambda: server.finish(request, responses))
     survivors = tuple(request.survivors)
-    tables, dense, clipped, bound = watch.run(
-        "server", lambda: decode_sums(slots, coding, total, len(survivors))
-    )
+    decoded = watch.run("server", lambda: decode_sums(slots, coding, total, len(survivors)))
     return RowSums(
-        tables,
-        dense,
-        clipped,
-        bound,
+        decoded.tables,
+        decoded.dense,
+        decoded.weight_units,
+        decoded.clipped,
+        decoded.error_bound,
         survivors,
         server,
         watch.spent["client"],

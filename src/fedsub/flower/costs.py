@@ -1,0 +1,179 @@
+"""What a Flower run costs, per round and node: bytes each way, the nodes' and the server's time.
+
+The in-process engine counts a privacy level's costs in its own model of the messages
+(``engine/private_rounds.Costs``, ``privacy.json``); on Flower the messages are real, so the
+ServerApp wraps its ``Grid`` in a ``MeteredGrid`` that measures them as they pass:
+
+- **bytes**: every record of every message sent to a node (down) and of its reply (up), by
+  message type (``train``, ``query`` for registrations and download requests,
+  ``query.secure_rows`` for the secure row sum, ``query.heat`` for the heat exchange,
+  ``evaluate``);
+- **client seconds**: a node's ClientApp times each of its handlers and adds the seconds to its
+  reply (``with_seconds``: a ``cost`` MetricRecord): its training, drawing its request,
+  building and masking its vector;
+- **server seconds**: the ServerApp process's CPU time (``time.process_time``: its own work,
+  not the waits for replies), and the round's wall time.
+
+``take()`` returns what was measured since the last call (the strategy calls it when a round is
+done). A round's costs leave out the heat exchange (once per run) and federated evaluation,
+which ``totals`` keeps by type with the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+
+COST = "cost"  # the reply record carrying a node's seconds
+SETUP_TYPES = ("query.heat", "evaluate")  # not a training round's cost
+
+
+def _value_bytes(value: object) -> int:
+    """A config value's bytes as Flower counts them: 1 per bool, 8 per number, the length of a
+    text or bytes; a list is the sum of its items (an empty list: 0)."""
+    if isinstance(value, list):
+        return sum(_value_bytes(v) for v in value)
+    if isinstance(value, bool):
+        return 1
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    return 8
+
+
+def record_bytes(record: object) -> int:
+    """Bytes of one record: ``count_bytes`` for arrays and metrics; for a ConfigRecord the same
+    count, item by item (Flower 1.41's own fails on an empty list, e.g. an empty row union)."""
+    if isinstance(record, ConfigRecord):
+        return sum(len(k) + _value_bytes(v) for k, v in record.items())
+    if isinstance(record, (ArrayRecord, MetricRecord)):
+        return record.count_bytes()
+    return 0
+
+
+def message_bytes(message: Message) -> int:
+    """Bytes of a message's records (arrays, configs, metrics), as Flower counts them."""
+    if message.has_error():
+        return 0
+    return sum(record_bytes(record) for record in message.content.values())
+
+
+def with_seconds(handler: Callable[[Message, Context], Message]) -> Callable:
+    """A ClientApp handler whose reply also says how long the node worked on it."""
+
+    @functools.wraps(handler)
+    def timed(message: Message, context: Context) -> Message:
+        started = time.perf_counter()
+        reply = handler(message, context)
+        reply.content[COST] = MetricRecord({"seconds": time.perf_counter() - started})
+        return reply
+
+    return timed
+
+
+class MeteredGrid:
+    """A Flower ``Grid`` (or a test's stand-in) that measures every message it carries."""
+
+    def __init__(self, grid: Any) -> None:
+        self.grid = grid
+        self._types: dict[str, str] = {}  # message id -> its type, until its reply comes
+        self._round = self._fresh()
+        self.totals: dict[str, dict[str, int]] = defaultdict(lambda: {"down": 0, "up": 0})
+
+    @staticmethod
+    def _fresh() -> dict[str, Any]:
+        return {
+            "down": defaultdict(int),
+            "up": defaultdict(int),
+            "seconds": defaultdict(float),
+            "cpu": time.process_time(),
+            "wall": time.monotonic(),
+        }
+
+    def __getattr__(self, name: str) -> Any:  # everything else is the grid's own
+        if name == "grid":  # not set yet (e.g. a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.grid, name)
+
+    def _sent(self, messages: Iterable[Message]) -> list[Message]:
+        messages = list(messages)
+        for m in messages:
+            kind, size = m.metadata.message_type, message_bytes(m)
+            self.totals[kind]["down"] += size
+            if kind not in SETUP_TYPES:
+                self._round["down"][m.metadata.dst_node_id] += size
+        return messages
+
+    def _received(self, replies: Iterable[Message]) -> list[Message]:
+        replies = list(replies)
+        for r in replies:
+            kind, size = r.metadata.message_type, message_bytes(r)
+            self.totals[kind]["up"] += size
+            if kind in SETUP_TYPES:
+                continue
+            node = r.metadata.src_node_id
+            self._round["up"][node] += size
+            cost = None if r.has_error() else r.content.get(COST)
+            seconds = cost.get("seconds") if isinstance(cost, MetricRecord) else None
+            if isinstance(seconds, float):
+                self._round["seconds"][node] += seconds
+        return replies
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        return self._received(self.grid.send_and_receive(self._sent(messages), timeout=timeout))
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(self._sent(messages))
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._received(self.grid.pull_messages(message_ids))
+
+    def take(self, nodes: Iterable[int]) -> dict[str, Any]:
+        """The costs since the last call: per node of ``nodes`` (the round's sampled nodes)
+        bytes down and up and its seconds of work, their means, and the server's CPU and
+        wall seconds."""
+        measured, self._round = self._round, self._fresh()
+        nodes = sorted(set(nodes))
+        per_node = {
+            str(n): {
+                "bytes_down": measured["down"][n],
+                "bytes_up": measured["up"][n],
+                "client_seconds": round(measured["seconds"][n], 6),
+            }
+            for n in nodes
+        }
+        count = max(len(nodes), 1)
+        return {
+            "bytes_down_per_client": sum(measured["down"][n] for n in nodes) / count,
+            "bytes_up_per_client": sum(measured["up"][n] for n in nodes) / count,
+            "client_seconds_per_client": sum(measured["seconds"][n] for n in nodes) / count,
+            "server_cpu_seconds": time.process_time() - measured["cpu"],
+            "round_seconds": time.monotonic() - measured["wall"],
+            "nodes": per_node,
+        }
+
+
+def run_costs(rounds: list[dict], totals: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """The run's means per client and round (over the rounds with costs), as in-process
+    ``privacy.json`` reports them, and the bytes by message type over the whole run."""
+    costed = [r["costs"] for r in rounds if "costs" in r]
+    count = max(len(costed), 1)
+
+    def mean(key: str) -> float:
+        return sum(c[key] for c in costed) / count
+
+    return {
+        "rounds": len(costed),
+        "bytes_up_per_client_round": mean("bytes_up_per_client"),
+        "bytes_down_per_client_round": mean("bytes_down_per_client"),
+        "client_seconds_per_client_round": mean("client_seconds_per_client"),
+        "server_cpu_seconds_per_round": mean("server_cpu_seconds"),
+        "round_seconds": mean("round_seconds"),
+        "bytes_by_message_type": {k: dict(v) for k, v in sorted(totals.items())},
+    }
