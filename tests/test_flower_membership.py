@@ -52,7 +52,8 @@ class StandInGrid:
     def push_messages(self, messages) -> list[str]:
         ids = []
         for m in messages:
-            ids.append(str(len(self.queued)))
+            m.metadata.__dict__["_message_id"] = str(len(self.queued))  # as Flower's grids do
+            ids.append(m.metadata.message_id)
             self.queued.append(m)
         return ids
 

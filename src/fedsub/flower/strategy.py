@@ -67,6 +67,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import FlowerCheckpoints
+from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
 from fedsub.flower.membership import Membership, Registrar
@@ -364,7 +365,7 @@ class SubmodelStrategy(Strategy):
             )
             for node in partition_of
         ]
-        for reply in grid.send_and_receive(query, timeout=self._timeout):
+        for reply in exchange(grid, query, self._timeout):
             node = reply.metadata.src_node_id
             if reply.has_error() or node not in partition_of:
                 LOG.warning("round %d: no rows from node %d", server_round, node)
@@ -406,12 +407,12 @@ class SubmodelStrategy(Strategy):
             result.evaluate_metrics_serverapp[0] = metrics
         for r in range(first, num_rounds + 1):
             messages = self.configure_train(r, initial_arrays, train_config, grid)
-            replies = grid.send_and_receive(messages, timeout=timeout)
+            replies = exchange(grid, messages, timeout)
             _, metrics = self.aggregate_train(r, replies)
             if metrics is not None:
                 result.train_metrics_clientapp[r] = metrics
             messages = self.configure_evaluate(r, initial_arrays, evaluate_config, grid)
-            replies = grid.send_and_receive(messages, timeout=timeout)
+            replies = exchange(grid, messages, timeout)
             if (metrics := self.aggregate_evaluate(r, replies)) is not None:
                 result.evaluate_metrics_clientapp[r] = metrics
             if evaluate_fn is not None and (metrics := evaluate_fn(r, initial_arrays)):
