@@ -13,7 +13,7 @@ separately, as they must not hold a round up.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from flwr.app import Message
@@ -32,12 +32,16 @@ class PushPullGrid(Protocol):
 
 
 def exchange(
-    grid: PushPullGrid, messages: Iterable[Message], timeout: float | None
+    grid: PushPullGrid,
+    messages: Iterable[Message],
+    timeout: float | None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> list[Message]:
     """Push ``messages`` and return the replies received within ``timeout`` seconds (``None``:
     wait for all), in the order they arrived. Replies are matched to the messages by
     ``reply_to_message_id``, as Flower's ``send_and_receive`` does; a message the SuperLink
-    did not accept (its id ``None``) gets no reply."""
+    did not accept (its id ``None``) gets no reply. ``meanwhile`` is called after each pull
+    that leaves replies missing (other work while the wave waits)."""
     waiting = {i for i in grid.push_messages(messages) if i is not None}
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
@@ -51,4 +55,6 @@ def exchange(
         for reply in grid.pull_messages(sorted(waiting)):
             replies.append(reply)
             waiting.discard(reply.metadata.reply_to_message_id)
+        if waiting and meanwhile is not None:
+            meanwhile()
     return replies

@@ -1,14 +1,15 @@
 """A Flower strategy for federated submodel training (FedSubAvg, FedAvg and the rest).
 
-Membership is elastic (flower/membership.py). Each round, in ``configure_train``, the nodes
-online (``grid.get_node_ids()``) that the strategy does not know yet are asked for their
-partition id, sample count and index sets S(k) (in the clear: the heat counts n_m follow from
-them; fedsub's secure aggregation computes the same counts without revealing any S(k), see
-fedsub.privacy); the first round waits up to ``node_wait`` seconds for ``min_nodes`` of them. A
-new node with a known partition takes it over from this round on. The heat coefficients (and
-N, the sample counts, the server optimizer's population) are rebuilt over every registered
-client when registrations changed, at rounds 1, 1 + R, 1 + 2R, ... (R = ``heat_refresh_every``);
-a client is sampled only once the coefficients count it. Then each round:
+Membership is elastic (flower/membership.py). Each round, in ``configure_train`` (and while
+``start`` waits for a round's replies), the nodes online (``grid.get_node_ids()``) that the
+strategy does not know yet are asked for their partition id, sample count and index sets
+S(k) (in the clear: the heat counts n_m follow from them; fedsub's secure aggregation
+computes the same counts without revealing any S(k), see fedsub.privacy); the first round
+waits up to ``node_wait`` seconds for ``min_nodes`` of them. A new node with a known
+partition takes it over from this round on. The heat coefficients (and N, the sample counts,
+the server optimizer's population) are rebuilt over every registered client when
+registrations changed, at rounds 1, 1 + R, 1 + 2R, ... (R = ``heat_refresh_every``); a client
+is sampled only once the coefficients count it. Then each round:
 
 - ``configure_train``: the cohort is fedsub's sampler (same seed) over the clients whose node
   is online and has not failed: with every client online it is the in-process engine's
@@ -83,6 +84,7 @@ from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull
 
 LOG = logging.getLogger("fedsub")
+NEWCOMERS_EVERY = 1.0  # seconds between two looks for new nodes while a round waits
 
 
 class RoundsFailed(FedsubError):
@@ -206,6 +208,7 @@ class SubmodelStrategy(Strategy):
         # waits (node-wait) for the nodes' ClientApps to start serving the new Flower run
         self._answered: set[int] = set()
         self._to_probe: set[int] = set()  # nodes that missed a round, to be asked again
+        self._next_newcomers = 0.0  # when a waiting round next looks for new nodes
         self._index: SubmodelIndex | None = None
         self._round: ServerRound | None = None
         self._plan: RoundPlan | None = None
@@ -249,7 +252,7 @@ class SubmodelStrategy(Strategy):
                     f"{len(online)} online) within node-wait = {self.node_wait:g} s; "
                     f"min-nodes = {self.min_nodes}"
                 )
-            time.sleep(0.5)
+            time.sleep(0.2)
         self._joined = True
         refresh_due = (server_round - 1) % self.heat_refresh_every == 0
         private = self.privacy.source != "exact"
@@ -257,6 +260,18 @@ class SubmodelStrategy(Strategy):
             self.membership.refresh()
             self._build(grid)
         return online
+
+    def _ask_newcomers(self, grid: Grid) -> None:
+        """While a round waits for its replies, ask the nodes that came online to register
+        (at most every ``NEWCOMERS_EVERY`` seconds): their answers are taken at the next
+        round, so a replacement started during a round is sampled from the next round on."""
+        now = time.monotonic()
+        if now < self._next_newcomers:
+            return
+        self._next_newcomers = now + NEWCOMERS_EVERY
+        asked = self._answered | self.membership.dropped | set(self._registrar.pending)
+        if new := sorted(set(grid.get_node_ids()) - asked):
+            self._registrar.ask(grid, new)
 
     def _heard(self, node: int, content: RecordDict) -> None:
         if self.on_heat_reply is not None:
@@ -407,7 +422,7 @@ class SubmodelStrategy(Strategy):
             result.evaluate_metrics_serverapp[0] = metrics
         for r in range(first, num_rounds + 1):
             messages = self.configure_train(r, initial_arrays, train_config, grid)
-            replies = exchange(grid, messages, timeout)
+            replies = exchange(grid, messages, timeout, lambda: self._ask_newcomers(grid))
             _, metrics = self.aggregate_train(r, replies)
             if metrics is not None:
                 result.train_metrics_clientapp[r] = metrics
