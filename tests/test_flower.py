@@ -201,7 +201,9 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
         "train.algorithms=['fedsubavg']; train.lr_schedule='exponential'"
     )
     out = tmp_path / "out"
-    run_config = f'set="{overrides}" out-dir="{out}" round-timeout=30.0 checkpoint-every=1'
+    run_config = (
+        f'set="{overrides}" out-dir="{out}" round-timeout=30.0 checkpoint-every=1 eval-every=0'
+    )
     submit_example(three_nodes.env, run_config)
     wait_for(lambda: (out / "checkpoints" / "round-000002").exists(), 150, "checkpoint 2")
     (serverapp,) = descendants(three_nodes.processes.started[0].pid, "flwr-serverapp")
@@ -259,7 +261,7 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     timeout), and a later round samples the replacement."""
     out = tmp_path / "out"
     overrides = "data.num_users=3; train.rounds=4; train.clients_per_round=3"
-    run_config = f'set="{overrides}" out-dir="{out}" round-timeout=20.0'
+    run_config = f'set="{overrides}" out-dir="{out}" round-timeout=20.0 eval-every=0'
 
     submit_example(three_nodes.env, run_config)
     wait_for(

@@ -96,3 +96,20 @@ def test_a_message_the_superlink_refused_is_not_waited_for(clock):
     assert senders(exchange(grid, messages(0, 1), timeout=600.0)) == [1]
     assert clock.now == FIRST_POLL
     assert exchange(grid, [], timeout=600.0) == [] and grid.pulls == [["to-1"]]  # no wave
+
+
+def test_meanwhile_runs_while_replies_are_missing_and_may_give_up_on_nodes(clock):
+    grid = TimedGrid(clock, {1: 0.1})  # nodes 2 and 3 never reply
+    calls: list[float] = []
+
+    def meanwhile() -> set[int]:
+        calls.append(clock.now)
+        return {2} if clock.now > 0.5 else set()  # node 2 is no longer awaited
+
+    replies = exchange(grid, messages(1, 2, 3), timeout=2.0, meanwhile=meanwhile)
+    assert senders(replies) == [1] and clock.now == pytest.approx(2.0)
+    assert grid.pulls[-1] == ["to-3"] and len(calls) == len(grid.pulls)
+    grid = TimedGrid(clock, {1: 0.1})
+    start = clock.now
+    exchange(grid, messages(1, 2), timeout=600.0, meanwhile=lambda: {2})
+    assert clock.now - start < 1.0  # nobody left to wait for

@@ -218,13 +218,26 @@ class KilledAndReplacedInRound2(StandInGrid):
         return super().pull_messages(ids)
 
 
-def test_a_node_that_comes_online_while_a_round_waits_is_asked_then_and_sampled_next_round():
+def test_a_replacement_that_comes_online_while_a_round_waits_ends_the_wait_and_is_sampled_next(
+    monkeypatch,
+):
+    """Node 102 dies in round 2, its replacement 202 comes online: asked and registered while
+    round 2 waits, it ends the wait for 102 (not the 600 s round timeout; a fake clock) and
+    trains from round 3 on."""
+    from fedsub.flower import exchange as exchange_lib
+
+    from .test_flower_exchange import Clock
+
+    clock = Clock()
+    monkeypatch.setattr(exchange_lib.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(exchange_lib.time, "sleep", clock.sleep)
     grid = KilledAndReplacedInRound2({100: 0, 101: 1, 102: 2})
     s = strategy()
     grid.watched = s
-    s.start(grid, ArrayRecord(), num_rounds=3, timeout=1.5)
+    s.start(grid, ArrayRecord(), num_rounds=3, timeout=600.0)
     assert (202, 1) in grid.pushed  # asked while round 2 waited for node 102
     assert s.rounds[1]["left_out"] == [2] and s.rounds[1]["replies"] == 2
+    assert clock.now < 10.0  # the run never waited out a round timeout
     assert s.rounds[2]["nodes"] == [100, 101, 202] and s.rounds[2]["replies"] == 3
 
 

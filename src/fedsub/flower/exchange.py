@@ -35,14 +35,20 @@ def exchange(
     grid: PushPullGrid,
     messages: Iterable[Message],
     timeout: float | None,
-    meanwhile: Callable[[], None] | None = None,
+    meanwhile: Callable[[], Iterable[int]] | None = None,
 ) -> list[Message]:
     """Push ``messages`` and return the replies received within ``timeout`` seconds (``None``:
     wait for all), in the order they arrived. Replies are matched to the messages by
     ``reply_to_message_id``, as Flower's ``send_and_receive`` does; a message the SuperLink
     did not accept (its id ``None``) gets no reply. ``meanwhile`` is called after each pull
-    that leaves replies missing (other work while the wave waits)."""
-    waiting = {i for i in grid.push_messages(messages) if i is not None}
+    that leaves replies missing (other work while the wave waits); it returns the nodes
+    whose replies are no longer awaited."""
+    messages = list(messages)
+    # Flower's grids return one id per message (None if refused), or none at all when the
+    # SuperLink refused the whole push (too large): nothing to wait for then
+    pushed = zip(grid.push_messages(messages), messages, strict=False)
+    node_of = {i: m.metadata.dst_node_id for i, m in pushed if i is not None}
+    waiting = set(node_of)
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
     pause = FIRST_POLL
@@ -56,5 +62,6 @@ def exchange(
             replies.append(reply)
             waiting.discard(reply.metadata.reply_to_message_id)
         if waiting and meanwhile is not None:
-            meanwhile()
+            given_up = set(meanwhile())
+            waiting = {i for i in waiting if node_of[i] not in given_up}
     return replies

@@ -226,8 +226,8 @@ class SubmodelStrategy(Strategy):
         while True:
             online = set(grid.get_node_ids())
             self.membership.forget_offline(online)
-            asked = self._answered | self.membership.dropped | set(self._registrar.pending)
-            probe = sorted(self._to_probe - set(self._registrar.pending))
+            asked = self._answered | self.membership.dropped | self._registrar.awaiting()
+            probe = sorted(self._to_probe - self._registrar.awaiting())
             if new := sorted(online - asked) + probe:
                 self._registrar.ask(grid, new)
             self._to_probe.clear()
@@ -261,17 +261,25 @@ class SubmodelStrategy(Strategy):
             self._build(grid)
         return online
 
-    def _ask_newcomers(self, grid: Grid) -> None:
+    def _ask_newcomers(self, grid: Grid) -> set[int]:
         """While a round waits for its replies, ask the nodes that came online to register
-        (at most every ``NEWCOMERS_EVERY`` seconds): their answers are taken at the next
-        round, so a replacement started during a round is sampled from the next round on."""
+        and pull the answers that arrived (at most every ``NEWCOMERS_EVERY`` seconds); they
+        are taken at the next round, so a replacement started during a round is sampled from
+        the next round on. The nodes whose partition a newcomer took over: the round waits
+        no longer for them (a dead node's replacement ends the wait for it)."""
         now = time.monotonic()
         if now < self._next_newcomers:
-            return
+            return set()
         self._next_newcomers = now + NEWCOMERS_EVERY
-        asked = self._answered | self.membership.dropped | set(self._registrar.pending)
+        asked = self._answered | self.membership.dropped | self._registrar.awaiting()
         if new := sorted(set(grid.get_node_ids()) - asked):
             self._registrar.ask(grid, new)
+        taken_over = set()
+        for registration in self._registrar.pull(grid):
+            before = self.membership.registered.get(registration.partition)
+            if before is not None and before.node != registration.node:
+                taken_over.add(before.node)
+        return taken_over
 
     def _heard(self, node: int, content: RecordDict) -> None:
         if self.on_heat_reply is not None:
