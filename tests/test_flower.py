@@ -205,7 +205,7 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
         f'set="{overrides}" out-dir="{out}" round-timeout=30.0 checkpoint-every=1 eval-every=0'
     )
     submit_example(three_nodes.env, run_config)
-    wait_for(lambda: (out / "checkpoints" / "round-000002").exists(), 150, "checkpoint 2")
+    wait_for(lambda: (out / "checkpoints" / "round-000002").exists(), 300, "checkpoint 2")
     (serverapp,) = descendants(three_nodes.processes.started[0].pid, "flwr-serverapp")
     os.kill(serverapp, signal.SIGKILL)
     assert not (out / "flower-result.json").exists()  # it stopped before the end
@@ -213,7 +213,7 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
 
     submit_example(three_nodes.env, f"{run_config} resume=true")
     expected = in_process_model(tuple(o.strip() for o in overrides.split(";")))  # meanwhile
-    wait_for(lambda: (out / "flower-result.json").exists(), 150, "the resumed run to finish")
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the resumed run to finish")
     result = json.loads((out / "flower-result.json").read_text())
     assert result["succeeded"] is True
     assert [r["round"] for r in result["rounds"]] == [1, 2, 3]
@@ -235,7 +235,7 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three
         "min-replies=3 max-failed-rounds=1"
     )
     run_id = submit_example(three_nodes.env, run_config)
-    wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to stop")
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to stop")
     status: dict = {}
 
     def finished() -> bool:
@@ -257,23 +257,24 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three
 
 def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_nodes, tmp_path):
     """Node 2 is killed in round 2 (as the round is sent: a node replies seconds later) and a
-    new SuperNode with partition 2 is started: round 2 goes on without it (one round
-    timeout), and a later round samples the replacement."""
+    new SuperNode with partition 2 is started: round 2 goes on without it (its wait ends
+    once the replacement has registered, at most the round timeout), and round 3, the next
+    round, samples the replacement."""
     out = tmp_path / "out"
-    overrides = "data.num_users=3; train.rounds=4; train.clients_per_round=3"
-    run_config = f'set="{overrides}" out-dir="{out}" round-timeout=20.0 eval-every=0'
+    overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
+    run_config = f'set="{overrides}" out-dir="{out}" round-timeout=60.0 eval-every=0'
 
     submit_example(three_nodes.env, run_config)
     wait_for(
-        lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 120, "round 2"
+        lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 300, "round 2"
     )
     os.killpg(three_nodes.nodes[2].pid, signal.SIGKILL)
     three_nodes.start_node("replacement2", partition=2)
-    wait_for(lambda: (out / "flower-result.json").exists(), 200, "the run to finish")
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to finish")
 
     result = json.loads((out / "flower-result.json").read_text())
     rounds = {r["round"]: r for r in result["rounds"]}
-    assert sorted(rounds) == [1, 2, 3, 4] and result["succeeded"] is True
+    assert sorted(rounds) == [1, 2, 3] and result["succeeded"] is True
     assert rounds[1]["replies"] == 3 and rounds[1]["left_out"] == []
     assert rounds[2]["replies"] == 2 and rounds[2]["left_out"] == [2]
     assert all(r["updated"] for r in rounds.values())

@@ -60,7 +60,7 @@ def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
         context = AlgorithmContext(dataset, index, config.train.heat, schedule.clients_per_round)
         algorithm = build_algorithm("fedsubavg", context, config.algorithm_options("fedsubavg"))
         expected = train(model, algorithm, dataset, index, schedule)
-        wait_for(lambda: (out / "flower-result.json").exists(), 240, "the run to finish")
+        wait_for(lambda: (out / "flower-result.json").exists(), 400, "the run to finish")
     finally:
         processes.stop_all()
     result = json.loads((out / "flower-result.json").read_text())

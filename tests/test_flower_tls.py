@@ -135,7 +135,7 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
             f'set="{overrides}" out-dir="{out}" round-timeout=30.0 eval-every=0',
         )
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        wait_for(lambda: (out / "flower-result.json").exists(), 120, "the run to finish")
+        wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to finish")
         result = json.loads((out / "flower-result.json").read_text())
         assert [r["replies"] for r in result["rounds"]] == [2]
         stranger.wait(timeout=60)  # refused, it gave up after one retry (during the run)
