@@ -72,7 +72,10 @@ def flower_env(folder: Path, link: int, connection: str, bin_dir: Path, **extra:
     """The environment of a test's ``flwr`` / SuperLink / SuperNode processes: a FLWR_HOME in
     ``folder`` whose default connection "test" reaches the SuperLink on port ``link``
     (``connection`` is its security line, e.g. ``insecure = true``), and ``bin_dir`` first on
-    the PATH, as Flower starts its helpers from there."""
+    the PATH, as Flower starts its helpers from there. Each SuperExec (the SuperLink's and
+    every SuperNode's) looks for a task to launch every 0.25 s instead of Flower's 1 s: a
+    message's ClientApp (and a run's ServerApp) starts 0.4 s sooner on average, as the
+    example's README recommends for deployments."""
     home = folder / "flwr-home"
     home.mkdir()
     (home / "config.toml").write_text(
@@ -84,6 +87,7 @@ def flower_env(folder: Path, link: int, connection: str, bin_dir: Path, **extra:
         "FLWR_HOME": str(home),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
         **extra,
     }
 

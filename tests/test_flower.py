@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,16 +114,38 @@ def start_insecure_federation(
     return nodes
 
 
-def submit_example(env: dict, run_config: str) -> None:
-    """``flwr run`` of the example app on the "test" connection (it only submits the run)."""
+def submit_example(env: dict, run_config: str) -> int:
+    """``flwr run`` of the example app on the "test" connection (it only submits the run);
+    the run's id."""
     submitted = subprocess.run(
-        [str(BIN / "flwr"), "run", str(EXAMPLE), "test", "--run-config", run_config],
+        [
+            str(BIN / "flwr"),
+            "run",
+            str(EXAMPLE),
+            "test",
+            *("--format", "json", "--run-config", run_config),
+        ],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    return int(json.loads(submitted.stdout)["run-id"])
+
+
+def run_status(env: dict, run_id: int) -> dict:
+    """``flwr ls --run-id`` of a run: its ``status`` ("finished:failed", ...) and details."""
+    listed = subprocess.run(
+        [str(BIN / "flwr"), "ls", "test", "--run-id", str(run_id), "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    (run,) = json.loads(listed.stdout)["runs"]
+    return run
 
 
 def progress(out: Path) -> list[dict]:
@@ -172,29 +193,31 @@ def three_nodes(tmp_path_factory):
 def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrupted_model(
     three_nodes, tmp_path
 ):
-    """Checkpoints every round; the ServerApp process is killed after round 2's checkpoint;
-    ``resume=true`` continues it to the in-process engine's model (= an uninterrupted run)."""
+    """Checkpoints every round; the ServerApp process is killed after round 2's checkpoint
+    (of 3 rounds: round 3 is still to come); ``resume=true`` continues it to the in-process
+    engine's model (= an uninterrupted run)."""
     overrides = (
-        "data.num_users=3; train.rounds=4; train.clients_per_round=2; "
+        "data.num_users=3; train.rounds=3; train.clients_per_round=2; "
         "train.algorithms=['fedsubavg']; train.lr_schedule='exponential'"
     )
     out = tmp_path / "out"
     run_config = (
-        f'set="{overrides}" out-dir="{out}" train-delay=1.0 round-timeout=30.0 checkpoint-every=1'
+        f'set="{overrides}" out-dir="{out}" round-timeout=30.0 checkpoint-every=1 eval-every=0'
     )
     submit_example(three_nodes.env, run_config)
-    wait_for(lambda: (out / "checkpoints" / "round-000002").exists(), 150, "checkpoint 2")
+    wait_for(lambda: (out / "checkpoints" / "round-000002").exists(), 300, "checkpoint 2")
     (serverapp,) = descendants(three_nodes.processes.started[0].pid, "flwr-serverapp")
     os.kill(serverapp, signal.SIGKILL)
     assert not (out / "flower-result.json").exists()  # it stopped before the end
+    assert not (out / "checkpoints" / "round-000003").exists()
 
     submit_example(three_nodes.env, f"{run_config} resume=true")
-    wait_for(lambda: (out / "flower-result.json").exists(), 150, "the resumed run to finish")
+    expected = in_process_model(tuple(o.strip() for o in overrides.split(";")))  # meanwhile
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the resumed run to finish")
     result = json.loads((out / "flower-result.json").read_text())
     assert result["succeeded"] is True
-    assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+    assert [r["round"] for r in result["rounds"]] == [1, 2, 3]
     assert all(r["updated"] and r["replies"] == 2 for r in result["rounds"])
-    expected = in_process_model(tuple(o.strip() for o in overrides.split(";")))
     flower = load_file(out / "model.safetensors")
     for name, value in expected.items():
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
@@ -203,15 +226,25 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
 def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three_nodes, tmp_path):
     """min-replies = 3, and every node takes longer than the round timeout (train-delay):
     no round can update the model; after max-failed-rounds = 1 such round the ServerApp
-    fails, names the missing partitions, and flower-result says so (no model written)."""
+    fails, names the missing partitions, and flower-result says so (no model written);
+    Flower records the run as failed, with fedsub's reason."""
     out = tmp_path / "out"
     overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
     run_config = (
-        f'set="{overrides}" out-dir="{out}" train-delay=12.0 round-timeout=4.0 '
+        f'set="{overrides}" out-dir="{out}" train-delay=4.0 round-timeout=3.0 '
         "min-replies=3 max-failed-rounds=1"
     )
-    submit_example(three_nodes.env, run_config)
-    wait_for(lambda: (out / "flower-result.json").exists(), 150, "the run to stop")
+    run_id = submit_example(three_nodes.env, run_config)
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to stop")
+    status: dict = {}
+
+    def finished() -> bool:
+        status.update(run_status(three_nodes.env, run_id))
+        return str(status["status"]).startswith("finished")
+
+    wait_for(finished, 60, "Flower to record the run's end")
+    assert status["status"] == "finished:failed"
+    assert "min-replies = 3" in status["status-details"]
 
     result = json.loads((out / "flower-result.json").read_text())
     assert result["succeeded"] is False
@@ -277,24 +310,25 @@ def test_real_run_at_privacy_full_trains_the_in_process_model_and_the_server_see
 
 
 def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_nodes, tmp_path):
-    """Node 2 is killed in round 2 and a new SuperNode with partition 2 is started: round 2
-    goes on without it (one round timeout), and a later round samples the replacement."""
+    """Node 2 is killed in round 2 (as the round is sent: a node replies seconds later) and a
+    new SuperNode with partition 2 is started: round 2 goes on without it (its wait ends
+    once the replacement has registered, at most the round timeout), and round 3, the next
+    round, samples the replacement."""
     out = tmp_path / "out"
-    overrides = "data.num_users=3; train.rounds=5; train.clients_per_round=3"
-    run_config = f'set="{overrides}" out-dir="{out}" train-delay=2.0 round-timeout=20.0'
+    overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
+    run_config = f'set="{overrides}" out-dir="{out}" round-timeout=60.0 eval-every=0'
 
     submit_example(three_nodes.env, run_config)
     wait_for(
-        lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 120, "round 2"
+        lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 300, "round 2"
     )
-    time.sleep(0.5)  # the nodes are training (they reply after 2 s)
     os.killpg(three_nodes.nodes[2].pid, signal.SIGKILL)
     three_nodes.start_node("replacement2", partition=2)
-    wait_for(lambda: (out / "flower-result.json").exists(), 200, "the run to finish")
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to finish")
 
     result = json.loads((out / "flower-result.json").read_text())
     rounds = {r["round"]: r for r in result["rounds"]}
-    assert sorted(rounds) == [1, 2, 3, 4, 5] and result["succeeded"] is True
+    assert sorted(rounds) == [1, 2, 3] and result["succeeded"] is True
     assert rounds[1]["replies"] == 3 and rounds[1]["left_out"] == []
     assert rounds[2]["replies"] == 2 and rounds[2]["left_out"] == [2]
     assert all(r["updated"] for r in rounds.values())

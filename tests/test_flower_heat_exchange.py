@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
@@ -43,7 +44,34 @@ def federation():
     return dataset, SubmodelIndex.build(dataset)
 
 
-class LoopbackGrid:
+class AnsweredAtOnce:
+    """Push and pull as Flower's grids do them: ``push_messages`` gives each message its id
+    (a reply's ``reply_to_message_id``) and has it answered at once (``answer``);
+    ``pull_messages`` returns the replies that arrived, once each. A message that gets no
+    reply (a node that dropped out) is waited for until the caller's timeout."""
+
+    def answer(self, messages: Iterable[Message]) -> list[Message]:
+        raise NotImplementedError
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> list[Message]:
+        return self.pull_messages(self.push_messages(messages))
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        self.arrived: dict[str, list[Message]] = getattr(self, "arrived", {})
+        self.pushed: int = getattr(self, "pushed", 0)
+        ids = []
+        for message in messages:
+            self.pushed += 1
+            message.metadata.__dict__["_message_id"] = f"message-{self.pushed}"  # as Flower's
+            ids.append(message.metadata.message_id)
+            self.arrived[ids[-1]] = self.answer([message])
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        return [reply for i in message_ids for reply in self.arrived.pop(i, [])]
+
+
+class LoopbackGrid(AnsweredAtOnce):
     """A Grid whose nodes answer in process, each with its own Context (its state persists
     across messages, as a SuperNode's does); ``tamper`` may replace a node's reply."""
 
@@ -52,7 +80,7 @@ class LoopbackGrid:
         self.contexts = {n: Context(1, n, {}, RecordDict(), {}) for n in handlers}
         self.tamper: Callable[[int, str, Message], Message | None] = lambda n, s, m: m
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> list[Message]:
+    def answer(self, messages: Iterable[Message]) -> list[Message]:
         replies = []
         for message in messages:
             node = message.metadata.dst_node_id
@@ -113,9 +141,9 @@ def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, cap
     privacy = HeatPrivacy("secagg", group_size=5)
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
     grid.tamper = lambda node, stage, m: None if (node, stage) == (103, "mask") else m
-    with caplog.at_level(logging.WARNING, logger="fedsub"):
+    with caplog.at_level(logging.WARNING, logger="fedsub"):  # waits 0.5 s for node 103
         report = hx.collect_heat(
-            grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0
+            grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 0.5
         )
     assert "stage mask: no reply from node 103" in caplog.text
     assert report.contributors == (101, 102, 104, 105)
@@ -132,13 +160,14 @@ def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, cap
     with pytest.raises(
         SecAggError, match=r"group of nodes \[101, 102, 103, 104, 105\]: only 2 clients left.*t = 3"
     ):
-        hx.collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0)
+        hx.collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 0.5)
 
 
 def _reply_with(reply: Message, **changes) -> Message:
     """``reply`` with some of its heat fields replaced (a forged or broken reply)."""
     fields = {**dict(hx._heat_record(reply.content, "test")), **changes}
     request = Message(RecordDict(), reply.metadata.src_node_id, hx.MESSAGE_TYPE)
+    request.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id  # the same
     return Message(RecordDict({"heat": ConfigRecord(fields)}), reply_to=request)
 
 
@@ -297,9 +326,11 @@ def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
         ask(hx.unmask_request(request))
 
 
-class AppGrid:
+class AppGrid(AnsweredAtOnce):
     """Nodes 100.. running the real ClientApp in process, each with its node config and own
-    Context (a deployment without processes); ``drop`` says which messages go unanswered."""
+    Context (a deployment without processes); ``drop`` says which messages' nodes vanish
+    before answering: the SuperLink answers for them with Flower's "node unavailable" error,
+    as it does once a node's heartbeat stops."""
 
     def __init__(self, app, num_nodes: int) -> None:
         self.app = app
@@ -314,25 +345,16 @@ class AppGrid:
     def get_node_ids(self) -> list[int]:
         return sorted(self.contexts)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout=None) -> list[Message]:
+    def answer(self, messages: Iterable[Message]) -> list[Message]:
         replies = []
         for message in messages:
             node = message.metadata.dst_node_id
-            if not self.drop(node, message):
+            if self.drop(node, message):
+                unavailable = Error(ErrorCode.NODE_UNAVAILABLE, f"node {node} is gone")
+                replies.append(Message(unavailable, reply_to=message))
+            else:
                 replies.append(self.app(message, self.contexts[node]))
         return replies
-
-    def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        """Answered at once: the replies wait for ``pull_messages``."""
-        self.pushed = getattr(self, "pushed", {})
-        ids = []
-        for message in messages:
-            ids.append(str(len(self.pushed)))
-            self.pushed[ids[-1]] = self.send_and_receive([message])
-        return ids
-
-    def pull_messages(self, ids: Iterable[str]) -> list[Message]:
-        return [reply for i in ids for reply in self.pushed.pop(i, [])]
 
 
 def _private_strategy(settings):

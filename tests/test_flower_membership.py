@@ -52,7 +52,8 @@ class StandInGrid:
     def push_messages(self, messages) -> list[str]:
         ids = []
         for m in messages:
-            ids.append(str(len(self.queued)))
+            m.metadata.__dict__["_message_id"] = str(len(self.queued))  # as Flower's grids do
+            ids.append(m.metadata.message_id)
             self.queued.append(m)
         return ids
 
@@ -191,6 +192,53 @@ def test_a_node_that_missed_a_round_is_sampled_again_once_it_answers():
     grid.silent.discard(101)  # its answer to that question arrives
     assert train_round(s, grid, 4) == [100, 101, 102]
     assert s.rounds[-1]["replies"] == 3
+
+
+class KilledAndReplacedInRound2(StandInGrid):
+    """Node 102 (partition 2) dies as round 2's training is pulled, and its replacement 202
+    comes online then; ``pushed`` logs each query's node with the rounds the strategy had
+    finished when it was sent."""
+
+    def __init__(self, online: dict[int, int]) -> None:
+        super().__init__(online)
+        self.watched: SubmodelStrategy | None = None
+        self.pushed: list[tuple[int, int]] = []
+
+    def push_messages(self, messages) -> list[str]:
+        messages = list(messages)
+        for m in messages:
+            if m.metadata.message_type == MessageType.QUERY and self.watched is not None:
+                self.pushed.append((m.metadata.dst_node_id, len(self.watched.rounds)))
+        return super().push_messages(messages)
+
+    def pull_messages(self, ids) -> list[Message]:
+        if any((m := self.queued[int(i)]) is not None and m.metadata.group_id == "2" for i in ids):
+            self.silent.add(102)
+            self.online[202] = 2
+        return super().pull_messages(ids)
+
+
+def test_a_replacement_that_comes_online_while_a_round_waits_ends_the_wait_and_is_sampled_next(
+    monkeypatch,
+):
+    """Node 102 dies in round 2, its replacement 202 comes online: asked and registered while
+    round 2 waits, it ends the wait for 102 (not the 600 s round timeout; a fake clock) and
+    trains from round 3 on."""
+    from fedsub.flower import exchange as exchange_lib
+
+    from .test_flower_exchange import Clock
+
+    clock = Clock()
+    monkeypatch.setattr(exchange_lib.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(exchange_lib.time, "sleep", clock.sleep)
+    grid = KilledAndReplacedInRound2({100: 0, 101: 1, 102: 2})
+    s = strategy()
+    grid.watched = s
+    s.start(grid, ArrayRecord(), num_rounds=3, timeout=600.0)
+    assert (202, 1) in grid.pushed  # asked while round 2 waited for node 102
+    assert s.rounds[1]["left_out"] == [2] and s.rounds[1]["replies"] == 2
+    assert clock.now < 10.0  # the run never waited out a round timeout
+    assert s.rounds[2]["nodes"] == [100, 101, 202] and s.rounds[2]["replies"] == 3
 
 
 def test_settings_of_membership_and_checkpoints_are_read_and_checked():

@@ -52,20 +52,20 @@ def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
             f'feature-spec="{federation.spec_file}" '
             f'server-test-file="{federation.server_test_file}" heat-transcript=true',
         )
-        wait_for(lambda: (out / "flower-result.json").exists(), 240, "the run to finish")
+        # meanwhile, the in-process engine on the same three files, read with the same spec
+        config = config_lib.load(None, [o.strip() for o in OVERRIDES.split(";")])
+        dataset = dataset_of_nodes(SPEC, federation.nodes)
+        index = SubmodelIndex.build(dataset)
+        model, schedule = model_of(config, dataset), schedule_of(config)
+        context = AlgorithmContext(dataset, index, config.train.heat, schedule.clients_per_round)
+        algorithm = build_algorithm("fedsubavg", context, config.algorithm_options("fedsubavg"))
+        expected = train(model, algorithm, dataset, index, schedule)
+        wait_for(lambda: (out / "flower-result.json").exists(), 400, "the run to finish")
     finally:
         processes.stop_all()
     result = json.loads((out / "flower-result.json").read_text())
     assert result["succeeded"] and [r["replies"] for r in result["rounds"]] == [3, 3]
 
-    # the in-process engine on the same three files, read with the same spec
-    config = config_lib.load(None, [o.strip() for o in OVERRIDES.split(";")])
-    dataset = dataset_of_nodes(SPEC, federation.nodes)
-    index = SubmodelIndex.build(dataset)
-    model, schedule = model_of(config, dataset), schedule_of(config)
-    context = AlgorithmContext(dataset, index, config.train.heat, schedule.clients_per_round)
-    algorithm = build_algorithm("fedsubavg", context, config.algorithm_options("fedsubavg"))
-    expected = train(model, algorithm, dataset, index, schedule)
     flower = load_file(out / "model.safetensors")
     for name, value in expected.state_dict().items():
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-6)

@@ -46,8 +46,8 @@ class Recording(AppGrid):
         super().__init__(app, num_nodes)
         self.received: list[Message] = []
 
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = super().send_and_receive(messages, timeout=timeout)
+    def pull_messages(self, message_ids):  # every wave, the strategy's and the test's
+        replies = super().pull_messages(message_ids)
         self.received.extend(replies)
         return replies
 

@@ -107,13 +107,25 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
             f"--database={tmp_path / 'state.db'}",
         )
         wait_for(lambda: port_open(link), 60, "the SuperLink")
-        for i in (1, 2):
-            registered = flwr("supernode", "register", str(certs / f"supernode-{i}.pub"), "test")
-            assert registered.returncode == 0, registered.stdout + registered.stderr
+        registering = [  # both at once
+            subprocess.Popen(
+                [
+                    str(BIN / "flwr"),
+                    *("supernode", "register", str(certs / f"supernode-{i}.pub"), "test"),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in (1, 2)
+        ]
+        for registering_one in registering:
+            output, _ = registering_one.communicate(timeout=120)
+            assert registering_one.returncode == 0, output
         supernode(1, node_ports[0])
         supernode(2, node_ports[1])
         stranger = supernode(3, node_ports[2], "--max-retries=1")  # its key was never registered
-        stranger.wait(timeout=60)  # refused, it gives up after one retry
         overrides = "data.num_users=2; train.rounds=1; train.clients_per_round=2"
         submitted = flwr(
             "run",
@@ -123,9 +135,10 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
             f'set="{overrides}" out-dir="{out}" round-timeout=30.0 eval-every=0',
         )
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        wait_for(lambda: (out / "flower-result.json").exists(), 120, "the run to finish")
+        wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to finish")
         result = json.loads((out / "flower-result.json").read_text())
         assert [r["replies"] for r in result["rounds"]] == [2]
+        stranger.wait(timeout=60)  # refused, it gave up after one retry (during the run)
         assert (
             "No SuperNode found with the given public key"
             in (tmp_path / "superlink.log").read_text()

@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -41,6 +40,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedsub.config import Config
 from fedsub.errors import FedsubError
+from fedsub.flower.exchange import PushPullGrid, exchange
 from fedsub.flower.records import record_of
 from fedsub.privacy import shamir
 from fedsub.privacy.heat_sources import HeatPrivacy
@@ -78,12 +78,8 @@ STAGES = ("advertise", "share", "mask", "unmask", "report")
 Recorder = Callable[[int, str, RecordDict], None]
 
 
-class MessageGrid(Protocol):
-    """What the exchange uses of a Flower ``Grid`` (a test may pass its own)."""
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]: ...
+# What the exchange uses of a Flower ``Grid`` (a test may pass its own): push and pull
+MessageGrid = PushPullGrid
 
 
 class HeatMessageError(FedsubError):
@@ -554,7 +550,7 @@ def _ask(
         for node, fields in requests.items()
     ]
     replies: dict[int, ConfigRecord] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
+    for reply in exchange(grid, messages, timeout):
         node = reply.metadata.src_node_id
         if reply.has_error():
             LOG.warning("heat exchange, stage %s: node %d failed: %s", stage, node, reply.error)

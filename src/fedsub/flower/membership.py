@@ -68,6 +68,13 @@ class Registrar:
         self.query = dict(query or {"what": "index"})
         self.on_reply = on_reply
         self.pending: dict[int, str] = {}  # node id -> the query's message id
+        # answers pulled early (while a round waited for its replies), for the next collect
+        self.arrived: list[tuple[Registration, RecordDict]] = []
+        self.arrived_failed: list[int] = []
+
+    def awaiting(self) -> set[int]:
+        """The nodes asked whose answer was not collected yet (in flight or pulled early)."""
+        return {*self.pending, *(r.node for r, _ in self.arrived), *self.arrived_failed}
 
     def ask(self, grid: Grid, nodes: list[int]) -> None:
         query = [
@@ -77,9 +84,23 @@ class Registrar:
         sent = list(grid.push_messages(query))
         self.pending.update(zip(nodes, sent, strict=True))
 
+    def pull(self, grid: Grid) -> list[Registration]:
+        """Pull the answers that arrived and keep them for the next ``collect``; the
+        registrations among them."""
+        answers, failed = self._pull(grid)
+        self.arrived += answers
+        self.arrived_failed += failed
+        return [registration for registration, _ in answers]
+
     def collect(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
         """The registrations that arrived (each with the reply's content), and the nodes whose
         query failed."""
+        answers, failed = self._pull(grid)
+        answers, failed = self.arrived + answers, self.arrived_failed + failed
+        self.arrived, self.arrived_failed = [], []
+        return answers, failed
+
+    def _pull(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
         if not self.pending:
             return [], []
         answers, failed = [], []

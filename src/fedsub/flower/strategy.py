@@ -1,14 +1,15 @@
 """A Flower strategy for federated submodel training (FedSubAvg, FedAvg and the rest).
 
-Membership is elastic (flower/membership.py). Each round, in ``configure_train``, the nodes
-online (``grid.get_node_ids()``) that the strategy does not know yet are asked for their
-partition id, sample count and index sets S(k) (in the clear: the heat counts n_m follow from
-them; fedsub's secure aggregation computes the same counts without revealing any S(k), see
-fedsub.privacy); the first round waits up to ``node_wait`` seconds for ``min_nodes`` of them. A
-new node with a known partition takes it over from this round on. The heat coefficients (and
-N, the sample counts, the server optimizer's population) are rebuilt over every registered
-client when registrations changed, at rounds 1, 1 + R, 1 + 2R, ... (R = ``heat_refresh_every``);
-a client is sampled only once the coefficients count it. Then each round:
+Membership is elastic (flower/membership.py). Each round, in ``configure_train`` (and while
+``start`` waits for a round's replies), the nodes online (``grid.get_node_ids()``) that the
+strategy does not know yet are asked for their partition id, sample count and index sets
+S(k) (in the clear: the heat counts n_m follow from them; fedsub's secure aggregation
+computes the same counts without revealing any S(k), see fedsub.privacy); the first round
+waits up to ``node_wait`` seconds for ``min_nodes`` of them. A new node with a known
+partition takes it over from this round on. The heat coefficients (and N, the sample counts,
+the server optimizer's population) are rebuilt over every registered client when
+registrations changed, at rounds 1, 1 + R, 1 + 2R, ... (R = ``heat_refresh_every``); a client
+is sampled only once the coefficients count it. Then each round:
 
 - ``configure_train``: the cohort is fedsub's sampler (same seed) over the clients whose node
   is online and has not failed: with every client online it is the in-process engine's
@@ -71,6 +72,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import FlowerCheckpoints
+from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
 from fedsub.flower.heat_state import PrivateHeatStage
@@ -88,6 +90,7 @@ from fedsub.submodel.transfer import ClientUpdate, CohortUpdate, pull
 
 LOG = logging.getLogger("fedsub")
 PRIVATE_HEAT = "private_heat"  # the checkpoint stage of a private heat source's measurement
+NEWCOMERS_EVERY = 1.0  # seconds between two looks for new nodes while a round waits
 
 
 class RoundsFailed(FedsubError):
@@ -221,6 +224,7 @@ class SubmodelStrategy(Strategy):
         # waits (node-wait) for the nodes' ClientApps to start serving the new Flower run
         self._answered: set[int] = set()
         self._to_probe: set[int] = set()  # nodes that missed a round, to be asked again
+        self._next_newcomers = 0.0  # when a waiting round next looks for new nodes
         self._index: SubmodelIndex | None = None
         self._round: ServerRound | None = None
         self._plan: RoundPlan | None = None
@@ -240,8 +244,8 @@ class SubmodelStrategy(Strategy):
         while True:
             online = set(grid.get_node_ids())
             self.membership.forget_offline(online)
-            asked = self._answered | self.membership.dropped | set(self._registrar.pending)
-            probe = sorted(self._to_probe - set(self._registrar.pending))
+            asked = self._answered | self.membership.dropped | self._registrar.awaiting()
+            probe = sorted(self._to_probe - self._registrar.awaiting())
             if new := sorted(online - asked) + probe:
                 self._registrar.ask(grid, new)
             self._to_probe.clear()
@@ -266,7 +270,7 @@ class SubmodelStrategy(Strategy):
                     f"{len(online)} online) within node-wait = {self.node_wait:g} s; "
                     f"min-nodes = {self.min_nodes}"
                 )
-            time.sleep(0.5)
+            time.sleep(0.2)
         self._joined = True
         refresh_due = (server_round - 1) % self.heat_refresh_every == 0
         private = self.privacy.source != "exact"
@@ -274,6 +278,26 @@ class SubmodelStrategy(Strategy):
             self.membership.refresh()
             self._build(grid)
         return online
+
+    def _ask_newcomers(self, grid: Grid) -> set[int]:
+        """While a round waits for its replies, ask the nodes that came online to register
+        and pull the answers that arrived (at most every ``NEWCOMERS_EVERY`` seconds); they
+        are taken at the next round, so a replacement started during a round is sampled from
+        the next round on. The nodes whose partition a newcomer took over: the round waits
+        no longer for them (a dead node's replacement ends the wait for it)."""
+        now = time.monotonic()
+        if now < self._next_newcomers:
+            return set()
+        self._next_newcomers = now + NEWCOMERS_EVERY
+        asked = self._answered | self.membership.dropped | self._registrar.awaiting()
+        if new := sorted(set(grid.get_node_ids()) - asked):
+            self._registrar.ask(grid, new)
+        taken_over = set()
+        for registration in self._registrar.pull(grid):
+            before = self.membership.registered.get(registration.partition)
+            if before is not None and before.node != registration.node:
+                taken_over.add(before.node)
+        return taken_over
 
     def _heard(self, node: int, content: RecordDict) -> None:
         if self.on_heat_reply is not None:
@@ -382,7 +406,7 @@ class SubmodelStrategy(Strategy):
             )
             for node in partition_of
         ]
-        for reply in grid.send_and_receive(query, timeout=self._timeout):
+        for reply in exchange(grid, query, self._timeout):
             node = reply.metadata.src_node_id
             if reply.has_error() or node not in partition_of:
                 LOG.warning("round %d: no rows from node %d", server_round, node)
@@ -434,12 +458,12 @@ class SubmodelStrategy(Strategy):
             result.evaluate_metrics_serverapp[0] = metrics
         for r in range(first, num_rounds + 1):
             messages = self.configure_train(r, initial_arrays, train_config, grid)
-            replies = grid.send_and_receive(messages, timeout=timeout)
+            replies = exchange(grid, messages, timeout, lambda: self._ask_newcomers(grid))
             _, metrics = self.aggregate_train(r, replies)
             if metrics is not None:
                 result.train_metrics_clientapp[r] = metrics
             messages = self.configure_evaluate(r, initial_arrays, evaluate_config, grid)
-            replies = grid.send_and_receive(messages, timeout=timeout)
+            replies = exchange(grid, messages, timeout)
             if (metrics := self.aggregate_evaluate(r, replies)) is not None:
                 result.evaluate_metrics_clientapp[r] = metrics
             if evaluate_fn is not None and (metrics := evaluate_fn(r, initial_arrays)):

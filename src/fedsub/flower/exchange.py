@@ -1,0 +1,67 @@
+"""One wave of Messages: push them, then pull their replies with a short poll.
+
+Flower's ``Grid.send_and_receive`` sleeps 3 s between pulls (``flwr.superlink.grid.HttpGrid``,
+the Grid a ServerApp on a SuperLink gets), so every wave of messages (a registration, a stage
+of the heat exchange, a round's training, an evaluation) waited on average 1.5 s more than its
+slowest node. ``exchange`` pulls after 0.05 s, then at intervals growing to ``MAX_POLL``: a
+reply is seen within 0.2 s, and an idle wait costs the SuperLink five small requests a second.
+Every place fedsub waits for replies (flower/strategy.py, flower/heat_exchange.py and what
+calls it) goes through it; flower/membership.py's registrations are pushed and pulled
+separately, as they must not hold a round up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from flwr.app import Message
+
+FIRST_POLL = 0.05  # seconds before the first pull: a fast node may already have replied
+MAX_POLL = 0.2  # the longest pause between two pulls
+GROWTH = 1.5  # each pause is this much longer than the last, up to MAX_POLL
+
+
+class PushPullGrid(Protocol):
+    """What ``exchange`` uses of a Flower ``Grid`` (a test may pass its own)."""
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str | None]: ...
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]: ...
+
+
+def exchange(
+    grid: PushPullGrid,
+    messages: Iterable[Message],
+    timeout: float | None,
+    meanwhile: Callable[[], Iterable[int]] | None = None,
+) -> list[Message]:
+    """Push ``messages`` and return the replies received within ``timeout`` seconds (``None``:
+    wait for all), in the order they arrived. Replies are matched to the messages by
+    ``reply_to_message_id``, as Flower's ``send_and_receive`` does; a message the SuperLink
+    did not accept (its id ``None``) gets no reply. ``meanwhile`` is called after each pull
+    that leaves replies missing (other work while the wave waits); it returns the nodes
+    whose replies are no longer awaited."""
+    messages = list(messages)
+    # Flower's grids return one id per message (None if refused), or none at all when the
+    # SuperLink refused the whole push (too large): nothing to wait for then
+    pushed = zip(grid.push_messages(messages), messages, strict=False)
+    node_of = {i: m.metadata.dst_node_id for i, m in pushed if i is not None}
+    waiting = set(node_of)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    replies: list[Message] = []
+    pause = FIRST_POLL
+    while waiting:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        time.sleep(pause if left is None else min(pause, left))
+        pause = min(pause * GROWTH, MAX_POLL)
+        for reply in grid.pull_messages(sorted(waiting)):
+            replies.append(reply)
+            waiting.discard(reply.metadata.reply_to_message_id)
+        if waiting and meanwhile is not None:
+            given_up = set(meanwhile())
+            waiting = {i for i in waiting if node_of[i] not in given_up}
+    return replies
