@@ -302,10 +302,13 @@ class Metered(AppGrid):
         self.sent: list[Message] = []
         self.received: list[Message] = []
 
-    def send_and_receive(self, messages, *, timeout=None):
+    def push_messages(self, messages):  # every wave goes through push and pull
         messages = list(messages)
         self.sent.extend(messages)
-        replies = list(super().send_and_receive(messages, timeout=timeout))
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
         self.received.extend(replies)
         return replies
 
