@@ -1,10 +1,12 @@
 """One wave of Messages: push them, then pull their replies with a short poll.
 
 Flower's ``Grid.send_and_receive`` sleeps 3 s between pulls (``flwr.superlink.grid.HttpGrid``,
-the Grid a ServerApp on a SuperLink gets), so every wave of messages (a registration, a stage
-of the heat exchange, a round's training, an evaluation) waited on average 1.5 s more than its
-slowest node. ``exchange`` pulls after 0.05 s, then at intervals growing to ``MAX_POLL``: a
-reply is seen within 0.2 s, and an idle wait costs the SuperLink five small requests a second.
+the Grid a ServerApp on a SuperLink gets), so every wave of messages (a round's training, an
+evaluation, a rows query, a stage of the heat exchange) waited up to 3 s (1.5 s on average)
+more than its slowest node. ``exchange`` pulls after 0.05 s, then at intervals growing to
+``MAX_POLL``: a reply is seen within 0.2 s, and an idle wait costs the SuperLink five small
+requests a second. (A SuperNode's own 3-s idle poll, fixed in Flower, still delays the next
+wave's pickup on the nodes.)
 Every place fedsub waits for replies (flower/strategy.py, flower/heat_exchange.py and what
 calls it) goes through it; flower/membership.py's registrations are pushed and pulled
 separately, as they must not hold a round up.
