@@ -204,12 +204,22 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
     run_config = (
         f'set="{overrides}" out-dir="{out}" round-timeout=30.0 checkpoint-every=1 eval-every=0'
     )
-    submit_example(three_nodes.env, run_config)
+    killed = submit_example(three_nodes.env, run_config)
     wait_for(lambda: (out / "checkpoints" / "round-000002").exists(), 300, "checkpoint 2")
     (serverapp,) = descendants(three_nodes.processes.started[0].pid, "flwr-serverapp")
     os.kill(serverapp, signal.SIGKILL)
     assert not (out / "flower-result.json").exists()  # it stopped before the end
     assert not (out / "checkpoints" / "round-000003").exists()
+    # as the example's README says: stop the dead run, or Flower keeps it running (and its
+    # nodes keep its last messages) until its heartbeat times out, about a minute later
+    stopped = subprocess.run(
+        [str(BIN / "flwr"), "stop", str(killed), "test"],
+        env=three_nodes.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
     submit_example(three_nodes.env, f"{run_config} resume=true")
     expected = in_process_model(tuple(o.strip() for o in overrides.split(";")))  # meanwhile

@@ -1,10 +1,12 @@
 """One wave of Messages: push them, then pull their replies with a short poll.
 
 Flower's ``Grid.send_and_receive`` sleeps 3 s between pulls (``flwr.superlink.grid.HttpGrid``,
-the Grid a ServerApp on a SuperLink gets), so every wave of messages (a registration, a stage
-of the heat exchange, a round's training, an evaluation) waited on average 1.5 s more than its
-slowest node. ``exchange`` pulls after 0.05 s, then at intervals growing to ``MAX_POLL``: a
-reply is seen within 0.2 s, and an idle wait costs the SuperLink five small requests a second.
+the Grid a ServerApp on a SuperLink gets), so every wave of messages (a round's training, an
+evaluation, a rows query, a stage of the heat exchange) waited up to 3 s (1.5 s on average)
+more than its slowest node. ``exchange`` pulls at once, after 0.05 s, then at intervals
+growing to ``MAX_POLL``: a reply is seen within 0.2 s, and an idle wait costs the SuperLink
+five small requests a second. (A SuperNode's own 3-s idle poll, fixed in Flower, still
+delays the next wave's pickup on the nodes.)
 Every place fedsub waits for replies (flower/strategy.py, flower/heat_exchange.py and what
 calls it) goes through it; flower/membership.py's registrations are pushed and pulled
 separately, as they must not hold a round up.
@@ -52,16 +54,16 @@ def exchange(
     deadline = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
     pause = FIRST_POLL
-    while waiting:
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            break
-        time.sleep(pause if left is None else min(pause, left))
-        pause = min(pause * GROWTH, MAX_POLL)
+    while waiting:  # a first pull at once: a grid in process (a test's) has answered already
         for reply in grid.pull_messages(sorted(waiting)):
             replies.append(reply)
             waiting.discard(reply.metadata.reply_to_message_id)
         if waiting and meanwhile is not None:
             given_up = set(meanwhile())
             waiting = {i for i in waiting if node_of[i] not in given_up}
+        left = None if deadline is None else deadline - time.monotonic()
+        if not waiting or (left is not None and left <= 0):
+            break
+        time.sleep(pause if left is None else min(pause, left))
+        pause = min(pause * GROWTH, MAX_POLL)
     return replies
