@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT ?= runs/default
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test test-deployment lint bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest -q
+
+# The long real-process Flower runs (minutes each) that `make test` leaves out.
+test-deployment: $(STAMP)
+	$(BIN)/pytest -q -m deployment
 
 clean:
 	rm -rf $(VENV) runs

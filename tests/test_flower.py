@@ -4,11 +4,13 @@ replaced."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,9 +179,9 @@ class Federation:
         )
 
 
-@pytest.fixture(scope="module")
-def three_nodes(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("federation")
+@contextlib.contextmanager
+def running_federation(folder: Path) -> Iterator[Federation]:
+    """A plain-text SuperLink with SuperNodes of partitions 0, 1, 2, stopped on exit."""
     link, *node_ports = free_ports(4)  # the SuperLink serves every API on one port
     env = flower_env(folder, link, "insecure = true", BIN)
     processes = Processes(folder, env, BIN)
@@ -188,6 +190,12 @@ def three_nodes(tmp_path_factory):
         yield Federation(folder, env, processes, link, nodes)
     finally:
         processes.stop_all()
+
+
+@pytest.fixture(scope="module")
+def three_nodes(tmp_path_factory):
+    with running_federation(tmp_path_factory.mktemp("federation")) as federation:
+        yield federation
 
 
 def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrupted_model(
@@ -263,60 +271,6 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three
     assert result["failed"]["round"] == 1
     assert "0 of 3 sampled nodes replied, fewer than min-replies = 3" in result["failed"]["reason"]
     assert not (out / "model.safetensors").exists()
-
-
-def test_real_run_at_privacy_full_trains_the_in_process_model_and_the_server_sees_no_rows(
-    three_nodes, tmp_path
-):
-    """``train.privacy = "full"`` on the SuperLink and three SuperNodes, 2 rounds (randomized
-    response download, secure heat and secure row sums over Flower messages): the model is
-    the in-process engine's (within the fixed-point bound); nothing the server received
-    (``heat-transcript``: queries, heat exchange, secure sums, train replies) holds a node's
-    S(k), a nonzero float (a delta) or a sample count; each round's costs are recorded."""
-    from .test_flower_heat import leaks
-
-    overrides = (
-        "data.num_users=3; train.rounds=2; train.clients_per_round=3; "
-        "train.algorithms=['fedsubavg']; train.heat='samples'; train.privacy='full'; "
-        "train.download='randomized-response'; train.download_keep=0.6; train.secagg_group=3"
-    )
-    out = tmp_path / "out"
-    run_config = (
-        f'set="{overrides}" out-dir="{out}" round-timeout=120.0 heat-transcript=true eval-every=0'
-    )
-    submit_example(three_nodes.env, run_config)
-    # 17 message waves (registration, 4 heat stages, per round: request, train, 4 secure-sum
-    # stages), each a few seconds on Flower 1.41 (node polling, a ClientApp process each);
-    # 347 s and 419 s on 2 cores shared with three other jobs
-    wait_for(lambda: (out / "flower-result.json").exists(), 600, "the run at full to finish")
-
-    result = json.loads((out / "flower-result.json").read_text())
-    assert result["succeeded"] is True and [r["replies"] for r in result["rounds"]] == [3, 3]
-    settings = tuple(o.strip() for o in overrides.split(";"))
-    flower = load_file(out / "model.safetensors")
-    for name, value in in_process_model(settings).items():
-        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-6)
-    assert float(flower["table.features"].abs().sum()) > 0  # it trained
-
-    recorded = json.loads((out / "heat-transcript.json").read_text())
-    replies = recorded["replies"] + recorded["train_replies"]
-    assert [e["stage"] for e in recorded["train_replies"]] == ["train"] * 6
-    config = config_lib.load(None, settings)
-    dataset = load_data(config)
-    index = SubmodelIndex.build(dataset)
-    rows = [{"features": index.client_rows("features", k)} for k in range(3)]
-    assert leaks(replies, rows, dataset.sample_counts().tolist()) == []
-    assert "num-examples" not in json.dumps(replies)
-    floats = [
-        value["array"]
-        for entry in replies
-        for record in entry["records"].values()
-        for value in record.values()
-        if isinstance(value, dict) and str(value.get("dtype", "")).startswith("torch.float")
-    ]
-    assert floats and not any(torch.tensor(a).abs().sum() > 0 for a in floats)
-    assert result["costs"]["level"] == "full"
-    assert all(n["bytes_up"] > 0 for r in result["rounds"] for n in r["costs"]["nodes"].values())
 
 
 def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_nodes, tmp_path):
