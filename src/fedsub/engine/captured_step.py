@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch._dynamo.config
 from torch.utils._pytree import tree_map
 
 from fedsub.client.layout import CohortLayout
@@ -211,6 +210,10 @@ def captured_step(
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
         _PROGRAMS[key] = program
     compiled = program.compiled
+
+    # Imported here, not at the top: torch._dynamo costs 1.4 s to import, which every fedsub
+    # process (a CLI call, a Flower ClientApp per message) would pay without compiling anything.
+    import torch._dynamo.config
 
     def call(*args: Any) -> tuple[Tensors, Tensors, Any]:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
