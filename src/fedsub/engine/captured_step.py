@@ -213,10 +213,10 @@ def captured_step(
 
     # Imported here, not at the top: torch._dynamo costs 1.4 s to import, which every fedsub
     # process (a CLI call, a Flower ClientApp per message) would pay without compiling anything.
-    import torch._dynamo.config
+    from torch._dynamo import config as dynamo_config
 
     def call(*args: Any) -> tuple[Tensors, Tensors, Any]:
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT):
             return compiled(*args)
 
     return call
