@@ -29,12 +29,12 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(every)
 
 
 class Processes:

@@ -175,6 +175,40 @@ def run_status(env: dict, run_id: int) -> dict:
     return run
 
 
+@dataclass(frozen=True)
+class NodeLog:
+    """What a SuperNode's log (Flower's own lines) says about a run's round. A test ending or
+    stopping a run waits until its nodes hold (received) or answered its messages: a Flower
+    1.41 SuperNode receiving a message as its run ends logs "Ignoring message" and stalls for
+    minutes, and the next test's run with it."""
+
+    path: Path
+
+    def _after(self, run: int, server_round: int) -> list[str]:
+        """The log split at each ``[RUN r, ROUND n]`` line: [before, receiving, sending]."""
+        return self.path.read_text(errors="replace").split(f"[RUN {run}, ROUND {server_round}]")
+
+    def received(self, run: int, server_round: int) -> bool:
+        parts = self._after(run, server_round)
+        return len(parts) >= 2 and "Received successfully" in parts[1]
+
+    def answered(self, run: int, server_round: int) -> bool:
+        parts = self._after(run, server_round)
+        return len(parts) >= 3 and ("Sent successfully" in parts[2] or "Ignoring" in parts[2])
+
+
+def node_logs(folder: Path, node_ids: list[int]) -> list[NodeLog]:
+    """The logs of the SuperNodes with these ids (each logs "SuperNode ID: <id>" at start)."""
+    logs = {
+        node: NodeLog(path)
+        for path in folder.glob("*.log")
+        for node in node_ids
+        if f"SuperNode ID: {node}" in path.read_text(errors="replace")
+    }
+    assert sorted(logs) == sorted(node_ids), f"no log names nodes {set(node_ids) - set(logs)}"
+    return [logs[node] for node in node_ids]
+
+
 def progress(out: Path) -> list[dict]:
     path = out / "progress.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
@@ -239,12 +273,25 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
     )
     killed = submit_example(three_nodes.env, run_config)
     wait_for(lambda: (out / "checkpoints" / "round-000001").exists(), 300, "checkpoint 1")
+
+    def sent_in_round_2() -> list[int]:
+        return [
+            n for p in progress(out) if p.get("sent_to") and p["round"] == 2 for n in p["nodes"]
+        ]
+
+    wait_for(lambda: bool(sent_in_round_2()), 60, "round 2 to be sent", 0.02)
+    round_2 = sent_in_round_2()
+    logs = node_logs(three_nodes.folder, round_2)
+    # killed once its nodes hold round 2's messages: they train, the server is gone
+    wait_for(lambda: all(log.received(killed, 2) for log in logs), 60, "round 2's messages", 0.02)
     (serverapp,) = descendants(three_nodes.processes.started[0].pid, "flwr-serverapp")
     os.kill(serverapp, signal.SIGKILL)
     assert not (out / "flower-result.json").exists()  # it stopped before the end
     assert not (out / "checkpoints" / "round-000002").exists()
     # as the example's README says: stop the dead run, or Flower keeps it running (and its
-    # nodes keep its last messages) until its heartbeat times out, about a minute later
+    # nodes keep its last messages) until its heartbeat times out, about a minute later; and
+    # stop it once its nodes have answered (a node receiving a stopped run's message stalls)
+    wait_for(lambda: all(log.answered(killed, 2) for log in logs), 60, "round 2's replies")
     stopped = subprocess.run(
         [str(BIN / "flwr"), "stop", str(killed), "test"],
         env=three_nodes.env,
@@ -270,15 +317,19 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three
     """min-replies = 3, and every node takes longer than the round timeout (train-delay):
     no round can update the model; after max-failed-rounds = 1 such round the ServerApp
     fails, names the missing partitions, and flower-result says so (no model written);
-    Flower records the run as failed, with fedsub's reason."""
+    Flower records the run as failed, with fedsub's reason. (The timeout exceeds a node's 3-s
+    poll, so the run never ends while a node is receiving its message: see NodeLog.)"""
     out = tmp_path / "out"
     overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
     run_config = (
-        f'set="{overrides}" out-dir="{out}" train-delay=4.0 round-timeout=3.0 '
+        f'set="{overrides}" out-dir="{out}" train-delay=5.5 round-timeout=5.0 '
         "min-replies=3 max-failed-rounds=1"
     )
     run_id = submit_example(three_nodes.env, run_config)
     wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to stop")
+    sent = [n for p in progress(out) if p.get("sent_to") for n in p["nodes"]]
+    logs = node_logs(three_nodes.folder, sent)
+    wait_for(lambda: all(log.answered(run_id, 1) for log in logs), 60, "the nodes to answer")
     status: dict = {}
 
     def finished() -> bool:
