@@ -217,7 +217,8 @@ def progress(out: Path) -> list[dict]:
 @dataclass
 class Federation:
     """A running SuperLink with three SuperNodes (partitions 0, 1, 2), shared by the tests
-    below (in file order: the last one kills a node)."""
+    below, in file order: resume, a killed node (replaced), then min-replies (whose run ends
+    while its nodes still train)."""
 
     folder: Path
     env: dict
@@ -313,42 +314,6 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
 
 
-def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three_nodes, tmp_path):
-    """min-replies = 3, and every node takes longer than the round timeout (train-delay):
-    no round can update the model; after max-failed-rounds = 1 such round the ServerApp
-    fails, names the missing partitions, and flower-result says so (no model written);
-    Flower records the run as failed, with fedsub's reason. (The timeout exceeds a node's 3-s
-    poll, so the run never ends while a node is receiving its message: see NodeLog.)"""
-    out = tmp_path / "out"
-    overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
-    run_config = (
-        f'set="{overrides}" out-dir="{out}" train-delay=5.5 round-timeout=5.0 '
-        "min-replies=3 max-failed-rounds=1"
-    )
-    run_id = submit_example(three_nodes.env, run_config)
-    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to stop")
-    sent = [n for p in progress(out) if p.get("sent_to") for n in p["nodes"]]
-    logs = node_logs(three_nodes.folder, sent)
-    wait_for(lambda: all(log.answered(run_id, 1) for log in logs), 60, "the nodes to answer")
-    status: dict = {}
-
-    def finished() -> bool:
-        status.update(run_status(three_nodes.env, run_id))
-        return str(status["status"]).startswith("finished")
-
-    wait_for(finished, 60, "Flower to record the run's end")
-    assert status["status"] == "finished:failed"
-    assert "min-replies = 3" in status["status-details"]
-
-    result = json.loads((out / "flower-result.json").read_text())
-    assert result["succeeded"] is False
-    (first,) = result["rounds"]
-    assert first["round"] == 1 and not first["updated"] and first["left_out"] == [0, 1, 2]
-    assert result["failed"]["round"] == 1
-    assert "0 of 3 sampled nodes replied, fewer than min-replies = 3" in result["failed"]["reason"]
-    assert not (out / "model.safetensors").exists()
-
-
 def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_nodes, tmp_path):
     """Node 2 is killed in round 2 (as the round is sent: a node replies seconds later) and a
     new SuperNode with partition 2 is started: round 2 goes on without it (its wait ends
@@ -386,6 +351,39 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     before = initial_params(model, schedule_of(config)).state_dict()
     after = load_file(out / "model.safetensors")
     assert any(not torch.equal(after[n], v) for n, v in before.items())
+
+
+def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three_nodes, tmp_path):
+    """min-replies = 3, and every node takes longer than the round timeout (train-delay):
+    no round can update the model; after max-failed-rounds = 1 such round the ServerApp
+    fails, names the missing partitions, and flower-result says so (no model written);
+    Flower records the run as failed, with fedsub's reason. The module's last test: its run
+    ends while the nodes train, maybe while one receives (see NodeLog), and no run follows."""
+    out = tmp_path / "out"
+    overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
+    run_config = (
+        f'set="{overrides}" out-dir="{out}" train-delay=4.0 round-timeout=3.0 '
+        "min-replies=3 max-failed-rounds=1"
+    )
+    run_id = submit_example(three_nodes.env, run_config)
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to stop")
+    status: dict = {}
+
+    def finished() -> bool:
+        status.update(run_status(three_nodes.env, run_id))
+        return str(status["status"]).startswith("finished")
+
+    wait_for(finished, 60, "Flower to record the run's end")
+    assert status["status"] == "finished:failed"
+    assert "min-replies = 3" in status["status-details"]
+
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] is False
+    (first,) = result["rounds"]
+    assert first["round"] == 1 and not first["updated"] and first["left_out"] == [0, 1, 2]
+    assert result["failed"]["round"] == 1
+    assert "0 of 3 sampled nodes replied, fewer than min-replies = 3" in result["failed"]["reason"]
+    assert not (out / "model.safetensors").exists()
 
 
 def test_flower_settings_refuse_a_device_other_than_the_cpu(monkeypatch):
