@@ -28,7 +28,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
-from fedsub.engine.private_rounds import secure_weighting, server_update_of_sums, unbias
+from fedsub.engine.private_rounds import (
+    SecureWeighting,
+    secure_weighting,
+    server_update_of_sums,
+    unbias,
+)
 from fedsub.errors import FedsubError
 from fedsub.flower.heat_exchange import (
     MessageGrid,
@@ -90,10 +95,15 @@ def answer_secure_rows(message: Message, context: Context, privacy: Privacy, cou
         flat = record_of(context.state, PENDING, ArrayRecord).to_torch_state_dict()
         del context.state[PENDING]  # masked once, then forgotten
         clients = int(number_field(request, "clients", int, who))
-        draws = int(number_field(request, "draws", int, who))
-        by_count = bool(number_field(request, "by-count", int, who))
-        units = draws * (count if by_count else 1)  # as SecureWeighting.units
-        a = units * number_field(request, "scale", float, who)  # SecureWeighting.coefficient
+        # this member's part of the server's SecureWeighting (correction is the server's)
+        weighting = SecureWeighting(
+            (int(number_field(request, "draws", int, who)),),
+            bool(number_field(request, "by-count", int, who)),
+            float(number_field(request, "scale", float, who)),
+            normalized=False,
+        )
+        units = weighting.units(0, count)
+        a = weighting.coefficient(units)
         part: dict[str, dict[str, torch.Tensor]] = {"rows": {}, "table": {}, "dense": {}}
         for key, value in flat.items():
             kind, _, name = key.partition(".")
