@@ -244,9 +244,8 @@ class SubmodelStrategy(Strategy):
         while True:
             online = set(grid.get_node_ids())
             self.membership.forget_offline(online)
-            asked = self._answered | self.membership.dropped | self._registrar.awaiting()
             probe = sorted(self._to_probe - self._registrar.awaiting())
-            if new := sorted(online - asked) + probe:
+            if new := self._not_asked(online) + probe:
                 self._registrar.ask(grid, new)
             self._to_probe.clear()
             answers, failed = self._registrar.collect(grid)
@@ -279,6 +278,11 @@ class SubmodelStrategy(Strategy):
             self._build(grid)
         return online
 
+    def _not_asked(self, online: set[int]) -> list[int]:
+        """The nodes online that were never asked to register (nor are being asked)."""
+        asked = self._answered | self.membership.dropped | self._registrar.awaiting()
+        return sorted(online - asked)
+
     def _ask_newcomers(self, grid: Grid) -> set[int]:
         """While a round waits for its replies, ask the nodes that came online to register
         and pull the answers that arrived (at most every ``NEWCOMERS_EVERY`` seconds); they
@@ -289,8 +293,7 @@ class SubmodelStrategy(Strategy):
         if now < self._next_newcomers:
             return set()
         self._next_newcomers = now + NEWCOMERS_EVERY
-        asked = self._answered | self.membership.dropped | self._registrar.awaiting()
-        if new := sorted(set(grid.get_node_ids()) - asked):
+        if new := self._not_asked(set(grid.get_node_ids())):
             self._registrar.ask(grid, new)
         taken_over = set()
         for registration in self._registrar.pull(grid):
