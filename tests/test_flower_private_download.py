@@ -40,14 +40,21 @@ BUCKETS = ("train.download='buckets'", "train.download_bucket=4")
 
 
 class Recording(AppGrid):
-    """AppGrid keeping every reply the server received (its whole view of the nodes)."""
+    """AppGrid keeping every message the server sent and every reply it received (its whole
+    view of the nodes; every wave, the strategy's and the test's, goes through push and pull)."""
 
     def __init__(self, app, num_nodes: int) -> None:
         super().__init__(app, num_nodes)
+        self.sent: list[Message] = []
         self.received: list[Message] = []
 
-    def pull_messages(self, message_ids):  # every wave, the strategy's and the test's
-        replies = super().pull_messages(message_ids)
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.sent.extend(messages)
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
         self.received.extend(replies)
         return replies
 
@@ -294,25 +301,6 @@ def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
         torch.testing.assert_close(saved[name], value, rtol=0, atol=1e-6)
 
 
-class Metered(AppGrid):
-    """AppGrid keeping every message the server sent and every reply it received."""
-
-    def __init__(self, app, num_nodes: int) -> None:
-        super().__init__(app, num_nodes)
-        self.sent: list[Message] = []
-        self.received: list[Message] = []
-
-    def push_messages(self, messages):  # every wave goes through push and pull
-        messages = list(messages)
-        self.sent.extend(messages)
-        return super().push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        replies = list(super().pull_messages(message_ids))
-        self.received.extend(replies)
-        return replies
-
-
 def _size(value) -> int:
     if isinstance(value, list):
         return sum(_size(v) for v in value)
@@ -350,7 +338,7 @@ def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
         overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'", "train.rounds=2")
         out = tmp_path / level
         settings = FlowerSettings(overrides=overrides, out_dir=str(out), round_timeout=30.0)
-        grid = Metered(make_client_app(settings), 4)
+        grid = Recording(make_client_app(settings), 4)
         make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
         result = json.loads((out / "flower-result.json").read_text())
         costs = result["costs"]
