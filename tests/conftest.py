@@ -23,6 +23,18 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+
+@pytest.fixture
+def flower_task_identity(monkeypatch):
+    """Outside a Flower runtime, Messages need the process's task identity (run, task and
+    node ids; flwr 1.41 internals), which a Flower runtime sets: modules that build Messages
+    in process use it (``pytestmark = pytest.mark.usefixtures("flower_task_identity")``)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
 # The device of the backend-equivalence tests (train.device's forms): `FEDSUB_TEST_DEVICE=cuda
 # pytest tests/test_backends.py` runs them on a GPU; the default is the CPU.
 TEST_DEVICE = resolve_device(os.environ.get("FEDSUB_TEST_DEVICE", "cpu"))

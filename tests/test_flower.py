@@ -79,19 +79,17 @@ def test_flower_simulation_gives_the_in_process_engines_model(tmp_path):
     assert all(r["bytes_sent"] < full_tables / 5 for r in result["rounds"])
 
 
-def test_server_adam_on_flower_gives_the_in_process_engines_model(tmp_path, monkeypatch):
+@pytest.mark.usefixtures("flower_task_identity")
+def test_server_adam_on_flower_gives_the_in_process_engines_model(tmp_path):
     """fedsubavg-adam (heat coefficients and Reddi et al.'s full-model server Adam): the real
     ServerApp and ClientApp, called as Flower calls them, on an in-process grid of six nodes
     (Flower's own runtime runs the test above; a second Ray start would add 15 s)."""
     from flwr.app import Context, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fedsub.flower.apps import make_client_app, make_server_app
 
     from .test_flower_heat_exchange import AppGrid
 
-    for field, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
-        monkeypatch.setattr(TaskIdentity, field, value)  # what a Flower runtime sets
     overrides = (*OVERRIDES, "train.algorithms=['fedsubavg-adam']")
     settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
     grid = AppGrid(make_client_app(settings), 6)

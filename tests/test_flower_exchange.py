@@ -9,7 +9,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from fedsub.flower import exchange as exchange_lib
 from fedsub.flower.exchange import FIRST_POLL, MAX_POLL, exchange
 
-from .test_flower_membership import task_identity  # noqa: F401 (autouse)
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 class Clock:

@@ -28,13 +28,7 @@ from fedsub.submodel.index import SubmodelIndex
 Handler = Callable[[Message, Context], Message]
 
 
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch):
-    """Messages read the process's run and node ids, which a Flower runtime sets."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name, value in (("_run_id", 1), ("_task_id", 1), ("_node_id", 0)):
-        monkeypatch.setattr(TaskIdentity, name, value)
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,7 @@ ROWS = 5
 DATA = {0: ([0, 1], 3), 1: ([1, 2, 3], 1), 2: ([3, 4], 2), 3: ([0, 4], 5)}
 
 
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    # Outside a Flower runtime, Messages need the process's task identity (flwr 1.41 internals).
-    for name in ("_task_id", "_run_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 @dataclass

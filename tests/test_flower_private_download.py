@@ -24,7 +24,9 @@ from fedsub.privacy.secagg import SecAggError
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_flower import in_process_model
-from .test_flower_heat_exchange import AppGrid, _private_strategy, task_identity  # noqa: F401
+from .test_flower_heat_exchange import AppGrid, _private_strategy
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 BASE = (
     "data.num_users=4",

@@ -17,7 +17,9 @@ from flwr.serverapp.strategy import (
 
 from fedsub.errors import FedsubError
 
-from .test_flower_membership import StandInGrid, strategy, task_identity  # noqa: F401 (autouse)
+from .test_flower_membership import StandInGrid, strategy
+
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 def test_flowers_own_round_loop_runs_the_strategy_with_the_conventional_keys():

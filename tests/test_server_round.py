@@ -114,13 +114,9 @@ class OneRowGrid:
         ]
 
 
+@pytest.mark.usefixtures("flower_task_identity")
 def test_flower_strategy_raises_diverged_naming_the_round_and_records_it(monkeypatch):
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-    from flwr.supercore.task_identity import TaskIdentity
-
-    # Outside a Flower runtime, Messages need the process's task identity (flwr 1.41 internals).
-    for name in ("_task_id", "_run_id", "_node_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
 
     from fedsub.flower.records import deltas_record
     from fedsub.flower.strategy import SubmodelStrategy
