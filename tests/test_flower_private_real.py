@@ -1,7 +1,7 @@
 """``train.privacy = "full"`` on real Flower processes: a SuperLink and three SuperNodes. The
-run takes about 85 s on a quiet machine (11 message waves: registration, 4 heat stages, the request, train,
-4 secure-sum stages, each some seconds on Flower 1.41), so it is marked ``deployment``:
-`make test` leaves it out, `make test-deployment` runs it."""
+run takes about 85 s on a quiet machine (11 message waves: registration, 4 heat stages, the
+request, train, 4 secure-sum stages, each some seconds on Flower 1.41), so it is marked
+``deployment``: `make test` leaves it out, `make test-deployment` runs it."""
 
 from __future__ import annotations
 
