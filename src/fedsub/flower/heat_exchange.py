@@ -78,10 +78,6 @@ STAGES = ("advertise", "share", "mask", "unmask", "report")
 Recorder = Callable[[int, str, RecordDict], None]
 
 
-# What the exchange uses of a Flower ``Grid`` (a test may pass its own): push and pull
-MessageGrid = PushPullGrid
-
-
 class HeatMessageError(FedsubError):
     """A heat message that does not fit the protocol (named by node and stage)."""
 
@@ -537,7 +533,7 @@ class Transcript:
 
 
 def _ask(
-    grid: MessageGrid,
+    grid: PushPullGrid,
     requests: Mapping[int, dict],
     stage: str,
     timeout: float,
@@ -590,7 +586,7 @@ def _decoded(replies: Mapping[int, ConfigRecord], decode: Callable, stage: str, 
 
 
 def group_sum(
-    grid: MessageGrid,
+    grid: PushPullGrid,
     group: Sequence[int],
     source: str,
     length: int,
@@ -665,7 +661,7 @@ def groups_of(nodes: Sequence[int], size: int) -> list[list[int]]:
 
 
 def collect_heat(
-    grid: MessageGrid,
+    grid: PushPullGrid,
     nodes: Sequence[int],
     privacy: HeatPrivacy,
     kind: HeatKind,

@@ -35,8 +35,8 @@ from fedsub.engine.private_rounds import (
     unbias,
 )
 from fedsub.errors import FedsubError
+from fedsub.flower.exchange import PushPullGrid
 from fedsub.flower.heat_exchange import (
-    MessageGrid,
     Recorder,
     answer_secagg,
     group_sum,
@@ -134,7 +134,7 @@ class SecureRows:
 
     def __init__(
         self,
-        grid: MessageGrid,
+        grid: PushPullGrid,
         node_of: Mapping[int, int],
         aggregation: Aggregation,
         privacy: Privacy,
@@ -202,7 +202,7 @@ class SecureRows:
 
 
 def round_combine(
-    grid: MessageGrid | None,
+    grid: PushPullGrid | None,
     node_of: Mapping[int, int],
     aggregation: Aggregation,
     privacy: Privacy | None,
