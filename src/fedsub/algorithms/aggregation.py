@@ -12,6 +12,13 @@ times client k was drawn, ``p_k = w_k / sum over all N clients of w``):
 
 Dense parameters use coefficient 1. The work is one concatenation and one scatter over the
 round's rows: O(sum_k |S(k)|).
+
+Li et al.'s Scheme II averages *models*, ``w_{t+1} = (N/K) sum_{k in S_t} p_k w_k``, which also
+rescales the previous global model by ``f = (N/K) sum_{S_t} p_k`` (f != 1 on unbalanced data).
+An aggregation with ``model_average`` records f on its ``ServerUpdate`` (``model_scale``), and
+``as_model_delta`` turns the update into ``w_{t+1} - w_t = (f - 1) w_t + (N/K) sum p_k delta_k``
+over every row of the model (O(M) per round), so any server optimizer applies it unchanged
+and server SGD with lr 1 gives the paper's model.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 
 from fedsub import device as device_lib
 from fedsub import segment_sum
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 Weighting = Literal["samples", "uniform", "scheme2", "original"]
@@ -40,8 +48,13 @@ class RowUpdate:
 
 @dataclass(frozen=True)
 class ServerUpdate:
+    """A round's aggregate. ``model_scale`` (a 0-d tensor): the factor f by which the round
+    also rescales the previous global model (Scheme II's model average; ``as_model_delta``
+    folds it in), None for a delta-form aggregate."""
+
     tables: dict[str, RowUpdate]
     dense: dict[str, torch.Tensor]
+    model_scale: torch.Tensor | None = None
 
     def nonfinite(self) -> torch.Tensor:
         """A 0-d bool tensor on the update's device: whether any entry is NaN or Inf (no
@@ -108,12 +121,14 @@ class Aggregation:
     """How to weight clients and, optionally, per-row correction coefficients per table.
 
     ``population_weight`` (sum of w_k over all N clients) and ``num_clients`` (N) are needed
-    by the "scheme2" and "original" weightings only."""
+    by the "scheme2" and "original" weightings only. ``model_average``: the round averages
+    models, rescaling the old model by the sum of the weights (Li et al.'s Scheme II)."""
 
     weighting: Weighting
     coefficients: dict[str, torch.Tensor] | None = None
     population_weight: float = 0.0
     num_clients: int = 0
+    model_average: bool = False
     union: RowUnion = field(default_factory=RowUnion, compare=False, repr=False)
 
     def to(self, device: torch.device) -> Aggregation:
@@ -185,4 +200,27 @@ def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
     for name, stacked in cohort.dense_deltas.items():
         a = weights.to(stacked.dtype).reshape(-1, *([1] * (stacked.dim() - 1)))
         dense[name] = (a * stacked).sum(0)
+    return ServerUpdate(tables, dense, weights.sum() if aggregation.model_average else None)
+
+
+def as_model_delta(update: ServerUpdate, params: Params) -> ServerUpdate:
+    """A model-average update (``model_scale`` f set) as the change of the global model:
+    ``(f - 1) X + aggregate`` on every row of every table and every dense parameter, so
+    ``X + that`` is ``f X + aggregate``. O(M) per round. A delta-form update is returned as
+    is."""
+    if update.model_scale is None:
+        return update
+    tables = {}
+    for table, values in params.tables.items():
+        change = values * (update.model_scale.to(values.device, values.dtype) - 1)
+        row_update = update.tables.get(table)
+        if row_update is not None:
+            rows = row_update.rows.to(values.device)
+            segment_sum.index_add_(change, rows, row_update.values.to(values.device))
+        rows = torch.arange(len(values), device=values.device)
+        tables[table] = RowUpdate(rows, change)
+    dense = {}
+    for name, value in params.dense.items():
+        scale = update.model_scale.to(value.device, value.dtype) - 1
+        dense[name] = value * scale + update.dense[name].to(value.device)
     return ServerUpdate(tables, dense)

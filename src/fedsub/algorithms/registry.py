@@ -157,7 +157,11 @@ def _aggregation(
         counts = context.dataset.sample_counts()
         population, clients = float(counts.sum()), len(counts)
     return Aggregation(
-        scheme.weighting or weighting, population_weight=population, num_clients=clients, **kw
+        scheme.weighting or weighting,
+        population_weight=population,
+        num_clients=clients,
+        model_average=scheme.model_average,
+        **kw,
     )
 
 
@@ -368,8 +372,19 @@ def check_combination(
     across rounds (SCAFFOLD's c_i) cannot run on width slices or on fedsub's stateless Flower
     ClientApp; client pieces must form one chain (fedsub.client.work.round_chain); private
     download and secure aggregation (``privacy``) hide each client's update, which per-client
-    state is built from."""
+    state is built from; a scheme whose weights do not sum to 1 by design (Scheme II's
+    ``(N/K) p_k``, the original scheme's ``p_k``) cannot run on width slices, whose
+    average divides by the weights' sum."""
     base = name.partition("@")[0]
+    unnormalized = SCHEMES[scheme].weighting in ("scheme2", "original")
+    if masking != "none" and unnormalized:
+        raise ConfigError(
+            f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: scheme "
+            f"{scheme!r} weights clients by weights that do not sum to 1 on purpose, and "
+            "sub-model masking's slice average divides by their sum, which would turn it "
+            "into a plain p_k-weighted mean. Use the default scheme, scheme1 or "
+            "transformed-scheme2 with train.masking"
+        )
     pooled = AGGREGATIONS[recipe.aggregation].pools_data
     if pooled and scheme != "default":
         raise ConfigError(

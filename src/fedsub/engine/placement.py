@@ -23,6 +23,7 @@ as large as the tables (SCAFFOLD) are refused, naming ``train.table_placement``.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -135,4 +136,4 @@ class HostTables:
         self.traffic.to_host = sum(v.numel() * v.element_size() for v in values)
         if self.coefficients is not None:
             tables = with_coefficients(tables, self.coefficients)
-        return ServerUpdate(tables, update.dense)
+        return dataclasses.replace(update, tables=tables)

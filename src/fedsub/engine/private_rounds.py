@@ -22,6 +22,7 @@ privacy work in seconds) and can keep a transcript of everything the server rece
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,6 +125,7 @@ class SecureWeighting:
     by_count: bool
     scale: float  # public: 1 / (expected cohort units) or the weighting's population factor
     normalized: bool
+    model_average: bool = False  # Scheme II: the old model is rescaled by sum_k a_k
 
     def units(self, member: int, count: int) -> int:
         return self.draws[member] * (count if self.by_count else 1)
@@ -139,6 +141,10 @@ class SecureWeighting:
         if total_units <= 0:
             raise ValueError("the secure sum's weight units add up to 0: no member's weight")
         return 1.0 / (self.scale * total_units)
+
+    def model_scale(self, total_units: int) -> float | None:
+        """Scheme II's factor f = sum_k a_k of the survivors (``model_average``), else None."""
+        return self.scale * total_units if self.model_average else None
 
 
 def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> SecureWeighting:
@@ -158,7 +164,7 @@ def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> Secur
     scale = 1.0 / aggregation.population_weight
     if aggregation.weighting == "scheme2":
         scale *= aggregation.num_clients / drawn
-    return SecureWeighting(ones, True, scale, False)
+    return SecureWeighting(ones, True, scale, False, aggregation.model_average)
 
 
 @dataclass
@@ -306,9 +312,14 @@ class PrivateRounds:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
-        correction = weighting.correction(sums.weight_units)
         return server_update_of_sums(
-            self.aggregation, update, slots, sums.tables, sums.dense, correction
+            self.aggregation,
+            update,
+            slots,
+            sums.tables,
+            sums.dense,
+            weighting.correction(sums.weight_units),
+            weighting.model_scale(sums.weight_units),
         )
 
 
@@ -319,10 +330,12 @@ def server_update_of_sums(
     tables_sums: dict[str, np.ndarray],
     dense_sums: dict[str, np.ndarray],
     correction: float = 1.0,
+    model_scale: float | None = None,
 ) -> ServerUpdate:
     """Per-row sums times ``correction`` (``SecureWeighting.correction``) with FedSubAvg's
     coefficients applied (1 for FedAvg), on the device and in the dtypes of ``update``'s
-    deltas (a network runtime passes deltas of no rows)."""
+    deltas (a network runtime passes deltas of no rows). ``model_scale``: Scheme II's f
+    (``SecureWeighting.model_scale``)."""
     device = update.clients.device
     tables = {}
     for t, union in slots.rows.items():
@@ -336,7 +349,9 @@ def server_update_of_sums(
         n: torch.from_numpy(np.ascontiguousarray(dense_sums[n] * correction)).to(device, v.dtype)
         for n, v in update.dense_deltas.items()
     }
-    return ServerUpdate(tables, dense)
+    if model_scale is None:
+        return ServerUpdate(tables, dense)
+    return ServerUpdate(tables, dense, torch.tensor(model_scale, dtype=torch.float64))
 
 
 def _dense_bytes(update: CohortUpdate) -> int:
@@ -377,4 +392,4 @@ def unbias(update: ServerUpdate, keep: float) -> ServerUpdate:
     if keep == 1.0:
         return update
     tables = {t: RowUpdate(u.rows, u.values / keep) for t, u in update.tables.items()}
-    return ServerUpdate(tables, update.dense)
+    return dataclasses.replace(update, tables=tables)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsub.algorithms.aggregation import ServerUpdate
+from fedsub.algorithms.aggregation import ServerUpdate, as_model_delta
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.sampling import Cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
@@ -100,7 +100,8 @@ class ServerRound:
     """Cohort sampling, client work and the checked application of a round's updates.
 
     ``combine`` turns the (screened) cohort update into the server's update (plain aggregation,
-    or width-slice aggregation when masking). ``last_checkpoint`` is named by ``Diverged``; the
+    or width-slice aggregation when masking); a model-average update (Scheme II) becomes the
+    change of the whole model here (``as_model_delta``), for every runtime. ``last_checkpoint`` is named by ``Diverged``; the
     caller keeps it current."""
 
     algorithm: Algorithm
@@ -167,7 +168,7 @@ class ServerRound:
         it (did the model overflow?)."""
         r, work, last = plan.round, plan.work, self.last_checkpoint
         suspect = needs_screening(update, self.max_update_norm)
-        server_update = self.combine(update)
+        server_update = as_model_delta(self.combine(update), self.params)
         checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
         to_screen, aggregate_bad = checks.tolist()  # host read 1
         if to_screen:
@@ -180,7 +181,7 @@ class ServerRound:
             update = update.select(kept)
             if self.variates is not None:  # only the variates read the members' work
                 work = work.select(kept)
-            server_update = self.combine(update)
+            server_update = as_model_delta(self.combine(update), self.params)
             aggregate_bad = bool(server_update.nonfinite())
         if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)

@@ -197,6 +197,7 @@ class SecureRows:
             decoded.tables,
             decoded.dense,
             weighting.correction(decoded.weight_units),
+            weighting.model_scale(decoded.weight_units),
         )
         return unbias(server_update, self.privacy.keep)
 
