@@ -166,6 +166,34 @@ def test_secure_weighting_gives_the_plain_aggregation_weights(weighting):
     assert len(set(got.tolist())) > 1  # the weights are not all equal
 
 
+def test_secure_weighting_gives_scheme2s_model_scale():
+    """Scheme II rescales the old model by f = (N/K) sum p_k; at ``full`` the server gets it
+    from the secure sum's total units only: f = scale * sum_k n_k."""
+    from fedsub.algorithms.aggregation import Aggregation
+    from fedsub.engine.private_rounds import secure_weighting
+
+    counts, population, n = [7, 1, 30, 12], 400.0, 25
+    for model_average in (True, False):
+        aggregation = Aggregation("scheme2", None, population, n, model_average)
+        secure = secure_weighting(aggregation, [1, 1, 1, 1])
+        units = sum(secure.units(j, c) for j, c in enumerate(counts))
+        expected = n / len(counts) * sum(c / population for c in counts)
+        assert secure.model_scale(units) == (pytest.approx(expected) if model_average else None)
+
+
+@pytest.mark.parametrize("level", ["download", "full"])
+def test_private_rounds_run_scheme2_as_the_papers_model_average(small_synthetic, level):
+    """Private download (1/p on the rows) and secure sums (f from the total units) keep
+    Scheme II's model average: the run matches the plain-weights run at ``download`` (the
+    reference in the clear) to the fixed point's precision, and differs from the delta form."""
+    download, _, _, _ = run(small_synthetic, Privacy("download"), algorithm="fedavg@scheme2")
+    ours, _, _, _ = run(small_synthetic, Privacy(level), algorithm="fedavg@scheme2")
+    delta, _, _, _ = run(small_synthetic, Privacy(level), algorithm="fedavg@scheme2-delta")
+    for name, value in ours.state_dict().items():
+        torch.testing.assert_close(value, download.state_dict()[name], rtol=0, atol=1e-6)
+    assert (table(ours) - table(delta)).abs().max() > 1e-3
+
+
 @dataclasses.dataclass(frozen=True)
 class _Members:
     weights: torch.Tensor
