@@ -151,6 +151,15 @@ BASE = '[train]\nalgorithms = ["x"]\n'
             "train.masking = 'static' cannot be combined with algorithm 'x': its client piece "
             "'scaffold' keeps per-client state",
         ),
+        *(
+            (
+                f'[train]\nalgorithms = ["fedavg@{scheme}"]\nmasking = "static"\n'
+                '[model]\nname = "cnn"\n[data]\nname = "synthetic-li"\n',
+                f"train.masking = 'static' cannot be combined with algorithm 'fedavg@{scheme}': "
+                f"scheme {scheme!r} weights clients by weights that do not sum to 1",
+            )
+            for scheme in ("scheme2", "scheme2-delta", "original")
+        ),
     ],
 )
 def test_bad_compositions_name_the_key_the_pieces_and_the_file(tmp_path, text, message):

@@ -47,6 +47,8 @@ CASES = [
     *((algorithm, "batched", False) for algorithm in ROW_LOCAL),
     ("fedsubavg", "sequential", False),
     ("fedsubavg", "batched", True),  # with the CPU fast paths
+    # Scheme II's model average rescales every host row (O(M) on the host, none to the device)
+    ("fedsubavg@scheme2", "batched", False),
 ]
 
 
