@@ -1,16 +1,13 @@
-"""Server optimizers against torch.optim and hand-written reference formulas."""
+"""Server optimizers against their formulas written out by hand (Reddi et al.'s Algorithm 2,
+seed 002's equation 47)."""
 
 import numpy as np
 import pytest
 import torch
 
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
-from fedsub.algorithms.server_optimizer import (
-    LazyTorchServerOptimizer,
-    ServerMomentum,
-    ServerYogi,
-    TorchServerOptimizer,
-)
+from fedsub.algorithms.adaptive import AdaptiveRule, AdaptiveServer
+from fedsub.algorithms.server_optimizer import ServerMomentum
 from fedsub.engine.schedule import Schedule
 from fedsub.submodel.params import Params
 
@@ -59,52 +56,79 @@ def dense_aggregate(update: ServerUpdate) -> torch.Tensor:
     return full
 
 
-@pytest.mark.parametrize("kind", ["adam", "adagrad"])
-def test_fedadam_and_fedadagrad_equal_torch_optim_on_the_dense_pseudo_gradient(kind):
+def reddi_by_hand(kind: str, x0: dict, updates: list, lr, b1, b2, tau, lazy: bool) -> dict:
+    """Reddi et al.'s Algorithm 2 written out in numpy, with Delta_t the round's aggregate:
+    m = b1 m + (1 - b1) Delta; v by the rule; x += lr m / (sqrt(v) + tau); m0 = 0, v0 =
+    tau^2, no bias correction. Over the full table (Delta = 0 on untouched rows) or, ``lazy``,
+    on the touched rows only; the dense parameter every round."""
+    x = {k: val.numpy().copy() for k, val in x0.items()}
+    m = {k: np.zeros_like(val) for k, val in x.items()}
+    v = {k: np.full_like(val, tau**2) for k, val in x.items()}
+    for update in updates:
+        rows = update.tables["t"].rows.numpy()
+        table_delta = update.tables["t"].values.numpy()
+        if not lazy:
+            rows, table_delta = slice(None), dense_aggregate(update).numpy()
+        for key, d, at in (("t", table_delta, rows), ("b", update.dense["b"].numpy(), slice(None))):
+            m[key][at] = b1 * m[key][at] + (1 - b1) * d
+            if kind == "adagrad":
+                v[key][at] = v[key][at] + d**2
+            elif kind == "yogi":
+                v[key][at] = v[key][at] - (1 - b2) * d**2 * np.sign(v[key][at] - d**2)
+            else:
+                v[key][at] = b2 * v[key][at] + (1 - b2) * d**2
+            x[key][at] += lr * m[key][at] / (np.sqrt(v[key][at]) + tau)
+    return x
+
+
+KINDS = ["adam", "adagrad", "yogi"]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_adaptive_servers_are_the_formulas_of_reddi_et_al(kind, lazy):
+    """Eight rounds in which rows go untouched for several rounds (the full-model form moves
+    them on their decaying m, the lazy one leaves them), tables and the dense parameter."""
     params = fresh_params()
-    reference = [t.clone() for t in (params.tables["t"], params.dense["b"])]
-    lr, b1, b2, tau = 0.05, 0.9, 0.99, 1e-3
-    ours = TorchServerOptimizer(kind, params, lr, b1, b2, tau)
-    if kind == "adam":
-        torch_opt = torch.optim.Adam(reference, lr=lr, betas=(b1, b2), eps=tau)
-    else:
-        torch_opt = torch.optim.Adagrad(reference, lr=lr, eps=tau)
-    for round_index, update in enumerate(sparse_rounds(0)):
+    x0 = {"t": params.tables["t"].clone(), "b": params.dense["b"].clone()}
+    lr, b1, b2, tau = 0.05, 0.8, 0.95, 1e-2
+    updates = list(sparse_rounds(2))
+    ours = AdaptiveServer(params, AdaptiveRule(kind, lr, b1, b2, tau), lazy=lazy)
+    for round_index, update in enumerate(updates):
         before = params.tables["t"].clone()
         ours.apply(params, update)
-        reference[0].grad = -dense_aggregate(update)
-        reference[1].grad = -update.dense["b"].clone()
-        torch_opt.step()
-        torch.testing.assert_close(params.tables["t"], reference[0], rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(params.dense["b"], reference[1], rtol=1e-12, atol=1e-12)
-        if kind == "adam" and round_index in (1, 2, 3, 4):
-            # untouched rows keep moving on their first moment: not the lazy variant
-            assert not torch.equal(params.tables["t"][5], before[5])
+        x = reddi_by_hand(kind, x0, updates[: round_index + 1], lr, b1, b2, tau, lazy)
+        np.testing.assert_allclose(params.tables["t"].numpy(), x["t"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(params.dense["b"].numpy(), x["b"], rtol=0, atol=1e-12)
+        if 1 <= round_index <= 4:  # row 5 untouched: moves on its m in the full-model form
+            assert torch.equal(params.tables["t"][5], before[5]) == lazy
+    other = reddi_by_hand(kind, x0, updates, lr, b1, b2, tau, not lazy)
+    assert np.abs(other["t"] - x["t"]).max() > 1e-6  # the two forms differ on this data
 
 
-@pytest.mark.parametrize("kind", ["adam", "adagrad"])
-def test_lazy_fedadam_and_fedadagrad_equal_torch_optim_when_every_row_is_touched(kind):
-    params = fresh_params()
-    reference = [t.clone() for t in (params.tables["t"], params.dense["b"])]
-    lr, b1, b2, tau = 0.05, 0.9, 0.99, 1e-3
-    ours = LazyTorchServerOptimizer(kind, params, lr, b1, b2, tau)
-    if kind == "adam":
-        torch_opt = torch.optim.Adam(reference, lr=lr, betas=(b1, b2), eps=tau)
-    else:
-        torch_opt = torch.optim.Adagrad(reference, lr=lr, eps=tau)
-    for update in rounds_of_updates(0, 6, touch_all=True):
-        ours.apply(params, update)
-        reference[0].grad = -update.tables["t"].values.clone()
-        reference[1].grad = -update.dense["b"].clone()
-        torch_opt.step()
-    torch.testing.assert_close(params.tables["t"], reference[0], rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(params.dense["b"], reference[1], rtol=1e-12, atol=1e-12)
+def test_the_three_rules_differ_only_in_v():
+    """One round from m = 0, v = tau^2 by hand, per rule, for one coordinate Delta = 0.3:
+    FedAdam's step is lr (1 - b1) Delta / (sqrt(b2 tau^2 + (1 - b2) Delta^2) + tau), not
+    torch.optim.Adam's bias-corrected lr Delta / (|Delta| + tau)."""
+    lr, b1, b2, tau, delta = 0.1, 0.9, 0.99, 1e-3, 0.3
+    v = {
+        "adam": b2 * tau**2 + (1 - b2) * delta**2,
+        "adagrad": tau**2 + delta**2,
+        "yogi": tau**2 + (1 - b2) * delta**2,  # sign(tau^2 - Delta^2) = -1
+    }
+    for kind in KINDS:
+        params = Params({}, {"b": torch.zeros(1, dtype=torch.float64)})
+        server = AdaptiveServer(params, AdaptiveRule(kind, lr, b1, b2, tau))
+        server.apply(params, ServerUpdate({}, {"b": torch.tensor([delta], dtype=torch.float64)}))
+        expected = lr * (1 - b1) * delta / (np.sqrt(v[kind]) + tau)
+        assert params.dense["b"].item() == pytest.approx(expected, rel=1e-12)
+    assert expected != pytest.approx(lr * delta / (delta + tau), rel=1e-2)
 
 
-def test_lazy_fedadam_leaves_untouched_rows_and_their_moments_alone():
+def test_lazy_adaptive_server_leaves_untouched_rows_and_their_moments_alone():
     params = fresh_params()
     before = params.tables["t"].clone()
-    ours = LazyTorchServerOptimizer("adam", params, 0.1)
+    ours = AdaptiveServer(params, AdaptiveRule("adam", 0.1), lazy=True)
     touched = set()
     for update in rounds_of_updates(1, 3, touch_all=False):
         ours.apply(params, update)
@@ -113,42 +137,9 @@ def test_lazy_fedadam_leaves_untouched_rows_and_their_moments_alone():
     assert untouched  # the draw leaves some row out
     assert torch.equal(params.tables["t"][untouched], before[untouched])
     assert not torch.equal(params.tables["t"][sorted(touched)], before[sorted(touched)])
-    moments = ours.state_tensors()["table.t.row.exp_avg"]
-    assert torch.equal(moments[untouched], torch.zeros_like(moments[untouched]))
-
-
-def reference_yogi(x0: dict, updates: list, lr, b1, b2, tau, lazy: bool) -> dict:
-    """Reddi et al.'s Yogi written out in numpy: on the full table (u = 0 for untouched rows),
-    or, ``lazy``, on the touched rows only."""
-    x = {k: v.numpy().copy() for k, v in x0.items()}
-    m = {k: np.zeros_like(v) for k, v in x.items()}
-    v = {k: np.full_like(val, tau**2) for k, val in x.items()}
-    for update in updates:
-        rows = update.tables["t"].rows.numpy()
-        table_u = update.tables["t"].values.numpy()
-        if not lazy:
-            rows, table_u = slice(None), dense_aggregate(update).numpy()
-        for key, u, index in (("t", table_u, rows), ("b", update.dense["b"].numpy(), slice(None))):
-            m[key][index] = b1 * m[key][index] + (1 - b1) * u
-            v[key][index] = v[key][index] - (1 - b2) * u**2 * np.sign(v[key][index] - u**2)
-            x[key][index] += lr * m[key][index] / (np.sqrt(v[key][index]) + tau)
-    return x
-
-
-@pytest.mark.parametrize("lazy", [False, True])
-def test_fedyogi_matches_the_formula_of_reddi_et_al(lazy):
-    params = fresh_params()
-    x0 = {"t": params.tables["t"].clone(), "b": params.dense["b"].clone()}
-    lr, b1, b2, tau = 0.05, 0.9, 0.99, 1e-3
-    updates = list(sparse_rounds(2))
-    ours = ServerYogi(params, lr, b1, b2, tau, lazy=lazy)
-    for update in updates:
-        ours.apply(params, update)
-    x = reference_yogi(x0, updates, lr, b1, b2, tau, lazy)
-    np.testing.assert_allclose(params.tables["t"].numpy(), x["t"], rtol=0, atol=1e-12)
-    np.testing.assert_allclose(params.dense["b"].numpy(), x["b"], rtol=0, atol=1e-12)
-    other = reference_yogi(x0, updates, lr, b1, b2, tau, not lazy)
-    assert np.abs(other["t"] - x["t"]).max() > 1e-6  # the two forms differ on this data
+    state = ours.state_tensors()
+    np.testing.assert_array_equal(state["adam.lazy.m.t"][untouched].numpy(), 0.0)
+    np.testing.assert_array_equal(state["adam.lazy.v.t"][untouched].numpy(), 1e-3**2)  # tau^2
 
 
 @pytest.mark.parametrize("name", ["fedadam", "fedadagrad", "fedyogi"])
@@ -169,21 +160,28 @@ def test_checkpointed_state_resumes_to_the_same_model(name):
         ours.apply(params, update)
         resumed.apply(resumed_params, update)
     torch.testing.assert_close(resumed_params.tables["t"], params.tables["t"], rtol=0, atol=0)
+    torch.testing.assert_close(resumed_params.dense["b"], params.dense["b"], rtol=0, atol=0)
 
 
-def test_scaffold_approximation_is_equation_47():
+@pytest.mark.parametrize("lr", [1.0, 0.5])
+def test_scaffold_approximation_is_equation_47(lr):
+    """Seed 002, appendix D.2, eq. 47: u = beta u + (1 - beta) aggregate, x += lr u, over
+    every row (untouched rows keep moving on u) and the dense parameter."""
     params = fresh_params()
-    x = params.tables["t"].numpy().copy()
+    x, b = params.tables["t"].numpy().copy(), params.dense["b"].numpy().copy()
     beta = 0.75  # (N - K) / N with N = 4, K = 1
-    previous = np.zeros_like(x)
-    ours = ServerMomentum(params, beta)
+    previous, previous_b = np.zeros_like(x), np.zeros_like(b)
+    ours = ServerMomentum(params, beta, lr)
     for update in rounds_of_updates(3, 5, touch_all=False):
         ours.apply(params, update)
         mean_update = np.zeros_like(x)
         mean_update[update.tables["t"].rows.numpy()] = update.tables["t"].values.numpy()
         previous = beta * previous + (1 - beta) * mean_update
-        x += previous
-    np.testing.assert_allclose(params.tables["t"].numpy(), x, rtol=0, atol=1e-12)
+        previous_b = beta * previous_b + (1 - beta) * update.dense["b"].numpy()
+        x += lr * previous
+        b += lr * previous_b
+        np.testing.assert_allclose(params.tables["t"].numpy(), x, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(params.dense["b"].numpy(), b, rtol=0, atol=1e-12)
 
 
 def first_round(name: str, dataset, options=None):
@@ -200,29 +198,32 @@ def first_round(name: str, dataset, options=None):
     return initial_params(model, schedule), train(model, algorithm, dataset, index, schedule)
 
 
-@pytest.mark.parametrize("kind", ["adam", "adagrad", "yogi"])
-@pytest.mark.parametrize("heat", [True, False])
-def test_adaptive_presets_first_round_is_the_closed_form_on_the_aggregate(kind, heat):
-    """Round 1 from m = 0: Adam and Adagrad move by lr * u / (|u| + tau); Yogi by
-    lr (1 - b1) u / (sqrt(v) + tau), v = tau^2 - (1 - b2) u^2 sign(tau^2 - u^2), with u the
-    round's aggregate: FedSubAvg's (heat coefficients) or FedAvg's."""
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", ["fed{}", "fed{}-lazy", "fedsubavg-{}"])
+def test_adaptive_presets_first_round_is_the_closed_form_on_the_aggregate(kind, form):
+    """Round 1 from m = 0, v = tau^2: x + lr (1 - b1) u / (sqrt(v1) + tau) with
+    v1 = b2 tau^2 + (1 - b2) u^2 (Adam), tau^2 + u^2 (Adagrad),
+    tau^2 - (1 - b2) u^2 sign(tau^2 - u^2) (Yogi), u the round's aggregate: FedSubAvg's (heat
+    coefficients) or FedAvg's; tables and dense parameters, every preset's options."""
     from fedsub.algorithms.registry import options_class
 
     from .test_backends import two_tables_with_dense
 
     dataset = two_tables_with_dense(0)
-    plain, adaptive = ("fedsubavg", f"fedsubavg-{kind}") if heat else ("fedavg", f"fed{kind}")
+    adaptive = form.format(kind)
+    plain = "fedsubavg" if adaptive.startswith("fedsubavg") else "fedavg"
     lr, b1, b2, tau = 0.07, 0.8, 0.95, 1e-2
     options = options_class(adaptive)(server_lr=lr, beta1=b1, beta2=b2, tau=tau)
     x0, averaged = first_round(plain, dataset)
     _, ours = first_round(adaptive, dataset, options)
     for name, start in x0.state_dict().items():
         u = averaged.state_dict()[name] - start
-        if kind == "yogi":
-            v = tau**2 - (1 - b2) * u**2 * torch.sign(tau**2 - u**2)
-            expected = start + lr * (1 - b1) * u / (v.sqrt() + tau)
-        else:
-            expected = start + lr * u / (u.abs() + tau)
+        v = {
+            "adam": b2 * tau**2 + (1 - b2) * u**2,
+            "adagrad": tau**2 + u**2,
+            "yogi": tau**2 - (1 - b2) * u**2 * torch.sign(tau**2 - u**2),
+        }[kind]
+        expected = start + lr * (1 - b1) * u / (v.sqrt() + tau)
         assert u.abs().max() > 1e-3  # the round moved this parameter
         torch.testing.assert_close(ours.state_dict()[name], expected, rtol=1e-10, atol=1e-12)
 
@@ -243,13 +244,40 @@ def test_fedsubavg_preset_aggregates_with_the_heat_coefficients():
 def test_resuming_with_the_other_forms_state_is_an_error_not_a_silent_restart(lazy):
     from fedsub.errors import FedsubError
 
-    saved_by, loads = (
-        (TorchServerOptimizer, LazyTorchServerOptimizer)
-        if lazy
-        else (LazyTorchServerOptimizer, TorchServerOptimizer)
-    )
     params = fresh_params()
-    saver = saved_by("adam", params, 0.1)
+    saver = AdaptiveServer(params, AdaptiveRule("adam", 0.1), lazy=not lazy)
     saver.apply(params, next(sparse_rounds(0)))
+    loads = AdaptiveServer(fresh_params(), AdaptiveRule("adam", 0.1), lazy=lazy)
     with pytest.raises(FedsubError, match="resume with the matching algorithm"):
-        loads("adam", fresh_params(), 0.1).load_state_tensors(saver.state_tensors())
+        loads.load_state_tensors(saver.state_tensors())
+    other_rule = AdaptiveServer(fresh_params(), AdaptiveRule("yogi", 0.1), lazy=not lazy)
+    with pytest.raises(ValueError, match="expected tensors"):
+        other_rule.load_state_tensors(saver.state_tensors())
+
+
+def test_a_checkpoint_of_the_earlier_torch_optim_servers_is_refused_by_name():
+    """fedsub's earlier FedAdam / FedAdagrad were torch.optim.Adam (bias-corrected) and
+    Adagrad (no first moment); their saved state (step, exp_avg, sum ...) cannot become
+    Reddi et al.'s m and v, so a resume says so instead of restarting the moments."""
+    from fedsub.errors import FedsubError
+
+    old_full = {"full.0.step": torch.tensor(3.0), "full.0.exp_avg": torch.zeros(ROWS, DIM)}
+    old_lazy = {"table.t.row.sum": torch.zeros(ROWS, DIM), "dense.0.sum": torch.zeros(3)}
+    for saved, lazy in ((old_full, False), (old_lazy, True)):
+        server = AdaptiveServer(fresh_params(), AdaptiveRule("adagrad", 0.1), lazy=lazy)
+        with pytest.raises(FedsubError, match="earlier torch.optim-based"):
+            server.load_state_tensors(saved)
+
+
+def test_a_checkpoint_of_the_earlier_fedyogi_resumes():
+    """fedsub's earlier FedYogi was already Reddi's rule, saved as ``m.<name>``/``v.<name>``."""
+    params = fresh_params()
+    ours = AdaptiveServer(params, AdaptiveRule("yogi", 0.05))
+    for update in list(sparse_rounds(4))[:3]:
+        ours.apply(params, update)
+    earlier = {k.split(".", 2)[2]: v for k, v in ours.state_tensors().items()}
+    assert set(earlier) == {"m.t", "m.b", "v.t", "v.b"}
+    resumed = AdaptiveServer(fresh_params(), AdaptiveRule("yogi", 0.05))
+    resumed.load_state_tensors(earlier)
+    for key, value in ours.state_tensors().items():
+        assert torch.equal(resumed.state_tensors()[key], value)

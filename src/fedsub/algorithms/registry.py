@@ -11,8 +11,10 @@ Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``,
 - ``fedprox``: FedAvg with ``(mu/2)||x - x_global||^2`` in the client's loss.
 - ``scaffold``: exact SCAFFOLD (option II control variates), server lr ``server_lr``.
 - ``scaffold-approx``: the FedSubAvg paper's server-side approximation (appendix D.2).
-- ``fedadam`` / ``fedadagrad`` / ``fedyogi``: Reddi et al.'s adaptive server optimizers over
-  the full model (every row's moments decay and every row moves, every round).
+- ``fedadam`` / ``fedadagrad`` / ``fedyogi``: Reddi et al.'s adaptive server optimizers
+  (Algorithm 2, written out in fedsub.algorithms.adaptive: no bias correction, v_0 = tau^2,
+  FedAdagrad with the b1 first moment) over the full model (every row's moments decay and
+  every row moves, every round).
 - ``fedadam-lazy`` / ``fedadagrad-lazy`` / ``fedyogi-lazy``: fedsub's lazy variant, touched
   rows only (also ``lazy = true`` on the names above).
 - ``fedsubavg-adam`` / ``fedsubavg-adagrad`` / ``fedsubavg-yogi``: FedSubAvg's heat-coefficient
@@ -26,21 +28,15 @@ import dataclasses
 import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
+from fedsub.algorithms.adaptive import AdaptiveKind, AdaptiveRule, AdaptiveServer
 from fedsub.algorithms.aggregation import Aggregation, Weighting
 from fedsub.algorithms.schemes import SCHEMES, Scheme
-from fedsub.algorithms.server_optimizer import (
-    LazyTorchServerOptimizer,
-    ServerMomentum,
-    ServerOptimizer,
-    ServerSGD,
-    ServerYogi,
-    TorchServerOptimizer,
-)
+from fedsub.algorithms.server_optimizer import ServerMomentum, ServerOptimizer, ServerSGD
 from fedsub.client.transforms import TRANSFORMS, transform_names
 from fedsub.client.work import round_chain
 from fedsub.data.federated import Population
@@ -105,7 +101,7 @@ class ServerLrOptions(CommonOptions):
 
 @dataclass(frozen=True)
 class LazyAdaptiveOptions(CommonOptions):
-    """Options of the ``-lazy`` names (always lazy). Adagrad ignores beta1 and beta2."""
+    """Options of the ``-lazy`` names (always lazy). Adagrad ignores beta2."""
 
     server_lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
     beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
@@ -206,28 +202,23 @@ class ServerAdagradOptions:
     server_lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
     tau: float = field(default=1e-3, metadata={"min_exclusive": 0.0})
     lazy: bool = False  # true: touched rows only (fedsub's variant), not Reddi et al.'s
+    beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})  # Reddi's m_t
 
 
 @dataclass(frozen=True)
 class ServerAdaptiveOptions(ServerAdagradOptions):
-    beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
     beta2: float = field(default=0.99, metadata={"min": 0.0, "max": 1.0})
 
 
-# the adaptive servers torch.optim provides (Yogi is fedsub's own)
-_TORCH_OPTIMIZERS: dict[str, Literal["adam", "adagrad"]] = {"adam": "adam", "adagrad": "adagrad"}
+def _adaptive_server(kind: AdaptiveKind, o: Any, lazy: bool) -> Callable[[Params], ServerOptimizer]:
+    """Reddi et al.'s rule ``kind`` with the options ``o`` (Adagrad has no beta2)."""
+    rule = AdaptiveRule(kind, o.server_lr, o.beta1, getattr(o, "beta2", 0.99), o.tau)
+    return lambda p: AdaptiveServer(p, rule, lazy=lazy)
 
 
-def _adaptive_server(kind: str, o: Any, lazy: bool) -> Callable[[Params], ServerOptimizer]:
-    beta1, beta2 = getattr(o, "beta1", 0.9), getattr(o, "beta2", 0.99)  # Adagrad has none
-    if kind == "yogi":
-        return lambda p: ServerYogi(p, o.server_lr, beta1, beta2, o.tau, lazy=lazy)
-    optimizer = LazyTorchServerOptimizer if lazy else TorchServerOptimizer
-    torch_kind = _TORCH_OPTIMIZERS[kind]
-    return lambda p: optimizer(torch_kind, p, o.server_lr, beta1, beta2, o.tau)
-
-
-def _adaptive_piece(kind: str, c: AlgorithmContext, o: Any) -> Callable[[Params], ServerOptimizer]:
+def _adaptive_piece(
+    kind: AdaptiveKind, c: AlgorithmContext, o: Any
+) -> Callable[[Params], ServerOptimizer]:
     return _adaptive_server(kind, o, o.lazy)
 
 
@@ -235,6 +226,13 @@ def _server_momentum(c: AlgorithmContext, o: Any) -> Callable[[Params], ServerOp
     n = c.dataset.num_clients
     beta = o.server_momentum if o.server_momentum is not None else (n - c.clients_per_round) / n
     return lambda p: ServerMomentum(p, beta=beta, lr=o.server_lr)
+
+
+_ADAPTIVE_NAMES: tuple[tuple[AdaptiveKind, str], ...] = (
+    ("adam", "Adam"),
+    ("adagrad", "Adagrad"),
+    ("yogi", "Yogi"),
+)
 
 
 @dataclass(frozen=True)
@@ -262,12 +260,13 @@ SERVERS: dict[str, ServerPiece] = {
     ),
     **{
         kind: ServerPiece(
-            f"Reddi et al.'s {name} on the negated aggregate (lazy: touched rows only)",
+            f"Reddi et al.'s Fed{name} (Algorithm 2) on the aggregate, over the full model "
+            "(lazy: touched rows only, fedsub's)",
             ServerAdagradOptions if kind == "adagrad" else ServerAdaptiveOptions,
             functools.partial(_adaptive_piece, kind),
             row_local=lambda options: bool(options.lazy),
         )
-        for kind, name in (("adam", "Adam"), ("adagrad", "Adagrad"), ("yogi", "Yogi"))
+        for kind, name in _ADAPTIVE_NAMES
     },
 }
 
