@@ -120,7 +120,8 @@ BASE = '[train]\nalgorithms = ["x"]\n'
     [
         (
             '[algorithms.x]\naggregation = "fedsubavg"\nbeta1 = 0.9\n',
-            "[algorithms.x] key 'beta1' is an option of server 'adam' and server 'yogi', "
+            "[algorithms.x] key 'beta1' is an option of server 'adam' and server 'adagrad' and "
+            "server 'yogi', "
             "which x does not use (aggregation fedsubavg, client [-], server sgd)",
         ),
         ('[algorithms.x]\nclient = ["adam"]\nmu = 0.1\n', "key 'mu' is an option of client"),

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.algorithms.adaptive import AdaptiveRule, AdaptiveServer
+from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.algorithms.server_optimizer import ServerMomentum
 from fedsub.engine.schedule import Schedule
 from fedsub.submodel.params import Params
@@ -265,7 +265,7 @@ def test_a_checkpoint_of_the_earlier_torch_optim_servers_is_refused_by_name():
     old_lazy = {"table.t.row.sum": torch.zeros(ROWS, DIM), "dense.0.sum": torch.zeros(3)}
     for saved, lazy in ((old_full, False), (old_lazy, True)):
         server = AdaptiveServer(fresh_params(), AdaptiveRule("adagrad", 0.1), lazy=lazy)
-        with pytest.raises(FedsubError, match="earlier torch.optim-based"):
+        with pytest.raises(FedsubError, match=r"earlier torch\.optim-based"):
             server.load_state_tensors(saved)
 
 

@@ -101,8 +101,8 @@ class ServerRound:
 
     ``combine`` turns the (screened) cohort update into the server's update (plain aggregation,
     or width-slice aggregation when masking); a model-average update (Scheme II) becomes the
-    change of the whole model here (``as_model_delta``), for every runtime. ``last_checkpoint`` is named by ``Diverged``; the
-    caller keeps it current."""
+    change of the whole model here (``as_model_delta``), for every runtime.
+    ``last_checkpoint`` is named by ``Diverged``; the caller keeps it current."""
 
     algorithm: Algorithm
     schedule: Schedule
