@@ -9,7 +9,10 @@ Names may carry a scheme of Li et al.: ``fedavg@scheme2``, ``fedprox@original``,
 - ``fedsubavg``: the same mean, each touched row scaled by its heat coefficient (Algorithm 1
   of seed 001; with heat = "clients" the mean is uniform over the K clients, exactly as there).
 - ``fedprox``: FedAvg with ``(mu/2)||x - x_global||^2`` in the client's loss.
-- ``scaffold``: exact SCAFFOLD (option II control variates), server lr ``server_lr``.
+- ``scaffold``: Karimireddy et al.'s SCAFFOLD (option II control variates) exactly: the
+  correction c - c_i on every coordinate, so every client trains the whole model and keeps a
+  full-model c_i (N x M floats for N clients that took part; K x M down and up per round).
+- ``scaffold-submodel``: fedsub's submodel form: c - c_i on S(k) and the dense layers only.
 - ``scaffold-approx``: the FedSubAvg paper's server-side approximation (appendix D.2).
 - ``fedadam`` / ``fedadagrad`` / ``fedyogi``: Reddi et al.'s adaptive server optimizers
   (Algorithm 2, written out in fedsub.algorithms.adaptive: no bias correction, v_0 = tau^2,
@@ -37,7 +40,7 @@ from fedsub.algorithms.adaptive import AdaptiveKind, AdaptiveRule, AdaptiveServe
 from fedsub.algorithms.aggregation import Aggregation, Weighting
 from fedsub.algorithms.schemes import SCHEMES, Scheme
 from fedsub.algorithms.server_optimizer import ServerMomentum, ServerOptimizer, ServerSGD
-from fedsub.client.transforms import TRANSFORMS, transform_names
+from fedsub.client.transforms import TRANSFORMS, PullsWholeModel, transform_names
 from fedsub.client.work import round_chain
 from fedsub.data.federated import Population
 from fedsub.errors import ConfigError
@@ -81,6 +84,11 @@ class Algorithm:
     def control_variates(self) -> bool:
         """SCAFFOLD's correction keeps c_i on the client: the server keeps control variates."""
         return any(piece.keeps_client_state for piece in self.client)
+
+    @property
+    def whole_model(self) -> bool:
+        """Whether each client trains the whole model, not its submodel (exact SCAFFOLD)."""
+        return any(isinstance(p, PullsWholeModel) and p.whole_model for p in self.client)
 
 
 # Options of each algorithm, set in [algorithms.<name>] (every algorithm also takes ``lr``).
@@ -313,7 +321,10 @@ PRESETS: dict[str, Preset] = {
     "fedavg": Preset(Recipe("fedavg"), CommonOptions),
     "fedsubavg": Preset(Recipe("fedsubavg"), CommonOptions),
     "fedprox": Preset(Recipe("fedavg", ("prox",)), FedProxOptions),
-    "scaffold": Preset(Recipe("fedavg", ("scaffold",)), ServerLrOptions),
+    "scaffold": Preset(Recipe("fedavg", ("scaffold",)), ServerLrOptions, (("whole_model", True),)),
+    "scaffold-submodel": Preset(
+        Recipe("fedavg", ("scaffold",)), ServerLrOptions, (("whole_model", False),)
+    ),
     "scaffold-approx": Preset(Recipe("fedavg", (), "momentum"), ServerLrOptions),
     **{
         name: preset

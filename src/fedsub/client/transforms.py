@@ -33,7 +33,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -72,6 +72,15 @@ class Transform(Protocol):
     def update(
         self, grads: Tensors, state: State, params: Tensors, members: Members
     ) -> tuple[list[torch.Tensor], State]: ...
+
+
+@runtime_checkable
+class PullsWholeModel(Protocol):
+    """A transform that, with its options, needs every client to train the whole model (every
+    row of every table), not its submodel S(k): the engine then gives each client every row."""
+
+    @property
+    def whole_model(self) -> bool: ...
 
 
 # --- the registry --------------------------------------------------------------------------
@@ -163,11 +172,15 @@ class ScaffoldCorrection:
 
     The client keeps c_i across rounds (``keeps_client_state``): the algorithm then keeps
     control variates (fedsub.algorithms.scaffold), which give the corrections and update c_i
-    after the round."""
+    after the round. ``whole_model`` (Karimireddy et al.'s algorithm): the correction is added
+    on every coordinate, so each client trains the whole model and moves the rows it does not
+    hold by ``-lr (c - c_i)`` per step; false: fedsub's submodel form, S(k) and the dense
+    parameters only (``PullsWholeModel``)."""
 
     name: ClassVar[str] = "scaffold"
     stage: ClassVar[Stage] = "correction"
     keeps_client_state: ClassVar[bool] = True
+    whole_model: bool = True
 
     def init(self, params: Tensors, members: Members) -> State:
         if members.corrections is None:

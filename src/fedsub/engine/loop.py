@@ -300,6 +300,8 @@ def run_rounds(
     control = control or RunControl()
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
+    if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)
+        index = SubmodelIndex.whole_model(dataset)
     host = None
     if schedule.table_placement == "host":  # drawn on the host, the tables never leave it
         drawn = initial_params(model, dataclasses.replace(schedule, device=placement.HOST))

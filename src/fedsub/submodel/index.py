@@ -48,6 +48,20 @@ class SubmodelIndex:
                 local_ids[f] = np.searchsorted(unique_keys, key) - offsets[owner]
         return SubmodelIndex(rows, local_ids)
 
+    @staticmethod
+    def whole_model(dataset: FederatedDataset) -> SubmodelIndex:
+        """Every client holds every row of every table (S(k) = all rows; local ids are the
+        global ids): for algorithms that train the whole model on each client (exact
+        SCAFFOLD). Memory: N x (table rows) ids per table."""
+        rows, local_ids = {}, {}
+        for table, num_rows in dataset.table_rows.items():
+            clients = dataset.num_clients
+            offsets = np.arange(clients + 1, dtype=np.int64) * num_rows
+            rows[table] = Ragged(np.tile(np.arange(num_rows, dtype=np.int64), clients), offsets)
+            for f in dataset.fields_of(table):
+                local_ids[f] = dataset.train.ids[f].values.astype(np.int64)
+        return SubmodelIndex(rows, local_ids)
+
     def client_rows(self, table: str, k: int) -> np.ndarray:
         """``S(k)`` for one table: sorted unique global row ids."""
         r = self.rows[table]
