@@ -1,12 +1,16 @@
-"""SCAFFOLD's control variates (Karimireddy et al. 2020, option II), on submodels.
+"""SCAFFOLD's control variates (Karimireddy et al. 2020, option II).
 
-The server keeps ``c`` (full model shape); client i keeps ``c_i`` over its own rows S(i) and
-the dense parameters. During local work client i adds ``c - c_i`` to each gradient; after
-I steps with learning rate ``lr_i`` and model change ``delta_i``::
+The server keeps ``c`` (full model shape); client i keeps ``c_i`` over the rows it trains (the
+index's S(i): every row for ``scaffold``, which trains the whole model on each client
+(``SubmodelIndex.whole_model``); its own rows for fedsub's ``scaffold-submodel``) and the dense
+parameters. During local work client i adds ``c - c_i`` to each gradient; after I steps with
+learning rate ``lr_i`` and model change ``delta_i``::
 
     c_i+ = c_i - c - delta_i / (I * lr_i)      c = c + (1/N) * sum_{i in round} (c_i+ - c_i)
 
-Per round O(sum of |S(i)|); memory O(table rows) on the server plus every client's |S(i)|.
+(1/N over all N clients, also when K < N take part.) Per round O(sum of |S(i)|); memory
+O(model) on the server plus |S(i)| rows per client that took part: N x M floats for the
+whole-model form.
 """
 
 from __future__ import annotations
