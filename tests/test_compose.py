@@ -186,7 +186,8 @@ def test_masking_and_flower_refuse_the_same_pieces(name):
     except ConfigError as error:
         refused_by_flower = True
         assert "cannot run on Flower" in str(error)
-    assert refused_by_masking == refused_by_flower == (name in ("scaffold", "central-sgd"))
+    refused = ("scaffold", "scaffold-submodel", "central-sgd")
+    assert refused_by_masking == refused_by_flower == (name in refused)
 
 
 def test_flower_refuses_a_composed_algorithm_with_per_client_state():
