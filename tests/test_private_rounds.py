@@ -90,6 +90,37 @@ def test_full_batched_equals_the_sequential_reference(small_synthetic):
     torch.testing.assert_close(table(batched), table(sequential), rtol=0, atol=1e-6)
 
 
+def test_randomized_download_divides_each_rows_sum_by_p(small_synthetic):
+    """One FedAvg round under randomized response (p = 0.6): each table row moves by the
+    sample-weighted sum of the deltas the server received for it, divided by p (a held row
+    arrives from a fraction p of its holders), written out from the round's transcript; the
+    dense bias (every member sends it) is not divided."""
+    p = 0.6
+    params, private, model, schedule = run(
+        small_synthetic, Privacy("download", download_keep=p), algorithm="fedavg", rounds=1
+    )
+    start = initial_params(model, schedule)
+    (record,) = private.transcript
+    update = record.plain_updates
+    a = (update.weights / update.weights.sum()).numpy()
+    rows = np.zeros(table(start).shape[0])
+    for j, k in enumerate(update.clients.tolist()):
+        span = update.member_rows("features", j)
+        assert set(update.rows["features"][span].tolist()) <= set(record.requests[k]["features"])
+        np.add.at(
+            rows,
+            update.rows["features"][span].numpy(),
+            a[j] * update.table_deltas["features"][span, 0].numpy(),
+        )
+    moved = (table(params) - table(start))[:, 0].numpy()
+    assert np.abs(rows).max() > 1e-3
+    np.testing.assert_allclose(moved, rows / p, rtol=0, atol=1e-12)
+    bias = sum(a[j] * update.dense_deltas["bias"][j].numpy() for j in range(len(a)))
+    np.testing.assert_allclose(
+        (params.dense["bias"] - start.dense["bias"]).numpy(), bias, atol=1e-12
+    )
+
+
 def test_randomized_download_trains_without_the_rows_it_skipped(small_synthetic, monkeypatch):
     """A held row randomized response left out reads as zero in the member's local steps
     (WithoutRows): both backends agree, and training from the rows' current values instead
@@ -301,14 +332,15 @@ def rounds_to_auc(setup, algorithm, privacy: Privacy | None, target: float, limi
 
 
 @pytest.mark.slow
-def test_full_privacy_reaches_the_default_target_within_1_05x_the_rounds_of_none():
+def test_full_privacy_reaches_the_default_target_within_1_1x_the_rounds_of_none():
     """FedSubAvg on the embedded default (the README's ``make run`` config, target test AUC
-    0.80): measured 19 rounds without privacy, 20 at ``full`` (randomized-response download
-    with epsilon 4, p = 0.9, and secure sparse aggregation of 50 clients per round), a ratio
-    of 1.05; the claim asserted is <= 2. Both runs use exact heat: at ``full`` the heat comes
-    from secagg, which gives exactly the exact heat (tests/test_heat_privacy.py), so the
-    (slow, O(N * group)) heat aggregation is not repeated here. Each run stops at its target;
-    about 20 rounds of 50-client secure aggregation make this the slow test of the file."""
+    0.80): without privacy the target is reached within the horizon, and at ``full``
+    (randomized-response download with epsilon 4, p = 0.9, and secure sparse aggregation of
+    50 clients per round) within 1.1x as many rounds (measured: 19 and 20 rounds). Both runs
+    use exact heat: at ``full`` the heat comes from secagg, which gives exactly the exact heat
+    (tests/test_heat_privacy.py), so the (slow, O(N * group)) heat aggregation is not
+    repeated here. Each run stops at its target; about 20 rounds of 50-client secure
+    aggregation make this the slow test of the file."""
     from fedsub.algorithms.registry import build_algorithm
     from fedsub.experiment import prepare
 
@@ -317,10 +349,9 @@ def test_full_privacy_reaches_the_default_target_within_1_05x_the_rounds_of_none
     setup = prepare(config)
     algorithm = build_algorithm("fedsubavg", setup.context, config.algorithm_options("fedsubavg"))
     plain = rounds_to_auc(setup, algorithm, None, 0.8, config.train.rounds)
-    assert plain == 19
+    assert plain <= config.train.rounds  # reached
     private = rounds_to_auc(setup, algorithm, Privacy("full"), 0.8, 2 * plain)
-    assert private <= 2 * plain
-    assert private == 20  # the measured ratio 20 / 19 = 1.05 of the test's name
+    assert private <= 1.1 * plain
 
 
 def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
