@@ -303,14 +303,87 @@ def test_channels_no_client_trains_keep_their_values():
     assert not torch.equal(after.dense["layer0.weight"][:4], before.dense["layer0.weight"][:4])
 
 
-def test_bernoulli_clients_change_only_masked_coordinates():
+def hand_average(masks, deltas, a, average_over):
+    """Seed 003's per-entry average written out in numpy: member j trained the entries where
+    ``masks[j]`` is 1 with delta ``deltas[j]`` and weight ``a[j]``."""
+    total = sum(a_j * m * d for a_j, m, d in zip(a, masks, deltas, strict=True))
+    if average_over == "all":
+        return total / sum(a)
+    trained = sum(a_j * m for a_j, m in zip(a, masks, strict=True))
+    return np.where(trained > 0, total / np.where(trained > 0, trained, 1.0), 0.0)
+
+
+@pytest.mark.parametrize("average_over", ["trainers", "all"])
+def test_bernoulli_mask_aggregation_is_the_per_entry_average_by_hand(average_over):
+    """Random 0/1 masks (overlapping, some entries trained by no one) and deltas."""
+    from fedsub.models.width import CoordinateMask
+
+    rng = np.random.default_rng(4)
+    shapes = {"w": (5, 3), "b": (3,)}
+    like = {n: torch.zeros(s, dtype=torch.float64) for n, s in shapes.items()}
+    masks = [{n: rng.random(s) < 0.4 for n, s in shapes.items()} for _ in range(3)]
+    deltas = [{n: rng.normal(size=s) for n, s in shapes.items()} for _ in range(3)]
+    weights_n = [2.0, 5.0, 1.0]
+    groups = []
+    for j in range(3):
+        mask = CoordinateMask({n: torch.from_numpy(m) for n, m in masks[j].items()}, 0.4)
+        masked = {n: torch.from_numpy(d * masks[j][n]) for n, d in deltas[j].items()}
+        groups.append(SliceGroup([j], mask, _update(j, weights_n[j], masked)))
+    update = MaskedCohortUpdate(
+        torch.arange(3), torch.tensor(weights_n, dtype=torch.float64), torch.ones(3), groups
+    )
+    a = client_weights(update, "samples")
+    result = aggregate_slices(update, a, like, average_over).dense
+    for n in shapes:
+        expected = hand_average(
+            [m[n] for m in masks], [d[n] for d in deltas], a.numpy(), average_over
+        )
+        np.testing.assert_allclose(result[n].numpy(), expected, rtol=0, atol=1e-12)
+    nobody = ~(masks[0]["w"] | masks[1]["w"] | masks[2]["w"])
+    assert nobody.any() and (result["w"].numpy()[nobody] == 0).all()
+
+
+def test_bernoulli_clients_change_only_masked_coordinates(monkeypatch):
+    """One round of 4 clients at capacity 0.05: every member's delta is zero off its mask,
+    the model changes by exactly the per-entry average of the members' masked deltas (by
+    hand), and entries outside every mask keep their value bit for bit."""
+    from fedsub.engine import loop
+
+    seen = []
+    real = loop.aggregate_slices
+
+    def recording(update, weights, like, average_over):
+        seen.append((update, weights, average_over))
+        return real(update, weights, like, average_over)
+
+    monkeypatch.setattr(loop, "aggregate_slices", recording)
     dataset = dense_dataset()
     model = MLP(inputs=16, classes=3, hidden=(12,))
     before = initial_params(model, _schedule("bernoulli"))
     after = _train(model, dataset, "bernoulli", rounds=1, capacities=Capacities((0.05,)))
-    changed = sum(int((after.dense[n] != p).sum()) for n, p in before.dense.items())
+    (update, weights, average_over), *_ = seen
+    a = weights.numpy()
+    union_size = 0
+    for n, p in before.dense.items():
+        masks, deltas = [], []
+        for group in update.groups:
+            (j,) = group.members
+            mask = group.slice.masks[n].numpy().astype(bool)
+            delta = group.update.dense_deltas[n][0].numpy()
+            assert (delta[~mask] == 0).all()  # nothing off the mask
+            masks.append(mask)
+            deltas.append(delta)
+        ordered = np.argsort([g.members[0] for g in update.groups])
+        expected = hand_average(
+            [masks[i] for i in ordered], [deltas[i] for i in ordered], a, average_over
+        )
+        changed = (after.dense[n] - p).numpy()
+        np.testing.assert_allclose(changed, expected, rtol=0, atol=1e-12)
+        union = np.logical_or.reduce(masks)
+        assert torch.equal(after.dense[n][torch.from_numpy(~union)], p[torch.from_numpy(~union)])
+        union_size += int(union.sum())
     total = sum(p.numel() for p in before.dense.values())
-    assert 0 < changed <= 0.25 * total  # 4 clients x ~5% of the coordinates at most
+    assert 0 < union_size <= 0.25 * total  # 4 clients x ~5% of the coordinates at most
 
 
 def test_resnet18_shapes_and_one_step():
