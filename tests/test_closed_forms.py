@@ -1,11 +1,14 @@
-"""Li et al.'s sampling and averaging schemes (seed 004) against their formulas written out.
+"""Algorithms named after papers against their formulas written out, over a few rounds with
+partial participation: FedAvg, FedSubAvg (both heat forms, seed 001), FedProx, and Li et al.'s
+sampling and averaging schemes (seed 004).
 
 A quadratic federation whose local steps have a closed form: client k's samples all read its
 rows ``S(k)`` (row m ``a_km`` times) with label ``xi_k``; the loss of a sample is
-``sum_m a_km (w_m - xi_k)^2 + (b - xi_k)^2`` (a table and a dense parameter), so I plain SGD
-steps of rate ``eta`` take ``w_m`` to ``xi_k + (1 - 2 eta a_km)^I (w_m - xi_k)``, whatever
-the batch order. Client sizes ``n_k`` are unbalanced, K < N, and one row is held by nobody,
-so Scheme II's rescaling of the old model (``f = (N/K) sum_{S_t} p_k != 1``) shows on it.
+``sum_m a_km (w_m - xi_k)^2 + (b - xi_k)^2`` (a table and a dense parameter), so a plain SGD
+step of rate ``eta`` takes ``w_m`` to ``w_m - eta (2 a_km (w_m - xi_k) + mu (w_m - w0_m))``
+(``mu``: FedProx's term, 0 otherwise), whatever the batch order. Client sizes ``n_k`` are
+unbalanced, K < N, and one row is held by nobody, so Scheme II's rescaling of the old model
+(``f = (N/K) sum_{S_t} p_k != 1``) shows on it.
 """
 
 from __future__ import annotations
@@ -71,18 +74,39 @@ def federation() -> FederatedDataset:
     return FederatedDataset.from_clients("quadratic", {"w": ROWS}, parts, parts[0])
 
 
-def local_model(k: int, w: np.ndarray, b: float, lr: float) -> tuple[np.ndarray, float]:
-    """Client k's model after ``STEPS`` SGD steps from (w, b), in closed form."""
-    xi, out = LABELS[k], w.copy()
-    for m, a in HELD[k].items():
-        out[m] = xi + (1 - 2 * lr * a) ** STEPS * (w[m] - xi)
-    return out, xi + (1 - 2 * lr) ** STEPS * (b - xi)
+def local_model(k: int, w: np.ndarray, b: float, lr: float, mu: float = 0.0):
+    """Client k's model after ``STEPS`` SGD steps from (w, b), written out step by step."""
+    xi, w0, b0, out = LABELS[k], w.copy(), b, w.copy()
+    for _ in range(STEPS):
+        for m, a in HELD[k].items():
+            out[m] = out[m] - lr * (2 * a * (out[m] - xi) + mu * (out[m] - w0[m]))
+        b = b - lr * (2 * (b - xi) + mu * (b - b0))
+    return out, b
 
 
-def by_hand(scheme: str, rounds: int) -> tuple[np.ndarray, float, list[float]]:
-    """The global model after ``rounds`` rounds of ``fedavg@scheme``, and each round's f."""
+def heat_coefficients(heat: str) -> np.ndarray:
+    """FedSubAvg's row coefficients: N / n_m (clients) or sum_k n_k / sum_{k: m in S(k)} n_k
+    (samples), 1 for the row nobody holds."""
+    coef = np.ones(ROWS)
+    for m in range(ROWS):
+        holders = [k for k, held in enumerate(HELD) if m in held]
+        if holders and heat == "clients":
+            coef[m] = len(HELD) / len(holders)
+        elif holders:
+            coef[m] = sum(SIZES) / sum(SIZES[k] for k in holders)
+    return coef
+
+
+def by_hand(
+    name: str, rounds: int, heat: str = "samples", mu: float = 0.0
+) -> tuple[np.ndarray, float, list[float]]:
+    """The global model after ``rounds`` rounds of ``name`` (``fedavg@<scheme>``,
+    ``fedsubavg``, ``fedprox``), and each round's Scheme II factor f."""
+    algorithm, _, scheme = name.partition("@")
     n = len(SIZES)
     p = np.array(SIZES) / sum(SIZES)
+    coef = heat_coefficients(heat) if algorithm == "fedsubavg" else np.ones(ROWS)
+    coef_form = heat if algorithm == "fedsubavg" else None
     w, b, factors = np.full(ROWS, W0), B0, []
     sampling = "proportional-with-replacement" if scheme == "scheme1" else "uniform"
     for r in range(1, rounds + 1):
@@ -90,37 +114,39 @@ def by_hand(scheme: str, rounds: int) -> tuple[np.ndarray, float, list[float]]:
         locals_ = {}
         for k in cohort.clients:
             lr = LR * p[k] * n if scheme == "transformed-scheme2" else LR
-            locals_[int(k)] = local_model(int(k), w, b, lr)
+            locals_[int(k)] = local_model(int(k), w, b, lr, mu)
         if scheme == "scheme2":  # the paper: w_{t+1} = (N/K) sum_{S_t} p_k w_k
             f = n / K * sum(p[k] for k in locals_)
             w = sum(n / K * p[k] * wk for k, (wk, _) in locals_.items())
             b = sum(n / K * p[k] * bk for k, (_, bk) in locals_.items())
             factors.append(f)
             continue
+        drawn = dict(zip(cohort.clients.tolist(), cohort.multiplicity.tolist(), strict=True))
         if scheme == "scheme2-delta":  # fedsub's: the old model keeps weight 1
             a = {k: n / K * p[k] for k in locals_}
         elif scheme == "original":  # McMahan et al.: w + sum_{S_t} p_k (w_k - w)
             a = {k: p[k] for k in locals_}
-        else:  # scheme1 (each draw counts) and transformed-scheme2: plain average
-            drawn = dict(zip(cohort.clients.tolist(), cohort.multiplicity.tolist(), strict=True))
-            a = {k: drawn[k] / K for k in locals_}
-        w = w + sum(a[k] * (wk - w) for k, (wk, _) in locals_.items())
+        elif scheme in ("scheme1", "transformed-scheme2") or coef_form == "clients":
+            a = {k: drawn[k] / K for k in locals_}  # plain average (each draw counts)
+        else:  # sample-weighted mean over the round (FedAvg as the FedSubAvg authors run it)
+            a = {k: SIZES[k] / sum(SIZES[j] for j in locals_) for k in locals_}
+        w = w + coef * sum(a[k] * (wk - w) for k, (wk, _) in locals_.items())
         b = b + sum(a[k] * (bk - b) for k, (_, bk) in locals_.items())
     return w, b, factors
 
 
-def engine(scheme: str, rounds: int, backend: str) -> Params:
+def engine(name: str, rounds: int, backend: str, heat: str = "samples", options=None) -> Params:
     dataset = federation()
     index = SubmodelIndex.build(dataset)
-    context = AlgorithmContext(dataset, index, "samples", K)
-    algorithm = build_algorithm(f"fedavg@{scheme}", context)
+    context = AlgorithmContext(dataset, index, heat, K)
+    algorithm = build_algorithm(name, context, options)
     schedule = Schedule(
         rounds, K, STEPS, batch_size=1, lr=LR, seed=SEED, dtype=torch.float64, backend=backend
     )
     return train(QuadraticWithBias(), algorithm, dataset, index, schedule)
 
 
-SCHEMES = ["scheme1", "scheme2", "scheme2-delta", "transformed-scheme2", "original"]
+SCHEMES = ["default", "scheme1", "scheme2", "scheme2-delta", "transformed-scheme2", "original"]
 
 
 @pytest.mark.parametrize("backend", ["sequential", "batched"])
@@ -129,8 +155,8 @@ def test_each_scheme_is_its_formula_over_three_rounds(scheme, backend):
     counts = np.array(SIZES)
     draws = [sample_cohort("proportional-with-replacement", SEED, r, counts, K) for r in (1, 2, 3)]
     assert max(d.multiplicity.max() for d in draws) == 2  # Scheme I counts a repeated draw
-    w, b, _ = by_hand(scheme, 3)
-    got = engine(scheme, 3, backend)
+    w, b, _ = by_hand(f"fedavg@{scheme}", 3)
+    got = engine(f"fedavg@{scheme}", 3, backend)
     np.testing.assert_allclose(got.tables["w"][:, 0].numpy(), w, rtol=0, atol=1e-12)
     np.testing.assert_allclose(got.dense["b"].numpy(), [b], rtol=0, atol=1e-12)
 
@@ -138,20 +164,46 @@ def test_each_scheme_is_its_formula_over_three_rounds(scheme, backend):
 def test_scheme2_rescales_the_whole_old_model_by_f():
     """The row nobody holds is W0 * f_1 f_2 f_3 under the paper's Scheme II and stays W0
     under the delta form; the draws here give f != 1, so the two differ."""
-    w, _, factors = by_hand("scheme2", 3)
+    w, _, factors = by_hand("fedavg@scheme2", 3)
     assert min(abs(f - 1) for f in factors) > 0.05  # unbalanced p_k: f is not 1
     assert w[4] == pytest.approx(W0 * np.prod(factors), abs=1e-12)
-    got = engine("scheme2", 3, "batched").tables["w"][4, 0].item()
+    got = engine("fedavg@scheme2", 3, "batched").tables["w"][4, 0].item()
     assert got == pytest.approx(W0 * np.prod(factors), abs=1e-12)
-    assert engine("scheme2-delta", 3, "batched").tables["w"][4, 0].item() == W0
+    assert engine("fedavg@scheme2-delta", 3, "batched").tables["w"][4, 0].item() == W0
 
 
 def test_transformed_scheme2_scales_each_clients_lr_by_p_k_n():
     """The same rounds with the unscaled rate are another model: the scaling is in the run."""
-    w, _, _ = by_hand("transformed-scheme2", 2)
-    unscaled, _, _ = by_hand("scheme1", 2)  # sanity: the formulas differ on this data
-    assert np.abs(w - unscaled).max() > 1e-3
-    got = engine("transformed-scheme2", 2, "sequential").tables["w"][:, 0].numpy()
-    plain = engine("scheme2-delta", 2, "sequential").tables["w"][:, 0].numpy()
+    w, _, _ = by_hand("fedavg@transformed-scheme2", 2)
+    got = engine("fedavg@transformed-scheme2", 2, "sequential").tables["w"][:, 0].numpy()
+    plain = engine("fedavg@scheme2-delta", 2, "sequential").tables["w"][:, 0].numpy()
     np.testing.assert_allclose(got, w, rtol=0, atol=1e-12)
     assert np.abs(got - plain).max() > 1e-3
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+@pytest.mark.parametrize("heat", ["samples", "clients"])
+def test_fedsubavg_is_its_formula_with_either_heat(heat, backend):
+    """Seed 001, Algorithm 1 (heat = clients: uniform mean over the K clients, row m scaled
+    by N / n_m) and appendix D.4 (heat = samples: sample-weighted mean, scaled by
+    sum_k n_k / sum_{k: m in S(k)} n_k); dense parameters unscaled."""
+    w, b, _ = by_hand("fedsubavg", 3, heat)
+    got = engine("fedsubavg", 3, backend, heat)
+    np.testing.assert_allclose(got.tables["w"][:, 0].numpy(), w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.dense["b"].numpy(), [b], rtol=0, atol=1e-12)
+    plain, _, _ = by_hand("fedavg", 3, heat)
+    assert np.abs(w - plain).max() > 1e-3  # the coefficients matter on this data
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_fedprox_is_its_formula(backend):
+    """FedProx: each local step adds mu (x - x_pulled) to the gradient, on the submodel and
+    the dense parameters."""
+    from fedsub.algorithms.registry import FedProxOptions
+
+    w, b, _ = by_hand("fedprox", 3, mu=0.7)
+    got = engine("fedprox", 3, backend, options=FedProxOptions(mu=0.7))
+    np.testing.assert_allclose(got.tables["w"][:, 0].numpy(), w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.dense["b"].numpy(), [b], rtol=0, atol=1e-12)
+    plain, _, _ = by_hand("fedavg", 3)
+    assert np.abs(w - plain).max() > 1e-3
