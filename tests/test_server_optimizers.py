@@ -106,6 +106,26 @@ def test_adaptive_servers_are_the_formulas_of_reddi_et_al(kind, lazy):
     assert np.abs(other["t"] - x["t"]).max() > 1e-6  # the two forms differ on this data
 
 
+def test_the_adaptive_server_is_the_full_model_form_unless_asked_to_be_lazy():
+    params, x0 = fresh_params(), fresh_params()
+    updates = list(sparse_rounds(3))
+    server = AdaptiveServer(params, AdaptiveRule("adam", 0.05))
+    for update in updates:
+        server.apply(params, update)
+    x = reddi_by_hand(
+        "adam",
+        {"t": x0.tables["t"], "b": x0.dense["b"]},
+        updates,
+        0.05,
+        0.9,
+        0.99,
+        1e-3,
+        lazy=False,
+    )
+    np.testing.assert_allclose(params.tables["t"].numpy(), x["t"], rtol=0, atol=1e-12)
+    assert not server.row_local
+
+
 def test_the_three_rules_differ_only_in_v():
     """One round from m = 0, v = tau^2 by hand, per rule, for one coordinate Delta = 0.3:
     FedAdam's step is lr (1 - b1) Delta / (sqrt(b2 tau^2 + (1 - b2) Delta^2) + tau), not

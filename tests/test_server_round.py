@@ -52,6 +52,29 @@ def server_round(params: Params, rejections: list) -> ServerRound:
     )
 
 
+def test_an_aggregate_that_is_not_finite_is_named_before_any_server_step():
+    """ServerUpdate.nonfinite: NaN or Inf in a table row or a dense parameter, and nothing
+    for an empty or finite update; finish raises Diverged on it without moving the model."""
+    from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
+
+    rows = torch.tensor([0, 2])
+    finite = ServerUpdate({"w": RowUpdate(rows, torch.ones(2, 1))}, {"b": torch.zeros(3)})
+    assert not bool(finite.nonfinite()) and not bool(ServerUpdate({}, {}).nonfinite())
+    for bad in (float("nan"), float("inf")):
+        table = ServerUpdate({"w": RowUpdate(rows, torch.tensor([[1.0], [bad]]))}, {})
+        dense = ServerUpdate({}, {"b": torch.tensor([0.0, bad, 1.0])})
+        assert bool(table.nonfinite()) and bool(dense.nonfinite())
+    params = Params({"w": torch.zeros(1, 1)}, {})
+    rounds = server_round(params, [])
+    rounds.combine = lambda update: ServerUpdate(
+        {"w": RowUpdate(torch.tensor([0]), torch.tensor([[float("nan")]]))}, {}
+    )
+    plan = rounds.begin(1)
+    with pytest.raises(Diverged, match="the aggregate is not finite"):
+        rounds.finish(plan, cohort_update(plan.cohort.clients.tolist(), 0.5))
+    assert torch.equal(params.tables["w"], torch.zeros(1, 1))
+
+
 def test_finish_raises_diverged_naming_the_round_when_the_model_overflows(tmp_path):
     params = Params({"w": torch.full((1, 1), BIG)}, {})
     rounds = server_round(params, [])
