@@ -7,8 +7,8 @@ rows ``S(k)`` (row m ``a_km`` times) with label ``xi_k``; the loss of a sample i
 ``sum_m a_km (w_m - xi_k)^2 + (b - xi_k)^2`` (a table and a dense parameter), so a plain SGD
 step of rate ``eta`` takes ``w_m`` to ``w_m - eta (2 a_km (w_m - xi_k) + mu (w_m - w0_m))``
 (``mu``: FedProx's term, 0 otherwise), whatever the batch order. Client sizes ``n_k`` are
-unbalanced, K < N, and one row is held by nobody, so Scheme II's rescaling of the old model
-(``f = (N/K) sum_{S_t} p_k != 1``) shows on it.
+unbalanced, K < N, one row is held by nobody (Scheme II's model average
+rescales it by ``f = (N/K) sum_{S_t} p_k != 1``) and one by a single client (heat 1).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from fedsub.engine.schedule import Schedule
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
-ROWS = 5  # row 4 is held by no client
-HELD = [{0: 1, 1: 2}, {1: 1}, {2: 3, 0: 1}, {3: 1, 1: 1}, {2: 1}, {0: 2, 3: 1}]
+ROWS = 6  # row 4 is held by no client, row 5 by client 4 alone (heat 1 in both forms)
+HELD = [{0: 1, 1: 2}, {1: 1}, {2: 3, 0: 1}, {3: 1, 1: 1}, {2: 1, 5: 2}, {0: 2, 3: 1}]
 SIZES = [1, 4, 2, 7, 1, 3]  # n_k: unbalanced
 LABELS = [1.5, -0.5, 2.0, 0.25, -1.25, 0.75]  # exact in float32 (the labels dtype)
 W0, B0 = 0.6, -0.4
@@ -187,6 +187,9 @@ def test_fedsubavg_is_its_formula_with_either_heat(heat, backend):
     """Seed 001, Algorithm 1 (heat = clients: uniform mean over the K clients, row m scaled
     by N / n_m) and appendix D.4 (heat = samples: sample-weighted mean, scaled by
     sum_k n_k / sum_{k: m in S(k)} n_k); dense parameters unscaled."""
+    assert any(
+        4 in sample_cohort("uniform", SEED, r, np.array(SIZES), K).clients for r in (1, 2, 3)
+    )
     w, b, _ = by_hand("fedsubavg", 3, heat)
     got = engine("fedsubavg", 3, backend, heat)
     np.testing.assert_allclose(got.tables["w"][:, 0].numpy(), w, rtol=0, atol=1e-12)
