@@ -104,6 +104,29 @@ def test_server_adam_on_flower_gives_the_in_process_engines_model(tmp_path):
     assert [r["replies"] for r in result["rounds"]] == [3, 3, 3]
 
 
+@pytest.mark.usefixtures("flower_task_identity")
+def test_scheme2_on_flower_is_the_papers_model_average(tmp_path):
+    """fedavg@scheme2 through Flower's strategy (ServerRound, as in process) rescales the
+    whole old model by f: the model equals the in-process engine's, not the delta form's."""
+    from flwr.app import Context, RecordDict
+
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    from .test_flower_heat_exchange import AppGrid
+
+    name = "fedavg@scheme2"
+    overrides = (*OVERRIDES, f"train.algorithms=['{name}']")
+    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    grid = AppGrid(make_client_app(settings), 6)
+    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    flower = load_file(tmp_path / "model.safetensors")
+    for key, value in in_process_model(overrides, name).items():
+        torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-5)
+    delta_name = "fedavg@scheme2-delta"
+    delta = in_process_model((*OVERRIDES, f"train.algorithms=['{delta_name}']"), delta_name)
+    assert any(not torch.allclose(flower[n], v, atol=1e-3) for n, v in delta.items())
+
+
 def start_insecure_federation(
     processes: Processes,
     folder: Path,
