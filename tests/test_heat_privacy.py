@@ -93,14 +93,24 @@ def test_secagg_heat_equals_exact_and_so_does_the_model(small, kind):
     assert torch.equal(results[0], results[1])
 
 
-def test_noisy_sources_give_bounded_coefficients(small):
-    dataset, index = small
+def test_noisy_sources_give_bounded_coefficients():
+    """Many cold rows: the noisy estimates leave [1, N] (0 or below), and the coefficients are
+    N / (the estimate clipped to [1, N])."""
+    dataset = generate(
+        SyntheticSparseOptions(num_users=60, num_items=400, mean_samples_per_user=4), seed=2
+    )
+    index = SubmodelIndex.build(dataset)
     for source in ("sketch", "randomized-response"):
-        context = AlgorithmContext(
-            dataset, index, "clients", 10, HeatPrivacy(source, group_size=16, rr_epsilon=1.0)
-        )
+        privacy = HeatPrivacy(source, group_size=16, rr_epsilon=1.0)
+        raw = estimate_heat(dataset, index, "clients", privacy)["features"]
+        assert raw.min() < 1.0 or raw.max() > dataset.num_clients  # the clip has work to do
+        context = AlgorithmContext(dataset, index, "clients", 10, privacy)
         coef = heat_coefficients(context)["features"].numpy()
         assert np.all(coef >= 1.0) and np.all(coef <= dataset.num_clients)
+        # the estimate clipped to [1, N] (smallest weight, total), then N / heat: a row whose
+        # estimate fell to 0 or below gets N (the largest correction), not an untouched row's 1
+        n = dataset.num_clients
+        np.testing.assert_allclose(coef, n / np.clip(raw, 1.0, n), rtol=1e-12)
 
 
 def test_run_records_what_the_heat_source_guarantees(tmp_path):
