@@ -93,24 +93,44 @@ def test_secagg_heat_equals_exact_and_so_does_the_model(small, kind):
     assert torch.equal(results[0], results[1])
 
 
-def test_noisy_sources_give_bounded_coefficients():
-    """Many cold rows: the noisy estimates leave [1, N] (0 or below), and the coefficients are
-    N / (the estimate clipped to [1, N])."""
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_noisy_sources_give_bounded_coefficients(kind):
+    """Many cold rows: the noisy estimates leave [lowest, total] (0 or below), and the
+    coefficients are total / (the estimate clipped to [lowest, total])."""
     dataset = generate(
         SyntheticSparseOptions(num_users=60, num_items=400, mean_samples_per_user=4), seed=2
     )
     index = SubmodelIndex.build(dataset)
     for source in ("sketch", "randomized-response"):
         privacy = HeatPrivacy(source, group_size=16, rr_epsilon=1.0)
-        raw = estimate_heat(dataset, index, "clients", privacy)["features"]
-        assert raw.min() < 1.0 or raw.max() > dataset.num_clients  # the clip has work to do
-        context = AlgorithmContext(dataset, index, "clients", 10, privacy)
+        raw = estimate_heat(dataset, index, kind, privacy)["features"]
+        counts = dataset.sample_counts()
+        total, lowest = (
+            (float(len(counts)), 1.0) if kind == "clients" else (counts.sum(), counts.min())
+        )
+        assert raw.min() < lowest or raw.max() > total  # the clip has work to do
+        context = AlgorithmContext(dataset, index, kind, 10, privacy)
         coef = heat_coefficients(context)["features"].numpy()
-        assert np.all(coef >= 1.0) and np.all(coef <= dataset.num_clients)
-        # the estimate clipped to [1, N] (smallest weight, total), then N / heat: a row whose
-        # estimate fell to 0 or below gets N (the largest correction), not an untouched row's 1
-        n = dataset.num_clients
-        np.testing.assert_allclose(coef, n / np.clip(raw, 1.0, n), rtol=1e-12)
+        assert np.all(coef >= 1.0) and np.all(coef <= total / lowest)
+        # the estimate clipped to [lowest, total], then total / heat: a row whose estimate
+        # fell to 0 or below gets the largest correction, not an untouched row's 1
+        np.testing.assert_allclose(coef, total / np.clip(raw, lowest, total), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_measured_heat_gives_the_coefficients_of_its_totals(small, kind):
+    """Heat measured over a network (Flower's exchange: no index sets, no counts) gives
+    total / clip(heat, lowest, total), with total = N (clients) or the sample total (samples)
+    and lowest = 1 or the smallest client weight."""
+    from fedsub.privacy.heat_vectors import MeasuredHeat
+
+    dataset, index = small
+    heat = np.array([-3.0, 0.0, 0.5, 2.0, 7.0, 500.0, 1e6])
+    measured = MeasuredHeat("sketch", {"features": heat}, 900.0, 60, lowest_weight=4.0)
+    context = AlgorithmContext(dataset, index, kind, 10, measured=measured)
+    coef = heat_coefficients(context)["features"].numpy()
+    total, lowest = (60.0, 1.0) if kind == "clients" else (900.0, 4.0)
+    np.testing.assert_allclose(coef, total / np.clip(heat, lowest, total), rtol=1e-12)
 
 
 def test_run_records_what_the_heat_source_guarantees(tmp_path):
