@@ -1,6 +1,7 @@
 """Algorithms named after papers against their formulas written out, over a few rounds with
-partial participation: FedAvg, FedSubAvg (both heat forms, seed 001), FedProx, and Li et al.'s
-sampling and averaging schemes (seed 004).
+partial participation: FedAvg, FedSubAvg (both heat forms, seed 001), FedProx, the FedSubAvg
+paper's server-side SCAFFOLD approximation (seed 002, eq. 47), and Li et al.'s sampling and
+averaging schemes (seed 004).
 
 A quadratic federation whose local steps have a closed form: client k's samples all read its
 rows ``S(k)`` (row m ``a_km`` times) with label ``xi_k``; the loss of a sample is
@@ -108,6 +109,8 @@ def by_hand(
     coef = heat_coefficients(heat) if algorithm == "fedsubavg" else np.ones(ROWS)
     coef_form = heat if algorithm == "fedsubavg" else None
     w, b, factors = np.full(ROWS, W0), B0, []
+    beta = (n - K) / n  # scaffold-approx: seed 002's eq. 47 with its default beta
+    u_w, u_b = np.zeros(ROWS), 0.0
     sampling = "proportional-with-replacement" if scheme == "scheme1" else "uniform"
     for r in range(1, rounds + 1):
         cohort = sample_cohort(sampling, SEED, r, np.array(SIZES), K)
@@ -130,8 +133,12 @@ def by_hand(
             a = {k: drawn[k] / K for k in locals_}  # plain average (each draw counts)
         else:  # sample-weighted mean over the round (FedAvg as the FedSubAvg authors run it)
             a = {k: SIZES[k] / sum(SIZES[j] for j in locals_) for k in locals_}
-        w = w + coef * sum(a[k] * (wk - w) for k, (wk, _) in locals_.items())
-        b = b + sum(a[k] * (bk - b) for k, (_, bk) in locals_.items())
+        step_w = coef * sum(a[k] * (wk - w) for k, (wk, _) in locals_.items())
+        step_b = sum(a[k] * (bk - b) for k, (_, bk) in locals_.items())
+        if algorithm == "scaffold-approx":  # the global update: beta old + (1 - beta) mean
+            u_w, u_b = beta * u_w + (1 - beta) * step_w, beta * u_b + (1 - beta) * step_b
+            step_w, step_b = u_w, u_b
+        w, b = w + step_w, b + step_b
     return w, b, factors
 
 
@@ -206,6 +213,18 @@ def test_fedprox_is_its_formula(backend):
 
     w, b, _ = by_hand("fedprox", 3, mu=0.7)
     got = engine("fedprox", 3, backend, options=FedProxOptions(mu=0.7))
+    np.testing.assert_allclose(got.tables["w"][:, 0].numpy(), w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.dense["b"].numpy(), [b], rtol=0, atol=1e-12)
+    plain, _, _ = by_hand("fedavg", 3)
+    assert np.abs(w - plain).max() > 1e-3
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+def test_scaffold_approx_is_equation_47_with_beta_n_minus_k_over_n(backend):
+    """Seed 002, appendix D.2, eq. 47: the global update is (N-K)/N times the previous one
+    plus K/N times the round's mean update (here 1/2 and 1/2), on every row and the bias."""
+    w, b, _ = by_hand("scaffold-approx", 3)
+    got = engine("scaffold-approx", 3, backend)
     np.testing.assert_allclose(got.tables["w"][:, 0].numpy(), w, rtol=0, atol=1e-12)
     np.testing.assert_allclose(got.dense["b"].numpy(), [b], rtol=0, atol=1e-12)
     plain, _, _ = by_hand("fedavg", 3)

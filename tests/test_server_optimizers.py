@@ -126,6 +126,29 @@ def test_the_adaptive_server_is_the_full_model_form_unless_asked_to_be_lazy():
     assert not server.row_local
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_preset_builds_its_form_of_the_rule(kind):
+    """fed<kind> and fedsubavg-<kind> are Reddi's full-model form, fed<kind>-lazy the lazy
+    one, each with its preset's options."""
+    from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, options_class
+    from fedsub.submodel.index import SubmodelIndex
+
+    from .test_backends import two_tables_with_dense
+
+    dataset = two_tables_with_dense(0)
+    context = AlgorithmContext(dataset, SubmodelIndex.build(dataset), "samples", 5)
+    for name, lazy in (
+        (f"fed{kind}", False),
+        (f"fed{kind}-lazy", True),
+        (f"fedsubavg-{kind}", False),
+    ):
+        options = options_class(name)(server_lr=0.07, beta1=0.8, beta2=0.95, tau=0.02)
+        server = build_algorithm(name, context, options).make_server(fresh_params())
+        assert isinstance(server, AdaptiveServer) and server.lazy == lazy == server.row_local
+        beta2 = 0.95 if kind != "adagrad" else server.rule.beta2  # Adagrad has no beta2
+        assert server.rule == AdaptiveRule(kind, 0.07, 0.8, beta2, 0.02)
+
+
 def test_the_three_rules_differ_only_in_v():
     """One round from m = 0, v = tau^2 by hand, per rule, for one coordinate Delta = 0.3:
     FedAdam's step is lr (1 - b1) Delta / (sqrt(b2 tau^2 + (1 - b2) Delta^2) + tau), not
