@@ -15,7 +15,7 @@ import torch
 
 from fedsub.algorithms.registry import AlgorithmContext, ServerLrOptions, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.loop import RunControl, initial_params, train
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
@@ -41,10 +41,17 @@ def dataset_and_model():
     return dataset, model
 
 
-def by_hand(rounds: int, server_lr: float, whole_model: bool, **chain) -> dict[str, torch.Tensor]:
+NORMS: list[float] = []  # every member's update norm, as by_hand last saw them
+
+
+def by_hand(
+    rounds: int, server_lr: float, whole_model: bool, max_norm: float = 0.0, **chain
+) -> dict[str, torch.Tensor]:
     """The global model after ``rounds`` rounds of SCAFFOLD, per client in plain torch on the
     full model. ``chain``: train.clip_norm, weight_decay and momentum, in fedsub's order
-    (clip, decay, correction, momentum, step)."""
+    (clip, decay, correction, momentum, step). ``max_norm``: a member whose update's norm is
+    larger is dropped from the round (no share in the mean, its c_i unchanged)."""
+    NORMS.clear()
     dataset, model = dataset_and_model()
     clip, decay, momentum = (chain.get(k, 0.0) for k in ("clip_norm", "weight_decay", "momentum"))
     schedule = Schedule(1, K, STEPS, BATCH, LR, seed=SEED, dtype=torch.float64)
@@ -85,6 +92,11 @@ def by_hand(rounds: int, server_lr: float, whole_model: bool, **chain) -> dict[s
                     buffer[n] = momentum * buffer[n] + g
                     y[n] = y[n] - LR * buffer[n]
             deltas[k] = {n: y[n] - x[n] for n in x}
+            norm = float(torch.sqrt(sum((d**2).sum() for d in deltas[k].values())))
+            NORMS.append(norm)
+            if max_norm and norm > max_norm:
+                del deltas[k]
+                continue
             new = {n: own[n] - mask[n] * (c[n] + deltas[k][n] / (STEPS * LR)) for n in x}
             variate_changes[k] = {n: new[n] - own[n] for n in x}
             c_i[k] = new
@@ -95,7 +107,7 @@ def by_hand(rounds: int, server_lr: float, whole_model: bool, **chain) -> dict[s
     return x
 
 
-def engine(name: str, rounds: int, server_lr: float, backend: str, **chain):
+def engine(name: str, rounds: int, server_lr: float, backend: str, max_norm=0.0, **chain):
     dataset, model = dataset_and_model()
     index = SubmodelIndex.build(dataset)
     algorithm = build_algorithm(
@@ -104,7 +116,9 @@ def engine(name: str, rounds: int, server_lr: float, backend: str, **chain):
     schedule = Schedule(
         rounds, K, STEPS, BATCH, LR, seed=SEED, dtype=torch.float64, backend=backend, **chain
     )
-    return train(model, algorithm, dataset, index, schedule)
+    return train(
+        model, algorithm, dataset, index, schedule, control=RunControl(max_update_norm=max_norm)
+    )
 
 
 def assert_equal(got, expected) -> None:
@@ -137,3 +151,18 @@ def test_the_two_forms_differ_on_rows_a_client_does_not_hold():
     whole, submodel = by_hand(3, 0.8, whole_model=True), by_hand(3, 0.8, whole_model=False)
     assert (whole["t"] - submodel["t"]).abs().max() > 1e-4
     assert torch.equal(whole["t"][7], submodel["t"][7])  # the row nobody holds never moves
+
+
+@pytest.mark.parametrize("whole_model", [True, False])
+def test_a_screened_out_member_neither_moves_the_model_nor_its_variates(whole_model):
+    """train.max_update_norm drops the members whose update is too large: the others'
+    mean moves the model, and only their c_i (with their own corrections) change."""
+    by_hand(4, 0.8, whole_model)
+    ordered = sorted(NORMS)  # a threshold between members' norms: the two largest dropped,
+    threshold = (ordered[-3] + ordered[-2]) / 2  # one of them in front of a kept member
+    expected = by_hand(4, 0.8, whole_model, max_norm=threshold)
+    name = "scaffold" if whole_model else "scaffold-submodel"
+    got = engine(name, 4, 0.8, "batched", max_norm=threshold)
+    assert_equal(got, expected)
+    unscreened = by_hand(4, 0.8, whole_model)
+    assert (unscreened["t"] - expected["t"]).abs().max() > 1e-4
