@@ -230,6 +230,64 @@ def test_overlapping_slices_average_per_entry_and_untouched_entries_keep_their_v
     assert torch.all(result["out.weight"][:, 3] == 0)  # untouched: no change at all
 
 
+def _group_update(clients: list[int], weights: list[float], deltas: list[dict]) -> CohortUpdate:
+    return CohortUpdate(
+        clients=torch.tensor(clients),
+        weights=torch.tensor(weights, dtype=torch.float64),
+        multiplicity=torch.ones(len(clients), dtype=torch.int64),
+        rows={},
+        row_owner={},
+        table_deltas={},
+        dense_deltas={n: torch.stack([d[n] for d in deltas]) for n in deltas[0]},
+    )
+
+
+def test_screening_a_masked_round_keeps_exactly_the_kept_members():
+    """MaskedCohortUpdate.select (what screening keeps): dropping member 2, which shares a
+    slice with member 0, gives the update built from members 0 and 1 alone, and so the same
+    average."""
+    model = MLP(inputs=2, classes=2, hidden=(4,))
+    params = init(model)
+    first = ChannelSlice(model.slicing, {"hidden0": torch.tensor([0, 1])}, 0.5)
+    second = ChannelSlice(model.slicing, {"hidden0": torch.tensor([1, 2])}, 0.5)
+    rng = np.random.default_rng(3)
+
+    def delta(piece):
+        return {
+            n: torch.from_numpy(rng.normal(size=p.shape))
+            for n, p in piece.extract(params.dense).items()
+        }
+
+    d0, d1, d2 = delta(first), delta(second), delta(first)
+    weights = [2.0, 3.0, 7.0]
+    full = MaskedCohortUpdate(
+        torch.tensor([10, 11, 12]),
+        torch.tensor(weights, dtype=torch.float64),
+        torch.ones(3, dtype=torch.int64),
+        [
+            SliceGroup([0, 2], first, _group_update([10, 12], [2.0, 7.0], [d0, d2])),
+            SliceGroup([1], second, _group_update([11], [3.0], [d1])),
+        ],
+    )
+    kept = full.select([0, 1])
+    alone = MaskedCohortUpdate(
+        torch.tensor([10, 11]),
+        torch.tensor(weights[:2], dtype=torch.float64),
+        torch.ones(2, dtype=torch.int64),
+        [
+            SliceGroup([0], first, _group_update([10], [2.0], [d0])),
+            SliceGroup([1], second, _group_update([11], [3.0], [d1])),
+        ],
+    )
+    assert torch.equal(kept.clients, alone.clients) and torch.equal(kept.weights, alone.weights)
+    for average_over in ("trainers", "all"):
+        got = aggregate_slices(kept, client_weights(kept, "samples"), params.dense, average_over)
+        want = aggregate_slices(alone, client_weights(alone, "samples"), params.dense, average_over)
+        for n, value in want.dense.items():
+            torch.testing.assert_close(got.dense[n], value, rtol=0, atol=1e-12)
+    assert torch.equal(full.squared_norms()[[0, 1]], kept.squared_norms())
+
+
 def test_local_momentum_matches_torch_optim_sgd():
     dataset = dense_dataset(clients=1, per_client=30)
     model = MLP(inputs=16, classes=3, hidden=(10,))
