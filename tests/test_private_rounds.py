@@ -197,6 +197,35 @@ def test_secure_weighting_gives_the_plain_aggregation_weights(weighting):
     assert len(set(got.tolist())) > 1  # the weights are not all equal
 
 
+def test_secure_weighting_of_one_survivor_and_of_none():
+    """One member left with one unit (uniform weighting) is its own mean; no units at all is
+    an error, not a division by zero."""
+    from fedsub.algorithms.aggregation import Aggregation
+    from fedsub.engine.private_rounds import secure_weighting
+
+    secure = secure_weighting(Aggregation("uniform"), [1])
+    units = secure.units(0, 37)
+    assert units == 1
+    assert secure.coefficient(units) * secure.correction(units) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="add up to 0"):
+        secure.correction(0)
+
+
+def test_a_skipped_row_reads_as_zero_in_the_members_view():
+    """WithoutRows: the held rows a request left out read as 0 (the feature absent), the
+    others as the global model."""
+    from fedsub.engine.private_rounds import WithoutRows
+
+    table = torch.arange(1.0, 13.0).reshape(6, 2)
+    view = WithoutRows({"t": table}, {}, {"t": torch.tensor([1, 4])})
+    rows = torch.tensor([0, 1, 4, 5])
+    expected = table[rows].clone()
+    expected[[1, 2]] = 0.0
+    assert torch.equal(view.gather_rows("t", rows), expected)
+    nothing_skipped = WithoutRows({"t": table}, {}, {"t": torch.tensor([], dtype=torch.int64)})
+    assert torch.equal(nothing_skipped.gather_rows("t", rows), table[rows])
+
+
 def test_secure_weighting_gives_scheme2s_model_scale():
     """Scheme II rescales the old model by f = (N/K) sum p_k; at ``full`` the server gets it
     from the secure sum's total units only: f = scale * sum_k n_k."""
