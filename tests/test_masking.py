@@ -121,6 +121,8 @@ def test_rolling_covers_every_channel_within_c_rounds(count, kept):
     for t in range(1, count + 1):
         window = channels("rolling", count, kept, t, 0, 0, 0)
         assert len(window) == kept == len(set(window.tolist()))
+        # FedRolex's window: channels t-1, t, ..., t-2+L (mod C) in round t
+        assert window.tolist() == sorted((t - 1 + i) % count for i in range(kept))
         seen |= set(window.tolist())
     assert seen == set(range(count))
 
@@ -135,8 +137,11 @@ def test_shuffled_trains_every_piece_once_per_epoch_in_a_fresh_order(count, kept
         assert sorted(order) == list(range(pieces))  # each piece exactly once
         orders.append(order)
         covered = set()
-        for t in rounds:
-            covered |= set(channels("shuffled", count, kept, t, 5, 0, 0).tolist())
+        for t, piece in zip(rounds, order, strict=True):
+            chosen = channels("shuffled", count, kept, t, 5, 0, 0).tolist()
+            # piece j: the L consecutive channels from j * L (the last one wraps around)
+            assert chosen == sorted((piece * kept + i) % count for i in range(kept))
+            covered |= set(chosen)
         assert covered == set(range(count))
     if pieces > 3:
         assert len({tuple(o) for o in orders}) > 1  # the order changes between epochs
@@ -166,6 +171,14 @@ def test_bernoulli_masks_keep_about_p_of_the_coordinates():
     kept = sum(int(m.sum()) for m in mask.masks.values())
     total = sum(m.numel() for m in mask.masks.values())
     assert abs(kept / total - 0.25) < 0.01
+
+
+def test_fixed_capacities_give_the_leftover_clients_to_the_largest_remainders():
+    """9 clients over shares 2.3 / 0.9 / 5.8: floors 2, 0, 5, and the 2 left over go to the
+    levels with the largest remainders (0.9 and 0.8), not the smallest or the largest share."""
+    fixed = Capacities((1.0, 0.5, 0.25), (0.23, 0.09, 0.58), "fixed")
+    levels = fixed.fixed_levels(0, 9)
+    assert {v: int((levels == v).sum()) for v in (1.0, 0.5, 0.25)} == {1.0: 2, 0.5: 1, 0.25: 6}
 
 
 def test_fixed_capacities_follow_the_proportions_and_per_round_ones_are_redrawn():
