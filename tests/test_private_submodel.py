@@ -154,6 +154,18 @@ def test_epsilon_matches_the_formula():
         pd.epsilon_of(0.5, 0.5)
 
 
+@pytest.mark.parametrize("p,q", [(0.5, 0.0), (0.5, 0.5), (0.4, 0.5), (1.0, 0.2), (0.9, -0.1)])
+def test_epsilon_needs_0_below_q_below_p_below_1(p, q):
+    with pytest.raises(ValueError, match="need 0 < q < p < 1"):
+        pd.epsilon_of(p, q)
+
+
+@pytest.mark.parametrize("epsilon,p", [(0.0, 0.5), (-1.0, 0.5), (1.0, 0.0), (1.0, 1.0)])
+def test_decoy_probability_needs_a_positive_epsilon_and_0_below_p_below_1(epsilon, p):
+    with pytest.raises(ValueError, match="need epsilon > 0 and 0 < p < 1"):
+        pd.decoy_probability(epsilon, p)
+
+
 def test_decoys_are_distinct_rows_outside_the_held_set():
     rng = np.random.default_rng(5)
     held = np.array([0, 3, 4, 9, 17])
