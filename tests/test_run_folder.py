@@ -239,13 +239,13 @@ def test_a_sweep_stopped_by_ctrl_c_says_how_to_resume_and_resumes(
         calls: list[int] = []
         yield lambda: calls.append(1) or len(calls) >= 11
 
-    real = cli._stop_on_ctrl_c
-    monkeypatch.setattr(cli, "_stop_on_ctrl_c", ctrl_c_after_11_rounds)
+    real = cli._stop_on_signals
+    monkeypatch.setattr(cli, "_stop_on_signals", ctrl_c_after_11_rounds)
     out = tmp_path / "out"
     assert main([*argv, "--out", str(out)]) == 130
     assert f"Resume with: fedsub compare --resume {out}" in capsys.readouterr().err
     assert not (out / "sweep.json").exists()
-    monkeypatch.setattr(cli, "_stop_on_ctrl_c", real)
+    monkeypatch.setattr(cli, "_stop_on_signals", real)
     assert main(["compare", "--resume", str(out), "--sweep", "train.lr=1", "--quiet"]) == 2
     assert main(["compare", "--resume", str(out), "--quiet"]) == 0
     assert json.loads((out / "sweep.json").read_text()) == json.loads(

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save as tensors_to_bytes
 
 from fedsub.atomic_files import create_temp_file
+from fedsub.atomic_files import write_atomic as write_atomic  # where results' writers find it
 from fedsub.engine.loop import Evaluation
 from fedsub.json_values import dumps, metrics_from_json
 
@@ -27,20 +28,6 @@ TABLE_METRICS = (
     ("gap_loss", "gap loss (train - test)", False),
     ("gap_accuracy", "gap accuracy (train - test)", False),
 )
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so no reader sees half a file;
-    the file's mode follows the umask, as any file the user writes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_temp_file(path.parent, path.name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -235,12 +222,23 @@ def plot_curves(
     (one row of panels) or row titles to such maps (one row per title, e.g. per algorithm of
     a sweep, so that no panel holds more lines than there are values)."""
     fig = curves_figure(histories, title, target)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    save_figure_atomic(fig, path)
+
+
+def save_figure_atomic(fig, path: Path) -> None:
+    """A matplotlib figure written via a temp file and rename (its format from the suffix)."""
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
-    os.replace(tmp, path)
+    fd, tmp = create_temp_file(path.parent, path.name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            fig.savefig(handle, dpi=110, format=path.suffix.lstrip(".").lower() or "png")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
 
 
 def _panel_rows(
