@@ -127,7 +127,7 @@ def test_unwritable_output_folder_is_reported_before_training(tmp_path, tiny_con
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert main(["compare", str(tiny_config), "--out", str(blocker / "sub"), "--quiet"]) == 2
-    assert "is not writable" in capsys.readouterr().err
+    assert f"cannot be made: {blocker} is a file" in capsys.readouterr().err
 
 
 def test_central_min_target_runs_central_sgd_first_and_sweep_prints_table3(tmp_path):

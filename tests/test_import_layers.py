@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
         "seeding",
         "json_values",
         "atomic_files",
+        "folder_lock",
         "progress",
         "run_folder",
         "stateful",

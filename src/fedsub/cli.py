@@ -27,10 +27,10 @@ from fedsub.progress import Reporter, RichReporter, reporting
 SET_NOTE = """\
 --set SECTION.KEY=VALUE overrides one config key and may be repeated; VALUE is
 read as TOML (numbers, true/false, "strings", [lists]; a bare word is taken as a
-string); --set SECTION.KEY=none unsets the key (it takes fedsub's built-in default,
-unset for optional keys such as eval.target_test_auc). `fedsub list keys` shows
-every key with its default and allowed values; `fedsub list algorithms|datasets|models`
-shows those and their options."""
+string); VALUE none unsets the key (it takes fedsub's built-in default: unset,
+for optional keys such as eval.target_test_auc). `fedsub list keys` shows
+every key with its default and allowed values; `fedsub list
+algorithms|datasets|models` shows those and their options."""
 DEFAULT_OUT = "runs/latest"
 
 
@@ -457,7 +457,11 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="SECTION.KEY=VALUE",
             help="override a config key; repeatable; VALUE is TOML (see below)",
         )
-        p.add_argument("--out", default="runs/latest", help="output folder (default runs/latest)")
+        p.add_argument(
+            "--out",
+            help=f"a folder of this run's own (default {DEFAULT_OUT}); a folder holding other "
+            "runs, the current or home folder are refused",
+        )
         p.add_argument("--quiet", action="store_true", help="no progress bar or notes")
         p.add_argument(
             "--resume",
@@ -468,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--overwrite",
             action="store_true",
-            help="replace the run already in --out (only the files fedsub wrote are removed)",
+            help="replace the run already in --out: only what that run wrote is removed (after "
+            "this run's first round; a run that fails before it leaves the old one in place)",
         )
 
     def add_command(where, name: str, help_text: str, set_note: bool = True):
