@@ -35,7 +35,7 @@ from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model
-from fedsub.models.registry import build_model
+from fedsub.models.registry import build_checked_model
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.progress import current as current_reporter
@@ -115,13 +115,13 @@ def load_data(config: Config) -> FederatedDataset:
 
 
 def model_of(config: Config, dataset: FederatedDataset) -> Model:
-    """The configured model, shaped for ``dataset``."""
+    """The configured model, shaped for ``dataset`` (refused when it cannot read all of it)."""
     options = {
         f.name: getattr(config.model, f.name)
         for f in dataclasses.fields(config.model)
         if f.name != "name"
     }
-    return build_model(config.model.name, dataset, options)
+    return build_checked_model(config.model.name, dataset, options)
 
 
 def check_free_space(out_dir: Path, needed: int = 64 * 2**20) -> None:

@@ -12,6 +12,7 @@ from fedsub.models.base import Model
 from fedsub.models.cnn import SmallCNN
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.models.inputs import Reads, check_reads
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.models.mlp import MLP
 from fedsub.models.resnet import PreActResNet18
@@ -106,9 +107,30 @@ MODEL_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+# What each model reads of a dataset (models/inputs.py), checked before a run writes anything.
+_ITEM = (("user", "user"), ("item", "item"), ("history", "item"))
+READS: dict[str, Reads] = {
+    "sparse-lr": Reads(),
+    "din": Reads(fields=_ITEM, dense="none"),
+    "lstm": Reads(min_fields=1, max_fields=1, dense="none"),
+    "cnn": Reads(max_fields=0, dense="square-image", min_side=16, labels="classes"),
+    "mlp": Reads(max_fields=0, dense="required", labels="classes"),
+    "resnet18": Reads(max_fields=0, dense="square-image", labels="classes"),
+    "embedding-lr": Reads(min_fields=1, dense="none"),
+    "softmax-regression": Reads(max_fields=0, dense="required", labels="classes"),
+}
+
+
 def model_names() -> list[str]:
     return sorted(_BUILDERS)
 
 
 def build_model(name: str, dataset: FederatedDataset, options: dict[str, Any]) -> Model:
     return _BUILDERS[name](dataset, options)
+
+
+def build_checked_model(name: str, dataset: FederatedDataset, options: dict[str, Any]) -> Model:
+    """``build_model`` after checking that the model can read all of ``dataset`` (a run's
+    model: ``check_reads`` refuses a mismatch before anything is written)."""
+    check_reads(name, READS[name], dataset)
+    return build_model(name, dataset, options)
