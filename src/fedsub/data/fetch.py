@@ -16,7 +16,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedsub.atomic_files import write_atomic
 from fedsub.errors import DataError
+from fedsub.run_folder import missing_ancestors, remove_if_empty
 
 CHUNK = 1 << 20
 
@@ -168,12 +170,17 @@ def fetch(name: str, download: Download, timeout: float = 60.0, unpinned: bool =
     final = folder / download.filename
     if final.exists():
         return final
+    created = missing_ancestors(folder)
     folder.mkdir(parents=True, exist_ok=True)
     partial = final.with_name(final.name + ".part")
-    _download(name, download, partial, timeout)
-    actual = _verified_digest(name, download, partial, algorithm, expected)
+    try:
+        _download(name, download, partial, timeout)
+        actual = _verified_digest(name, download, partial, algorithm, expected)
+    except BaseException:  # offline, a bad file, Ctrl-C: no empty cache folder is left
+        remove_if_empty(created)
+        raise
     if expected is None:
-        final.with_name(final.name + ".sha256").write_text(f"{actual}  {final.name}\n")
+        write_atomic(final.with_name(final.name + ".sha256"), f"{actual}  {final.name}\n")
     os.replace(partial, final)
     return final
 
