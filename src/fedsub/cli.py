@@ -338,11 +338,13 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
+    from fedsub.atomic_files import check_image_path
     from fedsub.data.registry import DATASETS
     from fedsub.experiment import load_data
     from fedsub.submodel.index import SubmodelIndex
     from fedsub.submodel.stats import feature_heat, plot_heat_distribution, table1_row
 
+    plot = check_image_path(args.plot, "--plot") if args.plot is not None else None
     if args.name.endswith(".toml"):  # a run's config: its [data] section, as the run sees it
         config = config_lib.load(Path(args.name), args.set)
     elif args.name in DATASETS:
@@ -364,9 +366,11 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
             key.replace("_", " "), f"{value:.4g}" if isinstance(value, float) else str(value)
         )
     Console().print(table)
-    if args.plot:
-        plot_heat_distribution(feature_heat(dataset, index), Path(args.plot), dataset.name)
-        print(f"heat distribution plot: {args.plot}")
+    if plot is not None:
+        heat = feature_heat(dataset, index)
+        untouched = int(row["features"]) - len(heat)
+        plot_heat_distribution(heat, plot, dataset.name, untouched)
+        print(f"heat distribution plot: {plot}")
     return 0
 
 

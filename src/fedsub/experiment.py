@@ -550,9 +550,19 @@ def _summarized(
     markdown = summary_markdown(result, target, setup.schedule.rounds)
     write_atomic(out_dir / "summary.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
-    title = f"{setup.dataset.name}: {', '.join(histories)}"
-    plot_curves(histories, out_dir / "curves.png", title, target)
+    stopped = {n: d.round for n, d in diverged.items()}
+    plot_curves(
+        histories, out_dir / "curves.png", _title(config, setup, histories), target, stopped
+    )
     return Outcome(result, markdown, out_dir, diverged)
+
+
+def _title(config: Config, setup: Setup, histories: dict[str, list[Evaluation]]) -> str:
+    """curves.png's title: the data, the algorithms and, when set, the masking scheme."""
+    title = f"{setup.dataset.name}: {', '.join(histories)}"
+    if config.train.masking != "none":
+        title += f" (masking {config.train.masking})"
+    return title
 
 
 def sweep_config(base: dict, key: str, value: str, where: str) -> Config:
@@ -652,7 +662,16 @@ def _sweep_summary(
     result = _sweep_result(key, values, outcomes)
     markdown = _sweep_markdown(key, values, outcomes, rounds)
     panels, target = _sweep_curves(key, outcomes, out_dir)
-    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
+    stopped = {
+        n: {
+            f"{key}={v}": d.round
+            for v, o in outcomes.items()
+            for m, d in o.diverged.items()
+            if m == n
+        }
+        for n in panels
+    }
+    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target, stopped)
     write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
     return Outcome(result, markdown, out_dir, diverged)
