@@ -216,18 +216,35 @@ def _is_inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_new_folder(folder: Path, flag: str = "--out") -> None:
+@dataclass(frozen=True)
+class Flags:
+    """How a command names a run's folder and its options, for its error messages; and
+    whether the current folder is the user's (``cwd_rule``: not in a process such as
+    Flower's ServerApp, whose current folder the user did not choose)."""
+
+    folder: str = "--out"
+    example: str = "--out runs/NAME"
+    overwrite: str = "--overwrite"
+    resume: str = "--resume {folder}"
+    cwd_rule: bool = True
+
+
+CLI_FLAGS = Flags()
+
+
+def check_new_folder(folder: Path, flags: Flags = CLI_FLAGS) -> None:
     """Refuse, saying what to do instead, a folder no new run may write into: a filesystem
     root, the home folder, the current folder or one holding it, a file (or a path through
     one), a folder holding other runs."""
     resolved = folder.expanduser().resolve()
     cwd = Path.cwd().resolve()
-    instead = f"give this run a folder of its own, e.g. {flag} runs/NAME"
+    flag = flags.folder
+    instead = f"give this run a folder of its own, e.g. {flags.example}"
     if resolved.parent == resolved:
         raise FedsubError(f"{flag} {folder} is a filesystem root; {instead}")
     if resolved == Path.home().resolve():
         raise FedsubError(f"{flag} {folder} is your home folder; {instead}")
-    if _is_inside(cwd, resolved):
+    if flags.cwd_rule and _is_inside(cwd, resolved):
         what = "the current folder" if resolved == cwd else "a parent of the current folder"
         raise FedsubError(f"{flag} {folder} is {what}; {instead}")
     for path in [resolved, *resolved.parents]:
@@ -238,29 +255,31 @@ def check_new_folder(folder: Path, flag: str = "--out") -> None:
         nested = [p.name for p in _subfolders(resolved) if _is_run_root(p)]
         if nested:
             more = f" and {len(nested) - 5} more" if len(nested) > 5 else ""
+            resume = flags.resume.format(folder=folder / nested[0])
             raise FedsubError(
                 f"{flag} {folder} holds other runs ({', '.join(nested[:5])}{more}); give this "
-                f"run a folder of its own, e.g. {flag} {folder / 'NAME'}, or continue one "
-                f"with --resume {folder / nested[0]}"
+                f"run a folder of its own inside it, e.g. {folder / 'NAME'}, or continue one "
+                f"({resume})"
             )
 
 
-def refuse_if_taken(folder: Path, overwrite: bool) -> None:
+def refuse_if_taken(folder: Path, overwrite: bool, flags: Flags = CLI_FLAGS) -> None:
     """A new run may not write into a folder that holds another run, unless ``overwrite``;
     and ``overwrite`` needs that run's manifest (an older fedsub wrote none)."""
     if not holds_a_run(folder):
         return
     if not overwrite:
         raise FedsubError(
-            f"output folder {folder} already holds a run; pass --overwrite to replace it, "
-            f"--resume {folder} to continue it, or choose another --out"
+            f"output folder {folder} already holds a run; pass {flags.overwrite} to replace "
+            f"it, {flags.resume.format(folder=folder)} to continue it, or choose another "
+            f"{flags.folder}"
         )
     record = read_run_file(folder) if (folder / RUN_FILE).exists() else {}
     if not isinstance(record.get("outputs"), list):
         raise FedsubError(
             f"output folder {folder} holds a run written by an older fedsub, which did not list "
-            "the files it wrote, and --overwrite removes only files a run listed; delete that "
-            "run yourself, or choose another --out"
+            f"the files it wrote, and {flags.overwrite} removes only files a run listed; delete "
+            f"that run yourself, or choose another {flags.folder}"
         )
 
 
@@ -447,10 +466,10 @@ class Claim:
             shutil.rmtree(self.aside, ignore_errors=True)
 
 
-def claim_new(folder: Path, overwrite: bool = False, flag: str = "--out") -> Claim:
+def claim_new(folder: Path, overwrite: bool = False, flags: Flags = CLI_FLAGS) -> Claim:
     """Take ``folder`` for a new run: the rules above, checked under the folder's lock (so two
     runs started together cannot both pass them)."""
-    check_new_folder(folder, flag)
+    check_new_folder(folder, flags)
     created = missing_ancestors(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -464,7 +483,7 @@ def claim_new(folder: Path, overwrite: bool = False, flag: str = "--out") -> Cla
         raise
     claim = Claim(folder, lock, new=True, created=created)
     try:
-        refuse_if_taken(folder, overwrite)
+        refuse_if_taken(folder, overwrite, flags)
     except BaseException:
         claim.end(failed=True)
         raise
