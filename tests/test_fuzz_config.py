@@ -236,3 +236,52 @@ def test_random_values_for_every_key_in_a_toml_file_run_or_exit_2(capsys, overri
         out = Path(folder) / "out"
         argv = ["compare", str(path), "--quiet", "--out", str(out)]
         _run_main(argv, capsys, out, _named(overrides, str(path)))
+
+
+NAMES = st.sampled_from(
+    [
+        "fedavg",
+        "fedsubavg",
+        "fedavgg",
+        "fedavg@scheme1",
+        "fedavg@bogus",
+        "central-sgd@scheme1",
+        "scaffold",
+        "mine",
+        "mine@scheme2",
+        "",
+        " ",
+        "fedprox,",
+    ]
+)
+COMPOSED = '\n[algorithms.mine]\naggregation = "fedsubavg"\nclient = ["prox"]\n'
+
+
+@RUN_SETTINGS
+@given(names=st.lists(NAMES, min_size=1, max_size=3), flag=st.sampled_from(["run", "compare"]))
+def test_an_error_from_algorithm_flags_names_the_flag(capsys, names, flag):
+    """The reported bug: errors of `--algorithm X` read as if the user had typed
+    `--set train.algorithms=[...]`, and `--algorithms ""` silently ran the config's."""
+    from fedsub.cli import main
+
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "c.toml"
+        tables = {}
+        for text in TINY_RUN:
+            dotted, value = text.split("=", 1)
+            section, key = dotted.rsplit(".", 1)
+            tables.setdefault(section, []).append(f"{key} = {value}")
+        body = "\n".join(f"[{s}]\n" + "\n".join(lines) for s, lines in tables.items())
+        config.write_text(body + COMPOSED, encoding="utf-8")
+        text = names[0] if flag == "run" else ",".join(names)
+        option = "--algorithm" if flag == "run" else "--algorithms"
+        argv = [flag, str(config), option, text, "--quiet", "--out", str(Path(folder) / "o")]
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code in (0, 2), err
+        if any(not name.strip() for name in text.split(",")):
+            assert code == 2, f"{option} {text!r} ran"  # an empty name is never ignored
+        if code == 0:
+            return
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"fedsub: error: {option} "), line
