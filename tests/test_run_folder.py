@@ -272,3 +272,11 @@ def test_a_sweep_that_fails_before_training_leaves_no_folder(tmp_path, monkeypat
     with pytest.raises(FedsubError, match=re.escape(str(tmp_path / "data" / "clicks.csv"))):
         sweep("train.lr", ["0.1", "0.2"], base, tmp_path / "runs" / "s")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_value_holding_a_path_is_one_folder():
+    from fedsub.experiment import value_folder
+
+    assert value_folder("data.path", "/x/a.csv") == "data.path=%2Fx%2Fa.csv"
+    assert value_folder("train.lr", "0.1") == "train.lr=0.1"
+    assert value_folder("data.path", "a%2Fb") != value_folder("data.path", "a/b")

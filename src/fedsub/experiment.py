@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -565,6 +566,12 @@ def _title(config: Config, setup: Setup, histories: dict[str, list[Evaluation]])
     return title
 
 
+def value_folder(key: str, value: str) -> str:
+    """The folder of a sweep's value: ``key=value``, a path separator in the value written
+    ``%2F`` (a value such as a data.path stays one folder)."""
+    return f"{key}={value}".replace("%", "%25").replace("/", "%2F").replace(os.sep, "%2F")
+
+
 def sweep_config(base: dict, key: str, value: str, where: str) -> Config:
     """The comparison a sweep runs at one value: the base config with ``key = value``."""
     try:
@@ -697,7 +704,7 @@ def _sweep_values(
 
     outcomes: dict[str, Outcome] = {}
     for v in values:
-        folder = out_dir / f"{key}={v}"
+        folder = out_dir / value_folder(key, v)
         distributed.barrier(f"starting {key}={v}")  # all look at the folder before 0 writes
         again = resume and (folder / RUN_FILE).exists()
         if resume and not again:
@@ -724,7 +731,7 @@ def _open_sweep_folder(claim: Claim, key: str, values: list[str], base: dict, re
         "values": values,
         "base": base,
         "outputs": sweep_outputs(),
-        "runs": [f"{key}={v}" for v in values],
+        "runs": [value_folder(key, v) for v in values],
     }
     _claim(claim, base_text, record)
 
@@ -833,7 +840,7 @@ def _sweep_curves(
     target line when every value has the same target."""
     panels = {
         n: {
-            f"{key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
+            f"{key}={v}": read_metrics(out_dir / value_folder(key, v) / n / "metrics.jsonl")
             for v, o in outcomes.items()
             if n in o.summary["algorithms"]
         }
