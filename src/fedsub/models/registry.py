@@ -110,12 +110,12 @@ MODEL_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
 # What each model reads of a dataset (models/inputs.py), checked before a run writes anything.
 _ITEM = (("user", "user"), ("item", "item"), ("history", "item"))
 READS: dict[str, Reads] = {
-    "sparse-lr": Reads(),
+    "sparse-lr": Reads(min_fields=1),
     "din": Reads(fields=_ITEM, dense="none"),
     "lstm": Reads(min_fields=1, max_fields=1, dense="none"),
     "cnn": Reads(max_fields=0, dense="square-image", min_side=16, labels="classes"),
     "mlp": Reads(max_fields=0, dense="required", labels="classes"),
-    "resnet18": Reads(max_fields=0, dense="square-image", labels="classes"),
+    "resnet18": Reads(max_fields=0, dense="square-image", min_side=8, labels="classes"),
     "embedding-lr": Reads(min_fields=1, dense="none"),
     "softmax-regression": Reads(max_fields=0, dense="required", labels="classes"),
 }
