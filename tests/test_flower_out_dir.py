@@ -115,3 +115,35 @@ def test_the_server_app_holds_its_out_dir_like_fedsub_run(tmp_path):
         "progress.jsonl",
         "run.json",
     ]
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_each_round_goes_to_flowers_log_which_stream_shows(tmp_path, monkeypatch):
+    """`flwr run --stream` shows what the ServerApp writes to stdout / stderr, where Flower's
+    logger writes: each round and each evaluation is logged there."""
+    import logging
+
+    from flwr.app import Context, RecordDict
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    from .test_flower_heat_exchange import AppGrid
+    from .test_flower_private_download import BASE
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        settings = FlowerSettings(
+            overrides=(*BASE, "train.rounds=2"), out_dir=str(tmp_path / "o"), eval_every=1
+        )
+        grid = AppGrid(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    rounds = [r for r in records if r.startswith("fedsub round")]
+    assert rounds[0] == "fedsub round 1/2: 2 of 2 sampled nodes replied; model updated"
+    assert any(r.startswith("fedsub round 1: evaluation: train_loss ") for r in rounds)
+    assert any(r.startswith("fedsub round 2/2: ") for r in rounds)
