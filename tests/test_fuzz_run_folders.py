@@ -249,3 +249,23 @@ def test_folders_no_run_may_write_into_are_refused_and_left_as_they_were(
 def test_a_filesystem_root_is_refused_before_anything(capsys):
     assert main(["compare", "--quiet", "--out", "/", "--overwrite"]) == 2
     assert "--out / is a filesystem root" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not Path("/sys/kernel").is_dir() or os.access("/sys", os.W_OK) and os.geteuid() != 0,
+    reason="needs Linux's /sys, where not even root may create a file",
+)
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compare", "--out", "/sys/fedsub-out"], "output folder /sys/fedsub-out cannot be made"),
+        (
+            ["data", "stats", "synthetic-sparse", "--plot", "/sys/heat.png"],
+            "--plot /sys/heat.png: cannot write in /sys",
+        ),
+    ],
+)
+def test_a_place_that_takes_no_file_is_refused_before_work(argv, message):
+    """A read-only place (here /sys, read-only even for root, who ignores permissions)."""
+    code, err = run_cli([*argv, "--set", "data.num_users=1000000000"])  # never generated
+    assert code == 2 and message in err and "Traceback" not in err

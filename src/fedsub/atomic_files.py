@@ -111,6 +111,10 @@ def check_image_path(text: str, flag: str) -> Path:
             f"{flag} {text}: the folder {path.parent} does not exist; create it first or "
             "choose another path"
         )
-    if not os.access(path.parent, os.W_OK):
-        raise FedsubError(f"{flag} {text}: the folder {path.parent} is not writable")
+    try:  # the folder takes a file (permissions, a read-only filesystem): known before work
+        fd, probe = create_temp_file(path.parent, path.name)
+        os.close(fd)
+        probe.unlink()
+    except OSError as error:
+        raise FedsubError(f"{flag} {text}: cannot write in {path.parent}: {error}") from None
     return path

@@ -584,13 +584,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _is_out_of_memory(error):
             raise
         return _out_of_memory(str(error).splitlines()[0])
-    except KeyboardInterrupt as error:
-        print("fedsub: interrupted", file=sys.stderr)
-        return 128 + (error.signum if isinstance(error, _Aborted) else signal.SIGINT)
     except BrokenPipeError:  # e.g. `fedsub list keys | head`: the reader left, not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
         return 141
+    except OSError as error:  # a file or folder the system refused (full disk, permissions)
+        what = f"{error.filename}: " if error.filename else ""
+        print(f"fedsub: error: {what}{error.strerror or error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as error:
+        print("fedsub: interrupted", file=sys.stderr)
+        return 128 + (error.signum if isinstance(error, _Aborted) else signal.SIGINT)
     finally:
         distributed.leave()
 
