@@ -280,3 +280,23 @@ def test_a_sweep_value_holding_a_path_is_one_folder():
     assert value_folder("data.path", "/x/a.csv") == "data.path=%2Fx%2Fa.csv"
     assert value_folder("train.lr", "0.1") == "train.lr=0.1"
     assert value_folder("data.path", "a%2Fb") != value_folder("data.path", "a/b")
+
+
+def test_overwrite_never_follows_a_link_out_of_the_run_folder(tmp_path, tiny, capsys):
+    """A run's algorithm folder replaced by a link to the user's own folder: --overwrite
+    moves nothing through it and the new run refuses to write through it; the folder is left
+    as it was."""
+    out = tmp_path / "out"
+    assert main(["compare", str(tiny), "--out", str(out), "--quiet"]) == 0
+    mine = tmp_path / "mine"
+    shutil.move(out / "fedavg", mine)
+    (out / "fedavg").symlink_to(mine)
+    before = {p: p.read_bytes() for p in [*out.rglob("*"), *mine.rglob("*")] if p.is_file()}
+    argv = ["compare", str(tiny), "--out", str(out), "--quiet", "--overwrite"]
+    capsys.readouterr()
+    assert main([*argv, "--set", "train.lr=0.3"]) == 2
+    assert f"{out / 'fedavg'} is a link (to {mine}); the run would write through it" in (
+        capsys.readouterr().err
+    )
+    after = {p: p.read_bytes() for p in [*out.rglob("*"), *mine.rglob("*")] if p.is_file()}
+    assert after == before and (out / "fedavg").is_symlink()

@@ -327,7 +327,7 @@ def owned(folder: Path, record: dict | None = None) -> Owned:
                 found.folders.append(path)
             continue
         for path in sorted(folder.glob(entry)):
-            if not path.resolve().parent.is_relative_to(root) and not path.is_symlink():
+            if not path.parent.resolve().is_relative_to(root):
                 continue  # reached through a link out of the folder: not the run's
             if path.name == LOCK_FILE:
                 continue  # the lock belongs to whoever holds it, not to a run
@@ -354,19 +354,6 @@ def _remove_empty(folders: list[Path]) -> None:
     for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):  # not empty (the user's files), or already gone
             path.rmdir()
-
-
-def clear_run(folder: Path) -> None:
-    """Remove the run in ``folder``: exactly what its manifest lists; anything else stays."""
-    found = owned(folder)
-    for path in found.entries:
-        _remove(path)
-    _remove_empty(found.folders)
-    left = sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE)
-    if left:
-        LOG.warning(
-            "--overwrite kept what that run did not write in %s: %s", folder, ", ".join(left)
-        )
 
 
 def missing_ancestors(folder: Path) -> list[Path]:
@@ -409,6 +396,7 @@ class Claim:
         run's entries aside first (``claim_new`` let it be replaced: ``--overwrite``)."""
         if self.new and (self.folder / RUN_FILE).exists():
             self._move_aside()
+        _refuse_what_is_in_the_way(self.folder, record)
         self.record = record
         write_atomic(self.folder / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
 
@@ -464,6 +452,26 @@ class Claim:
             os.replace(target, original)
         if self.aside is not None:
             shutil.rmtree(self.aside, ignore_errors=True)
+
+
+def _refuse_what_is_in_the_way(folder: Path, record: dict) -> None:
+    """A name the new run writes that is the user's: a link (the run would write through it,
+    into whatever it points at), or a file where the run makes a folder (or the reverse)."""
+    for entry in [*record.get("outputs", []), *(f"{r}/" for r in record.get("runs", []))]:
+        top, _, rest = entry.partition("/")
+        path = folder / top
+        if any(c in top for c in "*?[") or not (path.exists() or path.is_symlink()):
+            continue
+        wanted = "a folder" if rest or entry.endswith("/") else "a file"
+        if path.is_symlink():
+            problem = f"is a link (to {os.readlink(path)}); the run would write through it"
+        elif (wanted == "a folder") != path.is_dir():
+            problem = f"is not {wanted}, which the run writes there"
+        else:
+            continue
+        raise FedsubError(
+            f"{path} {problem}: it is not fedsub's; move it away or choose another folder"
+        )
 
 
 def claim_new(folder: Path, overwrite: bool = False, flags: Flags = CLI_FLAGS) -> Claim:
