@@ -203,8 +203,8 @@ def holds_a_run(folder: Path) -> bool:
 
 
 def check_folder_text(text: str, flag: str) -> None:
-    """An output folder given as text: refuse nothing at all (``--out ""`` would be the
-    current folder)."""
+    """An output folder given as text: empty or blank text is refused (``--out ""`` would be
+    the current folder)."""
     if not text.strip():
         shown = "empty" if not text else f"blank ({text!r})"
         raise FedsubError(
@@ -301,7 +301,7 @@ class Owned:
     own folders such as checkpoints), and folders it made, removed when left empty."""
 
     entries: list[Path] = field(default_factory=list)
-    folders: list[Path] = field(default_factory=list)  # deepest last
+    folders: list[Path] = field(default_factory=list)  # shallowest first
 
 
 def owned(folder: Path, record: dict | None = None) -> Owned:
