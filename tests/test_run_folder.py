@@ -300,3 +300,13 @@ def test_overwrite_never_follows_a_link_out_of_the_run_folder(tmp_path, tiny, ca
     )
     after = {p: p.read_bytes() for p in [*out.rglob("*"), *mine.rglob("*")] if p.is_file()}
     assert after == before and (out / "fedavg").is_symlink()
+
+
+def test_resume_with_an_out_naming_another_folder_is_refused(tmp_path, tiny, capsys):
+    out = tmp_path / "out"
+    interrupted(config_lib.load(tiny), out, calls=1)
+    assert main(["compare", "--resume", str(out), "--out", str(tmp_path / "elsewhere")]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {out} continues that run in its own folder; --out " in err
+    assert not (tmp_path / "elsewhere").exists()
+    assert main(["compare", "--resume", str(out), "--out", str(out), "--quiet"]) == 0
