@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_speed import K, LR, ROUNDS, SEED, STEPS, B, fedsub_run, flower_run
+from engine_speed import LR, ROUNDS, SEED, STEPS, B, K, fedsub_run, flower_run
 from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.engine.loop import initial_params
 from fedsub.engine.schedule import Schedule
