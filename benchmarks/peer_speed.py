@@ -6,7 +6,8 @@ Flower's, side by side in one invocation; per-round time and peak memory of each
 
 Workload: sparse LR, FedAvg, N = 1,000 clients of 100 samples, 20,000 ids, 5 ids per sample
 (Zipf(1.1)), K = 50, B = 5, I = 10, lr 0.1; the figure is the median over rounds 2..R of a run
-(round 1 warms caches and, in pfl, evaluates each user once), then the median over runs.
+(round 1 warms caches and, in pfl, evaluates each user once), then the median over runs;
+wall-clock and, for the engines that run in one process (fedsub, pfl), CPU seconds.
 Every engine runs in a fresh process with 1 torch thread (Flower: 1 CPU per client), in the
 order batched, sequential, pfl (, Flower) per run, so a slow spell of the shared machine falls
 on every side; its peak memory is the largest resident set of that process and its children
@@ -46,15 +47,51 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_speed import LR, ROUNDS, SEED, STEPS, B, K, fedsub_run, flower_run
+from engine_speed import LR, ROUNDS, SEED, STEPS, B, K, flower_run
+from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
-from fedsub.engine.loop import initial_params
+from fedsub.engine.loop import initial_params, train
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.sparse_lr import SparseLogisticRegression
+from fedsub.submodel.index import SubmodelIndex
 from workloads import zipf_clicks
 
 ENGINES = ("batched", "sequential", "pfl", "flower")
+
+
+class RoundTimes:
+    """Wall-clock and CPU (``time.process_time``: this process only, which a busy shared
+    machine inflates less) stamps at the start and after every round."""
+
+    def __init__(self) -> None:
+        self.wall = [time.perf_counter()]
+        self.cpu = [time.process_time()]
+
+    def stamp(self, *_args, **_kwargs) -> None:
+        self.wall.append(time.perf_counter())
+        self.cpu.append(time.process_time())
+
+    def steady(self) -> dict[str, float]:
+        """Median of rounds 2..R on each clock."""
+        return {
+            "wall": float(np.median(np.diff(self.wall)[1:])),
+            "cpu": float(np.median(np.diff(self.cpu)[1:])),
+        }
+
+
+def fedsub_run(dataset, backend: str, rounds: int) -> tuple[dict[str, float], dict]:
+    model = SparseLogisticRegression(dict(dataset.table_rows))
+    index = SubmodelIndex.build(dataset)
+    algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", K))
+    schedule = Schedule(rounds, K, STEPS, B, LR, SEED, backend=backend)
+    clock = RoundTimes()
+    params = train(model, algorithm, dataset, index, schedule, on_round=clock.stamp)
+    final = {
+        "table": params.tables["features"].numpy().reshape(-1),
+        "bias": params.dense["bias"].numpy(),
+    }
+    return clock.steady(), final
 
 
 class PflSparseLR(torch.nn.Module):
@@ -81,8 +118,8 @@ class PflSparseLR(torch.nn.Module):
         return {"loss": Weighted(float(total), len(labels))}
 
 
-def pfl_run(dataset, rounds: int = ROUNDS) -> tuple[float, dict[str, np.ndarray]]:
-    """FedAvg in pfl's simulation; returns the steady per-round time and the final model."""
+def pfl_run(dataset, rounds: int = ROUNDS) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """FedAvg in pfl's simulation; returns the steady per-round times and the final model."""
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
     from pfl.callback.base import TrainingProcessCallback
@@ -123,15 +160,15 @@ def pfl_run(dataset, rounds: int = ROUNDS) -> tuple[float, dict[str, np.ndarray]
         local_optimizer_create=torch.optim.SGD,
         central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0),
     )
-    stamps: list[float] = []
+    clock = RoundTimes()
 
     class RoundClock(TrainingProcessCallback):
         def on_train_begin(self, *, model):
-            stamps.append(time.perf_counter())
+            clock.stamp()
             return super().on_train_begin(model=model)
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            stamps.append(time.perf_counter())
+            clock.stamp()
             return False, super().after_central_iteration(
                 aggregate_metrics, model, central_iteration=central_iteration
             )[1]
@@ -151,27 +188,23 @@ def pfl_run(dataset, rounds: int = ROUNDS) -> tuple[float, dict[str, np.ndarray]
         model_eval_params=NNEvalHyperParams(local_batch_size=None),
         callbacks=[RoundClock()],
     )
-    per_round = np.diff(stamps)
+    clock.wall, clock.cpu = clock.wall[1:], clock.cpu[1:]  # from on_train_begin
     final = {
         "table": module.weights.weight.detach().numpy().reshape(-1).copy(),
         "bias": module.bias.detach().numpy().copy(),
     }
-    return float(np.median(per_round[1:])), final
+    return clock.steady(), final
 
 
-def run_engine(engine: str, rounds: int) -> tuple[float, dict[str, np.ndarray]]:
+def run_engine(engine: str, rounds: int) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     dataset = zipf_clicks()
     if engine in ("batched", "sequential"):
-        model = SparseLogisticRegression(dict(dataset.table_rows))
-        seconds, params = fedsub_run(dataset, model, engine, rounds=rounds)
-        return seconds, {
-            "table": params.tables["features"].numpy().reshape(-1),
-            "bias": params.dense["bias"].numpy(),
-        }
+        return fedsub_run(dataset, engine, rounds)
     if engine == "pfl":
         return pfl_run(dataset, rounds)
+    # Flower's clients run in Ray workers: its CPU time is not this process's
     seconds, (table, bias) = flower_run(dataset, rounds=rounds)
-    return seconds, {"table": np.asarray(table).reshape(-1), "bias": np.asarray(bias)}
+    return {"wall": seconds}, {"table": np.asarray(table).reshape(-1), "bias": np.asarray(bias)}
 
 
 def child(engine: str, rounds: int, out: str) -> None:
@@ -225,14 +258,18 @@ def main() -> None:
             for engine in engines:
                 runs[engine].append(measured(engine, args.rounds, folder))
                 seconds = runs[engine][-1]["seconds_per_round"]
-                print(f"run {run + 1} {engine}: {seconds:.5f} s / round", flush=True)
+                print(f"run {run + 1} {engine}: {json.dumps(seconds)} s / round", flush=True)
     reference = runs["batched"][0]["model"]
     result: dict = {}
     for engine, results in runs.items():
-        seconds = statistics.median(r["seconds_per_round"] for r in results)
         model = results[0]["model"]
         result[engine] = {
-            "s_per_round": seconds,
+            **{
+                f"{clock}_s_per_round": statistics.median(
+                    r["seconds_per_round"][clock] for r in results
+                )
+                for clock in results[0]["seconds_per_round"]
+            },
             "per_run": [r["seconds_per_round"] for r in results],
             "peak_tree_rss_mb": max(r["peak_tree_rss_bytes"] for r in results) / 2**20,
             "peak_process_rss_mb": max(r["ru_maxrss_bytes"] for r in results) / 2**20,
@@ -240,13 +277,18 @@ def main() -> None:
                 float(np.abs(model[n] - reference[n]).max()) for n in reference
             ),
         }
-    batched = result["batched"]["s_per_round"]
     for engine in engines:
-        result[engine]["x_batched"] = result[engine]["s_per_round"] / batched
-    pairs = zip(runs["batched"], runs["sequential"], strict=True)
-    result["sequential_vs_batched_per_run"] = [
-        s["seconds_per_round"] / b["seconds_per_round"] for b, s in pairs
-    ]
+        for clock in ("wall", "cpu"):
+            if f"{clock}_s_per_round" in result[engine]:
+                ratio = result[engine][f"{clock}_s_per_round"]
+                result[engine][f"{clock}_x_batched"] = (
+                    ratio / result["batched"][f"{clock}_s_per_round"]
+                )
+    for clock in ("wall", "cpu"):
+        pairs = zip(runs["batched"], runs["sequential"], strict=True)
+        result[f"sequential_vs_batched_per_run_{clock}"] = [
+            s["seconds_per_round"][clock] / b["seconds_per_round"][clock] for b, s in pairs
+        ]
     print("RESULT " + json.dumps(result))
 
 
