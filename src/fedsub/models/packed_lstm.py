@@ -12,7 +12,7 @@ forward pass kept, and the recurrent weights' gradient is one batched matmul ove
 Layout: time-major per client, ``[K, T, B, ...]``, rows in the plan's order. Positions past a
 sequence's end hold values that nothing valid depends on (a sequence's step t reads only its
 own steps before t), and the gradient reaching them is zero, so only each sequence's own steps
-matter; ``PackedPlan.last`` says where each one ends.
+matter; ``PackedPlan.lengths`` says where each one ends.
 """
 
 from __future__ import annotations
