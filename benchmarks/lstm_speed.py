@@ -10,7 +10,8 @@ rounds (the sequential one for half as many, at least 2); a run's figure is the 
 rounds after the first. Both wall-clock and CPU seconds (``time.process_time``, which a busy
 shared machine inflates less) are reported. ``--per-client-packed`` adds, for comparison, the
 sequential backend running the packed head one client at a time (what batching adds beyond the
-packed kernel itself). The final models of the first pair are compared (float32).
+packed kernel itself). The final models of the first pair are compared (float32); the peak
+resident memory is the process's (both backends).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -117,6 +119,9 @@ def main() -> None:
     if args.per_client_packed:
         packed = one_run(dataset, index, PackedPerClient(**vars(model)), "sequential", 2)
         result["per_client_packed_s_per_round"] = {"wall": packed["wall"], "cpu": packed["cpu"]}
+    # both backends ran in this process: the larger of their peaks (the data, the model and
+    # the batched cohort's buffers)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["load_average"] = os.getloadavg()
     print("RESULT " + json.dumps(result))
 
