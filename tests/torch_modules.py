@@ -134,3 +134,24 @@ class UserItems(nn.Module):
         user = self.user(batch.ids["user"][0])
         values, offsets = batch.ids["items"]
         return self.out(user * self.items(values, offsets[:-1]) + user).squeeze(-1)
+
+
+def wrapped_cases():
+    """The wrapped modules the model conformance suite checks beside the registered models
+    (test_model_capabilities.py, test_conformance_models.py): name -> (module, dataset)."""
+    from .test_backends import two_tables_with_dense
+
+    return {
+        "torch-module:two-bags": (TwoBags, lambda: two_tables_with_dense(0)),
+        "torch-module:user-items": (UserItems, single_and_multi_id),
+    }
+
+
+def wrapped(name: str):
+    """The wrapped model of conformance case ``name`` and its dataset (seeded weights)."""
+    from fedsub.models.torch_module import wrap
+
+    make_module, make_dataset = wrapped_cases()[name]
+    dataset = make_dataset()
+    torch.manual_seed(0)
+    return wrap(make_module(), dataset), dataset

@@ -25,7 +25,8 @@ module's own outputs and that ``vmap(head)`` gives the per-client heads; a modul
 the first (it computes with the ids outside its tables) runs whole on the sequential
 backend, one that fails the second (data-dependent control flow, ``.item()``, in-place
 writes to its inputs, random ops ...) runs split on the sequential backend: either way with
-a warning that says why (``batchable = False``).
+a warning that says why (``batchable = False``). ``train.compile`` captures the split step
+like a built-in model's (the stubs are plain Python the tracer follows).
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class TorchModuleModel:
         self.task: Task = task
         self._loss = loss
         self.batchable = lookups is not None
-        self.capturable = False  # train.compile: not yet tried on user modules
         self._feed = _Feed()
         self._tables = {t: copy.deepcopy(table_module(module, p)) for t, p in paths.items()}
         # what ``head`` runs: the module with stubs for its tables, or the whole module
