@@ -201,7 +201,7 @@ def _text(value: Any, separator: str) -> str:
 def _ragged(where: str, value: Any, n: int) -> Ragged:
     if isinstance(value, Ragged):
         ragged = value
-    elif isinstance(value, (list, tuple)) and any(_is_list(row) for row in value):
+    elif isinstance(value, (list, tuple)) and (not value or any(_is_list(r) for r in value)):
         try:
             ragged = Ragged.from_lists([[_integer(i) for i in row] for row in value])
         except (TypeError, ValueError):
