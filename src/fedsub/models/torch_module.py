@@ -126,24 +126,28 @@ class TorchModuleModel:
     ) -> torch.Tensor:
         # a copy: an in-place op of the forward must not write into the dataset's memory
         inputs = None if dense_inputs is None else dense_inputs.clone()
-        module = self._forward_module(features, dense)
+        candidates = [*dense.values(), *features.values(), *([] if inputs is None else [inputs])]
+        floating = [t for t in candidates if t.is_floating_point()]
+        if not floating:
+            raise ValueError("the module has no dense parameters and reads no rows or features")
+        module = self._forward_module(floating[0])
         if self.lookups is None:
             weights = {f"{p}.weight": features[f"table.{t}"] for t, p in self.paths.items()}
             ids = {f: (features[f"values.{f}"], features[f"offsets.{f}"]) for f in self.fields}
             return functional_call(module, {**dense, **weights}, (Inputs(ids, inputs),))
-        reference = next(iter(features.values()), inputs)
-        if reference is None:
+        samples = next(iter(features.values()), inputs)
+        if samples is None:
             raise ValueError("the module reads neither ids nor dense features")
         with self._feed.serving(features, self.lookups):
-            placeholders = _placeholder_ids(self.fields, reference.shape[0], reference.device)
+            placeholders = _placeholder_ids(self.fields, samples.shape[0], samples.device)
             return functional_call(module, dense, (Inputs(placeholders, inputs),))
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self._loss(outputs, labels)
 
     def to_module(self, params: Params) -> nn.Module:
-        """A copy of the wrapped module holding ``params`` (e.g. a run's trained model), in
-        the module's own dtype and device, in train mode."""
+        """A copy of the wrapped module holding ``params`` (e.g. a run's trained model): the
+        same class, in the module's own dtypes, on the CPU, in train mode."""
         module = copy.deepcopy(self.template)
         own = dict(module.named_parameters())
         values = {f"{p}.weight": params.tables[t] for t, p in self.paths.items()}
@@ -153,15 +157,13 @@ class TorchModuleModel:
                 own[name].copy_(value.to(own[name].device, own[name].dtype))
         return module.train()
 
-    def _forward_module(self, features: Features, dense: dict[str, torch.Tensor]) -> nn.Module:
-        """What ``head`` runs, with its constants (frozen parameters, buffers) in the run's
-        dtype and on its device: one copy per (device, dtype), made on first use."""
-        reference = next(iter([*dense.values(), *features.values()]))
-        dtype = reference.dtype if reference.is_floating_point() else torch.get_default_dtype()
-        key = (str(reference.device), dtype)
+    def _forward_module(self, reference: torch.Tensor) -> nn.Module:
+        """What ``head`` runs, with its constants (frozen parameters, buffers) in the dtype
+        and on the device of ``reference``: one copy per (device, dtype), made on first use."""
+        key = (str(reference.device), reference.dtype)
         module = self._copies.get(key)
         if module is None:
-            module = copy.deepcopy(self._forward).to(device=reference.device, dtype=dtype)
+            module = copy.deepcopy(self._forward).to(reference.device, reference.dtype)
             self._copies[key] = module
         return module
 
