@@ -355,6 +355,20 @@ def test_privacy_levels_agree_across_backends(privacy):
         torch.testing.assert_close(models["batched"].state_dict()[key], value, rtol=0, atol=1e-9)
 
 
+def test_rounds_split_across_processes_give_the_one_process_model(monkeypatch):
+    """torchrun splits each cohort into contiguous shares (engine/split_cohort.py); a wrapped
+    module's member updates do not depend on the other members, so the shares (emulated in
+    this process, as tests/test_distributed.py does) give the one-process model."""
+    from .test_distributed import assert_same_model, train_split
+
+    _, model, dataset = case("two-bags")
+    index = SubmodelIndex.build(dataset)
+    args = (model, algorithm_for("scaffold", dataset, index, 3), dataset, index, small_run(2))
+    whole = train(*args)
+    for world in (2, 3):
+        assert_same_model(train_split(monkeypatch, world, *args), whole, 1e-10, 1e-10)
+
+
 def test_the_captured_step_gives_the_eager_model():
     """train.compile traces the split step (stubs included) as one graph: dynamo's capture
     with eager kernels (aot_eager) gives the eager batched model."""
