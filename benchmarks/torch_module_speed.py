@@ -106,9 +106,15 @@ def embedding_lr(runs: int, rounds: int) -> dict:
                 )
                 times.setdefault(f"{name} {backend}", []).append(seconds)
     median = {k: statistics.median(v) for k, v in times.items()}
+
+    def per_run(a: str, b: str) -> list[float]:  # each run's ratio: its cases ran back to back
+        return [x / y for x, y in zip(times[a], times[b], strict=True)]
+
     return {
         "seconds_per_round": median,
         "runs": times,
+        "module_vs_built_in_batched_per_run": per_run("module batched", "built-in batched"),
+        "module_batched_speedup_per_run": per_run("module sequential", "module batched"),
         "module_batched_speedup": median["module sequential"] / median["module batched"],
         "built_in_batched_speedup": median["built-in sequential"] / median["built-in batched"],
         "module_vs_built_in_batched": median["module batched"] / median["built-in batched"],
@@ -138,9 +144,11 @@ def two_tower(runs: int, rounds: int) -> dict:
             seconds, finals[backend] = per_round(model, dataset, index, schedule, "fedsubavg")
             times.setdefault(backend, []).append(seconds)
     median = {k: statistics.median(v) for k, v in times.items()}
+    pairs = zip(times["sequential"], times["batched"], strict=True)
     return {
         "seconds_per_round": median,
         "runs": times,
+        "batched_speedup_per_run": [s / b for s, b in pairs],
         "batched_speedup": median["sequential"] / median["batched"],
         "max_difference_batched_vs_sequential": max_difference(
             finals["batched"], finals["sequential"]
