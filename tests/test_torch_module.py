@@ -300,6 +300,29 @@ def test_a_forward_vmap_cannot_run_is_split_but_sequential(caplog):
     )
 
 
+def test_an_unused_parameter_is_left_untrained_and_an_unread_table_refused(caplog):
+    dataset = two_tables_with_dense(0)
+    module = seeded(TwoBags)
+    module.spare = nn.Linear(2, 2)  # never called by forward
+    with caplog.at_level(logging.WARNING, logger="fedsub"):
+        model = wrap(module, dataset)
+    assert "does not use parameter(s) spare.weight, spare.bias; fedsub leaves them" in caplog.text
+    assert "spare.weight" not in model.init(torch.Generator(), torch.float64).dense
+    index = SubmodelIndex.build(dataset)
+    trained = assert_backends_match_reference(
+        model, algorithm_for("fedavg", dataset, index, 3), dataset, index, small_run(1)
+    )
+    assert torch.equal(model.to_module(trained["batched"]).spare.weight, module.spare.weight)
+
+    class IgnoresB(TwoBags):
+        def forward(self, batch):
+            a = self.a(*batch.ids["a"])
+            return self.mlp(torch.cat([a, a, batch.dense], dim=-1)).squeeze(-1)
+
+    with pytest.raises(ConfigError, match=r"module 'b' \(table 'b'\) is not used by the"):
+        wrap(seeded(IgnoresB), dataset)
+
+
 def test_dropout_is_inactive_and_said_so(caplog):
     module = seeded(TwoBags)
     module.mlp.insert(1, nn.Dropout(0.5))

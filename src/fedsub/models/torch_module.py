@@ -283,6 +283,7 @@ def wrap(
         reason = _split_differs(model, params, batch, outputs)
         if reason is not None:
             model = TorchModuleModel(template, paths, fields, None, task, loss)
+    _leave_out_unused(model, batch)
     name = type(module).__name__
     if reason is not None:
         LOG.warning(
@@ -292,7 +293,7 @@ def wrap(
             reason,
         )
         return model
-    why = _not_vmappable(model, params, batch)
+    why = _not_vmappable(model, model.init(torch.Generator(), torch.float64), batch)
     if why is not None:
         model.batchable = False
         LOG.warning(
@@ -302,6 +303,34 @@ def wrap(
             why,
         )
     return model
+
+
+def _leave_out_unused(model: TorchModuleModel, batch: Batch) -> None:
+    """Dense parameters the forward does not use on the probe batch are left out of training
+    (kept as the module has them, with a warning: autograd gives them no gradient); a table
+    it does not read is refused (every table of the dataset is pulled and trained)."""
+    params = model.init(torch.Generator(), torch.float64)
+    tensors = [t.requires_grad_(True) for t in params.tensors()]
+    outputs = model.head(params.dense, model.embed(params.tables, batch.ids), batch.dense)
+    grads = torch.autograd.grad(model.loss(outputs, batch.labels), tensors, allow_unused=True)
+    used = [g is not None for g in grads]
+    for table, reads in zip(params.tables, used[: len(params.tables)], strict=True):
+        if not reads:
+            path = model.paths[table]
+            raise ConfigError(
+                f"module {path!r} (table {table!r}) is not used by the forward pass; every "
+                "table of the dataset must be read (leave the fields you do not need out "
+                "of the dataset)"
+            )
+    names = list(params.dense)
+    unused = [n for n, reads in zip(names, used[len(params.tables) :], strict=True) if not reads]
+    if unused:
+        LOG.warning(
+            "the forward pass does not use parameter(s) %s; fedsub leaves them as they are "
+            "(not trained)",
+            ", ".join(unused),
+        )
+        model.dense_names = tuple(n for n in model.dense_names if n not in unused)
 
 
 def _check_layers(module: nn.Module) -> None:
