@@ -32,6 +32,7 @@ from .test_backends import shared_table_dataset, two_tables_with_dense
 from .torch_modules import (
     BranchesOnValues,
     DenseClassifier,
+    MaxBags,
     MeanByHand,
     SharedItem,
     SquaredError,
@@ -49,6 +50,7 @@ def seeded(make, seed: int = 0):
 
 CASES = {  # name: (module factory, dataset factory)
     "two-bags": (TwoBags, lambda: two_tables_with_dense(0)),
+    "max-bags": (MaxBags, lambda: two_tables_with_dense(0)),
     "shared-item": (SharedItem, shared_table_dataset),
     "user-items": (UserItems, single_and_multi_id),
     "dense-classifier": (
@@ -76,7 +78,7 @@ def test_the_split_forward_equals_the_modules_own_forward(name):
     with torch.no_grad():
         own = module.eval()(Inputs(batch.ids, batch.dense))
         got = forward(model, params, batch)
-    torch.testing.assert_close(got, own, rtol=0, atol=0)
+    torch.testing.assert_close(got, own, rtol=1e-6, atol=1e-7)  # float32 rounding
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

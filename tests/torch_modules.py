@@ -64,6 +64,14 @@ class SharedItem(nn.Module):
         return self.out(target * history + target).squeeze(-1)
 
 
+class MaxBags(TwoBags):
+    """Table a pooled by max (an EmbeddingBag mode fedsub calls as it is, functionally)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.EmbeddingBag(40, 3, mode="max", include_last_offset=True)
+
+
 class MeanByHand(TwoBags):
     """Pools table a by hand with the offsets (a mean): it computes with the ids outside its
     tables, so fedsub cannot split it and runs it whole."""

@@ -46,8 +46,9 @@ from torch.func import functional_call, vmap
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ConfigError
 from fedsub.models.base import Batch, Features, Ids, Task
-from fedsub.models.module_tables import TableSpec, table_module, table_paths
+from fedsub.models.module_tables import TableModule, TableSpec, table_module, table_paths
 from fedsub.models.module_trace import Lookup, Trace, trace
+from fedsub.models.pooling import sum_pool
 from fedsub.submodel.params import Params
 
 LOG = logging.getLogger("fedsub")
@@ -113,11 +114,7 @@ class TorchModuleModel:
                 features[f"values.{field}"], features[f"offsets.{field}"] = values, offsets
             return features
         return {
-            f"lookup{i}": functional_call(
-                self._tables[lookup.table],
-                {"weight": tables[lookup.table]},
-                _lookup_arguments(lookup, ids[lookup.field]),
-            )
+            f"lookup{i}": _look_up(self._tables[lookup.table], tables[lookup.table], lookup, ids)
             for i, lookup in enumerate(self.lookups)
         }
 
@@ -221,11 +218,27 @@ def _with_stubs(module: nn.Module, paths: dict[str, str], feed: _Feed) -> nn.Mod
     return head
 
 
-def _lookup_arguments(lookup: Lookup, field_ids: tuple[torch.Tensor, torch.Tensor]) -> tuple:
-    values, offsets = field_ids
+def _look_up(module: TableModule, rows: torch.Tensor, lookup: Lookup, ids: Ids) -> torch.Tensor:
+    """What table ``module`` returns for ``lookup`` with its weight replaced by ``rows``.
+    A plain ``nn.EmbeddingBag`` summing or averaging, or ``nn.Embedding``, is computed by
+    fedsub's gather and segment sum (models/pooling.py: the same numbers up to rounding, a
+    faster backward on the CPU); any other table module is called as it is."""
+    values, offsets = ids[lookup.field]
+    plain = not module.scale_grad_by_freq
+    if type(module) is nn.EmbeddingBag and plain and module.mode in ("sum", "mean"):
+        # the trace admits only calls giving one bag per sample: the samples' own bags
+        pooled = sum_pool(rows, values, offsets)
+        if module.mode == "sum":
+            return pooled
+        counts = (offsets[1:] - offsets[:-1]).clamp(min=1).unsqueeze(-1)
+        return pooled / counts.to(pooled.dtype)
+    if type(module) is nn.Embedding and plain:
+        return rows.index_select(0, values)
     if lookup.offsets == "none":
-        return (values,)
-    return (values, offsets if lookup.offsets == "whole" else offsets[:-1])
+        arguments: tuple = (values,)
+    else:
+        arguments = (values, offsets if lookup.offsets == "whole" else offsets[:-1])
+    return functional_call(module, {"weight": rows}, arguments)
 
 
 def _placeholder_ids(fields: tuple[str, ...], samples: int, device: torch.device) -> Ids:
