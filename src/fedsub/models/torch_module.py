@@ -14,18 +14,18 @@ seed, round and client, so runs would neither repeat nor resume); BatchNorm is r
 running statistics are not parameters clients can average, and its batch statistics differ
 between a client's batch and evaluation: use LayerNorm or GroupNorm).
 
-How it runs. ``forward`` is split at the tables: ``embed`` calls each table module
-functionally (its ``weight`` replaced by the rows given: the global table, a client's S(k)
-rows, or a whole cohort's concatenated rows) on the ids it reads, recorded once by a dry run
-(``module_trace.py``); ``head`` runs the user's ``forward`` with ``torch.func.functional_call``
-on the dense parameters given, the table modules replaced by stubs that return those
-lookups. Both backends run this one code path; the batched backend vmaps ``head`` over its
-clients' dense parameters. ``wrap`` checks on a few real samples that the split gives the
-module's own outputs and that ``vmap(head)`` gives the per-client heads; a module that fails
-the first (it computes with the ids outside its tables) runs whole on the sequential
-backend, one that fails the second (data-dependent control flow, ``.item()``, in-place
-writes to its inputs, random ops ...) runs split on the sequential backend: either way with
-a warning that says why (``batchable = False``). ``train.compile`` captures the split step
+How it runs. ``forward`` is split at the tables: ``embed`` computes what each table module
+returns for the ids it reads, recorded once by a dry run (``module_trace.py``), with its
+``weight`` replaced by the rows given (the global table, a client's S(k) rows, or a whole
+cohort's concatenated rows); ``head`` runs the user's ``forward`` with
+``torch.func.functional_call`` on the dense parameters given, the table modules replaced by
+stubs that return those lookups. Both backends run this one code path; the batched backend
+vmaps ``head`` over its clients' dense parameters. ``wrap`` checks on a few real samples that
+the split gives the module's own outputs and that ``vmap(head)`` gives the per-client heads; a
+module that fails the first (it computes with the ids outside its tables) runs whole on the
+sequential backend, one that fails the second (data-dependent control flow, ``.item()``, in-
+place writes to its inputs, random ops ...) runs split on the sequential backend: either way
+with a warning that says why (``batchable = False``). ``train.compile`` captures the split step
 like a built-in model's (the stubs are plain Python the tracer follows).
 """
 
@@ -90,7 +90,7 @@ class TorchModuleModel:
         self._feed = _Feed()
         self._tables = {t: copy.deepcopy(table_module(module, p)) for t, p in paths.items()}
         # what ``head`` runs: the module with stubs for its tables, or the whole module
-        self._forward = _with_stubs(module, paths, self._feed) if lookups else module
+        self._forward = module if lookups is None else _with_stubs(module, paths, self._feed)
         self._copies: dict[tuple[str, torch.dtype], nn.Module] = {}
         tables = {f"{p}.weight" for p in paths.values()}
         self.dense_names = tuple(
