@@ -23,8 +23,8 @@ stubs that return those lookups. Both backends run this one code path; the batch
 vmaps ``head`` over its clients' dense parameters. ``wrap`` checks on a few real samples that
 the split gives the module's own outputs and that ``vmap(head)`` gives the per-client heads; a
 module that fails the first (it computes with the ids outside its tables) runs whole on the
-sequential backend, one that fails the second (data-dependent control flow, ``.item()``, in-
-place writes to its inputs, random ops ...) runs split on the sequential backend: either way
+sequential backend, one that fails the second (data-dependent control flow, ``.item()``,
+in-place writes to its inputs, random ops ...) runs split on the sequential backend: either way
 with a warning that says why (``batchable = False``). ``train.compile`` captures the split step
 like a built-in model's (the stubs are plain Python the tracer follows).
 """
