@@ -38,7 +38,7 @@ FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-PARTITIONS = ("iid", "dirichlet", "shards", "k-labels", "power-law", "li-balanced", "li-unbalanced")
+PARTITIONS = (*partitioners.GENERIC, "li-balanced", "li-unbalanced")
 
 
 @dataclass(frozen=True)
@@ -81,16 +81,16 @@ LI_TEST_FRACTION = 0.1  # li-unbalanced: each device's share kept for the test s
 
 def _split(labels: np.ndarray, options: ImageOptions, rng: np.random.Generator):
     o = options
-    if o.partition == "iid":
-        return partitioners.iid(len(labels), o.num_clients, rng)
-    if o.partition == "dirichlet":
-        return partitioners.dirichlet(labels, o.num_clients, o.dirichlet_alpha, rng)
-    if o.partition == "shards":
-        return partitioners.shards(labels, o.num_clients, o.labels_per_client, rng)
-    if o.partition == "power-law":
-        return partitioners.power_law(len(labels), o.num_clients, o.power_law_sigma, rng)
-    if o.partition == "k-labels":
-        return partitioners.k_labels(labels, o.num_clients, o.labels_per_client, rng)
+    if o.partition in partitioners.GENERIC:
+        return partitioners.by_name(
+            o.partition,
+            labels,
+            o.num_clients,
+            rng,
+            labels_per_client=o.labels_per_client,
+            dirichlet_alpha=o.dirichlet_alpha,
+            power_law_sigma=o.power_law_sigma,
+        )
     if o.partition == "li-unbalanced":
         return partitioners.li_unbalanced(
             labels, o.num_clients, o.labels_per_client, o.power_law_sigma, rng

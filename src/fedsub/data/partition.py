@@ -117,6 +117,33 @@ def natural(ids: np.ndarray) -> list[np.ndarray]:
     return _check(np.split(order, np.cumsum(counts)[:-1]), "natural partition")
 
 
+GENERIC = ("iid", "dirichlet", "shards", "k-labels", "power-law")  # their config names
+
+
+def by_name(
+    name: str,
+    labels: np.ndarray,
+    clients: int,
+    rng: np.random.Generator,
+    *,
+    labels_per_client: int,
+    dirichlet_alpha: float,
+    power_law_sigma: float,
+) -> list[np.ndarray]:
+    """One of the ``GENERIC`` partitioners by its config name (a labeled dataset's options)."""
+    if name == "iid":
+        return iid(len(labels), clients, rng)
+    if name == "dirichlet":
+        return dirichlet(labels, clients, dirichlet_alpha, rng)
+    if name == "shards":
+        return shards(labels, clients, labels_per_client, rng)
+    if name == "k-labels":
+        return k_labels(labels, clients, labels_per_client, rng)
+    if name == "power-law":
+        return power_law(len(labels), clients, power_law_sigma, rng)
+    raise DataError(f"unknown partition {name!r}; expected one of {', '.join(GENERIC)}")
+
+
 def li_balanced(
     labels: np.ndarray,
     clients: int,
