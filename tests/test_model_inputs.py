@@ -50,7 +50,12 @@ def dataset(kind: str, folder: str):
         write_csv(root / "t.csv", list(tweets(users=4, per_user=50)))
         return load_sent140(Sent140Options(vocab_size=12, max_tokens=5), str(root / "t.csv"), 0)
     if kind.startswith("dense"):
-        dim = {"dense 5, 3 classes": 5, "dense 8x8 image": 64, "dense 16x16 image": 256}[kind]
+        dim = {
+            "dense 5, 3 classes": 5,
+            "dense 8x8 image": 64,
+            "dense 16x16 image": 256,
+            "dense 3x16x16 colour image": 768,
+        }[kind]
         return generate_li(SyntheticLiOptions(num_devices=4, dim=dim, classes=3), 0)
     (root / "c.csv").write_text(CSV)
     features = ["city"] if kind == "table: categorical + numeric" else []
@@ -66,6 +71,7 @@ KINDS = [
     "dense 5, 3 classes",
     "dense 8x8 image",
     "dense 16x16 image",
+    "dense 3x16x16 colour image",
     "table: categorical + numeric",
     "table: numeric only",
 ]
@@ -84,8 +90,8 @@ REFUSED = {("din", k) for k in KINDS if k != "user/item/history (amazon)"} | {
         for k in KINDS
         if not k.startswith(("dense", "table: numeric"))
     ),
-    *(("cnn", k) for k in KINDS if k != "dense 16x16 image"),
-    *(("resnet18", k) for k in KINDS if k not in ("dense 8x8 image", "dense 16x16 image")),
+    *(("cnn", k) for k in KINDS if k not in ("dense 16x16 image", "dense 3x16x16 colour image")),
+    *(("resnet18", k) for k in KINDS if "image" not in k),
 }
 
 

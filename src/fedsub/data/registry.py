@@ -8,6 +8,7 @@ from typing import Any
 
 from fedsub.data import (
     amazon,
+    cifar,
     images,
     movielens,
     sent140,
@@ -50,6 +51,16 @@ DATASETS: dict[str, DatasetSpec] = {
         images.ImageOptions,
         lambda options, path, seed: images.load("fashion-mnist", options, path, seed),
         "Fashion-MNIST from IDX files (Debian's dataset-fashion-mnist found automatically)",
+    ),
+    "cifar10": DatasetSpec(
+        cifar.CifarOptions,
+        lambda options, path, seed: cifar.load("cifar10", options, path, seed),
+        "CIFAR-10 from the official python archive, split over clients (seed 003)",
+    ),
+    "cifar100": DatasetSpec(
+        cifar.CifarOptions,
+        lambda options, path, seed: cifar.load("cifar100", options, path, seed),
+        "CIFAR-100 (fine or coarse labels) from the official python archive (seed 003)",
     ),
     "amazon-fedsubavg": DatasetSpec(
         amazon.AmazonFilesOptions,

@@ -188,9 +188,9 @@ def _scalar_text(path: Path, column: str, row: int, value: object) -> str:
 class _Rows:
     """The file's rows (the header checked), and how errors name one of them."""
 
-    file: Path
+    file: Path | str  # the file read, or what else the rows came from (e.g. "DataFrame")
     header: list[str]
-    rows: list[list[Cell]]
+    rows: Sequence[Sequence[Cell]]
     unit: str  # "line" for CSV (numbered from 1, the header included), "row" for Parquet
 
     def column(self, name: str, key: str) -> list[str]:
@@ -212,9 +212,26 @@ class _Rows:
 
 
 def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset:
-    """Read, check and encode the table; the training split's clients in client-id order."""
+    """Read the file's rows as text, then check and encode them (``encode``)."""
     file = _existing_file(path)
     header, rows, unit = read_rows(file, options.encoding)
+    return encode(header, rows, options, seed, file, unit, f"table:{file.name}")
+
+
+def encode(
+    header: list[str],
+    rows: Sequence[Sequence[Cell]],
+    options: TableOptions,
+    seed: int,
+    source: Path | str,
+    unit: str,
+    name: str,
+) -> FederatedDataset:
+    """Check and encode a table's rows (text cells; a list for a list column: a Parquet file's
+    or a DataFrame's, data/from_python.py); the training split's clients in client-id order.
+    Errors name ``source`` and the ``unit`` of a row ("line": numbered from 1, the header
+    included; "row": numbered from 0)."""
+    file = source
     crosses = _crosses(options)
     _check_header(file, header, options)
     _check_columns(file, header, rows, options)
@@ -247,7 +264,7 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
 
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return FederatedDataset(
-        f"table:{file.name}",
+        name,
         {TABLE: table_size} if options.features else {},
         subset(order),
         offsets,
@@ -276,7 +293,9 @@ def _crosses(o: TableOptions) -> list[tuple[str, str]]:
     return crosses
 
 
-def _check_columns(file: Path, header: list[str], rows: list[list[Cell]], o: TableOptions) -> None:
+def _check_columns(
+    file: Path | str, header: list[str], rows: Sequence[Sequence[Cell]], o: TableOptions
+) -> None:
     """Every configured column is in the header, and there are rows to read."""
     wanted = [o.client_column, o.label_column, *o.features, *o.numeric]
     if o.split_column:
@@ -421,7 +440,7 @@ def _clients_in_order(
     return order, counts
 
 
-def _check_both_classes(file: Path, train_labels: np.ndarray, label_column: str) -> None:
+def _check_both_classes(file: Path | str, train_labels: np.ndarray, label_column: str) -> None:
     classes = np.unique(train_labels)
     if len(classes) < 2:
         raise DataError(
@@ -430,7 +449,7 @@ def _check_both_classes(file: Path, train_labels: np.ndarray, label_column: str)
         )
 
 
-def _check_header(file: Path, header: list[str], o: TableOptions) -> None:
+def _check_header(file: Path | str, header: list[str], o: TableOptions) -> None:
     """Every column name once; the label and split columns are never inputs."""
     seen: set[str] = set()
     for name in header:
@@ -459,7 +478,7 @@ def _check_header(file: Path, header: list[str], o: TableOptions) -> None:
 
 
 def standardized(
-    dense: np.ndarray, train_rows: np.ndarray, names: list[str], file: Path
+    dense: np.ndarray, train_rows: np.ndarray, names: list[str], file: Path | str
 ) -> tuple[np.ndarray, dict]:
     """(x - mean) / std per column, with the training split's statistics (a constant column
     gets std 1); the statistics as stored in the run's feature_scaling.json."""

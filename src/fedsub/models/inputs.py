@@ -21,6 +21,7 @@ from fedsub.errors import ConfigError
 
 Dense = Literal["none", "optional", "required", "square-image"]
 Labels = Literal["binary", "classes"]
+IMAGE_CHANNELS = (1, 3)  # grey or colour (RGB), channel-major: models/registry.py's _image
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,9 @@ class Reads:
             "none": "no dense features",
             "optional": "dense features if any",
             "required": "dense features",
-            "square-image": f"dense features that are a square image (side >= {self.min_side})",
+            "square-image": (
+                f"dense features that are a square grey or colour image (side >= {self.min_side})"
+            ),
         }[self.dense]
         labels = "labels 0/1" if self.labels == "binary" else "class labels 0, 1, ..."
         return f"{ids}, {dense}, {labels}"
@@ -123,10 +126,15 @@ def _problem(reads: Reads, dataset: FederatedDataset) -> str | None:
         return f"it would ignore the {dim} dense features"
     if reads.dense in ("required", "square-image") and not dim:
         return "it needs dense features, and the dataset has none"
-    if reads.dense == "square-image":
-        side = math.isqrt(dim)
-        if side * side != dim or side < reads.min_side:
-            return f"its {dim} dense features are not a square image of side >= {reads.min_side}"
+    if reads.dense == "square-image" and not any(
+        c * side * side == dim and side >= reads.min_side
+        for c in IMAGE_CHANNELS
+        for side in [math.isqrt(dim // c)]
+    ):
+        return (
+            f"its {dim} dense features are not a square image of side >= {reads.min_side} "
+            "(side^2 grey or 3 x side^2 colour values)"
+        )
     values = _labels(dataset)
     if reads.labels == "binary" and not np.all(np.isin(values, (0.0, 1.0))):
         return "it is a binary classifier (labels 0/1)"

@@ -24,15 +24,19 @@ def _classes(dataset: FederatedDataset) -> int:
     return int(max(dataset.train.labels.max(), dataset.test.labels.max(initial=0))) + 1
 
 
-def _side(dataset: FederatedDataset) -> int:
-    """The side of the square grey images stored as dense pixels."""
-    side = math.isqrt(dataset.train.dense_dim)
-    if side == 0 or side * side != dataset.train.dense_dim:
-        raise ConfigError(
-            f"model: {dataset.name} has {dataset.train.dense_dim} dense features per sample, "
-            "not the pixels of a square image"
-        )
-    return side
+def _image(dataset: FederatedDataset) -> tuple[int, int]:
+    """(channels, side) of the square images stored as dense pixels, channel-major: one
+    channel when the pixels form a square (MNIST: 784 = 28^2), three when a third of them
+    do (CIFAR: 3,072 = 3 x 32^2). No count is both, since 3 is not a square."""
+    dim = dataset.train.dense_dim
+    for channels in (1, 3):
+        side = math.isqrt(dim // channels)
+        if side > 0 and channels * side * side == dim:
+            return channels, side
+    raise ConfigError(
+        f"model: {dataset.name} has {dim} dense features per sample, not the pixels of a "
+        "square image (side^2 grey or 3 x side^2 colour values)"
+    )
 
 
 def _dense_inputs(dataset: FederatedDataset, model: str) -> int:
@@ -60,7 +64,8 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "lstm": lambda ds, opts: LSTMClassifier(table_rows=dict(ds.table_rows)),
     "cnn": lambda ds, opts: SmallCNN(
         classes=_classes(ds),
-        side=_side(ds),
+        in_channels=_image(ds)[0],
+        side=_image(ds)[1],
         channels=tuple(opts.get("widths") or (16, 32)),
         scaler=opts.get("scaler", True),
     ),
@@ -72,8 +77,8 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     ),
     "resnet18": lambda ds, opts: PreActResNet18(
         classes=_classes(ds),
-        side=_side(ds),
-        in_channels=1,
+        in_channels=_image(ds)[0],
+        side=_image(ds)[1],
         widths=tuple(opts.get("widths") or (64, 128, 256, 512)),
         scaler=opts.get("scaler", True),
     ),
@@ -99,9 +104,9 @@ MODEL_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
         ("embedding_dim", "init_std"),
     ),
     "lstm": ("LSTM text classifier over token ids (Sent140)", ()),
-    "cnn": ("small CNN for square grey images", ("widths", "scaler")),
+    "cnn": ("small CNN for square grey or colour images", ("widths", "scaler")),
     "mlp": ("multilayer perceptron on dense features", ("widths", "scaler")),
-    "resnet18": ("pre-activation ResNet-18 for square grey images", ("widths", "scaler")),
+    "resnet18": ("pre-activation ResNet-18 for square grey or colour images", ("widths", "scaler")),
     "embedding-lr": ("logistic regression on summed id embeddings", ("embedding_dim", "init_std")),
     "softmax-regression": ("multinomial logistic regression on dense features", ()),
 }
