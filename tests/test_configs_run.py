@@ -67,6 +67,7 @@ CASES: dict[str, tuple[Callable[[Path], Path] | None, list[str]]] = {
         ["data.num_clients=5", "train.local_steps=2"],
     ),
     "li-synthetic.toml": (None, ["data.num_devices=6"]),
+    "li-quadratic.toml": (None, []),
     "table.toml": (clicks, []),
     "table2-synthetic.toml": (None, ["data.num_users=60"]),
 }

@@ -12,6 +12,7 @@ from fedsub.models.base import Model
 from fedsub.models.cnn import SmallCNN
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.models.linear_regression import LinearRegression
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.models.mlp import MLP
 from fedsub.models.resnet import PreActResNet18
@@ -87,6 +88,9 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         dense_dim=_dense_inputs(ds, "softmax-regression"),
         classes=_classes(ds),
     ),
+    "linear-regression": lambda ds, opts: LinearRegression(
+        dense_dim=_dense_inputs(ds, "linear-regression"),
+    ),
 }
 SLICEABLE = ("cnn", "mlp", "resnet18")  # width-sliceable: usable with train.masking
 
@@ -103,6 +107,7 @@ MODEL_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
     "resnet18": ("pre-activation ResNet-18 for square grey images", ("widths", "scaler")),
     "embedding-lr": ("logistic regression on summed id embeddings", ("embedding_dim", "init_std")),
     "softmax-regression": ("multinomial logistic regression on dense features", ()),
+    "linear-regression": ("least squares on dense features (seed 004's Theorem 4)", ()),
 }
 
 
