@@ -47,7 +47,7 @@ LAYERS: list[set[str]] = [
     {"algorithms", "masking", "privacy"},
     {"engine", "config"},
     {"checks", "report"},
-    {"experiment", "flower", "cli", "catalog", "__main__"},
+    {"experiment", "flower", "cli", "catalog", "reproduce", "__main__"},
 ]
 
 

@@ -125,8 +125,16 @@ def example_1(out: Path, smoke: bool) -> ClosedFormResult:
                 worst = max(worst, abs(e.metrics[coordinate] - rate[name][k] ** e.round))
         last = history[-1]
         rows += [
-            (f"{name} w1 after {last.round} rounds", rate[name][0] ** last.round, last.metrics["w1"]),
-            (f"{name} w2 after {last.round} rounds", rate[name][1] ** last.round, last.metrics["w2"]),
+            (
+                f"{name} w1 after {last.round} rounds",
+                rate[name][0] ** last.round,
+                last.metrics["w1"],
+            ),
+            (
+                f"{name} w2 after {last.round} rounds",
+                rate[name][1] ** last.round,
+                last.metrics["w2"],
+            ),
         ]
     plot = out / "example1.png"
     _plot_example(runs, rate, clients, lr, plot)
@@ -144,7 +152,10 @@ def _plot_example(runs, rate, clients: int, lr: float, path: Path) -> None:
     fig, (plane, w1) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, history in runs.items():
         plane.plot(
-            [e.metrics["w1"] for e in history], [e.metrics["w2"] for e in history], "o-", ms=2,
+            [e.metrics["w1"] for e in history],
+            [e.metrics["w2"] for e in history],
+            "o-",
+            ms=2,
             label=f"{name} (fedsub)",
         )
         rounds = np.array([e.round for e in history])

@@ -98,7 +98,7 @@ class Part:
     name: str
     data: Data
     action: Action | None  # None: nothing fedsub can run (the data are not public)
-    minutes: str  # on 2 cores: measured here, or what it is estimated from
+    minutes: str  # time on 2 cores: measured here, or an estimate where the data are not here
     note: str = ""  # e.g. the config comes from another branch
 
 
@@ -158,8 +158,8 @@ ML, SENT, AMZ, AMZ_AUTHORS = (
     "amazon-electronics-din.toml",
     "amazon-din.toml",
 )
-NOT_PUBLIC = "cannot run: the data are not public"
-NEEDS_DATA = "not measured here (no data); "
+NOT_PUBLIC = ""
+NEEDS_DATA = "not measured (no data here); "
 
 
 def _row(name: str, data: Data, action: Action | None, minutes: str, note: str = "") -> Part:
@@ -168,11 +168,14 @@ def _row(name: str, data: Data, action: Action | None, minutes: str, note: str =
 
 def table2_parts(algorithms: tuple[str, ...], ctr: tuple[str, ...]) -> tuple[Part, ...]:
     return (
-        _row("movielens", MOVIELENS, table2(ML, algorithms), NEEDS_DATA + "est. 30-60"),
-        _row("sent140", SENT140, table2(SENT, algorithms), NEEDS_DATA + "est. 300-600"),
-        _row("amazon", AMAZON, table2(AMZ, ctr), NEEDS_DATA + "est. 60-120"),
+        _row("movielens", MOVIELENS, table2(ML, algorithms), NEEDS_DATA + "est. 30-60 min"),
+        _row("sent140", SENT140, table2(SENT, algorithms), NEEDS_DATA + "est. 300-600 min"),
+        _row("amazon", AMAZON, table2(AMZ, ctr), NEEDS_DATA + "est. 60-120 min"),
         _row(
-            "amazon-authors", AMAZON_AUTHORS, table2(AMZ_AUTHORS, ctr), NEEDS_DATA + "est. 60-120"
+            "amazon-authors",
+            AMAZON_AUTHORS,
+            table2(AMZ_AUTHORS, ctr),
+            NEEDS_DATA + "est. 60-120 min",
         ),
         _row("alibaba", ALIBABA, None, NOT_PUBLIC),
     )
@@ -181,14 +184,14 @@ def table2_parts(algorithms: tuple[str, ...], ctr: tuple[str, ...]) -> tuple[Par
 def table3_parts() -> tuple[Part, ...]:
     k1, k2 = ("10", "30", "50"), ("20", "60", "100")
     return (
-        _row("movielens", MOVIELENS, k_sweep(ML, k1, ML_TARGET), NEEDS_DATA + "est. 40-80"),
-        _row("sent140", SENT140, k_sweep(SENT, k1, SENT_TARGET), NEEDS_DATA + "est. 100-200"),
-        _row("amazon", AMAZON, k_sweep(AMZ, k2, AUC_TARGET), NEEDS_DATA + "est. 20-40"),
+        _row("movielens", MOVIELENS, k_sweep(ML, k1, ML_TARGET), NEEDS_DATA + "est. 40-80 min"),
+        _row("sent140", SENT140, k_sweep(SENT, k1, SENT_TARGET), NEEDS_DATA + "est. 100-200 min"),
+        _row("amazon", AMAZON, k_sweep(AMZ, k2, AUC_TARGET), NEEDS_DATA + "est. 20-40 min"),
         _row(
             "amazon-authors",
             AMAZON_AUTHORS,
             k_sweep(AMZ_AUTHORS, k2, AUC_TARGET),
-            NEEDS_DATA + "est. 20-40",
+            NEEDS_DATA + "est. 20-40 min",
         ),
         _row("alibaba", ALIBABA, None, NOT_PUBLIC),
     )
@@ -196,11 +199,11 @@ def table3_parts() -> tuple[Part, ...]:
 
 def stats_parts(*names: str) -> tuple[Part, ...]:
     rows = {
-        "movielens": _row("movielens", MOVIELENS, Stats(ML), NEEDS_DATA + "est. 0.5"),
-        "sent140": _row("sent140", SENT140, Stats(SENT), NEEDS_DATA + "est. 0.5"),
-        "amazon": _row("amazon", AMAZON, Stats(AMZ), NEEDS_DATA + "est. 1"),
+        "movielens": _row("movielens", MOVIELENS, Stats(ML), NEEDS_DATA + "est. 0.5 min"),
+        "sent140": _row("sent140", SENT140, Stats(SENT), NEEDS_DATA + "est. 0.5 min"),
+        "amazon": _row("amazon", AMAZON, Stats(AMZ), NEEDS_DATA + "est. 1 min"),
         "amazon-authors": _row(
-            "amazon-authors", AMAZON_AUTHORS, Stats(AMZ_AUTHORS), NEEDS_DATA + "est. 0.5"
+            "amazon-authors", AMAZON_AUTHORS, Stats(AMZ_AUTHORS), NEEDS_DATA + "est. 0.5 min"
         ),
         "alibaba": _row("alibaba", ALIBABA, None, NOT_PUBLIC),
     }
@@ -213,7 +216,7 @@ def settings_parts() -> tuple[Part, ...]:
         _row("sent140", GENERATED, Settings(SENT), "instant"),
         _row("amazon", GENERATED, Settings(AMZ), "instant"),
         _row("amazon-authors", GENERATED, Settings(AMZ_AUTHORS), "instant"),
-        _row("alibaba", ALIBABA, None, "no config: the Alibaba data are not public"),
+        _row("alibaba", ALIBABA, None, ""),
     )
 
 
@@ -269,7 +272,7 @@ FMNIST = "fmnist-masking.toml"
 ROLL_VS_RANDOM = ("train.masking", ("rolling", "random"))
 LOW_HET = ("data.partition=dirichlet", "data.dirichlet_alpha=1.0")
 FMNIST_SMOKE = ("data.num_clients=5", "train.local_steps=2")
-CIFAR_NOTE = "its config comes with branch data (CIFAR loaders): wired at merge"
+CIFAR_NOTE = "comes with branch data: wired at merge"
 
 
 def masking(config: str, overrides: tuple[str, ...], sweep: tuple[str, tuple[str, ...]]) -> Run:
@@ -279,11 +282,11 @@ def masking(config: str, overrides: tuple[str, ...], sweep: tuple[str, tuple[str
 
 def cifar(name: str, data: Data, config: str, overrides=(), sweep=ROLL_VS_RANDOM) -> Part:
     run = masking(config, overrides, sweep)
-    return Part(name, data, run, NEEDS_DATA + "est. hours (ResNet-18 on CPU)", CIFAR_NOTE)
+    return Part(name, data, run, NEEDS_DATA + "est. hours (ResNet-18 on a CPU)", CIFAR_NOTE)
 
 
 def fmnist(overrides=(), sweep=ROLL_VS_RANDOM) -> Part:
-    return Part("fashion-mnist", FASHION, masking(FMNIST, overrides, sweep), "7-15 per scheme")
+    return Part("fashion-mnist", FASHION, masking(FMNIST, overrides, sweep), "7-15 min per scheme")
 
 
 EXPERIMENTS_LIST: tuple[Experiment, ...] = (
@@ -342,7 +345,7 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
     Experiment(
         "001-fig2",
         "Example 1: (w1, w2) trajectories of FedAvg and FedSubAvg, heat dispersion 100",
-        (Part("example-1", GENERATED, ClosedForm("example-1"), "0.1 (measured)"),),
+        (Part("example-1", GENERATED, ClosedForm("example-1"), "0.1 min"),),
         "fedsub's trajectories against the closed forms of section 3",
     ),
     Experiment(
@@ -437,12 +440,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "003-fig4",
         "model-homogeneous CIFAR-10, low heterogeneity",
         (
-            cifar(
-                "cifar10-largest", CIFAR10, S003_C10, (*LOW_HET, "train.capacities=[1.0]")
-            ),
-            cifar(
-                "cifar10-smallest", CIFAR10, S003_C10, (*LOW_HET, "train.capacities=[0.0625]")
-            ),
+            cifar("cifar10-largest", CIFAR10, S003_C10, (*LOW_HET, "train.capacities=[1.0]")),
+            cifar("cifar10-smallest", CIFAR10, S003_C10, (*LOW_HET, "train.capacities=[0.0625]")),
         ),
     ),
     Experiment(
@@ -460,8 +459,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "003-tab3",
         "dataset statistics: clients, training and test examples",
         (
-            Part("cifar10", CIFAR10, Stats(S003_C10), NEEDS_DATA + "est. 0.5", CIFAR_NOTE),
-            Part("cifar100", CIFAR100, Stats(S003_C100), NEEDS_DATA + "est. 0.5", CIFAR_NOTE),
+            Part("cifar10", CIFAR10, Stats(S003_C10), NEEDS_DATA + "est. 0.5 min", CIFAR_NOTE),
+            Part("cifar100", CIFAR100, Stats(S003_C100), NEEDS_DATA + "est. 0.5 min", CIFAR_NOTE),
         ),
     ),
     Experiment(
@@ -488,16 +487,19 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "dataset statistics: devices, training samples, samples per device (mean, std)",
         (
             Part(
-                "mnist-balanced", MNIST, Stats(LI_MNIST, smoke=LI_SMOKE_MNIST), NEEDS_DATA + "0.2"
+                "mnist-balanced",
+                MNIST,
+                Stats(LI_MNIST, smoke=LI_SMOKE_MNIST),
+                NEEDS_DATA + "est. 0.2 min",
             ),
             Part(
                 "mnist-unbalanced",
                 MNIST,
                 Stats(LI_MNIST, UNBALANCED, LI_SMOKE_MNIST),
-                NEEDS_DATA + "0.2",
+                NEEDS_DATA + "est. 0.2 min",
             ),
-            Part("synthetic-0-0", GENERATED, Stats(LI_SYN, smoke=LI_SMOKE_SYN), "0.1"),
-            Part("synthetic-1-1", GENERATED, Stats(LI_SYN, SYN11, LI_SMOKE_SYN), "0.1"),
+            Part("synthetic-0-0", GENERATED, Stats(LI_SYN, smoke=LI_SMOKE_SYN), "0.1 min"),
+            Part("synthetic-1-1", GENERATED, Stats(LI_SYN, SYN11, LI_SMOKE_SYN), "0.1 min"),
         ),
     ),
     Experiment(
@@ -508,26 +510,29 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 "mnist-unbalanced",
                 MNIST,
                 li_e_sweep(LI_MNIST, UNBALANCED, 0.29, 64),
-                NEEDS_DATA + "est. 30",
+                NEEDS_DATA + "est. 30 min",
             ),
             Part(
-                "mnist-balanced", MNIST, li_e_sweep(LI_MNIST, (), 0.50, 64), NEEDS_DATA + "est. 30"
+                "mnist-balanced",
+                MNIST,
+                li_e_sweep(LI_MNIST, (), 0.50, 64),
+                NEEDS_DATA + "est. 30 min",
             ),
-            Part("synthetic-0-0", GENERATED, li_e_sweep(LI_SYN, (), 0.95, 24), "12"),
-            Part("synthetic-1-1", GENERATED, li_e_sweep(LI_SYN, SYN11, 1.15, 24), "10"),
+            Part("synthetic-0-0", GENERATED, li_e_sweep(LI_SYN, (), 0.95, 24), "12 min"),
+            Part("synthetic-1-1", GENERATED, li_e_sweep(LI_SYN, SYN11, 1.15, 24), "10 min"),
         ),
         "E values 1, 5, 10, 20, 50, 100 (the text does not give them); 1,000 rounds each",
     ),
     Experiment(
         "004-fig1b",
         "effect of K on synthetic(0,0) (Scheme I, E = 5): little",
-        (Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), "6"),),
+        (Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), "6 min"),),
         "K = 10, 20, 50, 100 (the text does not give them)",
     ),
     Experiment(
         "004-fig1c",
         "the four schemes on balanced MNIST (E = 20, K = 10, b = 64)",
-        (Part("mnist-balanced", MNIST, li_schemes(LI_MNIST, (), 20), NEEDS_DATA + "est. 3"),),
+        (Part("mnist-balanced", MNIST, li_schemes(LI_MNIST, (), 20), NEEDS_DATA + "est. 3 min"),),
         "every scheme at eta_0 = 0.1 (the paper tuned the original's from {0.1, 0.5, 0.9, 1.1})",
     ),
     Experiment(
@@ -538,7 +543,7 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 "mnist-unbalanced",
                 MNIST,
                 li_schemes(LI_MNIST, UNBALANCED, 20),
-                NEEDS_DATA + "est. 3",
+                NEEDS_DATA + "est. 3 min",
             ),
         ),
     ),
@@ -546,8 +551,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "004-fig2",
         "Theorem 4's quadratic: FedAvg with a constant lr stops at a wrong point unless E = 1",
         (
-            Part("constant", GENERATED, ClosedForm("theorem-4-constant"), "1.5"),
-            Part("decayed", GENERATED, ClosedForm("theorem-4-decayed"), "1.5"),
+            Part("constant", GENERATED, ClosedForm("theorem-4-constant"), "1.5 min"),
+            Part("decayed", GENERATED, ClosedForm("theorem-4-decayed"), "1.5 min"),
         ),
         "li-quadratic + linear-regression (configs/li-quadratic.toml) against eq. (28)",
     ),
@@ -555,14 +560,14 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "004-fig3",
         "effect of K on the four datasets (Scheme I, E = 5)",
         (
-            Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), "6"),
-            Part("synthetic-1-1", GENERATED, li_k_sweep(LI_SYN, SYN11, 24), "5"),
-            Part("mnist-balanced", MNIST, li_k_sweep(LI_MNIST, (), 64), NEEDS_DATA + "est. 10"),
+            Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), "6 min"),
+            Part("synthetic-1-1", GENERATED, li_k_sweep(LI_SYN, SYN11, 24), "5 min"),
+            Part("mnist-balanced", MNIST, li_k_sweep(LI_MNIST, (), 64), NEEDS_DATA + "est. 10 min"),
             Part(
                 "mnist-unbalanced",
                 MNIST,
                 li_k_sweep(LI_MNIST, UNBALANCED, 64),
-                NEEDS_DATA + "est. 10",
+                NEEDS_DATA + "est. 10 min",
             ),
         ),
     ),
@@ -570,8 +575,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "004-fig4",
         "the four schemes on synthetic(0,0) and (1,1) (E = 10, K = 10, b = 24)",
         (
-            Part("synthetic-0-0", GENERATED, li_schemes(LI_SYN, (), 10), "1"),
-            Part("synthetic-1-1", GENERATED, li_schemes(LI_SYN, SYN11, 10), "1"),
+            Part("synthetic-0-0", GENERATED, li_schemes(LI_SYN, (), 10), "1 min"),
+            Part("synthetic-1-1", GENERATED, li_schemes(LI_SYN, SYN11, 10), "1 min"),
         ),
     ),
 )
