@@ -6,6 +6,8 @@ A_N = B_N + E_(Np+1,Np+1)): the round map ``w <- M w + c`` of C.4 and its fixed 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -76,7 +78,8 @@ def test_the_devices_hold_the_papers_partition():
     matrices, b = paper_matrices()
     assert list(dataset.sample_counts()) == [P + 1] * N  # balanced (C.3)
     x, y = dataset.train.dense, dataset.train.labels
-    for k, (lo, hi) in enumerate(zip(dataset.client_offsets, dataset.client_offsets[1:])):
+    offsets = dataset.client_offsets
+    for k, (lo, hi) in enumerate(itertools.pairwise(offsets)):
         mean_gram = x[lo:hi].T @ x[lo:hi] / (P + 1)  # the mean loss's Hessian
         np.testing.assert_allclose(mean_gram, matrices[k], atol=1e-12)
         np.testing.assert_allclose(x[lo:hi].T @ y[lo:hi] / (P + 1), b if k == 0 else 0 * b)

@@ -78,9 +78,14 @@ def local_matrices(options: LiQuadraticOptions) -> list[np.ndarray]:
     return matrices
 
 
+def global_matrix(options: LiQuadraticOptions) -> np.ndarray:
+    """``A = sum_k A_k``, tridiagonal."""
+    return np.sum(local_matrices(options), axis=0)
+
+
 def objective(options: LiQuadraticOptions, mu: float, w: np.ndarray) -> float:
     """F(w) of eq. (23)."""
-    a = sum(local_matrices(options))
+    a = global_matrix(options)
     b = np.zeros(len(w))
     b[0] = 1.0
     return float((w @ a @ w - 2 * b @ w) / (2 * options.num_devices) + mu / 2 * w @ w)
@@ -88,7 +93,7 @@ def objective(options: LiQuadraticOptions, mu: float, w: np.ndarray) -> float:
 
 def optimum(options: LiQuadraticOptions, mu: float) -> np.ndarray:
     """``w* = (A + N mu I)^-1 e_1``, the minimizer of F."""
-    a = sum(local_matrices(options))
+    a = global_matrix(options)
     b = np.zeros(len(a))
     b[0] = 1.0
     return np.linalg.solve(a + options.num_devices * mu * np.eye(len(a)), b)
@@ -101,8 +106,8 @@ def fedavg_limit(options: LiQuadraticOptions, mu: float, lr: float, local_steps:
     n, dim = len(matrices), len(matrices[0])
     eye = np.eye(dim)
     steps = [eye - lr * (a + mu * eye) for a in matrices]
-    mean_power = sum(np.linalg.matrix_power(s, local_steps) for s in steps) / n
+    mean_power = np.mean([np.linalg.matrix_power(s, local_steps) for s in steps], axis=0)
     b = np.zeros(dim)
     b[0] = 1.0
-    drift = sum(np.linalg.matrix_power(steps[0], j) for j in range(local_steps)) @ b
+    drift = np.sum([np.linalg.matrix_power(steps[0], j) for j in range(local_steps)], axis=0) @ b
     return np.linalg.solve(eye - mean_power, lr / n * drift)

@@ -19,8 +19,9 @@ from typing import Any, Literal
 
 from fedsub.errors import ConfigError
 
-# What every experiment sets at smoke size (the test suite's): a couple of rounds and clients.
-SMOKE = ("train.rounds=2", "train.clients_per_round=2", "eval.every=1")
+# What every experiment sets at smoke size (the test suite's): a couple of rounds and clients,
+# one torch thread (tiny cohorts run faster without handing kernels between threads).
+SMOKE = ("train.rounds=2", "train.clients_per_round=2", "eval.every=1", "train.threads=1")
 
 
 @dataclass(frozen=True)
@@ -480,7 +481,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
     Experiment(
         "004-tab1",
         "the sampling and averaging schemes (definitions)",
-        note="nothing to run: each scheme is tested against its formula (tests/test_aggregation.py)",
+        note="nothing to run: each scheme is tested against its formula "
+        "(tests/test_aggregation.py)",
     ),
     Experiment(
         "004-tab2",

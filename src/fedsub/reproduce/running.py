@@ -93,7 +93,7 @@ def config_missing(part: Part, configs: Path) -> str | None:
 def status_here(part: Part, configs: Path, data_path: str | None = None) -> str:
     """'runs here', or why not."""
     if part.action is None:
-        return f"cannot run: {part.data.note}"
+        return f"cannot run: needs dataset {part.data.name} ({part.data.note})"
     missing = config_missing(part, configs)
     if missing:
         return f"cannot run yet: {missing}"
@@ -555,7 +555,8 @@ def _settings_verdict(rows: list[tuple[str, str, str]]) -> str:
     if not wrong:
         return f"same settings ({len(rows)} of {len(rows)})"
     cell, paper, ours = wrong[0]
-    return f"differs: {cell} is {ours}, the paper's {paper} ({len(rows) - len(wrong)} of {len(rows)} match)"
+    matching = len(rows) - len(wrong)
+    return f"differs: {cell} is {ours}, the paper's {paper} ({matching} of {len(rows)} match)"
 
 
 def _same_setting(paper: str, ours: str) -> bool:
