@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from fedsub.cli import main
+from fedsub.engine.loop import Interrupted
+from fedsub.errors import FedsubError
 from fedsub.reproduce import registry, running
 from fedsub.reproduce.registry import EXPERIMENTS, Settings
 
@@ -66,10 +68,10 @@ def trained_once():
     cache: dict = {}
     original = running._train
 
-    def train_once(run, configs, folder, smoke, data_path, user, overwrite):
+    def train_once(run, configs, folder, smoke, data_path, user, folders):
         key = (run, data_path)
         if key not in cache:
-            cache[key] = original(run, configs, folder, smoke, data_path, user, overwrite)
+            cache[key] = original(run, configs, folder, smoke, data_path, user, folders)
         return cache[key]
 
     running._train = train_once
@@ -140,7 +142,7 @@ def test_the_shipped_table2_configs_carry_table4_and_table5():
                 None,
                 [],
                 registry.configs_folder(),
-                False,
+                running.Folders(),
             )
             assert result.verdict.startswith("same settings"), (experiment_id, part.name, result)
 
@@ -152,9 +154,28 @@ def test_a_setting_that_differs_is_named(tmp_path):
     (configs / "amazon-din.toml").write_text(text.replace("server_lr = 0.001", "server_lr = 0.01"))
     part = EXPERIMENTS["002-tab5"].part("amazon-authors")
     result = running.run_part(
-        EXPERIMENTS["002-tab5"], part, tmp_path, False, None, [], configs, False
+        EXPERIMENTS["002-tab5"], part, tmp_path, False, None, [], configs, running.Folders()
     )
     assert result.verdict.startswith("differs: fedadam server_lr is 0.01, the paper's 0.001")
+
+
+def test_a_stopped_part_resumes_and_a_finished_one_is_not_overwritten(tmp_path):
+    out = tmp_path / "fig4"
+    with pytest.raises(Interrupted):
+        running.reproduce(
+            "004-fig4",
+            out,
+            smoke=True,
+            part="synthetic-1-1",
+            folders=running.Folders(stop_requested=lambda: True),
+        )
+    (resumed,) = running.reproduce(
+        "004-fig4", out, smoke=True, part="synthetic-1-1", folders=running.Folders(resume=True)
+    )
+    (fresh,) = running.reproduce("004-fig4", tmp_path / "fresh", smoke=True, part="synthetic-1-1")
+    assert resumed.verdict == fresh.verdict and resumed.rows == fresh.rows
+    with pytest.raises(FedsubError, match="holds"):
+        running.reproduce("004-fig4", out, smoke=True, part="synthetic-1-1")
 
 
 def test_rounds_verdict_ranks_unreached_last_and_measures_reached_cells():

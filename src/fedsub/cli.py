@@ -321,17 +321,30 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.id is None:
         print("\n".join(running.listing(configs)))
         return 0
-    with _reporting(args.quiet):
-        results = running.reproduce(
-            args.id,
-            Path(args.out),
-            smoke=args.smoke,
-            part=args.part,
-            data_path=args.data_path,
-            overrides=args.set,
-            configs=configs,
-            overwrite=args.overwrite,
+    if args.resume and args.overwrite:
+        raise ConfigError(
+            "--resume continues the runs in --out; --overwrite replaces them: pick one"
         )
+    try:
+        with _reporting(args.quiet), _stop_on_ctrl_c() as stop_requested:
+            folders = running.Folders(args.overwrite, args.resume, stop_requested)
+            results = running.reproduce(
+                args.id,
+                Path(args.out),
+                smoke=args.smoke,
+                part=args.part,
+                data_path=args.data_path,
+                overrides=args.set,
+                configs=configs,
+                folders=folders,
+            )
+    except Interrupted as stopped:
+        again = " ".join(a for a in sys.argv[1:] if a != "--overwrite")
+        print(
+            f"fedsub: stopped after round {stopped.round}; continue with: fedsub {again} --resume",
+            file=sys.stderr,
+        )
+        return 130
     print("\n".join(running.summary_lines(results)))
     if not args.quiet:
         print(f"results in {args.out}/ (reproduce.md, reproduce.json, plots)")
@@ -493,6 +506,11 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--configs", help="the configs folder (default: the checkout's)")
     reproduce.add_argument(
         "--overwrite", action="store_true", help="replace the runs already in --out"
+    )
+    reproduce.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the stopped runs in --out (finished ones are read back)",
     )
     reproduce.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     reproduce.set_defaults(func=cmd_reproduce)

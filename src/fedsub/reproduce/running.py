@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,17 @@ from fedsub.reproduce.registry import (
 
 Cell = int | str | None  # rounds to target: a round, "R+" (not reached in R), None (no run)
 WITHIN = 0.10  # numbers closer than this (relative) are "within"
+
+
+@dataclass(frozen=True)
+class Folders:
+    """What to do with runs already in the output folder: refuse them (the default), replace
+    them (``overwrite``) or continue them (``resume``, checked to be the same run); and when
+    to stop (Ctrl-C: after the current round, with a checkpoint)."""
+
+    overwrite: bool = False
+    resume: bool = False
+    stop_requested: Callable[[], bool] = lambda: False
 
 
 @dataclass(frozen=True)
@@ -127,10 +138,11 @@ def reproduce(
     data_path: str | None = None,
     overrides: Sequence[str] = (),
     configs: Path | None = None,
-    overwrite: bool = False,
+    folders: Folders = Folders(),
 ) -> list[PartResult]:
     """Run every part of the experiment (or ``part``) whose data are here; write
-    ``out/reproduce.json`` and ``out/reproduce.md``."""
+    ``out/reproduce.json`` and ``out/reproduce.md``. A stopped run raises ``Interrupted``
+    (engine/loop.py); the same call with ``Folders(resume=True)`` continues it."""
     e = experiment(experiment_id)
     chosen = [e.part(part)] if part else list(e.parts)
     if data_path is not None and len({p.data for p in chosen}) > 1:
@@ -140,7 +152,7 @@ def reproduce(
         )
     configs = configs or configs_folder()
     results = [
-        run_part(e, p, out, smoke, data_path, list(overrides), configs, overwrite) for p in chosen
+        run_part(e, p, out, smoke, data_path, list(overrides), configs, folders) for p in chosen
     ]
     write_report(e, results, out)
     return results
@@ -154,7 +166,7 @@ def run_part(
     data_path: str | None,
     overrides: list[str],
     configs: Path,
-    overwrite: bool,
+    folders: Folders,
 ) -> PartResult:
     numbers = paper_numbers(e.id, part.name)
     where = numbers.where if numbers else ""
@@ -180,7 +192,7 @@ def run_part(
         else:
             assert isinstance(action, Run)
             table, horizon, plots = _train(
-                action, configs, folder, smoke, data_path, overrides, overwrite
+                action, configs, folder, smoke, data_path, overrides, folders
             )
             rows, verdict = judge(paper, table, horizon)
     except DataError as error:  # the data are there but not what the loader expects
@@ -226,7 +238,7 @@ def _train(
     smoke: bool,
     data_path: str | None,
     user: list[str],
-    overwrite: bool,
+    folders: Folders,
 ) -> tuple[dict[str, dict], int, list[Path]]:
     """Train the part (a comparison or a sweep) and return its results by name (algorithm,
     or the sweep's value), the horizon, and the plot."""
@@ -236,14 +248,31 @@ def _train(
     sets = _run_overrides(run, smoke, data_path, user)
     if run.sweep is None:
         config = config_lib.load(path, sets)
-        outcome = compare(config, folder, overwrite=overwrite)
+        resume = folders.resume and (folder / "run.json").exists()
+        outcome = compare(
+            config,
+            folder,
+            resume=resume,
+            stop_requested=folders.stop_requested,
+            overwrite=folders.overwrite and not resume,
+        )
         return dict(outcome.summary["algorithms"]), config.train.rounds, [folder / "curves.png"]
     key, values = run.sweep
     if smoke and run.smoke_values is not None:
         values = run.smoke_values
     base = config_lib.apply_overrides(config_lib.read_toml(path), sets)
     config_lib.load(path, sets)  # a bad override is named before any training
-    sweep(key, list(values), base, folder, overwrite=overwrite, where=str(path))
+    resume = folders.resume and (folder / "run.json").exists()
+    sweep(
+        key,
+        list(values),
+        base,
+        folder,
+        resume=resume,
+        stop_requested=folders.stop_requested,
+        overwrite=folders.overwrite and not resume,
+        where=str(path),
+    )
     table: dict[str, dict] = {}
     horizon = 0
     for value in values:
