@@ -183,7 +183,7 @@ def run_part(
             folder.mkdir(parents=True, exist_ok=True)
             rows, verdict, plots = _closed_form(action, folder, smoke)
         elif isinstance(action, Settings):
-            rows, verdict, plots = _settings(configs / action.config, paper), "", []
+            rows, plots = _settings(configs / action.config, paper), []
             verdict = _settings_verdict(rows)
         elif isinstance(action, Stats):
             sets = [*action.overrides, *(action.smoke if smoke else ()), *overrides]
