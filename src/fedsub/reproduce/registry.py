@@ -161,6 +161,10 @@ ML, SENT, AMZ, AMZ_AUTHORS = (
 )
 NOT_PUBLIC = ""
 NEEDS_DATA = "not measured (no data here); "
+# measured here while the 2 cores were shared with other jobs (load ~12): several times slower
+# than a quiet machine
+LOADED = " (measured, shared machine)"
+ESTIMATE = "not measured yet; est. "
 
 
 def _row(name: str, data: Data, action: Action | None, minutes: str, note: str = "") -> Part:
@@ -292,7 +296,12 @@ def cifar(name: str, data: Data, config: str, overrides=(), sweep=ROLL_VS_RANDOM
 
 
 def fmnist(overrides=(), sweep=ROLL_VS_RANDOM) -> Part:
-    return Part("fashion-mnist", FASHION, masking(FMNIST, overrides, sweep), "7-15 min per scheme")
+    return Part(
+        "fashion-mnist",
+        FASHION,
+        masking(FMNIST, overrides, sweep),
+        ESTIMATE + "7-15 min per scheme",
+    )
 
 
 EXPERIMENTS_LIST: tuple[Experiment, ...] = (
@@ -351,7 +360,7 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
     Experiment(
         "001-fig2",
         "Example 1: (w1, w2) trajectories of FedAvg and FedSubAvg, heat dispersion 100",
-        (Part("example-1", GENERATED, ClosedForm("example-1"), "0.1 min"),),
+        (Part("example-1", GENERATED, ClosedForm("example-1"), "0.1 min (measured)"),),
         "fedsub's trajectories against the closed forms of section 3",
     ),
     Experiment(
@@ -505,8 +514,12 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 Stats(LI_MNIST, UNBALANCED, LI_SMOKE_MNIST),
                 NEEDS_DATA + "est. 0.2 min",
             ),
-            Part("synthetic-0-0", GENERATED, Stats(LI_SYN, smoke=LI_SMOKE_SYN), "0.1 min"),
-            Part("synthetic-1-1", GENERATED, Stats(LI_SYN, SYN11, LI_SMOKE_SYN), "0.1 min"),
+            Part(
+                "synthetic-0-0", GENERATED, Stats(LI_SYN, smoke=LI_SMOKE_SYN), "0.1 min (measured)"
+            ),
+            Part(
+                "synthetic-1-1", GENERATED, Stats(LI_SYN, SYN11, LI_SMOKE_SYN), "0.1 min (measured)"
+            ),
         ),
     ),
     Experiment(
@@ -525,15 +538,22 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 li_e_sweep(LI_MNIST, (), 0.50, 64),
                 NEEDS_DATA + "est. 30 min",
             ),
-            Part("synthetic-0-0", GENERATED, li_e_sweep(LI_SYN, (), 0.95, 24), "12 min"),
-            Part("synthetic-1-1", GENERATED, li_e_sweep(LI_SYN, SYN11, 1.15, 24), "10 min"),
+            Part(
+                "synthetic-0-0", GENERATED, li_e_sweep(LI_SYN, (), 0.95, 24), ESTIMATE + "5-10 min"
+            ),
+            Part(
+                "synthetic-1-1",
+                GENERATED,
+                li_e_sweep(LI_SYN, SYN11, 1.15, 24),
+                ESTIMATE + "5-10 min",
+            ),
         ),
         "E values 1, 5, 10, 20, 50 (the text does not give them); 1,000 rounds each",
     ),
     Experiment(
         "004-fig1b",
         "effect of K on synthetic(0,0) (Scheme I, E = 5): little",
-        (Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), "6 min"),),
+        (Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), ESTIMATE + "2-4 min"),),
         "K = 10, 20, 50, 100 (the text does not give them)",
     ),
     Experiment(
@@ -558,8 +578,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "004-fig2",
         "Theorem 4's quadratic: FedAvg with a constant lr stops at a wrong point unless E = 1",
         (
-            Part("constant", GENERATED, ClosedForm("theorem-4-constant"), "1.5 min"),
-            Part("decayed", GENERATED, ClosedForm("theorem-4-decayed"), "1.5 min"),
+            Part("constant", GENERATED, ClosedForm("theorem-4-constant"), "1.7 min" + LOADED),
+            Part("decayed", GENERATED, ClosedForm("theorem-4-decayed"), "2.4 min" + LOADED),
         ),
         "li-quadratic + linear-regression (configs/li-quadratic.toml) against eq. (28)",
     ),
@@ -567,8 +587,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "004-fig3",
         "effect of K on the four datasets (Scheme I, E = 5)",
         (
-            Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), "6 min"),
-            Part("synthetic-1-1", GENERATED, li_k_sweep(LI_SYN, SYN11, 24), "5 min"),
+            Part("synthetic-0-0", GENERATED, li_k_sweep(LI_SYN, (), 24), ESTIMATE + "2-4 min"),
+            Part("synthetic-1-1", GENERATED, li_k_sweep(LI_SYN, SYN11, 24), ESTIMATE + "2-4 min"),
             Part("mnist-balanced", MNIST, li_k_sweep(LI_MNIST, (), 64), NEEDS_DATA + "est. 10 min"),
             Part(
                 "mnist-unbalanced",
@@ -582,8 +602,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "004-fig4",
         "the four schemes on synthetic(0,0) and (1,1) (E = 10, K = 10, b = 24)",
         (
-            Part("synthetic-0-0", GENERATED, li_schemes(LI_SYN, (), 10), "1 min"),
-            Part("synthetic-1-1", GENERATED, li_schemes(LI_SYN, SYN11, 10), "1 min"),
+            Part("synthetic-0-0", GENERATED, li_schemes(LI_SYN, (), 10), "18 min" + LOADED),
+            Part("synthetic-1-1", GENERATED, li_schemes(LI_SYN, SYN11, 10), ESTIMATE + "18 min"),
         ),
     ),
 )
