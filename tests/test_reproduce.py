@@ -112,7 +112,7 @@ def test_parts_without_their_data_name_the_dataset_and_its_fetch_command(tmp_pat
     (result,) = running.reproduce("001-tab2", tmp_path / "out", part="movielens")
     assert result.status == "needs data"
     assert result.verdict == "needs dataset movielens-1m: `fedsub data fetch movielens-1m`"
-    assert ("rounds_to_target: fedsubavg", "100", "n/a") in result.rows  # the paper's beside
+    assert ("rounds to target: fedsubavg", "100", "n/a") in result.rows  # the paper's beside
     (alibaba,) = running.reproduce("001-tab2", tmp_path / "out2", part="alibaba")
     assert alibaba.status == "cannot run" and "not public" in alibaba.verdict
 

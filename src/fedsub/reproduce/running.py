@@ -59,6 +59,17 @@ class Folders:
 
 
 @dataclass(frozen=True)
+class Trained:
+    """A part's runs: results by name (algorithm, or the sweep's value), the horizon, the
+    target the run used (e.g. CentralSGD's measured minimum) and the plot."""
+
+    table: dict[str, dict]
+    horizon: int
+    target: dict[str, float]
+    plots: list[Path]
+
+
+@dataclass(frozen=True)
 class PartResult:
     experiment: str
     part: str
@@ -191,10 +202,10 @@ def run_part(
             verdict = _numbers_verdict(rows)
         else:
             assert isinstance(action, Run)
-            table, horizon, plots = _train(
-                action, configs, folder, smoke, data_path, overrides, folders
-            )
-            rows, verdict = judge(paper, table, horizon)
+            trained = _train(action, configs, folder, smoke, data_path, overrides, folders)
+            rows, verdict = judge(paper, trained.table, trained.horizon)
+            rows = _target_rows(paper, trained.target) + rows
+            plots = trained.plots
     except DataError as error:  # the data are there but not what the loader expects
         return PartResult(e.id, part.name, "cannot run", f"data error: {error}", where)
     seconds = time.perf_counter() - started
@@ -239,9 +250,8 @@ def _train(
     data_path: str | None,
     user: list[str],
     folders: Folders,
-) -> tuple[dict[str, dict], int, list[Path]]:
-    """Train the part (a comparison or a sweep) and return its results by name (algorithm,
-    or the sweep's value), the horizon, and the plot."""
+) -> Trained:
+    """Train the part (a comparison or a sweep)."""
     from fedsub.experiment import compare, sweep
 
     path = configs / run.config
@@ -256,7 +266,12 @@ def _train(
             stop_requested=folders.stop_requested,
             overwrite=folders.overwrite and not resume,
         )
-        return dict(outcome.summary["algorithms"]), config.train.rounds, [folder / "curves.png"]
+        return Trained(
+            dict(outcome.summary["algorithms"]),
+            config.train.rounds,
+            dict(outcome.summary["target"]),
+            [folder / "curves.png"],
+        )
     key, values = run.sweep
     if smoke and run.smoke_values is not None:
         values = run.smoke_values
@@ -275,14 +290,25 @@ def _train(
     )
     table: dict[str, dict] = {}
     horizon = 0
+    target: dict[str, float] = {}
     for value in values:
         summary = json.loads((folder / f"{key}={value}" / "summary.json").read_text())
+        target = target or dict(summary["target"])
         entries = summary["algorithms"]
         compared = [n for n in entries if n != "central-sgd"]
         table[value] = entries[compared[0]] if len(compared) == 1 else entries
         rounds = config_lib.load(path, [*sets, f"{key}={value}"]).train.rounds
         horizon = max(horizon, rounds)
-    return table, horizon, [folder / "curves.png"]
+    return Trained(table, horizon, target, [folder / "curves.png"])
+
+
+def _target_rows(paper: dict[str, Any], target: dict[str, float]) -> list[tuple[str, str, str]]:
+    """The target the paper's rounds count to beside the one fedsub's run used (Table 2's
+    train-loss target is CentralSGD's minimum, measured by each side)."""
+    return [
+        (f"target {metric}", _number(value), _number(target.get(metric)))
+        for metric, value in paper.get("target", {}).items()
+    ]
 
 
 # --- judging ---------------------------------------------------------------------------------
@@ -472,17 +498,28 @@ def _number(value: Any) -> str:
 
 
 def _paper_only_rows(numbers) -> list[tuple[str, str, str]]:
-    """The paper's numbers of a part that cannot run here, beside 'n/a'."""
+    """The paper's numbers of a part that cannot run here, beside 'n/a', labelled as a run's
+    rows would be."""
     if numbers is None:
         return []
-    rows = []
+    rows: list[tuple[str, str, str]] = []
     for kind, values in numbers.values.items():
-        if isinstance(values, dict):
-            for name, value in values.items():
-                if isinstance(value, dict):
-                    rows += [(f"{kind} {name}: {k}", _number(v), "n/a") for k, v in value.items()]
-                else:
-                    rows.append((f"{kind}: {name}", _number(value), "n/a"))
+        if kind in ("rounds_to_target", "rounds_by_value"):
+            rows += [(f"rounds to target: {n}", _number(v), "n/a") for n, v in values.items()]
+        elif kind in ("best", "final"):
+            rows += [
+                (f"{kind} {metric}: {n}", _number(v), "n/a")
+                for metric, by_name in values.items()
+                for n, v in by_name.items()
+            ]
+        elif kind in ("stats", "target", "lowest"):
+            prefix = "" if kind == "stats" else f"{kind} "
+            rows += [(f"{prefix}{n}", _number(v), "n/a") for n, v in values.items()]
+        elif kind == "claims":
+            rows += [
+                (f"{c['lower']} below {c['than']} ({c['at']} {c['metric']})", "holds", "n/a")
+                for c in values
+            ]
     return rows
 
 
