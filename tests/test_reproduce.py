@@ -202,7 +202,7 @@ def test_values_claims_and_shape_verdicts():
         "same ranking, within 4%"
     )
     assert running.values_verdict({"a": 0.64, "b": 0.52}, {"a": 0.50, "b": 0.65}).startswith(
-        "differs: a before b"
+        "differs: a below b (paper: above)"
     )
     table = {"x": {"final": {"train_loss": 0.4}}, "y": {"final": {"train_loss": 0.5}}}
     claim = {"lower": "x", "than": "y", "metric": "train_loss", "at": "final"}

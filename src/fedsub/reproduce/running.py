@@ -105,9 +105,11 @@ def needs(data: Data) -> str:
 
 
 def config_missing(part: Part, configs: Path) -> str | None:
-    action = part.action
-    name = getattr(action, "config", None)
-    if name is None or (configs / name).exists():
+    """Why the part's config is not in ``configs`` (None when it is, or needs none)."""
+    if not isinstance(part.action, Run | Stats | Settings):
+        return None
+    name = part.action.config
+    if (configs / name).exists():
         return None
     return f"{name} is not in {configs.name}/" + (f" ({part.note})" if part.note else "")
 
@@ -378,8 +380,11 @@ def _order(a: float, b: float) -> int:
     return (a > b) - (a < b)
 
 
-def ranking(paper: dict[str, float], ours: dict[str, float]) -> tuple[list[str], list[str]]:
-    """Pairs the paper orders strictly that fedsub orders the other way (reversals) or ties."""
+def ranking(
+    paper: dict[str, float], ours: dict[str, float], words: tuple[str, str] = ("before", "after")
+) -> tuple[list[str], list[str]]:
+    """Pairs the paper orders strictly that fedsub orders the other way (reversals) or ties;
+    ``words`` say "lower" and "higher" (rounds: before / after; values: below / above)."""
     reversed_, tied = [], []
     names = [n for n in paper if n in ours]
     for i, a in enumerate(names):
@@ -389,7 +394,7 @@ def ranking(paper: dict[str, float], ours: dict[str, float]) -> tuple[list[str],
                 continue
             first, second = (a, b) if want < 0 else (b, a)
             if got == -want:
-                reversed_.append(f"{second} before {first} (paper: after)")
+                reversed_.append(f"{second} {words[0]} {first} (paper: {words[1]})")
             elif got == 0:
                 tied.append(f"{first} ties {second}")
     return reversed_, tied
@@ -439,7 +444,7 @@ def values_verdict(paper: dict[str, float], ours: dict[str, float | None]) -> st
     known = {n: v for n, v in ours.items() if v is not None}
     if not known:
         return "not comparable: fedsub has none of these numbers"
-    head = _ranking_head(*ranking(paper, known)) if len(known) > 1 else ""
+    head = _ranking_head(*ranking(paper, known, ("below", "above"))) if len(known) > 1 else ""
     worst = max(known, key=lambda n: _relative(known[n], paper[n]))
     gap = _relative(known[worst], paper[worst])
     size = (
