@@ -545,7 +545,7 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 "synthetic-1-1",
                 GENERATED,
                 li_e_sweep(LI_SYN, SYN11, 1.15, 24),
-                ESTIMATE + "60 min",
+                "24 min" + LOADED,
             ),
         ),
         "E values 1, 5, 10, 20, 50 (the text does not give them); 1,000 rounds each",
