@@ -540,7 +540,7 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 li_e_sweep(LI_MNIST, (), 0.50, 64),
                 FROM_SIZE + "85 min",
             ),
-            Part("synthetic-0-0", GENERATED, li_e_sweep(LI_SYN, (), 0.95, 24), ESTIMATE + "60 min"),
+            Part("synthetic-0-0", GENERATED, li_e_sweep(LI_SYN, (), 0.95, 24), ESTIMATE + "25 min"),
             Part(
                 "synthetic-1-1",
                 GENERATED,
