@@ -77,6 +77,7 @@ CASES: dict[str, tuple[Callable[[Path], Path] | None, list[str]]] = {
         lambda f: write_archive(f / "cifar-100-python.tar.gz", "cifar100", per_batch=100),
         ["data.num_clients=5", "model.widths=[16,32,64,128]", "train.local_steps=1"],
     ),
+    "li-quadratic.toml": (None, []),
     "table.toml": (clicks, []),
     "table2-synthetic.toml": (None, ["data.num_users=60"]),
 }

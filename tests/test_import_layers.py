@@ -48,7 +48,7 @@ LAYERS: list[set[str]] = [
     {"algorithms", "masking", "privacy"},
     {"engine", "config"},
     {"checks", "report"},
-    {"experiment", "library", "flower", "cli", "catalog", "__main__"},
+    {"experiment", "library", "flower", "cli", "catalog", "reproduce", "__main__"},
 ]
 
 

@@ -37,6 +37,7 @@ EXPECTED = {
     "sparse-lr": {CohortHead, ClosedFormGradients},
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
+    "linear-regression": {CohortHead},
     "din": {CohortHead, DeclaresCapturable},  # capturable = False (train.compile)
     "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},

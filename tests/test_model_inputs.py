@@ -86,7 +86,7 @@ REFUSED = {("din", k) for k in KINDS if k != "user/item/history (amazon)"} | {
     *(("sparse-lr", k) for k in KINDS if k.startswith("dense") or k == "table: numeric only"),
     *(
         (m, k)
-        for m in ("mlp", "softmax-regression")
+        for m in ("mlp", "softmax-regression", "linear-regression")
         for k in KINDS
         if not k.startswith(("dense", "table: numeric"))
     ),

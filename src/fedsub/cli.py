@@ -97,9 +97,10 @@ def _silence_other_processes(args: argparse.Namespace) -> None:
 def _refuse_what_torchrun_cannot_split(args: argparse.Namespace) -> None:
     """Under torchrun only training splits across processes; `fedsub data` (downloads, plots)
     would run once per process, writing the same files at the same time."""
-    if args.command == "data" and distributed.from_environment().split:
+    if args.command in ("data", "reproduce") and distributed.from_environment().split:
+        what = f"data {args.data_command}" if args.command == "data" else "reproduce"
         raise ConfigError(
-            f"`fedsub data {args.data_command}` under torchrun: only `fedsub run` and "
+            f"`fedsub {what}` under torchrun: only `fedsub run` and "
             "`fedsub compare` are split across processes; run it without torchrun"
         )
 
@@ -404,6 +405,44 @@ def _options(config: config_lib.Config) -> list[tuple[str, object]]:
     return [("seed", config.data.seed), *dataclasses.asdict(config.data.options).items()]
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """The seeds' tables and figures: the list, or one run beside the paper's numbers."""
+    from fedsub.reproduce import running
+
+    configs = Path(args.configs) if args.configs else None
+    if args.id is None:
+        print("\n".join(running.listing(configs)))
+        return 0
+    if args.resume and args.overwrite:
+        raise ConfigError(
+            "--resume continues the runs in --out; --overwrite replaces them: pick one"
+        )
+    try:
+        with _reporting(args.quiet), _stop_on_signals() as stop_requested:
+            folders = running.Folders(args.overwrite, args.resume, stop_requested)
+            results = running.reproduce(
+                args.id,
+                Path(args.out),
+                smoke=args.smoke,
+                part=args.part,
+                data_path=args.data_path,
+                overrides=args.set,
+                configs=configs,
+                folders=folders,
+            )
+    except Interrupted as stopped:
+        again = " ".join(a for a in sys.argv[1:] if a != "--overwrite")
+        print(
+            f"fedsub: stopped after round {stopped.round}; continue with: fedsub {again} --resume",
+            file=sys.stderr,
+        )
+        return 130
+    print("\n".join(running.summary_lines(results)))
+    if not args.quiet:
+        print(f"results in {args.out}/ (reproduce.md, reproduce.json, plots)")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from fedsub.catalog import listing
 
@@ -424,6 +463,11 @@ EXAMPLES = {
     "fetch": """\
   fedsub data fetch
   fedsub data fetch movielens-1m --url https://example.org/mirror/ml-1m.zip""",
+    "reproduce": """\
+  fedsub reproduce
+  fedsub reproduce 004-fig4 --out runs/004-fig4
+  fedsub reproduce 001-tab2 --part movielens --data-path ml-1m.zip --out runs/t2
+  fedsub reproduce 001-fig2 --smoke --out runs/smoke""",
     "list": """\
   fedsub list algorithms
   fedsub list keys""",
@@ -536,6 +580,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept a file that has no published checksum on its size alone",
     )
     fetch.set_defaults(func=cmd_data_fetch)
+
+    reproduce = add_command(
+        commands,
+        "reproduce",
+        "the seeds' tables and figures: list them, or run one beside the paper's numbers",
+    )
+    reproduce.add_argument("id", nargs="?", help="e.g. 004-fig4 (none: list every one)")
+    reproduce.add_argument("--part", help="one part (a table's row, a figure's panel)")
+    reproduce.add_argument("--out", default="runs/reproduce", help="output folder")
+    reproduce.add_argument(
+        "--smoke", action="store_true", help="smoke size: 2 rounds, 2 clients (checks it runs)"
+    )
+    reproduce.add_argument("--data-path", help="the part's dataset file or folder (data.path)")
+    reproduce.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key of the part's runs; repeatable",
+    )
+    reproduce.add_argument("--configs", help="the configs folder (default: the checkout's)")
+    reproduce.add_argument(
+        "--overwrite", action="store_true", help="replace the runs already in --out"
+    )
+    reproduce.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the stopped runs in --out (finished ones are read back)",
+    )
+    reproduce.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    reproduce.set_defaults(func=cmd_reproduce)
 
     listing = add_command(
         commands,

@@ -83,7 +83,7 @@ class TrainConfig:
     compile: str = field(default="off", metadata={"choices": lambda: ["off", "on"]})
     lr_schedule: str = field(
         default="constant",
-        metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},
+        metadata={"choices": lambda: ["constant", "inverse-round", "inverse-time", "exponential"]},
     )
     lr_decay: float = field(default=0.999, metadata={"min_exclusive": 0.0, "max": 1.0})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})

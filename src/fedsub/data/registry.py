@@ -10,6 +10,7 @@ from fedsub.data import (
     amazon,
     cifar,
     images,
+    li_quadratic,
     movielens,
     sent140,
     synthetic_li,
@@ -86,6 +87,11 @@ DATASETS: dict[str, DatasetSpec] = {
         synthetic_li.SyntheticLiOptions,
         lambda options, path, seed: synthetic_li.generate(options, seed),
         "synthetic(alpha, beta) of Li et al. / Sahu et al.: 100 devices, 60 features, 10 classes",
+    ),
+    "li-quadratic": DatasetSpec(
+        li_quadratic.LiQuadraticOptions,
+        lambda options, path, seed: li_quadratic.generate(options, seed),
+        "seed 004's Theorem 4 counterexample: N devices' blocks of a ridge regression",
     ),
 }
 

@@ -20,7 +20,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ConfigError
 
 Dense = Literal["none", "optional", "required", "square-image"]
-Labels = Literal["binary", "classes"]
+Labels = Literal["binary", "classes", "real"]
 IMAGE_CHANNELS = (1, 3)  # grey or colour (RGB), channel-major: models/registry.py's _image
 
 
@@ -58,7 +58,11 @@ class Reads:
                 f"dense features that are a square grey or colour image (side >= {self.min_side})"
             ),
         }[self.dense]
-        labels = "labels 0/1" if self.labels == "binary" else "class labels 0, 1, ..."
+        labels = {
+            "binary": "labels 0/1",
+            "classes": "class labels 0, 1, ...",
+            "real": "real-valued labels",
+        }[self.labels]
         return f"{ids}, {dense}, {labels}"
 
 

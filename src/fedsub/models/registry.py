@@ -13,6 +13,7 @@ from fedsub.models.cnn import SmallCNN
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.inputs import Reads, check_reads
+from fedsub.models.linear_regression import LinearRegression
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.models.mlp import MLP
 from fedsub.models.resnet import PreActResNet18
@@ -93,6 +94,9 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         dense_dim=_dense_inputs(ds, "softmax-regression"),
         classes=_classes(ds),
     ),
+    "linear-regression": lambda ds, opts: LinearRegression(
+        dense_dim=_dense_inputs(ds, "linear-regression"),
+    ),
 }
 SLICEABLE = ("cnn", "mlp", "resnet18")  # width-sliceable: usable with train.masking
 
@@ -109,6 +113,7 @@ MODEL_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
     "resnet18": ("pre-activation ResNet-18 for square grey or colour images", ("widths", "scaler")),
     "embedding-lr": ("logistic regression on summed id embeddings", ("embedding_dim", "init_std")),
     "softmax-regression": ("multinomial logistic regression on dense features", ()),
+    "linear-regression": ("least squares on dense features (seed 004's Theorem 4)", ()),
 }
 
 
@@ -123,6 +128,7 @@ READS: dict[str, Reads] = {
     "resnet18": Reads(max_fields=0, dense="square-image", min_side=8, labels="classes"),
     "embedding-lr": Reads(min_fields=1, dense="none"),
     "softmax-regression": Reads(max_fields=0, dense="required", labels="classes"),
+    "linear-regression": Reads(max_fields=0, dense="required", labels="real"),
 }
 
 
