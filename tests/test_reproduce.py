@@ -1,7 +1,8 @@
 """`fedsub reproduce`: every registered experiment runs at smoke size on generated data of its
 dataset's real format (parts whose data are not public say so), the paper's numbers are all
 there with their location, the shipped configs carry Table 4's and Table 5's settings, and
-the verdicts are checked on hand-made results (each would read differently if its rule were broken)."""
+the verdicts are checked on hand-made results (each would read differently if its rule were
+broken)."""
 
 from __future__ import annotations
 
