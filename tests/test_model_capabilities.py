@@ -16,6 +16,7 @@ from fedsub.models.base import (
     DeclaresBatchable,
     DeclaresCapturable,
     EvalBatch,
+    PackedFeatures,
     SliceableModel,
     is_batchable,
 )
@@ -29,13 +30,14 @@ CAPABILITIES = (
     DeclaresBatchable,
     DeclaresCapturable,
     EvalBatch,
+    PackedFeatures,
     SliceableModel,
 )
 EXPECTED = {
     "sparse-lr": {CohortHead, ClosedFormGradients},
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
-    "din": {CohortHead, DeclaresCapturable},  # capturable = False (train.compile)
+    "din": {CohortHead, PackedFeatures},  # the history packed (not captured: train.compile)
     "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},

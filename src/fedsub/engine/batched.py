@@ -30,18 +30,13 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine import captured_step
 from fedsub.engine.cohort_batches import CohortBatches, cohort_batches
 from fedsub.engine.schedule import Schedule
-from fedsub.models.base import ClosedFormGradients, CohortHead, Model
+from fedsub.models.base import ClosedFormGradients, CohortHead, Model, cohort_features
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 Tensors = dict[str, torch.Tensor]
-
-
-def _per_client(tensor: torch.Tensor, k: int) -> torch.Tensor:
-    """[K * B, ...] -> [K, B, ...]."""
-    return tensor.reshape(k, -1, *tensor.shape[1:])
 
 
 def run_cohort(
@@ -157,7 +152,7 @@ def _eager_steps(
             grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
         else:
             step_ids = batches.step_ids(step)
-            features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
+            features = cohort_features(model, model.embed(tables, step_ids), k)
             outputs = head(dense, features, step_inputs)
             # The loss is a mean over samples, and every client has B of them: K times the
             # mean over the cohort's K * B samples is the sum of the K client means.
