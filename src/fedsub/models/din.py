@@ -12,10 +12,10 @@ an evaluation chunk at test time).
 The history is packed, not padded (``PackedFeatures``): the attention MLP runs on the real
 history items only, O(sum of the lengths) rather than O(B x the longest), with each client's
 weights through ``packed.ClientBlocks``, and the softmax and sums are per-sample segment
-operations (``pooling.attention_pool``, ``segment_sum.run_sums``). Its first layer is split
-by linearity, ``[q, k, q - k, q * k] @ W = q @ (W_q + W_d) + [k, q * k] @ [W_k - W_d; W_p]``:
-the query's part once per sample, half the width per history item. Every shape comes from
-the host (the number of history rows), so a step reads nothing back from the device.
+operations (``pooling.attention_pool``, ``segment_sum.run_sums``). Its first layer is
+regrouped by linearity, ``[q, k, q - k, q * k] @ W = [k, q * k, q] @ [W_k - W_d; W_p; W_q +
+W_d]``: 54 inputs per history item instead of 72. Every shape comes from the host (the number
+of history rows), so a step reads nothing back from the device.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from fedsub.submodel.params import Params
 
 ATTENTION = (80, 40, 1)
 HIDDEN = (200, 80, 2)
+ROWS_PER_PASS = 16_384  # history rows the attention MLP scores at once for one client
 
 
 def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
@@ -137,21 +138,25 @@ class DIN:
             torch.arange(samples, device=item.device), flat_lengths, output_size=total
         )
         blocks = ClientBlocks.of(lengths.sum(1), total)
-        slot_sample = blocks.to_slots(sample)
-        rows = blocks.to_slots(history)
-        query = item.reshape(samples, d).index_select(0, slot_sample)
-        weight, bias = dense["att0.weight"], dense["att0.bias"]
+        queries = item.reshape(samples, d)
+        weight = dense["att0.weight"]
         w_query, w_key, w_difference, w_product = weight.split(d, dim=1)
-        query_part = torch.baddbmm(bias.unsqueeze(1), item, w_query + w_difference)
-        x = blocks.linear(
-            torch.cat([rows, query * rows], dim=-1),
-            torch.cat([w_key - w_difference, w_product], dim=1),
-        )
-        x = x + query_part.reshape(samples, -1).index_select(0, slot_sample)
-        for i in range(1, len(ATTENTION)):
-            x = blocks.linear(torch.sigmoid(x), dense[f"att{i}.weight"], dense[f"att{i}.bias"])
-        scores = blocks.from_slots(x).squeeze(-1)
-        return attention_pool(history, scores, flat_lengths, sample).reshape(k, b, d)
+        first = torch.cat([w_key - w_difference, w_product, w_query + w_difference], dim=1)
+        # one client (evaluation, CentralSGD, the sequential backend) may bring a whole test
+        # set's rows: scored a piece at a time, so the MLP's activations stay cache-sized
+        pieces = range(0, total, total if blocks.clients > 1 else ROWS_PER_PASS)
+        scores = []
+        for start in pieces:
+            rows = blocks.to_slots(history[start : start + ROWS_PER_PASS])
+            query = queries.index_select(0, blocks.to_slots(sample[start : start + len(rows)]))
+            x = blocks.linear(
+                torch.cat([rows, query * rows, query], dim=-1), first, dense["att0.bias"]
+            )
+            for i in range(1, len(ATTENTION)):
+                x = blocks.linear(torch.sigmoid(x), dense[f"att{i}.weight"], dense[f"att{i}.bias"])
+            scores.append(blocks.from_slots(x).squeeze(-1))
+        scores_all = scores[0] if len(scores) == 1 else torch.cat(scores)
+        return attention_pool(history, scores_all, flat_lengths, sample).reshape(k, b, d)
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs, labels)
