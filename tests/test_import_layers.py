@@ -35,6 +35,7 @@ LAYERS: list[set[str]] = [
         "json_values",
         "atomic_files",
         "progress",
+        "profiling",
         "run_folder",
         "stateful",
         "device",

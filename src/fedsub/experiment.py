@@ -38,6 +38,7 @@ from fedsub.models.base import Model
 from fedsub.models.registry import build_model
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
+from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
 from fedsub.report import (
@@ -73,6 +74,7 @@ from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 
 CENTRAL = "central-sgd"
+PROFILE = "profile.json"  # in an algorithm's folder, with --profile
 LOG = logging.getLogger("fedsub")
 
 
@@ -82,6 +84,8 @@ class Outcome:
     markdown: str
     out_dir: Path
     diverged: dict[str, Diverged] = dataclasses.field(default_factory=dict)  # by algorithm
+    # by algorithm: where its rounds' time went (``--profile``; fedsub/profiling.py)
+    profiles: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def divergence_message(self) -> str:
         """One line naming every diverged algorithm, its round and why ("" when none)."""
@@ -287,12 +291,25 @@ class AlgorithmRun:
     stop_requested: Callable[[], bool]
     on_round: Callable[[str, int], None] | None
     writes: bool = True
+    # where the time of each round goes (per phase), written to profile.json (``--profile``)
+    profile: RoundProfile | None = None
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
     ) -> tuple[list[Evaluation], Diverged | None]:
         """The algorithm's evaluations, and its divergence when it diverged (then no final
         model or completion marker is written; the other algorithms still run)."""
+        with profiling(self.profile):
+            try:
+                return self._train(model, algorithm, dataset, index, schedule, evaluator)
+            finally:
+                if self.profile is not None and self.writes:
+                    text = dumps(self.profile.as_json(), indent=2) + "\n"
+                    write_atomic(self.folder / PROFILE, text)
+
+    def _train(
+        self, model, algorithm, dataset, index, schedule, evaluator
+    ) -> tuple[list[Evaluation], Diverged | None]:
         saved, writes = self.saved, self.writes
         if saved is None and writes:
             _start_fresh(self.folder)
@@ -434,8 +451,13 @@ def compare(
     stop_requested: Callable[[], bool] = lambda: False,
     overwrite: bool = False,
     label: str = "",
+    profile: bool = False,
 ) -> Outcome:
     """Train every algorithm of the comparison and write the run's outputs.
+
+    ``profile``: time each round's phases (fedsub/profiling.py) into each algorithm's
+    profile.json and the outcome's ``profiles`` (on a GPU the device is synchronized at every
+    phase boundary, so only then).
 
     A new run refuses a folder holding another run unless ``overwrite``; nothing is written
     (and a folder it created is removed) when it fails before training. With ``resume``,
@@ -480,6 +502,7 @@ def compare(
 
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
+    profiles: dict[str, dict] = {}
     reporter = current_reporter()
     reporter.training([(label + name, setup.schedule.rounds) for name in names])
     for name in names:
@@ -498,6 +521,7 @@ def compare(
             stop_requested,
             _reported(label, on_round),
             writes,
+            RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
         )
         with phase(f"{label}{name}: preparing"):
             algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
@@ -512,9 +536,21 @@ def compare(
         if divergence is not None:
             diverged[name] = divergence
 
+        if run.profile is not None:
+            profiles[name] = run.profile.as_json()
+
     if not writes:
         return Outcome({}, "", out_dir, diverged)
-    return _summarized(config, setup, histories, diverged, out_dir)
+    outcome = _summarized(config, setup, histories, diverged, out_dir)
+    return dataclasses.replace(outcome, profiles=profiles)
+
+
+def synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """What makes a phase's timing include its queued kernels: a CUDA device's synchronize
+    (None elsewhere: CPU ops finish before they return)."""
+    if device.type != "cuda":
+        return None
+    return lambda: torch.cuda.synchronize(device)
 
 
 def _write_data_records(setup: Setup, out_dir: Path) -> None:
@@ -595,6 +631,7 @@ def sweep(
     stop_requested: Callable[[], bool] = lambda: False,
     overwrite: bool = False,
     where: str = "sweep",
+    profile: bool = False,
 ) -> Outcome:
     """One comparison per value of ``key`` (in ``out_dir/<key>=<value>/``), then a Table-3
     style table: rounds to target of each algorithm at each value.
@@ -615,7 +652,13 @@ def sweep(
             LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
         try:
             outcomes[v] = compare(
-                configs[v], folder, on_round, again, stop_requested, label=f"{key}={v}: "
+                configs[v],
+                folder,
+                on_round,
+                again,
+                stop_requested,
+                label=f"{key}={v}: ",
+                profile=profile,
             )
         except FedsubError:
             if writes and not resume and not outcomes and not folder.exists():  # before training
