@@ -229,3 +229,25 @@ def test_attention_pool_is_a_softmax_over_each_samples_rows_only():
         weights = torch.softmax(s, 0) if len(s) else s
         expected.append((weights.unsqueeze(1) * part).sum(0))
     torch.testing.assert_close(got, torch.stack(expected), rtol=1e-12, atol=1e-12)
+
+
+def test_evaluation_of_the_packed_din_gives_the_padded_forms_metrics(amazon):
+    """The evaluator's metrics (one client, the whole test set in one chunk, Dice over it)
+    against the padded form's outputs, with scikit-learn's AUC."""
+    from sklearn.metrics import roc_auc_score
+
+    from fedsub.engine.evaluate import Evaluator
+
+    dataset, _ = amazon
+    model = DIN(dict(dataset.table_rows), embedding_dim=4, init_std=0.5)
+    params = model.init(torch.Generator().manual_seed(5), torch.float64)
+    metrics = Evaluator.build(model, dataset, 30, 0).evaluate(params)
+    batch = Batch.from_samples(dataset.test, torch.float64)
+    dense = {n: p.unsqueeze(0) for n, p in params.dense.items()}
+    logits = padded_cohort_head(dense, params.tables, batch.ids, 1)[0]
+    labels = torch.from_numpy(dataset.test.labels).double()
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    assert metrics["test_loss"] == pytest.approx(float(loss), rel=1e-12)
+    assert metrics["test_auc"] == pytest.approx(roc_auc_score(labels, logits), rel=1e-12)
+    accuracy = float(((logits > 0).double() == labels).double().mean())
+    assert metrics["test_accuracy"] == pytest.approx(accuracy, rel=1e-12)
