@@ -24,7 +24,7 @@ from torch.func import vmap
 from fedsub import device as device_lib
 from fedsub.algorithms.sampling import Cohort
 from fedsub.client.layout import CohortLayout
-from fedsub.client.transforms import Members, apply_updates
+from fedsub.client.transforms import Members
 from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import captured_step
@@ -188,6 +188,5 @@ def _eager_steps(
             with timed("backward"):
                 grads = list(torch.autograd.grad(total, leaves))
         with torch.no_grad(), timed("client rule"):
-            updates, state = work.chain.update(grads, state, leaves, rule_inputs)
-            apply_updates(leaves, updates)
+            state = work.chain.step(grads, state, leaves, rule_inputs)
     return tables, dense

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from fedsub.client.layout import OneClient
-from fedsub.client.transforms import Chain, Members, apply_updates
+from fedsub.client.transforms import Chain, Members
 from fedsub.data.federated import SampleSet
 from fedsub.models.base import Batch, Model, forward
 from fedsub.profiling import timed
@@ -43,8 +43,7 @@ def local_sgd(
         with timed("backward"):
             grads = list(torch.autograd.grad(loss, tensors))
         with torch.no_grad(), timed("client rule"):
-            updates, state = chain.update(grads, state, tensors, members)
-            apply_updates(tensors, updates)
+            state = chain.step(grads, state, tensors, members)
     for t in tensors:
         t.requires_grad_(False)
     return params
