@@ -13,6 +13,7 @@ from fedsub.data.amazon import (
     load_ratings_csv,
 )
 from fedsub.errors import DataError
+from fedsub.models import din as din_module
 from fedsub.models.base import Batch, cohort_features, forward
 from fedsub.models.cohort_ops import linear
 from fedsub.models.din import ATTENTION, DIN, HIDDEN, dice
@@ -164,9 +165,12 @@ LENGTHS = {
 }
 
 
+@pytest.mark.parametrize("rows_per_pass", [din_module.ROWS_PER_PASS, 7])
 @pytest.mark.parametrize("case", LENGTHS)
-def test_packed_din_equals_the_padded_form_and_its_gradients(case):
-    """Outputs and every gradient (tables and the K clients' dense parameters), float64."""
+def test_packed_din_equals_the_padded_form_and_its_gradients(case, rows_per_pass, monkeypatch):
+    """Outputs and every gradient (tables and the K clients' dense parameters), float64; one
+    client's rows scored in one pass or in pieces of 7."""
+    monkeypatch.setattr(din_module, "ROWS_PER_PASS", rows_per_pass)
     lengths = LENGTHS[case]
     k, b = len(lengths), len(lengths[0])
     model = DIN({"user": 5, "item": 30}, embedding_dim=4, init_std=0.5)

@@ -144,11 +144,12 @@ class DIN:
         first = torch.cat([w_key - w_difference, w_product, w_query + w_difference], dim=1)
         # one client (evaluation, CentralSGD, the sequential backend) may bring a whole test
         # set's rows: scored a piece at a time, so the MLP's activations stay cache-sized
-        pieces = range(0, total, total if blocks.clients > 1 else ROWS_PER_PASS)
+        # (a cohort's blocks are laid out over all its rows: one piece)
+        piece = total if blocks.clients > 1 else ROWS_PER_PASS
         scores = []
-        for start in pieces:
-            rows = blocks.to_slots(history[start : start + ROWS_PER_PASS])
-            query = queries.index_select(0, blocks.to_slots(sample[start : start + len(rows)]))
+        for start in range(0, total, piece):
+            rows = blocks.to_slots(history[start : start + piece])
+            query = queries.index_select(0, blocks.to_slots(sample[start : start + piece]))
             x = blocks.linear(
                 torch.cat([rows, query * rows, query], dim=-1), first, dense["att0.bias"]
             )
