@@ -188,7 +188,7 @@ def test_packed_din_equals_the_padded_form_and_its_gradients(case, rows_per_pass
     leaves = [*params.tables.values(), *dense.values()]
     for leaf in leaves:
         leaf.requires_grad_(True)
-    features = cohort_features(model, model.embed(params.tables, ids), k)
+    features = cohort_features(model.embed(params.tables, ids), k, model.packed_features)
     got = model.cohort_head(dense, features, None)
     expected = padded_cohort_head(dense, params.tables, ids, k)
     assert got.shape == (k, b)

@@ -95,7 +95,7 @@ def test_a_cohort_head_equals_the_vmapped_single_client_head(name, tmp_path_fact
     batch = Batch.from_samples(dataset.train.slice(0, k * b), torch.float64)
     with torch.no_grad():
         embedded = model.embed(params.tables, batch.ids)
-    features = cohort_features(model, embedded, k)
+    features = cohort_features(embedded, k, packed_names(model))
     generator = torch.Generator().manual_seed(1)
     dense = {  # a different dense model per client
         n: p + 0.1 * torch.randn(k, *p.shape, generator=generator, dtype=p.dtype)

@@ -30,10 +30,11 @@ A new client rule is one new transform here plus ``@register``; its options beco
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -299,6 +300,15 @@ class Chain:
             new_state.append(own)
         return updates, tuple(new_state)
 
+    @functools.cached_property
+    def _scaling_from(self) -> int:
+        """Where the chain's trailing run of ``Scaling`` transforms starts (found once: a
+        Protocol ``isinstance`` costs microseconds, which a sparse model's step notices)."""
+        start = len(self.transforms)
+        while start and isinstance(self.transforms[start - 1], Scaling):
+            start -= 1
+        return start
+
     def step(
         self, grads: Tensors, state: tuple[State, ...], params: Tensors, members: Members
     ) -> tuple[State, ...]:
@@ -307,17 +317,17 @@ class Chain:
         per tensor (the same update up to the rounding of the factors' product). The
         backends' eager steps and Flower's ClientApp step with it; the captured step
         (engine/captured_step.py) keeps the pure ``update``."""
-        scaling_from = len(self.transforms)
-        while scaling_from and isinstance(self.transforms[scaling_from - 1], Scaling):
-            scaling_from -= 1
+        scaling_from = self._scaling_from
         updates, new_state = list(grads), []
         factors: list[torch.Tensor | float] | None = None
         for position, (transform, own) in enumerate(zip(self.transforms, state, strict=True)):
-            if position >= scaling_from and isinstance(transform, Scaling):
-                if factors is not None and transform.reads_grads:  # it needs the values
+            if position >= scaling_from:
+                # a Scaling: _scaling_from checked it once (isinstance on a Protocol is slow)
+                scaling = cast(Scaling, transform)
+                if factors is not None and scaling.reads_grads:  # it needs the values
                     updates = [u * f for u, f in zip(updates, factors, strict=True)]
                     factors = None
-                more = transform.factors(updates, own, params, members)
+                more = scaling.factors(updates, own, params, members)
                 if factors is not None:
                     more = [a * b for a, b in zip(factors, more, strict=True)]
                 factors = more

@@ -30,7 +30,13 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine import captured_step
 from fedsub.engine.cohort_batches import CohortBatches, cohort_batches
 from fedsub.engine.schedule import Schedule
-from fedsub.models.base import ClosedFormGradients, CohortHead, Model, cohort_features
+from fedsub.models.base import (
+    ClosedFormGradients,
+    CohortHead,
+    Model,
+    cohort_features,
+    packed_names,
+)
 from fedsub.profiling import timed
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
@@ -167,6 +173,7 @@ def _eager_steps(
     rule_inputs = Members(layout, work.lr, corrections)
     with torch.no_grad():
         state = work.chain.init(leaves, rule_inputs)
+    packed = packed_names(model)  # features passed without a client axis
     for step in range(steps):
         step_inputs = None if dense_inputs is None else dense_inputs[step]
         if closed_form is not None:
@@ -179,7 +186,7 @@ def _eager_steps(
         else:
             with timed("forward"):
                 step_ids = batches.step_ids(step)
-                features = cohort_features(model, model.embed(tables, step_ids), k)
+                features = cohort_features(model.embed(tables, step_ids), k, packed)
                 outputs = head(dense, features, step_inputs)
                 # The loss is a mean over samples, and every client has B of them: K times
                 # the mean over the cohort's K * B samples is the sum of the K client means.

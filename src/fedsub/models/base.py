@@ -142,10 +142,9 @@ def packed_names(model: Model) -> frozenset[str]:
     return model.packed_features if isinstance(model, PackedFeatures) else frozenset()
 
 
-def cohort_features(model: Model, features: Features, k: int) -> Features:
+def cohort_features(features: Features, k: int, packed: frozenset[str]) -> Features:
     """A cohort's features as a cohort head takes them: per-sample ones [K * B, ...] ->
-    [K, B, ...]; packed ones as they are."""
-    packed = packed_names(model)
+    [K, B, ...]; the ``packed`` ones (``packed_names(model)``) as they are."""
     return {n: f if n in packed else f.reshape(k, -1, *f.shape[1:]) for n, f in features.items()}
 
 
