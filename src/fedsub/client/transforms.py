@@ -128,7 +128,12 @@ class Prox:
         if not self.mu:  # mu = 0 is plain SGD, exactly
             return list(grads), state
         anchor = state["anchor"]
-        return [g + self.mu * (x - a) for g, x, a in zip(grads, params, anchor, strict=True)], state
+        # (x - a) * mu + g, in place on the one temporary: the same numbers as g + mu * (x - a)
+        # (a sum is commutative) with one allocation instead of three per tensor
+        return [
+            torch.sub(x, a).mul_(self.mu).add_(g)
+            for g, x, a in zip(grads, params, anchor, strict=True)
+        ], state
 
 
 def clip_scale(squared_norm: torch.Tensor, clip_norm: float) -> torch.Tensor:
@@ -178,7 +183,7 @@ class WeightDecay:
 
     def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
         wd = self.weight_decay
-        return [g + wd * x for g, x in zip(grads, params, strict=True)], state
+        return [torch.mul(x, wd).add_(g) for g, x in zip(grads, params, strict=True)], state
 
 
 @register
