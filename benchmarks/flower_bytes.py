@@ -57,9 +57,11 @@ def main() -> None:
     report = {"users": args.users, "clients_per_round": args.clients_per_round}
     for payload, result in results.items():
         rounds = result["rounds"]
-        report[f"{payload}_sent_per_round"] = statistics.mean(r["bytes_sent"] for r in rounds)
+        report[f"{payload}_sent_per_round"] = statistics.mean(
+            r["train_arrays_bytes_sent"] for r in rounds
+        )
         report[f"{payload}_received_per_round"] = statistics.mean(
-            r["bytes_received"] for r in rounds
+            r["train_arrays_bytes_received"] for r in rounds
         )
     total = {p: report[f"{p}_sent_per_round"] + report[f"{p}_received_per_round"] for p in results}
     report["full_over_submodel"] = total["full"] / total["submodel"]

@@ -161,3 +161,51 @@ def amazon_files(folder: Path | None = None, seed: int = 1) -> FederatedDataset:
         write_amazon_files(folder, seed=seed)
         (folder / "complete").write_text("")
     return load_fedsubavg_files(AmazonFilesOptions(), str(folder), 0)
+
+
+def sent140_like(
+    users: int = 1_473,
+    mean_tweets: float = 79_050 / 1_473,
+    min_tweets: int = 41,
+    vocab_size: int = 10_000,
+    words_seen: int = 50_000,
+    mean_words: float = 14.98,
+    max_tokens: int = 25,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> FederatedDataset:
+    """Seed 001's Sent140 shape (Table 1): 1,473 users with more than 40 tweets, 79,050 tweets
+    (~54 per user), 80/20 split per user, as ``configs/sent140-lstm.toml`` loads it.
+
+    Tweets per user: a Pareto tail above ``min_tweets`` whose mean is ``mean_tweets``. Words:
+    Zipf(1) ranks over ``words_seen`` distinct words, ranks past ``vocab_size`` read as the
+    out-of-vocabulary id 0 (about 15% of tokens), as fedsub's loader keeps the most frequent
+    words. Tweet lengths in words: gamma (shape 3) with mean ``mean_words`` (the average of
+    1.5M tweets of early 2009, when Sentiment140 was collected: Oxford English Corpus),
+    at least 1, cut at ``max_tokens`` (the loader's cut: ~13% of tweets reach it). Labels from
+    a hidden per-word polarity."""
+    rng = np.random.default_rng(seed)
+    alpha = mean_tweets / (mean_tweets - min_tweets)  # a Pareto's mean is alpha x_m / (alpha - 1)
+    tweets = np.floor(min_tweets * (1.0 - rng.random(users)) ** (-1.0 / alpha)).astype(np.int64)
+    lengths = np.clip(np.rint(rng.gamma(3.0, mean_words / 3.0, size=int(tweets.sum()))), 1, None)
+    lengths = np.minimum(lengths, max_tokens).astype(np.int64)
+    ranks = power_law_ids(rng, int(lengths.sum()), words_seen, 1.0)  # 0-based ranks
+    words = np.where(ranks < vocab_size, ranks + 1, 0)
+    polarity = rng.normal(size=vocab_size + 1)
+    offsets = np.r_[0, np.cumsum(lengths)].astype(np.int64)
+    score = np.add.reduceat(polarity[words], offsets[:-1]) / np.sqrt(lengths)
+    score -= np.median(score)  # half positive, as Sentiment140's 800,000 / 800,000
+    labels = (rng.random(len(lengths)) < 1 / (1 + np.exp(-2 * score))).astype(np.float32)
+    tweet_owner = np.repeat(np.arange(users), tweets)
+    is_test = rng.random(len(lengths)) < test_fraction
+    is_test[np.r_[0, np.cumsum(tweets)[:-1]]] = False  # every user keeps a training tweet
+    everything = SampleSet({"words": Ragged(words, offsets)}, labels)
+    train_rows = np.flatnonzero(~is_test)
+    train_counts = np.bincount(tweet_owner[train_rows], minlength=users)
+    return FederatedDataset(
+        "sent140-like",
+        {"words": vocab_size + 1},
+        everything.take(train_rows),
+        np.r_[0, np.cumsum(train_counts)].astype(np.int64),
+        everything.take(np.flatnonzero(is_test)),
+    )

@@ -97,7 +97,7 @@ def test_padding_keeps_every_real_sample_and_row():
 
 
 # --- compiled step == eager step ----------------------------------------------------------------
-MODELS = ["embedding-lr", "softmax-regression", "mlp", "cnn"]
+MODELS = ["embedding-lr", "softmax-regression", "linear-regression", "mlp", "cnn"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

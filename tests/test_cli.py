@@ -127,7 +127,7 @@ def test_unwritable_output_folder_is_reported_before_training(tmp_path, tiny_con
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     assert main(["compare", str(tiny_config), "--out", str(blocker / "sub"), "--quiet"]) == 2
-    assert "is not writable" in capsys.readouterr().err
+    assert f"cannot be made: {blocker} is a file" in capsys.readouterr().err
 
 
 def test_central_min_target_runs_central_sgd_first_and_sweep_prints_table3(tmp_path):
@@ -220,3 +220,20 @@ def test_train_threads_sets_torchs_thread_count_and_the_results_do_not_change(
                 assert outs[1]["algorithms"][name]["final"][metric] == pytest.approx(value, 1e-5)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("plot", "message"),
+    [
+        ("{tmp}/missing/x.png", "the folder {tmp}/missing does not exist"),
+        ("{tmp}/x.csv", "its suffix .csv is not an image format; end the name with one of"),
+        ("{tmp}", "is a folder; give an image file"),
+        ("", "--plot is empty"),
+    ],
+)
+def test_data_stats_refuses_a_plot_path_before_loading_anything(tmp_path, capsys, plot, message):
+    argv = ["data", "stats", "synthetic-sparse", "--plot", plot.format(tmp=tmp_path)]
+    assert main([*argv, "--set", "data.num_users=1000000000"]) == 2  # never generated
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err
+    assert sorted(tmp_path.iterdir()) == []

@@ -145,6 +145,11 @@ BASE = '[train]\nalgorithms = ["x"]\n'
             '[train]\nalgorithms = ["x@scheme1"]\n[algorithms.x]\naggregation = "central"\n',
             "x samples no clients (its aggregation 'central' pools the data)",
         ),
+        (  # SCAFFOLD's correction on one pooled client is zero: central-sgd's model exactly
+            '[algorithms.x]\naggregation = "central"\nclient = ["scaffold"]\n',
+            "algorithm 'x': its client piece 'scaffold' keeps per-client state to correct each "
+            "client's drift from the others, but its aggregation 'central' pools the data",
+        ),
         (
             BASE + 'masking = "static"\n[model]\nname = "cnn"\n[data]\nname = "synthetic-li"\n'
             '[algorithms.x]\nclient = ["scaffold"]\n',

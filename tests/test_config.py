@@ -110,3 +110,33 @@ def test_bad_override_is_explained(override, message):
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         config_lib.load(tmp_path / "absent.toml")
+
+
+def test_set_none_unsets_a_key_and_a_quoted_none_is_the_string():
+    """The reported case: the embedded default's eval.target_test_auc = 0.8 could not be
+    removed from the command line."""
+    assert config_lib.load(None).eval.target_test_auc == 0.8
+    assert config_lib.load(None, ["eval.target_test_auc=none"]).eval.target_test_auc is None
+    unset = config_lib.load(None, ["train.rounds=7", "train.rounds=None"])
+    assert unset.train.rounds == config_lib.TrainConfig().rounds  # the built-in default
+    assert config_lib.load(None, ['train.masking="none"']).train.masking == "none"
+    composed = config_lib.load(None, ["algorithms.fedprox.mu=0.5", "algorithms.fedprox.mu=none"])
+    assert composed.algorithms["fedprox"].mu == 0.01
+
+
+def test_an_auc_target_on_a_dataset_without_auc_says_how_to_unset_it(tmp_path, capsys):
+    from fedsub.cli import main
+
+    sets = [
+        "data.name=synthetic-li",
+        "data.num_devices=4",
+        "model.name=softmax-regression",
+        "train.clients_per_round=2",
+        "train.rounds=1",
+    ]
+    argv = ["run", "--algorithm", "fedavg", "--quiet", "--out", str(tmp_path / "o")]
+    argv += [a for s in sets for a in ("--set", s)]
+    assert main(argv) == 2
+    assert "(unset it: --set eval.target_test_auc=none)" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert main([*argv, "--set", "eval.target_test_auc=none"]) == 0

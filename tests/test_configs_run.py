@@ -14,6 +14,7 @@ import pytest
 from fedsub import config as config_lib
 from fedsub.cli import main
 
+from .cifar_files import write_archive
 from .test_amazon_din import write_user_files
 from .test_images import write_image_set
 from .test_movielens import write_1m
@@ -67,6 +68,16 @@ CASES: dict[str, tuple[Callable[[Path], Path] | None, list[str]]] = {
         ["data.num_clients=5", "train.local_steps=2"],
     ),
     "li-synthetic.toml": (None, ["data.num_devices=6"]),
+    # ResNet-18 (a quarter of its widths, to keep this fast) on 32 x 32 colour images
+    "seed003-cifar10-resnet18.toml": (
+        lambda f: write_archive(f / "cifar-10-python.tar.gz", "cifar10", per_batch=20),
+        ["data.num_clients=5", "model.widths=[16,32,64,128]", "train.local_steps=1"],
+    ),
+    "seed003-cifar100-resnet18.toml": (
+        lambda f: write_archive(f / "cifar-100-python.tar.gz", "cifar100", per_batch=100),
+        ["data.num_clients=5", "model.widths=[16,32,64,128]", "train.local_steps=1"],
+    ),
+    "li-quadratic.toml": (None, []),
     "table.toml": (clicks, []),
     "table2-synthetic.toml": (None, ["data.num_users=60"]),
 }

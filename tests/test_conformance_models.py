@@ -1,6 +1,7 @@
 """Model conformance: what every model in ``fedsub.models.registry.model_names()`` must do, so a
 new model is tested by registering it (and giving ``test_resume_matrix.dataset_for`` data of its
-shape). Each model, on a few samples of that data in float64:
+shape); users' nn.Modules wrapped by ``fedsub.models.torch_module`` are checked alike
+(``tests/torch_modules.py: wrapped_cases``). Each model, on a few samples of that data in float64:
 
 - ``init`` gives finite tensors of the requested dtype, reproducibly, with one table per table
   it reads, of that table's row count; outputs have one row per sample and the loss is finite;
@@ -30,13 +31,12 @@ from fedsub.models.base import (
     forward,
     packed_names,
 )
-from fedsub.models.registry import model_names
 from fedsub.models.width import ChannelSlice, full_slice
 from fedsub.submodel.params import Params
 
 from .conftest import assert_one_step_lowers_loss
 from .equivalence import algorithm_for, assert_backends_match_reference
-from .test_model_capabilities import EXPECTED, built
+from .test_model_capabilities import CHECKED, EXPECTED, built
 from .test_resume_matrix import dataset_for
 
 SLICEABLE = [name for name, claims in EXPECTED.items() if SliceableModel in claims]
@@ -55,7 +55,7 @@ def init(model, seed: int = 0, dtype=torch.float64):
     return model.init(torch.Generator().manual_seed(seed), dtype)
 
 
-@pytest.mark.parametrize("name", model_names())
+@pytest.mark.parametrize("name", CHECKED)
 def test_init_shapes_dtypes_and_outputs(name, tmp_path_factory):
     model, dataset = built(name, folder(tmp_path_factory))
     params = init(model)
@@ -80,7 +80,7 @@ def test_init_shapes_dtypes_and_outputs(name, tmp_path_factory):
     assert loss.dim() == 0 and torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("name", model_names())
+@pytest.mark.parametrize("name", CHECKED)
 def test_one_step_lowers_the_loss(name, tmp_path_factory):
     model, dataset = built(name, folder(tmp_path_factory))
     batch = Batch.from_samples(dataset.train.slice(0, 6), torch.float64)
@@ -130,7 +130,7 @@ def one_round(name: str, masking: Masking | None = None):
     return Schedule(1, 3, lr=0.1, seed=4, dtype=torch.float64, masking=masking, **settings)
 
 
-@pytest.mark.parametrize("name", model_names())
+@pytest.mark.parametrize("name", CHECKED)
 def test_every_backend_gives_the_reference_model_after_a_round(name, tmp_path_factory):
     model, dataset = built(name, folder(tmp_path_factory))
     _, index = dataset_for(name, folder(tmp_path_factory))

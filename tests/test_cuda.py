@@ -53,7 +53,7 @@ SLICEABLE = [name for name, claims in EXPECTED.items() if SliceableModel in clai
 STEPS = {"resnet18": (1, 2)}
 # The CPU cases (the GPU's kernels on the CPU) of the slow models are left to
 # tests/test_conformance_models.py, which runs every model's round on the CPU.
-CPU_MODELS = {"embedding-lr", "sparse-lr", "din", "softmax-regression", "mlp"}
+CPU_MODELS = {"embedding-lr", "sparse-lr", "din", "softmax-regression", "linear-regression", "mlp"}
 
 
 def only_some_on_the_cpu(device: str, case: str, cpu_cases: set[str]) -> None:

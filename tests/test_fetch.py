@@ -93,7 +93,7 @@ def test_checksum_mismatch_removes_the_partial_file(server, cache, capsys):
     assert main(["data", "fetch", "movielens-1m", "--url", server.url, "--checksum", wrong]) == 2
     err = capsys.readouterr().err
     assert "checksum mismatch" in err and "the partial file was removed" in err
-    assert list((cache / "movielens-1m").iterdir()) == []
+    assert not cache.exists()  # no empty cache folder left behind
 
 
 def test_cut_off_transfer_leaves_no_cache_entry_and_a_retry_resumes(server, cache):
@@ -140,7 +140,7 @@ def test_a_size_mismatch_removes_the_partial_file(server, cache):
     download = Download(server.url, "ml-1m.zip", sha256(PAYLOAD), size=len(PAYLOAD) + 1)
     with pytest.raises(DataError, match=r"expected 1,024,001; the partial file was removed"):
         fetch("movielens-1m", download)
-    assert list((cache / "movielens-1m").iterdir()) == []
+    assert not cache.exists()
 
 
 def test_a_mirror_is_held_to_the_official_pins(server, cache, capsys):
@@ -246,4 +246,13 @@ def test_a_download_that_never_started_mentions_no_partial_file(cache):
     with pytest.raises(DataError, match="nothing was downloaded") as error:
         fetch("movielens-1m", download, timeout=5)
     assert ".part" not in str(error.value)
-    assert not (cache / "movielens-1m" / "ml-1m.zip.part").exists()
+    assert not cache.exists()  # offline: no empty cache folder left behind
+
+
+def test_offline_fetch_keeps_an_existing_cache_folder(cache, capsys):
+    (cache / "mnist").mkdir(parents=True)
+    (cache / "mnist" / "notes.txt").write_text("mine")
+    url = "http://127.0.0.1:9/"
+    assert main(["data", "fetch", "movielens-1m", "--url", url + "ml-1m.zip"]) == 2
+    assert "nothing was downloaded" in capsys.readouterr().err
+    assert sorted(p.name for p in cache.iterdir()) == ["mnist"]

@@ -76,7 +76,7 @@ def test_flower_simulation_gives_the_in_process_engines_model(tmp_path):
     assert [r["replies"] for r in result["rounds"]] == [3, 3, 3]
     # Each node received only its rows: far fewer bytes than three full tables per round.
     full_tables = 3 * flower["table.features"].numel() * 4
-    assert all(r["bytes_sent"] < full_tables / 5 for r in result["rounds"])
+    assert all(r["train_arrays_bytes_sent"] < full_tables / 5 for r in result["rounds"])
 
 
 @pytest.mark.usefixtures("flower_task_identity")

@@ -30,3 +30,120 @@ def test_the_example_app_writes_outside_its_folder():
     config = tomllib.loads((example / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     settings = FlowerSettings.from_run_config(config["config"])
     assert settings.out_dir and not Path(settings.out_dir).is_relative_to(example)
+
+
+def test_folders_no_run_may_write_into_are_refused_naming_the_key(tmp_path):
+    for folder, reason in (
+        (Path.home(), "is your home folder"),
+        (Path("/"), "is a filesystem root"),
+    ):
+        with pytest.raises(ConfigError, match=f"out-dir {folder} {reason}"):
+            FlowerSettings.from_run_config({"out-dir": str(folder)})
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ConfigError, match="is a file"):
+        FlowerSettings.from_run_config({"out-dir": str(tmp_path / "file")})
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "run.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"out-dir .*runs holds other runs \(a, b\)"):
+        FlowerSettings.from_run_config({"out-dir": str(tmp_path / "runs")})
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("min-replies", "two", "expected a whole number"),
+        ("round-timeout", "soon", "expected a number"),
+        ("eval-every", 1.5, "expected a whole number"),
+        ("num-nodes", True, "expected a whole number"),
+        ("node-wait", "nan", "expected a number"),
+        ("eval-every", -1, "expected an integer >= 0"),
+        ("train-delay", -2.0, "expected seconds >= 0"),
+    ],
+)
+def test_run_config_values_of_the_wrong_type_name_the_key(key, value, expected):
+    with pytest.raises(ConfigError, match=rf"Flower run config: {key} = .*{expected}"):
+        FlowerSettings.from_run_config({key: value})
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_the_server_app_holds_its_out_dir_like_fedsub_run(tmp_path):
+    """A second run into an out-dir that holds one is refused unless overwrite = true, which
+    replaces only what the first wrote; a run failing before its result leaves the folder as
+    it was; the folder is locked while a run holds it."""
+    from flwr.app import Context, RecordDict
+
+    from fedsub.errors import FedsubError
+    from fedsub.flower.apps import make_client_app, make_server_app
+    from fedsub.folder_lock import FolderLock
+
+    from .test_flower_heat_exchange import AppGrid
+    from .test_flower_private_download import BASE
+
+    out = tmp_path / "out"
+
+    def serve(overwrite: bool = False, *extra: str) -> None:
+        overrides = (*BASE, "train.rounds=1", *extra)
+        settings = FlowerSettings(
+            overrides=overrides, out_dir=str(out), round_timeout=30.0, overwrite=overwrite
+        )
+        grid = AppGrid(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+
+    serve()
+    first = (out / "flower-result.json").read_text()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FedsubError, match="already holds a run; pass overwrite = true"):
+        serve()
+    lock = FolderLock.acquire(out)
+    try:
+        with pytest.raises(FedsubError, match=f"output folder {out} is in use by another"):
+            serve(True)
+    finally:
+        lock.release()
+    with pytest.raises(FedsubError):  # fails before any round: the first run stays
+        serve(True, "train.clients_per_round=100")
+    assert (out / "flower-result.json").read_text() == first
+    serve(True, "train.lr=0.3")
+    assert (out / "flower-result.json").read_text() != first
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "flower-result.json",
+        "heat.safetensors",
+        "model.safetensors",
+        "notes.txt",
+        "progress.jsonl",
+        "run.json",
+    ]
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_each_round_goes_to_flowers_log_which_stream_shows(tmp_path, monkeypatch):
+    """`flwr run --stream` shows what the ServerApp writes to stdout / stderr, where Flower's
+    logger writes: each round and each evaluation is logged there."""
+    import logging
+
+    from flwr.app import Context, RecordDict
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    from .test_flower_heat_exchange import AppGrid
+    from .test_flower_private_download import BASE
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        settings = FlowerSettings(
+            overrides=(*BASE, "train.rounds=2"), out_dir=str(tmp_path / "o"), eval_every=1
+        )
+        grid = AppGrid(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    rounds = [r for r in records if r.startswith("fedsub round")]
+    assert rounds[0] == "fedsub round 1/2: 2 of 2 sampled nodes replied; model updated"
+    assert any(r.startswith("fedsub round 1: evaluation: train_loss ") for r in rounds)
+    assert any(r.startswith("fedsub round 2/2: ") for r in rounds)

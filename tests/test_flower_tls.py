@@ -53,12 +53,33 @@ def test_certificate_script_makes_a_server_certificate_the_ca_verifies_and_ec_no
 
 def test_certificate_script_refuses_a_folder_inside_the_app_and_writes_nothing_there():
     before = sorted(EXAMPLE.rglob("*"))
-    made = make_certificates(EXAMPLE / "certificates", 1)
-    assert made.returncode == 2
-    assert "inside the app folder" in made.stderr
-    for path in sorted(set(EXAMPLE.rglob("*")) - set(before)):  # the empty folder it made
-        path.rmdir()
-    assert sorted(EXAMPLE.rglob("*")) == before
+    for inside in (EXAMPLE / "certificates", EXAMPLE / "scripts" / "a" / "b", EXAMPLE):
+        made = make_certificates(inside, 1)
+        assert made.returncode == 2
+        assert "inside the app folder" in made.stderr
+        assert sorted(EXAMPLE.rglob("*")) == before  # not even an empty folder
+
+
+def test_certificate_script_failing_after_making_its_folder_removes_it(tmp_path):
+    """openssl missing from the PATH: the script fails after its checks; the folders it made
+    are removed again, a folder that was there stays."""
+    import shutil
+
+    tools = tmp_path.parent / f"{tmp_path.name}-tools"  # every tool but openssl
+    tools.mkdir()
+    for tool in ("dirname", "basename", "mkdir", "mktemp", "rm", "rmdir", "ls"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    bash = shutil.which("bash") or "bash"
+    for out in (tmp_path / "new" / "certs", tmp_path):
+        made = subprocess.run(
+            [bash, str(SCRIPT), str(out), "1"],
+            capture_output=True,
+            text=True,
+            env={"PATH": str(tools)},
+        )
+        assert made.returncode == 127, made.stderr  # openssl: command not found
+    assert sorted(tmp_path.iterdir()) == []
+    shutil.rmtree(tools)
 
 
 def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistered_one(tmp_path):

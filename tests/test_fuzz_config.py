@@ -176,6 +176,7 @@ SMALL_VALUES = st.one_of(
             '["fedadam", "scaffold-approx"]',
         ]
     ),
+    st.sampled_from(["none", "None"]),  # unset: the key's built-in default
     st.text(max_size=6).map(lambda t: t.replace("\n", " ")),
 )
 RUN_SETTINGS = settings(
@@ -185,16 +186,29 @@ RUN_SETTINGS = settings(
 )
 
 
-def _run_main(argv: list[str], capsys) -> None:
+def _run_main(argv: list[str], capsys, out: Path, named: list[str]) -> None:
+    """The run (exit 0; exit 1 when it diverged, its outputs written), or one error (exit 2)
+    that names one of ``named`` (the keys, the values, the file); on an error the output
+    folder is as it was (empty or absent)."""
     from fedsub.cli import main
 
     code = main(argv)  # any exception other than FedsubError escapes: a traceback
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert code in (0, 2), (argv, code, err)
+    assert code in (0, 1, 2), (argv, code, err)
+    if code == 1:
+        assert "diverged at round" in lines[-1] and (out / "summary.json").exists(), err
     if code == 2:
         assert lines and lines[-1].startswith("fedsub: error: "), err
         assert all(line.startswith("fedsub: ") for line in lines), err
+        assert any(n in lines[-1] for n in named), (named, lines[-1])
+        assert not out.exists() or not any(out.iterdir()), sorted(out.rglob("*"))
+
+
+def _named(overrides: list[tuple[str, str]], *more: str) -> list[str]:
+    """What an error may name: a key (as section.key or its last part) or a value given."""
+    names = [k for k, _ in overrides] + [k.rsplit(".", 1)[-1] for k, _ in overrides]
+    return [*names, *(v.strip() for _, v in overrides if len(v.strip()) > 1), *more]
 
 
 @RUN_SETTINGS
@@ -202,8 +216,9 @@ def _run_main(argv: list[str], capsys) -> None:
 def test_random_values_for_every_key_through_set_run_or_exit_2(capsys, overrides):
     with tempfile.TemporaryDirectory() as folder:
         sets = [*TINY_RUN, *(f"{k}={v}" for k, v in overrides)]
-        argv = ["compare", "--quiet", "--out", folder]
-        _run_main(argv + [a for s in sets for a in ("--set", s)], capsys)
+        out = Path(folder) / "out"
+        argv = ["compare", "--quiet", "--out", str(out)]
+        _run_main(argv + [a for s in sets for a in ("--set", s)], capsys, out, _named(overrides))
 
 
 @RUN_SETTINGS
@@ -218,4 +233,55 @@ def test_random_values_for_every_key_in_a_toml_file_run_or_exit_2(capsys, overri
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "fuzz.toml"
         path.write_text(body, encoding="utf-8")
-        _run_main(["compare", str(path), "--quiet", "--out", str(Path(folder) / "out")], capsys)
+        out = Path(folder) / "out"
+        argv = ["compare", str(path), "--quiet", "--out", str(out)]
+        _run_main(argv, capsys, out, _named(overrides, str(path)))
+
+
+NAMES = st.sampled_from(
+    [
+        "fedavg",
+        "fedsubavg",
+        "fedavgg",
+        "fedavg@scheme1",
+        "fedavg@bogus",
+        "central-sgd@scheme1",
+        "scaffold",
+        "mine",
+        "mine@scheme2",
+        "",
+        " ",
+        "fedprox,",
+    ]
+)
+COMPOSED = '\n[algorithms.mine]\naggregation = "fedsubavg"\nclient = ["prox"]\n'
+
+
+@RUN_SETTINGS
+@given(names=st.lists(NAMES, min_size=1, max_size=3), flag=st.sampled_from(["run", "compare"]))
+def test_an_error_from_algorithm_flags_names_the_flag(capsys, names, flag):
+    """The reported bug: errors of `--algorithm X` read as if the user had typed
+    `--set train.algorithms=[...]`, and `--algorithms ""` silently ran the config's."""
+    from fedsub.cli import main
+
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "c.toml"
+        tables = {}
+        for text in TINY_RUN:
+            dotted, value = text.split("=", 1)
+            section, key = dotted.rsplit(".", 1)
+            tables.setdefault(section, []).append(f"{key} = {value}")
+        body = "\n".join(f"[{s}]\n" + "\n".join(lines) for s, lines in tables.items())
+        config.write_text(body + COMPOSED, encoding="utf-8")
+        text = names[0] if flag == "run" else ",".join(names)
+        option = "--algorithm" if flag == "run" else "--algorithms"
+        argv = [flag, str(config), option, text, "--quiet", "--out", str(Path(folder) / "o")]
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code in (0, 2), err
+        if any(not name.strip() for name in text.split(",")):
+            assert code == 2, f"{option} {text!r} ran"  # an empty name is never ignored
+        if code == 0:
+            return
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"fedsub: error: {option} "), line

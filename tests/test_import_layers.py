@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
         "seeding",
         "json_values",
         "atomic_files",
+        "folder_lock",
         "progress",
         "profiling",
         "run_folder",
@@ -48,7 +49,7 @@ LAYERS: list[set[str]] = [
     {"algorithms", "masking", "privacy"},
     {"engine", "config"},
     {"checks", "report"},
-    {"experiment", "flower", "cli", "catalog", "__main__"},
+    {"experiment", "library", "flower", "cli", "catalog", "reproduce", "__main__"},
 ]
 
 

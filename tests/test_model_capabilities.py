@@ -1,5 +1,6 @@
 """Every registered model's optional capabilities (the Protocols in models/base.py): which it
-claims. test_conformance_models.py checks that the claimed ones work (cohort head against vmap,
+claims (and those of users' nn.Modules wrapped by models/torch_module.py).
+test_conformance_models.py checks that the claimed ones work (cohort head against vmap,
 slicing round trips); closed-form gradients are checked against autograd in test_backends.py
 (test_sparse_lr_closed_form_gradients_equal_autograd), and the sequential fallback of a model
 declaring ``batchable = False`` there too."""
@@ -23,6 +24,7 @@ from fedsub.models.base import (
 from fedsub.models.registry import SLICEABLE, build_model, model_names
 
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
+from .torch_modules import wrapped, wrapped_cases
 
 CAPABILITIES = (
     CohortHead,
@@ -37,15 +39,21 @@ EXPECTED = {
     "sparse-lr": {CohortHead, ClosedFormGradients},
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
+    "linear-regression": {CohortHead},
     "din": {CohortHead, PackedFeatures},  # the history packed (not captured: train.compile)
     "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},
     "resnet18": {SliceableModel, EvalBatch},
 }
+# users' nn.Modules wrapped by fedsub.models.torch_module (checked like the registered models)
+WRAPPED = {name: {DeclaresBatchable} for name in wrapped_cases()}
+CHECKED = [*model_names(), *WRAPPED]  # what the conformance suite checks
 
 
 def built(name: str, folder: str):
+    if name in WRAPPED:
+        return wrapped(name)
     dataset, _ = dataset_for(name, folder)
     options = {**OPTIONS, "widths": SMALL_WIDTHS.get(name, [])}
     model = dataclasses.replace(build_model(name, dataset, options), **SMALLER.get(name, {}))
@@ -62,10 +70,10 @@ def test_the_config_check_for_masking_names_exactly_the_sliceable_models():
     assert set(SLICEABLE) == {n for n, caps in EXPECTED.items() if SliceableModel in caps}
 
 
-@pytest.mark.parametrize("name", model_names())
+@pytest.mark.parametrize("name", CHECKED)
 def test_each_model_satisfies_exactly_its_protocols(name, tmp_path_factory):
     model, _ = built(name, str(tmp_path_factory.getbasetemp()))
-    assert {c for c in CAPABILITIES if isinstance(model, c)} == EXPECTED[name]
+    assert {c for c in CAPABILITIES if isinstance(model, c)} == {**EXPECTED, **WRAPPED}[name]
     assert is_batchable(model)
     if isinstance(model, DeclaresCapturable):
         assert model.capturable is False  # the only reason to declare it

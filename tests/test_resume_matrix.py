@@ -28,6 +28,7 @@ from fedsub.submodel.index import SubmodelIndex
 from .test_amazon_din import write_user_files
 from .test_backends import two_tables_with_dense
 from .test_sent140_lstm import tweets, write_csv
+from .torch_modules import wrapped
 
 ROUNDS, STOP_AFTER = 3, 1
 # registry names, plus the sampling/weighting schemes a user can attach with "@"
@@ -52,6 +53,8 @@ def dataset_for(model: str, folder: str):
 
     if model in ("sparse-lr", "embedding-lr"):
         dataset = two_tables_with_dense(0)
+    elif model.startswith("torch-module:"):  # a wrapped user module (tests/torch_modules.py)
+        dataset = wrapped(model)[1]
     elif model == "din":
         files = write_user_files(Path(folder) / "amazon", users=6, lines=8)
         dataset = load_fedsubavg_files(AmazonFilesOptions(), str(files), 0)

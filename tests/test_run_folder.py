@@ -239,13 +239,13 @@ def test_a_sweep_stopped_by_ctrl_c_says_how_to_resume_and_resumes(
         calls: list[int] = []
         yield lambda: calls.append(1) or len(calls) >= 11
 
-    real = cli._stop_on_ctrl_c
-    monkeypatch.setattr(cli, "_stop_on_ctrl_c", ctrl_c_after_11_rounds)
+    real = cli._stop_on_signals
+    monkeypatch.setattr(cli, "_stop_on_signals", ctrl_c_after_11_rounds)
     out = tmp_path / "out"
     assert main([*argv, "--out", str(out)]) == 130
     assert f"Resume with: fedsub compare --resume {out}" in capsys.readouterr().err
     assert not (out / "sweep.json").exists()
-    monkeypatch.setattr(cli, "_stop_on_ctrl_c", real)
+    monkeypatch.setattr(cli, "_stop_on_signals", real)
     assert main(["compare", "--resume", str(out), "--sweep", "train.lr=1", "--quiet"]) == 2
     assert main(["compare", "--resume", str(out), "--quiet"]) == 0
     assert json.loads((out / "sweep.json").read_text()) == json.loads(
@@ -272,3 +272,41 @@ def test_a_sweep_that_fails_before_training_leaves_no_folder(tmp_path, monkeypat
     with pytest.raises(FedsubError, match=re.escape(str(tmp_path / "data" / "clicks.csv"))):
         sweep("train.lr", ["0.1", "0.2"], base, tmp_path / "runs" / "s")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_sweep_value_holding_a_path_is_one_folder():
+    from fedsub.experiment import value_folder
+
+    assert value_folder("data.path", "/x/a.csv") == "data.path=%2Fx%2Fa.csv"
+    assert value_folder("train.lr", "0.1") == "train.lr=0.1"
+    assert value_folder("data.path", "a%2Fb") != value_folder("data.path", "a/b")
+
+
+def test_overwrite_never_follows_a_link_out_of_the_run_folder(tmp_path, tiny, capsys):
+    """A run's algorithm folder replaced by a link to the user's own folder: --overwrite
+    moves nothing through it and the new run refuses to write through it; the folder is left
+    as it was."""
+    out = tmp_path / "out"
+    assert main(["compare", str(tiny), "--out", str(out), "--quiet"]) == 0
+    mine = tmp_path / "mine"
+    shutil.move(out / "fedavg", mine)
+    (out / "fedavg").symlink_to(mine)
+    before = {p: p.read_bytes() for p in [*out.rglob("*"), *mine.rglob("*")] if p.is_file()}
+    argv = ["compare", str(tiny), "--out", str(out), "--quiet", "--overwrite"]
+    capsys.readouterr()
+    assert main([*argv, "--set", "train.lr=0.3"]) == 2
+    assert f"{out / 'fedavg'} is a link (to {mine}); the run would write through it" in (
+        capsys.readouterr().err
+    )
+    after = {p: p.read_bytes() for p in [*out.rglob("*"), *mine.rglob("*")] if p.is_file()}
+    assert after == before and (out / "fedavg").is_symlink()
+
+
+def test_resume_with_an_out_naming_another_folder_is_refused(tmp_path, tiny, capsys):
+    out = tmp_path / "out"
+    interrupted(config_lib.load(tiny), out, calls=1)
+    assert main(["compare", "--resume", str(out), "--out", str(tmp_path / "elsewhere")]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {out} continues that run in its own folder; --out " in err
+    assert not (tmp_path / "elsewhere").exists()
+    assert main(["compare", "--resume", str(out), "--out", str(out), "--quiet"]) == 0

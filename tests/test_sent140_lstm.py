@@ -13,6 +13,7 @@ from fedsub.data.sent140 import Sent140Options, load, tokenize
 from fedsub.errors import DataError
 from fedsub.models.base import Batch, forward
 from fedsub.models.lstm import LSTMClassifier
+from fedsub.models.packed_lstm import PackedPlan
 from fedsub.submodel.index import SubmodelIndex
 
 from .conftest import assert_backends_agree, assert_one_step_lowers_loss
@@ -124,3 +125,63 @@ def test_lstm_padding_changes_nothing_and_backends_agree(sent):
     many = Batch.from_samples(dataset.train.take(np.arange(10)), torch.float64)
     torch.testing.assert_close(forward(model, params, one)[0], forward(model, params, many)[3])
     assert_backends_agree(model, dataset, index, "fedsubavg", 3, lr=0.3)
+
+
+def test_packed_plan_runs_each_step_on_the_rows_still_going():
+    plan = PackedPlan.of(np.array([[2, 5, 0], [1, 1, 3], [0, 0, 0]]))
+    assert plan.order.tolist() == [[1, 0, 2], [2, 0, 1], [0, 1, 2]]  # longest first, stable
+    assert plan.lengths.tolist() == [[5, 2, 0], [3, 1, 1], [0, 0, 0]]
+    # step t runs, for the first `clients` clients, their first `rows` sorted rows
+    assert plan.rows == (3, 2, 1, 1, 1)
+    assert plan.clients == (2, 2, 2, 1, 1)
+    empty = PackedPlan.of(np.zeros((2, 3), dtype=np.int64))
+    assert empty.steps == 0 and empty.rows == () and empty.clients == ()
+
+
+def cohort_features(model, params, lengths, generator):
+    """K x B sequences of the given lengths (random word ids), embedded as the engine does."""
+    k, b = lengths.shape
+    rows = params.tables["words"].shape[0]
+    ids = torch.randint(0, rows, (int(lengths.sum()),), generator=generator)
+    offsets = torch.from_numpy(np.r_[0, np.cumsum(lengths.reshape(-1))])
+    features = model.embed(params.tables, {"words": (ids, offsets)})
+    return {name: f.reshape(k, b, *f.shape[1:]) for name, f in features.items()}
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [[3, 0, 6, 1], [2, 2, 2, 2], [0, 0, 0, 0]],  # an empty tweet, a client with none
+        [[1, 1, 1, 1], [5, 4, 5, 1], [6, 1, 1, 1]],  # clients finishing at different steps
+        [[4, 4, 4, 4], [4, 4, 4, 4], [4, 4, 4, 4]],  # nothing to pack
+    ],
+)
+def test_packed_cohort_head_equals_the_padded_form_values_and_gradients(lengths):
+    """float64, a different dense model per client: the packed head (hand-written backward)
+    against the padded form under autograd (the reference ``head`` runs), outputs and the
+    gradients of every dense parameter and of the embedding table."""
+    model = LSTMClassifier({"words": 30}, embedding_dim=3, hidden=4)
+    generator = torch.Generator().manual_seed(2)
+    params = model.init(generator, torch.float64)
+    params.tables["words"].requires_grad_(True)
+    lengths = np.array(lengths)
+    k = len(lengths)
+    dense = {
+        n: (p + 0.3 * torch.randn(k, *p.shape, generator=generator, dtype=p.dtype))
+        .detach()
+        .requires_grad_(True)
+        for n, p in params.dense.items()
+    }
+    leaves = [params.tables["words"], *dense.values()]
+    weights = torch.randn(lengths.shape, generator=generator, dtype=torch.float64)
+    results = []
+    for head in (model.cohort_head, model.padded_cohort_head):
+        features = cohort_features(model, params, lengths, torch.Generator().manual_seed(3))
+        outputs = head(dense, features, None)
+        results.append((outputs, torch.autograd.grad((outputs * weights).sum(), leaves)))
+    (packed, packed_grads), (padded_outputs, padded_grads) = results
+    assert packed.shape == lengths.shape
+    torch.testing.assert_close(packed, padded_outputs, rtol=1e-12, atol=1e-12)
+    for name, got, expected in zip(["table", *dense], packed_grads, padded_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12, msg=name)
+    assert all(g.abs().sum() > 0 for g in packed_grads)  # every parameter is reached

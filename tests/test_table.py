@@ -84,8 +84,21 @@ def test_a_constant_numeric_column_gets_std_1_and_a_warning(tmp_path, caplog):
     "text, options, message",
     [
         (CSV, TableOptions(client_column="uid"), "no column 'uid'; columns are user, clicked"),
-        (CSV.replace("u2,1,paris", "u2,yes,paris"), OPTIONS, "line 4: label and numeric"),
-        (CSV.replace("u2,1,paris", "u2,2,paris"), OPTIONS, "line 4: label must be 0 or 1, got 2"),
+        (
+            CSV.replace("u2,1,paris", "u2,yes,paris"),
+            OPTIONS,
+            "line 4: column 'clicked' (data.label_column) must hold numbers; it holds 'yes'",
+        ),
+        (
+            CSV.replace("u2,1,nice,a,45", "u2,1,nice,a,"),
+            OPTIONS,
+            "line 5: column 'age' (data.numeric) must hold numbers; it holds an empty cell",
+        ),
+        (
+            CSV.replace("u2,1,paris", "u2,2,paris"),
+            OPTIONS,
+            "line 4: label column 'clicked' must be 0 or 1, got '2'",
+        ),
         (CSV + "u4,1\n", OPTIONS, "line 8: 2 fields, expected 6"),
         (CSV.replace(",test\n", ",val\n"), OPTIONS, "split must be train or test, got 'val'"),
         ("", OPTIONS, "the file is empty; expected a header row"),

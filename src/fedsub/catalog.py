@@ -15,7 +15,7 @@ from fedsub.algorithms import registry as algorithm_registry
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
-from fedsub.models.registry import MODEL_INFO, model_names
+from fedsub.models.registry import MODEL_INFO, READS, model_names
 
 KINDS = ("algorithms", "datasets", "models", "keys")
 WIDTH = 80
@@ -152,6 +152,12 @@ def models() -> list[str]:
         description, options = MODEL_INFO[name]
         lines.append("")
         lines += _wrapped(f"{name}: {description}")
+        lines += textwrap.wrap(
+            f"reads {READS[name].describe()}",
+            WIDTH,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
         for option in options:
             head = f"  model.{option}: "
             text = describe_field(config_lib.ModelConfig, fields[option])

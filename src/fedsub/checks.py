@@ -47,12 +47,14 @@ def check_against_dataset(config: Config, dataset: FederatedDataset, model: Mode
         if len(dataset.test) == 0:
             raise ConfigError(
                 f"eval.target_test_auc = {e.target_test_auc:g} is set but dataset "
-                f"{dataset.name} has no test split; the target could never be reached"
+                f"{dataset.name} has no test split; the target could never be reached "
+                "(unset it: --set eval.target_test_auc=none)"
             )
         if model.task != "binary":
             raise ConfigError(
                 f"eval.target_test_auc = {e.target_test_auc:g} needs a binary task, but model "
-                f"{config.model.name!r} on {dataset.name} is {model.task}: no AUC is computed"
+                f"{config.model.name!r} on {dataset.name} is {model.task}: no AUC is computed "
+                "(unset it: --set eval.target_test_auc=none)"
             )
     largest = int(dataset.sample_counts().max())
     if t.batch_size > largest:

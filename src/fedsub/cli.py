@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -26,27 +27,53 @@ from fedsub.progress import Reporter, RichReporter, reporting
 SET_NOTE = """\
 --set SECTION.KEY=VALUE overrides one config key and may be repeated; VALUE is
 read as TOML (numbers, true/false, "strings", [lists]; a bare word is taken as a
-string). `fedsub list keys` shows every key with its default and allowed values;
-`fedsub list algorithms|datasets|models` shows those and their options."""
+string); VALUE none unsets the key (it takes fedsub's built-in default: unset,
+for optional keys such as eval.target_test_auc). `fedsub list keys` shows
+every key with its default and allowed values; `fedsub list
+algorithms|datasets|models` shows those and their options."""
+DEFAULT_OUT = "runs/latest"
 
 
-def _config(args: argparse.Namespace, extra: Sequence[str] = ()) -> config_lib.Config:
+def _config(args: argparse.Namespace, algorithms: list[str] | None = None) -> config_lib.Config:
+    """The config the arguments give; ``algorithms`` (from --algorithm / --algorithms)
+    replaces train.algorithms, and an error it causes names that flag."""
     path = Path(args.config) if args.config else None
-    return config_lib.load(path, [*args.set, *extra])
+    extra, named = _algorithms_override(args, algorithms)
+    return config_lib.load(path, [*args.set, *extra], named)
+
+
+def _algorithms_override(
+    args: argparse.Namespace, algorithms: list[str] | None
+) -> tuple[list[str], dict[str, str]]:
+    """--algorithm(s) as a train.algorithms override, and how to name it in an error."""
+    if not algorithms:
+        return [], {}
+    text = "train.algorithms=" + json.dumps(algorithms)
+    flag = "--algorithm" if getattr(args, "algorithm", None) else "--algorithms"
+    return [text], {text: f"{flag} {','.join(algorithms)}"}
+
+
+def _out_folder(args: argparse.Namespace) -> Path:
+    """--out as given (runs/latest when not given); nothing (empty, blank text) refused."""
+    from fedsub.run_folder import check_folder_text
+
+    if args.out is None:
+        return Path(DEFAULT_OUT)
+    check_folder_text(args.out, "--out")
+    return Path(args.out)
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     from fedsub.experiment import compare
 
-    if args.resume and _is_sweep(Path(args.resume)):
+    if args.resume and _is_sweep(_resumed_folder(args)):
         return _sweep(args, algorithms)
     if args.resume:
-        config, out = _resumed_config(args, algorithms), Path(args.resume)
+        config, out = _resumed_config(args, algorithms), _resumed_folder(args)
     else:
-        extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
-        config, out = _config(args, extra), Path(args.out)
+        config, out = _config(args, algorithms), _out_folder(args)
     try:
-        with _reporting(args.quiet), _stop_on_ctrl_c() as stop_requested:
+        with _reporting(args.quiet), _stop_on_signals() as stop_requested:
             outcome = compare(
                 config,
                 out,
@@ -57,7 +84,7 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
                 profile=args.profile,
             )
     except Interrupted as stopped:
-        return _say_how_to_resume(args.command, stopped, out)
+        return _say_how_to_resume(args.command, stopped, out, stop_requested)
     print(outcome.markdown, end="")
     if outcome.profiles:
         print("\nwhere the rounds' time went (profile.json in each algorithm's folder):")
@@ -81,9 +108,10 @@ def _silence_other_processes(args: argparse.Namespace) -> None:
 def _refuse_what_torchrun_cannot_split(args: argparse.Namespace) -> None:
     """Under torchrun only training splits across processes; `fedsub data` (downloads, plots)
     would run once per process, writing the same files at the same time."""
-    if args.command == "data" and distributed.from_environment().split:
+    if args.command in ("data", "reproduce") and distributed.from_environment().split:
+        what = f"data {args.data_command}" if args.command == "data" else "reproduce"
         raise ConfigError(
-            f"`fedsub data {args.data_command}` under torchrun: only `fedsub run` and "
+            f"`fedsub {what}` under torchrun: only `fedsub run` and "
             "`fedsub compare` are split across processes; run it without torchrun"
         )
 
@@ -108,15 +136,20 @@ def _which_process() -> str:
     return "" if processes.writes else f"{processes}: "
 
 
-def _say_how_to_resume(command: str, stopped: Interrupted, out: Path) -> int:
+def _say_how_to_resume(
+    command: str, stopped: Interrupted, out: Path, stop: Callable[[], bool] | None = None
+) -> int:
+    """Exit 128 + the signal that stopped the run (130 Ctrl-C, 143 SIGTERM), saying how to
+    resume it."""
+    signum = stop.signum if isinstance(stop, _StopRequest) and stop.signum else signal.SIGINT
     if not distributed.from_environment().writes:
-        return 130
+        return 128 + signum
     print(
         f"fedsub: stopped after round {stopped.round}; checkpoint {stopped.checkpoint}. "
         f"Resume with: fedsub {command} --resume {out}",
         file=sys.stderr,
     )
-    return 130
+    return 128 + signum
 
 
 def _is_sweep(folder: Path) -> bool:
@@ -126,6 +159,21 @@ def _is_sweep(folder: Path) -> bool:
         return read_run_file(folder).get("kind") == "sweep"
     except FedsubError:  # no run file, or not a readable one: the run's resume says why
         return False
+
+
+def _resumed_folder(args: argparse.Namespace) -> Path:
+    """--resume DIR; refused when empty, or with an --out that names another folder."""
+    from fedsub.run_folder import check_folder_text
+
+    check_folder_text(args.resume, "--resume")
+    folder = Path(args.resume)
+    if args.out is not None and Path(args.out).resolve() != folder.resolve():
+        raise ConfigError(
+            f"--resume {args.resume} continues that run in its own folder; --out {args.out} "
+            "names another. Drop --out (to continue a copy elsewhere, copy the folder and "
+            "--resume the copy)"
+        )
+    return folder
 
 
 def _refuse_changes_on_resume(args: argparse.Namespace, algorithms: list[str] | None) -> None:
@@ -140,34 +188,56 @@ def _refuse_changes_on_resume(args: argparse.Namespace, algorithms: list[str] | 
 def _resumed_config(args: argparse.Namespace, algorithms: list[str] | None) -> config_lib.Config:
     """``--resume DIR`` continues the run exactly as it was configured in DIR/config.toml."""
     _refuse_changes_on_resume(args, algorithms)
-    path = Path(args.resume) / "config.toml"
+    path = _resumed_folder(args) / "config.toml"
     if not path.exists():
         raise ConfigError(f"{args.resume} is not a fedsub run folder: {path} does not exist")
     return config_lib.load(path)
 
 
+class _Aborted(KeyboardInterrupt):
+    """A second stop signal: the run stops at once (exit 128 + the signal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclasses.dataclass
+class _StopRequest:
+    """Whether (and by which signal) the run was asked to stop after its current round."""
+
+    signum: int = 0
+
+    def __call__(self) -> bool:
+        return self.signum != 0
+
+
+STOP_SIGNALS: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
 @contextmanager
-def _stop_on_ctrl_c() -> Iterator[Callable[[], bool]]:
-    """The first Ctrl-C asks the run to stop after the current round (with a checkpoint);
-    a second one interrupts at once."""
-    requested = False
+def _stop_on_signals() -> Iterator[Callable[[], bool]]:
+    """The first Ctrl-C or SIGTERM (what a batch scheduler sends before it kills a job) asks
+    the run to stop after the current round, with a checkpoint; a second one stops at once."""
+    request = _StopRequest()
 
     def handler(signum: int, frame: object) -> None:
-        nonlocal requested
-        if requested:
-            raise KeyboardInterrupt
-        requested = True
+        if request.signum:
+            raise _Aborted(signum)
+        request.signum = signum
         if distributed.from_environment().writes:  # under torchrun every process hears it
             print(
-                "\nfedsub: finishing this round, then checkpointing (Ctrl-C again to abort)",
+                f"\nfedsub: {STOP_SIGNALS[signum]}: finishing this round, then checkpointing "
+                f"({STOP_SIGNALS[signum]} again to stop at once)",
                 file=sys.stderr,
             )
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
-        yield lambda: requested
+        yield request
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, before in previous.items():
+            signal.signal(s, before)
 
 
 def _reporting(quiet: bool):
@@ -178,8 +248,13 @@ def _reporting(quiet: bool):
 def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         return _compare(args, None)
-    if args.algorithm:
-        return _compare(args, [args.algorithm])
+    if args.algorithm is not None:
+        if not args.algorithm.strip():
+            raise ConfigError(
+                f"--algorithm {args.algorithm!r}: expected an algorithm name, e.g. "
+                "--algorithm fedsubavg (`fedsub list algorithms`)"
+            )
+        return _compare(args, [args.algorithm.strip()])
     listed = _config(args).train.algorithms
     if len(listed) != 1:
         raise ConfigError(
@@ -190,7 +265,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    algorithms = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
+    algorithms = None
+    if args.algorithms is not None:
+        algorithms = [a.strip() for a in args.algorithms.split(",")]
+        if not all(algorithms):
+            raise ConfigError(
+                f"--algorithms {args.algorithms!r}: expected algorithm names separated by "
+                "commas, e.g. --algorithms fedavg,fedsubavg (`fedsub list algorithms`); "
+                "without --algorithms the config's train.algorithms run"
+            )
     if args.sweep:
         return _sweep(args, algorithms)
     return _compare(args, algorithms)
@@ -212,19 +295,25 @@ def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _Swee
 
     if args.resume:
         _refuse_changes_on_resume(args, algorithms)
-        out = Path(args.resume)
+        out = _resumed_folder(args)
         key, values, base = read_sweep(out)
         return _SweepPlan(out, key, values, base, str(out / "run.json"))
     key, eq, values_text = args.sweep.partition("=")
-    values = [v.strip() for v in values_text.split(",") if v.strip()]
-    if not eq or not values:
-        raise ConfigError(f"--sweep {args.sweep!r}: expected section.key=v1,v2,...")
-    extra = [f"train.algorithms={algorithms!r}".replace("'", '"')] if algorithms else []
+    values = [v.strip() for v in values_text.split(",")]
+    if not eq or not key.strip() or not all(values):
+        raise ConfigError(
+            f"--sweep {args.sweep!r}: expected section.key=v1,v2,... (values separated by "
+            "commas, none empty)"
+        )
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise ConfigError(f"--sweep {args.sweep!r}: value {twice[0]!r} is given twice")
+    extra, _ = _algorithms_override(args, algorithms)
     path = Path(args.config) if args.config else config_lib.default_config_path()
     where = str(path) if args.config else "default config"
+    _config(args, algorithms)  # a bad --set, flag or file is named as such, before the values
     base = config_lib.apply_overrides(config_lib.read_toml(path), [*args.set, *extra])
-    _config(args, extra)  # a bad --set or file is named as such, before the values
-    return _SweepPlan(Path(args.out), key, values, base, where)
+    return _SweepPlan(_out_folder(args), key.strip(), values, base, where)
 
 
 def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
@@ -242,7 +331,7 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
             inner = str(error).removeprefix(f"{where}: ")
             raise ConfigError(f"--sweep {args.sweep}: value {value}: {inner}") from None
     try:
-        with _reporting(args.quiet), _stop_on_ctrl_c() as stop_requested:
+        with _reporting(args.quiet), _stop_on_signals() as stop_requested:
             outcome = sweep(
                 key,
                 values,
@@ -256,17 +345,19 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
                 profile=args.profile,
             )
     except Interrupted as stopped:
-        return _say_how_to_resume("compare", stopped, out)
+        return _say_how_to_resume("compare", stopped, out, stop_requested)
     print(outcome.markdown, end="")
     return _diverged_exit(outcome)
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
+    from fedsub.atomic_files import check_image_path
     from fedsub.data.registry import DATASETS
     from fedsub.experiment import load_data
     from fedsub.submodel.index import SubmodelIndex
     from fedsub.submodel.stats import feature_heat, plot_heat_distribution, table1_row
 
+    plot = check_image_path(args.plot, "--plot") if args.plot is not None else None
     if args.name.endswith(".toml"):  # a run's config: its [data] section, as the run sees it
         config = config_lib.load(Path(args.name), args.set)
     elif args.name in DATASETS:
@@ -288,9 +379,11 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
             key.replace("_", " "), f"{value:.4g}" if isinstance(value, float) else str(value)
         )
     Console().print(table)
-    if args.plot:
-        plot_heat_distribution(feature_heat(dataset, index), Path(args.plot), dataset.name)
-        print(f"heat distribution plot: {args.plot}")
+    if plot is not None:
+        heat = feature_heat(dataset, index)
+        untouched = int(row["features"]) - len(heat)
+        plot_heat_distribution(heat, plot, dataset.name, untouched)
+        print(f"heat distribution plot: {plot}")
     return 0
 
 
@@ -324,6 +417,44 @@ def _options(config: config_lib.Config) -> list[tuple[str, object]]:
     return [("seed", config.data.seed), *dataclasses.asdict(config.data.options).items()]
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """The seeds' tables and figures: the list, or one run beside the paper's numbers."""
+    from fedsub.reproduce import running
+
+    configs = Path(args.configs) if args.configs else None
+    if args.id is None:
+        print("\n".join(running.listing(configs)))
+        return 0
+    if args.resume and args.overwrite:
+        raise ConfigError(
+            "--resume continues the runs in --out; --overwrite replaces them: pick one"
+        )
+    try:
+        with _reporting(args.quiet), _stop_on_signals() as stop_requested:
+            folders = running.Folders(args.overwrite, args.resume, stop_requested)
+            results = running.reproduce(
+                args.id,
+                Path(args.out),
+                smoke=args.smoke,
+                part=args.part,
+                data_path=args.data_path,
+                overrides=args.set,
+                configs=configs,
+                folders=folders,
+            )
+    except Interrupted as stopped:
+        again = " ".join(a for a in sys.argv[1:] if a != "--overwrite")
+        print(
+            f"fedsub: stopped after round {stopped.round}; continue with: fedsub {again} --resume",
+            file=sys.stderr,
+        )
+        return 130
+    print("\n".join(running.summary_lines(results)))
+    if not args.quiet:
+        print(f"results in {args.out}/ (reproduce.md, reproduce.json, plots)")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from fedsub.catalog import listing
 
@@ -344,6 +475,11 @@ EXAMPLES = {
     "fetch": """\
   fedsub data fetch
   fedsub data fetch movielens-1m --url https://example.org/mirror/ml-1m.zip""",
+    "reproduce": """\
+  fedsub reproduce
+  fedsub reproduce 004-fig4 --out runs/004-fig4
+  fedsub reproduce 001-tab2 --part movielens --data-path ml-1m.zip --out runs/t2
+  fedsub reproduce 001-fig2 --smoke --out runs/smoke""",
     "list": """\
   fedsub list algorithms
   fedsub list keys""",
@@ -381,7 +517,11 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="SECTION.KEY=VALUE",
             help="override a config key; repeatable; VALUE is TOML (see below)",
         )
-        p.add_argument("--out", default="runs/latest", help="output folder (default runs/latest)")
+        p.add_argument(
+            "--out",
+            help=f"a folder of this run's own (default {DEFAULT_OUT}); a folder holding other "
+            "runs, the current or home folder are refused",
+        )
         p.add_argument("--quiet", action="store_true", help="no progress bar or notes")
         p.add_argument(
             "--resume",
@@ -392,7 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--overwrite",
             action="store_true",
-            help="replace the run already in --out (only the files fedsub wrote are removed)",
+            help="replace the run already in --out: only what that run wrote is removed (after "
+            "this run's first round; a run that fails before it leaves the old one in place)",
         )
         p.add_argument(
             "--profile",
@@ -459,6 +600,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.set_defaults(func=cmd_data_fetch)
 
+    reproduce = add_command(
+        commands,
+        "reproduce",
+        "the seeds' tables and figures: list them, or run one beside the paper's numbers",
+    )
+    reproduce.add_argument("id", nargs="?", help="e.g. 004-fig4 (none: list every one)")
+    reproduce.add_argument("--part", help="one part (a table's row, a figure's panel)")
+    reproduce.add_argument("--out", default="runs/reproduce", help="output folder")
+    reproduce.add_argument(
+        "--smoke", action="store_true", help="smoke size: 2 rounds, 2 clients (checks it runs)"
+    )
+    reproduce.add_argument("--data-path", help="the part's dataset file or folder (data.path)")
+    reproduce.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key of the part's runs; repeatable",
+    )
+    reproduce.add_argument("--configs", help="the configs folder (default: the checkout's)")
+    reproduce.add_argument(
+        "--overwrite", action="store_true", help="replace the runs already in --out"
+    )
+    reproduce.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the stopped runs in --out (finished ones are read back)",
+    )
+    reproduce.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    reproduce.set_defaults(func=cmd_reproduce)
+
     listing = add_command(
         commands,
         "list",
@@ -468,6 +640,24 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("kind", choices=["algorithms", "datasets", "models", "keys"])
     listing.set_defaults(func=cmd_list)
     return parser
+
+
+def _is_out_of_memory(error: RuntimeError) -> bool:
+    """torch's failed allocations: ``OutOfMemoryError`` (a GPU), or the CPU allocator's
+    RuntimeError."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(error, torch.OutOfMemoryError):
+        return True
+    return "can't allocate memory" in str(error) or "out of memory" in str(error).lower()
+
+
+def _out_of_memory(detail: str) -> int:
+    print(
+        f"fedsub: error: out of memory ({detail or 'allocation failed'}); reduce the sizes in "
+        "the config (data sizes, train.batch_size, train.clients_per_round, ...)",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -483,19 +673,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fedsub: error: {_which_process()}{error}", file=sys.stderr)
         return 2
     except MemoryError as error:  # e.g. a dataset size far beyond this machine
-        print(
-            f"fedsub: error: out of memory ({error or 'allocation failed'}); "
-            "reduce the sizes in the config (data sizes, train.clients_per_round, ...)",
-            file=sys.stderr,
-        )
-        return 2
-    except KeyboardInterrupt:
-        print("fedsub: interrupted", file=sys.stderr)
-        return 130
+        return _out_of_memory(str(error))
+    except RuntimeError as error:
+        if not _is_out_of_memory(error):
+            raise
+        return _out_of_memory(str(error).splitlines()[0])
     except BrokenPipeError:  # e.g. `fedsub list keys | head`: the reader left, not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
         return 141
+    except OSError as error:  # a file or folder the system refused (full disk, permissions)
+        what = f"{error.filename}: " if error.filename else ""
+        print(f"fedsub: error: {what}{error.strerror or error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as error:
+        print("fedsub: interrupted", file=sys.stderr)
+        return 128 + (error.signum if isinstance(error, _Aborted) else signal.SIGINT)
     finally:
         distributed.leave()
 

@@ -83,7 +83,7 @@ class TrainConfig:
     compile: str = field(default="off", metadata={"choices": lambda: ["off", "on"]})
     lr_schedule: str = field(
         default="constant",
-        metadata={"choices": lambda: ["constant", "inverse-round", "exponential"]},
+        metadata={"choices": lambda: ["constant", "inverse-round", "inverse-time", "exponential"]},
     )
     lr_decay: float = field(default=0.999, metadata={"min_exclusive": 0.0, "max": 1.0})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
@@ -401,8 +401,12 @@ def parse_algorithms(raw: dict[str, Any]) -> dict[str, Any]:
     return parsed
 
 
+UNSET = object()  # ``--set key=none``: the key is removed, so it takes its built-in default
+
+
 def parse_override(text: str) -> tuple[str, str, Any]:
-    """``section.key=value`` -> (section, key, value); the value is TOML or a plain string."""
+    """``section.key=value`` -> (section, key, value); the value is TOML or a plain string,
+    or ``UNSET`` for a bare ``none`` (TOML has no null; ``"none"`` in quotes is the string)."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected section.key=value")
     dotted, value_text = text.split("=", 1)
@@ -413,6 +417,8 @@ def parse_override(text: str) -> tuple[str, str, Any]:
         raise ConfigError(
             f"--set {text!r}: the key must be section.key with section one of {', '.join(SECTIONS)}"
         )
+    if value_text.strip().lower() == "none":
+        return section, key, UNSET
     try:
         value = tomllib.loads(f"v = {value_text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -421,15 +427,19 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``raw`` with each ``--set`` applied in order (``none`` removes the key)."""
     merged = copy.deepcopy(raw)
     for text in overrides:
         section, key, value = parse_override(text)
-        if section.startswith("algorithms."):
-            table = merged.setdefault("algorithms", {})
-            table = table.setdefault(section.split(".", 1)[1], {})
+        table: Any = merged
+        for part in ["algorithms", section.split(".", 1)[1]] if "." in section else [section]:
+            table = table.setdefault(part, {}) if isinstance(table, dict) else None
+        if not isinstance(table, dict):
+            raise ConfigError(f"--set {_shown(text)}: [{section}] is not a table in the config")
+        if value is UNSET:
+            table.pop(key, None)
         else:
-            table = merged.setdefault(section, {})
-        table[key] = value
+            table[key] = value
     return merged
 
 
@@ -445,30 +455,43 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot be read: {error}") from None
 
 
-def load(path: Path | None, overrides: typing.Sequence[str] = ()) -> Config:
+def load(
+    path: Path | None,
+    overrides: typing.Sequence[str] = (),
+    named: typing.Mapping[str, str] | None = None,
+) -> Config:
     """The config at ``path`` (or fedsub's embedded default) with ``--set`` overrides applied.
 
-    An error names its cause: the ``--set`` that introduced it, else the file."""
+    An error names its cause: the ``--set`` that introduced it (or, for an override in
+    ``named``, the flag it came from, e.g. ``--algorithm X``), else the file."""
     raw = read_toml(path if path is not None else default_config_path())
     try:
         return parse(apply_overrides(raw, list(overrides)))
     except ConfigError as error:
         if str(error).startswith("--set "):  # already names its --set
             raise
-        raise ConfigError(f"{_culprit(raw, list(overrides), str(error), path)}: {error}") from None
+        culprit = _culprit(raw, list(overrides), str(error), path, named or {})
+        raise ConfigError(f"{culprit}: {error}") from None
 
 
-def _culprit(raw: dict[str, Any], overrides: list[str], message: str, path: Path | None) -> str:
-    """Who to blame for ``message``: the first ``--set`` after which it appears, or the file
-    when it is there without any ``--set``."""
+def _culprit(
+    raw: dict[str, Any],
+    overrides: list[str],
+    message: str,
+    path: Path | None,
+    named: typing.Mapping[str, str],
+) -> str:
+    """Who to blame for ``message``: the first ``--set`` (or named flag) after which it
+    appears, else the file when it is there without any."""
     where = str(path) if path is not None else "default config"
+    shown = [named.get(text, f"--set {_shown(text)}") for text in overrides]
     for count in range(len(overrides) + 1):
         try:
             parse(apply_overrides(raw, overrides[:count]))
         except ConfigError as error:
             if str(error) == message:
-                return where if count == 0 else f"--set {_shown(overrides[count - 1])}"
-    return f"{where} with --set {' --set '.join(map(_shown, overrides))}"
+                return where if count == 0 else shown[count - 1]
+    return f"{where} with {' '.join(shown)}"
 
 
 def _shown(text: str) -> str:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
-from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
+from fedsub.engine.loop import Diverged, Evaluation, Interrupted, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import DTYPES, Compile, LrSchedule, Schedule, TablePlacement
 from fedsub.errors import ConfigError, FedsubError
@@ -35,7 +36,7 @@ from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model
-from fedsub.models.registry import build_model
+from fedsub.models.registry import build_checked_model
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.profiling import RoundProfile, profiling
@@ -57,24 +58,25 @@ from fedsub.report import (
 from fedsub.run_folder import (
     DONE,
     RUN_FILE,
+    Claim,
     RunIdentity,
     check_checkpoint,
     check_done,
-    clear_run,
+    claim_existing,
+    claim_new,
+    comparison_outputs,
     done_record,
     hash_config,
     identity_of,
-    missing_ancestors,
     new_identity,
     read_run_file,
-    refuse_if_taken,
-    remove_if_empty,
+    sweep_outputs,
 )
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 
 CENTRAL = "central-sgd"
-PROFILE = "profile.json"  # in an algorithm's folder, with --profile
+PROFILE = "profile.json"  # in an algorithm's folder, with --profile (run_folder.ALGORITHM_FILES)
 LOG = logging.getLogger("fedsub")
 
 
@@ -118,24 +120,13 @@ def load_data(config: Config) -> FederatedDataset:
 
 
 def model_of(config: Config, dataset: FederatedDataset) -> Model:
-    """The configured model, shaped for ``dataset``."""
+    """The configured model, shaped for ``dataset`` (refused when it cannot read all of it)."""
     options = {
         f.name: getattr(config.model, f.name)
         for f in dataclasses.fields(config.model)
         if f.name != "name"
     }
-    return build_model(config.model.name, dataset, options)
-
-
-def check_writable(out_dir: Path) -> None:
-    """Fail before any training when results could not be written."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".fedsub-write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as error:
-        raise FedsubError(f"output folder {out_dir} is not writable: {error}") from None
+    return build_checked_model(config.model.name, dataset, options)
 
 
 def check_free_space(out_dir: Path, needed: int = 64 * 2**20) -> None:
@@ -414,21 +405,14 @@ def prepare(config: Config) -> Setup:
 
 
 def _claim(
-    out_dir: Path,
-    config_text: str,
-    overwrite: bool,
-    extra: dict | None = None,
-    config_file: str | None = None,
+    claim: Claim, config_text: str, record: dict, config_file: str | None = None
 ) -> RunIdentity:
-    """Make ``out_dir`` this run's: clear a previous run (``overwrite``), write ``config_file``
-    (if given) and then run.json, which marks the folder as a run that can be resumed."""
-    if overwrite:
-        clear_run(out_dir)
-    if config_file is not None:
-        write_atomic(out_dir / "config.toml", config_file)
+    """Make the claimed folder this run's: run.json first (its identity and the manifest of
+    what it writes, ``record``; a replaced run is moved aside), then ``config_file``."""
     identity = new_identity(config_text)
-    record = {**identity.as_json(), **(extra or {})}
-    write_atomic(out_dir / RUN_FILE, json.dumps(record, indent=2, default=str) + "\n")
+    claim.write_run_file({**identity.as_json(), **record})
+    if config_file is not None:
+        write_atomic(claim.folder / "config.toml", config_file)
     return identity
 
 
@@ -459,8 +443,10 @@ def compare(
     profile.json and the outcome's ``profiles`` (on a GPU the device is synchronized at every
     phase boundary, so only then).
 
-    A new run refuses a folder holding another run unless ``overwrite``; nothing is written
-    (and a folder it created is removed) when it fails before training. With ``resume``,
+    The folder follows run_folder.py's rules: a new run refuses a folder holding another run
+    unless ``overwrite``, holds the folder's lock while it runs, and when it fails before its
+    first round completes leaves the folder as it found it (a replaced run put back, a folder
+    it made removed). With ``resume``,
     every piece read back is checked to belong to the run in ``out_dir/run.json``: finished
     algorithms are read back, an interrupted one continues from its newest intact
     checkpoint, and the rest run from the start. Data are loaded and checked before the
@@ -469,36 +455,64 @@ def compare(
     Under torchrun every process runs this (each reads the folder when resuming), trains its
     share of each cohort, and only process 0 checks and writes the folder."""
     config = with_resolved_paths(config)
+    writes = distributed.from_environment().writes
+    claim = None
+    if writes:
+        claim = claim_existing(out_dir) if resume else claim_new(out_dir, overwrite)
+    failed = True
+    try:
+        outcome = _compare_in(
+            config, out_dir, claim, on_round, resume, stop_requested, label, profile
+        )
+        failed = False
+    except Interrupted:  # stopped after a round, with a checkpoint: a run to resume
+        failed = False
+        raise
+    finally:
+        if claim is not None:
+            claim.end(failed)
+    return outcome
+
+
+def _compare_in(
+    config: Config,
+    out_dir: Path,
+    claim: Claim | None,
+    on_round: Callable[[str, int], None] | None,
+    resume: bool,
+    stop_requested: Callable[[], bool],
+    label: str,
+    profile: bool = False,
+) -> Outcome:
+    """``compare`` in its folder, held by ``claim`` (None: a process that writes nothing)."""
     config_text = config_lib.to_toml(config)
     names = algorithms_to_run(config)
-    writes = distributed.from_environment().writes
-    created = missing_ancestors(out_dir) if writes else []
-    try:
-        if resume:
-            identity = _resumed_identity(out_dir, config_text)
-            points = {n: resume_point(n, out_dir / n, identity) for n in names}
-        elif writes:
-            refuse_if_taken(out_dir, overwrite)
-        if writes:
-            check_writable(out_dir)
-            check_free_space(out_dir)
-        setup = prepare(config)
-        distributed.join(setup.schedule.device)
-        distributed.barrier("starting the run")  # all have read the folder: 0 may write
-    except BaseException:
-        remove_if_empty(created)
-        raise
+    if resume:
+        identity = _resumed_identity(out_dir, config_text)
+        points = {n: resume_point(n, out_dir / n, identity) for n in names}
+    if claim is not None:
+        check_free_space(out_dir)
+    setup = prepare(config)
+    distributed.join(setup.schedule.device)
+    distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
+        manifest = {"outputs": comparison_outputs(names)}
         identity = (
-            _claim(out_dir, config_text, overwrite, config_file=config_text)
-            if writes
+            _claim(claim, config_text, manifest, config_file=config_text)
+            if claim is not None
             else new_identity(config_text)  # stamps nothing: this process writes no file
         )
         points = {n: ResumePoint() for n in names}
-    if writes:
+    if claim is not None:
         _write_data_records(setup, out_dir)
     if distributed.joined() is not None:
         stop_requested = distributed.agreed(stop_requested)
+
+    def trained(name: str, round_index: int) -> None:
+        if claim is not None:
+            claim.training_started()
+        if on_round is not None:
+            on_round(name, round_index)
 
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
@@ -519,8 +533,8 @@ def compare(
             identity,
             saved,
             stop_requested,
-            _reported(label, on_round),
-            writes,
+            _reported(label, trained),
+            claim is not None,
             RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
         )
         with phase(f"{label}{name}: preparing"):
@@ -535,11 +549,10 @@ def compare(
         )
         if divergence is not None:
             diverged[name] = divergence
-
         if run.profile is not None:
             profiles[name] = run.profile.as_json()
 
-    if not writes:
+    if claim is None:
         return Outcome({}, "", out_dir, diverged)
     outcome = _summarized(config, setup, histories, diverged, out_dir)
     return dataclasses.replace(outcome, profiles=profiles)
@@ -576,9 +589,25 @@ def _summarized(
     markdown = summary_markdown(result, target, setup.schedule.rounds)
     write_atomic(out_dir / "summary.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
-    title = f"{setup.dataset.name}: {', '.join(histories)}"
-    plot_curves(histories, out_dir / "curves.png", title, target)
+    stopped = {n: d.round for n, d in diverged.items()}
+    plot_curves(
+        histories, out_dir / "curves.png", _title(config, setup, histories), target, stopped
+    )
     return Outcome(result, markdown, out_dir, diverged)
+
+
+def _title(config: Config, setup: Setup, histories: dict[str, list[Evaluation]]) -> str:
+    """curves.png's title: the data, the algorithms and, when set, the masking scheme."""
+    title = f"{setup.dataset.name}: {', '.join(histories)}"
+    if config.train.masking != "none":
+        title += f" (masking {config.train.masking})"
+    return title
+
+
+def value_folder(key: str, value: str) -> str:
+    """The folder of a sweep's value: ``key=value``, a path separator in the value written
+    ``%2F`` (a value such as a data.path stays one folder)."""
+    return f"{key}={value}".replace("%", "%25").replace("/", "%2F").replace(os.sep, "%2F")
 
 
 def sweep_config(base: dict, key: str, value: str, where: str) -> Config:
@@ -642,29 +671,36 @@ def sweep(
     base = resolved_base(base)
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
     writes = distributed.from_environment().writes
-    created = _open_sweep_folder(out_dir, key, values, base, resume, overwrite) if writes else []
-    outcomes: dict[str, Outcome] = {}
-    for v in values:
-        folder = out_dir / f"{key}={v}"
-        distributed.barrier(f"starting {key}={v}")  # all look at the folder before 0 writes
-        again = resume and (folder / RUN_FILE).exists()
-        if resume and not again:
-            LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
-        try:
-            outcomes[v] = compare(
-                configs[v],
-                folder,
-                on_round,
-                again,
-                stop_requested,
-                label=f"{key}={v}: ",
-                profile=profile,
-            )
-        except FedsubError:
-            if writes and not resume and not outcomes and not folder.exists():  # before training
-                (out_dir / RUN_FILE).unlink(missing_ok=True)
-                remove_if_empty(created)
-            raise
+    claim = None
+    if writes:
+        claim = claim_existing(out_dir) if resume else claim_new(out_dir, overwrite)
+    failed = True
+    try:
+        if claim is not None:
+            _open_sweep_folder(claim, key, values, base, resume)
+        outcomes = _sweep_values(
+            key, values, configs, out_dir, claim, on_round, resume, stop_requested, profile
+        )
+        outcome = _sweep_summary(key, values, configs, outcomes, out_dir, writes)
+        failed = False
+    except Interrupted:
+        failed = False
+        raise
+    finally:
+        if claim is not None:
+            claim.end(failed)
+    return outcome
+
+
+def _sweep_summary(
+    key: str,
+    values: list[str],
+    configs: dict[str, Config],
+    outcomes: dict[str, Outcome],
+    out_dir: Path,
+    writes: bool,
+) -> Outcome:
+    """The sweep's Outcome, and (``writes``) its sweep.json, sweep.md and curves.png."""
     diverged = {f"{n} ({key}={v})": d for v, o in outcomes.items() for n, d in o.diverged.items()}
     if not writes:
         return Outcome({}, "", out_dir, diverged)
@@ -672,29 +708,78 @@ def sweep(
     result = _sweep_result(key, values, outcomes)
     markdown = _sweep_markdown(key, values, outcomes, rounds)
     panels, target = _sweep_curves(key, outcomes, out_dir)
-    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target)
+    stopped = {
+        n: {
+            f"{key}={v}": d.round
+            for v, o in outcomes.items()
+            for m, d in o.diverged.items()
+            if m == n
+        }
+        for n in panels
+    }
+    plot_curves(panels, out_dir / "curves.png", f"sweep of {key}", target, stopped)
     write_atomic(out_dir / "sweep.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "sweep.md", markdown)
     return Outcome(result, markdown, out_dir, diverged)
 
 
-def _open_sweep_folder(
-    out_dir: Path, key: str, values: list[str], base: dict, resume: bool, overwrite: bool
-) -> list[Path]:
-    """Claim ``out_dir`` for a new sweep (the folders it had to create are returned, to be
-    removed if the first value fails before training), or check a resumed one's base config."""
+def _sweep_values(
+    key: str,
+    values: list[str],
+    configs: dict[str, Config],
+    out_dir: Path,
+    claim: Claim | None,
+    on_round: Callable[[str, int], None] | None,
+    resume: bool,
+    stop_requested: Callable[[], bool],
+    profile: bool = False,
+) -> dict[str, Outcome]:
+    """Each value's comparison in its folder (``out_dir/<key>=<value>``), one after another."""
+
+    def trained(name: str, round_index: int) -> None:
+        if claim is not None:
+            claim.training_started()
+        if on_round is not None:
+            on_round(name, round_index)
+
+    outcomes: dict[str, Outcome] = {}
+    for v in values:
+        folder = out_dir / value_folder(key, v)
+        distributed.barrier(f"starting {key}={v}")  # all look at the folder before 0 writes
+        again = resume and (folder / RUN_FILE).exists()
+        if resume and not again:
+            LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
+        outcomes[v] = compare(
+            configs[v],
+            folder,
+            trained,
+            again,
+            stop_requested,
+            label=f"{key}={v}: ",
+            profile=profile,
+        )
+    return outcomes
+
+
+def _open_sweep_folder(claim: Claim, key: str, values: list[str], base: dict, resume: bool) -> None:
+    """Claim the folder for a new sweep (its values' folders are its nested runs), or check a
+    resumed one's base config."""
     base_text = json.dumps(base, sort_keys=True, default=str)
+    out_dir = claim.folder
     if resume:
         identity = identity_of(read_run_file(out_dir))
         if identity.config_hash != hash_config(base_text):
             raise FedsubError(f"{out_dir / RUN_FILE}: its base config does not match its hash")
-        return []
-    refuse_if_taken(out_dir, overwrite)
-    created = missing_ancestors(out_dir)
-    check_writable(out_dir)
-    record = {"kind": "sweep", "key": key, "values": values, "base": base}
-    _claim(out_dir, base_text, overwrite, record)
-    return created
+        return
+    record = {
+        "kind": "sweep",
+        "key": key,
+        "values": values,
+        "base": base,
+        "outputs": sweep_outputs(),
+        "runs": [value_folder(key, v) for v in values],
+    }
+    _claim(claim, base_text, record)
 
 
 def _compared_algorithms(outcomes: dict[str, Outcome]) -> list[str]:
@@ -801,7 +886,7 @@ def _sweep_curves(
     target line when every value has the same target."""
     panels = {
         n: {
-            f"{key}={v}": read_metrics(out_dir / f"{key}={v}" / n / "metrics.jsonl")
+            f"{key}={v}": read_metrics(out_dir / value_folder(key, v) / n / "metrics.jsonl")
             for v, o in outcomes.items()
             if n in o.summary["algorithms"]
         }

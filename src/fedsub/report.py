@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as tensors_to_bytes
 
-from fedsub.atomic_files import create_temp_file
+from fedsub.atomic_files import create_temp_file, save_figure_atomic
+from fedsub.atomic_files import write_atomic as write_atomic  # where results' writers find it
 from fedsub.engine.loop import Evaluation
 from fedsub.json_values import dumps, metrics_from_json
 
@@ -27,20 +28,6 @@ TABLE_METRICS = (
     ("gap_loss", "gap loss (train - test)", False),
     ("gap_accuracy", "gap accuracy (train - test)", False),
 )
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file in the same folder and rename, so no reader sees half a file;
-    the file's mode follows the umask, as any file the user writes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_temp_file(path.parent, path.name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -225,29 +212,28 @@ def metrics_table(rows: list[tuple], labels: list[str], with_rounds: bool = True
     return lines
 
 
+Histories = dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]]
+Rounds = dict[str, int] | dict[str, dict[str, int]]
+
+
 def plot_curves(
-    histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
+    histories: Histories,
     path: Path,
     title: str,
     target: Target | None = None,
+    diverged: Rounds | None = None,
 ) -> None:
     """curves.png: one panel per metric; ``histories`` either maps line names to histories
     (one row of panels) or row titles to such maps (one row per title, e.g. per algorithm of
-    a sweep, so that no panel holds more lines than there are values)."""
-    fig = curves_figure(histories, title, target)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    os.replace(tmp, path)
+    a sweep, so that no panel holds more lines than there are values). ``diverged``, keyed
+    like ``histories``: the round at which a line's run diverged (marked on its panels)."""
+    fig = curves_figure(histories, title, target, diverged)
+    save_figure_atomic(fig, path)
 
 
-def _panel_rows(
-    histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
-) -> dict[str, dict[str, list[Evaluation]]]:
-    """One row of panels per outer key; histories not nested under one form the row ""."""
-    rows: dict[str, dict[str, list[Evaluation]]] = {}
+def _panel_rows(histories: Histories | Rounds) -> dict[str, dict]:
+    """One row of panels per outer key; entries not nested under one form the row ""."""
+    rows: dict[str, dict] = {}
     for key, value in histories.items():
         if isinstance(value, dict):
             rows[key] = value
@@ -270,18 +256,23 @@ def _plotted_metrics(histories: list[list[Evaluation]]) -> list[tuple[str, str]]
 
 
 def curves_figure(
-    histories: dict[str, list[Evaluation]] | dict[str, dict[str, list[Evaluation]]],
+    histories: Histories,
     title: str,
     target: Target | None = None,
+    diverged: Rounds | None = None,
 ):
-    """The matplotlib figure of ``plot_curves``; the target, when set, is a dashed horizontal
-    line on the panel of its metric."""
+    """The matplotlib figure of ``plot_curves``: each line's finite values (a marker on each
+    when there are few), the target, when set, as a dashed horizontal line labelled with its
+    value on its metric's panel, a diverged run's round as a dotted vertical line in its
+    colour, and whole rounds on the x axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = _panel_rows(histories)
+    stopped = _panel_rows(diverged or {})
     metrics = _plotted_metrics([h for row in rows.values() for h in row.values()])
     targets = {} if target is None else target.as_json()
     fig, axes = plt.subplots(
@@ -291,14 +282,36 @@ def curves_figure(
         squeeze=False,
     )
     for row_axes, (row_title, row) in zip(axes, rows.items(), strict=True):
+        row_stopped = stopped.get(row_title, {})
+        last = max([1, *(e.round for h in row.values() for e in h), *row_stopped.values()])
         for ax, (metric, label) in zip(row_axes, metrics, strict=True):
             for name, history in row.items():
-                points = [(e.round, e.metrics[metric]) for e in history if metric in e.metrics]
-                ax.plot([p[0] for p in points], [p[1] for p in points], label=name)
+                points = [
+                    (e.round, e.metrics[metric])
+                    for e in history
+                    if metric in e.metrics and math.isfinite(e.metrics[metric])
+                ]
+                marker = "o" if len(points) < 8 else None
+                (line,) = ax.plot(
+                    [p[0] for p in points], [p[1] for p in points], marker=marker, label=name
+                )
+                if name in row_stopped:
+                    ax.axvline(
+                        row_stopped[name],
+                        color=line.get_color(),
+                        linestyle=":",
+                        label=f"{name} diverged at round {row_stopped[name]}",
+                    )
             if metric in targets:
                 ax.axhline(
-                    targets[metric], color="black", linestyle="--", linewidth=1, label="target"
+                    targets[metric],
+                    color="black",
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"target {targets[metric]:g}",
                 )
+            ax.set_xlim(0, last)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("round")
             ax.set_ylabel(label)
             if row_title:

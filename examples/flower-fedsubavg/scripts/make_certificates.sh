@@ -24,8 +24,21 @@ if ! [[ $nodes =~ ^[1-9][0-9]*$ ]]; then
     exit 2
 fi
 app_dir=$(cd "$(dirname "$0")/.." && pwd -P)
-mkdir -p "$out_dir"
-out_dir=$(cd "$out_dir" && pwd -P)
+
+# OUT_DIR as an absolute path with its existing part resolved, computed without creating
+# anything: a refusal below must leave nothing behind.
+existing=$out_dir
+rest=""
+while [[ ! -e $existing ]]; do
+    rest="/$(basename "$existing")$rest"
+    existing=$(dirname "$existing")
+done
+if [[ ! -d $existing ]]; then
+    echo "$0: error: OUT_DIR '$out_dir': $existing is not a folder" >&2
+    exit 2
+fi
+base=$(cd "$existing" && pwd -P)
+out_dir="${base%/}$rest"
 if [[ $out_dir == "$app_dir" || $out_dir == "$app_dir"/* ]]; then
     echo "$0: error: OUT_DIR '$out_dir' is inside the app folder $app_dir;" \
         "flwr run would ship the private keys to every node: choose a folder outside it" >&2
@@ -37,10 +50,25 @@ for name in ca.crt ca.key server.crt server.key supernode-1; do
         exit 2
     fi
 done
+made=""  # the folders this script creates, removed again if it fails
+if [[ ! -d $out_dir ]]; then
+    made=${base%/}
+    mkdir -p "$out_dir"
+fi
 
-# Everything is written to a scratch folder first, so a failure leaves nothing half-made.
+# Everything is written to a scratch folder first, so a failure leaves nothing half-made
+# (and the folders made above are removed again when nothing went into them).
 scratch=$(mktemp -d "$out_dir/.making.XXXXXX")
-trap 'rm -rf "$scratch"' EXIT
+cleanup() {
+    rm -rf "$scratch"
+    if [[ -n $made && -z "$(ls -A "$out_dir")" ]]; then
+        dir=$out_dir
+        while [[ $dir != "$made" && $dir == "$made"/* ]] && rmdir "$dir" 2>/dev/null; do
+            dir=$(dirname "$dir")
+        done
+    fi
+}
+trap cleanup EXIT
 
 alt_names="DNS:localhost,IP:127.0.0.1,IP:::1"
 for name in ${SERVER_NAMES:-}; do

@@ -364,7 +364,8 @@ def check_combination(
 ) -> None:
     """The one place where pieces that cannot work together are refused (ConfigError naming
     the pieces), from their declared properties: an aggregation that pools the data samples
-    no clients (no scheme, no masking, no Flower); a client piece that keeps per-client state
+    no clients (no scheme, no masking, no Flower, no piece with per-client state, which has
+    no other client to correct for there); a client piece that keeps per-client state
     across rounds (SCAFFOLD's c_i) cannot run on width slices or on fedsub's stateless Flower
     ClientApp; client pieces must form one chain (fedsub.client.work.round_chain); private
     download and secure aggregation (``privacy``) hide each client's update, which per-client
@@ -382,6 +383,13 @@ def check_combination(
     except ValueError as error:
         raise ConfigError(f"algorithm {name!r}: {error}") from None
     stateful = [p.name for p in pieces if p.keeps_client_state]
+    if stateful and pooled:
+        raise ConfigError(
+            f"algorithm {name!r}: its client piece {stateful[0]!r} keeps per-client state to "
+            f"correct each client's drift from the others, but its aggregation "
+            f"{recipe.aggregation!r} pools the data into one client, where the piece cannot "
+            "act; drop the piece, or choose aggregation fedavg or fedsubavg"
+        )
     if stateful and privacy in ("download", "full"):
         raise ConfigError(
             f"train.privacy = {privacy!r} cannot be combined with algorithm {name!r}: its "

@@ -43,7 +43,7 @@ import numpy as np
 from fedsub.atomic_files import create_temp_file
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
-from fedsub.data.table import TABLE, read_rows
+from fedsub.data.table import TABLE, Cell, read_rows
 from fedsub.errors import DataError
 
 FORMAT = 1  # the layout of the spec file this module reads and writes
@@ -182,14 +182,15 @@ class FeatureSpec:
         dense = np.empty((len(rows), len(self.numeric)), np.float64)
         ids: list[list[int]] = []
         for i, row in enumerate(rows):
-            labels[i] = _label(row[position[self.label]], where(i), self.label)
+            labels[i] = _label(
+                _single(row[position[self.label]], where(i), self.label), where(i), self.label
+            )
             for j, n in enumerate(self.numeric):
-                dense[i, j] = (
-                    _number(row[position[n.column]], where(i), n.column) - n.mean
-                ) / n.std
+                text = _single(row[position[n.column]], where(i), n.column)
+                dense[i, j] = (_number(text, where(i), n.column) - n.mean) / n.std
             sample = []
             for f, start, vocabulary in zip(self.fields, starts[:-1], vocabularies, strict=True):
-                for value in self._values(f, row, position):
+                for value in self._values(f, row, position, where(i)):
                     sample.append(int(start) + f.row_of(value, vocabulary))
             ids.append(sample)
         return SampleSet(
@@ -198,9 +199,14 @@ class FeatureSpec:
             dense.astype(np.float32) if self.numeric else None,
         )
 
-    def _values(self, f: FieldSpec, row: list[str], position: dict[str, int]) -> list[str]:
+    def _values(
+        self, f: FieldSpec, row: list[Cell], position: dict[str, int], where: str
+    ) -> list[str]:
         def values(column: str) -> list[str]:
-            text = row[position[column]]
+            cell = row[position[column]]
+            if f.multi_hot and isinstance(cell, list):  # a Parquet list column
+                return [v for v in cell if v]
+            text = _single(cell, where, column)
             if f.multi_hot:
                 return [v for v in text.split(self.list_separator) if v]
             return [text]
@@ -209,6 +215,13 @@ class FeatureSpec:
         if crossed is None:
             return values(f.column)
         return [f"{x}\x1f{y}" for x in values(crossed[0]) for y in values(crossed[1])]
+
+
+def _single(cell: Cell, where: str, column: str) -> str:
+    """A cell that must hold one value (not a Parquet list)."""
+    if isinstance(cell, list):
+        raise DataError(f"{where}: {column} holds a list ({cell!r}); expected one value")
+    return cell
 
 
 def _label(text: str, where: str, column: str) -> float:

@@ -8,9 +8,14 @@ test set is pooled.
 
 ``partition`` (see fedsub.data.partition): ``iid``, ``dirichlet``, ``shards``, ``k-labels``,
 ``power-law``, and seed 004's two MNIST splits, which keep a subset of the samples by design:
-``li-balanced`` (every client ``labels_per_client`` digits and ``samples_per_client``
-samples: 100 x 542 = 54,200) and ``li-unbalanced`` (the same digits, client sizes following a
-power law: LogNormal(0, ``power_law_sigma``) proportions of the samples available).
+``li-balanced`` (every client ``labels_per_client`` distinct digits drawn at random, an equal
+shard of each, ``samples_per_client`` in all: 100 x 542 = 54,200, as the authors'
+``generate_equal.py``) and ``li-unbalanced`` (the FedProx generator Li et al. build on: the
+official train and test files pooled, client ``u`` holds digits ``u`` and ``u+1 (mod 10)``,
+5 samples per digit and the rest of each digit in LogNormal(0, ``power_law_sigma``)
+proportions, then each device's samples split 90/10 into train and test; the test set is the
+devices' test parts). Every other partition splits the training file and keeps the official
+test file.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-PARTITIONS = ("iid", "dirichlet", "shards", "k-labels", "power-law", "li-balanced", "li-unbalanced")
+PARTITIONS = (*partitioners.GENERIC, "li-balanced", "li-unbalanced")
 
 
 @dataclass(frozen=True)
@@ -71,28 +76,32 @@ def _file(folder: Path, stem: str) -> Path | None:
     return None
 
 
+LI_TEST_FRACTION = 0.1  # li-unbalanced: each device's share kept for the test set
+
+
 def _split(labels: np.ndarray, options: ImageOptions, rng: np.random.Generator):
     o = options
-    if o.partition == "iid":
-        return partitioners.iid(len(labels), o.num_clients, rng)
-    if o.partition == "dirichlet":
-        return partitioners.dirichlet(labels, o.num_clients, o.dirichlet_alpha, rng)
-    if o.partition == "shards":
-        return partitioners.shards(labels, o.num_clients, o.labels_per_client, rng)
-    if o.partition == "power-law":
-        return partitioners.power_law(len(labels), o.num_clients, o.power_law_sigma, rng)
-    parts = partitioners.k_labels(labels, o.num_clients, o.labels_per_client, rng)
-    if o.partition == "k-labels":
-        return parts
-    if o.partition == "li-balanced":
-        sizes = np.full(o.num_clients, o.samples_per_client)
-    else:  # li-unbalanced
-        weights = rng.lognormal(0.0, o.power_law_sigma, size=o.num_clients)
-        sizes = np.maximum(1, (weights / weights.max() * max(map(len, parts))).astype(int))
-    return [
-        rng.choice(p, size=min(len(p), int(s)), replace=False)
-        for p, s in zip(parts, sizes, strict=True)
-    ]
+    if o.partition in partitioners.GENERIC:
+        return partitioners.by_name(
+            o.partition,
+            labels,
+            o.num_clients,
+            rng,
+            labels_per_client=o.labels_per_client,
+            dirichlet_alpha=o.dirichlet_alpha,
+            power_law_sigma=o.power_law_sigma,
+        )
+    if o.partition == "li-unbalanced":
+        return partitioners.li_unbalanced(
+            labels, o.num_clients, o.labels_per_client, o.power_law_sigma, rng
+        )
+    if o.samples_per_client % o.labels_per_client:
+        raise DataError(
+            f"li-balanced: samples_per_client = {o.samples_per_client} must be a multiple of "
+            f"labels_per_client = {o.labels_per_client} (an equal shard of each label)"
+        )
+    per_label = o.samples_per_client // o.labels_per_client
+    return partitioners.li_balanced(labels, o.num_clients, o.labels_per_client, per_label, rng)
 
 
 def load(name: str, options: ImageOptions, path: str | None, seed: int) -> FederatedDataset:
@@ -112,8 +121,17 @@ def load(name: str, options: ImageOptions, path: str | None, seed: int) -> Feder
         return SampleSet({}, labels.astype(np.float32), flat)
 
     train_images, train_labels = arrays["train_images"], arrays["train_labels"]
+    test_images, test_labels = arrays["test_images"], arrays["test_labels"]
     rng = np.random.default_rng([seed, 0x1D8])
-    parts = _split(train_labels.astype(np.int64), options, rng)
+    if options.partition == "li-unbalanced":  # devices split the pooled files 90/10
+        train_images = np.concatenate([train_images, test_images])
+        train_labels = np.concatenate([train_labels, test_labels])
+        parts = _split(train_labels.astype(np.int64), options, rng)
+        parts, test_parts = partitioners.split_each(parts, LI_TEST_FRACTION, rng)
+        held_out = np.concatenate(test_parts)
+        test_images, test_labels = train_images[held_out], train_labels[held_out]
+    else:
+        parts = _split(train_labels.astype(np.int64), options, rng)
     clients = [samples(train_images[p], train_labels[p]) for p in parts]
-    test = samples(arrays["test_images"], arrays["test_labels"])
+    test = samples(test_images, test_labels)
     return FederatedDataset.from_clients(name, {}, clients, test)

@@ -8,7 +8,9 @@ from typing import Any
 
 from fedsub.data import (
     amazon,
+    cifar,
     images,
+    li_quadratic,
     movielens,
     sent140,
     synthetic_li,
@@ -51,6 +53,16 @@ DATASETS: dict[str, DatasetSpec] = {
         lambda options, path, seed: images.load("fashion-mnist", options, path, seed),
         "Fashion-MNIST from IDX files (Debian's dataset-fashion-mnist found automatically)",
     ),
+    "cifar10": DatasetSpec(
+        cifar.CifarOptions,
+        lambda options, path, seed: cifar.load("cifar10", options, path, seed),
+        "CIFAR-10 from the official python archive, split over clients (seed 003)",
+    ),
+    "cifar100": DatasetSpec(
+        cifar.CifarOptions,
+        lambda options, path, seed: cifar.load("cifar100", options, path, seed),
+        "CIFAR-100 (fine or coarse labels) from the official python archive (seed 003)",
+    ),
     "amazon-fedsubavg": DatasetSpec(
         amazon.AmazonFilesOptions,
         amazon.load_fedsubavg_files,
@@ -75,6 +87,11 @@ DATASETS: dict[str, DatasetSpec] = {
         synthetic_li.SyntheticLiOptions,
         lambda options, path, seed: synthetic_li.generate(options, seed),
         "synthetic(alpha, beta) of Li et al. / Sahu et al.: 100 devices, 60 features, 10 classes",
+    ),
+    "li-quadratic": DatasetSpec(
+        li_quadratic.LiQuadraticOptions,
+        lambda options, path, seed: li_quadratic.generate(options, seed),
+        "seed 004's Theorem 4 counterexample: N devices' blocks of a ridge regression",
     ),
 }
 

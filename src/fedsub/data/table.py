@@ -14,18 +14,30 @@ mean and standard deviation per column, applied to both splits (a constant colum
 the statistics go to the run folder's ``feature_scaling.json``. Unscaled inputs such as a
 price of 1-50 make a fixed learning rate diverge.
 
+Files: CSV in UTF-8 (with or without a byte-order mark, as Excel saves it) or UTF-16 with a
+byte-order mark; any other encoding is named with ``encoding`` (a Python codec name, e.g.
+``"cp1252"`` for Windows-1252, ``"latin-1"``), else a byte that is not UTF-8 is refused with
+its offset and line. Parquet (with pyarrow): a list column (``list<string>``, ``list<int>``, ...)
+is read as the list it is, for a ``multi_hot`` column (no ``list_separator`` involved); a
+boolean label is 0/1.
+
 Degenerate data are refused with the file and line: fewer than 2 clients in the training
 split, an empty client id, training labels all of one class, a header naming a column twice,
-a label or split column also used as an input.
+a label or split column also used as an input, a label or numeric cell that is not a number
+(naming the column and the value), a list where a single value is expected, no input column
+at all. With ``features = []`` the samples have no ids (dense ``numeric`` features only).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -38,69 +50,161 @@ OOV = "<oov>"
 LOG = logging.getLogger("fedsub")
 
 
+def _codec(name: str) -> None:
+    """``encoding`` must be "auto" or a codec Python knows."""
+    if name == "auto":
+        return
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        raise ValueError(
+            'not a known encoding; use "auto" (UTF-8, UTF-8 with a byte-order mark, UTF-16 '
+            'with one) or a Python codec name such as "cp1252" or "latin-1"'
+        ) from None
+
+
+def _some_text(value: str) -> None:
+    if not value:
+        raise ValueError("it must be at least one character (multi_hot values are split on it)")
+
+
 @dataclass(frozen=True)
 class TableOptions:
     client_column: str = "client"
     label_column: str = "label"
     features: list[str] = field(default_factory=list)
     multi_hot: list[str] = field(default_factory=list)
-    list_separator: str = "|"
+    list_separator: str = field(default="|", metadata={"validate": _some_text})
     numeric: list[str] = field(default_factory=list)
     crosses: list[str] = field(default_factory=list)
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
     split_column: str = ""
     standardize: bool = True
+    encoding: str = field(default="auto", metadata={"validate": _codec})
 
 
-def read_rows(path: Path) -> tuple[list[str], list[list[str]], str]:
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise DataError(
-                f"{path}: reading Parquet needs pyarrow (pip install pyarrow)"
-            ) from None
-        try:
-            frame = pq.read_table(path)
-        except Exception as error:  # pyarrow raises many types for a bad file
-            raise DataError(f"{path}: not a readable Parquet file ({error})") from None
-        columns = frame.column_names
-        data = [
-            [("" if v is None else str(v)) for v in row]
-            for row in zip(*(frame.column(c).to_pylist() for c in columns), strict=True)
-        ]
-        return columns, data, "row"
+Cell = str | list[str]  # a list only from a Parquet list column
+
+
+def read_rows(path: Path, encoding: str = "auto") -> tuple[list[str], list[list[Cell]], str]:
+    """The header, the rows (text cells; a Parquet list column's cells are lists) and how an
+    error names a row ("line" of a CSV, "row" of a Parquet file)."""
+    if path.suffix.lower() == ".parquet":
+        return _parquet_rows(path)
+    text = _decoded(path, path.read_bytes() if path.is_file() else b"", encoding)
     try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.reader(handle)
-            header = next(reader, None)
-            if header is None:
-                raise DataError(f"{path}: the file is empty; expected a header row")
-            rows = []
-            for number, row in enumerate(reader, start=2):
-                if len(row) != len(header):
-                    raise DataError(
-                        f"{path}, line {number}: {len(row)} fields, expected {len(header)} "
-                        f"(as in the header: {', '.join(header)})"
-                    )
-                rows.append(row)
-    except (OSError, UnicodeDecodeError, csv.Error) as error:
-        raise DataError(f"{path}: cannot be read as UTF-8 CSV ({error})") from None
+        reader = csv.reader(io.StringIO(text, newline=""))
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: the file is empty; expected a header row")
+        rows: list[list[Cell]] = []
+        for number, row in enumerate(reader, start=2):
+            if len(row) != len(header):
+                raise DataError(
+                    f"{path}, line {number}: {len(row)} fields, expected {len(header)} "
+                    f"(as in the header: {', '.join(header)})"
+                )
+            rows.append(list(row))
+    except csv.Error as error:
+        raise DataError(f"{path}, line {reader.line_num}: not valid CSV ({error})") from None
     return header, rows, "line"
+
+
+def _decoded(path: Path, data: bytes, encoding: str) -> str:
+    """The file's text: in ``encoding``, or ("auto") UTF-8 without or with a byte-order mark,
+    or UTF-16 with one; otherwise an error naming the first byte that is not UTF-8."""
+    if not path.is_file():
+        raise DataError(f"{path}: not a file")
+    if encoding != "auto":
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError as error:
+            what = f"in data.encoding = {encoding!r}"
+            raise DataError(_not_text(path, data, error, what)) from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as error:
+            raise DataError(_not_text(path, data, error, "in UTF-16")) from None
+    try:
+        return data.decode("utf-8-sig")  # a leading byte-order mark (Excel's) is dropped
+    except UnicodeDecodeError as error:
+        raise DataError(
+            _not_text(path, data, error, "in UTF-8")
+            + '; save it as UTF-8, or name its encoding, e.g. data.encoding = "cp1252" '
+            '(Windows) or "latin-1"'
+        ) from None
+
+
+def _not_text(path: Path, data: bytes, error: UnicodeDecodeError, what: str) -> str:
+    offset = error.start
+    line = data.count(b"\n", 0, offset) + 1
+    return (
+        f"{path}: byte {data[offset : offset + 1].hex()} at offset {offset} (line {line}) is not "
+        f"text {what}"
+    )
+
+
+def _parquet_rows(path: Path) -> tuple[list[str], list[list[Cell]], str]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        frame = pq.read_table(path)
+    except Exception as error:  # pyarrow raises many types for a bad file
+        raise DataError(f"{path}: not a readable Parquet file ({error})") from None
+    columns = [str(c) for c in frame.column_names]
+    values = [frame.column(i).to_pylist() for i in range(len(columns))]
+    rows = [
+        [_cell(path, columns[c], r, v) for c, v in enumerate(row)]
+        for r, row in enumerate(zip(*values, strict=True))
+    ]
+    return columns, rows, "row"
+
+
+def _cell(path: Path, column: str, row: int, value: object) -> Cell:
+    """A Parquet value as the CSV reader would give it: text (a boolean as 0/1, null as an
+    empty cell), or a list of texts for a list column."""
+    if isinstance(value, list):
+        return [_scalar_text(path, column, row, v) for v in value if v is not None]
+    return _scalar_text(path, column, row, value)
+
+
+def _scalar_text(path: Path, column: str, row: int, value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, list | dict | tuple):
+        raise DataError(
+            f"{path}, row {row}: column {column!r} holds {value!r}; expected values or a list "
+            "of values"
+        )
+    return str(value)
 
 
 @dataclass(frozen=True)
 class _Rows:
-    """The file's rows as text (the header checked), and how errors name one of them."""
+    """The file's rows (the header checked), and how errors name one of them."""
 
-    file: Path
+    file: Path | str  # the file read, or what else the rows came from (e.g. "DataFrame")
     header: list[str]
-    rows: list[list[str]]
+    rows: Sequence[Sequence[Cell]]
     unit: str  # "line" for CSV (numbered from 1, the header included), "row" for Parquet
 
-    def column(self, name: str) -> list[str]:
+    def column(self, name: str, key: str) -> list[str]:
+        """A single-valued column's cells; a list in it (Parquet) is refused, naming ``key``
+        (the config key that names the column)."""
         position = self.header.index(name)
-        return [row[position] for row in self.rows]
+        cells = [row[position] for row in self.rows]
+        for i, cell in enumerate(cells):
+            if isinstance(cell, list):
+                raise DataError(
+                    f"{self.where(i)}: column {name!r} ({key}) holds a list ({cell!r}); only "
+                    "data.multi_hot columns may hold lists"
+                )
+        return cast(list[str], cells)
 
     def where(self, i: int) -> str:
         """Row ``i`` (0-based, data rows only) as the user finds it in the file."""
@@ -108,12 +212,35 @@ class _Rows:
 
 
 def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset:
-    """Read, check and encode the table; the training split's clients in client-id order."""
+    """Read the file's rows as text, then check and encode them (``encode``)."""
     file = _existing_file(path)
-    header, rows, unit = read_rows(file)
+    header, rows, unit = read_rows(file, options.encoding)
+    return encode(header, rows, options, seed, file, unit, f"table:{file.name}")
+
+
+def encode(
+    header: list[str],
+    rows: Sequence[Sequence[Cell]],
+    options: TableOptions,
+    seed: int,
+    source: Path | str,
+    unit: str,
+    name: str,
+) -> FederatedDataset:
+    """Check and encode a table's rows (text cells; a list for a list column: a Parquet file's
+    or a DataFrame's, data/from_python.py); the training split's clients in client-id order.
+    Errors name ``source`` and the ``unit`` of a row ("line": numbered from 1, the header
+    included; "row": numbered from 0)."""
+    file = source
     crosses = _crosses(options)
     _check_header(file, header, options)
     _check_columns(file, header, rows, options)
+    if not options.features and not options.numeric:
+        raise DataError(
+            f"{file}: data.features and data.numeric are both empty, so the model would read "
+            "no column; list the categorical columns in data.features and/or the numeric ones "
+            f"in data.numeric (columns are {', '.join(header)})"
+        )
     table = _Rows(file, header, rows, unit)
     labels, dense = _labels_and_numeric(table, options)
     is_test = _test_split(table, options, seed)
@@ -130,15 +257,15 @@ def load(options: TableOptions, path: str | None, seed: int) -> FederatedDataset
 
     def subset(index: np.ndarray) -> SampleSet:
         return SampleSet(
-            {TABLE: ids.take(index)},
+            {TABLE: ids.take(index)} if options.features else {},
             labels32[index],
             None if dense32 is None else dense32[index],
         )
 
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return FederatedDataset(
-        f"table:{file.name}",
-        {TABLE: table_size},
+        name,
+        {TABLE: table_size} if options.features else {},
         subset(order),
         offsets,
         subset(np.flatnonzero(is_test)),
@@ -166,7 +293,9 @@ def _crosses(o: TableOptions) -> list[tuple[str, str]]:
     return crosses
 
 
-def _check_columns(file: Path, header: list[str], rows: list[list[str]], o: TableOptions) -> None:
+def _check_columns(
+    file: Path | str, header: list[str], rows: Sequence[Sequence[Cell]], o: TableOptions
+) -> None:
     """Every configured column is in the header, and there are rows to read."""
     wanted = [o.client_column, o.label_column, *o.features, *o.numeric]
     if o.split_column:
@@ -181,18 +310,10 @@ def _check_columns(file: Path, header: list[str], rows: list[list[str]], o: Tabl
 def _labels_and_numeric(table: _Rows, o: TableOptions) -> tuple[np.ndarray, np.ndarray]:
     """The 0/1 labels and the numeric columns (finite, float32-sized) as float64 arrays."""
     n = len(table.rows)
-    label_text = table.column(o.label_column)
-    numeric_text = [table.column(c) for c in o.numeric]
-    labels = np.empty(n, dtype=np.float64)
+    labels = _numbers(table, o.label_column, "data.label_column")
     dense = np.empty((n, len(o.numeric)), dtype=np.float64)
-    for i in range(n):
-        try:
-            labels[i] = float(label_text[i])
-            dense[i] = [float(column[i]) for column in numeric_text]
-        except ValueError:
-            raise DataError(
-                f"{table.where(i)}: label and numeric columns must be numbers"
-            ) from None
+    for j, name in enumerate(o.numeric):
+        dense[:, j] = _numbers(table, name, "data.numeric")
     largest = float(np.finfo(np.float32).max)
     fits = np.isfinite(dense) & (np.abs(dense) <= largest)
     if not np.all(fits):
@@ -203,8 +324,27 @@ def _labels_and_numeric(table: _Rows, o: TableOptions) -> tuple[np.ndarray, np.n
         )
     if not np.all(np.isin(labels, (0.0, 1.0))):
         bad = int(np.flatnonzero(~np.isin(labels, (0.0, 1.0)))[0])
-        raise DataError(f"{table.where(bad)}: label must be 0 or 1, got {labels[bad]:g}")
+        raise DataError(
+            f"{table.where(bad)}: label column {o.label_column!r} must be 0 or 1, got "
+            f"{table.column(o.label_column, 'data.label_column')[bad]!r}"
+        )
     return labels, dense
+
+
+def _numbers(table: _Rows, column: str, key: str) -> np.ndarray:
+    """A label or numeric column as numbers; a cell that is not one is refused, naming the
+    file, line, column and value."""
+    cells = table.column(column, key)
+    values = np.empty(len(cells), dtype=np.float64)
+    for i, cell in enumerate(cells):
+        try:
+            values[i] = float(cell)
+        except ValueError:
+            shown = "an empty cell" if not cell.strip() else repr(cell)
+            raise DataError(
+                f"{table.where(i)}: column {column!r} ({key}) must hold numbers; it holds {shown}"
+            ) from None
+    return values
 
 
 def _test_split(table: _Rows, o: TableOptions, seed: int) -> np.ndarray:
@@ -212,7 +352,7 @@ def _test_split(table: _Rows, o: TableOptions, seed: int) -> np.ndarray:
     if not o.split_column:
         n = len(table.rows)
         return np.random.default_rng([seed, 0x7AB1E]).random(n) < o.test_fraction
-    split = table.column(o.split_column)
+    split = table.column(o.split_column, "data.split_column")
     for i, value in enumerate(split):
         if value not in ("train", "test"):
             raise DataError(
@@ -244,10 +384,15 @@ def _field_values(
     """The (field, value) pairs of each sample: one per categorical value (several for a
     multi-hot column) and one per pair of values of each cross."""
     position = {name: i for i, name in enumerate(table.header)}
+    for column in o.features:
+        if column not in o.multi_hot:
+            table.column(column, "data.features")  # a list there is refused
 
-    def values(row: list[str], column: str) -> list[str]:
-        text = row[position[column]]
-        return [v for v in text.split(o.list_separator) if v] if column in o.multi_hot else [text]
+    def values(row: Sequence[Cell], column: str) -> list[str]:
+        cell = row[position[column]]
+        if isinstance(cell, list):  # a Parquet list column: its values as they are
+            return [v for v in cell if v]
+        return [v for v in cell.split(o.list_separator) if v] if column in o.multi_hot else [cell]
 
     per_sample = []
     for row in table.rows:
@@ -271,7 +416,7 @@ def _vocabularies(
 
 
 def _client_ids(table: _Rows, o: TableOptions) -> np.ndarray:
-    clients = np.array(table.column(o.client_column))
+    clients = np.array(table.column(o.client_column, "data.client_column"), dtype=str)
     for i, client in enumerate(clients):
         if not client.strip():
             raise DataError(f"{table.where(i)}: empty client id in column {o.client_column!r}")
@@ -295,7 +440,7 @@ def _clients_in_order(
     return order, counts
 
 
-def _check_both_classes(file: Path, train_labels: np.ndarray, label_column: str) -> None:
+def _check_both_classes(file: Path | str, train_labels: np.ndarray, label_column: str) -> None:
     classes = np.unique(train_labels)
     if len(classes) < 2:
         raise DataError(
@@ -304,7 +449,7 @@ def _check_both_classes(file: Path, train_labels: np.ndarray, label_column: str)
         )
 
 
-def _check_header(file: Path, header: list[str], o: TableOptions) -> None:
+def _check_header(file: Path | str, header: list[str], o: TableOptions) -> None:
     """Every column name once; the label and split columns are never inputs."""
     seen: set[str] = set()
     for name in header:
@@ -333,7 +478,7 @@ def _check_header(file: Path, header: list[str], o: TableOptions) -> None:
 
 
 def standardized(
-    dense: np.ndarray, train_rows: np.ndarray, names: list[str], file: Path
+    dense: np.ndarray, train_rows: np.ndarray, names: list[str], file: Path | str
 ) -> tuple[np.ndarray, dict]:
     """(x - mean) / std per column, with the training split's statistics (a constant column
     gets std 1); the statistics as stored in the run's feature_scaling.json."""

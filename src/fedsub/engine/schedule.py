@@ -12,7 +12,7 @@ from fedsub.masking.schemes import Masking
 from fedsub.privacy.levels import Privacy
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-LrSchedule = Literal["constant", "inverse-round", "exponential"]
+LrSchedule = Literal["constant", "inverse-round", "inverse-time", "exponential"]
 TablePlacement = Literal["device", "host"]  # train.table_placement (engine/placement.py)
 
 
@@ -62,12 +62,16 @@ def lr_at(base: float, schedule: Schedule, round_index: int) -> float:
     """The client learning rate of round ``round_index`` (1-based), constant inside a round.
 
     ``inverse-round``: base / (1 + t) with t = round_index - 1 (seed 004);
+    ``inverse-time``: base / (1 + lr_decay * t) (seed 004's appendix C.2 anneals
+    (1/5) / (5 + t a) = (1/25) / (1 + t a / 5): base 0.04, lr_decay a / 5);
     ``exponential``: base * lr_decay^t (the FedSubAvg authors' x0.999 per round)."""
     t = round_index - 1
     if schedule.lr_schedule == "constant":
         return base
     if schedule.lr_schedule == "inverse-round":
         return base / (1 + t)
+    if schedule.lr_schedule == "inverse-time":
+        return base / (1 + schedule.lr_decay * t)
     if schedule.lr_schedule == "exponential":
         return base * schedule.lr_decay**t
     raise ValueError(f"unknown lr schedule {schedule.lr_schedule!r}")

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import json
 import time
+from logging import INFO
 from pathlib import Path
 from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from fedsub.atomic_files import TEMP_PATTERN
 from fedsub.client.transforms import Chain
 from fedsub.engine.loop import initial_params
 from fedsub.engine.sequential import train_submodel
@@ -41,13 +44,21 @@ from fedsub.flower.private_download import (
     reply_record,
 )
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
-from fedsub.flower.run_model import run_model
+from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
+from fedsub.run_folder import (
+    RUN_FILE,
+    Claim,
+    checkpoint_outputs,
+    claim_existing,
+    claim_new,
+    new_identity,
+)
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
 
@@ -239,6 +250,37 @@ def write_heat(
         write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
 
 
+# What a Flower run writes in its out-dir (its run.json manifest; run_folder.py).
+FLOWER_OUTPUTS = [
+    RUN_FILE,
+    "progress.jsonl",
+    "flower-result.json",
+    "model.safetensors",
+    "heat.safetensors",
+    "heat-transcript.json",
+    TEMP_PATTERN,
+    *checkpoint_outputs("checkpoints"),
+]
+
+
+def claim_out_dir(settings: FlowerSettings, description: str) -> Claim | None:
+    """The out-dir, held for the run (run_folder's rules, as ``fedsub run``): a new run's
+    run.json lists what it writes; ``resume`` continues the run there."""
+    if not settings.out_dir:
+        return None
+    out = Path(settings.out_dir)
+    if settings.resume:
+        return claim_existing(out)
+    claim = claim_new(out, settings.overwrite, OUT_DIR_FLAGS)
+    try:
+        identity = new_identity(description)
+        claim.write_run_file({**identity.as_json(), "kind": "flower", "outputs": FLOWER_OUTPUTS})
+    except BaseException:
+        claim.end(failed=True)
+        raise
+    return claim
+
+
 def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     app = ServerApp()
 
@@ -248,95 +290,115 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         run = run_model(settings)  # sizes only: the server reads no client's samples
         config = run.config
         name = settings.algorithm_name(config)
-        params = initial_params(run.model, run.schedule)
-        progress, transcript, train_transcript, checkpoints = None, None, None, None
-        privacy = privacy_of(config)
-        if settings.heat_transcript and privacy.source != "exact":
-            transcript, train_transcript = Transcript(), Transcript()
-        if settings.out_dir:
-            out = Path(settings.out_dir)
-            progress = JsonLines(out / "progress.jsonl")
-            if not settings.resume:
-                progress.path.unlink(missing_ok=True)
-            checkpoints = FlowerCheckpoints(
-                out / "checkpoints",
-                settings.checkpoint_every,
-                settings.resume,
-                config_stamp(settings.model_description(config, name)),
-            )
-        metered = MeteredGrid(grid)  # every message's bytes, each round's seconds
-        query: dict[str, int | str] = {}
-        if run.spec is not None:  # every node checks its spec against the run's
-            query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
-        strategy = SubmodelStrategy(
-            params,
-            name,
-            config.algorithm_options(name),
-            cast(HeatKind, config.train.heat),  # config.py has checked it against its choices
-            run.schedule,
-            min_replies=settings.min_replies,
-            max_failed_rounds=settings.max_failed_rounds,
-            max_update_norm=config.train.max_update_norm,
-            payload=settings.payload,
-            min_nodes=settings.min_nodes or run.num_clients,
-            node_wait=settings.node_wait,
-            heat_refresh_every=settings.heat_refresh_every,
-            checkpoints=checkpoints,
-            on_progress=progress,
-            privacy=privacy,
-            on_heat_reply=transcript,
-            on_train_reply=train_transcript,
-            meter=metered,
-            evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
-        )
-        server_test = None  # read before any node is asked: a bad file fails the run at once
-        if settings.server_test_file and run.spec is not None:
-            server_test = run.spec.encode(Path(settings.server_test_file))
-
-        def evaluate(round_index: int, _: ArrayRecord) -> MetricRecord | None:
-            """The round's federated metrics (and the server's own test file's, if given)."""
-            if round_index == 0 or not strategy.evaluation.due(round_index):
-                return None
-            metrics = dict(strategy.evaluation.results.get(round_index, {}))
-            if server_test is not None:
-                metrics.update(server_test_metrics(run.model, strategy.params, server_test))
-            strategy.evaluations[round_index] = metrics
-            return MetricRecord(dict(metrics))
-
-        failure: Diverged | RoundsFailed | None = None
+        claim = claim_out_dir(settings, settings.model_description(config, name))
+        failed = True
         try:
-            strategy.start(
-                cast(Grid, metered),  # a Grid: its methods, measured (flower/costs.py)
-                ArrayRecord(),
-                num_rounds=run.schedule.rounds,
-                timeout=settings.round_timeout,
-                train_config=ConfigRecord(),
-                evaluate_fn=evaluate,
-            )
-        except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
-            failure = error
-        if settings.out_dir and strategy.heat_report is not None:
-            write_heat(Path(settings.out_dir), strategy.heat_report, transcript, train_transcript)
-        if settings.out_dir:
-            out = Path(settings.out_dir)
-            result: dict[str, object] = {
-                "algorithm": name,
-                "payload": settings.payload,
-                "succeeded": failure is None,
-                "rounds": strategy.rounds,
-                "costs": {
-                    **describe(run.schedule.privacy or Privacy()),
-                    **run_costs(strategy.rounds, metered.totals),
-                },
-            }
-            if failure is None:
-                save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
-                result["evaluations"] = {str(r): m for r, m in strategy.evaluations.items()}
-            else:
-                kind = "diverged" if isinstance(failure, Diverged) else "failed"
-                result[kind] = {"round": failure.round, "reason": failure.reason}
-            write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
-        if failure is not None:  # the ServerApp exits with an error: the run did not succeed
-            raise FedsubError(f"Flower: {failure}") from failure
+            _serve(grid, settings, run, name, claim)
+            failed = False
+        finally:
+            if claim is not None:
+                claim.end(failed)
 
     return app
+
+
+def _serve(
+    grid: Grid, settings: FlowerSettings, run: RunModel, name: str, claim: Claim | None
+) -> None:
+    """The ServerApp's run, its out-dir held by ``claim``: the rounds, then the result (a
+    run that fails before it has a result leaves the out-dir as it found it)."""
+    config = run.config
+    params = initial_params(run.model, run.schedule)
+    progress, transcript, train_transcript, checkpoints = None, None, None, None
+    privacy = privacy_of(config)
+    if settings.heat_transcript and privacy.source != "exact":
+        transcript, train_transcript = Transcript(), Transcript()
+    if settings.out_dir:
+        out = Path(settings.out_dir)
+        progress = JsonLines(out / "progress.jsonl")
+        if not settings.resume:
+            progress.path.unlink(missing_ok=True)
+        checkpoints = FlowerCheckpoints(
+            out / "checkpoints",
+            settings.checkpoint_every,
+            settings.resume,
+            config_stamp(settings.model_description(config, name)),
+        )
+    metered = MeteredGrid(grid)  # every message's bytes, each round's seconds
+    query: dict[str, int | str] = {}
+    if run.spec is not None:  # every node checks its spec against the run's
+        query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
+    strategy = SubmodelStrategy(
+        params,
+        name,
+        config.algorithm_options(name),
+        cast(HeatKind, config.train.heat),  # config.py has checked it against its choices
+        run.schedule,
+        min_replies=settings.min_replies,
+        max_failed_rounds=settings.max_failed_rounds,
+        max_update_norm=config.train.max_update_norm,
+        payload=settings.payload,
+        min_nodes=settings.min_nodes or run.num_clients,
+        node_wait=settings.node_wait,
+        heat_refresh_every=settings.heat_refresh_every,
+        checkpoints=checkpoints,
+        on_progress=progress,
+        privacy=privacy,
+        on_heat_reply=transcript,
+        on_train_reply=train_transcript,
+        meter=metered,
+        evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
+    )
+    server_test = None  # read before any node is asked: a bad file fails the run at once
+    if settings.server_test_file and run.spec is not None:
+        server_test = run.spec.encode(Path(settings.server_test_file))
+
+    def evaluate(round_index: int, _: ArrayRecord) -> MetricRecord | None:
+        """The round's federated metrics (and the server's own test file's, if given)."""
+        if round_index == 0 or not strategy.evaluation.due(round_index):
+            return None
+        metrics = dict(strategy.evaluation.results.get(round_index, {}))
+        if server_test is not None:
+            metrics.update(server_test_metrics(run.model, strategy.params, server_test))
+        strategy.evaluations[round_index] = metrics
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        flwr_log(INFO, "fedsub round %d: evaluation: %s", round_index, shown or "nothing")
+        return MetricRecord(dict(metrics))
+
+    failure: Diverged | RoundsFailed | None = None
+    try:
+        strategy.start(
+            cast(Grid, metered),  # a Grid: its methods, measured (flower/costs.py)
+            ArrayRecord(),
+            num_rounds=run.schedule.rounds,
+            timeout=settings.round_timeout,
+            train_config=ConfigRecord(),
+            evaluate_fn=evaluate,
+        )
+    except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
+        failure = error
+    if claim is not None:  # a result to keep, even a failure's
+        claim.training_started()
+    if settings.out_dir and strategy.heat_report is not None:
+        write_heat(Path(settings.out_dir), strategy.heat_report, transcript, train_transcript)
+    if settings.out_dir:
+        out = Path(settings.out_dir)
+        result: dict[str, object] = {
+            "algorithm": name,
+            "payload": settings.payload,
+            "succeeded": failure is None,
+            "rounds": strategy.rounds,
+            "costs": {
+                **describe(run.schedule.privacy or Privacy()),
+                **run_costs(strategy.rounds, metered.totals),
+            },
+        }
+        if failure is None:
+            save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
+            result["evaluations"] = {str(r): m for r, m in strategy.evaluations.items()}
+        else:
+            kind = "diverged" if isinstance(failure, Diverged) else "failed"
+            result[kind] = {"round": failure.round, "reason": failure.reason}
+        write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+    if failure is not None:  # the ServerApp exits with an error: the run did not succeed
+        raise FedsubError(f"Flower: {failure}") from failure

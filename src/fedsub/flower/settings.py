@@ -19,6 +19,8 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
   (0 = never);
 - ``resume``: true continues the newest checkpoint in ``out-dir``/checkpoints (written with
   the same configuration);
+- ``overwrite``: true replaces the earlier run in ``out-dir`` (only what that run wrote, as
+  ``fedsub run --overwrite``); without it (or ``resume``) an out-dir holding a run is refused;
 - ``eval-every``: every n rounds (and after the last), federated evaluation of the global
   model on every node's held-out samples, plus the ``server-test-file`` if given (0 = never;
   at ``train.privacy = "full"`` the server's test file only: a node's sums would name its
@@ -31,7 +33,10 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
   the global model on (optional; never a client's training data);
 - ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model: an
   absolute path or one starting with ``~`` ("" = write nothing). A relative path is refused:
-  it would land inside the app folder, which the next ``flwr run .`` ships to every node;
+  it would land inside the app folder, which the next ``flwr run .`` ships to every node; so
+  are the folders no run may write into (fedsub.run_folder: a filesystem root, the home
+  folder, a file, a folder holding other runs). The ServerApp holds the folder's lock while
+  it runs;
 - ``train-delay``: seconds each node waits before replying (to test faults; default 0);
 - ``heat-transcript``: with a private ``train.heat_source``, write everything the server
   received in the query round, the heat exchange and the secure row sums (``replies``) and
@@ -50,10 +55,19 @@ from fedsub.algorithms.compose import recipe_of
 from fedsub.algorithms.registry import check_combination, split_name
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
-from fedsub.errors import ConfigError
+from fedsub.errors import ConfigError, FedsubError
 from fedsub.privacy.levels import heat_source_for
+from fedsub.run_folder import Flags, check_new_folder
 
 Payload = Literal["submodel", "full"]
+# How the run config names the out-dir and its options (run_folder's messages use them).
+OUT_DIR_FLAGS = Flags(
+    folder="out-dir",
+    example='out-dir = "~/fedsub-flower-out/NAME"',
+    overwrite="overwrite = true",
+    resume="resume = true",
+    cwd_rule=False,
+)
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,7 @@ class FlowerSettings:
     heat_refresh_every: int = 1
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite: bool = False
 
     @staticmethod
     def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
@@ -84,7 +99,7 @@ class FlowerSettings:
             "config", "set", "algorithm", "payload", "min-replies", "max-failed-rounds",
             "round-timeout", "eval-every", "out-dir", "train-delay", "heat-transcript",
             "feature-spec", "num-nodes", "server-test-file", "min-nodes", "node-wait",
-            "heat-refresh-every", "checkpoint-every", "resume",
+            "heat-refresh-every", "checkpoint-every", "resume", "overwrite",
         }  # fmt: skip
         unknown = sorted(set(run_config) - known)
         if unknown:
@@ -99,21 +114,22 @@ class FlowerSettings:
             overrides=tuple(part.strip() for part in text.split(";") if part.strip()),
             algorithm=str(run_config.get("algorithm", "")),
             payload=cast(Payload, payload),  # checked against Payload's values above
-            min_replies=int(run_config.get("min-replies", 1)),
-            max_failed_rounds=int(run_config.get("max-failed-rounds", 3)),
-            round_timeout=float(run_config.get("round-timeout", 600.0)),
-            eval_every=int(run_config.get("eval-every", 0)),
+            min_replies=_number(run_config, "min-replies", 1, int),
+            max_failed_rounds=_number(run_config, "max-failed-rounds", 3, int),
+            round_timeout=_number(run_config, "round-timeout", 600.0, float),
+            eval_every=_number(run_config, "eval-every", 0, int),
             out_dir=output_folder(str(run_config.get("out-dir", ""))),
-            train_delay=float(run_config.get("train-delay", 0.0)),
+            train_delay=_number(run_config, "train-delay", 0.0, float),
             heat_transcript=_flag(run_config.get("heat-transcript", False), "heat-transcript"),
             feature_spec=_path(str(run_config.get("feature-spec", ""))),
-            num_nodes=int(run_config.get("num-nodes", 0)),
+            num_nodes=_number(run_config, "num-nodes", 0, int),
             server_test_file=_path(str(run_config.get("server-test-file", ""))),
-            min_nodes=int(run_config.get("min-nodes", 0)),
-            node_wait=float(run_config.get("node-wait", 600.0)),
-            heat_refresh_every=int(run_config.get("heat-refresh-every", 1)),
-            checkpoint_every=int(run_config.get("checkpoint-every", 0)),
+            min_nodes=_number(run_config, "min-nodes", 0, int),
+            node_wait=_number(run_config, "node-wait", 600.0, float),
+            heat_refresh_every=_number(run_config, "heat-refresh-every", 1, int),
+            checkpoint_every=_number(run_config, "checkpoint-every", 0, int),
             resume=_flag(run_config.get("resume", False), "resume"),
+            overwrite=_flag(run_config.get("overwrite", False), "overwrite"),
         )
         settings.check()
         return settings
@@ -126,6 +142,8 @@ class FlowerSettings:
             ("heat-refresh-every", self.heat_refresh_every, 1),
             ("min-nodes", self.min_nodes, 0),
             ("checkpoint-every", self.checkpoint_every, 0),
+            ("eval-every", self.eval_every, 0),
+            ("num-nodes", self.num_nodes, 0),
         ):
             if value < lowest:
                 raise ConfigError(
@@ -134,7 +152,21 @@ class FlowerSettings:
         for key, seconds in (("round-timeout", self.round_timeout), ("node-wait", self.node_wait)):
             if not seconds > 0:
                 raise ConfigError(f"Flower run config: {key} = {seconds:g}; expected seconds > 0")
-        for key, wanted in (("checkpoint-every", self.checkpoint_every), ("resume", self.resume)):
+        if not self.train_delay >= 0:
+            raise ConfigError(
+                f"Flower run config: train-delay = {self.train_delay:g}; expected seconds >= 0"
+            )
+        if self.resume and self.overwrite:
+            raise ConfigError(
+                "Flower run config: resume = true continues the run in out-dir, overwrite = "
+                "true replaces it; set one of them"
+            )
+        wanted_keys = (
+            ("checkpoint-every", self.checkpoint_every),
+            ("resume", self.resume),
+            ("overwrite", self.overwrite),
+        )
+        for key, wanted in wanted_keys:
             if wanted and not self.out_dir:
                 raise ConfigError(
                     f"Flower run config: {key} needs out-dir (checkpoints go to "
@@ -223,6 +255,22 @@ class FlowerSettings:
         return name
 
 
+def _number(run_config: dict[str, Any], key: str, default: float, kind: type) -> Any:
+    """A run config number (``kind`` int or float): a TOML number, or its text (from
+    --run-config); anything else is refused naming the key and the value."""
+    value = run_config.get(key, default)
+    try:
+        if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+            raise ValueError
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        expected = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"Flower run config: {key} = {value!r}; expected {expected}") from None
+    if kind is float and number != number:  # NaN passes every comparison: refuse it here
+        raise ConfigError(f"Flower run config: {key} = {value!r}; expected a number")
+    return number
+
+
 def _flag(value: object, key: str) -> bool:
     """A run config flag: a TOML boolean, or the text true / false (from --run-config)."""
     if isinstance(value, bool):
@@ -238,8 +286,9 @@ def _path(text: str) -> str:
 
 def output_folder(text: str) -> str:
     """The run config's ``out-dir`` with ``~`` expanded; a relative path is refused, since
-    the ServerApp runs inside the app folder and ``flwr run .`` would ship the results on."""
-    if not text:
+    the ServerApp runs inside the app folder and ``flwr run .`` would ship the results on;
+    so is a folder no run may write into (run_folder.check_new_folder)."""
+    if not text.strip():
         return ""
     path = Path(text).expanduser()
     if not path.is_absolute():
@@ -248,4 +297,8 @@ def output_folder(text: str) -> str:
             "written inside the app folder (and shipped to every node by the next flwr run); "
             "give an absolute path or one starting with ~"
         )
+    try:
+        check_new_folder(path, OUT_DIR_FLAGS)
+    except FedsubError as error:
+        raise ConfigError(f"Flower run config: {error}") from None
     return str(path)

@@ -53,12 +53,14 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from logging import INFO
 from typing import Protocol
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.app.typing import ConfigRecordValues
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.dp_adaptive_clipping import DifferentialPrivacyAdaptiveBase
@@ -159,6 +161,21 @@ class _PositionNodes(Mapping[int, int]):
 
     def __len__(self) -> int:
         return len(self.membership.counted)
+
+
+def round_line(record: dict, rounds: int) -> str:
+    """A round's record as one line of Flower's log (``flwr run --stream`` shows it)."""
+    line = (
+        f"fedsub round {record['round']}/{rounds}: {record['replies']} of {record['sampled']} "
+        f"sampled nodes replied"
+    )
+    if record["left_out"]:
+        line += f", partitions left out: {record['left_out'][:10]}"
+    if "failed" in record:
+        return f"{line}; model unchanged ({record['failed']})"
+    if "diverged" in record:
+        return f"{line}; diverged: {record['diverged']}"
+    return line + ("; model updated" if record["updated"] else "; model unchanged")
 
 
 class SubmodelStrategy(Strategy):
@@ -625,12 +642,21 @@ class SubmodelStrategy(Strategy):
             "nodes": [self.membership.node_of(counted[j]) for j in cohort.clients.tolist()],
             "replies": len(updates),
             "left_out": left_out,
-            "bytes_sent": self._sent,
+            # the model arrays of the round's train messages, summed over the cohort
+            # (ArrayRecord.count_bytes): what a submodel saves over the whole model; every
+            # byte of every message, per node, is in "costs" (flower/costs.py)
+            "train_arrays_bytes_sent": self._sent,
+            "train_arrays_bytes_received": received,
+            "bytes_sent": self._sent,  # the old names of the two, kept for older readers
             "bytes_received": received,
             "updated": False,
         }
         metrics = MetricRecord(
-            {"replies": len(updates), "bytes-sent": self._sent, "bytes-received": received}
+            {
+                "replies": len(updates),
+                "train-arrays-bytes-sent": self._sent,
+                "train-arrays-bytes-received": received,
+            }
         )
         if len(updates) < self.min_replies:
             self._failed_in_a_row += 1
@@ -666,6 +692,7 @@ class SubmodelStrategy(Strategy):
         self.rounds.append(record)
         if self.on_progress is not None:
             self.on_progress(record)
+        flwr_log(INFO, "%s", round_line(record, self.schedule.rounds))
 
     # --- federated evaluation (flower/federated_eval.py) ------------------------------------
     def configure_evaluate(

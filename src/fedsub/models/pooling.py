@@ -23,10 +23,16 @@ def sum_pool(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) 
     return segment_sum.segment_sum(owner, gathered, samples)
 
 
-def padded(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor):
-    """Ragged lookups as [n, L, d] with a [n, L] mask (L = the longest list, at least 1)."""
+def padded(
+    weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor, longest: int | None = None
+):
+    """Ragged lookups as [n, L, d] with a [n, L] mask (L = the longest list, at least 1).
+
+    ``longest``: the longest list when the caller knows it on the host (no device read)."""
     lengths = torch.diff(offsets)
-    n, longest = len(lengths), max(int(lengths.max()) if len(lengths) else 0, 1)
+    if longest is None:
+        longest = int(lengths.max()) if len(lengths) else 0
+    n, longest = len(lengths), max(longest, 1)
     device = values.device
     owner = torch.repeat_interleave(
         torch.arange(n, device=device), lengths, output_size=len(values)

@@ -12,6 +12,8 @@ from fedsub.models.base import Model
 from fedsub.models.cnn import SmallCNN
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.models.inputs import Reads, check_reads
+from fedsub.models.linear_regression import LinearRegression
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.models.mlp import MLP
 from fedsub.models.resnet import PreActResNet18
@@ -23,15 +25,19 @@ def _classes(dataset: FederatedDataset) -> int:
     return int(max(dataset.train.labels.max(), dataset.test.labels.max(initial=0))) + 1
 
 
-def _side(dataset: FederatedDataset) -> int:
-    """The side of the square grey images stored as dense pixels."""
-    side = math.isqrt(dataset.train.dense_dim)
-    if side == 0 or side * side != dataset.train.dense_dim:
-        raise ConfigError(
-            f"model: {dataset.name} has {dataset.train.dense_dim} dense features per sample, "
-            "not the pixels of a square image"
-        )
-    return side
+def _image(dataset: FederatedDataset) -> tuple[int, int]:
+    """(channels, side) of the square images stored as dense pixels, channel-major: one
+    channel when the pixels form a square (MNIST: 784 = 28^2), three when a third of them
+    do (CIFAR: 3,072 = 3 x 32^2). No count is both, since 3 is not a square."""
+    dim = dataset.train.dense_dim
+    for channels in (1, 3):
+        side = math.isqrt(dim // channels)
+        if side > 0 and channels * side * side == dim:
+            return channels, side
+    raise ConfigError(
+        f"model: {dataset.name} has {dim} dense features per sample, not the pixels of a "
+        "square image (side^2 grey or 3 x side^2 colour values)"
+    )
 
 
 def _dense_inputs(dataset: FederatedDataset, model: str) -> int:
@@ -59,7 +65,8 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     "lstm": lambda ds, opts: LSTMClassifier(table_rows=dict(ds.table_rows)),
     "cnn": lambda ds, opts: SmallCNN(
         classes=_classes(ds),
-        side=_side(ds),
+        in_channels=_image(ds)[0],
+        side=_image(ds)[1],
         channels=tuple(opts.get("widths") or (16, 32)),
         scaler=opts.get("scaler", True),
     ),
@@ -71,8 +78,8 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
     ),
     "resnet18": lambda ds, opts: PreActResNet18(
         classes=_classes(ds),
-        side=_side(ds),
-        in_channels=1,
+        in_channels=_image(ds)[0],
+        side=_image(ds)[1],
         widths=tuple(opts.get("widths") or (64, 128, 256, 512)),
         scaler=opts.get("scaler", True),
     ),
@@ -87,6 +94,9 @@ _BUILDERS: dict[str, Callable[[FederatedDataset, dict[str, Any]], Model]] = {
         dense_dim=_dense_inputs(ds, "softmax-regression"),
         classes=_classes(ds),
     ),
+    "linear-regression": lambda ds, opts: LinearRegression(
+        dense_dim=_dense_inputs(ds, "linear-regression"),
+    ),
 }
 SLICEABLE = ("cnn", "mlp", "resnet18")  # width-sliceable: usable with train.masking
 
@@ -98,11 +108,27 @@ MODEL_INFO: dict[str, tuple[str, tuple[str, ...]]] = {
         ("embedding_dim", "init_std"),
     ),
     "lstm": ("LSTM text classifier over token ids (Sent140)", ()),
-    "cnn": ("small CNN for square grey images", ("widths", "scaler")),
+    "cnn": ("small CNN for square grey or colour images", ("widths", "scaler")),
     "mlp": ("multilayer perceptron on dense features", ("widths", "scaler")),
-    "resnet18": ("pre-activation ResNet-18 for square grey images", ("widths", "scaler")),
+    "resnet18": ("pre-activation ResNet-18 for square grey or colour images", ("widths", "scaler")),
     "embedding-lr": ("logistic regression on summed id embeddings", ("embedding_dim", "init_std")),
     "softmax-regression": ("multinomial logistic regression on dense features", ()),
+    "linear-regression": ("least squares on dense features (seed 004's Theorem 4)", ()),
+}
+
+
+# What each model reads of a dataset (models/inputs.py), checked before a run writes anything.
+_ITEM = (("user", "user"), ("item", "item"), ("history", "item"))
+READS: dict[str, Reads] = {
+    "sparse-lr": Reads(min_fields=1),
+    "din": Reads(fields=_ITEM, dense="none"),
+    "lstm": Reads(min_fields=1, max_fields=1, dense="none"),
+    "cnn": Reads(max_fields=0, dense="square-image", min_side=16, labels="classes"),
+    "mlp": Reads(max_fields=0, dense="required", labels="classes"),
+    "resnet18": Reads(max_fields=0, dense="square-image", min_side=8, labels="classes"),
+    "embedding-lr": Reads(min_fields=1, dense="none"),
+    "softmax-regression": Reads(max_fields=0, dense="required", labels="classes"),
+    "linear-regression": Reads(max_fields=0, dense="required", labels="real"),
 }
 
 
@@ -112,3 +138,10 @@ def model_names() -> list[str]:
 
 def build_model(name: str, dataset: FederatedDataset, options: dict[str, Any]) -> Model:
     return _BUILDERS[name](dataset, options)
+
+
+def build_checked_model(name: str, dataset: FederatedDataset, options: dict[str, Any]) -> Model:
+    """``build_model`` after checking that the model can read all of ``dataset`` (a run's
+    model: ``check_reads`` refuses a mismatch before anything is written)."""
+    check_reads(name, READS[name], dataset)
+    return build_model(name, dataset, options)

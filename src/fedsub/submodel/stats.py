@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsub.atomic_files import save_figure_atomic
 from fedsub.data.federated import FederatedDataset
 from fedsub.submodel.heat import client_heat, dispersion
 from fedsub.submodel.index import SubmodelIndex
@@ -39,8 +40,9 @@ def table1_row(dataset: FederatedDataset, index: SubmodelIndex) -> dict[str, flo
     }
 
 
-def plot_heat_distribution(heat: np.ndarray, path: Path, title: str) -> None:
-    """Number of features at each heat, log-log (seed 002, figure 5)."""
+def plot_heat_distribution(heat: np.ndarray, path: Path, title: str, untouched: int = 0) -> None:
+    """Number of features at each heat, log-log (seed 002, figure 5); ``untouched`` features
+    (heat 0, which a log axis cannot show) are counted in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,11 +50,12 @@ def plot_heat_distribution(heat: np.ndarray, path: Path, title: str) -> None:
 
     values, counts = np.unique(heat, return_counts=True)
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    ax.loglog(values, counts, "o", markersize=3)
+    label = f"{len(heat):,} touched features; {untouched:,} untouched (heat 0, not shown)"
+    ax.loglog(values, counts, "o", markersize=3, label=label)
     ax.set_xlabel("feature heat (clients involving the feature)")
     ax.set_ylabel("number of features")
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure_atomic(fig, path)

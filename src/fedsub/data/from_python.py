@@ -1,0 +1,280 @@
+"""Federated datasets from Python objects: per-client arrays, a pandas DataFrame, or a Flower
+Datasets (``flwr-datasets``) partitioner.
+
+- ``samples`` + ``from_clients``: each client's ids per field (one id per sample, a fixed
+  number, or ragged lists), labels and dense features, and a test split; every field reads
+  the table of its name unless ``field_tables`` says otherwise, and a table has as many rows
+  as its largest id + 1 unless ``table_rows`` says more.
+- ``from_dataframe``: one row per sample, encoded by the ``table`` loader's rules
+  (data/table.py: a client column, a 0/1 label, categorical ``features`` in one shared table,
+  ``multi_hot``, ``numeric``, ``crosses``, the split); a cell holding a list is a multi-hot
+  value list. Needs pandas (the ``pandas`` extra), imported only here.
+- ``from_partitioner``: each partition of a ``flwr_datasets`` partitioner is one client, its
+  rows encoded as ``from_dataframe``'s (the ``datasets`` extra).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.ragged import Ragged
+from fedsub.data.table import Cell, TableOptions, encode
+from fedsub.errors import DataError
+
+# The column from_partitioner adds: which partition (client) a row came from (Flower's name).
+PARTITION_COLUMN = "partition_id"
+_SPLIT_COLUMN = "__fedsub_split__"
+
+
+def samples(
+    labels: Any,
+    ids: Mapping[str, Any] | None = None,
+    dense: Any = None,
+    where: str = "samples",
+) -> SampleSet:
+    """Samples from arrays: ``labels`` [n]; ``ids[field]`` a 1-d integer array (one id per
+    sample), a 2-d one [n, L] (L ids each), a list of n id lists (ragged) or a ``Ragged``;
+    ``dense`` [n, d] numbers or None. ``where`` names them in errors (e.g. "client 3")."""
+    label_array = np.asarray(labels)
+    if label_array.ndim != 1 or not np.issubdtype(label_array.dtype, np.number):
+        raise DataError(f"{where}: labels must be a 1-d array of numbers, got {_shape(labels)}")
+    if not np.isfinite(label_array).all():
+        raise DataError(f"{where}: labels must be finite numbers")
+    n = len(label_array)
+    fields = {f: _ragged(f"{where}, field {f!r}", value, n) for f, value in (ids or {}).items()}
+    dense_array = None
+    if dense is not None:
+        dense_array = np.asarray(dense)
+        if dense_array.ndim != 2 or len(dense_array) != n:
+            raise DataError(f"{where}: dense must be [{n}, d] numbers, got {_shape(dense)}")
+        if not np.issubdtype(dense_array.dtype, np.number) or not np.isfinite(dense_array).all():
+            raise DataError(f"{where}: dense features must be finite numbers")
+        dense_array = dense_array.astype(np.float32)
+    return SampleSet(fields, label_array.astype(np.float32), dense_array)
+
+
+def from_clients(
+    clients: Sequence[SampleSet],
+    test: SampleSet | None = None,
+    *,
+    table_rows: Mapping[str, int] | None = None,
+    field_tables: Mapping[str, str] | None = None,
+    name: str = "arrays",
+) -> FederatedDataset:
+    """A federated dataset of ``clients`` (each a ``SampleSet``, e.g. from ``samples``) and a
+    pooled ``test`` set (none: an empty one)."""
+    if len(clients) < 2:
+        raise DataError(f"{name}: {len(clients)} client(s); federated training needs at least 2")
+    first = clients[0]
+    for k, client in enumerate(clients):
+        if len(client) == 0:
+            raise DataError(f"{name}: client {k} has no samples")
+        if set(client.ids) != set(first.ids):
+            raise DataError(
+                f"{name}: client {k} has fields {sorted(client.ids)}, client 0 has "
+                f"{sorted(first.ids)}; every client needs the same fields"
+            )
+        if client.dense_dim != first.dense_dim:
+            raise DataError(
+                f"{name}: client {k} has {client.dense_dim} dense features, client 0 has "
+                f"{first.dense_dim}"
+            )
+    if test is None:
+        test = _empty_like(first)
+    tables = dict(field_tables or {})
+    rows = _table_rows(name, [*clients, test], tables, table_rows)
+    return FederatedDataset.from_clients(name, rows, list(clients), test, tables)
+
+
+def from_dataframe(
+    frame: Any, *, name: str = "DataFrame", seed: int = 0, **options: Any
+) -> FederatedDataset:
+    """The table loader's dataset from a pandas DataFrame (one row per sample); ``options``
+    are the ``table`` dataset's keys (``client_column``, ``label_column``, ``features``,
+    ``multi_hot``, ``numeric``, ``crosses``, ``test_fraction``, ``split_column``,
+    ``standardize``). Errors name ``name`` and the row's position (from 0)."""
+    header = [str(c) for c in frame.columns]
+    table_options = _table_options(options)
+    separator = table_options.list_separator
+    rows = [
+        [_cell(value, separator) for value in row]
+        for row in frame.itertuples(index=False, name=None)
+    ]
+    return encode(header, rows, table_options, seed, name, "row", name)
+
+
+class Partitions(Protocol):
+    """What fedsub reads of a ``flwr_datasets`` partitioner."""
+
+    @property
+    def num_partitions(self) -> int: ...
+
+    def load_partition(self, partition_id: int) -> Any: ...
+
+
+def from_partitioner(
+    partitioner: Partitions,
+    *,
+    test: Any = None,
+    name: str = "partitions",
+    seed: int = 0,
+    **options: Any,
+) -> FederatedDataset:
+    """Each partition of ``partitioner`` (a ``flwr_datasets.partitioner.Partitioner`` with
+    its dataset assigned) is one client; its rows are encoded by the table loader's rules
+    (``options``: ``from_dataframe``'s, without ``client_column``). ``test``: a held-out
+    ``datasets.Dataset`` (or DataFrame) as the test split; without it, the table options'
+    ``test_fraction`` or ``split_column`` choose test rows."""
+    if "client_column" in options:
+        raise DataError(
+            f"{name}: client_column is not an option here; each partition is a client "
+            f"(its rows get the column {PARTITION_COLUMN!r})"
+        )
+    count = partitioner.num_partitions
+    width = len(str(max(count - 1, 0)))  # zero-padded: clients in partition order
+    frames = []
+    for partition in range(count):
+        where = f"{name} partition {partition}"
+        frame = _frame_of(partitioner.load_partition(partition), where)
+        if PARTITION_COLUMN in frame.columns:
+            raise DataError(f"{where}: it already has a column {PARTITION_COLUMN!r}")
+        frames.append(frame.assign(**{PARTITION_COLUMN: f"{partition:0{width}d}"}))
+    if test is not None:
+        if options.get("split_column"):
+            raise DataError(f"{name}: give either test= or split_column, not both")
+        frames = [f.assign(**{_SPLIT_COLUMN: "train"}) for f in frames]
+        held_out = _frame_of(test, f"{name} test").assign(
+            **{PARTITION_COLUMN: "test", _SPLIT_COLUMN: "test"}
+        )
+        frames.append(held_out)
+        options = {**options, "split_column": _SPLIT_COLUMN}
+    import pandas as pd
+
+    merged = pd.concat(frames, ignore_index=True)
+    return from_dataframe(merged, name=name, seed=seed, client_column=PARTITION_COLUMN, **options)
+
+
+def _frame_of(data: Any, where: str) -> Any:
+    """A partition (``datasets.Dataset``) or a DataFrame as a pandas DataFrame."""
+    import pandas as pd
+
+    if isinstance(data, pd.DataFrame):
+        return data
+    to_pandas = getattr(data, "to_pandas", None)  # duck-typed: datasets is optional
+    if to_pandas is None:
+        raise DataError(f"{where}: expected a datasets.Dataset or DataFrame, got {type(data)}")
+    frame = to_pandas()
+    if not isinstance(frame, pd.DataFrame):  # a batched iterator: not a partition
+        raise DataError(f"{where}: its to_pandas() gave a {type(frame).__name__}")
+    return frame
+
+
+def _table_options(options: Mapping[str, Any]) -> TableOptions:
+    known = TableOptions.__dataclass_fields__
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise DataError(
+            f"unknown table option {unknown[0]!r}; the table loader's options are "
+            f"{', '.join(known)}"
+        )
+    return TableOptions(**options)
+
+
+def _cell(value: Any, separator: str) -> Cell:
+    """A DataFrame cell as the table loader reads it: a list stays a list (a multi-hot
+    column's values, as a Parquet list column's; elsewhere refused by the loader), anything
+    else its text."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_text(v, separator) for v in value]
+    return _text(value, separator)
+
+
+def _text(value: Any, separator: str) -> str:
+    """A cell as the table loader reads text: lists joined by the separator (multi-hot),
+    missing values empty, booleans 1 / 0."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return separator.join(_text(v, separator) for v in value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "1" if value else "0"
+    text = str(value)
+    return "" if text in ("<NA>", "NaT") else text
+
+
+def _ragged(where: str, value: Any, n: int) -> Ragged:
+    if isinstance(value, Ragged):
+        ragged = value
+    elif isinstance(value, (list, tuple)) and (not value or any(_is_list(r) for r in value)):
+        try:
+            ragged = Ragged.from_lists([[_integer(i) for i in row] for row in value])
+        except (TypeError, ValueError):
+            raise DataError(f"{where}: expected lists of integer ids") from None
+    else:
+        array = np.asarray(value)
+        if array.ndim not in (1, 2) or not np.issubdtype(array.dtype, np.integer):
+            raise DataError(
+                f"{where}: expected integer ids ([n], [n, L] or n lists), got {_shape(value)}"
+            )
+        ragged = Ragged.from_fixed(array[:, None] if array.ndim == 1 else array)
+    if len(ragged) != n:
+        raise DataError(f"{where}: {len(ragged)} samples, the labels have {n}")
+    if len(ragged.values) and ragged.values.min() < 0:
+        raise DataError(f"{where}: ids must be >= 0, got {int(ragged.values.min())}")
+    return ragged
+
+
+def _is_list(row: Any) -> bool:
+    return isinstance(row, (list, tuple, np.ndarray))
+
+
+def _integer(value: Any) -> int:
+    """An id: an integer (a float or text is refused, not rounded)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(value)
+    return int(value)
+
+
+def _table_rows(
+    name: str,
+    parts: list[SampleSet],
+    field_tables: dict[str, str],
+    given: Mapping[str, int] | None,
+) -> dict[str, int]:
+    """Each table's rows: the largest id any field reading it holds, + 1, or ``given``."""
+    needed: dict[str, int] = {}
+    for part in parts:
+        for field, ragged in part.ids.items():
+            table = field_tables.get(field, field)
+            largest = int(ragged.values.max()) + 1 if len(ragged.values) else 1
+            needed[table] = max(needed.get(table, 1), largest)
+    if given is None:
+        return needed
+    for table, rows in needed.items():
+        if table not in given:
+            raise DataError(f"{name}: table_rows gives no size for table {table!r}")
+        if rows > given[table]:
+            raise DataError(
+                f"{name}: table {table!r} has {given[table]} rows (table_rows) but an id "
+                f"{rows - 1} is read from it"
+            )
+    unused = sorted(set(given) - set(needed))
+    if unused:
+        raise DataError(f"{name}: table_rows names {unused[0]!r}, which no field reads")
+    return dict(given)
+
+
+def _empty_like(part: SampleSet) -> SampleSet:
+    empty = Ragged(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    dense = None if part.dense is None else np.zeros((0, part.dense_dim), dtype=np.float32)
+    return SampleSet({f: empty for f in part.ids}, np.zeros(0, dtype=np.float32), dense)
+
+
+def _shape(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"a {type(value).__name__}" + ("" if shape is None else f" of shape {tuple(shape)}")

@@ -1,0 +1,511 @@
+"""A user's own ``torch.nn.Module`` as a fedsub model (``wrap``).
+
+The module's ``forward(batch)`` reads ``batch.ids[field]`` as ``(values, offsets)`` (fedsub's
+CSR layout: offsets of length n + 1, ready for ``nn.EmbeddingBag(..., include_last_offset=
+True)``, or ``offsets[:-1]`` for the default; ``nn.Embedding(values)`` for a field with one id
+per sample) and ``batch.dense`` ([n, d] or None), and returns per-sample outputs: logits [n]
+for a binary task, [n, C] for C classes, anything with the samples first given a ``loss``.
+It never sees the labels: fedsub computes the loss from the outputs.
+
+Its embedding modules are the row tables (``module_tables.py``); every other trainable
+parameter is dense. Buffers are constants: kept as the module has them, never trained or
+averaged. The module runs in eval mode (dropout off: its random draws would not be keyed by
+seed, round and client, so runs would neither repeat nor resume); BatchNorm is refused (its
+running statistics are not parameters clients can average, and its batch statistics differ
+between a client's batch and evaluation: use LayerNorm or GroupNorm).
+
+How it runs. ``forward`` is split at the tables: ``embed`` computes what each table module
+returns for the ids it reads, recorded once by a dry run (``module_trace.py``), with its
+``weight`` replaced by the rows given (the global table, a client's S(k) rows, or a whole
+cohort's concatenated rows); ``head`` runs the user's ``forward`` with
+``torch.func.functional_call`` on the dense parameters given, the table modules replaced by
+stubs that return those lookups. Both backends run this one code path; the batched backend
+vmaps ``head`` over its clients' dense parameters. ``wrap`` checks on a few real samples that
+the split gives the module's own outputs and that ``vmap(head)`` gives the per-client heads; a
+module that fails the first (it computes with the ids outside its tables) runs whole on the
+sequential backend, one that fails the second (data-dependent control flow, ``.item()``,
+in-place writes to its inputs, random ops ...) runs split on the sequential backend: either way
+with a warning that says why (``batchable = False``). ``train.compile`` captures the split step
+like a built-in model's (the stubs are plain Python the tracer follows).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from fedsub.data.federated import FederatedDataset
+from fedsub.errors import ConfigError
+from fedsub.models.base import Batch, Features, Ids, Task
+from fedsub.models.module_tables import TableModule, TableSpec, table_module, table_paths
+from fedsub.models.module_trace import Lookup, Trace, trace
+from fedsub.models.pooling import sum_pool
+from fedsub.submodel.params import Params
+
+LOG = logging.getLogger("fedsub")
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+PROBE_SAMPLES = 8  # the dry run's batch: real training samples, an even number (two clients)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a module's ``forward`` gets: per field ``(values, offsets)`` and the dense
+    features. No labels: the loss is computed from the outputs."""
+
+    ids: Ids
+    dense: torch.Tensor | None
+
+
+class TorchModuleModel:
+    """A wrapped ``nn.Module`` (build it with ``wrap``): a fedsub ``Model`` whose tables are
+    the module's embedding modules and whose dense parameters are all its other parameters,
+    starting from the module's own weights."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        paths: dict[str, str],
+        fields: tuple[str, ...],
+        lookups: tuple[Lookup, ...] | None,
+        task: Task,
+        loss: Loss,
+    ) -> None:
+        self.template = module  # the user's module as wrapped (a copy, in eval mode)
+        self.paths = paths  # table -> attribute path of its module
+        self.fields = fields
+        self.lookups = lookups  # None: the forward runs whole (it cannot be split)
+        self.task: Task = task
+        self._loss = loss
+        self.batchable = lookups is not None
+        self._feed = _Feed()
+        self._tables = {t: copy.deepcopy(table_module(module, p)) for t, p in paths.items()}
+        # what ``head`` runs: the module with stubs for its tables, or the whole module
+        self._forward = module if lookups is None else _with_stubs(module, paths, self._feed)
+        self._copies: dict[tuple[str, torch.dtype], nn.Module] = {}
+        tables = {f"{p}.weight" for p in paths.values()}
+        self.dense_names = tuple(
+            n for n, p in module.named_parameters() if p.requires_grad and n not in tables
+        )
+
+    def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
+        """The module's own weights (``generator`` is not used: the module drew them)."""
+        named = dict(self.template.named_parameters())
+
+        def value(p: torch.Tensor) -> torch.Tensor:
+            return p.detach().to("cpu", dtype).clone()
+
+        tables = {t: value(m.weight) for t, m in self._tables.items()}
+        return Params(tables, {n: value(named[n]) for n in self.dense_names})
+
+    def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
+        if self.lookups is None:  # the whole forward runs in head
+            features = {f"table.{t}": rows for t, rows in tables.items()}
+            for field, (values, offsets) in ids.items():
+                features[f"values.{field}"], features[f"offsets.{field}"] = values, offsets
+            return features
+        return {
+            f"lookup{i}": _look_up(self._tables[lookup.table], tables[lookup.table], lookup, ids)
+            for i, lookup in enumerate(self.lookups)
+        }
+
+    def head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
+        # a copy: an in-place op of the forward must not write into the dataset's memory
+        inputs = None if dense_inputs is None else dense_inputs.clone()
+        candidates = [*dense.values(), *features.values(), *([] if inputs is None else [inputs])]
+        floating = [t for t in candidates if t.is_floating_point()]
+        if not floating:
+            raise ValueError("the module has no dense parameters and reads no rows or features")
+        module = self._forward_module(floating[0])
+        if self.lookups is None:
+            weights = {f"{p}.weight": features[f"table.{t}"] for t, p in self.paths.items()}
+            ids = {f: (features[f"values.{f}"], features[f"offsets.{f}"]) for f in self.fields}
+            return functional_call(module, {**dense, **weights}, (Inputs(ids, inputs),))
+        samples = next(iter(features.values()), inputs)
+        if samples is None:
+            raise ValueError("the module reads neither ids nor dense features")
+        with self._feed.serving(features, self.lookups):
+            placeholders = _placeholder_ids(self.fields, samples.shape[0], samples.device)
+            return functional_call(module, dense, (Inputs(placeholders, inputs),))
+
+    def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self._loss(outputs, labels)
+
+    def to_module(self, params: Params) -> nn.Module:
+        """A copy of the wrapped module holding ``params`` (e.g. a run's trained model): the
+        same class, in the module's own dtypes, on the CPU, in train mode."""
+        module = copy.deepcopy(self.template)
+        own = dict(module.named_parameters())
+        values = {f"{p}.weight": params.tables[t] for t, p in self.paths.items()}
+        values.update(params.dense)
+        with torch.no_grad():
+            for name, value in values.items():
+                own[name].copy_(value.to(own[name].device, own[name].dtype))
+        return module.train()
+
+    def _forward_module(self, reference: torch.Tensor) -> nn.Module:
+        """What ``head`` runs, with its constants (frozen parameters, buffers) in the dtype
+        and on the device of ``reference``: one copy per (device, dtype), made on first use."""
+        key = (str(reference.device), reference.dtype)
+        module = self._copies.get(key)
+        if module is None:
+            module = copy.deepcopy(self._forward).to(reference.device, reference.dtype)
+            self._copies[key] = module
+        return module
+
+
+class _Feed:
+    """What the stubs of the table modules return during one ``head`` call: the j-th call
+    of a table module gets the features of its j-th recorded lookup."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, list[torch.Tensor]] = {}
+
+    def __deepcopy__(self, memo: dict) -> _Feed:
+        """Copies of the stubbed module (one per device and dtype) share the model's feed."""
+        return self
+
+    @contextmanager
+    def serving(self, features: Features, lookups: tuple[Lookup, ...]) -> Iterator[None]:
+        self.queues = {}
+        for i, lookup in enumerate(lookups):
+            self.queues.setdefault(lookup.path, []).append(features[f"lookup{i}"])
+        try:
+            yield
+        finally:
+            self.queues = {}
+
+    def next(self, path: str) -> torch.Tensor:
+        queue = self.queues.get(path)
+        if not queue:
+            raise RuntimeError(
+                f"table module {path!r} was called more often than in the dry run at wrap "
+                "time; fedsub needs the same table calls for every batch"
+            )
+        return queue.pop(0)
+
+
+class _Stub(nn.Module):
+    """Stands in for a table module inside ``head``: returns the precomputed lookup."""
+
+    def __init__(self, feed: _Feed, path: str) -> None:
+        super().__init__()
+        self.feed, self.path = feed, path
+
+    def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
+        return self.feed.next(self.path)
+
+
+def _with_stubs(module: nn.Module, paths: dict[str, str], feed: _Feed) -> nn.Module:
+    """A copy of ``module`` whose table modules are stubs: its parameters are the dense ones."""
+    head = copy.deepcopy(module)
+    for path in paths.values():
+        parent_path, _, name = path.rpartition(".")
+        if not name:
+            raise ConfigError("the module itself is an embedding: it has nothing but a table")
+        setattr(head.get_submodule(parent_path), name, _Stub(feed, path))
+    return head
+
+
+def _look_up(module: TableModule, rows: torch.Tensor, lookup: Lookup, ids: Ids) -> torch.Tensor:
+    """What table ``module`` returns for ``lookup`` with its weight replaced by ``rows``.
+    A plain ``nn.EmbeddingBag`` summing or averaging, or ``nn.Embedding``, is computed by
+    fedsub's gather and segment sum (models/pooling.py: the same numbers up to rounding, a
+    faster backward on the CPU); any other table module is called as it is."""
+    values, offsets = ids[lookup.field]
+    plain = not module.scale_grad_by_freq
+    if type(module) is nn.EmbeddingBag and plain and module.mode in ("sum", "mean"):
+        # the trace admits only calls giving one bag per sample: the samples' own bags
+        pooled = sum_pool(rows, values, offsets)
+        if module.mode == "sum":
+            return pooled
+        counts = (offsets[1:] - offsets[:-1]).clamp(min=1).unsqueeze(-1)
+        return pooled / counts.to(pooled.dtype)
+    if type(module) is nn.Embedding and plain:
+        return rows.index_select(0, values)
+    if lookup.offsets == "none":
+        arguments: tuple = (values,)
+    else:
+        arguments = (values, offsets if lookup.offsets == "whole" else offsets[:-1])
+    return functional_call(module, {"weight": rows}, arguments)
+
+
+def _placeholder_ids(fields: tuple[str, ...], samples: int, device: torch.device) -> Ids:
+    """Ids the split forward passes to the stubs (which ignore them): one id per sample."""
+    values = torch.zeros(samples, dtype=torch.int64, device=device)
+    offsets = torch.arange(samples + 1, dtype=torch.int64, device=device)
+    return {f: (values, offsets) for f in fields}
+
+
+# -- wrapping ---------------------------------------------------------------------------------
+
+
+def wrap(
+    module: nn.Module,
+    dataset: FederatedDataset,
+    *,
+    tables: TableSpec | None = None,
+    loss: Loss | None = None,
+    task: Task | None = None,
+) -> TorchModuleModel:
+    """``module`` as a fedsub model for ``dataset``: its tables found and checked, its
+    forward traced on a few training samples, split and checked (see the module docstring).
+    ``loss(outputs, labels)``: the batch mean of a per-sample loss; by default the module's
+    ``loss`` method if it has one, else binary cross-entropy on logits [n] or cross-entropy
+    on [n, C] class logits. ``task``: inferred from the outputs' shape when not given."""
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"expected a torch.nn.Module, got a {type(module).__name__}")
+    _check_layers(module)
+    paths = table_paths(module, dataset, tables)
+    template = copy.deepcopy(module).cpu().eval()
+    probe = dataset.train.slice(0, min(PROBE_SAMPLES, len(dataset.train) // 2 * 2))
+    batch = Batch.from_samples(probe, torch.float64)
+    ids = {f: (v.clone(), o.clone()) for f, (v, o) in batch.ids.items()}
+    probe_module = copy.deepcopy(template).double()
+    try:
+        traced = trace(probe_module, paths, ids, lambda m: m(Inputs(ids, batch.dense)))
+    except Exception as error:
+        raise ConfigError(
+            f"the module's forward failed on {len(probe)} samples of {dataset.name} "
+            f"({type(error).__name__}: {error})"
+        ) from error
+    outputs = traced.outputs
+    _check_outputs(outputs, len(probe))
+    _check_fields(traced, dataset)
+    task = task or _task_of(outputs, batch.labels)
+    loss = _loss_for(template, task, loss, outputs)
+    _check_mean_loss(loss, outputs, batch.labels)
+    reason = traced.unsplittable or _single_id_fields(traced, dataset)
+    fields = tuple(dataset.train.ids)
+    model = TorchModuleModel(
+        template, paths, fields, None if reason else traced.lookups, task, loss
+    )
+    params = model.init(torch.Generator(), torch.float64)
+    if reason is None:
+        reason = _split_differs(model, params, batch, outputs)
+        if reason is not None:
+            model = TorchModuleModel(template, paths, fields, None, task, loss)
+    _leave_out_unused(model, batch)
+    name = type(module).__name__
+    if reason is not None:
+        LOG.warning(
+            "module %s: fedsub cannot split its forward at the tables (%s); it runs whole, "
+            "one client at a time (the sequential backend)",
+            name,
+            reason,
+        )
+        return model
+    why = _not_vmappable(model, model.init(torch.Generator(), torch.float64), batch)
+    if why is not None:
+        model.batchable = False
+        LOG.warning(
+            "module %s: its forward cannot run for a whole cohort under torch.func.vmap (%s); "
+            "the batched backend runs it one client at a time (the sequential backend)",
+            name,
+            why,
+        )
+    return model
+
+
+def _leave_out_unused(model: TorchModuleModel, batch: Batch) -> None:
+    """Dense parameters the forward does not use on the probe batch are left out of training
+    (kept as the module has them, with a warning: autograd gives them no gradient); a table
+    it does not read is refused (every table of the dataset is pulled and trained)."""
+    params = model.init(torch.Generator(), torch.float64)
+    tensors = [t.requires_grad_(True) for t in params.tensors()]
+    outputs = model.head(params.dense, model.embed(params.tables, batch.ids), batch.dense)
+    grads = torch.autograd.grad(model.loss(outputs, batch.labels), tensors, allow_unused=True)
+    used = [g is not None for g in grads]
+    for table, reads in zip(params.tables, used[: len(params.tables)], strict=True):
+        if not reads:
+            path = model.paths[table]
+            raise ConfigError(
+                f"module {path!r} (table {table!r}) is not used by the forward pass; every "
+                "table of the dataset must be read (leave the fields you do not need out "
+                "of the dataset)"
+            )
+    names = list(params.dense)
+    unused = [n for n, reads in zip(names, used[len(params.tables) :], strict=True) if not reads]
+    if unused:
+        LOG.warning(
+            "the forward pass does not use parameter(s) %s; fedsub leaves them as they are "
+            "(not trained)",
+            ", ".join(unused),
+        )
+        model.dense_names = tuple(n for n in model.dense_names if n not in unused)
+
+
+def _check_layers(module: nn.Module) -> None:
+    for path, layer in module.named_modules():
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+            raise ConfigError(
+                f"module {path or type(module).__name__!r} is a {type(layer).__name__}: its "
+                "running statistics are not parameters that clients train and the server "
+                "averages, and batch statistics differ between a client's batch and "
+                "evaluation; use nn.LayerNorm or nn.GroupNorm"
+            )
+        if isinstance(layer, nn.modules.dropout._DropoutNd) and layer.p > 0:
+            LOG.warning(
+                "module %r is a %s: fedsub runs the module in eval mode, so it is inactive "
+                "(its random draws would not be keyed by seed, round and client)",
+                path,
+                type(layer).__name__,
+            )
+
+
+def _check_outputs(outputs: object, samples: int) -> None:
+    if not isinstance(outputs, torch.Tensor) or outputs.dim() == 0:
+        raise ConfigError(
+            f"the module's forward must return a tensor with the samples first; got "
+            f"{type(outputs).__name__}"
+            + (f" of shape {tuple(outputs.shape)}" if isinstance(outputs, torch.Tensor) else "")
+        )
+    if outputs.shape[0] != samples:
+        raise ConfigError(
+            f"the module's forward returned shape {tuple(outputs.shape)} for {samples} samples; "
+            "the outputs must have one row per sample"
+        )
+
+
+def _check_fields(traced: Trace, dataset: FederatedDataset) -> None:
+    """Each table module reads only fields of its table (the dataset's field_tables)."""
+    for lookup in traced.lookups:
+        table = dataset.table_of(lookup.field)
+        if table != lookup.table:
+            raise ConfigError(
+                f"module {lookup.path!r} holds table {lookup.table!r} but reads field "
+                f"{lookup.field!r}, whose ids index table {table!r} (the dataset's field_tables)"
+            )
+    unread = [f for f in dataset.train.ids if f not in {x.field for x in traced.lookups}]
+    if unread and traced.unsplittable is None:
+        LOG.warning("the module's forward reads no ids of field(s) %s", ", ".join(unread))
+
+
+def _single_id_fields(traced: Trace, dataset: FederatedDataset) -> str | None:
+    """Why the split fails when an nn.Embedding reads a field with other than one id per
+    sample (its rows would not be one per sample), or None."""
+    for lookup in traced.lookups:
+        if lookup.offsets != "none":
+            continue
+        for split, samples in (("train", dataset.train), ("test", dataset.test)):
+            if np.any(np.diff(samples.ids[lookup.field].offsets) != 1):
+                return (
+                    f"nn.Embedding {lookup.path!r} reads field {lookup.field!r}, whose {split} "
+                    "samples do not all hold exactly one id (use an nn.EmbeddingBag)"
+                )
+    return None
+
+
+def _task_of(outputs: torch.Tensor, labels: torch.Tensor) -> Task:
+    if outputs.dim() == 2 and outputs.shape[1] > 1:
+        return "multiclass"
+    if outputs.dim() == 1:
+        return "binary" if bool(((labels == 0) | (labels == 1)).all()) else "regression"
+    raise ConfigError(
+        f"cannot tell the task from outputs of shape {tuple(outputs.shape)}: return logits "
+        "[n] (binary) or [n, C] (C classes), or pass task= and loss="
+    )
+
+
+def _loss_for(template: nn.Module, task: Task, given: Loss | None, outputs: torch.Tensor) -> Loss:
+    if given is not None:
+        return given
+    own = getattr(template, "loss", None)  # the user's module, not a fedsub capability
+    if callable(own):
+        return own
+    if task == "binary" and outputs.dim() == 1:
+        return F.binary_cross_entropy_with_logits
+    if task == "multiclass" and outputs.dim() == 2:
+        return _cross_entropy
+    raise ConfigError(
+        f"task {task!r} with outputs of shape {tuple(outputs.shape)} has no default loss: "
+        "pass loss=(outputs, labels) -> batch mean, or give the module a loss method"
+    )
+
+
+def _cross_entropy(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, labels.long())
+
+
+def _check_mean_loss(loss: Loss, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+    """The loss must be a batch mean (the batched backend adds K client means as one)."""
+    try:
+        whole = loss(outputs, labels)
+    except Exception as error:
+        raise ConfigError(
+            f"the loss failed on the module's outputs ({type(error).__name__}: {error})"
+        ) from error
+    if not isinstance(whole, torch.Tensor) or whole.dim() != 0:
+        raise ConfigError("the loss must return a scalar tensor: the batch mean")
+    half = len(outputs) // 2
+    if half == 0:
+        return
+    first = loss(outputs[:half], labels[:half])
+    second = loss(outputs[half : 2 * half], labels[half : 2 * half])
+    if len(outputs) % 2 == 0 and not torch.allclose(whole, (first + second) / 2, rtol=1e-6):
+        raise ConfigError(
+            "the loss must be the batch mean of a per-sample loss (reduction='mean'); on "
+            f"{len(outputs)} samples it is {float(whole):.6g}, the mean of its halves' "
+            f"{float((first + second) / 2):.6g}"
+        )
+
+
+def _split_differs(
+    model: TorchModuleModel, params: Params, batch: Batch, expected: torch.Tensor
+) -> str | None:
+    """Why the split forward does not give the module's own outputs, or None."""
+    try:
+        with torch.no_grad():
+            got = model.head(params.dense, model.embed(params.tables, batch.ids), batch.dense)
+    except Exception as error:
+        return f"split at its tables, it fails: {type(error).__name__}: {error}"
+    if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-9, atol=1e-12):
+        return "split at its tables, it gives other outputs: it uses the ids outside its tables"
+    return None
+
+
+def _not_vmappable(model: TorchModuleModel, params: Params, batch: Batch) -> str | None:
+    """Why ``vmap(head)`` over two clients (different dense parameters) does not give their
+    heads one by one, or None."""
+    k, samples = 2, len(batch.labels)  # an even number (wrap's probe)
+    generator = torch.Generator().manual_seed(0)
+    dense = {
+        n: torch.stack([p, p + 0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype)])
+        for n, p in params.dense.items()
+    }
+    with torch.no_grad():
+        flat = model.embed(params.tables, batch.ids)
+    features = {n: f[:samples].reshape(k, samples // k, *f.shape[1:]) for n, f in flat.items()}
+    inputs = None if batch.dense is None else batch.dense[:samples].reshape(k, samples // k, -1)
+    try:
+        with torch.no_grad():
+            together = vmap(model.head, in_dims=(0, 0, None if inputs is None else 0))(
+                dense, features, inputs
+            )
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    with torch.no_grad():
+        alone = torch.stack(
+            [
+                model.head(
+                    {n: p[j] for n, p in dense.items()},
+                    {n: f[j] for n, f in features.items()},
+                    None if inputs is None else inputs[j],
+                )
+                for j in range(k)
+            ]
+        )
+    if together.shape != alone.shape or not torch.allclose(together, alone, rtol=1e-9, atol=1e-12):
+        return "vmapped, it gives other outputs than one client at a time"
+    return None
