@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 
 from fedsub.data.federated import FederatedDataset, SampleSet
@@ -107,6 +110,57 @@ def lognormal_zipf(
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     test = train.slice(0, min(n, 1000))
     return FederatedDataset("lognormal-zipf", {"features": rows}, train, offsets, test)
+
+
+# The FedSubAvg authors' Amazon per-user files (reference-notes.md; statistics measured on them)
+AMAZON_USERS, AMAZON_LINES, AMAZON_ITEMS = 1859, 99_710, 63_001
+
+
+def write_amazon_files(
+    folder: Path,
+    users: int = AMAZON_USERS,
+    lines: int = AMAZON_LINES,
+    items: int = AMAZON_ITEMS,
+    seed: int = 1,
+) -> Path:
+    """Per-user files in the authors' format (``user_<uid>``: label, user, target item,
+    comma-separated history; ``0`` = no history) with their statistics: 1,859 users and 99,710
+    lines (at least 20 a user, the rest lognormal(0, 0.85)); each line's history is the user's
+    earlier clicked targets (at most 229), so lengths have mean ~20, median 15, p99 ~110, max
+    ~229 (the files: 20, 14, 117, 229); targets Zipf(0.545) over 63,001 items, so an item's
+    heat (users touching it) has max ~240 and median 2 (the files: 232, 2); positive rate
+    0.555."""
+    rng = np.random.default_rng(seed)
+    raw = rng.lognormal(0.0, 0.85, size=users)
+    sizes = 20 + np.floor(raw / raw.sum() * (lines - 20 * users)).astype(np.int64)
+    sizes[: lines - int(sizes.sum())] += 1
+    popularity = 1.0 / np.arange(1, items + 1) ** 0.53
+    cumulative = np.cumsum(popularity / popularity.sum())
+    folder.mkdir(parents=True, exist_ok=True)
+    for user, size in enumerate(sizes):
+        targets = np.minimum(np.searchsorted(cumulative, rng.random(size)), items - 1) + 1
+        labels = rng.random(size) < 0.555
+        clicked: list[str] = []
+        text = []
+        for target, label in zip(targets, labels, strict=True):
+            history = ",".join(clicked[-229:]) or "0"
+            text.append(f"{int(label)}\t{user + 1}\t{target}\t{history}\n")
+            if label:
+                clicked.append(str(target))
+        (folder / f"user_{user + 1}").write_text("".join(text))
+    return folder
+
+
+def amazon_files(folder: Path | None = None, seed: int = 1) -> FederatedDataset:
+    """``write_amazon_files`` read back by fedsub's loader (``amazon-fedsubavg``: the last 20%
+    of each user's lines are the test set), as a run on the authors' files would read them."""
+    from fedsub.data.amazon import AmazonFilesOptions, load_fedsubavg_files
+
+    folder = folder or Path(tempfile.gettempdir()) / f"fedsub-amazon-shape-{seed}"
+    if not (folder / "complete").exists():
+        write_amazon_files(folder, seed=seed)
+        (folder / "complete").write_text("")
+    return load_fedsubavg_files(AmazonFilesOptions(), str(folder), 0)
 
 
 def sent140_like(

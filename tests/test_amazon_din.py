@@ -13,9 +13,12 @@ from fedsub.data.amazon import (
     load_ratings_csv,
 )
 from fedsub.errors import DataError
-from fedsub.models.base import Batch, forward
-from fedsub.models.din import DIN
-from fedsub.models.pooling import padded
+from fedsub.models import din as din_module
+from fedsub.models.base import Batch, cohort_features, forward
+from fedsub.models.cohort_ops import linear
+from fedsub.models.din import ATTENTION, DIN, HIDDEN, dice
+from fedsub.models.packed import BLOCK, ClientBlocks
+from fedsub.models.pooling import attention_pool, padded, sum_pool
 from fedsub.submodel.index import SubmodelIndex
 
 from .conftest import assert_backends_agree, assert_one_step_lowers_loss
@@ -101,7 +104,9 @@ def test_din_shapes_and_one_step_lowers_the_loss(amazon):
     params = model.init(torch.Generator().manual_seed(0), torch.float64)
     batch = Batch.from_samples(dataset.train.take(np.arange(16)), torch.float64)
     features = model.embed(params.tables, batch.ids)
-    assert features["history"].shape[:2] == features["mask"].shape
+    lengths = batch.ids["history"][1].diff()
+    assert features["history"].shape == (int(lengths.sum()), 6)  # packed: no padding
+    assert torch.equal(features["history_lengths"], lengths)
     assert features["user"].shape == (16, 6)
     assert forward(model, params, batch).shape == (16,)
     assert_one_step_lowers_loss(model, params, batch, lr=0.5)
@@ -113,3 +118,140 @@ def test_din_batched_equals_sequential(amazon):
     assert_backends_agree(
         model, dataset, index, "fedsubavg", 4, local_steps=3, seed=2, clip_norm=5.0
     )
+
+
+# --- the packed history against the padded form DIN had before (kept here as the reference) ---
+
+
+def padded_cohort_head(dense, tables, ids, k):
+    """DIN as it was computed before the packed history: every history padded to the batch's
+    longest, the attention MLP on [q, k, q - k, q * k] over all the slots, padding masked
+    with -1e9 before the softmax."""
+    history, mask = padded(tables["item"], *ids["history"])
+    user, item = sum_pool(tables["user"], *ids["user"]), sum_pool(tables["item"], *ids["item"])
+    user, item = user.reshape(k, -1, user.shape[-1]), item.reshape(k, -1, item.shape[-1])
+    history = history.reshape(k, -1, *history.shape[1:])
+    mask = mask.reshape(k, -1, mask.shape[-1])
+    query = item.unsqueeze(2).expand_as(history)
+    x = torch.cat([query, history, query - history, query * history], dim=-1)
+    for i in range(len(ATTENTION)):
+        x = linear(x, dense[f"att{i}.weight"], dense[f"att{i}.bias"])
+        if i < len(ATTENTION) - 1:
+            x = torch.sigmoid(x)
+    scores = x.squeeze(-1).masked_fill(~mask, -1e9)
+    weights = torch.softmax(scores, dim=-1) * mask
+    attended = (weights.unsqueeze(-1) * history).sum(2)
+    pooled = (history * mask.unsqueeze(-1)).sum(2)
+    x = torch.cat([user, item, pooled, item * pooled, attended], dim=-1)
+    for i in range(len(HIDDEN)):
+        x = linear(x, dense[f"fc{i}.weight"], dense[f"fc{i}.bias"])
+        if i < len(HIDDEN) - 1:
+            x = dice(x, dense[f"fc{i}.alpha"].unsqueeze(1))
+    return x[..., 1] - x[..., 0]
+
+
+def ragged_ids(generator, lengths, rows):
+    """(values, offsets) of random ids in [0, rows) with the given list lengths."""
+    lengths = torch.tensor(lengths)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    return torch.randint(0, rows, (int(lengths.sum()),), generator=generator), offsets
+
+
+# client 0 spans several blocks, client 1 has no history at all, client 2 a sample without
+LENGTHS = {
+    "several clients": [[40, 3, 0, 17], [0, 0, 0, 0], [0, 5, 1, 2], [BLOCK, 1, 0, 9]],
+    "one client": [[7, 0, 23, 1]],
+    "no history": [[0, 0], [0, 0]],
+}
+
+
+@pytest.mark.parametrize("rows_per_pass", [din_module.ROWS_PER_PASS, 7])
+@pytest.mark.parametrize("case", LENGTHS)
+def test_packed_din_equals_the_padded_form_and_its_gradients(case, rows_per_pass, monkeypatch):
+    """Outputs and every gradient (tables and the K clients' dense parameters), float64; one
+    client's rows scored in one pass or in pieces of 7."""
+    monkeypatch.setattr(din_module, "ROWS_PER_PASS", rows_per_pass)
+    lengths = LENGTHS[case]
+    k, b = len(lengths), len(lengths[0])
+    model = DIN({"user": 5, "item": 30}, embedding_dim=4, init_std=0.5)
+    generator = torch.Generator().manual_seed(3)
+    params = model.init(generator, torch.float64)
+    dense = {  # a different dense model per client
+        n: (p + 0.3 * torch.randn(k, *p.shape, generator=generator, dtype=p.dtype))
+        for n, p in params.dense.items()
+    }
+    ids = {
+        "user": ragged_ids(generator, [1] * (k * b), 5),
+        "item": ragged_ids(generator, [1] * (k * b), 30),
+        "history": ragged_ids(generator, [n for row in lengths for n in row], 30),
+    }
+    leaves = [*params.tables.values(), *dense.values()]
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    features = cohort_features(model.embed(params.tables, ids), k, model.packed_features)
+    got = model.cohort_head(dense, features, None)
+    expected = padded_cohort_head(dense, params.tables, ids, k)
+    assert got.shape == (k, b)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    probe = torch.randn(k, b, generator=generator, dtype=torch.float64)
+    got_grads = torch.autograd.grad((got * probe).sum(), leaves, allow_unused=True)
+    expected_grads = torch.autograd.grad((expected * probe).sum(), leaves, allow_unused=True)
+    for mine, reference in zip(got_grads, expected_grads, strict=True):
+        if reference is None:
+            assert mine is None or not mine.any()
+        else:
+            torch.testing.assert_close(mine, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_client_blocks_apply_each_clients_weights_to_its_rows():
+    """Against a loop of one matmul per client; rows spanning blocks, an empty client, idle
+    blocks at the end (the block count is a bound)."""
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.tensor([2 * BLOCK + 3, 0, 1, BLOCK])
+    rows = torch.randn(int(counts.sum()), 5, generator=generator, dtype=torch.float64)
+    weight = torch.randn(4, 5, 3, generator=generator, dtype=torch.float64)
+    bias = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    blocks = ClientBlocks.of(counts, len(rows))
+    assert blocks.block_owner is not None and len(blocks.block_owner) > 4  # 4 used + idle
+    got = blocks.from_slots(blocks.linear(blocks.to_slots(rows), weight, bias))
+    parts = rows.split(counts.tolist())
+    expected = torch.cat([p @ weight[c] + bias[c] for c, p in enumerate(parts)])
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    one = ClientBlocks.of(counts[:1], int(counts[0]))
+    torch.testing.assert_close(one.linear(parts[0], weight[:1]), parts[0] @ weight[0])
+
+
+def test_attention_pool_is_a_softmax_over_each_samples_rows_only():
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([3, 0, 1, 4])
+    rows = torch.randn(8, 2, generator=generator, dtype=torch.float64)
+    scores = 50 * torch.randn(8, generator=generator, dtype=torch.float64)  # exp would overflow
+    sample = torch.repeat_interleave(torch.arange(4), lengths)
+    got = attention_pool(rows, scores, lengths, sample)
+    expected = []
+    for part, s in zip(rows.split(lengths.tolist()), scores.split(lengths.tolist()), strict=True):
+        weights = torch.softmax(s, 0) if len(s) else s
+        expected.append((weights.unsqueeze(1) * part).sum(0))
+    torch.testing.assert_close(got, torch.stack(expected), rtol=1e-12, atol=1e-12)
+
+
+def test_evaluation_of_the_packed_din_gives_the_padded_forms_metrics(amazon):
+    """The evaluator's metrics (one client, the whole test set in one chunk, Dice over it)
+    against the padded form's outputs, with scikit-learn's AUC."""
+    from sklearn.metrics import roc_auc_score
+
+    from fedsub.engine.evaluate import Evaluator
+
+    dataset, _ = amazon
+    model = DIN(dict(dataset.table_rows), embedding_dim=4, init_std=0.5)
+    params = model.init(torch.Generator().manual_seed(5), torch.float64)
+    metrics = Evaluator.build(model, dataset, 30, 0).evaluate(params)
+    batch = Batch.from_samples(dataset.test, torch.float64)
+    dense = {n: p.unsqueeze(0) for n, p in params.dense.items()}
+    logits = padded_cohort_head(dense, params.tables, batch.ids, 1)[0]
+    labels = torch.from_numpy(dataset.test.labels).double()
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+    assert metrics["test_loss"] == pytest.approx(float(loss), rel=1e-12)
+    assert metrics["test_auc"] == pytest.approx(roc_auc_score(labels, logits), rel=1e-12)
+    accuracy = float(((logits > 0).double() == labels).double().mean())
+    assert metrics["test_accuracy"] == pytest.approx(accuracy, rel=1e-12)

@@ -154,3 +154,42 @@ def test_cohort_layout_reduces_and_spreads_per_member_like_one_client_each():
     )
     assert torch.equal((lr_dense * torch.ones_like(dense))[:, 0], torch.tensor([0.1, 0.2, 0.3]))
     assert OneClient().per_tensor(np.array([0.25]), [rows, dense]) == [0.25, 0.25]
+
+
+STEP_CHAINS = {
+    "clip, sgd": (Clip(0.5), Sgd()),
+    "prox, clip, sgd": (Prox(0.3), Clip(0.5), Sgd()),
+    "clip, momentum, sgd": (Clip(0.5), Momentum(0.9), Sgd()),
+    "sgd, clip (the clip reads the scaled values)": (Sgd(), Clip(0.01)),
+    "adam": (Adam(),),
+}
+
+
+@pytest.mark.parametrize("cohort", [True, False], ids=["cohort", "one client"])
+@pytest.mark.parametrize("name", sorted(STEP_CHAINS))
+def test_a_step_in_place_equals_update_then_apply(name, cohort):
+    """Chain.step (trailing scalings folded into one multiply-add) against update +
+    apply_updates, over two steps (state carried), on a cohort's layout and one client's."""
+    from fedsub.client.layout import CohortLayout, OneClient
+    from fedsub.client.transforms import Members, apply_updates
+
+    chain = Chain(STEP_CHAINS[name])
+    generator = torch.Generator().manual_seed(2)
+    if cohort:
+        owner = torch.tensor([0, 0, 1, 2, 2])
+        layout, lr = CohortLayout((owner, None), 3), np.array([0.1, 0.2, 0.3])
+        shapes = [(5, 2), (3, 4, 2)]
+    else:
+        layout, lr, shapes = OneClient(), np.array([0.2]), [(5, 2), (4, 2)]
+    start = [torch.randn(*s, generator=generator, dtype=torch.float64) for s in shapes]
+    members = Members(layout, lr)
+    stepped, updated = [x.clone() for x in start], [x.clone() for x in start]
+    state_a, state_b = chain.init(stepped, members), chain.init(updated, members)
+    for _ in range(2):
+        grads = [torch.randn(*s, generator=generator, dtype=torch.float64) for s in shapes]
+        state_a = chain.step(grads, state_a, stepped, members)
+        updates, state_b = chain.update(grads, state_b, updated, members)
+        apply_updates(updated, updates)
+    for a, b, x in zip(stepped, updated, start, strict=True):
+        assert not torch.equal(a, x)
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-15)

@@ -23,8 +23,16 @@ from torch.func import vmap
 
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking, plan
-from fedsub.models.base import Batch, CohortHead, SliceableModel, forward
+from fedsub.models.base import (
+    Batch,
+    CohortHead,
+    SliceableModel,
+    cohort_features,
+    forward,
+    packed_names,
+)
 from fedsub.models.width import ChannelSlice, full_slice
+from fedsub.submodel.params import Params
 
 from .conftest import assert_one_step_lowers_loss
 from .equivalence import algorithm_for, assert_backends_match_reference
@@ -87,16 +95,29 @@ def test_a_cohort_head_equals_the_vmapped_single_client_head(name, tmp_path_fact
     batch = Batch.from_samples(dataset.train.slice(0, k * b), torch.float64)
     with torch.no_grad():
         embedded = model.embed(params.tables, batch.ids)
-    features = {n: f.reshape(k, b, *f.shape[1:]) for n, f in embedded.items()}
+    features = cohort_features(embedded, k, packed_names(model))
     generator = torch.Generator().manual_seed(1)
     dense = {  # a different dense model per client
         n: p + 0.1 * torch.randn(k, *p.shape, generator=generator, dtype=p.dtype)
         for n, p in params.dense.items()
     }
     inputs = None if batch.dense is None else batch.dense.reshape(k, b, -1)
-    expected = vmap(model.head, in_dims=(0, 0, None if inputs is None else 0))(
-        dense, features, inputs
-    )
+    if packed_names(model):  # packed rows have no client axis to vmap: client by client
+        clients = [
+            Batch.from_samples(dataset.train.slice(j * b, (j + 1) * b), torch.float64)
+            for j in range(k)
+        ]
+        with torch.no_grad():
+            expected = torch.stack(
+                [
+                    forward(model, Params(params.tables, {n: p[j] for n, p in dense.items()}), c)
+                    for j, c in enumerate(clients)
+                ]
+            )
+    else:
+        expected = vmap(model.head, in_dims=(0, 0, None if inputs is None else 0))(
+            dense, features, inputs
+        )
     got = model.cohort_head(dense, features, inputs)
     assert got.shape[:2] == (k, b)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
         "atomic_files",
         "folder_lock",
         "progress",
+        "profiling",
         "run_folder",
         "stateful",
         "device",

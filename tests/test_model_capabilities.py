@@ -17,6 +17,7 @@ from fedsub.models.base import (
     DeclaresBatchable,
     DeclaresCapturable,
     EvalBatch,
+    PackedFeatures,
     SliceableModel,
     is_batchable,
 )
@@ -31,6 +32,7 @@ CAPABILITIES = (
     DeclaresBatchable,
     DeclaresCapturable,
     EvalBatch,
+    PackedFeatures,
     SliceableModel,
 )
 EXPECTED = {
@@ -38,7 +40,7 @@ EXPECTED = {
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
     "linear-regression": {CohortHead},
-    "din": {CohortHead, DeclaresCapturable},  # capturable = False (train.compile)
+    "din": {CohortHead, PackedFeatures},  # the history packed (not captured: train.compile)
     "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from fedsub import __version__, distributed
+from fedsub import __version__, distributed, profiling
 from fedsub import config as config_lib
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import ConfigError, FedsubError
@@ -74,10 +74,21 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
         config, out = _config(args, algorithms), _out_folder(args)
     try:
         with _reporting(args.quiet), _stop_on_signals() as stop_requested:
-            outcome = compare(config, out, None, bool(args.resume), stop_requested, args.overwrite)
+            outcome = compare(
+                config,
+                out,
+                None,
+                bool(args.resume),
+                stop_requested,
+                args.overwrite,
+                profile=args.profile,
+            )
     except Interrupted as stopped:
         return _say_how_to_resume(args.command, stopped, out, stop_requested)
     print(outcome.markdown, end="")
+    if outcome.profiles:
+        print("\nwhere the rounds' time went (profile.json in each algorithm's folder):")
+        print(profiling.table(outcome.profiles), end="")
     if not args.quiet:
         print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
     return _diverged_exit(outcome)
@@ -331,6 +342,7 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
                 stop_requested=stop_requested,
                 overwrite=args.overwrite,
                 where=where,
+                profile=args.profile,
             )
     except Interrupted as stopped:
         return _say_how_to_resume("compare", stopped, out, stop_requested)
@@ -522,6 +534,13 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="replace the run already in --out: only what that run wrote is removed (after "
             "this run's first round; a run that fails before it leaves the old one in place)",
+        )
+        p.add_argument(
+            "--profile",
+            action="store_true",
+            help="time each round's phases (pull, forward, backward, client rule, push, "
+            "aggregation, server step, evaluation, checkpoint); printed at the end and "
+            "written to <algorithm>/profile.json",
         )
 
     def add_command(where, name: str, help_text: str, set_note: bool = True):

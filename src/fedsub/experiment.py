@@ -39,6 +39,7 @@ from fedsub.models.base import Model
 from fedsub.models.registry import build_checked_model
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
+from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
 from fedsub.report import (
@@ -75,6 +76,7 @@ from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 
 CENTRAL = "central-sgd"
+PROFILE = "profile.json"  # in an algorithm's folder, with --profile (run_folder.ALGORITHM_FILES)
 LOG = logging.getLogger("fedsub")
 
 
@@ -84,6 +86,8 @@ class Outcome:
     markdown: str
     out_dir: Path
     diverged: dict[str, Diverged] = dataclasses.field(default_factory=dict)  # by algorithm
+    # by algorithm: where its rounds' time went (``--profile``; fedsub/profiling.py)
+    profiles: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def divergence_message(self) -> str:
         """One line naming every diverged algorithm, its round and why ("" when none)."""
@@ -278,12 +282,25 @@ class AlgorithmRun:
     stop_requested: Callable[[], bool]
     on_round: Callable[[str, int], None] | None
     writes: bool = True
+    # where the time of each round goes (per phase), written to profile.json (``--profile``)
+    profile: RoundProfile | None = None
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
     ) -> tuple[list[Evaluation], Diverged | None]:
         """The algorithm's evaluations, and its divergence when it diverged (then no final
         model or completion marker is written; the other algorithms still run)."""
+        with profiling(self.profile):
+            try:
+                return self._train(model, algorithm, dataset, index, schedule, evaluator)
+            finally:
+                if self.profile is not None and self.writes:
+                    text = dumps(self.profile.as_json(), indent=2) + "\n"
+                    write_atomic(self.folder / PROFILE, text)
+
+    def _train(
+        self, model, algorithm, dataset, index, schedule, evaluator
+    ) -> tuple[list[Evaluation], Diverged | None]:
         saved, writes = self.saved, self.writes
         if saved is None and writes:
             _start_fresh(self.folder)
@@ -418,8 +435,13 @@ def compare(
     stop_requested: Callable[[], bool] = lambda: False,
     overwrite: bool = False,
     label: str = "",
+    profile: bool = False,
 ) -> Outcome:
     """Train every algorithm of the comparison and write the run's outputs.
+
+    ``profile``: time each round's phases (fedsub/profiling.py) into each algorithm's
+    profile.json and the outcome's ``profiles`` (on a GPU the device is synchronized at every
+    phase boundary, so only then).
 
     The folder follows run_folder.py's rules: a new run refuses a folder holding another run
     unless ``overwrite``, holds the folder's lock while it runs, and when it fails before its
@@ -439,7 +461,9 @@ def compare(
         claim = claim_existing(out_dir) if resume else claim_new(out_dir, overwrite)
     failed = True
     try:
-        outcome = _compare_in(config, out_dir, claim, on_round, resume, stop_requested, label)
+        outcome = _compare_in(
+            config, out_dir, claim, on_round, resume, stop_requested, label, profile
+        )
         failed = False
     except Interrupted:  # stopped after a round, with a checkpoint: a run to resume
         failed = False
@@ -458,6 +482,7 @@ def _compare_in(
     resume: bool,
     stop_requested: Callable[[], bool],
     label: str,
+    profile: bool = False,
 ) -> Outcome:
     """``compare`` in its folder, held by ``claim`` (None: a process that writes nothing)."""
     config_text = config_lib.to_toml(config)
@@ -491,6 +516,7 @@ def _compare_in(
 
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
+    profiles: dict[str, dict] = {}
     reporter = current_reporter()
     reporter.training([(label + name, setup.schedule.rounds) for name in names])
     for name in names:
@@ -509,6 +535,7 @@ def _compare_in(
             stop_requested,
             _reported(label, trained),
             claim is not None,
+            RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
         )
         with phase(f"{label}{name}: preparing"):
             algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
@@ -522,10 +549,21 @@ def _compare_in(
         )
         if divergence is not None:
             diverged[name] = divergence
+        if run.profile is not None:
+            profiles[name] = run.profile.as_json()
 
     if claim is None:
         return Outcome({}, "", out_dir, diverged)
-    return _summarized(config, setup, histories, diverged, out_dir)
+    outcome = _summarized(config, setup, histories, diverged, out_dir)
+    return dataclasses.replace(outcome, profiles=profiles)
+
+
+def synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """What makes a phase's timing include its queued kernels: a CUDA device's synchronize
+    (None elsewhere: CPU ops finish before they return)."""
+    if device.type != "cuda":
+        return None
+    return lambda: torch.cuda.synchronize(device)
 
 
 def _write_data_records(setup: Setup, out_dir: Path) -> None:
@@ -622,6 +660,7 @@ def sweep(
     stop_requested: Callable[[], bool] = lambda: False,
     overwrite: bool = False,
     where: str = "sweep",
+    profile: bool = False,
 ) -> Outcome:
     """One comparison per value of ``key`` (in ``out_dir/<key>=<value>/``), then a Table-3
     style table: rounds to target of each algorithm at each value.
@@ -640,7 +679,7 @@ def sweep(
         if claim is not None:
             _open_sweep_folder(claim, key, values, base, resume)
         outcomes = _sweep_values(
-            key, values, configs, out_dir, claim, on_round, resume, stop_requested
+            key, values, configs, out_dir, claim, on_round, resume, stop_requested, profile
         )
         outcome = _sweep_summary(key, values, configs, outcomes, out_dir, writes)
         failed = False
@@ -693,6 +732,7 @@ def _sweep_values(
     on_round: Callable[[str, int], None] | None,
     resume: bool,
     stop_requested: Callable[[], bool],
+    profile: bool = False,
 ) -> dict[str, Outcome]:
     """Each value's comparison in its folder (``out_dir/<key>=<value>``), one after another."""
 
@@ -710,7 +750,13 @@ def _sweep_values(
         if resume and not again:
             LOG.info("resume: %s=%s starts fresh in %s", key, v, folder)
         outcomes[v] = compare(
-            configs[v], folder, trained, again, stop_requested, label=f"{key}={v}: "
+            configs[v],
+            folder,
+            trained,
+            again,
+            stop_requested,
+            label=f"{key}={v}: ",
+            profile=profile,
         )
     return outcomes
 

@@ -52,7 +52,14 @@ RUN_FILES = (
     "feature_scaling.json",
 )
 SWEEP_FILES = (RUN_FILE, "sweep.json", "sweep.md", "curves.png")
-ALGORITHM_FILES = (DONE, "metrics.jsonl", "rejections.jsonl", "model.safetensors", "privacy.json")
+ALGORITHM_FILES = (
+    DONE,
+    "metrics.jsonl",
+    "rejections.jsonl",
+    "model.safetensors",
+    "privacy.json",
+    "profile.json",  # --profile (fedsub/profiling.py)
+)
 CHECKPOINTS = "checkpoints"
 
 

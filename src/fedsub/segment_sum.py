@@ -12,7 +12,10 @@ bit-identical from run to run on any device.
 
 Every scatter-add of the round (aggregation, the server steps, SCAFFOLD's variates, per-member
 norms, sum pooling, sparse LR's closed-form gradients) goes through ``index_add`` or
-``segment_sum`` here.
+``segment_sum`` here. Sums over runs of consecutive entries (DIN's packed histories, whose
+rows come sample after sample) are ``run_sums``: one ordered reduction per run
+(``torch.segment_reduce``), deterministic on every device and path, with no sort and no host
+read.
 """
 
 from __future__ import annotations
@@ -87,3 +90,11 @@ def segment_sum(index: torch.Tensor, source: torch.Tensor, size: int) -> torch.T
     (``torch.bincount(index, weights, size)`` for 1-D ``source``)."""
     zeros = source.new_zeros((size, *source.shape[1:]))
     return index_add(zeros, index, source)
+
+
+def run_sums(source: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[len(lengths), *source.shape[1:]]: row m the sum of the ``lengths[m]`` consecutive
+    entries of ``source`` after those of the runs before it (zero for an empty run), summed in
+    order (no atomics: the same numbers on every run and path). ``lengths`` must add up to
+    ``len(source)``; that is not checked (the check would read the device)."""
+    return torch.segment_reduce(source, "sum", lengths=lengths, axis=0, unsafe=True)

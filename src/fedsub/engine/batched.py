@@ -24,24 +24,26 @@ from torch.func import vmap
 from fedsub import device as device_lib
 from fedsub.algorithms.sampling import Cohort
 from fedsub.client.layout import CohortLayout
-from fedsub.client.transforms import Members, apply_updates
+from fedsub.client.transforms import Members
 from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import captured_step
 from fedsub.engine.cohort_batches import CohortBatches, cohort_batches
 from fedsub.engine.schedule import Schedule
-from fedsub.models.base import ClosedFormGradients, CohortHead, Model
+from fedsub.models.base import (
+    ClosedFormGradients,
+    CohortHead,
+    Model,
+    cohort_features,
+    packed_names,
+)
+from fedsub.profiling import timed
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 Tensors = dict[str, torch.Tensor]
-
-
-def _per_client(tensor: torch.Tensor, k: int) -> torch.Tensor:
-    """[K * B, ...] -> [K, B, ...]."""
-    return tensor.reshape(k, -1, *tensor.shape[1:])
 
 
 def run_cohort(
@@ -54,30 +56,16 @@ def run_cohort(
     schedule: Schedule,
     work: CohortWork,
 ) -> CohortUpdate:
-    k, steps, batch = len(members), schedule.local_steps, schedule.batch_size
-    data = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
-    clients = device_lib.from_host(members.clients, schedule.device)
+    k, batch = len(members), schedule.batch_size
     # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
     # autograd differentiates embed -> head -> loss.
     closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
-    batches = cohort_batches(
-        data,
-        clients,
-        schedule.seed,
-        round_index,
-        steps,
-        batch,
-        closed_form is not None,
-        host_clients=members.clients,
-    )
-    dense_inputs = batches.dense
-
-    # Pull: every member's rows, concatenated; dense parameters stacked on a client axis.
+    with timed("pull"):
+        clients, batches, pulled_tables, pulled_dense = _pull(
+            global_params, dataset, index, members, round_index, schedule, closed_form is not None
+        )
     row_tensors = {t: r.values for t, r in batches.rows.items()}
-    pulled_tables = {t: global_params.gather_rows(t, rows) for t, rows in row_tensors.items()}
-    pulled_dense = {
-        n: p.unsqueeze(0).expand(k, *p.shape).clone() for n, p in global_params.dense.items()
-    }
+    dense_inputs = batches.dense
 
     # A model may provide ``cohort_head`` (dense [K, ...], features [K, B, ...]) written with
     # batched matmuls; otherwise its per-client head is vmapped over the client axis.
@@ -89,25 +77,27 @@ def run_cohort(
     capture = captured_step.capture_for(model, closed_form is not None, schedule.compile)
     if capture is not None:  # train.compile: the steps as one captured program
         step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
+        field_tables = data_of(dataset, index, schedule).field_tables
         padding = captured_step.PaddedCohort.of(
-            {t: len(v) for t, v in pulled_tables.items()}, data.field_tables
+            {t: len(v) for t, v in pulled_tables.items()}, field_tables
         )
-        tables, dense = captured_step.run_steps(
-            step,
-            padding,
-            pulled_tables,
-            pulled_dense,
-            row_owner,
-            batches,
-            work,
-            cuda_graphs=capture.mode == "reduce-overhead",
-        )
+        with timed("local steps (captured)"):
+            tables, dense = captured_step.run_steps(
+                step,
+                padding,
+                pulled_tables,
+                pulled_dense,
+                row_owner,
+                batches,
+                work,
+                cuda_graphs=capture.mode == "reduce-overhead",
+            )
     else:
         tables, dense = _eager_steps(
             model, head, closed_form, pulled_tables, pulled_dense, row_owner, batches, work
         )
 
-    with torch.no_grad():
+    with torch.no_grad(), timed("push"):
         return CohortUpdate(
             clients=clients,
             weights=batches.counts.to(torch.float64),
@@ -118,6 +108,43 @@ def run_cohort(
             dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
             unions=batches.unions,
         )
+
+
+def data_of(dataset: FederatedDataset, index: SubmodelIndex, schedule: Schedule) -> DeviceData:
+    """The run's training data on its device (converted once, kept with the index)."""
+    return DeviceData.of(dataset, index, schedule.device, schedule.dtype)
+
+
+def _pull(
+    global_params: Params,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    members: Cohort,
+    round_index: int,
+    schedule: Schedule,
+    sample_of_id: bool,
+) -> tuple[torch.Tensor, CohortBatches, Tensors, Tensors]:
+    """The cohort's batches and its members' rows and dense parameters (stacked on a client
+    axis), pulled from the global model."""
+    k, steps, batch = len(members), schedule.local_steps, schedule.batch_size
+    data = data_of(dataset, index, schedule)
+    clients = device_lib.from_host(members.clients, schedule.device)
+    batches = cohort_batches(
+        data,
+        clients,
+        schedule.seed,
+        round_index,
+        steps,
+        batch,
+        sample_of_id,
+        host_clients=members.clients,
+    )
+    row_tensors = {t: r.values for t, r in batches.rows.items()}
+    pulled_tables = {t: global_params.gather_rows(t, rows) for t, rows in row_tensors.items()}
+    pulled_dense = {
+        n: p.unsqueeze(0).expand(k, *p.shape).clone() for n, p in global_params.dense.items()
+    }
+    return clients, batches, pulled_tables, pulled_dense
 
 
 def _eager_steps(
@@ -146,25 +173,27 @@ def _eager_steps(
     rule_inputs = Members(layout, work.lr, corrections)
     with torch.no_grad():
         state = work.chain.init(leaves, rule_inputs)
+    packed = packed_names(model)  # features passed without a client axis
     for step in range(steps):
         step_inputs = None if dense_inputs is None else dense_inputs[step]
         if closed_form is not None:
             step_values, step_samples = batches.step_values(step), batches.step_samples(step)
-            with torch.no_grad():
+            with torch.no_grad(), timed("backward"):  # the gradients, in closed form
                 table_grads, dense_grads = closed_form(
                     tables, dense, step_values, step_samples, step_inputs, labels[step]
                 )
             grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
         else:
-            step_ids = batches.step_ids(step)
-            features = {n: _per_client(f, k) for n, f in model.embed(tables, step_ids).items()}
-            outputs = head(dense, features, step_inputs)
-            # The loss is a mean over samples, and every client has B of them: K times the
-            # mean over the cohort's K * B samples is the sum of the K client means.
-            flat = outputs.reshape(k * batch, *outputs.shape[2:])
-            total = model.loss(flat, labels[step].reshape(-1)) * k
-            grads = list(torch.autograd.grad(total, leaves))
-        with torch.no_grad():
-            updates, state = work.chain.update(grads, state, leaves, rule_inputs)
-            apply_updates(leaves, updates)
+            with timed("forward"):
+                step_ids = batches.step_ids(step)
+                features = cohort_features(model.embed(tables, step_ids), k, packed)
+                outputs = head(dense, features, step_inputs)
+                # The loss is a mean over samples, and every client has B of them: K times
+                # the mean over the cohort's K * B samples is the sum of the K client means.
+                flat = outputs.reshape(k * batch, *outputs.shape[2:])
+                total = model.loss(flat, labels[step].reshape(-1)) * k
+            with timed("backward"):
+                grads = list(torch.autograd.grad(total, leaves))
+        with torch.no_grad(), timed("client rule"):
+            state = work.chain.step(grads, state, leaves, rule_inputs)
     return tables, dense

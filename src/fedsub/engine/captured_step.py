@@ -25,10 +25,11 @@ them into fewer). The padding changes no number:
 - the rows are cut back to the real ones after the last step.
 
 Not captured (run eagerly, with a warning): models whose shapes depend on the values
-(``DeclaresCapturable.capturable = False``: DIN and LSTM pad to their longest sequence, read
-on the host mid-step, which no CUDA graph can hold; LSTM's ``range(longest)`` loop does not
-trace, DIN's step traces with a data-dependent size and equals eager, but inductor compiles
-it for minutes) and closed-form gradients (sparse LR: its CPU kernel works on numpy views).
+(``DeclaresCapturable.capturable = False``: LSTM pads to its longest sequence, read on the
+host mid-step, which no CUDA graph can hold, and its ``range(longest)`` loop does not trace),
+models with packed features (``PackedFeatures``, DIN: the phantom sample above would own
+packed rows, which the head cannot drop by position) and closed-form gradients (sparse LR:
+its CPU kernel works on numpy views).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from fedsub.client.transforms import Chain, Members
 from fedsub.client.work import CohortWork
 from fedsub.engine.cohort_batches import CohortBatches
 from fedsub.engine.schedule import Compile
-from fedsub.models.base import DeclaresCapturable, Features, Ids, Model
+from fedsub.models.base import DeclaresCapturable, Features, Ids, Model, PackedFeatures
 
 LOG = logging.getLogger("fedsub")
 
@@ -130,6 +131,8 @@ def capture_for(model: Model, closed_form: bool, compile: Compile | None) -> Com
     reason = None
     if isinstance(model, DeclaresCapturable) and not model.capturable:
         reason = "its shapes depend on the values (it pads to the longest sequence)"
+    elif isinstance(model, PackedFeatures):
+        reason = "it packs ragged lists (the padding's phantom sample would own packed rows)"
     elif closed_form:
         reason = "it computes its gradients in closed form (kernels on host arrays)"
     if reason is None:

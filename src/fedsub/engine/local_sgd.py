@@ -6,9 +6,10 @@ import numpy as np
 import torch
 
 from fedsub.client.layout import OneClient
-from fedsub.client.transforms import Chain, Members, apply_updates
+from fedsub.client.transforms import Chain, Members
 from fedsub.data.federated import SampleSet
 from fedsub.models.base import Batch, Model, forward
+from fedsub.profiling import timed
 from fedsub.submodel.params import Params
 
 
@@ -36,12 +37,13 @@ def local_sgd(
     for t in tensors:
         t.requires_grad_(True)
     for step_indices in schedule:
-        batch = Batch.from_samples(samples.take(step_indices), dtype, tensors[0].device)
-        loss = model.loss(forward(model, params, batch), batch.labels)
-        grads = list(torch.autograd.grad(loss, tensors))
-        with torch.no_grad():
-            updates, state = chain.update(grads, state, tensors, members)
-            apply_updates(tensors, updates)
+        with timed("forward"):
+            batch = Batch.from_samples(samples.take(step_indices), dtype, tensors[0].device)
+            loss = model.loss(forward(model, params, batch), batch.labels)
+        with timed("backward"):
+            grads = list(torch.autograd.grad(loss, tensors))
+        with torch.no_grad(), timed("client rule"):
+            state = chain.step(grads, state, tensors, members)
     for t in tensors:
         t.requires_grad_(False)
     return params

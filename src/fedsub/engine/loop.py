@@ -35,6 +35,7 @@ from fedsub.engine.split_cohort import split_cohort
 from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
+from fedsub.profiling import ROUND, timed
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -321,24 +322,31 @@ def run_rounds(
     def evaluate_and_check() -> None:
         if evaluator is None:
             return
-        evaluated = params if host is None else params.to(placement.HOST)
-        reason = evaluate(evaluator, evaluated, progress, control.divergence_factor, on_evaluation)
+        with timed("evaluation"):
+            evaluated = params if host is None else params.to(placement.HOST)
+            reason = evaluate(
+                evaluator, evaluated, progress, control.divergence_factor, on_evaluation
+            )
         if reason is not None:
             raise Diverged(algorithm.name, progress.round, reason, rounds.last_checkpoint)
 
     if control.resume is None:
         evaluate_and_check()
     for r in range(progress.round + 1, schedule.rounds + 1):
-        started = time.perf_counter()
-        plan = rounds.begin(r)
-        staged = params if host is None else host.stage(params, index, plan.cohort)
-        update = run_cohort(model, staged, dataset, index, plan.cohort, r, schedule, plan.work)
-        rounds.finish(plan, update)
-        progress.elapsed += time.perf_counter() - started
-        progress.round = r
-        if r % schedule.eval_every == 0 or r == schedule.rounds:
-            evaluate_and_check()
-        if on_round is not None:
-            on_round(r)
-        keep_safe(rounds, progress, control, schedule.rounds)
+        with timed(ROUND):  # fedsub/profiling.py: the phases of the round, when profiled
+            started = time.perf_counter()
+            with timed("cohort"):
+                plan = rounds.begin(r)
+            with timed("pull"):
+                staged = params if host is None else host.stage(params, index, plan.cohort)
+            update = run_cohort(model, staged, dataset, index, plan.cohort, r, schedule, plan.work)
+            rounds.finish(plan, update)
+            progress.elapsed += time.perf_counter() - started
+            progress.round = r
+            if r % schedule.eval_every == 0 or r == schedule.rounds:
+                evaluate_and_check()
+            if on_round is not None:
+                on_round(r)
+            with timed("checkpoint"):
+                keep_safe(rounds, progress, control, schedule.rounds)
     return params

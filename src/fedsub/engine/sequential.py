@@ -16,6 +16,7 @@ from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Model
+from fedsub.profiling import timed
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -60,16 +61,18 @@ def client_round(
     """One client's work in one round: pull S(k), local steps, push the row deltas.
 
     ``member`` is the client's position in the cohort (to find its lr / corrections)."""
-    data = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
-    rows = {t: r.row(client) for t, r in data.rows.items()}
-    pulled = pull(global_params, rows)
-    samples = index.client_samples(dataset, client)
-    correction = None if work.corrections is None else work.corrections.member(member)
+    with timed("pull"):
+        data = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
+        rows = {t: r.row(client) for t, r in data.rows.items()}
+        pulled = pull(global_params, rows)
+        samples = index.client_samples(dataset, client)
+        correction = None if work.corrections is None else work.corrections.member(member)
     lr = float(work.lr[member])
     trained = train_submodel(
         model, pulled, samples, client, round_index, schedule, work.chain, lr, correction
     )
-    return push(client, float(len(samples)), rows, pulled, trained)
+    with timed("push"):
+        return push(client, float(len(samples)), rows, pulled, trained)
 
 
 def run_cohort(

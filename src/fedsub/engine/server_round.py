@@ -27,6 +27,7 @@ from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
 from fedsub.engine.guards import Rejection, needs_screening, screen
 from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.profiling import timed
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
 
@@ -167,10 +168,11 @@ class ServerRound:
         is known, and combined again in the rare round that rejects a member) and once after
         it (did the model overflow?)."""
         r, work, last = plan.round, plan.work, self.last_checkpoint
-        suspect = needs_screening(update, self.max_update_norm)
-        server_update = as_model_delta(self.combine(update), self.params)
-        checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
-        to_screen, aggregate_bad = checks.tolist()  # host read 1
+        with timed("aggregation"):
+            suspect = needs_screening(update, self.max_update_norm)
+            server_update = as_model_delta(self.combine(update), self.params)
+            checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
+            to_screen, aggregate_bad = checks.tolist()  # host read 1
         if to_screen:
             kept, rejected = screen(update, r, self.max_update_norm)
             for rejection in rejected:
@@ -185,9 +187,11 @@ class ServerRound:
             aggregate_bad = bool(server_update.nonfinite())
         if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)
-        self.server.apply(self.params, server_update)
-        if bool(touched_nonfinite(self.params, server_update)):  # host read 2
+        with timed("server step"):
+            self.server.apply(self.params, server_update)
+            overflowed = bool(touched_nonfinite(self.params, server_update))  # host read 2
+            if not overflowed and self.variates is not None:
+                self.variates.update(update, work, self.schedule.local_steps)
+        if overflowed:
             raise Diverged(self.algorithm.name, r, "the model overflowed", last)
-        if self.variates is not None:
-            self.variates.update(update, work, self.schedule.local_steps)
         return True

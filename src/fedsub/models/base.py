@@ -127,6 +127,28 @@ class DeclaresCapturable(Protocol):
 
 
 @runtime_checkable
+class PackedFeatures(Protocol):
+    """A model some of whose features are ragged lists' rows packed one after another (all the
+    samples' rows, [T, ...], no padding: DIN's history) instead of one entry per sample. The
+    engine passes those as they are (no client axis: the rows come client after client, then
+    sample after sample) and the head finds each row's sample from per-sample lengths among
+    the other features. ``packed_features`` names them."""
+
+    packed_features: frozenset[str]
+
+
+def packed_names(model: Model) -> frozenset[str]:
+    """The names of ``model``'s packed features (none unless it is ``PackedFeatures``)."""
+    return model.packed_features if isinstance(model, PackedFeatures) else frozenset()
+
+
+def cohort_features(features: Features, k: int, packed: frozenset[str]) -> Features:
+    """A cohort's features as a cohort head takes them: per-sample ones [K * B, ...] ->
+    [K, B, ...]; the ``packed`` ones (``packed_names(model)``) as they are."""
+    return {n: f if n in packed else f.reshape(k, -1, *f.shape[1:]) for n, f in features.items()}
+
+
+@runtime_checkable
 class EvalBatch(Protocol):
     """A model that evaluates in batches of ``eval_batch`` samples (memory, or BatchNorm's
     per-batch statistics) instead of the evaluator's default chunk."""

@@ -16,8 +16,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     return flat.reshape(*x.shape[:-1], weight.shape[-1])
 
 
-def single_client(cohort_head, dense: dict, features: dict, dense_inputs=None) -> torch.Tensor:
-    """Run a cohort head on one client's parameters and batch."""
+def single_client(
+    cohort_head,
+    dense: dict,
+    features: dict,
+    dense_inputs=None,
+    packed: frozenset[str] = frozenset(),
+) -> torch.Tensor:
+    """Run a cohort head on one client's parameters and batch (``packed``: the features that
+    are packed rows, which take no client axis; models/base.py: PackedFeatures)."""
     one = {n: v.unsqueeze(0) for n, v in dense.items()}
     inputs = None if dense_inputs is None else dense_inputs.unsqueeze(0)
-    return cohort_head(one, {n: f.unsqueeze(0) for n, f in features.items()}, inputs)[0]
+    batch = {n: f if n in packed else f.unsqueeze(0) for n, f in features.items()}
+    return cohort_head(one, batch, inputs)[0]

@@ -3,11 +3,19 @@
 Fields ``user`` (user table), ``item`` (the target) and ``history`` (clicked items, ragged;
 both in the item table), embeddings of dimension 18 by default. Attention: an MLP on
 ``[q, k, q - k, q * k]`` (q the target, k each history item) -> 80 -> 40 -> 1 with sigmoid
-activations, padding masked before the softmax. Output MLP on
+activations, a softmax over each sample's history. Output MLP on
 ``[user, item, sum(history), item * sum(history), attention output]`` -> 200 (Dice) ->
 80 (Dice) -> 2; the logit is the difference of the two outputs (a 2-way softmax is a sigmoid
 of it). Dice normalises with the statistics of the batch it sees (a client's local batch;
 an evaluation chunk at test time).
+
+The history is packed, not padded (``PackedFeatures``): the attention MLP runs on the real
+history items only, O(sum of the lengths) rather than O(B x the longest), with each client's
+weights through ``packed.ClientBlocks``, and the softmax and sums are per-sample segment
+operations (``pooling.attention_pool``, ``segment_sum.run_sums``). Its first layer is
+regrouped by linearity, ``[q, k, q - k, q * k] @ W = [k, q * k, q] @ [W_k - W_d; W_p; W_q +
+W_d]``: 54 inputs per history item instead of 72. Every shape comes from the host (the number
+of history rows), so a step reads nothing back from the device.
 """
 
 from __future__ import annotations
@@ -19,13 +27,16 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from fedsub import segment_sum
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.cohort_ops import linear, single_client
-from fedsub.models.pooling import padded, sum_pool
+from fedsub.models.packed import ClientBlocks
+from fedsub.models.pooling import attention_pool, sum_pool
 from fedsub.submodel.params import Params
 
 ATTENTION = (80, 40, 1)
 HIDDEN = (200, 80, 2)
+ROWS_PER_PASS = 16_384  # history rows the attention MLP scores at once for one client
 
 
 def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
@@ -39,7 +50,8 @@ def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class DIN:
-    capturable: ClassVar[bool] = False  # pads to the longest history (train.compile)
+    # the history's rows, packed sample after sample (models/base.py: PackedFeatures)
+    packed_features: ClassVar[frozenset[str]] = frozenset({"history"})
     table_rows: dict[str, int]
     embedding_dim: int = 18
     init_std: float = 0.01
@@ -66,41 +78,86 @@ class DIN:
         return Params(tables, dense)
 
     def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
-        history, mask = padded(tables["item"], *ids["history"])
+        """Per sample: ``user``, ``item``, ``history_sum`` [n, d] and ``history_lengths`` [n];
+        packed: ``history`` [T, d], the history rows sample after sample."""
+        values, offsets = ids["history"]
+        lengths = torch.diff(offsets)
+        history = tables["item"].index_select(0, values)
         return {
             "user": sum_pool(tables["user"], *ids["user"]),
             "item": sum_pool(tables["item"], *ids["item"]),
+            "history_sum": segment_sum.run_sums(history, lengths),
+            "history_lengths": lengths,
             "history": history,
-            "mask": mask,
         }
 
     def head(
         self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
     ) -> torch.Tensor:
         """One client: the cohort computation with a cohort of one."""
-        return single_client(self.cohort_head, dense, features)
+        return single_client(self.cohort_head, dense, features, packed=self.packed_features)
 
     def cohort_head(
         self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
     ) -> torch.Tensor:
-        """K clients at once: dense [K, ...], features [K, B, ...] -> logits [K, B]."""
-        item, history, mask = features["item"], features["history"], features["mask"]
-        query = item.unsqueeze(2).expand_as(history)
-        x = torch.cat([query, history, query - history, query * history], dim=-1)
-        for i in range(len(ATTENTION)):
-            x = linear(x, dense[f"att{i}.weight"], dense[f"att{i}.bias"])
-            if i < len(ATTENTION) - 1:
-                x = torch.sigmoid(x)
-        scores = x.squeeze(-1).masked_fill(~mask, -1e9)
-        weights = torch.softmax(scores, dim=-1) * mask  # an empty history attends to nothing
-        attended = (weights.unsqueeze(-1) * history).sum(2)
-        pooled = (history * mask.unsqueeze(-1)).sum(2)
+        """K clients at once: dense [K, ...], per-sample features [K, B, ...], the packed
+        history [T, d] -> logits [K, B]."""
+        item, pooled = features["item"], features["history_sum"]
+        attended = self.attention(dense, item, features["history_lengths"], features["history"])
         x = torch.cat([features["user"], item, pooled, item * pooled, attended], dim=-1)
         for i in range(len(HIDDEN)):
             x = linear(x, dense[f"fc{i}.weight"], dense[f"fc{i}.bias"])
             if i < len(HIDDEN) - 1:
                 x = dice(x, dense[f"fc{i}.alpha"].unsqueeze(1))
         return x[..., 1] - x[..., 0]
+
+    def attention(
+        self,
+        dense: dict[str, torch.Tensor],
+        item: torch.Tensor,
+        lengths: torch.Tensor,
+        history: torch.Tensor,
+    ) -> torch.Tensor:
+        """[K, B, d]: each sample's history averaged with the attention MLP's softmax
+        weights (its target ``item`` [K, B, d] the query; ``lengths`` [K, B]; ``history``
+        [T, d] packed)."""
+        k, b, d = item.shape
+        total = history.shape[0]
+        if total == 0:  # no sample of the batch has a history: nothing to attend to, but
+            # the attention weights stay in the graph (with zero gradients), as autograd is
+            # asked for every parameter's gradient
+            unused = sum(
+                dense[f"att{i}.{p}"].sum()
+                for i in range(len(ATTENTION))
+                for p in ("weight", "bias")
+            )
+            return item.new_zeros(k, b, d) + 0 * unused
+        samples = k * b
+        flat_lengths = lengths.reshape(samples)
+        sample = torch.repeat_interleave(
+            torch.arange(samples, device=item.device), flat_lengths, output_size=total
+        )
+        blocks = ClientBlocks.of(lengths.sum(1), total)
+        queries = item.reshape(samples, d)
+        weight = dense["att0.weight"]
+        w_query, w_key, w_difference, w_product = weight.split(d, dim=1)
+        first = torch.cat([w_key - w_difference, w_product, w_query + w_difference], dim=1)
+        # one client (evaluation, CentralSGD, the sequential backend) may bring a whole test
+        # set's rows: scored a piece at a time, so the MLP's activations stay cache-sized
+        # (a cohort's blocks are laid out over all its rows: one piece)
+        piece = total if blocks.clients > 1 else ROWS_PER_PASS
+        scores = []
+        for start in range(0, total, piece):
+            rows = blocks.to_slots(history[start : start + piece])
+            query = queries.index_select(0, blocks.to_slots(sample[start : start + piece]))
+            x = blocks.linear(
+                torch.cat([rows, query * rows, query], dim=-1), first, dense["att0.bias"]
+            )
+            for i in range(1, len(ATTENTION)):
+                x = blocks.linear(torch.sigmoid(x), dense[f"att{i}.weight"], dense[f"att{i}.bias"])
+            scores.append(blocks.from_slots(x).squeeze(-1))
+        scores_all = scores[0] if len(scores) == 1 else torch.cat(scores)
+        return attention_pool(history, scores_all, flat_lengths, sample).reshape(k, b, d)
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(outputs, labels)

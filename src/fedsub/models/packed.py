@@ -1,0 +1,88 @@
+"""Affine maps with per-client weights over packed rows (a cohort's ragged lists, unpadded).
+
+A cohort's history rows come packed: client after client (then sample after sample), T rows
+in all, client k holding T_k of them. An MLP applied to every row with client k's weights is
+one matmul per client, or one batched matmul over the rows padded to the longest client
+(``max T_k`` is several times the mean on CTR histories). ``ClientBlocks`` lays the rows out in
+blocks of ``BLOCK`` rows instead, each block one client's (its last block part-filled), and
+gathers each block's weights: one ``baddbmm`` costs O(T + K * BLOCK) rows, whatever the
+spread of the T_k.
+
+The layout is built on the device from the per-client row counts without reading them: the
+number of blocks is the bound ``(T + K * (BLOCK - 1)) // BLOCK`` (T, a tensor's length, is
+known on the host), and the blocks past the last client's are idle. The slots the rows do not
+fill hold a copy of row 0; their outputs are never read back (``from_slots``), so they get
+zero gradients and change no number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 16  # rows per block: the idle slots' share against the per-block weight gathers
+
+
+@dataclass(frozen=True)
+class ClientBlocks:
+    """The block layout of T packed rows of ``clients`` clients. With one client the rows are
+    used as they are (one plain matmul, no blocks)."""
+
+    clients: int
+    slot_row: torch.Tensor | None  # [S] the packed row each slot holds (unfilled slots: row 0)
+    row_slot: torch.Tensor | None  # [T] the slot of each packed row
+    block_owner: torch.Tensor | None  # [S // BLOCK] the client of each block
+
+    @staticmethod
+    def of(rows_per_client: torch.Tensor, total: int) -> ClientBlocks:
+        """``rows_per_client`` [K] (int64, adding up to ``total``, not checked)."""
+        k = len(rows_per_client)
+        if k == 1:
+            return ClientBlocks(1, None, None, None)
+        device = rows_per_client.device
+        blocks = (total + k * (BLOCK - 1)) // BLOCK
+        per_client = torch.div(rows_per_client + BLOCK - 1, BLOCK, rounding_mode="floor")
+        block_end = per_client.cumsum(0)
+        first_slot = (block_end - per_client) * BLOCK  # of each client's first block
+        first_row = rows_per_client.cumsum(0) - rows_per_client
+        owner = torch.searchsorted(block_end, torch.arange(blocks, device=device), right=True)
+        owner = owner.clamp(max=k - 1)  # the idle blocks past the end
+        slot_owner = owner.unsqueeze(1).expand(blocks, BLOCK).reshape(-1)
+        within = torch.arange(blocks * BLOCK, device=device) - first_slot.index_select(
+            0, slot_owner
+        )
+        filled = within < rows_per_client.index_select(0, slot_owner)
+        slot_row = torch.where(filled, first_row.index_select(0, slot_owner) + within, 0)
+        row_owner = torch.repeat_interleave(
+            torch.arange(k, device=device), rows_per_client, output_size=total
+        )
+        rank = torch.arange(total, device=device) - first_row.index_select(0, row_owner)
+        row_slot = first_slot.index_select(0, row_owner) + rank
+        return ClientBlocks(k, slot_row, row_slot, owner)
+
+    def to_slots(self, rows: torch.Tensor) -> torch.Tensor:
+        """Packed [T, ...] -> slots [S, ...]."""
+        return rows if self.slot_row is None else rows.index_select(0, self.slot_row)
+
+    def from_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """Slots [S, ...] -> packed [T, ...] (the unfilled slots dropped)."""
+        return slots if self.row_slot is None else slots.index_select(0, self.row_slot)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Slots [S, in] -> [S, out], each slot by its client's ``weight`` [K, in, out] and
+        ``bias`` [K, out]."""
+        if self.block_owner is None:
+            if bias is None:
+                return x @ weight[0]
+            return torch.addmm(bias[0], x, weight[0])
+        owner = self.block_owner
+        blocks = x.reshape(len(owner), BLOCK, x.shape[-1])
+        weights = weight.index_select(0, owner)
+        if bias is None:
+            out = torch.bmm(blocks, weights)
+        else:
+            out = torch.baddbmm(bias.index_select(0, owner).unsqueeze(1), blocks, weights)
+        return out.reshape(-1, weight.shape[-1])
