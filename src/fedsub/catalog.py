@@ -15,7 +15,8 @@ from fedsub.algorithms import registry as algorithm_registry
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
-from fedsub.models.registry import MODEL_INFO, READS, model_names
+from fedsub.models.registry import MODELS, model_names, model_spec
+from fedsub.plugins import BUILT_IN, Registry
 
 KINDS = ("algorithms", "datasets", "models", "keys")
 WIDTH = 80
@@ -135,35 +136,37 @@ def pieces() -> list[str]:
     return lines
 
 
+def _named(name: str, text: str, registry: Registry[Any]) -> str:
+    """ "name: text", followed by the plugin it came from (built-in entries: nothing)."""
+    origin = registry.origin(name)
+    return f"{name}: {text}" + ("" if origin == BUILT_IN else f" [{origin}]")
+
+
 def datasets() -> list[str]:
     lines = ["Datasets (data.name; their options are further [data] keys):"]
     for name in dataset_names():
         spec = DATASETS[name]
         lines.append("")
-        lines += _wrapped(f"{name}: {spec.description}")
+        lines += _wrapped(_named(name, spec.description, DATASETS))
         lines += _key_lines(spec.options, "data.")
     return lines
 
 
 def models() -> list[str]:
-    fields = {f.name: f for f in _fields(config_lib.ModelConfig)}
     lines = ["Models (model.name; options are further [model] keys):"]
     for name in model_names():
-        description, options = MODEL_INFO[name]
+        spec = model_spec(name)
         lines.append("")
-        lines += _wrapped(f"{name}: {description}")
+        lines += _wrapped(_named(name, spec.description, MODELS))
         lines += textwrap.wrap(
-            f"reads {READS[name].describe()}",
+            f"reads {spec.reads.describe()}",
             WIDTH,
             initial_indent="  ",
             subsequent_indent="    ",
         )
-        for option in options:
-            head = f"  model.{option}: "
-            text = describe_field(config_lib.ModelConfig, fields[option])
-            lines += textwrap.wrap(text, WIDTH, initial_indent=head, subsequent_indent="      ")
-        if not options:
-            lines.append("  (no options)")
+        capabilities = ", ".join(spec.capabilities()) or "none"
+        lines += _wrapped(f"capabilities: {capabilities}", "  ")
+        lines += _key_lines(spec.options, "model.") or ["  (no options)"]
     return lines
 
 
@@ -176,6 +179,8 @@ def keys() -> list[str]:
         lines += _key_lines(cls, f"{section}.")
         if section == "data":
             lines.append("  + the dataset's own options: `fedsub list datasets`")
+        if section == "model":
+            lines.append("  + the model's own options: `fedsub list models`")
     lines += ["", "[algorithms.<name>]"]
     for name in algorithm_registry.algorithm_names():
         lines += _key_lines(algorithm_registry.options_class(name), f"algorithms.{name}.")
