@@ -11,7 +11,9 @@ import typing
 from typing import Any
 
 from fedsub import config as config_lib
+from fedsub import plugins
 from fedsub.algorithms import registry as algorithm_registry
+from fedsub.algorithms.aggregation_rules import AGGREGATIONS, aggregation_names
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
@@ -122,16 +124,18 @@ def pieces() -> list[str]:
         "client = [...], server = ... and the chosen pieces' options (lr for every one):"
     )
     lines += ["", "aggregation (default fedavg):"]
-    for name, piece in registry.AGGREGATIONS.items():
-        lines += _wrapped(f"{name}: {piece.description}", "  ")
+    for name in aggregation_names():
+        rule = AGGREGATIONS[name]
+        lines += _wrapped(_named(name, rule.description, AGGREGATIONS), "  ")
+        lines += _key_lines(rule, "", "    ")
     lines += ["", "client (a list; train.clip_norm / weight_decay / momentum add theirs):"]
     for name in registry.client_piece_names():
         cls = TRANSFORMS[name]
-        lines += _wrapped(f"{name}: {_first_sentence(cls)}", "  ")
+        lines += _wrapped(_named(name, _first_sentence(cls), TRANSFORMS), "  ")
         lines += _key_lines(cls, "", "    ") or ["    (no options)"]
     lines += ["", "server (default sgd):"]
     for name, server in registry.SERVERS.items():
-        lines += _wrapped(f"{name}: {server.description}", "  ")
+        lines += _wrapped(_named(name, server.description, registry.SERVERS), "  ")
         lines += _key_lines(server.options, "", "    ")
     return lines
 
@@ -186,6 +190,12 @@ def keys() -> list[str]:
         lines += _key_lines(algorithm_registry.options_class(name), f"algorithms.{name}.")
     lines.append("  + a composed algorithm's pieces and options: `fedsub list algorithms`")
     return lines
+
+
+def plugin_problems() -> list[str]:
+    """One line per plugin that could not be used (its package, entry point and why), after
+    every registry has taken its plugins' objects; empty when all loaded."""
+    return [str(problem) for problem in plugins.problems()]
 
 
 def listing(kind: str) -> list[str]:

@@ -139,7 +139,7 @@ class Registry(Mapping[str, T], Generic[T]):
             contributions, _ = discover()
         finally:
             _MERGING.active = False
-        entries, origins, problems = dict(self._built_in), {}, []
+        entries, origins, problems = dict(self._built_in), dict[str, str](), list[Problem]()
         for c in contributions:
             if not self.accepts(c.value):
                 continue
