@@ -126,24 +126,25 @@ def pieces() -> list[str]:
     lines += ["", "aggregation (default fedavg):"]
     for name in aggregation_names():
         rule = AGGREGATIONS[name]
-        lines += _wrapped(_named(name, rule.description, AGGREGATIONS), "  ")
+        lines += _named(name, rule.description, AGGREGATIONS, "  ")
         lines += _key_lines(rule, "", "    ")
     lines += ["", "client (a list; train.clip_norm / weight_decay / momentum add theirs):"]
     for name in registry.client_piece_names():
         cls = TRANSFORMS[name]
-        lines += _wrapped(_named(name, _first_sentence(cls), TRANSFORMS), "  ")
+        lines += _named(name, _first_sentence(cls), TRANSFORMS, "  ")
         lines += _key_lines(cls, "", "    ") or ["    (no options)"]
     lines += ["", "server (default sgd):"]
     for name, server in registry.SERVERS.items():
-        lines += _wrapped(_named(name, server.description, registry.SERVERS), "  ")
+        lines += _named(name, server.description, registry.SERVERS, "  ")
         lines += _key_lines(server.options, "", "    ")
     return lines
 
 
-def _named(name: str, text: str, registry: Registry[Any]) -> str:
-    """ "name: text", followed by the plugin it came from (built-in entries: nothing)."""
+def _named(name: str, text: str, registry: Registry[Any], indent: str = "") -> list[str]:
+    """The lines "name: text", then the plugin it came from (built-in entries: none)."""
     origin = registry.origin(name)
-    return f"{name}: {text}" + ("" if origin == BUILT_IN else f" [{origin}]")
+    lines = _wrapped(f"{name}: {text}", indent)
+    return lines if origin == BUILT_IN else [*lines, *_wrapped(f"[{origin}]", indent + "  ")]
 
 
 def datasets() -> list[str]:
@@ -151,7 +152,7 @@ def datasets() -> list[str]:
     for name in dataset_names():
         spec = DATASETS[name]
         lines.append("")
-        lines += _wrapped(_named(name, spec.description, DATASETS))
+        lines += _named(name, spec.description, DATASETS)
         lines += _key_lines(spec.options, "data.")
     return lines
 
@@ -161,7 +162,7 @@ def models() -> list[str]:
     for name in model_names():
         spec = model_spec(name)
         lines.append("")
-        lines += _wrapped(_named(name, spec.description, MODELS))
+        lines += _named(name, spec.description, MODELS)
         lines += textwrap.wrap(
             f"reads {spec.reads.describe()}",
             WIDTH,
