@@ -282,6 +282,9 @@ def test_a_rule_with_its_own_combine_step_runs_it_and_is_refused_where_a_sum_is_
     with pytest.raises(ConfigError, match="sub-model masking's slice average computes"):
         check_combination("mine", recipe, masking="static")
     check_combination("mine", recipe, privacy="heat")
+    host = {"algorithms": ["mine"], "table_placement": "host"}
+    with pytest.raises(ConfigError, match="'halved' does not combine by a weighted sum, and"):
+        parse({"algorithms": {"mine": {"aggregation": "halved"}}, "train": host})
     options = {
         "halved-mean": {"aggregation": "halved"},
         "half-step": {"aggregation": "fedavg", "server_lr": 0.5},

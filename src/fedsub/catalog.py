@@ -13,7 +13,7 @@ from typing import Any
 from fedsub import config as config_lib
 from fedsub import plugins
 from fedsub.algorithms import registry as algorithm_registry
-from fedsub.algorithms.aggregation_rules import AGGREGATIONS, aggregation_names
+from fedsub.algorithms.aggregation_rules import AGGREGATIONS, AggregationRule, aggregation_names
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
@@ -115,6 +115,17 @@ def _first_sentence(cls: type) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
+def _rule_properties(rule: type[AggregationRule]) -> str:
+    """An aggregation rule's declarations, as the checks read them."""
+    said = [
+        "pools the data" if rule.pools_data else "",
+        "reads the heat" if rule.needs_heat else "",
+        "a weighted sum (secure sums, masking)" if rule.secure_sum_ok else "its own combine step",
+        "" if rule.weights_sum_to_one else "weights not summing to 1",
+    ]
+    return "(" + "; ".join(s for s in said if s) + ")"
+
+
 def pieces() -> list[str]:
     """The pieces an algorithm is composed of, each with its options (config keys of
     ``[algorithms.<name>]`` when the algorithm uses that piece)."""
@@ -127,6 +138,7 @@ def pieces() -> list[str]:
     for name in aggregation_names():
         rule = AGGREGATIONS[name]
         lines += _named(name, rule.description, AGGREGATIONS, "  ")
+        lines += _wrapped(_rule_properties(rule), "    ")
         lines += _key_lines(rule, "", "    ")
     lines += ["", "client (a list; train.clip_norm / weight_decay / momentum add theirs):"]
     for name in registry.client_piece_names():

@@ -495,6 +495,11 @@ def check_table_placement(name: str, options: Any, table_placement: str) -> None
         reasons.append(
             f"its client piece {stateful[0]!r} keeps control variates as large as the tables"
         )
+    if not rule_class(recipe.aggregation).secure_sum_ok:  # coefficients act after the sum
+        reasons.append(
+            f"its aggregation rule {recipe.aggregation!r} does not combine by a weighted sum, "
+            "and the host applies the per-row coefficients to the device's weighted sum"
+        )
     if reasons:
         raise ConfigError(
             f'train.table_placement = "host" cannot run algorithm {name!r}: '
