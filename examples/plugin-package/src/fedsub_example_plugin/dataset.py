@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedsub.data.federated import FederatedDataset
+from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.from_python import from_clients, samples
 from fedsub.data.registry import DatasetSpec
 
@@ -23,7 +23,7 @@ def generate(options: ToyClicksOptions, path: str | None, seed: int) -> Federate
     rng = np.random.default_rng(seed)
     n, items = options.samples_per_client, options.num_items
 
-    def client(k: int) -> tuple:
+    def client(k: int) -> SampleSet:
         item = rng.integers(0, items, size=n)
         fond = (item - 5 * k) % items < items // 4
         label = (fond ^ (rng.random(n) < 0.1)).astype(np.float32)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fedsub.data.federated import FederatedDataset
+from fedsub.models.base import Features, Ids, Task
 from fedsub.models.inputs import Reads
 from fedsub.models.pooling import sum_pool
 from fedsub.models.registry import ModelSpec
@@ -27,7 +28,7 @@ class IdBiasLR:
     table_rows: dict[str, int]
     field_tables: dict[str, str]
     init_std: float = 0.0
-    task: str = "binary"
+    task: Task = "binary"
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
         tables = {
@@ -36,14 +37,16 @@ class IdBiasLR:
         }
         return Params(tables, {"bias": torch.zeros(1, dtype=dtype)})
 
-    def embed(self, tables, ids):
+    def embed(self, tables: dict[str, torch.Tensor], ids: Ids) -> Features:
         pooled = [
             sum_pool(tables[self.field_tables.get(f, f)], values, offsets)
             for f, (values, offsets) in ids.items()
         ]
         return {"score": torch.cat(pooled, dim=-1).sum(-1)}
 
-    def head(self, dense, features, dense_inputs):
+    def head(
+        self, dense: dict[str, torch.Tensor], features: Features, dense_inputs: torch.Tensor | None
+    ) -> torch.Tensor:
         return features["score"] + dense["bias"]
 
     def loss(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

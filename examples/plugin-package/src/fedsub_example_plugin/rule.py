@@ -11,6 +11,7 @@ from typing import ClassVar
 from fedsub.algorithms.aggregation import Aggregation
 from fedsub.algorithms.aggregation_rules import AggregationInputs
 from fedsub.algorithms.schemes import Scheme
+from fedsub.algorithms.weighting import Weighting
 
 
 @dataclass(frozen=True)
@@ -27,5 +28,5 @@ class HeatPower:
 
     def build(self, inputs: AggregationInputs, scheme: Scheme) -> Aggregation:
         coefficients = {t: c**self.heat_power for t, c in inputs.heat_coefficients().items()}
-        weighting = "samples" if inputs.heat == "samples" else "uniform"
+        weighting: Weighting = "samples" if inputs.heat == "samples" else "uniform"
         return inputs.aggregation(scheme, weighting, coefficients=coefficients)

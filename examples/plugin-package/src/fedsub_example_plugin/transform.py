@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from fedsub.client.transforms import Members, State, Tensors
+from fedsub.client.transforms import Members, Stage, State, Tensors
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class Sign:
     """Sign descent: the step follows only the sign of each gradient entry (zero stays zero)."""
 
     name: ClassVar[str] = "sign"
-    stage: ClassVar[str] = "direction"
+    stage: ClassVar[Stage] = "direction"
     keeps_client_state: ClassVar[bool] = False
     step: float = field(default=1.0, metadata={"min_exclusive": 0.0})
 
