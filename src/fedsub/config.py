@@ -29,6 +29,7 @@ from fedsub.algorithms.registry import (
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
+from fedsub.engine.runtime import IN_PROCESS
 from fedsub.errors import ConfigError
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
 from fedsub.models.registry import model_names, model_spec
@@ -361,8 +362,8 @@ def check_privacy(config: Config) -> None:
 
 def check_algorithms(config: Config) -> None:
     """Every name in train.algorithms is a preset or composed in [algorithms.<name>], and its
-    pieces combine with each other and with the training settings (registry.check_combination,
-    the one place incompatible pieces are refused)."""
+    pieces combine with each other and with the training settings on the in-process engine
+    (registry.check_combination, the one place incompatible pieces are refused)."""
     t = config.train
     for name in t.algorithms:
         try:
@@ -376,6 +377,7 @@ def check_algorithms(config: Config) -> None:
             momentum=t.momentum,
             masking=t.masking,
             privacy=t.privacy,
+            runtime=IN_PROCESS,
         )
         check_table_placement(name, config.algorithm_options(name), t.table_placement)
 
