@@ -294,3 +294,61 @@ def test_a_rule_with_its_own_combine_step_runs_it_and_is_refused_where_a_sum_is_
     assert a is not None and b is not None
     assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors(), strict=True))
     assert PRESETS["fedavg"].recipe.aggregation == "fedavg"
+
+
+SERVER_PIECE = """
+import dataclasses
+
+from fedsub.algorithms.registry import ServerPiece
+from fedsub.algorithms.server_optimizer import ServerSGD
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    step: float = dataclasses.field(default=1.0, metadata={"min_exclusive": 0.0})
+
+
+PIECE = ServerPiece(
+    "X += step * aggregate (a plugin's server SGD)",
+    StepOptions,
+    lambda context, options: lambda params: ServerSGD(options.step),
+    row_local=lambda options: True,
+    name="stepped-sgd",
+)
+"""
+
+
+def test_a_plugin_server_optimizer_is_composed_with_its_options(site):
+    """A ServerPiece from a plugin: its option is an [algorithms.<name>] key, and it computes
+    what the built-in SGD with the same rate does, exactly."""
+    install(
+        site, "server-plugin", {"stepped": "server_piece:PIECE"}, {"server_piece": SERVER_PIECE}
+    )
+    importlib.invalidate_caches()
+    plugins.refresh()
+    options = {
+        "stepped": {"server": "stepped-sgd", "step": 0.7},
+        "plain": {"server": "sgd", "server_lr": 0.7},
+        "plain-1": {"server": "sgd"},
+    }
+    from fedsub.data.synthetic_sparse import SyntheticSparseOptions
+    from fedsub.library import compare_models
+
+    dataset = load_dataset("synthetic-sparse", SyntheticSparseOptions(num_users=20), None, 0)
+    model = build_model("sparse-lr", dataset, {"init_std": 0.1})
+    runs = compare_models(
+        model,
+        dataset,
+        algorithms=list(options),
+        algorithm_options=options,
+        rounds=2,
+        clients_per_round=4,
+        local_steps=2,
+        batch_size=3,
+        lr=0.2,
+        every=2,
+    )
+    a, b, c = (runs[n].params for n in options)
+    assert a is not None and b is not None and c is not None
+    assert all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors(), strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a.tensors(), c.tensors(), strict=True))
