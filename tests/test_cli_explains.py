@@ -14,7 +14,7 @@ from fedsub.algorithms.schemes import SCHEMES
 from fedsub.cli import build_parser, main
 from fedsub.data.fetch import DOWNLOADS, listing
 from fedsub.data.registry import DATASETS
-from fedsub.models.registry import MODEL_INFO, model_names
+from fedsub.models.registry import model_names, model_spec
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -58,13 +58,16 @@ def test_list_datasets_names_every_dataset_and_its_options_with_defaults(capsys)
 
 
 def test_list_models_matches_the_registry_and_model_config(capsys):
-    assert sorted(MODEL_INFO) == model_names()
-    model_keys = {f.name for f in dataclasses.fields(config_lib.ModelConfig)}
     code, out, _ = run_cli(capsys, "list", "models")
     assert code == 0
-    for name, (description, options) in MODEL_INFO.items():
-        assert set(options) <= model_keys
-        assert f"\n{name}: {description}" in out
+    for name in model_names():
+        spec = model_spec(name)
+        assert f"\n{name}: {spec.description}" in out
+        block = out.split(f"\n{name}: ", 1)[1].split("\n\n", 1)[0]
+        for field in dataclasses.fields(spec.options):
+            assert f"  model.{field.name}: " in block
+        capabilities = block.split("capabilities: ", 1)[1].split("\n  model.")[0]
+        assert ("sliceable" in capabilities) == spec.sliceable
     assert "model.widths: a list of an integer, default []" in out
 
 

@@ -140,3 +140,19 @@ def test_an_auc_target_on_a_dataset_without_auc_says_how_to_unset_it(tmp_path, c
     assert "(unset it: --set eval.target_test_auc=none)" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert main([*argv, "--set", "eval.target_test_auc=none"]) == 0
+
+
+def test_model_keys_are_the_options_of_the_chosen_models_spec():
+    """[model] keys other than name are the model's own options (its ModelSpec's dataclass):
+    checked by type and range, an unknown key refused naming the model; the keys every model
+    took before (init_std, embedding_dim, widths, scaler) are still accepted and ignored by a
+    model without them, so older configs and run folders load."""
+    from fedsub.models.registry import WidthOptions
+
+    config = config_lib.parse({"model": {"name": "cnn", "init_std": 0.1, "widths": [4]}})
+    assert config.model.options == WidthOptions(widths=[4], scaler=True)
+    with pytest.raises(ConfigError, match=r"\[model\] unknown key 'foo' \(not an option of model"):
+        config_lib.parse({"model": {"name": "sparse-lr", "foo": 1}})
+    with pytest.raises(ConfigError, match=r"model\.init_std = -1\.0 is out of range"):
+        config_lib.parse({"model": {"name": "sparse-lr", "init_std": -1}})
+    assert 'name = "cnn"\nwidths = [4]\nscaler = true' in config_lib.to_toml(config)

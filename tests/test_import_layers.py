@@ -42,6 +42,7 @@ LAYERS: list[set[str]] = [
         "device",
         "distributed",
         "segment_sum",
+        "plugins",
     },
     {"data"},
     {"submodel"},

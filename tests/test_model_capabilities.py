@@ -21,7 +21,8 @@ from fedsub.models.base import (
     SliceableModel,
     is_batchable,
 )
-from fedsub.models.registry import SLICEABLE, build_model, model_names
+from fedsub.models.registry import CAPABILITIES as CAPABILITY_NAMES
+from fedsub.models.registry import build_model, model_names, model_spec
 
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
 from .torch_modules import wrapped, wrapped_cases
@@ -65,9 +66,22 @@ def test_every_registered_model_has_its_capabilities_listed_here():
 
 
 def test_the_config_check_for_masking_names_exactly_the_sliceable_models():
-    """config.py refuses masking by model name (before any data is loaded): that list must be
-    the models that really satisfy SliceableModel."""
-    assert set(SLICEABLE) == {n for n, caps in EXPECTED.items() if SliceableModel in caps}
+    """config.py refuses masking from the model's spec (before any data is loaded): the specs
+    that say sliceable must be the models that really satisfy SliceableModel."""
+    sliceable = {n for n in model_names() if model_spec(n).sliceable}
+    assert sliceable == {n for n, caps in EXPECTED.items() if SliceableModel in caps}
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_a_specs_capabilities_read_from_its_class_are_its_models(name, tmp_path_factory):
+    """ModelSpec.capabilities reads the Protocols off the class (no model is built for
+    `fedsub list models`): they must be those of a built model, and the builder must build
+    that class."""
+    model, _ = built(name, str(tmp_path_factory.getbasetemp()))
+    spec = model_spec(name)
+    assert isinstance(model, spec.model_class)
+    by_name = {CAPABILITY_NAMES[c] for c in spec.capabilities()}
+    assert by_name == {c for c in CAPABILITIES if isinstance(model, c)} == EXPECTED[name]
 
 
 @pytest.mark.parametrize("name", CHECKED)

@@ -23,7 +23,7 @@ from fedsub.data.table import TableOptions
 from fedsub.data.table import load as load_table
 from fedsub.errors import ConfigError
 from fedsub.models.base import Batch, forward
-from fedsub.models.registry import READS, build_checked_model, model_names
+from fedsub.models.registry import build_checked_model, model_names, model_spec
 
 from .test_amazon_din import write_user_files
 from .test_backends import two_tables_with_dense
@@ -96,7 +96,7 @@ REFUSED = {("din", k) for k in KINDS if k != "user/item/history (amazon)"} | {
 
 
 def test_every_model_declares_what_it_reads():
-    assert sorted(READS) == model_names()
+    assert all(model_spec(name).reads.describe() for name in model_names())
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -109,7 +109,7 @@ def test_a_model_reads_all_of_a_dataset_or_is_refused_naming_both(name, kind, tm
             build_checked_model(name, data, options)
         message = str(error.value)
         assert message.startswith(f"model.name = {name!r} cannot read {data.name}: ")
-        assert f"The model reads {READS[name].describe()}; the dataset has " in message
+        assert f"The model reads {model_spec(name).reads.describe()}; the dataset has " in message
         return
     model = build_checked_model(name, data, options)
     params = model.init(torch.Generator().manual_seed(0), torch.float64)

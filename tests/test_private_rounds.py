@@ -410,10 +410,11 @@ def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
 
 
 def test_flower_accepts_every_privacy_level():
-    """For the Flower settings: check_combination(..., on_flower=True, privacy=level) lets
+    """For the Flower settings: check_combination(..., runtime=FLOWER, privacy=level) lets
     every level run (tests/test_flower_private_download.py runs download and full)."""
     from fedsub.algorithms.registry import PRESETS, check_combination
+    from fedsub.flower.runtime import FLOWER
 
     recipe = PRESETS["fedsubavg"].recipe
     for level in ("none", "heat", "download", "full"):
-        check_combination("fedsubavg", recipe, on_flower=True, privacy=level)
+        check_combination("fedsubavg", recipe, runtime=FLOWER, privacy=level)

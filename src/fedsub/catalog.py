@@ -11,11 +11,14 @@ import typing
 from typing import Any
 
 from fedsub import config as config_lib
+from fedsub import plugins
 from fedsub.algorithms import registry as algorithm_registry
+from fedsub.algorithms.aggregation_rules import AGGREGATIONS, AggregationRule, aggregation_names
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
-from fedsub.models.registry import MODEL_INFO, READS, model_names
+from fedsub.models.registry import MODELS, model_names, model_spec
+from fedsub.plugins import BUILT_IN, Registry
 
 KINDS = ("algorithms", "datasets", "models", "keys")
 WIDTH = 80
@@ -112,6 +115,17 @@ def _first_sentence(cls: type) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
+def _rule_properties(rule: type[AggregationRule]) -> str:
+    """An aggregation rule's declarations, as the checks read them."""
+    said = [
+        "pools the data" if rule.pools_data else "",
+        "reads the heat" if rule.needs_heat else "",
+        "a weighted sum (secure sums, masking)" if rule.secure_sum_ok else "its own combine step",
+        "" if rule.weights_sum_to_one else "weights not summing to 1",
+    ]
+    return "(" + "; ".join(s for s in said if s) + ")"
+
+
 def pieces() -> list[str]:
     """The pieces an algorithm is composed of, each with its options (config keys of
     ``[algorithms.<name>]`` when the algorithm uses that piece)."""
@@ -121,18 +135,28 @@ def pieces() -> list[str]:
         "client = [...], server = ... and the chosen pieces' options (lr for every one):"
     )
     lines += ["", "aggregation (default fedavg):"]
-    for name, piece in registry.AGGREGATIONS.items():
-        lines += _wrapped(f"{name}: {piece.description}", "  ")
+    for name in aggregation_names():
+        rule = AGGREGATIONS[name]
+        lines += _named(name, rule.description, AGGREGATIONS, "  ")
+        lines += _wrapped(_rule_properties(rule), "    ")
+        lines += _key_lines(rule, "", "    ")
     lines += ["", "client (a list; train.clip_norm / weight_decay / momentum add theirs):"]
     for name in registry.client_piece_names():
         cls = TRANSFORMS[name]
-        lines += _wrapped(f"{name}: {_first_sentence(cls)}", "  ")
+        lines += _named(name, _first_sentence(cls), TRANSFORMS, "  ")
         lines += _key_lines(cls, "", "    ") or ["    (no options)"]
     lines += ["", "server (default sgd):"]
     for name, server in registry.SERVERS.items():
-        lines += _wrapped(f"{name}: {server.description}", "  ")
+        lines += _named(name, server.description, registry.SERVERS, "  ")
         lines += _key_lines(server.options, "", "    ")
     return lines
+
+
+def _named(name: str, text: str, registry: Registry[Any], indent: str = "") -> list[str]:
+    """The lines "name: text", then the plugin it came from (built-in entries: none)."""
+    origin = registry.origin(name)
+    lines = _wrapped(f"{name}: {text}", indent)
+    return lines if origin == BUILT_IN else [*lines, *_wrapped(f"[{origin}]", indent + "  ")]
 
 
 def datasets() -> list[str]:
@@ -140,30 +164,26 @@ def datasets() -> list[str]:
     for name in dataset_names():
         spec = DATASETS[name]
         lines.append("")
-        lines += _wrapped(f"{name}: {spec.description}")
+        lines += _named(name, spec.description, DATASETS)
         lines += _key_lines(spec.options, "data.")
     return lines
 
 
 def models() -> list[str]:
-    fields = {f.name: f for f in _fields(config_lib.ModelConfig)}
     lines = ["Models (model.name; options are further [model] keys):"]
     for name in model_names():
-        description, options = MODEL_INFO[name]
+        spec = model_spec(name)
         lines.append("")
-        lines += _wrapped(f"{name}: {description}")
+        lines += _named(name, spec.description, MODELS)
         lines += textwrap.wrap(
-            f"reads {READS[name].describe()}",
+            f"reads {spec.reads.describe()}",
             WIDTH,
             initial_indent="  ",
             subsequent_indent="    ",
         )
-        for option in options:
-            head = f"  model.{option}: "
-            text = describe_field(config_lib.ModelConfig, fields[option])
-            lines += textwrap.wrap(text, WIDTH, initial_indent=head, subsequent_indent="      ")
-        if not options:
-            lines.append("  (no options)")
+        capabilities = ", ".join(spec.capabilities()) or "none"
+        lines += _wrapped(f"capabilities: {capabilities}", "  ")
+        lines += _key_lines(spec.options, "model.") or ["  (no options)"]
     return lines
 
 
@@ -176,11 +196,19 @@ def keys() -> list[str]:
         lines += _key_lines(cls, f"{section}.")
         if section == "data":
             lines.append("  + the dataset's own options: `fedsub list datasets`")
+        if section == "model":
+            lines.append("  + the model's own options: `fedsub list models`")
     lines += ["", "[algorithms.<name>]"]
     for name in algorithm_registry.algorithm_names():
         lines += _key_lines(algorithm_registry.options_class(name), f"algorithms.{name}.")
     lines.append("  + a composed algorithm's pieces and options: `fedsub list algorithms`")
     return lines
+
+
+def plugin_problems() -> list[str]:
+    """One line per plugin that could not be used (its package, entry point and why), after
+    every registry has taken its plugins' objects; empty when all loaded."""
+    return [str(problem) for problem in plugins.problems()]
 
 
 def listing(kind: str) -> list[str]:

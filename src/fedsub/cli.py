@@ -456,9 +456,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from fedsub.catalog import listing
+    import warnings
 
-    print("\n".join(listing(args.kind)))
+    from fedsub.catalog import listing, plugin_problems
+    from fedsub.plugins import PluginWarning
+
+    with warnings.catch_warnings():  # a broken plugin is reported once, below the listing
+        warnings.simplefilter("ignore", PluginWarning)
+        print("\n".join(listing(args.kind)))
+        problems = plugin_problems()
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
     return 0
 
 

@@ -29,9 +29,10 @@ from fedsub.algorithms.registry import (
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
+from fedsub.engine.runtime import IN_PROCESS
 from fedsub.errors import ConfigError
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
-from fedsub.models.registry import SLICEABLE, model_names
+from fedsub.models.registry import model_names, model_spec
 from fedsub.privacy.levels import DOWNLOADS as PRIVATE_DOWNLOADS
 from fedsub.privacy.levels import LEVELS as PRIVACY_LEVELS
 
@@ -47,11 +48,12 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = field(default="sparse-lr", metadata={"choices": model_names})
-    init_std: float = field(default=0.0, metadata={"min": 0.0})
-    embedding_dim: int = field(default=16, metadata={"min": 1})  # embedding-lr
-    # mlp / cnn / resnet18: hidden widths (empty: the model's default), HeteroFL's scaler
-    widths: list[int] = field(default_factory=list, metadata={"min": 1})
-    scaler: bool = True
+    options: Any = None  # the model's own options dataclass (its ModelSpec), from the other keys
+
+
+# [model] keys every model accepted before each model had its own options: still accepted
+# (and ignored) by a model that does not take them, so older configs and run folders load
+LEGACY_MODEL_KEYS = ("init_std", "embedding_dim", "widths", "scaler")
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ def parse(raw: dict[str, Any]) -> Config:
     )
     config = Config(
         data=dataclasses.replace(data, options=options),
-        model=parse_section(ModelConfig, "model", raw.get("model", {})),
+        model=parse_model(raw.get("model", {})),
         train=parse_section(TrainConfig, "train", raw.get("train", {})),
         eval=parse_section(EvalConfig, "eval", raw.get("eval", {})),
         algorithms=parse_algorithms(raw.get("algorithms", {})),
@@ -284,6 +286,22 @@ def parse(raw: dict[str, Any]) -> Config:
     check_privacy(config)
     check_compile(config)
     return config
+
+
+def parse_model(table: dict[str, Any]) -> ModelConfig:
+    """``[model]``: ``name``, then the other keys as the options of that model's spec
+    (``models/registry.py``: its ``options`` dataclass says their types and ranges)."""
+    model = parse_section(ModelConfig, "model", {k: v for k, v in table.items() if k == "name"})
+    spec = model_spec(model.name)
+    own = {f.name for f in dataclasses.fields(spec.options)}
+    keys = {k: v for k, v in table.items() if k != "name"}
+    options = parse_section(
+        spec.options,
+        "model",
+        {k: v for k, v in keys.items() if k in own or k not in LEGACY_MODEL_KEYS},
+        context=f" (not an option of model {model.name!r}: `fedsub list models`)",
+    )
+    return dataclasses.replace(model, options=options)
 
 
 def check_compile(config: Config) -> None:
@@ -344,8 +362,8 @@ def check_privacy(config: Config) -> None:
 
 def check_algorithms(config: Config) -> None:
     """Every name in train.algorithms is a preset or composed in [algorithms.<name>], and its
-    pieces combine with each other and with the training settings (registry.check_combination,
-    the one place incompatible pieces are refused)."""
+    pieces combine with each other and with the training settings on the in-process engine
+    (registry.check_combination, the one place incompatible pieces are refused)."""
     t = config.train
     for name in t.algorithms:
         try:
@@ -359,6 +377,7 @@ def check_algorithms(config: Config) -> None:
             momentum=t.momentum,
             masking=t.masking,
             privacy=t.privacy,
+            runtime=IN_PROCESS,
         )
         check_table_placement(name, config.algorithm_options(name), t.table_placement)
 
@@ -374,10 +393,11 @@ def check_masking(config: Config) -> None:
         )
     if t.masking == "none":
         return
-    if config.model.name not in SLICEABLE:
+    if not model_spec(config.model.name).sliceable:
+        sliceable = [n for n in model_names() if model_spec(n).sliceable]
         raise ConfigError(
             f"train.masking = {t.masking!r} needs a width-sliceable model "
-            f"({', '.join(SLICEABLE)}); model.name is {config.model.name!r}"
+            f"({', '.join(sliceable)}); model.name is {config.model.name!r}"
         )
 
 

@@ -4,11 +4,10 @@ For each row ``m`` of a table touched this round::
 
     aggregate[m] = coef[m] * sum_{k in C_r, m in S(k)} a_k * delta_k[m]
 
-with ``coef = 1`` for FedAvg or FedSubAvg's heat coefficients, and ``a_k`` one of (``c_k`` =
-times client k was drawn, ``p_k = w_k / sum over all N clients of w``):
-
-- "samples": ``c_k w_k / sum_round c w``     - "uniform": ``c_k / sum_round c``
-- "scheme2": ``(N / K) p_k``                  - "original": ``p_k``
+with ``coef = 1`` for FedAvg or FedSubAvg's heat coefficients, and ``a_k`` a client
+weighting (``algorithms/weighting.py``: samples, uniform, scheme2, original). An aggregation
+rule (``algorithms/aggregation_rules.py``) builds the ``Aggregation``: its weighting, its
+coefficients, and, for a rule whose combine step is not this weighted sum, that step.
 
 Dense parameters use coefficient 1. The work is one concatenation and one scatter over the
 round's rows: O(sum_k |S(k)|).
@@ -24,18 +23,19 @@ and server SGD with lr 1 gives the paper's model.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
 
 import numpy as np
 import torch
 
 from fedsub import device as device_lib
 from fedsub import segment_sum
+from fedsub.algorithms.weighting import WEIGHTINGS, CohortMembers, Weighting
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
-Weighting = Literal["samples", "uniform", "scheme2", "original"]
+__all__ = ["CohortMembers", "Weighting"]  # re-exported: older imports name this module
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,9 @@ class Aggregation:
 
     ``population_weight`` (sum of w_k over all N clients) and ``num_clients`` (N) are needed
     by the "scheme2" and "original" weightings only. ``model_average``: the round averages
-    models, rescaling the old model by the sum of the weights (Li et al.'s Scheme II)."""
+    models, rescaling the old model by the sum of the weights (Li et al.'s Scheme II).
+    ``combine_step``: a rule's own combine step in place of the weighted sum (None: the
+    weighted sum, ``weighted_sum``)."""
 
     weighting: Weighting
     coefficients: dict[str, torch.Tensor] | None = None
@@ -130,6 +132,9 @@ class Aggregation:
     num_clients: int = 0
     model_average: bool = False
     union: RowUnion = field(default_factory=RowUnion, compare=False, repr=False)
+    combine_step: Callable[[CohortUpdate, Aggregation], ServerUpdate] | None = field(
+        default=None, compare=False
+    )
 
     def to(self, device: torch.device) -> Aggregation:
         """The same aggregation with its row coefficients on ``device``."""
@@ -139,34 +144,17 @@ class Aggregation:
         return dataclasses.replace(self, coefficients=moved)
 
 
-class CohortMembers(Protocol):
-    """What client weighting reads of a round's update: each member's sample count and how
-    often it was drawn (a ``CohortUpdate`` or a width-sliced ``MaskedCohortUpdate``)."""
-
-    @property
-    def weights(self) -> torch.Tensor: ...
-
-    @property
-    def multiplicity(self) -> torch.Tensor: ...
-
-
 def client_weights(cohort: CohortMembers, weighting: Weighting) -> torch.Tensor:
-    """``a_k`` for each cohort member (float64)."""
-    drawn = cohort.multiplicity.to(torch.float64)
-    if weighting == "uniform":
-        return drawn / drawn.sum()
-    if weighting == "samples":
-        return drawn * cohort.weights / (drawn * cohort.weights).sum()
-    raise ValueError(f"weighting {weighting!r} needs the population: use aggregation_weights")
+    """``a_k`` for each cohort member (float64), for a weighting that needs no population
+    totals."""
+    piece = WEIGHTINGS[weighting]
+    if piece.reads_totals:
+        raise ValueError(f"weighting {weighting!r} needs the population: use aggregation_weights")
+    return piece.weights(cohort, Aggregation(weighting))
 
 
 def aggregation_weights(cohort: CohortMembers, aggregation: Aggregation) -> torch.Tensor:
-    if aggregation.weighting in ("scheme2", "original"):
-        p = cohort.weights / aggregation.population_weight
-        # a 0-d float64 tensor: the division stays on the device (no host read)
-        scale = aggregation.num_clients / cohort.multiplicity.sum().to(torch.float64)
-        return p * scale if aggregation.weighting == "scheme2" else p
-    return client_weights(cohort, aggregation.weighting)
+    return WEIGHTINGS[aggregation.weighting].weights(cohort, aggregation)
 
 
 def with_coefficients(
@@ -184,6 +172,14 @@ def with_coefficients(
 
 
 def aggregate(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
+    """The round's server update: the rule's own combine step, or the weighted sum."""
+    if aggregation.combine_step is not None:
+        return aggregation.combine_step(cohort, aggregation)
+    return weighted_sum(cohort, aggregation)
+
+
+def weighted_sum(cohort: CohortUpdate, aggregation: Aggregation) -> ServerUpdate:
+    """Per touched row ``coef[m] * sum_k a_k delta_k[m]``; dense: ``sum_k a_k delta_k``."""
     weights = aggregation_weights(cohort, aggregation)
     tables: dict[str, RowUpdate] = {}
     for table, rows in cohort.rows.items():

@@ -1,14 +1,15 @@
 """Algorithms a user composes in the config, from the pieces of fedsub.algorithms.registry::
 
     [algorithms.my-algo]
-    aggregation = "fedsubavg"     # fedavg | fedsubavg | central
+    aggregation = "fedsubavg"     # fedavg | fedsubavg | central (algorithms/aggregation_rules.py)
     client = ["prox"]             # client transforms by name (fedsub.client.transforms)
     server = "adam"               # sgd | momentum | adam | adagrad | yogi
     mu = 0.01                     # options of the chosen pieces, and lr
 
 The table's other keys are the options of exactly the chosen pieces: each piece's options
-dataclass (a client transform's own fields, a server piece's ``options``) contributes its
-fields, so an option of a piece the algorithm does not use is an unknown key.
+dataclass (an aggregation rule's or a client transform's own fields, a server piece's
+``options``) contributes its fields, so an option of a piece the algorithm does not use is an
+unknown key.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import functools
 import typing
 from typing import Any
 
+from fedsub.algorithms.aggregation_rules import AGGREGATIONS, aggregation_names, rule_class
 from fedsub.algorithms.registry import (
-    AGGREGATIONS,
     PRESETS,
     SERVERS,
     CommonOptions,
@@ -36,8 +37,9 @@ RECIPE_KEYS = ("aggregation", "client", "server")
 
 def piece_option_classes(recipe: Recipe) -> list[tuple[str, type]]:
     """(piece label, options dataclass) of each chosen piece, in the order options are listed."""
+    rule = (f"aggregation {recipe.aggregation!r}", rule_class(recipe.aggregation))
     pieces = [(f"client piece {n!r}", TRANSFORMS[n]) for n in recipe.client]
-    return [*pieces, (f"server {recipe.server!r}", SERVERS[recipe.server].options)]
+    return [rule, *pieces, (f"server {recipe.server!r}", SERVERS[recipe.server].options)]
 
 
 @functools.cache
@@ -65,6 +67,9 @@ def options_class_of(recipe: Recipe) -> type:
 def _option_owners() -> dict[str, list[str]]:
     """Every option key of every piece -> the pieces that take it (for error messages)."""
     owners: dict[str, list[str]] = {}
+    for name, rule in AGGREGATIONS.items():
+        for f in dataclasses.fields(rule):
+            owners.setdefault(f.name, []).append(f"aggregation {name!r}")
     for name in client_piece_names():
         for f in dataclasses.fields(TRANSFORMS[name]):
             owners.setdefault(f.name, []).append(f"client piece {name!r}")
@@ -91,13 +96,13 @@ def parse_recipe(name: str, table: dict[str, Any]) -> Recipe:
     if "@" in name or not name:
         raise ConfigError(f"[{where}]: an algorithm's name must not be empty or contain '@'")
     aggregation = _choice(
-        f"{where}.aggregation", table.get("aggregation", "fedavg"), sorted(AGGREGATIONS)
+        f"{where}.aggregation", table.get("aggregation", "fedavg"), aggregation_names()
     )
     client = table.get("client", [])
     if not isinstance(client, list):
         raise ConfigError(f"{where}.client must be a list of strings, got {client!r}")
     pieces = tuple(_choice(f"{where}.client", c, client_piece_names()) for c in client)
-    server = _choice(f"{where}.server", table.get("server", "sgd"), sorted(SERVERS))
+    server = _choice(f"{where}.server", table.get("server", "sgd"), sorted(SERVERS.keys()))
     return Recipe(aggregation, pieces, server)
 
 

@@ -36,10 +36,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedsub import plugins
 from fedsub.algorithms.adaptive import AdaptiveKind, AdaptiveRule, AdaptiveServer
-from fedsub.algorithms.aggregation import Aggregation, Weighting
+from fedsub.algorithms.aggregation import Aggregation
+from fedsub.algorithms.aggregation_rules import (
+    AggregationInputs,
+    AggregationRule,
+    rule_class,
+)
+from fedsub.algorithms.runtimes import Runtime
 from fedsub.algorithms.schemes import SCHEMES, Scheme
 from fedsub.algorithms.server_optimizer import ServerMomentum, ServerOptimizer, ServerSGD
+from fedsub.algorithms.weighting import WEIGHTINGS
 from fedsub.client.transforms import TRANSFORMS, PullsWholeModel, transform_names
 from fedsub.client.work import round_chain
 from fedsub.data.federated import Population
@@ -152,46 +160,17 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
 
 
 # --- the pieces ----------------------------------------------------------------------------
-def _aggregation(
-    context: AlgorithmContext, scheme: Scheme, weighting: Weighting = "samples", **kw: Any
-) -> Aggregation:
+def aggregation_inputs(context: AlgorithmContext) -> AggregationInputs:
+    """What an aggregation rule reads of the context: the population's totals (measured
+    with the heat on a network, else counted), the heat kind, the heat coefficients."""
     if context.measured is not None:  # the population's totals came with the heat
         population, clients = context.measured.total_samples, context.measured.num_clients
     else:
         counts = context.dataset.sample_counts()
         population, clients = float(counts.sum()), len(counts)
-    return Aggregation(
-        scheme.weighting or weighting,
-        population_weight=population,
-        num_clients=clients,
-        model_average=scheme.model_average,
-        **kw,
+    return AggregationInputs(
+        population, clients, context.heat, functools.partial(heat_coefficients, context)
     )
-
-
-def _heat_aggregation(context: AlgorithmContext, scheme: Scheme) -> Aggregation:
-    weighting: Weighting = "samples" if context.heat == "samples" else "uniform"
-    return _aggregation(context, scheme, weighting, coefficients=heat_coefficients(context))
-
-
-@dataclass(frozen=True)
-class AggregationPiece:
-    description: str
-    build: Callable[[AlgorithmContext, Scheme], Aggregation]
-    pools_data: bool = False  # one client holding every sample: no cohort, no scheme
-
-
-AGGREGATIONS: dict[str, AggregationPiece] = {
-    "fedavg": AggregationPiece("sample-weighted mean of the round's deltas", _aggregation),
-    "fedsubavg": AggregationPiece(
-        "the same mean, each touched row scaled by its heat coefficient", _heat_aggregation
-    ),
-    "central": AggregationPiece(
-        "all training data pooled as one client, batch K * B (CentralSGD)",
-        lambda c, s: Aggregation("samples"),
-        pools_data=True,
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -245,15 +224,20 @@ _ADAPTIVE_NAMES: tuple[tuple[AdaptiveKind, str], ...] = (
 
 @dataclass(frozen=True)
 class ServerPiece:
+    """A server optimizer: ``build(context, options)`` -> a factory of the optimizer for the
+    initial parameters; ``options``: the dataclass of its ``[algorithms.<name>]`` keys;
+    ``name``: needed when a plugin gives it (built-ins are named below)."""
+
     description: str
     options: type
     build: Callable[[AlgorithmContext, Any], Callable[[Params], ServerOptimizer]]
     # whether, with these options, a step touches only the round's rows and their state
     # (train.table_placement = "host" needs it; engine/placement.py)
     row_local: Callable[[Any], bool] = lambda options: False
+    name: str = ""
 
 
-SERVERS: dict[str, ServerPiece] = {
+_BUILT_IN_SERVERS: dict[str, ServerPiece] = {
     "sgd": ServerPiece(
         "X += server_lr * aggregate (1: plain averaging)",
         ServerSgdOptions,
@@ -277,6 +261,10 @@ SERVERS: dict[str, ServerPiece] = {
         for kind, name in _ADAPTIVE_NAMES
     },
 }
+
+SERVERS: plugins.Registry[ServerPiece] = plugins.Registry(
+    "server optimizer", _BUILT_IN_SERVERS, ServerPiece, lambda piece: piece.name
+)
 
 # Set by [train] keys (clip_norm, weight_decay, momentum) or always there (the SGD step).
 _FROM_TRAIN = ("clip", "weight-decay", "momentum", "sgd")
@@ -373,21 +361,26 @@ def check_combination(
     scheme: str = "default",
     momentum: float = 0.0,
     masking: str = "none",
-    on_flower: bool = False,
+    runtime: Runtime | None = None,
     privacy: str = "none",
 ) -> None:
     """The one place where pieces that cannot work together are refused (ConfigError naming
-    the pieces), from their declared properties: an aggregation that pools the data samples
-    no clients (no scheme, no masking, no Flower, no piece with per-client state, which has
-    no other client to correct for there); a client piece that keeps per-client state
-    across rounds (SCAFFOLD's c_i) cannot run on width slices or on fedsub's stateless Flower
-    ClientApp; client pieces must form one chain (fedsub.client.work.round_chain); private
-    download and secure aggregation (``privacy``) hide each client's update, which per-client
-    state is built from; a scheme whose weights do not sum to 1 by design (Scheme II's
-    ``(N/K) p_k``, the original scheme's ``p_k``) cannot run on width slices, whose
-    average divides by the weights' sum."""
+    the pieces), from their declared properties: an aggregation rule that pools the data
+    samples no clients (no scheme, no masking, no piece with per-client state, which has no
+    other client to correct for there); a client piece that keeps per-client state across
+    rounds (SCAFFOLD's c_i) cannot run on width slices; client pieces must form one chain
+    (fedsub.client.work.round_chain); private download and secure aggregation (``privacy``)
+    hide each client's update, which per-client state is built from, and compute only a rule
+    whose combine step is a weighted sum (``secure_sum_ok``); weights that do not sum to 1
+    by design (Scheme II's ``(N/K) p_k``, the original scheme's ``p_k``) cannot run on width
+    slices, whose average divides by the weights' sum. ``runtime``: where it will run (its
+    declared capabilities; None: the in-process engine, which has them all)."""
     base = name.partition("@")[0]
-    unnormalized = SCHEMES[scheme].weighting in ("scheme2", "original")
+    rule = rule_class(recipe.aggregation)
+    weighting = SCHEMES[scheme].weighting
+    unnormalized = (
+        not WEIGHTINGS[weighting].sums_to_one if weighting else not rule.weights_sum_to_one
+    )
     if masking != "none" and unnormalized:
         raise ConfigError(
             f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: scheme "
@@ -396,7 +389,21 @@ def check_combination(
             "into a plain p_k-weighted mean. Use the default scheme, scheme1 or "
             "transformed-scheme2 with train.masking"
         )
-    pooled = AGGREGATIONS[recipe.aggregation].pools_data
+    not_a_sum = (
+        f"its aggregation rule {recipe.aggregation!r} does not combine by a weighted sum "
+        "(secure_sum_ok = False)"
+    )
+    if masking != "none" and not rule.secure_sum_ok:
+        raise ConfigError(
+            f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: "
+            f"{not_a_sum}, which sub-model masking's slice average computes"
+        )
+    if privacy in ("download", "full") and not rule.secure_sum_ok:
+        raise ConfigError(
+            f"train.privacy = {privacy!r} cannot be combined with algorithm {name!r}: "
+            f"{not_a_sum}, which private download and secure aggregation compute"
+        )
+    pooled = rule.pools_data
     if pooled and scheme != "default":
         raise ConfigError(
             f"{base} samples no clients (its aggregation {recipe.aggregation!r} pools the "
@@ -424,18 +431,24 @@ def check_combination(
     reasons = [f"its client piece {n!r} keeps per-client state across rounds" for n in stateful]
     if pooled:
         reasons.append(f"its aggregation {recipe.aggregation!r} pools the data (no clients)")
-    if not reasons:
-        return
-    if masking != "none":
+    if reasons and masking != "none":
         raise ConfigError(
             f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: "
             f"{'; '.join(reasons)}. Masked training needs per-client state-free pieces"
         )
-    if on_flower:
-        raise ConfigError(
-            f"algorithm {name!r} cannot run on Flower: {'; '.join(reasons)}, and fedsub's "
-            "ClientApp keeps nothing between rounds"
-        )
+    if runtime is None:
+        return
+    what = f"algorithm {name!r}"
+    for n in stateful:
+        because = f"its client piece {n!r} keeps per-client state across rounds"
+        runtime.require("client-state", what, because)
+    if pooled:
+        because = f"its aggregation {recipe.aggregation!r} pools the data (no clients)"
+        runtime.require("pooled-data", what, because)
+    if masking != "none":
+        runtime.require("masking", f"train.masking = {masking!r}")
+    if privacy in ("download", "full"):
+        runtime.require("private-rounds", f"train.privacy = {privacy!r}")
 
 
 def _piece_options(cls: type, values: Any, fixed: dict[str, Any]) -> Any:
@@ -482,6 +495,11 @@ def check_table_placement(name: str, options: Any, table_placement: str) -> None
         reasons.append(
             f"its client piece {stateful[0]!r} keeps control variates as large as the tables"
         )
+    if not rule_class(recipe.aggregation).secure_sum_ok:  # coefficients act after the sum
+        reasons.append(
+            f"its aggregation rule {recipe.aggregation!r} does not combine by a weighted sum, "
+            "and the host applies the per-row coefficients to the device's weighted sum"
+        )
     if reasons:
         raise ConfigError(
             f'train.table_placement = "host" cannot run algorithm {name!r}: '
@@ -495,14 +513,14 @@ def build_algorithm(name: str, context: AlgorithmContext, options: Any = None) -
     scheme_name, recipe, values, fixed = _pieces_of(name, options)
     check_combination(name, recipe, scheme=scheme_name)
     scheme = SCHEMES[scheme_name]
-    aggregation = AGGREGATIONS[recipe.aggregation]
+    rule: AggregationRule = _piece_options(rule_class(recipe.aggregation), values, fixed)
     server = SERVERS[recipe.server]
     return Algorithm(
         name=name,
         scheme=scheme,
-        aggregation=aggregation.build(context, scheme),
+        aggregation=rule.build(aggregation_inputs(context), scheme),
         make_server=server.build(context, _piece_options(server.options, values, fixed)),
         client=tuple(_piece_options(TRANSFORMS[n], values, fixed) for n in recipe.client),
         lr=values.lr,
-        central=aggregation.pools_data,
+        central=rule.pools_data,
     )

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 import numpy as np
 import torch
 
+from fedsub import plugins
 from fedsub.client.layout import Layout
 
 CLIP_EPS = 1e-6
@@ -102,21 +103,30 @@ class Scaling(Protocol):
 
 
 # --- the registry --------------------------------------------------------------------------
-TRANSFORMS: dict[str, type] = {}
+def is_transform(value: object) -> bool:
+    """A transform class: a dataclass with a ``name``, a known ``stage``, the
+    ``keeps_client_state`` declaration, ``init`` and ``update`` (as ``Transform`` says)."""
+    if not (isinstance(value, type) and dataclasses.is_dataclass(value)):
+        return False
+    declared = all(hasattr(value, a) for a in ("name", "keeps_client_state", "init", "update"))
+    return declared and getattr(value, "stage", None) in STAGES
+
+
+# A plugin package adds a transform by giving its class (fedsub/plugins.py).
+TRANSFORMS: plugins.Registry[type] = plugins.Registry(
+    "client transform", {}, is_transform, lambda cls: str(cls.__dict__.get("name", ""))
+)
 
 
 def register(cls: type) -> type:
     """Make a transform class known by its ``name`` (config, Flower messages, ``fedsub list``);
     its dataclass fields are its options (config keys of the same name)."""
-    name = cls.__dict__["name"]
-    if name in TRANSFORMS:
-        raise ValueError(f"client transform {name!r} is registered twice")
-    TRANSFORMS[name] = cls
+    TRANSFORMS.add_built_in(cls.__dict__["name"], cls)
     return cls
 
 
 def transform_names() -> list[str]:
-    return sorted(TRANSFORMS)
+    return TRANSFORMS.names()
 
 
 # --- the transforms ------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Dataset names usable as ``[data] name``: each has an options dataclass and a loader."""
+"""Dataset names usable as ``[data] name``: each is one ``DatasetSpec`` (an options dataclass,
+whose fields are further ``[data]`` keys, and a loader). A plugin package adds one by giving a
+``DatasetSpec`` with its ``name`` through the ``fedsub.plugins`` entry-point group."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedsub import plugins
 from fedsub.data import (
     amazon,
     cifar,
@@ -22,12 +25,16 @@ from fedsub.data.federated import FederatedDataset
 
 @dataclass(frozen=True)
 class DatasetSpec:
+    """``load(options, path, seed)``: the federated dataset; ``options``: the dataclass of
+    its ``[data]`` keys; ``name``: needed when a plugin gives it (built-ins are named below)."""
+
     options: type
     load: Callable[[Any, str | None, int], FederatedDataset]
     description: str
+    name: str = ""
 
 
-DATASETS: dict[str, DatasetSpec] = {
+_BUILT_IN: dict[str, DatasetSpec] = {
     "synthetic-sparse": DatasetSpec(
         synthetic_sparse.SyntheticSparseOptions,
         lambda options, path, seed: synthetic_sparse.generate(options, seed),
@@ -96,9 +103,14 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
+DATASETS: plugins.Registry[DatasetSpec] = plugins.Registry(
+    "dataset", _BUILT_IN, DatasetSpec, lambda spec: spec.name
+)
+
+
 def dataset_names() -> list[str]:
-    return sorted(DATASETS)
+    return DATASETS.names()
 
 
 def load_dataset(name: str, options: Any, path: str | None, seed: int) -> FederatedDataset:
-    return DATASETS[name].load(options, path, seed)
+    return DATASETS.get_or_refuse(name).load(options, path, seed)

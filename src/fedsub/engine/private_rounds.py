@@ -32,6 +32,7 @@ import torch
 
 from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.sampling import Cohort
+from fedsub.algorithms.weighting import WEIGHTINGS, SecureWeighting
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
@@ -111,60 +112,22 @@ def skipped_rows(
     return {t: np.setdiff1d(r, request[t], assume_unique=True) for t, r in held.items()}
 
 
-@dataclass(frozen=True)
-class SecureWeighting:
-    """A member's aggregation weight a_k at ``full``, computed by the member itself from public
-    numbers and its own sample count n_k, which never leaves it in the clear:
-    ``a_k = units_k * scale`` with ``units_k = draws_k * (n_k if by_count else 1)``, an integer
-    that goes into the secure sum's weight slot. When the weighting is a normalized mean
-    (``samples``, ``uniform``) the server multiplies the decoded sums by
-    ``correction(total units of the survivors)``, so the round's step is the survivors'
-    weighted mean, as the plain aggregation's ``sum_k units_k delta_k / sum_k units_k``."""
-
-    draws: tuple[int, ...]  # per member: its draws m_k (normalized weightings) or 1
-    by_count: bool
-    scale: float  # public: 1 / (expected cohort units) or the weighting's population factor
-    normalized: bool
-    model_average: bool = False  # Scheme II: the old model is rescaled by sum_k a_k
-
-    def units(self, member: int, count: int) -> int:
-        return self.draws[member] * (count if self.by_count else 1)
-
-    def coefficient(self, units: int) -> float:
-        """The factor a member multiplies its deltas by before encoding them."""
-        return units * self.scale
-
-    def correction(self, total_units: int) -> float:
-        """The factor of the decoded sums: 1 / (scale * the survivors' units) when normalized."""
-        if not self.normalized:
-            return 1.0
-        if total_units <= 0:
-            raise ValueError("the secure sum's weight units add up to 0: no member's weight")
-        return 1.0 / (self.scale * total_units)
-
-    def model_scale(self, total_units: int) -> float | None:
-        """Scheme II's factor f = sum_k a_k of the survivors (``model_average``), else None."""
-        return self.scale * total_units if self.model_average else None
-
-
 def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> SecureWeighting:
     """``aggregation_weights``'s a_k as a ``SecureWeighting`` over public numbers only: the
     members' draws, the cohort size and the population totals (N and the total sample count
-    W, which at ``full`` come from the secure heat exchange). The scale of ``samples`` keeps
-    a member's coefficient near its plain a_k (1 / (draws * W / N)), so the fixed-point range
-    (``train.secagg_clip``) bounds the same values as before."""
-    drawn = sum(multiplicity)
-    if aggregation.weighting == "uniform":
-        return SecureWeighting(tuple(multiplicity), False, 1.0 / drawn, True)
-    if aggregation.weighting == "samples":
-        mean = aggregation.population_weight / max(aggregation.num_clients, 1)
-        expected = drawn * mean if mean > 0 else float(drawn)
-        return SecureWeighting(tuple(multiplicity), True, 1.0 / expected, True)
-    ones = (1,) * len(multiplicity)  # scheme2 / original: n_k / W (times N / draws)
-    scale = 1.0 / aggregation.population_weight
-    if aggregation.weighting == "scheme2":
-        scale *= aggregation.num_clients / drawn
-    return SecureWeighting(ones, True, scale, False, aggregation.model_average)
+    W, which at ``full`` come from the secure heat exchange), as the aggregation's weighting
+    piece computes it (``algorithms/weighting.py``). Scheme II's model average rescales the
+    old model by the weights' sum, which the server reads from the total units."""
+    piece = WEIGHTINGS[aggregation.weighting]
+    if piece.secure is None or aggregation.combine_step is not None:
+        raise ValueError(
+            f"weighting {aggregation.weighting!r} (or the rule's own combine step) cannot be "
+            "computed by a secure sum"
+        )
+    secure = piece.secure(multiplicity, aggregation)
+    if piece.sums_to_one:
+        return secure
+    return dataclasses.replace(secure, model_average=aggregation.model_average)
 
 
 @dataclass

@@ -28,8 +28,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
+from fedsub.algorithms.weighting import SecureWeighting
 from fedsub.engine.private_rounds import (
-    SecureWeighting,
     secure_weighting,
     server_update_of_sums,
     unbias,

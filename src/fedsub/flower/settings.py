@@ -56,6 +56,7 @@ from fedsub.algorithms.registry import check_combination, split_name
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
+from fedsub.flower.runtime import FLOWER
 from fedsub.privacy.levels import heat_source_for
 from fedsub.run_folder import Flags, check_new_folder
 
@@ -216,20 +217,15 @@ class FlowerSettings:
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
         if config.train.masking != "none":
-            raise ConfigError(
-                f"train.masking = {config.train.masking!r}: sub-model masking runs in-process "
-                "only (fedsub compare); on Flower use train.masking = 'none'"
-            )
+            FLOWER.require("masking", f"train.masking = {config.train.masking!r}")
         if config.train.device != "cpu":
-            raise ConfigError(
-                f"train.device = {config.train.device!r}: the Flower apps run on the CPU for "
-                "now (their index sets are host arrays); on Flower use train.device = 'cpu'"
-            )
+            FLOWER.require("devices", f"train.device = {config.train.device!r}")
         return config
 
     def algorithm_name(self, config: Config) -> str:
         """The algorithm to run (a preset or one composed in the config), refused here when
-        one of its pieces cannot run on Flower (registry.check_combination)."""
+        one of its pieces needs what Flower does not support (registry.check_combination
+        reads flower/runtime.py's declared capabilities)."""
         name = self.algorithm or config.train.algorithms[-1]
         try:
             _, scheme = split_name(name, config.composed_names())
@@ -239,7 +235,7 @@ class FlowerSettings:
             name,
             recipe_of(name, config.algorithms),
             scheme=scheme,
-            on_flower=True,
+            runtime=FLOWER,
             privacy=config.train.privacy,
         )
         needs_counts = SCHEMES[scheme].sampling != "uniform" or SCHEMES[scheme].scale_lr_by_pn

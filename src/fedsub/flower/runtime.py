@@ -1,0 +1,25 @@
+"""Flower's capabilities (``algorithms/runtimes.py``): fedsub's ClientApp is stateless (a
+node keeps nothing of the algorithm between rounds), each node is one client, and the apps
+run on the CPU; private download and secure aggregation run over Flower Messages
+(``flower/private_download.py``, ``flower/secure_rows.py``)."""
+
+from __future__ import annotations
+
+from fedsub.algorithms.runtimes import Runtime
+
+FLOWER = Runtime(
+    "Flower",
+    frozenset({"private-rounds"}),
+    hints={
+        "client-state": "fedsub's ClientApp keeps nothing between rounds",
+        "pooled-data": "each Flower node is one client",
+        "masking": (
+            "Sub-model masking runs in-process only (fedsub compare); on Flower use "
+            "train.masking = 'none'"
+        ),
+        "devices": (
+            "The Flower apps run on the CPU for now (their index sets are host arrays); "
+            "on Flower use train.device = 'cpu'"
+        ),
+    },
+)
