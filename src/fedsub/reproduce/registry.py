@@ -168,8 +168,11 @@ ESTIMATE = "not measured yet; est. "
 # Where the data are not here: a round and an evaluation timed on generated data of the real
 # dataset's size and format (shared machine, load ~20), times the rounds and evaluations:
 # MovieLens-1M (6,040 users, 800k / 200k samples): a round 0.06 s, an evaluation 2.1 s;
-# Sent140 (1,473 users, 64k / 16k tweets): a round 64 s, an evaluation 22 s;
-# Amazon (1,870 users, DIN, K = 100): a round 48 s, an evaluation 8-30 s;
+# Sent140 (1,473 users, 64k / 16k tweets): a round 64 s, an evaluation 22 s, before the packed
+#   cohort LSTM (benchmarks/lstm_speed.py: 4x per round), so about a quarter of that now;
+# Amazon (1,870 users, DIN, K = 100): a round 0.3 s and an evaluation 0.42 s of CPU on one
+#   thread at load 7-13 (benchmarks/amazon_din.py after DIN's packed histories; it was a round
+#   48 s, an evaluation 8-30 s with two threads at load 20 before them);
 # MNIST (Li et al.'s 100 devices): a round of K = 10, E = 20 1.3 s, an evaluation 0.35 s.
 FROM_SIZE = "not measured (no data here); from a round timed on generated data of its size: "
 
@@ -181,9 +184,9 @@ def _row(name: str, data: Data, action: Action | None, minutes: str, note: str =
 def table2_parts(algorithms: tuple[str, ...], ctr: tuple[str, ...]) -> tuple[Part, ...]:
     return (
         _row("movielens", MOVIELENS, table2(ML, algorithms), FROM_SIZE + "45 min"),
-        _row("sent140", SENT140, table2(SENT, algorithms), FROM_SIZE + "4-5 days"),
-        _row("amazon", AMAZON, table2(AMZ, ctr), FROM_SIZE + "20-26 h"),
-        _row("amazon-authors", AMAZON_AUTHORS, table2(AMZ_AUTHORS, ctr), FROM_SIZE + "20-26 h"),
+        _row("sent140", SENT140, table2(SENT, algorithms), FROM_SIZE + "1-1.5 days"),
+        _row("amazon", AMAZON, table2(AMZ, ctr), FROM_SIZE + "15-30 min"),
+        _row("amazon-authors", AMAZON_AUTHORS, table2(AMZ_AUTHORS, ctr), FROM_SIZE + "15-30 min"),
         _row("alibaba", ALIBABA, None, NOT_PUBLIC),
     )
 
@@ -192,13 +195,13 @@ def table3_parts() -> tuple[Part, ...]:
     k1, k2 = ("10", "30", "50"), ("20", "60", "100")
     return (
         _row("movielens", MOVIELENS, k_sweep(ML, k1, ML_TARGET), FROM_SIZE + "25 min"),
-        _row("sent140", SENT140, k_sweep(SENT, k1, SENT_TARGET), FROM_SIZE + "1.5 days"),
-        _row("amazon", AMAZON, k_sweep(AMZ, k2, AUC_TARGET), FROM_SIZE + "6 h"),
+        _row("sent140", SENT140, k_sweep(SENT, k1, SENT_TARGET), FROM_SIZE + "9-12 h"),
+        _row("amazon", AMAZON, k_sweep(AMZ, k2, AUC_TARGET), FROM_SIZE + "5-10 min"),
         _row(
             "amazon-authors",
             AMAZON_AUTHORS,
             k_sweep(AMZ_AUTHORS, k2, AUC_TARGET),
-            FROM_SIZE + "6 h",
+            FROM_SIZE + "5-10 min",
         ),
         _row("alibaba", ALIBABA, None, NOT_PUBLIC),
     )
