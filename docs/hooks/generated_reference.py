@@ -158,7 +158,7 @@ def config_reference() -> str:
             out += ["### Each dataset's options (more `[data]` keys)", ""]
             for name in dataset_names():
                 spec = DATASETS[name]
-                out += [f"#### `data.name = \"{name}\"`", "", spec.description, ""]
+                out += [f'#### `data.name = "{name}"`', "", spec.description, ""]
                 out += ["More in [Datasets and models](datasets.md).", ""]
                 if dataclasses.fields(spec.options):
                     out += [*key_table(spec.options, "data."), ""]
@@ -166,7 +166,10 @@ def config_reference() -> str:
                     out += ["No options of its own.", ""]
         if section == "model":
             out += ["### Which model reads what, and its options", ""]
-            out += ["| `model.name` | what it is | reads | its `[model]` keys |", "|---|---|---|---|"]
+            out += [
+                "| `model.name` | what it is | reads | its `[model]` keys |",
+                "|---|---|---|---|",
+            ]
             for name in model_names():
                 description, options = MODEL_INFO[name]
                 keys = ", ".join(f"`model.{o}`" for o in options) or "none"
@@ -198,7 +201,7 @@ def config_reference() -> str:
         first = " ".join((inspect.getdoc(cls) or "").split()).split(". ")[0]
         out += [f"#### client `{name}`", "", first.replace("``", "`"), ""]
         if dataclasses.fields(cls):
-            out += [*key_table(cls, f"algorithms.<name>."), ""]
+            out += [*key_table(cls, "algorithms.<name>."), ""]
     out += ["`server` (default `sgd`):", ""]
     for name, server in algorithms.SERVERS.items():
         out += [f"#### server `{name}`", "", server.description, ""]
