@@ -1,8 +1,8 @@
 """The docs' code examples run: every ```python block of docs/**/*.md, and every line starting
 with ``fedsub `` of its ```console / ```bash blocks.
 
-Each page's blocks run in order, in a fresh folder holding a link to the checkout's
-``configs/`` (so the commands' relative paths work) with ``$FEDSUB_DATA`` pointing inside it:
+Each page's blocks run in order, in a fresh folder holding links to the checkout's
+``configs/`` and ``examples/`` (so the commands' relative paths work) with ``$FEDSUB_DATA`` pointing inside it:
 the python blocks share one namespace per page (a later block uses an earlier one's names, as
 a reader would), and the commands run in process through ``fedsub.cli.main``, which must
 return 0. Commands run at smoke size: ``fedsub run`` / ``compare`` get ``--set
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,9 @@ PAGES = sorted(page for page in DOCS.rglob("*.md") if blocks_of(page))
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(DOCS)))
 def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    for shared in ("configs", "examples"):
+        (tmp_path / shared).symlink_to(ROOT / shared)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a page may import from examples/
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FEDSUB_DATA", str(tmp_path / "cache"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
