@@ -27,11 +27,11 @@ lint: $(STAMP)
 
 # The documentation site (docs/, mkdocs.yml) into site/.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet
 
 # Strict: a broken link, reference or docstring fails the build.
 docs-strict: $(STAMP)
-	$(BIN)/mkdocs build --quiet --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet --strict
 
 test: lint docs-strict
 	$(BIN)/pytest -q
