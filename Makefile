@@ -21,8 +21,8 @@ run: $(STAMP)
 	$(BIN)/fedsub compare --overwrite --out $(OUT)  # the demo folder is replaced each time
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard benchmarks)
-	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
+	$(BIN)/ruff check src tests docs/hooks $(wildcard benchmarks)
+	$(BIN)/ruff format --check src tests docs/hooks $(wildcard benchmarks)
 	$(BIN)/mypy  # files and settings: [tool.mypy] in pyproject.toml
 
 # The documentation site (docs/, mkdocs.yml) into site/.

@@ -2,12 +2,12 @@
 with ``fedsub `` of its ```console / ```bash blocks.
 
 Each page's blocks run in order, in a fresh folder holding links to the checkout's
-``configs/`` and ``examples/`` (so the commands' relative paths work) with ``$FEDSUB_DATA`` pointing inside it:
-the python blocks share one namespace per page (a later block uses an earlier one's names, as
-a reader would), and the commands run in process through ``fedsub.cli.main``, which must
-return 0. Commands run at smoke size: ``fedsub run`` / ``compare`` get ``--set
-train.rounds=2 --set eval.every=1`` appended (a later ``--set`` wins), ``fedsub reproduce ID``
-gets ``--smoke``, and every command ``--quiet`` where it has that flag.
+``configs/`` and ``examples/`` (so the commands' relative paths work), with
+``$FEDSUB_DATA`` pointing inside it. The python blocks share one namespace per page (a later
+block uses an earlier one's names, as a reader would); the commands run in process through
+``fedsub.cli.main``, which must return 0. Commands run at smoke size: ``fedsub run`` /
+``compare`` get ``--set train.rounds=2 --set eval.every=1`` appended (a later ``--set``
+wins), ``fedsub reproduce ID`` gets ``--smoke``, and those three get ``--quiet``.
 
 A block with a title (```toml title="clicks.toml"```) is a file the reader writes: the test
 writes it into the folder, where the commands after it read it.
