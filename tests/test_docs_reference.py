@@ -70,16 +70,13 @@ def test_every_algorithm_option_is_in_the_reference(reference):
     assert not missing, f"not in the config reference: {sorted(missing)}"
 
 
-def test_every_key_of_the_four_sections_says_what_it_does(reference):
-    rows = [r for r in reference.splitlines() if re.match(r"^\| `(data|model|train|eval)\.", r)]
-    section_keys = {f"{s}.{k}" for s, k in (r.split("`")[1].split(".") for r in rows)}
-    assert section_keys >= accepted_keys({}) - {
-        k for k in accepted_keys({}) if k.split(".")[0] == "data"
-    }
-    undocumented = [r.split("`")[1] for r in rows if r.rstrip().endswith("|  |")]
-    generic = {f"data.{f}" for f in ("name", "path", "seed")}
-    assert not [k for k in undocumented if not k.startswith("data.") or k in generic], (
-        f"config keys without a doc (give the field an attribute docstring): {sorted(undocumented)}"
+def test_every_key_says_what_it_does(reference):
+    """A key's doc is its field's attribute docstring (or comment): a new key needs one."""
+    rows = [row for row in reference.splitlines() if re.match(r"^\| `[a-z]", row)]
+    assert len(rows) > 100
+    undocumented = sorted({row.split("`")[1] for row in rows if row.rstrip().endswith("|  |")})
+    assert not undocumented, (
+        f"config keys without a doc (give the field an attribute docstring): {undocumented}"
     )
 
 
