@@ -27,11 +27,11 @@ lint: $(STAMP)
 
 # The documentation site (docs/, mkdocs.yml) into site/.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build
 
 # Strict: a broken link, reference or docstring fails the build.
 docs-strict: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: it would hide (and not count) the warnings
 
 test: lint docs-strict
 	$(BIN)/pytest -q
