@@ -16,7 +16,6 @@ import ast
 import dataclasses
 import inspect
 import os
-import re
 import textwrap
 import types
 import typing
@@ -246,4 +245,4 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     for marker, function in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, globals()[function]())
-    return re.sub(r"\n{3,}", "\n\n", markdown)
+    return markdown
