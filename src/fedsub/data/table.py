@@ -91,7 +91,7 @@ class TableOptions:
     """A column with values train / test (instead of test_fraction)."""
     standardize: bool = True
     """Numeric columns: (x - mean) / std of the training split (written to
-    <out>/feature_scaling.json and applied to the test split)."""
+    `<out>/feature_scaling.json` and applied to the test split)."""
     encoding: str = field(default="auto", metadata={"validate": _codec})
     """A CSV's encoding: `auto` (UTF-8 with or without BOM, UTF-16 with BOM) or a Python codec such
     as `cp1252` or `latin-1`."""
