@@ -90,7 +90,7 @@ def test_private_download_on_flower_gives_the_in_process_model(
     expected = in_process_model((*overrides, f"train.rounds={rounds}"))
     moved = False
     for name, value in strategy.params.state_dict().items():
-        # full: fixed point with 2 nodes and clip 1 errs by <= 1e-9 per sum (README)
+        # full: fixed point with 2 nodes and clip 1 errs by <= 1e-9 per sum (privacy tutorial)
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6)
         moved |= bool(value.abs().max() > 0)
     assert moved  # the comparison is not between two untouched models

@@ -165,7 +165,8 @@ every = 4
 
 
 def write_clicks(path, rows: int = 900) -> None:
-    """The README's clicks.csv layout: a price of 1-50 that drives the click."""
+    """The clicks.csv layout of the table tutorial (docs/tutorials/your-table.md): a price
+    of 1-50 that drives the click."""
     rng = np.random.default_rng(0)
     lines = ["user,clicked,item,country,tags,price"]
     for _ in range(rows):
@@ -177,7 +178,7 @@ def write_clicks(path, rows: int = 900) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-README_TABLE = """
+TUTORIAL_TABLE = """
 [data]
 name = "table"
 path = "{path}"
@@ -198,11 +199,11 @@ every = 3
 """
 
 
-def test_the_readme_clicks_example_trains_and_stores_its_scaling(tmp_path):
+def test_the_tutorial_clicks_example_trains_and_stores_its_scaling(tmp_path):
     clicks = tmp_path / "clicks.csv"
     write_clicks(clicks)
     config = tmp_path / "table.toml"
-    config.write_text(README_TABLE.replace("{path}", str(clicks)))
+    config.write_text(TUTORIAL_TABLE.replace("{path}", str(clicks)))
     out = tmp_path / "out"
     assert main(["compare", str(config), "--out", str(out), "--quiet"]) == 0
     losses = [

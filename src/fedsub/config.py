@@ -40,14 +40,19 @@ from fedsub.privacy.levels import LEVELS as PRIVACY_LEVELS
 @dataclass(frozen=True)
 class DataConfig:
     name: str = field(default="synthetic-sparse", metadata={"choices": dataset_names})
+    """The dataset (`fedsub list datasets`); its options are further `[data]` keys."""
     path: str | None = None
+    """Files on disk, for datasets read from files. A relative path is relative to the current
+    directory (not the config's folder); the run's config.toml stores it absolute."""
     seed: int = field(default=0, metadata={"min": 0})
+    """Data generation and split seed."""
     options: Any = None  # the dataset's own options dataclass, filled from the remaining keys
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = field(default="sparse-lr", metadata={"choices": model_names})
+    """The model (`fedsub list models`); its other keys are the chosen model's options."""
     options: Any = None  # the model's own options dataclass (its ModelSpec), from the other keys
 
 
@@ -62,82 +67,138 @@ class TrainConfig:
         default_factory=lambda: ["fedavg", "fedsubavg"],
         metadata={"algorithm_names": True, "nonempty": True},  # checked by check_algorithms
     )
+    """The algorithms to train (see Algorithms); `name@scheme` for Li et al.'s schemes."""
     rounds: int = field(default=100, metadata={"min": 1})
+    """Communication rounds."""
     clients_per_round: int = field(default=50, metadata={"min": 1})
+    """K, the clients sampled per round; at most the number of clients (checked on load)."""
     local_steps: int = field(default=10, metadata={"min": 1})
+    """I, the local SGD steps per client and round."""
     batch_size: int = field(default=5, metadata={"min": 1})
+    """B, the local batch size."""
     lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
+    """The client learning rate (`[algorithms.<name>] lr` overrides it per algorithm)."""
     seed: int = field(default=0, metadata={"min": 0})
+    """Client schedule, local shuffles, model init."""
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
+    """FedSubAvg's heat: `samples` (sample-weighted, the default) or `clients` (Algorithm 1 of the
+    paper: N / n_m)."""
     dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
+    """The parameters' floating-point type."""
     backend: str = field(default="batched", metadata={"choices": backend_names})
-    # where the model, server state and training data live: cpu, cuda, cuda:N, auto
+    """`batched`: the cohort steps together; `sequential`: client by client, the reference."""
     device: str = field(default="cpu", metadata={"validate": resolve_device})
-    # fixed-order scatter-adds and torch.use_deterministic_algorithms for the run: a GPU run
-    # is bit-identical from run to run and across a resume (fedsub/segment_sum.py)
+    """Where the model, the server state and the training data live: `cpu`, `cuda`, `cuda:N` or
+    `auto` (cuda when available, else cpu). A GPU this machine lacks is refused; every model,
+    algorithm and masking scheme runs there."""
     deterministic: bool = False
-    # "host": the embedding tables and their per-row server state stay in (pinned) host
-    # memory, only each round's cohort rows travel to the device (engine/placement.py)
+    """true: torch.use_deterministic_algorithms for the run and the round's scatter-adds as sorted
+    segment sums (no atomics; fedsub/segment_sum.py): a GPU run repeats bit for bit, and a killed
+    and resumed run equals an uninterrupted one bit for bit (its scatter-adds are slower: 2-5x on
+    one CPU thread; CPU runs were deterministic already)."""
     table_placement: str = field(default="device", metadata={"choices": lambda: ["device", "host"]})
-    # "on": the batched backend's local step captured as one program with torch.compile
-    # (inductor; CUDA graphs on a GPU), rows and ids padded to size classes
-    # (engine/captured_step.py)
+    """`host`: the embedding tables, their per-row server state and heat coefficients stay in host
+    memory (pinned on a GPU run) and only each round's cohort rows (the union of its S(k)) travel to
+    the device and back (engine/placement.py), so a table larger than the GPU trains; the server
+    step must be row-local (fedavg, fedsubavg, the -lazy adaptive servers; full-model fedadam /
+    fedyogi / fedadagrad, server momentum and SCAFFOLD are refused)."""
     compile: str = field(default="off", metadata={"choices": lambda: ["off", "on"]})
+    """`on`: the batched backend's local step (embed, head, loss, gradients, client rule, update)
+    captured as one program with torch.compile (inductor; on a GPU as CUDA graphs), its rows and ids
+    padded to size classes (engine/captured_step.py); same model (float64 1e-10, float32 1e-5
+    relative). DIN, LSTM and sparse LR run eagerly (warned); refused with backend `sequential`,
+    masking or deterministic."""
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "inverse-time", "exponential"]},
     )
+    """`constant`, `inverse-round` (lr / (1 + t), t = round index, seed 004), `inverse-time` (lr /
+    (1 + lr_decay t), seed 004's appendix C.2) or `exponential` (lr * lr_decay^t, x0.999 in the
+    authors' Amazon code)."""
     lr_decay: float = field(default=0.999, metadata={"min_exclusive": 0.0, "max": 1.0})
+    """The decay of the `exponential` and `inverse-time` schedules."""
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
+    """Local L2 weight decay."""
     clip_norm: float = field(default=0.0, metadata={"min": 0.0})
+    """Per-client gradient clipping by global norm; 0 = off."""
     checkpoint_every: int = field(default=10, metadata={"min": 0})
+    """Rounds between checkpoints; 0 = only when stopped (Ctrl-C, SIGTERM)."""
     heat_source: str = field(
         default="exact",
         metadata={"choices": lambda: ["exact", "secagg", "sketch", "randomized-response"]},
     )
+    """How the server learns the heat counts: `exact`, `secagg` (secure aggregation per group),
+    `sketch` (count-min sketch through secure aggregation) or `randomized-response` (local
+    differential privacy)."""
     rr_epsilon: float = field(default=2.0, metadata={"min_exclusive": 0.0})
+    """Randomized response's local differential privacy epsilon."""
     sketch_eps: float = field(default=0.001, metadata={"min_exclusive": 0.0, "max": 1.0})
+    """Count-min sketch error, relative to the total count."""
     sketch_delta: float = field(default=0.01, metadata={"min_exclusive": 0.0, "max": 0.5})
+    """... and its failure probability."""
     secagg_group: int = field(default=50, metadata={"min": 2})
+    """Clients per secure-aggregation group; at most the number of clients."""
     max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
+    """Reject client updates with a larger norm; 0 = no limit."""
     momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    # torch intra-op threads (0 = torch's default). Small cohorts of sparse models run faster
-    # on 1: handing tiny kernels between threads costs more than the kernels.
+    """Local SGD momentum (buffers start at 0 every round)."""
     threads: int = field(default=0, metadata={"min": 0})
-    # sub-model training on width-sliceable models (seed 003; fedsub.masking)
+    """torch intra-op threads; 0 = torch's default. Small cohorts of sparse models run faster on 1:
+    handing tiny kernels between threads costs more than the kernels."""
     masking: str = field(default="none", metadata={"choices": lambda: list(MASKING_SCHEMES)})
+    """Sub-model training on width-sliceable models (seed 003; fedsub.masking): `none`, `static`
+    (HeteroFL), `rolling` (FedRolex), `shuffled` (Algorithm 2), `random`, `bernoulli` (Algorithm
+    1)."""
     capacities: list[float] = field(
         default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625],
         metadata={"min_exclusive": 0.0, "max": 1.0, "nonempty": True},
     )
+    """The capacity levels of sub-model training."""
     capacity_proportions: list[float] = field(default_factory=list, metadata={"min_exclusive": 0.0})
+    """Shares of the capacities; [] = equal."""
     capacity_assignment: str = field(
         default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
     )
+    """`fixed` (dealt once in those proportions) or `per-round` (redrawn)."""
     mask_average: str = field(default="trainers", metadata={"choices": lambda: ["trainers", "all"]})
-    # private submodel learning (fedsub.privacy.levels): none | heat | download | full
+    """`trainers` (each entry averaged over the clients that trained it) or `all` (seed 003:
+    untrained entries count as the old value)."""
     privacy: str = field(default="none", metadata={"choices": lambda: list(PRIVACY_LEVELS)})
+    """Private submodel learning (fedsub.privacy.levels): `none`, `heat`, `download` or `full`."""
     download: str = field(
         default="randomized-response", metadata={"choices": lambda: list(PRIVATE_DOWNLOADS)}
     )
+    """Private download: `randomized-response` or `buckets`."""
     download_epsilon: float = field(default=4.0, metadata={"min_exclusive": 0.0, "max": 50.0})
+    """Randomized response's local epsilon per row (q follows from it and p)."""
     download_keep: float = field(default=0.9, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
+    """p: the probability that a row the client holds is requested."""
     download_bucket: int = field(default=64, metadata={"min": 1})
+    """Buckets: requests are padded to download_bucket, 2x, 4x, ... rows."""
     secagg_clip: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1e6})
+    """`full`: the fixed-point range [-clip, clip] of a weighted delta value."""
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     every: int = field(default=5, metadata={"min": 1})
+    """Evaluate every this many rounds (and at round 0 and the last)."""
     train_loss_samples: int = field(default=10_000, metadata={"min": 1})
+    """A fixed random subset of training samples for the train loss (more than the training set: all
+    of it)."""
     target_train_loss: float | str | None = field(
         default=None, metadata={"min_exclusive": 0.0, "choices": lambda: ["central-min"]}
     )
+    """Optional: rounds to target = the first round with train loss <= this; `central-min`: the
+    lowest train loss CentralSGD reaches within the horizon."""
     target_test_auc: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
+    """Optional: ... with test AUC >= this (both given: both must hold; refused when the data have
+    no test split or the task no AUC)."""
     gradient_norms: bool = False
-    # a run diverges when an evaluation's train loss exceeds this many times the round-0
-    # train loss (engine/divergence.py); 0 = only NaN / Inf losses count as divergence
+    """Log ||grad f||^2 and grad f^T D grad f (D = the heat coefficients) at each evaluation."""
     divergence_factor: float = field(default=10.0, metadata={"min": 0.0})
+    """A run diverges at an evaluation whose train loss is NaN, Inf or above this many times the
+    round-0 train loss (engine/divergence.py); 0 = NaN / Inf only."""
 
 
 @dataclass(frozen=True)

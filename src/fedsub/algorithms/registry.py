@@ -103,16 +103,19 @@ class Algorithm:
 @dataclass(frozen=True)
 class CommonOptions:
     lr: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    """This algorithm's client learning rate (unset: train.lr)."""
 
 
 @dataclass(frozen=True)
 class FedProxOptions(CommonOptions):
     mu: float = field(default=0.01, metadata={"min": 0.0})
+    """The proximal term's weight: (mu / 2) ||x - x_global||^2."""
 
 
 @dataclass(frozen=True)
 class ServerLrOptions(CommonOptions):
     server_lr: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+    """The server's learning rate."""
 
 
 @dataclass(frozen=True)
@@ -120,14 +123,19 @@ class LazyAdaptiveOptions(CommonOptions):
     """Options of the ``-lazy`` names (always lazy). Adagrad ignores beta2."""
 
     server_lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
+    """The server optimizer's learning rate (eta)."""
     beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    """The first moment's decay (Reddi et al.'s m_t)."""
     beta2: float = field(default=0.99, metadata={"min": 0.0, "max": 1.0})
+    """The second moment's decay (Adam, Yogi; Adagrad ignores it)."""
     tau: float = field(default=1e-3, metadata={"min_exclusive": 0.0})
+    """The adaptivity (v starts at tau^2; the step divides by sqrt(v) + tau)."""
 
 
 @dataclass(frozen=True)
 class AdaptiveOptions(LazyAdaptiveOptions):
-    lazy: bool = False  # true: touched rows only (fedsub's variant), not Reddi et al.'s
+    lazy: bool = False
+    """true: touched rows only (fedsub's variant), not Reddi et al.'s."""
 
 
 def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
@@ -176,25 +184,32 @@ def aggregation_inputs(context: AlgorithmContext) -> AggregationInputs:
 @dataclass(frozen=True)
 class ServerSgdOptions:
     server_lr: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+    """The server's learning rate."""
 
 
 @dataclass(frozen=True)
 class ServerMomentumOptions(ServerSgdOptions):
-    # unset: (N - K) / N, the FedSubAvg paper's server-side SCAFFOLD approximation
     server_momentum: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
+    """Server momentum; unset: (N - K) / N, the FedSubAvg paper's server-side SCAFFOLD
+    approximation."""
 
 
 @dataclass(frozen=True)
 class ServerAdagradOptions:
     server_lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
+    """The server optimizer's learning rate (eta)."""
     tau: float = field(default=1e-3, metadata={"min_exclusive": 0.0})
-    lazy: bool = False  # true: touched rows only (fedsub's variant), not Reddi et al.'s
-    beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})  # Reddi's m_t
+    """The adaptivity (v starts at tau^2; the step divides by sqrt(v) + tau)."""
+    lazy: bool = False
+    """true: touched rows only (fedsub's variant), not Reddi et al.'s."""
+    beta1: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    """The first moment's decay (Reddi et al.'s m_t)."""
 
 
 @dataclass(frozen=True)
 class ServerAdaptiveOptions(ServerAdagradOptions):
     beta2: float = field(default=0.99, metadata={"min": 0.0, "max": 1.0})
+    """The second moment's decay."""
 
 
 def _adaptive_server(kind: AdaptiveKind, o: Any, lazy: bool) -> Callable[[Params], ServerOptimizer]:

@@ -139,6 +139,7 @@ class Prox:
     stage: ClassVar[Stage] = "gradient"
     keeps_client_state: ClassVar[bool] = False
     mu: float = field(default=0.01, metadata={"min": 0.0})
+    """The proximal term's weight: (mu / 2) ||x - x_global||^2."""
 
     def init(self, params: Tensors, members: Members) -> State:
         return {"anchor": [x.detach().clone() for x in params]} if self.mu else {}
@@ -221,6 +222,8 @@ class ScaffoldCorrection:
     stage: ClassVar[Stage] = "correction"
     keeps_client_state: ClassVar[bool] = True
     whole_model: bool = True
+    """true: Karimireddy et al.'s SCAFFOLD (every client trains the whole model); false: fedsub's
+    submodel form (c - c_i on S(k) and the dense layers)."""
 
     def init(self, params: Tensors, members: Members) -> State:
         if members.corrections is None:
@@ -285,8 +288,11 @@ class Adam:
     stage: ClassVar[Stage] = "step"
     keeps_client_state: ClassVar[bool] = False
     client_beta1: float = field(default=0.9, metadata={"min": 0.0, "max_exclusive": 1.0})
+    """Client Adam's first-moment decay."""
     client_beta2: float = field(default=0.999, metadata={"min": 0.0, "max_exclusive": 1.0})
+    """Client Adam's second-moment decay."""
     client_eps: float = field(default=1e-8, metadata={"min_exclusive": 0.0})
+    """Client Adam's epsilon."""
 
     def init(self, params: Tensors, members: Members) -> State:
         return {

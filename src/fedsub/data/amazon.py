@@ -35,13 +35,18 @@ FIELD_TABLES = {"user": "user", "item": "item", "history": "item"}
 @dataclass(frozen=True)
 class AmazonFilesOptions:
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    """The last share of each user's lines (time order) held out as the test set (the authors ship
+    none)."""
 
 
 @dataclass(frozen=True)
 class AmazonRatingsOptions:
     min_ratings: int = field(default=40, metadata={"min": 1})
+    """Users with at least this many ratings are clients."""
     split_timestamp: int = 1385000000
+    """Ratings up to this Unix time train, later ones test."""
     max_history: int = field(default=50, metadata={"min": 1})
+    """At most this many earlier clicks form a sample's history."""
 
 
 @dataclass

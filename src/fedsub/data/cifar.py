@@ -65,10 +65,18 @@ class CifarOptions:
     partition: str = field(
         default="dirichlet", metadata={"choices": lambda: list(partitioners.GENERIC)}
     )
+    """How the images are split over clients: `iid`, `dirichlet` (dirichlet_alpha), `shards`,
+    `k-labels` (labels_per_client), `power-law` (power_law_sigma); MNIST-style data also seed 004's
+    `li-balanced` and `li-unbalanced`."""
     num_clients: int = field(default=100, metadata={"min": 1})
+    """Clients."""
     labels_per_client: int = field(default=2, metadata={"min": 1})
+    """`k-labels` and `li-balanced`: distinct labels per client."""
     dirichlet_alpha: float = field(default=0.1, metadata={"min_exclusive": 0.0})
+    """`dirichlet`: the concentration of each client's label proportions (small: few labels per
+    client)."""
     power_law_sigma: float = field(default=2.0, metadata={"min": 0.0})
+    """`power-law` and `li-unbalanced`: the lognormal spread of client sizes."""
     # CIFAR-100 only: the 100 fine classes or the 20 superclasses
     labels: str = field(default="fine", metadata={"choices": lambda: ["fine", "coarse"]})
 

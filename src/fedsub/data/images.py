@@ -44,11 +44,20 @@ PARTITIONS = (*partitioners.GENERIC, "li-balanced", "li-unbalanced")
 @dataclass(frozen=True)
 class ImageOptions:
     partition: str = field(default="li-balanced", metadata={"choices": lambda: list(PARTITIONS)})
+    """How the images are split over clients: `iid`, `dirichlet` (dirichlet_alpha), `shards`,
+    `k-labels` (labels_per_client), `power-law` (power_law_sigma); MNIST-style data also seed 004's
+    `li-balanced` and `li-unbalanced`."""
     num_clients: int = field(default=100, metadata={"min": 1})
+    """Clients."""
     labels_per_client: int = field(default=2, metadata={"min": 1})
+    """`k-labels` and `li-balanced`: distinct labels per client."""
     dirichlet_alpha: float = field(default=0.5, metadata={"min_exclusive": 0.0})
+    """`dirichlet`: the concentration of each client's label proportions (small: few labels per
+    client)."""
     power_law_sigma: float = field(default=2.0, metadata={"min": 0.0})
+    """`power-law` and `li-unbalanced`: the lognormal spread of client sizes."""
     samples_per_client: int = field(default=542, metadata={"min": 1})
+    """`li-balanced`: samples per client (542 = 2 x 271, seed 004's Table 2)."""
 
 
 def locate(name: str, path: str | None) -> dict[str, Path]:

@@ -28,8 +28,10 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 
 @dataclass(frozen=True)
 class LiQuadraticOptions:
-    num_devices: int = field(default=5, metadata={"min": 2, "max": 10_000})  # N (C.2: 5)
-    block: int = field(default=4, metadata={"min": 2, "max": 10_000})  # p (C.2: 4)
+    num_devices: int = field(default=5, metadata={"min": 2, "max": 10_000})
+    """N, the devices (seed 004's appendix C.2: 5)."""
+    block: int = field(default=4, metadata={"min": 2, "max": 10_000})
+    """p, the rows of each device's block of the path Laplacian (C.2: 4)."""
 
 
 def device_rows(options: LiQuadraticOptions, k: int) -> tuple[np.ndarray, np.ndarray]:

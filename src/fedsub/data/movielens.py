@@ -33,7 +33,9 @@ TABLE = "features"
 @dataclass(frozen=True)
 class MovieLensOptions:
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    """Each user's share of ratings held out into the pooled test set (seeded)."""
     positive_rating: int = field(default=4, metadata={"min": 1, "max": 5})
+    """label = rating >= this (seed 001: 4)."""
 
 
 @dataclass(frozen=True)

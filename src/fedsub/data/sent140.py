@@ -36,10 +36,14 @@ TOKEN = re.compile(r"https?://\S+|@\w+|[a-z0-9']+")
 
 @dataclass(frozen=True)
 class Sent140Options:
-    min_samples: int = field(default=41, metadata={"min": 1})  # "more than 40"
+    min_samples: int = field(default=41, metadata={"min": 1})
+    """Clients are users with at least this many tweets ("more than 40")."""
     vocab_size: int = field(default=10_000, metadata={"min": 1})
+    """Words in the vocabulary, from the training split (id 0 = out of vocabulary)."""
     max_tokens: int = field(default=25, metadata={"min": 1})
+    """Words kept per tweet."""
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    """Each user's share of tweets held out into the pooled test set."""
 
 
 def tokenize(text: str) -> list[str]:

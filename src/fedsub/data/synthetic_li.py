@@ -20,11 +20,17 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 @dataclass(frozen=True)
 class SyntheticLiOptions:
     alpha: float = field(default=0.0, metadata={"min": 0.0})
+    """How much the devices' models differ (synthetic(alpha, beta))."""
     beta: float = field(default=0.0, metadata={"min": 0.0})
+    """How much the devices' data differ."""
     num_devices: int = field(default=100, metadata={"min": 2, "max": 10**6})
+    """Devices (clients), with power-law sizes."""
     dim: int = field(default=60, metadata={"min": 1, "max": 10**6})
+    """Dense features per sample."""
     classes: int = field(default=10, metadata={"min": 2, "max": 10**5})
+    """Classes."""
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    """Each device's share of samples held out into the pooled test set."""
 
 
 def generate(options: SyntheticLiOptions, seed: int) -> FederatedDataset:

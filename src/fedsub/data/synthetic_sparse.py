@@ -25,13 +25,21 @@ TABLE = "features"
 @dataclass(frozen=True)
 class SyntheticSparseOptions:
     num_users: int = field(default=3000, metadata={"min": 2, "max": 10**7})
+    """Clients."""
     num_items: int = field(default=2000, metadata={"min": 1, "max": 10**8})
+    """Items."""
     zipf_exponent: float = field(default=1.1, metadata={"min": 0.0, "max": 10.0})
+    """Item popularity ~ 1 / rank^s."""
     mean_samples_per_user: float = field(default=40.0, metadata={"min": 5.0, "max": 10**5})
+    """Mean samples per user."""
     samples_sigma: float = field(default=0.8, metadata={"min": 0.0, "max": 5.0})
+    """Lognormal spread of samples per user."""
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    """Per user, held out into the pooled test set."""
     weight_std: float = field(default=1.0, metadata={"min": 0.0})
+    """The hidden logistic model's weights' standard deviation."""
     noise_std: float = field(default=0.5, metadata={"min": 0.0})
+    """Logit noise."""
 
 
 def field_offsets(num_items: int) -> dict[str, int]:

@@ -71,16 +71,30 @@ def _some_text(value: str) -> None:
 @dataclass(frozen=True)
 class TableOptions:
     client_column: str = "client"
+    """The client id column."""
     label_column: str = "label"
+    """The 0/1 label column."""
     features: list[str] = field(default_factory=list)
+    """Categorical columns: one embedding row per distinct value of the training split (unseen
+    values map to the column's out-of-vocabulary row)."""
     multi_hot: list[str] = field(default_factory=list)
+    """Columns holding several values joined by list_separator (or, in Parquet, a list column)."""
     list_separator: str = field(default="|", metadata={"validate": _some_text})
+    """The separator of multi_hot values in a CSV."""
     numeric: list[str] = field(default_factory=list)
+    """Numeric columns (dense features)."""
     crosses: list[str] = field(default_factory=list)
+    """Crosses of two categorical columns, `a*b`."""
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    """Each client's held-out share, when there is no split_column."""
     split_column: str = ""
+    """A column with values train / test (instead of test_fraction)."""
     standardize: bool = True
+    """Numeric columns: (x - mean) / std of the training split (written to
+    `<out>/feature_scaling.json` and applied to the test split)."""
     encoding: str = field(default="auto", metadata={"validate": _codec})
+    """A CSV's encoding: `auto` (UTF-8 with or without BOM, UTF-16 with BOM) or a Python codec such
+    as `cp1252` or `latin-1`."""
 
 
 Cell = str | list[str]  # a list only from a Parquet list column

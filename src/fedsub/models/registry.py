@@ -98,22 +98,24 @@ class ModelSpec:
 # --- options shared by several built-in models -----------------------------------------------
 @dataclass(frozen=True)
 class InitOptions:
-    # standard deviation of the initial weights (0: zeros)
     init_std: float = field(default=0.0, metadata={"min": 0.0})
+    """Standard deviation of the initial weights, N(0, init_std^2); 0 = zeros."""
 
 
 @dataclass(frozen=True)
 class EmbeddingOptions:
     embedding_dim: int = field(default=16, metadata={"min": 1})
-    # standard deviation of the initial embeddings (0: 0.01)
+    """Dimension of each embedding row."""
     init_std: float = field(default=0.0, metadata={"min": 0.0})
+    """Standard deviation of the initial embeddings; 0 = 0.01."""
 
 
 @dataclass(frozen=True)
 class WidthOptions:
-    # hidden widths (empty: the model's default)
     widths: list[int] = field(default_factory=list, metadata={"min": 1})
-    scaler: bool = True  # HeteroFL's scaler on sliced widths
+    """Hidden layer widths; [] = the model's default."""
+    scaler: bool = True
+    """Divide activations by the capacity while training sliced widths (HeteroFL's scaler)."""
 
 
 def _classes(dataset: FederatedDataset) -> int:
