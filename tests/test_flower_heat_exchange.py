@@ -17,12 +17,12 @@ from flwr.common.constant import ErrorCode
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.data.federated import ClientSizes
-from fedsub.experiment import load_data
 from fedsub.flower import heat_exchange as hx
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import heat_from_reports
 from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
+from fedsub.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 Handler = Callable[[Message, Context], Message]

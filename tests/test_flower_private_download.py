@@ -14,13 +14,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedsub import config as config_lib
 from fedsub.errors import FedsubError
-from fedsub.experiment import load_data
 from fedsub.flower import secure_rows
 from fedsub.flower.apps import make_client_app
 from fedsub.flower.settings import FlowerSettings, Payload
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggError
+from fedsub.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_flower import in_process_model
