@@ -238,3 +238,13 @@ def test_config_from_toml_and_from_dict_check_every_key(tmp_path):
         fedsub.Config.from_toml(str(tmp_path / "missing.toml"))
     with pytest.raises(fedsub.ConfigError, match=r"\[eval\] unknown key 'evry'"):
         fedsub.Config.from_dict({"eval": {"evry": 2}})
+
+
+@pytest.mark.parametrize("module", ["fedsub.library", "fedsub.config", "fedsub.data.from_python"])
+def test_the_docstring_examples_run(module, tmp_path, monkeypatch):
+    import doctest
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    found = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert found.attempted > 0 and found.failed == 0

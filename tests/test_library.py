@@ -37,7 +37,9 @@ def test_a_module_trains_as_the_engine_trains_it_and_comes_back_trained():
     from fedsub.run_setup import schedule_of
 
     schedule = schedule_of(parse({"train": {**SMALL, "dtype": "float64"}, "eval": {"every": 2}}))
-    direct = engine_train(model, algorithm_for("fedsubavg", dataset, index, 3), dataset, index, schedule)
+    direct = engine_train(
+        model, algorithm_for("fedsubavg", dataset, index, 3), dataset, index, schedule
+    )
     for key, value in direct.state_dict().items():
         assert torch.equal(run.params.state_dict()[key], value), key
     trained = run.model
