@@ -353,9 +353,9 @@ class AppGrid(AnsweredAtOnce):
 
 def _private_strategy(settings):
     from fedsub.engine.loop import initial_params
-    from fedsub.flower.heat_exchange import privacy_of
     from fedsub.flower.run_model import federation
     from fedsub.flower.strategy import SubmodelStrategy
+    from fedsub.run_setup import heat_privacy_of
 
     fed = federation(settings)
     name = settings.algorithm_name(fed.config)
@@ -366,7 +366,7 @@ def _private_strategy(settings):
         fed.config.train.heat,  # type: ignore[arg-type]  # config.py checked its choices
         fed.schedule,
         payload=settings.payload,
-        privacy=privacy_of(fed.config),
+        privacy=heat_privacy_of(fed.config),
         min_nodes=fed.dataset.num_clients,
     )
 
