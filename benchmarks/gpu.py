@@ -51,9 +51,9 @@ from fedsub.engine import server_round
 from fedsub.engine.loop import initial_params, train
 from fedsub.engine.schedule import Compile, Schedule
 from fedsub.errors import FedsubError
-from fedsub.experiment import schedule_of
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.run_setup import schedule_of
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from plain_loop import PlainFederation, plain_round

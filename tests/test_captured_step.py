@@ -29,10 +29,10 @@ from fedsub.engine.captured_step import PaddedCohort, size_class
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import Compile, Schedule
 from fedsub.errors import ConfigError
-from fedsub.experiment import schedule_of
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.pooling import sum_pool
 from fedsub.models.registry import build_model
+from fedsub.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_backends import setup, shared_table_dataset, two_tables_with_dense

@@ -19,7 +19,7 @@ from fedsub import segment_sum
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import Schedule
-from fedsub.experiment import schedule_of
+from fedsub.run_setup import schedule_of
 
 from .test_backends import run
 

@@ -17,10 +17,10 @@ from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import numpy_schedules, torch_schedules
 from fedsub.errors import ConfigError
-from fedsub.experiment import schedule_of
 from fedsub.models import sparse_lr_closed_form as closed_form
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
+from fedsub.run_setup import schedule_of
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 

@@ -17,12 +17,12 @@ from flwr.common.constant import ErrorCode
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.data.federated import ClientSizes
-from fedsub.experiment import load_data
 from fedsub.flower import heat_exchange as hx
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import heat_from_reports
 from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
+from fedsub.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 Handler = Callable[[Message, Context], Message]
@@ -353,9 +353,9 @@ class AppGrid(AnsweredAtOnce):
 
 def _private_strategy(settings):
     from fedsub.engine.loop import initial_params
-    from fedsub.flower.heat_exchange import privacy_of
     from fedsub.flower.run_model import federation
     from fedsub.flower.strategy import SubmodelStrategy
+    from fedsub.run_setup import heat_privacy_of
 
     fed = federation(settings)
     name = settings.algorithm_name(fed.config)
@@ -366,7 +366,7 @@ def _private_strategy(settings):
         fed.config.train.heat,  # type: ignore[arg-type]  # config.py checked its choices
         fed.schedule,
         payload=settings.payload,
-        privacy=privacy_of(fed.config),
+        privacy=heat_privacy_of(fed.config),
         min_nodes=fed.dataset.num_clients,
     )
 

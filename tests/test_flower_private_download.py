@@ -14,13 +14,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedsub import config as config_lib
 from fedsub.errors import FedsubError
-from fedsub.experiment import load_data
 from fedsub.flower import secure_rows
 from fedsub.flower.apps import make_client_app
 from fedsub.flower.settings import FlowerSettings, Payload
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggError
+from fedsub.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_flower import in_process_model
@@ -370,9 +370,9 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     checkpoint (no second exchange)."""
     from fedsub.engine.loop import initial_params
     from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
-    from fedsub.flower.heat_exchange import privacy_of
     from fedsub.flower.run_model import federation
     from fedsub.flower.strategy import SubmodelStrategy
+    from fedsub.run_setup import heat_privacy_of
 
     overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")
     settings = FlowerSettings(overrides=overrides, round_timeout=30.0)
@@ -385,7 +385,7 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
             fed.config.algorithm_options("fedsubavg"),
             "samples",
             fed.schedule,
-            privacy=privacy_of(fed.config),
+            privacy=heat_privacy_of(fed.config),
             min_nodes=4,
             checkpoints=checkpoints,
             on_progress=on_progress,

@@ -1,5 +1,6 @@
-"""Training from Python (fedsub.library): a user's nn.Module and an in-memory dataset run
-through the engine's round loop, with the config's keys checked as a config file's."""
+"""Training from Python (fedsub.library, ``fedsub.train`` / ``fedsub.compare``): a user's
+nn.Module and an in-memory dataset run through the engine's round loop, with the config's keys
+checked as a config file's."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import pytest
 import torch
 
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.loop import train
+from fedsub.engine.loop import train as engine_train
 from fedsub.errors import ConfigError
-from fedsub.library import compare_models, train_model
+from fedsub.library import compare, train
 from fedsub.models.torch_module import wrap
 from fedsub.submodel.index import SubmodelIndex
 
@@ -27,19 +28,21 @@ def module() -> TwoBags:
 
 def test_a_module_trains_as_the_engine_trains_it_and_comes_back_trained():
     dataset = two_tables_with_dense(0)
-    run = train_model(module(), dataset, algorithm="fedsubavg", dtype="float64", every=2, **SMALL)
+    run = train(module(), dataset, algorithm="fedsubavg", dtype="float64", every=2, **SMALL)
     assert [e["round"] for e in run.history] == [0, 2, 4]
     assert {"train_loss", "test_loss", "test_auc", "elapsed"} <= set(run.history[0])
     model = wrap(module(), dataset)
     index = SubmodelIndex.build(dataset)
     from fedsub.config import parse
-    from fedsub.experiment import schedule_of
+    from fedsub.run_setup import schedule_of
 
     schedule = schedule_of(parse({"train": {**SMALL, "dtype": "float64"}, "eval": {"every": 2}}))
-    direct = train(model, algorithm_for("fedsubavg", dataset, index, 3), dataset, index, schedule)
+    direct = engine_train(
+        model, algorithm_for("fedsubavg", dataset, index, 3), dataset, index, schedule
+    )
     for key, value in direct.state_dict().items():
         assert torch.equal(run.params.state_dict()[key], value), key
-    trained = run.module()
+    trained = run.model
     assert isinstance(trained, TwoBags)
     assert torch.equal(trained.a.weight, direct.tables["a"].float())
     evaluator = Evaluator.build(model, dataset, 10_000, 0)
@@ -48,7 +51,7 @@ def test_a_module_trains_as_the_engine_trains_it_and_comes_back_trained():
 
 def test_a_comparison_runs_each_algorithm_from_the_same_start():
     dataset = two_tables_with_dense(0)
-    runs = compare_models(module(), dataset, algorithms=["fedavg", "fedsubavg"], **SMALL)
+    runs = compare(module(), dataset, algorithms=["fedavg", "fedsubavg"], **SMALL)
     assert list(runs) == ["fedavg", "fedsubavg"]
     assert runs["fedavg"].history[0]["train_loss"] == runs["fedsubavg"].history[0]["train_loss"]
     assert not torch.equal(runs["fedavg"].params.tables["a"], runs["fedsubavg"].params.tables["a"])
@@ -57,13 +60,13 @@ def test_a_comparison_runs_each_algorithm_from_the_same_start():
 def test_options_are_checked_as_a_config_files_keys():
     dataset = two_tables_with_dense(0)
     with pytest.raises(ConfigError, match=r"unknown option 'round': expected a .train. key"):
-        train_model(module(), dataset, round=3)
+        train(module(), dataset, round=3)
     with pytest.raises(ConfigError, match=r"train\.lr"):
-        train_model(module(), dataset, lr=-1.0)
+        train(module(), dataset, lr=-1.0)
     with pytest.raises(ConfigError, match=r"train\.clients_per_round = 50 is more than the"):
-        train_model(module(), dataset, rounds=1)
+        train(module(), dataset, rounds=1)
     with pytest.raises(ConfigError, match="needs a width-sliceable model; TorchModuleModel"):
-        train_model(module(), dataset, masking="static", **SMALL)
+        train(module(), dataset, masking="static", **SMALL)
     mu = {"fedprox": {"mu": 0.5}}
-    run = train_model(module(), dataset, algorithm="fedprox", algorithm_options=mu, **SMALL)
+    run = train(module(), dataset, algorithm="fedprox", algorithm_options=mu, **SMALL)
     assert run.diverged is None and len(run.history) == 2

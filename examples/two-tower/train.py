@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import torch
 from two_tower import TwoTower, clicks
 
-from fedsub.library import compare_models
+import fedsub
 
 SCHEDULE = {
     "clients_per_round": 20,
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = data.table_rows
     torch.manual_seed(0)
     model = TwoTower(rows["user"], rows["age"], rows["item"], rows["category"])
-    runs = compare_models(
+    runs = fedsub.compare(
         model, data, algorithms=["fedavg", "fedsubavg"], rounds=args.rounds, **SCHEDULE
     )
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     figure.savefig(args.out / "curves.png", dpi=120)
     histories = {name: run.history for name, run in runs.items()}
     (args.out / "histories.json").write_text(json.dumps(histories, indent=1))
-    torch.save(runs["fedsubavg"].module().state_dict(), args.out / "two_tower.pt")
+    torch.save(runs["fedsubavg"].model.state_dict(), args.out / "two_tower.pt")
     return runs
 
 

@@ -11,9 +11,10 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -64,7 +65,7 @@ def _out_folder(args: argparse.Namespace) -> Path:
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    from fedsub.experiment import compare
+    from fedsub.library import run
 
     if args.resume and _is_sweep(_resumed_folder(args)):
         return _sweep(args, algorithms)
@@ -74,24 +75,23 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
         config, out = _config(args, algorithms), _out_folder(args)
     try:
         with _reporting(args.quiet), _stop_on_signals() as stop_requested:
-            outcome = compare(
+            result = run(
                 config,
-                out,
-                None,
-                bool(args.resume),
-                stop_requested,
-                args.overwrite,
+                out=out,
+                resume=bool(args.resume),
+                overwrite=args.overwrite,
                 profile=args.profile,
+                stop_requested=stop_requested,
             )
     except Interrupted as stopped:
         return _say_how_to_resume(args.command, stopped, out, stop_requested)
-    print(outcome.markdown, end="")
-    if outcome.profiles:
+    print(result.markdown, end="")
+    if result.profiles:
         print("\nwhere the rounds' time went (profile.json in each algorithm's folder):")
-        print(profiling.table(outcome.profiles), end="")
+        print(profiling.table(result.profiles), end="")
     if not args.quiet:
-        print(f"results in {outcome.out_dir}/ (summary.json, summary.md, curves.png)")
-    return _diverged_exit(outcome)
+        print(f"results in {result.out}/ (summary.json, summary.md, curves.png)")
+    return _diverged_exit(result)
 
 
 def _silence_other_processes(args: argparse.Namespace) -> None:
@@ -116,7 +116,16 @@ def _refuse_what_torchrun_cannot_split(args: argparse.Namespace) -> None:
         )
 
 
-def _diverged_exit(outcome) -> int:
+class _Diverging(Protocol):
+    """What the exit status reads of a run's result (a comparison's or a sweep's)."""
+
+    @property
+    def diverged(self) -> Mapping[str, object]: ...
+
+    def divergence_message(self) -> str: ...
+
+
+def _diverged_exit(outcome: _Diverging) -> int:
     """Exit 1 with a ``fedsub: error:`` line when any algorithm diverged (its outputs are
     written all the same), else 0."""
     if not outcome.diverged:
@@ -353,7 +362,7 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
 def cmd_data_stats(args: argparse.Namespace) -> int:
     from fedsub.atomic_files import check_image_path
     from fedsub.data.registry import DATASETS
-    from fedsub.experiment import load_data
+    from fedsub.run_setup import load_data
     from fedsub.submodel.index import SubmodelIndex
     from fedsub.submodel.stats import feature_heat, plot_heat_distribution, table1_row
 

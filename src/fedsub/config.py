@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import tomllib
 import types
 import typing
@@ -208,6 +209,49 @@ class Config:
     train: TrainConfig
     eval: EvalConfig
     algorithms: dict[str, Any] = field(default_factory=dict)  # base name -> options
+
+    @classmethod
+    def from_toml(
+        cls, source: str | os.PathLike[str] | None = None, overrides: typing.Sequence[str] = ()
+    ) -> Config:
+        """A config from a TOML file (a path, or a str naming an existing file or ending in
+        ``.toml``), from TOML text, or (``None``) fedsub's embedded default; ``overrides``
+        are ``--set`` texts (``"train.rounds=2"``). Every key is checked: an error names it.
+
+        >>> import fedsub
+        >>> config = fedsub.Config.from_toml('[train]\\nrounds = 2', ["train.lr=0.5"])
+        >>> config.train.rounds, config.train.lr
+        (2, 0.5)
+        """
+        if source is None or isinstance(source, os.PathLike) or _names_a_file(source):
+            return load(None if source is None else Path(source), overrides)
+        try:
+            raw = tomllib.loads(source)
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config text: not valid TOML: {error}") from None
+        try:
+            return parse(apply_overrides(raw, list(overrides)))
+        except ConfigError as error:
+            if str(error).startswith("--set "):
+                raise
+            culprit = _culprit(raw, list(overrides), str(error), None, {})
+            culprit = culprit.replace("default config", "config text")
+            raise ConfigError(f"{culprit}: {error}") from None
+
+    @classmethod
+    def from_dict(cls, raw: typing.Mapping[str, Any]) -> Config:
+        """A config from TOML-shaped data: ``{"train": {"rounds": 2}, ...}`` (a missing key
+        takes its built-in default), checked as a file's keys are.
+
+        >>> import fedsub
+        >>> fedsub.Config.from_dict({"model": {"name": "embedding-lr"}}).model.name
+        'embedding-lr'
+        """
+        return parse(copy.deepcopy(dict(raw)))
+
+    def to_toml(self) -> str:
+        """Every key, defaults included, as TOML (what a run folder's config.toml holds)."""
+        return to_toml(self)
 
     def algorithm_options(self, name: str) -> Any:
         """A preset's options, or a composed algorithm's ``Composed`` (build_algorithm takes
@@ -578,6 +622,14 @@ def _culprit(
 def _shown(text: str) -> str:
     """``text`` as typed, or quoted when it holds characters that would break the line."""
     return text if text.isprintable() else repr(text)
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether ``Config.from_toml``'s text is a path (one line naming a file or ending in
+    ``.toml``) rather than TOML text."""
+    if "\n" in text:
+        return False
+    return Path(text).is_file() or text.strip().endswith(".toml")
 
 
 def default_config_path() -> Path:

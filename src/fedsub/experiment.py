@@ -12,33 +12,22 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import torch
 
 from fedsub import config as config_lib
 from fedsub import distributed
-from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
-from fedsub.checks import check_against_dataset
+from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
-from fedsub.data.registry import load_dataset
-from fedsub.device import resolve_device
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.diagnostics import gradient_norms
-from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, Interrupted, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import DTYPES, Compile, LrSchedule, Schedule, TablePlacement
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.json_values import dumps
-from fedsub.masking.capacity import Assignment, Capacities
-from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model
-from fedsub.models.registry import build_checked_model
 from fedsub.privacy import levels as privacy_levels
-from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
@@ -72,8 +61,8 @@ from fedsub.run_folder import (
     read_run_file,
     sweep_outputs,
 )
-from fedsub.submodel.heat import HeatKind
-from fedsub.submodel.index import SubmodelIndex
+from fedsub.run_setup import Setup, prepare, resolve_path, with_resolved_paths
+from fedsub.submodel.params import Params
 
 CENTRAL = "central-sgd"
 PROFILE = "profile.json"  # in an algorithm's folder, with --profile (run_folder.ALGORITHM_FILES)
@@ -82,51 +71,25 @@ LOG = logging.getLogger("fedsub")
 
 @dataclass(frozen=True)
 class Outcome:
+    """What a comparison (or a sweep) gave: its summary (summary.json's record) and
+    summary.md, where it was written (None: nowhere), and per algorithm its evaluations,
+    final parameters (those trained in this call, not diverged) and divergence."""
+
     summary: dict
     markdown: str
-    out_dir: Path
+    out_dir: Path | None
     diverged: dict[str, Diverged] = dataclasses.field(default_factory=dict)  # by algorithm
     # by algorithm: where its rounds' time went (``--profile``; fedsub/profiling.py)
     profiles: dict[str, dict] = dataclasses.field(default_factory=dict)
+    histories: dict[str, list[Evaluation]] = dataclasses.field(default_factory=dict)
+    params: dict[str, Params] = dataclasses.field(default_factory=dict)
+    model: Model | None = None  # the model every algorithm trained (a comparison's)
 
     def divergence_message(self) -> str:
         """One line naming every diverged algorithm, its round and why ("" when none)."""
         return "; ".join(
             f"{name} diverged at round {d.round} ({d.reason})" for name, d in self.diverged.items()
         )
-
-
-def resolve_path(path: str) -> str:
-    """A ``data.path`` as an absolute path: relative paths are relative to the current
-    directory (where fedsub is started), never to the config file's folder."""
-    return str(Path(path).expanduser().absolute())
-
-
-def with_resolved_paths(config: Config) -> Config:
-    """The config with ``data.path`` absolute, as a run stores it (so it can be resumed or
-    rerun from any directory)."""
-    if config.data.path is None:
-        return config
-    data = dataclasses.replace(config.data, path=resolve_path(config.data.path))
-    return dataclasses.replace(config, data=data)
-
-
-def load_data(config: Config) -> FederatedDataset:
-    config = with_resolved_paths(config)
-    with phase(f"loading {config.data.name}"):
-        return load_dataset(
-            config.data.name, config.data.options, config.data.path, config.data.seed
-        )
-
-
-def model_of(config: Config, dataset: FederatedDataset) -> Model:
-    """The configured model, shaped for ``dataset`` (refused when it cannot read all of it)."""
-    options = {
-        f.name: getattr(config.model, f.name)
-        for f in dataclasses.fields(config.model)
-        if f.name != "name"
-    }
-    return build_checked_model(config.model.name, dataset, options)
 
 
 def check_free_space(out_dir: Path, needed: int = 64 * 2**20) -> None:
@@ -181,56 +144,6 @@ def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None
     log(rejection.as_json())
 
 
-def schedule_of(config: Config) -> Schedule:
-    t = config.train
-    device = distributed.process_device(resolve_device(t.device))
-    # The casts: config.py types its choice fields as str and has checked each value against
-    # the field's choices, which are the Literal types named here.
-    return Schedule(
-        rounds=t.rounds,
-        clients_per_round=t.clients_per_round,
-        local_steps=t.local_steps,
-        batch_size=t.batch_size,
-        lr=t.lr,
-        seed=t.seed,
-        dtype=DTYPES[t.dtype],
-        eval_every=config.eval.every,
-        backend=t.backend,
-        device=device,
-        lr_schedule=cast(LrSchedule, t.lr_schedule),
-        lr_decay=t.lr_decay,
-        weight_decay=t.weight_decay,
-        clip_norm=t.clip_norm,
-        momentum=t.momentum,
-        deterministic=t.deterministic,
-        table_placement=cast(TablePlacement, t.table_placement),
-        compile=Compile.for_device(device) if t.compile == "on" else None,
-        masking=Masking(
-            cast(MaskingScheme, t.masking),
-            Capacities(
-                tuple(t.capacities),
-                tuple(t.capacity_proportions),
-                cast(Assignment, t.capacity_assignment),
-            ),
-            cast(AverageOver, t.mask_average),
-        ),
-        privacy=privacy_of(config),
-    )
-
-
-def privacy_of(config: Config) -> privacy_levels.Privacy:
-    """``train.privacy`` and its settings (choices checked by config.py, hence the casts)."""
-    t = config.train
-    return privacy_levels.Privacy(
-        cast(privacy_levels.Level, t.privacy),
-        cast(privacy_levels.Download, t.download),
-        t.download_epsilon,
-        t.download_keep,
-        t.download_bucket,
-        t.secagg_clip,
-    )
-
-
 def algorithms_to_run(config: Config) -> list[str]:
     """The configured algorithms; CentralSGD first when the target is its minimum loss."""
     names = list(config.train.algorithms)
@@ -271,55 +184,57 @@ class _Evaluations:
 @dataclass(frozen=True)
 class AlgorithmRun:
     """One algorithm of a comparison in its folder: metrics log, rejections, checkpoints,
-    resume point, final model and completion marker (all written only when ``writes``: under
-    torchrun, process 0 writes and the others train silently alongside)."""
+    resume point, final model and completion marker (all written only when it has a
+    ``folder``: under torchrun, process 0 writes and the others train silently alongside;
+    from Python, a run without a folder writes nothing)."""
 
     name: str
-    folder: Path
+    folder: Path | None
     config: Config
     identity: RunIdentity
     saved: checkpoint_lib.Checkpoint | None
     stop_requested: Callable[[], bool]
     on_round: Callable[[str, int], None] | None
-    writes: bool = True
     # where the time of each round goes (per phase), written to profile.json (``--profile``)
     profile: RoundProfile | None = None
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None]:
-        """The algorithm's evaluations, and its divergence when it diverged (then no final
-        model or completion marker is written; the other algorithms still run)."""
+    ) -> tuple[list[Evaluation], Diverged | None, Params | None]:
+        """The algorithm's evaluations, its divergence when it diverged (then no final
+        model or completion marker is written; the other algorithms still run) and its final
+        parameters (None when it diverged)."""
         with profiling(self.profile):
             try:
                 return self._train(model, algorithm, dataset, index, schedule, evaluator)
             finally:
-                if self.profile is not None and self.writes:
+                if self.profile is not None and self.folder is not None:
                     text = dumps(self.profile.as_json(), indent=2) + "\n"
                     write_atomic(self.folder / PROFILE, text)
 
     def _train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None]:
-        saved, writes = self.saved, self.writes
-        if saved is None and writes:
-            _start_fresh(self.folder)
+    ) -> tuple[list[Evaluation], Diverged | None, Params | None]:
+        saved, folder = self.saved, self.folder
+        if saved is None and folder is not None:
+            _start_fresh(folder)
         earlier = [] if saved is None else [Evaluation.from_record(e) for e in saved.history]
         log: MetricsLog | _Evaluations = (
-            MetricsLog(self.folder / "metrics.jsonl", earlier) if writes else _Evaluations(earlier)
+            MetricsLog(folder / "metrics.jsonl", earlier)
+            if folder is not None
+            else _Evaluations(earlier)
         )
-        rejections = JsonLines(self.folder / "rejections.jsonl")
+        on_reject = None
+        if folder is not None:
+            rejections = JsonLines(folder / "rejections.jsonl")
+            on_reject = lambda rejection: _log_rejection(self.name, rejection, rejections)  # noqa: E731
         control = RunControl(
-            checkpoints=self.folder / "checkpoints" if writes else None,
+            checkpoints=folder / "checkpoints" if folder is not None else None,
             checkpoint_every=self.config.train.checkpoint_every,
             max_update_norm=self.config.train.max_update_norm,
             resume=saved,
             stop_requested=self.stop_requested,
-            on_reject=(
-                (lambda rejection: _log_rejection(self.name, rejection, rejections))
-                if writes
-                else None
-            ),
+            on_reject=on_reject,
             divergence_factor=self.config.eval.divergence_factor,
             run=self.identity.as_json(),
             on_private_rounds=lambda private: stages.append(private),
@@ -340,68 +255,29 @@ class AlgorithmRun:
             )
         except Diverged as error:
             LOG.warning("%s", error)
-            return log.history, error
+            return log.history, error, None
         finally:
             log.close()
-            for private in stages if writes else []:  # process 0 writes
-                record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
-                write_atomic(self.folder / "privacy.json", dumps(record, indent=2) + "\n")
-                if private.costs.clipped:
-                    LOG.warning(
-                        "%s: secure aggregation clipped %d values to train.secagg_clip = %g; "
-                        "raise it if that is not intended",
-                        self.name,
-                        private.costs.clipped,
-                        private.privacy.secagg_clip,
-                    )
-        if not writes:
-            return log.history, None
-        save_tensors_atomic(self.folder / "model.safetensors", final.state_dict())
-        write_atomic(self.folder / DONE, done_record(self.folder, self.identity))
-        return log.history, None
+            if folder is not None:  # process 0 writes
+                self._write_privacy(folder, stages)
+        if folder is not None:
+            save_tensors_atomic(folder / "model.safetensors", final.state_dict())
+            write_atomic(folder / DONE, done_record(folder, self.identity))
+        return log.history, None, final
 
-
-@dataclass(frozen=True)
-class Setup:
-    """Everything a comparison needs before its first round."""
-
-    dataset: FederatedDataset
-    index: SubmodelIndex
-    model: Model
-    context: AlgorithmContext
-    evaluator: Evaluator
-    schedule: Schedule
-    heat_source: dict | None
-
-
-def prepare(config: Config) -> Setup:
-    """Load the data and build the model, algorithms' context and evaluator (no output yet)."""
-    if config.train.threads:
-        torch.set_num_threads(config.train.threads)
-    dataset = load_data(config)
-    model = model_of(config, dataset)
-    check_against_dataset(config, dataset, model)
-    with phase("indexing the clients' rows"):
-        index = SubmodelIndex.build(dataset)
-    t = config.train
-    source = privacy_levels.heat_source_for(t.privacy, t.heat_source)
-    privacy = HeatPrivacy(
-        source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed
-    )
-    heat = cast(HeatKind, t.heat)  # config.py has checked it against its choices
-    context = AlgorithmContext(dataset, index, heat, t.clients_per_round, privacy)
-    heat_source = None
-    if privacy.source != "exact":
-        heat_source = describe(dataset, index, heat, privacy)
-        LOG.info("heat source: %s", dumps(heat_source))
-    extra = None
-    if config.eval.gradient_norms:
-        coefficients = heat_coefficients(context)
-        extra = lambda params: gradient_norms(model, params, dataset.train, coefficients)  # noqa: E731
-    evaluator = Evaluator.build(
-        model, dataset, config.eval.train_loss_samples, config.data.seed, extra
-    )
-    return Setup(dataset, index, model, context, evaluator, schedule_of(config), heat_source)
+    def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
+        """privacy.json: the privacy level's guarantees and what it cost."""
+        for private in stages:
+            record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
+            write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
+            if private.costs.clipped:
+                LOG.warning(
+                    "%s: secure aggregation clipped %d values to train.secagg_clip = %g; "
+                    "raise it if that is not intended",
+                    self.name,
+                    private.costs.clipped,
+                    private.privacy.secagg_clip,
+                )
 
 
 def _claim(
@@ -429,15 +305,20 @@ def _resumed_identity(out_dir: Path, config_text: str) -> RunIdentity:
 
 def compare(
     config: Config,
-    out_dir: Path,
+    out_dir: Path | None,
     on_round: Callable[[str, int], None] | None = None,
     resume: bool = False,
     stop_requested: Callable[[], bool] = lambda: False,
     overwrite: bool = False,
     label: str = "",
     profile: bool = False,
+    *,
+    dataset: FederatedDataset | None = None,
+    model: Model | None = None,
 ) -> Outcome:
-    """Train every algorithm of the comparison and write the run's outputs.
+    """Train every algorithm of the comparison and write the run's outputs (``out_dir``
+    None: write nothing, e.g. from Python, where ``dataset`` and ``model`` may be given in
+    memory instead of the config's ``[data]`` and ``[model]``).
 
     ``profile``: time each round's phases (fedsub/profiling.py) into each algorithm's
     profile.json and the outcome's ``profiles`` (on a GPU the device is synchronized at every
@@ -455,6 +336,18 @@ def compare(
     Under torchrun every process runs this (each reads the folder when resuming), trains its
     share of each cohort, and only process 0 checks and writes the folder."""
     config = with_resolved_paths(config)
+    if out_dir is None:
+        if resume:
+            raise ConfigError("resume continues a run in its folder: give the folder")
+        outcome = _compare_in(
+            config, None, None, on_round, False, stop_requested, label, profile, dataset, model
+        )
+        return outcome
+    if dataset is not None or model is not None:
+        raise ConfigError(
+            "a run folder records the config that made the run, so a run written to "
+            f"{out_dir} reads its data and model from the config, not from memory"
+        )
     writes = distributed.from_environment().writes
     claim = None
     if writes:
@@ -476,23 +369,26 @@ def compare(
 
 def _compare_in(
     config: Config,
-    out_dir: Path,
+    out_dir: Path | None,
     claim: Claim | None,
     on_round: Callable[[str, int], None] | None,
     resume: bool,
     stop_requested: Callable[[], bool],
     label: str,
     profile: bool = False,
+    dataset: FederatedDataset | None = None,
+    model: Model | None = None,
 ) -> Outcome:
-    """``compare`` in its folder, held by ``claim`` (None: a process that writes nothing)."""
+    """``compare`` in its folder, held by ``claim`` (None: a process that writes nothing;
+    ``out_dir`` None: no folder at all)."""
     config_text = config_lib.to_toml(config)
     names = algorithms_to_run(config)
-    if resume:
+    if resume and out_dir is not None:
         identity = _resumed_identity(out_dir, config_text)
         points = {n: resume_point(n, out_dir / n, identity) for n in names}
     if claim is not None:
-        check_free_space(out_dir)
-    setup = prepare(config)
+        check_free_space(claim.folder)
+    setup = prepare(config, dataset, model)
     distributed.join(setup.schedule.device)
     distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
@@ -504,7 +400,7 @@ def _compare_in(
         )
         points = {n: ResumePoint() for n in names}
     if claim is not None:
-        _write_data_records(setup, out_dir)
+        _write_data_records(setup, claim.folder)
     if distributed.joined() is not None:
         stop_requested = distributed.agreed(stop_requested)
 
@@ -517,29 +413,28 @@ def _compare_in(
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
     profiles: dict[str, dict] = {}
+    finals: dict[str, Params] = {}
     reporter = current_reporter()
     reporter.training([(label + name, setup.schedule.rounds) for name in names])
     for name in names:
-        folder = out_dir / name
-        if points[name].done:
-            histories[name] = read_metrics(folder / "metrics.jsonl")
+        if points[name].done and out_dir is not None:
+            histories[name] = read_metrics(out_dir / name / "metrics.jsonl")
             reporter.round(label + name, setup.schedule.rounds)
             continue
         saved = points[name].checkpoint
         run = AlgorithmRun(
             name,
-            folder,
+            claim.folder / name if claim is not None else None,
             config,
             identity,
             saved,
             stop_requested,
             _reported(label, trained),
-            claim is not None,
             RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
         )
         with phase(f"{label}{name}: preparing"):
             algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
-        histories[name], divergence = run.train(
+        histories[name], divergence, final = run.train(
             setup.model,
             algorithm,
             setup.dataset,
@@ -549,13 +444,15 @@ def _compare_in(
         )
         if divergence is not None:
             diverged[name] = divergence
+        if final is not None:
+            finals[name] = final
         if run.profile is not None:
             profiles[name] = run.profile.as_json()
 
-    if claim is None:
-        return Outcome({}, "", out_dir, diverged)
-    outcome = _summarized(config, setup, histories, diverged, out_dir)
-    return dataclasses.replace(outcome, profiles=profiles)
+    result, markdown = _summary(config, setup, histories, diverged)
+    if claim is not None:
+        _write_summary(config, setup, histories, diverged, claim.folder, result, markdown)
+    return Outcome(result, markdown, out_dir, diverged, profiles, histories, finals, setup.model)
 
 
 def synchronizer(device: torch.device) -> Callable[[], None] | None:
@@ -576,24 +473,35 @@ def _write_data_records(setup: Setup, out_dir: Path) -> None:
         write_atomic(out_dir / "feature_scaling.json", scaling)
 
 
-def _summarized(
+def _summary(
+    config: Config,
+    setup: Setup,
+    histories: dict[str, list[Evaluation]],
+    diverged: dict[str, Diverged],
+) -> tuple[dict, str]:
+    """The comparison's summary.json record and summary.md text."""
+    target = target_of(config, histories)
+    result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
+    return result, summary_markdown(result, target, setup.schedule.rounds)
+
+
+def _write_summary(
     config: Config,
     setup: Setup,
     histories: dict[str, list[Evaluation]],
     diverged: dict[str, Diverged],
     out_dir: Path,
-) -> Outcome:
-    """The comparison's summary.json, summary.md and curves.png, written, as an Outcome."""
-    target = target_of(config, histories)
-    result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
-    markdown = summary_markdown(result, target, setup.schedule.rounds)
+    result: dict,
+    markdown: str,
+) -> None:
+    """The comparison's summary.json, summary.md and curves.png, written."""
     write_atomic(out_dir / "summary.json", dumps(result, indent=2) + "\n")
     write_atomic(out_dir / "summary.md", markdown)
     stopped = {n: d.round for n, d in diverged.items()}
+    target = target_of(config, histories)
     plot_curves(
         histories, out_dir / "curves.png", _title(config, setup, histories), target, stopped
     )
-    return Outcome(result, markdown, out_dir, diverged)
 
 
 def _title(config: Config, setup: Setup, histories: dict[str, list[Evaluation]]) -> str:
@@ -811,8 +719,8 @@ def _privacy_records(outcomes: dict[str, Outcome]) -> dict[str, dict[str, dict]]
     records: dict[str, dict[str, dict]] = {}
     for v, o in outcomes.items():
         for n in o.summary["algorithms"]:
-            path = o.out_dir / n / "privacy.json"
-            if path.exists():
+            path = o.out_dir / n / "privacy.json" if o.out_dir is not None else None
+            if path is not None and path.exists():
                 records.setdefault(n, {})[v] = json.loads(path.read_text())
     return records
 

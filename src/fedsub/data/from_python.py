@@ -39,7 +39,13 @@ def samples(
 ) -> SampleSet:
     """Samples from arrays: ``labels`` [n]; ``ids[field]`` a 1-d integer array (one id per
     sample), a 2-d one [n, L] (L ids each), a list of n id lists (ragged) or a ``Ragged``;
-    ``dense`` [n, d] numbers or None. ``where`` names them in errors (e.g. "client 3")."""
+    ``dense`` [n, d] numbers or None. ``where`` names them in errors (e.g. "client 3").
+
+    >>> import fedsub
+    >>> part = fedsub.samples([1, 0, 1], ids={"item": [4, 7, 4], "tags": [[1, 2], [], [3]]})
+    >>> len(part), sorted(part.ids)
+    (3, ['item', 'tags'])
+    """
     label_array = np.asarray(labels)
     if label_array.ndim != 1 or not np.issubdtype(label_array.dtype, np.number):
         raise DataError(f"{where}: labels must be a 1-d array of numbers, got {_shape(labels)}")
@@ -67,7 +73,14 @@ def from_clients(
     name: str = "arrays",
 ) -> FederatedDataset:
     """A federated dataset of ``clients`` (each a ``SampleSet``, e.g. from ``samples``) and a
-    pooled ``test`` set (none: an empty one)."""
+    pooled ``test`` set (none: an empty one).
+
+    >>> import fedsub
+    >>> clients = [fedsub.samples([1, 0], ids={"item": [k, k + 1]}) for k in range(3)]
+    >>> data = fedsub.from_clients(clients, table_rows={"item": 10})
+    >>> data.num_clients, data.table_rows
+    (3, {'item': 10})
+    """
     if len(clients) < 2:
         raise DataError(f"{name}: {len(clients)} client(s); federated training needs at least 2")
     first = clients[0]
@@ -97,7 +110,20 @@ def from_dataframe(
     """The table loader's dataset from a pandas DataFrame (one row per sample); ``options``
     are the ``table`` dataset's keys (``client_column``, ``label_column``, ``features``,
     ``multi_hot``, ``numeric``, ``crosses``, ``test_fraction``, ``split_column``,
-    ``standardize``). Errors name ``name`` and the row's position (from 0)."""
+    ``standardize``). Errors name ``name`` and the row's position (from 0).
+
+    Example (needs pandas: ``pip install 'fedsub[pandas]'``):
+
+    ```python
+    import pandas as pd
+    import fedsub
+
+    frame = pd.DataFrame(
+        {"user": ["a", "a", "b", "b"], "item": ["x", "y", "x", "z"], "label": [1, 0, 0, 1]}
+    )
+    data = fedsub.from_dataframe(frame, client_column="user", features=["item"])
+    ```
+    """
     header = [str(c) for c in frame.columns]
     table_options = _table_options(options)
     separator = table_options.list_separator
@@ -129,7 +155,20 @@ def from_partitioner(
     its dataset assigned) is one client; its rows are encoded by the table loader's rules
     (``options``: ``from_dataframe``'s, without ``client_column``). ``test``: a held-out
     ``datasets.Dataset`` (or DataFrame) as the test split; without it, the table options'
-    ``test_fraction`` or ``split_column`` choose test rows."""
+    ``test_fraction`` or ``split_column`` choose test rows.
+
+    Example (needs flwr-datasets: ``pip install 'fedsub[datasets]'``):
+
+    ```python
+    from datasets import Dataset
+    from flwr_datasets.partitioner import IidPartitioner
+    import fedsub
+
+    partitioner = IidPartitioner(num_partitions=4)
+    partitioner.dataset = Dataset.from_dict({"item": list("abcdefgh"), "label": [0, 1] * 4})
+    data = fedsub.from_partitioner(partitioner, features=["item"])
+    ```
+    """
     if "client_column" in options:
         raise DataError(
             f"{name}: client_column is not an option here; each partition is a client "

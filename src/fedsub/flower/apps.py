@@ -34,7 +34,7 @@ from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
 from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
-from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat, privacy_of
+from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.node_eval import eval_index_record, node_report
 from fedsub.flower.private_download import (
@@ -59,6 +59,7 @@ from fedsub.run_folder import (
     claim_new,
     new_identity,
 )
+from fedsub.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
 
@@ -98,7 +99,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         k = node.client
         query = record_of(message.content, "query", ConfigRecord)
         what = str(query.get("what", "index"))
-        private = privacy_of(node.config).source != "exact"
+        private = heat_privacy_of(node.config).source != "exact"
         if what not in ("index", "rows", "partition", "request"):
             raise FedsubError(f"partition {k}: unknown query {what!r}")
         downloading = downloads_privately(node.schedule.privacy)
@@ -139,7 +140,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         return answer_heat(
             message,
             context,
-            privacy_of(node.config),
+            heat_privacy_of(node.config),
             cast(HeatKind, node.config.train.heat),  # config.py has checked it
             node.table_rows,
             node.rows,
@@ -310,7 +311,7 @@ def _serve(
     config = run.config
     params = initial_params(run.model, run.schedule)
     progress, transcript, train_transcript, checkpoints = None, None, None, None
-    privacy = privacy_of(config)
+    privacy = heat_privacy_of(config)
     if settings.heat_transcript and privacy.source != "exact":
         transcript, train_transcript = Transcript(), Transcript()
     if settings.out_dir:

@@ -38,7 +38,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from fedsub.config import Config
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid, exchange
 from fedsub.flower.records import record_of
@@ -54,7 +53,6 @@ from fedsub.privacy.heat_vectors import (
     summed_length,
     summed_vector,
 )
-from fedsub.privacy.levels import heat_source_for
 from fedsub.privacy.secagg import (
     AdvertiseKeys,
     EncryptedShares,
@@ -88,20 +86,6 @@ class HeatReport:
 
     measured: MeasuredHeat
     contributors: tuple[int, ...]
-
-
-def privacy_of(config: Config) -> HeatPrivacy:
-    """The run's heat source (``train.heat_source``, made private by ``train.privacy``) and
-    its parameters."""
-    t = config.train
-    return HeatPrivacy(
-        heat_source_for(t.privacy, t.heat_source),  # privacy "heat" makes exact heat secagg
-        t.secagg_group,
-        t.sketch_eps,
-        t.sketch_delta,
-        t.rr_epsilon,
-        t.seed,
-    )
 
 
 # ---- typed fields of a heat ConfigRecord ---------------------------------------------------

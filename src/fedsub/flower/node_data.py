@@ -26,10 +26,10 @@ from fedsub.data.feature_spec import FeatureSpec, NodeFiles, check_same_spec, re
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
-from fedsub.experiment import schedule_of
 from fedsub.flower.run_model import federation, spec_model
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.base import Model
+from fedsub.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
 NodeConfig = tuple[tuple[str, object], ...]  # a node config's items, sorted (hashable)

@@ -15,14 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from fedsub.checks import check_against_dataset
 from fedsub.config import Config
 from fedsub.data.feature_spec import FeatureSpec, read_spec
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine.schedule import Schedule
-from fedsub.experiment import load_data, model_of, schedule_of
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.base import Model
+from fedsub.run_setup import checked_model, load_data, model_of, schedule_of
 
 
 @dataclass(frozen=True)
@@ -40,9 +39,7 @@ class Federation:
 def federation(settings: FlowerSettings) -> Federation:
     config = settings.fedsub_config()
     dataset = load_data(config)
-    model = model_of(config, dataset)
-    check_against_dataset(config, dataset, model)
-    return Federation(config, dataset, model, schedule_of(config))
+    return Federation(config, dataset, checked_model(config, dataset), schedule_of(config))
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ Features = dict[str, torch.Tensor]
 Ids = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
+@runtime_checkable  # fedsub.train tells a fedsub Model from other objects
 class Model(Protocol):
     """A model fedsub can train federatedly, split at the embedding layer.
 

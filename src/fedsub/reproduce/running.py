@@ -534,7 +534,7 @@ def _paper_only_rows(numbers) -> list[tuple[str, str, str]]:
 def dataset_statistics(config: config_lib.Config) -> tuple[dict[str, float], Any]:
     """Table 1's numbers (``fedsub data stats``) plus seed 000's sparsity and seed 004's
     per-device mean and standard deviation of training samples."""
-    from fedsub.experiment import load_data
+    from fedsub.run_setup import load_data
     from fedsub.submodel.index import SubmodelIndex
     from fedsub.submodel.stats import feature_heat, table1_row
 

@@ -1,0 +1,195 @@
+"""From a config to a run ready to start: the data, the model, the schedule, the privacy
+settings, the algorithms' context and the evaluator.
+
+The one place a ``Config`` becomes these objects: a comparison (experiment.py), the Python
+API (library.py), the command line and the Flower apps all build their runs here, so a key
+means the same thing everywhere. Nothing here writes a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import torch
+
+from fedsub import distributed
+from fedsub.algorithms.registry import AlgorithmContext, heat_coefficients
+from fedsub.checks import check_against_dataset
+from fedsub.config import Config
+from fedsub.data.federated import FederatedDataset
+from fedsub.data.registry import load_dataset
+from fedsub.device import resolve_device
+from fedsub.engine.diagnostics import gradient_norms
+from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.schedule import DTYPES, Compile, LrSchedule, Schedule, TablePlacement
+from fedsub.json_values import dumps
+from fedsub.masking.capacity import Assignment, Capacities
+from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
+from fedsub.models.base import Model
+from fedsub.models.registry import build_checked_model
+from fedsub.privacy import levels as privacy_levels
+from fedsub.privacy.heat_sources import HeatPrivacy, describe
+from fedsub.progress import phase
+from fedsub.submodel.heat import HeatKind
+from fedsub.submodel.index import SubmodelIndex
+
+LOG = logging.getLogger("fedsub")
+
+
+def resolve_path(path: str) -> str:
+    """A ``data.path`` as an absolute path: relative paths are relative to the current
+    directory (where fedsub is started), never to the config file's folder."""
+    return str(Path(path).expanduser().absolute())
+
+
+def with_resolved_paths(config: Config) -> Config:
+    """The config with ``data.path`` absolute, as a run stores it (so it can be resumed or
+    rerun from any directory)."""
+    if config.data.path is None:
+        return config
+    data = dataclasses.replace(config.data, path=resolve_path(config.data.path))
+    return dataclasses.replace(config, data=data)
+
+
+def load_data(config: Config) -> FederatedDataset:
+    """The dataset of ``[data]`` (name, options, path, seed)."""
+    config = with_resolved_paths(config)
+    with phase(f"loading {config.data.name}"):
+        return load_dataset(
+            config.data.name, config.data.options, config.data.path, config.data.seed
+        )
+
+
+def model_of(config: Config, dataset: FederatedDataset) -> Model:
+    """The configured model, shaped for ``dataset`` (refused when it cannot read all of it)."""
+    options = {
+        f.name: getattr(config.model, f.name)
+        for f in dataclasses.fields(config.model)
+        if f.name != "name"
+    }
+    return build_checked_model(config.model.name, dataset, options)
+
+
+def checked_model(config: Config, dataset: FederatedDataset, model: Model | None = None) -> Model:
+    """``model`` (none: the configured one), with the run's keys checked against the data
+    (``checks.py``: clients per round, batch size, targets, ...)."""
+    if model is None:
+        model = model_of(config, dataset)
+    check_against_dataset(config, dataset, model)
+    return model
+
+
+def privacy_of(config: Config) -> privacy_levels.Privacy:
+    """``train.privacy`` and its settings (choices checked by config.py, hence the casts)."""
+    t = config.train
+    return privacy_levels.Privacy(
+        cast(privacy_levels.Level, t.privacy),
+        cast(privacy_levels.Download, t.download),
+        t.download_epsilon,
+        t.download_keep,
+        t.download_bucket,
+        t.secagg_clip,
+    )
+
+
+def schedule_of(config: Config) -> Schedule:
+    """The run's ``Schedule``: ``[train]``'s sizes, rates and runtime settings and
+    ``eval.every``, on this process's device."""
+    t = config.train
+    device = distributed.process_device(resolve_device(t.device))
+    # The casts: config.py types its choice fields as str and has checked each value against
+    # the field's choices, which are the Literal types named here.
+    return Schedule(
+        rounds=t.rounds,
+        clients_per_round=t.clients_per_round,
+        local_steps=t.local_steps,
+        batch_size=t.batch_size,
+        lr=t.lr,
+        seed=t.seed,
+        dtype=DTYPES[t.dtype],
+        eval_every=config.eval.every,
+        backend=t.backend,
+        device=device,
+        lr_schedule=cast(LrSchedule, t.lr_schedule),
+        lr_decay=t.lr_decay,
+        weight_decay=t.weight_decay,
+        clip_norm=t.clip_norm,
+        momentum=t.momentum,
+        deterministic=t.deterministic,
+        table_placement=cast(TablePlacement, t.table_placement),
+        compile=Compile.for_device(device) if t.compile == "on" else None,
+        masking=Masking(
+            cast(MaskingScheme, t.masking),
+            Capacities(
+                tuple(t.capacities),
+                tuple(t.capacity_proportions),
+                cast(Assignment, t.capacity_assignment),
+            ),
+            cast(AverageOver, t.mask_average),
+        ),
+        privacy=privacy_of(config),
+    )
+
+
+def heat_privacy_of(config: Config) -> HeatPrivacy:
+    """Where the server's heat comes from (``train.heat_source``, or the one
+    ``train.privacy`` implies) and that source's settings."""
+    t = config.train
+    source = privacy_levels.heat_source_for(t.privacy, t.heat_source)
+    return HeatPrivacy(source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed)
+
+
+def algorithm_context(
+    config: Config, dataset: FederatedDataset, index: SubmodelIndex
+) -> AlgorithmContext:
+    """What every algorithm is built from: the data, S(k), the heat kind, K and the heat's
+    source."""
+    heat = cast(HeatKind, config.train.heat)  # config.py has checked it against its choices
+    return AlgorithmContext(
+        dataset, index, heat, config.train.clients_per_round, heat_privacy_of(config)
+    )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a run needs before its first round."""
+
+    dataset: FederatedDataset
+    index: SubmodelIndex
+    model: Model
+    context: AlgorithmContext
+    evaluator: Evaluator
+    schedule: Schedule
+    heat_source: dict | None  # a private heat source's guarantees (None: exact heat)
+
+
+def prepare(
+    config: Config, dataset: FederatedDataset | None = None, model: Model | None = None
+) -> Setup:
+    """Load the data (or take ``dataset``), build the model (or take ``model``) and check
+    both against the config, then index the clients' rows and build the algorithms' context
+    and the evaluator (no output yet)."""
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    if dataset is None:
+        dataset = load_data(config)
+    model = checked_model(config, dataset, model)
+    with phase("indexing the clients' rows"):
+        index = SubmodelIndex.build(dataset)
+    context = algorithm_context(config, dataset, index)
+    heat_source = None
+    if context.privacy.source != "exact":
+        heat_source = describe(dataset, index, context.heat, context.privacy)
+        LOG.info("heat source: %s", dumps(heat_source))
+    extra = None
+    if config.eval.gradient_norms:
+        coefficients = heat_coefficients(context)
+        extra = lambda params: gradient_norms(model, params, dataset.train, coefficients)  # noqa: E731
+    evaluator = Evaluator.build(
+        model, dataset, config.eval.train_loss_samples, config.data.seed, extra
+    )
+    return Setup(dataset, index, model, context, evaluator, schedule_of(config), heat_source)
