@@ -142,12 +142,13 @@ def load_dataset(
     ids per field, labels, dense features), ``num_clients``, ``client(k)`` and
     ``field_tables`` (the table each field reads when not its own name).
 
-    >>> import fedsub
-    >>> data = fedsub.load_dataset("synthetic-sparse", num_users=60, seed=1)
-    >>> data.num_clients
-    60
-    >>> sorted(data.table_rows) == sorted(data.train.ids)
-    True
+    Examples:
+        >>> import fedsub
+        >>> data = fedsub.load_dataset("synthetic-sparse", num_users=60, seed=1)
+        >>> data.num_clients
+        60
+        >>> sorted(data.table_rows) == sorted(data.train.ids)
+        True
     """
     if not isinstance(name, str):
         raise ConfigError(f"data.name must be a dataset's name (a str), got {name!r}")
@@ -183,12 +184,13 @@ def train(
       ...; built-in defaults otherwise), checked as a config file's: an unknown key names the
       valid ones.
 
-    >>> import fedsub
-    >>> result = fedsub.train("sparse-lr", "synthetic-sparse", rounds=2, every=1)
-    >>> [e["round"] for e in result.history]
-    [0, 1, 2]
-    >>> result.summary["diverged"] is None
-    True
+    Examples:
+        >>> import fedsub
+        >>> result = fedsub.train("sparse-lr", "synthetic-sparse", rounds=2, every=1)
+        >>> [e["round"] for e in result.history]
+        [0, 1, 2]
+        >>> result.summary["diverged"] is None
+        True
     """
     results = compare(
         model,
@@ -217,13 +219,14 @@ def compare(
     with the comparison's summary). The arguments are ``train``'s; a user's ``nn.Module`` is
     wrapped once (``models/torch_module.py``) and every algorithm trains a copy.
 
-    >>> import fedsub
-    >>> runs = fedsub.compare("sparse-lr", "synthetic-sparse", algorithms=["fedavg", "fedsubavg"],
-    ...                       rounds=2)
-    >>> list(runs)
-    ['fedavg', 'fedsubavg']
-    >>> runs["fedavg"].history[0]["train_loss"] == runs["fedsubavg"].history[0]["train_loss"]
-    True
+    Examples:
+        >>> import fedsub
+        >>> runs = fedsub.compare("sparse-lr", "synthetic-sparse", algorithms=["fedavg", "fedsubavg"],
+        ...                       rounds=2)
+        >>> list(runs)
+        ['fedavg', 'fedsubavg']
+        >>> runs["fedavg"].history[0]["train_loss"] == runs["fedsubavg"].history[0]["train_loss"]
+        True
     """
     dataset = _dataset_of(data)
     given = _model_of(model, dataset, tables, model_options)
@@ -259,11 +262,12 @@ def run(
       (``engine.loop.Interrupted`` is raised; resume it later);
     - ``on_round(algorithm, round)``: called after every round.
 
-    >>> import fedsub
-    >>> config = fedsub.Config.from_toml(None, ["train.rounds=2", "train.algorithms=['fedsubavg']"])
-    >>> result = fedsub.run(config)
-    >>> list(result), result.out is None
-    (['fedsubavg'], True)
+    Examples:
+        >>> import fedsub
+        >>> config = fedsub.Config.from_toml(None, ["train.rounds=2", "train.algorithms=['fedsubavg']"])
+        >>> result = fedsub.run(config)
+        >>> list(result), result.out is None
+        (['fedsubavg'], True)
     """
     if not isinstance(config, Config):
         config = Config.from_toml(config)
