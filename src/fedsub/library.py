@@ -221,8 +221,9 @@ def compare(
 
     Examples:
         >>> import fedsub
-        >>> runs = fedsub.compare("sparse-lr", "synthetic-sparse", algorithms=["fedavg", "fedsubavg"],
-        ...                       rounds=2)
+        >>> runs = fedsub.compare(
+        ...     "sparse-lr", "synthetic-sparse", algorithms=["fedavg", "fedsubavg"], rounds=2
+        ... )
         >>> list(runs)
         ['fedavg', 'fedsubavg']
         >>> runs["fedavg"].history[0]["train_loss"] == runs["fedsubavg"].history[0]["train_loss"]
