@@ -265,7 +265,8 @@ def run(
 
     Examples:
         >>> import fedsub
-        >>> config = fedsub.Config.from_toml(None, ["train.rounds=2", "train.algorithms=['fedsubavg']"])
+        >>> overrides = ["train.rounds=2", "train.algorithms=['fedsubavg']"]
+        >>> config = fedsub.Config.from_toml(None, overrides)
         >>> result = fedsub.run(config)
         >>> list(result), result.out is None
         (['fedsubavg'], True)
