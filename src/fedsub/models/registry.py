@@ -36,9 +36,9 @@ from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.inputs import Reads, check_reads
 from fedsub.models.linear_regression import LinearRegression
 from fedsub.models.lstm import LSTMClassifier
+from fedsub.models.mlp import MLP
 from fedsub.models.module_spec import TorchModuleOptions
 from fedsub.models.module_spec import build as build_torch_module
-from fedsub.models.mlp import MLP
 from fedsub.models.resnet import PreActResNet18
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
