@@ -258,7 +258,7 @@ BUILT_IN: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         "torch-module",
-        "your own torch.nn.Module, built by model.module = 'package.module:factory'",
+        "your own torch.nn.Module, built by the factory model.module names",
         build_torch_module,
         TorchModuleModel,
         # what it reads is the module's choice: wrap refuses a field or table it leaves out
