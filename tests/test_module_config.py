@@ -144,18 +144,21 @@ def test_a_bad_module_key_is_named(model, message):
         fedsub.run(config)
 
 
-def test_tables_name_each_tables_module_as_the_names_found_it():
+def test_tables_say_which_module_holds_a_table_whose_name_it_does_not_bear():
     train = {**TRAIN, "algorithms": ["fedsubavg"]}
-    named = {**MODEL, "tables": {"features": "tables.features"}}
+    renamed = {**MODEL, "arguments": {"dim": 2, "prefix": "emb_"}}
+    with pytest.raises(ConfigError, match="no embedding module is named after .* 'features'"):
+        fedsub.run(fedsub.Config.from_dict({"data": DATA, "model": renamed, "train": train}))
+    given = {**renamed, "tables": {"features": "tables.emb_features"}}
     runs = [
         fedsub.run(fedsub.Config.from_dict({"data": DATA, "model": m, "train": train}))
-        for m in (named, MODEL)
+        for m in (given, MODEL)
     ]
-    given, found = (r["fedsubavg"].params for r in runs)
-    assert given is not None and found is not None
-    assert given.state_dict().keys() == found.state_dict().keys()
-    for key, value in found.state_dict().items():
-        assert torch.equal(given.state_dict()[key], value), key
+    mapped, found = (r["fedsubavg"].params for r in runs)
+    assert mapped is not None and found is not None
+    assert mapped.state_dict().keys() == found.state_dict().keys()
+    for key, value in found.state_dict().items():  # the same weights, as rows and as dense
+        assert torch.equal(mapped.state_dict()[key], value), key
 
 
 def test_torchrun_trains_the_module_by_its_path_as_one_process(tmp_path):

@@ -169,14 +169,15 @@ class AnyData(nn.Module):
     """A module for any dataset, built from it (a config's ``model.module`` factory gets the
     dataset by its ``dataset`` parameter): per table an EmbeddingBag named after it, each
     field's rows summed, concatenated with the dense features into a linear layer; logits
-    [n] for 0/1 labels, [n, C] for class labels."""
+    [n] for 0/1 labels, [n, C] for class labels. ``prefix``: the tables' modules are named
+    ``prefix + table`` (then only ``tables=`` says which is which)."""
 
-    def __init__(self, dataset: FederatedDataset, dim: int = 3) -> None:
+    def __init__(self, dataset: FederatedDataset, dim: int = 3, prefix: str = "") -> None:
         super().__init__()
-        self.fields = {f: dataset.field_tables.get(f, f) for f in dataset.train.ids}
+        self.fields = {f: prefix + dataset.field_tables.get(f, f) for f in dataset.train.ids}
         self.tables = nn.ModuleDict(
             {
-                t: nn.EmbeddingBag(n, dim, mode="sum", include_last_offset=True)
+                prefix + t: nn.EmbeddingBag(n, dim, mode="sum", include_last_offset=True)
                 for t, n in dataset.table_rows.items()
             }
         )
