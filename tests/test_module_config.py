@@ -147,7 +147,7 @@ def test_a_bad_module_key_is_named(model, message):
 def test_tables_say_which_module_holds_a_table_whose_name_it_does_not_bear():
     train = {**TRAIN, "algorithms": ["fedsubavg"]}
     renamed = {**MODEL, "arguments": {"dim": 2, "prefix": "emb_"}}
-    with pytest.raises(ConfigError, match="no embedding module is named after .* 'features'"):
+    with pytest.raises(ConfigError, match=r"no embedding module is named after .* 'features'"):
         fedsub.run(fedsub.Config.from_dict({"data": DATA, "model": renamed, "train": train}))
     given = {**renamed, "tables": {"features": "tables.emb_features"}}
     runs = [
