@@ -173,3 +173,10 @@ def test_torchrun_trains_the_module_by_its_path_as_one_process(tmp_path):
     tolerance = TOLERANCE[torch.float32]  # a share of the cohort's batched loss rounds apart
     for key, value in alone.items():
         torch.testing.assert_close(split[key], value, rtol=tolerance, atol=tolerance, msg=key)
+
+
+def test_the_module_keys_survive_the_run_folders_config_toml():
+    """A run folder keeps the resolved config as TOML (resume and reruns read it back)."""
+    model = {**MODEL, "arguments": {"dim": 2, "names": ["a.b"], "nested": {"k": 1.5}}}
+    config = fedsub.Config.from_dict({"model": {**model, "tables": {"features": "x.y"}}})
+    assert fedsub.Config.from_toml(config.to_toml()).model == config.model
