@@ -26,7 +26,7 @@ from fedsub.models.registry import build_model, model_names
 from fedsub.submodel.params import Params
 
 from .test_model_capabilities import EXPECTED
-from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
+from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, dataset_for, smaller
 
 CUDA = torch.cuda.is_available()
 # cuBLAS reads its workspace setting when torch creates its handle: set it at collection,
@@ -71,7 +71,7 @@ def torch_kernels(monkeypatch):
 def model_and_data(name: str, folder: str):
     dataset, index = dataset_for(name, folder)
     options = {**OPTIONS, "widths": SMALL_WIDTHS.get(name, [])}
-    model = dataclasses.replace(build_model(name, dataset, options), **SMALLER.get(name, {}))
+    model = smaller(build_model(name, dataset, options), name)
     return model, dataset, index
 
 

@@ -184,9 +184,13 @@ checkpoint_every = 2
 """
 
 
-def torchrun(folder: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc-per-node 2 -m fedsub ARGS`` (gloo on the CPU)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+def torchrun(
+    folder: Path, *args: str, timeout: float = 120, path: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 -m fedsub ARGS`` (gloo on the CPU);
+    ``path``: a further folder on PYTHONPATH (a user's module named by its import path)."""
+    folders = [str(Path(cli.__file__).parents[1]), *([str(path)] if path else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(folders), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return subprocess.run(
         [*command, "--nproc-per-node", "2", "-m", "fedsub", *args],

@@ -20,6 +20,8 @@ from fedsub.algorithms.registry import algorithm_names
 from fedsub.data.registry import dataset_names
 from fedsub.models.registry import model_names
 
+from .torch_modules import ANY_DATA
+
 HOOK = Path(__file__).resolve().parents[1] / "docs" / "hooks" / "generated_reference.py"
 
 
@@ -64,8 +66,9 @@ def test_every_key_of_every_dataset_is_in_the_reference(reference):
 
 def test_every_key_of_every_model_is_in_the_reference(reference):
     keys = set()
+    required = {"torch-module": {"module": ANY_DATA}}  # keys without a default
     for name in model_names():
-        keys |= accepted_keys({"model": {"name": name}})
+        keys |= accepted_keys({"model": {"name": name, **required.get(name, {})}})
     assert any(k.startswith("model.") and k != "model.name" for k in keys)
     missing = keys - documented(reference)
     assert not missing, f"not in the config reference: {sorted(missing)}"

@@ -18,17 +18,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import fedsub
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.loop import initial_params, train
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.registry import build_model
-from fedsub.run_setup import load_data, schedule_of
+from fedsub.run_setup import load_data, model_of, schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
 from .processes import Processes, descendants, flower_env, free_ports, port_open, wait_for
+from .torch_modules import ANY_DATA
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
+ROOT = Path(__file__).parents[1]
+EXAMPLE = ROOT / "examples" / "flower-fedsubavg"
 BIN = Path(sys.executable).parent
 OVERRIDES = (
     "data.num_users=6",
@@ -264,7 +267,9 @@ class Federation:
 def running_federation(folder: Path) -> Iterator[Federation]:
     """A plain-text SuperLink with SuperNodes of partitions 0, 1, 2, stopped on exit."""
     link, *node_ports = free_ports(4)  # the SuperLink serves every API on one port
-    env = flower_env(folder, link, "insecure = true", BIN)
+    # the repository on PYTHONPATH: a config names a user's module in tests/ by its path
+    paths = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = flower_env(folder, link, "insecure = true", BIN, PYTHONPATH=os.pathsep.join(paths))
     processes = Processes(folder, env, BIN)
     try:
         nodes = start_insecure_federation(processes, folder, link, node_ports)
@@ -277,6 +282,35 @@ def running_federation(folder: Path) -> Iterator[Federation]:
 def three_nodes(tmp_path_factory):
     with running_federation(tmp_path_factory.mktemp("federation")) as federation:
         yield federation
+
+
+def test_a_real_run_builds_a_users_module_from_its_import_path(three_nodes, tmp_path):
+    """``model.module`` names a module of tests/ (tests/torch_modules.py: AnyData): the
+    ServerApp and every node's ClientApp process import it by that path (PYTHONPATH) and
+    train the in-process engine's model."""
+    overrides = (
+        "data.num_users=3; train.rounds=1; train.clients_per_round=2; "
+        "train.algorithms=['fedsubavg']; model.name='torch-module'; "
+        f"model.module='{ANY_DATA}'"
+    )
+    out = tmp_path / "out"
+    run_id = submit_example(
+        three_nodes.env, f'set="{overrides}" out-dir="{out}" round-timeout=30.0 eval-every=0'
+    )
+    listed = [o.strip() for o in overrides.split(";")]  # meanwhile, the in-process run
+    config = config_lib.load(None, [*listed, "train.backend='sequential'"])
+    expected = fedsub.run(config)["fedsubavg"].params
+    initial = model_of(config, load_data(config)).init(torch.Generator(), torch.float32)
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, f"run {run_id} to finish")
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] is True, result
+    assert [r["replies"] for r in result["rounds"]] == [2]
+    flower = load_file(out / "model.safetensors")
+    assert expected is not None
+    assert flower.keys() == expected.state_dict().keys()
+    for name, value in expected.state_dict().items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
+    assert any(not torch.equal(flower[k], v) for k, v in initial.state_dict().items())  # trained
 
 
 def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrupted_model(

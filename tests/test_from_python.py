@@ -158,7 +158,9 @@ def test_dataframe_errors_name_the_row_and_the_option():
     frame = csv_frame()
     frame.loc[3, "clicked"] = 2
     options = {k: getattr(OPTIONS, k) for k in TableOptions.__dataclass_fields__}
-    with pytest.raises(DataError, match="DataFrame, row 3: label column 'clicked' must be 0 or 1, got '2'"):
+    with pytest.raises(
+        DataError, match="DataFrame, row 3: label column 'clicked' must be 0 or 1, got '2'"
+    ):
         from_dataframe(frame, **options)
     with pytest.raises(DataError, match="unknown table option 'label'; the table loader's"):
         from_dataframe(csv_frame(), label="clicked")

@@ -24,7 +24,7 @@ from fedsub.models.base import (
 from fedsub.models.registry import CAPABILITIES as CAPABILITY_NAMES
 from fedsub.models.registry import build_model, model_names, model_spec
 
-from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, SMALLER, dataset_for
+from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, dataset_for, smaller
 from .torch_modules import wrapped, wrapped_cases
 
 CAPABILITIES = (
@@ -46,6 +46,7 @@ EXPECTED = {
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},
     "resnet18": {SliceableModel, EvalBatch},
+    "torch-module": {DeclaresBatchable},  # a user's module (tests/torch_modules.py: AnyData)
 }
 # users' nn.Modules wrapped by fedsub.models.torch_module (checked like the registered models)
 WRAPPED = {name: {DeclaresBatchable} for name in wrapped_cases()}
@@ -57,7 +58,7 @@ def built(name: str, folder: str):
         return wrapped(name)
     dataset, _ = dataset_for(name, folder)
     options = {**OPTIONS, "widths": SMALL_WIDTHS.get(name, [])}
-    model = dataclasses.replace(build_model(name, dataset, options), **SMALLER.get(name, {}))
+    model = smaller(build_model(name, dataset, options), name)
     return model, dataset
 
 

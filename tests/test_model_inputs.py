@@ -28,8 +28,9 @@ from fedsub.models.registry import build_checked_model, model_names, model_spec
 from .test_amazon_din import write_user_files
 from .test_backends import two_tables_with_dense
 from .test_sent140_lstm import tweets, write_csv
+from .torch_modules import ANY_DATA
 
-OPTIONS = {"init_std": 0.1, "embedding_dim": 3, "scaler": True}
+OPTIONS = {"init_std": 0.1, "embedding_dim": 3, "scaler": True, "module": ANY_DATA}
 WIDTHS = {"cnn": [2, 3], "mlp": [5, 4], "resnet18": [2, 2, 2, 2]}
 CSV = "user,clicked,city,price\n" + "".join(
     f"u{i % 4},{i % 2},c{i % 3},{i * 1.5}\n" for i in range(24)

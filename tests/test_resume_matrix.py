@@ -28,7 +28,7 @@ from fedsub.submodel.index import SubmodelIndex
 from .test_amazon_din import write_user_files
 from .test_backends import two_tables_with_dense
 from .test_sent140_lstm import tweets, write_csv
-from .torch_modules import wrapped
+from .torch_modules import ANY_DATA, wrapped
 
 ROUNDS, STOP_AFTER = 3, 1
 # registry names, plus the sampling/weighting schemes a user can attach with "@"
@@ -39,9 +39,17 @@ ALGORITHMS = [
     "fedsubavg@transformed-scheme2",
     "scaffold@scheme1",
 ]
-OPTIONS = {"init_std": 0.1, "embedding_dim": 3, "widths": [], "scaler": True}
+# (torch-module's `module`: a factory of tests/torch_modules.py that fits any dataset)
+OPTIONS = {"init_std": 0.1, "embedding_dim": 3, "widths": [], "scaler": True, "module": ANY_DATA}
 SMALL_WIDTHS = {"cnn": [2, 3], "mlp": [5, 4], "resnet18": [2, 2, 2, 2]}
 SMALLER = {"lstm": {"hidden": 6, "embedding_dim": 4}}  # fields the registry does not expose
+
+
+def smaller(model, name: str):
+    """``model`` with ``SMALLER``'s sizes for ``name`` (built-in models are dataclasses)."""
+    return dataclasses.replace(model, **SMALLER[name]) if name in SMALLER else model
+
+
 # the batched ResNet is ~20x slower at this size; test_backends checks the backends agree
 BACKEND = {"resnet18": "sequential"}
 
@@ -51,7 +59,7 @@ def dataset_for(model: str, folder: str):
     """A few clients' worth of data in the shape ``model`` reads."""
     from pathlib import Path
 
-    if model in ("sparse-lr", "embedding-lr"):
+    if model in ("sparse-lr", "embedding-lr", "torch-module"):
         dataset = two_tables_with_dense(0)
     elif model.startswith("torch-module:"):  # a wrapped user module (tests/torch_modules.py)
         dataset = wrapped(model)[1]
@@ -81,9 +89,7 @@ def run(model, name, dataset, index, schedule, control=None):
 def test_interrupt_then_resume_equals_an_uninterrupted_run(name, model_name, tmp_path_factory):
     dataset, index = dataset_for(model_name, str(tmp_path_factory.getbasetemp()))
     options = {**OPTIONS, "widths": SMALL_WIDTHS.get(model_name, [])}
-    model = dataclasses.replace(
-        build_model(model_name, dataset, options), **SMALLER.get(model_name, {})
-    )
+    model = smaller(build_model(model_name, dataset, options), model_name)
     backend = BACKEND.get(model_name, "batched")
     schedule = Schedule(ROUNDS, 2, 2, 3, lr=0.1, seed=3, dtype=torch.float64, backend=backend)
     straight = run(model, name, dataset, index, schedule)

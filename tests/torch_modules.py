@@ -163,3 +163,35 @@ def wrapped(name: str):
     dataset = make_dataset()
     torch.manual_seed(0)
     return wrap(make_module(), dataset), dataset
+
+
+class AnyData(nn.Module):
+    """A module for any dataset, built from it (a config's ``model.module`` factory gets the
+    dataset by its ``dataset`` parameter): per table an EmbeddingBag named after it, each
+    field's rows summed, concatenated with the dense features into a linear layer; logits
+    [n] for 0/1 labels, [n, C] for class labels. ``prefix``: the tables' modules are named
+    ``prefix + table`` (then only ``tables=`` says which is which)."""
+
+    def __init__(self, dataset: FederatedDataset, dim: int = 3, prefix: str = "") -> None:
+        super().__init__()
+        self.fields = {f: prefix + dataset.field_tables.get(f, f) for f in dataset.train.ids}
+        self.tables = nn.ModuleDict(
+            {
+                prefix + t: nn.EmbeddingBag(n, dim, mode="sum", include_last_offset=True)
+                for t, n in dataset.table_rows.items()
+            }
+        )
+        labels = np.concatenate([dataset.train.labels, dataset.test.labels])
+        self.outputs = 1 if np.isin(labels, (0.0, 1.0)).all() else int(labels.max()) + 1
+        inputs = dim * len(self.fields) + dataset.train.dense_dim
+        self.out = nn.Linear(inputs, self.outputs)
+
+    def forward(self, batch) -> torch.Tensor:
+        parts = [self.tables[t](*batch.ids[f]) for f, t in self.fields.items()]
+        if batch.dense is not None:
+            parts.append(batch.dense)
+        logits = self.out(torch.cat(parts, dim=-1))
+        return logits.squeeze(-1) if self.outputs == 1 else logits
+
+
+ANY_DATA = "tests.torch_modules:AnyData"  # its config path (the repository root on sys.path)

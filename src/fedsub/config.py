@@ -277,6 +277,9 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     if typing.get_origin(tp) is list:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if typing.get_origin(tp) is dict:
+        values = typing.get_args(tp)[1]
+        return "a table" + ("" if values is Any else f" (each value {_type_name(values)})")
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[tp]
 
 
@@ -299,6 +302,13 @@ def _coerce(where: str, tp: Any, value: Any) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
         return [_coerce(where, typing.get_args(tp)[0], v) for v in value]
+    if origin is dict:  # a TOML table: string keys; values of any kind when typed Any
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
+        values = typing.get_args(tp)[1]
+        return {
+            k: v if values is Any else _coerce(f"{where}.{k}", values, v) for k, v in value.items()
+        }
     ok = (
         isinstance(value, bool)
         if tp is bool
@@ -353,6 +363,17 @@ def parse_section(cls: type, section: str, table: dict[str, Any], context: str =
         raise ConfigError(
             f"[{section}] unknown key {unknown[0]!r}{context}; allowed keys: {', '.join(known)}"
         )
+    missing = [
+        f
+        for f in known.values()
+        if f.name not in table
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        key = missing[0]
+        expected = key.metadata.get("expected", _type_name(hints[key.name]))
+        raise ConfigError(f"{section}.{key.name} is required ([{section}] lacks it): {expected}")
     values = {}
     for name, value in table.items():
         where = f"{section}.{name}"
@@ -643,6 +664,9 @@ def _toml_value(value: Any) -> str:
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table; keys quoted (they may hold dots)
+        pairs = (f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{" + ", ".join(pairs) + "}"
     return repr(value)
 
 

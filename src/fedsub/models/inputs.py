@@ -20,7 +20,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ConfigError
 
 Dense = Literal["none", "optional", "required", "square-image"]
-Labels = Literal["binary", "classes", "real"]
+Labels = Literal["binary", "classes", "real", "any"]
 IMAGE_CHANNELS = (1, 3)  # grey or colour (RGB), channel-major: models/registry.py's _image
 
 
@@ -29,8 +29,8 @@ class Reads:
     """A model's inputs. ``fields``: the id fields it needs, each with the embedding table it
     reads (empty: fields of any names); ``min_fields`` / ``max_fields``: how many id fields it
     reads (``max_fields`` None: any, 0: none); ``dense``: its dense features; ``min_side``:
-    the smallest image side it takes; ``labels``: 0/1 (a binary classifier) or class indices
-    0..C-1."""
+    the smallest image side it takes; ``labels``: 0/1 (a binary classifier), class indices
+    0..C-1, real values, or any (a user's module, whose outputs decide)."""
 
     fields: tuple[tuple[str, str], ...] = ()  # (field, table)
     min_fields: int = 0
@@ -62,6 +62,7 @@ class Reads:
             "binary": "labels 0/1",
             "classes": "class labels 0, 1, ...",
             "real": "real-valued labels",
+            "any": "any labels (its outputs and loss say which task)",
         }[self.labels]
         return f"{ids}, {dense}, {labels}"
 

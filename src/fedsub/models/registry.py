@@ -37,9 +37,12 @@ from fedsub.models.inputs import Reads, check_reads
 from fedsub.models.linear_regression import LinearRegression
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.models.mlp import MLP
+from fedsub.models.module_spec import TorchModuleOptions
+from fedsub.models.module_spec import build as build_torch_module
 from fedsub.models.resnet import PreActResNet18
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
+from fedsub.models.torch_module import TorchModuleModel
 
 # The optional capabilities a model class may have (models/base.py), by the name listings use.
 # A runtime-checkable Protocol checks that its members are attributes, which a class has
@@ -252,6 +255,15 @@ BUILT_IN: tuple[ModelSpec, ...] = (
         lambda ds, o: LinearRegression(dense_dim=_dense_inputs(ds, "linear-regression")),
         LinearRegression,
         Reads(max_fields=0, dense="required", labels="real"),
+    ),
+    ModelSpec(
+        "torch-module",
+        "your own torch.nn.Module, built by the factory model.module names",
+        build_torch_module,
+        TorchModuleModel,
+        # what it reads is the module's choice: wrap refuses a field or table it leaves out
+        Reads(dense="optional", labels="any"),
+        TorchModuleOptions,
     ),
 )
 

@@ -71,6 +71,8 @@ class TorchModuleModel:
     the module's embedding modules and whose dense parameters are all its other parameters,
     starting from the module's own weights."""
 
+    batchable: bool = True  # a class-level default (``DeclaresBatchable``); wrap may clear it
+
     def __init__(
         self,
         module: nn.Module,
