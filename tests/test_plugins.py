@@ -150,11 +150,11 @@ def test_a_config_trains_the_plugin_model_on_the_plugin_dataset_with_its_pieces(
 
 
 def _compare(algorithm_options, algorithms, heat="samples"):
-    from fedsub.library import compare_models
+    from fedsub.library import compare
 
     dataset = load_dataset("toy-clicks", DATASETS["toy-clicks"].options(), None, 0)
     model = build_model("id-bias-lr", dataset, {"init_std": 0.1})
-    return compare_models(
+    return compare(
         model,
         dataset,
         algorithms=algorithms,
@@ -332,11 +332,11 @@ def test_a_plugin_server_optimizer_is_composed_with_its_options(site):
         "plain-1": {"server": "sgd"},
     }
     from fedsub.data.synthetic_sparse import SyntheticSparseOptions
-    from fedsub.library import compare_models
+    from fedsub.library import compare
 
     dataset = load_dataset("synthetic-sparse", SyntheticSparseOptions(num_users=20), None, 0)
     model = build_model("sparse-lr", dataset, {"init_std": 0.1})
-    runs = compare_models(
+    runs = compare(
         model,
         dataset,
         algorithms=list(options),
