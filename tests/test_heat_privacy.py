@@ -65,6 +65,39 @@ def test_count_min_sketch_error_within_its_bound_on_zipf():
     assert violations <= sketch.delta
 
 
+def test_count_min_sketch_sizes_hashes_and_guarantees_written_out():
+    """width = ceil(e / eps) and depth = ceil(ln(1 / delta)); the guarantees it reports are
+    e / width and exp(-depth); row m's bucket in hash row d is ((a_d m + b_d) mod p) mod width,
+    p = 2^61 - 1 (Cormode and Muthukrishnan), computed here in Python integers."""
+    sketch = CountMinSketch.for_error(eps=0.01, delta=0.05, seed=7)
+    assert (sketch.width, sketch.depth) == (272, 3)
+    assert sketch.eps == math.e / 272 and sketch.delta == math.exp(-3)
+    a, b = sketch._coefficients()
+    p = 2**61 - 1
+    rows = np.array([0, 1, 2, 12345, 10**9])  # a m + b runs past 2^64: exact integers needed
+    want = [[(int(a[d]) * int(m) + int(b[d])) % p % 272 for m in rows] for d in range(3)]
+    assert sketch.buckets(rows).tolist() == want
+
+
+def test_grouped_secure_sum_is_the_sum_with_a_majority_threshold_per_group(monkeypatch):
+    """Nine vectors in groups of 4, 4 and 1: each group's secure sum has threshold
+    floor(n / 2) + 1, and the total is the plain sum (one vector alone too)."""
+    from fedsub.privacy import heat_sources
+
+    calls = []
+    real = heat_sources.secure_sum
+
+    def recording(group, threshold):
+        calls.append((len(group), threshold))
+        return real(group, threshold=threshold)
+
+    monkeypatch.setattr(heat_sources, "secure_sum", recording)
+    vectors = [np.array([k, 2 * k, 7], dtype=np.uint32) for k in range(1, 10)]
+    assert heat_sources.grouped_secure_sum(vectors, 4).tolist() == [45, 90, 63]
+    assert calls == [(4, 3), (4, 3), (1, 1)]
+    assert heat_sources.grouped_secure_sum(vectors[:1], 4).tolist() == [1, 2, 7]
+
+
 @pytest.fixture(scope="module")
 def small():
     dataset = generate(
