@@ -151,6 +151,22 @@ def test_noisy_sources_give_bounded_coefficients(kind):
 
 
 @pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_randomized_response_heat_at_a_large_epsilon_is_the_exact_heat(small, kind):
+    """At epsilon = 12 a reported bit flips with probability 1 / (1 + e^12) ~ 6e-6 (no flip
+    here): (sum_k w_k report_k - (1 - p) W) / (2p - 1) is then the exact heat up to
+    (1 - p) W / (2p - 1), far below one client's weight."""
+    dataset, index = small
+    exact = estimate_heat(dataset, index, kind, HeatPrivacy("exact"))
+    noisy = estimate_heat(dataset, index, kind, HeatPrivacy("randomized-response", rr_epsilon=12))
+    counts = dataset.sample_counts()
+    total = float(len(counts)) if kind == "clients" else float(counts.sum())
+    p = rr.keep_probability(12.0)
+    for table, heat in exact.items():
+        assert heat.max() > 0
+        np.testing.assert_allclose(noisy[table], heat, rtol=0, atol=2 * (1 - p) * total)
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
 def test_measured_heat_gives_the_coefficients_of_its_totals(small, kind):
     """Heat measured over a network (Flower's exchange: no index sets, no counts) gives
     total / clip(heat, lowest, total), with total = N (clients) or the sample total (samples)
