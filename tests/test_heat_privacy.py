@@ -14,7 +14,7 @@ from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.privacy import randomized_response as rr
-from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
+from fedsub.privacy.heat_sources import HeatPrivacy, describe, estimate_heat
 from fedsub.privacy.sketch import CountMinSketch
 from fedsub.submodel.index import SubmodelIndex
 
@@ -230,3 +230,23 @@ def test_coefficients_are_computed_once_per_context(small, monkeypatch):
     build_algorithm("fedsubavg", context)
     build_algorithm("fedsubavg@scheme2", context)
     assert heat_coefficients(context) is first and len(calls) == 1
+
+
+def test_the_heat_sources_record_states_their_guarantees_written_out(small):
+    """heat_source.json: secagg is exact; the sketch's bound per table is eps times the
+    weighted mass sum_k |S(k)| w_k; randomized response's estimate has standard deviation
+    sqrt(p (1 - p) sum_k w_k^2) / (2p - 1)."""
+    dataset, index = small
+    counts = dataset.sample_counts()
+    for kind, weights in (("clients", np.ones(len(counts))), ("samples", counts)):
+        assert describe(dataset, index, kind, HeatPrivacy("secagg"))["exact"] is True
+        sketch = describe(dataset, index, kind, HeatPrivacy("sketch", sketch_eps=0.01))
+        assert sketch["eps"] == math.e / sketch["width"]
+        for table in dataset.table_rows:
+            mass = sum(len(index.client_rows(table, k)) * w for k, w in enumerate(weights))
+            assert sketch["error_bound"][table] == pytest.approx(sketch["eps"] * mass)
+        noisy = describe(dataset, index, kind, HeatPrivacy("randomized-response", rr_epsilon=1.5))
+        p = math.exp(1.5) / (1 + math.exp(1.5))
+        assert noisy["keep_probability"] == pytest.approx(p)
+        spread = math.sqrt(p * (1 - p) * float((weights.astype(float) ** 2).sum())) / (2 * p - 1)
+        assert noisy["estimate_std"] == pytest.approx(spread)

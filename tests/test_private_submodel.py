@@ -215,3 +215,45 @@ def test_bucketed_requests_pad_to_the_next_size_class():
         request = pd.bucketed_request(held, 500, 8, rng)
         assert len(request) == pd.size_class(size, 8, 500) > size
         assert np.isin(held, request).all()
+
+
+@pytest.mark.parametrize(
+    "clients, clip",
+    [(1, 1.0), (3, 1.0), (1, 0.3), (7, 0.3), (100, 1e8), (1, 2 - 2**-30), (2, 2 - 2**-30)],
+)
+def test_the_fixed_point_scale_is_the_finest_power_of_two_that_cannot_wrap(clients, clip):
+    """Written out: scale = 2^b, the largest b with clients * round(clip * 2^b) < 2^31 (b may
+    be negative for large clips). At clip = 2 - 2^-30 one client fills 2^31 - 1 exactly at
+    b = 30, and two clients' rounding (2^30 - 1/2 to the even 2^30) reaches 2^31 at b = 29."""
+    scale = FixedPoint.for_clients(clients, clip).scale
+    assert math.log2(scale).is_integer()
+    assert clients * round(clip * scale) < SIGNED_LIMIT
+    assert clients * round(clip * 2 * scale) >= SIGNED_LIMIT
+    assert FixedPoint.for_clients(clients, clip).error_bound(clients) == clients / (2 * scale)
+
+
+def test_the_fixed_point_needs_a_client_and_a_positive_clip():
+    assert FixedPoint.for_clients(1, 1e-6).scale > 0
+    for clients, clip in [(0, 1.0), (1, 0.0), (1, -1.0)]:
+        with pytest.raises(ValueError, match="at least one client and clip > 0"):
+            FixedPoint.for_clients(clients, clip)
+
+
+def test_only_values_beyond_the_clip_count_as_clipped():
+    _, clipped = FixedPoint(1.0, 8.0).encode(np.array([1.0, -1.0, 0.5, 1.5, -3.0]))
+    assert clipped == 2
+
+
+def test_a_request_is_the_clients_own_rows_below_level_download_and_hides_them_above():
+    """Below ``download`` the request is S(k) itself; at ``download`` (buckets) it is a
+    larger bucket that holds S(k)."""
+    from fedsub.privacy.levels import Privacy
+    from fedsub.privacy.requests import client_request
+
+    rows = {"t": np.array([3, 17, 40])}
+    for level in ("none", "heat"):
+        plain = client_request(Privacy(level), rows, {"t": 1000}, 0, 1, 5)
+        assert plain["t"].tolist() == [3, 17, 40]
+    privacy = Privacy("download", download="buckets", download_bucket=8)
+    hidden = client_request(privacy, rows, {"t": 1000}, 0, 1, 5)["t"]
+    assert len(hidden) >= 8 and set(rows["t"]) <= set(hidden.tolist())

@@ -308,6 +308,7 @@ def annotate(
 
 
 def main() -> None:
+    global TIMEOUT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     running = commands.add_parser("run", help="mutate and test")
@@ -319,12 +320,16 @@ def main() -> None:
         help="the copy of the worktree that is mutated (made if absent)",
     )
     running.add_argument("--only", help="JSONL of earlier results: replay their survivors")
+    running.add_argument(
+        "--timeout", type=int, default=TIMEOUT, help="seconds per mutant (a hang is a kill)"
+    )
     annotating = commands.add_parser("annotate", help="add function/source to old results")
     annotating.add_argument("old_repo")
     annotating.add_argument("results")
     annotating.add_argument("--plan")
     args = parser.parse_args()
     if args.command == "run":
+        TIMEOUT = args.timeout
         run(args.plan, args.out, args.repo, args.only)
     else:
         annotate(args.old_repo, args.results, args.plan, print)
