@@ -250,3 +250,23 @@ def test_the_heat_sources_record_states_their_guarantees_written_out(small):
         assert noisy["keep_probability"] == pytest.approx(p)
         spread = math.sqrt(p * (1 - p) * float((weights.astype(float) ** 2).sum())) / (2 * p - 1)
         assert noisy["estimate_std"] == pytest.approx(spread)
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_heat_read_from_the_nodes_summed_vectors_is_each_tables_heat(kind):
+    """The Flower heat exchange, two tables of different sizes: the sum of every node's
+    ``summed_vector`` decodes (``heat_from_sum``) to each table's heat by hand, the total
+    sample count and the number of nodes."""
+    from fedsub.privacy.heat_vectors import heat_from_sum, summed_vector
+
+    privacy = HeatPrivacy("secagg")
+    table_rows = {"b": 3, "a": 4}
+    nodes = [({"a": [0, 2], "b": [1]}, 5), ({"a": [2, 3], "b": [0, 1]}, 2)]
+    total = sum(
+        summed_vector(privacy, kind, table_rows, rows, n).astype(np.int64) for rows, n in nodes
+    )
+    measured = heat_from_sum(privacy, table_rows, total)
+    w = [1, 1] if kind == "clients" else [5, 2]
+    assert measured.heat["a"].tolist() == [w[0], 0, w[0] + w[1], w[1]]
+    assert measured.heat["b"].tolist() == [w[1], w[0] + w[1], 0]
+    assert (measured.total_samples, measured.num_clients) == (7.0, 2)
