@@ -140,8 +140,30 @@ def test_clipped_values_are_counted_through_the_secure_sum():
 
 def test_a_row_outside_the_union_is_refused():
     slots = RowSlots({"t": np.array([2, 5])}, {"t": 1}, {})
-    with pytest.raises(ValueError, match="not in the round's union"):
-        slots.client_values({"t": np.array([3])}, {"t": np.ones((1, 1))}, {})
+    for row in (3, 9, 0):  # between, past and before the union's rows
+        with pytest.raises(ValueError, match="not in the round's union"):
+            slots.client_values({"t": np.array([2, row])}, {"t": np.ones((2, 1))}, {})
+
+
+def test_client_values_lay_out_rows_in_their_slots_and_a_missing_table_as_zeros():
+    """[table a's union slots x width, table b's, dense w, 2 integer slots], by hand."""
+    slots = RowSlots(
+        {"a": np.array([1, 4, 6]), "b": np.array([0, 2])}, {"a": 2, "b": 1}, {"w": (2,)}
+    )
+    values = slots.client_values(
+        {"a": np.array([6, 1])},
+        {"a": np.array([[1.0, 2.0], [3.0, 4.0]])},
+        {"w": np.array([7.0, 8.0])},
+    )
+    assert values.tolist() == [3, 4, 0, 0, 1, 2, 0, 0, 7, 8, 0, 0]
+    with pytest.raises(ValueError, match="dense parameter 'w' must have shape"):
+        slots.client_values({}, {}, {"w": np.zeros(3)})
+
+
+def test_secure_row_sums_need_a_majority_of_the_cohort():
+    from fedsub.privacy.sparse_secagg import majority_threshold
+
+    assert [majority_threshold(n) for n in range(1, 8)] == [1, 2, 2, 3, 3, 4, 4]
 
 
 def test_epsilon_matches_the_formula():
