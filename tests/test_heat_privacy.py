@@ -14,7 +14,7 @@ from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.privacy import randomized_response as rr
-from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
+from fedsub.privacy.heat_sources import HeatPrivacy, describe, estimate_heat
 from fedsub.privacy.sketch import CountMinSketch
 from fedsub.submodel.index import SubmodelIndex
 
@@ -63,6 +63,39 @@ def test_count_min_sketch_error_within_its_bound_on_zipf():
     bound = sketch.eps * truth.sum()
     violations = np.mean(estimate - truth > bound)
     assert violations <= sketch.delta
+
+
+def test_count_min_sketch_sizes_hashes_and_guarantees_written_out():
+    """width = ceil(e / eps) and depth = ceil(ln(1 / delta)); the guarantees it reports are
+    e / width and exp(-depth); row m's bucket in hash row d is ((a_d m + b_d) mod p) mod width,
+    p = 2^61 - 1 (Cormode and Muthukrishnan), computed here in Python integers."""
+    sketch = CountMinSketch.for_error(eps=0.01, delta=0.05, seed=7)
+    assert (sketch.width, sketch.depth) == (272, 3)
+    assert sketch.eps == math.e / 272 and sketch.delta == math.exp(-3)
+    a, b = sketch._coefficients()
+    p = 2**61 - 1
+    rows = np.array([0, 1, 2, 12345, 10**9])  # a m + b runs past 2^64: exact integers needed
+    want = [[(int(a[d]) * int(m) + int(b[d])) % p % 272 for m in rows] for d in range(3)]
+    assert sketch.buckets(rows).tolist() == want
+
+
+def test_grouped_secure_sum_is_the_sum_with_a_majority_threshold_per_group(monkeypatch):
+    """Nine vectors in groups of 4, 4 and 1: each group's secure sum has threshold
+    floor(n / 2) + 1, and the total is the plain sum (one vector alone too)."""
+    from fedsub.privacy import heat_sources
+
+    calls = []
+    real = heat_sources.secure_sum
+
+    def recording(group, threshold):
+        calls.append((len(group), threshold))
+        return real(group, threshold=threshold)
+
+    monkeypatch.setattr(heat_sources, "secure_sum", recording)
+    vectors = [np.array([k, 2 * k, 7], dtype=np.uint32) for k in range(1, 10)]
+    assert heat_sources.grouped_secure_sum(vectors, 4).tolist() == [45, 90, 63]
+    assert calls == [(4, 3), (4, 3), (1, 1)]
+    assert heat_sources.grouped_secure_sum(vectors[:1], 4).tolist() == [1, 2, 7]
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +148,22 @@ def test_noisy_sources_give_bounded_coefficients(kind):
         # the estimate clipped to [lowest, total], then total / heat: a row whose estimate
         # fell to 0 or below gets the largest correction, not an untouched row's 1
         np.testing.assert_allclose(coef, total / np.clip(raw, lowest, total), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_randomized_response_heat_at_a_large_epsilon_is_the_exact_heat(small, kind):
+    """At epsilon = 12 a reported bit flips with probability 1 / (1 + e^12) ~ 6e-6 (no flip
+    here): (sum_k w_k report_k - (1 - p) W) / (2p - 1) is then the exact heat up to
+    (1 - p) W / (2p - 1), far below one client's weight."""
+    dataset, index = small
+    exact = estimate_heat(dataset, index, kind, HeatPrivacy("exact"))
+    noisy = estimate_heat(dataset, index, kind, HeatPrivacy("randomized-response", rr_epsilon=12))
+    counts = dataset.sample_counts()
+    total = float(len(counts)) if kind == "clients" else float(counts.sum())
+    p = rr.keep_probability(12.0)
+    for table, heat in exact.items():
+        assert heat.max() > 0
+        np.testing.assert_allclose(noisy[table], heat, rtol=0, atol=2 * (1 - p) * total)
 
 
 @pytest.mark.parametrize("kind", ["clients", "samples"])
@@ -181,3 +230,43 @@ def test_coefficients_are_computed_once_per_context(small, monkeypatch):
     build_algorithm("fedsubavg", context)
     build_algorithm("fedsubavg@scheme2", context)
     assert heat_coefficients(context) is first and len(calls) == 1
+
+
+def test_the_heat_sources_record_states_their_guarantees_written_out(small):
+    """heat_source.json: secagg is exact; the sketch's bound per table is eps times the
+    weighted mass sum_k |S(k)| w_k; randomized response's estimate has standard deviation
+    sqrt(p (1 - p) sum_k w_k^2) / (2p - 1)."""
+    dataset, index = small
+    counts = dataset.sample_counts()
+    for kind, weights in (("clients", np.ones(len(counts))), ("samples", counts)):
+        assert describe(dataset, index, kind, HeatPrivacy("secagg"))["exact"] is True
+        sketch = describe(dataset, index, kind, HeatPrivacy("sketch", sketch_eps=0.01))
+        assert sketch["eps"] == math.e / sketch["width"]
+        for table in dataset.table_rows:
+            mass = sum(len(index.client_rows(table, k)) * w for k, w in enumerate(weights))
+            assert sketch["error_bound"][table] == pytest.approx(sketch["eps"] * mass)
+        noisy = describe(dataset, index, kind, HeatPrivacy("randomized-response", rr_epsilon=1.5))
+        p = math.exp(1.5) / (1 + math.exp(1.5))
+        assert noisy["keep_probability"] == pytest.approx(p)
+        spread = math.sqrt(p * (1 - p) * float((weights.astype(float) ** 2).sum())) / (2 * p - 1)
+        assert noisy["estimate_std"] == pytest.approx(spread)
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_heat_read_from_the_nodes_summed_vectors_is_each_tables_heat(kind):
+    """The Flower heat exchange, two tables of different sizes: the sum of every node's
+    ``summed_vector`` decodes (``heat_from_sum``) to each table's heat by hand, the total
+    sample count and the number of nodes."""
+    from fedsub.privacy.heat_vectors import heat_from_sum, summed_vector
+
+    privacy = HeatPrivacy("secagg")
+    table_rows = {"b": 3, "a": 4}
+    nodes = [({"a": [0, 2], "b": [1]}, 5), ({"a": [2, 3], "b": [0, 1]}, 2)]
+    total = sum(
+        summed_vector(privacy, kind, table_rows, rows, n).astype(np.int64) for rows, n in nodes
+    )
+    measured = heat_from_sum(privacy, table_rows, total)
+    w = [1, 1] if kind == "clients" else [5, 2]
+    assert measured.heat["a"].tolist() == [w[0], 0, w[0] + w[1], w[1]]
+    assert measured.heat["b"].tolist() == [w[1], w[0] + w[1], 0]
+    assert (measured.total_samples, measured.num_clients) == (7.0, 2)

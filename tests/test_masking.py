@@ -384,9 +384,11 @@ def hand_average(masks, deltas, a, average_over):
     return np.where(trained > 0, total / np.where(trained > 0, trained, 1.0), 0.0)
 
 
+@pytest.mark.parametrize("weights_sum", [1.0, 2.5])  # scheme2's a_j need not add up to 1
 @pytest.mark.parametrize("average_over", ["trainers", "all"])
-def test_bernoulli_mask_aggregation_is_the_per_entry_average_by_hand(average_over):
-    """Random 0/1 masks (overlapping, some entries trained by no one) and deltas."""
+def test_bernoulli_mask_aggregation_is_the_per_entry_average_by_hand(average_over, weights_sum):
+    """Random 0/1 masks (overlapping, some entries trained by no one) and deltas; weights
+    that add up to 1 or not ("all" divides by their sum)."""
     from fedsub.models.width import CoordinateMask
 
     rng = np.random.default_rng(4)
@@ -403,7 +405,7 @@ def test_bernoulli_mask_aggregation_is_the_per_entry_average_by_hand(average_ove
     update = MaskedCohortUpdate(
         torch.arange(3), torch.tensor(weights_n, dtype=torch.float64), torch.ones(3), groups
     )
-    a = client_weights(update, "samples")
+    a = client_weights(update, "samples") * weights_sum
     result = aggregate_slices(update, a, like, average_over).dense
     for n in shapes:
         expected = hand_average(

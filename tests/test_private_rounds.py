@@ -241,6 +241,78 @@ def test_secure_weighting_gives_scheme2s_model_scale():
         assert secure.model_scale(units) == (pytest.approx(expected) if model_average else None)
 
 
+@pytest.mark.parametrize(
+    "population, num_clients, mean",
+    [(3.0, 4, 0.75), (5.0, 1, 5.0), (0.0, 0, 1.0)],  # W/N below 1, N = 1, W unknown
+)
+def test_secure_weighting_scales_and_corrects_as_written_out(population, num_clients, mean):
+    """a_k = units_k * scale, written out: uniform m_k / K; samples m_k n_k / (K * W/N) with
+    W/N taken as 1 when the population is unknown. With member 2 dropped out, the corrected
+    sums are the survivors' weighted mean sum_k units_k d_k / sum_k units_k."""
+    from fedsub.algorithms.aggregation import Aggregation
+    from fedsub.engine.private_rounds import secure_weighting
+
+    draws, counts, deltas = [1, 2, 1], [7, 3, 30], [2.0, 1.0, 5.0]
+    drawn, survivors = sum(draws), [0, 1]
+    written_out = {
+        "uniform": (list(draws), [m / drawn for m in draws]),
+        "samples": (
+            [m * n for m, n in zip(draws, counts, strict=True)],
+            [m * n / (drawn * mean) for m, n in zip(draws, counts, strict=True)],
+        ),
+    }
+    for weighting, (units_by_hand, coefficients_by_hand) in written_out.items():
+        secure = secure_weighting(Aggregation(weighting, None, population, num_clients), draws)
+        units = [secure.units(j, n) for j, n in enumerate(counts)]
+        assert units == units_by_hand
+        assert [secure.coefficient(u) for u in units] == pytest.approx(coefficients_by_hand)
+        total = sum(units[j] for j in survivors)
+        step = secure.correction(total) * sum(
+            secure.coefficient(units[j]) * deltas[j] for j in survivors
+        )
+        mean_by_hand = sum(units_by_hand[j] * deltas[j] for j in survivors) / sum(
+            units_by_hand[j] for j in survivors
+        )
+        assert step == pytest.approx(mean_by_hand)
+
+
+def test_restrict_keeps_only_the_rows_each_member_requested():
+    """restrict, by hand: member 0 requested two of its rows, member 1 nothing (it keeps no
+    row), member 2 a single row (below one it holds and equal to another)."""
+    from fedsub.engine.private_rounds import restrict
+    from fedsub.submodel.transfer import CohortUpdate
+
+    rows = torch.tensor([1, 4, 6, 2, 3, 0, 5, 7])
+    owner = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    update = CohortUpdate(
+        clients=torch.tensor([10, 11, 12]),
+        weights=torch.ones(3, dtype=torch.float64),
+        multiplicity=torch.ones(3, dtype=torch.int64),
+        rows={"t": rows},
+        row_owner={"t": owner},
+        table_deltas={"t": torch.arange(8.0).unsqueeze(1)},
+        dense_deltas={},
+    )
+    requests = {
+        10: {"t": np.array([0, 4, 6, 9])},
+        11: {"t": np.array([], dtype=np.int64)},
+        12: {"t": np.array([5])},
+    }
+    cut = restrict(update, requests)
+    assert cut.rows["t"].tolist() == [4, 6, 5]
+    assert cut.row_owner["t"].tolist() == [0, 0, 2]
+    assert cut.table_deltas["t"].squeeze(1).tolist() == [1.0, 2.0, 6.0]
+
+
+def test_a_view_with_no_skipped_rows_of_a_table_reads_the_global_model():
+    """WithoutRows without an entry for a table (no skipped rows given) reads it unchanged."""
+    from fedsub.engine.private_rounds import WithoutRows
+
+    table = torch.arange(1.0, 7.0).reshape(3, 2)
+    rows = torch.tensor([2, 0])
+    assert torch.equal(WithoutRows({"t": table}, {}).gather_rows("t", rows), table[rows])
+
+
 @pytest.mark.parametrize("level", ["download", "full"])
 def test_private_rounds_run_scheme2_as_the_papers_model_average(small_synthetic, level):
     """Private download (1/p on the rows) and secure sums (f from the total units) keep

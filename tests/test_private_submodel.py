@@ -140,8 +140,30 @@ def test_clipped_values_are_counted_through_the_secure_sum():
 
 def test_a_row_outside_the_union_is_refused():
     slots = RowSlots({"t": np.array([2, 5])}, {"t": 1}, {})
-    with pytest.raises(ValueError, match="not in the round's union"):
-        slots.client_values({"t": np.array([3])}, {"t": np.ones((1, 1))}, {})
+    for row in (3, 9, 0):  # between, past and before the union's rows
+        with pytest.raises(ValueError, match="not in the round's union"):
+            slots.client_values({"t": np.array([2, row])}, {"t": np.ones((2, 1))}, {})
+
+
+def test_client_values_lay_out_rows_in_their_slots_and_a_missing_table_as_zeros():
+    """[table a's union slots x width, table b's, dense w, 2 integer slots], by hand."""
+    slots = RowSlots(
+        {"a": np.array([1, 4, 6]), "b": np.array([0, 2])}, {"a": 2, "b": 1}, {"w": (2,)}
+    )
+    values = slots.client_values(
+        {"a": np.array([6, 1])},
+        {"a": np.array([[1.0, 2.0], [3.0, 4.0]])},
+        {"w": np.array([7.0, 8.0])},
+    )
+    assert values.tolist() == [3, 4, 0, 0, 1, 2, 0, 0, 7, 8, 0, 0]
+    with pytest.raises(ValueError, match="dense parameter 'w' must have shape"):
+        slots.client_values({}, {}, {"w": np.zeros(3)})
+
+
+def test_secure_row_sums_need_a_majority_of_the_cohort():
+    from fedsub.privacy.sparse_secagg import majority_threshold
+
+    assert [majority_threshold(n) for n in range(1, 8)] == [1, 2, 2, 3, 3, 4, 4]
 
 
 def test_epsilon_matches_the_formula():
@@ -215,3 +237,45 @@ def test_bucketed_requests_pad_to_the_next_size_class():
         request = pd.bucketed_request(held, 500, 8, rng)
         assert len(request) == pd.size_class(size, 8, 500) > size
         assert np.isin(held, request).all()
+
+
+@pytest.mark.parametrize(
+    "clients, clip",
+    [(1, 1.0), (3, 1.0), (1, 0.3), (7, 0.3), (100, 1e8), (1, 2 - 2**-30), (2, 2 - 2**-30)],
+)
+def test_the_fixed_point_scale_is_the_finest_power_of_two_that_cannot_wrap(clients, clip):
+    """Written out: scale = 2^b, the largest b with clients * round(clip * 2^b) < 2^31 (b may
+    be negative for large clips). At clip = 2 - 2^-30 one client fills 2^31 - 1 exactly at
+    b = 30, and two clients' rounding (2^30 - 1/2 to the even 2^30) reaches 2^31 at b = 29."""
+    scale = FixedPoint.for_clients(clients, clip).scale
+    assert math.log2(scale).is_integer()
+    assert clients * round(clip * scale) < SIGNED_LIMIT
+    assert clients * round(clip * 2 * scale) >= SIGNED_LIMIT
+    assert FixedPoint.for_clients(clients, clip).error_bound(clients) == clients / (2 * scale)
+
+
+def test_the_fixed_point_needs_a_client_and_a_positive_clip():
+    assert FixedPoint.for_clients(1, 1e-6).scale > 0
+    for clients, clip in [(0, 1.0), (1, 0.0), (1, -1.0)]:
+        with pytest.raises(ValueError, match="at least one client and clip > 0"):
+            FixedPoint.for_clients(clients, clip)
+
+
+def test_only_values_beyond_the_clip_count_as_clipped():
+    _, clipped = FixedPoint(1.0, 8.0).encode(np.array([1.0, -1.0, 0.5, 1.5, -3.0]))
+    assert clipped == 2
+
+
+def test_a_request_is_the_clients_own_rows_below_level_download_and_hides_them_above():
+    """Below ``download`` the request is S(k) itself; at ``download`` (buckets) it is a
+    larger bucket that holds S(k)."""
+    from fedsub.privacy.levels import Privacy
+    from fedsub.privacy.requests import client_request
+
+    rows = {"t": np.array([3, 17, 40])}
+    for level in ("none", "heat"):
+        plain = client_request(Privacy(level), rows, {"t": 1000}, 0, 1, 5)
+        assert plain["t"].tolist() == [3, 17, 40]
+    privacy = Privacy("download", download="buckets", download_bucket=8)
+    hidden = client_request(privacy, rows, {"t": 1000}, 0, 1, 5)["t"]
+    assert len(hidden) >= 8 and set(rows["t"]) <= set(hidden.tolist())

@@ -14,13 +14,15 @@ import pytest
 import torch
 
 from fedsub.algorithms.registry import AlgorithmContext, ServerLrOptions, build_algorithm
-from fedsub.algorithms.sampling import uniform_cohort
+from fedsub.algorithms.sampling import Cohort, uniform_cohort
+from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.engine.loop import RunControl, initial_params, train
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
 
 from .conftest import make_dataset
 
@@ -166,3 +168,34 @@ def test_a_screened_out_member_neither_moves_the_model_nor_its_variates(whole_mo
     assert_equal(got, expected)
     unscreened = by_hand(4, 0.8, whole_model)
     assert (unscreened["t"] - expected["t"]).abs().max() > 1e-4
+
+
+def test_corrections_are_c_minus_c_i_and_the_variates_survive_a_checkpoint():
+    """ControlVariates by hand, with a 3 x 4 dense weight beside the table: member j's
+    correction is c - c_j on its rows and on every dense entry; state_tensors then
+    load_state_tensors (a resume) gives back c and every c_i."""
+    dataset, _ = dataset_and_model()
+    index = SubmodelIndex.build(dataset)
+    shapes = {"w": (3, 4), "b": (4,)}
+    params = Params({"t": torch.zeros(ROWS, 2)}, {n: torch.zeros(s) for n, s in shapes.items()})
+    variates = ControlVariates(params, index, CLIENTS)
+    generator = torch.Generator().manual_seed(0)
+    for state in (variates.c, variates._client(1), variates._client(4)):
+        for value in [*state.tables.values(), *state.dense.values()]:
+            value.copy_(torch.randn(value.shape, generator=generator))
+    got = variates.corrections(Cohort(np.array([1, 4]), np.array([1, 1])))
+    for j, k in enumerate([1, 4]):
+        member, own = got.member(j), variates.client_c[k]
+        rows = torch.from_numpy(index.client_rows("t", k))
+        assert torch.equal(member.tables["t"], variates.c.tables["t"][rows] - own.tables["t"])
+        for n in shapes:
+            assert torch.equal(member.dense[n], variates.c.dense[n] - own.dense[n])
+    restored = ControlVariates(params, index, CLIENTS)
+    restored.load_state_tensors(variates.state_tensors())
+    assert sorted(restored.client_c) == [1, 4]
+    pairs = [(restored.c, variates.c)] + [
+        (restored.client_c[k], variates.client_c[k]) for k in (1, 4)
+    ]
+    for back, saved in pairs:
+        assert back.state_dict().keys() == saved.state_dict().keys()
+        assert all(torch.equal(v, saved.state_dict()[n]) for n, v in back.state_dict().items())

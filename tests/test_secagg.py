@@ -29,6 +29,18 @@ def plain_sum(vectors: dict[int, np.ndarray], keep) -> np.ndarray:
     return (total % 2**32).astype(np.uint32)
 
 
+def test_shamir_gives_exactly_n_shares_and_takes_only_1_le_t_le_n_and_field_secrets():
+    """split: the shares sit at x = 1..n (no more); t from 1 to n and secrets from 0 to
+    PRIME - 1 are accepted, both ends included; anything else is refused."""
+    for secret, n, t in [(0, 3, 1), (shamir.PRIME - 1, 3, 3), (5, 1, 1)]:
+        shares = shamir.split(secret, n=n, t=t)
+        assert [x for x, _ in shares] == list(range(1, n + 1))
+        assert shamir.reconstruct(shares[:t]) == secret
+    for secret, n, t in [(5, 3, 0), (5, 3, 4), (-1, 3, 2), (shamir.PRIME, 3, 2)]:
+        with pytest.raises(ValueError):
+            shamir.split(secret, n=n, t=t)
+
+
 def test_shamir_any_t_shares_recover_and_fewer_do_not():
     secret = 123456789123456789
     shares = shamir.split(secret, n=6, t=4)

@@ -169,3 +169,21 @@ def test_flower_strategy_raises_diverged_naming_the_round_and_records_it(monkeyp
     assert error.value.round == 2 and error.value.reason == "the model overflowed"
     assert strategy.rounds[-1]["diverged"] == "the model overflowed"
     assert strategy.rounds[-1]["replies"] == len(sent)
+
+
+def test_the_overflow_check_reads_only_the_touched_rows_and_dense_parameters():
+    """touched_nonfinite: a NaN in a row the round changed (or in a dense parameter) is found,
+    one in a row it left alone is not, and a round that changed nothing is finite."""
+    from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
+    from fedsub.engine.server_round import touched_nonfinite
+
+    table = torch.zeros(4, 2)
+    table[3] = float("nan")
+    tables_only = Params({"t": table}, {})
+    assert not bool(touched_nonfinite(tables_only, ServerUpdate({}, {})))
+    changed = {"t": RowUpdate(torch.tensor([0, 1]), torch.zeros(2, 2))}
+    assert not bool(touched_nonfinite(tables_only, ServerUpdate(changed, {})))
+    changed = {"t": RowUpdate(torch.tensor([1, 3]), torch.zeros(2, 2))}
+    assert bool(touched_nonfinite(tables_only, ServerUpdate(changed, {})))
+    with_dense = Params({"t": torch.zeros(4, 2)}, {"b": torch.tensor([0.0, float("inf")])})
+    assert bool(touched_nonfinite(with_dense, ServerUpdate({}, {})))

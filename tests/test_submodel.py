@@ -43,6 +43,16 @@ def test_heat_matches_counting_clients_and_samples(small_synthetic):
     assert heat_lib.dispersion(n_m) == n_m.max() / n_m[n_m > 0].min()
 
 
+def test_coefficients_and_dispersion_written_out():
+    """FedSubAvg's total / heat for touched rows (one of heat 1), 1 for untouched ones; the
+    dispersion max / min over the touched rows only (NaN when none is touched)."""
+    row_heat = np.array([0.0, 1.0, 4.0, 0.0, 10.0])
+    np.testing.assert_array_equal(heat_lib.coefficients(row_heat, 20.0), [1, 20, 5, 1, 2])
+    assert heat_lib.dispersion(row_heat) == 10.0
+    assert heat_lib.dispersion(np.array([0.0, 2.0, 5.0, 8.0])) == 4.0
+    assert np.isnan(heat_lib.dispersion(np.zeros(3)))
+
+
 def test_pull_push_round_trip_leaves_untouched_rows_bit_identical():
     generator = torch.Generator().manual_seed(0)
     table = torch.randn(1000, 4, generator=generator)
