@@ -157,6 +157,40 @@ def test_run_gives_the_command_lines_results(tmp_path):
         assert without_elapsed(runs[name].history) == without_elapsed(memory[name].history)
 
 
+def test_sweep_gives_the_command_lines_sweep(tmp_path):
+    """fedsub.sweep from a file, from TOML-shaped data and from a Config writes what
+    `fedsub compare --sweep` writes: the same sweep.json and per-value metrics."""
+    import tomllib
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(CONFIG)
+    sweep = ["--sweep", "train.clients_per_round=4,6"]
+    assert main(["compare", str(path), *sweep, "--out", str(tmp_path / "cli"), "--quiet"]) == 0
+    expected = json.loads((tmp_path / "cli" / "sweep.json").read_text())
+    assert expected["values"] == ["4", "6"]
+    sources = {
+        "file": path,
+        "data": tomllib.loads(CONFIG),
+        "config": fedsub.Config.from_toml(path),
+    }
+    for label, source in sources.items():
+        result = fedsub.sweep(source, "train.clients_per_round", [4, "6"], out=tmp_path / label)
+        assert result.out == tmp_path / label and result.summary == expected, label
+        assert json.loads((tmp_path / label / "sweep.json").read_text()) == expected
+        for value in ("4", "6"):
+            for name in ("fedavg", "fedsubavg"):
+                relative = Path(f"train.clients_per_round={value}") / name / "metrics.jsonl"
+                cli = metrics_file(tmp_path / "cli" / relative)
+                assert metrics_file(tmp_path / label / relative) == cli, (label, value)
+    with pytest.raises(fedsub.ConfigError, match="value '4' is given twice"):
+        fedsub.sweep(path, "train.clients_per_round", [4, 4], out=tmp_path / "twice")
+    with pytest.raises(fedsub.ConfigError, match="at least one value"):
+        fedsub.sweep(path, "train.clients_per_round", [], out=tmp_path / "none")
+    with pytest.raises(fedsub.ConfigError, match="clients_per_round"):
+        fedsub.sweep(path, "train.clients_per_round", [0], out=tmp_path / "zero")
+    assert not (tmp_path / "twice").exists() and not (tmp_path / "zero").exists()
+
+
 def test_run_resumes_a_stopped_run_in_its_folder(tmp_path):
     config = fedsub.Config.from_toml(CONFIG, ["train.checkpoint_every=1"])
     straight = fedsub.run(config)

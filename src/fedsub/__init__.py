@@ -1,9 +1,10 @@
 """fedsub: federated submodel training (FedSubAvg and friends) for sparse models.
 
-The Python API (``fedsub.library``): ``load_dataset``, ``train``, ``compare``, ``run`` and
-``Config``; datasets from Python objects (``samples``, ``from_clients``, ``from_dataframe``,
-``from_partitioner``). Those names are imported on first use (PEP 562), so ``import fedsub``
-and ``fedsub --help`` stay fast: torch is imported only when an API name is used.
+The Python API (``fedsub.library``): ``load_dataset``, ``train``, ``compare``, ``run``,
+``sweep`` and ``Config``; datasets from Python objects (``samples``, ``from_clients``,
+``from_dataframe``, ``from_partitioner``). Those names are imported on first use (PEP 562),
+so ``import fedsub`` and ``fedsub --help`` stay fast: torch is imported only when an API
+name is used.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ if TYPE_CHECKING:
     from fedsub.config import Config
     from fedsub.data.federated import FederatedDataset, SampleSet
     from fedsub.data.from_python import from_clients, from_dataframe, from_partitioner, samples
-    from fedsub.library import Comparison, TrainResult, compare, load_dataset, run, train
+    from fedsub.library import (
+        Comparison,
+        Sweep,
+        TrainResult,
+        compare,
+        load_dataset,
+        run,
+        sweep,
+        train,
+    )
 
 __all__ = [
     "Comparison",
@@ -27,6 +37,7 @@ __all__ = [
     "FederatedDataset",
     "FedsubError",
     "SampleSet",
+    "Sweep",
     "TrainResult",
     "compare",
     "from_clients",
@@ -35,11 +46,21 @@ __all__ = [
     "load_dataset",
     "run",
     "samples",
+    "sweep",
     "train",
 ]
 __version__ = "0.1.0"
 
-_LIBRARY = {"Comparison", "TrainResult", "compare", "load_dataset", "run", "train"}
+_LIBRARY = {
+    "Comparison",
+    "Sweep",
+    "TrainResult",
+    "compare",
+    "load_dataset",
+    "run",
+    "sweep",
+    "train",
+}
 _FROM_PYTHON = {"from_clients", "from_dataframe", "from_partitioner", "samples"}
 _DATASETS = {"FederatedDataset", "SampleSet"}
 

@@ -57,7 +57,7 @@ def _default_text(field: dataclasses.Field) -> str:
         value = field.default_factory()
     else:
         return "(required)"
-    return "unset" if value is None else config_lib._toml_value(value)
+    return "unset" if value is None else config_lib.toml_value(value)
 
 
 def _fields(cls: type) -> list[dataclasses.Field]:

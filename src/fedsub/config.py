@@ -657,15 +657,16 @@ def default_config_path() -> Path:
     return Path(__file__).parent / "configs" / "default.toml"
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """``value`` as a TOML value (what ``--set key=...`` and ``--sweep`` take)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # an inline table; keys quoted (they may hold dots)
-        pairs = (f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items())
+        pairs = (f"{toml_value(k)} = {toml_value(v)}" for k, v in value.items())
         return "{" + ", ".join(pairs) + "}"
     return repr(value)
 
@@ -680,12 +681,12 @@ def to_toml(config: Config) -> str:
         if options is not None:
             items.update(dataclasses.asdict(options))
         lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in items.items() if v is not None]
+        lines += [f"{k} = {toml_value(v)}" for k, v in items.items() if v is not None]
         lines.append("")
     for name, options in config.algorithms.items():
         lines.append(f"[algorithms.{name}]")
         table = options if not isinstance(options, Composed) else None
         values = (composed_table(options) if table is None else dataclasses.asdict(table)).items()
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values if v is not None]
+        lines += [f"{k} = {toml_value(v)}" for k, v in values if v is not None]
         lines.append("")
     return "\n".join(lines)

@@ -10,8 +10,10 @@ run_setup.py and trained by experiment.py's ``compare`` (without a run folder un
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
+import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -290,6 +292,78 @@ def run(
         profile=profile,
     )
     return Comparison.of(outcome)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep's result: ``summary`` (sweep.json: rounds to target of each algorithm at each
+    value), ``markdown`` (sweep.md, as the command line prints it), ``out`` (its folder: one
+    run folder per value, ``<key>=<value>/``, each as ``fedsub.run`` writes it) and
+    ``diverged`` (``"<algorithm> (<key>=<value>)"``: round and reason)."""
+
+    summary: dict[str, Any]
+    markdown: str
+    out: Path
+    diverged: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def sweep(
+    config: Config | Mapping[str, Any] | str | os.PathLike[str] | None,
+    key: str,
+    values: Sequence[object],
+    *,
+    out: str | os.PathLike[str],
+    resume: bool = False,
+    overwrite: bool = False,
+    profile: bool = False,
+    stop_requested: Callable[[], bool] | None = None,
+    on_round: Callable[[str, int], None] | None = None,
+) -> Sweep:
+    """One comparison per value of ``key`` (``"train.clients_per_round"``) on the config's
+    schedule, as ``fedsub compare --sweep key=v1,v2`` runs it; every value is checked before
+    anything trains, and ``resume=True`` continues a stopped sweep in ``out``.
+
+    - ``config``: a TOML file, TOML-shaped data (``{"train": {...}}``), a ``Config``, or None
+      (the embedded default). Give a file or data to sweep ``data.name``: a ``Config`` holds
+      its dataset's resolved options, which another dataset does not take.
+    - ``values``: the values, as ``--sweep`` takes them (``10`` or ``"10"``; lists as TOML).
+
+    Examples:
+        >>> import tempfile, fedsub
+        >>> base = {"train": {"rounds": 2, "algorithms": ["fedsubavg"]}, "eval": {"every": 1}}
+        >>> out = tempfile.mkdtemp() + "/k"
+        >>> result = fedsub.sweep(base, "train.clients_per_round", [5, 10], out=out)
+        >>> result.summary["values"]
+        ['5', '10']
+    """
+    texts = [v if isinstance(v, str) else config_lib.toml_value(v) for v in values]
+    if not texts:
+        raise ConfigError(f"sweep of {key!r}: give at least one value")
+    twice = sorted({v for v in texts if texts.count(v) > 1})
+    if twice:
+        raise ConfigError(f"sweep of {key!r}: value {twice[0]!r} is given twice")
+    check_folder_text(os.fspath(out), "out")
+    if isinstance(config, Config):
+        base, where = tomllib.loads(config.to_toml()), "the config"
+    elif isinstance(config, Mapping):
+        base, where = copy.deepcopy(dict(config)), "the config"
+    else:
+        path = config_lib.default_config_path() if config is None else Path(config)
+        base, where = config_lib.read_toml(path), str(path)
+    outcome = experiment.sweep(
+        key,
+        texts,
+        base,
+        Path(out),
+        on_round,
+        resume=resume,
+        stop_requested=stop_requested or (lambda: False),
+        overwrite=overwrite,
+        where=where,
+        profile=profile,
+    )
+    diverged = {name: str(d) for name, d in outcome.diverged.items()}
+    return Sweep(outcome.summary, outcome.markdown, Path(out), diverged)
 
 
 def _dataset_of(data: FederatedDataset | str) -> FederatedDataset:
