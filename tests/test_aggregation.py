@@ -1,6 +1,7 @@
 """The row-sparse aggregator against a dense per-client reference computation."""
 
 import numpy as np
+import pytest
 import torch
 
 from fedsub.algorithms.aggregation import Aggregation, aggregate
@@ -71,3 +72,31 @@ def test_row_union_equals_numpy_unique_across_calls():
             expected, expected_inverse = np.unique(rows, return_inverse=True)
             assert np.array_equal(distinct.numpy(), expected)
             assert np.array_equal(inverse.numpy(), expected_inverse)
+
+
+@pytest.mark.parametrize("name", ["samples", "uniform", "scheme2", "original"])
+def test_each_weightings_declared_properties_are_what_it_computes(name):
+    """``sums_to_one`` (masking and secure sums read it) is whether the weights it computes add
+    up to 1, and ``reads_totals`` whether they change with the population's totals (W, N);
+    a weighting that reads them is refused by ``client_weights``, which has none."""
+    from types import SimpleNamespace
+
+    from fedsub.algorithms.aggregation import client_weights
+    from fedsub.algorithms.weighting import WEIGHTINGS
+
+    piece = WEIGHTINGS[name]
+    cohort = SimpleNamespace(
+        weights=torch.tensor([3.0, 5.0, 2.0], dtype=torch.float64),
+        multiplicity=torch.tensor([1, 2, 1]),
+    )
+    small = piece.weights(cohort, Aggregation(name, population_weight=40.0, num_clients=10))
+    large = piece.weights(cohort, Aggregation(name, population_weight=90.0, num_clients=30))
+    assert piece.sums_to_one == bool(
+        torch.isclose(small.sum(), torch.tensor(1.0, dtype=small.dtype))
+    )
+    assert piece.reads_totals == (not torch.equal(small, large))
+    if piece.reads_totals:
+        with pytest.raises(ValueError, match="needs the population"):
+            client_weights(cohort, name)
+    else:
+        assert torch.equal(client_weights(cohort, name), small)
