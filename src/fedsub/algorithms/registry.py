@@ -44,7 +44,7 @@ from fedsub.algorithms.aggregation_rules import (
     AggregationRule,
     rule_class,
 )
-from fedsub.algorithms.runtimes import Runtime
+from fedsub.algorithms.runtimes import Capability, Runtime
 from fedsub.algorithms.schemes import SCHEMES, Scheme
 from fedsub.algorithms.server_optimizer import ServerMomentum, ServerOptimizer, ServerSGD
 from fedsub.algorithms.weighting import WEIGHTINGS
@@ -443,23 +443,25 @@ def check_combination(
             f"client piece {stateful[0]!r} keeps per-client state built from each client's "
             "own update, which private download and secure aggregation keep from the server"
         )
-    reasons = [f"its client piece {n!r} keeps per-client state across rounds" for n in stateful]
+    # (the runtime capability each property needs, why): for masking's refusal and the runtime's
+    needs: list[tuple[Capability, str]] = [
+        ("client-state", f"its client piece {n!r} keeps per-client state across rounds")
+        for n in stateful
+    ]
     if pooled:
-        reasons.append(f"its aggregation {recipe.aggregation!r} pools the data (no clients)")
-    if reasons and masking != "none":
+        needs.append(
+            ("pooled-data", f"its aggregation {recipe.aggregation!r} pools the data (no clients)")
+        )
+    if needs and masking != "none":
         raise ConfigError(
             f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: "
-            f"{'; '.join(reasons)}. Masked training needs per-client state-free pieces"
+            f"{'; '.join(why for _, why in needs)}. Masked training needs per-client state-free "
+            "pieces"
         )
     if runtime is None:
         return
-    what = f"algorithm {name!r}"
-    for n in stateful:
-        because = f"its client piece {n!r} keeps per-client state across rounds"
-        runtime.require("client-state", what, because)
-    if pooled:
-        because = f"its aggregation {recipe.aggregation!r} pools the data (no clients)"
-        runtime.require("pooled-data", what, because)
+    for capability, why in needs:
+        runtime.require(capability, f"algorithm {name!r}", why)
     if masking != "none":
         runtime.require("masking", f"train.masking = {masking!r}")
     if privacy in ("download", "full"):
