@@ -7,10 +7,12 @@ tensors (a learning rate); a layout answers both:
 
 - ``OneClient``: the tensors are one client's; a per-member value is one scalar.
 - ``CohortLayout``: the cohort layout of the batched backend, table rows of all K members
-  concatenated with a row -> member ``owner`` index, dense tensors stacked [K, ...].
+  concatenated with a row -> member ``owner`` index, dense tensors stacked [K, ...] (or a
+  weight's gradient as its low-rank factors: models/low_rank.py).
 
-Each layout keeps the exact order of floating-point operations its backend always used, so the
-numbers of every backend are unchanged bit for bit.
+``OneClient`` keeps the order of floating-point operations the sequential reference always
+used; ``CohortLayout`` reduces each tensor in one read (``vector_norm``), which agrees with it
+up to rounding.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from fedsub import segment_sum
 from fedsub.device import from_host
+from fedsub.models.low_rank import LowRankGradient
 
 LearningRate = float | torch.Tensor  # a scalar for one client, per-member broadcast for a cohort
 
@@ -81,7 +84,11 @@ class CohortLayout:
     def squared_norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         squared = torch.zeros(self.size, dtype=tensors[0].dtype, device=tensors[0].device)
         for t, owner in zip(tensors, self.owners, strict=True):
-            per_entry = t.pow(2).reshape(len(t), -1).sum(1)
+            if isinstance(t, LowRankGradient):  # a dense weight's gradient as its factors
+                squared += t.squared_norms()
+                continue
+            # one read of the tensor (t.pow(2).sum() writes and reads a squared copy)
+            per_entry = torch.linalg.vector_norm(t.reshape(len(t), -1), dim=1).square()
             if owner is not None:
                 segment_sum.index_add_(squared, owner, per_entry)
             else:

@@ -343,6 +343,13 @@ class Chain:
             start -= 1
         return start
 
+    @property
+    def scalings_only(self) -> bool:
+        """Whether every transform only multiplies the gradient by a factor per member (clip,
+        sgd): a parameter then moves by its gradient times a factor, so a weight whose
+        gradient is low-rank moves by a low-rank change (models/low_rank.py)."""
+        return self._scaling_from == 0
+
     def step(
         self, grads: Tensors, state: tuple[State, ...], params: Tensors, members: Members
     ) -> tuple[State, ...]:

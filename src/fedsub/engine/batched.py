@@ -16,7 +16,8 @@ the run's device.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import cast
 
 import torch
 from torch.func import vmap
@@ -30,13 +31,16 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine import captured_step
 from fedsub.engine.cohort_batches import CohortBatches, cohort_batches
 from fedsub.engine.schedule import Schedule
+from fedsub.models import low_rank
 from fedsub.models.base import (
     ClosedFormGradients,
     CohortHead,
+    LowRankWeights,
     Model,
     cohort_features,
     packed_names,
 )
+from fedsub.models.low_rank import LowRankWeight
 from fedsub.profiling import timed
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
@@ -75,6 +79,7 @@ def run_cohort(
         head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
     row_owner = batches.row_owner
     capture = captured_step.capture_for(model, closed_form is not None, schedule.compile)
+    dense: Mapping[str, torch.Tensor | LowRankWeight]
     if capture is not None:  # train.compile: the steps as one captured program
         step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
         field_tables = data_of(dataset, index, schedule).field_tables
@@ -105,9 +110,16 @@ def run_cohort(
             rows=row_tensors,
             row_owner=row_owner,
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
-            dense_deltas={n: dense[n].detach() - pulled_dense[n] for n in dense},
+            dense_deltas={n: _change(dense[n], pulled_dense[n]) for n in dense},
             unions=batches.unions,
         )
+
+
+def _change(final: torch.Tensor | LowRankWeight, pulled: torch.Tensor) -> torch.Tensor:
+    """A dense parameter's change over the round's local steps, per member."""
+    if isinstance(final, LowRankWeight):
+        return final.change()
+    return final.detach() - pulled
 
 
 def data_of(dataset: FederatedDataset, index: SubmodelIndex, schedule: Schedule) -> DeviceData:
@@ -156,14 +168,20 @@ def _eager_steps(
     row_owner: Tensors,
     batches: CohortBatches,
     work: CohortWork,
-) -> tuple[Tensors, Tensors]:
+) -> tuple[Tensors, dict[str, torch.Tensor | LowRankWeight]]:
     """The local steps op by op (autograd, or the model's closed-form gradients): the
     members' tables and dense parameters after the last step."""
     steps, k, batch = batches.labels.shape
     labels, dense_inputs = batches.labels, batches.dense
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
-    dense = {n: v.clone().requires_grad_(True) for n, v in pulled_dense.items()}
-    leaves = [*tables.values(), *dense.values()]
+    low_rank = low_rank_names(model, work, pulled_dense, steps * batch)
+    dense: dict[str, torch.Tensor | LowRankWeight] = {
+        n: LowRankWeight(v[0], k) if n in low_rank else v.clone().requires_grad_(True)
+        for n, v in pulled_dense.items()
+    }
+    # a low-rank weight's place among the leaves is its probe (its gradient comes as factors)
+    leaves = [*tables.values(), *(_leaf(v) for v in dense.values())]
+    params = cast(list[torch.Tensor], [*tables.values(), *dense.values()])
     # The client transforms run on all members at once: the layout gives per-member norms
     # and learning rates (fedsub.client.layout).
     layout = CohortLayout((*(row_owner[t] for t in tables), *(None for _ in dense)), k)
@@ -172,7 +190,7 @@ def _eager_steps(
         corrections = [*work.corrections.tables.values(), *work.corrections.dense.values()]
     rule_inputs = Members(layout, work.lr, corrections)
     with torch.no_grad():
-        state = work.chain.init(leaves, rule_inputs)
+        state = work.chain.init(params, rule_inputs)
     packed = packed_names(model)  # features passed without a client axis
     for step in range(steps):
         step_inputs = None if dense_inputs is None else dense_inputs[step]
@@ -187,13 +205,36 @@ def _eager_steps(
             with timed("forward"):
                 step_ids = batches.step_ids(step)
                 features = cohort_features(model.embed(tables, step_ids), k, packed)
-                outputs = head(dense, features, step_inputs)
+                outputs = head(cast(Tensors, dense), features, step_inputs)
                 # The loss is a mean over samples, and every client has B of them: K times
                 # the mean over the cohort's K * B samples is the sum of the K client means.
                 flat = outputs.reshape(k * batch, *outputs.shape[2:])
                 total = model.loss(flat, labels[step].reshape(-1)) * k
             with timed("backward"):
                 grads = list(torch.autograd.grad(total, leaves))
+                for position, weight in enumerate(params):
+                    if isinstance(weight, LowRankWeight):
+                        grads[position] = cast(torch.Tensor, weight.take_gradient())
         with torch.no_grad(), timed("client rule"):
-            state = work.chain.step(grads, state, leaves, rule_inputs)
+            state = work.chain.step(grads, state, params, rule_inputs)
     return tables, dense
+
+
+def low_rank_names(
+    model: Model, work: CohortWork, pulled_dense: Tensors, rows: int
+) -> frozenset[str]:
+    """The dense weights this round keeps as the global weight plus each member's low-rank
+    change (models/low_rank.py): the model's ``low_rank_weights`` whose ``rows`` factor rows
+    (local steps x batch size) are fewer numbers than the weight, when the client rule only
+    scales the gradient (a full-rank term such as FedProx's keeps the dense form)."""
+    if not isinstance(model, LowRankWeights) or not work.chain.scalings_only:
+        return frozenset()
+    return frozenset(
+        n
+        for n in model.low_rank_weights
+        if n in pulled_dense and low_rank.worth_it(tuple(pulled_dense[n].shape[1:]), rows)
+    )
+
+
+def _leaf(value: torch.Tensor | LowRankWeight) -> torch.Tensor:
+    return value.probe if isinstance(value, LowRankWeight) else value

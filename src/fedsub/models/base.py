@@ -138,6 +138,16 @@ class PackedFeatures(Protocol):
     packed_features: frozenset[str]
 
 
+@runtime_checkable
+class LowRankWeights(Protocol):
+    """A model with dense weights of linear layers that see one row per sample (DIN's output
+    MLP): the batched engine may keep them as the global weight plus each client's low-rank
+    change (models/low_rank.py), when its head applies them with ``cohort_ops.linear``.
+    ``low_rank_weights`` names them ([in, out] each)."""
+
+    low_rank_weights: frozenset[str]
+
+
 def packed_names(model: Model) -> frozenset[str]:
     """The names of ``model``'s packed features (none unless it is ``PackedFeatures``)."""
     return model.packed_features if isinstance(model, PackedFeatures) else frozenset()

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import torch
 
+from fedsub.models.low_rank import LowRankWeight
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Per-client affine map: x [K, ..., in], weight [K, in, out], bias [K, out]."""
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor | LowRankWeight, bias: torch.Tensor
+) -> torch.Tensor:
+    """Per-client affine map: x [K, ..., in], weight [K, in, out] (or the batched engine's
+    ``LowRankWeight``: the global weight plus each client's low-rank change), bias [K, out]."""
+    if isinstance(weight, LowRankWeight):
+        return weight.linear(x, bias)
     k = x.shape[0]
     flat = torch.baddbmm(bias.unsqueeze(1), x.reshape(k, -1, x.shape[-1]), weight)
     return flat.reshape(*x.shape[:-1], weight.shape[-1])

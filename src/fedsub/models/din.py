@@ -52,6 +52,10 @@ def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
 class DIN:
     # the history's rows, packed sample after sample (models/base.py: PackedFeatures)
     packed_features: ClassVar[frozenset[str]] = frozenset({"history"})
+    # the output MLP's weights: one row per sample (models/low_rank.py)
+    low_rank_weights: ClassVar[frozenset[str]] = frozenset(
+        f"fc{i}.weight" for i in range(len(HIDDEN))
+    )
     table_rows: dict[str, int]
     embedding_dim: int = 18
     init_std: float = 0.01

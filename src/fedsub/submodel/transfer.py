@@ -103,12 +103,16 @@ class CohortUpdate:
         )
 
     def squared_norms(self) -> torch.Tensor:
-        """Each member's ||delta||^2 over its rows and the dense parameters (float64)."""
+        """Each member's ||delta||^2 over its rows and the dense parameters (float64).
+
+        Per row / member norms accumulated in float64 without a float64 copy of the deltas
+        (``vector_norm``'s ``dtype``): a cohort's dense deltas are tens of MB, and writing a
+        converted copy, then its squares, cost more than the round's aggregation."""
         norms = torch.zeros(len(self), dtype=torch.float64, device=self.clients.device)
         for t, deltas in self.table_deltas.items():
-            segment_sum.index_add_(norms, self.row_owner[t], deltas.double().pow(2).sum(1))
+            segment_sum.index_add_(norms, self.row_owner[t], _squared_norms(deltas))
         for deltas in self.dense_deltas.values():
-            norms += deltas.double().pow(2).reshape(len(self), -1).sum(1)
+            norms += _squared_norms(deltas.reshape(len(self), -1))
         return norms
 
     def member_rows(self, table: str, j: int) -> slice:
@@ -148,3 +152,8 @@ class CohortUpdate:
                 for n in updates[0].dense_deltas
             },
         )
+
+
+def _squared_norms(rows: torch.Tensor) -> torch.Tensor:
+    """[n]: each row's squared L2 norm, accumulated in float64."""
+    return torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).square()
