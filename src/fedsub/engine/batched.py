@@ -176,7 +176,9 @@ def _eager_steps(
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     low_rank = low_rank_names(model, work, pulled_dense, steps * batch)
     dense: dict[str, torch.Tensor | LowRankWeight] = {
-        n: LowRankWeight(v[0], k) if n in low_rank else v.clone().requires_grad_(True)
+        n: LowRankWeight(v[0], k, steps * batch)
+        if n in low_rank
+        else v.clone().requires_grad_(True)
         for n, v in pulled_dense.items()
     }
     # a low-rank weight's place among the leaves is its probe (its gradient comes as factors)

@@ -13,8 +13,9 @@ The history is packed, not padded (``PackedFeatures``): the attention MLP runs o
 history items only, O(sum of the lengths) rather than O(B x the longest), with each client's
 weights through ``packed.ClientBlocks``, and the softmax and sums are per-sample segment
 operations (``pooling.attention_pool``, ``segment_sum.run_sums``). Its first layer is
-regrouped by linearity, ``[q, k, q - k, q * k] @ W = [k, q * k, q] @ [W_k - W_d; W_p; W_q +
-W_d]``: 54 inputs per history item instead of 72. Every shape comes from the host (the number
+regrouped by linearity, ``[q, k, q - k, q * k] @ W = [k, q * k] @ [W_k - W_d; W_p] + q @ (W_q +
+W_d)``: 36 inputs per history item instead of 72, and the query's part once per sample. Every
+shape comes from the host (the number
 of history rows), so a step reads nothing back from the device.
 """
 
@@ -145,7 +146,10 @@ class DIN:
         queries = item.reshape(samples, d)
         weight = dense["att0.weight"]
         w_query, w_key, w_difference, w_product = weight.split(d, dim=1)
-        first = torch.cat([w_key - w_difference, w_product, w_query + w_difference], dim=1)
+        per_row = torch.cat([w_key - w_difference, w_product], dim=1)
+        # the query's part of the first layer is one per sample, added to each of its rows
+        per_sample = linear(item, w_query + w_difference, dense["att0.bias"])
+        per_sample = per_sample.reshape(samples, -1)
         # one client (evaluation, CentralSGD, the sequential backend) may bring a whole test
         # set's rows: scored a piece at a time, so the MLP's activations stay cache-sized
         # (a cohort's blocks are laid out over all its rows: one piece)
@@ -153,10 +157,10 @@ class DIN:
         scores = []
         for start in range(0, total, piece):
             rows = blocks.to_slots(history[start : start + piece])
-            query = queries.index_select(0, blocks.to_slots(sample[start : start + piece]))
-            x = blocks.linear(
-                torch.cat([rows, query * rows, query], dim=-1), first, dense["att0.bias"]
-            )
+            owner = blocks.to_slots(sample[start : start + piece])
+            query = queries.index_select(0, owner)
+            x = blocks.linear(torch.cat([rows, query * rows], dim=-1), per_row)
+            x = x + per_sample.index_select(0, owner)
             for i in range(1, len(ATTENTION)):
                 x = blocks.linear(torch.sigmoid(x), dense[f"att{i}.weight"], dense[f"att{i}.bias"])
             scores.append(blocks.from_slots(x).squeeze(-1))

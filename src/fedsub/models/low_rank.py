@@ -73,13 +73,25 @@ class LowRankWeight:
     the backward pass. The parameter update is ``addcmul_`` / ``add_`` (what ``Chain.step``
     calls on a parameter), which appends the step's factors."""
 
-    def __init__(self, base: torch.Tensor, members: int) -> None:
+    def __init__(self, base: torch.Tensor, members: int, capacity: int) -> None:
+        """``capacity``: the factor rows the round will add (local steps x rows per step)."""
         fan_in, fan_out = base.shape
         self.base = base
-        self.left = base.new_zeros(members, 0, fan_in)
-        self.right = base.new_zeros(members, 0, fan_out)
+        self._left = base.new_zeros(members, capacity, fan_in)
+        self._right = base.new_zeros(members, capacity, fan_out)
+        self._used = 0
         self.probe = base.new_zeros(members).requires_grad_(True)
         self._pending: LowRankGradient | None = None
+
+    @property
+    def left(self) -> torch.Tensor:
+        """[K, r, in]: the factors U so far."""
+        return self._left[:, : self._used]
+
+    @property
+    def right(self) -> torch.Tensor:
+        """[K, r, out]: the factors V so far."""
+        return self._right[:, : self._used]
 
     def __len__(self) -> int:
         return self.probe.shape[0]
@@ -120,8 +132,15 @@ class LowRankWeight:
     def add_(self, update: LowRankGradient, alpha: float = 1.0) -> LowRankWeight:
         """``W += alpha * update``."""
         scaled = update if alpha == 1.0 else update * alpha
-        self.left = torch.cat([self.left, scaled.left], dim=1)
-        self.right = torch.cat([self.right, scaled.right], dim=1)
+        start, rows = self._used, scaled.left.shape[1]
+        if start + rows > self._left.shape[1]:
+            raise ValueError(
+                f"a low-rank weight holds {self._left.shape[1]} factor rows; this update would"
+                f" make {start + rows}"
+            )
+        self._left[:, start : start + rows] = scaled.left
+        self._right[:, start : start + rows] = scaled.right
+        self._used = start + rows
         return self
 
     def change(self) -> torch.Tensor:
@@ -152,13 +171,15 @@ class _LowRankLinear(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
         x, _, _, weight = inputs
-        ctx.save_for_backward(x, weight.left, weight.right)
-        ctx.weight = weight
+        ctx.save_for_backward(x)
+        # the factors of the steps before this one (views: the update writes rows after them)
+        ctx.left, ctx.right, ctx.weight = weight.left, weight.right, weight
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        x, left, right = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
+        left, right = ctx.left, ctx.right
         weight: LowRankWeight = ctx.weight
         k, n, fan_out = grad.shape
         grad = grad.contiguous()
