@@ -45,8 +45,9 @@ def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     client's batch statistics (x is [K, B, units])."""
     centred = x - x.mean(1, keepdim=True)
     var = centred.pow(2).mean(1, keepdim=True)  # (torch.var is slow on CPU for this shape)
-    gate = torch.sigmoid(centred / torch.sqrt(var + 1e-8))
-    return gate * x + (1 - gate) * alpha * x
+    gate = torch.sigmoid(centred * torch.rsqrt(var + 1e-8))
+    # gate * x + (1 - gate) * alpha * x, with the [K, 1, units] factor (1 - alpha) formed once
+    return x * (alpha + gate * (1 - alpha))
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,11 @@ class DIN:
             rows = blocks.to_slots(history[start : start + piece])
             owner = blocks.to_slots(sample[start : start + piece])
             query = queries.index_select(0, owner)
-            x = blocks.linear(torch.cat([rows, query * rows], dim=-1), per_row)
-            x = x + per_sample.index_select(0, owner)
+            x = blocks.linear(
+                torch.cat([rows, query * rows], dim=-1),
+                per_row,
+                per_slot=per_sample.index_select(0, owner),
+            )
             for i in range(1, len(ATTENTION)):
                 x = blocks.linear(torch.sigmoid(x), dense[f"att{i}.weight"], dense[f"att{i}.bias"])
             scores.append(blocks.from_slots(x).squeeze(-1))

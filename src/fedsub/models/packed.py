@@ -70,19 +70,25 @@ class ClientBlocks:
         return slots if self.row_slot is None else slots.index_select(0, self.row_slot)
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        per_slot: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Slots [S, in] -> [S, out], each slot by its client's ``weight`` [K, in, out] and
-        ``bias`` [K, out]."""
+        ``bias`` [K, out]; ``per_slot`` [S, out] is added too (in the same multiply-add)."""
         if self.block_owner is None:
-            if bias is None:
-                return x @ weight[0]
-            return torch.addmm(bias[0], x, weight[0])
+            added = bias[0] if bias is not None else None
+            if per_slot is not None:
+                added = per_slot if added is None else per_slot + added
+            return x @ weight[0] if added is None else torch.addmm(added, x, weight[0])
         owner = self.block_owner
         blocks = x.reshape(len(owner), BLOCK, x.shape[-1])
         weights = weight.index_select(0, owner)
-        if bias is None:
-            out = torch.bmm(blocks, weights)
-        else:
-            out = torch.baddbmm(bias.index_select(0, owner).unsqueeze(1), blocks, weights)
+        added = None if bias is None else bias.index_select(0, owner).unsqueeze(1)
+        if per_slot is not None:
+            slots = per_slot.reshape(len(owner), BLOCK, -1)
+            added = slots if added is None else slots + added
+        out = torch.bmm(blocks, weights) if added is None else torch.baddbmm(added, blocks, weights)
         return out.reshape(-1, weight.shape[-1])
