@@ -10,7 +10,8 @@ spread of the T_k.
 
 The layout is built on the device from the per-client row counts without reading them: the
 number of blocks is the bound ``(T + K * (BLOCK - 1)) // BLOCK`` (T, a tensor's length, is
-known on the host), and the blocks past the last client's are idle. The slots the rows do not
+known on the host), and the blocks past the last client's are idle. On the CPU, where reading
+the counts costs nothing (``device.on_host``), the number of blocks is exact. The slots the rows do not
 fill hold a copy of row 0; their outputs are never read back (``from_slots``), so they get
 zero gradients and change no number.
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from fedsub import device as device_lib
 
 BLOCK = 16  # rows per block: the idle slots' share against the per-block weight gathers
 
@@ -41,8 +44,11 @@ class ClientBlocks:
         if k == 1:
             return ClientBlocks(1, None, None, None)
         device = rows_per_client.device
-        blocks = (total + k * (BLOCK - 1)) // BLOCK
         per_client = torch.div(rows_per_client + BLOCK - 1, BLOCK, rounding_mode="floor")
+        if device_lib.on_host(rows_per_client):  # a read costs nothing: no idle blocks
+            blocks = int(per_client.sum())
+        else:
+            blocks = (total + k * (BLOCK - 1)) // BLOCK
         block_end = per_client.cumsum(0)
         first_slot = (block_end - per_client) * BLOCK  # of each client's first block
         first_row = rows_per_client.cumsum(0) - rows_per_client
