@@ -91,7 +91,7 @@ def run_cohort(
                 step,
                 padding,
                 pulled_tables,
-                pulled_dense,
+                {n: v.clone() for n, v in pulled_dense.items()},
                 row_owner,
                 batches,
                 work,
@@ -137,7 +137,8 @@ def _pull(
     sample_of_id: bool,
 ) -> tuple[torch.Tensor, CohortBatches, Tensors, Tensors]:
     """The cohort's batches and its members' rows and dense parameters (stacked on a client
-    axis), pulled from the global model."""
+    axis: views of the global ones, which the caller copies before training), pulled from the
+    global model."""
     k, steps, batch = len(members), schedule.local_steps, schedule.batch_size
     data = data_of(dataset, index, schedule)
     clients = device_lib.from_host(members.clients, schedule.device)
@@ -153,9 +154,9 @@ def _pull(
     )
     row_tensors = {t: r.values for t, r in batches.rows.items()}
     pulled_tables = {t: global_params.gather_rows(t, rows) for t, rows in row_tensors.items()}
-    pulled_dense = {
-        n: p.unsqueeze(0).expand(k, *p.shape).clone() for n, p in global_params.dense.items()
-    }
+    # views of the global parameters, not copies: the steps train copies of them (a copy
+    # here would be one more pass over the cohort's dense parameters)
+    pulled_dense = {n: p.unsqueeze(0).expand(k, *p.shape) for n, p in global_params.dense.items()}
     return clients, batches, pulled_tables, pulled_dense
 
 
