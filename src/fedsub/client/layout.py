@@ -45,6 +45,17 @@ class Layout(Protocol):
         at ``position`` of the parameter list (``like``)."""
         ...
 
+    def spread_all(
+        self, values: LearningRate, tensors: Sequence[torch.Tensor]
+    ) -> list[LearningRate]:
+        """``spread`` onto every tensor of the list (a float stays a float)."""
+        ...
+
+    def per_member(self, values: np.ndarray, like: torch.Tensor) -> LearningRate:
+        """A per-member float64 vector (e.g. learning rates) as the layout's per-member value:
+        a float for one client, a [K] tensor of ``like``'s dtype and device for a cohort."""
+        ...
+
     def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
         """A per-member float64 vector (e.g. learning rates) as one factor per tensor."""
         ...
@@ -65,6 +76,14 @@ class OneClient:
     def spread(self, values: torch.Tensor, position: int, like: torch.Tensor) -> torch.Tensor:
         return values
 
+    def spread_all(
+        self, values: LearningRate, tensors: Sequence[torch.Tensor]
+    ) -> list[LearningRate]:
+        return [values] * len(tensors)
+
+    def per_member(self, values: np.ndarray, like: torch.Tensor) -> LearningRate:
+        return float(values[0])
+
     def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
         return [float(values[0])] * len(tensors)
 
@@ -82,17 +101,20 @@ class CohortLayout:
         return self.size
 
     def squared_norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        # the dense tensors' per-member norms are stacked and squared once: a cohort step's
+        # client rule is otherwise a few small ops per tensor, and DIN has 14 of them
         squared = torch.zeros(self.size, dtype=tensors[0].dtype, device=tensors[0].device)
+        norms = []
         for t, owner in zip(tensors, self.owners, strict=True):
             if isinstance(t, LowRankGradient):  # a dense weight's gradient as its factors
                 squared += t.squared_norms()
-                continue
-            # one read of the tensor (t.pow(2).sum() writes and reads a squared copy)
-            per_entry = torch.linalg.vector_norm(t.reshape(len(t), -1), dim=1).square()
-            if owner is not None:
-                segment_sum.index_add_(squared, owner, per_entry)
-            else:
-                squared += per_entry
+            elif owner is not None:
+                per_row = torch.linalg.vector_norm(t.reshape(len(t), -1), dim=1).square()
+                segment_sum.index_add_(squared, owner, per_row)
+            else:  # one read of the tensor (pow(2).sum() writes and reads a squared copy)
+                norms.append(torch.linalg.vector_norm(t.reshape(len(t), -1), dim=1))
+        if norms:
+            squared += torch.stack(norms).square().sum(0)
         return squared
 
     def spread(self, values: torch.Tensor, position: int, like: torch.Tensor) -> torch.Tensor:
@@ -101,6 +123,24 @@ class CohortLayout:
             values = values.index_select(0, owner)
         return values.reshape(-1, *([1] * (like.dim() - 1)))
 
+    def spread_all(
+        self, values: LearningRate, tensors: Sequence[torch.Tensor]
+    ) -> list[LearningRate]:
+        if not isinstance(values, torch.Tensor):
+            return [values] * len(tensors)
+        by_dim: dict[int, torch.Tensor] = {}  # a dense tensor's factor depends on its dim only
+        spread: list[LearningRate] = []
+        for i, t in enumerate(tensors):
+            if self.owners[i] is not None:
+                spread.append(self.spread(values, i, t))
+                continue
+            if t.dim() not in by_dim:
+                by_dim[t.dim()] = self.spread(values, i, t)
+            spread.append(by_dim[t.dim()])
+        return spread
+
+    def per_member(self, values: np.ndarray, like: torch.Tensor) -> LearningRate:
+        return from_host(values, like.device).to(like.dtype)
+
     def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
-        per_member = from_host(values, tensors[0].device).to(tensors[0].dtype)
-        return [self.spread(per_member, i, t) for i, t in enumerate(tensors)]
+        return self.spread_all(self.per_member(values, tensors[0]), tensors)

@@ -87,19 +87,22 @@ class PullsWholeModel(Protocol):
 
 @runtime_checkable
 class Scaling(Protocol):
-    """A transform whose update multiplies each tensor by a factor per member (broadcast onto
-    the tensor) and leaves its state as it is: ``update`` is ``g * factor``. ``Chain.step``
-    folds a chain's trailing scalings into the parameter update (``x += g * f1 * f2``, one
-    pass over each tensor) instead of one pass per scaling and one more for the add: the
-    dense parameters of a cohort of DIN clients are 17.5 MB, and each pass reads and writes
-    them. ``reads_grads``: the factors depend on the incoming values (clipping's norm), so a
-    scaling before it in the run is applied first."""
+    """A transform whose update multiplies every tensor by a factor per member and leaves its
+    state as it is: ``update`` is ``g * factor`` (the factor spread onto each tensor).
+    ``Chain.step`` folds a chain's trailing scalings into the parameter update: the members'
+    factors multiply once (a [K] vector), then ``x += g * f`` is one pass over each tensor,
+    instead of one pass per scaling and one more for the add (the dense parameters of a cohort
+    of DIN clients are 17.5 MB, and each pass reads and writes them) and a few small ops per
+    tensor per scaling. ``reads_grads``: the factor depends on the incoming values
+    (clipping's norm), so a scaling before it in the run is applied first."""
 
     reads_grads: ClassVar[bool]
 
-    def factors(
+    def member_factors(
         self, grads: Tensors, state: State, params: Tensors, members: Members
-    ) -> list[torch.Tensor | float]: ...
+    ) -> torch.Tensor | float:
+        """Each member's factor (a float for all, a 0-d tensor for one client, or [K])."""
+        ...
 
 
 # --- the registry --------------------------------------------------------------------------
@@ -176,15 +179,14 @@ class Clip:
     def init(self, params: Tensors, members: Members) -> State:
         return {}
 
-    def factors(
+    def member_factors(
         self, grads: Tensors, state: State, params: Tensors, members: Members
-    ) -> list[torch.Tensor | float]:
-        layout = members.layout
-        scale = clip_scale(layout.squared_norms(grads), self.clip_norm)
-        return [layout.spread(scale, i, g) for i, g in enumerate(grads)]
+    ) -> torch.Tensor | float:
+        return clip_scale(members.layout.squared_norms(grads), self.clip_norm)
 
     def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
-        factors = self.factors(grads, state, params, members)
+        factor = self.member_factors(grads, state, params, members)
+        factors = members.layout.spread_all(factor, grads)
         return [g * f for g, f in zip(grads, factors, strict=True)], state
 
 
@@ -265,15 +267,15 @@ class Sgd:
     reads_grads: ClassVar[bool] = False  # a Scaling by -lr_k
 
     def init(self, params: Tensors, members: Members) -> State:
-        return {"negative_lr": [-lr for lr in members.layout.per_tensor(members.lr, params)]}
+        return {"negative_lr": -members.layout.per_member(members.lr, params[0])}
 
-    def factors(
+    def member_factors(
         self, grads: Tensors, state: State, params: Tensors, members: Members
-    ) -> list[torch.Tensor | float]:
-        return list(state["negative_lr"])
+    ) -> torch.Tensor | float:
+        return state["negative_lr"]
 
     def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
-        rates = state["negative_lr"]
+        rates = members.layout.spread_all(state["negative_lr"], grads)
         return [g * lr for g, lr in zip(grads, rates, strict=True)], state
 
 
@@ -360,24 +362,25 @@ class Chain:
         (engine/captured_step.py) keeps the pure ``update``."""
         scaling_from = self._scaling_from
         updates, new_state = list(grads), []
-        factors: list[torch.Tensor | float] | None = None
+        layout = members.layout
+        factor: torch.Tensor | float | None = None  # the trailing scalings' product per member
         for position, (transform, own) in enumerate(zip(self.transforms, state, strict=True)):
             if position >= scaling_from:
                 # a Scaling: _scaling_from checked it once (isinstance on a Protocol is slow)
                 scaling = cast(Scaling, transform)
-                if factors is not None and scaling.reads_grads:  # it needs the values
-                    updates = [u * f for u, f in zip(updates, factors, strict=True)]
-                    factors = None
-                more = scaling.factors(updates, own, params, members)
-                if factors is not None:
-                    more = [a * b for a, b in zip(factors, more, strict=True)]
-                factors = more
+                if factor is not None and scaling.reads_grads:  # it needs the values
+                    spread = layout.spread_all(factor, updates)
+                    updates = [u * f for u, f in zip(updates, spread, strict=True)]
+                    factor = None
+                more = scaling.member_factors(updates, own, params, members)
+                factor = more if factor is None else factor * more
             else:
                 updates, own = transform.update(updates, own, params, members)
             new_state.append(own)
-        if factors is None:
+        if factor is None:
             apply_updates(params, updates)
         else:
+            factors = layout.spread_all(factor, updates)
             for x, u, f in zip(params, updates, factors, strict=True):
                 if isinstance(f, torch.Tensor):
                     x.addcmul_(u, f)
