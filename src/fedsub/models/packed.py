@@ -11,8 +11,8 @@ spread of the T_k.
 The layout is built on the device from the per-client row counts without reading them: the
 number of blocks is the bound ``(T + K * (BLOCK - 1)) // BLOCK`` (T, a tensor's length, is
 known on the host), and the blocks past the last client's are idle. On the CPU, where reading
-the counts costs nothing (``device.on_host``), the number of blocks is exact. The slots the rows do not
-fill hold a copy of row 0; their outputs are never read back (``from_slots``), so they get
+the counts costs nothing (``device.on_host``), the number of blocks is exact. The slots the
+rows do not fill hold a copy of row 0; their outputs are never read back (``from_slots``), so they get
 zero gradients and change no number.
 """
 
