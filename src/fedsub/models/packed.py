@@ -12,8 +12,8 @@ The layout is built on the device from the per-client row counts without reading
 number of blocks is the bound ``(T + K * (BLOCK - 1)) // BLOCK`` (T, a tensor's length, is
 known on the host), and the blocks past the last client's are idle. On the CPU, where reading
 the counts costs nothing (``device.on_host``), the number of blocks is exact. The slots the
-rows do not fill hold a copy of row 0; their outputs are never read back (``from_slots``), so they get
-zero gradients and change no number.
+rows do not fill hold a copy of row 0; their outputs are never read back (``from_slots``), so
+they get zero gradients and change no number.
 """
 
 from __future__ import annotations
