@@ -33,7 +33,9 @@ def train_on_backends(
     """The global model after ``schedule`` on the reference (on the CPU) and on each of
     ``backends`` (on FEDSUB_TEST_DEVICE, the CPU unless set; width-sliced training too)."""
     device = TEST_DEVICE
-    results = {REFERENCE: train(model, algorithm, dataset, index, schedule)}
+    # the reference always runs as the reference (a Schedule's default backend is "batched")
+    reference = dataclasses.replace(schedule, backend=REFERENCE)
+    results = {REFERENCE: train(model, algorithm, dataset, index, reference)}
     for backend in backends:
         on_device = dataclasses.replace(schedule, backend=backend, device=device)
         results[backend] = train(model, algorithm, dataset, index, on_device).to(schedule.device)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import fedsub.device as device_lib
 from fedsub.data.amazon import (
     AmazonFilesOptions,
     AmazonRatingsOptions,
@@ -203,20 +204,30 @@ def test_packed_din_equals_the_padded_form_and_its_gradients(case, rows_per_pass
             torch.testing.assert_close(mine, reference, rtol=1e-10, atol=1e-12)
 
 
-def test_client_blocks_apply_each_clients_weights_to_its_rows():
-    """Against a loop of one matmul per client; rows spanning blocks, an empty client, idle
-    blocks at the end (the block count is a bound)."""
+@pytest.mark.parametrize("fast_paths", [True, False], ids=["exact-count", "bound"])
+def test_client_blocks_apply_each_clients_weights_to_its_rows(fast_paths, monkeypatch):
+    """Against a loop of one matmul per client; rows spanning blocks, an empty client, and
+    (without the CPU's fast path, as on a GPU) idle blocks at the end: the block count is a
+    bound. A per-slot addend goes to its own row."""
+    monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", fast_paths)
     generator = torch.Generator().manual_seed(0)
     counts = torch.tensor([2 * BLOCK + 3, 0, 1, BLOCK])
     rows = torch.randn(int(counts.sum()), 5, generator=generator, dtype=torch.float64)
     weight = torch.randn(4, 5, 3, generator=generator, dtype=torch.float64)
     bias = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    added = torch.randn(len(rows), 3, generator=generator, dtype=torch.float64)
     blocks = ClientBlocks.of(counts, len(rows))
-    assert blocks.block_owner is not None and len(blocks.block_owner) > 4  # 4 used + idle
+    used = 3 + 0 + 1 + 1  # blocks the clients fill
+    assert blocks.block_owner is not None
+    assert len(blocks.block_owner) == used if fast_paths else len(blocks.block_owner) > used
     got = blocks.from_slots(blocks.linear(blocks.to_slots(rows), weight, bias))
     parts = rows.split(counts.tolist())
     expected = torch.cat([p @ weight[c] + bias[c] for c, p in enumerate(parts)])
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    with_added = blocks.linear(blocks.to_slots(rows), weight, bias, blocks.to_slots(added))
+    torch.testing.assert_close(
+        blocks.from_slots(with_added), expected + added, rtol=1e-12, atol=1e-12
+    )
     one = ClientBlocks.of(counts[:1], int(counts[0]))
     torch.testing.assert_close(one.linear(parts[0], weight[:1]), parts[0] @ weight[0])
 
