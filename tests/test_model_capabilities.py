@@ -17,6 +17,7 @@ from fedsub.models.base import (
     DeclaresBatchable,
     DeclaresCapturable,
     EvalBatch,
+    LowRankWeights,
     PackedFeatures,
     SliceableModel,
     is_batchable,
@@ -33,6 +34,7 @@ CAPABILITIES = (
     DeclaresBatchable,
     DeclaresCapturable,
     EvalBatch,
+    LowRankWeights,
     PackedFeatures,
     SliceableModel,
 )
@@ -41,7 +43,8 @@ EXPECTED = {
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
     "linear-regression": {CohortHead},
-    "din": {CohortHead, PackedFeatures},  # the history packed (not captured: train.compile)
+    # the history packed (not captured: train.compile), the output MLP low-rank in a cohort
+    "din": {CohortHead, PackedFeatures, LowRankWeights},
     "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},

@@ -43,6 +43,7 @@ from fedsub import plugins
 from fedsub.client.layout import Layout
 
 CLIP_EPS = 1e-6
+SPREAD = "spread"  # a Scaling's state key: its round-fixed factor spread onto each tensor
 Tensors = Sequence[torch.Tensor]
 State = dict[str, Any]
 Out = tuple[list[torch.Tensor], State]  # (updates, new state)
@@ -97,6 +98,9 @@ class Scaling(Protocol):
     (clipping's norm), so a scaling before it in the run is applied first."""
 
     reads_grads: ClassVar[bool]
+    # A scaling whose factor is fixed for the round (sgd's learning rates) may keep it spread
+    # onto the tensors in its state under SPREAD; a chain whose only trailing scaling it is
+    # then uses those instead of spreading the factor at every step.
 
     def member_factors(
         self, grads: Tensors, state: State, params: Tensors, members: Members
@@ -267,7 +271,9 @@ class Sgd:
     reads_grads: ClassVar[bool] = False  # a Scaling by -lr_k
 
     def init(self, params: Tensors, members: Members) -> State:
-        return {"negative_lr": -members.layout.per_member(members.lr, params[0])}
+        negative_lr = -members.layout.per_member(members.lr, params[0])
+        # fixed for the round: spread onto the tensors once (Chain.step reads SPREAD)
+        return {"negative_lr": negative_lr, SPREAD: members.layout.spread_all(negative_lr, params)}
 
     def member_factors(
         self, grads: Tensors, state: State, params: Tensors, members: Members
@@ -275,8 +281,7 @@ class Sgd:
         return state["negative_lr"]
 
     def update(self, grads: Tensors, state: State, params: Tensors, members: Members) -> Out:
-        rates = members.layout.spread_all(state["negative_lr"], grads)
-        return [g * lr for g, lr in zip(grads, rates, strict=True)], state
+        return [g * lr for g, lr in zip(grads, state[SPREAD], strict=True)], state
 
 
 @register
@@ -364,15 +369,17 @@ class Chain:
         updates, new_state = list(grads), []
         layout = members.layout
         factor: torch.Tensor | float | None = None  # the trailing scalings' product per member
+        spread: list | None = None  # that factor spread onto the tensors, when one scaling's
         for position, (transform, own) in enumerate(zip(self.transforms, state, strict=True)):
             if position >= scaling_from:
                 # a Scaling: _scaling_from checked it once (isinstance on a Protocol is slow)
                 scaling = cast(Scaling, transform)
                 if factor is not None and scaling.reads_grads:  # it needs the values
-                    spread = layout.spread_all(factor, updates)
+                    spread = spread or layout.spread_all(factor, updates)
                     updates = [u * f for u, f in zip(updates, spread, strict=True)]
                     factor = None
                 more = scaling.member_factors(updates, own, params, members)
+                spread = own.get(SPREAD) if factor is None else None
                 factor = more if factor is None else factor * more
             else:
                 updates, own = transform.update(updates, own, params, members)
@@ -380,7 +387,7 @@ class Chain:
         if factor is None:
             apply_updates(params, updates)
         else:
-            factors = layout.spread_all(factor, updates)
+            factors = spread or layout.spread_all(factor, updates)
             for x, u, f in zip(params, updates, factors, strict=True):
                 if isinstance(f, torch.Tensor):
                     x.addcmul_(u, f)
