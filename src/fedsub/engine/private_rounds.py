@@ -38,6 +38,7 @@ from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
 from fedsub.privacy.sparse_secagg import (
+    Decoded,
     RowSlots,
     RowSums,
     secagg_bytes,
@@ -275,30 +276,24 @@ class PrivateRounds:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
-        return server_update_of_sums(
-            self.aggregation,
-            update,
-            slots,
-            sums.tables,
-            sums.dense,
-            weighting.correction(sums.weight_units),
-            weighting.model_scale(sums.weight_units),
-        )
+        return server_update_of_sums(self.aggregation, update, slots, sums, weighting)
 
 
 def server_update_of_sums(
     aggregation: Aggregation,
     update: CohortUpdate,
     slots: RowSlots,
-    tables_sums: dict[str, np.ndarray],
-    dense_sums: dict[str, np.ndarray],
-    correction: float = 1.0,
-    model_scale: float | None = None,
+    sums: RowSums | Decoded,
+    weighting: SecureWeighting,
 ) -> ServerUpdate:
-    """Per-row sums times ``correction`` (``SecureWeighting.correction``) with FedSubAvg's
-    coefficients applied (1 for FedAvg), on the device and in the dtypes of ``update``'s
-    deltas (a network runtime passes deltas of no rows). ``model_scale``: Scheme II's f
-    (``SecureWeighting.model_scale``)."""
+    """The secure sums (per row and dense, over the survivors, in process or decoded from a
+    network round) times the weighting's ``correction`` for the survivors' weight units, with
+    FedSubAvg's coefficients applied (1 for FedAvg), on the device and in the dtypes of
+    ``update``'s deltas (a network runtime passes deltas of no rows); Scheme II's f as the
+    weighting's ``model_scale``."""
+    correction = weighting.correction(sums.weight_units)
+    model_scale = weighting.model_scale(sums.weight_units)
+    tables_sums, dense_sums = sums.tables, sums.dense
     device = update.clients.device
     tables = {}
     for t, union in slots.rows.items():

@@ -190,15 +190,7 @@ class SecureRows:
                 self.privacy.secagg_clip,
                 self.privacy.secagg_clip,
             )
-        server_update = server_update_of_sums(
-            self.aggregation,
-            update,
-            slots,
-            decoded.tables,
-            decoded.dense,
-            weighting.correction(decoded.weight_units),
-            weighting.model_scale(decoded.weight_units),
-        )
+        server_update = server_update_of_sums(self.aggregation, update, slots, decoded, weighting)
         return unbias(server_update, self.privacy.keep)
 
 
