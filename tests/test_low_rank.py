@@ -127,3 +127,15 @@ def test_din_rounds_with_low_rank_weights_equal_the_sequential_reference(amazon,
     seen.clear()
     assert_backends_agree(model, dataset, index, "fedprox", 4, local_steps=3, seed=2)
     assert seen and all(names == set() for names in seen)
+
+
+def test_a_weight_used_twice_in_a_step_gets_both_gradients():
+    base, x1, x2, bias = tensors(3, (FAN_IN, FAN_OUT), (K, N, FAN_IN), (K, 2, FAN_IN), (K, FAN_OUT))
+    weight = LowRankWeight(base, K, capacity=2 * N)
+    out = linear(x1, weight, bias).sum() + (linear(x2, weight, bias) ** 2).sum()
+    torch.autograd.grad(out, weight.probe)
+    dense = base.expand(K, FAN_IN, FAN_OUT).clone().requires_grad_(True)
+    reference = (torch.bmm(x1, dense) + bias.unsqueeze(1)).sum()
+    reference = reference + ((torch.bmm(x2, dense) + bias.unsqueeze(1)) ** 2).sum()
+    (expected,) = torch.autograd.grad(reference, dense)
+    torch.testing.assert_close(weight.take_gradient().dense(), expected, rtol=1e-12, atol=1e-12)

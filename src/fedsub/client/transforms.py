@@ -369,7 +369,8 @@ class Chain:
         updates, new_state = list(grads), []
         layout = members.layout
         factor: torch.Tensor | float | None = None  # the trailing scalings' product per member
-        spread: list | None = None  # that factor spread onto the tensors, when one scaling's
+        spread: list | None = None  # that factor spread onto the tensors, when a lone
+        # scaling keeps it spread in its state (SPREAD)
         for position, (transform, own) in enumerate(zip(self.transforms, state, strict=True)):
             if position >= scaling_from:
                 # a Scaling: _scaling_from checked it once (isinstance on a Protocol is slow)

@@ -175,7 +175,9 @@ def _eager_steps(
     steps, k, batch = batches.labels.shape
     labels, dense_inputs = batches.labels, batches.dense
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
-    low_rank = low_rank_names(model, work, pulled_dense, steps * batch)
+    low_rank = (
+        frozenset() if closed_form else low_rank_names(model, work, pulled_dense, steps * batch)
+    )
     dense: dict[str, torch.Tensor | LowRankWeight] = {
         n: LowRankWeight(v[0], k, steps * batch)
         if n in low_rank

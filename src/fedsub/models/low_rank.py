@@ -60,8 +60,14 @@ class LowRankGradient:
         """Times a per-member factor ([K, 1, 1] or a float)."""
         return LowRankGradient(self.left, self.right * factor)
 
+    def __add__(self, other: LowRankGradient) -> LowRankGradient:
+        """The sum: both sets of factors (a weight used twice in one step)."""
+        return LowRankGradient(
+            torch.cat([self.left, other.left], dim=1), torch.cat([self.right, other.right], dim=1)
+        )
+
     def dense(self) -> torch.Tensor:
-        """[K, in, out]: the gradient written out (tests, and a rule that needs it)."""
+        """[K, in, out]: the gradient written out (the tests' reference)."""
         return torch.bmm(self.left.transpose(1, 2), self.right)
 
 
@@ -135,8 +141,9 @@ class LowRankWeight:
         start, rows = self._used, scaled.left.shape[1]
         if start + rows > self._left.shape[1]:
             raise ValueError(
-                f"a low-rank weight holds {self._left.shape[1]} factor rows; this update would"
-                f" make {start + rows}"
+                f"a low-rank weight holds {self._left.shape[1]} factor rows (local steps x batch"
+                f" size); this update would make {start + rows}: a model's low_rank_weights"
+                " must see one row per sample, once per step"
             )
         self._left[:, start : start + rows] = scaled.left
         self._right[:, start : start + rows] = scaled.right
@@ -183,7 +190,9 @@ class _LowRankLinear(torch.autograd.Function):
         weight: LowRankWeight = ctx.weight
         k, n, fan_out = grad.shape
         grad = grad.contiguous()
-        weight._pending = LowRankGradient(x, grad)
+        gradient = LowRankGradient(x, grad)
+        pending = weight._pending  # set already if the step used the weight more than once
+        weight._pending = gradient if pending is None else pending + gradient
         grad_x = None
         if ctx.needs_input_grad[0]:
             grad_x = (grad.reshape(k * n, fan_out) @ weight.base.T).reshape(k, n, -1)
