@@ -15,8 +15,10 @@ weights through ``packed.ClientBlocks``, and the softmax and sums are per-sample
 operations (``pooling.attention_pool``, ``segment_sum.run_sums``). Its first layer is
 regrouped by linearity, ``[q, k, q - k, q * k] @ W = [k, q * k] @ [W_k - W_d; W_p] + q @ (W_q +
 W_d)``: 36 inputs per history item instead of 72, and the query's part once per sample. Every
-shape comes from the host (the number
-of history rows), so a step reads nothing back from the device.
+shape comes from the host (the number of history rows), so a step reads nothing back from the
+device. In the batched engine the output MLP's weights see one row per sample
+(``LowRankWeights``): under a scaling-only client rule they stay the global weight plus each
+client's low-rank change over the round (models/low_rank.py).
 """
 
 from __future__ import annotations
