@@ -143,20 +143,23 @@ def test_cohort_layout_reduces_and_spreads_per_member_like_one_client_each():
     generator = torch.Generator().manual_seed(0)
     owner = torch.tensor([0, 0, 1, 2, 2, 2])
     rows, dense = torch.randn(6, 2, generator=generator), torch.randn(3, 4, generator=generator)
-    layout = CohortLayout((owner, None), 3)
-    norms = layout.squared_norms([rows, dense])
+    cube = torch.randn(3, 2, 5, generator=generator)  # a dense tensor of another dim
+    layout = CohortLayout((owner, None, None), 3)
+    norms = layout.squared_norms([rows, dense, cube])
     for j in range(3):
-        alone = OneClient().squared_norms([rows[owner == j], dense[j]])
+        alone = OneClient().squared_norms([rows[owner == j], dense[j], cube[j]])
         torch.testing.assert_close(norms[j], alone, rtol=1e-6, atol=0)  # float32 sums
-    lr_rows, lr_dense = layout.per_tensor(np.array([0.1, 0.2, 0.3]), [rows, dense])
+    lr_rows, lr_dense, lr_cube = layout.per_tensor(np.array([0.1, 0.2, 0.3]), [rows, dense, cube])
     assert torch.equal(
         (lr_rows * torch.ones_like(rows))[:, 0], torch.tensor([0.1, 0.1, 0.2, 0.3, 0.3, 0.3])
     )
     assert torch.equal((lr_dense * torch.ones_like(dense))[:, 0], torch.tensor([0.1, 0.2, 0.3]))
+    assert torch.equal((lr_cube * torch.ones_like(cube))[:, 1, 4], torch.tensor([0.1, 0.2, 0.3]))
     assert OneClient().per_tensor(np.array([0.25]), [rows, dense]) == [0.25, 0.25]
 
 
 STEP_CHAINS = {
+    "sgd (its rates spread once per round)": (Sgd(),),
     "clip, sgd": (Clip(0.5), Sgd()),
     "prox, clip, sgd": (Prox(0.3), Clip(0.5), Sgd()),
     "clip, momentum, sgd": (Clip(0.5), Momentum(0.9), Sgd()),
@@ -177,8 +180,9 @@ def test_a_step_in_place_equals_update_then_apply(name, cohort):
     generator = torch.Generator().manual_seed(2)
     if cohort:
         owner = torch.tensor([0, 0, 1, 2, 2])
-        layout, lr = CohortLayout((owner, None), 3), np.array([0.1, 0.2, 0.3])
-        shapes = [(5, 2), (3, 4, 2)]
+        # rows of a table, and dense tensors of two dims (the factor spread once per dim)
+        layout, lr = CohortLayout((owner, None, None, None), 3), np.array([0.1, 0.2, 0.3])
+        shapes = [(5, 2), (3, 4, 2), (3, 4), (3, 2, 2)]
     else:
         layout, lr, shapes = OneClient(), np.array([0.2]), [(5, 2), (4, 2)]
     start = [torch.randn(*s, generator=generator, dtype=torch.float64) for s in shapes]
