@@ -166,6 +166,9 @@ def test_a_bad_sweep_value_names_the_sweep(capsys):
     assert err.startswith(
         "fedsub: error: --sweep train.lr=0.1,abc: value abc: train.lr must be a number"
     )
+    code, _, err = run_cli(capsys, "compare", "--quiet", "--sweep", "train.lr=0.2,0.1,0.2")
+    assert code == 2
+    assert err.startswith("fedsub: error: --sweep 'train.lr=0.2,0.1,0.2': value '0.2' is given")
 
 
 def test_a_closed_pipe_ends_the_listing_without_a_traceback():

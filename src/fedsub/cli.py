@@ -300,7 +300,7 @@ class _SweepPlan:
 def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _SweepPlan:
     """The sweep the arguments ask for: read back from its folder on ``--resume``, else from
     ``--sweep``, the config file and ``--set``."""
-    from fedsub.experiment import read_sweep
+    from fedsub.experiment import read_sweep, repeated_value
 
     if args.resume:
         _refuse_changes_on_resume(args, algorithms)
@@ -314,9 +314,9 @@ def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _Swee
             f"--sweep {args.sweep!r}: expected section.key=v1,v2,... (values separated by "
             "commas, none empty)"
         )
-    twice = sorted({v for v in values if values.count(v) > 1})
-    if twice:
-        raise ConfigError(f"--sweep {args.sweep!r}: value {twice[0]!r} is given twice")
+    twice = repeated_value(values)
+    if twice is not None:
+        raise ConfigError(f"--sweep {args.sweep!r}: value {twice!r} is given twice")
     extra, _ = _algorithms_override(args, algorithms)
     path = Path(args.config) if args.config else config_lib.default_config_path()
     where = str(path) if args.config else "default config"

@@ -518,6 +518,13 @@ def value_folder(key: str, value: str) -> str:
     return f"{key}={value}".replace("%", "%25").replace("/", "%2F").replace(os.sep, "%2F")
 
 
+def repeated_value(values: list[str]) -> str | None:
+    """The first (in sorted order) of ``values`` given more than once, or None: a sweep runs
+    each value once, in a folder named by it."""
+    twice = sorted({v for v in values if values.count(v) > 1})
+    return twice[0] if twice else None
+
+
 def sweep_config(base: dict, key: str, value: str, where: str) -> Config:
     """The comparison a sweep runs at one value: the base config with ``key = value``."""
     try:

@@ -339,9 +339,9 @@ def sweep(
     texts = [v if isinstance(v, str) else config_lib.toml_value(v) for v in values]
     if not texts:
         raise ConfigError(f"sweep of {key!r}: give at least one value")
-    twice = sorted({v for v in texts if texts.count(v) > 1})
-    if twice:
-        raise ConfigError(f"sweep of {key!r}: value {twice[0]!r} is given twice")
+    twice = experiment.repeated_value(texts)
+    if twice is not None:
+        raise ConfigError(f"sweep of {key!r}: value {twice!r} is given twice")
     check_folder_text(os.fspath(out), "out")
     if isinstance(config, Config):
         base, where = tomllib.loads(config.to_toml()), "the config"
