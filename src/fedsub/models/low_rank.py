@@ -99,9 +99,7 @@ class LowRankWeight:
         """[K, r, out]: the factors V so far."""
         return self._right[:, : self._used]
 
-    def __len__(self) -> int:
-        return self.probe.shape[0]
-
+    # as the [K, in, out] tensor it stands for, where a client transform's init reads it
     def dim(self) -> int:
         return 3
 
@@ -112,10 +110,6 @@ class LowRankWeight:
     @property
     def dtype(self) -> torch.dtype:
         return self.base.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((len(self), *self.base.shape))
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """Per-member affine map: x [K, ..., in] -> [K, ..., out], bias [K, out]."""
