@@ -156,11 +156,41 @@ def test_cohort_layout_reduces_and_spreads_per_member_like_one_client_each():
     assert torch.equal((lr_dense * torch.ones_like(dense))[:, 0], torch.tensor([0.1, 0.2, 0.3]))
     assert torch.equal((lr_cube * torch.ones_like(cube))[:, 1, 4], torch.tensor([0.1, 0.2, 0.3]))
     assert OneClient().per_tensor(np.array([0.25]), [rows, dense]) == [0.25, 0.25]
+    assert layout.spread_all(0.5, [rows, dense, cube]) == [0.5, 0.5, 0.5]  # a float as it is
+
+
+def test_clip_scales_each_member_by_the_formula_written_out():
+    """g_k * min(1, c / (||g_k|| + 1e-6)), ||g_k|| over member k's rows and its slot of every
+    dense tensor: one member under the bound (unchanged), two over it; and for one client."""
+    from fedsub.client.layout import CohortLayout, OneClient
+    from fedsub.client.transforms import Members
+
+    generator = torch.Generator().manual_seed(3)
+    owner = torch.tensor([0, 1, 1, 2])
+    rows = torch.randn(4, 2, generator=generator, dtype=torch.float64)
+    dense = torch.randn(3, 2, 2, generator=generator, dtype=torch.float64)
+    rows[0], dense[0] = rows[0] * 1e-3, dense[0] * 1e-3  # member 0: norm far below the bound
+    clip = 0.7
+    layout = CohortLayout((owner, None), 3)
+    clipped, _ = Clip(clip).update([rows, dense], {}, [rows, dense], Members(layout, np.ones(3)))
+    for k in range(3):
+        norm = float((rows[owner == k] ** 2).sum() + (dense[k] ** 2).sum()) ** 0.5
+        factor = min(1.0, clip / (norm + 1e-6))
+        assert (factor == 1.0) == (k == 0)
+        torch.testing.assert_close(
+            clipped[0][owner == k], rows[owner == k] * factor, rtol=1e-14, atol=0
+        )
+        torch.testing.assert_close(clipped[1][k], dense[k] * factor, rtol=1e-14, atol=0)
+    one, _ = Clip(clip).update([dense[1]], {}, [dense[1]], Members(OneClient(), np.ones(1)))
+    norm = float((dense[1] ** 2).sum()) ** 0.5
+    torch.testing.assert_close(one[0], dense[1] * (clip / (norm + 1e-6)), rtol=1e-14, atol=0)
 
 
 STEP_CHAINS = {
     "sgd (its rates spread once per round)": (Sgd(),),
     "clip, sgd": (Clip(0.5), Sgd()),
+    "clip, adam (a scaling before a rule that is not one)": (Clip(0.5), Adam()),
+    "two clips (the second reads the first's values)": (Clip(0.5), Clip(0.2), Sgd()),
     "prox, clip, sgd": (Prox(0.3), Clip(0.5), Sgd()),
     "clip, momentum, sgd": (Clip(0.5), Momentum(0.9), Sgd()),
     "sgd, clip (the clip reads the scaled values)": (Sgd(), Clip(0.01)),

@@ -66,6 +66,16 @@ def test_forward_backward_norm_and_updates_equal_the_dense_weights():
         weight.take_gradient()  # taken once
 
 
+def test_an_update_with_a_float_factor_scales_its_factors():
+    """``add_(update, alpha)``: W += alpha * X^T D (the float factor of a one-client rule)."""
+    base, left, right = tensors(4, (FAN_IN, FAN_OUT), (K, N, FAN_IN), (K, N, FAN_OUT))
+    weight = LowRankWeight(base, K, capacity=2 * N)
+    weight.add_(LowRankGradient(left, right), alpha=-0.25)
+    weight.add_(LowRankGradient(left, right))
+    expected = base + 0.75 * torch.bmm(left.transpose(1, 2), right)
+    torch.testing.assert_close(weight.dense(), expected, rtol=1e-12, atol=1e-12)
+
+
 def test_an_update_past_the_capacity_is_refused():
     (base,) = tensors(0, (FAN_IN, FAN_OUT))
     weight = LowRankWeight(base, K, capacity=N)
