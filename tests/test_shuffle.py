@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsub.engine.shuffle import (
+    sorted_within_blocks,
     cohort_schedules,
     numpy_schedules,
     splitmix64,
@@ -107,6 +108,23 @@ def test_bit_identical_on_the_benchmark_shape_and_many_passes(kernel):
             np.testing.assert_array_equal(
                 schedules(seed, 3, clients, counts, steps, batch, KERNELS[kernel]), expected
             )
+
+
+@pytest.mark.parametrize("largest", [2, 100, 2**20, 2**31])
+def testsorted_within_blocks_is_the_stable_argsort_with_ties(largest):
+    """Equal 32-bit keys inside a block keep their sample order, as the stable argsort of
+    ``block << 32 | key`` (the reference) does; blocks too wide for one 64-bit value (2**31
+    samples) take that argsort itself."""
+    rng = np.random.default_rng(largest)
+    sizes = rng.integers(1, min(largest, 40) + 1, size=30)  # samples < largest
+    block = np.repeat(np.arange(30), sizes)
+    sample = np.concatenate([np.arange(s) for s in sizes])
+    high = rng.integers(0, 4, size=len(block)).astype(np.uint64)  # many ties
+    high[::7] = np.uint64(2**32 - 1)
+    order = np.argsort((block.astype(np.uint64) << np.uint64(32)) | high, kind="stable")
+    got = sorted_within_blocks(block, high, sample, largest)
+    np.testing.assert_array_equal(got, sample[order])
+    assert got.dtype == np.int64
 
 
 @settings(max_examples=60, deadline=None)
