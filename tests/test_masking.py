@@ -298,6 +298,17 @@ def test_screening_a_masked_round_keeps_exactly_the_kept_members():
         want = aggregate_slices(alone, client_weights(alone, "samples"), params.dense, average_over)
         for n, value in want.dense.items():
             torch.testing.assert_close(got.dense[n], value, rtol=0, atol=1e-12)
+    # what finish asks first: a NaN in a member of the second group makes the round suspect
+    assert not bool(full.nonfinite())
+    d1_bad = {n: v.clone() for n, v in d1.items()}
+    next(iter(d1_bad.values())).view(-1)[0] = float("nan")
+    bad = MaskedCohortUpdate(
+        full.clients,
+        full.weights,
+        full.multiplicity,
+        [full.groups[0], SliceGroup([1], second, _group_update([11], [3.0], [d1_bad]))],
+    )
+    assert bool(bad.nonfinite()) and not bool(bad.select([0, 2]).nonfinite())
     assert torch.equal(full.squared_norms()[[0, 1]], kept.squared_norms())
 
 

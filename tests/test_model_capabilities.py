@@ -20,6 +20,7 @@ from fedsub.models.base import (
     LowRankWeights,
     PackedFeatures,
     SliceableModel,
+    has_capability,
     is_batchable,
 )
 from fedsub.models.registry import CAPABILITIES as CAPABILITY_NAMES
@@ -91,7 +92,10 @@ def test_a_specs_capabilities_read_from_its_class_are_its_models(name, tmp_path_
 @pytest.mark.parametrize("name", CHECKED)
 def test_each_model_satisfies_exactly_its_protocols(name, tmp_path_factory):
     model, _ = built(name, str(tmp_path_factory.getbasetemp()))
-    assert {c for c in CAPABILITIES if isinstance(model, c)} == {**EXPECTED, **WRAPPED}[name]
+    expected = {**EXPECTED, **WRAPPED}[name]
+    assert {c for c in CAPABILITIES if isinstance(model, c)} == expected
+    for _ in range(2):  # has_capability, the engine's check: the same, asked and remembered
+        assert {c for c in CAPABILITIES if has_capability(model, c)} == expected
     assert is_batchable(model)
     if isinstance(model, DeclaresCapturable):
         assert model.capturable is False  # the only reason to declare it

@@ -105,6 +105,36 @@ def test_finish_screens_out_a_non_finite_client_update_and_applies_the_rest():
     assert float(params.tables["w"][0, 0]) == pytest.approx(0.5)  # unchanged
 
 
+def test_needs_screening_flags_nan_or_inf_in_any_delta_and_norms_over_the_bound():
+    """Without max_update_norm only NaN or Inf count, in any member's table rows or dense
+    deltas (finite values whose squared norm overflows float64 are not suspect); with it, a
+    member's norm over the bound counts too."""
+    from fedsub.engine.guards import needs_screening
+
+    def update(table: float, dense: float, dtype=torch.float32) -> CohortUpdate:
+        rows = {"w": torch.tensor([0, 1])}
+        return CohortUpdate.from_clients(
+            [
+                ClientUpdate(k, 1.0, rows, {"w": torch.full((2, 1), v, dtype=dtype)}, {"b": d})
+                for k, (v, d) in enumerate(
+                    [
+                        (0.5, torch.zeros(3, dtype=dtype)),
+                        (table, torch.full((3,), dense, dtype=dtype)),
+                    ]
+                )
+            ]
+        )
+
+    assert not bool(needs_screening(update(0.5, 0.5), 0.0))
+    assert not bool(needs_screening(update(1e200, 1e200, torch.float64), 0.0))  # norm: inf
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        assert bool(needs_screening(update(bad, 0.5), 0.0))
+        assert bool(needs_screening(update(0.5, bad), 0.0))
+        assert bool(needs_screening(update(bad, 0.5), 10.0))
+    assert bool(needs_screening(update(0.5, 4.0), 6.0))  # sqrt(2 * 0.25 + 3 * 16) = 6.96
+    assert not bool(needs_screening(update(0.5, 4.0), 7.0))
+
+
 class OneRowGrid:
     """A stand-in for Flower's Grid: six nodes, each holding row 0 of table w."""
 

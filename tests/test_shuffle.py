@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedsub.engine.shuffle import (
-    sorted_within_blocks,
     cohort_schedules,
     numpy_schedules,
+    sorted_within_blocks,
     splitmix64,
     splitmix64_int,
     torch_schedules,

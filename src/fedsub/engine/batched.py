@@ -38,6 +38,7 @@ from fedsub.models.base import (
     LowRankWeights,
     Model,
     cohort_features,
+    has_capability,
     packed_names,
 )
 from fedsub.models.low_rank import LowRankWeight
@@ -63,7 +64,7 @@ def run_cohort(
     k, batch = len(members), schedule.batch_size
     # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
     # autograd differentiates embed -> head -> loss.
-    closed_form = model.cohort_gradients if isinstance(model, ClosedFormGradients) else None
+    closed_form = model.cohort_gradients if has_capability(model, ClosedFormGradients) else None
     with timed("pull"):
         clients, batches, pulled_tables, pulled_dense = _pull(
             global_params, dataset, index, members, round_index, schedule, closed_form is not None
@@ -73,7 +74,7 @@ def run_cohort(
 
     # A model may provide ``cohort_head`` (dense [K, ...], features [K, B, ...]) written with
     # batched matmuls; otherwise its per-client head is vmapped over the client axis.
-    if isinstance(model, CohortHead):
+    if has_capability(model, CohortHead):
         head = model.cohort_head
     else:
         head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
@@ -196,30 +197,35 @@ def _eager_steps(
     rule_inputs = Members(layout, work.lr, corrections)
     with torch.no_grad():
         state = work.chain.init(params, rule_inputs)
+    if closed_form is not None:
+        with torch.no_grad():  # the gradients, in closed form: no autograd anywhere
+            values, samples = batches.by_step(batches.ids_values()), batches.samples_by_step()
+            for step in range(steps):
+                with timed("backward"):
+                    step_inputs = None if dense_inputs is None else dense_inputs[step]
+                    table_grads, dense_grads = closed_form(
+                        tables, dense, values[step], samples[step], step_inputs, labels[step]
+                    )
+                grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
+                with timed("client rule"):
+                    state = work.chain.step(grads, state, params, rule_inputs)
+        return tables, dense
     packed = packed_names(model)  # features passed without a client axis
     for step in range(steps):
         step_inputs = None if dense_inputs is None else dense_inputs[step]
-        if closed_form is not None:
-            step_values, step_samples = batches.step_values(step), batches.step_samples(step)
-            with torch.no_grad(), timed("backward"):  # the gradients, in closed form
-                table_grads, dense_grads = closed_form(
-                    tables, dense, step_values, step_samples, step_inputs, labels[step]
-                )
-            grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
-        else:
-            with timed("forward"):
-                step_ids = batches.step_ids(step)
-                features = cohort_features(model.embed(tables, step_ids), k, packed)
-                outputs = head(cast(Tensors, dense), features, step_inputs)
-                # The loss is a mean over samples, and every client has B of them: K times
-                # the mean over the cohort's K * B samples is the sum of the K client means.
-                flat = outputs.reshape(k * batch, *outputs.shape[2:])
-                total = model.loss(flat, labels[step].reshape(-1)) * k
-            with timed("backward"):
-                grads = list(torch.autograd.grad(total, leaves))
-                for position, weight in enumerate(params):
-                    if isinstance(weight, LowRankWeight):
-                        grads[position] = cast(torch.Tensor, weight.take_gradient())
+        with timed("forward"):
+            step_ids = batches.step_ids(step)
+            features = cohort_features(model.embed(tables, step_ids), k, packed)
+            outputs = head(cast(Tensors, dense), features, step_inputs)
+            # The loss is a mean over samples, and every client has B of them: K times
+            # the mean over the cohort's K * B samples is the sum of the K client means.
+            flat = outputs.reshape(k * batch, *outputs.shape[2:])
+            total = model.loss(flat, labels[step].reshape(-1)) * k
+        with timed("backward"):
+            grads = list(torch.autograd.grad(total, leaves))
+            for position, weight in enumerate(params):
+                if isinstance(weight, LowRankWeight):
+                    grads[position] = cast(torch.Tensor, weight.take_gradient())
         with torch.no_grad(), timed("client rule"):
             state = work.chain.step(grads, state, params, rule_inputs)
     return tables, dense
@@ -232,7 +238,7 @@ def low_rank_names(
     change (models/low_rank.py): the model's ``low_rank_weights`` whose ``rows`` factor rows
     (local steps x batch size) are fewer numbers than the weight, when the client rule only
     scales the gradient (a full-rank term such as FedProx's keeps the dense form)."""
-    if not isinstance(model, LowRankWeights) or not work.chain.scalings_only:
+    if not has_capability(model, LowRankWeights) or not work.chain.scalings_only:
         return frozenset()
     return frozenset(
         n

@@ -16,6 +16,7 @@ computed on the device and read together: the one host read of ``cohort_batches`
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,24 +58,25 @@ class CohortBatches:
             ids[name] = (ragged.values[a:b], offsets)
         return ids
 
-    def step_values(self, step: int) -> dict[str, torch.Tensor]:
-        """Step ``step``'s ids per field, values only."""
-        return self._step_slices(self.ids_values(), step)
-
-    def step_samples(self, step: int) -> dict[str, torch.Tensor]:
-        """For each of step ``step``'s ids, which of the step's K * B samples it is in."""
+    def samples_by_step(self) -> list[dict[str, torch.Tensor]]:
+        """Per step, for each of its ids, which of the step's K * B samples it is in."""
         if self.sample_of_id is None:
             raise ValueError("cohort_batches(..., sample_of_id=True) gives each id's sample")
-        return self._step_slices(self.sample_of_id, step)
+        return self.by_step(self.sample_of_id)
+
+    def by_step(self, per_id: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+        """Per step, each field's slice of ``per_id`` (one value per id, all steps): one
+        split per field, not a slice per field and step (a sparse model's step is short
+        enough for that to show)."""
+        steps = self.labels.shape[0]
+        pieces = {}
+        for name, values in per_id.items():
+            bounds = self.step_bounds[name]
+            pieces[name] = values.split([b - a for a, b in itertools.pairwise(bounds)])
+        return [{n: parts[step] for n, parts in pieces.items()} for step in range(steps)]
 
     def ids_values(self) -> dict[str, torch.Tensor]:
         return {n: r.values for n, r in self.ids.items()}
-
-    def _step_slices(self, per_id: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
-        return {
-            n: v[self.step_bounds[n][step] : self.step_bounds[n][step + 1]]
-            for n, v in per_id.items()
-        }
 
 
 def cohort_batches(

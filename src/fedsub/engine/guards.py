@@ -28,11 +28,10 @@ def needs_screening(update: CohortUpdate, max_update_norm: float) -> torch.Tenso
     """A 0-d bool tensor on the update's device: whether ``screen`` would reject a member
     (an update with NaN or Inf, or a norm over ``max_update_norm``), computed without a host
     read so a round can read it together with its other checks."""
+    if not max_update_norm:  # only NaN / Inf to look for: no norms needed
+        return update.nonfinite()
     norms = update.squared_norms().sqrt()
-    suspect = ~torch.isfinite(norms).all()
-    if max_update_norm:
-        suspect = suspect | (norms > max_update_norm).any()
-    return suspect
+    return ~torch.isfinite(norms).all() | (norms > max_update_norm).any()
 
 
 def screen(

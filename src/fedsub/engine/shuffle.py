@@ -191,7 +191,9 @@ def numpy_schedules(
         ^ sample.astype(np.uint64)
     )
     pass_block = np.cumsum(passes)[member] - passes[member] + pass_index
-    shuffled = sorted_within_blocks(pass_block, keys >> np.uint64(32), sample, int(sizes.max(initial=1)))
+    shuffled = sorted_within_blocks(
+        pass_block, keys >> np.uint64(32), sample, int(sizes.max(initial=1))
+    )
     client_starts = np.cumsum(block) - block
     take = client_starts[None, :, None] + np.arange(needed).reshape(steps, 1, batch_size)
     return torch.from_numpy(shuffled[take]).permute(1, 0, 2)

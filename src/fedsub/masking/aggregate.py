@@ -51,6 +51,13 @@ class MaskedCohortUpdate:
             norms[group.members] = group.update.squared_norms()
         return norms
 
+    def nonfinite(self) -> torch.Tensor:
+        """A 0-d bool tensor: whether any member's slice holds NaN or Inf (no host read)."""
+        flags = [group.update.nonfinite() for group in self.groups]
+        if not flags:
+            return torch.tensor(False, device=self.clients.device)
+        return torch.stack(flags).any()
+
     def select(self, members: list[int]) -> MaskedCohortUpdate:
         """The updates of a subset of the members, renumbered in the given order."""
         position = {old: new for new, old in enumerate(members)}

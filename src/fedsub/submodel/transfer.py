@@ -115,6 +115,14 @@ class CohortUpdate:
             norms += _squared_norms(deltas.reshape(len(self), -1))
         return norms
 
+    def nonfinite(self) -> torch.Tensor:
+        """A 0-d bool tensor on the update's device: whether any delta is NaN or Inf (no host
+        read)."""
+        deltas = [*self.table_deltas.values(), *self.dense_deltas.values()]
+        if not deltas:
+            return torch.tensor(False, device=self.clients.device)
+        return torch.stack([~torch.isfinite(d).all() for d in deltas]).any()
+
     def member_rows(self, table: str, j: int) -> slice:
         """Where cohort member j's rows of ``table`` lie in the concatenated tensors."""
         owner = self.row_owner[table]
