@@ -32,6 +32,7 @@ import torch
 from fedsub import device as device_lib
 from fedsub import segment_sum
 from fedsub.algorithms.weighting import WEIGHTINGS, CohortMembers, Weighting
+from fedsub.finite import any_nonfinite
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -59,10 +60,7 @@ class ServerUpdate:
     def nonfinite(self) -> torch.Tensor:
         """A 0-d bool tensor on the update's device: whether any entry is NaN or Inf (no
         host read; ``is_finite`` reads it)."""
-        values = [u.values for u in self.tables.values()] + list(self.dense.values())
-        if not values:
-            return torch.tensor(False)
-        return torch.stack([~torch.isfinite(v).all() for v in values]).any()
+        return any_nonfinite([*(u.values for u in self.tables.values()), *self.dense.values()])
 
     def is_finite(self) -> bool:
         return not bool(self.nonfinite())

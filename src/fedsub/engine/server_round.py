@@ -27,6 +27,7 @@ from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
 from fedsub.engine.guards import Rejection, needs_screening, screen
 from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.finite import any_nonfinite
 from fedsub.profiling import timed
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
@@ -74,12 +75,8 @@ def round_work(
 def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
     """A 0-d bool tensor on the model's device: whether a row this round changed, or a dense
     parameter, is NaN or Inf. O(touched), no host read."""
-    checks = [
-        ~torch.isfinite(params.tables[t].index_select(0, u.rows)).all()
-        for t, u in update.tables.items()
-    ]
-    checks += [~torch.isfinite(p).all() for p in params.dense.values()]
-    return torch.stack(checks).any() if checks else torch.tensor(False)
+    touched = [params.tables[t].index_select(0, u.rows) for t, u in update.tables.items()]
+    return any_nonfinite([*touched, *params.dense.values()])
 
 
 def touched_finite(params: Params, update: ServerUpdate) -> bool:

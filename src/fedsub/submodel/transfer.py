@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from fedsub import segment_sum
+from fedsub.finite import any_nonfinite
 from fedsub.submodel.params import Params
 
 
@@ -119,9 +120,7 @@ class CohortUpdate:
         """A 0-d bool tensor on the update's device: whether any delta is NaN or Inf (no host
         read)."""
         deltas = [*self.table_deltas.values(), *self.dense_deltas.values()]
-        if not deltas:
-            return torch.tensor(False, device=self.clients.device)
-        return torch.stack([~torch.isfinite(d).all() for d in deltas]).any()
+        return any_nonfinite(deltas, self.clients.device)
 
     def member_rows(self, table: str, j: int) -> slice:
         """Where cohort member j's rows of ``table`` lie in the concatenated tensors."""
