@@ -128,9 +128,11 @@ def numpy_cohort_batches(dataset, index, clients, seed, round_index, steps, batc
     return rows, owners, ids, samples, labels
 
 
+@pytest.mark.parametrize("fast", [True, False])  # the CPU's host paths, or the GPU's kernels
 @pytest.mark.parametrize("data", ["synthetic", "two-tables-dense"])
 @pytest.mark.parametrize("steps,batch", [(3, 2), (7, 5)])  # (7, 5): clients cycle their data
-def test_cohort_batches_equal_the_numpy_preparation(data, steps, batch):
+def test_cohort_batches_equal_the_numpy_preparation(monkeypatch, fast, data, steps, batch):
+    monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", fast)
     dataset = DATASETS[data]()
     index = SubmodelIndex.build(dataset)
     clients = np.array([4, 0, 9, 2, 11])
@@ -155,6 +157,15 @@ def test_cohort_batches_equal_the_numpy_preparation(data, steps, batch):
         assert all(len(o) == len(clients) * batch + 1 and o[-1] == len(v) for v, o in parts)
         values = torch.cat([v for v, _ in parts]).numpy()
         np.testing.assert_array_equal(values, ids[name].values)
+        # the closed-form steps' split: each step's ids and their samples, from the reference
+        per_step = len(clients) * batch
+        ends = ids[name].offsets[::per_step]
+        by_step, samples_by_step = got.by_step(got.ids_values()), got.samples_by_step()
+        assert got.step_bounds[name] == ends.tolist() and len(by_step) == steps
+        for step in range(steps):
+            a, b = ends[step], ends[step + 1]
+            np.testing.assert_array_equal(by_step[step][name].numpy(), ids[name].values[a:b])
+            np.testing.assert_array_equal(samples_by_step[step][name].numpy(), samples[name][a:b])
 
 
 @pytest.mark.parametrize("algorithm", ["fedsubavg", "scaffold", "fedadam", "central-sgd"])

@@ -10,7 +10,8 @@ Host syncs: the sizes of the schedules and of the members' rows are known on the
 the clients' ids (``DeviceData.host_counts`` / ``host_row_counts``); how many ids the round's
 visited samples hold is not, nor how many distinct rows the members share, so each field's
 per-step id counts and each table's union size (``PendingUnion``, for the aggregation) are
-computed on the device and read together: the one host read of ``cohort_batches``.
+computed on the device and read together: the one host read of ``cohort_batches`` (on the
+CPU the step bounds come from the taken ids' offsets, and RowUnion finds the unions later).
 """
 
 from __future__ import annotations
@@ -109,15 +110,22 @@ def cohort_batches(
     visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]
     per_step = k * batch
     member_of_visit, in_step = _visit_layout(k, steps, batch, data.device)
-    # the rows' union for the aggregation, off the CPU (there RowUnion's slot array is faster)
-    pending = {}
-    if not device_lib.on_host(clients):
+    on_host = device_lib.on_host(clients)
+    # Off the CPU: the rows' union for the aggregation (on the CPU RowUnion's slot array is
+    # faster), and the steps' id bounds read before the take (which then needs no read). On
+    # the CPU the take computes the ids' offsets anyway: each step starts at every
+    # ``per_step``-th of them.
+    pending, step_bounds, unions = {}, {}, {}
+    if not on_host:
         pending = {t: PendingUnion(r.values) for t, r in rows.items()}
-    step_bounds, union_sizes = _read_sizes(data, visits, steps, per_step, pending)
-    unions = {t: u.finish(union_sizes[t]) for t, u in pending.items()}
+        step_bounds, union_sizes = _read_sizes(data, visits, steps, per_step, pending)
+        unions = {t: u.finish(union_sizes[t]) for t, u in pending.items()}
     ids, samples = {}, {}
     for name, local_ids in data.local_ids.items():
-        local, visit_of_id = local_ids.take_with_owners(visits, step_bounds[name][-1])
+        total = None if on_host else step_bounds[name][-1]
+        local, visit_of_id = local_ids.take_with_owners(visits, total)
+        if on_host:
+            step_bounds[name] = _step_starts(local.offsets, steps, per_step)
         row_start = rows[data.field_tables[name]].offsets[:-1].index_select(0, member_of_visit)
         ids[name] = TorchRagged(
             local.values + row_start.index_select(0, visit_of_id), local.offsets
@@ -140,6 +148,13 @@ def cohort_batches(
         sample_of_id=samples if sample_of_id else None,
         unions=unions or None,
     )
+
+
+def _step_starts(offsets: torch.Tensor, steps: int, per_step: int) -> list[int]:
+    """Where each step's ids start (and the last ends), from the visited samples' offsets."""
+    if per_step == 0:
+        return [0] * (steps + 1)
+    return offsets[::per_step].tolist()
 
 
 def _read_sizes(
