@@ -168,6 +168,21 @@ def test_cohort_batches_equal_the_numpy_preparation(monkeypatch, fast, data, ste
             np.testing.assert_array_equal(samples_by_step[step][name].numpy(), samples[name][a:b])
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_step_bounds_of_a_one_sample_step_and_of_an_empty_cohort(monkeypatch, fast):
+    """One client with batches of one (a step is one sample: every offset starts a step) and
+    a cohort of nobody (every step empty), on the CPU's path and the GPU's kernels."""
+    monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", fast)
+    dataset = DATASETS["synthetic"]()
+    view = DeviceData.of(dataset, SubmodelIndex.build(dataset), torch.device("cpu"), torch.float64)
+    one = cohort_batches(view, torch.tensor([3]), 3, 2, 4, 1, sample_of_id=True)
+    for name, ragged in one.ids.items():
+        assert one.step_bounds[name] == ragged.offsets.tolist()  # 5 offsets: 4 steps
+    nobody = cohort_batches(view, torch.zeros(0, dtype=torch.int64), 3, 2, 4, 1)
+    assert all(bounds == [0] * 5 for bounds in nobody.step_bounds.values())
+    assert nobody.step_bounds.keys() == one.step_bounds.keys()
+
+
 @pytest.mark.parametrize("algorithm", ["fedsubavg", "scaffold", "fedadam", "central-sgd"])
 @pytest.mark.parametrize("data", ["synthetic", "two-tables-dense"])
 def test_the_device_generic_kernels_run_end_to_end_on_the_cpu(monkeypatch, algorithm, data):

@@ -109,7 +109,7 @@ def test_needs_screening_flags_nan_or_inf_in_any_delta_and_norms_over_the_bound(
     """Without max_update_norm only NaN or Inf count, in any member's table rows or dense
     deltas (finite values whose squared norm overflows float64 are not suspect); with it, a
     member's norm over the bound counts too."""
-    from fedsub.engine.guards import needs_screening
+    from fedsub.engine.guards import needs_screening, screen
 
     def update(table: float, dense: float, dtype=torch.float32) -> CohortUpdate:
         rows = {"w": torch.tensor([0, 1])}
@@ -133,6 +133,22 @@ def test_needs_screening_flags_nan_or_inf_in_any_delta_and_norms_over_the_bound(
         assert bool(needs_screening(update(bad, 0.5), 10.0))
     assert bool(needs_screening(update(0.5, 4.0), 6.0))  # sqrt(2 * 0.25 + 3 * 16) = 6.96
     assert not bool(needs_screening(update(0.5, 4.0), 7.0))
+    # a norm equal to the bound does not exceed it: kept, by the check and by screen
+    exact = CohortUpdate.from_clients(
+        [ClientUpdate(7, 1.0, {"w": torch.tensor([0, 1])}, {"w": torch.tensor([[3.0], [4.0]])}, {})]
+    )
+    assert not bool(needs_screening(exact, 5.0)) and screen(exact, 1, 5.0) == ([0], [])
+    kept, rejected = screen(exact, 1, 4.99)
+    assert kept == [] and [r.reason for r in rejected] == ["update norm 5 > 4.99"]
+    rows = {"w": torch.tensor([0, 1])}
+    pair = CohortUpdate.from_clients(  # norms 5 (at the bound: kept) and 10 (rejected)
+        [
+            ClientUpdate(7, 1.0, rows, {"w": torch.tensor([[3.0], [4.0]])}, {}),
+            ClientUpdate(8, 1.0, rows, {"w": torch.tensor([[6.0], [8.0]])}, {}),
+        ]
+    )
+    kept, rejected = screen(pair, 1, 5.0)
+    assert kept == [0] and [(r.client, r.reason) for r in rejected] == [(8, "update norm 10 > 5")]
 
 
 class OneRowGrid:

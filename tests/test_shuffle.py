@@ -110,11 +110,12 @@ def test_bit_identical_on_the_benchmark_shape_and_many_passes(kernel):
             )
 
 
-@pytest.mark.parametrize("largest", [2, 100, 2**20, 2**31])
+@pytest.mark.parametrize("largest", [2, 100, 2**20, 2**27, 2**28, 2**31])
 def testsorted_within_blocks_is_the_stable_argsort_with_ties(largest):
     """Equal 32-bit keys inside a block keep their sample order, as the stable argsort of
     ``block << 32 | key`` (the reference) does; blocks too wide for one 64-bit value (2**31
-    samples) take that argsort itself."""
+    samples) take that argsort itself. With 30 blocks (5 bits) and the 32 key bits, 2**27
+    samples fill the 64 bits exactly and 2**28 need 65: the edges of the packed sort."""
     rng = np.random.default_rng(largest)
     sizes = rng.integers(1, min(largest, 40) + 1, size=30)  # samples < largest
     block = np.repeat(np.arange(30), sizes)
