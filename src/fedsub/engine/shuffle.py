@@ -149,8 +149,10 @@ def sorted_within_blocks(
     block: np.ndarray, high_keys: np.ndarray, sample: np.ndarray, largest: int
 ) -> np.ndarray:
     """The samples ordered by (block, 32-bit key), ties in sample order: what a stable argsort
-    of ``block << 32 | key`` gives. When block, key and sample fit in 64 bits together (the
-    usual case), one sort of those values does it, ~4x faster than the stable argsort."""
+    of ``block << 32 | key`` gives (``block``: nondecreasing block numbers; each block's
+    samples in order, all below ``largest``). When block, key and sample fit in 64 bits
+    together (the usual case), one sort of those values does it, ~4x faster than the stable
+    argsort."""
     sample_bits = max(largest - 1, 1).bit_length()
     block_bits = max(int(block[-1]) if len(block) else 0, 1).bit_length()
     if block_bits + 32 + sample_bits > 64:
