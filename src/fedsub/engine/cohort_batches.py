@@ -115,7 +115,9 @@ def cohort_batches(
     # faster), and the steps' id bounds read before the take (which then needs no read). On
     # the CPU the take computes the ids' offsets anyway: each step starts at every
     # ``per_step``-th of them.
-    pending, step_bounds, unions = {}, {}, {}
+    pending: dict[str, PendingUnion] = {}
+    step_bounds: dict[str, list[int]] = {}
+    unions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if not on_host:
         pending = {t: PendingUnion(r.values) for t, r in rows.items()}
         step_bounds, union_sizes = _read_sizes(data, visits, steps, per_step, pending)

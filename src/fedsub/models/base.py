@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -149,9 +149,10 @@ class LowRankWeights(Protocol):
 
 
 _CAPABILITIES: dict[tuple[type, type], bool] = {}
+CapabilityT = TypeVar("CapabilityT")
 
 
-def has_capability(model: object, capability: type) -> bool:
+def has_capability(model: object, capability: type[CapabilityT]) -> TypeGuard[CapabilityT]:
     """``isinstance(model, capability)`` for one of the capability protocols above, remembered
     per model class: a capability is a property of the class (its methods and declared
     fields), and Python 3.11 recomputes a protocol's member list on every ``isinstance``
