@@ -41,6 +41,7 @@ LAYERS: list[set[str]] = [
         "device",
         "distributed",
         "segment_sum",
+        "finite",
         "plugins",
     },
     {"data"},
