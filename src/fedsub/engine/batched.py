@@ -185,8 +185,6 @@ def _eager_steps(
         else v.clone().requires_grad_(True)
         for n, v in pulled_dense.items()
     }
-    # a low-rank weight's place among the leaves is its probe (its gradient comes as factors)
-    leaves = [*tables.values(), *(_leaf(v) for v in dense.values())]
     params = cast(list[torch.Tensor], [*tables.values(), *dense.values()])
     # The client transforms run on all members at once: the layout gives per-member norms
     # and learning rates (fedsub.client.layout).
@@ -210,6 +208,8 @@ def _eager_steps(
                 with timed("client rule"):
                     state = work.chain.step(grads, state, params, rule_inputs)
         return tables, dense
+    # a low-rank weight's place among the leaves is its probe (its gradient comes as factors)
+    leaves = [*tables.values(), *(_leaf(v) for v in dense.values())]
     packed = packed_names(model)  # features passed without a client axis
     for step in range(steps):
         step_inputs = None if dense_inputs is None else dense_inputs[step]
