@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedsub.finite import any_nonfinite
 from fedsub.submodel.transfer import CohortUpdate
 
 
@@ -31,7 +32,7 @@ def needs_screening(update: CohortUpdate, max_update_norm: float) -> torch.Tenso
     if not max_update_norm:  # only NaN / Inf to look for: no norms needed
         return update.nonfinite()
     norms = update.squared_norms().sqrt()
-    return ~torch.isfinite(norms).all() | (norms > max_update_norm).any()
+    return any_nonfinite([norms]) | (norms > max_update_norm).any()
 
 
 def screen(
