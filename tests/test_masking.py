@@ -309,6 +309,8 @@ def test_screening_a_masked_round_keeps_exactly_the_kept_members():
         [full.groups[0], SliceGroup([1], second, _group_update([11], [3.0], [d1_bad]))],
     )
     assert bool(bad.nonfinite()) and not bool(bad.select([0, 2]).nonfinite())
+    nobody = MaskedCohortUpdate(full.clients[:0], full.weights[:0], full.multiplicity[:0], [])
+    assert not bool(nobody.nonfinite())
     assert torch.equal(full.squared_norms()[[0, 1]], kept.squared_norms())
 
 
