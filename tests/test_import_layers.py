@@ -42,6 +42,7 @@ LAYERS: list[set[str]] = [
         "distributed",
         "segment_sum",
         "finite",
+        "tensor_files",
         "plugins",
     },
     {"data"},

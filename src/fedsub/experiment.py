@@ -39,7 +39,6 @@ from fedsub.report import (
     outcome_cell,
     plot_curves,
     read_metrics,
-    save_tensors_atomic,
     summary,
     summary_markdown,
     write_atomic,
@@ -63,6 +62,7 @@ from fedsub.run_folder import (
 )
 from fedsub.run_setup import Setup, prepare, resolve_path, with_resolved_paths
 from fedsub.submodel.params import Params
+from fedsub.tensor_files import write_tensors_atomic
 
 CENTRAL = "central-sgd"
 PROFILE = "profile.json"  # in an algorithm's folder, with --profile (run_folder.ALGORITHM_FILES)
@@ -261,7 +261,7 @@ class AlgorithmRun:
             if folder is not None:  # process 0 writes
                 self._write_privacy(folder, stages)
         if folder is not None:
-            save_tensors_atomic(folder / "model.safetensors", final.state_dict())
+            write_tensors_atomic(folder / "model.safetensors", final.state_dict())
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, final
 

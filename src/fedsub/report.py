@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from safetensors.torch import save as tensors_to_bytes
-
-from fedsub.atomic_files import create_temp_file, save_figure_atomic
+from fedsub.atomic_files import save_figure_atomic
 from fedsub.atomic_files import write_atomic as write_atomic  # where results' writers find it
 from fedsub.engine.loop import Evaluation
 from fedsub.json_values import dumps, metrics_from_json
@@ -28,19 +24,6 @@ TABLE_METRICS = (
     ("gap_loss", "gap loss (train - test)", False),
     ("gap_accuracy", "gap accuracy (train - test)", False),
 )
-
-
-def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """A safetensors file written via a temp file and rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_temp_file(path.parent, path.name)
-    try:
-        with os.fdopen(fd, "wb") as handle:  # not save_file, which ignores the umask
-            handle.write(tensors_to_bytes({k: v.detach().contiguous() for k, v in tensors.items()}))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

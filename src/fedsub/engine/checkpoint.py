@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from safetensors.torch import save as tensors_to_bytes
 
 from fedsub.atomic_files import create_temp_dir
 from fedsub.errors import FedsubError
 from fedsub.stateful import Stateful
+from fedsub.tensor_files import write_tensors
 
 LOG = logging.getLogger("fedsub")
 
@@ -54,15 +54,6 @@ class Checkpoint:
     history: list[dict]
     path: Path | None = None
     run: dict[str, str] = field(default_factory=dict)  # {"run_id": ..., "config_hash": ...}
-
-
-def _save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    # bytes written by open(), not save_file, so the file's mode follows the umask
-    data = tensors_to_bytes({k: v.detach().contiguous().clone() for k, v in tensors.items()})
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def capture(stages: Mapping[str, Stateful]) -> StageStates:
@@ -118,7 +109,7 @@ def save(directory: Path, checkpoint: Checkpoint, keep: int = 2) -> Path:
     staging = create_temp_dir(directory, final.name)
     try:
         for name, tensors in checkpoint.stages.items():
-            _save_tensors(staging / f"{name}.safetensors", tensors)
+            write_tensors(staging / f"{name}.safetensors", tensors)
         state = {
             "format": FORMAT,
             "stages": sorted(checkpoint.stages),

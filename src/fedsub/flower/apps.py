@@ -50,7 +50,7 @@ from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
 from fedsub.privacy.levels import Privacy, describe
-from fedsub.report import JsonLines, save_tensors_atomic, write_atomic
+from fedsub.report import JsonLines, write_atomic
 from fedsub.run_folder import (
     RUN_FILE,
     Claim,
@@ -62,6 +62,7 @@ from fedsub.run_folder import (
 from fedsub.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
+from fedsub.tensor_files import write_tensors_atomic
 
 
 def _settings(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
@@ -243,7 +244,7 @@ def write_heat(
     (``train_replies``)."""
     measured = report.measured
     tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
-    save_tensors_atomic(out / "heat.safetensors", tensors)
+    write_tensors_atomic(out / "heat.safetensors", tensors)
     if transcript is not None:
         recorded = {"source": measured.source, "replies": transcript.entries}
         if train_transcript is not None:
@@ -395,7 +396,7 @@ def _serve(
             },
         }
         if failure is None:
-            save_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
+            write_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
             result["evaluations"] = {str(r): m for r, m in strategy.evaluations.items()}
         else:
             kind = "diverged" if isinstance(failure, Diverged) else "failed"

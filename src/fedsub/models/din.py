@@ -69,7 +69,7 @@ class DIN:
         d = self.embedding_dim
 
         def normal(*shape: int, std: float) -> torch.Tensor:
-            return torch.randn(*shape, generator=generator, dtype=dtype) * std
+            return torch.randn(*shape, generator=generator, dtype=dtype).mul_(std)
 
         tables = {t: normal(rows, d, std=self.init_std) for t, rows in self.table_rows.items()}
         dense: dict[str, torch.Tensor] = {}

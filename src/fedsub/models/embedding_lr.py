@@ -25,8 +25,9 @@ class EmbeddingLogisticRegression:
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
         tables = {
-            t: torch.randn(rows, self.embedding_dim, generator=generator, dtype=dtype)
-            * self.init_std
+            t: torch.randn(rows, self.embedding_dim, generator=generator, dtype=dtype).mul_(
+                self.init_std
+            )
             for t, rows in self.table_rows.items()
         }
         width = self.embedding_dim * len(self.fields or self.table_rows)

@@ -43,8 +43,9 @@ class LSTMClassifier:
 
         ((table, rows),) = self.table_rows.items()
         tables = {
-            table: torch.randn(rows, self.embedding_dim, generator=generator, dtype=dtype)
-            * self.init_std
+            table: torch.randn(rows, self.embedding_dim, generator=generator, dtype=dtype).mul_(
+                self.init_std
+            )
         }
         bound = self.hidden**-0.5
         dense = {}

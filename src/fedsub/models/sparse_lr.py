@@ -28,7 +28,7 @@ class SparseLogisticRegression:
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
         tables = {
-            t: torch.randn(rows, 1, generator=generator, dtype=dtype) * self.init_std
+            t: torch.randn(rows, 1, generator=generator, dtype=dtype).mul_(self.init_std)
             for t, rows in self.table_rows.items()
         }
         dense = {"bias": torch.zeros(1, dtype=dtype)}
