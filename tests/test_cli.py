@@ -237,3 +237,33 @@ def test_data_stats_refuses_a_plot_path_before_loading_anything(tmp_path, capsys
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err and "Traceback" not in err
     assert sorted(tmp_path.iterdir()) == []
+
+
+EMPTY_TEXTS = [
+    (["compare", "--resume", ""], "--resume is empty"),
+    (["run", "--resume", " "], "--resume is blank"),
+    (["compare", "--out", ""], "--out is empty"),
+    (["compare", ""], "CONFIG is empty"),
+    (["run", "  ", "--algorithm", "fedavg"], "CONFIG is blank"),
+    (["compare", "--sweep", "train.lr=0.1,0.2", "--out", " "], "--out is blank"),
+    (["data", "stats", "synthetic-sparse", "--plot", ""], "--plot is empty"),
+    (["data", "fetch", "mnist", "--url", ""], "--url is empty"),
+    (["data", "fetch", "mnist", "--checksum", " "], "--checksum is blank"),
+    (["reproduce", "004-fig4", "--data-path", ""], "--data-path is empty"),
+    (["reproduce", "--configs", ""], "--configs is empty"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), EMPTY_TEXTS, ids=[" ".join(a) for a, _ in EMPTY_TEXTS]
+)
+def test_an_empty_or_blank_path_is_an_error_naming_its_flag(
+    argv, message, tmp_path, capsys, monkeypatch
+):
+    """The reported bug: `fedsub compare --resume ""` trained a fresh default run and exited 0
+    (an empty path read as "not given"); `--out ""` would be the current folder."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fedsub: error: {message}"), lines
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing written

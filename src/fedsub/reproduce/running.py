@@ -21,26 +21,26 @@ from typing import Any
 import numpy as np
 
 from fedsub import config as config_lib
-from fedsub.data.fetch import DOWNLOADS, cache_dir
-from fedsub.data.images import DEBIAN_FASHION
 from fedsub.errors import ConfigError, DataError
 from fedsub.json_values import dumps
 from fedsub.report import write_atomic
 from fedsub.reproduce import closed_forms
 from fedsub.reproduce.registry import (
-    EXPERIMENTS,
     GENERATED,
     SMOKE,
     ClosedForm,
-    Data,
     Experiment,
     Part,
     Run,
     Settings,
     Stats,
-    configs_folder,
     experiment,
     paper_numbers,
+)
+from fedsub.reproduce.status import (  # the status of a part (listed, and before it runs)
+    config_missing,
+    configs_given,
+    status_here,
 )
 
 Cell = int | str | None  # rounds to target: a round, "R+" (not reached in R), None (no run)
@@ -81,65 +81,6 @@ class PartResult:
     seconds: float = 0.0
 
 
-# --- what is here ---------------------------------------------------------------------------
-
-
-def data_present(data: Data, data_path: str | None) -> bool:
-    """Whether the part's data can be read here: generated, at ``data_path``, in fedsub's
-    download cache, or (Fashion-MNIST) where Debian installs it."""
-    if data is GENERATED:
-        return True
-    if data_path is not None:
-        return Path(data_path).exists()
-    if data.name in DOWNLOADS:
-        folder = cache_dir() / data.name
-        if all((folder / d.filename).exists() for d in DOWNLOADS[data.name]):
-            return True
-    return data.name == "fashion-mnist" and DEBIAN_FASHION.exists()
-
-
-def needs(data: Data) -> str:
-    if data.fetch is None:
-        return f"needs dataset {data.name} ({data.note})"
-    return f"needs dataset {data.name}: `{data.fetch}`" + (f" ({data.note})" if data.note else "")
-
-
-def config_missing(part: Part, configs: Path) -> str | None:
-    """Why the part's config is not in ``configs`` (None when it is, or needs none)."""
-    if not isinstance(part.action, Run | Stats | Settings):
-        return None
-    name = part.action.config
-    if (configs / name).exists():
-        return None
-    return f"{name} is not in {configs.name}/" + (f" ({part.note})" if part.note else "")
-
-
-def status_here(part: Part, configs: Path, data_path: str | None = None) -> str:
-    """'runs here', or why not."""
-    if part.action is None:
-        return f"cannot run: needs dataset {part.data.name} ({part.data.note})"
-    missing = config_missing(part, configs)
-    if missing:
-        return f"cannot run yet: {missing}"
-    if isinstance(part.action, Settings) or data_present(part.data, data_path):
-        return "runs here"
-    return needs(part.data)
-
-
-def listing(configs: Path | None = None) -> list[str]:
-    """``fedsub reproduce`` with no id: every experiment, its parts, data, time, status."""
-    configs = configs or configs_folder()
-    lines = ["Tables and figures of the seeds (fedsub reproduce ID [--part NAME] --out DIR):", ""]
-    for e in EXPERIMENTS.values():
-        lines.append(f"{e.id}  {e.shows}")
-        if e.note:
-            lines.append(f"    ({e.note})")
-        for p in e.parts:
-            took = f"; {p.minutes}" if p.minutes else ""
-            lines.append(f"    {p.name}: {status_here(p, configs)}{took}")
-    return lines
-
-
 # --- running ---------------------------------------------------------------------------------
 
 
@@ -155,20 +96,173 @@ def reproduce(
 ) -> list[PartResult]:
     """Run every part of the experiment (or ``part``) whose data are here; write
     ``out/reproduce.json`` and ``out/reproduce.md``. A stopped run raises ``Interrupted``
-    (engine/loop.py); the same call with ``Folders(resume=True)`` continues it."""
+    (engine/loop.py); the same call with ``Folders(resume=True)`` continues it.
+
+    Every option is checked before anything runs: an option no chosen part uses (``--set`` on
+    a closed form, ``--data-path`` on generated data, ...), an override the parts' configs
+    refuse, ``--resume`` with nothing to resume are ConfigErrors naming the flag and the part."""
     e = experiment(experiment_id)
-    chosen = [e.part(part)] if part else list(e.parts)
-    if data_path is not None and len({p.data for p in chosen}) > 1:
+    chosen = chosen_parts(e, part)
+    named = configs is not None
+    request = Request(smoke, data_path, list(overrides), configs_given(configs), named)
+    check_request(e, chosen, request)
+    if folders.resume:
+        refuse_nothing_to_resume(e, chosen, out)
+    results = [
+        run_part(e, p, out, smoke, data_path, request.overrides, request.configs, folders)
+        for p in chosen
+    ]
+    write_report(e, results, out)
+    return results
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``fedsub reproduce ID`` was asked beside the id (``configs_named``: --configs
+    was given, so a part that reads no config refuses it)."""
+
+    smoke: bool
+    data_path: str | None
+    overrides: list[str]
+    configs: Path
+    configs_named: bool = False
+
+
+def chosen_parts(e: Experiment, part: str | None) -> list[Part]:
+    """The part ``--part`` names, or every part; an empty name or one the experiment lacks
+    is refused with the choices, an experiment with nothing to run says so."""
+    if not e.parts:
+        raise ConfigError(f"{e.id} ({e.shows}): {e.note or 'nothing to run'}")
+    if part is None:
+        return list(e.parts)
+    names = ", ".join(p.name for p in e.parts)
+    for p in e.parts:
+        if p.name == part:
+            return [p]
+    shown = "is empty" if not part.strip() else f"{part}: {e.id} has no part {part!r}"
+    raise ConfigError(f"--part {shown}; {e.id}'s parts: {names} (without --part every part runs)")
+
+
+def _reads_no_config(part: Part) -> str | None:
+    """Why ``--set`` means nothing to the part (None: it loads a config and trains or counts)."""
+    action = part.action
+    if action is None:
+        return f"has nothing fedsub can run ({part.data.note})"
+    if isinstance(action, ClosedForm):
+        return "is a closed form checked against the paper's formula (it reads no config)"
+    if isinstance(action, Settings):
+        return f"compares {action.config}'s settings as shipped with the paper's (no run)"
+    return None
+
+
+def _reads_no_config_file(part: Part) -> str | None:
+    """Why ``--configs`` means nothing to the part (settings read their config file)."""
+    if isinstance(part.action, Settings):
+        return None
+    return _reads_no_config(part)
+
+
+def _reads_no_data(part: Part) -> str | None:
+    """Why ``--data-path`` means nothing to the part (None: it reads a dataset's files)."""
+    refused = _reads_no_config(part)
+    if refused is not None:
+        return refused
+    if part.data is GENERATED:
+        return "trains on data fedsub generates (it reads no data file)"
+    return None
+
+
+def _refuse_unused(
+    e: Experiment, chosen: list[Part], flag: str, why: Callable[[Part], str | None]
+) -> None:
+    """``flag`` refused when a chosen part that runs does not use it (or none runs at all);
+    parts with nothing to run are passed over when others run, so a table's flags still
+    reach its runnable rows."""
+    runnable = [p for p in chosen if p.action is not None] or chosen
+    for p in runnable:
+        reason = why(p)
+        if reason is not None:
+            raise ConfigError(f"{flag}: {e.id}'s part {p.name} {reason}; drop {flag}")
+
+
+def check_request(e: Experiment, chosen: list[Part], request: Request) -> None:
+    """Every option of the request against the chosen parts, before any of them runs."""
+    if request.overrides:
+        _refuse_unused(e, chosen, f"--set {request.overrides[0]}", _reads_no_config)
+    if request.configs_named:
+        _refuse_unused(e, chosen, f"--configs {request.configs}", _reads_no_config_file)
+    if request.data_path is not None:
+        _check_data_path(e, chosen, request.data_path)
+    for p in chosen:
+        if isinstance(p.action, Run | Stats) and config_missing(p, request.configs) is None:
+            _check_config(e, p, request)
+
+
+def _check_data_path(e: Experiment, chosen: list[Part], data_path: str) -> None:
+    _refuse_unused(e, chosen, f"--data-path {data_path}", _reads_no_data)
+    if len({p.data for p in chosen}) > 1:
         raise ConfigError(
             f"--data-path is one dataset's, but {e.id}'s parts read several "
             f"({', '.join(sorted({p.data.name for p in chosen}))}); add --part NAME"
         )
-    configs = configs or configs_folder()
-    results = [
-        run_part(e, p, out, smoke, data_path, list(overrides), configs, folders) for p in chosen
-    ]
-    write_report(e, results, out)
-    return results
+    if not Path(data_path).exists():
+        raise ConfigError(
+            f"--data-path {data_path} does not exist; give {chosen[0].data.describe()}'s "
+            "file or folder"
+        )
+
+
+def _check_config(e: Experiment, part: Part, request: Request) -> None:
+    """The part's config with every override (and each value of its sweep) loads; a --set
+    of the key the part sweeps is refused (the sweep's values would replace it)."""
+    action = part.action
+    assert isinstance(action, Run | Stats)
+    path = request.configs / action.config
+    smoke = (*SMOKE, *action.smoke) if isinstance(action, Run) else action.smoke
+    sets = [*action.overrides, *(smoke if request.smoke else ())]
+    if request.data_path is not None:
+        sets.append(f"data.path={json.dumps(str(Path(request.data_path).absolute()))}")
+    sets += request.overrides
+    sweep = action.sweep if isinstance(action, Run) else None
+    values: Sequence[str | None] = [None]
+    if sweep is not None:
+        for text in request.overrides:
+            section, key, _ = config_lib.parse_override(text)
+            if f"{section}.{key}" == sweep[0]:
+                raise ConfigError(
+                    f"--set {text}: {e.id}'s part {part.name} sweeps {sweep[0]} over "
+                    f"{', '.join(sweep[1])}; drop --set"
+                )
+        smoke_values = action.smoke_values if isinstance(action, Run) else None
+        values = list(smoke_values if request.smoke and smoke_values else sweep[1])
+    for value in values:
+        swept = [] if value is None or sweep is None else [f"{sweep[0]}={value}"]
+        try:
+            config_lib.load(path, [*sets, *swept])
+        except ConfigError as error:
+            raise ConfigError(f"{e.id}'s part {part.name}: {error}") from None
+
+
+def refuse_nothing_to_resume(e: Experiment, chosen: list[Part], out: Path) -> None:
+    """``--resume`` continues runs in ``out``; with none of the chosen parts' runs there it
+    is refused (as ``fedsub compare --resume`` is), not started afresh."""
+    if any((out / p.name / "run.json").exists() for p in chosen if isinstance(p.action, Run)):
+        return
+    names = ", ".join(p.name for p in chosen)
+    raise ConfigError(
+        f"--resume: nothing to resume in {out}: no run of {e.id}'s {names} is there; "
+        "drop --resume to start (or give the --out of the stopped run)"
+    )
+
+
+def not_run(results: list[PartResult]) -> str | None:
+    """What a request that did not fully run says (None: every part ran): the parts that did
+    not, each with its reason."""
+    missed = [r for r in results if not r.status.startswith("ran")]
+    if not missed:
+        return None
+    reasons = "; ".join(f"{r.part}: {r.verdict}" for r in missed)
+    return f"{missed[0].experiment}: {len(missed)} of {len(results)} parts did not run ({reasons})"
 
 
 def run_part(
