@@ -267,3 +267,15 @@ def test_an_empty_or_blank_path_is_an_error_naming_its_flag(
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"fedsub: error: {message}"), lines
     assert list(tmp_path.iterdir()) == []  # nothing ran, nothing written
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path, tiny_config, capsys):
+    """A config saved by a Windows editor (UTF-8 with a BOM) runs as the same file without."""
+    from fedsub import config as config_lib
+
+    with_bom = tmp_path / "bom.toml"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + tiny_config.read_bytes())
+    assert config_lib.load(with_bom) == config_lib.load(tiny_config)
+    text = "\ufeff" + tiny_config.read_text()
+    assert config_lib.Config.from_toml(text) == config_lib.load(tiny_config)
+    assert main(["data", "stats", str(with_bom)]) == 0
