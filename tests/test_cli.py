@@ -279,3 +279,30 @@ def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path, tiny_config, cap
     text = "\ufeff" + tiny_config.read_text()
     assert config_lib.Config.from_toml(text) == config_lib.load(tiny_config)
     assert main(["data", "stats", str(with_bom)]) == 0
+
+
+QUICK_COMMANDS = [["--version"], ["--help"], ["run", "--help"], ["reproduce"], ["reproduce", "-h"]]
+
+
+def test_the_cli_and_its_quick_commands_do_not_import_torch():
+    """`fedsub --version`, `--help` and the reproduce listing answer without torch's import
+    (a second or more of every call): the commands import the engine when they train."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "import fedsub.cli\n"
+        "loaded = {'import fedsub.cli': 'torch' in sys.modules}\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        assert fedsub.cli.main(argv) == 0, argv\n"
+        "    loaded[' '.join(argv)] = 'torch' in sys.modules\n"
+        "print(json.dumps(loaded))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(QUICK_COMMANDS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = json.loads(done.stdout)
+    assert not any(loaded.values()), loaded
+    assert len(loaded) == 1 + len(QUICK_COMMANDS)
