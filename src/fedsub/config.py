@@ -7,6 +7,7 @@ any key (the value is read as a TOML value, or as a plain string when it is not 
 
 from __future__ import annotations
 
+import codecs
 import copy
 import dataclasses
 import math
@@ -594,7 +595,10 @@ def read_toml(path: Path) -> dict[str, Any]:
     write first (TOML itself forbids it, so tomllib alone would refuse such a file)."""
     try:
         with open(path, "rb") as handle:
-            return tomllib.loads(handle.read().decode("utf-8-sig"))
+            data = handle.read()
+        if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            raise ConfigError(f"{path}: the file is UTF-16 (its byte-order mark); save it as UTF-8")
+        return tomllib.loads(data.decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as error:
