@@ -334,3 +334,29 @@ def test_exit_1_names_each_part_that_did_not_run_and_the_report_is_written(
     argv = ["reproduce", "001-tab2", "--part", "movielens", "--smoke", "--quiet"]
     assert main([*argv, "--data-path", str(unreadable), "--out", str(out / "u")]) == 1
     assert "movielens: data error: " in capsys.readouterr().err
+
+
+def test_a_stopped_reproduction_says_the_command_that_continues_it(tmp_path, capsys, monkeypatch):
+    """SIGTERM (what a batch scheduler sends) exits 143 with a command that, run as printed,
+    continues the same runs."""
+    import contextlib
+    import shlex
+    import signal
+
+    from fedsub import cli
+
+    @contextlib.contextmanager
+    def terminated():
+        yield cli._StopRequest(signal.SIGTERM)
+
+    out = tmp_path / "fig 4"  # a space, quoted in the printed command
+    argv = ["reproduce", "004-fig4", "--part", "synthetic-1-1", "--smoke", "--out", str(out)]
+    with monkeypatch.context() as patched:
+        patched.setattr(cli, "_stop_on_signals", terminated)
+        assert main([*argv, "--set", "eval.every=2", "--quiet"]) == 143
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    command = line.split("continue with: ", 1)[1]
+    words = shlex.split(command)
+    assert words[:2] == ["fedsub", "reproduce"] and words[-1] == "--resume"
+    assert "eval.every=2" in words and str(out) in words
+    assert main([*words[1:], "--quiet"]) == 0

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -507,12 +508,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 folders=folders,
             )
     except _interrupted() as stopped:
-        again = " ".join(a for a in sys.argv[1:] if a not in ("--overwrite", "--resume"))
         print(
-            f"fedsub: stopped after round {stopped.round}; continue with: fedsub {again} --resume",
+            f"fedsub: stopped after round {stopped.round}; continue with: "
+            f"{_reproduce_again(args, out)}",
             file=sys.stderr,
         )
-        return 130
+        signum = stop_requested.signum if isinstance(stop_requested, _StopRequest) else 0
+        return 128 + (signum or signal.SIGINT)
     print("\n".join(running.summary_lines(results)))
     if not args.quiet:
         print(f"results in {out}/ (reproduce.md, reproduce.json, plots)")
@@ -521,6 +523,19 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         return 0
     print(f"fedsub: error: {missed}", file=sys.stderr)
     return 1
+
+
+def _reproduce_again(args: argparse.Namespace, out: Path) -> str:
+    """The command that continues a stopped reproduction: the same options, --resume."""
+    words = ["fedsub", "reproduce", args.id, "--out", str(out)]
+    for flag, value in (("--part", args.part), ("--data-path", args.data_path)):
+        if value is not None:
+            words += [flag, value]
+    if args.configs is not None:
+        words += ["--configs", args.configs]
+    words += [w for text in args.set for w in ("--set", text)]
+    words += ["--smoke"] if args.smoke else []
+    return shlex.join([*words, "--resume"])
 
 
 def _refuse_options_of_a_run(args: argparse.Namespace) -> None:
