@@ -251,6 +251,9 @@ EMPTY_TEXTS = [
     (["data", "fetch", "mnist", "--checksum", " "], "--checksum is blank"),
     (["reproduce", "004-fig4", "--data-path", ""], "--data-path is empty"),
     (["reproduce", "--configs", ""], "--configs is empty"),
+    (["compare", "--sweep", ""], "--sweep '': expected section.key="),
+    (["compare", "--resume", "runs/x", "--sweep", ""], "--resume continues a run as it was"),
+    (["run", "--resume", "runs/x", "--algorithm", ""], "--resume continues a run as it was"),
 ]
 
 

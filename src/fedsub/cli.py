@@ -229,8 +229,9 @@ def _resumed_folder(args: argparse.Namespace) -> Path:
 
 
 def _refuse_changes_on_resume(args: argparse.Namespace, algorithms: list[str] | None) -> None:
-    changes = [args.config, args.set, algorithms, getattr(args, "algorithm", None)]
-    if any(changes) or getattr(args, "sweep", None) or args.overwrite:
+    flags = (getattr(args, "algorithm", None), getattr(args, "sweep", None))
+    given = [args.config, algorithms, *flags]
+    if any(g is not None for g in given) or args.set or args.overwrite:  # even given empty
         raise ConfigError(
             "--resume continues a run as it was configured (its run.json and config.toml); "
             "drop CONFIG, --set, --algorithm(s), --sweep and --overwrite"
@@ -328,7 +329,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 "commas, e.g. --algorithms fedavg,fedsubavg (`fedsub list algorithms`); "
                 "without --algorithms the config's train.algorithms run"
             )
-    if args.sweep:
+    if args.sweep is not None:  # --sweep "" is refused there, not read as no sweep
         return _sweep(args, algorithms)
     return _compare(args, algorithms)
 
