@@ -15,7 +15,7 @@ import pytest
 from fedsub.cli import main
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import FedsubError
-from fedsub.reproduce import registry, running
+from fedsub.reproduce import registry, running, status
 from fedsub.reproduce.registry import EXPERIMENTS, Settings
 
 from .cifar_files import write_archive
@@ -93,7 +93,7 @@ def test_every_experiment_runs_at_smoke_size(
     experiment_id, part_name, tmp_path, data_files, trained_once
 ):
     part = EXPERIMENTS[experiment_id].part(part_name)
-    missing = running.config_missing(part, registry.configs_folder())
+    missing = status.config_missing(part, registry.configs_folder())
     if missing:
         pytest.fail(f"cannot run: {missing}")
     path = data_files.get(part.data.name)
