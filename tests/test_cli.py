@@ -237,3 +237,75 @@ def test_data_stats_refuses_a_plot_path_before_loading_anything(tmp_path, capsys
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err and "Traceback" not in err
     assert sorted(tmp_path.iterdir()) == []
+
+
+EMPTY_TEXTS = [
+    (["compare", "--resume", ""], "--resume is empty"),
+    (["run", "--resume", " "], "--resume is blank"),
+    (["compare", "--out", ""], "--out is empty"),
+    (["compare", ""], "CONFIG is empty"),
+    (["run", "  ", "--algorithm", "fedavg"], "CONFIG is blank"),
+    (["compare", "--sweep", "train.lr=0.1,0.2", "--out", " "], "--out is blank"),
+    (["data", "stats", "synthetic-sparse", "--plot", ""], "--plot is empty"),
+    (["data", "fetch", "mnist", "--url", ""], "--url is empty"),
+    (["data", "fetch", "mnist", "--checksum", " "], "--checksum is blank"),
+    (["reproduce", "004-fig4", "--data-path", ""], "--data-path is empty"),
+    (["reproduce", "--configs", ""], "--configs is empty"),
+    (["compare", "--sweep", ""], "--sweep '': expected section.key="),
+    (["compare", "--resume", "runs/x", "--sweep", ""], "--resume continues a run as it was"),
+    (["run", "--resume", "runs/x", "--algorithm", ""], "--resume continues a run as it was"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"), EMPTY_TEXTS, ids=[" ".join(a) for a, _ in EMPTY_TEXTS]
+)
+def test_an_empty_or_blank_path_is_an_error_naming_its_flag(
+    argv, message, tmp_path, capsys, monkeypatch
+):
+    """The reported bug: `fedsub compare --resume ""` trained a fresh default run and exited 0
+    (an empty path read as "not given"); `--out ""` would be the current folder."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fedsub: error: {message}"), lines
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing written
+
+
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path, tiny_config, capsys):
+    """A config saved by a Windows editor (UTF-8 with a BOM) runs as the same file without."""
+    from fedsub import config as config_lib
+
+    with_bom = tmp_path / "bom.toml"
+    with_bom.write_bytes(b"\xef\xbb\xbf" + tiny_config.read_bytes())
+    assert config_lib.load(with_bom) == config_lib.load(tiny_config)
+    text = "\ufeff" + tiny_config.read_text()
+    assert config_lib.Config.from_toml(text) == config_lib.load(tiny_config)
+    assert main(["data", "stats", str(with_bom)]) == 0
+
+
+QUICK_COMMANDS = [["--version"], ["--help"], ["run", "--help"], ["reproduce"], ["reproduce", "-h"]]
+
+
+def test_the_cli_and_its_quick_commands_do_not_import_torch():
+    """`fedsub --version`, `--help` and the reproduce listing answer without torch's import
+    (a second or more of every call): the commands import the engine when they train."""
+    code = (
+        "import contextlib, io, json, sys\n"
+        "import fedsub.cli\n"
+        "loaded = {'import fedsub.cli': 'torch' in sys.modules}\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        assert fedsub.cli.main(argv) == 0, argv\n"
+        "    loaded[' '.join(argv)] = 'torch' in sys.modules\n"
+        "print(json.dumps(loaded))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(QUICK_COMMANDS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = json.loads(done.stdout)
+    assert not any(loaded.values()), loaded
+    assert len(loaded) == 1 + len(QUICK_COMMANDS)

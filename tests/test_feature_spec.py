@@ -141,3 +141,17 @@ def test_node_files_hold_out_the_same_rows_every_time_and_pool_into_one_dataset(
     # the numeric column is standardized with the spec's statistics: (price - 20) / 10
     price = float((tmp_path / "node0.csv").read_text().splitlines()[1].split(",")[-1])
     assert np.isclose(SPEC.encode(tmp_path / "node0.csv").dense[0, 0], (price - 20) / 10)
+
+
+def test_a_spec_and_a_vocabulary_written_with_a_byte_order_mark_read_as_without(tmp_path):
+    """Windows editors may start UTF-8 files with a BOM: it is not part of the first value
+    (else "paris" would be an unknown value) nor a JSON error."""
+    (tmp_path / "cities.txt").write_bytes(b"\xef\xbb\xbfparis\r\nrome\r\n")
+    spec = {
+        "format": 1,
+        "version": 1,
+        "fields": [{"column": "city", "vocabulary_file": "cities.txt"}],
+    }
+    (tmp_path / "spec.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(spec).encode())
+    read = read_spec(tmp_path / "spec.json")
+    assert read.hash == FeatureSpec(1, (FieldSpec("city", vocabulary=("paris", "rome")),)).hash

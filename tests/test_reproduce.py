@@ -15,7 +15,7 @@ import pytest
 from fedsub.cli import main
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import FedsubError
-from fedsub.reproduce import registry, running
+from fedsub.reproduce import registry, running, status
 from fedsub.reproduce.registry import EXPERIMENTS, Settings
 
 from .cifar_files import write_archive
@@ -93,7 +93,7 @@ def test_every_experiment_runs_at_smoke_size(
     experiment_id, part_name, tmp_path, data_files, trained_once
 ):
     part = EXPERIMENTS[experiment_id].part(part_name)
-    missing = running.config_missing(part, registry.configs_folder())
+    missing = status.config_missing(part, registry.configs_folder())
     if missing:
         pytest.fail(f"cannot run: {missing}")
     path = data_files.get(part.data.name)
@@ -240,3 +240,123 @@ def test_cli_lists_and_runs_a_closed_form(tmp_path, capsys):
     assert "| fedavg w1 after 5 rounds |" in (out / "reproduce.md").read_text()
     assert main(["reproduce", "001-fig9"]) == 2
     assert "no experiment '001-fig9'" in capsys.readouterr().err
+
+
+# --- every flag honoured or refused; the exit status says whether what was asked ran -------
+
+REFUSED = {
+    "a --set on a closed form": (["001-fig2", "--set", "train.rounds=3"], "--set", "example-1"),
+    "a --set on settings": (["002-tab4", "--set", "train.rounds=3"], "--set", "movielens"),
+    "a --set on a part with no loader": (
+        ["001-tab2", "--part", "alibaba", "--set", "train.rounds=3"],
+        "--set",
+        "alibaba",
+    ),
+    "a --set of the key the part sweeps": (
+        ["001-tab3", "--part", "movielens", "--set", "train.clients_per_round=5"],
+        "--set",
+        "movielens",
+    ),
+    "an out-of-range --set, before any part trains": (
+        ["004-fig4", "--smoke", "--set", "train.rounds=-1"],
+        "train.rounds",
+        "synthetic-0-0",
+    ),
+    "an unknown key": (["004-fig4", "--smoke", "--set", "trian.rounds=2"], "trian", "004-fig4"),
+    "a bad --set on a part whose data are not here": (
+        ["001-tab2", "--part", "movielens", "--set", "train.lr=-1"],
+        "train.lr",
+        "movielens",
+    ),
+    "a --configs that does not exist": (["004-fig4", "--configs", "/nonexistent"], "--configs", ""),
+    "a --configs on a closed form": (["001-fig2", "--configs", "."], "--configs", "example-1"),
+    "a --data-path on generated data": (["004-fig4", "--data-path", "."], "--data-path", "0-0"),
+    "a --data-path on a closed form": (["001-fig2", "--data-path", "."], "--data-path", "example"),
+    "a --data-path that does not exist": (
+        ["001-tab2", "--part", "movielens", "--data-path", "/nonexistent/ml-1m"],
+        "--data-path",
+        "movielens-1m",
+    ),
+    "an empty --part": (["004-fig4", "--part", ""], "--part", "synthetic-0-0, synthetic-1-1"),
+    "an unknown --part": (["004-fig4", "--part", "fig9"], "--part fig9", "synthetic-1-1"),
+    "--resume with nothing to resume": (["004-fig4", "--smoke", "--resume"], "--resume", "fig4"),
+    "an experiment with nothing to run": (["004-tab1"], "004-tab1", "nothing to run"),
+    "options of a run without an id": (["--part", "movielens"], "--part", "without an ID"),
+    "an empty --out": (["004-fig4", "--out", ""], "--out", "empty"),
+    "an empty --configs": (["004-fig4", "--configs", ""], "--configs", "empty"),
+    "a blank --data-path": (["001-tab2", "--data-path", " "], "--data-path", "blank"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED.values(), ids=list(REFUSED))
+def test_an_option_a_part_cannot_honour_is_refused_before_anything_runs(
+    case, tmp_path, capsys, monkeypatch
+):
+    """Each ends in one `fedsub: error:` line naming the flag and the part (or the choices),
+    exit 2, nothing written: not silently ignored, not a fresh run."""
+    argv, flag, part = case
+    monkeypatch.setenv("FEDSUB_DATA", str(tmp_path / "empty-cache"))
+    monkeypatch.chdir(tmp_path)
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "out")]
+    assert main(["reproduce", *argv, *out, "--quiet"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedsub: error: "), captured.err
+    assert flag in lines[0] and part in lines[0], lines[0]
+    assert sorted(tmp_path.iterdir()) == [], "something was written"
+
+
+def test_a_set_reaches_the_runs_it_overrides(tmp_path, capsys):
+    out = tmp_path / "fig4"
+    argv = ["reproduce", "004-fig4", "--part", "synthetic-0-0", "--smoke", "--out", str(out)]
+    assert main([*argv, "--set", "train.rounds=1", "--quiet"]) == 0
+    written = (out / "synthetic-0-0" / "config.toml").read_text()
+    assert "rounds = 1\n" in written  # smoke size's 2 rounds, then the user's --set
+
+
+def test_exit_1_names_each_part_that_did_not_run_and_the_report_is_written(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("FEDSUB_DATA", str(tmp_path / "empty-cache"))
+    out = tmp_path / "t2"
+    assert main(["reproduce", "001-tab2", "--part", "movielens", "--out", str(out), "--quiet"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (
+        "fedsub: error: 001-tab2: 1 of 1 parts did not run (movielens: needs dataset "
+        "movielens-1m: `fedsub data fetch movielens-1m`)"
+    )
+    assert json.loads((out / "reproduce.json").read_text())["parts"][0]["status"] == "needs data"
+    assert main(["reproduce", "001-tab2", "--part", "alibaba", "--out", str(out / "a")]) == 1
+    assert "alibaba: cannot run" in capsys.readouterr().err
+    unreadable = tmp_path / "ml-1m"
+    unreadable.mkdir()
+    (unreadable / "ratings.dat").write_text("not::ratings\n")
+    argv = ["reproduce", "001-tab2", "--part", "movielens", "--smoke", "--quiet"]
+    assert main([*argv, "--data-path", str(unreadable), "--out", str(out / "u")]) == 1
+    assert "movielens: data error: " in capsys.readouterr().err
+
+
+def test_a_stopped_reproduction_says_the_command_that_continues_it(tmp_path, capsys, monkeypatch):
+    """SIGTERM (what a batch scheduler sends) exits 143 with a command that, run as printed,
+    continues the same runs."""
+    import contextlib
+    import shlex
+    import signal
+
+    from fedsub import cli
+
+    @contextlib.contextmanager
+    def terminated():
+        yield cli._StopRequest(signal.SIGTERM)
+
+    out = tmp_path / "fig 4"  # a space, quoted in the printed command
+    argv = ["reproduce", "004-fig4", "--part", "synthetic-1-1", "--smoke", "--out", str(out)]
+    with monkeypatch.context() as patched:
+        patched.setattr(cli, "_stop_on_signals", terminated)
+        assert main([*argv, "--set", "eval.every=2", "--quiet"]) == 143
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    command = line.split("continue with: ", 1)[1]
+    words = shlex.split(command)
+    assert words[:2] == ["fedsub", "reproduce"] and words[-1] == "--resume"
+    assert "eval.every=2" in words and str(out) in words
+    assert main([*words[1:], "--quiet"]) == 0

@@ -310,3 +310,40 @@ def test_resume_with_an_out_naming_another_folder_is_refused(tmp_path, tiny, cap
     assert f"--resume {out} continues that run in its own folder; --out " in err
     assert not (tmp_path / "elsewhere").exists()
     assert main(["compare", "--resume", str(out), "--out", str(out), "--quiet"]) == 0
+
+
+def _manifests() -> dict[str, list[str]]:
+    """Every run kind's manifest of outputs, as its run.json lists them."""
+    from fedsub.flower.apps import FLOWER_OUTPUTS
+    from fedsub.run_folder import comparison_outputs, sweep_outputs
+
+    return {
+        "comparison": comparison_outputs(["<algorithm>"]),
+        "sweep": sweep_outputs(),
+        "flower": list(FLOWER_OUTPUTS),
+    }
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether a backticked path of the page names the file or folder ``name``."""
+    return (
+        text == name
+        or text.endswith(f"/{name}")
+        or text.startswith(f"{name}/")
+        or (f"/{name}/" in text)
+    )
+
+
+@pytest.mark.parametrize("kind", ["comparison", "sweep", "flower"])
+def test_the_run_folder_page_names_every_file_a_run_writes(kind):
+    """docs/getting-started/run-folder.md once omitted checkpoints/, privacy.json,
+    heat_source.json and rejections.jsonl: every pattern of every run manifest (a new output
+    must be in one, DEVELOPERS.md) has its name in the page, in backticks."""
+    page = (Path(__file__).parents[1] / "docs/getting-started/run-folder.md").read_text()
+    named = set(re.findall(r"`([^`]+)`", page))
+    missing = []
+    for pattern in _manifests()[kind]:
+        name = pattern.rstrip("/").rsplit("/", 1)[-1]
+        if not any(_names(text, name) for text in named):
+            missing.append(pattern)
+    assert not missing, f"run-folder.md names none of {missing}"

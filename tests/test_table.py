@@ -219,3 +219,15 @@ def test_the_tutorial_clicks_example_trains_and_stores_its_scaling(tmp_path):
     assert scaling["columns"]["price"]["mean"] == pytest.approx(raw.mean())
     assert scaling["columns"]["price"]["std"] == pytest.approx(raw.std())
     assert scaling["training_rows"] == len(raw)
+
+
+@pytest.mark.parametrize("encoding", ["auto", "utf-8", "utf-8-sig"])
+def test_a_header_written_with_a_byte_order_mark_names_its_first_column(tmp_path, encoding):
+    """Excel and Notepad start UTF-8 CSVs with a BOM: the first column is still "user", with
+    the encoding guessed or named."""
+    from fedsub.data.table import read_rows
+
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbfuser,label\r\nu1,1\r\n")
+    header, rows, _ = read_rows(path, encoding)
+    assert header == ["user", "label"] and rows == [["u1", "1"]]

@@ -9,21 +9,25 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Protocol
 
 from fedsub import __version__, distributed, profiling
-from fedsub import config as config_lib
-from fedsub.engine.loop import Interrupted
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.progress import Reporter, RichReporter, reporting
+
+if TYPE_CHECKING:
+    from fedsub import config as config_lib
+    from fedsub.engine.loop import Interrupted
+
+# The config, the engine and rich are imported by the commands that use them, not here:
+# `fedsub --version`, `--help`, `fedsub reproduce` (the list) must not pay torch's import
+# (tests/test_cli.py checks that importing this module imports no torch).
 
 SET_NOTE = """\
 --set SECTION.KEY=VALUE overrides one config key and may be repeated; VALUE is
@@ -33,11 +37,20 @@ for optional keys such as eval.target_test_auc). `fedsub list keys` shows
 every key with its default and allowed values; `fedsub list
 algorithms|datasets|models` shows those and their options."""
 DEFAULT_OUT = "runs/latest"
+REPRODUCE_OUT = "runs/reproduce"
+REPRODUCE_EXIT = """
+Every option is checked against the parts first; one a part cannot use (e.g. --set on a
+closed form, --data-path on generated data) is refused. Exit status: 0 every part asked for
+ran, 1 a part did not (data not here, not public or unreadable; the report is written and
+the last line names each such part and why), 2 an option refused (nothing ran).
+"""
 
 
 def _config(args: argparse.Namespace, algorithms: list[str] | None = None) -> config_lib.Config:
     """The config the arguments give; ``algorithms`` (from --algorithm / --algorithms)
     replaces train.algorithms, and an error it causes names that flag."""
+    from fedsub import config as config_lib
+
     path = Path(args.config) if args.config else None
     extra, named = _algorithms_override(args, algorithms)
     return config_lib.load(path, [*args.set, *extra], named)
@@ -54,14 +67,37 @@ def _algorithms_override(
     return [text], {text: f"{flag} {','.join(algorithms)}"}
 
 
-def _out_folder(args: argparse.Namespace) -> Path:
-    """--out as given (runs/latest when not given); nothing (empty, blank text) refused."""
+def _out_folder(args: argparse.Namespace, default: str = DEFAULT_OUT) -> Path:
+    """--out as given (``default`` when not given); nothing (empty, blank text) refused."""
     from fedsub.run_folder import check_folder_text
 
     if args.out is None:
-        return Path(DEFAULT_OUT)
+        return Path(default)
     check_folder_text(args.out, "--out")
     return Path(args.out)
+
+
+# What each text option names, for the error when it is given empty or blank (an empty
+# path would otherwise read as "not given", or as the current folder).
+TEXT_OPTIONS = {
+    "config": ("CONFIG", "a config file (e.g. configs/li-synthetic.toml), or leave it out"),
+    "out": ("--out", "the folder for the results, e.g. --out runs/NAME"),
+    "resume": ("--resume", "the folder of the run to continue, e.g. --resume runs/NAME"),
+    "configs": ("--configs", "the folder holding fedsub's configs, or leave it out"),
+    "data_path": ("--data-path", "the dataset's file or folder"),
+    "url": ("--url", "the mirror's address, or leave it out for the official one"),
+    "checksum": ("--checksum", "sha256:<hex> or md5:<hex>, or leave it out for the pin"),
+}
+
+
+def _refuse_empty_texts(args: argparse.Namespace) -> None:
+    """A path (or other text option) given as empty or blank text is refused, naming the
+    option, before anything runs."""
+    for dest, (flag, expected) in TEXT_OPTIONS.items():
+        text = getattr(args, dest, None)
+        if isinstance(text, str) and not text.strip():
+            shown = "empty" if not text else f"blank ({text!r})"
+            raise ConfigError(f"{flag} is {shown}; give {expected}")
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
@@ -83,7 +119,7 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
                 profile=args.profile,
                 stop_requested=stop_requested,
             )
-    except Interrupted as stopped:
+    except _interrupted() as stopped:
         return _say_how_to_resume(args.command, stopped, out, stop_requested)
     print(result.markdown, end="")
     if result.profiles:
@@ -92,6 +128,13 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     if not args.quiet:
         print(f"results in {result.out}/ (summary.json, summary.md, curves.png)")
     return _diverged_exit(result)
+
+
+def _interrupted() -> type[Interrupted]:
+    """The exception of a run stopped by a signal (imported when a command trains)."""
+    from fedsub.engine.loop import Interrupted
+
+    return Interrupted
 
 
 def _silence_other_processes(args: argparse.Namespace) -> None:
@@ -186,8 +229,9 @@ def _resumed_folder(args: argparse.Namespace) -> Path:
 
 
 def _refuse_changes_on_resume(args: argparse.Namespace, algorithms: list[str] | None) -> None:
-    changes = [args.config, args.set, algorithms, getattr(args, "algorithm", None)]
-    if any(changes) or getattr(args, "sweep", None) or args.overwrite:
+    flags = (getattr(args, "algorithm", None), getattr(args, "sweep", None))
+    given = [args.config, algorithms, *flags]
+    if any(g is not None for g in given) or args.set or args.overwrite:  # even given empty
         raise ConfigError(
             "--resume continues a run as it was configured (its run.json and config.toml); "
             "drop CONFIG, --set, --algorithm(s), --sweep and --overwrite"
@@ -196,6 +240,8 @@ def _refuse_changes_on_resume(args: argparse.Namespace, algorithms: list[str] | 
 
 def _resumed_config(args: argparse.Namespace, algorithms: list[str] | None) -> config_lib.Config:
     """``--resume DIR`` continues the run exactly as it was configured in DIR/config.toml."""
+    from fedsub import config as config_lib
+
     _refuse_changes_on_resume(args, algorithms)
     path = _resumed_folder(args) / "config.toml"
     if not path.exists():
@@ -283,7 +329,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 "commas, e.g. --algorithms fedavg,fedsubavg (`fedsub list algorithms`); "
                 "without --algorithms the config's train.algorithms run"
             )
-    if args.sweep:
+    if args.sweep is not None:  # --sweep "" is refused there, not read as no sweep
         return _sweep(args, algorithms)
     return _compare(args, algorithms)
 
@@ -300,6 +346,7 @@ class _SweepPlan:
 def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _SweepPlan:
     """The sweep the arguments ask for: read back from its folder on ``--resume``, else from
     ``--sweep``, the config file and ``--set``."""
+    from fedsub import config as config_lib
     from fedsub.experiment import read_sweep, repeated_value
 
     if args.resume:
@@ -353,13 +400,17 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
                 where=where,
                 profile=args.profile,
             )
-    except Interrupted as stopped:
+    except _interrupted() as stopped:
         return _say_how_to_resume("compare", stopped, out, stop_requested)
     print(outcome.markdown, end="")
     return _diverged_exit(outcome)
 
 
 def cmd_data_stats(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fedsub import config as config_lib
     from fedsub.atomic_files import check_image_path
     from fedsub.data.registry import DATASETS
     from fedsub.run_setup import load_data
@@ -427,23 +478,29 @@ def _options(config: config_lib.Config) -> list[tuple[str, object]]:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    """The seeds' tables and figures: the list, or one run beside the paper's numbers."""
+    """The seeds' tables and figures: the list, or one run beside the paper's numbers. Exit 0
+    when every part asked for ran, 1 when one did not (its reason in the report and on
+    stderr), 2 for options refused before anything ran."""
+    from fedsub.reproduce import status
+
+    configs = Path(args.configs) if args.configs is not None else None
+    if args.id is None:
+        _refuse_options_of_a_run(args)
+        print("\n".join(status.listing(status.configs_given(configs))))
+        return 0
     from fedsub.reproduce import running
 
-    configs = Path(args.configs) if args.configs else None
-    if args.id is None:
-        print("\n".join(running.listing(configs)))
-        return 0
     if args.resume and args.overwrite:
         raise ConfigError(
             "--resume continues the runs in --out; --overwrite replaces them: pick one"
         )
+    out = _out_folder(args, REPRODUCE_OUT)
     try:
         with _reporting(args.quiet), _stop_on_signals() as stop_requested:
             folders = running.Folders(args.overwrite, args.resume, stop_requested)
             results = running.reproduce(
                 args.id,
-                Path(args.out),
+                out,
                 smoke=args.smoke,
                 part=args.part,
                 data_path=args.data_path,
@@ -451,17 +508,55 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 configs=configs,
                 folders=folders,
             )
-    except Interrupted as stopped:
-        again = " ".join(a for a in sys.argv[1:] if a != "--overwrite")
+    except _interrupted() as stopped:
         print(
-            f"fedsub: stopped after round {stopped.round}; continue with: fedsub {again} --resume",
+            f"fedsub: stopped after round {stopped.round}; continue with: "
+            f"{_reproduce_again(args, out)}",
             file=sys.stderr,
         )
-        return 130
+        signum = stop_requested.signum if isinstance(stop_requested, _StopRequest) else 0
+        return 128 + (signum or signal.SIGINT)
     print("\n".join(running.summary_lines(results)))
     if not args.quiet:
-        print(f"results in {args.out}/ (reproduce.md, reproduce.json, plots)")
-    return 0
+        print(f"results in {out}/ (reproduce.md, reproduce.json, plots)")
+    missed = running.not_run(results)
+    if missed is None:
+        return 0
+    print(f"fedsub: error: {missed}", file=sys.stderr)
+    return 1
+
+
+def _reproduce_again(args: argparse.Namespace, out: Path) -> str:
+    """The command that continues a stopped reproduction: the same options, --resume."""
+    words = ["fedsub", "reproduce", args.id, "--out", str(out)]
+    for flag, value in (("--part", args.part), ("--data-path", args.data_path)):
+        if value is not None:
+            words += [flag, value]
+    if args.configs is not None:
+        words += ["--configs", args.configs]
+    words += [w for text in args.set for w in ("--set", text)]
+    words += ["--smoke"] if args.smoke else []
+    return shlex.join([*words, "--resume"])
+
+
+def _refuse_options_of_a_run(args: argparse.Namespace) -> None:
+    """`fedsub reproduce` without an id lists the experiments: options of a run are refused
+    rather than ignored."""
+    given = {
+        "--part": args.part is not None,
+        "--out": args.out is not None,
+        "--smoke": args.smoke,
+        "--data-path": args.data_path is not None,
+        "--set": bool(args.set),
+        "--overwrite": args.overwrite,
+        "--resume": args.resume,
+    }
+    named = [flag for flag, present in given.items() if present]
+    if named:
+        raise ConfigError(
+            f"{', '.join(named)} without an ID: `fedsub reproduce` alone lists the tables and "
+            "figures; give one, e.g. fedsub reproduce 004-fig4 " + " ".join(named)
+        )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -624,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reproduce.add_argument("id", nargs="?", help="e.g. 004-fig4 (none: list every one)")
     reproduce.add_argument("--part", help="one part (a table's row, a figure's panel)")
-    reproduce.add_argument("--out", default="runs/reproduce", help="output folder")
+    reproduce.add_argument("--out", help=f"output folder (default {REPRODUCE_OUT})")
     reproduce.add_argument(
         "--smoke", action="store_true", help="smoke size: 2 rounds, 2 clients (checks it runs)"
     )
@@ -647,6 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reproduce.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     reproduce.set_defaults(func=cmd_reproduce)
+    reproduce.epilog = (reproduce.epilog or "") + REPRODUCE_EXIT
 
     listing = add_command(
         commands,
@@ -683,6 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = getattr(args, "quiet", False)
     logging.getLogger("fedsub").setLevel(logging.WARNING if quiet else logging.INFO)
     try:
+        _refuse_empty_texts(args)
         _refuse_what_torchrun_cannot_split(args)
         _silence_other_processes(args)
         return args.func(args)

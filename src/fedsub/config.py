@@ -7,6 +7,7 @@ any key (the value is read as a TOML value, or as a plain string when it is not 
 
 from __future__ import annotations
 
+import codecs
 import copy
 import dataclasses
 import math
@@ -226,7 +227,7 @@ class Config:
         if source is None or isinstance(source, os.PathLike) or _names_a_file(source):
             return load(None if source is None else Path(source), overrides)
         try:
-            raw = tomllib.loads(source)
+            raw = tomllib.loads(source.removeprefix("\ufeff"))  # a BOM read as text
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config text: not valid TOML: {error}") from None
         try:
@@ -590,9 +591,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML tables; UTF-8 with or without the byte-order mark some Windows editors
+    write first (TOML itself forbids it, so tomllib alone would refuse such a file)."""
     try:
         with open(path, "rb") as handle:
-            return tomllib.load(handle)
+            data = handle.read()
+        if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            raise ConfigError(f"{path}: the file is UTF-16 (its byte-order mark); save it as UTF-8")
+        return tomllib.loads(data.decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as error:

@@ -15,16 +15,21 @@ process trains on ``cuda:LOCAL_RANK``. A collective that fails (a process died) 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from fedsub.errors import ConfigError, FedsubError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that use it, not here: the command line reads
+# ``from_environment`` before every command, and `fedsub --help` / `fedsub list` must not
+# pay torch's import (a second or more).
 
 # How long a process waits for the others at a collective before giving up. A process that
 # fails exits, which ends its peers' waits at once (gloo's connections close; torchrun stops
@@ -98,6 +103,8 @@ def process_device(device: torch.device, processes: Processes | None = None) -> 
             f'train.device = "{device}" under torchrun: every process would train on that one '
             'GPU; use "cuda" or "auto" (process i of a machine takes cuda:LOCAL_RANK)'
         )
+    import torch
+
     if processes.local_rank >= torch.cuda.device_count():
         raise ConfigError(
             f"train.device = cuda: {processes} has LOCAL_RANK {processes.local_rank} but this "
@@ -109,6 +116,8 @@ def process_device(device: torch.device, processes: Processes | None = None) -> 
 
 def joined() -> Processes | None:
     """The processes of the group this process has joined (several), or None."""
+    import torch.distributed as dist
+
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     return Processes(dist.get_rank(), dist.get_world_size(), from_environment().local_rank)
@@ -117,6 +126,9 @@ def joined() -> Processes | None:
 def join(device: torch.device) -> Processes:
     """Join torchrun's process group (once; gloo for the CPU, NCCL for ``cuda:LOCAL_RANK``)
     and return this process's place; one process (no torchrun) joins nothing."""
+    import torch
+    import torch.distributed as dist
+
     processes = from_environment()
     if not processes.split:
         return processes
@@ -139,8 +151,10 @@ def join(device: torch.device) -> Processes:
 
 
 def leave() -> None:
-    """Leave the group (at the end of a command), so the processes exit cleanly."""
-    if dist.is_available() and dist.is_initialized():
+    """Leave the group (at the end of a command), so the processes exit cleanly; a process
+    that never imported torch.distributed has joined nothing."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -159,6 +173,8 @@ def _collective(what: str) -> Iterator[None]:
 
 def all_gather(value: Any, what: str) -> list[Any]:
     """Every process's ``value`` (picklable; tensors on the CPU), in rank order."""
+    import torch.distributed as dist
+
     group = joined()
     if group is None:
         return [value]
@@ -170,6 +186,8 @@ def all_gather(value: Any, what: str) -> list[Any]:
 
 def barrier(what: str) -> None:
     """Wait until every process gets here (no-op for one process)."""
+    import torch.distributed as dist
+
     if joined() is None:
         return
     with _collective(what):
@@ -178,6 +196,9 @@ def barrier(what: str) -> None:
 
 def any_process(flag: bool, what: str) -> bool:
     """Whether ``flag`` holds in any process: the decision every process takes together."""
+    import torch
+    import torch.distributed as dist
+
     group = joined()
     if group is None:
         return flag

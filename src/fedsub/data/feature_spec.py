@@ -253,7 +253,7 @@ def read_spec(path: str | Path) -> FeatureSpec:
     """Read and check a spec file; errors name the file and the key or line at fault."""
     file = Path(path).expanduser()
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a BOM is not data
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"feature spec {file}: cannot be read ({error})") from None
     try:
@@ -369,7 +369,7 @@ class _Reader:
         """One value per line (row 1, 2, ...), relative to the spec's folder."""
         file = (self.file.parent / name).expanduser()
         try:
-            lines = file.read_text(encoding="utf-8").splitlines()
+            lines = file.read_text(encoding="utf-8-sig").splitlines()  # a BOM is not data
         except (OSError, UnicodeDecodeError) as error:
             raise DataError(
                 f"feature spec {self.file}: vocabulary file {file} cannot be read ({error})"

@@ -27,11 +27,10 @@ import numpy as np
 
 from fedsub.data import partition as partitioners
 from fedsub.data.federated import FederatedDataset, SampleSet
-from fedsub.data.fetch import cache_dir
+from fedsub.data.fetch import DEBIAN_FASHION, cache_dir
 from fedsub.data.idx import read_idx
 from fedsub.errors import DataError
 
-DEBIAN_FASHION = Path("/usr/share/datasets/fashion-mnist")
 FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",

@@ -94,7 +94,7 @@ class TableOptions:
     `<out>/feature_scaling.json` and applied to the test split)."""
     encoding: str = field(default="auto", metadata={"validate": _codec})
     """A CSV's encoding: `auto` (UTF-8 with or without BOM, UTF-16 with BOM) or a Python codec such
-    as `cp1252` or `latin-1`."""
+    as `cp1252` or `latin-1` (a leading byte-order mark is dropped in every encoding)."""
 
 
 Cell = str | list[str]  # a list only from a Parquet list column
@@ -130,8 +130,8 @@ def _decoded(path: Path, data: bytes, encoding: str) -> str:
     if not path.is_file():
         raise DataError(f"{path}: not a file")
     if encoding != "auto":
-        try:
-            return data.decode(encoding)
+        try:  # a byte-order mark is not part of the first column's name, in any encoding
+            return data.decode(encoding).removeprefix("\ufeff")
         except UnicodeDecodeError as error:
             what = f"in data.encoding = {encoding!r}"
             raise DataError(_not_text(path, data, error, what)) from None

@@ -21,27 +21,23 @@ from typing import Any
 import numpy as np
 
 from fedsub import config as config_lib
-from fedsub.data.fetch import DOWNLOADS, cache_dir
-from fedsub.data.images import DEBIAN_FASHION
-from fedsub.errors import ConfigError, DataError
+from fedsub.errors import DataError
 from fedsub.json_values import dumps
 from fedsub.report import write_atomic
 from fedsub.reproduce import closed_forms
 from fedsub.reproduce.registry import (
-    EXPERIMENTS,
-    GENERATED,
     SMOKE,
     ClosedForm,
-    Data,
     Experiment,
     Part,
     Run,
     Settings,
     Stats,
-    configs_folder,
     experiment,
     paper_numbers,
 )
+from fedsub.reproduce.request import Request, check_request, chosen_parts, refuse_nothing_to_resume
+from fedsub.reproduce.status import configs_given, status_here
 
 Cell = int | str | None  # rounds to target: a round, "R+" (not reached in R), None (no run)
 WITHIN = 0.10  # numbers closer than this (relative) are "within"
@@ -81,65 +77,6 @@ class PartResult:
     seconds: float = 0.0
 
 
-# --- what is here ---------------------------------------------------------------------------
-
-
-def data_present(data: Data, data_path: str | None) -> bool:
-    """Whether the part's data can be read here: generated, at ``data_path``, in fedsub's
-    download cache, or (Fashion-MNIST) where Debian installs it."""
-    if data is GENERATED:
-        return True
-    if data_path is not None:
-        return Path(data_path).exists()
-    if data.name in DOWNLOADS:
-        folder = cache_dir() / data.name
-        if all((folder / d.filename).exists() for d in DOWNLOADS[data.name]):
-            return True
-    return data.name == "fashion-mnist" and DEBIAN_FASHION.exists()
-
-
-def needs(data: Data) -> str:
-    if data.fetch is None:
-        return f"needs dataset {data.name} ({data.note})"
-    return f"needs dataset {data.name}: `{data.fetch}`" + (f" ({data.note})" if data.note else "")
-
-
-def config_missing(part: Part, configs: Path) -> str | None:
-    """Why the part's config is not in ``configs`` (None when it is, or needs none)."""
-    if not isinstance(part.action, Run | Stats | Settings):
-        return None
-    name = part.action.config
-    if (configs / name).exists():
-        return None
-    return f"{name} is not in {configs.name}/" + (f" ({part.note})" if part.note else "")
-
-
-def status_here(part: Part, configs: Path, data_path: str | None = None) -> str:
-    """'runs here', or why not."""
-    if part.action is None:
-        return f"cannot run: needs dataset {part.data.name} ({part.data.note})"
-    missing = config_missing(part, configs)
-    if missing:
-        return f"cannot run yet: {missing}"
-    if isinstance(part.action, Settings) or data_present(part.data, data_path):
-        return "runs here"
-    return needs(part.data)
-
-
-def listing(configs: Path | None = None) -> list[str]:
-    """``fedsub reproduce`` with no id: every experiment, its parts, data, time, status."""
-    configs = configs or configs_folder()
-    lines = ["Tables and figures of the seeds (fedsub reproduce ID [--part NAME] --out DIR):", ""]
-    for e in EXPERIMENTS.values():
-        lines.append(f"{e.id}  {e.shows}")
-        if e.note:
-            lines.append(f"    ({e.note})")
-        for p in e.parts:
-            took = f"; {p.minutes}" if p.minutes else ""
-            lines.append(f"    {p.name}: {status_here(p, configs)}{took}")
-    return lines
-
-
 # --- running ---------------------------------------------------------------------------------
 
 
@@ -155,17 +92,21 @@ def reproduce(
 ) -> list[PartResult]:
     """Run every part of the experiment (or ``part``) whose data are here; write
     ``out/reproduce.json`` and ``out/reproduce.md``. A stopped run raises ``Interrupted``
-    (engine/loop.py); the same call with ``Folders(resume=True)`` continues it."""
+    (engine/loop.py); the same call with ``Folders(resume=True)`` continues it.
+
+    Every option is checked before anything runs: an option no chosen part uses (``--set`` on
+    a closed form, ``--data-path`` on generated data, ...), an override the parts' configs
+    refuse, ``--resume`` with nothing to resume are ConfigErrors naming the flag and the part."""
     e = experiment(experiment_id)
-    chosen = [e.part(part)] if part else list(e.parts)
-    if data_path is not None and len({p.data for p in chosen}) > 1:
-        raise ConfigError(
-            f"--data-path is one dataset's, but {e.id}'s parts read several "
-            f"({', '.join(sorted({p.data.name for p in chosen}))}); add --part NAME"
-        )
-    configs = configs or configs_folder()
+    chosen = chosen_parts(e, part)
+    named = configs is not None
+    request = Request(smoke, data_path, list(overrides), configs_given(configs), named)
+    check_request(e, chosen, request)
+    if folders.resume:
+        refuse_nothing_to_resume(e, chosen, out)
     results = [
-        run_part(e, p, out, smoke, data_path, list(overrides), configs, folders) for p in chosen
+        run_part(e, p, out, smoke, data_path, request.overrides, request.configs, folders)
+        for p in chosen
     ]
     write_report(e, results, out)
     return results
@@ -667,3 +608,13 @@ def report_markdown(e: Experiment, results: list[PartResult]) -> str:
 def summary_lines(results: list[PartResult]) -> list[str]:
     """One line per part for the terminal."""
     return [f"{r.experiment} {r.part}: {r.verdict}" for r in results]
+
+
+def not_run(results: list[PartResult]) -> str | None:
+    """What a request that did not fully run says (None: every part ran): the parts that did
+    not, each with its reason."""
+    missed = [r for r in results if not r.status.startswith("ran")]
+    if not missed:
+        return None
+    reasons = "; ".join(f"{r.part}: {r.verdict}" for r in missed)
+    return f"{missed[0].experiment}: {len(missed)} of {len(results)} parts did not run ({reasons})"
