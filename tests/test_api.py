@@ -247,7 +247,9 @@ def test_bad_train_options_models_and_data_are_named(data):
         fedsub.train("sparse", data, **SMALL)
     with pytest.raises(fedsub.ArgumentError, match="model must be a built-in model's name"):
         fedsub.train(42, data)
-    with pytest.raises(fedsub.ArgumentError, match=r"data must be a FederatedDataset .* \(a dict\)"):
+    with pytest.raises(
+        fedsub.ArgumentError, match=r"data must be a FederatedDataset .* \(a dict\)"
+    ):
         fedsub.train("sparse-lr", {"features": [1, 2]})
     with pytest.raises(fedsub.ArgumentError, match=r"^data = 'movielens' is not allowed"):
         fedsub.train("sparse-lr", "movielens")

@@ -1,8 +1,9 @@
 """A user's own ``torch.nn.Module`` as a fedsub model (``wrap``).
 
 The module's ``forward(batch)`` reads ``batch.ids[field]`` as ``(values, offsets)`` (fedsub's
-CSR layout: offsets of length n + 1, ready for ``nn.EmbeddingBag(..., include_last_offset=
-True)``, or ``offsets[:-1]`` for the default; ``nn.Embedding(values)`` for a field with one id
+CSR layout: offsets of length n + 1; ``bag(values, offsets)`` works on an ``nn.EmbeddingBag``
+of either convention, ``include_last_offset=True`` reading them whole and the default given
+the bags' starts by a hook, bag_offsets.py; ``nn.Embedding(values)`` for a field with one id
 per sample) and ``batch.dense`` ([n, d] or None), and returns per-sample outputs: logits [n]
 for a binary task, [n, C] for C classes, anything with the samples first given a ``loss``.
 It never sees the labels: fedsub computes the loss from the outputs.
