@@ -44,7 +44,7 @@ def frame():
 def test_an_argument_error_is_a_config_error_and_a_type_and_value_error():
     assert issubclass(ArgumentError, ConfigError)
     assert issubclass(ArgumentError, TypeError) and issubclass(ArgumentError, ValueError)
-    with pytest.raises(ValueError, match="lr = 0.0 is out of range"):
+    with pytest.raises(ValueError, match=r"lr = 0\.0 is out of range"):
         fedsub.train("sparse-lr", data(), lr=0, **SMALL)
 
 

@@ -9,6 +9,7 @@ argument as the caller wrote it, its value and what is expected.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -52,18 +53,33 @@ def tables_of(algorithm_options: Any) -> dict[str, dict[str, Any]]:
     """``algorithm_options``: algorithm name -> a dict of its options."""
     example = "{'fedprox': {'mu': 0.1}}"
     outer = mapping(algorithm_options, "algorithm_options", example)
-    for name, table in outer.items():
-        mapping(table, f"algorithm_options[{name!r}]", "{'mu': 0.1}")
-    return {name: dict(table) for name, table in outer.items()}
+    return {
+        name: mapping(table, f"algorithm_options[{name!r}]", "{'mu': 0.1}")
+        for name, table in outer.items()
+    }
 
 
-def callback(value: Any, argument: str, signature: str) -> Any:
-    """A callable argument, or None."""
-    if value is not None and not callable(value):
+def callback(value: Any, argument: str, signature: str, arity: int) -> Any:
+    """A callable argument taking ``arity`` positional arguments, or None."""
+    if value is None:
+        return None
+    if not callable(value) or not _takes(value, arity):
         raise ArgumentError(
             f"{argument} must be a function {signature} or None, got {described(value)}"
         )
     return value
+
+
+def _takes(function: Callable[..., Any], arity: int) -> bool:
+    """Whether ``function`` can be called with ``arity`` positional arguments (True when
+    Python cannot tell: a builtin without a signature)."""
+    try:
+        inspect.signature(function).bind(*[None] * arity)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
 
 
 def flag(value: Any, argument: str) -> bool:
@@ -106,6 +122,6 @@ DATA_TERMS = section_terms("data")
 
 def run_callbacks(stop_requested: Any, on_round: Any) -> tuple[Callable[[], bool], Any]:
     """``run`` / ``sweep``'s callbacks, checked; a missing ``stop_requested`` never stops."""
-    stop = callback(stop_requested, "stop_requested", "() -> bool")
-    callback(on_round, "on_round", "(algorithm, round) -> None")
+    stop = callback(stop_requested, "stop_requested", "() -> bool", 0)
+    callback(on_round, "on_round", "(algorithm, round) -> None", 2)
     return stop or (lambda: False), on_round

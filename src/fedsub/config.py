@@ -142,9 +142,9 @@ class TrainConfig:
     """Reject client updates with a larger norm; 0 = no limit."""
     momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     """Local SGD momentum (buffers start at 0 every round)."""
-    threads: int = field(default=0, metadata={"min": 0})
-    """torch intra-op threads; 0 = torch's default. Small cohorts of sparse models run faster on 1:
-    handing tiny kernels between threads costs more than the kernels."""
+    threads: int = field(default=0, metadata={"min": 0, "max": 4096})
+    """torch intra-op threads (at most 4096); 0 = torch's default. Small cohorts of sparse models
+    run faster on 1: handing tiny kernels between threads costs more than the kernels."""
     masking: str = field(default="none", metadata={"choices": lambda: list(MASKING_SCHEMES)})
     """Sub-model training on width-sliceable models (seed 003; fedsub.masking): `none`, `static`
     (HeteroFL), `rolling` (FedRolex), `shuffled` (Algorithm 2), `random`, `bernoulli` (Algorithm

@@ -293,7 +293,8 @@ def _compare(
     model_table = {**options, "name": model} if isinstance(model, str) else dict(options)
     with spoken_as(terms, arguments=True):
         dataset = _dataset_of(data)
-        dtype = train_options.get("dtype", "float32")
+        dtype = train_options.get("dtype", "float32")  # checked by config_of when not one
+        dtype = dtype if isinstance(dtype, str) and dtype in ("float32", "float64") else None
         given = _model_of(model, dataset, tables, options, loss, task, dtype)
         config = config_of(train_options, algorithms, per_algorithm, given, model_table)
         outcome = experiment.compare(config, None, dataset=dataset, model=given)
@@ -544,7 +545,8 @@ def config_of(
                 f" or an [eval] key ({', '.join(sorted(eval_keys))})"
             )
     masking = sections["train"].get("masking", "none")
-    if model is not None and masking != "none" and not isinstance(model, SliceableModel):
+    masked = isinstance(masking, str) and masking != "none"  # a non-string: config.py refuses
+    if model is not None and masked and not isinstance(model, SliceableModel):
         raise ConfigError(
             f"train.masking = {masking!r} needs a width-sliceable model; "
             f"{type(model).__name__} is not one"
