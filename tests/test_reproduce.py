@@ -198,3 +198,26 @@ def test_cli_lists_and_runs_a_closed_form(tmp_path, capsys):
     assert "| fedavg w1 after 5 rounds |" in (out / "reproduce.md").read_text()
     assert main(["reproduce", "001-fig9"]) == 2
     assert "no experiment '001-fig9'" in capsys.readouterr().err
+
+
+def test_table1_counts_the_authors_whole_amazon_files(tmp_path):
+    """Table 1's heat is over all of the authors' files (their training set), not fedsub's 80%
+    split: item 999, which five users hold only in their last 20% of lines and two users in
+    their first line, has heat 7 (2 on the split); every other id heat 1."""
+    folder = tmp_path / "amazon"
+    folder.mkdir()
+    for user in range(10):
+        lines = [f"1\t{user}\t{1000 + 10 * user + n}\t{5000 + 10 * user + n}" for n in range(10)]
+        if user < 5:
+            lines[9] = f"0\t{user}\t999\t{5000 + 10 * user + 9}"  # in the held-out 20%
+        elif user < 7:
+            lines[0] = f"0\t{user}\t999\t{5000 + 10 * user}"
+        (folder / f"user_{user}").write_text("\n".join(lines) + "\n")
+    (result,) = running.reproduce(
+        "001-tab1", tmp_path / "out", part="amazon-authors", data_path=str(folder)
+    )
+    stats = json.loads((tmp_path / "out" / "amazon-authors" / "stats.json").read_text())
+    assert (stats["clients"], stats["samples"], stats["train_samples"]) == (10, 100, 100)
+    assert (stats["heat_max"], stats["heat_dispersion"]) == (7, 7.0)
+    rows = {cell: ours for cell, _, ours in result.rows}
+    assert (rows["heat_dispersion"], rows["samples_per_client"]) == ("7", "10")
