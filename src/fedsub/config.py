@@ -161,9 +161,13 @@ class TrainConfig:
         default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
     )
     """`fixed` (dealt once in those proportions) or `per-round` (redrawn)."""
-    mask_average: str = field(default="trainers", metadata={"choices": lambda: ["trainers", "all"]})
-    """`trainers` (each entry averaged over the clients that trained it) or `all` (seed 003:
-    untrained entries count as the old value)."""
+    mask_average: str = field(
+        default="scheme", metadata={"choices": lambda: ["scheme", "trainers", "all"]}
+    )
+    """`scheme` (each scheme's own paper's: `all` for `bernoulli` and `shuffled`, `trainers` for
+    the others), `trainers` (HeteroFL / FedRolex: each entry averaged over the clients that
+    trained it) or `all` (seed 003's Algorithms 1-2: untrained entries count as the old value in a
+    mean over all the round's clients)."""
     privacy: str = field(default="none", metadata={"choices": lambda: list(PRIVACY_LEVELS)})
     """Private submodel learning (fedsub.privacy.levels): `none`, `heat`, `download` or `full`."""
     download: str = field(
