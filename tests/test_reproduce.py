@@ -318,6 +318,8 @@ def test_a_stopped_reproduction_says_the_command_that_continues_it(tmp_path, cap
     assert words[:2] == ["fedsub", "reproduce"] and words[-1] == "--resume"
     assert "eval.every=2" in words and str(out) in words
     assert main([*words[1:], "--quiet"]) == 0
+
+
 def test_table1_counts_the_authors_whole_amazon_files(tmp_path):
     """Table 1's heat is over all of the authors' files (their training set), not fedsub's 80%
     split: item 999, which five users hold only in their last 20% of lines and two users in
