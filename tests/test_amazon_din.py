@@ -17,7 +17,7 @@ from fedsub.errors import DataError
 from fedsub.models import din as din_module
 from fedsub.models.base import Batch, cohort_features, forward
 from fedsub.models.cohort_ops import linear
-from fedsub.models.din import ATTENTION, DIN, HIDDEN, dice
+from fedsub.models.din import ATTENTION, DIN, HIDDEN
 from fedsub.models.packed import BLOCK, ClientBlocks
 from fedsub.models.pooling import attention_pool, padded, sum_pool
 from fedsub.submodel.index import SubmodelIndex
@@ -147,8 +147,18 @@ def padded_cohort_head(dense, tables, ids, k):
     for i in range(len(HIDDEN)):
         x = linear(x, dense[f"fc{i}.weight"], dense[f"fc{i}.bias"])
         if i < len(HIDDEN) - 1:
-            x = dice(x, dense[f"fc{i}.alpha"].unsqueeze(1))
+            x = written_dice(x, dense[f"fc{i}.alpha"].unsqueeze(1))
     return x[..., 1] - x[..., 0]
+
+
+def written_dice(x, alpha, eps=1e-9):
+    """The authors' Dice.py written out (torch, for gradients): per client (dim 1 = its batch),
+    std = sqrt(mean((x - mean)^2 + eps)), p = sigmoid((x - mean) / (std + eps)),
+    out = alpha (1 - p) x + p x."""
+    mean = x.mean(dim=1, keepdim=True)
+    std = torch.sqrt(((x - mean) ** 2 + eps).mean(dim=1, keepdim=True))
+    p = torch.sigmoid((x - mean) / (std + eps))
+    return alpha * (1.0 - p) * x + p * x
 
 
 def ragged_ids(generator, lengths, rows):
@@ -266,3 +276,41 @@ def test_evaluation_of_the_packed_din_gives_the_padded_forms_metrics(amazon):
     assert metrics["test_auc"] == pytest.approx(roc_auc_score(labels, logits), rel=1e-12)
     accuracy = float(((logits > 0).double() == labels).double().mean())
     assert metrics["test_accuracy"] == pytest.approx(accuracy, rel=1e-12)
+
+
+def test_dice_is_the_authors_formula():
+    """fedsub's Dice against Dice.py written out in numpy: a batch's mean and std per unit,
+    epsilon 1e-9 inside the root and beside it; a batch of identical rows (variance 0) gates
+    at exactly 1/2."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 4, 5)) * np.array([1.0, 1e-3, 10.0, 1.0, 1e-6])
+    x[2] = x[2, :1]  # a client whose 4 samples are identical
+    alpha = rng.normal(size=(3, 1, 5))
+    mean = x.mean(axis=1, keepdims=True)
+    std = np.sqrt(np.mean((x - mean) ** 2 + 1e-9, axis=1, keepdims=True))
+    p = 1 / (1 + np.exp(-(x - mean) / (std + 1e-9)))
+    expected = alpha * (1 - p) * x + p * x
+    got = din_module.dice(torch.from_numpy(x), torch.from_numpy(alpha)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got[2], (0.5 * alpha[2] + 0.5) * x[2], rtol=1e-12)
+
+
+def test_din_scores_a_test_sample_within_its_batch_of_1024(tmp_path):
+    """As the authors evaluate (test_batch_size 1,024): a test sample's score is the model's
+    output on the fixed batch of 1,024 it falls in, whatever the samples of other batches."""
+    from fedsub.engine.evaluate import Evaluator
+
+    folder = write_user_files(tmp_path / "amazon", users=5, lines=600, seed=3)
+    dataset = load_fedsubavg_files(AmazonFilesOptions(), str(folder), 0)
+    model = DIN(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
+    assert model.eval_batch == 1024 and len(dataset.train) > 2 * 1024
+    params = model.init(torch.Generator().manual_seed(1), torch.float64)
+    evaluator = Evaluator.build(model, dataset, 10**6, 0)
+    samples = dataset.train
+    scores = evaluator.outputs(params, samples)
+    for start in (0, 1024, 2048):
+        batch = samples.slice(start, min(start + 1024, len(samples)))
+        alone = forward(model, params, Batch.from_samples(batch, torch.float64))
+        torch.testing.assert_close(scores[start : start + len(batch)], alone, rtol=0, atol=1e-12)
+    whole = forward(model, params, Batch.from_samples(samples, torch.float64))
+    assert not torch.allclose(whole, scores)  # one chunk of everything would score otherwise

@@ -146,6 +146,9 @@ def test_central_min_target_runs_central_sgd_first_and_sweep_prints_table3(tmp_p
         json.loads(x) for x in (out / "central-sgd" / "metrics.jsonl").read_text().splitlines()
     ]
     assert summary["target"]["train_loss"] == min(x["train_loss"] for x in central)
+    # CentralSGD reaches its own minimum (train loss <= target), at the round it attains it
+    lowest = min(central, key=lambda x: x["train_loss"])
+    assert summary["algorithms"]["central-sgd"]["rounds_to_target"] == lowest["round"]
     table = (out / "summary.md").read_text()
     assert "| | central-sgd | fedsubavg |" in table
     assert "lr = 0.3" in (out / "config.toml").read_text()

@@ -11,7 +11,7 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.from_python import from_clients, from_dataframe, from_partitioner, samples
 from fedsub.data.ragged import Ragged
 from fedsub.data.table import TableOptions, load
-from fedsub.errors import DataError
+from fedsub.errors import ArgumentError, DataError
 
 from .test_table import CSV, OPTIONS
 
@@ -162,7 +162,9 @@ def test_dataframe_errors_name_the_row_and_the_option():
         DataError, match="DataFrame, row 3: label column 'clicked' must be 0 or 1, got '2'"
     ):
         from_dataframe(frame, **options)
-    with pytest.raises(DataError, match="unknown table option 'label'; the table loader's"):
+    with pytest.raises(
+        ArgumentError, match=r"unknown keyword argument 'label' .the table loader's"
+    ):
         from_dataframe(csv_frame(), label="clicked")
 
 

@@ -30,6 +30,8 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "fedsub"
 LAYERS: list[set[str]] = [
     {
         "errors",
+        "keys",
+        "vocabulary",
         "seeding",
         "json_values",
         "atomic_files",
@@ -54,7 +56,17 @@ LAYERS: list[set[str]] = [
     {"run_setup"},  # a config to a run's data, model, schedule, context (used by all above)
     # ``fedsub`` itself (the package's __init__) is the public API's facade: it imports the
     # library's names lazily (PEP 562), so it sits on top; its import-time imports are leaves
-    {"experiment", "library", "flower", "cli", "catalog", "reproduce", "__main__", "fedsub"},
+    {
+        "experiment",
+        "library",
+        "api_arguments",
+        "flower",
+        "cli",
+        "catalog",
+        "reproduce",
+        "__main__",
+        "fedsub",
+    },
 ]
 
 

@@ -565,3 +565,59 @@ def test_bad_masking_configs_say_what_is_wrong(tmp_path, change, message):
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         config_lib.load(path)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "paper_rule"),
+    [("bernoulli", "all"), ("shuffled", "all"), ("static", "trainers"), ("rolling", "trainers")],
+)
+def test_each_scheme_aggregates_as_its_paper_by_default(monkeypatch, scheme, paper_rule):
+    """With no ``average_over`` chosen, one round moves the model exactly as the scheme's paper
+    writes it. Seed 003's Algorithms 1-2: each client's model w_j filled with the old value w
+    where it trained nothing, then averaged over ALL the round's clients,
+    w' = sum_j a_j (m_j * w_j + (1 - m_j) * w) / sum_j a_j; HeteroFL / FedRolex: each entry
+    averaged over the clients that trained it, w' = w + sum_j a_j m_j d_j / sum_j a_j m_j."""
+    from fedsub.engine import loop
+
+    seen = []
+    real = loop.aggregate_slices
+
+    def recording(update, weights, like, average_over):
+        seen.append((update, weights))
+        return real(update, weights, like, average_over)
+
+    monkeypatch.setattr(loop, "aggregate_slices", recording)
+    dataset = dense_dataset()
+    model = MLP(inputs=16, classes=3, hidden=(12,))
+    capacities = Capacities((0.5, 0.25))
+    assert Masking(scheme).aggregation == paper_rule
+    before = initial_params(model, _schedule(scheme))
+    after = _train(model, dataset, scheme, rounds=1, capacities=capacities)
+    (update, weights), *_ = seen
+    a = weights.numpy()
+    partly = []
+    for n, w in before.dense.items():
+        old = w.numpy()
+        filled, masks, moves = [], [], []
+        for group in update.groups:
+            for i, j in enumerate(group.members):
+                mask = {n: torch.zeros_like(w)}
+                group.slice.add_constant(mask, 1.0)
+                delta = {n: torch.zeros_like(w)}
+                group.slice.add(delta, {n: group.update.dense_deltas[n][i]})
+                m, local = mask[n].numpy(), old + delta[n].numpy()  # the client's model w_j
+                filled.append((j, m * local + (1 - m) * old))
+                masks.append((j, m))
+                moves.append((j, m * (local - old)))
+        by_member = [dict(x) for x in (filled, masks, moves)]
+        order = sorted(by_member[0])
+        if paper_rule == "all":
+            expected = sum(a[j] * by_member[0][j] for j in order) / a.sum()
+        else:
+            trained = sum(a[j] * by_member[1][j] for j in order)
+            moved = sum(a[j] * by_member[2][j] for j in order)
+            expected = old + np.where(trained > 0, moved / np.where(trained > 0, trained, 1), 0)
+        np.testing.assert_allclose(after.dense[n].numpy(), expected, rtol=0, atol=1e-12)
+        trained = sum(a[j] * by_member[1][j] for j in order)
+        partly.append(bool(((trained > 0) & (trained < a.sum())).any()))
+    assert any(partly)  # some entries trained by some clients only: the two rules differ

@@ -1,8 +1,7 @@
 """`fedsub reproduce`: every registered experiment runs at smoke size on generated data of its
 dataset's real format (parts whose data are not public say so), the paper's numbers are all
 there with their location, the shipped configs carry Table 4's and Table 5's settings, and
-the verdicts are checked on hand-made results (each would read differently if its rule were
-broken)."""
+the verdicts are checked on hand-made results in tests/test_reproduce_verdicts.py."""
 
 from __future__ import annotations
 
@@ -185,47 +184,6 @@ def test_a_stopped_part_resumes_and_a_finished_one_is_not_overwritten(tmp_path):
         running.reproduce("004-fig4", out, smoke=True, part="synthetic-1-1")
 
 
-def test_rounds_verdict_ranks_unreached_last_and_measures_reached_cells():
-    paper = {"central-sgd": 180, "fedavg": 170, "fedsubavg": 100, "fedprox": "1000+"}
-    same = {"central-sgd": 190, "fedavg": 175, "fedsubavg": 105, "fedprox": "1000+"}
-    assert running.rounds_verdict(paper, same) == (
-        "same ranking, reached cells within 6% (central-sgd)"
-    )
-    swapped = {"central-sgd": 190, "fedavg": 90, "fedsubavg": 105, "fedprox": "1000+"}
-    assert running.rounds_verdict(paper, swapped).startswith(
-        "differs: fedavg before fedsubavg (paper: after)"
-    )
-    reached = {"central-sgd": 190, "fedavg": 175, "fedsubavg": 105, "fedprox": 900}
-    verdict = running.rounds_verdict(paper, reached)
-    assert "reached by one side only: fedprox" in verdict
-
-
-def test_values_claims_and_shape_verdicts():
-    assert running.values_verdict({"a": 0.64, "b": 0.52}, {"a": 0.65, "b": 0.50}) == (
-        "same ranking, within 4%"
-    )
-    assert running.values_verdict({"a": 0.64, "b": 0.52}, {"a": 0.50, "b": 0.65}).startswith(
-        "differs: a below b (paper: above)"
-    )
-    table = {"x": {"final": {"train_loss": 0.4}}, "y": {"final": {"train_loss": 0.5}}}
-    claim = {"lower": "x", "than": "y", "metric": "train_loss", "at": "final"}
-    assert running.claim_result(claim, table, 10) == (
-        "x below y (final train_loss)",
-        "holds (0.4 vs 0.5)",
-    )
-    flipped = {**claim, "lower": "y", "than": "x"}
-    results = [running.claim_result(claim, table, 10), running.claim_result(flipped, table, 10)]
-    assert running.claims_verdict(results) == (
-        "differs: y below x (final train_loss) fails (1 of 2 hold)"
-    )
-    assert running.shape_verdict("falls then rises", {"1": 50, "5": 20, "20": "100+"}).startswith(
-        "same shape"
-    )
-    assert running.shape_verdict("falls then rises", {"1": 50, "5": 60, "20": 80}).startswith(
-        "differs"
-    )
-
-
 def test_cli_lists_and_runs_a_closed_form(tmp_path, capsys):
     assert main(["reproduce"]) == 0
     listing = capsys.readouterr().out
@@ -360,3 +318,26 @@ def test_a_stopped_reproduction_says_the_command_that_continues_it(tmp_path, cap
     assert words[:2] == ["fedsub", "reproduce"] and words[-1] == "--resume"
     assert "eval.every=2" in words and str(out) in words
     assert main([*words[1:], "--quiet"]) == 0
+
+
+def test_table1_counts_the_authors_whole_amazon_files(tmp_path):
+    """Table 1's heat is over all of the authors' files (their training set), not fedsub's 80%
+    split: item 999, which five users hold only in their last 20% of lines and two users in
+    their first line, has heat 7 (2 on the split); every other id heat 1."""
+    folder = tmp_path / "amazon"
+    folder.mkdir()
+    for user in range(10):
+        lines = [f"1\t{user}\t{1000 + 10 * user + n}\t{5000 + 10 * user + n}" for n in range(10)]
+        if user < 5:
+            lines[9] = f"0\t{user}\t999\t{5000 + 10 * user + 9}"  # in the held-out 20%
+        elif user < 7:
+            lines[0] = f"0\t{user}\t999\t{5000 + 10 * user}"
+        (folder / f"user_{user}").write_text("\n".join(lines) + "\n")
+    (result,) = running.reproduce(
+        "001-tab1", tmp_path / "out", part="amazon-authors", data_path=str(folder)
+    )
+    stats = json.loads((tmp_path / "out" / "amazon-authors" / "stats.json").read_text())
+    assert (stats["clients"], stats["samples"], stats["train_samples"]) == (10, 100, 100)
+    assert (stats["heat_max"], stats["heat_dispersion"]) == (7, 7.0)
+    rows = {cell: ours for cell, _, ours in result.rows}
+    assert (rows["heat_dispersion"], rows["samples_per_client"]) == ("7", "10")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from fedsub.errors import ConfigError, DataError, FedsubError
+from fedsub.errors import ArgumentError, ConfigError, DataError, FedsubError
 
 if TYPE_CHECKING:
     from fedsub.config import Config
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ArgumentError",
     "Comparison",
     "Config",
     "ConfigError",

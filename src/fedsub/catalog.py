@@ -17,6 +17,7 @@ from fedsub.algorithms.aggregation_rules import AGGREGATIONS, AggregationRule, a
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
+from fedsub.keys import type_name
 from fedsub.models.registry import MODELS, model_names, model_spec
 from fedsub.plugins import BUILT_IN, Registry
 
@@ -27,7 +28,7 @@ WIDTH = 80
 def describe_field(cls: type, field: dataclasses.Field) -> str:
     """ "a number, default 0.1, > 0" for one config field: type, default, allowed values."""
     hint = typing.get_type_hints(cls)[field.name]
-    parts = [config_lib._type_name(hint)]
+    parts = [type_name(hint)]
     optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
     if optional and type(None) in typing.get_args(hint):
         parts[0] += " (optional)"

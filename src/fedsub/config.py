@@ -10,10 +10,8 @@ from __future__ import annotations
 import codecs
 import copy
 import dataclasses
-import math
 import os
 import tomllib
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +30,8 @@ from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
 from fedsub.engine.runtime import IN_PROCESS
-from fedsub.errors import ConfigError
+from fedsub.errors import ArgumentError, ConfigError
+from fedsub.keys import parse_section
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
 from fedsub.models.registry import model_names, model_spec
 from fedsub.privacy.levels import DOWNLOADS as PRIVATE_DOWNLOADS
@@ -144,9 +143,9 @@ class TrainConfig:
     """Reject client updates with a larger norm; 0 = no limit."""
     momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     """Local SGD momentum (buffers start at 0 every round)."""
-    threads: int = field(default=0, metadata={"min": 0})
-    """torch intra-op threads; 0 = torch's default. Small cohorts of sparse models run faster on 1:
-    handing tiny kernels between threads costs more than the kernels."""
+    threads: int = field(default=0, metadata={"min": 0, "max": 4096})
+    """torch intra-op threads (at most 4096); 0 = torch's default. Small cohorts of sparse models
+    run faster on 1: handing tiny kernels between threads costs more than the kernels."""
     masking: str = field(default="none", metadata={"choices": lambda: list(MASKING_SCHEMES)})
     """Sub-model training on width-sliceable models (seed 003; fedsub.masking): `none`, `static`
     (HeteroFL), `rolling` (FedRolex), `shuffled` (Algorithm 2), `random`, `bernoulli` (Algorithm
@@ -162,9 +161,13 @@ class TrainConfig:
         default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
     )
     """`fixed` (dealt once in those proportions) or `per-round` (redrawn)."""
-    mask_average: str = field(default="trainers", metadata={"choices": lambda: ["trainers", "all"]})
-    """`trainers` (each entry averaged over the clients that trained it) or `all` (seed 003:
-    untrained entries count as the old value)."""
+    mask_average: str = field(
+        default="scheme", metadata={"choices": lambda: ["scheme", "trainers", "all"]}
+    )
+    """`scheme` (each scheme's own paper's: `all` for `bernoulli` and `shuffled`, `trainers` for
+    the others), `trainers` (HeteroFL / FedRolex: each entry averaged over the clients that
+    trained it) or `all` (seed 003's Algorithms 1-2: untrained entries count as the old value in a
+    mean over all the round's clients)."""
     privacy: str = field(default="none", metadata={"choices": lambda: list(PRIVACY_LEVELS)})
     """Private submodel learning (fedsub.privacy.levels): `none`, `heat`, `download` or `full`."""
     download: str = field(
@@ -248,6 +251,11 @@ class Config:
         >>> fedsub.Config.from_dict({"model": {"name": "embedding-lr"}}).model.name
         'embedding-lr'
         """
+        if not isinstance(raw, typing.Mapping):
+            raise ArgumentError(
+                "Config.from_dict(raw): raw must be a dict of TOML tables such as "
+                f'{{"train": {{"rounds": 2}}}}, got {type(raw).__name__}'
+            )
         return parse(copy.deepcopy(dict(raw)))
 
     def to_toml(self) -> str:
@@ -273,118 +281,8 @@ SECTIONS: dict[str, type | None] = {
 }
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) in (types.UnionType, typing.Union):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
-    if typing.get_origin(tp) is list:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    if typing.get_origin(tp) is dict:
-        values = typing.get_args(tp)[1]
-        return "a table" + ("" if values is Any else f" (each value {_type_name(values)})")
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[tp]
-
-
-def _coerce(where: str, tp: Any, value: Any) -> Any:
-    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
-    origin = typing.get_origin(tp)
-    if origin in (types.UnionType, typing.Union):
-        if value is None:
-            return None
-        members = [a for a in typing.get_args(tp) if a is not type(None)]
-        if str in members and isinstance(value, str):
-            return value
-        numeric = [a for a in members if a is not str]
-        if not numeric or isinstance(value, bool) or not isinstance(value, int | float):
-            if len(members) == 1:
-                return _coerce(where, members[0], value)
-            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-        return _coerce(where, numeric[0], value)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-        return [_coerce(where, typing.get_args(tp)[0], v) for v in value]
-    if origin is dict:  # a TOML table: string keys; values of any kind when typed Any
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-        values = typing.get_args(tp)[1]
-        return {
-            k: v if values is Any else _coerce(f"{where}.{k}", values, v) for k, v in value.items()
-        }
-    ok = (
-        isinstance(value, bool)
-        if tp is bool
-        else (isinstance(value, tp) and not isinstance(value, bool))
-        or (tp is float and isinstance(value, int) and not isinstance(value, bool))
-    )
-    if not ok:
-        raise ConfigError(f"{where} must be {_type_name(tp)}, got {value!r}")
-    if tp is int and not -(2**63) <= value < 2**63:
-        raise ConfigError(f"{where} = {value} does not fit a 64-bit integer (|value| < 2^63)")
-    if tp is float and not math.isfinite(float(value) if abs(value) < 2**1000 else math.inf):
-        raise ConfigError(f"{where} must be a finite number, got {value!r}")
-    return float(value) if tp is float else value
-
-
-def _check_range(where: str, meta: typing.Mapping[str, Any], value: Any) -> None:
-    values = value if isinstance(value, list) else [value]
-    if meta.get("nonempty") and not values:
-        raise ConfigError(f"{where} must not be empty")
-    for v in values:
-        if v is None:
-            continue
-        if "validate" in meta:
-            try:
-                meta["validate"](v)
-            except ValueError as error:
-                raise ConfigError(f"{where} = {v!r} is not allowed: {error}") from None
-        if "choices" in meta and isinstance(v, str) and v not in (allowed := meta["choices"]()):
-            raise ConfigError(f"{where} = {v!r} is not allowed; choose from {', '.join(allowed)}")
-        if isinstance(v, str):
-            continue
-        if "min" in meta and v < meta["min"]:
-            raise ConfigError(f"{where} = {v!r} is out of range; expected >= {meta['min']}")
-        if "min_exclusive" in meta and v <= meta["min_exclusive"]:
-            raise ConfigError(
-                f"{where} = {v!r} is out of range; expected > {meta['min_exclusive']}"
-            )
-        if "max" in meta and v > meta["max"]:
-            raise ConfigError(f"{where} = {v!r} is out of range; expected <= {meta['max']}")
-        if "max_exclusive" in meta and v >= meta["max_exclusive"]:
-            raise ConfigError(
-                f"{where} = {v!r} is out of range; expected < {meta['max_exclusive']}"
-            )
-
-
-def parse_section(cls: type, section: str, table: dict[str, Any], context: str = "") -> Any:
-    """Build the frozen dataclass ``cls`` from a TOML table, validating every key."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
-    unknown = sorted(set(table) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"[{section}] unknown key {unknown[0]!r}{context}; allowed keys: {', '.join(known)}"
-        )
-    missing = [
-        f
-        for f in known.values()
-        if f.name not in table
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        key = missing[0]
-        expected = key.metadata.get("expected", _type_name(hints[key.name]))
-        raise ConfigError(f"{section}.{key.name} is required ([{section}] lacks it): {expected}")
-    values = {}
-    for name, value in table.items():
-        where = f"{section}.{name}"
-        values[name] = _coerce(where, hints[name], value)
-        _check_range(where, known[name].metadata, values[name])
-    return cls(**values)
-
-
 def parse(raw: dict[str, Any]) -> Config:
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(SECTIONS), key=str)
     if unknown:
         raise ConfigError(
             f"unknown section [{unknown[0]}]; allowed sections: {', '.join(SECTIONS)}"
@@ -401,6 +299,11 @@ def parse(raw: dict[str, Any]) -> Config:
         {k: v for k, v in data_raw.items() if k not in common},
         context=f" (neither a common key nor an option of dataset {data.name!r})",
     )
+    if data.path is not None and not DATASETS[data.name].reads_path:
+        raise ConfigError(
+            f"data.path = {data.path!r} is not read: dataset {data.name!r} is generated, not "
+            "read from files; remove data.path"
+        )
     config = Config(
         data=dataclasses.replace(data, options=options),
         model=parse_model(raw.get("model", {})),

@@ -11,3 +11,9 @@ class ConfigError(FedsubError):
 
 class DataError(FedsubError):
     """A dataset is missing, malformed, or inconsistent."""
+
+
+class ArgumentError(ConfigError, TypeError, ValueError):
+    """A public function's argument has the wrong type or value. Its message names the
+    argument as the caller wrote it; it is also a ``TypeError`` and a ``ValueError``, so a
+    caller's ``except ValueError`` (or ``TypeError``) catches it too."""

@@ -60,7 +60,14 @@ from fedsub.run_folder import (
     read_run_file,
     sweep_outputs,
 )
-from fedsub.run_setup import Setup, prepare, resolve_path, with_resolved_paths
+from fedsub.run_setup import (
+    Setup,
+    checked_model,
+    load_data,
+    prepare,
+    resolve_path,
+    with_resolved_paths,
+)
 from fedsub.submodel.params import Params
 from fedsub.tensor_files import write_tensors_atomic
 
@@ -533,6 +540,23 @@ def sweep_config(base: dict, key: str, value: str, where: str) -> Config:
         raise ConfigError(f"{where}: {error}") from None
 
 
+def _check_every_value(key: str, configs: dict[str, Config]) -> None:
+    """Each value's data loaded and its model checked against them (run_setup.checked_model:
+    clients per round, batch size, targets, ...) before the first value trains, so that a
+    later impossible value is refused before any training; data shared by several values
+    are loaded once."""
+    datasets: dict[str, FederatedDataset] = {}
+    for value, config in configs.items():
+        try:
+            resolved = with_resolved_paths(config)
+            data_key = config_lib.toml_value(dataclasses.asdict(resolved.data))
+            if data_key not in datasets:
+                datasets[data_key] = load_data(resolved)
+            checked_model(resolved, datasets[data_key])
+        except FedsubError as error:
+            raise type(error)(f"sweep value {key}={value}: {error}") from None
+
+
 def resolved_base(base: dict) -> dict:
     """A sweep's raw base config with ``data.path`` absolute (see ``resolve_path``)."""
     path = base.get("data", {}).get("path")
@@ -585,6 +609,7 @@ def sweep(
     values are read back (and checked), an interrupted one continues, the rest start."""
     base = resolved_base(base)
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
+    _check_every_value(key, configs)
     writes = distributed.from_environment().writes
     claim = None
     if writes:

@@ -22,16 +22,18 @@ from typing import Any
 
 from torch import nn
 
+from fedsub import api_arguments as arguments
 from fedsub import config as config_lib
 from fedsub import experiment, run_setup
 from fedsub.config import Config, EvalConfig, TrainConfig
 from fedsub.data.federated import FederatedDataset
-from fedsub.errors import ConfigError
-from fedsub.models.base import Model, SliceableModel
+from fedsub.errors import ArgumentError, ConfigError
+from fedsub.models.base import Model, SliceableModel, Task
 from fedsub.models.module_tables import TableSpec
-from fedsub.models.torch_module import TorchModuleModel, wrap
+from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
 from fedsub.run_folder import check_folder_text
 from fedsub.submodel.params import Params
+from fedsub.vocabulary import RUN_FLAGS, spoken_as
 
 DEFAULT_ALGORITHMS = ("fedavg", "fedsubavg")
 
@@ -153,11 +155,15 @@ def load_dataset(
         True
     """
     if not isinstance(name, str):
-        raise ConfigError(f"data.name must be a dataset's name (a str), got {name!r}")
+        raise ArgumentError(
+            f"name must be a dataset's name (fedsub list datasets), got {arguments.described(name)}"
+        )
     table: dict[str, Any] = {"name": name, "seed": seed, **options}
-    if path is not None:
-        table["path"] = os.fspath(path)
-    return run_setup.load_data(config_lib.parse({"data": table}))
+    given_path = arguments.folder(path, "path")
+    if given_path is not None:
+        table["path"] = given_path
+    with spoken_as(arguments.DATA_TERMS, arguments=True):
+        return run_setup.load_data(config_lib.parse({"data": table}))
 
 
 def train(
@@ -168,6 +174,8 @@ def train(
     tables: TableSpec | None = None,
     model_options: Mapping[str, Any] | None = None,
     algorithm_options: Mapping[str, Mapping[str, Any]] | None = None,
+    loss: Loss | None = None,
+    task: Task | None = None,
     **train_options: Any,
 ) -> TrainResult:
     """Train ``model`` on ``data`` with one algorithm and return its ``TrainResult``.
@@ -181,10 +189,15 @@ def train(
       ``from_dataframe``, ...) or a dataset's name (loaded with its defaults);
     - ``algorithm``: ``fedsub list algorithms`` (``algorithm_options``: the
       ``[algorithms.<name>]`` tables);
+    - ``loss``, ``task``: for your own ``nn.Module`` only: ``loss(outputs, labels)``, the
+      batch mean of a per-sample loss, and the task (``"binary"``, ``"multiclass"``,
+      ``"regression"``), when the outputs' shape does not tell them (see
+      ``models/torch_module.py: wrap``);
     - ``train_options``: ``[train]`` and ``[eval]`` keys (``rounds``, ``clients_per_round``,
       ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``device``, ``backend``, ``every``,
-      ...; built-in defaults otherwise), checked as a config file's: an unknown key names the
-      valid ones.
+      ...; built-in defaults otherwise), checked by the rules a config file's keys are; an
+      error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
+      value and what is allowed, as an ``ArgumentError`` / ``ConfigError``.
 
     Examples:
         >>> import fedsub
@@ -194,14 +207,27 @@ def train(
         >>> result.summary["diverged"] is None
         True
     """
-    results = compare(
+    if "algorithms" in train_options:
+        raise ArgumentError(
+            "train() trains one algorithm: give it as algorithm='fedavg' (fedsub.compare "
+            "takes algorithms=[...])"
+        )
+    if not isinstance(algorithm, str):
+        raise ArgumentError(
+            "algorithm must be an algorithm's name (fedsub list algorithms), got "
+            f"{arguments.described(algorithm)}"
+        )
+    results = _compare(
         model,
         data,
-        algorithms=[algorithm],
-        tables=tables,
-        model_options=model_options,
-        algorithm_options=algorithm_options,
-        **train_options,
+        [algorithm],
+        tables,
+        model_options,
+        algorithm_options,
+        loss,
+        task,
+        train_options,
+        arguments.train_terms("algorithm"),
     )
     return results[algorithm]
 
@@ -214,6 +240,8 @@ def compare(
     tables: TableSpec | None = None,
     model_options: Mapping[str, Any] | None = None,
     algorithm_options: Mapping[str, Mapping[str, Any]] | None = None,
+    loss: Loss | None = None,
+    task: Task | None = None,
     **train_options: Any,
 ) -> Comparison:
     """Train ``model`` on ``data`` with each of ``algorithms``, from the same initial model
@@ -231,18 +259,50 @@ def compare(
         >>> runs["fedavg"].history[0]["train_loss"] == runs["fedsubavg"].history[0]["train_loss"]
         True
     """
-    dataset = _dataset_of(data)
-    given = _model_of(model, dataset, tables, model_options)
-    model_table = dict(model_options or {})
-    if isinstance(model, str):
-        model_table["name"] = model
-    config = config_of(train_options, list(algorithms), algorithm_options, given, model_table)
-    outcome = experiment.compare(config, None, dataset=dataset, model=given)
+    names = arguments.names(algorithms, "algorithms")
+    return _compare(
+        model,
+        data,
+        names,
+        tables,
+        model_options,
+        algorithm_options,
+        loss,
+        task,
+        train_options,
+        arguments.train_terms(),
+    )
+
+
+def _compare(
+    model: Any,
+    data: Any,
+    algorithms: list[str],
+    tables: Any,
+    model_options: Any,
+    algorithm_options: Any,
+    loss: Any,
+    task: Any,
+    train_options: Mapping[str, Any],
+    terms: Mapping[str, str],
+) -> Comparison:
+    """``compare``'s work for ``train`` and ``compare``: the arguments checked, the config
+    built and checked by config.py, errors in the caller's ``terms``."""
+    options = arguments.mapping(model_options, "model_options", "{'embedding_dim': 4}")
+    per_algorithm = arguments.tables_of(algorithm_options)
+    model_table = {**options, "name": model} if isinstance(model, str) else dict(options)
+    with spoken_as(terms, arguments=True):
+        dataset = _dataset_of(data)
+        dtype = train_options.get("dtype", "float32")  # checked by config_of when not one
+        dtype = dtype if isinstance(dtype, str) and dtype in ("float32", "float64") else None
+        given = _model_of(model, dataset, tables, options, loss, task, dtype)
+        config = config_of(train_options, algorithms, per_algorithm, given, model_table)
+        outcome = experiment.compare(config, None, dataset=dataset, model=given)
     return Comparison.of(outcome)
 
 
 def run(
-    config: Config | str | os.PathLike[str],
+    config: Config | Mapping[str, Any] | str | os.PathLike[str],
     *,
     out: str | os.PathLike[str] | None = None,
     resume: bool = False,
@@ -254,7 +314,8 @@ def run(
     """Run a config as ``fedsub compare`` does (``fedsub run`` is the one-algorithm case):
     every algorithm of ``train.algorithms`` on the config's data, model and schedule.
 
-    - ``config``: a ``Config`` (``Config.from_toml``, ``Config.from_dict``) or a TOML file;
+    - ``config``: a ``Config`` (``Config.from_toml``, ``Config.from_dict``), TOML-shaped
+      data (a dict: ``Config.from_dict``'s), or a TOML file (or text);
     - ``out``: the run folder to write (run.json, config.toml, summary.json / .md,
       curves.png, per algorithm metrics.jsonl, checkpoints and model.safetensors), following
       the command line's folder rules; None: nothing is written;
@@ -273,25 +334,37 @@ def run(
         >>> list(result), result.out is None
         (['fedsubavg'], True)
     """
-    if not isinstance(config, Config):
-        config = Config.from_toml(config)
+    config = _config_of(config)
+    text = arguments.folder(out, "out")
+    for name, value in (("resume", resume), ("overwrite", overwrite), ("profile", profile)):
+        arguments.flag(value, name)
+    stop, on_round = arguments.run_callbacks(stop_requested, on_round)
     folder = None
-    if out is not None:
-        check_folder_text(os.fspath(out), "out")
-        folder = Path(out)
+    if text is not None:
+        check_folder_text(text, "out")
+        folder = Path(text)
     elif resume or overwrite:
         flag = "resume" if resume else "overwrite"
-        raise ConfigError(f"{flag}=True acts on a run folder: give it as out=")
-    outcome = experiment.compare(
-        config,
-        folder,
-        on_round,
-        resume,
-        stop_requested or (lambda: False),
-        overwrite,
-        profile=profile,
-    )
+        raise ArgumentError(f"{flag}=True acts on a run folder: give it as out=")
+    with spoken_as(RUN_FLAGS):
+        outcome = experiment.compare(
+            config, folder, on_round, resume, stop, overwrite, profile=profile
+        )
     return Comparison.of(outcome)
+
+
+def _config_of(config: Any) -> Config:
+    """``run``'s config: a ``Config``, TOML-shaped data (a dict), or a TOML file or text."""
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return Config.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return Config.from_toml(config)
+    raise ArgumentError(
+        "config must be a fedsub.Config, a dict of TOML tables ({'train': {...}}), or a TOML "
+        f"file's path or text, got {arguments.described(config)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -336,43 +409,65 @@ def sweep(
         >>> result.summary["values"]
         ['5', '10']
     """
+    if not isinstance(key, str):
+        raise ArgumentError(
+            f"key must be a config key such as 'train.lr', got {arguments.described(key)}"
+        )
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise ArgumentError(
+            f"values must be a list of the values of {key!r} to sweep, e.g. [5, 10], got "
+            f"{arguments.described(values)}"
+        )
     texts = [v if isinstance(v, str) else config_lib.toml_value(v) for v in values]
     if not texts:
-        raise ConfigError(f"sweep of {key!r}: give at least one value")
+        raise ArgumentError(f"sweep of {key!r}: give at least one value")
     twice = experiment.repeated_value(texts)
     if twice is not None:
-        raise ConfigError(f"sweep of {key!r}: value {twice!r} is given twice")
-    check_folder_text(os.fspath(out), "out")
+        raise ArgumentError(f"sweep of {key!r}: value {twice!r} is given twice")
+    folder = arguments.folder(out, "out")
+    if folder is None:
+        raise ArgumentError("out must be the sweep's folder (a str or pathlib.Path), got None")
+    check_folder_text(folder, "out")
+    for name, value in (("resume", resume), ("overwrite", overwrite), ("profile", profile)):
+        arguments.flag(value, name)
+    stop, on_round = arguments.run_callbacks(stop_requested, on_round)
     if isinstance(config, Config):
         base, where = tomllib.loads(config.to_toml()), "the config"
     elif isinstance(config, Mapping):
         base, where = copy.deepcopy(dict(config)), "the config"
-    else:
+    elif config is None or isinstance(config, (str, os.PathLike)):
         path = config_lib.default_config_path() if config is None else Path(config)
         base, where = config_lib.read_toml(path), str(path)
-    outcome = experiment.sweep(
-        key,
-        texts,
-        base,
-        Path(out),
-        on_round,
-        resume=resume,
-        stop_requested=stop_requested or (lambda: False),
-        overwrite=overwrite,
-        where=where,
-        profile=profile,
-    )
+    else:
+        raise ArgumentError(
+            "config must be a TOML file's path, a dict of TOML tables, a fedsub.Config or "
+            f"None, got {arguments.described(config)}"
+        )
+    with spoken_as(RUN_FLAGS):
+        outcome = experiment.sweep(
+            key,
+            texts,
+            base,
+            Path(folder),
+            on_round,
+            resume=resume,
+            stop_requested=stop,
+            overwrite=overwrite,
+            where=where,
+            profile=profile,
+        )
     diverged = {name: str(d) for name, d in outcome.diverged.items()}
-    return Sweep(outcome.summary, outcome.markdown, Path(out), diverged)
+    return Sweep(outcome.summary, outcome.markdown, Path(folder), diverged)
 
 
 def _dataset_of(data: FederatedDataset | str) -> FederatedDataset:
-    if isinstance(data, str):
-        return load_dataset(data)
+    if isinstance(data, str):  # a dataset's name: loaded with its defaults
+        with spoken_as({r"data\.name": "data"}, arguments=True):
+            return run_setup.load_data(config_lib.parse({"data": {"name": data}}))
     if not isinstance(data, FederatedDataset):
-        raise ConfigError(
+        raise ArgumentError(
             "data must be a FederatedDataset (fedsub.load_dataset, fedsub.from_clients, ...) "
-            f"or a dataset's name, got {type(data).__name__}"
+            f"or a dataset's name, got {arguments.described(data)}"
         )
     return data
 
@@ -380,32 +475,49 @@ def _dataset_of(data: FederatedDataset | str) -> FederatedDataset:
 def _model_of(
     model: str | Model | nn.Module,
     dataset: FederatedDataset,
-    tables: TableSpec | None,
-    model_options: Mapping[str, Any] | None,
+    tables: Any,
+    model_options: Mapping[str, Any],
+    loss: Any,
+    task: Any,
+    dtype: Any,
 ) -> Model | None:
     """The model to train when it is given as an object (None: a built-in one, by name,
     built by run_setup from the config's ``[model]``)."""
-    if isinstance(model, str):
-        if tables is not None:
-            raise ConfigError(
-                "tables= names a user nn.Module's tables; a built-in model has its own"
+    for_module = [
+        n for n, v in (("tables", tables), ("loss", loss), ("task", task)) if v is not None
+    ]
+    if isinstance(model, nn.Module):
+        if model_options:
+            raise ArgumentError(
+                "model_options are a built-in model's [model] keys; give the model by its name "
+                f"(fedsub list models), not as a {type(model).__name__}"
             )
+        if tables is not None and not isinstance(tables, Mapping):
+            raise ArgumentError(
+                "tables must be a dict from table name to the embedding module (or its "
+                f"attribute path), e.g. tables={{'item': module.items}}, got "
+                f"{arguments.described(tables)}"
+            )
+        return wrap(model, dataset, tables=tables, loss=loss, task=task, dtype=dtype)
+    if not isinstance(model, (str, Model)):
+        raise ArgumentError(
+            "model must be a built-in model's name (fedsub list models), a fedsub Model or a "
+            f"torch.nn.Module, got {arguments.described(model)}"
+        )
+    if for_module:
+        owner = "a built-in model" if isinstance(model, str) else "a fedsub Model"
+        raise ArgumentError(
+            f"{'= and '.join(for_module)}= are for your own torch.nn.Module (its tables, loss "
+            f"and task); {owner} has its own"
+        )
+    if isinstance(model, str):
         return None
     if model_options:
-        raise ConfigError(
+        raise ArgumentError(
             "model_options are a built-in model's [model] keys; give the model by its name "
             f"(fedsub list models), not as a {type(model).__name__}"
         )
-    if isinstance(model, nn.Module):
-        return wrap(model, dataset, tables=tables)
-    if isinstance(model, Model):
-        if tables is not None:
-            raise ConfigError("tables= names a user nn.Module's tables; a fedsub Model has its own")
-        return model
-    raise ConfigError(
-        "model must be a built-in model's name (fedsub list models), a fedsub Model or a "
-        f"torch.nn.Module, got {type(model).__name__}"
-    )
+    return model
 
 
 def config_of(
@@ -422,18 +534,19 @@ def config_of(
     eval_keys = {f.name for f in dataclasses.fields(EvalConfig)}
     for key, value in options.items():
         if key == "algorithms":
-            raise ConfigError("give the algorithms as compare(..., algorithms=[...])")
+            raise ArgumentError("give the algorithms as compare(..., algorithms=[...])")
         if key in train_keys:
             sections["train"][key] = value
         elif key in eval_keys:
             sections["eval"][key] = value
         else:
-            raise ConfigError(
+            raise ArgumentError(
                 f"unknown option {key!r}: expected a [train] key ({', '.join(sorted(train_keys))})"
                 f" or an [eval] key ({', '.join(sorted(eval_keys))})"
             )
     masking = sections["train"].get("masking", "none")
-    if model is not None and masking != "none" and not isinstance(model, SliceableModel):
+    masked = isinstance(masking, str) and masking != "none"  # a non-string: config.py refuses
+    if model is not None and masked and not isinstance(model, SliceableModel):
         raise ConfigError(
             f"train.masking = {masking!r} needs a width-sliceable model; "
             f"{type(model).__name__} is not one"

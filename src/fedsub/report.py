@@ -73,11 +73,19 @@ def rounds_to_target(history: list[Evaluation], target: Target) -> int | None:
 
 
 def best_metrics(history: list[Evaluation]) -> dict[str, float]:
+    """Each metric's best evaluation: the highest AUC or accuracy, the smallest train - test
+    gap in absolute value (``gap_*``, signed as measured), the lowest of the others."""
     best: dict[str, float] = {}
     for name in history[0].metrics:
         values = [e.metrics[name] for e in history if not math.isnan(e.metrics[name])]
-        if values:
-            best[name] = max(values) if name.endswith(("auc", "accuracy")) else min(values)
+        if not values:
+            continue
+        if name.startswith("gap_"):
+            best[name] = min(values, key=abs)
+        elif name.endswith(("auc", "accuracy")):
+            best[name] = max(values)
+        else:
+            best[name] = min(values)
     return best
 
 

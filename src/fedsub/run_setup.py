@@ -129,7 +129,7 @@ def schedule_of(config: Config) -> Schedule:
                 tuple(t.capacity_proportions),
                 cast(Assignment, t.capacity_assignment),
             ),
-            cast(AverageOver, t.mask_average),
+            None if t.mask_average == "scheme" else cast(AverageOver, t.mask_average),
         ),
         privacy=privacy_of(config),
     )

@@ -4,7 +4,8 @@ Datasets (``flwr-datasets``) partitioner.
 - ``samples`` + ``from_clients``: each client's ids per field (one id per sample, a fixed
   number, or ragged lists), labels and dense features, and a test split; every field reads
   the table of its name unless ``field_tables`` says otherwise, and a table has as many rows
-  as its largest id + 1 unless ``table_rows`` says more.
+  as its largest id + 1 unless ``table_rows`` says more (sized from the ids only up to
+  ``AUTO_ROWS`` rows or ``SPARSE_FACTOR`` rows per id it holds: beyond, give ``table_rows``).
 - ``from_dataframe``: one row per sample, encoded by the ``table`` loader's rules
   (data/table.py: a client column, a 0/1 label, categorical ``features`` in one shared table,
   ``multi_hot``, ``numeric``, ``crosses``, the split); a cell holding a list is a multi-hot
@@ -24,11 +25,17 @@ import numpy as np
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.data.table import Cell, TableOptions, encode
-from fedsub.errors import DataError
+from fedsub.errors import ArgumentError, DataError
+from fedsub.keys import parse_section
+from fedsub.vocabulary import section_terms, spoken_as
 
 # The column from_partitioner adds: which partition (client) a row came from (Flower's name).
 PARTITION_COLUMN = "partition_id"
 _SPLIT_COLUMN = "__fedsub_split__"
+# Without table_rows, a table has as many rows as its largest id + 1, up to this many rows or
+# SPARSE_FACTOR per id it holds: a stray huge id is refused, not a table of 10^12 rows.
+AUTO_ROWS = 1 << 20
+SPARSE_FACTOR = 64
 
 
 def samples(
@@ -46,7 +53,19 @@ def samples(
     >>> len(part), sorted(part.ids)
     (3, ['item', 'tags'])
     """
-    label_array = np.asarray(labels)
+    if not isinstance(where, str):
+        raise ArgumentError(
+            f"samples(): where must be a string (how errors name these samples), got {where!r}"
+        )
+    if ids is not None and not isinstance(ids, Mapping):
+        raise ArgumentError(
+            f"{where}: ids must be a dict from field name to that field's ids "
+            f"(ids={{'item': [...]}}), got {_shape(ids)}"
+        )
+    for field in ids or {}:
+        if not isinstance(field, str) or not field:
+            raise ArgumentError(f"{where}: ids's keys must be field names (strings), got {field!r}")
+    label_array = _array(labels, f"{where}: labels")
     if label_array.ndim != 1 or not np.issubdtype(label_array.dtype, np.number):
         raise DataError(f"{where}: labels must be a 1-d array of numbers, got {_shape(labels)}")
     if not np.isfinite(label_array).all():
@@ -55,7 +74,7 @@ def samples(
     fields = {f: _ragged(f"{where}, field {f!r}", value, n) for f, value in (ids or {}).items()}
     dense_array = None
     if dense is not None:
-        dense_array = np.asarray(dense)
+        dense_array = _array(dense, f"{where}: dense")
         if dense_array.ndim != 2 or len(dense_array) != n:
             raise DataError(f"{where}: dense must be [{n}, d] numbers, got {_shape(dense)}")
         if not np.issubdtype(dense_array.dtype, np.number) or not np.isfinite(dense_array).all():
@@ -81,6 +100,9 @@ def from_clients(
     >>> data.num_clients, data.table_rows
     (3, {'item': 10})
     """
+    if not isinstance(name, str):
+        raise ArgumentError(f"from_clients(): name must be a string, got {name!r}")
+    clients = _sample_sets(name, clients)
     if len(clients) < 2:
         raise DataError(f"{name}: {len(clients)} client(s); federated training needs at least 2")
     first = clients[0]
@@ -99,8 +121,10 @@ def from_clients(
             )
     if test is None:
         test = _empty_like(first)
-    tables = dict(field_tables or {})
-    rows = _table_rows(name, [*clients, test], tables, table_rows)
+    _check_test(name, test, first)
+    _check_labels(name, clients)
+    tables = _field_tables(name, field_tables, first)
+    rows = _table_rows(name, [*clients, test], tables, _given_rows(name, table_rows))
     return FederatedDataset.from_clients(name, rows, list(clients), test, tables)
 
 
@@ -124,6 +148,14 @@ def from_dataframe(
     data = fedsub.from_dataframe(frame, client_column="user", features=["item"])
     ```
     """
+    if not (hasattr(frame, "columns") and hasattr(frame, "itertuples")):
+        raise ArgumentError(
+            f"{name}: frame must be a pandas DataFrame (one row per sample), got "
+            f"{type(frame).__name__}; a dict of columns becomes one with pandas.DataFrame(...)"
+        )
+    if not isinstance(name, str):
+        raise ArgumentError(f"from_dataframe(): name must be a string, got {name!r}")
+    seed = _seed(seed)
     header = [str(c) for c in frame.columns]
     table_options = _table_options(options)
     separator = table_options.list_separator
@@ -131,7 +163,8 @@ def from_dataframe(
         [_cell(value, separator) for value in row]
         for row in frame.itertuples(index=False, name=None)
     ]
-    return encode(header, rows, table_options, seed, name, "row", name)
+    with spoken_as(section_terms("data")):
+        return encode(header, rows, table_options, seed, name, "row", name)
 
 
 class Partitions(Protocol):
@@ -214,14 +247,108 @@ def _frame_of(data: Any, where: str) -> Any:
 
 
 def _table_options(options: Mapping[str, Any]) -> TableOptions:
-    known = TableOptions.__dataclass_fields__
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise DataError(
-            f"unknown table option {unknown[0]!r}; the table loader's options are "
-            f"{', '.join(known)}"
+    """The table loader's options from keyword arguments, checked by the rules a config
+    file's ``[data]`` keys are (keys.py: types, ranges, lists; a single string where a list
+    belongs is a one-element list)."""
+    table: TableOptions = parse_section(
+        TableOptions, "", dict(options), context=" (the table loader's options)"
+    )
+    return table
+
+
+def _array(value: Any, what: str) -> np.ndarray:
+    """``value`` as a numpy array, or an error naming ``what`` (ragged nesting, objects)."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise ArgumentError(
+            f"{what} must be an array of numbers, got {_shape(value)} ({error})"
+        ) from None
+
+
+def _seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ArgumentError(f"seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
+def _sample_sets(name: str, clients: Any) -> list[SampleSet]:
+    """``from_clients``'s clients: a list (or other sequence) of ``SampleSet`` s."""
+    if isinstance(clients, (str, bytes, Mapping)) or not isinstance(clients, Sequence):
+        raise ArgumentError(
+            f"{name}: clients must be a list of SampleSets (one per client, from "
+            f"fedsub.samples), got {_shape(clients)}"
         )
-    return TableOptions(**options)
+    for k, client in enumerate(clients):
+        if not isinstance(client, SampleSet):
+            raise ArgumentError(
+                f"{name}: clients[{k}] must be a SampleSet (fedsub.samples(labels, ids=...)), "
+                f"got {_shape(client)}"
+            )
+    return list(clients)
+
+
+def _check_test(name: str, test: Any, first: SampleSet) -> None:
+    """The test split: a ``SampleSet`` with the clients' fields and dense width."""
+    if not isinstance(test, SampleSet):
+        raise ArgumentError(
+            f"{name}: test must be a SampleSet (fedsub.samples(...)) or None, got {_shape(test)}"
+        )
+    if set(test.ids) != set(first.ids) or test.dense_dim != first.dense_dim:
+        raise DataError(
+            f"{name}: test has fields {sorted(test.ids)} and {test.dense_dim} dense features; "
+            f"the clients have {sorted(first.ids)} and {first.dense_dim}"
+        )
+
+
+def _check_labels(name: str, clients: list[SampleSet]) -> None:
+    """Training labels of one value teach a model nothing (the table loader refuses them)."""
+    values = np.unique(np.concatenate([c.labels for c in clients]))
+    if len(values) == 1:
+        raise DataError(
+            f"{name}: every training label is {values[0]:g}; a model learns nothing from one "
+            "label value (give samples of both classes)"
+        )
+
+
+def _field_tables(name: str, given: Any, first: SampleSet) -> dict[str, str]:
+    """``field_tables``: a dict from a field of the samples to the table it reads."""
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise ArgumentError(
+            f"{name}: field_tables must be a dict from field to table name, got {_shape(given)}"
+        )
+    for field, table in given.items():
+        if field not in first.ids:
+            raise ArgumentError(
+                f"{name}: field_tables names field {field!r}, which the samples do not have "
+                f"(their fields: {', '.join(sorted(first.ids)) or 'none'})"
+            )
+        if not isinstance(table, str) or not table:
+            raise ArgumentError(
+                f"{name}: field_tables[{field!r}] must be a table's name (a string), got {table!r}"
+            )
+    return dict(given)
+
+
+def _given_rows(name: str, given: Any) -> dict[str, int] | None:
+    """``table_rows``: a dict from table to its number of rows (an integer >= 1)."""
+    if given is None:
+        return None
+    if not isinstance(given, Mapping):
+        raise ArgumentError(
+            f"{name}: table_rows must be a dict from table name to rows, got {_shape(given)}"
+        )
+    rows = {}
+    for table, count in given.items():
+        integer = isinstance(count, (int, np.integer)) and not isinstance(count, (bool, np.bool_))
+        if not integer or count < 1:
+            raise ArgumentError(
+                f"{name}: table_rows[{table!r}] must be an integer >= 1, got {count!r}"
+            )
+        rows[table] = int(count)
+    return rows
 
 
 def _cell(value: Any, separator: str) -> Cell:
@@ -287,12 +414,22 @@ def _table_rows(
 ) -> dict[str, int]:
     """Each table's rows: the largest id any field reading it holds, + 1, or ``given``."""
     needed: dict[str, int] = {}
+    held: dict[str, int] = {}
     for part in parts:
         for field, ragged in part.ids.items():
             table = field_tables.get(field, field)
             largest = int(ragged.values.max()) + 1 if len(ragged.values) else 1
             needed[table] = max(needed.get(table, 1), largest)
+            held[table] = held.get(table, 0) + len(ragged.values)
     if given is None:
+        for table, rows in needed.items():
+            if rows > max(AUTO_ROWS, SPARSE_FACTOR * held[table]):
+                raise DataError(
+                    f"{name}: table {table!r} would get {rows} rows (its largest id is "
+                    f"{rows - 1}) for {held[table]} ids; fedsub sizes a table from its ids only "
+                    f"up to {AUTO_ROWS} rows or {SPARSE_FACTOR} per id held. Map the ids to "
+                    f"0..rows-1, or give the size: table_rows={{{table!r}: {rows}}}"
+                )
         return needed
     for table, rows in needed.items():
         if table not in given:

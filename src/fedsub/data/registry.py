@@ -32,6 +32,7 @@ class DatasetSpec:
     load: Callable[[Any, str | None, int], FederatedDataset]
     description: str
     name: str = ""
+    reads_path: bool = True  # False: generated data; a data.path given to it is refused
 
 
 _BUILT_IN: dict[str, DatasetSpec] = {
@@ -39,6 +40,7 @@ _BUILT_IN: dict[str, DatasetSpec] = {
         synthetic_sparse.SyntheticSparseOptions,
         lambda options, path, seed: synthetic_sparse.generate(options, seed),
         "embedded recommender-like clicks (users x Zipf items, crossed features)",
+        reads_path=False,
     ),
     "movielens-100k": DatasetSpec(
         movielens.MovieLensOptions,
@@ -94,11 +96,13 @@ _BUILT_IN: dict[str, DatasetSpec] = {
         synthetic_li.SyntheticLiOptions,
         lambda options, path, seed: synthetic_li.generate(options, seed),
         "synthetic(alpha, beta) of Li et al. / Sahu et al.: 100 devices, 60 features, 10 classes",
+        reads_path=False,
     ),
     "li-quadratic": DatasetSpec(
         li_quadratic.LiQuadraticOptions,
         lambda options, path, seed: li_quadratic.generate(options, seed),
         "seed 004's Theorem 4 counterexample: N devices' blocks of a ridge regression",
+        reads_path=False,
     ),
 }
 

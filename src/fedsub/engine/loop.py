@@ -135,7 +135,7 @@ def round_stages(
 
     def combine(update: MaskedCohortUpdate) -> ServerUpdate:
         weights = aggregation_weights(update, aggregation)
-        return received(aggregate_slices(update, weights, params.dense, masking.average_over))
+        return received(aggregate_slices(update, weights, params.dense, masking.aggregation))
 
     return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
 

@@ -33,16 +33,33 @@ MaskingScheme = Literal["none", "static", "rolling", "shuffled", "random", "bern
 SCHEMES: tuple[str, ...] = ("none", "static", "rolling", "shuffled", "random", "bernoulli")
 SHUFFLE, RANDOM, BERNOULLI = 7, 8, 9  # seeding purposes
 AverageOver = Literal["trainers", "all"]
+# Each scheme's own paper's aggregation: seed 003's Algorithms 1 (Bernoulli) and 2 (shuffled)
+# fill a client's untrained entries with the old value and average over all the round's
+# clients; HeteroFL (static) and FedRolex (rolling), and fedsub's channel-level random masking,
+# average each entry over the clients that trained it (their public code).
+PAPER_AVERAGE: dict[str, AverageOver] = {
+    "none": "trainers",
+    "static": "trainers",
+    "rolling": "trainers",
+    "random": "trainers",
+    "shuffled": "all",
+    "bernoulli": "all",
+}
 
 
 @dataclass(frozen=True)
 class Masking:
     """``train.masking`` and its companions: scheme, capacities, how slices are averaged
-    (see fedsub.masking.aggregate)."""
+    (see fedsub.masking.aggregate; None: the scheme's own paper's rule, ``PAPER_AVERAGE``)."""
 
     scheme: MaskingScheme = "none"
     capacities: Capacities = field(default_factory=Capacities)
-    average_over: AverageOver = "trainers"
+    average_over: AverageOver | None = None
+
+    @property
+    def aggregation(self) -> AverageOver:
+        """How the round's slices are averaged: the one chosen, else the scheme's paper's."""
+        return self.average_over or PAPER_AVERAGE[self.scheme]
 
 
 def shuffled_piece(seed: int, round_index: int, pieces: int) -> int:

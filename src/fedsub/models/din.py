@@ -6,8 +6,10 @@ both in the item table), embeddings of dimension 18 by default. Attention: an ML
 activations, a softmax over each sample's history. Output MLP on
 ``[user, item, sum(history), item * sum(history), attention output]`` -> 200 (Dice) ->
 80 (Dice) -> 2; the logit is the difference of the two outputs (a 2-way softmax is a sigmoid
-of it). Dice normalises with the statistics of the batch it sees (a client's local batch;
-an evaluation chunk at test time).
+of it). Dice normalises with the statistics of the batch it sees, as the authors' ``Dice.py``
+does in training and evaluation alike: a client's local batch in training, and a test batch of
+``eval_batch`` = 1,024 samples (their ``test_batch_size``) in evaluation, so a test sample's
+score depends only on the fixed batch of 1,024 it falls in.
 
 The history is packed, not padded (``PackedFeatures``): the attention MLP runs on the real
 history items only, O(sum of the lengths) rather than O(B x the longest), with each client's
@@ -40,14 +42,17 @@ from fedsub.submodel.params import Params
 ATTENTION = (80, 40, 1)
 HIDDEN = (200, 80, 2)
 ROWS_PER_PASS = 16_384  # history rows the attention MLP scores at once for one client
+DICE_EPS = 1e-9  # the authors' Dice.py epsilon
+TEST_BATCH = 1_024  # the authors' test_batch_size
 
 
 def dice(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """Dice activation: a data-dependent PReLU gated by the input normalised with its
-    client's batch statistics (x is [K, B, units])."""
+    """Dice activation as the authors' ``Dice.py``: a data-dependent PReLU gated by the input
+    normalised with its client's batch statistics (x is [K, B, units]):
+    p = sigmoid((x - mean) / (sqrt(var + eps) + eps)), out = p x + (1 - p) alpha x."""
     centred = x - x.mean(1, keepdim=True)
     var = centred.pow(2).mean(1, keepdim=True)  # (torch.var is slow on CPU for this shape)
-    gate = torch.sigmoid(centred * torch.rsqrt(var + 1e-8))
+    gate = torch.sigmoid(centred / (torch.sqrt(var + DICE_EPS) + DICE_EPS))
     # gate * x + (1 - gate) * alpha * x, with the [K, 1, units] factor (1 - alpha) formed once
     return x * (alpha + gate * (1 - alpha))
 
@@ -64,6 +69,7 @@ class DIN:
     embedding_dim: int = 18
     init_std: float = 0.01
     task: Task = "binary"
+    eval_batch: int = TEST_BATCH  # evaluation batches (Dice uses each batch's statistics)
 
     def init(self, generator: torch.Generator, dtype: torch.dtype) -> Params:
         d = self.embedding_dim

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from fedsub.models.bag_offsets import same_view
 from fedsub.models.base import Ids
 
 # How a lookup gets its offsets: fedsub's whole offsets (n + 1 entries, for an EmbeddingBag
@@ -68,9 +69,8 @@ def trace(
             rows = output.shape[0] if isinstance(output, torch.Tensor) else None
             if rows != samples:
                 reasons.append(
-                    f"{path!r} returns {rows} rows for a batch of {samples} samples (one row "
-                    "per sample is needed: give an nn.EmbeddingBag offsets[:-1], or build it "
-                    "with include_last_offset=True)"
+                    f"{path!r} returns {rows} rows for a batch of {samples} samples; one row "
+                    f"per sample is needed: {_one_row_per_sample(_m)}"
                 )
 
         handles.append(table_module.register_forward_pre_hook(before, with_kwargs=True))
@@ -98,7 +98,7 @@ def _lookup_of(
     values, offsets = arguments.get("input"), arguments.get("offsets")
     field = next((f for f, (v, _) in ids.items() if values is v), None)
     if field is None:
-        field = next((f for f, (v, _) in ids.items() if _same_view(values, v)), None)
+        field = next((f for f, (v, _) in ids.items() if same_view(values, v)), None)
     if field is None:
         return None, (
             f"{path!r} reads ids that are not a field's batch.ids values as given (computed "
@@ -107,9 +107,9 @@ def _lookup_of(
     whole = ids[field][1]
     if offsets is None:
         return Lookup(path, table, field, "none"), None
-    if offsets is whole or _same_view(offsets, whole):
+    if offsets is whole or same_view(offsets, whole):
         return Lookup(path, table, field, "whole"), None
-    if _same_view(offsets, whole[:-1]):
+    if same_view(offsets, whole[:-1]):
         return Lookup(path, table, field, "starts"), None
     return None, (
         f"{path!r} reads field {field!r} with offsets computed from (or other than) its "
@@ -117,12 +117,16 @@ def _lookup_of(
     )
 
 
-def _same_view(a: object, b: torch.Tensor) -> bool:
-    """``a`` is a tensor viewing exactly ``b``'s elements (same memory, start and shape)."""
-    return (
-        isinstance(a, torch.Tensor)
-        and a.numel() > 0
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.data_ptr() == b.data_ptr()
-    )
+def _one_row_per_sample(table_module: nn.Module) -> str:
+    """What to change so that a table module returns one row per sample."""
+    if isinstance(table_module, nn.EmbeddingBag) and table_module.include_last_offset:
+        return (
+            "it is built with include_last_offset=True, which reads n + 1 offsets: pass it the "
+            "field's offsets whole, bag(values, offsets) with values, offsets = batch.ids[field]"
+        )
+    if isinstance(table_module, nn.EmbeddingBag):
+        return (
+            "pass it the field's offsets as given, bag(values, offsets) with values, offsets = "
+            "batch.ids[field] (fedsub hands a default bag their n starts)"
+        )
+    return "call it on a field with one id per sample, or use an nn.EmbeddingBag"

@@ -1,8 +1,9 @@
 """A user's own ``torch.nn.Module`` as a fedsub model (``wrap``).
 
 The module's ``forward(batch)`` reads ``batch.ids[field]`` as ``(values, offsets)`` (fedsub's
-CSR layout: offsets of length n + 1, ready for ``nn.EmbeddingBag(..., include_last_offset=
-True)``, or ``offsets[:-1]`` for the default; ``nn.Embedding(values)`` for a field with one id
+CSR layout: offsets of length n + 1; ``bag(values, offsets)`` works on an ``nn.EmbeddingBag``
+of either convention, ``include_last_offset=True`` reading them whole and the default given
+the bags' starts by a hook, bag_offsets.py; ``nn.Embedding(values)`` for a field with one id
 per sample) and ``batch.dense`` ([n, d] or None), and returns per-sample outputs: logits [n]
 for a binary task, [n, C] for C classes, anything with the samples first given a ``loss``.
 It never sees the labels: fedsub computes the loss from the outputs.
@@ -43,8 +44,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedsub.data.federated import FederatedDataset
-from fedsub.errors import ConfigError
+from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.errors import ArgumentError, ConfigError
+from fedsub.models.bag_offsets import BatchOffsets, adapt_default_bags
 from fedsub.models.base import Batch, Features, Ids, Task
 from fedsub.models.module_tables import TableModule, TableSpec, table_module, table_paths
 from fedsub.models.module_trace import Lookup, Trace, trace
@@ -90,9 +92,14 @@ class TorchModuleModel:
         self._loss = loss
         self.batchable = lookups is not None
         self._feed = _Feed()
+        self._offsets = BatchOffsets()
         self._tables = {t: copy.deepcopy(table_module(module, p)) for t, p in paths.items()}
         # what ``head`` runs: the module with stubs for its tables, or the whole module
-        self._forward = module if lookups is None else _with_stubs(module, paths, self._feed)
+        self._forward = (
+            _with_bag_hooks(module, paths, self._offsets)
+            if lookups is None
+            else _with_stubs(module, paths, self._feed)
+        )
         self._copies: dict[tuple[str, torch.dtype], nn.Module] = {}
         tables = {f"{p}.weight" for p in paths.values()}
         self.dense_names = tuple(
@@ -133,6 +140,7 @@ class TorchModuleModel:
         if self.lookups is None:
             weights = {f"{p}.weight": features[f"table.{t}"] for t, p in self.paths.items()}
             ids = {f: (features[f"values.{f}"], features[f"offsets.{f}"]) for f in self.fields}
+            self._offsets.hold(offsets for _, offsets in ids.values())
             return functional_call(module, {**dense, **weights}, (Inputs(ids, inputs),))
         samples = next(iter(features.values()), inputs)
         if samples is None:
@@ -220,6 +228,14 @@ def _with_stubs(module: nn.Module, paths: dict[str, str], feed: _Feed) -> nn.Mod
     return head
 
 
+def _with_bag_hooks(module: nn.Module, paths: dict[str, str], offsets: BatchOffsets) -> nn.Module:
+    """A copy of ``module`` whose default ``nn.EmbeddingBag`` tables take fedsub's offsets
+    (bag_offsets.py); the user's module keeps no hook."""
+    whole = copy.deepcopy(module)
+    adapt_default_bags(whole, paths.values(), offsets)
+    return whole
+
+
 def _look_up(module: TableModule, rows: torch.Tensor, lookup: Lookup, ids: Ids) -> torch.Tensor:
     """What table ``module`` returns for ``lookup`` with its weight replaced by ``rows``.
     A plain ``nn.EmbeddingBag`` summing or averaging, or ``nn.Embedding``, is computed by
@@ -260,21 +276,31 @@ def wrap(
     tables: TableSpec | None = None,
     loss: Loss | None = None,
     task: Task | None = None,
+    dtype: str | None = None,
 ) -> TorchModuleModel:
     """``module`` as a fedsub model for ``dataset``: its tables found and checked, its
     forward traced on a few training samples, split and checked (see the module docstring).
     ``loss(outputs, labels)``: the batch mean of a per-sample loss; by default the module's
     ``loss`` method if it has one, else binary cross-entropy on logits [n] or cross-entropy
-    on [n, C] class logits. ``task``: inferred from the outputs' shape when not given."""
+    on [n, C] class logits. ``task``: inferred from the outputs' shape when not given.
+    ``dtype`` (``train.dtype``, when known): the forward is checked to run in it.
+
+    The contract is checked here, once, before anything trains: outputs finite, one row per
+    sample, matching the labels and the task (C columns need class labels 0..C-1; 0/1 labels
+    under more than two columns are refused unless ``task="multiclass"`` says so), every
+    table and the dense features read (unread dense features are warned about)."""
     if not isinstance(module, nn.Module):
-        raise ConfigError(f"expected a torch.nn.Module, got a {type(module).__name__}")
+        raise ArgumentError(f"expected a torch.nn.Module, got a {type(module).__name__}")
+    _check_contract_arguments(loss, task, dtype)
     _check_layers(module)
     paths = table_paths(module, dataset, tables)
     template = copy.deepcopy(module).cpu().eval()
     probe = dataset.train.slice(0, min(PROBE_SAMPLES, len(dataset.train) // 2 * 2))
     batch = Batch.from_samples(probe, torch.float64)
     ids = {f: (v.clone(), o.clone()) for f, (v, o) in batch.ids.items()}
-    probe_module = copy.deepcopy(template).double()
+    probe_offsets = BatchOffsets()
+    probe_offsets.hold(offsets for _, offsets in ids.values())
+    probe_module = _with_bag_hooks(template, paths, probe_offsets).double()
     try:
         traced = trace(probe_module, paths, ids, lambda m: m(Inputs(ids, batch.dense)))
     except Exception as error:
@@ -283,9 +309,11 @@ def wrap(
             f"({type(error).__name__}: {error})"
         ) from error
     outputs = traced.outputs
-    _check_outputs(outputs, len(probe))
+    _check_outputs(outputs, len(probe), traced.unsplittable)
     _check_fields(traced, dataset)
-    task = task or _task_of(outputs, batch.labels)
+    labels = torch.from_numpy(np.asarray(dataset.train.labels, dtype=np.float64))
+    task = task or _task_of(outputs, labels)
+    _check_labels(task, outputs, labels)
     loss = _loss_for(template, task, loss, outputs)
     _check_mean_loss(loss, outputs, batch.labels)
     reason = traced.unsplittable or _single_id_fields(traced, dataset)
@@ -299,6 +327,8 @@ def wrap(
         if reason is not None:
             model = TorchModuleModel(template, paths, fields, None, task, loss)
     _leave_out_unused(model, batch)
+    if dtype is not None:
+        _check_dtype(model, probe, dtype)
     name = type(module).__name__
     if reason is not None:
         LOG.warning(
@@ -320,15 +350,88 @@ def wrap(
     return model
 
 
+TASKS = ("binary", "multiclass", "regression")
+
+
+def _check_contract_arguments(loss: object, task: object, dtype: object) -> None:
+    if loss is not None and not callable(loss):
+        raise ArgumentError(
+            f"loss must be a function (outputs, labels) -> the batch mean, got {loss!r}"
+        )
+    if task is not None and task not in TASKS:
+        raise ArgumentError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if dtype is not None and dtype not in ("float32", "float64"):
+        raise ArgumentError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+
+
+def _check_labels(task: Task, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+    """The labels fit the task the outputs (or ``task=``) say: class indices 0..C-1 for C
+    columns, 0/1 for one logit; 0/1 labels under more than two columns are refused unless
+    ``task="multiclass"`` was given (a 3-column forward on 0/1 labels is a mistake far more
+    often than a 3-class model that has seen two classes)."""
+    if task == "multiclass" and outputs.dim() == 2:
+        classes = outputs.shape[1]
+        whole = bool((labels == labels.round()).all())
+        if not whole or bool((labels < 0).any()) or bool((labels >= classes).any()):
+            raise ConfigError(
+                f"the module's forward returns {classes} class columns per sample, so the "
+                f"labels must be class indices 0..{classes - 1}; the training labels range over "
+                f"{float(labels.min()):g}..{float(labels.max()):g}"
+            )
+    if task == "binary" and not bool(((labels == 0) | (labels == 1)).all()):
+        raise ConfigError(
+            "task 'binary' needs 0/1 labels; the training labels range over "
+            f"{float(labels.min()):g}..{float(labels.max()):g}"
+        )
+
+
+def _check_dtype(model: TorchModuleModel, probe: SampleSet, dtype: str) -> None:
+    """The split (or whole) forward runs with fedsub's parameters in ``dtype``: a module
+    whose forward mixes in another dtype (a float64 submodule fed float64 inputs) is
+    refused here, before any round, naming what to change."""
+    torch_dtype = torch.float64 if dtype == "float64" else torch.float32
+    batch = Batch.from_samples(probe, torch_dtype)
+    params = model.init(torch.Generator(), torch_dtype)
+    try:
+        with torch.no_grad():
+            model.head(params.dense, model.embed(params.tables, batch.ids), batch.dense)
+    except Exception as error:
+        others = sorted(
+            {
+                str(p.dtype).removeprefix("torch.")
+                for p in model.template.parameters()
+                if p.is_floating_point() and p.dtype != torch_dtype
+            }
+        )
+        hint = (
+            f"its own parameters are {', '.join(others)}: build the module in {dtype}, or "
+            f"train in {others[0]} (train.dtype = {others[0]!r})"
+            if others
+            else "make the forward compute in the parameters' dtype"
+        )
+        raise ConfigError(
+            f"the module's forward fails when fedsub trains it in {dtype} (train.dtype = "
+            f"{dtype!r}): {type(error).__name__}: {str(error).splitlines()[0]}; {hint}"
+        ) from error
+
+
 def _leave_out_unused(model: TorchModuleModel, batch: Batch) -> None:
     """Dense parameters the forward does not use on the probe batch are left out of training
     (kept as the module has them, with a warning: autograd gives them no gradient); a table
     it does not read is refused (every table of the dataset is pulled and trained)."""
     params = model.init(torch.Generator(), torch.float64)
     tensors = [t.requires_grad_(True) for t in params.tensors()]
-    outputs = model.head(params.dense, model.embed(params.tables, batch.ids), batch.dense)
-    grads = torch.autograd.grad(model.loss(outputs, batch.labels), tensors, allow_unused=True)
-    used = [g is not None for g in grads]
+    dense = None if batch.dense is None else batch.dense.clone().requires_grad_(True)
+    outputs = model.head(params.dense, model.embed(params.tables, batch.ids), dense)
+    inputs = [*tensors, *([] if dense is None else [dense])]
+    grads = torch.autograd.grad(model.loss(outputs, batch.labels), inputs, allow_unused=True)
+    used = [g is not None for g in grads[: len(tensors)]]
+    if dense is not None and grads[-1] is None:
+        LOG.warning(
+            "the module's forward reads no dense features: the dataset's %d per sample "
+            "(batch.dense) are not used",
+            dense.shape[1],
+        )
     for table, reads in zip(params.tables, used[: len(params.tables)], strict=True):
         if not reads:
             path = model.paths[table]
@@ -366,7 +469,9 @@ def _check_layers(module: nn.Module) -> None:
             )
 
 
-def _check_outputs(outputs: object, samples: int) -> None:
+def _check_outputs(outputs: object, samples: int, why: str | None = None) -> None:
+    """One finite output row per sample (``why``: the trace's remark, which may say what
+    returned a wrong number of rows)."""
     if not isinstance(outputs, torch.Tensor) or outputs.dim() == 0:
         raise ConfigError(
             f"the module's forward must return a tensor with the samples first; got "
@@ -376,7 +481,19 @@ def _check_outputs(outputs: object, samples: int) -> None:
     if outputs.shape[0] != samples:
         raise ConfigError(
             f"the module's forward returned shape {tuple(outputs.shape)} for {samples} samples; "
-            "the outputs must have one row per sample"
+            "the outputs must have one row per sample" + (f" ({why})" if why else "")
+        )
+    if not outputs.is_floating_point():
+        raise ConfigError(
+            f"the module's forward returned {outputs.dtype} outputs; it must return "
+            "floating-point logits or predictions"
+        )
+    if not bool(torch.isfinite(outputs).all()):
+        bad = "NaN" if bool(torch.isnan(outputs).any()) else "Inf"
+        raise ConfigError(
+            f"the module's forward returned {bad} outputs on {samples} training samples with "
+            "its initial weights; fedsub can train only finite outputs (check the weights' "
+            "initialisation and the forward's divisions, logs and square roots)"
         )
 
 
@@ -410,13 +527,23 @@ def _single_id_fields(traced: Trace, dataset: FederatedDataset) -> str | None:
 
 
 def _task_of(outputs: torch.Tensor, labels: torch.Tensor) -> Task:
+    """The task the outputs' shape says, checked against the training labels."""
+    binary = bool(((labels == 0) | (labels == 1)).all())
+    if outputs.dim() == 2 and outputs.shape[1] > 2 and binary:
+        raise ConfigError(
+            f"the module's forward returns {outputs.shape[1]} columns per sample, but every "
+            "training label is 0 or 1: return one logit per sample (shape [n]) for a binary "
+            f"task, or give fedsub.train / fedsub.compare task='multiclass' to train "
+            f"{outputs.shape[1]} classes"
+        )
     if outputs.dim() == 2 and outputs.shape[1] > 1:
         return "multiclass"
     if outputs.dim() == 1:
-        return "binary" if bool(((labels == 0) | (labels == 1)).all()) else "regression"
+        return "binary" if binary else "regression"
     raise ConfigError(
         f"cannot tell the task from outputs of shape {tuple(outputs.shape)}: return logits "
-        "[n] (binary) or [n, C] (C classes), or pass task= and loss="
+        "[n] (binary) or [n, C] (C classes), or give fedsub.train / fedsub.compare task= and "
+        "loss="
     )
 
 
@@ -432,7 +559,8 @@ def _loss_for(template: nn.Module, task: Task, given: Loss | None, outputs: torc
         return _cross_entropy
     raise ConfigError(
         f"task {task!r} with outputs of shape {tuple(outputs.shape)} has no default loss: "
-        "pass loss=(outputs, labels) -> batch mean, or give the module a loss method"
+        "give fedsub.train / fedsub.compare loss=(outputs, labels) -> batch mean, or give "
+        "the module a loss method"
     )
 
 
@@ -450,6 +578,11 @@ def _check_mean_loss(loss: Loss, outputs: torch.Tensor, labels: torch.Tensor) ->
         ) from error
     if not isinstance(whole, torch.Tensor) or whole.dim() != 0:
         raise ConfigError("the loss must return a scalar tensor: the batch mean")
+    if not bool(torch.isfinite(whole)):
+        raise ConfigError(
+            f"the loss is {float(whole)} on the module's (finite) outputs of "
+            f"{len(outputs)} training samples; it must be a finite batch mean"
+        )
     half = len(outputs) // 2
     if half == 0:
         return

@@ -1,0 +1,127 @@
+"""The Python API's argument checks that are not config keys (library.py): the shapes of
+``model_options``, ``tables``, callbacks, folders and flags, and the terms errors use.
+
+Config keys given as keyword arguments are checked by config.py's rules (one path with config
+files); what is checked here is what only Python callers can get wrong: a list where a dict
+belongs, a string where a callable does. Every refusal is an ``ArgumentError`` naming the
+argument as the caller wrote it, its value and what is expected.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fedsub.errors import ArgumentError
+from fedsub.vocabulary import RUN_FLAGS, section_terms
+
+
+def described(value: Any) -> str:
+    """A value as an error shows it: its repr, cut short, and its type."""
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text} (a {type(value).__name__})"
+
+
+def names(value: Any, argument: str) -> list[str]:
+    """A list of names (``algorithms``): a list or tuple of strings, or one string, taken as
+    a one-element list (``algorithms="fedavg"`` is ``algorithms=["fedavg"]``)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ArgumentError(
+            f"{argument} must be a list of names such as ['fedavg', 'fedsubavg'], got "
+            f"{described(value)}"
+        )
+    return list(value)
+
+
+def mapping(value: Any, argument: str, example: str) -> dict[str, Any]:
+    """A dict argument (None: empty) with string keys."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ArgumentError(
+            f"{argument} must be a dict with string keys, e.g. {example}, got {described(value)}"
+        )
+    return dict(value)
+
+
+def tables_of(algorithm_options: Any) -> dict[str, dict[str, Any]]:
+    """``algorithm_options``: algorithm name -> a dict of its options."""
+    example = "{'fedprox': {'mu': 0.1}}"
+    outer = mapping(algorithm_options, "algorithm_options", example)
+    return {
+        name: mapping(table, f"algorithm_options[{name!r}]", "{'mu': 0.1}")
+        for name, table in outer.items()
+    }
+
+
+def callback(value: Any, argument: str, signature: str, arity: int) -> Any:
+    """A callable argument taking ``arity`` positional arguments, or None."""
+    if value is None:
+        return None
+    if not callable(value) or not _takes(value, arity):
+        raise ArgumentError(
+            f"{argument} must be a function {signature} or None, got {described(value)}"
+        )
+    return value
+
+
+def _takes(function: Callable[..., Any], arity: int) -> bool:
+    """Whether ``function`` can be called with ``arity`` positional arguments (True when
+    Python cannot tell: a builtin without a signature)."""
+    try:
+        inspect.signature(function).bind(*[None] * arity)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
+
+
+def flag(value: Any, argument: str) -> bool:
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{argument} must be True or False, got {described(value)}")
+    return value
+
+
+def folder(value: Any, argument: str) -> str | None:
+    """A folder argument (``out``): a str or os.PathLike, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentError(
+            f"{argument} must be a folder (a str or pathlib.Path), got {described(value)}"
+        )
+    return os.fspath(value)
+
+
+def train_terms(algorithms: str = "algorithms") -> dict[str, str]:
+    """How errors name what ``fedsub.train`` / ``fedsub.compare`` took: keyword arguments
+    for the ``[train]`` / ``[eval]`` keys, ``model_options[...]`` and
+    ``algorithm_options[...]`` for the ``[model]`` and ``[algorithms.<name>]`` ones."""
+    return {
+        r"--set eval\.(\w+)=none": r"\1=None",
+        r"train\.algorithms": algorithms,
+        r"model\.name": "model",
+        r"algorithms\.([\w@-]+)\.(\w+)": r"algorithm_options['\1']['\2']",
+        r"\[algorithms\.([\w@-]+)\] unknown key": r"algorithm_options['\1']: unknown key",
+        r"\[model\] unknown key": "model_options: unknown key",
+        **section_terms("train"),
+        **section_terms("eval"),
+        r"model\.(\w+)": r"model_options['\1']",
+        **RUN_FLAGS,
+    }
+
+
+DATA_TERMS = section_terms("data")
+
+
+def run_callbacks(stop_requested: Any, on_round: Any) -> tuple[Callable[[], bool], Any]:
+    """``run`` / ``sweep``'s callbacks, checked; a missing ``stop_requested`` never stops."""
+    stop = callback(stop_requested, "stop_requested", "() -> bool", 0)
+    callback(on_round, "on_round", "(algorithm, round) -> None", 2)
+    return stop or (lambda: False), on_round

@@ -1,0 +1,171 @@
+"""The per-key rules of fedsub's options: a frozen dataclass's annotations (types) and field
+metadata (ranges, choices, validators) checked against given values.
+
+One path for every place options come from: config files and ``--set`` (config.py), and the
+Python API's keyword arguments (library.py, data/from_python.py). A ``section`` names the
+keys in errors as a config file's (``train.lr``); an empty one names them bare, as keyword
+arguments (``lr``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any
+
+from fedsub.errors import ArgumentError, ConfigError
+
+KEYWORDS = "\x00keywords"  # parse_section's section while it reads keyword arguments
+
+
+def type_name(tp: Any) -> str:
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return " or ".join(type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is list:
+        return f"a list of {type_name(typing.get_args(tp)[0])}"
+    if typing.get_origin(tp) is dict:
+        values = typing.get_args(tp)[1]
+        return "a table" + ("" if values is Any else f" (each value {type_name(values)})")
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[tp]
+
+
+def coerce(where: str, tp: Any, value: Any) -> Any:
+    """Check ``value`` against the annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        if value is None:
+            return None
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        if str in members and isinstance(value, str):
+            return value
+        numeric = [a for a in members if a is not str]
+        if not numeric or isinstance(value, bool) or not isinstance(value, int | float):
+            if len(members) == 1:
+                return coerce(where, members[0], value)
+            raise ConfigError(f"{where} must be {type_name(tp)}, got {value!r}")
+        return coerce(where, numeric[0], value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be {type_name(tp)}, got {value!r}")
+        return [coerce(where, typing.get_args(tp)[0], v) for v in value]
+    if origin is dict:  # a TOML table: string keys; values of any kind when typed Any
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be {type_name(tp)}, got {value!r}")
+        values = typing.get_args(tp)[1]
+        return {
+            k: v if values is Any else coerce(f"{where}.{k}", values, v) for k, v in value.items()
+        }
+    if tp in (int, float) and _numpy_number(value):
+        value = value.item()  # a numpy scalar from Python code: judged as the number it holds
+    ok = (
+        isinstance(value, bool)
+        if tp is bool
+        else (isinstance(value, tp) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, int) and not isinstance(value, bool))
+    )
+    if not ok:
+        raise ConfigError(f"{where} must be {type_name(tp)}, got {value!r}")
+    if tp is int and not -(2**63) <= value < 2**63:
+        raise ConfigError(f"{where} = {value} does not fit a 64-bit integer (|value| < 2^63)")
+    if tp is float and not math.isfinite(float(value) if abs(value) < 2**1000 else math.inf):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
+    return float(value) if tp is float else value
+
+
+def _numpy_number(value: Any) -> bool:
+    """A numpy integer or floating scalar (not a bool)."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    return kind in ("i", "u", "f") and getattr(value, "ndim", None) == 0 and hasattr(value, "item")
+
+
+def check_range(where: str, meta: typing.Mapping[str, Any], value: Any) -> None:
+    values = value if isinstance(value, list) else [value]
+    if meta.get("nonempty") and not values:
+        raise ConfigError(f"{where} must not be empty")
+    for v in values:
+        if v is None:
+            continue
+        if "validate" in meta:
+            try:
+                meta["validate"](v)
+            except ValueError as error:
+                raise ConfigError(f"{where} = {v!r} is not allowed: {error}") from None
+        if "choices" in meta and isinstance(v, str) and v not in (allowed := meta["choices"]()):
+            raise ConfigError(f"{where} = {v!r} is not allowed; choose from {', '.join(allowed)}")
+        if isinstance(v, str):
+            continue
+        if "min" in meta and v < meta["min"]:
+            raise ConfigError(f"{where} = {v!r} is out of range; expected >= {meta['min']}")
+        if "min_exclusive" in meta and v <= meta["min_exclusive"]:
+            raise ConfigError(
+                f"{where} = {v!r} is out of range; expected > {meta['min_exclusive']}"
+            )
+        if "max" in meta and v > meta["max"]:
+            raise ConfigError(f"{where} = {v!r} is out of range; expected <= {meta['max']}")
+        if "max_exclusive" in meta and v >= meta["max_exclusive"]:
+            raise ConfigError(
+                f"{where} = {v!r} is out of range; expected < {meta['max_exclusive']}"
+            )
+
+
+def parse_section(cls: type, section: str, table: dict[str, Any], context: str = "") -> Any:
+    """Build the frozen dataclass ``cls`` from a TOML table, validating every key.
+
+    ``section`` "" reads ``table`` as keyword arguments: errors name the keys bare, and a
+    tuple, or a single string, where a list is expected is taken as that list (a string as
+    a one-element list: ``features="item"`` is ``features=["item"]``)."""
+    if not section:
+        try:
+            return parse_section(cls, KEYWORDS, table, context)
+        except ConfigError as error:  # the keys named bare, as the caller wrote them
+            raise ArgumentError(str(error).replace(f"{KEYWORDS}.", "")) from None
+    keywords = section == KEYWORDS
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
+    unknown = sorted(set(table) - set(known), key=str)
+    if unknown:
+        allowed = ", ".join(known)
+        raise ConfigError(
+            f"unknown keyword argument {unknown[0]!r}{context}; expected one of {allowed}"
+            if keywords
+            else f"[{section}] unknown key {unknown[0]!r}{context}; allowed keys: {allowed}"
+        )
+    missing = [
+        f
+        for f in known.values()
+        if f.name not in table
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        key = missing[0]
+        expected = key.metadata.get("expected", type_name(hints[key.name]))
+        lacks = "it is not given" if keywords else f"[{section}] lacks it"
+        raise ConfigError(f"{key_name(section, key.name)} is required ({lacks}): {expected}")
+    values = {}
+    for name, value in table.items():
+        where = key_name(section, name)
+        if keywords:
+            value = as_list(hints[name], value)
+        values[name] = coerce(where, hints[name], value)
+        check_range(where, known[name].metadata, values[name])
+    return cls(**values)
+
+
+def key_name(section: str, key: str) -> str:
+    """How errors name a key: ``train.lr`` in a config file, ``lr`` as a keyword argument."""
+    return f"{section}.{key}" if section else key
+
+
+def as_list(tp: Any, value: Any) -> Any:
+    """A keyword argument's tuple, or single string, as the list annotation ``tp`` expects
+    (anything else unchanged, for ``coerce`` to judge)."""
+    if typing.get_origin(tp) is not list:
+        return value
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, str) and typing.get_args(tp)[0] is str:
+        return [value]
+    return value

@@ -1,0 +1,300 @@
+"""The Python API fed generated wrong types, ranges, shapes and encodings, one argument at a
+time, as the CLI is fed in the other test_fuzz_* files: every call ends in a fedsub error
+(with a message) or a run, never a raw exception from inside, and leaves the user's files as
+they were (a failed call writes nothing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import fedsub
+from fedsub.config import EvalConfig, TrainConfig
+from fedsub.data.table import TableOptions
+from fedsub.errors import FedsubError
+
+FAST = settings(
+    max_examples=int(os.environ.get("FEDSUB_FUZZ_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+SMALL = {"rounds": 1, "clients_per_round": 2, "local_steps": 1, "batch_size": 2, "every": 1}
+# keys whose large values are long, correct runs (not mistakes): given small values only
+DURATIONS = {"rounds", "local_steps", "train_loss_samples", "checkpoint_every", "every"}
+
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=3),
+    st.sampled_from([2**31, 2**63, -(2**63) - 1, 10**12]),
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.text(max_size=6),
+    st.sampled_from(["\ufeffitem", "item\x00", "fédavg", "", " ", "fedavg", "float64", "host"]),
+    st.binary(max_size=4),
+    st.just(np.int64(2)),
+    st.just(np.float32(0.5)),
+    st.just(np.array([1, 2])),
+    st.just(object()),
+    st.just(len),
+)
+WRONG = st.one_of(
+    SCALARS,
+    st.lists(SCALARS, max_size=3),
+    st.tuples(SCALARS),
+    st.dictionaries(st.text(max_size=4), SCALARS, max_size=2),
+)
+
+
+# valid or nearly valid values of the [train] / [eval] keys (compile "on" left out: a correct
+# but slow run)
+NEAR = st.sampled_from(
+    [
+        0,
+        1,
+        2,
+        0.5,
+        1.0,
+        0.0,
+        True,
+        "none",
+        "static",
+        "rolling",
+        "host",
+        "device",
+        "float64",
+        "sequential",
+        "cuda",
+        "auto",
+        "full",
+        "heat",
+        "download",
+        "secagg",
+        "sketch",
+        "randomized-response",
+        "exponential",
+        "clients",
+        "central-min",
+        [1.0, 0.5],
+        [0.5],
+        [],
+        ["fedavg"],
+        {"fedprox": {"mu": 0.1}},
+    ]
+)
+
+
+class Bag(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.item = nn.EmbeddingBag(10, 2, mode="sum")
+        self.out = nn.Linear(2, 1)
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        return self.out(self.item(*batch.ids["item"])).squeeze(-1)
+
+
+def tiny_clients() -> list:
+    return [fedsub.samples([0, 1, 1, 0], ids={"item": [[k, 1], [2], [], [3, 9]]}) for k in range(4)]
+
+
+DATA = fedsub.from_clients(tiny_clients(), table_rows={"item": 10})
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def ends_well(call: Callable[[], Any], folder: Path, writes: bool = False) -> None:
+    """``call`` raises a FedsubError with a message, or returns; the files in ``folder``
+    stay as they were (new files only when it returned and ``writes``)."""
+    before = snapshot(folder)
+    try:
+        call()
+    except FedsubError as error:
+        assert str(error).strip(), "a fedsub error without a message"
+        assert snapshot(folder) == before
+        return
+    after = snapshot(folder)
+    assert {k: v for k, v in after.items() if k in before} == before
+    if not writes:
+        assert after == before
+
+
+@pytest.fixture
+def user_folder(tmp_path: Path) -> Path:
+    (tmp_path / "notes.txt").write_text("the user's file\n")
+    return tmp_path
+
+
+@FAST
+@given(
+    labels=st.one_of(WRONG, st.just([0, 1])),
+    ids=st.one_of(WRONG, st.dictionaries(st.sampled_from(["item", 3, ""]), WRONG, max_size=2)),
+    dense=st.one_of(st.none(), WRONG),
+    where=st.one_of(st.just("samples"), WRONG),
+)
+def test_samples(labels, ids, dense, where, user_folder):
+    ends_well(lambda: fedsub.samples(labels, ids=ids, dense=dense, where=where), user_folder)
+
+
+@FAST
+@given(
+    argument=st.sampled_from(["clients", "test", "table_rows", "field_tables", "name"]),
+    value=st.one_of(
+        WRONG,
+        st.dictionaries(st.sampled_from(["item", "other"]), SCALARS, max_size=2),
+        st.lists(st.one_of(st.just(tiny_clients()[0]), SCALARS), max_size=3),
+    ),
+)
+def test_from_clients(argument, value, user_folder):
+    arguments: dict[str, Any] = {"clients": tiny_clients(), "table_rows": {"item": 10}}
+    arguments[argument] = value
+    ends_well(lambda: fedsub.from_clients(**arguments), user_folder)
+
+
+@FAST
+@given(
+    option=st.sampled_from([f.name for f in dataclasses.fields(TableOptions)] + ["nope"]),
+    value=st.one_of(WRONG, st.sampled_from(["item", "x", "user", "label", ["item", "x"]])),
+    cell=st.sampled_from(["x", "\ufeffy", "z\x00", "é", "", None, math.nan, 3, ["a", "b"]]),
+)
+def test_from_dataframe(option, value, cell, user_folder):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(
+        {
+            "user": list("aabbccdd"),
+            "item": ["x", "y", cell, "z", "x", "y", "z", "z"],
+            "label": [1, 0, 0, 1, 1, 0, 1, 0],
+            "x": [0.1, 0.2, 0.3, 0.1, 0.5, 0.3, 0.2, 0.1],
+        }
+    )
+    options: dict[str, Any] = {"client_column": "user", "features": ["item"]}
+    options[option] = value
+    ends_well(lambda: fedsub.from_dataframe(frame, **options), user_folder)
+
+
+def _options(key: str, value: Any) -> dict[str, Any]:
+    if key in DURATIONS and isinstance(value, int) and not isinstance(value, bool):
+        value = max(-3, min(value, 3))
+    return {**SMALL, key: value}
+
+
+TRAIN_KEYS = sorted(
+    {f.name for f in dataclasses.fields(TrainConfig)}
+    | {f.name for f in dataclasses.fields(EvalConfig)}
+)
+
+
+@FAST
+@given(
+    model=st.sampled_from(["sparse-lr", "module", "embedding-lr"]),
+    key=st.sampled_from(
+        [*TRAIN_KEYS, "tables", "model_options", "algorithm_options", "loss", "task", "nope"]
+    ),
+    value=st.one_of(WRONG, NEAR),
+    also=st.dictionaries(st.sampled_from(TRAIN_KEYS), NEAR, max_size=2),
+)
+def test_train(model, key, value, also, user_folder):
+    given_model: Any = Bag() if model == "module" else model
+    options = {**_options(key, value), **{k: v for k, v in also.items() if k not in DURATIONS}}
+    ends_well(lambda: fedsub.train(given_model, DATA, **options), user_folder)
+
+
+@FAST
+@given(
+    argument=st.sampled_from(["model", "data", "algorithms", "algorithm_options"]),
+    value=st.one_of(WRONG, st.sampled_from(["fedavg", ["fedavg", "fedavg"], ["fedprox"]])),
+)
+def test_compare(argument, value, user_folder):
+    arguments: dict[str, Any] = {"model": "sparse-lr", "data": DATA, "algorithms": ["fedavg"]}
+    arguments[argument] = value
+    ends_well(lambda: fedsub.compare(**arguments, **SMALL), user_folder)
+
+
+@FAST
+@given(
+    raw=st.one_of(
+        WRONG,
+        st.dictionaries(
+            st.sampled_from(["train", "data", "eval", "model", "x"]), WRONG, max_size=2
+        ),
+        st.builds(
+            lambda section, key, value: {section: {key: value}},
+            st.sampled_from(["train", "eval", "data", "model"]),
+            st.sampled_from(["rounds", "lr", "name", "seed", "path", "every", "num_users"]),
+            WRONG,
+        ),
+    )
+)
+def test_config_from_dict(raw, user_folder):
+    ends_well(lambda: fedsub.Config.from_dict(raw), user_folder)
+
+
+RUN_CONFIG = {
+    "train": {**{k: v for k, v in SMALL.items() if k != "every"}, "algorithms": ["fedsubavg"]},
+    "data": {"num_users": 12},
+}
+
+
+@FAST
+@given(
+    argument=st.sampled_from(
+        ["config", "out", "resume", "overwrite", "profile", "stop_requested", "on_round"]
+    ),
+    value=WRONG,
+)
+def test_run(argument, value, user_folder):
+    arguments: dict[str, Any] = {"config": RUN_CONFIG}
+    if argument == "out" and isinstance(value, str):
+        value = str(user_folder / "runs" / value.replace("\x00", ""))
+    arguments[argument] = value
+    ends_well(lambda: fedsub.run(**arguments), user_folder, writes=argument == "out")
+
+
+@FAST
+@given(
+    key=st.one_of(
+        st.sampled_from(["train.clients_per_round", "train.lr", "data.name", "eval.every", "x.y"]),
+        WRONG,
+    ),
+    values=st.one_of(WRONG, st.lists(SCALARS, min_size=1, max_size=2)),
+)
+def test_sweep(key, values, user_folder):
+    base = {"train": {**RUN_CONFIG["train"], "clients_per_round": 2}, "data": {"num_users": 12}}
+    if isinstance(values, list):  # small values of the time-taking keys
+        values = [
+            max(-3, min(v, 3)) if isinstance(v, int) and not isinstance(v, bool) else v
+            for v in values
+        ]
+    out = user_folder / "sweep"
+    ends_well(lambda: fedsub.sweep(base, key, values, out=out), user_folder, writes=True)
+
+
+@FAST
+@given(
+    name=st.one_of(st.sampled_from(["synthetic-sparse", "synthetic-li", "table", "nope"]), WRONG),
+    path=st.one_of(st.none(), WRONG),
+    seed=st.one_of(st.just(0), WRONG),
+    option=st.sampled_from(["num_users", "num_devices", "features", "dim", "x"]),
+    value=WRONG,
+)
+def test_load_dataset(name, path, seed, option, value, user_folder):
+    if option in ("num_users", "num_devices", "dim") and isinstance(value, int):
+        value = max(-3, min(value, 30))  # a large, valid population: a long correct load
+
+    def call() -> Any:
+        return fedsub.load_dataset(name, path=path, seed=seed, **{option: value})
+
+    ends_well(call, user_folder)
