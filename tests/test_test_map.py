@@ -4,8 +4,8 @@ exercise it, so whoever changes a module finds its tests (docs/develop/invariant
 The map is checked both ways, so nothing can go unmapped:
 
 - every module under src/fedsub has an entry with at least one test file, and every entry
-  names a module that exists (or is ``"*"``: the tests that read every module, such as the
-  import layers' and this one);
+  names a module that exists (or is ``"*"``: the tests that concern every module, such as
+  the import layers', this one, and the developers' pages' paths);
 - every test file it names exists, and every test file (``tests/test_*.py``) is named by
   some entry;
 - every fedsub module a test file imports (read with ``ast``, nothing is imported; imports
@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src" / "fedsub"
 TESTS = ROOT / "tests"
 MAP_FILE = TESTS / "test_map.toml"
-EVERY_MODULE = "*"  # the key of the tests that read every module (layers, this map)
+EVERY_MODULE = "*"  # the key of the tests that concern every module (layers, this map, ...)
 
 HEADER = """\
 # Which test files exercise each module of src/fedsub (checked by tests/test_test_map.py).
-# Key: the module's path under src/fedsub ("*": tests that read every module). Value: test
+# Key: the module's path under src/fedsub ("*": tests that concern every module). Value: test
 # files under tests/.
 # Every module has an entry, every tests/test_*.py is named somewhere, and every fedsub module
 # a test file imports lists it. After adding a module or a test file:
