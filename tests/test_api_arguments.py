@@ -91,6 +91,9 @@ def test_an_argument_error_is_a_config_error_and_a_type_and_value_error():
         ),
         (lambda: fedsub.train("sparse-lr", data(), loss=len), r"loss= are for your own torch"),
         (lambda: fedsub.load_dataset(3), r"name must be a dataset's name"),
+        (lambda: fedsub.Config.from_toml(3), r"source must be a TOML file's path, TOML text"),
+        (lambda: fedsub.Config.from_toml(None, [3]), r"overrides must be a list of 'section"),
+        (lambda: fedsub.from_partitioner(3), r"partitioner must be a flwr_datasets partitioner"),
         (lambda: fedsub.load_dataset("synthetic-sparse", path=3), r"path must be a folder"),
     ],
 )
@@ -112,6 +115,10 @@ def test_a_module_given_tables_as_a_list_is_told_the_dict_it_needs():
 def test_a_single_algorithm_name_is_a_one_element_list():
     runs = fedsub.compare("sparse-lr", data(), algorithms="fedavg", **SMALL)
     assert list(runs) == ["fedavg"]
+
+
+def test_a_single_override_is_a_one_element_list():
+    assert fedsub.Config.from_toml(None, "train.rounds=3").train.rounds == 3
 
 
 def test_a_single_feature_column_is_a_one_element_list():

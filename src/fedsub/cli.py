@@ -65,7 +65,7 @@ def _out_folder(args: argparse.Namespace) -> Path:
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    from fedsub.library import run
+    from fedsub.library import run_config as run  # its errors name the command line's flags
 
     if args.resume and _is_sweep(_resumed_folder(args)):
         return _sweep(args, algorithms)
