@@ -257,3 +257,34 @@ def test_a_sweep_checks_every_value_before_training_the_first(tmp_path):
             on_round=lambda name, r: trained.append((name, r)),
         )
     assert trained == [] and not out.exists()
+
+
+def test_boolean_labels_are_zero_and_one():
+    part = fedsub.samples(np.array([True, False, True]), ids={"item": [1, 2, 3]})
+    np.testing.assert_array_equal(part.labels, [1.0, 0.0, 1.0])
+
+
+def test_an_algorithm_given_twice_is_refused_in_config_and_python():
+    with pytest.raises(ArgumentError, match=r"^algorithms lists 'fedavg' twice"):
+        fedsub.compare("sparse-lr", data(), algorithms=["fedavg", "fedavg"], **SMALL)
+    with pytest.raises(ConfigError, match=r"train.algorithms lists 'fedavg' twice"):
+        fedsub.Config.from_dict({"train": {"algorithms": ["fedavg", "fedavg"]}})
+
+
+def test_a_model_option_the_model_does_not_take_is_refused_not_ignored():
+    with pytest.raises(ArgumentError, match=r"model_options\['embedding_dim'\]: model 'sparse-lr'"):
+        fedsub.train("sparse-lr", data(), model_options={"embedding_dim": 3}, **SMALL)
+
+
+def test_a_blank_out_folder_is_named_as_a_keyword():
+    with pytest.raises(ArgumentError, match=r"^out must name a folder, e.g. out='runs/NAME'"):
+        fedsub.run({"train": SMALL}, out=" ")
+
+
+def test_a_run_that_does_not_fit_in_memory_says_so_with_the_tables_sizes():
+    parts = clients()
+    huge = fedsub.from_clients(parts, table_rows={"item": 10**15})  # beyond any address space
+    with pytest.raises(
+        FedsubError, match=r"does not fit in memory .* item: 1,000,000,000,000,000 rows"
+    ):
+        fedsub.train("sparse-lr", huge, **SMALL)

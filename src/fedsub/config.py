@@ -396,6 +396,9 @@ def check_algorithms(config: Config) -> None:
     pieces combine with each other and with the training settings on the in-process engine
     (registry.check_combination, the one place incompatible pieces are refused)."""
     t = config.train
+    twice = next((n for i, n in enumerate(t.algorithms) if n in t.algorithms[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"train.algorithms lists {twice!r} twice; give each algorithm once")
     for name in t.algorithms:
         try:
             _, scheme = split_name(name, config.composed_names())

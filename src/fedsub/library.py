@@ -290,6 +290,8 @@ def _compare(
     built and checked by config.py, errors in the caller's ``terms``."""
     options = arguments.mapping(model_options, "model_options", "{'embedding_dim': 4}")
     per_algorithm = arguments.tables_of(algorithm_options)
+    if isinstance(model, str):
+        arguments.model_options_of(model, options)
     model_table = {**options, "name": model} if isinstance(model, str) else dict(options)
     with spoken_as(terms, arguments=True):
         dataset = _dataset_of(data)

@@ -66,6 +66,8 @@ def samples(
         if not isinstance(field, str) or not field:
             raise ArgumentError(f"{where}: ids's keys must be field names (strings), got {field!r}")
     label_array = _array(labels, f"{where}: labels")
+    if label_array.dtype == np.bool_:
+        label_array = label_array.astype(np.float32)  # True / False: 1 / 0, as a table's cells
     if label_array.ndim != 1 or not np.issubdtype(label_array.dtype, np.number):
         raise DataError(f"{where}: labels must be a 1-d array of numbers, got {_shape(labels)}")
     if not np.isfinite(label_array).all():
