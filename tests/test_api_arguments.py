@@ -91,6 +91,9 @@ def test_an_argument_error_is_a_config_error_and_a_type_and_value_error():
         ),
         (lambda: fedsub.train("sparse-lr", data(), loss=len), r"loss= are for your own torch"),
         (lambda: fedsub.load_dataset(3), r"name must be a dataset's name"),
+        (lambda: fedsub.Config.from_toml(3), r"source must be a TOML file's path, TOML text"),
+        (lambda: fedsub.Config.from_toml(None, [3]), r"overrides must be a list of 'section"),
+        (lambda: fedsub.from_partitioner(3), r"partitioner must be a flwr_datasets partitioner"),
         (lambda: fedsub.load_dataset("synthetic-sparse", path=3), r"path must be a folder"),
     ],
 )
@@ -112,6 +115,10 @@ def test_a_module_given_tables_as_a_list_is_told_the_dict_it_needs():
 def test_a_single_algorithm_name_is_a_one_element_list():
     runs = fedsub.compare("sparse-lr", data(), algorithms="fedavg", **SMALL)
     assert list(runs) == ["fedavg"]
+
+
+def test_a_single_override_is_a_one_element_list():
+    assert fedsub.Config.from_toml(None, "train.rounds=3").train.rounds == 3
 
 
 def test_a_single_feature_column_is_a_one_element_list():
@@ -250,3 +257,34 @@ def test_a_sweep_checks_every_value_before_training_the_first(tmp_path):
             on_round=lambda name, r: trained.append((name, r)),
         )
     assert trained == [] and not out.exists()
+
+
+def test_boolean_labels_are_zero_and_one():
+    part = fedsub.samples(np.array([True, False, True]), ids={"item": [1, 2, 3]})
+    np.testing.assert_array_equal(part.labels, [1.0, 0.0, 1.0])
+
+
+def test_an_algorithm_given_twice_is_refused_in_config_and_python():
+    with pytest.raises(ArgumentError, match=r"^algorithms lists 'fedavg' twice"):
+        fedsub.compare("sparse-lr", data(), algorithms=["fedavg", "fedavg"], **SMALL)
+    with pytest.raises(ConfigError, match=r"train.algorithms lists 'fedavg' twice"):
+        fedsub.Config.from_dict({"train": {"algorithms": ["fedavg", "fedavg"]}})
+
+
+def test_a_model_option_the_model_does_not_take_is_refused_not_ignored():
+    with pytest.raises(ArgumentError, match=r"model_options\['embedding_dim'\]: model 'sparse-lr'"):
+        fedsub.train("sparse-lr", data(), model_options={"embedding_dim": 3}, **SMALL)
+
+
+def test_a_blank_out_folder_is_named_as_a_keyword():
+    with pytest.raises(ArgumentError, match=r"^out must name a folder, e.g. out='runs/NAME'"):
+        fedsub.run({"train": SMALL}, out=" ")
+
+
+def test_a_run_that_does_not_fit_in_memory_says_so_with_the_tables_sizes():
+    parts = clients()
+    huge = fedsub.from_clients(parts, table_rows={"item": 10**15})  # beyond any address space
+    with pytest.raises(
+        FedsubError, match=r"does not fit in memory .* item: 1,000,000,000,000,000 rows"
+    ):
+        fedsub.train("sparse-lr", huge, **SMALL)

@@ -298,3 +298,45 @@ def test_load_dataset(name, path, seed, option, value, user_folder):
         return fedsub.load_dataset(name, path=path, seed=seed, **{option: value})
 
     ends_well(call, user_folder)
+
+
+@FAST
+@given(
+    source=st.one_of(
+        st.none(),
+        WRONG,
+        st.sampled_from(["[train]\nrounds = 2", "\ufeff[train]\nrounds = 2", "[train\n", "x.toml"]),
+    ),
+    overrides=st.one_of(
+        WRONG, st.lists(st.sampled_from(["train.rounds=2", "train.lr=-1", "x", "=", ""]))
+    ),
+)
+def test_config_from_toml(source, overrides, user_folder):
+    ends_well(lambda: fedsub.Config.from_toml(source, overrides), user_folder)
+
+
+class Partitions:
+    """A stand-in for a flwr_datasets partitioner: its partitions are DataFrames."""
+
+    def __init__(self, count: Any, part: Any) -> None:
+        self.num_partitions, self.part = count, part
+
+    def load_partition(self, partition_id: int) -> Any:
+        return self.part
+
+
+@FAST
+@given(
+    count=st.one_of(st.just(2), WRONG),
+    part=st.one_of(st.just("frame"), WRONG),
+    argument=st.sampled_from(["test", "name", "seed", "features", "client_column"]),
+    value=WRONG,
+)
+def test_from_partitioner(count, part, argument, value, user_folder):
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"item": list("abcd"), "label": [0, 1, 1, 0]})
+    if isinstance(count, int) and not isinstance(count, bool):
+        count = min(count, 5)  # many partitions of a real partitioner: a long, correct load
+    partitioner = Partitions(count, frame if isinstance(part, str) and part == "frame" else part)
+    options: dict[str, Any] = {"features": ["item"], argument: value}
+    ends_well(lambda: fedsub.from_partitioner(partitioner, **options), user_folder)

@@ -22,7 +22,7 @@ from fedsub.models.torch_module import wrap
 from fedsub.privacy.levels import LEVELS
 
 from .test_distributed import TOLERANCE, torchrun
-from .torch_modules import ANY_DATA, AnyData
+from .torch_modules import ANY_DATA, FLOAT64_HEAD, AnyData
 
 ROOT = Path(__file__).parents[1]  # on PYTHONPATH, `tests.torch_modules` imports
 DATA = {"name": "synthetic-sparse", "num_users": 12, "num_items": 15, "seed": 1}
@@ -142,6 +142,19 @@ def test_a_bad_module_key_is_named(model, message):
             {"data": DATA, "model": {"name": "torch-module", **model}, "train": TRAIN}
         )
         fedsub.run(config)
+
+
+def test_a_config_modules_forward_is_checked_in_the_configs_dtype():
+    model = {"name": "torch-module", "module": FLOAT64_HEAD}
+    train = {**TRAIN, "algorithms": ["fedsubavg"], "rounds": 1}
+    config = fedsub.Config.from_dict({"data": DATA, "model": model, "train": train})
+    with pytest.raises(
+        ConfigError, match=r"trains it in float32 .train.dtype = 'float32'.*float64"
+    ):
+        fedsub.run(config)
+    wide = {**train, "dtype": "float64"}
+    config = fedsub.Config.from_dict({"data": DATA, "model": model, "train": wide})
+    assert fedsub.run(config)["fedsubavg"].diverged is None
 
 
 def test_tables_say_which_module_holds_a_table_whose_name_it_does_not_bear():

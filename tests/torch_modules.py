@@ -195,3 +195,20 @@ class AnyData(nn.Module):
 
 
 ANY_DATA = "tests.torch_modules:AnyData"  # its config path (the repository root on sys.path)
+
+
+class Float64Head(AnyData):
+    """``AnyData`` whose output layer is float64 and fed float64: it runs only when fedsub
+    trains in float64 (``train.dtype``)."""
+
+    def __init__(self, dataset: FederatedDataset, dim: int = 3) -> None:
+        super().__init__(dataset, dim)
+        self.out = self.out.double()
+
+    def forward(self, batch) -> torch.Tensor:
+        parts = [self.tables[t](*batch.ids[f]) for f, t in self.fields.items()]
+        logits = self.out(torch.cat(parts, dim=-1).double())
+        return logits.squeeze(-1) if self.outputs == 1 else logits
+
+
+FLOAT64_HEAD = "tests.torch_modules:Float64Head"

@@ -223,8 +223,11 @@ CASES: list[tuple[str, Callable[[], Any], list[str] | None]] = [
         None,
     ),
     ("run int", lambda: fedsub.run(3), ["config"]),
-    ("train algorithms=", lambda: fedsub.train("sparse-lr", data(), algorithms=["fedavg"]),
-     ["algorithm="]),
+    (
+        "train algorithms=",
+        lambda: fedsub.train("sparse-lr", data(), algorithms=["fedavg"]),
+        ["algorithm="],
+    ),
     ("train tables=list", lambda: fedsub.train(Bag(), data(), tables=["item"]), ["tables"]),
     ("train tables=str", lambda: fedsub.train(Bag(), data(), tables="item"), ["tables"]),
     ("train rounds=str", lambda: fedsub.train("sparse-lr", data(), rounds="2"), ["rounds"]),
@@ -232,37 +235,87 @@ CASES: list[tuple[str, Callable[[], Any], list[str] | None]] = [
     ("train algorithm=1", lambda: fedsub.train("sparse-lr", data(), algorithm=1), ["algorithm"]),
     ("train model=int", lambda: fedsub.train(3, data()), ["model"]),
     ("train data=int", lambda: fedsub.train("sparse-lr", 3), ["data"]),
-    ("train model_options=list", lambda: fedsub.train("sparse-lr", data(), model_options=[1]),
-     ["model_options"]),
-    ("compare algorithms=str", lambda: fedsub.compare("sparse-lr", data(), algorithms="fedavg",
-                                                       **SMALL), None),
-    ("compare algorithms=int", lambda: fedsub.compare("sparse-lr", data(), algorithms=3),
-     ["algorithms"]),
-    ("compare algorithm_options list", lambda: fedsub.compare(
-        "sparse-lr", data(), algorithm_options=[1]), ["algorithm_options"]),
-    ("train option vocabulary", lambda: fedsub.train("sparse-lr", data(), lr=-1.0),
-     ["lr", "-1.0", "!train."]),
-    ("load_dataset seed=-1", lambda: fedsub.load_dataset("synthetic-sparse", seed=-1),
-     ["seed", "-1"]),
-    ("sweep values=str", lambda: fedsub.sweep(None, "train.rounds", "12",
-                                              out=tempfile.mkdtemp() + "/x"), ["values"]),
+    (
+        "train model_options=list",
+        lambda: fedsub.train("sparse-lr", data(), model_options=[1]),
+        ["model_options"],
+    ),
+    (
+        "compare algorithms=str",
+        lambda: fedsub.compare("sparse-lr", data(), algorithms="fedavg", **SMALL),
+        None,
+    ),
+    (
+        "compare algorithms=int",
+        lambda: fedsub.compare("sparse-lr", data(), algorithms=3),
+        ["algorithms"],
+    ),
+    (
+        "compare algorithm_options list",
+        lambda: fedsub.compare("sparse-lr", data(), algorithm_options=[1]),
+        ["algorithm_options"],
+    ),
+    (
+        "train option vocabulary",
+        lambda: fedsub.train("sparse-lr", data(), lr=-1.0),
+        ["lr", "-1.0", "!train."],
+    ),
+    (
+        "load_dataset seed=-1",
+        lambda: fedsub.load_dataset("synthetic-sparse", seed=-1),
+        ["seed", "-1"],
+    ),
+    (
+        "sweep values=str",
+        lambda: fedsub.sweep(None, "train.rounds", "12", out=tempfile.mkdtemp() + "/x"),
+        ["values"],
+    ),
     ("sweep later value checked first", sweep_later_bad, ["1000000000"]),
     ("run overwrite vocabulary", overwrite_vocabulary, ["overwrite=True", "!--"]),
     ("sweep data.name later unreadable", sweep_later_unreadable, ["movielens"]),
-    ("module float64 submodule fed float64", lambda: fedsub.train(Float64Head(), data(),
-                                                                  **SMALL), ["float64"]),
+    (
+        "module float64 submodule fed float64",
+        lambda: fedsub.train(Float64Head(), data(), **SMALL),
+        ["float64"],
+    ),
     ("module dense never read", dense_unread, ["dense"]),
-    ("EmbeddingBag include_last_offset given starts", lambda: fedsub.train(
-        StartsToLastBag(), data(), **SMALL), ["include_last_offset"]),
-    ("module 3 columns on 0/1", lambda: fedsub.train(Bag(outputs=3), data(), **SMALL),
-     ["3"]),
-    ("module float64 submodule", lambda: fedsub.train(Bag(dtype=torch.float64), data(),
-                                                      **SMALL), None),
+    (
+        "EmbeddingBag include_last_offset given starts",
+        lambda: fedsub.train(StartsToLastBag(), data(), **SMALL),
+        ["include_last_offset"],
+    ),
+    ("module 3 columns on 0/1", lambda: fedsub.train(Bag(outputs=3), data(), **SMALL), ["3"]),
+    (
+        "module float64 submodule",
+        lambda: fedsub.train(Bag(dtype=torch.float64), data(), **SMALL),
+        None,
+    ),
     ("module NaN outputs", lambda: fedsub.train(NaNOut(), data(), **SMALL), ["NaN"]),
-    ("train loss= accepted", lambda: fedsub.train(
-        Bag(), data(), loss=lambda o, y: ((o - y) ** 2).mean(), **SMALL), None),
+    (
+        "train loss= accepted",
+        lambda: fedsub.train(Bag(), data(), loss=lambda o, y: ((o - y) ** 2).mean(), **SMALL),
+        None,
+    ),
     ("train task= accepted", lambda: fedsub.train(Bag(), data(), task="binary", **SMALL), None),
     ("EmbeddingBag default offsets", default_bag_trains, None),
+    ("Config.from_toml int", lambda: fedsub.Config.from_toml(3), ["source"]),
+    (
+        "Config.from_toml one override",
+        lambda: fedsub.Config.from_toml(None, "train.rounds=2"),
+        None,
+    ),
+    ("from_partitioner int", lambda: fedsub.from_partitioner(3), ["partitioner"]),
+    (
+        "run on_round=len",
+        lambda: fedsub.run(fedsub.Config.from_dict({"train": SMALL}), on_round=len),
+        ["on_round"],
+    ),
+    (
+        "train threads=2**31",
+        lambda: fedsub.train("sparse-lr", data(), threads=2**31, **SMALL),
+        ["threads"],
+    ),
+    ("samples ragged labels", lambda: fedsub.samples([[0], [1, 2]]), ["labels"]),
 ]
 
 
@@ -275,7 +328,7 @@ def classify(call: Callable[[], Any], words: list[str] | None) -> tuple[str, str
             return "unclear", f"refused a valid call: {message}"
         missing = [w for w in words if (w[1:] in message if w[0] == "!" else w not in message)]
         return ("unclear" if missing else "ok"), message
-    except Exception as error:  # noqa: BLE001 - counting what escapes
+    except Exception as error:
         return "raw", f"{type(error).__name__}: {error}"
     return ("ok", "ran") if words is None else ("silent", "accepted")
 

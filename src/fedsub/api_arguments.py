@@ -9,12 +9,14 @@ argument as the caller wrote it, its value and what is expected.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedsub.errors import ArgumentError
+from fedsub.models.registry import model_names, model_spec
 from fedsub.vocabulary import RUN_FLAGS, section_terms
 
 
@@ -96,7 +98,27 @@ def folder(value: Any, argument: str) -> str | None:
         raise ArgumentError(
             f"{argument} must be a folder (a str or pathlib.Path), got {described(value)}"
         )
-    return os.fspath(value)
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise ArgumentError(
+            f"{argument} must name a folder, e.g. {argument}='runs/NAME', got {described(value)}"
+        )
+    return text
+
+
+def model_options_of(model: str, options: dict[str, Any]) -> None:
+    """``model_options`` name only options of built-in model ``model`` (a config file's
+    ``[model]`` also accepts, and ignores, keys older models took; a keyword argument is
+    never such a leftover, so it is refused instead of ignored)."""
+    if model not in model_names():
+        return  # config.py names the unknown model
+    own = [f.name for f in dataclasses.fields(model_spec(model).options)]
+    for key in options:
+        if key not in own:
+            raise ArgumentError(
+                f"model_options[{key!r}]: model {model!r} has no option {key!r}; its options: "
+                f"{', '.join(own) or 'none'}"
+            )
 
 
 def train_terms(algorithms: str = "algorithms") -> dict[str, str]:

@@ -101,7 +101,7 @@ def _refuse_empty_texts(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
-    from fedsub.library import run
+    from fedsub.library import run_config as run  # its errors name the command line's flags
 
     if args.resume and _is_sweep(_resumed_folder(args)):
         return _sweep(args, algorithms)

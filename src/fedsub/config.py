@@ -227,6 +227,12 @@ class Config:
         >>> config.train.rounds, config.train.lr
         (2, 0.5)
         """
+        if source is not None and not isinstance(source, (str, os.PathLike)):
+            raise ArgumentError(
+                "Config.from_toml(source): source must be a TOML file's path, TOML text or "
+                f"None, got {type(source).__name__}"
+            )
+        overrides = _override_texts(overrides)
         if source is None or isinstance(source, os.PathLike) or _names_a_file(source):
             return load(None if source is None else Path(source), overrides)
         try:
@@ -395,6 +401,9 @@ def check_algorithms(config: Config) -> None:
     pieces combine with each other and with the training settings on the in-process engine
     (registry.check_combination, the one place incompatible pieces are refused)."""
     t = config.train
+    twice = next((n for i, n in enumerate(t.algorithms) if n in t.algorithms[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"train.algorithms lists {twice!r} twice; give each algorithm once")
     for name in t.algorithms:
         try:
             _, scheme = split_name(name, config.composed_names())
@@ -552,6 +561,19 @@ def _culprit(
 def _shown(text: str) -> str:
     """``text`` as typed, or quoted when it holds characters that would break the line."""
     return text if text.isprintable() else repr(text)
+
+
+def _override_texts(overrides: Any) -> list[str]:
+    """``Config.from_toml``'s overrides: a list of ``--set`` texts, or one text (a
+    one-element list, not its letters)."""
+    if isinstance(overrides, str):
+        return [overrides]
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        raise ArgumentError(
+            "Config.from_toml(source, overrides): overrides must be a list of 'section.key=value' "
+            f"texts, got {overrides!r}"
+        )
+    return list(overrides)
 
 
 def _names_a_file(text: str) -> bool:

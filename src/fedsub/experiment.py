@@ -9,7 +9,8 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -346,10 +347,10 @@ def compare(
     if out_dir is None:
         if resume:
             raise ConfigError("resume continues a run in its folder: give the folder")
-        outcome = _compare_in(
-            config, None, None, on_round, False, stop_requested, label, profile, dataset, model
-        )
-        return outcome
+        with _fits_in_memory(dataset):
+            return _compare_in(
+                config, None, None, on_round, False, stop_requested, label, profile, dataset, model
+            )
     if dataset is not None or model is not None:
         raise ConfigError(
             "a run folder records the config that made the run, so a run written to "
@@ -361,9 +362,10 @@ def compare(
         claim = claim_existing(out_dir) if resume else claim_new(out_dir, overwrite)
     failed = True
     try:
-        outcome = _compare_in(
-            config, out_dir, claim, on_round, resume, stop_requested, label, profile
-        )
+        with _fits_in_memory(None):
+            outcome = _compare_in(
+                config, out_dir, claim, on_round, resume, stop_requested, label, profile
+            )
         failed = False
     except Interrupted:  # stopped after a round, with a checkpoint: a run to resume
         failed = False
@@ -372,6 +374,24 @@ def compare(
         if claim is not None:
             claim.end(failed)
     return outcome
+
+
+@contextmanager
+def _fits_in_memory(dataset: FederatedDataset | None) -> Iterator[None]:
+    """A run that runs out of host or GPU memory ends in a FedsubError saying so (with the
+    tables' sizes when the dataset is at hand), not a MemoryError from inside torch."""
+    try:
+        yield
+    except (MemoryError, torch.OutOfMemoryError) as error:
+        tables = ""
+        if dataset is not None and dataset.table_rows:
+            sizes = ", ".join(f"{t}: {rows:,} rows" for t, rows in dataset.table_rows.items())
+            tables = f"; the dataset's tables have {sizes}"
+        raise FedsubError(
+            f"the run does not fit in memory ({type(error).__name__}: {error}){tables}. Smaller "
+            "tables (table_rows, the dataset's options), a smaller model or cohort, or "
+            'train.table_placement = "host" on a GPU may fit'
+        ) from None
 
 
 def _compare_in(

@@ -290,6 +290,8 @@ def _compare(
     built and checked by config.py, errors in the caller's ``terms``."""
     options = arguments.mapping(model_options, "model_options", "{'embedding_dim': 4}")
     per_algorithm = arguments.tables_of(algorithm_options)
+    if isinstance(model, str):
+        arguments.model_options_of(model, options)
     model_table = {**options, "name": model} if isinstance(model, str) else dict(options)
     with spoken_as(terms, arguments=True):
         dataset = _dataset_of(data)
@@ -334,6 +336,30 @@ def run(
         >>> list(result), result.out is None
         (['fedsubavg'], True)
     """
+    with spoken_as(RUN_FLAGS):
+        return run_config(
+            config,
+            out=out,
+            resume=resume,
+            overwrite=overwrite,
+            profile=profile,
+            stop_requested=stop_requested,
+            on_round=on_round,
+        )
+
+
+def run_config(
+    config: Config | Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    profile: bool = False,
+    stop_requested: Callable[[], bool] | None = None,
+    on_round: Callable[[str, int], None] | None = None,
+) -> Comparison:
+    """``run`` with the run-folder errors in the command line's terms (``--overwrite``,
+    ``--resume DIR``, ``--out``): what ``fedsub run`` / ``fedsub compare`` call."""
     config = _config_of(config)
     text = arguments.folder(out, "out")
     for name, value in (("resume", resume), ("overwrite", overwrite), ("profile", profile)):
@@ -346,10 +372,7 @@ def run(
     elif resume or overwrite:
         flag = "resume" if resume else "overwrite"
         raise ArgumentError(f"{flag}=True acts on a run folder: give it as out=")
-    with spoken_as(RUN_FLAGS):
-        outcome = experiment.compare(
-            config, folder, on_round, resume, stop, overwrite, profile=profile
-        )
+    outcome = experiment.compare(config, folder, on_round, resume, stop, overwrite, profile=profile)
     return Comparison.of(outcome)
 
 

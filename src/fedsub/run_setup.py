@@ -31,6 +31,7 @@ from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model
 from fedsub.models.registry import build_checked_model
+from fedsub.models.torch_module import TorchModuleModel, check_runs_in
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.progress import phase
@@ -71,7 +72,10 @@ def model_of(config: Config, dataset: FederatedDataset) -> Model:
         for f in dataclasses.fields(config.model)
         if f.name != "name"
     }
-    return build_checked_model(config.model.name, dataset, options)
+    model = build_checked_model(config.model.name, dataset, options)
+    if isinstance(model, TorchModuleModel):  # a config's torch-module: its forward in the dtype
+        check_runs_in(model, dataset, config.train.dtype)
+    return model
 
 
 def checked_model(config: Config, dataset: FederatedDataset, model: Model | None = None) -> Model:

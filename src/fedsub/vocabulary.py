@@ -18,6 +18,7 @@ from fedsub.errors import ArgumentError, ConfigError, FedsubError
 
 # The command line's run-folder flags, as fedsub.run / fedsub.sweep take them.
 RUN_FLAGS = {
+    r"\(unset it: --set ([\w.]+)=none\)": r"(remove \1 from the config)",
     r"--resume(?: \S+)?": "resume=True",
     r"--overwrite": "overwrite=True",
     r"--out(?: runs/NAME)?": "out=",

@@ -66,6 +66,8 @@ def samples(
         if not isinstance(field, str) or not field:
             raise ArgumentError(f"{where}: ids's keys must be field names (strings), got {field!r}")
     label_array = _array(labels, f"{where}: labels")
+    if label_array.dtype == np.bool_:
+        label_array = label_array.astype(np.float32)  # True / False: 1 / 0, as a table's cells
     if label_array.ndim != 1 or not np.issubdtype(label_array.dtype, np.number):
         raise DataError(f"{where}: labels must be a 1-d array of numbers, got {_shape(labels)}")
     if not np.isfinite(label_array).all():
@@ -202,17 +204,41 @@ def from_partitioner(
     data = fedsub.from_partitioner(partitioner, features=["item"])
     ```
     """
+    if not isinstance(name, str):
+        raise ArgumentError(f"from_partitioner(): name must be a string, got {name!r}")
+    count = getattr(partitioner, "num_partitions", None)
+    if (
+        not callable(getattr(partitioner, "load_partition", None))
+        or not isinstance(count, int)
+        or isinstance(count, bool)
+        or count < 0
+    ):
+        raise ArgumentError(
+            f"{name}: partitioner must be a flwr_datasets partitioner (num_partitions, "
+            f"load_partition) with its dataset assigned, got {_shape(partitioner)}"
+        )
+    if count < 2:
+        raise DataError(
+            f"{name}: the partitioner has {count} partition(s); federated training needs at "
+            "least 2 clients"
+        )
     if "client_column" in options:
         raise DataError(
             f"{name}: client_column is not an option here; each partition is a client "
             f"(its rows get the column {PARTITION_COLUMN!r})"
         )
-    count = partitioner.num_partitions
     width = len(str(max(count - 1, 0)))  # zero-padded: clients in partition order
     frames = []
     for partition in range(count):
         where = f"{name} partition {partition}"
-        frame = _frame_of(partitioner.load_partition(partition), where)
+        try:
+            loaded = partitioner.load_partition(partition)
+        except Exception as error:  # the partitioner's own failure (e.g. no dataset assigned)
+            raise DataError(
+                f"{where}: the partitioner failed to load it ({type(error).__name__}: {error}); "
+                "is its dataset assigned (partitioner.dataset = ...)?"
+            ) from error
+        frame = _frame_of(loaded, where)
         if PARTITION_COLUMN in frame.columns:
             raise DataError(f"{where}: it already has a column {PARTITION_COLUMN!r}")
         frames.append(frame.assign(**{PARTITION_COLUMN: f"{partition:0{width}d}"}))

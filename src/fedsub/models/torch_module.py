@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.models.bag_offsets import BatchOffsets, adapt_default_bags
 from fedsub.models.base import Batch, Features, Ids, Task
@@ -328,7 +328,7 @@ def wrap(
             model = TorchModuleModel(template, paths, fields, None, task, loss)
     _leave_out_unused(model, batch)
     if dtype is not None:
-        _check_dtype(model, probe, dtype)
+        check_runs_in(model, dataset, dtype)
     name = type(module).__name__
     if reason is not None:
         LOG.warning(
@@ -385,11 +385,12 @@ def _check_labels(task: Task, outputs: torch.Tensor, labels: torch.Tensor) -> No
         )
 
 
-def _check_dtype(model: TorchModuleModel, probe: SampleSet, dtype: str) -> None:
-    """The split (or whole) forward runs with fedsub's parameters in ``dtype``: a module
-    whose forward mixes in another dtype (a float64 submodule fed float64 inputs) is
-    refused here, before any round, naming what to change."""
+def check_runs_in(model: TorchModuleModel, dataset: FederatedDataset, dtype: str) -> None:
+    """The split (or whole) forward runs with fedsub's parameters in ``dtype`` (``train.dtype``)
+    on a few training samples: a module whose forward mixes in another dtype (a float64
+    submodule fed float64 inputs) is refused before any round, naming what to change."""
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
+    probe = dataset.train.slice(0, min(PROBE_SAMPLES, len(dataset.train) // 2 * 2))
     batch = Batch.from_samples(probe, torch_dtype)
     params = model.init(torch.Generator(), torch_dtype)
     try:
