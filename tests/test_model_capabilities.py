@@ -44,8 +44,9 @@ EXPECTED = {
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
     "linear-regression": {CohortHead},
-    # the history packed (not captured: train.compile), the output MLP low-rank in a cohort
-    "din": {CohortHead, PackedFeatures, LowRankWeights},
+    # the history packed (not captured: train.compile), the output MLP low-rank in a cohort,
+    # evaluated in the authors' test batches of 1,024 (Dice's batch statistics)
+    "din": {CohortHead, PackedFeatures, LowRankWeights, EvalBatch},
     "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},
