@@ -288,3 +288,16 @@ def test_a_run_that_does_not_fit_in_memory_says_so_with_the_tables_sizes():
         FedsubError, match=r"does not fit in memory .* item: 1,000,000,000,000,000 rows"
     ):
         fedsub.train("sparse-lr", huge, **SMALL)
+
+
+def test_options_for_an_algorithm_not_trained_are_refused_not_ignored():
+    with pytest.raises(ArgumentError, match=r"algorithm_options\['fedprox'\] is for an algorithm"):
+        fedsub.train("sparse-lr", data(), algorithm_options={"fedprox": {"mu": 0.1}}, **SMALL)
+    run = fedsub.train(
+        "sparse-lr",
+        data(),
+        algorithm="fedprox",
+        algorithm_options={"fedprox": {"mu": 0.1}},
+        **SMALL,
+    )
+    assert run.algorithm == "fedprox"
