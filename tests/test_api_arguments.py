@@ -301,3 +301,15 @@ def test_options_for_an_algorithm_not_trained_are_refused_not_ignored():
         **SMALL,
     )
     assert run.algorithm == "fedprox"
+
+
+def test_keyword_terms_rename_config_keys_only_not_file_names(tmp_path):
+    missing = tmp_path / "data.features"
+    with pytest.raises(DataError) as error:
+        fedsub.load_dataset("table", path=missing, features=["item"])
+    assert str(missing) in str(error.value)
+    from fedsub.vocabulary import keyword_terms, section_terms
+
+    terms = section_terms("data", ["features", "numeric"])
+    text = "data.features is empty; see data.csv and /x/data.numeric"
+    assert keyword_terms(text, terms) == "features is empty; see data.csv and /x/data.numeric"

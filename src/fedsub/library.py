@@ -162,7 +162,7 @@ def load_dataset(
     given_path = arguments.folder(path, "path")
     if given_path is not None:
         table["path"] = given_path
-    with spoken_as(arguments.DATA_TERMS, arguments=True):
+    with spoken_as(arguments.data_terms(), arguments=True):
         return run_setup.load_data(config_lib.parse({"data": table}))
 
 
