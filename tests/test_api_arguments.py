@@ -288,3 +288,28 @@ def test_a_run_that_does_not_fit_in_memory_says_so_with_the_tables_sizes():
         FedsubError, match=r"does not fit in memory .* item: 1,000,000,000,000,000 rows"
     ):
         fedsub.train("sparse-lr", huge, **SMALL)
+
+
+def test_options_for_an_algorithm_not_trained_are_refused_not_ignored():
+    with pytest.raises(ArgumentError, match=r"algorithm_options\['fedprox'\] is for an algorithm"):
+        fedsub.train("sparse-lr", data(), algorithm_options={"fedprox": {"mu": 0.1}}, **SMALL)
+    run = fedsub.train(
+        "sparse-lr",
+        data(),
+        algorithm="fedprox",
+        algorithm_options={"fedprox": {"mu": 0.1}},
+        **SMALL,
+    )
+    assert run.algorithm == "fedprox"
+
+
+def test_keyword_terms_rename_config_keys_only_not_file_names(tmp_path):
+    missing = tmp_path / "data.features"
+    with pytest.raises(DataError) as error:
+        fedsub.load_dataset("table", path=missing, features=["item"])
+    assert str(missing) in str(error.value)
+    from fedsub.vocabulary import keyword_terms, section_terms
+
+    terms = section_terms("data", ["features", "numeric"])
+    text = "data.features is empty; see data.csv and /x/data.numeric"
+    assert keyword_terms(text, terms) == "features is empty; see data.csv and /x/data.numeric"

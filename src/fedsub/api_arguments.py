@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fedsub.config import DataConfig, EvalConfig, TrainConfig
+from fedsub.data.registry import DATASETS
 from fedsub.errors import ArgumentError
 from fedsub.models.registry import model_names, model_spec
 from fedsub.vocabulary import RUN_FLAGS, section_terms
@@ -132,14 +134,28 @@ def train_terms(algorithms: str = "algorithms") -> dict[str, str]:
         r"algorithms\.([\w@-]+)\.(\w+)": r"algorithm_options['\1']['\2']",
         r"\[algorithms\.([\w@-]+)\] unknown key": r"algorithm_options['\1']: unknown key",
         r"\[model\] unknown key": "model_options: unknown key",
-        **section_terms("train"),
-        **section_terms("eval"),
-        r"model\.(\w+)": r"model_options['\1']",
+        **section_terms("train", _fields(TrainConfig)),
+        **section_terms("eval", _fields(EvalConfig)),
+        **section_terms("model", _model_keys(), "model_options['{key}']"),
         **RUN_FLAGS,
     }
 
 
-DATA_TERMS = section_terms("data")
+def data_terms() -> dict[str, str]:
+    """How ``load_dataset``'s errors name its keyword arguments: ``data.num_users`` ->
+    ``num_users`` (every dataset's options, plugins' included)."""
+    keys = set(_fields(DataConfig))
+    for name in DATASETS.names():
+        keys |= set(_fields(DATASETS.get_or_refuse(name).options))
+    return section_terms("data", keys)
+
+
+def _fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _model_keys() -> set[str]:
+    return {key for name in model_names() for key in _fields(model_spec(name).options)}
 
 
 def run_callbacks(stop_requested: Any, on_round: Any) -> tuple[Callable[[], bool], Any]:

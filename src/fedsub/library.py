@@ -162,7 +162,7 @@ def load_dataset(
     given_path = arguments.folder(path, "path")
     if given_path is not None:
         table["path"] = given_path
-    with spoken_as(arguments.DATA_TERMS, arguments=True):
+    with spoken_as(arguments.data_terms(), arguments=True):
         return run_setup.load_data(config_lib.parse({"data": table}))
 
 
@@ -290,6 +290,13 @@ def _compare(
     built and checked by config.py, errors in the caller's ``terms``."""
     options = arguments.mapping(model_options, "model_options", "{'embedding_dim': 4}")
     per_algorithm = arguments.tables_of(algorithm_options)
+    trained = {name.split("@")[0] for name in algorithms}  # fedavg@scheme2 reads fedavg's
+    unused = [name for name in per_algorithm if name not in trained]
+    if unused:
+        raise ArgumentError(
+            f"algorithm_options[{unused[0]!r}] is for an algorithm this call does not train "
+            f"(it trains {', '.join(algorithms)}); add it to the algorithms or drop its options"
+        )
     if isinstance(model, str):
         arguments.model_options_of(model, options)
     model_table = {**options, "name": model} if isinstance(model, str) else dict(options)

@@ -11,7 +11,7 @@ inside comes out with each config key or flag it names replaced by what the call
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from fedsub.errors import ArgumentError, ConfigError, FedsubError
@@ -30,16 +30,18 @@ def keyword_terms(message: str, terms: Mapping[str, str]) -> str:
     """``message`` with each pattern of ``terms`` (a regular expression matching a config
     key such as ``train\\.lr``, or a flag) replaced by the caller's name for it."""
     for pattern, replacement in terms.items():
-        message = re.sub(rf"(?<![\w.\-]){pattern}(?![\w\-])", replacement, message)
+        message = re.sub(rf"(?<![\w.\-/\\]){pattern}(?![\w\-])", replacement, message)
     return message
 
 
-def section_terms(section: str, spelling: str = "{key}") -> dict[str, str]:
-    """Terms naming every key of ``section`` as ``spelling`` (``{key}``: the key itself),
-    e.g. ``section_terms("model", "model_options['{key}']")``."""
+def section_terms(section: str, keys: Iterable[str], spelling: str = "{key}") -> dict[str, str]:
+    """Terms naming each of ``keys`` of ``section`` as ``spelling`` (``{key}``: the key
+    itself), e.g. ``section_terms("model", ["embedding_dim"], "model_options['{key}']")``.
+    Only the keys named: a file name such as ``data.csv`` in a message stays as it is."""
+    names = "|".join(sorted((re.escape(k) for k in keys), key=len, reverse=True))
     return {
-        rf"{section}\.(\w+)": spelling.replace("{key}", r"\1"),
-        rf"\[{section}\] unknown key": "unknown keyword argument",
+        rf"{re.escape(section)}\.({names})": spelling.replace("{key}", r"\1"),
+        rf"\[{re.escape(section)}\] unknown key": "unknown keyword argument",
     }
 
 

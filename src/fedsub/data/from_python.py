@@ -165,7 +165,7 @@ def from_dataframe(
         [_cell(value, separator) for value in row]
         for row in frame.itertuples(index=False, name=None)
     ]
-    with spoken_as(section_terms("data")):
+    with spoken_as(section_terms("data", TableOptions.__dataclass_fields__)):
         return encode(header, rows, table_options, seed, name, "row", name)
 
 
