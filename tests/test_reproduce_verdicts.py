@@ -392,3 +392,17 @@ def test_a_sweeps_rows_carry_its_cells_and_claims():
     assert ("5 below 1 (final train_loss)", "holds", "holds (0.4 vs 0.5)") in rows
     assert verdict.startswith("differs: the target is reached at 5 only")
     assert verdict.endswith("1 of 1 claims checked, it holds")
+
+
+def test_closed_form_verdicts_say_within_only_inside_their_tolerance():
+    from fedsub.reproduce import closed_forms
+
+    assert closed_forms.example_verdict(5.6e-16, 100).startswith("within 5.6e-16")
+    assert closed_forms.example_verdict(1e-3, 100).startswith("differs: 1.0e-03")
+    rows = [("E=2: distance to w*", 0.0176, 0.009), ("E=5: distance to w*", 0.07, 0.05)]
+    constant = {2: 0.0176, 5: 0.0701}
+    held = closed_forms._theorem_verdict(rows, True, 0.014, False, constant)
+    assert held.startswith("holds: every E > 1 ends closer") and "within 1.4%" in held
+    far = closed_forms._theorem_verdict(rows, False, 0.3, False, constant)
+    assert far.startswith("differs: 30% of eq. (28)'s distance")
+    assert closed_forms._theorem_verdict(rows, False, 0.05, False, constant).startswith("within")
