@@ -108,6 +108,8 @@ def test_rounds_to_target_counts_a_loss_equal_to_the_target():
     assert rounds_to_target(history, Target(train_loss=0.49)) is None
     aucs = [Evaluation(r, {"test_auc": v}, 0.0) for r, v in [(0, 0.5), (5, 0.6), (10, 0.7)]]
     assert rounds_to_target(aucs, Target(test_auc=0.6)) == 5
+    assert rounds_to_target(aucs, Target()) is None  # no target: never "reached"
+    assert rounds_to_target(history, Target(test_auc=0.5)) is None  # no AUC measured
 
 
 def test_the_train_loss_subset_is_drawn_without_replacement():
