@@ -406,3 +406,27 @@ def test_closed_form_verdicts_say_within_only_inside_their_tolerance():
     far = closed_forms._theorem_verdict(rows, False, 0.3, False, constant)
     assert far.startswith("differs: 30% of eq. (28)'s distance")
     assert closed_forms._theorem_verdict(rows, False, 0.05, False, constant).startswith("within")
+
+
+def test_the_worst_margin_and_a_second_reversal_are_named():
+    paper = {"fedsubavg": 0.70, "fedavg": 0.60, "fedprox": 0.50}
+    ours = {"fedsubavg": 0.70, "fedavg": 0.75, "fedprox": 0.55}  # margins -0.05 and +0.15
+    verdict = verdicts.values_verdict(paper, ours, "test_auc")
+    assert verdict.startswith("differs: fedsubavg below fedavg (paper: above);")
+    assert "margin over fedavg -0.050 vs the paper's +0.100" in verdict
+    three = {"fedsubavg": 0.5, "fedavg": 0.6, "fedprox": 0.7}
+    assert verdicts.values_verdict(paper, three, "test_auc").startswith(
+        "differs: fedsubavg below fedavg (paper: above) and 2 more;"
+    )
+    two = {"fedsubavg": 0.6, "fedavg": 0.7, "fedprox": 0.65}
+    assert verdicts.values_verdict(paper, two, "test_auc").startswith(
+        "differs: fedsubavg below fedavg (paper: above) and 1 more;"
+    )
+
+
+def test_the_lowest_value_over_a_sweeps_runs():
+    paper = {"lowest": {"train_loss": 0.8}}
+    table = {"1": entry(None, train_loss=0.9), "5": entry(None, train_loss=0.85), "9": {}}
+    rows, verdict = verdicts.judge(paper, table, 100)
+    assert rows == [("lowest train_loss over the runs", "0.8", "0.85")]
+    assert verdict == "within 6% (lowest), a single number (nothing ranked)"
