@@ -45,7 +45,7 @@ EXPECTED = {
     "softmax-regression": {CohortHead},
     "linear-regression": {CohortHead},
     # the history packed (not captured: train.compile), the output MLP low-rank in a cohort
-    "din": {CohortHead, PackedFeatures, LowRankWeights},
+    "din": {CohortHead, PackedFeatures, LowRankWeights, EvalBatch},
     "lstm": {CohortHead, DeclaresCapturable},
     "cnn": {SliceableModel},
     "mlp": {SliceableModel},
