@@ -6,6 +6,7 @@ subset drawn without replacement."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,6 +108,8 @@ def test_rounds_to_target_counts_a_loss_equal_to_the_target():
     assert rounds_to_target(history, Target(train_loss=0.49)) is None
     aucs = [Evaluation(r, {"test_auc": v}, 0.0) for r, v in [(0, 0.5), (5, 0.6), (10, 0.7)]]
     assert rounds_to_target(aucs, Target(test_auc=0.6)) == 5
+    assert rounds_to_target(aucs, Target()) is None  # no target: never "reached"
+    assert rounds_to_target(history, Target(test_auc=0.5)) is None  # no AUC measured
 
 
 def test_the_train_loss_subset_is_drawn_without_replacement():
@@ -133,3 +136,46 @@ def test_best_gap_metrics_are_the_smallest_gaps():
     assert best["gap_loss"] == -0.05 and best["gap_accuracy"] == 0.01
     assert best["test_loss"] == 1.0
     assert not math.isnan(best["gap_loss"])
+
+
+def test_the_regularized_train_loss_is_the_papers_objective():
+    """Seed 004's F(w) = (1/n) sum CE + lambda ||w||^2 with lambda = 1e-4: weight decay 2 lambda
+    (its gradient 2 lambda w) and eval.regularized_loss report CE + lambda ||w||^2 (written out
+    in numpy), while the gaps stay the plain losses."""
+    import torch
+
+    from fedsub import config as config_lib
+    from fedsub.run_setup import prepare
+
+    config = config_lib.load(
+        Path(__file__).parents[1] / "configs" / "li-synthetic.toml",
+        ["data.num_devices=4", "train.clients_per_round=2", "train.rounds=1"],
+    )
+    assert config.train.weight_decay == 2e-4 and config.eval.regularized_loss
+    evaluator = prepare(config).evaluator
+    params = evaluator.model.init(torch.Generator().manual_seed(0), torch.float64)
+    for t in params.dense.values():
+        t.add_(1.5)  # a model with a visible norm
+    x, y = evaluator.train_subset.dense, evaluator.train_subset.labels.astype(int)
+    w, b = params.dense["weight"].numpy(), params.dense["bias"].numpy()
+    logits = x @ w + b  # [n, 60] @ [60, 10]
+    logits = logits - logits.max(axis=1, keepdims=True)
+    ce = np.mean(np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(len(y)), y])
+    l2 = sum(float((t.numpy() ** 2).sum()) for t in params.dense.values())
+    metrics = evaluator.evaluate(params)
+    assert metrics["train_loss"] == pytest.approx(ce + 1e-4 * l2, rel=1e-6)
+    assert metrics["gap_loss"] == pytest.approx(ce - metrics["test_loss"], rel=1e-6)
+
+
+def test_amazon_users_with_more_than_40_ratings_by_default(tmp_path):
+    """Seed 001: "clients who hold more than 40 samples": 41 ratings kept, 40 not."""
+    from fedsub.data.amazon import AmazonRatingsOptions, load_ratings_csv
+
+    rows = [f"a,i{n},5,{100 + n}" for n in range(41)] + [f"b,i{n},5,{100 + n}" for n in range(40)]
+    rows += ["a,j,5,1385000001"]
+    path = tmp_path / "ratings.csv"
+    path.write_text("\n".join(rows) + "\n")
+    dataset = load_ratings_csv(AmazonRatingsOptions(), str(path), 0)
+    assert dataset.num_clients == 1 and len(dataset.train) == 41
+    authors = load_ratings_csv(AmazonRatingsOptions(min_ratings=40), str(path), 0)
+    assert authors.num_clients == 2

@@ -4,6 +4,10 @@ claim holds. Every assertion is on the verdict's meaning (its first word, the ce
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from fedsub.reproduce import verdicts
 from fedsub.reproduce.registry import paper_numbers
 
@@ -245,3 +249,184 @@ def test_combine_leads_with_a_difference():
     assert verdicts.combine(["same ranking", "differs: x", "2 of 2 claims checked, both hold"]) == (
         "differs: x; same ranking; 2 of 2 claims checked, both hold"
     )
+
+
+# --- the pieces, at their boundaries ---------------------------------------------------------
+
+
+def test_cells_parse_as_rounds_or_bounds():
+    assert verdicts.parse_cell(260) == verdicts.Rounds(260.0, True)
+    assert verdicts.parse_cell("1000+") == verdicts.Rounds(1000.0, False)
+    assert verdicts.parse_cell("diverged at 40") == verdicts.Rounds(math.inf, False)
+
+
+def test_speedups_are_intervals_and_agree_up_to_the_factor_inclusive():
+    reached, late = verdicts.Rounds(100.0, True), verdicts.Rounds(200.0, False)
+    assert verdicts.speedup(late, reached) == verdicts.Speedup(0.0, 0.5)  # an upper bound
+    assert verdicts.speedup(reached, late) == verdicts.Speedup(2.0, math.inf)
+    assert verdicts.speedup(late, late) is None
+    paper = verdicts.Speedup(3.0, 3.0)
+    assert verdicts.speedups_agree(paper, verdicts.Speedup(2.0, 2.0))  # 3 / 1.5 exactly
+    assert verdicts.speedups_agree(verdicts.Speedup(2.0, 2.0), paper)  # 2 * 1.5 exactly
+    assert not verdicts.speedups_agree(verdicts.Speedup(2.0, 2.0), verdicts.Speedup(0.0, 1.3))
+
+
+def test_one_speedup_off_is_named_alone_and_a_missing_run_is_not_comparable():
+    paper = {"fedavg": 200, "fedprox": 200, "fedsubavg": 100}
+    verdict = verdicts.rounds_verdict(paper, {"fedavg": 110, "fedprox": 200, "fedsubavg": 100})
+    assert verdict == (
+        "differs: speed-up of fedsubavg over fedavg 1.10x vs the paper's 2.00x (beyond 1.5x)"
+    )
+    missing = verdicts.rounds_verdict(paper, {"fedavg": 1, "fedprox": None, "fedsubavg": 1})
+    assert missing == "not comparable: fedsub ran no fedprox"
+
+
+def test_rankings_name_each_reversal_and_tie():
+    paper = {"a": 1.0, "b": 2.0, "c": 3.0}
+    assert verdicts.ranking(paper, {"a": 1.0, "b": 3.0, "c": 2.0}) == (
+        ["c before b (paper: after)"],
+        [],
+    )
+    assert verdicts.ranking(paper, {"a": 1.0, "b": 2.0, "c": 2.0}) == ([], ["b ties c"])
+    assert verdicts.ranking(paper, {"a": 3.0, "b": 2.0, "c": 1.0})[0] == [
+        "b before a (paper: after)",
+        "c before a (paper: after)",
+        "c before b (paper: after)",
+    ]
+    two = verdicts.values_verdict({"a": 0.6, "b": 0.5}, {"a": 0.49, "b": 0.5}, "test_auc")
+    assert two.startswith("differs: a below b (paper: above); a 0.49 vs 0.6 (11.0 points)")
+    three = verdicts.values_verdict(
+        {"a": 0.6, "b": 0.5, "c": 0.4}, {"a": 0.39, "b": 0.5, "c": 0.6}, "test_auc"
+    )
+    assert three.startswith("differs: a below b (paper: above) and 2 more;")
+
+
+def test_tolerances_are_inclusive():
+    assert verdicts.relative(9.0, 10.0) == 0.1 and verdicts.relative(11.0, 10.0) == 0.1
+    assert verdicts.values_verdict({"x": 0.0}, {"x": 0.02}, "test_auc").startswith("within 2.0")
+    assert verdicts.values_verdict({"x": 10.0}, {"x": 11.0}, "train_loss").startswith("within")
+    assert verdicts.values_verdict({"x": 10.0}, {"x": 11.5}, "train_loss").startswith("differs")
+    # margins: exactly 2 points apart is within
+    paper, ours = {"fedsubavg": 0.02, "fedavg": 0.0}, {"fedsubavg": 0.0, "fedavg": 0.0}
+    assert "margins within 2 points" in verdicts.values_verdict(paper, ours, "test_auc")
+
+
+def test_margins_follow_the_metrics_direction_and_the_largest_miss_is_named():
+    assert verdicts.margins({"fedsubavg": 0.7, "fedavg": 0.6}, "test_auc") == pytest.approx(
+        {"fedavg": 0.1}
+    )
+    assert verdicts.margins({"fedsubavg": 1.0, "fedavg": 1.5}, "test_loss") == {"fedavg": 0.5}
+    assert verdicts.margins({"fedavg": 1.0}, "test_loss") == {}
+    paper = {"fedsubavg": 0.70, "fedavg": 0.60, "fedprox": 0.50}
+    ours = {"fedsubavg": 0.70, "fedavg": 0.69, "fedprox": 0.69}
+    assert "margin over fedprox +0.010 vs the paper's +0.200" in verdicts.values_verdict(
+        paper, ours, "test_auc"
+    )
+
+
+def test_reaching_the_target_exactly_counts():
+    paper = {"fedsubavg": 0.641}
+    assert "miss" not in verdicts.values_verdict(paper, {"fedsubavg": 0.625}, "test_auc", 0.625)
+    assert "misses" in verdicts.values_verdict(paper, {"fedsubavg": 0.6249}, "test_auc", 0.625)
+    loss = {"x": 0.3}
+    assert "miss" not in verdicts.values_verdict(loss, {"x": 0.31}, "train_loss", 0.31)
+    assert "misses" in verdicts.values_verdict(loss, {"x": 0.3101}, "train_loss", 0.31)
+
+
+def test_shapes_at_their_edges():
+    rising = {"1": 10, "5": 20, "10": 30}
+    assert verdicts.shape_verdict("falls then rises", rising).startswith(
+        "differs: fewest rounds at the first value"
+    )
+    for u in ({"1": 100, "5": 100, "10": 50, "20": 80}, {"1": 100, "5": 50, "10": 50, "20": 80}):
+        assert verdicts.shape_verdict("falls then rises", u).startswith("same shape"), u
+    flat_end = {"1": 100, "5": 50, "10": 50}
+    assert verdicts.shape_verdict("falls then rises", flat_end).startswith("differs")
+    assert verdicts.shape_verdict("falls then rises", {"1": "9+", "5": "9+"}) == (
+        "differs: the target is reached at no value"
+    )
+
+
+def test_statistics_and_settings_verdicts():
+    rows = [("clients", "100", "100"), ("samples", "1000", "1050"), ("x", "5", "n/a")]
+    assert verdicts.numbers_verdict(rows) == "within 5%"
+    assert verdicts.numbers_verdict([("samples", "10", "11")]) == "within 10%"
+    assert verdicts.numbers_verdict([("samples", "10", "12")]) == (
+        "differs: samples 12 vs 10 (20% off)"
+    )
+    assert verdicts.numbers_verdict([("x", "5", "n/a")]).startswith("no numbers")
+    same = [("lr fedavg", "0.1", "0.1"), ("fedavg in train.algorithms", "yes", "yes")]
+    assert verdicts.settings_verdict(same) == "same settings (2 of 2)"
+    off = [*same, ("batch_size", "4", "5"), ("x", "yes", "no")]
+    assert verdicts.settings_verdict(off) == (
+        "differs: batch_size is 5, the paper's 4 (2 of 4 match)"
+    )
+    assert verdicts.settings_verdict([("lr", "1.0", "1.0000000015")]).startswith("differs")
+    assert verdicts.settings_verdict([("lr", "1.0", "1.0000000005")]).startswith("same")
+
+
+def test_metric_values_and_claims_without_a_run():
+    entry_ = {"best": {"x": math.nan, "gap_loss": -0.2}}
+    assert verdicts.metric_value(entry_, "best", "x") is None
+    assert verdicts.metric_value(entry_, "best", "y") is None
+    assert verdicts.metric_value(entry_, "best", "abs_gap_loss") == 0.2
+    assert verdicts.metric_value(None, "best", "x") is None
+    table = {"a": entry(40, train_loss=0.2)}
+    for at, metric in (("rounds", "rounds_to_target"), ("final", "train_loss")):
+        for lower, than in (("a", "b"), ("b", "a")):
+            claim = {"lower": lower, "than": than, "metric": metric, "at": at}
+            assert verdicts.claim_result(claim, table, 100)[1] == "n/a (not run)"
+    tie = {"a": entry(40), "b": entry(40)}
+    claim = {"lower": "a", "than": "b", "metric": "rounds_to_target", "at": "rounds"}
+    assert verdicts.claim_result(claim, tie, 100)[1] == "fails (40 vs 40)"
+
+
+def test_a_sweeps_rows_carry_its_cells_and_claims():
+    paper = {
+        "rounds_shape": "falls then rises",
+        "claims": [{"lower": "5", "than": "1", "metric": "train_loss", "at": "final"}],
+    }
+    table = {"1": entry(None, train_loss=0.5), "5": entry(30, train_loss=0.4)}
+    rows, verdict = verdicts.judge(paper, table, 100)
+    assert ("rounds to target at 1", "", "100+") in rows
+    assert ("5 below 1 (final train_loss)", "holds", "holds (0.4 vs 0.5)") in rows
+    assert verdict.startswith("differs: the target is reached at 5 only")
+    assert verdict.endswith("1 of 1 claims checked, it holds")
+
+
+def test_closed_form_verdicts_say_within_only_inside_their_tolerance():
+    from fedsub.reproduce import closed_forms
+
+    assert closed_forms.example_verdict(5.6e-16, 100).startswith("within 5.6e-16")
+    assert closed_forms.example_verdict(1e-3, 100).startswith("differs: 1.0e-03")
+    rows = [("E=2: distance to w*", 0.0176, 0.009), ("E=5: distance to w*", 0.07, 0.05)]
+    constant = {2: 0.0176, 5: 0.0701}
+    held = closed_forms._theorem_verdict(rows, True, 0.014, False, constant)
+    assert held.startswith("holds: every E > 1 ends closer") and "within 1.4%" in held
+    far = closed_forms._theorem_verdict(rows, False, 0.3, False, constant)
+    assert far.startswith("differs: 30% of eq. (28)'s distance")
+    assert closed_forms._theorem_verdict(rows, False, 0.05, False, constant).startswith("within")
+
+
+def test_the_worst_margin_and_a_second_reversal_are_named():
+    paper = {"fedsubavg": 0.70, "fedavg": 0.60, "fedprox": 0.50}
+    ours = {"fedsubavg": 0.70, "fedavg": 0.75, "fedprox": 0.55}  # margins -0.05 and +0.15
+    verdict = verdicts.values_verdict(paper, ours, "test_auc")
+    assert verdict.startswith("differs: fedsubavg below fedavg (paper: above);")
+    assert "margin over fedavg -0.050 vs the paper's +0.100" in verdict
+    three = {"fedsubavg": 0.5, "fedavg": 0.6, "fedprox": 0.7}
+    assert verdicts.values_verdict(paper, three, "test_auc").startswith(
+        "differs: fedsubavg below fedavg (paper: above) and 2 more;"
+    )
+    two = {"fedsubavg": 0.6, "fedavg": 0.7, "fedprox": 0.65}
+    assert verdicts.values_verdict(paper, two, "test_auc").startswith(
+        "differs: fedsubavg below fedavg (paper: above) and 1 more;"
+    )
+
+
+def test_the_lowest_value_over_a_sweeps_runs():
+    paper = {"lowest": {"train_loss": 0.8}}
+    table = {"1": entry(None, train_loss=0.9), "5": entry(None, train_loss=0.85), "9": {}}
+    rows, verdict = verdicts.judge(paper, table, 100)
+    assert rows == [("lowest train_loss over the runs", "0.8", "0.85")]
+    assert verdict == "within 6% (lowest), a single number (nothing ranked)"

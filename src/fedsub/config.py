@@ -199,6 +199,10 @@ class EvalConfig:
     target_test_auc: float | None = field(default=None, metadata={"min": 0.0, "max": 1.0})
     """Optional: ... with test AUC >= this (both given: both must hold; refused when the data have
     no test split or the task no AUC)."""
+    regularized_loss: bool = False
+    """Report the train loss with weight decay's L2 term, loss + (train.weight_decay / 2) ||w||^2:
+    the objective whose gradient weight decay follows (seed 004's F(w) = CE + lambda ||w||^2 is
+    train.weight_decay = 2 lambda). Off: the plain loss of the samples."""
     gradient_norms: bool = False
     """Log ||grad f||^2 and grad f^T D grad f (D = the heat coefficients) at each evaluation."""
     divergence_factor: float = field(default=10.0, metadata={"min": 0.0})

@@ -193,7 +193,8 @@ def prepare(
     if config.eval.gradient_norms:
         coefficients = heat_coefficients(context)
         extra = lambda params: gradient_norms(model, params, dataset.train, coefficients)  # noqa: E731
+    l2 = config.train.weight_decay / 2 if config.eval.regularized_loss else 0.0
     evaluator = Evaluator.build(
-        model, dataset, config.eval.train_loss_samples, config.data.seed, extra
+        model, dataset, config.eval.train_loss_samples, config.data.seed, extra, l2
     )
     return Setup(dataset, index, model, context, evaluator, schedule_of(config), heat_source)

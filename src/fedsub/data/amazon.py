@@ -41,8 +41,9 @@ class AmazonFilesOptions:
 
 @dataclass(frozen=True)
 class AmazonRatingsOptions:
-    min_ratings: int = field(default=40, metadata={"min": 1})
-    """Users with at least this many ratings are clients."""
+    min_ratings: int = field(default=41, metadata={"min": 1})
+    """Users with at least this many ratings are clients: 41, the paper's "more than 40" (seed
+    001); the authors' code keeps users with 40 or more (``min_ratings = 40``)."""
     split_timestamp: int = 1385000000
     """Ratings up to this Unix time train, later ones test."""
     max_history: int = field(default=50, metadata={"min": 1})

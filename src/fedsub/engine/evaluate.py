@@ -26,6 +26,9 @@ class Evaluator:
     train_subset: SampleSet
     test: SampleSet
     extra: Callable[[Params], dict[str, float]] | None = None  # e.g. gradient norms
+    # l2 ||w||^2 added to the train loss (eval.regularized_loss: the objective whose gradient
+    # train.weight_decay adds, l2 = weight_decay / 2); the gaps stay the plain losses'
+    l2: float = 0.0
     # the evaluation sets as tensor batches per (set, device, dtype), built on first use: the
     # same every evaluation, so a GPU run copies them there once
     batches: dict[tuple, tuple[SampleSet, list[Batch]]] = field(
@@ -39,6 +42,7 @@ class Evaluator:
         train_samples: int,
         seed: int,
         extra: Callable[[Params], dict[str, float]] | None = None,
+        l2: float = 0.0,
     ) -> Evaluator:
         n = len(dataset.train)
         if train_samples >= n:
@@ -46,7 +50,7 @@ class Evaluator:
         else:
             generator = seeding.rng(seed, seeding.EVALUATION)
             subset = np.sort(generator.choice(n, size=train_samples, replace=False))
-        return Evaluator(model, dataset.train.take(subset), dataset.test, extra)
+        return Evaluator(model, dataset.train.take(subset), dataset.test, extra, l2)
 
     def outputs(self, params: Params, samples: SampleSet) -> torch.Tensor:
         with torch.no_grad():
@@ -74,7 +78,7 @@ class Evaluator:
 
     def _evaluate(self, params: Params) -> dict[str, float]:
         train = self._scores(params, self.train_subset, auc=False)
-        metrics = {"train_loss": train["loss"]}
+        metrics = {"train_loss": train["loss"] + self.penalty(params)}
         if "accuracy" in train:
             metrics["train_accuracy"] = train["accuracy"]
         if len(self.test):
@@ -89,6 +93,13 @@ class Evaluator:
         if self.extra is not None:
             metrics.update(self.extra(params))
         return metrics
+
+    def penalty(self, params: Params) -> float:
+        """l2 ||w||^2 over every parameter (0 unless eval.regularized_loss)."""
+        if not self.l2:
+            return 0.0
+        with torch.no_grad():
+            return self.l2 * sum(float(t.double().pow(2).sum()) for t in params.tensors())
 
     def _scores(self, params: Params, samples: SampleSet, auc: bool) -> dict[str, float]:
         outputs = self.outputs(params, samples)

@@ -138,9 +138,20 @@ def example_1(out: Path, smoke: bool) -> ClosedFormResult:
         ]
     plot = out / "example1.png"
     _plot_example(runs, rate, clients, lr, plot)
-    return ClosedFormResult(
-        rows, f"within {worst:.1e} of the closed forms at every round (N = {clients})", plot
-    )
+    return ClosedFormResult(rows, example_verdict(worst, clients), plot)
+
+
+# Example 1's runs are the closed forms up to floating-point rounding; Theorem 4's end within
+# this fraction of eq. (28)'s distance (the runs stop at a finite round).
+EXAMPLE_TOLERANCE = 1e-9
+THEOREM_TOLERANCE = 0.05
+
+
+def example_verdict(worst: float, clients: int) -> str:
+    """'within' only up to rounding: a larger gap from the closed forms "differs"."""
+    if worst <= EXAMPLE_TOLERANCE:
+        return f"within {worst:.1e} of the closed forms at every round (N = {clients})"
+    return f"differs: {worst:.1e} from the closed forms (N = {clients}), beyond rounding"
 
 
 def _plot_example(runs, rate, clients: int, lr: float, path: Path) -> None:
@@ -256,7 +267,10 @@ def _theorem_verdict(
     must reach w*). Decayed: the paper says FedAvg then approaches w*: each E > 1 must also
     end closer to w* than its constant-lr limit."""
     tail = " (smoke size: the runs are far from their limits)" if smoke else ""
-    within = f"within {100 * worst:.2g}% of eq. (28)'s distance to w* at the last lr for E > 1"
+    gap = f"{100 * worst:.2g}% of eq. (28)'s distance to w* at the last lr for E > 1"
+    if worst > THEOREM_TOLERANCE:
+        return f"differs: {gap} off (beyond {100 * THEOREM_TOLERANCE:g}%){tail}"
+    within = f"within {gap}"
     if not decayed:
         return f"{within}, and E = 1 at w* (relative to ||w*||){tail}"
     finals = {int(r[0].split(":")[0][2:]): r[2] for r in rows}
@@ -266,7 +280,7 @@ def _theorem_verdict(
             f"differs: with E = {farther[0]} the decayed run ends no closer to w* than the "
             f"constant-lr limit{tail}"
         )
-    return f"same ranking: every E > 1 ends closer to w* than its constant-lr limit; {within}{tail}"
+    return f"holds: every E > 1 ends closer to w* than its constant-lr limit; {within}{tail}"
 
 
 def _plot_theorem(

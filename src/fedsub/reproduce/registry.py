@@ -585,7 +585,9 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 "24 min" + LOADED,
             ),
         ),
-        "E values 1, 5, 10, 20, 50 (the text does not give them); 1,000 rounds each",
+        "E values 1, 5, 10, 20, 50 (the text does not give them); 1,000 rounds each; E is the "
+        "text's local steps (fedsub's reading: the authors' code ran 10 x E SGD steps, "
+        "configs/li-synthetic.toml)",
     ),
     Experiment(
         "004-fig1b",
@@ -642,6 +644,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
             Part("synthetic-0-0", GENERATED, li_schemes(LI_SYN, (), 10), "18 min" + LOADED),
             Part("synthetic-1-1", GENERATED, li_schemes(LI_SYN, SYN11, 10), "34 min" + LOADED),
         ),
+        "E = 10 local steps as the text says (fedsub's reading: the authors' runs for this "
+        "figure did 10 x E = 100 SGD steps a round; --set train.local_steps=100)",
     ),
 )
 

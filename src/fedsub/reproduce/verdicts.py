@@ -122,7 +122,7 @@ def _speedup_pairs(paper: dict[str, Cell], by_value: bool) -> list[tuple[str, st
 
 
 def speedup_rows(
-    paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool = False
+    paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool
 ) -> list[tuple[str, Speedup | None, Speedup | None]]:
     """(label, the paper's speed-up, fedsub's) for every pair the paper claims."""
     rows = []
@@ -271,12 +271,10 @@ def values_verdict(
     if not known:
         return "not comparable: fedsub has none of these numbers"
     reasons: list[str] = []
-    head = ""
-    if len(known) > 1:
-        reversed_, tied = ranking(paper, known, ("below", "above"))
-        if reversed_:
-            reasons.append(_first_of(reversed_))
-        head = f"same ranking up to ties ({tied[0]})" if tied else "same ranking"
+    reversed_, tied = ranking(paper, known, ("below", "above"))  # none for a single number
+    if reversed_:
+        reasons.append(_first_of(reversed_))
+    head = f"same ranking up to ties ({tied[0]})" if tied else "same ranking"
     worst = max(known, key=lambda n: _gap(metric, known[n], paper[n]))
     size = (
         f"{worst} {known[worst]:.4g} vs {paper[worst]:.4g} "
@@ -338,7 +336,8 @@ def shape_verdict(shape: str, cells: dict[str, Cell]) -> str:
         return f"differs: fewest rounds at the {'first' if best == 0 else 'last'} value, no U"
     falls = all(a >= b for a, b in itertools.pairwise(values[: best + 1]))
     rises = all(a <= b for a, b in itertools.pairwise(values[best:]))
-    if not (falls and rises and values[0] > values[best] < values[-1]):
+    # best is the first lowest and interior: the rounds fell to it; they must rise after it
+    if not (falls and rises and values[best] < values[-1]):
         return f"differs: the rounds do not fall to one lowest value then rise ({_cells(cells)})"
     return f"same shape: rounds fall then rise (fewest at {names[best]}: {_cells(cells)})"
 
