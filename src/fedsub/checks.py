@@ -45,10 +45,13 @@ def check_against_dataset(config: Config, dataset: FederatedDataset, model: Mode
         _check_capacities(config, model, n)
     if e.target_test_auc is not None:
         if len(dataset.test) == 0:
+            fraction = getattr(config.data.options, "test_fraction", None)
+            why = f" (data.test_fraction = {fraction:g})" if fraction == 0 else ""
             raise ConfigError(
                 f"eval.target_test_auc = {e.target_test_auc:g} is set but dataset "
-                f"{dataset.name} has no test split; the target could never be reached "
-                "(unset it: --set eval.target_test_auc=none)"
+                f"{dataset.name} has no test split{why}; the target could never be reached "
+                "(unset it: --set eval.target_test_auc=none"
+                + (", or give data.test_fraction > 0)" if why else ")")
             )
         if model.task != "binary":
             raise ConfigError(
