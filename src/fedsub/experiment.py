@@ -20,6 +20,7 @@ from fedsub import distributed
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
+from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, Interrupted, RunControl, train
@@ -482,7 +483,19 @@ def _summary(
     """The comparison's summary.json record and summary.md text."""
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
+    if setup.schedule.dp is not None:
+        for name, history in histories.items():
+            result["algorithms"][name]["dp"] = dp_record(setup.schedule.dp, history)
     return result, summary_markdown(result, target, setup.schedule.rounds)
+
+
+def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
+    """summary.json's ``dp`` of an algorithm: the epsilon its last evaluation had spent, the
+    round it stopped at, and the settings that epsilon is of."""
+    last = history[-1] if history else None
+    spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
+    rounds = last.round if last is not None else 0
+    return {"epsilon": spent, "rounds": rounds, **settings.as_json()}
 
 
 def _write_summary(

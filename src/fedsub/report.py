@@ -27,7 +27,9 @@ TABLE_METRICS = (
     ("test_auc", "test AUC", True),
     ("gap_loss", "gap loss (train - test)", False),
     ("gap_accuracy", "gap accuracy (train - test)", False),
+    ("epsilon", "epsilon", False),  # [dp]: the privacy spent (fedsub/dp)
 )
+NOT_BEST = ("epsilon",)  # reported, never "best": the least epsilon is round 0's
 
 
 def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -92,6 +94,8 @@ def rounds_to_target(history: list[Evaluation], target: Target) -> int | None:
 def best_metrics(history: list[Evaluation]) -> dict[str, float]:
     best: dict[str, float] = {}
     for name in history[0].metrics:
+        if name in NOT_BEST:
+            continue
         values = [e.metrics[name] for e in history if not math.isnan(e.metrics[name])]
         if values:
             best[name] = max(values) if name.endswith(("auc", "accuracy")) else min(values)

@@ -23,9 +23,17 @@ from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
+from fedsub.dp import settings as dp_settings
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.schedule import DTYPES, Compile, LrSchedule, Schedule, TablePlacement
+from fedsub.engine.schedule import (
+    DTYPES,
+    Compile,
+    LrSchedule,
+    Sampling,
+    Schedule,
+    TablePlacement,
+)
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
@@ -132,6 +140,34 @@ def schedule_of(config: Config) -> Schedule:
             cast(AverageOver, t.mask_average),
         ),
         privacy=privacy_of(config),
+        sampling=cast(Sampling, t.sampling),
+    )
+
+
+def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
+    """``[dp]`` resolved for a population of ``num_clients`` (delta's default, the noise
+    multiplier calibrated for train.rounds when a target epsilon is given); None when the
+    mechanism is "none". The casts: config.py checked the choices."""
+    d, t = config.dp, config.train
+    if d.mechanism == "none":
+        return None
+    return dp_settings.resolve(
+        clip=d.clip,
+        noise_multiplier=d.noise_multiplier,
+        target_epsilon=d.target_epsilon,
+        delta=d.delta,
+        accountant=cast(dp_settings.Accountant, d.accountant),
+        rows=cast(dp_settings.Rows, d.rows),
+        sampling=cast(dp_settings.Sampling, t.sampling),
+        num_clients=num_clients,
+        clients_per_round=t.clients_per_round,
+        rounds=t.rounds,
+        selection_share=d.selection_share,
+        selection_threshold=d.selection_threshold,
+        selection_bound=d.selection_bound,
+        weight_cap=d.weight_cap,
+        epsilon_budget=d.epsilon_budget,
+        seed=t.seed,
     )
 
 
@@ -192,4 +228,5 @@ def prepare(
     evaluator = Evaluator.build(
         model, dataset, config.eval.train_loss_samples, config.data.seed, extra
     )
-    return Setup(dataset, index, model, context, evaluator, schedule_of(config), heat_source)
+    schedule = dataclasses.replace(schedule_of(config), dp=dp_of(config, dataset.num_clients))
+    return Setup(dataset, index, model, context, evaluator, schedule, heat_source)
