@@ -398,3 +398,31 @@ def test_combinations_that_cannot_be_private_are_refused(extra, says):
 def test_flower_refuses_dp_as_not_yet_supported():
     with pytest.raises(ConfigError, match="Not yet supported"):
         FLOWER.require("differential-privacy", "[dp] mechanism = 'gaussian'")
+
+
+# -- interfaces --------------------------------------------------------------------------------
+
+
+def test_fedsub_dp_prints_the_planned_epsilon_without_training(capsys):
+    from fedsub.cli import main
+
+    overrides = [*SMALL, *DP]
+    assert main(["dp", *(a for o in overrides for a in ("--set", o))]) == 0
+    out = capsys.readouterr().out
+    c = config(*DP)
+    assert f"epsilon after round 4: {independent_epsilon(c, 4, 200):.4f}" in out
+    assert "noise multiplier z = 0.8" in out
+
+
+def test_the_python_api_passes_dp_through():
+    import fedsub
+
+    result = fedsub.train(
+        "sparse-lr",
+        "synthetic-sparse",
+        algorithm="fedavg",
+        rounds=2,
+        every=1,
+        dp={"mechanism": "gaussian", "noise_multiplier": 1.0},
+    )
+    assert result.history[-1]["epsilon"] > 0

@@ -184,7 +184,7 @@ def train(
     - ``train_options``: ``[train]`` and ``[eval]`` keys (``rounds``, ``clients_per_round``,
       ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``device``, ``backend``, ``every``,
       ...; built-in defaults otherwise), checked as a config file's: an unknown key names the
-      valid ones.
+      valid ones; ``dp={...}``: the ``[dp]`` table (differential privacy).
 
     Examples:
         >>> import fedsub
@@ -423,7 +423,9 @@ def config_of(
     for key, value in options.items():
         if key == "algorithms":
             raise ConfigError("give the algorithms as compare(..., algorithms=[...])")
-        if key in train_keys:
+        if key == "dp":  # the [dp] table as a mapping (differential privacy, fedsub/dp)
+            sections["dp"] = dict(value)
+        elif key in train_keys:
             sections["train"][key] = value
         elif key in eval_keys:
             sections["eval"][key] = value

@@ -171,6 +171,34 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     )
 
 
+def dp_plan(config: Config) -> list[str]:
+    """What ``[dp]`` will spend, without training (``fedsub dp``): the resolved settings and
+    epsilon after a quarter, half, three quarters and all of train.rounds."""
+    if config.dp.mechanism == "none":
+        return ["[dp] mechanism = 'none': no differential privacy (epsilon is infinite)"]
+    num_clients = load_data(config).num_clients
+    settings = dp_of(config, num_clients)
+    assert settings is not None  # the mechanism is not "none"
+    rounds = config.train.rounds
+    lines = [
+        f"clients N = {num_clients}, per round K = {config.train.clients_per_round} "
+        f"(sampling {settings.sampling}), rounds = {rounds}",
+        f"noise multiplier z = {settings.noise_multiplier:.6g}, clip C = {settings.clip:g}, "
+        f"delta = {settings.delta:.3g}, accountant {settings.accountant}, rows {settings.rows}",
+    ]
+    if settings.rows == "private":
+        lines.append(
+            f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
+            f"{settings.update_multiplier:.4g}, threshold {settings.threshold:.4g} "
+            f"(contribution bound B = {settings.selection_bound:g})"
+        )
+    marks = sorted({max(1, rounds * i // 4) for i in range(1, 5)})
+    lines += [f"epsilon after round {r}: {settings.epsilon(r):.4f}" for r in marks]
+    if settings.budget is not None:
+        lines.append(f"budget: epsilon <= {settings.budget:g} (the run stops before exceeding it)")
+    return lines
+
+
 def heat_privacy_of(config: Config) -> HeatPrivacy:
     """Where the server's heat comes from (``train.heat_source``, or the one
     ``train.privacy`` implies) and that source's settings."""
