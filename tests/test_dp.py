@@ -426,3 +426,20 @@ def test_the_python_api_passes_dp_through():
         dp={"mechanism": "gaussian", "noise_multiplier": 1.0},
     )
     assert result.history[-1]["epsilon"] > 0
+
+
+def test_the_progress_line_shows_the_epsilon_spent():
+    from fedsub.progress import Reporter, reporting
+
+    class Notes(Reporter):
+        def __init__(self) -> None:
+            self.notes: list[tuple[str, str]] = []
+
+        def note(self, label: str, text: str) -> None:
+            self.notes.append((label, text))
+
+    notes = Notes()
+    with reporting(notes):
+        outcome = experiment.compare(config(*DP, "train.algorithms=['fedavg']"), None)
+    spent = outcome.histories["fedavg"][-1].metrics["epsilon"]
+    assert notes.notes[-1] == ("fedavg", f"epsilon {spent:.3g}")

@@ -198,6 +198,7 @@ class AlgorithmRun:
     on_round: Callable[[str, int], None] | None
     # where the time of each round goes (per phase), written to profile.json (``--profile``)
     profile: RoundProfile | None = None
+    label: str = ""  # the progress bar's prefix of this run's name (a sweep's value)
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
@@ -250,7 +251,7 @@ class AlgorithmRun:
                 index,
                 schedule,
                 evaluator,
-                on_evaluation=log,
+                on_evaluation=lambda evaluation: self._record(log, evaluation),
                 on_round=None if on_round is None else (lambda r: on_round(self.name, r)),
                 control=control,
             )
@@ -265,6 +266,13 @@ class AlgorithmRun:
             save_tensors_atomic(folder / "model.safetensors", final.state_dict())
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, final
+
+    def _record(self, log: MetricsLog | _Evaluations, evaluation: Evaluation) -> None:
+        """Log an evaluation; under [dp] the progress line shows the epsilon spent so far."""
+        log(evaluation)
+        if "epsilon" in evaluation.metrics:
+            text = f"epsilon {evaluation.metrics['epsilon']:.3g}"
+            current_reporter().note(self.label + self.name, text)
 
     def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
         """privacy.json: the privacy level's guarantees and what it cost."""
@@ -432,6 +440,7 @@ def _compare_in(
             stop_requested,
             _reported(label, trained),
             RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
+            label,
         )
         with phase(f"{label}{name}: preparing"):
             algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
