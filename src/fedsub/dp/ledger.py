@@ -4,6 +4,7 @@ is a function of the settings and r only (dp/accountant.py)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +27,24 @@ class Ledger:
 
     def would_exceed(self) -> bool:
         """Whether one more round would spend more than the budget (none set: never)."""
-        budget = self.settings.budget
-        return budget is not None and self.settings.epsilon(self.rounds + 1) > budget
+        return self.rounds + 1 > self.affordable_rounds
+
+    @functools.cached_property
+    def affordable_rounds(self) -> int:
+        """The most rounds (up to the configured ones) whose epsilon stays within the budget:
+        found once by bisection (an epsilon costs up to ~0.5 s for fixed-size cohorts; epsilon
+        grows with the rounds), so the per-round check reads no accountant."""
+        budget, rounds = self.settings.budget, self.settings.rounds
+        if budget is None or self.settings.epsilon(rounds) <= budget:
+            return rounds
+        low, high = 0, rounds  # epsilon(low) <= budget < epsilon(high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.settings.epsilon(middle) <= budget:
+                low = middle
+            else:
+                high = middle
+        return low
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"rounds": torch.tensor([self.rounds], dtype=torch.int64)}
