@@ -39,8 +39,10 @@ from fedsub.submodel.transfer import CohortUpdate
 
 def round_generator(seed: int, round_index: int) -> torch.Generator:
     """The round's noise stream (host), the same for every backend and device."""
-    key = int(seeding.rng(seed, seeding.DP, round_index).integers(2**62))
-    return torch.Generator().manual_seed(key)
+    # a SeedSequence of (seed, purpose, round), as seeding.rng keys its streams, without
+    # building a numpy Generator (a round's noise is drawn by torch)
+    state = np.random.SeedSequence([seed, seeding.DP, round_index]).generate_state(1, np.uint64)
+    return torch.Generator().manual_seed(int(state[0] >> np.uint64(2)))
 
 
 def gaussian(shape: tuple[int, ...], std: float, generator: torch.Generator) -> torch.Tensor:
@@ -154,14 +156,15 @@ class DpMechanism:
         chosen = selection.select(
             distinct.cpu(), heat.cpu(), num_rows, s.selection_std, s.threshold, generator
         )
-        position = chosen.touched_position.to(device)
-        values = sums.new_zeros((len(chosen.rows), dim))
-        touched = position >= 0
-        values[touched] = sums.index_select(0, position[touched])
+        # a false positive (position -1) reads the zero row appended after the sums
+        position = chosen.touched_position.numpy()
+        fresh = position < 0
+        index = torch.from_numpy(np.where(fresh, len(distinct), position)).to(device)
+        padded = torch.cat([sums, sums.new_zeros((1, dim))])
         noise = gaussian((len(chosen.rows), dim), s.update_multiplier * s.clip, generator)
-        values += noise.to(device, dtype)
+        values = padded.index_select(0, index) + noise.to(device, dtype)
         self.last.rows_changed += len(chosen.rows)
-        self.last.false_positives += int((~touched).sum())
+        self.last.false_positives += int(fresh.sum())
         if self.heat:  # (sum + noise) / D * (D / h_m)
             divisor = chosen.noisy_heat.to(device, torch.float64)
             if len(divisor):

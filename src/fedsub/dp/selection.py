@@ -104,7 +104,7 @@ def select(
     noisy = heat.to(torch.float64) + std * torch.randn(
         len(touched), dtype=torch.float64, generator=generator
     )
-    kept = torch.nonzero(noisy >= threshold).squeeze(1)
+    kept = np.flatnonzero(noisy.numpy() >= threshold)  # host arrays: small, numpy is cheaper
     p = false_positive_probability(threshold / std)
     free = num_rows - len(touched)
     draws = torch.tensor([float(free)], dtype=torch.float64)
@@ -113,7 +113,12 @@ def select(
     # the noise given that it reached the threshold: sigma * Phi^-1(1 - v), v ~ U(0, p]
     tail = p * (1.0 - torch.rand(count, dtype=torch.float64, generator=generator))
     extra_heat = -std * torch.special.ndtri(tail)
-    rows = torch.cat([touched[kept], extra])
-    order = torch.argsort(rows)
-    position = torch.cat([kept, torch.full((count,), -1, dtype=torch.int64)])
-    return Selection(rows[order], position[order], torch.cat([noisy[kept], extra_heat])[order])
+    rows = np.concatenate([touched.numpy()[kept], extra.numpy()])
+    order = np.argsort(rows, kind="stable")
+    position = np.concatenate([kept, np.full(count, -1, dtype=np.int64)])
+    heat_values = np.concatenate([noisy.numpy()[kept], extra_heat.numpy()])
+    return Selection(
+        torch.from_numpy(rows[order]),
+        torch.from_numpy(position[order]),
+        torch.from_numpy(heat_values[order]),
+    )
