@@ -273,6 +273,28 @@ def test_fedsubavgs_private_coefficient_is_bounded_by_d_over_the_threshold():
         assert mechanism.last.largest_coefficient <= 10 / s.threshold + 1e-9
 
 
+def test_adaptive_clipping_moves_c_toward_the_target_quantile():
+    # z tiny: the noisy count is the count; 3 of 4 members have norm <= C = 1
+    s = settings(adaptive=True, noise_multiplier=1e-9, clip=1.0, clip_lr=0.2, target_quantile=0.5)
+    update = cohort([{0: [0.5]}, {1: [0.9]}, {2: [3.0]}, {3: [0.1]}], [[0.0]] * 4)
+    mechanism = DpMechanism(s, {"t": 10}, np.ones(1000))
+    mechanism.combine(update, 1)
+    d = 10  # K: uniform weights
+    fraction = (3 - 4 / 2) / d + 0.5  # (sum of b_k - 1/2) / D + 1/2, as Andrew et al. center it
+    expected = 1.0 * math.exp(-0.2 * (fraction - 0.5))
+    assert float(mechanism.state_tensors()["clip"][0]) == pytest.approx(expected, rel=1e-6)
+    assert mechanism.current_clip(1) == 1.0  # a recombined round keeps its C
+    assert mechanism.current_clip(2) == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_budget_split_keeps_one_gaussian_mechanism_of_multiplier_z():
+    s = settings(adaptive=True, selection_share=0.3, count_share=0.1, noise_multiplier=1.7)
+    z_sel, z_grad = s.selection_multiplier, s.update_multiplier
+    z_count = s.count_std / 0.5  # the count's sensitivity is 1/2
+    assert 1 / z_sel**2 + 1 / z_grad**2 + 1 / z_count**2 == pytest.approx(1 / 1.7**2)
+    assert 1 / z_sel**2 == pytest.approx(0.3 / 1.7**2)
+
+
 # -- whole runs --------------------------------------------------------------------------------
 
 
@@ -315,8 +337,14 @@ def test_both_backends_give_the_same_numbers_under_dp():
         assert not torch.equal(a["table.features"], start.tables["features"])
 
 
-def test_a_resumed_run_continues_the_same_model_and_epsilon_curve(tmp_path):
-    c = config(*DP, "train.algorithms=['fedsubavg']", "eval.every=1")
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_resumed_run_continues_the_same_model_and_epsilon_curve(tmp_path, adaptive):
+    c = config(
+        *DP,
+        "train.algorithms=['fedsubavg']",
+        "eval.every=1",
+        f"dp.adaptive_clip={str(adaptive).lower()}",
+    )
     setup = prepare(c)
     algorithm = build_algorithm("fedsubavg", setup.context)
     straight: list = []

@@ -231,7 +231,7 @@ class DpConfig:
     histogram, noise only on them, the others unchanged (fedsub's sparsity-preserving form,
     after DP-AdaFEST); `all`: DP-FedAvg's noise on every row of every table (O(V) per round)."""
     selection_share: float = field(
-        default=0.5, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0}
+        default=0.25, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0}
     )
     """rows = private: the share s of the round's budget 1/z^2 spent on the row selection
     (1/z_sel^2 = s/z^2, 1/z_grad^2 = (1 - s)/z^2)."""
@@ -248,6 +248,16 @@ class DpConfig:
     epsilon_budget: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     """Stop before the round that would spend more than this epsilon (default: `target_epsilon`
     when given, else no budget)."""
+    adaptive_clip: bool = False
+    """true: adaptive clipping (Andrew et al. 2021): `clip` is the initial C, which then follows
+    the `target_quantile` of the clients' update norms through a noisy count of the clients
+    under it (its noise takes `count_share` of the budget; epsilon is unchanged)."""
+    target_quantile: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    """Adaptive clipping's gamma: the share of clients whose update should be under C."""
+    clip_lr: float = field(default=0.2, metadata={"min_exclusive": 0.0})
+    """Adaptive clipping's eta_C: C <- C exp(-eta_C (b - gamma)), b the noisy share under C."""
+    count_share: float = field(default=0.1, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
+    """Adaptive clipping: the share a of the round's budget 1/z^2 spent on the count."""
 
 
 @dataclass(frozen=True)
@@ -596,6 +606,12 @@ def check_dp(config: Config) -> None:
             config.eval.target_train_loss == "central-min",
             "eval.target_train_loss = 'central-min' trains CentralSGD on the pooled data "
             "(server-side pooled data, no privacy); give a number",
+        ),
+        (
+            d.adaptive_clip
+            and (d.count_share + (d.selection_share if d.rows == "private" else 0.0)) >= 1,
+            f"dp.count_share = {d.count_share:g} and dp.selection_share = {d.selection_share:g} "
+            "leave no budget for the update; their sum must be below 1",
         ),
         (
             d.rows == "private" and d.selection_threshold == 0,

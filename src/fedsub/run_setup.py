@@ -168,6 +168,10 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         weight_cap=d.weight_cap,
         epsilon_budget=d.epsilon_budget,
         seed=t.seed,
+        adaptive=d.adaptive_clip,
+        target_quantile=d.target_quantile,
+        clip_lr=d.clip_lr,
+        count_share=d.count_share,
     )
 
 

@@ -3,6 +3,8 @@ and fedsub's sparsity-preserving form for submodels).
 
 ``DpMechanism.combine(update, round)`` replaces the round's aggregation:
 
+0. adaptive clipping (``adaptive``, Andrew et al. 2021): the noisy share of members whose norm
+   is under C moves C toward the target quantile for the next round (``adapt``);
 1. every member's whole update clipped to L2 norm C (times a capped weight w_k <= 1);
 2. summed per row and per dense parameter;
 3. rows = "all": noise N(0, (z C)^2) on every row of every table and every dense entry (the
@@ -24,6 +26,7 @@ dense parameters by name), so every backend and device draws the same numbers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,6 +93,40 @@ class DpMechanism:
     heat: bool = False
     last: RoundStats = field(default_factory=RoundStats)
     union: RowUnion = field(default_factory=RowUnion)
+    clip: float = 0.0  # this round's C (adaptive clipping moves it; 0: the settings' clip)
+    # adaptive clipping: (round, C for the rounds after it), committed when a later round starts
+    # (a round that screens out a member combines twice, from the same C)
+    pending: tuple[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        self.clip = self.clip or self.settings.clip
+
+    def current_clip(self, round_index: int) -> float:
+        """C for round ``round_index``: the adaptive update of an earlier round committed."""
+        if self.pending is not None and self.pending[0] < round_index:
+            self.clip, self.pending = self.pending[1], None
+        return self.clip
+
+    def adapt(
+        self, norms: torch.Tensor, clip: float, round_index: int, generator: torch.Generator
+    ) -> None:
+        """Andrew et al.'s step: b = (sum_k (1[||delta_k|| <= C] - 1/2) + noise) / D + 1/2,
+        C <- C exp(-eta_C (b - gamma)), used from the next round on."""
+        s = self.settings
+        centered = float(((norms <= clip).to(torch.float64) - 0.5).sum())
+        noisy = centered + float(gaussian((1,), s.count_std, generator)[0])
+        fraction = noisy / self.denominator + 0.5
+        self.pending = (round_index, clip * math.exp(-s.clip_lr * (fraction - s.target_quantile)))
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Adaptive clipping's C for the next round (a checkpoint stage, ``dp_clip``)."""
+        clip = self.pending[1] if self.pending is not None else self.clip
+        return {"clip": torch.tensor([clip], dtype=torch.float64)}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        if set(tensors) != {"clip"} or tensors["clip"].shape != (1,):
+            raise ValueError(f"adaptive clipping's state is one 'clip', got {sorted(tensors)}")
+        self.clip, self.pending = float(tensors["clip"][0]), None
 
     @property
     def denominator(self) -> float:
@@ -102,19 +139,23 @@ class DpMechanism:
         """The round's noised, normalized update (module docstring)."""
         s = self.settings
         generator = round_generator(s.seed, round_index)
-        factors = clipping.clip_factors(update.squared_norms(), s.clip)
+        clip = self.current_clip(round_index)
+        squared = update.squared_norms()
+        if s.adaptive:  # drawn first: the other draws keep their order
+            self.adapt(squared.sqrt(), clip, round_index, generator)
+        factors = clipping.clip_factors(squared, clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
         weights = clipping.capped_weights(update.weights, s.weight_cap).to(factors.device)
         clipped = clipping.scaled(update, factors * weights)
         contribution = selection.contributions(update, s.selection_bound)
         tables = {
-            table: self._table(clipped, table, contribution, generator)
+            table: self._table(clipped, table, contribution, clip, generator)
             for table in sorted(self.table_rows)
         }
         dense = {}
         for name in sorted(clipped.dense_deltas):
             stacked = clipped.dense_deltas[name]
-            noise = gaussian(tuple(stacked.shape[1:]), s.update_multiplier * s.clip, generator)
+            noise = gaussian(tuple(stacked.shape[1:]), s.update_multiplier * clip, generator)
             summed = stacked.sum(0) + noise.to(stacked.device, stacked.dtype)
             dense[name] = summed / self.denominator
         return ServerUpdate(tables, dense)
@@ -136,6 +177,7 @@ class DpMechanism:
         update: CohortUpdate,
         table: str,
         contribution: torch.Tensor,
+        clip: float,
         generator: torch.Generator,
     ) -> RowUpdate:
         s, num_rows = self.settings, self.table_rows[table]
@@ -145,7 +187,7 @@ class DpMechanism:
         if s.rows == "all":
             full = torch.zeros((num_rows, dim), dtype=dtype, device=device)
             full.index_copy_(0, distinct.to(device), sums)
-            noise = gaussian((num_rows, dim), s.update_multiplier * s.clip, generator)
+            noise = gaussian((num_rows, dim), s.update_multiplier * clip, generator)
             full += noise.to(device, dtype)
             self.last.rows_changed += num_rows
             rows = torch.arange(num_rows, device=device)
@@ -161,7 +203,7 @@ class DpMechanism:
         fresh = position < 0
         index = torch.from_numpy(np.where(fresh, len(distinct), position)).to(device)
         padded = torch.cat([sums, sums.new_zeros((1, dim))])
-        noise = gaussian((len(chosen.rows), dim), s.update_multiplier * s.clip, generator)
+        noise = gaussian((len(chosen.rows), dim), s.update_multiplier * clip, generator)
         values = padded.index_select(0, index) + noise.to(device, dtype)
         self.last.rows_changed += len(chosen.rows)
         self.last.false_positives += int(fresh.sum())

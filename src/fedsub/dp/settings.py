@@ -7,7 +7,9 @@ the rest to the clipped update, 1/z_sel^2 = s / z^2 and 1/z_grad^2 = (1 - s) / z
 1/z^2 = 1/z_sel^2 + 1/z_grad^2: the pair (histogram / B, update / C) with noise (z_sel, z_grad)
 is one Gaussian mechanism of multiplier z, and the accountant composes it as such (DP-AdaFEST's
 argument, Ghazi et al. 2023; their parameter is r = s' / (1 - s'), fedsub names the share).
-With rows = "all" (DP-FedAvg) the update takes the whole budget: z_grad = z.
+With rows = "all" (DP-FedAvg) the update takes the whole budget: z_grad = z. Adaptive clipping's
+noisy count (Andrew et al. 2021) takes a share a the same way (1/z_count^2 = a / z^2 for the
+count of sensitivity 1/2), and the update keeps 1 - s - a.
 """
 
 from __future__ import annotations
@@ -43,12 +45,17 @@ class DpSettings:
     num_clients: int  # N
     clients_per_round: int  # K (Poisson: the expected cohort, q = K / N)
     rounds: int  # the configured rounds (a target epsilon was calibrated for them)
-    selection_share: float = 0.5  # s: the budget share of the row selection
+    selection_share: float = 0.25  # s: the budget share of the row selection
     selection_threshold: float = 3.0  # tau, in units of the selection noise's std
     selection_bound: float = 1.0  # B: each client's contribution vector has L2 norm <= B
     weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
     epsilon_budget: float | None = None  # stop before a round that would spend more
     seed: int = 0
+    # adaptive clipping (Andrew et al. 2021): C follows the target quantile of the norms
+    adaptive: bool = False
+    target_quantile: float = 0.5  # gamma
+    clip_lr: float = 0.2  # eta_C: C <- C exp(-eta_C (b - gamma))
+    count_share: float = 0.1  # a: the budget share of the noisy clipped-count
 
     @property
     def selection_multiplier(self) -> float:
@@ -57,10 +64,17 @@ class DpSettings:
 
     @property
     def update_multiplier(self) -> float:
-        """z_grad: z / sqrt(1 - s) with private rows, z with every row noised."""
-        if self.rows == "all":
-            return self.noise_multiplier
-        return self.noise_multiplier / math.sqrt(1.0 - self.selection_share)
+        """z_grad = z / sqrt(1 - s - a): what the row selection (s, private rows) and the
+        adaptive clip's count (a) leave of the budget; z when neither is used."""
+        share = self.selection_share if self.rows == "private" else 0.0
+        share += self.count_share if self.adaptive else 0.0
+        return self.noise_multiplier / math.sqrt(1.0 - share)
+
+    @property
+    def count_std(self) -> float:
+        """The clipped-count's noise: each member adds b_k - 1/2 (sensitivity 1/2), with
+        1/z_count^2 = a / z^2, so std = z / (2 sqrt(a))."""
+        return self.noise_multiplier / (2.0 * math.sqrt(self.count_share))
 
     @property
     def selection_std(self) -> float:
@@ -100,6 +114,7 @@ class DpSettings:
             "rows": self.rows,
             "selection_share": self.selection_share if self.rows == "private" else None,
             "selection_threshold": self.threshold if self.rows == "private" else None,
+            "adaptive_clip": self.adaptive,
         }
 
 
@@ -121,6 +136,10 @@ def resolve(
     weight_cap: float,
     epsilon_budget: float | None,
     seed: int,
+    adaptive: bool = False,
+    target_quantile: float = 0.5,
+    clip_lr: float = 0.2,
+    count_share: float = 0.1,
 ) -> DpSettings:
     """The settings with delta defaulted (1/N^1.1) and z calibrated when a target epsilon is
     given (then the budget is that target, unless a budget is set)."""
@@ -148,4 +167,8 @@ def resolve(
         weight_cap=weight_cap,
         epsilon_budget=epsilon_budget,
         seed=seed,
+        adaptive=adaptive,
+        target_quantile=target_quantile,
+        clip_lr=clip_lr,
+        count_share=count_share,
     )
