@@ -471,3 +471,24 @@ def test_the_progress_line_shows_the_epsilon_spent():
         outcome = experiment.compare(config(*DP, "train.algorithms=['fedavg']"), None)
     spent = outcome.histories["fedavg"][-1].metrics["epsilon"]
     assert notes.notes[-1] == ("fedavg", f"epsilon {spent:.3g}")
+
+
+@pytest.mark.parametrize("dp", [[], DP])
+def test_an_empty_poisson_round_adds_the_noise_and_nothing_else(dp):
+    from fedsub.algorithms.sampling import poisson_cohort
+
+    # q = 1 / 200: a seed whose 4 rounds all draw nobody
+    seed = next(
+        s for s in range(1000) if not any(len(poisson_cohort(s, r, 200, 1)) for r in range(1, 5))
+    )
+    c = config(
+        *dp,
+        "train.sampling='poisson'",
+        "train.clients_per_round=1",
+        "train.algorithms=['fedavg']",
+        f"train.seed={seed}",
+    )
+    outcome = experiment.compare(c, None)
+    start = initial_params(outcome.model, prepare(c).schedule).tables["features"]
+    moved = not torch.equal(outcome.params["fedavg"].tables["features"], start)
+    assert moved == bool(dp)  # only the noise moves a model nobody trained
