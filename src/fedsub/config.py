@@ -231,7 +231,7 @@ class DpConfig:
     histogram, noise only on them, the others unchanged (fedsub's sparsity-preserving form,
     after DP-AdaFEST); `all`: DP-FedAvg's noise on every row of every table (O(V) per round)."""
     selection_share: float = field(
-        default=0.25, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0}
+        default=0.5, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0}
     )
     """rows = private: the share s of the round's budget 1/z^2 spent on the row selection
     (1/z_sel^2 = s/z^2, 1/z_grad^2 = (1 - s)/z^2)."""

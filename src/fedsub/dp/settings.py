@@ -45,7 +45,7 @@ class DpSettings:
     num_clients: int  # N
     clients_per_round: int  # K (Poisson: the expected cohort, q = K / N)
     rounds: int  # the configured rounds (a target epsilon was calibrated for them)
-    selection_share: float = 0.25  # s: the budget share of the row selection
+    selection_share: float = 0.5  # s: the budget share of the row selection
     selection_threshold: float = 3.0  # tau, in units of the selection noise's std
     selection_bound: float = 1.0  # B: each client's contribution vector has L2 norm <= B
     weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
