@@ -424,8 +424,24 @@ def test_combinations_that_cannot_be_private_are_refused(extra, says):
 
 
 def test_flower_refuses_dp_as_not_yet_supported():
-    with pytest.raises(ConfigError, match="Not yet supported"):
-        FLOWER.require("differential-privacy", "[dp] mechanism = 'gaussian'")
+    from fedsub.flower.settings import FlowerSettings
+
+    settings_ = FlowerSettings(overrides=(*SMALL, *DP))
+    with pytest.raises(ConfigError, match="Not yet supported") as refused:
+        settings_.fedsub_config()
+    assert "[dp] mechanism = 'gaussian' cannot run on Flower" in str(refused.value)
+    assert not FLOWER.has("differential-privacy")
+
+
+def test_torchrun_refuses_dp_as_not_yet_supported(monkeypatch):
+    from fedsub import distributed
+
+    c = config(*DP, "train.algorithms=['fedavg']")
+    setup = prepare(c)
+    monkeypatch.setattr(distributed, "joined", lambda: object())
+    algorithm = build_algorithm("fedavg", setup.context)
+    with pytest.raises(ConfigError, match=r"torchrun .* not yet supported"):
+        train(setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
 
 
 # -- interfaces --------------------------------------------------------------------------------
