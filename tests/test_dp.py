@@ -200,6 +200,21 @@ def test_a_round_without_movement_adds_gaussian_noise_of_std_z_grad_c_over_d():
     assert np.std(values) == pytest.approx(std, rel=0.05)
 
 
+def test_capped_weights_and_the_fixed_denominator():
+    # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * mean of w over all N
+    population = np.array([5.0, 20.0, 10.0, 40.0])
+    s = settings(rows="all", noise_multiplier=1e-12, weight_cap=10.0, clip=100.0)
+    s = dataclasses.replace(s, clients_per_round=2)
+    update = cohort([{0: [1.0]}, {1: [4.0]}], [[1.0], [2.0]])
+    update.weights = torch.tensor([5.0, 40.0], dtype=torch.float64)
+    out = DpMechanism(s, {"t": 3}, population).combine(update, 1)
+    d = 2 * np.mean([0.5, 1.0, 1.0, 1.0])
+    assert out.dense["w"].tolist() == pytest.approx([(0.5 * 1.0 + 1.0 * 2.0) / d], abs=1e-9)
+    assert out.tables["t"].values.flatten().tolist() == pytest.approx(
+        [0.5 * 1.0 / d, 1.0 * 4.0 / d, 0.0], abs=1e-9
+    )
+
+
 def test_dp_fedavgs_dense_form_noises_every_row():
     s = settings(rows="all", noise_multiplier=0.9)
     update = cohort([{3: [0.0]}], [[0.0]])
