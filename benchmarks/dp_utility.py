@@ -132,6 +132,12 @@ def main() -> None:
     parser.add_argument("--timing-rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["utility", "cost"])
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="a config override for every run, e.g. data.num_items=100000 (a larger table)",
+    )
     args = parser.parse_args()
     recording()
     base = [
@@ -140,6 +146,7 @@ def main() -> None:
         f"train.sampling='{args.sampling}'",
         "train.threads=1",
         "eval.every=10",
+        *args.set,
     ]
     result: dict = {"settings": vars(args)}
     if args.only in (None, "utility"):
