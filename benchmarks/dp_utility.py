@@ -27,6 +27,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -120,6 +121,32 @@ def cost(args: argparse.Namespace, base: list[str]) -> dict:
     return out
 
 
+def plot(utility_results: dict, path: str, title: str) -> None:
+    """Final test AUC against epsilon per method, the runs without DP as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = {k: v for k, v in utility_results.items() if k.startswith("epsilon=")}
+    epsilons = [float(k.split("=")[1]) for k in rows]
+    for method in next(iter(rows.values())):
+        aucs = [row[method]["final_test_auc"] for row in rows.values()]
+        ax.plot(epsilons, aucs, marker="o", label=method)
+    for algorithm, entry in utility_results["no-dp"].items():
+        ax.axhline(entry["final_test_auc"], linestyle="--", linewidth=1, color="gray")
+        ax.annotate(f"{algorithm}, no DP", (epsilons[0], entry["final_test_auc"]), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("epsilon (delta = 1 / N^1.1)")
+    ax.set_ylabel("final test AUC")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=150)
@@ -132,6 +159,8 @@ def main() -> None:
     parser.add_argument("--timing-rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["utility", "cost"])
+    parser.add_argument("--plot", help="write AUC against epsilon (PNG)")
+    parser.add_argument("--replot", help="a saved 'RESULT {json}' line to plot (runs nothing)")
     parser.add_argument(
         "--set",
         action="append",
@@ -139,6 +168,12 @@ def main() -> None:
         help="a config override for every run, e.g. data.num_items=100000 (a larger table)",
     )
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads(Path(args.replot).read_text().split("RESULT ", 1)[1])
+        shown = ("rounds", "clients_per_round", "sampling", "clip", "set")
+        title = ", ".join(f"{k}={saved['settings'][k]}" for k in shown if saved["settings"].get(k))
+        plot(saved["utility"], args.plot or "dp_utility.png", title)
+        return
     recording()
     base = [
         f"train.rounds={args.rounds}",
@@ -151,6 +186,9 @@ def main() -> None:
     result: dict = {"settings": vars(args)}
     if args.only in (None, "utility"):
         result["utility"] = utility(args, base)
+        if args.plot:
+            shown = ("rounds", "clients_per_round", "sampling", "clip", "set")
+            plot(result["utility"], args.plot, ", ".join(f"{k}={vars(args)[k]}" for k in shown))
     if args.only in (None, "cost"):
         result["cost"] = cost(args, base)
     print("RESULT " + json.dumps(result, default=lambda v: None if np.isnan(v) else v))
