@@ -279,6 +279,25 @@ def test_sampled_untouched_rows_are_distinct_uniform_and_never_touched():
     assert stats.chisquare(free).pvalue > 1e-3
 
 
+def test_each_members_contribution_has_l2_norm_at_most_b():
+    # c_k = min(1, B / sqrt(|S(k)|)), |S(k)| over every table: 1, 4 and 100 rows with B = 0.5 / 3
+    update = cohort(
+        [{0: [0.0]}, {r: [0.0] for r in range(4)}, {r: [0.0] for r in range(100)}], [[0.0]] * 3
+    )
+    for bound in (0.5, 3.0):
+        got = selection.contributions(update, bound).tolist()
+        assert got == pytest.approx([min(1, bound / math.sqrt(n)) for n in (1, 4, 100)])
+
+
+def test_all_the_free_rows_can_be_drawn_and_no_more():
+    generator = torch.Generator().manual_seed(0)
+    touched = torch.tensor([1, 4])
+    rows = selection.sample_untouched(touched, 6, 4, generator)
+    assert rows.tolist() == [0, 2, 3, 5]
+    with pytest.raises(ValueError, match="5 untouched rows wanted, 4 exist"):
+        selection.sample_untouched(touched, 6, 5, generator)
+
+
 def test_fedsubavgs_private_coefficient_is_bounded_by_d_over_the_threshold():
     s = settings(selection_threshold=1.0)
     members = [{r: [1.0] for r in range(k, k + 5)} for k in range(10)]
