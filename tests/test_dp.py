@@ -200,6 +200,25 @@ def test_a_round_without_movement_adds_gaussian_noise_of_std_z_grad_c_over_d():
     assert np.std(values) == pytest.approx(std, rel=0.05)
 
 
+@pytest.mark.parametrize("heat", [False, True])
+def test_with_negligible_noise_a_round_is_the_clipped_sum_over_d_or_the_private_heat(heat):
+    # z -> 0: every touched row is selected (tau -> 0) and its value is sum_k clip(delta_k)[m]
+    # over D = K (DP-FedAvg) or over h_m = sum_k c_k [m in S(k)] (DP-FedSubAvg's coefficient)
+    members = [{0: [3.0], 2: [4.0]}, {2: [1.0], 5: [0.5]}, {0: [0.2]}]
+    dense = [[0.0], [1.0], [0.0]]
+    s = settings(noise_multiplier=1e-12, clip=2.0, clients_per_round=3)
+    out = DpMechanism(s, {"t": 8}, np.ones(1000), heat=heat).combine(cohort(members, dense), 1)
+    scale = [min(1, 2.0 / 5.0), min(1, 2.0 / math.sqrt(1 + 0.25 + 1)), 1.0]  # C / ||delta_k||
+    c = [min(1, 1 / math.sqrt(2)), min(1, 1 / math.sqrt(2)), 1.0]  # B / sqrt(|S(k)|), B = 1
+    sums = {0: 3.0 * scale[0] + 0.2, 2: 4.0 * scale[0] + 1.0 * scale[1], 5: 0.5 * scale[1]}
+    h = {0: c[0] + c[2], 2: c[0] + c[1], 5: c[1]}
+    table = out.tables["t"]
+    got = dict(zip(table.rows.tolist(), table.values.flatten().tolist(), strict=True))
+    for row, total in sums.items():
+        assert got[row] == pytest.approx(total / (h[row] if heat else 3), abs=1e-9)
+    assert out.dense["w"].tolist() == pytest.approx([scale[1] / 3], abs=1e-9)
+
+
 def test_capped_weights_and_the_fixed_denominator():
     # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * mean of w over all N
     population = np.array([5.0, 20.0, 10.0, 40.0])
