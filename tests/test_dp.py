@@ -346,6 +346,22 @@ def test_the_budget_split_keeps_one_gaussian_mechanism_of_multiplier_z():
     z_count = s.count_std / 0.5  # the count's sensitivity is 1/2
     assert 1 / z_sel**2 + 1 / z_grad**2 + 1 / z_count**2 == pytest.approx(1 / 1.7**2)
     assert 1 / z_sel**2 == pytest.approx(0.3 / 1.7**2)
+    # the selection noise's std is z_sel B and the threshold tau z_sel B (histogram units)
+    wide = dataclasses.replace(s, selection_bound=2.5, selection_threshold=3.0)
+    assert wide.selection_std == pytest.approx(1.7 / math.sqrt(0.3) * 2.5)
+    assert wide.threshold == pytest.approx(3.0 * 1.7 / math.sqrt(0.3) * 2.5)
+
+
+def test_an_empty_cohort_update_has_no_member_and_the_models_shapes():
+    from fedsub.dp.mechanism import empty_update
+    from fedsub.submodel.params import Params
+
+    params = Params(tables={"t": torch.zeros(7, 3)}, dense={"w": torch.zeros(2, 2)})
+    empty = empty_update(params)
+    assert len(empty) == 0 and len(empty.weights) == 0
+    assert empty.rows["t"].shape == (0,) and empty.row_owner["t"].shape == (0,)
+    assert empty.table_deltas["t"].shape == (0, 3)
+    assert empty.dense_deltas["w"].shape == (0, 2, 2)
 
 
 # -- whole runs --------------------------------------------------------------------------------
