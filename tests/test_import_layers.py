@@ -50,7 +50,7 @@ LAYERS: list[set[str]] = [
     {"data"},
     {"submodel"},
     {"models", "client"},
-    {"algorithms", "masking", "privacy"},
+    {"algorithms", "masking", "privacy", "dp"},
     {"engine", "config"},
     {"checks", "report"},
     {"run_setup"},  # a config to a run's data, model, schedule, context (used by all above)

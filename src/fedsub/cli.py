@@ -447,6 +447,15 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dp(args: argparse.Namespace) -> int:
+    from fedsub.run_setup import dp_plan
+
+    config = config_lib.load(Path(args.config) if args.config else None, args.set)
+    with _reporting(False):
+        print("\n".join(dp_plan(config)))
+    return 0
+
+
 def cmd_data_fetch(args: argparse.Namespace) -> int:
     from fedsub.data.fetch import DOWNLOADS, Download, fetch, listing
 
@@ -595,6 +604,9 @@ EXAMPLES = {
     "list": """\
   fedsub list algorithms
   fedsub list keys""",
+    "dp": """\
+  fedsub dp --set dp.mechanism=gaussian --set dp.target_epsilon=4
+  fedsub dp my.toml --set dp.noise_multiplier=1.2 --set train.sampling=poisson""",
     "data": """\
   fedsub data stats synthetic-sparse
   fedsub data fetch movielens-1m""",
@@ -743,6 +755,17 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     reproduce.set_defaults(func=cmd_reproduce)
     reproduce.epilog = (reproduce.epilog or "") + REPRODUCE_EXIT
+
+    dp = add_command(commands, "dp", "the epsilon a config's [dp] will spend, without training")
+    dp.add_argument("config", nargs="?", help="TOML config (default: the embedded default)")
+    dp.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key; repeatable; VALUE is TOML",
+    )
+    dp.set_defaults(func=cmd_dp)
 
     listing = add_command(
         commands,

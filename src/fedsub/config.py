@@ -81,6 +81,10 @@ class TrainConfig:
     """The client learning rate (`[algorithms.<name>] lr` overrides it per algorithm)."""
     seed: int = field(default=0, metadata={"min": 0})
     """Client schedule, local shuffles, model init."""
+    sampling: str = field(default="fixed", metadata={"choices": lambda: ["fixed", "poisson"]})
+    """`fixed`: the algorithm's scheme draws the cohort (K clients); `poisson`: each client joins
+    a round independently with probability q = K / N (the cohort's size varies; differential
+    privacy's accountant then uses Poisson subsampling)."""
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
     """FedSubAvg's heat: `samples` (sample-weighted, the default) or `clients` (Algorithm 1 of the
     paper: N / n_m)."""
@@ -211,12 +215,67 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class DpConfig:
+    mechanism: str = field(default="none", metadata={"choices": lambda: ["none", "gaussian"]})
+    """User-level differential privacy (fedsub.dp; docs: Differential privacy): `none` (no noise,
+    today's numbers bit for bit) or `gaussian` (each client's whole update clipped to `clip`,
+    Gaussian noise on the sum, a fixed denominator, epsilon from dp-accounting on every
+    evaluated round)."""
+    clip: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+    """C: the L2 bound of each client's whole update (row deltas and dense deltas together)."""
+    noise_multiplier: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    """z: the noise's std over C on the sum (one Gaussian mechanism per round). Give it or
+    `target_epsilon`, not both."""
+    target_epsilon: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    """Calibrate z so that `train.rounds` rounds spend this epsilon at `delta` (dp-accounting's
+    calibrate_dp_mechanism); it is then also the run's budget."""
+    delta: float | None = field(default=None, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
+    """The delta epsilon is reported at; default 1 / N^1.1 (N clients), below 1/N."""
+    accountant: str = field(default="rdp", metadata={"choices": lambda: ["rdp", "pld"]})
+    """dp-accounting's `rdp` or `pld` accountant (`pld` needs train.sampling = "poisson": it has
+    no sampled-without-replacement event)."""
+    rows: str = field(default="private", metadata={"choices": lambda: ["private", "all"]})
+    """`private`: rows selected privately each round from the cohort's noisy contribution
+    histogram, noise only on them, the others unchanged (fedsub's sparsity-preserving form,
+    after DP-AdaFEST); `all`: DP-FedAvg's noise on every row of every table (O(V) per round)."""
+    selection_share: float = field(
+        default=0.5, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0}
+    )
+    """rows = private: the share s of the round's budget 1/z^2 spent on the row selection
+    (1/z_sel^2 = s/z^2, 1/z_grad^2 = (1 - s)/z^2)."""
+    selection_threshold: float = field(default=3.0, metadata={"min": 0.0})
+    """rows = private: a row is selected when its noisy histogram value reaches this many
+    selection-noise standard deviations (z_sel B); each untouched row is a false positive with
+    probability P(N(0,1) >= this)."""
+    selection_bound: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+    """rows = private: B, each client's contribution to the histogram is min(1, B /
+    sqrt(|S(k)|)) on each row it touched (L2 norm <= B)."""
+    weight_cap: float = field(default=0.0, metadata={"min": 0.0})
+    """0: every sampled client weighs 1; else w_k = min(1, n_k / weight_cap) (McMahan et al.'s
+    capped weights), the denominator K times the population's mean weight."""
+    epsilon_budget: float | None = field(default=None, metadata={"min_exclusive": 0.0})
+    """Stop before the round that would spend more than this epsilon (default: `target_epsilon`
+    when given, else no budget)."""
+    adaptive_clip: bool = False
+    """true: adaptive clipping (Andrew et al. 2021): `clip` is the initial C, which then follows
+    the `target_quantile` of the clients' update norms through a noisy count of the clients
+    under it (its noise takes `count_share` of the budget; epsilon is unchanged)."""
+    target_quantile: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    """Adaptive clipping's gamma: the share of clients whose update should be under C."""
+    clip_lr: float = field(default=0.2, metadata={"min_exclusive": 0.0})
+    """Adaptive clipping's eta_C: C <- C exp(-eta_C (b - gamma)), b the noisy share under C."""
+    count_share: float = field(default=0.1, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
+    """Adaptive clipping: the share a of the round's budget 1/z^2 spent on the count."""
+
+
+@dataclass(frozen=True)
 class Config:
     data: DataConfig
     model: ModelConfig
     train: TrainConfig
     eval: EvalConfig
     algorithms: dict[str, Any] = field(default_factory=dict)  # base name -> options
+    dp: DpConfig = field(default_factory=DpConfig)
 
     @classmethod
     def from_toml(
@@ -287,6 +346,7 @@ SECTIONS: dict[str, type | None] = {
     "model": ModelConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
+    "dp": DpConfig,
     "algorithms": None,  # [algorithms.<name>] tables, validated by each algorithm's options
 }
 
@@ -320,11 +380,13 @@ def parse(raw: dict[str, Any]) -> Config:
         train=parse_section(TrainConfig, "train", raw.get("train", {})),
         eval=parse_section(EvalConfig, "eval", raw.get("eval", {})),
         algorithms=parse_algorithms(raw.get("algorithms", {})),
+        dp=parse_section(DpConfig, "dp", raw.get("dp", {})),
     )
     check_masking(config)
     check_algorithms(config)
     check_privacy(config)
     check_compile(config)
+    check_dp(config)
     return config
 
 
@@ -400,6 +462,82 @@ def check_privacy(config: Config) -> None:
         )
 
 
+def check_dp(config: Config) -> None:
+    """``[dp]``: a noise multiplier or a target epsilon (one), and nothing beside the Gaussian
+    mechanism that shows the server a client's data or that this runtime has not been made
+    private yet (the algorithms themselves: ``check_algorithms``)."""
+    d, t = config.dp, config.train
+    if t.sampling == "poisson":
+        schemes = [
+            n for n in t.algorithms if split_name(n, config.composed_names())[1] != "default"
+        ]
+        if schemes:
+            raise ConfigError(
+                f'train.sampling = "poisson" cannot be combined with algorithm {schemes[0]!r}: '
+                "its scheme draws its own cohort; use the default scheme"
+            )
+    if d.mechanism == "none":
+        return
+    if (d.noise_multiplier is None) == (d.target_epsilon is None):
+        raise ConfigError(
+            "[dp] mechanism = 'gaussian' needs exactly one of dp.noise_multiplier (z) and "
+            f"dp.target_epsilon (z calibrated for train.rounds); got noise_multiplier = "
+            f"{d.noise_multiplier}, target_epsilon = {d.target_epsilon}"
+        )
+    if d.accountant == "pld" and t.sampling != "poisson":
+        raise ConfigError(
+            "dp.accountant = 'pld' needs train.sampling = 'poisson': dp-accounting's PLD "
+            "accountant has no event for fixed-size cohorts (sampled without replacement); "
+            "use accountant 'rdp' or sampling 'poisson'"
+        )
+    refusals = [
+        (
+            t.privacy != "none",
+            f"train.privacy = {t.privacy!r}: differential privacy over private download or "
+            "secure aggregation is not yet supported (the private round replaces the "
+            "aggregation the mechanism noises); use privacy 'none'",
+        ),
+        (
+            t.heat_source != "exact",
+            f"train.heat_source = {t.heat_source!r}: under DP FedSubAvg's heat comes from the "
+            "private row selection, so no heat source is used; leave it 'exact'",
+        ),
+        (
+            t.masking != "none",
+            f"train.masking = {t.masking!r}: differential privacy with width slices is not "
+            "yet supported",
+        ),
+        (
+            t.table_placement != "device",
+            "train.table_placement = 'host' is not yet supported with differential privacy",
+        ),
+        (
+            config.eval.gradient_norms,
+            "eval.gradient_norms = true logs the exact heat coefficients' gradient norms: exact "
+            "heat in the clear next to a DP claim; set it to false",
+        ),
+        (
+            config.eval.target_train_loss == "central-min",
+            "eval.target_train_loss = 'central-min' trains CentralSGD on the pooled data "
+            "(server-side pooled data, no privacy); give a number",
+        ),
+        (
+            d.adaptive_clip
+            and (d.count_share + (d.selection_share if d.rows == "private" else 0.0)) >= 1,
+            f"dp.count_share = {d.count_share:g} and dp.selection_share = {d.selection_share:g} "
+            "leave no budget for the update; their sum must be below 1",
+        ),
+        (
+            d.rows == "private" and d.selection_threshold == 0,
+            "dp.selection_threshold = 0 selects every untouched row with probability 1/2 and "
+            "lets FedSubAvg's private heat coefficient D / h_m grow without bound; use > 0",
+        ),
+    ]
+    for condition, reason in refusals:
+        if condition:
+            raise ConfigError(f"[dp] mechanism = 'gaussian' cannot be used here: {reason}")
+
+
 def check_algorithms(config: Config) -> None:
     """Every name in train.algorithms is a preset or composed in [algorithms.<name>], and its
     pieces combine with each other and with the training settings on the in-process engine
@@ -421,6 +559,8 @@ def check_algorithms(config: Config) -> None:
             masking=t.masking,
             privacy=t.privacy,
             runtime=IN_PROCESS,
+            dp=config.dp.mechanism,
+            dp_rows=config.dp.rows,
         )
         check_table_placement(name, config.algorithm_options(name), t.table_placement)
 

@@ -21,6 +21,7 @@ from fedsub import distributed
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
+from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, Interrupted, RunControl, train
@@ -205,6 +206,7 @@ class AlgorithmRun:
     on_round: Callable[[str, int], None] | None
     # where the time of each round goes (per phase), written to profile.json (``--profile``)
     profile: RoundProfile | None = None
+    label: str = ""  # the progress bar's prefix of this run's name (a sweep's value)
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
@@ -257,7 +259,7 @@ class AlgorithmRun:
                 index,
                 schedule,
                 evaluator,
-                on_evaluation=log,
+                on_evaluation=lambda evaluation: self._record(log, evaluation),
                 on_round=None if on_round is None else (lambda r: on_round(self.name, r)),
                 control=control,
             )
@@ -272,6 +274,13 @@ class AlgorithmRun:
             write_tensors_atomic(folder / "model.safetensors", final.state_dict())
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, final
+
+    def _record(self, log: MetricsLog | _Evaluations, evaluation: Evaluation) -> None:
+        """Log an evaluation; under [dp] the progress line shows the epsilon spent so far."""
+        log(evaluation)
+        if "epsilon" in evaluation.metrics:
+            text = f"epsilon {evaluation.metrics['epsilon']:.3g}"
+            current_reporter().note(self.label + self.name, text)
 
     def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
         """privacy.json: the privacy level's guarantees and what it cost."""
@@ -458,6 +467,7 @@ def _compare_in(
             stop_requested,
             _reported(label, trained),
             RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
+            label,
         )
         with phase(f"{label}{name}: preparing"):
             algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
@@ -509,7 +519,19 @@ def _summary(
     """The comparison's summary.json record and summary.md text."""
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
+    if setup.schedule.dp is not None:
+        for name, history in histories.items():
+            result["algorithms"][name]["dp"] = dp_record(setup.schedule.dp, history)
     return result, summary_markdown(result, target, setup.schedule.rounds)
+
+
+def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
+    """summary.json's ``dp`` of an algorithm: the epsilon its last evaluation had spent, the
+    round it stopped at, and the settings that epsilon is of."""
+    last = history[-1] if history else None
+    spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
+    rounds = last.round if last is not None else 0
+    return {"epsilon": spent, "rounds": rounds, **settings.as_json()}
 
 
 def _write_summary(

@@ -197,7 +197,8 @@ def train(
       ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``device``, ``backend``, ``every``,
       ...; built-in defaults otherwise), checked by the rules a config file's keys are; an
       error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
-      value and what is allowed, as an ``ArgumentError`` / ``ConfigError``.
+      value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
+      ``dp={...}``: the ``[dp]`` table (differential privacy).
 
     Examples:
         >>> import fedsub
@@ -565,14 +566,18 @@ def config_of(
     for key, value in options.items():
         if key == "algorithms":
             raise ArgumentError("give the algorithms as compare(..., algorithms=[...])")
-        if key in train_keys:
+        if key == "dp":  # the [dp] table as a mapping (differential privacy, fedsub/dp)
+            if not isinstance(value, Mapping):
+                raise ArgumentError(f"dp must be a dict of [dp] keys (e.g. clip=1.0), got {value!r}")
+            sections["dp"] = dict(value)
+        elif key in train_keys:
             sections["train"][key] = value
         elif key in eval_keys:
             sections["eval"][key] = value
         else:
             raise ArgumentError(
                 f"unknown option {key!r}: expected a [train] key ({', '.join(sorted(train_keys))})"
-                f" or an [eval] key ({', '.join(sorted(eval_keys))})"
+                f", an [eval] key ({', '.join(sorted(eval_keys))}) or dp"
             )
     masking = sections["train"].get("masking", "none")
     masked = isinstance(masking, str) and masking != "none"  # a non-string: config.py refuses

@@ -38,6 +38,10 @@ class Reporter:
     def round(self, label: str, round_index: int) -> None:
         """Algorithm ``label`` finished round ``round_index`` (1-based)."""
 
+    def note(self, label: str, text: str) -> None:
+        """Show ``text`` after algorithm ``label``'s rounds from now on (e.g. the epsilon
+        spent so far under differential privacy)."""
+
 
 class RichReporter(Reporter):
     """Phases as transient spinners (a bar when their size is known) and one training bar
@@ -51,6 +55,7 @@ class RichReporter(Reporter):
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._plan: list[tuple[str, int]] = []
+        self._notes: dict[str, str] = {}
 
     def _display(self) -> Progress:
         if self._progress is None:
@@ -97,7 +102,12 @@ class RichReporter(Reporter):
         if self._task is None:
             return
         text, done = round_label(self._plan, label, round_index)
+        if label in self._notes:
+            text = f"{text} {self._notes[label]}"
         self._display().update(self._task, completed=done, description=text)
+
+    def note(self, label: str, text: str) -> None:
+        self._notes[label] = text
 
     def close(self) -> None:
         if self._progress is not None:

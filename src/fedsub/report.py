@@ -23,7 +23,9 @@ TABLE_METRICS = (
     ("test_auc", "test AUC", True),
     ("gap_loss", "gap loss (train - test)", False),
     ("gap_accuracy", "gap accuracy (train - test)", False),
+    ("epsilon", "epsilon", False),  # [dp]: the privacy spent (fedsub/dp)
 )
+NOT_BEST = ("epsilon",)  # reported, never "best": the least epsilon is round 0's
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ def best_metrics(history: list[Evaluation]) -> dict[str, float]:
     gap in absolute value (``gap_*``, signed as measured), the lowest of the others."""
     best: dict[str, float] = {}
     for name in history[0].metrics:
+        if name in NOT_BEST:
+            continue
         values = [e.metrics[name] for e in history if not math.isnan(e.metrics[name])]
         if not values:
             continue

@@ -23,9 +23,17 @@ from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
+from fedsub.dp import settings as dp_settings
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.schedule import DTYPES, Compile, LrSchedule, Schedule, TablePlacement
+from fedsub.engine.schedule import (
+    DTYPES,
+    Compile,
+    LrSchedule,
+    Sampling,
+    Schedule,
+    TablePlacement,
+)
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
@@ -136,7 +144,67 @@ def schedule_of(config: Config) -> Schedule:
             None if t.mask_average == "scheme" else cast(AverageOver, t.mask_average),
         ),
         privacy=privacy_of(config),
+        sampling=cast(Sampling, t.sampling),
     )
+
+
+def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
+    """``[dp]`` resolved for a population of ``num_clients`` (delta's default, the noise
+    multiplier calibrated for train.rounds when a target epsilon is given); None when the
+    mechanism is "none". The casts: config.py checked the choices."""
+    d, t = config.dp, config.train
+    if d.mechanism == "none":
+        return None
+    return dp_settings.resolve(
+        clip=d.clip,
+        noise_multiplier=d.noise_multiplier,
+        target_epsilon=d.target_epsilon,
+        delta=d.delta,
+        accountant=cast(dp_settings.Accountant, d.accountant),
+        rows=cast(dp_settings.Rows, d.rows),
+        sampling=cast(dp_settings.Sampling, t.sampling),
+        num_clients=num_clients,
+        clients_per_round=t.clients_per_round,
+        rounds=t.rounds,
+        selection_share=d.selection_share,
+        selection_threshold=d.selection_threshold,
+        selection_bound=d.selection_bound,
+        weight_cap=d.weight_cap,
+        epsilon_budget=d.epsilon_budget,
+        seed=t.seed,
+        adaptive=d.adaptive_clip,
+        target_quantile=d.target_quantile,
+        clip_lr=d.clip_lr,
+        count_share=d.count_share,
+    )
+
+
+def dp_plan(config: Config) -> list[str]:
+    """What ``[dp]`` will spend, without training (``fedsub dp``): the resolved settings and
+    epsilon after a quarter, half, three quarters and all of train.rounds."""
+    if config.dp.mechanism == "none":
+        return ["[dp] mechanism = 'none': no differential privacy (epsilon is infinite)"]
+    num_clients = load_data(config).num_clients
+    settings = dp_of(config, num_clients)
+    assert settings is not None  # the mechanism is not "none"
+    rounds = config.train.rounds
+    lines = [
+        f"clients N = {num_clients}, per round K = {config.train.clients_per_round} "
+        f"(sampling {settings.sampling}), rounds = {rounds}",
+        f"noise multiplier z = {settings.noise_multiplier:.6g}, clip C = {settings.clip:g}, "
+        f"delta = {settings.delta:.3g}, accountant {settings.accountant}, rows {settings.rows}",
+    ]
+    if settings.rows == "private":
+        lines.append(
+            f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
+            f"{settings.update_multiplier:.4g}, threshold {settings.threshold:.4g} "
+            f"(contribution bound B = {settings.selection_bound:g})"
+        )
+    marks = sorted({max(1, rounds * i // 4) for i in range(1, 5)})
+    lines += [f"epsilon after round {r}: {settings.epsilon(r):.4f}" for r in marks]
+    if settings.budget is not None:
+        lines.append(f"budget: epsilon <= {settings.budget:g} (the run stops before exceeding it)")
+    return lines
 
 
 def heat_privacy_of(config: Config) -> HeatPrivacy:
@@ -197,4 +265,5 @@ def prepare(
     evaluator = Evaluator.build(
         model, dataset, config.eval.train_loss_samples, config.data.seed, extra, l2
     )
-    return Setup(dataset, index, model, context, evaluator, schedule_of(config), heat_source)
+    schedule = dataclasses.replace(schedule_of(config), dp=dp_of(config, dataset.num_clients))
+    return Setup(dataset, index, model, context, evaluator, schedule, heat_source)

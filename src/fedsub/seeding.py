@@ -14,6 +14,7 @@ CLIENT = 2
 EVALUATION = 3
 INIT = 4
 DATA = 5
+DP = 6  # differential privacy's noise and row selection (fedsub/dp)
 
 
 def rng(seed: int, purpose: int, *keys: int) -> np.random.Generator:

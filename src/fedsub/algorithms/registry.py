@@ -378,6 +378,8 @@ def check_combination(
     masking: str = "none",
     runtime: Runtime | None = None,
     privacy: str = "none",
+    dp: str = "none",
+    dp_rows: str = "private",
 ) -> None:
     """The one place where pieces that cannot work together are refused (ConfigError naming
     the pieces), from their declared properties: an aggregation rule that pools the data
@@ -458,14 +460,53 @@ def check_combination(
             f"{'; '.join(why for _, why in needs)}. Masked training needs per-client state-free "
             "pieces"
         )
+    if dp != "none":
+        check_dp_combination(name, recipe, scheme, dp_rows, [why for _, why in needs])
     if runtime is None:
         return
+    if dp != "none":
+        runtime.require("differential-privacy", f"[dp] mechanism = {dp!r}")
     for capability, why in needs:
         runtime.require(capability, f"algorithm {name!r}", why)
     if masking != "none":
         runtime.require("masking", f"train.masking = {masking!r}")
     if privacy in ("download", "full"):
         runtime.require("private-rounds", f"train.privacy = {privacy!r}")
+
+
+def check_dp_combination(
+    name: str, recipe: Recipe, scheme: str, rows: str, leaks: list[str]
+) -> None:
+    """Under user-level differential privacy ([dp] mechanism = gaussian) the round's sum must
+    have sensitivity C and nothing else may carry a client's data to the server: refuse
+    per-client state (SCAFFOLD's c_i, built from the unclipped update and sent in the clear)
+    and pooled data (``leaks``), a combine step that is not a weighted sum, a scheme whose
+    sampling or weights the accountant and the fixed denominator do not describe, and FedSubAvg's
+    heat without the private histogram it is estimated from (rows = "all")."""
+    rule = rule_class(recipe.aggregation)
+    what = f"[dp] mechanism = 'gaussian' cannot be combined with algorithm {name!r}"
+    if leaks:
+        raise ConfigError(
+            f"{what}: {'; '.join(leaks)}, which reaches the server outside the Gaussian "
+            "mechanism (no differential privacy for it)"
+        )
+    if not rule.secure_sum_ok:
+        raise ConfigError(
+            f"{what}: its aggregation rule {recipe.aggregation!r} does not combine by a "
+            "weighted sum, whose sensitivity the mechanism bounds"
+        )
+    if scheme != "default":
+        raise ConfigError(
+            f"{what}: scheme {scheme!r} samples or weights clients by their sample counts; "
+            "the accountant assumes uniform (or Poisson) sampling and the mechanism weighs "
+            "clients uniformly or by [dp] weight_cap. Use the default scheme"
+        )
+    if rule.needs_heat and rows != "private":
+        raise ConfigError(
+            f"{what} and [dp] rows = {rows!r}: its heat coefficients would come from the exact "
+            "heat, sent in the clear; under DP they are estimated from the private row "
+            "selection's noisy histogram, which rows = 'private' computes"
+        )
 
 
 def _piece_options(cls: type, values: Any, fixed: dict[str, Any]) -> Any:

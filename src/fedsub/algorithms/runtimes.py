@@ -20,6 +20,7 @@ Capability = Literal[
     "masking",  # sub-model masking: width slices per client (train.masking)
     "devices",  # training on a device other than the CPU (train.device)
     "private-rounds",  # private download and secure aggregation (train.privacy)
+    "differential-privacy",  # user-level DP: clipping, noise, accountant ([dp], fedsub.dp)
 ]
 
 CAPABILITIES: dict[Capability, str] = {
@@ -28,6 +29,7 @@ CAPABILITIES: dict[Capability, str] = {
     "masking": "sub-model masking (width slices per client)",
     "devices": "devices other than the CPU",
     "private-rounds": "private download and secure aggregation",
+    "differential-privacy": "user-level differential privacy ([dp] mechanism = gaussian)",
 }
 
 

@@ -30,6 +30,14 @@ def uniform_cohort(seed: int, round_index: int, num_clients: int, k: int) -> np.
     return np.sort(generator.choice(num_clients, size=min(k, num_clients), replace=False))
 
 
+def poisson_cohort(seed: int, round_index: int, num_clients: int, k: int) -> Cohort:
+    """Each client joins independently with probability q = K / N (``train.sampling =
+    "poisson"``, the sampling DP-FedAvg's accounting assumes); the cohort may be empty."""
+    generator = seeding.rng(seed, seeding.SAMPLING, round_index, 2)
+    clients = np.nonzero(generator.random(num_clients) < min(k, num_clients) / num_clients)[0]
+    return Cohort(clients.astype(np.int64), np.ones(len(clients), dtype=np.int64))
+
+
 def sample_cohort(
     kind: SamplingKind, seed: int, round_index: int, sample_counts: np.ndarray, k: int
 ) -> Cohort:

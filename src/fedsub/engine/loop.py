@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_w
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset
+from fedsub.dp.ledger import Ledger
+from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
@@ -32,12 +35,15 @@ from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.engine.split_cohort import split_cohort
+from fedsub.errors import ConfigError
 from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.profiling import ROUND, timed
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
+
+LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -188,7 +194,13 @@ def build_server_round(
     variates = (
         ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
     )
-    return ServerRound(
+    mechanism, ledger = None, None
+    if schedule.dp is not None:  # [dp]: the Gaussian mechanism and its ledger (fedsub/dp)
+        table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
+        heat = algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
+        mechanism = DpMechanism(schedule.dp, table_rows, dataset.sample_counts(), heat)
+        ledger = Ledger(schedule.dp)
+    rounds = ServerRound(
         algorithm,
         schedule,
         dataset.sample_counts(),
@@ -198,7 +210,10 @@ def build_server_round(
         variates,
         control.max_update_norm,
         control.on_reject,
+        dp=mechanism,
+        ledger=ledger,
     )
+    return rounds
 
 
 def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
@@ -230,10 +245,15 @@ def evaluate(
     progress: Progress,
     divergence_factor: float,
     on_evaluation: Callable[[Evaluation], None] | None,
+    ledger: Ledger | None = None,
 ) -> str | None:
-    """Evaluate the model after ``progress.round`` and record it; why the run diverged (the
-    evaluation is recorded and reported first: it shows why), or None."""
-    evaluation = Evaluation(progress.round, evaluator.evaluate(params), progress.elapsed)
+    """Evaluate the model after ``progress.round`` and record it (with the epsilon spent so
+    far under [dp]); why the run diverged (the evaluation is recorded and reported first: it
+    shows why), or None."""
+    metrics = evaluator.evaluate(params)
+    if ledger is not None:
+        metrics["epsilon"] = ledger.epsilon()
+    evaluation = Evaluation(progress.round, metrics, progress.elapsed)
     initial = progress.history[0].metrics["train_loss"] if progress.history else None
     reason = divergence_reason(evaluation.metrics["train_loss"], initial, divergence_factor)
     progress.history.append(evaluation)
@@ -253,6 +273,29 @@ def keep_safe(rounds: ServerRound, progress: Progress, control: RunControl, last
         rounds.last_checkpoint = save_checkpoint(control.checkpoints, rounds, progress, control.run)
     if stop:
         raise Interrupted(progress.round, rounds.last_checkpoint)
+
+
+def stop_for_budget(
+    ledger: Ledger,
+    round_index: int,
+    progress: Progress,
+    evaluate_now: Callable[[], None],
+    every: int,
+) -> None:
+    """Stop before round ``round_index``, whose mechanism would spend more than the budget:
+    say so, and evaluate the model the run ends with (unless that round was evaluated)."""
+    spent, after = ledger.epsilon(), ledger.settings.epsilon(ledger.rounds + 1)
+    LOG.warning(
+        "stopped before round %d: its mechanism would bring epsilon from %.4g to %.4g, over "
+        "the budget %.4g (dp.epsilon_budget or dp.target_epsilon) at delta %.3g",
+        round_index,
+        spent,
+        after,
+        ledger.settings.budget,
+        ledger.settings.delta,
+    )
+    if progress.round % every != 0:
+        evaluate_now()
 
 
 def train(
@@ -299,6 +342,11 @@ def run_rounds(
     With ``control.resume`` the run continues after the checkpoint's round and ends with the
     same model and evaluations as an uninterrupted run."""
     control = control or RunControl()
+    if schedule.dp is not None and distributed.joined() is not None:
+        raise ConfigError(
+            "[dp] mechanism = 'gaussian' under torchrun (a cohort split across processes) is "
+            "not yet supported; run it in one process"
+        )
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)
@@ -325,7 +373,12 @@ def run_rounds(
         with timed("evaluation"):
             evaluated = params if host is None else params.to(placement.HOST)
             reason = evaluate(
-                evaluator, evaluated, progress, control.divergence_factor, on_evaluation
+                evaluator,
+                evaluated,
+                progress,
+                control.divergence_factor,
+                on_evaluation,
+                rounds.ledger,
             )
         if reason is not None:
             raise Diverged(algorithm.name, progress.round, reason, rounds.last_checkpoint)
@@ -333,14 +386,23 @@ def run_rounds(
     if control.resume is None:
         evaluate_and_check()
     for r in range(progress.round + 1, schedule.rounds + 1):
+        if rounds.ledger is not None and rounds.ledger.would_exceed():
+            stop_for_budget(rounds.ledger, r, progress, evaluate_and_check, schedule.eval_every)
+            break
         with timed(ROUND):  # fedsub/profiling.py: the phases of the round, when profiled
             started = time.perf_counter()
             with timed("cohort"):
                 plan = rounds.begin(r)
-            with timed("pull"):
-                staged = params if host is None else host.stage(params, index, plan.cohort)
-            update = run_cohort(model, staged, dataset, index, plan.cohort, r, schedule, plan.work)
-            rounds.finish(plan, update)
+            if len(plan.cohort) == 0:  # an empty Poisson draw
+                if rounds.dp is not None:  # the noise is added all the same
+                    rounds.finish(plan, empty_update(params))
+            else:
+                with timed("pull"):
+                    staged = params if host is None else host.stage(params, index, plan.cohort)
+                update = run_cohort(
+                    model, staged, dataset, index, plan.cohort, r, schedule, plan.work
+                )
+                rounds.finish(plan, update)
             progress.elapsed += time.perf_counter() - started
             progress.round = r
             if r % schedule.eval_every == 0 or r == schedule.rounds:

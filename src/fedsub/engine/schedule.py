@@ -8,12 +8,14 @@ from typing import Any, Literal
 
 import torch
 
+from fedsub.dp.settings import DpSettings
 from fedsub.masking.schemes import Masking
 from fedsub.privacy.levels import Privacy
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LrSchedule = Literal["constant", "inverse-round", "inverse-time", "exponential"]
 TablePlacement = Literal["device", "host"]  # train.table_placement (engine/placement.py)
+Sampling = Literal["fixed", "poisson"]  # train.sampling
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class Schedule:
     table_placement: TablePlacement = "device"
     # train.compile: how torch.compile captures the batched local step (None: eager ops)
     compile: Compile | None = None
+    # train.sampling: "poisson" draws each client with probability K / N (algorithms/sampling.py)
+    sampling: Sampling = "fixed"
+    # [dp]: user-level differential privacy (fedsub/dp); None: mechanism "none"
+    dp: DpSettings | None = None
 
 
 def lr_at(base: float, schedule: Schedule, round_index: int) -> float:

@@ -21,10 +21,12 @@ import torch
 
 from fedsub.algorithms.aggregation import ServerUpdate, as_model_delta
 from fedsub.algorithms.registry import Algorithm
-from fedsub.algorithms.sampling import Cohort, sample_cohort
+from fedsub.algorithms.sampling import Cohort, poisson_cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
+from fedsub.dp.ledger import Ledger
+from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.engine.guards import Rejection, needs_screening, screen
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.finite import any_nonfinite
@@ -113,6 +115,9 @@ class ServerRound:
     on_reject: Callable[[Rejection], None] | None = None
     last_checkpoint: Path | None = None
     more_stages: dict[str, Stateful] = field(default_factory=dict)  # e.g. a stateful transform
+    # [dp]: the round's Gaussian mechanism replaces ``combine`` and the ledger counts its rounds
+    dp: DpMechanism | None = None
+    ledger: Ledger | None = None
 
     def stages(self) -> dict[str, Stateful]:
         """Every stateful stage of the round by name: what a checkpoint saves and a resume
@@ -121,6 +126,10 @@ class ServerRound:
         stages: dict[str, Stateful] = {"model": self.params, "server": self.server}
         if self.variates is not None:
             stages["variates"] = self.variates
+        if self.ledger is not None:
+            stages["dp_ledger"] = self.ledger
+        if self.dp is not None and self.dp.settings.adaptive:
+            stages["dp_clip"] = self.dp  # adaptive clipping's C
         for name, stage in self.more_stages.items():
             if name in stages:
                 raise ValueError(f"stage name {name!r} is taken by a built-in stage")
@@ -137,13 +146,17 @@ class ServerRound:
         if len(counts) == 0:  # nobody can take part: an empty round (the caller decides)
             nobody = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
             return RoundPlan(round_index, nobody, self._work(nobody, round_index))
-        cohort = sample_cohort(
-            self.algorithm.scheme.sampling,
-            self.schedule.seed,
-            round_index,
-            counts,
-            self.schedule.clients_per_round,
-        )
+        if self.schedule.sampling == "poisson":
+            k, n = self.schedule.clients_per_round, len(counts)
+            cohort = poisson_cohort(self.schedule.seed, round_index, n, k)
+        else:
+            cohort = sample_cohort(
+                self.algorithm.scheme.sampling,
+                self.schedule.seed,
+                round_index,
+                counts,
+                self.schedule.clients_per_round,
+            )
         if among is not None:
             cohort = Cohort(among[cohort.clients], cohort.multiplicity)
         return RoundPlan(round_index, cohort, self._work(cohort, round_index))
@@ -153,6 +166,13 @@ class ServerRound:
         if self.variates is not None:
             work = dataclasses.replace(work, corrections=self.variates.corrections(cohort))
         return work
+
+    def _combined(self, update: Any, round_index: int) -> ServerUpdate:
+        """The round's aggregate: the DP mechanism's (clipped, noised, fixed denominator)
+        when [dp] is on, else ``combine``'s."""
+        if self.dp is not None:
+            return self.dp.combine(update, round_index)
+        return self.combine(update)
 
     def finish(self, plan: RoundPlan, update: Any) -> bool:
         """Screen, combine and apply the cohort's update; whether the model changed (False when
@@ -165,9 +185,11 @@ class ServerRound:
         is known, and combined again in the rare round that rejects a member) and once after
         it (did the model overflow?)."""
         r, work, last = plan.round, plan.work, self.last_checkpoint
+        if self.ledger is not None:
+            self.ledger.compose_round()
         with timed("aggregation"):
             suspect = needs_screening(update, self.max_update_norm)
-            server_update = as_model_delta(self.combine(update), self.params)
+            server_update = as_model_delta(self._combined(update, r), self.params)
             checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
             to_screen, aggregate_bad = checks.tolist()  # host read 1
         if to_screen:
@@ -175,12 +197,14 @@ class ServerRound:
             for rejection in rejected:
                 if self.on_reject is not None:
                     self.on_reject(rejection)
-            if not kept:
+            if not kept and self.dp is None:
                 return False
-            update = update.select(kept)
+            # under DP a round without members still adds its noise (an unchanged model
+            # would tell that every member was rejected)
+            update = update.select(kept) if kept else empty_update(self.params)
             if self.variates is not None:  # only the variates read the members' work
                 work = work.select(kept)
-            server_update = as_model_delta(self.combine(update), self.params)
+            server_update = as_model_delta(self._combined(update, r), self.params)
             aggregate_bad = bool(server_update.nonfinite())
         if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)

@@ -17,6 +17,10 @@ FLOWER = Runtime(
             "Sub-model masking runs in-process only (fedsub compare); on Flower use "
             "train.masking = 'none'"
         ),
+        "differential-privacy": (
+            "Not yet supported: differential privacy runs in-process only (fedsub compare); "
+            "central DP at the ServerApp and distributed DP over secure aggregation are to do"
+        ),
         "devices": (
             "The Flower apps run on the CPU for now (their index sets are host arrays); "
             "on Flower use train.device = 'cpu'"

@@ -220,6 +220,8 @@ class FlowerSettings:
             FLOWER.require("masking", f"train.masking = {config.train.masking!r}")
         if config.train.device != "cpu":
             FLOWER.require("devices", f"train.device = {config.train.device!r}")
+        if config.dp.mechanism != "none":  # never run without the DP the config asks for
+            FLOWER.require("differential-privacy", f"[dp] mechanism = {config.dp.mechanism!r}")
         return config
 
     def algorithm_name(self, config: Config) -> str:

@@ -110,6 +110,8 @@ class CohortUpdate:
         (``vector_norm``'s ``dtype``): a cohort's dense deltas are tens of MB, and writing a
         converted copy, then its squares, cost more than the round's aggregation."""
         norms = torch.zeros(len(self), dtype=torch.float64, device=self.clients.device)
+        if len(self) == 0:  # a cohort of nobody (an empty Poisson draw under DP)
+            return norms
         for t, deltas in self.table_deltas.items():
             segment_sum.index_add_(norms, self.row_owner[t], _squared_norms(deltas))
         for deltas in self.dense_deltas.values():

@@ -1,0 +1,216 @@
+"""One round's Gaussian mechanism on the cohort's updates (McMahan et al. 2018's DP-FedAvg,
+and fedsub's sparsity-preserving form for submodels).
+
+``DpMechanism.combine(update, round)`` replaces the round's aggregation:
+
+0. adaptive clipping (``adaptive``, Andrew et al. 2021): the noisy share of members whose norm
+   is under C moves C toward the target quantile for the next round (``adapt``);
+1. every member's whole update clipped to L2 norm C (times a capped weight w_k <= 1);
+2. summed per row and per dense parameter;
+3. rows = "all": noise N(0, (z C)^2) on every row of every table and every dense entry (the
+   update is dense, O(V) per round); rows = "private": rows selected from the noisy
+   contribution histogram (dp/selection.py), noise N(0, (z_grad C)^2) on the selected rows and
+   the dense parameters only, unselected rows left out of the update (unchanged bit for bit);
+4. divided by the fixed denominator D = K * mean(w) (the expected cohort times the population's
+   mean weight: q N for Poisson sampling, K for fixed-size cohorts; never the cohort's own
+   weights, so the sensitivity stays C / D);
+5. FedSubAvg (``heat``): each selected row's N / n_m is estimated from the *noisy* histogram
+   (n_m ~ N h_m / K), so its coefficient is D / h_m: the row's value is (sum + noise) / h_m.
+   h_m >= the threshold for every selected row, which bounds the amplification of a cold row's
+   noise by D / threshold. Post-processing of the mechanism's output: no extra budget.
+
+The server optimizer then applies the update (post-processing). Noise comes from a torch
+``Generator`` on the host keyed by (seed, round), drawn in a fixed order (tables by name, then
+dense parameters by name), so every backend and device draws the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedsub import seeding, segment_sum
+from fedsub.algorithms.aggregation import RowUnion, RowUpdate, ServerUpdate
+from fedsub.dp import clipping, selection
+from fedsub.dp.settings import DpSettings
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import CohortUpdate
+
+
+def round_generator(seed: int, round_index: int) -> torch.Generator:
+    """The round's noise stream (host), the same for every backend and device."""
+    # a SeedSequence of (seed, purpose, round), as seeding.rng keys its streams, without
+    # building a numpy Generator (a round's noise is drawn by torch)
+    state = np.random.SeedSequence([seed, seeding.DP, round_index]).generate_state(1, np.uint64)
+    return torch.Generator().manual_seed(int(state[0] >> np.uint64(2)))
+
+
+def gaussian(shape: tuple[int, ...], std: float, generator: torch.Generator) -> torch.Tensor:
+    """N(0, std^2) entries, float64 on the host."""
+    return std * torch.randn(shape, dtype=torch.float64, generator=generator)
+
+
+def empty_update(params: Params) -> CohortUpdate:
+    """A cohort of nobody (an empty Poisson draw): the round still adds its noise."""
+    device = next(iter([*params.tables.values(), *params.dense.values()])).device
+    none = torch.zeros(0, dtype=torch.int64, device=device)
+    return CohortUpdate(
+        clients=none,
+        weights=torch.zeros(0, dtype=torch.float64, device=device),
+        multiplicity=none,
+        rows={t: none for t in params.tables},
+        row_owner={t: none for t in params.tables},
+        table_deltas={t: v.new_zeros((0, v.shape[1])) for t, v in params.tables.items()},
+        dense_deltas={n: v.new_zeros((0, *v.shape)) for n, v in params.dense.items()},
+    )
+
+
+@dataclass
+class RoundStats:
+    """What a round's mechanism did (for benchmarks and the docs' measurements)."""
+
+    rows_changed: int = 0
+    false_positives: int = 0
+    touched_rows: int = 0
+    clipped: int = 0
+    members: int = 0
+    largest_coefficient: float = 0.0
+
+
+@dataclass
+class DpMechanism:
+    """The round's Gaussian mechanism (module docstring). ``table_rows``: V per table;
+    ``population_counts``: every client's sample count (for the capped weights' mean);
+    ``heat``: the algorithm's rule reads heat (FedSubAvg), so selected rows get the private
+    coefficient D / h_m."""
+
+    settings: DpSettings
+    table_rows: dict[str, int]
+    population_counts: np.ndarray
+    heat: bool = False
+    last: RoundStats = field(default_factory=RoundStats)
+    union: RowUnion = field(default_factory=RowUnion)
+    clip: float = 0.0  # this round's C (adaptive clipping moves it; 0: the settings' clip)
+    # adaptive clipping: (round, C for the rounds after it), committed when a later round starts
+    # (a round that screens out a member combines twice, from the same C)
+    pending: tuple[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        self.clip = self.clip or self.settings.clip
+
+    def current_clip(self, round_index: int) -> float:
+        """C for round ``round_index``: the adaptive update of an earlier round committed."""
+        if self.pending is not None and self.pending[0] < round_index:
+            self.clip, self.pending = self.pending[1], None
+        return self.clip
+
+    def adapt(
+        self, norms: torch.Tensor, clip: float, round_index: int, generator: torch.Generator
+    ) -> None:
+        """Andrew et al.'s step: b = (sum_k (1[||delta_k|| <= C] - 1/2) + noise) / D + 1/2,
+        C <- C exp(-eta_C (b - gamma)), used from the next round on."""
+        s = self.settings
+        centered = float(((norms <= clip).to(torch.float64) - 0.5).sum())
+        noisy = centered + float(gaussian((1,), s.count_std, generator)[0])
+        fraction = noisy / self.denominator + 0.5
+        self.pending = (round_index, clip * math.exp(-s.clip_lr * (fraction - s.target_quantile)))
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Adaptive clipping's C for the next round (a checkpoint stage, ``dp_clip``)."""
+        clip = self.pending[1] if self.pending is not None else self.clip
+        return {"clip": torch.tensor([clip], dtype=torch.float64)}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        if set(tensors) != {"clip"} or tensors["clip"].shape != (1,):
+            raise ValueError(f"adaptive clipping's state is one 'clip', got {sorted(tensors)}")
+        self.clip, self.pending = float(tensors["clip"][0]), None
+
+    @property
+    def denominator(self) -> float:
+        """D = K * mean_k(w_k) over the population (K for uniform weights)."""
+        counts = torch.from_numpy(np.asarray(self.population_counts, dtype=np.float64))
+        mean = float(clipping.capped_weights(counts, self.settings.weight_cap).mean())
+        return self.settings.clients_per_round * mean
+
+    def combine(self, update: CohortUpdate, round_index: int) -> ServerUpdate:
+        """The round's noised, normalized update (module docstring)."""
+        s = self.settings
+        generator = round_generator(s.seed, round_index)
+        clip = self.current_clip(round_index)
+        squared = update.squared_norms()
+        if s.adaptive:  # drawn first: the other draws keep their order
+            self.adapt(squared.sqrt(), clip, round_index, generator)
+        factors = clipping.clip_factors(squared, clip)
+        self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
+        weights = clipping.capped_weights(update.weights, s.weight_cap).to(factors.device)
+        clipped = clipping.scaled(update, factors * weights)
+        contribution = selection.contributions(update, s.selection_bound)
+        tables = {
+            table: self._table(clipped, table, contribution, clip, generator)
+            for table in sorted(self.table_rows)
+        }
+        dense = {}
+        for name in sorted(clipped.dense_deltas):
+            stacked = clipped.dense_deltas[name]
+            noise = gaussian(tuple(stacked.shape[1:]), s.update_multiplier * clip, generator)
+            summed = stacked.sum(0) + noise.to(stacked.device, stacked.dtype)
+            dense[name] = summed / self.denominator
+        return ServerUpdate(tables, dense)
+
+    def _sums(
+        self, update: CohortUpdate, table: str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The table's distinct touched rows (sorted), each entry's position among them, and
+        the per-row sums of the clipped deltas."""
+        rows, deltas = update.rows[table], update.table_deltas[table]
+        known = update.unions.get(table) if update.unions else None
+        distinct, inverse = known if known is not None else self.union(rows)
+        sums = deltas.new_zeros((len(distinct), deltas.shape[1]))
+        segment_sum.index_add_(sums, inverse, deltas)
+        return distinct, inverse, sums
+
+    def _table(
+        self,
+        update: CohortUpdate,
+        table: str,
+        contribution: torch.Tensor,
+        clip: float,
+        generator: torch.Generator,
+    ) -> RowUpdate:
+        s, num_rows = self.settings, self.table_rows[table]
+        distinct, inverse, sums = self._sums(update, table)
+        dim, device, dtype = sums.shape[1], sums.device, sums.dtype
+        self.last.touched_rows += len(distinct)
+        if s.rows == "all":
+            full = torch.zeros((num_rows, dim), dtype=dtype, device=device)
+            full.index_copy_(0, distinct.to(device), sums)
+            noise = gaussian((num_rows, dim), s.update_multiplier * clip, generator)
+            full += noise.to(device, dtype)
+            self.last.rows_changed += num_rows
+            rows = torch.arange(num_rows, device=device)
+            return RowUpdate(rows, full / self.denominator)
+        heat = selection.histogram(
+            inverse, update.row_owner[table], contribution.to(device), len(distinct)
+        )
+        chosen = selection.select(
+            distinct.cpu(), heat.cpu(), num_rows, s.selection_std, s.threshold, generator
+        )
+        # a false positive (position -1) reads the zero row appended after the sums
+        position = chosen.touched_position.numpy()
+        fresh = position < 0
+        index = torch.from_numpy(np.where(fresh, len(distinct), position)).to(device)
+        padded = torch.cat([sums, sums.new_zeros((1, dim))])
+        noise = gaussian((len(chosen.rows), dim), s.update_multiplier * clip, generator)
+        values = padded.index_select(0, index) + noise.to(device, dtype)
+        self.last.rows_changed += len(chosen.rows)
+        self.last.false_positives += int(fresh.sum())
+        if self.heat:  # (sum + noise) / D * (D / h_m)
+            divisor = chosen.noisy_heat.to(device, torch.float64)
+            if len(divisor):
+                coefficient = float(self.denominator / divisor.min())
+                self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
+            return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
+        return RowUpdate(chosen.rows.to(device), values / self.denominator)

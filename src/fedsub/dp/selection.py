@@ -1,0 +1,124 @@
+"""Sparsity-preserving row selection (DP-AdaFEST, Ghazi et al. 2023, in federated form).
+
+Each cohort member contributes ``c_k = min(1, B / sqrt(|S(k)|))`` to every row it touched
+(|S(k)| counted over all tables), so its contribution vector has L2 norm <= B. Per table, the
+cohort's histogram ``h[m] = sum_k c_k [m in S(k)]`` gets Gaussian noise of std sigma = z_sel B
+and a row is selected when its noisy value is >= tau. An untouched row's noisy value is pure
+noise, so each of the V - nnz untouched rows is selected independently with probability
+p = P(N(0, sigma^2) >= tau): the number of such false positives is drawn from
+Binomial(V - nnz, p) and that many untouched rows uniformly without replacement (rejection
+against the touched rows and earlier draws), in O(touched + selected) time, never O(V) unless
+the selection itself is dense; their noisy values are drawn from the noise conditioned on
+exceeding tau. Exactly the distribution of thresholding noise on all V rows.
+
+Everything here runs on the host, from a seeded torch ``Generator``: the same rows whatever the
+backend or device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedsub import segment_sum
+from fedsub.submodel.transfer import CohortUpdate
+
+
+def contributions(update: CohortUpdate, bound: float) -> torch.Tensor:
+    """c_k = min(1, B / sqrt(|S(k)|)) per member (float64; 1 for a member with no rows)."""
+    sizes = torch.zeros(len(update), dtype=torch.float64, device=update.clients.device)
+    for owner in update.row_owner.values():
+        segment_sum.index_add_(sizes, owner, torch.ones_like(owner, dtype=torch.float64))
+    return torch.clamp(bound / torch.clamp(sizes, min=1.0).sqrt(), max=1.0)
+
+
+def histogram(
+    inverse: torch.Tensor, owner: torch.Tensor, contribution: torch.Tensor, size: int
+) -> torch.Tensor:
+    """h over a table's distinct touched rows: the contributions of the members touching each
+    (``inverse``: each entry's distinct row, ``owner``: its member)."""
+    return segment_sum.segment_sum(inverse, contribution.index_select(0, owner), size)
+
+
+def false_positive_probability(threshold_in_stds: float) -> float:
+    """P(N(0, 1) >= tau / sigma)."""
+    return 0.5 * math.erfc(threshold_in_stds / math.sqrt(2.0))
+
+
+def sample_untouched(
+    touched: torch.Tensor, num_rows: int, count: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``count`` distinct rows of [0, num_rows) outside ``touched`` (sorted, on the host),
+    uniformly without replacement; sorted. Rejection sampling, O(count + touched), unless more
+    than half the free rows are wanted (then the free rows are listed: O(V))."""
+    free = num_rows - len(touched)
+    if count > free:
+        raise ValueError(f"{count} untouched rows wanted, {free} exist")
+    if count == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    if 2 * count > free:
+        mask = torch.ones(num_rows, dtype=torch.bool)
+        mask[touched] = False
+        candidates = torch.nonzero(mask).squeeze(1)
+        order = torch.randperm(len(candidates), generator=generator)[:count]
+        return torch.sort(candidates[order]).values
+    known = touched.numpy()
+    drawn = np.zeros(0, dtype=np.int64)
+    while True:
+        wanted = count - len(drawn)
+        batch = torch.randint(num_rows, (2 * wanted + 8,), generator=generator).numpy()
+        spot = np.minimum(np.searchsorted(known, batch), max(len(known) - 1, 0))
+        if len(known):
+            batch = batch[known[spot] != batch]
+        sequence = np.concatenate([drawn, batch])
+        _, first = np.unique(sequence, return_index=True)  # keep each row's first draw
+        drawn = sequence[np.sort(first)][:count]
+        if len(drawn) == count:
+            return torch.from_numpy(np.sort(drawn))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A table's selected rows (sorted), where each selected touched row sits among the
+    distinct touched rows (-1 for a false positive) and each row's noisy histogram value
+    (>= the threshold)."""
+
+    rows: torch.Tensor
+    touched_position: torch.Tensor
+    noisy_heat: torch.Tensor
+
+
+def select(
+    touched: torch.Tensor,
+    heat: torch.Tensor,
+    num_rows: int,
+    std: float,
+    threshold: float,
+    generator: torch.Generator,
+) -> Selection:
+    """Threshold the noised histogram of the touched rows (``touched`` sorted distinct, host
+    tensors) and add the false positives among the untouched rows (module docstring)."""
+    noisy = heat.to(torch.float64) + std * torch.randn(
+        len(touched), dtype=torch.float64, generator=generator
+    )
+    kept = np.flatnonzero(noisy.numpy() >= threshold)  # host arrays: small, numpy is cheaper
+    p = false_positive_probability(threshold / std)
+    free = num_rows - len(touched)
+    draws = torch.tensor([float(free)], dtype=torch.float64)
+    count = int(torch.binomial(draws, torch.tensor([p], dtype=torch.float64), generator=generator))
+    extra = sample_untouched(touched, num_rows, count, generator)
+    # the noise given that it reached the threshold: sigma * Phi^-1(1 - v), v ~ U(0, p]
+    tail = p * (1.0 - torch.rand(count, dtype=torch.float64, generator=generator))
+    extra_heat = -std * torch.special.ndtri(tail)
+    rows = np.concatenate([touched.numpy()[kept], extra.numpy()])
+    order = np.argsort(rows, kind="stable")
+    position = np.concatenate([kept, np.full(count, -1, dtype=np.int64)])
+    heat_values = np.concatenate([noisy.numpy()[kept], extra_heat.numpy()])
+    return Selection(
+        torch.from_numpy(rows[order]),
+        torch.from_numpy(position[order]),
+        torch.from_numpy(heat_values[order]),
+    )

@@ -1,0 +1,174 @@
+"""A run's differential-privacy settings, resolved: the noise multiplier (given or calibrated
+for the run's rounds), delta, the sampling, and the split of the noise between the row
+selection and the update.
+
+The split (rows = "private"): a share s of the budget 1/z^2 goes to the selection histogram and
+the rest to the clipped update, 1/z_sel^2 = s / z^2 and 1/z_grad^2 = (1 - s) / z^2, so
+1/z^2 = 1/z_sel^2 + 1/z_grad^2: the pair (histogram / B, update / C) with noise (z_sel, z_grad)
+is one Gaussian mechanism of multiplier z, and the accountant composes it as such (DP-AdaFEST's
+argument, Ghazi et al. 2023; their parameter is r = s' / (1 - s'), fedsub names the share).
+With rows = "all" (DP-FedAvg) the update takes the whole budget: z_grad = z. Adaptive clipping's
+noisy count (Andrew et al. 2021) takes a share a the same way (1/z_count^2 = a / z^2 for the
+count of sensitivity 1/2), and the update keeps 1 - s - a.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from fedsub.dp import accountant as accounting
+from fedsub.dp.accountant import Accountant, Sampling
+
+__all__ = ["Accountant", "DpSettings", "Rows", "Sampling", "default_delta", "resolve"]
+
+Rows = Literal["private", "all"]
+
+
+def default_delta(num_clients: int) -> float:
+    """1 / N^1.1: below 1/N, as user-level (eps, delta)-DP needs (delta ~ 1/N would allow
+    publishing one user's data outright)."""
+    return 1.0 / num_clients**1.1
+
+
+@dataclass(frozen=True)
+class DpSettings:
+    """What the mechanism and the accountant of a run need (all public numbers)."""
+
+    clip: float  # C, the L2 bound of each client's whole update
+    noise_multiplier: float  # z, of the round as one Gaussian mechanism
+    delta: float
+    accountant: Accountant
+    rows: Rows
+    sampling: Sampling
+    num_clients: int  # N
+    clients_per_round: int  # K (Poisson: the expected cohort, q = K / N)
+    rounds: int  # the configured rounds (a target epsilon was calibrated for them)
+    selection_share: float = 0.5  # s: the budget share of the row selection
+    selection_threshold: float = 3.0  # tau, in units of the selection noise's std
+    selection_bound: float = 1.0  # B: each client's contribution vector has L2 norm <= B
+    weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
+    epsilon_budget: float | None = None  # stop before a round that would spend more
+    seed: int = 0
+    # adaptive clipping (Andrew et al. 2021): C follows the target quantile of the norms
+    adaptive: bool = False
+    target_quantile: float = 0.5  # gamma
+    clip_lr: float = 0.2  # eta_C: C <- C exp(-eta_C (b - gamma))
+    count_share: float = 0.1  # a: the budget share of the noisy clipped-count
+
+    @property
+    def selection_multiplier(self) -> float:
+        """z_sel = z / sqrt(s) (rows = "private")."""
+        return self.noise_multiplier / math.sqrt(self.selection_share)
+
+    @property
+    def update_multiplier(self) -> float:
+        """z_grad = z / sqrt(1 - s - a): what the row selection (s, private rows) and the
+        adaptive clip's count (a) leave of the budget; z when neither is used."""
+        share = self.selection_share if self.rows == "private" else 0.0
+        share += self.count_share if self.adaptive else 0.0
+        return self.noise_multiplier / math.sqrt(1.0 - share)
+
+    @property
+    def count_std(self) -> float:
+        """The clipped-count's noise: each member adds b_k - 1/2 (sensitivity 1/2), with
+        1/z_count^2 = a / z^2, so std = z / (2 sqrt(a))."""
+        return self.noise_multiplier / (2.0 * math.sqrt(self.count_share))
+
+    @property
+    def selection_std(self) -> float:
+        """The selection noise's standard deviation, z_sel * B."""
+        return self.selection_multiplier * self.selection_bound
+
+    @property
+    def threshold(self) -> float:
+        """The selection threshold in histogram units: tau * z_sel * B."""
+        return self.selection_threshold * self.selection_std
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon at ``delta`` after ``rounds`` rounds (dp-accounting)."""
+        return accounting.epsilon(
+            self.noise_multiplier,
+            rounds,
+            self.delta,
+            self.accountant,
+            self.sampling,
+            self.num_clients,
+            self.clients_per_round,
+        )
+
+    @property
+    def budget(self) -> float | None:
+        """The epsilon a run may not exceed (``epsilon_budget``), or None."""
+        return self.epsilon_budget
+
+    def as_json(self) -> dict:
+        """summary.json's ``dp`` record without the epsilon reached."""
+        return {
+            "delta": self.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "accountant": self.accountant,
+            "sampling": self.sampling,
+            "clip": self.clip,
+            "rows": self.rows,
+            "selection_share": self.selection_share if self.rows == "private" else None,
+            "selection_threshold": self.threshold if self.rows == "private" else None,
+            "adaptive_clip": self.adaptive,
+        }
+
+
+def resolve(
+    *,
+    clip: float,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    delta: float | None,
+    accountant: Accountant,
+    rows: Rows,
+    sampling: Sampling,
+    num_clients: int,
+    clients_per_round: int,
+    rounds: int,
+    selection_share: float,
+    selection_threshold: float,
+    selection_bound: float,
+    weight_cap: float,
+    epsilon_budget: float | None,
+    seed: int,
+    adaptive: bool = False,
+    target_quantile: float = 0.5,
+    clip_lr: float = 0.2,
+    count_share: float = 0.1,
+) -> DpSettings:
+    """The settings with delta defaulted (1/N^1.1) and z calibrated when a target epsilon is
+    given (then the budget is that target, unless a budget is set)."""
+    delta = default_delta(num_clients) if delta is None else delta
+    if noise_multiplier is None:
+        if target_epsilon is None:
+            raise ValueError("give dp.noise_multiplier or dp.target_epsilon")
+        noise_multiplier = accounting.calibrate(
+            target_epsilon, rounds, delta, accountant, sampling, num_clients, clients_per_round
+        )
+        epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
+    return DpSettings(
+        clip=clip,
+        noise_multiplier=noise_multiplier,
+        delta=delta,
+        accountant=accountant,
+        rows=rows,
+        sampling=sampling,
+        num_clients=num_clients,
+        clients_per_round=clients_per_round,
+        rounds=rounds,
+        selection_share=selection_share,
+        selection_threshold=selection_threshold,
+        selection_bound=selection_bound,
+        weight_cap=weight_cap,
+        epsilon_budget=epsilon_budget,
+        seed=seed,
+        adaptive=adaptive,
+        target_quantile=target_quantile,
+        clip_lr=clip_lr,
+        count_share=count_share,
+    )

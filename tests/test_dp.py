@@ -1,0 +1,579 @@
+"""User-level differential privacy (fedsub/dp): the accountant against dp-accounting computed
+here from the config alone and against Balle & Wang's analytic Gaussian mechanism, clipping
+against its formula, the noise's distribution, the false-positive sampler against thresholding
+noise on every row, unselected rows bit-identical, both backends equal, resume, the budget stop
+and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+from dp_accounting import pld, rdp
+from scipy import optimize, stats
+
+from fedsub import experiment
+from fedsub.algorithms.registry import build_algorithm
+from fedsub.config import Config
+from fedsub.dp import clipping, selection
+from fedsub.dp.mechanism import DpMechanism
+from fedsub.dp.settings import DpSettings
+from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
+from fedsub.errors import ConfigError
+from fedsub.flower.runtime import FLOWER
+from fedsub.run_setup import dp_of, prepare
+from fedsub.submodel.transfer import CohortUpdate
+
+SMALL = [
+    "data.num_users=200",
+    "data.num_items=300",
+    "train.clients_per_round=20",
+    "train.rounds=4",
+    "train.local_steps=2",
+    "eval.every=2",
+    "eval.train_loss_samples=200",
+    "train.dtype='float64'",
+]
+DP = ["dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5"]
+
+
+def config(*overrides: str) -> Config:
+    return Config.from_toml(None, [*SMALL, *overrides])
+
+
+# -- the accountant ----------------------------------------------------------------------------
+
+
+def independent_epsilon(c: Config, rounds: int, num_clients: int) -> float:
+    """dp-accounting on the event the config declares, written out here from the config."""
+    z, k, n = c.dp.noise_multiplier, c.train.clients_per_round, num_clients
+    delta = c.dp.delta if c.dp.delta is not None else n**-1.1
+    if c.train.sampling == "poisson":
+        event = dp_accounting.PoissonSampledDpEvent(k / n, dp_accounting.GaussianDpEvent(z))
+        relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    else:  # replace-one: the sum's sensitivity is 2C, so the event's multiplier is z / 2
+        event = dp_accounting.SampledWithoutReplacementDpEvent(
+            n, k, dp_accounting.GaussianDpEvent(z / 2)
+        )
+        relation = dp_accounting.NeighboringRelation.REPLACE_ONE
+    if c.dp.accountant == "pld":
+        accountant = pld.PLDAccountant(relation, 1e-4)
+    else:
+        accountant = rdp.RdpAccountant(neighboring_relation=relation)
+    accountant.compose(event, rounds)
+    return accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["train.sampling='poisson'"],
+        ["train.sampling='poisson'", "dp.accountant='pld'"],
+        ["dp.delta=1e-6"],
+    ],
+)
+def test_the_reported_epsilon_is_dp_accountings_of_the_declared_event(extra):
+    c = config(*DP, *extra, "train.algorithms=['fedavg']")
+    outcome = experiment.compare(c, None)
+    history = outcome.histories["fedavg"]
+    assert [e.round for e in history] == [0, 2, 4]
+    for evaluation in history[1:]:
+        expected = independent_epsilon(c, evaluation.round, 200)
+        assert evaluation.metrics["epsilon"] == pytest.approx(expected, rel=0.01)
+    assert history[0].metrics["epsilon"] == 0.0
+    record = outcome.summary["algorithms"]["fedavg"]["dp"]
+    assert record["epsilon"] == history[-1].metrics["epsilon"]
+    assert record["noise_multiplier"] == 0.8
+    assert record["sampling"] == c.train.sampling
+    assert record["delta"] == pytest.approx(c.dp.delta or 200**-1.1)
+
+
+def analytic_gaussian_delta(epsilon: float, sigma: float) -> float:
+    """Balle & Wang 2018, Theorem 8: the Gaussian mechanism of sensitivity 1 and std sigma is
+    (epsilon, delta)-DP exactly for delta = Phi(1/(2 sigma) - epsilon sigma) - e^epsilon
+    Phi(-1/(2 sigma) - epsilon sigma)."""
+    a, b = 1 / (2 * sigma), epsilon * sigma
+    return stats.norm.cdf(a - b) - math.exp(epsilon) * stats.norm.cdf(-a - b)
+
+
+def test_one_unsampled_gaussian_round_has_the_analytic_gaussian_epsilon():
+    # q = K / N = 1 (Poisson, every client): one round is the plain Gaussian mechanism
+    c = config(*DP, "train.clients_per_round=200", "train.sampling='poisson'")
+    c = dataclasses.replace(c, dp=dataclasses.replace(c.dp, accountant="pld", delta=1e-5))
+    settings = dp_of(c, 200)
+    assert settings is not None
+    got = settings.epsilon(1)
+    exact = optimize.brentq(lambda e: analytic_gaussian_delta(e, 0.8) - 1e-5, 1e-3, 50)
+    assert got == pytest.approx(exact, rel=0.01)
+
+
+def test_a_target_epsilon_calibrates_z_for_the_configured_rounds():
+    c = config("dp.mechanism='gaussian'", "dp.target_epsilon=3.0", "train.rounds=30")
+    settings = dp_of(c, 200)
+    assert settings is not None
+    spent = settings.epsilon(30)
+    assert 0.99 * 3.0 <= spent <= 3.0
+    assert settings.budget == 3.0
+    c = dataclasses.replace(
+        c,
+        dp=dataclasses.replace(
+            c.dp, noise_multiplier=settings.noise_multiplier, target_epsilon=None
+        ),
+    )
+    assert independent_epsilon(c, 30, 200) == pytest.approx(spent, rel=0.01)
+
+
+# -- clipping and the noise --------------------------------------------------------------------
+
+
+def cohort(deltas: list[dict[int, list[float]]], dense: list[list[float]]) -> CohortUpdate:
+    """A cohort of one table "t": member k's row deltas {row: values} and dense deltas."""
+    rows, owner, values = [], [], []
+    for k, member in enumerate(deltas):
+        for row, value in sorted(member.items()):
+            rows.append(row)
+            owner.append(k)
+            values.append(value)
+    dim = len(values[0]) if values else 1
+    return CohortUpdate(
+        clients=torch.arange(len(deltas)),
+        weights=torch.ones(len(deltas), dtype=torch.float64),
+        multiplicity=torch.ones(len(deltas), dtype=torch.int64),
+        rows={"t": torch.tensor(rows, dtype=torch.int64)},
+        row_owner={"t": torch.tensor(owner, dtype=torch.int64)},
+        table_deltas={"t": torch.tensor(values, dtype=torch.float64).reshape(-1, dim)},
+        dense_deltas={"w": torch.tensor(dense, dtype=torch.float64)},
+    )
+
+
+def test_clipping_scales_each_whole_update_to_norm_at_most_c():
+    update = cohort(
+        [{0: [3.0], 5: [0.0]}, {2: [0.1]}, {1: [1.0], 2: [1.0]}],
+        [[4.0, 0.0], [0.0, 0.1], [1.0, 1.0]],
+    )
+    clip = 1.5
+    factors = clipping.clip_factors(update.squared_norms(), clip)
+    norms = [math.sqrt(9 + 16), math.sqrt(0.01 + 0.01), 2.0]  # rows and dense together
+    assert factors.tolist() == pytest.approx([min(1, clip / n) for n in norms])
+    scaled = clipping.scaled(update, factors)
+    assert scaled.squared_norms().sqrt().tolist() == pytest.approx([min(n, clip) for n in norms])
+
+
+def settings(**changes) -> DpSettings:
+    base = DpSettings(
+        clip=0.7,
+        noise_multiplier=1.3,
+        delta=1e-5,
+        accountant="rdp",
+        rows="private",
+        sampling="fixed",
+        num_clients=1000,
+        clients_per_round=10,
+        rounds=1,
+        selection_share=0.3,
+        selection_threshold=2.0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_a_round_without_movement_adds_gaussian_noise_of_std_z_grad_c_over_d():
+    # every member touched rows 0..199 with zero deltas; the selected rows (touched ones and
+    # ~2% of the 100,000 untouched, threshold 2 sigma) hold noise / D only
+    s = settings()
+    members = [{r: [0.0, 0.0] for r in range(200)} for _ in range(10)]
+    update = cohort(members, [[0.0] * 300 for _ in range(10)])
+    mechanism = DpMechanism(s, {"t": 100_000}, np.ones(1000))
+    out = mechanism.combine(update, round_index=3)
+    table = out.tables["t"]
+    assert len(table.rows) == mechanism.last.rows_changed > 1500
+    assert torch.equal(table.rows, torch.unique(table.rows))  # sorted, each row once
+    z_grad = 1.3 / math.sqrt(1 - 0.3)
+    std = z_grad * 0.7 / 10  # D = K with uniform weights
+    values = torch.cat([table.values.flatten(), out.dense["w"]]).numpy()
+    assert stats.kstest(values / std, "norm").pvalue > 1e-3
+    assert np.std(values) == pytest.approx(std, rel=0.05)
+
+
+@pytest.mark.parametrize("heat", [False, True])
+def test_with_negligible_noise_a_round_is_the_clipped_sum_over_d_or_the_private_heat(heat):
+    # z -> 0: every touched row is selected (tau -> 0) and its value is sum_k clip(delta_k)[m]
+    # over D = K (DP-FedAvg) or over h_m = sum_k c_k [m in S(k)] (DP-FedSubAvg's coefficient)
+    members = [{0: [3.0], 2: [4.0]}, {2: [1.0], 5: [0.5]}, {0: [0.2]}]
+    dense = [[0.0], [1.0], [0.0]]
+    s = settings(noise_multiplier=1e-12, clip=2.0, clients_per_round=3)
+    out = DpMechanism(s, {"t": 8}, np.ones(1000), heat=heat).combine(cohort(members, dense), 1)
+    scale = [min(1, 2.0 / 5.0), min(1, 2.0 / math.sqrt(1 + 0.25 + 1)), 1.0]  # C / ||delta_k||
+    c = [min(1, 1 / math.sqrt(2)), min(1, 1 / math.sqrt(2)), 1.0]  # B / sqrt(|S(k)|), B = 1
+    sums = {0: 3.0 * scale[0] + 0.2, 2: 4.0 * scale[0] + 1.0 * scale[1], 5: 0.5 * scale[1]}
+    h = {0: c[0] + c[2], 2: c[0] + c[1], 5: c[1]}
+    table = out.tables["t"]
+    got = dict(zip(table.rows.tolist(), table.values.flatten().tolist(), strict=True))
+    for row, total in sums.items():
+        assert got[row] == pytest.approx(total / (h[row] if heat else 3), abs=1e-9)
+    assert out.dense["w"].tolist() == pytest.approx([scale[1] / 3], abs=1e-9)
+
+
+def test_capped_weights_and_the_fixed_denominator():
+    # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * mean of w over all N
+    population = np.array([5.0, 20.0, 10.0, 40.0])
+    s = settings(rows="all", noise_multiplier=1e-12, weight_cap=10.0, clip=100.0)
+    s = dataclasses.replace(s, clients_per_round=2)
+    update = cohort([{0: [1.0]}, {1: [4.0]}], [[1.0], [2.0]])
+    update.weights = torch.tensor([5.0, 40.0], dtype=torch.float64)
+    out = DpMechanism(s, {"t": 3}, population).combine(update, 1)
+    d = 2 * np.mean([0.5, 1.0, 1.0, 1.0])
+    assert out.dense["w"].tolist() == pytest.approx([(0.5 * 1.0 + 1.0 * 2.0) / d], abs=1e-9)
+    assert out.tables["t"].values.flatten().tolist() == pytest.approx(
+        [0.5 * 1.0 / d, 1.0 * 4.0 / d, 0.0], abs=1e-9
+    )
+
+
+def test_dp_fedavgs_dense_form_noises_every_row():
+    s = settings(rows="all", noise_multiplier=0.9)
+    update = cohort([{3: [0.0]}], [[0.0]])
+    out = DpMechanism(s, {"t": 5000}, np.ones(1000)).combine(update, 1)
+    assert out.tables["t"].rows.tolist() == list(range(5000))
+    values = out.tables["t"].values.flatten().numpy()
+    assert stats.kstest(values / (0.9 * 0.7 / 10), "norm").pvalue > 1e-3
+
+
+def test_false_positives_are_distributed_as_thresholded_noise_on_every_row():
+    # V = 12 rows, 3 touched with histogram values 0.5, 2, 4; threshold 1.5, noise std 1:
+    # brute force (noise on all 12 rows, keep >= 1.5) against the sampler, row by row
+    touched = torch.tensor([2, 5, 9])
+    heat = torch.tensor([0.5, 2.0, 4.0], dtype=torch.float64)
+    trials, v, std, tau = 4000, 12, 1.0, 1.5
+    sampled = np.zeros(v)
+    fp_heat = []
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(trials):
+        chosen = selection.select(touched, heat, v, std, tau, generator)
+        sampled[chosen.rows.numpy()] += 1
+        fp_heat += chosen.noisy_heat[chosen.touched_position < 0].tolist()
+        assert (chosen.noisy_heat >= tau).all()
+    full = np.zeros(v)
+    full[[2, 5, 9]] = [0.5, 2.0, 4.0]
+    rng = np.random.default_rng(0)
+    brute = (full + std * rng.standard_normal((trials, v)) >= tau).sum(0)
+    p = stats.norm.sf(tau - full)  # each row's selection probability
+    for counts in (sampled, brute):  # both against the binomial of each row
+        z_scores = (counts - trials * p) / np.sqrt(trials * p * (1 - p))
+        assert np.abs(z_scores).max() < 4.5
+    # a false positive's noisy value: the noise given that it reached the threshold
+    truncated = stats.truncnorm(tau / std, np.inf, scale=std)
+    assert stats.kstest(fp_heat, truncated.cdf).pvalue > 1e-3
+
+
+def test_the_number_of_false_positives_is_binomial_on_a_large_table():
+    v, tau = 1_000_000, 3.0
+    generator = torch.Generator().manual_seed(1)
+    touched = torch.arange(0, 2000, 2)
+    counts = [
+        len(
+            selection.select(
+                touched, torch.zeros(1000, dtype=torch.float64), v, 1.0, tau, generator
+            ).rows
+        )
+        for _ in range(300)
+    ]
+    expected = (v - 1000) * stats.norm.sf(tau) + 1000 * stats.norm.sf(tau)
+    assert np.mean(counts) == pytest.approx(expected, rel=0.02)
+
+
+def test_sampled_untouched_rows_are_distinct_uniform_and_never_touched():
+    generator = torch.Generator().manual_seed(3)
+    touched = torch.tensor([0, 1, 2, 7])
+    seen = np.zeros(10)
+    for _ in range(3000):
+        rows = selection.sample_untouched(touched, 10, 3, generator).numpy()
+        assert len(set(rows)) == 3 and not set(rows) & {0, 1, 2, 7}
+        seen[rows] += 1
+    free = seen[[3, 4, 5, 6, 8, 9]]
+    assert stats.chisquare(free).pvalue > 1e-3
+
+
+def test_each_members_contribution_has_l2_norm_at_most_b():
+    # c_k = min(1, B / sqrt(|S(k)|)), |S(k)| over every table: 1, 4 and 100 rows with B = 0.5 / 3
+    update = cohort(
+        [{0: [0.0]}, {r: [0.0] for r in range(4)}, {r: [0.0] for r in range(100)}], [[0.0]] * 3
+    )
+    for bound in (0.5, 3.0):
+        got = selection.contributions(update, bound).tolist()
+        assert got == pytest.approx([min(1, bound / math.sqrt(n)) for n in (1, 4, 100)])
+
+
+def test_all_the_free_rows_can_be_drawn_and_no_more():
+    generator = torch.Generator().manual_seed(0)
+    touched = torch.tensor([1, 4])
+    rows = selection.sample_untouched(touched, 6, 4, generator)
+    assert rows.tolist() == [0, 2, 3, 5]
+    with pytest.raises(ValueError, match="5 untouched rows wanted, 4 exist"):
+        selection.sample_untouched(touched, 6, 5, generator)
+
+
+def test_fedsubavgs_private_coefficient_is_bounded_by_d_over_the_threshold():
+    s = settings(selection_threshold=1.0)
+    members = [{r: [1.0] for r in range(k, k + 5)} for k in range(10)]
+    mechanism = DpMechanism(s, {"t": 50}, np.ones(1000), heat=True)
+    for r in range(20):
+        mechanism.combine(cohort(members, [[0.0]] * 10), r)
+        assert mechanism.last.largest_coefficient <= 10 / s.threshold + 1e-9
+
+
+def test_adaptive_clipping_moves_c_toward_the_target_quantile():
+    # z tiny: the noisy count is the count; 3 of 4 members have norm <= C = 1
+    s = settings(adaptive=True, noise_multiplier=1e-9, clip=1.0, clip_lr=0.2, target_quantile=0.5)
+    update = cohort([{0: [0.5]}, {1: [0.9]}, {2: [3.0]}, {3: [0.1]}], [[0.0]] * 4)
+    mechanism = DpMechanism(s, {"t": 10}, np.ones(1000))
+    mechanism.combine(update, 1)
+    d = 10  # K: uniform weights
+    fraction = (3 - 4 / 2) / d + 0.5  # (sum of b_k - 1/2) / D + 1/2, as Andrew et al. center it
+    expected = 1.0 * math.exp(-0.2 * (fraction - 0.5))
+    assert float(mechanism.state_tensors()["clip"][0]) == pytest.approx(expected, rel=1e-6)
+    assert mechanism.current_clip(1) == 1.0  # a recombined round keeps its C
+    assert mechanism.current_clip(2) == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_budget_split_keeps_one_gaussian_mechanism_of_multiplier_z():
+    s = settings(adaptive=True, selection_share=0.3, count_share=0.1, noise_multiplier=1.7)
+    z_sel, z_grad = s.selection_multiplier, s.update_multiplier
+    z_count = s.count_std / 0.5  # the count's sensitivity is 1/2
+    assert 1 / z_sel**2 + 1 / z_grad**2 + 1 / z_count**2 == pytest.approx(1 / 1.7**2)
+    assert 1 / z_sel**2 == pytest.approx(0.3 / 1.7**2)
+    # the selection noise's std is z_sel B and the threshold tau z_sel B (histogram units)
+    wide = dataclasses.replace(s, selection_bound=2.5, selection_threshold=3.0)
+    assert wide.selection_std == pytest.approx(1.7 / math.sqrt(0.3) * 2.5)
+    assert wide.threshold == pytest.approx(3.0 * 1.7 / math.sqrt(0.3) * 2.5)
+
+
+def test_an_empty_cohort_update_has_no_member_and_the_models_shapes():
+    from fedsub.dp.mechanism import empty_update
+    from fedsub.submodel.params import Params
+
+    params = Params(tables={"t": torch.zeros(7, 3)}, dense={"w": torch.zeros(2, 2)})
+    empty = empty_update(params)
+    assert len(empty) == 0 and len(empty.weights) == 0
+    assert empty.rows["t"].shape == (0,) and empty.row_owner["t"].shape == (0,)
+    assert empty.table_deltas["t"].shape == (0, 3)
+    assert empty.dense_deltas["w"].shape == (0, 2, 2)
+
+
+# -- whole runs --------------------------------------------------------------------------------
+
+
+def test_unselected_rows_stay_bit_identical(monkeypatch):
+    c = config(*DP, "train.rounds=1", "train.algorithms=['fedsubavg']")
+    setup = prepare(c)
+    noised: list[torch.Tensor] = []
+    combine = DpMechanism.combine
+
+    def recorded(self, update, round_index):
+        out = combine(self, update, round_index)
+        noised.append(out.tables["features"].rows.clone())
+        return out
+
+    monkeypatch.setattr(DpMechanism, "combine", recorded)
+    algorithm = build_algorithm("fedsubavg", setup.context)
+    before = initial_params(setup.model, setup.schedule).tables["features"].clone()
+    after = train(setup.model, algorithm, setup.dataset, setup.index, setup.schedule).tables[
+        "features"
+    ]
+    selected = noised[0]
+    others = torch.ones(len(before), dtype=torch.bool)
+    others[selected] = False
+    assert 0 < len(selected) < len(before) // 4
+    assert torch.equal(after[others], before[others])
+    assert (after[selected] != before[selected]).all()
+
+
+def test_both_backends_give_the_same_numbers_under_dp():
+    runs = {
+        backend: experiment.compare(config(*DP, f"train.backend='{backend}'"), None)
+        for backend in ("sequential", "batched")
+    }
+    for name in ("fedavg", "fedsubavg"):
+        a = runs["sequential"].params[name].state_dict()
+        b = runs["batched"].params[name].state_dict()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-9)
+        start = initial_params(runs["batched"].model, prepare(config(*DP)).schedule)
+        assert not torch.equal(a["table.features"], start.tables["features"])
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_resumed_run_continues_the_same_model_and_epsilon_curve(tmp_path, adaptive):
+    c = config(
+        *DP,
+        "train.algorithms=['fedsubavg']",
+        "eval.every=1",
+        f"dp.adaptive_clip={str(adaptive).lower()}",
+    )
+    setup = prepare(c)
+    algorithm = build_algorithm("fedsubavg", setup.context)
+    straight: list = []
+    args = (setup.model, algorithm, setup.dataset, setup.index, setup.schedule, setup.evaluator)
+    final = train(*args, on_evaluation=straight.append)
+    done: list[int] = []
+    stop = RunControl(checkpoints=tmp_path, stop_requested=lambda: done[-1] >= 2)
+    with pytest.raises(Interrupted) as stopped:
+        train(*args, on_round=done.append, control=stop)
+    resumed: list = []
+    saved = checkpoint_lib.load(stopped.value.checkpoint)
+    again = train(*args, on_evaluation=resumed.append, control=RunControl(resume=saved))
+    assert [e.metrics["epsilon"] for e in resumed] == [e.metrics["epsilon"] for e in straight[3:]]
+    for key, value in final.state_dict().items():
+        assert torch.equal(again.state_dict()[key], value), key
+
+
+def test_a_run_stops_before_the_round_that_would_exceed_its_budget(caplog):
+    c = config(
+        *DP,
+        "dp.epsilon_budget=12.0",
+        "train.algorithms=['fedavg']",
+        "train.rounds=40",
+        "eval.every=10",
+    )
+    outcome = experiment.compare(c, None)
+    history = outcome.histories["fedavg"]
+    settings_ = dp_of(c, 200)
+    assert settings_ is not None
+    last = history[-1].round
+    assert settings_.epsilon(last) <= 12.0 < settings_.epsilon(last + 1)
+    assert last < 40
+    assert history[-1].metrics["epsilon"] == settings_.epsilon(last)
+    assert "stopped before round" in caplog.text
+
+
+def test_poisson_sampling_draws_each_client_with_probability_k_over_n():
+    c = config("train.sampling='poisson'", "train.algorithms=['fedavg']")
+    setup = prepare(c)
+    from fedsub.algorithms.sampling import poisson_cohort
+
+    sizes = [len(poisson_cohort(0, r, 200, 20)) for r in range(1, 2001)]
+    assert np.mean(sizes) == pytest.approx(20, rel=0.02)
+    assert np.var(sizes) == pytest.approx(200 * 0.1 * 0.9, rel=0.15)
+    assert setup.schedule.sampling == "poisson"
+
+
+def test_mechanism_none_leaves_the_run_unchanged():
+    plain = experiment.compare(config(), None)
+    explicit = experiment.compare(config("dp.mechanism='none'", "dp.clip=9.0"), None)
+    for name in ("fedavg", "fedsubavg"):
+        a, b = plain.params[name].state_dict(), explicit.params[name].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert "epsilon" not in plain.histories[name][-1].metrics
+
+
+# -- refusals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["train.algorithms=['scaffold']"], "outside the Gaussian mechanism"),
+        (["train.algorithms=['fedavg@scheme1']"], "scheme"),
+        (["train.privacy='full'"], "not yet supported"),
+        (["dp.accountant='pld'"], "no event for fixed-size cohorts"),
+        (["dp.target_epsilon=2.0"], "exactly one of"),
+        (["dp.rows='all'"], "exact heat"),
+        (["eval.gradient_norms=true"], "exact heat"),
+        (["train.table_placement='host'"], "not yet supported"),
+        (["train.algorithms=['central-sgd']"], "pools the data"),
+    ],
+)
+def test_combinations_that_cannot_be_private_are_refused(extra, says):
+    with pytest.raises(ConfigError, match=says):
+        config(*DP, *extra)
+
+
+def test_flower_refuses_dp_as_not_yet_supported():
+    from fedsub.flower.settings import FlowerSettings
+
+    settings_ = FlowerSettings(overrides=(*SMALL, *DP))
+    with pytest.raises(ConfigError, match="Not yet supported") as refused:
+        settings_.fedsub_config()
+    assert "[dp] mechanism = 'gaussian' cannot run on Flower" in str(refused.value)
+    assert not FLOWER.has("differential-privacy")
+
+
+def test_torchrun_refuses_dp_as_not_yet_supported(monkeypatch):
+    from fedsub import distributed
+
+    c = config(*DP, "train.algorithms=['fedavg']")
+    setup = prepare(c)
+    monkeypatch.setattr(distributed, "joined", lambda: object())
+    algorithm = build_algorithm("fedavg", setup.context)
+    with pytest.raises(ConfigError, match=r"torchrun .* not yet supported"):
+        train(setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
+
+
+# -- interfaces --------------------------------------------------------------------------------
+
+
+def test_fedsub_dp_prints_the_planned_epsilon_without_training(capsys):
+    from fedsub.cli import main
+
+    overrides = [*SMALL, *DP]
+    assert main(["dp", *(a for o in overrides for a in ("--set", o))]) == 0
+    out = capsys.readouterr().out
+    c = config(*DP)
+    assert f"epsilon after round 4: {independent_epsilon(c, 4, 200):.4f}" in out
+    assert "noise multiplier z = 0.8" in out
+
+
+def test_the_python_api_passes_dp_through():
+    import fedsub
+
+    result = fedsub.train(
+        "sparse-lr",
+        "synthetic-sparse",
+        algorithm="fedavg",
+        rounds=2,
+        every=1,
+        dp={"mechanism": "gaussian", "noise_multiplier": 1.0},
+    )
+    assert result.history[-1]["epsilon"] > 0
+
+
+def test_the_progress_line_shows_the_epsilon_spent():
+    from fedsub.progress import Reporter, reporting
+
+    class Notes(Reporter):
+        def __init__(self) -> None:
+            self.notes: list[tuple[str, str]] = []
+
+        def note(self, label: str, text: str) -> None:
+            self.notes.append((label, text))
+
+    notes = Notes()
+    with reporting(notes):
+        outcome = experiment.compare(config(*DP, "train.algorithms=['fedavg']"), None)
+    spent = outcome.histories["fedavg"][-1].metrics["epsilon"]
+    assert notes.notes[-1] == ("fedavg", f"epsilon {spent:.3g}")
+
+
+@pytest.mark.parametrize("dp", [[], DP])
+def test_an_empty_poisson_round_adds_the_noise_and_nothing_else(dp):
+    from fedsub.algorithms.sampling import poisson_cohort
+
+    # q = 1 / 200: a seed whose 4 rounds all draw nobody
+    seed = next(
+        s for s in range(1000) if not any(len(poisson_cohort(s, r, 200, 1)) for r in range(1, 5))
+    )
+    c = config(
+        *dp,
+        "train.sampling='poisson'",
+        "train.clients_per_round=1",
+        "train.algorithms=['fedavg']",
+        f"train.seed={seed}",
+    )
+    outcome = experiment.compare(c, None)
+    start = initial_params(outcome.model, prepare(c).schedule).tables["features"]
+    moved = not torch.equal(outcome.params["fedavg"].tables["features"], start)
+    assert moved == bool(dp)  # only the noise moves a model nobody trained
