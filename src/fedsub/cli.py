@@ -450,7 +450,7 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 def cmd_dp(args: argparse.Namespace) -> int:
     from fedsub.run_setup import dp_plan
 
-    config = config_lib.load(Path(args.config) if args.config else None, args.set)
+    config = _config(args)
     with _reporting(False):
         print("\n".join(dp_plan(config)))
     return 0

@@ -568,7 +568,9 @@ def config_of(
             raise ArgumentError("give the algorithms as compare(..., algorithms=[...])")
         if key == "dp":  # the [dp] table as a mapping (differential privacy, fedsub/dp)
             if not isinstance(value, Mapping):
-                raise ArgumentError(f"dp must be a dict of [dp] keys (e.g. clip=1.0), got {value!r}")
+                raise ArgumentError(
+                    f"dp must be a dict of [dp] keys (e.g. clip=1.0), got {value!r}"
+                )
             sections["dp"] = dict(value)
         elif key in train_keys:
             sections["train"][key] = value
