@@ -25,6 +25,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.experiment import check_free_space
 from fedsub.models.sparse_lr import SparseLogisticRegression
+from fedsub.run_folder import hash_config
 from fedsub.submodel.index import SubmodelIndex
 
 from .conftest import SquaredDistance
@@ -114,6 +115,39 @@ def test_sigkill_at_a_random_round_then_resume_gives_identical_results(
         process.wait(timeout=60)
     assert process.returncode == -signal.SIGKILL
     assert not (out / "summary.json").exists()  # it really was cut off
+
+    resumed = fedsub_process("compare", "--resume", str(out))
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert outputs(out) == expected
+
+
+def test_a_run_written_before_later_keys_existed_resumes_to_the_same_results(
+    tmp_path, uninterrupted
+):
+    """A run folder written by an older fedsub has no line for a key added since (its
+    config.toml and run.json's hash are of the text without it): resume reads the new key's
+    default, which keeps the old behaviour, and continues to the uninterrupted results."""
+    config, expected = uninterrupted
+    out = tmp_path / "out"
+    process = fedsub_process("compare", str(config), "--out", str(out))
+    try:
+        wait_for_checkpoint(out, "fedadam", 5)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=60)
+    written = (out / "config.toml").read_text()
+    older = "\n".join(
+        line
+        for line in written.split("\n[dp]\n")[0].splitlines()
+        if not line.startswith(("sampling = ", "regularized_loss = "))
+    )
+    assert older != written and "[dp]" in written  # keys this fedsub added, gone
+    (out / "config.toml").write_text(older)
+    for stamped in [out / "run.json", *out.glob("*/done"), *out.glob("*/checkpoints/*/*.json")]:
+        # what the older fedsub stamped: run.json, each finished algorithm, each checkpoint
+        text = stamped.read_text()
+        assert stamped.name != "run.json" or hash_config(written) in text
+        stamped.write_text(text.replace(hash_config(written), hash_config(older)))
 
     resumed = fedsub_process("compare", "--resume", str(out))
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()

@@ -310,12 +310,23 @@ def _claim(
 
 
 def _resumed_identity(out_dir: Path, config_text: str) -> RunIdentity:
+    """The identity of the run in ``out_dir``, after two checks: its config.toml is the text
+    its run.json was started with (hashed as written, so a run written before a key was added
+    to fedsub still resumes: the new key takes its default, which keeps the old behaviour), and
+    ``config_text`` (the config being resumed, resolved) is that file's config as this fedsub
+    reads it."""
     identity = identity_of(read_run_file(out_dir))
-    if identity.config_hash != hash_config(config_text):
+    path = out_dir / "config.toml"
+    written = path.read_text(encoding="utf-8") if path.exists() else ""
+    if identity.config_hash != hash_config(written):
         raise FedsubError(
-            f"the config resumed in {out_dir} (hash {hash_config(config_text)}) is not the one "
-            f"its {RUN_FILE} was started with (hash {identity.config_hash}); was "
-            f"{out_dir / 'config.toml'} edited? Start a new run instead"
+            f"{path} (hash {hash_config(written)}) is not the config its {RUN_FILE} was "
+            f"started with (hash {identity.config_hash}); was it edited? Start a new run instead"
+        )
+    if config_lib.to_toml(config_lib.load(path)) != config_text:
+        raise FedsubError(
+            f"the config given to resume {out_dir} is not the one in {path}; resume with that "
+            "folder's config (fedsub compare --resume reads it), or start a new run"
         )
     return identity
 
