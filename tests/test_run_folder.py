@@ -121,10 +121,15 @@ def test_resume_refuses_edited_metrics_config_and_folders_without_run_file(tmp_p
     metrics.write_text(metrics.read_text().replace("0.", "1.", 1))
     with pytest.raises(FedsubError, match=re.escape(f"{metrics} is not the file run")):
         compare(config, out, resume=True)
+    with pytest.raises(FedsubError, match=re.escape(f"is not the one in {out / 'config.toml'}")):
+        compare(config_lib.load(tiny, ["train.lr=0.3"]), out, resume=True)  # another config
+    written = (out / "config.toml").read_text()
+    (out / "config.toml").write_text(written.replace("lr = ", "lr = 1", 1))  # edited by hand
     with pytest.raises(
-        FedsubError, match=re.escape("is not the one its run.json was started with")
+        FedsubError, match=re.escape("is not the config its run.json was started with")
     ):
-        compare(config_lib.load(tiny, ["train.lr=0.3"]), out, resume=True)
+        compare(config, out, resume=True)
+    (out / "config.toml").write_text(written)
     (out / "run.json").unlink()
     with pytest.raises(FedsubError, match=re.escape("has no run.json")):
         compare(config, out, resume=True)
