@@ -97,9 +97,14 @@ class DpMechanism:
     # adaptive clipping: (round, C for the rounds after it), committed when a later round starts
     # (a round that screens out a member combines twice, from the same C)
     pending: tuple[int, float] | None = None
+    # D = K * mean_k(w_k) over the population (K for uniform weights): fixed for the run
+    denominator: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.clip = self.clip or self.settings.clip
+        counts = torch.from_numpy(np.asarray(self.population_counts, dtype=np.float64))
+        mean = float(clipping.capped_weights(counts, self.settings.weight_cap).mean())
+        self.denominator = self.settings.clients_per_round * mean
 
     def current_clip(self, round_index: int) -> float:
         """C for round ``round_index``: the adaptive update of an earlier round committed."""
@@ -127,13 +132,6 @@ class DpMechanism:
         if set(tensors) != {"clip"} or tensors["clip"].shape != (1,):
             raise ValueError(f"adaptive clipping's state is one 'clip', got {sorted(tensors)}")
         self.clip, self.pending = float(tensors["clip"][0]), None
-
-    @property
-    def denominator(self) -> float:
-        """D = K * mean_k(w_k) over the population (K for uniform weights)."""
-        counts = torch.from_numpy(np.asarray(self.population_counts, dtype=np.float64))
-        mean = float(clipping.capped_weights(counts, self.settings.weight_cap).mean())
-        return self.settings.clients_per_round * mean
 
     def combine(self, update: CohortUpdate, round_index: int) -> ServerUpdate:
         """The round's noised, normalized update (module docstring)."""
