@@ -46,6 +46,18 @@ def round_event(
     )
 
 
+def run_event(
+    noise_multiplier: float,
+    rounds: int,
+    sampling: Sampling,
+    num_clients: int,
+    clients_per_round: int,
+) -> dp_accounting.DpEvent:
+    """``rounds`` rounds composed: what ``epsilon`` accounts and ``calibrate`` solves for."""
+    event = round_event(noise_multiplier, sampling, num_clients, clients_per_round)
+    return dp_accounting.SelfComposedDpEvent(event, rounds)
+
+
 def neighbours(sampling: Sampling) -> dp_accounting.NeighboringRelation:
     """Add-or-remove-one for Poisson sampling, replace-one for fixed-size cohorts."""
     if sampling == "poisson":
@@ -78,8 +90,9 @@ def epsilon(
     if rounds == 0:
         return 0.0
     accountant = fresh_accountant(kind, sampling)
-    event = round_event(noise_multiplier, sampling, num_clients, clients_per_round)
-    accountant.compose(event, rounds)
+    accountant.compose(
+        run_event(noise_multiplier, rounds, sampling, num_clients, clients_per_round)
+    )
     return float(accountant.get_epsilon(delta))
 
 
@@ -96,8 +109,7 @@ def calibrate(
     spend at most ``target_epsilon`` at ``delta`` (dp_accounting.calibrate_dp_mechanism)."""
 
     def composed(z: float) -> dp_accounting.DpEvent:
-        event = round_event(z, sampling, num_clients, clients_per_round)
-        return dp_accounting.SelfComposedDpEvent(event, rounds)
+        return run_event(z, rounds, sampling, num_clients, clients_per_round)
 
     def search(use: Accountant, bracket: dp_accounting.BracketInterval) -> float:
         return float(

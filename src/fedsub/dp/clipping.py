@@ -4,6 +4,8 @@ weight w_k <= 1, so every member's contribution to the sum has norm <= C."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from fedsub.submodel.transfer import CohortUpdate
@@ -32,13 +34,4 @@ def scaled(update: CohortUpdate, factors: torch.Tensor) -> CohortUpdate:
     dense = {}
     for name, stacked in update.dense_deltas.items():
         dense[name] = stacked * factors.to(stacked.dtype).reshape(-1, *([1] * (stacked.dim() - 1)))
-    return CohortUpdate(
-        update.clients,
-        update.weights,
-        update.multiplicity,
-        update.rows,
-        update.row_owner,
-        tables,
-        dense,
-        update.unions,
-    )
+    return dataclasses.replace(update, table_deltas=tables, dense_deltas=dense)
