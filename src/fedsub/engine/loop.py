@@ -200,7 +200,7 @@ def build_server_round(
         heat = algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
         mechanism = DpMechanism(schedule.dp, table_rows, dataset.sample_counts(), heat)
         ledger = Ledger(schedule.dp)
-    rounds = ServerRound(
+    return ServerRound(
         algorithm,
         schedule,
         dataset.sample_counts(),
@@ -213,7 +213,6 @@ def build_server_round(
         dp=mechanism,
         ledger=ledger,
     )
-    return rounds
 
 
 def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
