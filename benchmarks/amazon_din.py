@@ -120,7 +120,7 @@ def eval_figure(dataset, index, model, runs: int) -> dict:
 def table2_child(folder: str, rounds: int, threads: int) -> None:
     """In a fresh process: the Table 2 row through ``experiment.compare``."""
     from fedsub import config as config_lib
-    from fedsub.experiment import compare
+    from fedsub.runs.experiment import compare
 
     overrides = [
         f'data.path="{folder}"',

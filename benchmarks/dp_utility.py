@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsub import experiment
 from fedsub.config import Config
 from fedsub.dp.mechanism import DpMechanism
+from fedsub.runs import experiment
 
 STATS: list[dict] = []
 

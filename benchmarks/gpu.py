@@ -53,7 +53,7 @@ from fedsub.engine.schedule import Compile, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
-from fedsub.run_setup import schedule_of
+from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 from plain_loop import PlainFederation, plain_round

@@ -32,7 +32,7 @@ from fedsub.errors import ConfigError
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.pooling import sum_pool
 from fedsub.models.registry import build_model
-from fedsub.run_setup import schedule_of
+from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_backends import setup, shared_table_dataset, two_tables_with_dense

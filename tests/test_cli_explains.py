@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from fedsub import __version__, catalog
+from fedsub import __version__
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import algorithm_names, options_class
 from fedsub.algorithms.schemes import SCHEMES
-from fedsub.cli import build_parser, main
+from fedsub.cli import build_parser, catalog, main
 from fedsub.data.fetch import DOWNLOADS, listing
 from fedsub.data.registry import DATASETS
 from fedsub.models.registry import model_names, model_spec

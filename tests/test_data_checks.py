@@ -7,10 +7,10 @@ import logging
 import pytest
 
 from fedsub import config as config_lib
-from fedsub.checks import check_against_dataset
 from fedsub.cli import main
 from fedsub.errors import ConfigError
-from fedsub.run_setup import model_of
+from fedsub.runs.checks import check_against_dataset
+from fedsub.runs.run_setup import model_of
 
 TINY = ["data.num_users=40", "data.num_items=30", "data.mean_samples_per_user=8"]
 

@@ -1,4 +1,5 @@
-"""``train.deterministic``: the round's scatter-adds as sorted segment sums (fedsub/segment_sum.py).
+"""``train.deterministic``: the round's scatter-adds as sorted segment sums
+(numerics/segment_sum.py).
 
 The helper against an independent reference (a Python loop adding each destination's entries
 in their original order), both paths equal, and whole runs: a deterministic run equals the
@@ -15,11 +16,11 @@ import torch
 
 from fedsub import config as config_lib
 from fedsub import device as device_lib
-from fedsub import segment_sum
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import Schedule
-from fedsub.run_setup import schedule_of
+from fedsub.numerics import segment_sum
+from fedsub.runs.run_setup import schedule_of
 
 from .test_backends import run
 

@@ -20,7 +20,7 @@ from fedsub.errors import ConfigError
 from fedsub.models import sparse_lr_closed_form as closed_form
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.sparse_lr import SparseLogisticRegression
-from fedsub.run_setup import schedule_of
+from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedsub import cli
 from fedsub.algorithms.sampling import Cohort
+from fedsub.cli import commands as cli
 from fedsub.distributed import Processes, from_environment, process_device
 from fedsub.engine import loop, split_cohort
 from fedsub.engine.loop import train
@@ -189,7 +189,7 @@ def torchrun(
 ) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node 2 -m fedsub ARGS`` (gloo on the CPU);
     ``path``: a further folder on PYTHONPATH (a user's module named by its import path)."""
-    folders = [str(Path(cli.__file__).parents[1]), *([str(path)] if path else [])]
+    folders = [str(Path(cli.__file__).parents[2]), *([str(path)] if path else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(folders), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return subprocess.run(

@@ -117,7 +117,7 @@ def at_smoke_size(argv: list[str]) -> list[str]:
 
 
 def run_command(argv: list[str], where: str) -> None:
-    from fedsub import cli
+    from fedsub.cli import commands as cli
 
     try:
         status = cli.main(argv)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsub import cli
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import algorithm_names
+from fedsub.cli import commands as cli
 from fedsub.data.registry import dataset_names
 from fedsub.models.registry import model_names
 

@@ -16,7 +16,6 @@ import torch
 from dp_accounting import pld, rdp
 from scipy import optimize, stats
 
-from fedsub import experiment
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp import clipping, selection
@@ -26,7 +25,8 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
 from fedsub.errors import ConfigError
 from fedsub.flower.runtime import FLOWER
-from fedsub.run_setup import dp_of, prepare
+from fedsub.runs import experiment
+from fedsub.runs.run_setup import dp_of, prepare
 from fedsub.submodel.transfer import CohortUpdate
 
 SMALL = [

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.finite import any_nonfinite
+from fedsub.numerics.finite import any_nonfinite
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 

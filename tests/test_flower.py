@@ -24,7 +24,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.loop import initial_params, train
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.registry import build_model
-from fedsub.run_setup import load_data, model_of, schedule_of
+from fedsub.runs.run_setup import load_data, model_of, schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
 from .processes import Processes, descendants, flower_env, free_ports, port_open, wait_for

@@ -22,7 +22,7 @@ from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import heat_from_reports
 from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
-from fedsub.run_setup import load_data
+from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 Handler = Callable[[Message, Context], Message]
@@ -355,7 +355,7 @@ def _private_strategy(settings):
     from fedsub.engine.loop import initial_params
     from fedsub.flower.run_model import federation
     from fedsub.flower.strategy import SubmodelStrategy
-    from fedsub.run_setup import heat_privacy_of
+    from fedsub.runs.run_setup import heat_privacy_of
 
     fed = federation(settings)
     name = settings.algorithm_name(fed.config)

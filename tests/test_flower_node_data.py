@@ -21,7 +21,7 @@ from fedsub.data.feature_spec import dataset_of_nodes
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.loop import train
 from fedsub.engine.metrics import roc_auc
-from fedsub.run_setup import model_of, schedule_of
+from fedsub.runs.run_setup import model_of, schedule_of
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params

@@ -74,8 +74,8 @@ def test_the_server_app_holds_its_out_dir_like_fedsub_run(tmp_path):
     from flwr.app import Context, RecordDict
 
     from fedsub.errors import FedsubError
+    from fedsub.files.folder_lock import FolderLock
     from fedsub.flower.apps import make_client_app, make_server_app
-    from fedsub.folder_lock import FolderLock
 
     from .test_flower_heat_exchange import AppGrid
     from .test_flower_private_download import BASE

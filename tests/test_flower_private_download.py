@@ -20,7 +20,7 @@ from fedsub.flower.settings import FlowerSettings, Payload
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggError
-from fedsub.run_setup import load_data
+from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_flower import in_process_model
@@ -372,7 +372,7 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
     from fedsub.flower.run_model import federation
     from fedsub.flower.strategy import SubmodelStrategy
-    from fedsub.run_setup import heat_privacy_of
+    from fedsub.runs.run_setup import heat_privacy_of
 
     overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")
     settings = FlowerSettings(overrides=overrides, round_timeout=30.0)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedsub import config as config_lib
-from fedsub.run_setup import load_data
+from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 from .processes import wait_for

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fedsub.cli import main
-from fedsub.folder_lock import LOCK_FILE, FolderLock, is_locked
+from fedsub.files.folder_lock import LOCK_FILE, FolderLock, is_locked
 
 TINY = [
     "data.num_users=12",

@@ -30,21 +30,15 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "fedsub"
 LAYERS: list[set[str]] = [
     {
         "errors",
+        "files",
+        "numerics",
         "keys",
         "vocabulary",
-        "seeding",
-        "json_values",
-        "atomic_files",
-        "folder_lock",
         "progress",
         "profiling",
-        "run_folder",
         "stateful",
         "device",
         "distributed",
-        "segment_sum",
-        "finite",
-        "tensor_files",
         "plugins",
     },
     {"data"},
@@ -52,17 +46,14 @@ LAYERS: list[set[str]] = [
     {"models", "client"},
     {"algorithms", "masking", "privacy", "dp"},
     {"engine", "config"},
-    {"checks", "report"},
-    {"run_setup"},  # a config to a run's data, model, schedule, context (used by all above)
+    {"runs"},  # a config checked, set up (data, model, schedule), run and reported
     # ``fedsub`` itself (the package's __init__) is the public API's facade: it imports the
     # library's names lazily (PEP 562), so it sits on top; its import-time imports are leaves
     {
-        "experiment",
         "library",
         "api_arguments",
         "flower",
         "cli",
-        "catalog",
         "reproduce",
         "__main__",
         "fedsub",

@@ -34,7 +34,7 @@ def test_a_module_trains_as_the_engine_trains_it_and_comes_back_trained():
     model = wrap(module(), dataset)
     index = SubmodelIndex.build(dataset)
     from fedsub.config import parse
-    from fedsub.run_setup import schedule_of
+    from fedsub.runs.run_setup import schedule_of
 
     schedule = schedule_of(parse({"train": {**SMALL, "dtype": "float64"}, "eval": {"every": 2}}))
     direct = engine_train(

@@ -132,8 +132,8 @@ def test_masked_training_of_a_model_that_cannot_be_sliced_says_so(tmp_path_facto
 def test_capacities_too_small_for_a_sliceable_models_layers_are_warned_about(
     tmp_path_factory, caplog
 ):
-    from fedsub.checks import _check_capacities
     from fedsub.config import parse
+    from fedsub.runs.checks import _check_capacities
 
     config = parse({"model": {"name": "cnn"}, "train": {"masking": "static", "capacities": [0.1]}})
     model, _ = built("cnn", str(tmp_path_factory.getbasetemp()))  # 2 and 3 channels

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 import fedsub
-from fedsub import cli
 from fedsub.algorithms.registry import algorithm_names
+from fedsub.cli import commands as cli
 from fedsub.errors import ConfigError
 from fedsub.models.torch_module import wrap
 from fedsub.privacy.levels import LEVELS

@@ -16,7 +16,7 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.loop import Evaluation
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.models.softmax_regression import SoftmaxRegression
-from fedsub.report import Target, best_metrics, rounds_to_target
+from fedsub.runs.report import Target, best_metrics, rounds_to_target
 
 
 def _schedule(**kwargs) -> Schedule:
@@ -145,7 +145,7 @@ def test_the_regularized_train_loss_is_the_papers_objective():
     import torch
 
     from fedsub import config as config_lib
-    from fedsub.run_setup import prepare
+    from fedsub.runs.run_setup import prepare
 
     config = config_lib.load(
         Path(__file__).parents[1] / "configs" / "li-synthetic.toml",

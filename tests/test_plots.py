@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from fedsub.engine.loop import Evaluation
-from fedsub.report import Target, curves_figure, plot_curves
+from fedsub.runs.report import Target, curves_figure, plot_curves
 
 
 def history(offset: float) -> list[Evaluation]:
@@ -106,8 +106,8 @@ def test_short_runs_get_whole_round_ticks():
 
 
 def test_the_title_names_the_masking_scheme(tmp_path, monkeypatch):
-    from fedsub import experiment
     from fedsub.cli import main
+    from fedsub.runs import experiment
 
     titles = []
     monkeypatch.setattr(experiment, "plot_curves", lambda h, path, title, *a: titles.append(title))

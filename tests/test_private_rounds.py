@@ -443,7 +443,7 @@ def test_full_privacy_reaches_the_default_target_within_1_1x_the_rounds_of_none(
     repeated here. Each run stops at its target; about 20 rounds of 50-client secure
     aggregation make this the slow test of the file."""
     from fedsub.algorithms.registry import build_algorithm
-    from fedsub.run_setup import prepare
+    from fedsub.runs.run_setup import prepare
 
     config = config_lib.load(None, ["train.algorithms=['fedsubavg']"])
     assert config.eval.target_test_auc == 0.8 and config.train.clients_per_round == 50

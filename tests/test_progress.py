@@ -8,12 +8,12 @@ from contextlib import contextmanager
 
 from rich.console import Console
 
-from fedsub import cli
 from fedsub import config as config_lib
+from fedsub.cli import commands as cli
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
-from fedsub.experiment import compare
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.progress import Reporter, RichReporter, reporting, round_label
+from fedsub.runs.experiment import compare
 from fedsub.submodel.index import SubmodelIndex
 
 TINY = [

@@ -301,7 +301,7 @@ def test_a_stopped_reproduction_says_the_command_that_continues_it(tmp_path, cap
     import shlex
     import signal
 
-    from fedsub import cli
+    from fedsub.cli import commands as cli
 
     @contextlib.contextmanager
     def terminated():

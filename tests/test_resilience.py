@@ -23,9 +23,9 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.loop import Diverged, RunControl, train
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
-from fedsub.experiment import check_free_space
+from fedsub.files.run_folder import hash_config
 from fedsub.models.sparse_lr import SparseLogisticRegression
-from fedsub.run_folder import hash_config
+from fedsub.runs.experiment import check_free_space
 from fedsub.submodel.index import SubmodelIndex
 
 from .conftest import SquaredDistance

@@ -17,7 +17,7 @@ from fedsub import config as config_lib
 from fedsub.cli import main
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import FedsubError
-from fedsub.experiment import compare, sweep
+from fedsub.runs.experiment import compare, sweep
 
 from .conftest import TINY_COMPARISON
 
@@ -233,7 +233,7 @@ def test_a_relative_data_path_is_stored_resolved_and_failures_leave_no_folder(
 def test_a_sweep_stopped_by_ctrl_c_says_how_to_resume_and_resumes(
     tmp_path, tiny, monkeypatch, capsys
 ):
-    import fedsub.cli as cli
+    import fedsub.cli.commands as cli
 
     argv = ["compare", str(tiny), "--sweep", "train.lr=0.1,0.3", "--quiet"]
     assert main([*argv, "--out", str(tmp_path / "straight")]) == 0
@@ -280,7 +280,7 @@ def test_a_sweep_that_fails_before_training_leaves_no_folder(tmp_path, monkeypat
 
 
 def test_a_sweep_value_holding_a_path_is_one_folder():
-    from fedsub.experiment import value_folder
+    from fedsub.runs.experiment import value_folder
 
     assert value_folder("data.path", "/x/a.csv") == "data.path=%2Fx%2Fa.csv"
     assert value_folder("train.lr", "0.1") == "train.lr=0.1"
@@ -319,8 +319,8 @@ def test_resume_with_an_out_naming_another_folder_is_refused(tmp_path, tiny, cap
 
 def _manifests() -> dict[str, list[str]]:
     """Every run kind's manifest of outputs, as its run.json lists them."""
+    from fedsub.files.run_folder import comparison_outputs, sweep_outputs
     from fedsub.flower.apps import FLOWER_OUTPUTS
-    from fedsub.run_folder import comparison_outputs, sweep_outputs
 
     return {
         "comparison": comparison_outputs(["<algorithm>"]),

@@ -23,7 +23,7 @@ from fedsub.engine import placement
 from fedsub.engine.loop import Interrupted, RunControl, train
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError
-from fedsub.run_setup import schedule_of
+from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_backends import run, setup

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedsub.tensor_files import writable_in_place, write_tensors, write_tensors_atomic
+from fedsub.files.tensor_files import writable_in_place, write_tensors, write_tensors_atomic
 
 
 def test_round_trip_of_views_shared_storage_and_empty_tensors(tmp_path):
@@ -65,7 +65,7 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
             handle.write(b"half")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("fedsub.tensor_files.save_file", disk_full)
+    monkeypatch.setattr("fedsub.files.tensor_files.save_file", disk_full)
     (tmp_path / "model.safetensors").write_bytes(b"the old model")
     with pytest.raises(OSError):
         write_tensors_atomic(tmp_path / "model.safetensors", {"x": torch.ones(2)})
@@ -79,7 +79,7 @@ def test_writing_a_big_table_adds_no_copy_of_it(tmp_path):
     script = textwrap.dedent(
         f"""
         import resource, sys, torch
-        from fedsub.tensor_files import write_tensors_atomic
+        from fedsub.files.tensor_files import write_tensors_atomic
         table = torch.ones(100_000_000 // 4, 4)  # 400 MB, pages touched
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         write_tensors_atomic(__import__("pathlib").Path({str(tmp_path)!r}) / "t.safetensors",

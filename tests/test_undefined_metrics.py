@@ -8,8 +8,8 @@ import math
 
 from fedsub.cli import main
 from fedsub.engine.loop import Evaluation
-from fedsub.json_values import dumps
-from fedsub.report import MetricsLog, Target, read_metrics, summary, summary_markdown
+from fedsub.files.json_values import dumps
+from fedsub.runs.report import MetricsLog, Target, read_metrics, summary, summary_markdown
 
 
 def strict_json(text: str):

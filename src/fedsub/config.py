@@ -98,7 +98,7 @@ class TrainConfig:
     algorithm and masking scheme runs there."""
     deterministic: bool = False
     """true: torch.use_deterministic_algorithms for the run and the round's scatter-adds as sorted
-    segment sums (no atomics; fedsub/segment_sum.py): a GPU run repeats bit for bit, and a killed
+    segment sums (no atomics; numerics/segment_sum.py): a GPU run repeats bit for bit, and a killed
     and resumed run equals an uninterrupted one bit for bit (its scatter-adds are slower: 2-5x on
     one CPU thread; CPU runs were deterministic already)."""
     table_placement: str = field(default="device", metadata={"choices": lambda: ["device", "host"]})

@@ -4,7 +4,7 @@ config exactly as ``fedsub run`` / ``fedsub compare`` do (the command line calls
 
 Everything goes through the same machinery as a config file: keyword options are the
 config's ``[train]`` / ``[eval]`` keys, checked by config.py; the run is set up by
-run_setup.py and trained by experiment.py's ``compare`` (without a run folder unless
+runs/run_setup.py and trained by runs/experiment.py's ``compare`` (without a run folder unless
 ``run`` is given one).
 """
 
@@ -24,14 +24,14 @@ from torch import nn
 
 from fedsub import api_arguments as arguments
 from fedsub import config as config_lib
-from fedsub import experiment, run_setup
 from fedsub.config import Config, EvalConfig, TrainConfig
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ArgumentError, ConfigError
+from fedsub.files.run_folder import check_folder_text
 from fedsub.models.base import Model, SliceableModel, Task
 from fedsub.models.module_tables import TableSpec
 from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
-from fedsub.run_folder import check_folder_text
+from fedsub.runs import experiment, run_setup
 from fedsub.submodel.params import Params
 from fedsub.vocabulary import RUN_FLAGS, spoken_as
 

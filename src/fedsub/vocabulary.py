@@ -1,7 +1,7 @@
 """Errors in the caller's vocabulary: the Python API's keyword arguments, not the config
 file's keys or the command line's flags.
 
-The rules behind an error are shared (keys.py, config.py, run_folder.py: one path for config
+The rules behind an error are shared (keys.py, config.py, files/run_folder.py: one path for config
 files, ``--set`` and keyword arguments); only how the message names things differs. A public
 function of the Python API wraps its work in ``spoken_as(terms)``: a fedsub error raised
 inside comes out with each config key or flag it names replaced by what the caller wrote

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from fedsub import device as device_lib
-from fedsub import segment_sum
 from fedsub.algorithms.weighting import WEIGHTINGS, CohortMembers, Weighting
-from fedsub.finite import any_nonfinite
+from fedsub.numerics import segment_sum
+from fedsub.numerics.finite import any_nonfinite
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedsub import seeding
+from fedsub.numerics import seeding
 
 SamplingKind = Literal["uniform", "proportional-with-replacement"]
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsub import segment_sum
 from fedsub.algorithms.sampling import Cohort
 from fedsub.client.work import CohortTensors, CohortWork
 from fedsub.data.torch_ragged import TorchRagged
+from fedsub.numerics import segment_sum
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate

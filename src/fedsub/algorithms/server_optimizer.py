@@ -15,8 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from fedsub import segment_sum
 from fedsub.algorithms.aggregation import ServerUpdate
+from fedsub.numerics import segment_sum
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import scatter_add_rows

@@ -25,9 +25,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fedsub import segment_sum
 from fedsub.device import from_host
 from fedsub.models.low_rank import LowRankGradient
+from fedsub.numerics import segment_sum
 
 LearningRate = float | torch.Tensor  # a scalar for one client, per-member broadcast for a cohort
 

@@ -40,11 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from fedsub.atomic_files import create_temp_file
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.data.table import TABLE, Cell, read_rows
 from fedsub.errors import DataError
+from fedsub.files.atomic_files import create_temp_file
 
 FORMAT = 1  # the layout of the spec file this module reads and writes
 UNKNOWN_ROW = 0  # a vocabulary field's row for values not in its vocabulary

@@ -16,9 +16,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedsub.atomic_files import write_atomic
 from fedsub.errors import DataError
-from fedsub.run_folder import missing_ancestors, remove_if_empty
+from fedsub.files.atomic_files import write_atomic
+from fedsub.files.run_folder import missing_ancestors, remove_if_empty
 
 CHUNK = 1 << 20
 # Debian's dataset-fashion-mnist package installs the files here (read in place, no download)

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedsub import seeding, segment_sum
 from fedsub.algorithms.aggregation import RowUnion, RowUpdate, ServerUpdate
 from fedsub.dp import clipping, selection
 from fedsub.dp.settings import DpSettings
+from fedsub.numerics import seeding, segment_sum
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedsub import segment_sum
+from fedsub.numerics import segment_sum
 from fedsub.submodel.transfer import CohortUpdate
 
 

@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from fedsub.atomic_files import create_temp_dir
 from fedsub.errors import FedsubError
+from fedsub.files.atomic_files import create_temp_dir
+from fedsub.files.tensor_files import write_tensors
 from fedsub.stateful import Stateful
-from fedsub.tensor_files import write_tensors
 
 LOG = logging.getLogger("fedsub")
 

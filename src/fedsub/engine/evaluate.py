@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedsub import seeding
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.metrics import roc_auc
 from fedsub.models.base import Batch, EvalBatch, Model, forward
+from fedsub.numerics import seeding
 from fedsub.progress import phase
 from fedsub.submodel.params import Params
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsub.finite import any_nonfinite
+from fedsub.numerics.finite import any_nonfinite
 from fedsub.submodel.transfer import CohortUpdate
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsub import distributed, seeding, segment_sum
+from fedsub import distributed
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
@@ -36,9 +36,10 @@ from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.engine.split_cohort import split_cohort
 from fedsub.errors import ConfigError
-from fedsub.json_values import metrics_from_json, nulled
+from fedsub.files.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
+from fedsub.numerics import seeding, segment_sum
 from fedsub.profiling import ROUND, timed
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -309,7 +310,7 @@ def train(
     control: RunControl | None = None,
 ) -> Params:
     """``run_rounds``, under ``torch.use_deterministic_algorithms`` when
-    ``schedule.deterministic`` (train.deterministic; fedsub/segment_sum.py)."""
+    ``schedule.deterministic`` (train.deterministic; fedsub/numerics/segment_sum.py)."""
     with segment_sum.deterministic_run(schedule.deterministic):
         return run_rounds(
             model,

@@ -52,7 +52,7 @@ class Schedule:
     momentum: float = 0.0
     masking: Masking | None = None  # width-sliced sub-model training (seed 003)
     privacy: Privacy | None = None  # train.privacy (engine/private_rounds.py); None: none
-    # train.deterministic: fixed-order scatter-adds (fedsub/segment_sum.py), bit-identical runs
+    # train.deterministic: fixed-order scatter-adds (numerics/segment_sum.py): bit-identical runs
     deterministic: bool = False
     # train.table_placement: "host" keeps the tables in host memory (engine/placement.py)
     table_placement: TablePlacement = "device"

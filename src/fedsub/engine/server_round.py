@@ -29,7 +29,7 @@ from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.engine.guards import Rejection, needs_screening, screen
 from fedsub.engine.schedule import Schedule, lr_at
-from fedsub.finite import any_nonfinite
+from fedsub.numerics.finite import any_nonfinite
 from fedsub.profiling import timed
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params

@@ -25,12 +25,22 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
-from fedsub.atomic_files import TEMP_PATTERN
 from fedsub.client.transforms import Chain
 from fedsub.engine.loop import initial_params
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
+from fedsub.files.atomic_files import TEMP_PATTERN
+from fedsub.files.json_values import dumps
+from fedsub.files.run_folder import (
+    RUN_FILE,
+    Claim,
+    checkpoint_outputs,
+    claim_existing,
+    claim_new,
+    new_identity,
+)
+from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
 from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
@@ -48,21 +58,11 @@ from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
 from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
 from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
-from fedsub.json_values import dumps
 from fedsub.privacy.levels import Privacy, describe
-from fedsub.report import JsonLines, write_atomic
-from fedsub.run_folder import (
-    RUN_FILE,
-    Claim,
-    checkpoint_outputs,
-    claim_existing,
-    claim_new,
-    new_identity,
-)
-from fedsub.run_setup import heat_privacy_of
+from fedsub.runs.report import JsonLines, write_atomic
+from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
-from fedsub.tensor_files import write_tensors_atomic
 
 
 def _settings(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
@@ -252,7 +252,7 @@ def write_heat(
         write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
 
 
-# What a Flower run writes in its out-dir (its run.json manifest; run_folder.py).
+# What a Flower run writes in its out-dir (its run.json manifest; files/run_folder.py).
 FLOWER_OUTPUTS = [
     RUN_FILE,
     "progress.jsonl",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.errors import FedsubError
-from fedsub.run_folder import hash_config
+from fedsub.files.run_folder import hash_config
 from fedsub.stateful import Stateful
 
 RUN_ID = "flower"  # Flower gives each `flwr run` a new run id: the config hash identifies it

@@ -29,7 +29,7 @@ from fedsub.errors import ConfigError, FedsubError
 from fedsub.flower.run_model import federation, spec_model
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.base import Model
-from fedsub.run_setup import schedule_of
+from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
 NodeConfig = tuple[tuple[str, object], ...]  # a node config's items, sorted (hashable)

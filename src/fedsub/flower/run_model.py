@@ -21,7 +21,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine.schedule import Schedule
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.base import Model
-from fedsub.run_setup import checked_model, load_data, model_of, schedule_of
+from fedsub.runs.run_setup import checked_model, load_data, model_of, schedule_of
 
 
 @dataclass(frozen=True)

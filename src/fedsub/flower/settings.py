@@ -34,7 +34,7 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``out-dir``: where the ServerApp writes ``flower-result.json`` and the final model: an
   absolute path or one starting with ``~`` ("" = write nothing). A relative path is refused:
   it would land inside the app folder, which the next ``flwr run .`` ships to every node; so
-  are the folders no run may write into (fedsub.run_folder: a filesystem root, the home
+  are the folders no run may write into (fedsub.files.run_folder: a filesystem root, the home
   folder, a file, a folder holding other runs). The ServerApp holds the folder's lock while
   it runs;
 - ``train-delay``: seconds each node waits before replying (to test faults; default 0);
@@ -56,9 +56,9 @@ from fedsub.algorithms.registry import check_combination, split_name
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
+from fedsub.files.run_folder import Flags, check_new_folder
 from fedsub.flower.runtime import FLOWER
 from fedsub.privacy.levels import heat_source_for
-from fedsub.run_folder import Flags, check_new_folder
 
 Payload = Literal["submodel", "full"]
 # How the run config names the out-dir and its options (run_folder's messages use them).

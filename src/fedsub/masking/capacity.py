@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from fedsub import seeding
+from fedsub.numerics import seeding
 
 Assignment = Literal["fixed", "per-round"]
 CAPACITY = 6  # seeding purpose

@@ -25,9 +25,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedsub import seeding
 from fedsub.masking.capacity import Capacities
 from fedsub.models.width import ChannelSlice, CoordinateMask, Slicing, SubmodelSlice, full_slice
+from fedsub.numerics import seeding
 
 MaskingScheme = Literal["none", "static", "rolling", "shuffled", "random", "bernoulli"]
 SCHEMES: tuple[str, ...] = ("none", "static", "rolling", "shuffled", "random", "bernoulli")

@@ -32,11 +32,11 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from fedsub import segment_sum
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.cohort_ops import linear, single_client
 from fedsub.models.packed import ClientBlocks
 from fedsub.models.pooling import attention_pool, sum_pool
+from fedsub.numerics import segment_sum
 from fedsub.submodel.params import Params
 
 ATTENTION = (80, 40, 1)

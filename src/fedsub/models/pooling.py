@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fedsub import segment_sum
+from fedsub.numerics import segment_sum
 
 
 def sum_pool(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsub import segment_sum
+from fedsub.numerics import segment_sum
 
 Grads = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 

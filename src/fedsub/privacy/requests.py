@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsub import seeding
+from fedsub.numerics import seeding
 from fedsub.privacy import private_download
 from fedsub.privacy.levels import Privacy
 

@@ -23,8 +23,7 @@ import numpy as np
 
 from fedsub import config as config_lib
 from fedsub.errors import DataError
-from fedsub.json_values import dumps
-from fedsub.report import write_atomic
+from fedsub.files.json_values import dumps
 from fedsub.reproduce import closed_forms
 from fedsub.reproduce.registry import (
     SMOKE,
@@ -40,6 +39,7 @@ from fedsub.reproduce.registry import (
 from fedsub.reproduce.request import Request, check_request, chosen_parts, refuse_nothing_to_resume
 from fedsub.reproduce.status import configs_given, status_here
 from fedsub.reproduce.verdicts import judge, number, numbers_verdict, settings_verdict
+from fedsub.runs.report import write_atomic
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def _train(
     folders: Folders,
 ) -> Trained:
     """Train the part (a comparison or a sweep)."""
-    from fedsub.experiment import compare, sweep
+    from fedsub.runs.experiment import compare, sweep
 
     path = configs / run.config
     sets = _run_overrides(run, smoke, data_path, user)
@@ -285,7 +285,7 @@ def _paper_only_rows(numbers) -> list[tuple[str, str, str]]:
 def dataset_statistics(config: config_lib.Config) -> tuple[dict[str, float], Any]:
     """Table 1's numbers (``fedsub data stats``) plus seed 000's sparsity and seed 004's
     per-device mean and standard deviation of training samples."""
-    from fedsub.run_setup import load_data
+    from fedsub.runs.run_setup import load_data
     from fedsub.submodel.index import SubmodelIndex
     from fedsub.submodel.stats import feature_heat, table1_row
 

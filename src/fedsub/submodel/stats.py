@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsub.atomic_files import save_figure_atomic
 from fedsub.data.federated import FederatedDataset
+from fedsub.files.atomic_files import save_figure_atomic
 from fedsub.submodel.heat import client_heat, dispersion
 from fedsub.submodel.index import SubmodelIndex
 

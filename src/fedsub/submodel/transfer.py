@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedsub import segment_sum
-from fedsub.finite import any_nonfinite
+from fedsub.numerics import segment_sum
+from fedsub.numerics.finite import any_nonfinite
 from fedsub.submodel.params import Params
 
 

@@ -18,7 +18,7 @@ import torch
 
 from fedsub import distributed
 from fedsub.algorithms.registry import AlgorithmContext, heat_coefficients
-from fedsub.checks import check_against_dataset
+from fedsub.runs.checks import check_against_dataset
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
@@ -34,7 +34,7 @@ from fedsub.engine.schedule import (
     Schedule,
     TablePlacement,
 )
-from fedsub.json_values import dumps
+from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
 from fedsub.models.base import Model

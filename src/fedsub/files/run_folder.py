@@ -33,9 +33,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedsub.atomic_files import TEMP_PATTERN, create_temp_dir, is_temp_name, write_atomic
 from fedsub.errors import FedsubError
-from fedsub.folder_lock import LOCK_FILE, FolderLock
+from fedsub.files.atomic_files import TEMP_PATTERN, create_temp_dir, is_temp_name, write_atomic
+from fedsub.files.folder_lock import LOCK_FILE, FolderLock
 
 RUN_FILE = "run.json"
 DONE = "done"

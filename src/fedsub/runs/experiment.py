@@ -27,13 +27,13 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, Interrupted, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
-from fedsub.json_values import dumps
+from fedsub.files.json_values import dumps
 from fedsub.models.base import Model
 from fedsub.privacy import levels as privacy_levels
 from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
-from fedsub.report import (
+from fedsub.runs.report import (
     JsonLines,
     MetricsLog,
     Target,
@@ -45,7 +45,7 @@ from fedsub.report import (
     summary_markdown,
     write_atomic,
 )
-from fedsub.run_folder import (
+from fedsub.files.run_folder import (
     DONE,
     RUN_FILE,
     Claim,
@@ -62,7 +62,7 @@ from fedsub.run_folder import (
     read_run_file,
     sweep_outputs,
 )
-from fedsub.run_setup import (
+from fedsub.runs.run_setup import (
     Setup,
     checked_model,
     load_data,
@@ -71,7 +71,7 @@ from fedsub.run_setup import (
     with_resolved_paths,
 )
 from fedsub.submodel.params import Params
-from fedsub.tensor_files import write_tensors_atomic
+from fedsub.files.tensor_files import write_tensors_atomic
 
 CENTRAL = "central-sgd"
 PROFILE = "profile.json"  # in an algorithm's folder, with --profile (run_folder.ALGORITHM_FILES)

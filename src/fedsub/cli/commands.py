@@ -69,7 +69,7 @@ def _algorithms_override(
 
 def _out_folder(args: argparse.Namespace, default: str = DEFAULT_OUT) -> Path:
     """--out as given (``default`` when not given); nothing (empty, blank text) refused."""
-    from fedsub.run_folder import check_folder_text
+    from fedsub.files.run_folder import check_folder_text
 
     if args.out is None:
         return Path(default)
@@ -205,7 +205,7 @@ def _say_how_to_resume(
 
 
 def _is_sweep(folder: Path) -> bool:
-    from fedsub.run_folder import read_run_file
+    from fedsub.files.run_folder import read_run_file
 
     try:
         return read_run_file(folder).get("kind") == "sweep"
@@ -215,7 +215,7 @@ def _is_sweep(folder: Path) -> bool:
 
 def _resumed_folder(args: argparse.Namespace) -> Path:
     """--resume DIR; refused when empty, or with an --out that names another folder."""
-    from fedsub.run_folder import check_folder_text
+    from fedsub.files.run_folder import check_folder_text
 
     check_folder_text(args.resume, "--resume")
     folder = Path(args.resume)
@@ -347,7 +347,7 @@ def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _Swee
     """The sweep the arguments ask for: read back from its folder on ``--resume``, else from
     ``--sweep``, the config file and ``--set``."""
     from fedsub import config as config_lib
-    from fedsub.experiment import read_sweep, repeated_value
+    from fedsub.runs.experiment import read_sweep, repeated_value
 
     if args.resume:
         _refuse_changes_on_resume(args, algorithms)
@@ -374,7 +374,7 @@ def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _Swee
 
 def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     """A sweep, or (``--resume DIR`` of a sweep's folder) the rest of one."""
-    from fedsub.experiment import sweep, sweep_config
+    from fedsub.runs.experiment import sweep, sweep_config
 
     plan = _sweep_plan(args, algorithms)
     out, key, values, base, where = plan.out, plan.key, plan.values, plan.base, plan.where
@@ -411,9 +411,9 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from fedsub import config as config_lib
-    from fedsub.atomic_files import check_image_path
     from fedsub.data.registry import DATASETS
-    from fedsub.run_setup import load_data
+    from fedsub.files.atomic_files import check_image_path
+    from fedsub.runs.run_setup import load_data
     from fedsub.submodel.index import SubmodelIndex
     from fedsub.submodel.stats import feature_heat, plot_heat_distribution, table1_row
 
@@ -448,7 +448,7 @@ def cmd_data_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_dp(args: argparse.Namespace) -> int:
-    from fedsub.run_setup import dp_plan
+    from fedsub.runs.run_setup import dp_plan
 
     config = _config(args)
     with _reporting(False):
@@ -571,7 +571,7 @@ def _refuse_options_of_a_run(args: argparse.Namespace) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     import warnings
 
-    from fedsub.catalog import listing, plugin_problems
+    from fedsub.cli.catalog import listing, plugin_problems
     from fedsub.plugins import PluginWarning
 
     with warnings.catch_warnings():  # a broken plugin is reported once, below the listing

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from fedsub.atomic_files import create_temp_file
+from fedsub.files.atomic_files import create_temp_file
 
 
 def writable_in_place(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
