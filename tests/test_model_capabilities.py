@@ -123,10 +123,11 @@ def test_batchable_unless_a_model_declares_otherwise():
 
 def test_masked_training_of_a_model_that_cannot_be_sliced_says_so(tmp_path_factory):
     from fedsub.engine import masked
+    from fedsub.engine.cohort_job import CohortJob
 
     model, _ = built("sparse-lr", str(tmp_path_factory.getbasetemp()))
     with pytest.raises(TypeError, match="SparseLogisticRegression is not one"):
-        masked.run_cohort(model, *([None] * 9))
+        masked.run_cohort(CohortJob(model, *([None] * 7)), None, None)
 
 
 def test_capacities_too_small_for_a_sliceable_models_layers_are_warned_about(

@@ -33,7 +33,9 @@ from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate, with_coeffici
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.sampling import Cohort
 from fedsub.algorithms.server_optimizer import RowLocal, ServerOptimizer
+from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.errors import ConfigError
+from fedsub.profiling import timed
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -126,6 +128,16 @@ class HostTables:
             moved += gathered.numel() * gathered.element_size()
         self.traffic = TableTraffic(to_device=moved, rows=sizes)
         return StagedParams(tables, dict(params.dense), rows)
+
+    def wrap(self, run_cohort: RunCohort) -> RunCohort:
+        """``run_cohort`` on the cohort's rows staged on the device (``stage``)."""
+
+        def run(job: CohortJob):
+            with timed("pull"):
+                staged = self.stage(job.params, job.index, job.cohort)
+            return run_cohort(dataclasses.replace(job, params=staged))
+
+        return run
 
     def receive(self, update: ServerUpdate) -> ServerUpdate:
         """The aggregate's table rows on the host, times the heat coefficients there."""
