@@ -274,7 +274,7 @@ def reversed_members(job: CohortJob):
 
 
 def test_a_new_backend_is_one_registration(monkeypatch):
-    """Registered, a backend is accepted by train.backend, run by the loop and checked here."""
+    """Registered, a backend is accepted by execution.backend, run by the loop and checked here."""
     assert REFERENCE in backend_names() and set(CHECKED_BACKENDS) < set(backend_names())
     calls = []
 
@@ -284,7 +284,7 @@ def test_a_new_backend_is_one_registration(monkeypatch):
 
     toy = Backend("reversed", counted, False, "members in reverse order")
     monkeypatch.setitem(backends._REGISTRY, toy.name, toy)
-    assert parse({"train": {"backend": "reversed"}}).train.backend == "reversed"
+    assert parse({"execution": {"backend": "reversed"}}).execution.backend == "reversed"
     dataset = DATASETS["two-tables-dense"]()
     index = SubmodelIndex.build(dataset)
     assert_backends_match_reference(
@@ -299,7 +299,7 @@ def test_a_new_backend_is_one_registration(monkeypatch):
 
 
 def test_an_unknown_backend_is_refused_naming_the_registered_ones():
-    with pytest.raises(ConfigError, match=r"train\.backend") as error:
+    with pytest.raises(ConfigError, match=r"execution\.backend") as error:
         parse({"train": {"backend": "gpu"}})
     assert all(name in str(error.value) for name in backend_names())
 

@@ -61,7 +61,7 @@ def test_each_process_takes_its_own_gpu_and_one_named_gpu_is_refused():
     two = Processes(1, 2, 1)
     assert process_device(torch.device("cpu"), two) == torch.device("cpu")
     assert process_device(torch.device("cuda", 1), Processes()) == torch.device("cuda", 1)
-    with pytest.raises(ConfigError, match=r'train\.device = "cuda:1" under torchrun'):
+    with pytest.raises(ConfigError, match=r'execution\.device = "cuda:1" under torchrun'):
         process_device(torch.device("cuda", 1), two)
     if torch.cuda.device_count() < 2:
         with pytest.raises(ConfigError, match="LOCAL_RANK 1 but this machine has"):

@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
     {
         "errors",
         "keys",
+        "moved_keys",
         "vocabulary",
         "seeding",
         "json_values",

@@ -7,7 +7,7 @@ A backend runs one round's client work for a whole cohort and returns the member
 Every backend must give the sequential reference's updates for the same inputs (every random
 stream is keyed by seed, round and client, never by execution order); tests/test_backends.py
 (the backend conformance suite) checks each registered backend against it on several models
-and algorithms. Adding a backend is one ``register`` call below: ``train.backend`` accepts it,
+and algorithms. Adding a backend is one ``register`` call below: ``execution.backend`` accepts it,
 the loop runs it and the conformance suite tests it.
 """
 

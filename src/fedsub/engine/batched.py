@@ -75,7 +75,7 @@ def run_cohort(job: CohortJob) -> CohortUpdate:
     row_owner = batches.row_owner
     capture = captured_step.capture_for(model, closed_form is not None, schedule.compile)
     dense: Mapping[str, torch.Tensor | LowRankWeight]
-    if capture is not None:  # train.compile: the steps as one captured program
+    if capture is not None:  # execution.compile: the steps as one captured program
         step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
         field_tables = data_of(dataset, index, schedule).field_tables
         padding = captured_step.PaddedCohort.of(

@@ -104,7 +104,7 @@ def central_setup(
 def private_rounds(
     algorithm: Algorithm, schedule: Schedule, params: Params
 ) -> PrivateRounds | None:
-    """The round's privacy stages (``train.privacy``), or None: no privacy configured, width
+    """The round's privacy stages (``privacy.level``), or None: no privacy configured, width
     slices (config.py refuses private levels with masking), or CentralSGD (the pooled
     reference has no clients to protect)."""
     masked_run = schedule.masking is not None and schedule.masking.scheme != "none"

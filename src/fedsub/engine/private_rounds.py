@@ -1,4 +1,4 @@
-"""``train.privacy`` in the in-process engine, in one place: the cohort's requests and the
+"""``privacy.level`` in the in-process engine, in one place: the cohort's requests and the
 round's aggregation.
 
 ``PrivateRounds.wrap`` draws each member's download request (``privacy/private_download.py``,
