@@ -194,8 +194,10 @@ def train(
       ``"regression"``), when the outputs' shape does not tell them (see
       ``models/torch_module.py: wrap``);
     - ``train_options``: ``[train]`` and ``[eval]`` keys (``rounds``, ``clients_per_round``,
-      ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``device``, ``backend``, ``every``,
-      ...; built-in defaults otherwise), checked by the rules a config file's keys are; an
+      ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``every``, ...) and the
+      ``[execution]`` / ``[privacy]`` / ``[masking]`` keys by their former ``[train]`` names
+      (moved_keys.py: ``device``, ``backend``, ``privacy``, ``masking``, ...); built-in
+      defaults otherwise, checked by the rules a config file's keys are; an
       error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
       value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
       ``dp={...}``: the ``[dp]`` table (differential privacy).
@@ -581,7 +583,8 @@ def config_of(
             sections["eval"][key] = value
         else:
             raise ArgumentError(
-                f"unknown option {key!r}: expected a [train] key ({', '.join(sorted(train_keys))})"
+                f"unknown option {key!r}: expected a [train] key or an [execution] / [privacy] / "
+                f"[masking] key by its former [train] name ({', '.join(sorted(train_keys))})"
                 f", an [eval] key ({', '.join(sorted(eval_keys))}) or dp"
             )
     masking = sections.get("masking", {}).get("scheme", "none")
