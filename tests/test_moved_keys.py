@@ -4,6 +4,7 @@ place and with a note; old and new together are refused; new runs write the new 
 from __future__ import annotations
 
 import logging
+import tomllib
 
 import pytest
 
@@ -12,7 +13,7 @@ from fedsub import config as config_lib
 from fedsub.cli import main
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.library import config_of
-from fedsub.moved_keys import MOVED
+from fedsub.moved_keys import MOVED, text_before_move
 
 # Written out here (not read from MOVED): old [train] key -> new section, key, and a value
 # other than the default (so that a key read at the wrong place, or not at all, shows).
@@ -115,3 +116,27 @@ def test_keyword_arguments_keep_their_names_and_errors_speak_of_them():
     assert config.execution.dtype == "float64" and config.privacy.level == "heat"
     with pytest.raises(ArgumentError, match=r"mask_average = 'most' is not allowed"):
         fedsub.train("sparse-lr", "synthetic-sparse", rounds=1, mask_average="most")
+
+
+def test_the_text_before_the_move_has_every_moved_key_in_train_in_its_old_order():
+    """What a Flower run's checkpoints are stamped with (flower/settings.py): the config as
+    fedsub wrote it before the move, so checkpoints written then still resume."""
+    raw = {"model": {"name": "mlp"}, "train": {"algorithms": ["fedavg"]}}
+    raw["masking"] = {"scheme": "static", "capacities": [1.0, 0.5]}
+    raw["execution"] = {"dtype": "float64"}
+    config = config_lib.parse(raw)
+    before = text_before_move(config_lib.to_toml(config))
+    tables = tomllib.loads(before)
+    assert not {"execution", "privacy", "masking"} & set(tables)
+    train = list(tables["train"])
+    assert train[8:16] == [  # in [train] between heat and lr_schedule, as fedsub wrote them
+        "heat", "dtype", "backend", "device", "deterministic", "table_placement", "compile",
+        "lr_schedule",
+    ]  # fmt: skip
+    assert train[-6:] == [
+        "privacy", "download", "download_epsilon", "download_keep", "download_bucket",
+        "secagg_clip",
+    ]  # fmt: skip
+    assert tables["train"]["masking"] == "static" and tables["train"]["dtype"] == "float64"
+    assert config_lib.parse(tables, note=None) == config
+    assert before.split("[train]")[0] == config_lib.to_toml(config).split("[train]")[0]

@@ -114,6 +114,50 @@ def keyword_place(keyword: str) -> tuple[str, str] | None:
     return MOVED.get(keyword)
 
 
+# [train]'s keys in the order fedsub wrote them before the move (config.to_toml)
+TRAIN_BEFORE = (
+    "algorithms", "rounds", "clients_per_round", "local_steps", "batch_size", "lr", "seed",
+    "sampling", "heat", "dtype", "backend", "device", "deterministic", "table_placement",
+    "compile", "lr_schedule", "lr_decay", "weight_decay", "clip_norm", "checkpoint_every",
+    "heat_source", "rr_epsilon", "sketch_eps", "sketch_delta", "secagg_group",
+    "max_update_norm", "momentum", "threads", "masking", "capacities", "capacity_proportions",
+    "capacity_assignment", "mask_average", "privacy", "download", "download_epsilon",
+    "download_keep", "download_bucket", "secagg_clip",
+)  # fmt: skip
+
+
+def text_before_move(text: str) -> str:
+    """A resolved config's TOML (``config.to_toml``: one block per section, blank lines
+    between) as fedsub wrote it before the keys moved: each moved key back in ``[train]``, by
+    its old name and at its old place. A Flower run stamps its checkpoints with the hash of
+    this text, so checkpoints written before the move still resume. A key of the new sections
+    that never was in ``[train]`` stays in its section."""
+    old_name = {place: old for old, place in MOVED.items()}
+    blocks, moved = [], {}
+    for block in text.split("\n\n"):
+        lines = block.split("\n")
+        section = lines[0].strip("[]")
+        kept = [lines[0]]
+        for line in lines[1:]:
+            key = line.split(" = ", 1)[0]
+            if (section, key) in old_name:
+                moved[old_name[(section, key)]] = (
+                    f"{old_name[(section, key)]} = {line.split(' = ', 1)[1]}"
+                )
+            else:
+                kept.append(line)
+        if section not in {s for s, _ in MOVED.values()} or len(kept) > 1:
+            blocks.append(kept)
+    for kept in blocks:
+        if kept[0] == f"[{OLD_SECTION}]":
+            lines = {line.split(" = ", 1)[0]: line for line in kept[1:]} | moved
+            order = [k for k in TRAIN_BEFORE if k in lines] + [
+                k for k in lines if k not in TRAIN_BEFORE
+            ]
+            kept[1:] = [lines[k] for k in order]
+    return "\n\n".join("\n".join(kept) for kept in blocks)
+
+
 def reference_rows() -> list[str]:
     """The table as markdown rows (the docs' config reference)."""
     rows = ["| old key | new place |", "|---|---|"]

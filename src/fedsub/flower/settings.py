@@ -57,6 +57,7 @@ from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.flower.runtime import FLOWER
+from fedsub.moved_keys import text_before_move
 from fedsub.privacy.levels import heat_source_for
 from fedsub.run_folder import Flags, check_new_folder
 
@@ -208,9 +209,10 @@ class FlowerSettings:
             )
 
     def model_description(self, config: Config, algorithm: str) -> str:
-        """Everything that decides the model a run ends with (hashed into its checkpoints)."""
+        """Everything that decides the model a run ends with (hashed into its checkpoints;
+        the config as written before keys moved out of [train], so older checkpoints resume)."""
         return (
-            f"{config_lib.to_toml(config)}\n# flower\nalgorithm = {algorithm!r}\n"
+            f"{text_before_move(config_lib.to_toml(config))}\n# flower\nalgorithm = {algorithm!r}\n"
             f"payload = {self.payload!r}\nheat-refresh-every = {self.heat_refresh_every}\n"
         )
 
