@@ -133,28 +133,24 @@ def text_before_move(text: str) -> str:
     this text, so checkpoints written before the move still resume. A key of the new sections
     that never was in ``[train]`` stays in its section."""
     old_name = {place: old for old, place in MOVED.items()}
-    blocks, moved = [], {}
+    blocks: list[list[str]] = []
+    moved: dict[str, str] = {}  # old name -> its line
     for block in text.split("\n\n"):
-        lines = block.split("\n")
-        section = lines[0].strip("[]")
-        kept = [lines[0]]
-        for line in lines[1:]:
-            key = line.split(" = ", 1)[0]
+        header, *lines = block.split("\n")
+        section, kept = header.strip("[]"), [header]
+        for line in lines:
+            key, _, value = line.partition(" = ")
             if (section, key) in old_name:
-                moved[old_name[(section, key)]] = (
-                    f"{old_name[(section, key)]} = {line.split(' = ', 1)[1]}"
-                )
+                moved[old_name[(section, key)]] = f"{old_name[(section, key)]} = {value}"
             else:
                 kept.append(line)
         if section not in {s for s, _ in MOVED.values()} or len(kept) > 1:
             blocks.append(kept)
     for kept in blocks:
         if kept[0] == f"[{OLD_SECTION}]":
-            lines = {line.split(" = ", 1)[0]: line for line in kept[1:]} | moved
-            order = [k for k in TRAIN_BEFORE if k in lines] + [
-                k for k in lines if k not in TRAIN_BEFORE
-            ]
-            kept[1:] = [lines[k] for k in order]
+            by_key = {line.partition(" = ")[0]: line for line in kept[1:]} | moved
+            order = [k for k in TRAIN_BEFORE if k in by_key]
+            kept[1:] = [by_key[k] for k in order + [k for k in by_key if k not in order]]
     return "\n\n".join("\n".join(kept) for kept in blocks)
 
 
