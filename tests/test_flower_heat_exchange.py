@@ -219,7 +219,7 @@ def test_a_node_answers_only_for_its_own_heat_source(federation):
     with pytest.raises(hx.HeatMessageError, match=r"asks for heat source 'secagg'.*'sketch'"):
         grid.handlers[101](message, grid.contexts[101])
     exact = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("exact"), "clients"))
-    with pytest.raises(hx.HeatMessageError, match=r"privacy\.heat_source = 'exact'"):
+    with pytest.raises(hx.HeatMessageError, match=r"train\.heat_source = 'exact'"):
         exact.handlers[101](message, exact.contexts[101])
 
 

@@ -7,7 +7,8 @@ privacy and masking keys have sections of their own. Every older config file, ru
 (``in_sections``), ``--set`` (``moved_override``) and the Python API's keyword arguments
 (``keyword_place``) all read ``MOVED``, and the docs' config reference lists it. An old key
 loads with a one-line note naming its new place; an old and a new key for the same setting,
-given together, are refused naming both.
+given together, are refused naming both. ``text_before_move`` writes a config as fedsub wrote
+it before the move (what a Flower run's checkpoints are stamped with, so older ones resume).
 """
 
 from __future__ import annotations
