@@ -12,8 +12,9 @@ import fedsub
 from fedsub import config as config_lib
 from fedsub.cli import main
 from fedsub.errors import ArgumentError, ConfigError
+from fedsub.experiment import recorded_key, sweep
 from fedsub.library import config_of
-from fedsub.moved_keys import MOVED, text_before_move
+from fedsub.moved_keys import MOVED, in_sections, text_before_move
 
 # Written out here (not read from MOVED): old [train] key -> new section, key, and a value
 # other than the default (so that a key read at the wrong place, or not at all, shows).
@@ -140,3 +141,25 @@ def test_the_text_before_the_move_has_every_moved_key_in_train_in_its_old_order(
     assert tables["train"]["masking"] == "static" and tables["train"]["dtype"] == "float64"
     assert config_lib.parse(tables, note=None) == config
     assert before.split("[train]")[0] == config_lib.to_toml(config).split("[train]")[0]
+
+
+def test_a_sweep_started_over_an_old_key_resumes_under_its_new_name(tmp_path):
+    """A sweep folder written before the move holds its base with the old keys and its
+    values' folders under the old key: resumed under the new key (as `fedsub reproduce`
+    names it now), it reads its finished values back from those folders."""
+    old_base = {
+        "data": {"num_users": 20},
+        "train": {"rounds": 1, "clients_per_round": 3, "algorithms": ["fedavg"], "threads": 1},
+        "eval": {"every": 1},
+    }
+    out = tmp_path / "sweep"
+    first = sweep("train.backend", ["sequential", "batched"], old_base, out, where="test")
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert folders == ["train.backend=batched", "train.backend=sequential"]
+    new_base = in_sections(old_base, note=None)
+    assert new_base != old_base and "execution" in new_base
+    again = sweep("execution.backend", ["sequential", "batched"], new_base, out, resume=True)
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == folders
+    assert again.summary == first.summary
+    assert recorded_key(out, "execution.backend") == "train.backend"
+    assert recorded_key(out, "execution.dtype") == "execution.dtype"
