@@ -125,7 +125,7 @@ def table2_child(folder: str, rounds: int, threads: int) -> None:
     overrides = [
         f'data.path="{folder}"',
         f"train.rounds={rounds}",
-        f"train.threads={threads}",
+        f"execution.threads={threads}",
         "eval.every=10",
     ]
     config = config_lib.load(ROOT / "configs" / "amazon-din.toml", overrides)

@@ -1,4 +1,4 @@
-"""``train.compile`` on a small, launch-bound workload: eager vs captured per-round time.
+"""``execution.compile`` on a small, launch-bound workload: eager vs captured per-round time.
 
     python benchmarks/compile_speed.py [--device cpu] [--cohorts 10,100,300] [--runs 5]
 
@@ -58,7 +58,7 @@ def compare(k: int, device: torch.device, rounds: int, runs: int, data) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", help='train.device: "cpu", "cuda", ...')
+    parser.add_argument("--device", default="cpu", help='execution.device: "cpu", "cuda", ...')
     parser.add_argument("--cohorts", default="10,100,300", help="the K values")
     parser.add_argument("--rounds", type=int, default=10, help="rounds per run")
     parser.add_argument("--runs", type=int, default=5, help="alternating runs per mode")

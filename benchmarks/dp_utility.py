@@ -179,7 +179,7 @@ def main() -> None:
         f"train.rounds={args.rounds}",
         f"train.clients_per_round={args.clients_per_round}",
         f"train.sampling='{args.sampling}'",
-        "train.threads=1",
+        "execution.threads=1",
         "eval.every=10",
         *args.set,
     ]

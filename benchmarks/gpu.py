@@ -7,9 +7,9 @@
      head), FedSubAvg with sample-weighted coefficients, N = 100,000 clients with lognormal
      sizes (~4.9M samples), 10 Zipf(1.1) ids per sample, I = 10, B = 5, a 1e7-row table:
      steady per-round time (median of rounds 3..R) at K = 100, 1,000 and 10,000; with
-     ``--compile`` also with ``train.compile = "on"`` (K = 100 is the launch-bound case).
+     ``--compile`` also with ``execution.compile = "on"`` (K = 100 is the launch-bound case).
 (g2) the same on a 1e8-row table at K = 1,000 (ratio to g1's K = 1,000).
-(g3) a 1e9 x 16 table with ``train.table_placement = "host"`` at K = 1,000 (ratio to g1's
+(g3) a 1e9 x 16 table with ``execution.table_placement = "host"`` at K = 1,000 (ratio to g1's
      device-resident K = 1,000); "not available" when the config refuses the key.
 (g4) DIN (embedding 18) on the Amazon-like shape, FedAvg (as engine_speed.py's (d)),
      K = 100, B = 4, I = 10: ``--device`` vs
@@ -134,7 +134,7 @@ def probe_data(size: dict, rows: int):
 
 
 def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = False) -> dict:
-    """``compile``: each K also with ``train.compile = "on"`` (the captured local step), its
+    """``compile``: each K also with ``execution.compile = "on"`` (the captured local step), its
     steady per-round time, its first round (which compiles) and the largest difference of its
     model from the eager one."""
     dataset, index = data
@@ -186,10 +186,12 @@ def g2(size: dict, device: torch.device, rounds: int, g1_k_ms: float | None) -> 
 
 
 def host_placement(device: torch.device, base: Schedule) -> Schedule | str:
-    """``base`` with ``train.table_placement = "host"`` as the config gives it, or why not."""
+    """``base`` with ``execution.table_placement = "host"`` as the config gives it, or why not."""
     try:
         configured = schedule_of(
-            config_lib.load(None, ['train.table_placement="host"', f'train.device="{device}"'])
+            config_lib.load(
+                None, ['execution.table_placement="host"', f'execution.device="{device}"']
+            )
         )
     except FedsubError as error:
         return f"not available: the config refuses it ({error})"
@@ -346,7 +348,7 @@ def g7() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="auto", help='train.device: "cpu", "cuda", ...')
+    parser.add_argument("--device", default="auto", help='execution.device: "cpu", "cuda", ...')
     parser.add_argument("--small", action="store_true", help="CPU-sized workloads (smoke run)")
     parser.add_argument("--only", default=",".join(FIGURES), help="e.g. g1,g3")
     parser.add_argument("--rounds", type=int, default=0, help="rounds per timing (0: 20, 6)")
@@ -360,7 +362,7 @@ def main() -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help='g1 also with train.compile = "on" (the local step captured by torch.compile; '
+        help='g1 also with execution.compile = "on" (the local step captured by torch.compile; '
         "CUDA graphs on a GPU): its per-round time and its model's difference from eager",
     )
     args = parser.parse_args()

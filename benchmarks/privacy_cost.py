@@ -1,4 +1,4 @@
-"""What each ``train.privacy`` level costs per round: client compute, bytes per client, server
+"""What each ``privacy.level`` level costs per round: client compute, bytes per client, server
 time. 100 clients per round on a 1,000,009-row table (synthetic-sparse with 100,000 items,
 sparse LR), FedSubAvg, a few rounds per level through the real engine (``PrivateRounds``).
 

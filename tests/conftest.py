@@ -35,7 +35,7 @@ def flower_task_identity(monkeypatch):
         monkeypatch.setattr(TaskIdentity, name, 1)
 
 
-# The device of the backend-equivalence tests (train.device's forms): `FEDSUB_TEST_DEVICE=cuda
+# The device of the backend-equivalence tests (execution.device's forms): `FEDSUB_TEST_DEVICE=cuda
 # pytest tests/test_backends.py` runs them on a GPU; the default is the CPU.
 TEST_DEVICE = resolve_device(os.environ.get("FEDSUB_TEST_DEVICE", "cpu"))
 

@@ -23,6 +23,7 @@ from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine import backends, sequential
 from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backend
+from fedsub.engine.cohort_job import CohortJob, composed
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError
@@ -261,30 +262,29 @@ def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(backend, c
     assert "model Unbatchable cannot be batched; running the sequential backend" in caplog.text
 
 
-def reversed_members(model, global_params, dataset, index, cohort, round_index, schedule, work):
+def reversed_members(job: CohortJob):
     """A toy backend: the members' work in reverse order (results in cohort order)."""
-    members = list(enumerate(cohort.clients))[::-1]
+    members = list(enumerate(job.cohort.clients))[::-1]
+    shared = (job.model, job.params, job.dataset, job.index)
     updates = [
-        sequential.client_round(
-            model, global_params, dataset, index, int(k), round_index, schedule, work, j
-        )
+        sequential.client_round(*shared, int(k), job.round, job.schedule, job.work, j)
         for j, k in members
     ]
-    return CohortUpdate.from_clients(updates[::-1], torch.from_numpy(cohort.multiplicity))
+    return CohortUpdate.from_clients(updates[::-1], torch.from_numpy(job.cohort.multiplicity))
 
 
 def test_a_new_backend_is_one_registration(monkeypatch):
-    """Registered, a backend is accepted by train.backend, run by the loop and checked here."""
+    """Registered, a backend is accepted by execution.backend, run by the loop and checked here."""
     assert REFERENCE in backend_names() and set(CHECKED_BACKENDS) < set(backend_names())
     calls = []
 
-    def counted(*args):
-        calls.append(args[5])  # the round
-        return reversed_members(*args)
+    def counted(job: CohortJob):
+        calls.append(job.round)
+        return reversed_members(job)
 
     toy = Backend("reversed", counted, False, "members in reverse order")
     monkeypatch.setitem(backends._REGISTRY, toy.name, toy)
-    assert parse({"train": {"backend": "reversed"}}).train.backend == "reversed"
+    assert parse({"execution": {"backend": "reversed"}}).execution.backend == "reversed"
     dataset = DATASETS["two-tables-dense"]()
     index = SubmodelIndex.build(dataset)
     assert_backends_match_reference(
@@ -299,7 +299,7 @@ def test_a_new_backend_is_one_registration(monkeypatch):
 
 
 def test_an_unknown_backend_is_refused_naming_the_registered_ones():
-    with pytest.raises(ConfigError, match=r"train\.backend") as error:
+    with pytest.raises(ConfigError, match=r"execution\.backend") as error:
         parse({"train": {"backend": "gpu"}})
     assert all(name in str(error.value) for name in backend_names())
 
@@ -377,3 +377,24 @@ def test_sparse_lr_closed_form_kernels_agree(dtype):
         for name in got:
             assert got[name].dtype == expected[name].dtype == dtype
             torch.testing.assert_close(got[name], expected[name], rtol=1e-13, atol=1e-15)
+
+
+def test_stages_wrap_the_backend_innermost_first_and_skip_the_unused():
+    """``composed``: the first stage listed sits next to the backend, the last one is what the
+    loop calls (split across processes must run inside width slices: each slice group is
+    split, engine/split_cohort.py); a stage given as None is not used."""
+    entered = []
+
+    def stage(name):
+        def wrap(inner):
+            def run(job):
+                entered.append(name)
+                return [*inner(job), name]
+
+            return run
+
+        return wrap
+
+    run = composed(lambda job: [job], [stage("split"), None, stage("slices"), stage("host")])
+    assert run("job") == ["job", "split", "slices", "host"]
+    assert entered == ["host", "slices", "split"]

@@ -1,4 +1,4 @@
-"""``train.compile``: the batched backend's local step captured with torch.compile
+"""``execution.compile``: the batched backend's local step captured with torch.compile
 (engine/captured_step.py) gives the eager batched backend's model (float64 1e-10, float32 1e-5
 relative) on every capturable model and client rule, compiles at most one program per size
 class it meets, runs the models it cannot capture eagerly (saying so) and is refused at config
@@ -6,7 +6,7 @@ load where the step is not one program.
 
 Most tests use torch.compile's cheap ``aot_eager`` backend (dynamo's capture and AOT
 autograd's functional graph, run by eager kernels) or a counting backend; one small test runs
-inductor, the backend ``train.compile = "on"`` uses on the CPU.
+inductor, the backend ``execution.compile = "on"`` uses on the CPU.
 """
 
 from __future__ import annotations
@@ -228,27 +228,27 @@ def parse(train: dict):
 
 
 def test_train_compile_is_off_by_default_and_on_gives_inductor():
-    assert config_lib.parse({}).train.compile == "off"
+    assert config_lib.parse({}).execution.compile == "off"
     assert schedule_of(config_lib.parse({})).compile is None
     assert schedule_of(parse({})).compile == Compile("inductor", None)
     assert Compile.for_device(torch.device("cuda")) == Compile("inductor", "reduce-overhead")
-    with pytest.raises(ConfigError, match=r"train\.compile"):
+    with pytest.raises(ConfigError, match=r"execution\.compile"):
         config_lib.parse({"train": {"compile": "yes"}})
 
 
 @pytest.mark.parametrize(
     "train, names",
     [
-        ({"backend": "sequential"}, "train.backend = 'sequential'"),
-        ({"masking": "static"}, "train.masking = 'static'"),
-        ({"deterministic": True}, "train.deterministic = true"),
+        ({"backend": "sequential"}, "execution.backend = 'sequential'"),
+        ({"masking": "static"}, "masking.scheme = 'static'"),
+        ({"deterministic": True}, "execution.deterministic = true"),
     ],
 )
 def test_settings_whose_step_cannot_be_captured_are_refused_naming_both_keys(train, names):
     config = {"model": {"name": "mlp"}} if "masking" in train else {}
     with pytest.raises(ConfigError) as error:
         config_lib.parse({**config, "train": {"compile": "on", **train}})
-    assert 'train.compile = "on" cannot be used here' in str(error.value)
+    assert 'execution.compile = "on" cannot be used here' in str(error.value)
     assert names in str(error.value)
 
 
@@ -258,13 +258,13 @@ def test_the_command_line_refuses_it_with_exit_code_2(tmp_path, capsys):
     path = tmp_path / "c.toml"
     path.write_text('[train]\ncompile = "on"\nbackend = "sequential"\n')
     assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
-    assert 'c.toml: train.compile = "on" cannot be used here' in capsys.readouterr().err
+    assert 'c.toml: execution.compile = "on" cannot be used here' in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
 # --- inductor -----------------------------------------------------------------------------------
 def test_inductor_gives_the_eager_model():
-    """The backend ``train.compile = "on"`` uses on the CPU: generated C++ kernels."""
+    """The backend ``execution.compile = "on"`` uses on the CPU: generated C++ kernels."""
     dataset, index, model = setup("synthetic")
     schedule = Schedule(2, 4, 2, 3, lr=0.3, seed=2, dtype=torch.float64)
     eager, captured = run_both(

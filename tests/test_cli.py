@@ -213,7 +213,7 @@ def test_train_threads_sets_torchs_thread_count_and_the_results_do_not_change(
         outs = {}
         for threads in (0, 1):
             out = tmp_path / f"t{threads}"
-            argv = ["compare", str(tiny_config), "--set", f"train.threads={threads}"]
+            argv = ["compare", str(tiny_config), "--set", f"execution.threads={threads}"]
             assert main([*argv, "--out", str(out), "--quiet"]) == 0
             outs[threads] = json.loads((out / "summary.json").read_text())
             if threads:

@@ -81,7 +81,7 @@ def test_list_keys_shows_every_config_key_default_and_allowed_values(capsys):
             if field.name != "options":
                 assert f"  {section}.{field.name}: " in out
     assert "train.lr: a number, default 0.1, > 0.0" in out
-    assert 'train.backend: a string, default "batched", one of batched, sequential' in out
+    assert 'execution.backend: a string, default "batched", one of batched, sequential' in out
     assert "eval.target_test_auc: a number (optional), default unset, >= 0.0, <= 1.0" in out
     for name in algorithm_names():
         assert f"algorithms.{name}.lr: " in out
@@ -129,7 +129,7 @@ def test_top_level_help_has_no_rest_markup(capsys):
     [
         (["train.rounds=3", "train.lr=abc"], "--set train.lr=abc: train.lr must be a number"),
         (["train.lr=-1"], "--set train.lr=-1: train.lr = -1.0 is out of range"),
-        (["train.masking=static"], "--set train.masking=static: train.masking = 'static'"),
+        (["masking.scheme=static"], "--set masking.scheme=static: masking.scheme = 'static'"),
         (["data.num_users=1"], "--set data.num_users=1: data.num_users = 1 is out of range"),
     ],
 )

@@ -154,14 +154,14 @@ BASE = '[train]\nalgorithms = ["x"]\n'
         (
             BASE + 'masking = "static"\n[model]\nname = "cnn"\n[data]\nname = "synthetic-li"\n'
             '[algorithms.x]\nclient = ["scaffold"]\n',
-            "train.masking = 'static' cannot be combined with algorithm 'x': its client piece "
+            "masking.scheme = 'static' cannot be combined with algorithm 'x': its client piece "
             "'scaffold' keeps per-client state",
         ),
         *(
             (
                 f'[train]\nalgorithms = ["fedavg@{scheme}"]\nmasking = "static"\n'
                 '[model]\nname = "cnn"\n[data]\nname = "synthetic-li"\n',
-                f"train.masking = 'static' cannot be combined with algorithm 'fedavg@{scheme}': "
+                f"masking.scheme = 'static' cannot be combined with algorithm 'fedavg@{scheme}': "
                 f"scheme {scheme!r} weights clients by weights that do not sum to 1",
             )
             for scheme in ("scheme2", "scheme2-delta", "original")

@@ -119,7 +119,7 @@ def test_set_none_unsets_a_key_and_a_quoted_none_is_the_string():
     assert config_lib.load(None, ["eval.target_test_auc=none"]).eval.target_test_auc is None
     unset = config_lib.load(None, ["train.rounds=7", "train.rounds=None"])
     assert unset.train.rounds == config_lib.TrainConfig().rounds  # the built-in default
-    assert config_lib.load(None, ['train.masking="none"']).train.masking == "none"
+    assert config_lib.load(None, ['masking.scheme="none"']).masking.scheme == "none"
     composed = config_lib.load(None, ["algorithms.fedprox.mu=0.5", "algorithms.fedprox.mu=none"])
     assert composed.algorithms["fedprox"].mu == 0.01
 

@@ -1,5 +1,5 @@
 """Every model and a representative set of algorithms on a GPU equal the CPU sequential
-reference (float64 1e-10; float32 1e-5 relative), masking and ``train.deterministic`` included.
+reference (float64 1e-10; float32 1e-5 relative), masking and ``execution.deterministic`` included.
 
 The CUDA cases skip without a GPU (run them with ``pytest tests/test_cuda.py`` on a machine
 with one). Each test also has a ``cpu`` case that runs the same code with
@@ -180,7 +180,7 @@ def test_a_deterministic_run_on_the_device_repeats_bit_for_bit(
 def test_the_local_step_captured_in_cuda_graphs_equals_the_cpu_reference(
     tmp_path_factory, name, algorithm
 ):
-    """``train.compile = "on"`` on CUDA: inductor with ``mode="reduce-overhead"`` replays the
+    """``execution.compile = "on"`` on CUDA: inductor with ``mode="reduce-overhead"`` replays the
     captured local step as CUDA graphs (none skipped), over rounds whose shapes change, and
     gives the CPU sequential reference's model."""
     from torch._dynamo.utils import counters

@@ -29,13 +29,17 @@ def check(dataset, *overrides: str) -> None:
             "synthetic-sparse has 40 clients; set it to at most 40",
         ),
         (
-            ['train.heat_source="secagg"', "train.secagg_group=50"],
-            "train.secagg_group = 50 is larger than the population "
-            "(train.heat_source = 'secagg'): dataset synthetic-sparse has 40 clients",
+            ['privacy.heat_source="secagg"', "privacy.secagg_group=50"],
+            "privacy.secagg_group = 50 is larger than the population "
+            "(privacy.heat_source = 'secagg'): dataset synthetic-sparse has 40 clients",
         ),
         (
-            ['train.heat_source="sketch"', "train.secagg_group=41", "train.clients_per_round=5"],
-            "train.secagg_group = 41 is larger than the population",
+            [
+                'privacy.heat_source="sketch"',
+                "privacy.secagg_group=41",
+                "train.clients_per_round=5",
+            ],
+            "privacy.secagg_group = 41 is larger than the population",
         ),
     ],
 )
@@ -46,7 +50,7 @@ def test_impossible_parameters_name_key_value_and_dataset_size(small_synthetic, 
 
 
 def test_feasible_parameters_pass_and_surprising_ones_warn(small_synthetic, caplog):
-    check(small_synthetic, "train.clients_per_round=40", "train.secagg_group=41")  # exact heat
+    check(small_synthetic, "train.clients_per_round=40", "privacy.secagg_group=41")  # exact heat
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     with caplog.at_level(logging.WARNING, logger="fedsub"):
         check(small_synthetic, "train.clients_per_round=5", "train.batch_size=500")

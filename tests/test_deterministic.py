@@ -1,4 +1,4 @@
-"""``train.deterministic``: the round's scatter-adds as sorted segment sums
+"""``execution.deterministic``: the round's scatter-adds as sorted segment sums
 (numerics/segment_sum.py).
 
 The helper against an independent reference (a Python loop adding each destination's entries
@@ -101,10 +101,10 @@ def test_the_sorted_path_is_differentiable_like_index_add():
 
 def test_train_deterministic_is_a_config_key_of_the_schedule():
     assert schedule_of(config_lib.load(None)).deterministic is False
-    config = config_lib.load(None, ["train.deterministic=true"])
+    config = config_lib.load(None, ["execution.deterministic=true"])
     assert schedule_of(config).deterministic is True
-    with pytest.raises(config_lib.ConfigError, match=r"train\.deterministic"):
-        config_lib.load(None, ['train.deterministic="yes"'])
+    with pytest.raises(config_lib.ConfigError, match=r"execution\.deterministic"):
+        config_lib.load(None, ['execution.deterministic="yes"'])
 
 
 ALGORITHMS = ["fedsubavg", "scaffold", "fedadam", "fedavg"]

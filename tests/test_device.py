@@ -1,4 +1,4 @@
-"""The device-generic round: ``train.device``, the torch view of the training data, the
+"""The device-generic round: ``execution.device``, the torch view of the training data, the
 cohort's batches gathered with torch ops, and (where a GPU exists) CUDA runs against the CPU
 sequential reference."""
 
@@ -31,23 +31,23 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
 def test_train_device_key_takes_cpu_and_auto_and_refuses_other_values():
-    assert config_lib.load(None).train.device == "cpu"
-    config = config_lib.load(None, ['train.device="cpu"'])
+    assert config_lib.load(None).execution.device == "cpu"
+    config = config_lib.load(None, ['execution.device="cpu"'])
     assert schedule_of(config).device == torch.device("cpu")
-    auto = config_lib.load(None, ['train.device="auto"'])
+    auto = config_lib.load(None, ['execution.device="auto"'])
     assert schedule_of(auto).device.type == ("cuda" if CUDA else "cpu")
-    with pytest.raises(ConfigError, match=r"train\.device = 'gpu' is not allowed: expected"):
-        config_lib.load(None, ['train.device="gpu"'])
-    with pytest.raises(ConfigError, match=r"train\.device = 'cuda:99' is not allowed"):
-        config_lib.load(None, ['train.device="cuda:99"'])
+    with pytest.raises(ConfigError, match=r"execution\.device = 'gpu' is not allowed: expected"):
+        config_lib.load(None, ['execution.device="gpu"'])
+    with pytest.raises(ConfigError, match=r"execution\.device = 'cuda:99' is not allowed"):
+        config_lib.load(None, ['execution.device="cuda:99"'])
 
 
 @pytest.mark.skipif(CUDA, reason="this machine has a GPU")
 def test_a_gpu_on_a_machine_without_one_is_refused_naming_key_and_value():
     for value in ("cuda", "cuda:0"):
         with pytest.raises(ConfigError) as error:
-            config_lib.load(None, [f'train.device="{value}"'])
-        assert f"train.device = {value!r}" in str(error.value)
+            config_lib.load(None, [f'execution.device="{value}"'])
+        assert f"execution.device = {value!r}" in str(error.value)
         assert "no CUDA GPU" in str(error.value)
     with pytest.raises(ValueError, match="no CUDA GPU"):
         resolve_device("cuda")
@@ -56,7 +56,7 @@ def test_a_gpu_on_a_machine_without_one_is_refused_naming_key_and_value():
 @needs_cuda
 def test_masking_on_a_gpu_is_a_valid_config():
     config = config_lib.load(
-        None, ['model.name="mlp"', 'train.masking="static"', 'train.device="cuda"']
+        None, ['model.name="mlp"', 'masking.scheme="static"', 'execution.device="cuda"']
     )
     assert schedule_of(config).device.type == "cuda"
 

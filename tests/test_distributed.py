@@ -20,10 +20,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedsub.algorithms.sampling import Cohort
 from fedsub.cli import commands as cli
 from fedsub.distributed import Processes, from_environment, process_device
 from fedsub.engine import loop, split_cohort
+from fedsub.engine.cohort_job import CohortJob
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
@@ -61,7 +61,7 @@ def test_each_process_takes_its_own_gpu_and_one_named_gpu_is_refused():
     two = Processes(1, 2, 1)
     assert process_device(torch.device("cpu"), two) == torch.device("cpu")
     assert process_device(torch.device("cuda", 1), Processes()) == torch.device("cuda", 1)
-    with pytest.raises(ConfigError, match=r'train\.device = "cuda:1" under torchrun'):
+    with pytest.raises(ConfigError, match=r'execution\.device = "cuda:1" under torchrun'):
         process_device(torch.device("cuda", 1), two)
     if torch.cuda.device_count() < 2:
         with pytest.raises(ConfigError, match="LOCAL_RANK 1 but this machine has"):
@@ -82,23 +82,9 @@ def in_shares(world: int):
     concatenated in rank order (what the gather gives each process)."""
 
     def split(run_cohort, processes):
-        def run(model, params, dataset, index, cohort: Cohort, round_index, schedule, work):
-            shares = [Processes(rank, world).share(len(cohort)) for rank in range(world)]
-            parts = [
-                split_cohort.run_share(
-                    run_cohort,
-                    s,
-                    model,
-                    params,
-                    dataset,
-                    index,
-                    cohort,
-                    round_index,
-                    schedule,
-                    work,
-                )
-                for s in shares
-            ]
+        def run(job: CohortJob):
+            shares = [Processes(rank, world).share(len(job.cohort)) for rank in range(world)]
+            parts = [split_cohort.run_share(run_cohort, s, job) for s in shares]
             return split_cohort.concatenated([p for p in parts if p is not None])
 
         return run

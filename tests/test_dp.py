@@ -37,7 +37,7 @@ SMALL = [
     "train.local_steps=2",
     "eval.every=2",
     "eval.train_loss_samples=200",
-    "train.dtype='float64'",
+    "execution.dtype='float64'",
 ]
 DP = ["dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5"]
 
@@ -394,7 +394,7 @@ def test_unselected_rows_stay_bit_identical(monkeypatch):
 
 def test_both_backends_give_the_same_numbers_under_dp():
     runs = {
-        backend: experiment.compare(config(*DP, f"train.backend='{backend}'"), None)
+        backend: experiment.compare(config(*DP, f"execution.backend='{backend}'"), None)
         for backend in ("sequential", "batched")
     }
     for name in ("fedavg", "fedsubavg"):
@@ -478,12 +478,12 @@ def test_mechanism_none_leaves_the_run_unchanged():
     [
         (["train.algorithms=['scaffold']"], "outside the Gaussian mechanism"),
         (["train.algorithms=['fedavg@scheme1']"], "scheme"),
-        (["train.privacy='full'"], "not yet supported"),
+        (["privacy.level='full'"], "not yet supported"),
         (["dp.accountant='pld'"], "no event for fixed-size cohorts"),
         (["dp.target_epsilon=2.0"], "exactly one of"),
         (["dp.rows='all'"], "exact heat"),
         (["eval.gradient_norms=true"], "exact heat"),
-        (["train.table_placement='host'"], "not yet supported"),
+        (["execution.table_placement='host'"], "not yet supported"),
         (["train.algorithms=['central-sgd']"], "pools the data"),
     ],
 )

@@ -298,7 +298,7 @@ def test_a_real_run_builds_a_users_module_from_its_import_path(three_nodes, tmp_
         three_nodes.env, f'set="{overrides}" out-dir="{out}" round-timeout=30.0 eval-every=0'
     )
     listed = [o.strip() for o in overrides.split(";")]  # meanwhile, the in-process run
-    config = config_lib.load(None, [*listed, "train.backend='sequential'"])
+    config = config_lib.load(None, [*listed, "execution.backend='sequential'"])
     expected = fedsub.run(config)["fedsubavg"].params
     initial = model_of(config, load_data(config)).init(torch.Generator(), torch.float32)
     wait_for(lambda: (out / "flower-result.json").exists(), 300, f"run {run_id} to finish")
@@ -442,15 +442,15 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three
 
 
 def test_flower_settings_refuse_a_device_other_than_the_cpu(monkeypatch):
-    """On a machine with a GPU, train.device = "cuda" loads, and Flower refuses it by name."""
+    """On a machine with a GPU, execution.device = "cuda" loads, and Flower refuses it by name."""
     from fedsub.errors import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    settings = FlowerSettings.from_run_config({"set": "train.device='cuda'"})
-    with pytest.raises(ConfigError, match=r"train\.device = 'cuda'.*CPU"):
+    settings = FlowerSettings.from_run_config({"set": "execution.device='cuda'"})
+    with pytest.raises(ConfigError, match=r"execution\.device = 'cuda'.*CPU"):
         settings.fedsub_config()
-    assert FlowerSettings.from_run_config({"set": "train.device='cpu'"}).fedsub_config()
+    assert FlowerSettings.from_run_config({"set": "execution.device='cpu'"}).fedsub_config()
 
 
 def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run():
@@ -474,6 +474,6 @@ def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run()
     config = settings.fedsub_config()
     with pytest.raises(ConfigError, match="keeps per-client state"):
         FlowerSettings(algorithm="scaffold").algorithm_name(config)
-    masked = FlowerSettings(overrides=("model.name='cnn'", "train.masking='static'"))
+    masked = FlowerSettings(overrides=("model.name='cnn'", "masking.scheme='static'"))
     with pytest.raises(ConfigError, match="masking runs in-process only"):
         masked.fedsub_config()

@@ -1,5 +1,5 @@
 """Private heat on Flower: the leak check that tests/test_flower_node_data.py's real-process
-run (a SuperLink and three SuperNodes with ``train.heat_source = "secagg"``) applies to what
+run (a SuperLink and three SuperNodes with ``privacy.heat_source = "secagg"``) applies to what
 the server received, shown to find an index set sent in the clear; settings refused."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_the_leak_check_finds_an_index_set_sent_in_the_clear():
 def test_flower_settings_refuse_schemes_that_need_private_sample_counts():
     from fedsub.errors import ConfigError
 
-    settings = FlowerSettings(overrides=("train.heat_source='secagg'",))
+    settings = FlowerSettings(overrides=("privacy.heat_source='secagg'",))
     config = settings.fedsub_config()
     with pytest.raises(ConfigError, match="scheme 'scheme1' needs every client's sample count"):
         FlowerSettings(algorithm="fedsubavg@scheme1").algorithm_name(config)

@@ -397,7 +397,7 @@ def test_strategy_with_secagg_heat_gives_the_exact_heat_model(payload):
 
     from .test_flower import in_process_model
 
-    private = (*EXACT, "train.heat_source='secagg'", "train.secagg_group=2")
+    private = (*EXACT, "privacy.heat_source='secagg'", "privacy.secagg_group=2")
     settings = FlowerSettings(overrides=private, payload=payload)
     grid = AppGrid(make_client_app(settings), 4)
     strategy = _private_strategy(settings)
@@ -417,7 +417,7 @@ def test_a_node_that_does_not_send_its_rows_is_left_out_of_the_round():
     from fedsub.flower.apps import make_client_app
     from fedsub.flower.settings import FlowerSettings
 
-    private = (*EXACT, "train.heat_source='secagg'", "train.secagg_group=2", "train.rounds=1")
+    private = (*EXACT, "privacy.heat_source='secagg'", "privacy.secagg_group=2", "train.rounds=1")
     settings = FlowerSettings(overrides=private)
     grid = AppGrid(make_client_app(settings), 4)
     strategy = _private_strategy(settings)

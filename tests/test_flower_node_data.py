@@ -35,7 +35,7 @@ OVERRIDES = (
     "train.rounds=1; train.clients_per_round=3; train.algorithms=['fedsubavg']; "
     "train.heat='samples'"
 )
-PRIVATE = f"{OVERRIDES}; train.heat_source='secagg'; train.secagg_group=3"
+PRIVATE = f"{OVERRIDES}; privacy.heat_source='secagg'; privacy.secagg_group=3"
 
 
 def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):

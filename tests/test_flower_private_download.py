@@ -1,4 +1,4 @@
-"""``train.privacy = download | full`` on Flower (fedsub.flower.private_download,
+"""``privacy.level = download | full`` on Flower (fedsub.flower.private_download,
 fedsub.flower.secure_rows): the strategy and the real ClientApp on an in-process grid
 (tests/test_flower_heat_exchange.py's AppGrid) train the in-process engine's model; the server
 never receives a node's S(k), and at ``full`` no delta; dropouts from the secure sum."""
@@ -33,12 +33,12 @@ BASE = (
     "train.clients_per_round=2",
     "train.algorithms=['fedsubavg']",
     "train.heat='samples'",
-    "train.secagg_group=2",
-    "train.privacy='download'",
+    "privacy.secagg_group=2",
+    "privacy.level='download'",
 )
-FULL = ("train.privacy='full'",)  # overrides BASE's download
-RANDOMIZED = ("train.download='randomized-response'", "train.download_keep=0.6")
-BUCKETS = ("train.download='buckets'", "train.download_bucket=4")
+FULL = ("privacy.level='full'",)  # overrides BASE's download
+RANDOMIZED = ("privacy.download='randomized-response'", "privacy.download_keep=0.6")
+BUCKETS = ("privacy.download='buckets'", "privacy.download_bucket=4")
 
 
 class Recording(AppGrid):
@@ -95,7 +95,7 @@ def test_private_download_on_flower_gives_the_in_process_model(
         moved |= bool(value.abs().max() > 0)
     assert moved  # the comparison is not between two untouched models
     if (
-        "train.download='randomized-response'" in download
+        "privacy.download='randomized-response'" in download
     ):  # positive control: skipped rows and 1/p change the model
         plain = in_process_model((*BASE[:-1], f"train.rounds={rounds}"))
         assert any(not torch.allclose(v, plain[n]) for n, v in expected.items())
@@ -114,7 +114,7 @@ def _row_sets(message: Message) -> list[np.ndarray]:
 def test_the_server_receives_requests_never_a_nodes_rows():
     """What the server received (every reply): requests drawn as in process (seed, round,
     client) and held rows it requested, never S(k) itself; the requests differ from S(k)."""
-    overrides = (*BASE, *RANDOMIZED, "train.download_epsilon=1.0")
+    overrides = (*BASE, *RANDOMIZED, "privacy.download_epsilon=1.0")
     strategy, grid = _run(overrides, "submodel", 2)
     config = config_lib.load(None, (*overrides, "train.rounds=2"))
     dataset = load_data(config)
@@ -135,7 +135,7 @@ def test_a_node_at_download_refuses_to_send_its_rows():
     settings = FlowerSettings(overrides=(*BASE, *BUCKETS))
     grid = AppGrid(make_client_app(settings), 4)
     ask = Message(RecordDict({"query": ConfigRecord({"what": "rows"})}), 100, MessageType.QUERY)
-    with pytest.raises(FedsubError, match=r"partition 0: train.privacy = 'download'.*never"):
+    with pytest.raises(FedsubError, match=r"partition 0: privacy.level = 'download'.*never"):
         grid.app(ask, grid.contexts[100])
 
 
@@ -198,7 +198,7 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
     at ``full`` no S(k), every float array is empty or zero (no delta in the clear) and no
     reply names a sample count; the same checks find the deltas and the counts at
     ``download`` (positive control)."""
-    overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'")
+    overrides = (*BASE, *RANDOMIZED, f"privacy.level='{level}'")
     strategy, grid = _run(overrides, "submodel", 2)
     dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=2")))
     index = SubmodelIndex.build(dataset)
@@ -337,7 +337,7 @@ def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
 
     up = {}
     for level in ("heat", "download", "full"):
-        overrides = (*BASE, *RANDOMIZED, f"train.privacy='{level}'", "train.rounds=2")
+        overrides = (*BASE, *RANDOMIZED, f"privacy.level='{level}'", "train.rounds=2")
         out = tmp_path / level
         settings = FlowerSettings(overrides=overrides, out_dir=str(out), round_timeout=30.0)
         grid = Recording(make_client_app(settings), 4)
@@ -426,7 +426,7 @@ def test_at_full_nodes_are_not_asked_to_evaluate_and_eval_needs_a_server_test_fi
     from fedsub.flower.federated_eval import FederatedEvaluation
 
     for level, asked in (("full", False), ("download", True)):
-        settings = FlowerSettings(overrides=(*BASE, *BUCKETS, f"train.privacy='{level}'"))
+        settings = FlowerSettings(overrides=(*BASE, *BUCKETS, f"privacy.level='{level}'"))
         grid = AppGrid(make_client_app(settings), 4)
         strategy = _private_strategy(settings)
         strategy.evaluation = FederatedEvaluation(every=1, rounds=3)
@@ -435,6 +435,6 @@ def test_at_full_nodes_are_not_asked_to_evaluate_and_eval_needs_a_server_test_fi
         evaluation = list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
         assert bool(evaluation) == asked, level
     config = FlowerSettings(overrides=(*BASE, *FULL)).fedsub_config()
-    with pytest.raises(ConfigError, match=r"eval-every = 2 with train.privacy = 'full'"):
+    with pytest.raises(ConfigError, match=r"eval-every = 2 with privacy.level = 'full'"):
         FlowerSettings(eval_every=2).check_against(config)
     FlowerSettings(eval_every=0).check_against(config)  # no evaluation: accepted

@@ -1,4 +1,4 @@
-"""``train.privacy = "full"`` on real Flower processes: a SuperLink and three SuperNodes. The
+"""``privacy.level = "full"`` on real Flower processes: a SuperLink and three SuperNodes. The
 run takes about 85 s on a quiet machine (11 message waves: registration, 4 heat stages, the
 request, train, 4 secure-sum stages, each some seconds on Flower 1.41), so it is marked
 ``deployment``: `make test` leaves it out, `make test-deployment` runs it."""
@@ -33,7 +33,7 @@ def full_nodes(tmp_path_factory):
 def test_real_run_at_privacy_full_trains_the_in_process_model_and_the_server_sees_no_rows(
     full_nodes, tmp_path
 ):
-    """``train.privacy = "full"`` on the SuperLink and three SuperNodes, one round (randomized
+    """``privacy.level = "full"`` on the SuperLink and three SuperNodes, one round (randomized
     response download, secure heat and secure row sums over Flower messages): the model is
     the in-process engine's (within the fixed-point bound); nothing the server received
     (``heat-transcript``: queries, heat exchange, secure sums, train replies) holds a node's
@@ -42,8 +42,8 @@ def test_real_run_at_privacy_full_trains_the_in_process_model_and_the_server_see
 
     overrides = (
         "data.num_users=3; train.rounds=1; train.clients_per_round=3; "
-        "train.algorithms=['fedsubavg']; train.heat='samples'; train.privacy='full'; "
-        "train.download='randomized-response'; train.download_keep=0.6; train.secagg_group=3"
+        "train.algorithms=['fedsubavg']; train.heat='samples'; privacy.level='full'; "
+        "privacy.download='randomized-response'; privacy.download_keep=0.6; privacy.secagg_group=3"
     )
     out = tmp_path / "out"
     run_config = (

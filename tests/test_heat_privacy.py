@@ -202,13 +202,13 @@ def test_run_records_what_the_heat_source_guarantees(tmp_path):
                 "--set",
                 "train.clients_per_round=10",
                 "--set",
-                "train.secagg_group=20",
+                "privacy.secagg_group=20",
                 "--set",
                 "train.rounds=2",
                 "--set",
-                "train.heat_source=sketch",
+                "privacy.heat_source=sketch",
                 "--set",
-                "train.sketch_eps=0.01",
+                "privacy.sketch_eps=0.01",
             ]
         )
         == 0

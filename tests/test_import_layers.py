@@ -33,6 +33,7 @@ LAYERS: list[set[str]] = [
         "files",
         "numerics",
         "keys",
+        "moved_keys",
         "vocabulary",
         "progress",
         "profiling",

@@ -529,7 +529,7 @@ def test_compare_sweeps_masking_schemes_and_reports_accuracy_and_generalization_
     config = tmp_path / "masked.toml"
     config.write_text(MASKED_CONFIG.replace('"mnist"', f'"mnist"\npath = "{folder}"'))
     out = tmp_path / "sweep"
-    argv = ["compare", str(config), "--sweep", "train.masking=static,rolling,none"]
+    argv = ["compare", str(config), "--sweep", "masking.scheme=static,rolling,none"]
     assert main([*argv, "--out", str(out), "--quiet"]) == 0
     table = (out / "sweep.md").read_text()
     assert "final gap accuracy (train - test)" in table and "best test accuracy" in table
@@ -537,7 +537,7 @@ def test_compare_sweeps_masking_schemes_and_reports_accuracy_and_generalization_
     assert "| 4+ |" not in table and "| rounds to target |" not in table  # no such column
     assert (out / "curves.png").stat().st_size > 0
     line = json.loads(
-        (out / "train.masking=rolling" / "fedavg" / "metrics.jsonl").read_text().splitlines()[-1]
+        (out / "masking.scheme=rolling" / "fedavg" / "metrics.jsonl").read_text().splitlines()[-1]
     )
     assert line["round"] == 4
     assert line["gap_loss"] == pytest.approx(line["train_loss"] - line["test_loss"])
@@ -550,8 +550,8 @@ def test_compare_sweeps_masking_schemes_and_reports_accuracy_and_generalization_
         (("cnn", "sparse-lr"), "needs a width-sliceable model"),
         (('["fedavg"]', '["scaffold"]'), "cannot be combined with algorithm 'scaffold'"),
         (("momentum = 0.9", "capacity_proportions = [1, 2]"), "one proportion per capacity"),
-        (('masking = "rolling"', 'masking = "diagonal"'), "train.masking = 'diagonal'"),
-        (("momentum = 0.9", "capacities = [0.5, 0]"), "train.capacities = 0"),
+        (('masking = "rolling"', 'masking = "diagonal"'), "masking.scheme = 'diagonal'"),
+        (("momentum = 0.9", "capacities = [0.5, 0]"), "masking.capacities = 0"),
     ],
 )
 def test_bad_masking_configs_say_what_is_wrong(tmp_path, change, message):

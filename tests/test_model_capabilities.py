@@ -44,7 +44,7 @@ EXPECTED = {
     "embedding-lr": {CohortHead},
     "softmax-regression": {CohortHead},
     "linear-regression": {CohortHead},
-    # the history packed (not captured: train.compile), the output MLP low-rank in a cohort,
+    # the history packed (not captured: execution.compile), the output MLP low-rank in a cohort,
     # evaluated in the authors' test batches of 1,024 (Dice's batch statistics)
     "din": {CohortHead, PackedFeatures, LowRankWeights, EvalBatch},
     "lstm": {CohortHead, DeclaresCapturable},
@@ -123,10 +123,11 @@ def test_batchable_unless_a_model_declares_otherwise():
 
 def test_masked_training_of_a_model_that_cannot_be_sliced_says_so(tmp_path_factory):
     from fedsub.engine import masked
+    from fedsub.engine.cohort_job import CohortJob
 
     model, _ = built("sparse-lr", str(tmp_path_factory.getbasetemp()))
     with pytest.raises(TypeError, match="SparseLogisticRegression is not one"):
-        masked.run_cohort(model, *([None] * 9))
+        masked.run_cohort(CohortJob(model, *([None] * 7)), None, None)
 
 
 def test_capacities_too_small_for_a_sliceable_models_layers_are_warned_about(
@@ -139,4 +140,4 @@ def test_capacities_too_small_for_a_sliceable_models_layers_are_warned_about(
     model, _ = built("cnn", str(tmp_path_factory.getbasetemp()))  # 2 and 3 channels
     with caplog.at_level("WARNING", logger="fedsub"):
         _check_capacities(config, model, num_clients=10)
-    assert "train.capacities entry 0.1 keeps less than one of the 2 channels" in caplog.text
+    assert "masking.capacities entry 0.1 keeps less than one of the 2 channels" in caplog.text

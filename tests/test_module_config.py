@@ -149,7 +149,7 @@ def test_a_config_modules_forward_is_checked_in_the_configs_dtype():
     train = {**TRAIN, "algorithms": ["fedsubavg"], "rounds": 1}
     config = fedsub.Config.from_dict({"data": DATA, "model": model, "train": train})
     with pytest.raises(
-        ConfigError, match=r"trains it in float32 .train.dtype = 'float32'.*float64"
+        ConfigError, match=r"trains it in float32 .execution.dtype = 'float32'.*float64"
     ):
         fedsub.run(config)
     wide = {**train, "dtype": "float64"}

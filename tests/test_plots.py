@@ -117,7 +117,7 @@ def test_the_title_names_the_masking_scheme(tmp_path, monkeypatch):
         "data.dim=5",
         'model.name="mlp"',
         "model.widths=[4]",
-        'train.masking="static"',
+        'masking.scheme="static"',
         'train.algorithms=["fedavg"]',
         "train.rounds=1",
         "train.clients_per_round=2",

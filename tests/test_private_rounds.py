@@ -1,4 +1,4 @@
-"""train.privacy in the engine: what each level changes in a run, what the server receives at
+"""privacy.level in the engine: what each level changes in a run, what the server receives at
 ``full`` (its transcript), the settings it refuses, and what privacy costs in rounds."""
 
 from __future__ import annotations
@@ -367,25 +367,28 @@ def test_a_private_run_resumes_to_the_uninterrupted_model(small_synthetic, tmp_p
     "overrides, message",
     [
         (
-            ['train.privacy="full"', "train.max_update_norm=5"],
+            ['privacy.level="full"', "train.max_update_norm=5"],
             "train.max_update_norm = 5 needs each client's update norm",
         ),
         (
             [
-                'train.privacy="download"',
+                'privacy.level="download"',
                 'model.name="mlp"',
                 'data.name="synthetic-li"',
-                'train.masking="static"',
+                'masking.scheme="static"',
             ],
-            "train.privacy = 'download' cannot be combined with train.masking = 'static'",
+            "privacy.level = 'download' cannot be combined with masking.scheme = 'static'",
         ),
         (
-            ['train.privacy="full"', 'train.algorithms=["scaffold"]'],
-            "train.privacy = 'full' cannot be combined with algorithm 'scaffold'",
+            ['privacy.level="full"', 'train.algorithms=["scaffold"]'],
+            "privacy.level = 'full' cannot be combined with algorithm 'scaffold'",
         ),
-        (['train.privacy="full"', "train.clients_per_round=1"], "the secure sum of one client"),
-        (['train.privacy="most"'], "train.privacy = 'most' is not allowed; choose from none"),
-        (["train.download_keep=1.0"], "train.download_keep = 1.0 is out of range; expected < 1"),
+        (['privacy.level="full"', "train.clients_per_round=1"], "the secure sum of one client"),
+        (['privacy.level="most"'], "privacy.level = 'most' is not allowed; choose from none"),
+        (
+            ["privacy.download_keep=1.0"],
+            "privacy.download_keep = 1.0 is out of range; expected < 1",
+        ),
     ],
 )
 def test_settings_private_rounds_cannot_honour_are_refused(overrides, message):
@@ -456,7 +459,7 @@ def test_full_privacy_reaches_the_default_target_within_1_1x_the_rounds_of_none(
 
 
 def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
-    """``fedsub compare --sweep train.privacy=...``: each level's privacy.json (guarantees,
+    """``fedsub compare --sweep privacy.level=...``: each level's privacy.json (guarantees,
     bytes, seconds), tabled in sweep.md; the levels' costs are ordered as their messages are
     (decoy rows, then secure aggregation's vectors and shares)."""
     from fedsub.cli import main
@@ -466,11 +469,11 @@ def test_compare_sweeps_the_privacy_levels_and_reports_their_costs(tmp_path):
     config = tmp_path / "tiny.toml"
     config.write_text(TINY_COMPARISON.replace('["fedavg", "fedsubavg"]', '["fedsubavg"]'))
     out = tmp_path / "sweep"
-    argv = ["compare", str(config), "--sweep", "train.privacy=none,download,full"]
-    settings = ["--set", "train.rounds=2", "--set", "train.secagg_group=20"]
+    argv = ["compare", str(config), "--sweep", "privacy.level=none,download,full"]
+    settings = ["--set", "train.rounds=2", "--set", "privacy.secagg_group=20"]
     assert main([*argv, *settings, "--out", str(out), "--quiet"]) == 0
     costs = {
-        v: json.loads((out / f"train.privacy={v}" / "fedsubavg" / "privacy.json").read_text())
+        v: json.loads((out / f"privacy.level={v}" / "fedsubavg" / "privacy.json").read_text())
         for v in ("none", "download", "full")
     }
     assert [costs[v]["level"] for v in ("none", "download", "full")] == ["none", "download", "full"]

@@ -25,6 +25,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import hash_config
 from fedsub.models.sparse_lr import SparseLogisticRegression
+from fedsub.moved_keys import MOVED
 from fedsub.runs.experiment import check_free_space
 from fedsub.submodel.index import SubmodelIndex
 
@@ -125,8 +126,10 @@ def test_a_run_written_before_later_keys_existed_resumes_to_the_same_results(
     tmp_path, uninterrupted
 ):
     """A run folder written by an older fedsub has no line for a key added since (its
-    config.toml and run.json's hash are of the text without it): resume reads the new key's
-    default, which keeps the old behaviour, and continues to the uninterrupted results."""
+    config.toml and run.json's hash are of the text without it), and the keys that have since
+    moved out of [train] in [train] under their old names: resume reads the new key's
+    default, which keeps the old behaviour, and each moved key at its new place (with a
+    note), and continues to the uninterrupted results bit for bit."""
     config, expected = uninterrupted
     out = tmp_path / "out"
     process = fedsub_process("compare", str(config), "--out", str(out))
@@ -138,10 +141,12 @@ def test_a_run_written_before_later_keys_existed_resumes_to_the_same_results(
     written = (out / "config.toml").read_text()
     older = "\n".join(
         line
-        for line in written.split("\n[dp]\n")[0].splitlines()
+        for line in in_old_sections(written.split("\n[dp]\n")[0]).splitlines()
         if not line.startswith(("sampling = ", "regularized_loss = "))
     )
     assert older != written and "[dp]" in written  # keys this fedsub added, gone
+    assert "[execution]" in written and "[execution]" not in older
+    assert 'backend = "sequential"' in older.split("[train]")[1].split("[eval]")[0]
     (out / "config.toml").write_text(older)
     for stamped in [out / "run.json", *out.glob("*/done"), *out.glob("*/checkpoints/*/*.json")]:
         # what the older fedsub stamped: run.json, each finished algorithm, each checkpoint
@@ -151,7 +156,27 @@ def test_a_run_written_before_later_keys_existed_resumes_to_the_same_results(
 
     resumed = fedsub_process("compare", "--resume", str(out))
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    assert "train.backend is now execution.backend" in resumed.stderr.read()
     assert outputs(out) == expected
+
+
+def in_old_sections(text: str) -> str:
+    """A config.toml as fedsub wrote it before keys moved out of [train] (moved_keys.py):
+    the lines of [execution], [privacy] and [masking] in [train], by their old names."""
+    old_name = {place: old for old, place in MOVED.items()}
+    blocks = [block.splitlines() for block in text.split("\n\n")]
+    kept, moved = [], []
+    for block in blocks:
+        section = block[0].strip("[]") if block else ""
+        if section in ("execution", "privacy", "masking"):
+            for line in block[1:]:
+                key, value = line.split(" = ", 1)
+                moved.append(f"{old_name[(section, key)]} = {value}")
+        else:
+            kept.append(block)
+    train = next(b for b in kept if b and b[0] == "[train]")
+    train += moved
+    return "\n\n".join("\n".join(block) for block in kept)
 
 
 def test_ctrl_c_checkpoints_says_how_to_resume_and_resume_matches(tmp_path, uninterrupted):

@@ -37,7 +37,7 @@ def test_a_runtime_without_a_capability_is_named_in_the_refusal():
     bare = Runtime("a bare runtime", frozenset({"client-state"}))
     recipe = PRESETS["fedsubavg"].recipe
     check_combination("fedsubavg", recipe, runtime=bare, privacy="heat")  # no capability needed
-    with pytest.raises(ConfigError, match=r"train\.privacy = 'full' cannot run on a bare runtime"):
+    with pytest.raises(ConfigError, match=r"privacy\.level = 'full' cannot run on a bare runtime"):
         check_combination("fedsubavg", recipe, runtime=bare, privacy="full")
     with pytest.raises(ConfigError, match="'masking'"):
         check_combination("fedsubavg", recipe, runtime=bare, masking="static")

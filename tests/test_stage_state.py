@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.cohort_job import CohortJob
 from fedsub.engine.loop import (
     Interrupted,
     Progress,
@@ -72,9 +73,10 @@ def fresh_round(model, dataset, index, algorithm: str, log: RoundLog):
 
 def play(rounds, run_cohort, model, dataset, index, log: RoundLog, round_index: int) -> None:
     plan = rounds.begin(round_index)
-    update = run_cohort(
+    job = CohortJob(
         model, rounds.params, dataset, index, plan.cohort, round_index, SCHEDULE, plan.work
     )
+    update = run_cohort(job)
     rounds.finish(plan, update)
     log.record(float(sum(p.norm() for p in rounds.params.tensors())))
 

@@ -1,4 +1,4 @@
-"""``train.table_placement = "host"``: the tables stay on the host, only each round's union of
+"""``execution.table_placement = "host"``: the tables stay on the host, only each round's union of
 the cohort's rows travels to the device (engine/placement.py).
 
 On the CPU both placements run the same kernels, so their models are equal bit for bit; the
@@ -37,10 +37,10 @@ ROW_LOCAL = ["fedavg", "fedsubavg", "fedadam-lazy", "fedyogi-lazy", "central-sgd
 
 def test_train_table_placement_is_a_config_key_of_the_schedule():
     assert schedule_of(config_lib.load(None)).table_placement == "device"
-    config = config_lib.load(None, ['train.table_placement="host"'])
+    config = config_lib.load(None, ['execution.table_placement="host"'])
     assert schedule_of(config).table_placement == "host"
-    with pytest.raises(ConfigError, match=r"train\.table_placement = 'disk' is not allowed"):
-        config_lib.load(None, ['train.table_placement="disk"'])
+    with pytest.raises(ConfigError, match=r"execution\.table_placement = 'disk' is not allowed"):
+        config_lib.load(None, ['execution.table_placement="disk"'])
 
 
 CASES = [
@@ -107,19 +107,19 @@ def test_only_the_union_of_the_cohorts_rows_travels(monkeypatch, data):
 
 @pytest.mark.parametrize("algorithm", ["fedadam", "fedyogi", "scaffold-approx", "scaffold"])
 def test_the_config_refuses_a_server_step_that_is_not_row_local(algorithm, tmp_path):
-    settings = ['train.table_placement="host"', f'train.algorithms=["{algorithm}"]']
+    settings = ['execution.table_placement="host"', f'train.algorithms=["{algorithm}"]']
     with pytest.raises(ConfigError) as error:
         config_lib.load(None, settings)
     message = str(error.value)
-    assert 'train.table_placement = "host"' in message and repr(algorithm) in message
-    assert 'train.table_placement = "device"' in message
+    assert 'execution.table_placement = "host"' in message and repr(algorithm) in message
+    assert 'execution.table_placement = "device"' in message
     row_local = tmp_path / "row-local.toml"  # lazy adaptive servers, presets or composed
     row_local.write_text(
         '[train]\ntable_placement = "host"\n'
         'algorithms = ["mine", "fedsubavg", "fedyogi-lazy", "central-sgd"]\n'
         '[algorithms.mine]\nserver = "adam"\nlazy = true\n'
     )
-    assert config_lib.load(row_local).train.table_placement == "host"
+    assert config_lib.load(row_local).execution.table_placement == "host"
 
 
 @pytest.mark.parametrize("algorithm", ["fedadam", "fedyogi", "scaffold-approx", "scaffold"])
@@ -128,8 +128,8 @@ def test_a_server_step_that_is_not_row_local_is_refused_naming_the_key(algorithm
     with pytest.raises(ConfigError) as error:
         run("synthetic", algorithm, schedule)
     message = str(error.value)
-    assert 'train.table_placement = "host"' in message and repr(algorithm) in message
-    assert 'train.table_placement = "device"' in message
+    assert 'execution.table_placement = "host"' in message and repr(algorithm) in message
+    assert 'execution.table_placement = "device"' in message
 
 
 def test_a_host_placed_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):

@@ -395,7 +395,7 @@ def test_rounds_split_across_processes_give_the_one_process_model(monkeypatch):
 
 
 def test_the_captured_step_gives_the_eager_model():
-    """train.compile traces the split step (stubs included) as one graph: dynamo's capture
+    """execution.compile traces the split step (stubs included) as one graph: dynamo's capture
     with eager kernels (aot_eager) gives the eager batched model."""
     from torch._dynamo.testing import CompileCounterWithBackend
 

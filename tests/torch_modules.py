@@ -199,7 +199,7 @@ ANY_DATA = "tests.torch_modules:AnyData"  # its config path (the repository root
 
 class Float64Head(AnyData):
     """``AnyData`` whose output layer is float64 and fed float64: it runs only when fedsub
-    trains in float64 (``train.dtype``)."""
+    trains in float64 (``execution.dtype``)."""
 
     def __init__(self, dataset: FederatedDataset, dim: int = 3) -> None:
         super().__init__(dataset, dim)

@@ -1,6 +1,6 @@
 """The docs' generated pages: the config reference from config.py's dataclasses and the
-registries (every key, its type, default, allowed values and doc), and the CLI reference from
-``cli.build_parser()``.
+registries (every key, its type, default, allowed values and doc), the keys that moved out of
+``[train]`` (moved_keys.py's table), and the CLI reference from ``cli.build_parser()``.
 
 A page holds a marker line (``<!-- generated: config-reference -->``) that the MkDocs hook
 ``on_page_markdown`` replaces at build time, so nothing here is ever copied by hand and the
@@ -24,7 +24,15 @@ from typing import Any
 MARKERS = {
     "<!-- generated: config-reference -->": "config_reference",
     "<!-- generated: cli-reference -->": "cli_reference",
+    "<!-- generated: moved-keys -->": "moved_keys_reference",
 }
+
+
+def moved_keys_reference() -> str:
+    """The keys that moved out of ``[train]``: moved_keys.py's table, old key -> new place."""
+    from fedsub import moved_keys
+
+    return "\n".join(moved_keys.reference_rows())
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fedsub import moved_keys
 from fedsub.config import DataConfig, EvalConfig, TrainConfig
 from fedsub.data.registry import DATASETS
 from fedsub.errors import ArgumentError
@@ -134,10 +136,21 @@ def train_terms(algorithms: str = "algorithms") -> dict[str, str]:
         r"algorithms\.([\w@-]+)\.(\w+)": r"algorithm_options['\1']['\2']",
         r"\[algorithms\.([\w@-]+)\] unknown key": r"algorithm_options['\1']: unknown key",
         r"\[model\] unknown key": "model_options: unknown key",
+        **moved_terms(),
         **section_terms("train", _fields(TrainConfig)),
         **section_terms("eval", _fields(EvalConfig)),
         **section_terms("model", _model_keys(), "model_options['{key}']"),
         **RUN_FLAGS,
+    }
+
+
+def moved_terms() -> dict[str, str]:
+    """The ``[execution]`` / ``[privacy]`` / ``[masking]`` keys named as the keyword
+    arguments that set them (``execution.dtype`` -> ``dtype``, ``masking.scheme`` ->
+    ``masking``: moved_keys.py's table)."""
+    return {
+        rf"{re.escape(section)}\.{re.escape(key)}": old
+        for old, (section, key) in moved_keys.MOVED.items()
     }
 
 

@@ -1,4 +1,5 @@
-"""Configuration: a TOML file with sections [data], [model], [train], [eval], validated on load.
+"""Configuration: a TOML file with sections [data], [model], [train], [execution], [privacy],
+[masking], [eval], [dp] and [algorithms.<name>], validated on load.
 
 Every key has a type and an allowed range; an unknown key, a wrong type or an out-of-range value
 raises ``ConfigError`` naming the key and what is allowed. ``--set section.key=value`` overrides
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsub import moved_keys
 from fedsub.algorithms.compose import RECIPE_KEYS, composed_table, parse_composed, recipe_of
 from fedsub.algorithms.registry import (
     Composed,
@@ -88,6 +90,33 @@ class TrainConfig:
     heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
     """FedSubAvg's heat: `samples` (sample-weighted, the default) or `clients` (Algorithm 1 of the
     paper: N / n_m)."""
+    lr_schedule: str = field(
+        default="constant",
+        metadata={"choices": lambda: ["constant", "inverse-round", "inverse-time", "exponential"]},
+    )
+    """`constant`, `inverse-round` (lr / (1 + t), t = round index, seed 004), `inverse-time` (lr /
+    (1 + lr_decay t), seed 004's appendix C.2) or `exponential` (lr * lr_decay^t, x0.999 in the
+    authors' Amazon code)."""
+    lr_decay: float = field(default=0.999, metadata={"min_exclusive": 0.0, "max": 1.0})
+    """The decay of the `exponential` and `inverse-time` schedules."""
+    weight_decay: float = field(default=0.0, metadata={"min": 0.0})
+    """Local L2 weight decay."""
+    clip_norm: float = field(default=0.0, metadata={"min": 0.0})
+    """Per-client gradient clipping by global norm; 0 = off."""
+    checkpoint_every: int = field(default=10, metadata={"min": 0})
+    """Rounds between checkpoints; 0 = only when stopped (Ctrl-C, SIGTERM)."""
+    max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
+    """Reject client updates with a larger norm; 0 = no limit."""
+    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    """Local SGD momentum (buffers start at 0 every round)."""
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How and where a run executes: the number type, the backend, the device and the
+    settings that make it faster or repeatable (moved from `[train]`; the old keys still
+    load)."""
+
     dtype: str = field(default="float32", metadata={"choices": lambda: ["float32", "float64"]})
     """The parameters' floating-point type."""
     backend: str = field(default="batched", metadata={"choices": backend_names})
@@ -113,21 +142,19 @@ class TrainConfig:
     padded to size classes (engine/captured_step.py); same model (float64 1e-10, float32 1e-5
     relative). DIN, LSTM and sparse LR run eagerly (warned); refused with backend `sequential`,
     masking or deterministic."""
-    lr_schedule: str = field(
-        default="constant",
-        metadata={"choices": lambda: ["constant", "inverse-round", "inverse-time", "exponential"]},
-    )
-    """`constant`, `inverse-round` (lr / (1 + t), t = round index, seed 004), `inverse-time` (lr /
-    (1 + lr_decay t), seed 004's appendix C.2) or `exponential` (lr * lr_decay^t, x0.999 in the
-    authors' Amazon code)."""
-    lr_decay: float = field(default=0.999, metadata={"min_exclusive": 0.0, "max": 1.0})
-    """The decay of the `exponential` and `inverse-time` schedules."""
-    weight_decay: float = field(default=0.0, metadata={"min": 0.0})
-    """Local L2 weight decay."""
-    clip_norm: float = field(default=0.0, metadata={"min": 0.0})
-    """Per-client gradient clipping by global norm; 0 = off."""
-    checkpoint_every: int = field(default=10, metadata={"min": 0})
-    """Rounds between checkpoints; 0 = only when stopped (Ctrl-C, SIGTERM)."""
+    threads: int = field(default=0, metadata={"min": 0, "max": 4096})
+    """torch intra-op threads (at most 4096); 0 = torch's default. Small cohorts of sparse models
+    run faster on 1: handing tiny kernels between threads costs more than the kernels."""
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Private submodel learning (fedsub.privacy): what the server may learn of each client's
+    rows, and where its heat counts come from (moved from `[train]`; the old keys still
+    load)."""
+
+    level: str = field(default="none", metadata={"choices": lambda: list(PRIVACY_LEVELS)})
+    """The privacy level (fedsub.privacy.levels): `none`, `heat`, `download` or `full`."""
     heat_source: str = field(
         default="exact",
         metadata={"choices": lambda: ["exact", "secagg", "sketch", "randomized-response"]},
@@ -143,37 +170,6 @@ class TrainConfig:
     """... and its failure probability."""
     secagg_group: int = field(default=50, metadata={"min": 2})
     """Clients per secure-aggregation group; at most the number of clients."""
-    max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
-    """Reject client updates with a larger norm; 0 = no limit."""
-    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    """Local SGD momentum (buffers start at 0 every round)."""
-    threads: int = field(default=0, metadata={"min": 0, "max": 4096})
-    """torch intra-op threads (at most 4096); 0 = torch's default. Small cohorts of sparse models
-    run faster on 1: handing tiny kernels between threads costs more than the kernels."""
-    masking: str = field(default="none", metadata={"choices": lambda: list(MASKING_SCHEMES)})
-    """Sub-model training on width-sliceable models (seed 003; fedsub.masking): `none`, `static`
-    (HeteroFL), `rolling` (FedRolex), `shuffled` (Algorithm 2), `random`, `bernoulli` (Algorithm
-    1)."""
-    capacities: list[float] = field(
-        default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625],
-        metadata={"min_exclusive": 0.0, "max": 1.0, "nonempty": True},
-    )
-    """The capacity levels of sub-model training."""
-    capacity_proportions: list[float] = field(default_factory=list, metadata={"min_exclusive": 0.0})
-    """Shares of the capacities; [] = equal."""
-    capacity_assignment: str = field(
-        default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
-    )
-    """`fixed` (dealt once in those proportions) or `per-round` (redrawn)."""
-    mask_average: str = field(
-        default="scheme", metadata={"choices": lambda: ["scheme", "trainers", "all"]}
-    )
-    """`scheme` (each scheme's own paper's: `all` for `bernoulli` and `shuffled`, `trainers` for
-    the others), `trainers` (HeteroFL / FedRolex: each entry averaged over the clients that
-    trained it) or `all` (seed 003's Algorithms 1-2: untrained entries count as the old value in a
-    mean over all the round's clients)."""
-    privacy: str = field(default="none", metadata={"choices": lambda: list(PRIVACY_LEVELS)})
-    """Private submodel learning (fedsub.privacy.levels): `none`, `heat`, `download` or `full`."""
     download: str = field(
         default="randomized-response", metadata={"choices": lambda: list(PRIVATE_DOWNLOADS)}
     )
@@ -186,6 +182,34 @@ class TrainConfig:
     """Buckets: requests are padded to download_bucket, 2x, 4x, ... rows."""
     secagg_clip: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1e6})
     """`full`: the fixed-point range [-clip, clip] of a weighted delta value."""
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    """Sub-model training on width-sliceable models (seed 003; fedsub.masking; moved from
+    `[train]`, the old keys still load)."""
+
+    scheme: str = field(default="none", metadata={"choices": lambda: list(MASKING_SCHEMES)})
+    """The masking scheme: `none`, `static` (HeteroFL), `rolling` (FedRolex), `shuffled`
+    (Algorithm 2), `random`, `bernoulli` (Algorithm 1)."""
+    capacities: list[float] = field(
+        default_factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625],
+        metadata={"min_exclusive": 0.0, "max": 1.0, "nonempty": True},
+    )
+    """The capacity levels of sub-model training."""
+    capacity_proportions: list[float] = field(default_factory=list, metadata={"min_exclusive": 0.0})
+    """Shares of the capacities; [] = equal."""
+    capacity_assignment: str = field(
+        default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
+    )
+    """`fixed` (dealt once in those proportions) or `per-round` (redrawn)."""
+    average: str = field(
+        default="scheme", metadata={"choices": lambda: ["scheme", "trainers", "all"]}
+    )
+    """`scheme` (each scheme's own paper's: `all` for `bernoulli` and `shuffled`, `trainers` for
+    the others), `trainers` (HeteroFL / FedRolex: each entry averaged over the clients that
+    trained it) or `all` (seed 003's Algorithms 1-2: untrained entries count as the old value in a
+    mean over all the round's clients)."""
 
 
 @dataclass(frozen=True)
@@ -276,6 +300,9 @@ class Config:
     eval: EvalConfig
     algorithms: dict[str, Any] = field(default_factory=dict)  # base name -> options
     dp: DpConfig = field(default_factory=DpConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
 
     @classmethod
     def from_toml(
@@ -302,6 +329,7 @@ class Config:
             raw = tomllib.loads(source.removeprefix("\ufeff"))  # a BOM read as text
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config text: not valid TOML: {error}") from None
+        raw = moved_keys.in_sections(raw, where="config text")
         try:
             return parse(apply_overrides(raw, list(overrides)))
         except ConfigError as error:
@@ -345,13 +373,19 @@ SECTIONS: dict[str, type | None] = {
     "data": DataConfig,
     "model": ModelConfig,
     "train": TrainConfig,
+    "execution": ExecutionConfig,
+    "privacy": PrivacyConfig,
+    "masking": MaskingConfig,
     "eval": EvalConfig,
     "dp": DpConfig,
     "algorithms": None,  # [algorithms.<name>] tables, validated by each algorithm's options
 }
 
 
-def parse(raw: dict[str, Any]) -> Config:
+def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.LOG.warning) -> Config:
+    """The config of ``raw`` (TOML tables), every key checked; a key that moved out of
+    ``[train]`` is read at its new place, with ``note`` (moved_keys.py)."""
+    raw = moved_keys.in_sections(raw, note)
     unknown = sorted(set(raw) - set(SECTIONS), key=str)
     if unknown:
         raise ConfigError(
@@ -381,6 +415,9 @@ def parse(raw: dict[str, Any]) -> Config:
         eval=parse_section(EvalConfig, "eval", raw.get("eval", {})),
         algorithms=parse_algorithms(raw.get("algorithms", {})),
         dp=parse_section(DpConfig, "dp", raw.get("dp", {})),
+        execution=parse_section(ExecutionConfig, "execution", raw.get("execution", {})),
+        privacy=parse_section(PrivacyConfig, "privacy", raw.get("privacy", {})),
+        masking=parse_section(MaskingConfig, "masking", raw.get("masking", {})),
     )
     check_masking(config)
     check_algorithms(config)
@@ -407,57 +444,57 @@ def parse_model(table: dict[str, Any]) -> ModelConfig:
 
 
 def check_compile(config: Config) -> None:
-    """``train.compile = "on"`` captures the batched backend's local step with fixed shapes:
+    """``execution.compile = "on"`` captures the batched backend's local step with fixed shapes:
     refuse the settings whose step is not that one program."""
-    t = config.train
-    if t.compile == "off":
+    x, scheme = config.execution, config.masking.scheme
+    if x.compile == "off":
         return
     refusals = [
         (
-            t.backend != "batched",
-            f'train.backend = {t.backend!r} runs clients one by one; use backend "batched"',
+            x.backend != "batched",
+            f'execution.backend = {x.backend!r} runs clients one by one; use backend "batched"',
         ),
         (
-            t.masking != "none",
-            f"train.masking = {t.masking!r} trains each round's slice groups (their sizes "
-            'and shapes change every round) as separate cohorts; use masking "none"',
+            scheme != "none",
+            f"masking.scheme = {scheme!r} trains each round's slice groups (their sizes "
+            'and shapes change every round) as separate cohorts; use scheme "none"',
         ),
         (
-            t.deterministic,
-            "train.deterministic = true sums in a fixed order with sorted segment sums, whose "
+            x.deterministic,
+            "execution.deterministic = true sums in a fixed order with sorted segment sums, whose "
             "sizes depend on the values; use deterministic = false",
         ),
     ]
     for condition, reason in refusals:
         if condition:
-            raise ConfigError(f'train.compile = "on" cannot be used here: {reason}')
+            raise ConfigError(f'execution.compile = "on" cannot be used here: {reason}')
 
 
 def check_privacy(config: Config) -> None:
     """Private download and secure aggregation change what the server holds of each client:
     refuse settings that need a client's own update (width slices, the server's norm
     screening) or a cohort too small to hide one (the sum of one client is its update)."""
-    t = config.train
-    if t.privacy in ("download", "full") and t.masking != "none":
+    t, level, scheme = config.train, config.privacy.level, config.masking.scheme
+    if level in ("download", "full") and scheme != "none":
         raise ConfigError(
-            f"train.privacy = {t.privacy!r} cannot be combined with train.masking = "
-            f"{t.masking!r}: width slices are aggregated per client; use privacy none or heat"
+            f"privacy.level = {level!r} cannot be combined with masking.scheme = "
+            f"{scheme!r}: width slices are aggregated per client; use level none or heat"
         )
-    if t.privacy != "none" and t.table_placement == "host":
+    if level != "none" and config.execution.table_placement == "host":
         raise ConfigError(
-            f"train.privacy = {t.privacy!r} cannot be combined with train.table_placement = "
+            f"privacy.level = {level!r} cannot be combined with execution.table_placement = "
             '"host" yet: the private round aggregates on the device; use table_placement '
-            '"device" or privacy "none"'
+            '"device" or level "none"'
         )
-    if t.privacy == "full" and t.max_update_norm > 0:
+    if level == "full" and t.max_update_norm > 0:
         raise ConfigError(
             f"train.max_update_norm = {t.max_update_norm:g} needs each client's update norm, "
-            'which train.privacy = "full" hides from the server (secure aggregation clips '
-            "values to train.secagg_clip instead); set it to 0"
+            'which privacy.level = "full" hides from the server (secure aggregation clips '
+            "values to privacy.secagg_clip instead); set it to 0"
         )
-    if t.privacy == "full" and t.clients_per_round < 2:
+    if level == "full" and t.clients_per_round < 2:
         raise ConfigError(
-            f'train.privacy = "full" needs train.clients_per_round >= 2, got '
+            f'privacy.level = "full" needs train.clients_per_round >= 2, got '
             f"{t.clients_per_round}: the secure sum of one client is its update"
         )
 
@@ -466,7 +503,7 @@ def check_dp(config: Config) -> None:
     """``[dp]``: a noise multiplier or a target epsilon (one), and nothing beside the Gaussian
     mechanism that shows the server a client's data or that this runtime has not been made
     private yet (the algorithms themselves: ``check_algorithms``)."""
-    d, t = config.dp, config.train
+    d, t, p = config.dp, config.train, config.privacy
     if t.sampling == "poisson":
         schemes = [
             n for n in t.algorithms if split_name(n, config.composed_names())[1] != "default"
@@ -492,24 +529,24 @@ def check_dp(config: Config) -> None:
         )
     refusals = [
         (
-            t.privacy != "none",
-            f"train.privacy = {t.privacy!r}: differential privacy over private download or "
+            p.level != "none",
+            f"privacy.level = {p.level!r}: differential privacy over private download or "
             "secure aggregation is not yet supported (the private round replaces the "
-            "aggregation the mechanism noises); use privacy 'none'",
+            "aggregation the mechanism noises); use level 'none'",
         ),
         (
-            t.heat_source != "exact",
-            f"train.heat_source = {t.heat_source!r}: under DP FedSubAvg's heat comes from the "
-            "private row selection, so no heat source is used; leave it 'exact'",
+            p.heat_source != "exact",
+            f"privacy.heat_source = {p.heat_source!r}: under DP FedSubAvg's heat comes from "
+            "the private row selection, so no heat source is used; leave it 'exact'",
         ),
         (
-            t.masking != "none",
-            f"train.masking = {t.masking!r}: differential privacy with width slices is not "
-            "yet supported",
+            config.masking.scheme != "none",
+            f"masking.scheme = {config.masking.scheme!r}: differential privacy with width "
+            "slices is not yet supported",
         ),
         (
-            t.table_placement != "device",
-            "train.table_placement = 'host' is not yet supported with differential privacy",
+            config.execution.table_placement != "device",
+            "execution.table_placement = 'host' is not yet supported with differential privacy",
         ),
         (
             config.eval.gradient_norms,
@@ -556,30 +593,32 @@ def check_algorithms(config: Config) -> None:
             recipe_of(name, config.algorithms),
             scheme=scheme,
             momentum=t.momentum,
-            masking=t.masking,
-            privacy=t.privacy,
+            masking=config.masking.scheme,
+            privacy=config.privacy.level,
             runtime=IN_PROCESS,
             dp=config.dp.mechanism,
             dp_rows=config.dp.rows,
         )
-        check_table_placement(name, config.algorithm_options(name), t.table_placement)
+        check_table_placement(
+            name, config.algorithm_options(name), config.execution.table_placement
+        )
 
 
 def check_masking(config: Config) -> None:
     """Sub-model masking needs a width-sliceable model (its algorithms are checked by
     ``check_algorithms``)."""
-    t = config.train
-    if t.capacity_proportions and len(t.capacity_proportions) != len(t.capacities):
+    m = config.masking
+    if m.capacity_proportions and len(m.capacity_proportions) != len(m.capacities):
         raise ConfigError(
-            f"train.capacity_proportions has {len(t.capacity_proportions)} entries but "
-            f"train.capacities has {len(t.capacities)}; give one proportion per capacity"
+            f"masking.capacity_proportions has {len(m.capacity_proportions)} entries but "
+            f"masking.capacities has {len(m.capacities)}; give one proportion per capacity"
         )
-    if t.masking == "none":
+    if m.scheme == "none":
         return
     if not model_spec(config.model.name).sliceable:
         sliceable = [n for n in model_names() if model_spec(n).sliceable]
         raise ConfigError(
-            f"train.masking = {t.masking!r} needs a width-sliceable model "
+            f"masking.scheme = {m.scheme!r} needs a width-sliceable model "
             f"({', '.join(sliceable)}); model.name is {config.model.name!r}"
         )
 
@@ -629,11 +668,15 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     return section, key, value
 
 
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``raw`` with each ``--set`` applied in order (``none`` removes the key)."""
-    merged = copy.deepcopy(raw)
+def apply_overrides(
+    raw: dict[str, Any], overrides: list[str], note: moved_keys.Note = moved_keys.LOG.warning
+) -> dict[str, Any]:
+    """``raw`` with each ``--set`` applied in order (``none`` removes the key); ``raw``'s
+    keys and the ``--set`` keys that moved out of ``[train]`` at their new place (noted)."""
+    merged = copy.deepcopy(moved_keys.in_sections(raw, note))
     for text in overrides:
         section, key, value = parse_override(text)
+        section, key = moved_keys.moved_override(section, key, note)
         table: Any = merged
         for part in ["algorithms", section.split(".", 1)[1]] if "." in section else [section]:
             table = table.setdefault(part, {}) if isinstance(table, dict) else None
@@ -673,6 +716,7 @@ def load(
     An error names its cause: the ``--set`` that introduced it (or, for an override in
     ``named``, the flag it came from, e.g. ``--algorithm X``), else the file."""
     raw = read_toml(path if path is not None else default_config_path())
+    raw = moved_keys.in_sections(raw, where=str(path or "default config"))
     try:
         return parse(apply_overrides(raw, list(overrides)))
     except ConfigError as error:
@@ -695,7 +739,7 @@ def _culprit(
     shown = [named.get(text, f"--set {_shown(text)}") for text in overrides]
     for count in range(len(overrides) + 1):
         try:
-            parse(apply_overrides(raw, overrides[:count]))
+            parse(apply_overrides(raw, overrides[:count], note=None), note=None)
         except ConfigError as error:
             if str(error) == message:
                 return where if count == 0 else shown[count - 1]

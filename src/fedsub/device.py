@@ -1,4 +1,4 @@
-"""Where a run's tensors live: ``train.device`` ("cpu", "cuda", "cuda:N" or "auto").
+"""Where a run's tensors live: ``execution.device`` ("cpu", "cuda", "cuda:N" or "auto").
 
 A leaf module: the config validates the key with ``resolve_device`` and the engine places the
 model, the server state and the training data on the resolved ``torch.device``.
@@ -16,7 +16,7 @@ _CUDA = re.compile(r"cuda(:(\d+))?")
 
 
 def resolve_device(name: str) -> torch.device:
-    """The ``torch.device`` a ``train.device`` value names; ``"auto"`` is the first GPU when
+    """The ``torch.device`` a ``execution.device`` value names; ``"auto"`` is the first GPU when
     one is available, else the CPU. Raises ValueError for an unknown form or a GPU this
     machine does not have, saying what is allowed."""
     if name == "cpu":

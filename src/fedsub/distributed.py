@@ -92,7 +92,7 @@ def from_environment(env: Mapping[str, str] | None = None) -> Processes:
 
 
 def process_device(device: torch.device, processes: Processes | None = None) -> torch.device:
-    """The device this process trains on: under torchrun, ``train.device = "cuda"`` (or
+    """The device this process trains on: under torchrun, ``execution.device = "cuda"`` (or
     ``"auto"`` on a GPU machine) is ``cuda:LOCAL_RANK``. Raises ConfigError for a GPU named by
     number (every process would share it) or fewer GPUs than processes on this machine."""
     processes = from_environment() if processes is None else processes
@@ -100,14 +100,14 @@ def process_device(device: torch.device, processes: Processes | None = None) -> 
         return device
     if device.index is not None:
         raise ConfigError(
-            f'train.device = "{device}" under torchrun: every process would train on that one '
+            f'execution.device = "{device}" under torchrun: every process would train on that one '
             'GPU; use "cuda" or "auto" (process i of a machine takes cuda:LOCAL_RANK)'
         )
     import torch
 
     if processes.local_rank >= torch.cuda.device_count():
         raise ConfigError(
-            f"train.device = cuda: {processes} has LOCAL_RANK {processes.local_rank} but this "
+            f"execution.device = cuda: {processes} has LOCAL_RANK {processes.local_rank} but this "
             f"machine has {torch.cuda.device_count()} CUDA device(s); start at most that many "
             "processes per machine (torchrun --nproc-per-node)"
         )
@@ -136,7 +136,7 @@ def join(device: torch.device) -> Processes:
     if dist.is_initialized():
         if dist.get_backend() != backend:
             raise ConfigError(
-                f"train.device = {device} needs the {backend} backend but this run's "
+                f"execution.device = {device} needs the {backend} backend but this run's "
                 f"processes already use {dist.get_backend()} (one device type per run)"
             )
         return processes

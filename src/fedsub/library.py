@@ -24,6 +24,7 @@ from torch import nn
 
 from fedsub import api_arguments as arguments
 from fedsub import config as config_lib
+from fedsub import moved_keys
 from fedsub.config import Config, EvalConfig, TrainConfig
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ArgumentError, ConfigError
@@ -194,8 +195,10 @@ def train(
       ``"regression"``), when the outputs' shape does not tell them (see
       ``models/torch_module.py: wrap``);
     - ``train_options``: ``[train]`` and ``[eval]`` keys (``rounds``, ``clients_per_round``,
-      ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``device``, ``backend``, ``every``,
-      ...; built-in defaults otherwise), checked by the rules a config file's keys are; an
+      ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``every``, ...) and the
+      ``[execution]`` / ``[privacy]`` / ``[masking]`` keys by their former ``[train]`` names
+      (moved_keys.py: ``device``, ``backend``, ``privacy``, ``masking``, ...); built-in
+      defaults otherwise, checked by the rules a config file's keys are; an
       error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
       value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
       ``dp={...}``: the ``[dp]`` table (differential privacy).
@@ -562,6 +565,7 @@ def config_of(
     ``model``: the model given as an object (None: ``model_table``'s built-in one)."""
     sections: dict[str, dict[str, Any]] = {"train": {"algorithms": algorithms}, "eval": {}}
     train_keys = {f.name for f in dataclasses.fields(TrainConfig)} - {"algorithms"}
+    train_keys |= set(moved_keys.MOVED)  # execution, privacy and masking keys, by old name
     eval_keys = {f.name for f in dataclasses.fields(EvalConfig)}
     for key, value in options.items():
         if key == "algorithms":
@@ -572,20 +576,23 @@ def config_of(
                     f"dp must be a dict of [dp] keys (e.g. clip=1.0), got {value!r}"
                 )
             sections["dp"] = dict(value)
+        elif (place := moved_keys.keyword_place(key)) is not None:
+            sections.setdefault(place[0], {})[place[1]] = value
         elif key in train_keys:
             sections["train"][key] = value
         elif key in eval_keys:
             sections["eval"][key] = value
         else:
             raise ArgumentError(
-                f"unknown option {key!r}: expected a [train] key ({', '.join(sorted(train_keys))})"
+                f"unknown option {key!r}: expected a [train] key or an [execution] / [privacy] / "
+                f"[masking] key by its former [train] name ({', '.join(sorted(train_keys))})"
                 f", an [eval] key ({', '.join(sorted(eval_keys))}) or dp"
             )
-    masking = sections["train"].get("masking", "none")
+    masking = sections.get("masking", {}).get("scheme", "none")
     masked = isinstance(masking, str) and masking != "none"  # a non-string: config.py refuses
     if model is not None and masked and not isinstance(model, SliceableModel):
         raise ConfigError(
-            f"train.masking = {masking!r} needs a width-sliceable model; "
+            f"masking.scheme = {masking!r} needs a width-sliceable model; "
             f"{type(model).__name__} is not one"
         )
     raw: dict[str, Any] = {**sections, "algorithms": dict(algorithm_options or {})}

@@ -160,7 +160,7 @@ def with_coefficients(
 ) -> dict[str, RowUpdate]:
     """Each row's aggregate times its table's per-row coefficient (FedSubAvg's heat
     correction), read where the coefficients live (the device, or the host when
-    ``train.table_placement = "host"``)."""
+    ``execution.table_placement = "host"``)."""
     scaled = {}
     for table, update in tables.items():
         coef = coefficients[table].index_select(0, update.rows)

@@ -140,7 +140,7 @@ class AdaptiveOptions(LazyAdaptiveOptions):
 
 def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
     """FedSubAvg's per-row coefficients for every table, computed once over all N clients,
-    from the heat the configured source reveals (``train.heat_source``).
+    from the heat the configured source reveals (``privacy.heat_source``).
 
     Estimated heat (sketch, randomized response) is clipped to [smallest client weight,
     total] so that noise can neither divide by zero nor shrink a row below plain averaging.
@@ -247,7 +247,7 @@ class ServerPiece:
     options: type
     build: Callable[[AlgorithmContext, Any], Callable[[Params], ServerOptimizer]]
     # whether, with these options, a step touches only the round's rows and their state
-    # (train.table_placement = "host" needs it; engine/placement.py)
+    # (execution.table_placement = "host" needs it; engine/placement.py)
     row_local: Callable[[Any], bool] = lambda options: False
     name: str = ""
 
@@ -400,11 +400,11 @@ def check_combination(
     )
     if masking != "none" and unnormalized:
         raise ConfigError(
-            f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: scheme "
+            f"masking.scheme = {masking!r} cannot be combined with algorithm {name!r}: scheme "
             f"{scheme!r} weights clients by weights that do not sum to 1 on purpose, and "
             "sub-model masking's slice average divides by their sum, which would turn it "
             "into a plain p_k-weighted mean. Use the default scheme, scheme1 or "
-            "transformed-scheme2 with train.masking"
+            "transformed-scheme2 with masking.scheme"
         )
     not_a_sum = (
         f"its aggregation rule {recipe.aggregation!r} does not combine by a weighted sum "
@@ -412,12 +412,12 @@ def check_combination(
     )
     if masking != "none" and not rule.secure_sum_ok:
         raise ConfigError(
-            f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: "
+            f"masking.scheme = {masking!r} cannot be combined with algorithm {name!r}: "
             f"{not_a_sum}, which sub-model masking's slice average computes"
         )
     if privacy in ("download", "full") and not rule.secure_sum_ok:
         raise ConfigError(
-            f"train.privacy = {privacy!r} cannot be combined with algorithm {name!r}: "
+            f"privacy.level = {privacy!r} cannot be combined with algorithm {name!r}: "
             f"{not_a_sum}, which private download and secure aggregation compute"
         )
     pooled = rule.pools_data
@@ -441,7 +441,7 @@ def check_combination(
         )
     if stateful and privacy in ("download", "full"):
         raise ConfigError(
-            f"train.privacy = {privacy!r} cannot be combined with algorithm {name!r}: its "
+            f"privacy.level = {privacy!r} cannot be combined with algorithm {name!r}: its "
             f"client piece {stateful[0]!r} keeps per-client state built from each client's "
             "own update, which private download and secure aggregation keep from the server"
         )
@@ -456,7 +456,7 @@ def check_combination(
         )
     if needs and masking != "none":
         raise ConfigError(
-            f"train.masking = {masking!r} cannot be combined with algorithm {name!r}: "
+            f"masking.scheme = {masking!r} cannot be combined with algorithm {name!r}: "
             f"{'; '.join(why for _, why in needs)}. Masked training needs per-client state-free "
             "pieces"
         )
@@ -469,9 +469,9 @@ def check_combination(
     for capability, why in needs:
         runtime.require(capability, f"algorithm {name!r}", why)
     if masking != "none":
-        runtime.require("masking", f"train.masking = {masking!r}")
+        runtime.require("masking", f"masking.scheme = {masking!r}")
     if privacy in ("download", "full"):
-        runtime.require("private-rounds", f"train.privacy = {privacy!r}")
+        runtime.require("private-rounds", f"privacy.level = {privacy!r}")
 
 
 def check_dp_combination(
@@ -536,7 +536,7 @@ def _pieces_of(name: str, options: Any) -> tuple[str, Recipe, Any, dict[str, Any
 
 
 def check_table_placement(name: str, options: Any, table_placement: str) -> None:
-    """``train.table_placement = "host"`` moves only a round's rows to the device: refuse
+    """``execution.table_placement = "host"`` moves only a round's rows to the device: refuse
     (ConfigError naming the key) a server piece whose step is not row-local with these
     options, and control variates, which live beside every row of the tables."""
     if table_placement != "host":
@@ -560,9 +560,9 @@ def check_table_placement(name: str, options: Any, table_placement: str) -> None
         )
     if reasons:
         raise ConfigError(
-            f'train.table_placement = "host" cannot run algorithm {name!r}: '
+            f'execution.table_placement = "host" cannot run algorithm {name!r}: '
             f"{'; '.join(reasons)}. Only the cohort's rows travel to the device, so the server "
-            'step must touch only them; use train.table_placement = "device"'
+            'step must touch only them; use execution.table_placement = "device"'
         )
 
 

@@ -17,9 +17,9 @@ from fedsub.errors import ConfigError
 Capability = Literal[
     "client-state",  # clients keep state across rounds (SCAFFOLD's c_i)
     "pooled-data",  # one client holding every sample (central SGD)
-    "masking",  # sub-model masking: width slices per client (train.masking)
-    "devices",  # training on a device other than the CPU (train.device)
-    "private-rounds",  # private download and secure aggregation (train.privacy)
+    "masking",  # sub-model masking: width slices per client (masking.scheme)
+    "devices",  # training on a device other than the CPU (execution.device)
+    "private-rounds",  # private download and secure aggregation (privacy.level)
     "differential-privacy",  # user-level DP: clipping, noise, accountant ([dp], fedsub.dp)
 ]
 

@@ -31,7 +31,7 @@ class ServerOptimizer(Stateful, Protocol):
 @runtime_checkable
 class RowLocal(Protocol):
     """A server optimizer that says whether its step reads and writes only the rows the
-    round's update touched (and their per-row state): what ``train.table_placement = "host"``
+    round's update touched (and their per-row state): what ``execution.table_placement = "host"``
     needs, as only those rows travel to the device (engine/placement.py)."""
 
     @property

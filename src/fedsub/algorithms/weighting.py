@@ -8,7 +8,7 @@ With ``c_k`` the times member k was drawn, ``w_k`` its sample count and ``p_k = 
 
 A piece says whether its weights sum to 1 (sub-model masking's slice average divides by
 their sum, so it refuses those that do not) and how a member computes its own weight at
-``train.privacy = "full"`` from public numbers (``SecureWeighting``), or None when a secure
+``privacy.level = "full"`` from public numbers (``SecureWeighting``), or None when a secure
 sum cannot compute it.
 """
 
@@ -109,7 +109,7 @@ def _per_cohort(cohort: CohortMembers, totals: Totals) -> torch.Tensor:
 
 def _secure_samples(draws: list[int], totals: Totals) -> SecureWeighting:
     """The scale keeps a member's coefficient near its plain a_k (1 / (draws * W / N)), so
-    the fixed-point range (``train.secagg_clip``) bounds the same values as the plain one."""
+    the fixed-point range (``privacy.secagg_clip``) bounds the same values as the plain one."""
     mean = totals.population_weight / max(totals.num_clients, 1)
     expected = sum(draws) * mean if mean > 0 else float(sum(draws))
     return SecureWeighting(tuple(draws), True, 1.0 / expected, True)

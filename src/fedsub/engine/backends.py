@@ -2,29 +2,25 @@
 
 A backend runs one round's client work for a whole cohort and returns the members' updates::
 
-    run_cohort(model, global_params, dataset, index, cohort, round_index, schedule, work)
-        -> CohortUpdate
+    run_cohort(job: CohortJob) -> CohortUpdate      (engine/cohort_job.py)
 
 Every backend must give the sequential reference's updates for the same inputs (every random
 stream is keyed by seed, round and client, never by execution order); tests/test_backends.py
 (the backend conformance suite) checks each registered backend against it on several models
-and algorithms. Adding a backend is one ``register`` call below: ``train.backend`` accepts it,
+and algorithms. Adding a backend is one ``register`` call below: ``execution.backend`` accepts it,
 the loop runs it and the conformance suite tests it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from fedsub.engine import batched, sequential
+from fedsub.engine.cohort_job import RunCohort
 from fedsub.models.base import Model, is_batchable
-from fedsub.submodel.transfer import CohortUpdate
 
 LOG = logging.getLogger("fedsub")
-
-RunCohort = Callable[..., CohortUpdate]
 REFERENCE = "sequential"  # the plainest correct backend; every other one is tested against it
 
 

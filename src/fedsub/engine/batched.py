@@ -30,6 +30,7 @@ from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import captured_step
 from fedsub.engine.cohort_batches import CohortBatches, cohort_batches
+from fedsub.engine.cohort_job import CohortJob
 from fedsub.engine.schedule import Schedule
 from fedsub.models import low_rank
 from fedsub.models.base import (
@@ -51,16 +52,9 @@ from fedsub.submodel.transfer import CohortUpdate
 Tensors = dict[str, torch.Tensor]
 
 
-def run_cohort(
-    model: Model,
-    global_params: Params,
-    dataset: FederatedDataset,
-    index: SubmodelIndex,
-    members: Cohort,
-    round_index: int,
-    schedule: Schedule,
-    work: CohortWork,
-) -> CohortUpdate:
+def run_cohort(job: CohortJob) -> CohortUpdate:
+    model, global_params, dataset, index = job.model, job.params, job.dataset, job.index
+    members, round_index, schedule, work = job.cohort, job.round, job.schedule, job.work
     k, batch = len(members), schedule.batch_size
     # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
     # autograd differentiates embed -> head -> loss.
@@ -81,7 +75,7 @@ def run_cohort(
     row_owner = batches.row_owner
     capture = captured_step.capture_for(model, closed_form is not None, schedule.compile)
     dense: Mapping[str, torch.Tensor | LowRankWeight]
-    if capture is not None:  # train.compile: the steps as one captured program
+    if capture is not None:  # execution.compile: the steps as one captured program
         step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
         field_tables = data_of(dataset, index, schedule).field_tables
         padding = captured_step.PaddedCohort.of(

@@ -1,8 +1,8 @@
-"""``train.compile``: the batched backend's steady-state local step as one captured program.
+"""``execution.compile``: the batched backend's steady-state local step as one captured program.
 
 A local step of the batched backend is many small kernels (embed -> head -> loss -> grads ->
 client transform chain -> apply); for a small cohort their launches, not the arithmetic, set
-the round's time. With ``train.compile = "on"`` the step is one pure function,
+the round's time. With ``execution.compile = "on"`` the step is one pure function,
 ``step(tables, dense, state, ids, dense_inputs, labels, members) -> (tables, dense, state)``
 (gradients by ``torch.func.grad``, the same chain of transforms, ``x + u`` instead of the
 in-place add), captured with ``torch.compile``: inductor's fused kernels on the CPU, and on a
@@ -125,7 +125,7 @@ _TOLD: set[str] = set()  # models already told to run eagerly (one warning per p
 
 def capture_for(model: Model, closed_form: bool, compile: Compile | None) -> Compile | None:
     """How to capture ``model``'s local step, or None to run it eagerly: when
-    ``train.compile`` is off, or (with a warning) when the model cannot be captured."""
+    ``execution.compile`` is off, or (with a warning) when the model cannot be captured."""
     if compile is None:
         return None
     reason = None
@@ -140,7 +140,7 @@ def capture_for(model: Model, closed_form: bool, compile: Compile | None) -> Com
     name = type(model).__name__
     if name not in _TOLD:
         _TOLD.add(name)
-        LOG.warning("train.compile: model %s runs its local steps eagerly: %s", name, reason)
+        LOG.warning("execution.compile: model %s runs its local steps eagerly: %s", name, reason)
     return None
 
 

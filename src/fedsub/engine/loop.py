@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
+from fedsub.engine.cohort_job import CohortJob, RunCohort, composed
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
@@ -45,6 +47,7 @@ from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
 LOG = logging.getLogger("fedsub")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def central_setup(
 def private_rounds(
     algorithm: Algorithm, schedule: Schedule, params: Params
 ) -> PrivateRounds | None:
-    """The round's privacy stages (``train.privacy``), or None: no privacy configured, width
+    """The round's privacy stages (``privacy.level``), or None: no privacy configured, width
     slices (config.py refuses private levels with masking), or CentralSGD (the pooled
     reference has no clients to protect)."""
     masked_run = schedule.masking is not None and schedule.masking.scheme != "none"
@@ -120,31 +123,50 @@ def round_stages(
     params: Params,
     private: PrivateRounds | None = None,
     host: placement.HostTables | None = None,
-) -> tuple[Callable, Callable]:
-    """The round's client work (the configured backend, on width slices when masking) and how
-    its updates become the server's update (through ``private`` when given; brought to the host
-    tables when ``host``). Under torchrun (a joined process group) the members are split across
-    the processes (engine/split_cohort.py)."""
-    run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
+) -> tuple[RunCohort, Callable[[Any], ServerUpdate]]:
+    """The round's client work and how its updates become the server's update: the configured
+    backend inside the run's stages, innermost first (split across the processes of a joined
+    torchrun group, engine/split_cohort.py; on width slices when masking; through the
+    members' requests when ``private``; on the rows staged on the device when ``host``)."""
     processes = distributed.joined()
-    if processes is not None:
-        run_cohort = split_cohort(run_cohort, processes)
-    masking = schedule.masking
-    if private is not None:  # config.py refuses privacy with host placement
-        return private.wrap(run_cohort), private.combine
+    run_cohort = composed(
+        backend_for(schedule.backend, model, algorithm.name).run_cohort,
+        [
+            None if processes is None else functools.partial(split_cohort, processes=processes),
+            masked.on_slices(schedule.masking),  # config.py refuses privacy with masking
+            None if private is None else private.wrap,
+            None if host is None else host.wrap,  # config.py refuses privacy with host tables
+        ],
+    )
+    return run_cohort, round_combine(algorithm, schedule, params, private, host)
+
+
+def round_combine(
+    algorithm: Algorithm,
+    schedule: Schedule,
+    params: Params,
+    private: PrivateRounds | None,
+    host: placement.HostTables | None,
+) -> Callable[[Any], ServerUpdate]:
+    """How the round's cohort update becomes the server's update: the private aggregation,
+    the slices' aggregation when masking, or the plain one; the per-row coefficients applied
+    on the host (``HostTables.receive``) when the tables stay there."""
+    if private is not None:
+        return private.combine
     aggregation = algorithm.aggregation
     received: Callable[[ServerUpdate], ServerUpdate] = lambda update: update  # noqa: E731
-    if host is not None:  # the per-row coefficients stay on the host (HostTables.receive)
+    if host is not None:
         aggregation, received = dataclasses.replace(aggregation, coefficients=None), host.receive
     aggregation = aggregation.to(schedule.device)
+    masking = schedule.masking
     if masking is None or masking.scheme == "none":
-        return run_cohort, lambda update: received(aggregate(update, aggregation))
+        return lambda update: received(aggregate(update, aggregation))
 
     def combine(update: MaskedCohortUpdate) -> ServerUpdate:
         weights = aggregation_weights(update, aggregation)
         return received(aggregate_slices(update, weights, params.dense, masking.aggregation))
 
-    return functools.partial(masked.run_cohort, masking=masking, inner=run_cohort), combine
+    return combine
 
 
 class Interrupted(Exception):
@@ -298,33 +320,6 @@ def stop_for_budget(
         evaluate_now()
 
 
-def train(
-    model: Model,
-    algorithm: Algorithm,
-    dataset: FederatedDataset,
-    index: SubmodelIndex,
-    schedule: Schedule,
-    evaluator: Evaluator | None = None,
-    on_evaluation: Callable[[Evaluation], None] | None = None,
-    on_round: Callable[[int], None] | None = None,
-    control: RunControl | None = None,
-) -> Params:
-    """``run_rounds``, under ``torch.use_deterministic_algorithms`` when
-    ``schedule.deterministic`` (train.deterministic; fedsub/numerics/segment_sum.py)."""
-    with segment_sum.deterministic_run(schedule.deterministic):
-        return run_rounds(
-            model,
-            algorithm,
-            dataset,
-            index,
-            schedule,
-            evaluator,
-            on_evaluation,
-            on_round,
-            control,
-        )
-
-
 def run_rounds(
     model: Model,
     algorithm: Algorithm,
@@ -397,12 +392,8 @@ def run_rounds(
                 if rounds.dp is not None:  # the noise is added all the same
                     rounds.finish(plan, empty_update(params))
             else:
-                with timed("pull"):
-                    staged = params if host is None else host.stage(params, index, plan.cohort)
-                update = run_cohort(
-                    model, staged, dataset, index, plan.cohort, r, schedule, plan.work
-                )
-                rounds.finish(plan, update)
+                job = CohortJob(model, params, dataset, index, plan.cohort, r, schedule, plan.work)
+                rounds.finish(plan, run_cohort(job))
             progress.elapsed += time.perf_counter() - started
             progress.round = r
             if r % schedule.eval_every == 0 or r == schedule.rounds:
@@ -412,3 +403,21 @@ def run_rounds(
             with timed("checkpoint"):
                 keep_safe(rounds, progress, control, schedule.rounds)
     return params
+
+
+def deterministic(run: Callable[P, Params]) -> Callable[P, Params]:
+    """``run`` under ``torch.use_deterministic_algorithms`` when the ``schedule`` it is given
+    says ``deterministic`` (execution.deterministic; fedsub/numerics/segment_sum.py)."""
+    signature = inspect.signature(run)
+
+    @functools.wraps(run)
+    def under_schedule(*args: P.args, **kwargs: P.kwargs) -> Params:
+        schedule = signature.bind(*args, **kwargs).arguments["schedule"]
+        with segment_sum.deterministic_run(schedule.deterministic):
+            return run(*args, **kwargs)
+
+    return under_schedule
+
+
+train = deterministic(run_rounds)
+"""``run_rounds`` (same arguments), deterministic when its schedule says so."""

@@ -13,21 +13,17 @@ and moved once to ``schedule.device``; extraction, training and aggregation run 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from fedsub.algorithms.sampling import Cohort
-from fedsub.client.work import CohortWork
-from fedsub.data.federated import FederatedDataset
-from fedsub.engine.backends import RunCohort
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.cohort_job import CohortJob, RunCohort, Stage
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, masked_deltas
 from fedsub.masking.schemes import Masking, plan
 from fedsub.models.base import Features, Ids, Model, SliceableModel, Task
 from fedsub.models.width import CoordinateMask
-from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
 
@@ -58,18 +54,17 @@ class MaskedForward:
         return self.model.loss(outputs, labels)
 
 
-def run_cohort(
-    model: Model,
-    global_params: Params,
-    dataset: FederatedDataset,
-    index: SubmodelIndex,
-    cohort: Cohort,
-    round_index: int,
-    schedule: Schedule,
-    work: CohortWork,
-    masking: Masking,
-    inner: RunCohort,
-) -> MaskedCohortUpdate:
+def on_slices(masking: Masking | None) -> Stage | None:
+    """The stage that runs a round's members on their width slices (None: no masking)."""
+    if masking is None or masking.scheme == "none":
+        return None
+    return lambda inner: functools.partial(run_cohort, masking=masking, inner=inner)
+
+
+def run_cohort(job: CohortJob, masking: Masking, inner: RunCohort) -> MaskedCohortUpdate:
+    """Each group of members sharing a slice run by ``inner`` on the model narrowed to it."""
+    model, global_params, cohort, schedule = job.model, job.params, job.cohort, job.schedule
+    round_index, dataset = job.round, job.dataset
     if not isinstance(model, SliceableModel):
         raise TypeError(
             f"sub-model masking needs a width-sliceable model (slicing, at_capacity); "
@@ -99,17 +94,7 @@ def run_cohort(
         else:
             narrowed = model.at_capacity(piece.capacity)
         sub_params = Params({}, piece.extract(global_params.dense))
-        sub_cohort = Cohort(cohort.clients[members], cohort.multiplicity[members])
-        update = inner(
-            narrowed,
-            sub_params,
-            dataset,
-            index,
-            sub_cohort,
-            round_index,
-            schedule,
-            work.select(members),
-        )
+        update = inner(replace(job.of_members(members), model=narrowed, params=sub_params))
         if isinstance(piece, CoordinateMask):
             update.dense_deltas = masked_deltas(piece, update.dense_deltas)
         groups.append(SliceGroup(members, piece, update))

@@ -1,7 +1,7 @@
-"""``train.table_placement``: where the global embedding tables live during a run.
+"""``execution.table_placement``: where the global embedding tables live during a run.
 
 ``"device"`` (the default): every parameter and every piece of server state on
-``train.device``. ``"host"``: the tables, their per-row server state (a row-local server
+``execution.device``. ``"host"``: the tables, their per-row server state (a row-local server
 optimizer's moments) and FedSubAvg's per-row heat coefficients stay in host memory (pinned when
 the device is a GPU, so copies are asynchronous); the dense parameters and their state stay on
 the device. A round touches only the rows of its cohort, so only those travel:
@@ -17,7 +17,7 @@ the device. A round touches only the rows of its cohort, so only those travel:
 A table of 1e9 rows then needs device memory for a cohort's O(sum |S(k)|) rows, not the
 table. The server step must be row-local (``RowLocal``): an optimizer that moves every row
 every round (full-model FedAdam / FedYogi / FedAdagrad, server momentum) or control variates
-as large as the tables (SCAFFOLD) are refused, naming ``train.table_placement``.
+as large as the tables (SCAFFOLD) are refused, naming ``execution.table_placement``.
 ``TableTraffic`` counts the bytes each way, per round.
 """
 
@@ -33,7 +33,9 @@ from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate, with_coeffici
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.sampling import Cohort
 from fedsub.algorithms.server_optimizer import RowLocal, ServerOptimizer
+from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.errors import ConfigError
+from fedsub.profiling import timed
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -74,9 +76,9 @@ def check_row_local(algorithm: Algorithm, server: ServerOptimizer) -> None:
         reasons.append("its control variates (SCAFFOLD) are as large as the tables")
     if reasons:
         raise ConfigError(
-            f'train.table_placement = "host" cannot run algorithm {algorithm.name!r}: '
+            f'execution.table_placement = "host" cannot run algorithm {algorithm.name!r}: '
             f"{'; '.join(reasons)}. Only the cohort's rows travel to the device, so the "
-            'server step must touch only them; use train.table_placement = "device"'
+            'server step must touch only them; use execution.table_placement = "device"'
         )
 
 
@@ -126,6 +128,16 @@ class HostTables:
             moved += gathered.numel() * gathered.element_size()
         self.traffic = TableTraffic(to_device=moved, rows=sizes)
         return StagedParams(tables, dict(params.dense), rows)
+
+    def wrap(self, run_cohort: RunCohort) -> RunCohort:
+        """``run_cohort`` on the cohort's rows staged on the device (``stage``)."""
+
+        def run(job: CohortJob):
+            with timed("pull"):
+                staged = self.stage(job.params, job.index, job.cohort)
+            return run_cohort(dataclasses.replace(job, params=staged))
+
+        return run
 
     def receive(self, update: ServerUpdate) -> ServerUpdate:
         """The aggregate's table rows on the host, times the heat coefficients there."""

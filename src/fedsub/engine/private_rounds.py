@@ -1,4 +1,4 @@
-"""``train.privacy`` in the in-process engine, in one place: the cohort's requests and the
+"""``privacy.level`` in the in-process engine, in one place: the cohort's requests and the
 round's aggregation.
 
 ``PrivateRounds.wrap`` draws each member's download request (``privacy/private_download.py``,
@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
-from fedsub.algorithms.sampling import Cohort
 from fedsub.algorithms.weighting import WEIGHTINGS, SecureWeighting
+from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
@@ -85,9 +84,6 @@ class Costs:
             "server_seconds_per_round": self.server_seconds / max(self.rounds, 1),
             "clipped_values": self.clipped,
         }
-
-
-RunCohort = Callable[..., CohortUpdate]
 
 
 @dataclass
@@ -153,21 +149,21 @@ class PrivateRounds:
         """The backend's ``run_cohort``, followed by the members' requests: each update keeps
         only its requested rows."""
 
-        def run(model, global_params, dataset, index, cohort: Cohort, round_index, *rest):
+        def run(job: CohortJob) -> CohortUpdate:
             started = time.perf_counter()
-            tables = list(index.rows)  # the tables clients hold rows of
+            tables = list(job.index.rows)  # the tables clients hold rows of
             held = {
-                int(k): {t: index.client_rows(t, int(k)) for t in tables} for k in cohort.clients
+                int(k): {t: job.index.client_rows(t, int(k)) for t in tables}
+                for k in job.cohort.clients
             }
-            self._requests = {k: self.request(rows, k, round_index) for k, rows in held.items()}
-            self._round = round_index
+            self._requests = {k: self.request(rows, k, job.round) for k, rows in held.items()}
+            self._round = job.round
             self.costs.client_seconds += time.perf_counter() - started
             started = time.perf_counter()
-            args = (model, global_params, dataset, index, cohort, round_index, *rest)
             if self.privacy.keep < 1.0:  # rows skipped: each member trains on its own view
-                update = self._run_members(run_cohort, held, *args)
+                update = self._run_members(run_cohort, held, job)
             else:
-                update = run_cohort(*args)
+                update = run_cohort(job)
             self.costs.training_seconds += time.perf_counter() - started
             self._count_download(update)
             if not self.privacy.private_download:
@@ -177,33 +173,19 @@ class PrivateRounds:
         return run
 
     def _run_members(
-        self,
-        run_cohort: RunCohort,
-        held: dict[int, dict[str, np.ndarray]],
-        model,
-        global_params: Params,
-        dataset,
-        index,
-        cohort: Cohort,
-        round_index: int,
-        schedule,
-        work,
+        self, run_cohort: RunCohort, held: dict[int, dict[str, np.ndarray]], job: CohortJob
     ) -> CohortUpdate:
         """The backend on each member alone, with the held rows its request left out reading
         as zero (``WithoutRows``); the members' updates concatenated in cohort order."""
         parts = []
-        device = next(iter(global_params.tables.values())).device
-        for j, k in enumerate(cohort.clients.tolist()):
+        tables, dense = job.params.tables, job.params.dense
+        device = next(iter(tables.values())).device
+        for j, k in enumerate(job.cohort.clients.tolist()):
             skipped = skipped_rows(held[int(k)], self._requests[int(k)])
             view = WithoutRows(
-                global_params.tables,
-                global_params.dense,
-                {t: torch.from_numpy(r).to(device) for t, r in skipped.items()},
+                tables, dense, {t: torch.from_numpy(r).to(device) for t, r in skipped.items()}
             )
-            part = run_share(
-                run_cohort, range(j, j + 1), model, view, dataset, index, cohort,
-                round_index, schedule, work,
-            )  # fmt: skip
+            part = run_share(run_cohort, range(j, j + 1), dataclasses.replace(job, params=view))
             assert part is not None  # one member: never an empty share
             parts.append(part)
         return concatenated(parts)

@@ -14,13 +14,13 @@ from fedsub.privacy.levels import Privacy
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LrSchedule = Literal["constant", "inverse-round", "inverse-time", "exponential"]
-TablePlacement = Literal["device", "host"]  # train.table_placement (engine/placement.py)
+TablePlacement = Literal["device", "host"]  # execution.table_placement (engine/placement.py)
 Sampling = Literal["fixed", "poisson"]  # train.sampling
 
 
 @dataclass(frozen=True)
 class Compile:
-    """How ``torch.compile`` captures the step: its ``backend`` and ``mode`` (``train.compile =
+    """How ``torch.compile`` captures the step: its ``backend`` and ``mode`` (``execution.compile =
     "on"`` gives ``for_device``'s; tests use the cheap ``"eager"`` / ``"aot_eager"``)."""
 
     backend: str | Callable[..., Any] = "inductor"  # a torch.compile backend
@@ -41,7 +41,7 @@ class Schedule:
     lr: float
     seed: int
     dtype: torch.dtype = torch.float32
-    # where the model, the server state and the training data live (train.device)
+    # where the model, the server state and the training data live (execution.device)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     eval_every: int = 1
     backend: str = "batched"  # a name in engine/backends.py's registry
@@ -51,12 +51,12 @@ class Schedule:
     clip_norm: float = 0.0
     momentum: float = 0.0
     masking: Masking | None = None  # width-sliced sub-model training (seed 003)
-    privacy: Privacy | None = None  # train.privacy (engine/private_rounds.py); None: none
-    # train.deterministic: fixed-order scatter-adds (numerics/segment_sum.py): bit-identical runs
+    privacy: Privacy | None = None  # privacy.level (engine/private_rounds.py); None: none
+    # execution.deterministic: fixed-order scatter-adds (numerics/segment_sum.py): repeatable
     deterministic: bool = False
-    # train.table_placement: "host" keeps the tables in host memory (engine/placement.py)
+    # execution.table_placement: "host" keeps the tables in host memory (engine/placement.py)
     table_placement: TablePlacement = "device"
-    # train.compile: how torch.compile captures the batched local step (None: eager ops)
+    # execution.compile: how torch.compile captures the batched local step (None: eager ops)
     compile: Compile | None = None
     # train.sampling: "poisson" draws each client with probability K / N (algorithms/sampling.py)
     sampling: Sampling = "fixed"

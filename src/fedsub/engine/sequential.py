@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from fedsub.algorithms.sampling import Cohort
 from fedsub.client.transforms import Chain
 from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.engine.cohort_job import CohortJob
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.shuffle import cohort_schedules
@@ -75,19 +75,12 @@ def client_round(
         return push(client, float(len(samples)), rows, pulled, trained)
 
 
-def run_cohort(
-    model: Model,
-    global_params: Params,
-    dataset: FederatedDataset,
-    index: SubmodelIndex,
-    cohort: Cohort,
-    round_index: int,
-    schedule: Schedule,
-    work: CohortWork,
-) -> CohortUpdate:
+def run_cohort(job: CohortJob) -> CohortUpdate:
+    """The cohort's members one after another (``client_round``), in cohort order."""
+    args = (job.model, job.params, job.dataset, job.index)
     updates = [
-        client_round(model, global_params, dataset, index, int(k), round_index, schedule, work, j)
-        for j, k in enumerate(cohort.clients)
+        client_round(*args, int(k), job.round, job.schedule, job.work, j)
+        for j, k in enumerate(job.cohort.clients)
     ]
-    multiplicity = torch.from_numpy(cohort.multiplicity).to(schedule.device)
+    multiplicity = torch.from_numpy(job.cohort.multiplicity).to(job.schedule.device)
     return CohortUpdate.from_clients(updates, multiplicity)

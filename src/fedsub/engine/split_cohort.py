@@ -15,22 +15,13 @@ group, and each group is split in turn.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 
 from fedsub import distributed
-from fedsub.algorithms.sampling import Cohort
-from fedsub.client.work import CohortWork
-from fedsub.data.federated import FederatedDataset
 from fedsub.distributed import Processes
-from fedsub.engine.schedule import Schedule
-from fedsub.models.base import Model
-from fedsub.submodel.index import SubmodelIndex
-from fedsub.submodel.params import Params
+from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.submodel.transfer import CohortUpdate
-
-RunCohort = Callable[..., CohortUpdate]
 
 
 def moved(update: CohortUpdate, device: torch.device | str, copy: bool = False) -> CohortUpdate:
@@ -73,59 +64,23 @@ def concatenated(parts: list[CohortUpdate]) -> CohortUpdate:
     )
 
 
-def run_share(
-    run_cohort: RunCohort,
-    share: range,
-    model: Model,
-    global_params: Params,
-    dataset: FederatedDataset,
-    index: SubmodelIndex,
-    cohort: Cohort,
-    round_index: int,
-    schedule: Schedule,
-    work: CohortWork,
-) -> CohortUpdate | None:
+def run_share(run_cohort: RunCohort, share: range, job: CohortJob) -> CohortUpdate | None:
     """The updates of the cohort members at positions ``share`` (None for no member: a cohort
     smaller than the number of processes leaves some idle)."""
     if not len(share):
         return None
-    members = list(share)
-    mine = Cohort(cohort.clients[members], cohort.multiplicity[members])
-    return run_cohort(
-        model, global_params, dataset, index, mine, round_index, schedule, work.select(members)
-    )
+    return run_cohort(job.of_members(list(share)))
 
 
 def split_cohort(run_cohort: RunCohort, processes: Processes) -> RunCohort:
-    """``run_cohort`` with its members split across ``processes``: same signature, same
-    result, in every process."""
+    """``run_cohort`` with its members split across ``processes``: same job, same result, in
+    every process."""
 
-    def run_split(
-        model: Model,
-        global_params: Params,
-        dataset: FederatedDataset,
-        index: SubmodelIndex,
-        cohort: Cohort,
-        round_index: int,
-        schedule: Schedule,
-        work: CohortWork,
-    ) -> CohortUpdate:
-        share = processes.share(len(cohort))
-        part = run_share(
-            run_cohort,
-            share,
-            model,
-            global_params,
-            dataset,
-            index,
-            cohort,
-            round_index,
-            schedule,
-            work,
-        )
+    def run_split(job: CohortJob) -> CohortUpdate:
+        part = run_share(run_cohort, processes.share(len(job.cohort)), job)
         sent = None if part is None else moved(part, "cpu", copy=True)
-        what = f"gathering round {round_index}'s client updates"
+        what = f"gathering round {job.round}'s client updates"
         parts = [p for p in distributed.all_gather(sent, what) if p is not None]
-        return moved(concatenated(parts), schedule.device)
+        return moved(concatenated(parts), job.schedule.device)
 
     return run_split

@@ -93,9 +93,9 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     def report_index(message: Message, context: Context) -> Message:
         """The node's partition, and (query "index") its sample count, index sets S(k) and
         evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
-        anyway; at train.privacy download (query "request") its download request for the
+        anyway; at privacy.level download (query "request") its download request for the
         round instead, never S(k) (flower/private_download.py). A node whose
-        train.heat_source is private refuses "index": its heat goes by query.heat."""
+        privacy.heat_source is private refuses "index": its heat goes by query.heat."""
         node = _node(fixed, context, message)
         k = node.client
         query = record_of(message.content, "query", ConfigRecord)
@@ -106,17 +106,17 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         downloading = downloads_privately(node.schedule.privacy)
         if what == "rows" and downloading:
             raise FedsubError(
-                f"partition {k}: train.privacy = {node.config.train.privacy!r}, so this node "
+                f"partition {k}: privacy.level = {node.config.privacy.level!r}, so this node "
                 "sends a download request (query 'request'), never its rows S(k)"
             )
         if what == "request" and not downloading:
             raise FedsubError(
-                f"partition {k}: train.privacy = {node.config.train.privacy!r} draws no "
+                f"partition {k}: privacy.level = {node.config.privacy.level!r} draws no "
                 "private download request; ask for its rows"
             )
         if what == "index" and private:
             raise FedsubError(
-                f"partition {k}: train.heat_source = {node.config.train.heat_source!r}, so "
+                f"partition {k}: privacy.heat_source = {node.config.privacy.heat_source!r}, so "
                 "this node does not send its index sets and sample count in the clear"
             )
         metrics = MetricRecord({"partition-id": k})
@@ -154,7 +154,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         """One stage of the secure sum of row deltas (fedsub.flower.secure_rows)."""
         node = _own_data(fixed, context)
         if node.schedule.privacy is None:
-            raise FedsubError(f"partition {node.client}: no train.privacy; refusing")
+            raise FedsubError(f"partition {node.client}: no privacy.level; refusing")
         return answer_secure_rows(message, context, node.schedule.privacy, len(node.samples))
 
     @app.train()

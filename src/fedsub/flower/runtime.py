@@ -15,7 +15,7 @@ FLOWER = Runtime(
         "pooled-data": "each Flower node is one client",
         "masking": (
             "Sub-model masking runs in-process only (fedsub compare); on Flower use "
-            "train.masking = 'none'"
+            "masking.scheme = 'none'"
         ),
         "differential-privacy": (
             "Not yet supported: differential privacy runs in-process only (fedsub compare); "
@@ -23,7 +23,7 @@ FLOWER = Runtime(
         ),
         "devices": (
             "The Flower apps run on the CPU for now (their index sets are host arrays); "
-            "on Flower use train.device = 'cpu'"
+            "on Flower use execution.device = 'cpu'"
         ),
     },
 )

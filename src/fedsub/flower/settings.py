@@ -23,7 +23,7 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
   ``fedsub run --overwrite``); without it (or ``resume``) an out-dir holding a run is refused;
 - ``eval-every``: every n rounds (and after the last), federated evaluation of the global
   model on every node's held-out samples, plus the ``server-test-file`` if given (0 = never;
-  at ``train.privacy = "full"`` the server's test file only: a node's sums would name its
+  at ``privacy.level = "full"`` the server's test file only: a node's sums would name its
   sample counts);
 - ``feature-spec``: the run's feature spec (data/feature_spec.py), read by the ServerApp: the
   model is sized from it and every node must hold the same spec ("" = the nodes hold
@@ -38,7 +38,7 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
   folder, a file, a folder holding other runs). The ServerApp holds the folder's lock while
   it runs;
 - ``train-delay``: seconds each node waits before replying (to test faults; default 0);
-- ``heat-transcript``: with a private ``train.heat_source``, write everything the server
+- ``heat-transcript``: with a private ``privacy.heat_source``, write everything the server
   received in the query round, the heat exchange and the secure row sums (``replies``) and
   in the train replies (``train_replies``) to ``out-dir/heat-transcript.json`` (to inspect
   what the server learns; default false).
@@ -58,6 +58,7 @@ from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
 from fedsub.flower.runtime import FLOWER
+from fedsub.moved_keys import text_before_move
 from fedsub.privacy.levels import heat_source_for
 
 Payload = Literal["submodel", "full"]
@@ -193,9 +194,9 @@ class FlowerSettings:
                 f"train.clients_per_round = {config.train.clients_per_round}; no round could "
                 "ever update the model"
             )
-        if config.train.privacy == "full" and self.eval_every and not self.server_test_file:
+        if config.privacy.level == "full" and self.eval_every and not self.server_test_file:
             raise ConfigError(
-                f"Flower run config: eval-every = {self.eval_every} with train.privacy = "
+                f"Flower run config: eval-every = {self.eval_every} with privacy.level = "
                 "'full': federated evaluation would send each node's sums (its sample counts "
                 "among them) in the clear, which this level keeps inside the secure sum, so "
                 "the nodes are not asked; give the server its own test file (server-test-file, "
@@ -208,18 +209,19 @@ class FlowerSettings:
             )
 
     def model_description(self, config: Config, algorithm: str) -> str:
-        """Everything that decides the model a run ends with (hashed into its checkpoints)."""
+        """Everything that decides the model a run ends with (hashed into its checkpoints;
+        the config as written before keys moved out of [train], so older checkpoints resume)."""
         return (
-            f"{config_lib.to_toml(config)}\n# flower\nalgorithm = {algorithm!r}\n"
+            f"{text_before_move(config_lib.to_toml(config))}\n# flower\nalgorithm = {algorithm!r}\n"
             f"payload = {self.payload!r}\nheat-refresh-every = {self.heat_refresh_every}\n"
         )
 
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
-        if config.train.masking != "none":
-            FLOWER.require("masking", f"train.masking = {config.train.masking!r}")
-        if config.train.device != "cpu":
-            FLOWER.require("devices", f"train.device = {config.train.device!r}")
+        if config.masking.scheme != "none":
+            FLOWER.require("masking", f"masking.scheme = {config.masking.scheme!r}")
+        if config.execution.device != "cpu":
+            FLOWER.require("devices", f"execution.device = {config.execution.device!r}")
         if config.dp.mechanism != "none":  # never run without the DP the config asks for
             FLOWER.require("differential-privacy", f"[dp] mechanism = {config.dp.mechanism!r}")
         return config
@@ -238,17 +240,17 @@ class FlowerSettings:
             recipe_of(name, config.algorithms),
             scheme=scheme,
             runtime=FLOWER,
-            privacy=config.train.privacy,
+            privacy=config.privacy.level,
         )
         needs_counts = SCHEMES[scheme].sampling != "uniform" or SCHEMES[scheme].scale_lr_by_pn
         if (
-            heat_source_for(config.train.privacy, config.train.heat_source) != "exact"
+            heat_source_for(config.privacy.level, config.privacy.heat_source) != "exact"
             and needs_counts
         ):
             raise ConfigError(
                 f"Flower run config: algorithm = {name!r}: scheme {scheme!r} needs every "
-                "client's sample count on the server, which train.heat_source = "
-                f"{config.train.heat_source!r} keeps private; use another scheme or exact heat"
+                "client's sample count on the server, which privacy.heat_source = "
+                f"{config.privacy.heat_source!r} keeps private; use another scheme or exact heat"
             )
         return name
 

@@ -49,7 +49,7 @@ PAPER_AVERAGE: dict[str, AverageOver] = {
 
 @dataclass(frozen=True)
 class Masking:
-    """``train.masking`` and its companions: scheme, capacities, how slices are averaged
+    """``masking.scheme`` and its companions: scheme, capacities, how slices are averaged
     (see fedsub.masking.aggregate; None: the scheme's own paper's rule, ``PAPER_AVERAGE``)."""
 
     scheme: MaskingScheme = "none"

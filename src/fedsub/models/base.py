@@ -121,7 +121,7 @@ class DeclaresBatchable(Protocol):
 @runtime_checkable
 class DeclaresCapturable(Protocol):
     """A model that says whether its local step can be captured as one program of fixed
-    shapes (``train.compile``, engine/captured_step.py): False when a shape depends on the
+    shapes (``execution.compile``, engine/captured_step.py): False when a shape depends on the
     values (DIN and LSTM pad to the longest sequence of a batch, read on the host)."""
 
     capturable: bool

@@ -29,7 +29,8 @@ from fedsub.submodel.params import Params
 
 @dataclass(frozen=True)
 class LSTMClassifier:
-    capturable: ClassVar[bool] = False  # the packing follows the tweets' lengths (train.compile)
+    # the packing follows the tweets' lengths (execution.compile)
+    capturable: ClassVar[bool] = False
     table_rows: dict[str, int]
     embedding_dim: int = 25
     hidden: int = 100

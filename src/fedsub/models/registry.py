@@ -83,7 +83,7 @@ class ModelSpec:
 
     @property
     def sliceable(self) -> bool:
-        """Width-sliceable (``SliceableModel``): usable with ``train.masking``."""
+        """Width-sliceable (``SliceableModel``): usable with ``masking.scheme``."""
         return isinstance(self.model_class, SliceableModel)
 
     def options_of(self, values: Mapping[str, Any] | Any) -> Any:

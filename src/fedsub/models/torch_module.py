@@ -26,7 +26,7 @@ the split gives the module's own outputs and that ``vmap(head)`` gives the per-c
 module that fails the first (it computes with the ids outside its tables) runs whole on the
 sequential backend, one that fails the second (data-dependent control flow, ``.item()``,
 in-place writes to its inputs, random ops ...) runs split on the sequential backend: either way
-with a warning that says why (``batchable = False``). ``train.compile`` captures the split step
+with a warning that says why (``batchable = False``). ``execution.compile`` captures the split step
 like a built-in model's (the stubs are plain Python the tracer follows).
 """
 
@@ -283,7 +283,7 @@ def wrap(
     ``loss(outputs, labels)``: the batch mean of a per-sample loss; by default the module's
     ``loss`` method if it has one, else binary cross-entropy on logits [n] or cross-entropy
     on [n, C] class logits. ``task``: inferred from the outputs' shape when not given.
-    ``dtype`` (``train.dtype``, when known): the forward is checked to run in it.
+    ``dtype`` (``execution.dtype``, when known): the forward is checked to run in it.
 
     The contract is checked here, once, before anything trains: outputs finite, one row per
     sample, matching the labels and the task (C columns need class labels 0..C-1; 0/1 labels
@@ -386,7 +386,7 @@ def _check_labels(task: Task, outputs: torch.Tensor, labels: torch.Tensor) -> No
 
 
 def check_runs_in(model: TorchModuleModel, dataset: FederatedDataset, dtype: str) -> None:
-    """The split (or whole) forward runs with fedsub's parameters in ``dtype`` (``train.dtype``)
+    """The split (or whole) forward runs with fedsub's parameters in ``dtype`` (``execution.dtype``)
     on a few training samples: a module whose forward mixes in another dtype (a float64
     submodule fed float64 inputs) is refused before any round, naming what to change."""
     torch_dtype = torch.float64 if dtype == "float64" else torch.float32
@@ -406,12 +406,12 @@ def check_runs_in(model: TorchModuleModel, dataset: FederatedDataset, dtype: str
         )
         hint = (
             f"its own parameters are {', '.join(others)}: build the module in {dtype}, or "
-            f"train in {others[0]} (train.dtype = {others[0]!r})"
+            f"train in {others[0]} (execution.dtype = {others[0]!r})"
             if others
             else "make the forward compute in the parameters' dtype"
         )
         raise ConfigError(
-            f"the module's forward fails when fedsub trains it in {dtype} (train.dtype = "
+            f"the module's forward fails when fedsub trains it in {dtype} (execution.dtype = "
             f"{dtype!r}): {type(error).__name__}: {str(error).splitlines()[0]}; {hint}"
         ) from error
 

@@ -1,8 +1,9 @@
-"""The round's scatter-adds, written once: ``out[index[i]] += source[i]`` (``train.deterministic``).
+"""The round's scatter-adds, written once: ``out[index[i]] += source[i]``
+(``execution.deterministic``).
 
 On a GPU, ``index_add_`` / ``bincount`` add colliding entries with atomics, in whatever order
 the threads arrive: float sums then differ in the last bits from run to run, and a run killed
-and resumed drifts from an uninterrupted one. A deterministic run (``train.deterministic =
+and resumed drifts from an uninterrupted one. A deterministic run (``execution.deterministic =
 true``, which turns on ``torch.use_deterministic_algorithms`` for the run: ``deterministic_run``)
 sums each destination's entries in a fixed order instead: a stable sort of the destination
 index, then a segment sum per distinct destination (``torch.segment_reduce``, one ordered

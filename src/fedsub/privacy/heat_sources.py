@@ -1,4 +1,4 @@
-"""Where FedSubAvg's heat comes from: ``train.heat_source``.
+"""Where FedSubAvg's heat comes from: ``privacy.heat_source``.
 
 - ``exact``: the index sets in the clear (the server sees every S(k)).
 - ``secagg``: each client submits its indicator vector (or w_k at its rows) through secure

@@ -1,7 +1,7 @@
-"""``train.privacy``: how much of a client's submodel the server may learn, as cumulative levels.
+"""``privacy.level``: how much of a client's submodel the server may learn, as cumulative levels.
 
 - ``none``: the server sees every client's index set S(k) and row deltas (plain FedSubAvg).
-- ``heat``: heat counts come from a private source (``train.heat_source``; ``exact`` is
+- ``heat``: heat counts come from a private source (``privacy.heat_source``; ``exact`` is
   replaced by ``secagg``), so the precomputed heat reveals no S(k).
 - ``download``: + private download requests (randomized response or size buckets,
   ``privacy/private_download.py``); row deltas still go up in the clear.
@@ -24,7 +24,7 @@ Download = Literal["randomized-response", "buckets"]
 
 @dataclass(frozen=True)
 class Privacy:
-    """The level and its settings (config keys ``train.privacy``, ``train.download`` ...)."""
+    """The level and its settings (config keys ``privacy.level``, ``privacy.download`` ...)."""
 
     level: Level = "none"
     download: Download = "randomized-response"

@@ -21,7 +21,7 @@ from fedsub.errors import ConfigError
 
 # What every experiment sets at smoke size (the test suite's): a couple of rounds and clients,
 # one torch thread (tiny cohorts run faster without handing kernels between threads).
-SMOKE = ("train.rounds=2", "train.clients_per_round=2", "eval.every=1", "train.threads=1")
+SMOKE = ("train.rounds=2", "train.clients_per_round=2", "eval.every=1", "execution.threads=1")
 
 
 @dataclass(frozen=True)
@@ -293,9 +293,9 @@ S003_C10, S003_C100 = "seed003-cifar10-resnet18.toml", "seed003-cifar100-resnet1
 FMNIST = "fmnist-masking.toml"
 # The paper's "rolling masking (ours)" is its Algorithm 2 (fedsub's `shuffled`), its "random
 # masking" its Algorithm 1 (`bernoulli`); both aggregate as the paper by default
-# (train.mask_average = "scheme"). FedRolex's `rolling` and HeteroFL's `static` are the others'.
-ROLL_VS_RANDOM = ("train.masking", ("shuffled", "bernoulli"))
-MASKED_VS_FULL = ("train.masking", ("bernoulli", "none"))
+# (masking.average = "scheme"). FedRolex's `rolling` and HeteroFL's `static` are the others'.
+ROLL_VS_RANDOM = ("masking.scheme", ("shuffled", "bernoulli"))
+MASKED_VS_FULL = ("masking.scheme", ("bernoulli", "none"))
 LOW_HET = ("data.partition=dirichlet", "data.dirichlet_alpha=1.0")  # the stand-in's
 # the paper's low heterogeneity on CIFAR: L = 5 labels per client (CIFAR-10), 40 (CIFAR-100)
 LOW_HET_C10, LOW_HET_C100 = ("data.labels_per_client=5",), ("data.labels_per_client=40",)
@@ -470,17 +470,17 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
         "003-fig3",
         "model-homogeneous CIFAR-10 (largest / smallest capacity), high heterogeneity",
         (
-            cifar("cifar10-largest", CIFAR10, S003_C10, ("train.capacities=[1.0]",)),
-            cifar("cifar10-smallest", CIFAR10, S003_C10, ("train.capacities=[0.0625]",)),
+            cifar("cifar10-largest", CIFAR10, S003_C10, ("masking.capacities=[1.0]",)),
+            cifar("cifar10-smallest", CIFAR10, S003_C10, ("masking.capacities=[0.0625]",)),
         ),
     ),
     Experiment(
         "003-fig4",
         "model-homogeneous CIFAR-10, low heterogeneity",
         (
-            cifar("cifar10-largest", CIFAR10, S003_C10, (*LOW_HET_C10, "train.capacities=[1.0]")),
+            cifar("cifar10-largest", CIFAR10, S003_C10, (*LOW_HET_C10, "masking.capacities=[1.0]")),
             cifar(
-                "cifar10-smallest", CIFAR10, S003_C10, (*LOW_HET_C10, "train.capacities=[0.0625]")
+                "cifar10-smallest", CIFAR10, S003_C10, (*LOW_HET_C10, "masking.capacities=[0.0625]")
             ),
         ),
     ),
@@ -525,8 +525,8 @@ EXPERIMENTS_LIST: tuple[Experiment, ...] = (
                 "cifar100",
                 CIFAR100,
                 S003_C100,
-                ("train.capacities=[0.25, 0.125]",),
-                ("train.masking", ("static", "shuffled")),
+                ("masking.capacities=[0.25, 0.125]",),
+                ("masking.scheme", ("static", "shuffled")),
             ),
         ),
     ),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fedsub import config as config_lib
 from fedsub.errors import ConfigError
+from fedsub.moved_keys import current_name
 from fedsub.reproduce.registry import (
     GENERATED,
     SMOKE,
@@ -139,7 +140,7 @@ def _check_config(e: Experiment, part: Part, request: Request) -> None:
     if sweep is not None:
         for text in request.overrides:
             section, key, _ = config_lib.parse_override(text)
-            if f"{section}.{key}" == sweep[0]:
+            if current_name(f"{section}.{key}") == current_name(sweep[0]):
                 raise ConfigError(
                     f"--set {text}: {e.id}'s part {part.name} sweeps {sweep[0]} over "
                     f"{', '.join(sweep[1])}; drop --set"

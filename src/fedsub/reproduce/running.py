@@ -194,7 +194,7 @@ def _train(
     folders: Folders,
 ) -> Trained:
     """Train the part (a comparison or a sweep)."""
-    from fedsub.runs.experiment import compare, sweep
+    from fedsub.runs.experiment import compare, recorded_key, sweep
 
     path = configs / run.config
     sets = _run_overrides(run, smoke, data_path, user)
@@ -230,6 +230,7 @@ def _train(
         overwrite=folders.overwrite and not resume,
         where=str(path),
     )
+    key = recorded_key(folder, key)  # a sweep started before its key moved keeps its folders
     table: dict[str, dict] = {}
     horizon = 0
     target: dict[str, float] = {}

@@ -32,16 +32,17 @@ def check_against_dataset(config: Config, dataset: FederatedDataset, model: Mode
             f"train.clients_per_round = {t.clients_per_round} is more than the population: "
             f"{about}; set it to at most {n}"
         )
-    source = heat_source_for(t.privacy, t.heat_source)  # train.privacy may make it secagg
-    if source in GROUPED_HEAT_SOURCES and t.secagg_group > n:
-        why = f"train.heat_source = {source!r}"
-        if source != t.heat_source:
-            why = f"train.privacy = {t.privacy!r} makes the heat source {source!r}"
+    p = config.privacy
+    source = heat_source_for(p.level, p.heat_source)  # privacy.level may make it secagg
+    if source in GROUPED_HEAT_SOURCES and p.secagg_group > n:
+        why = f"privacy.heat_source = {source!r}"
+        if source != p.heat_source:
+            why = f"privacy.level = {p.level!r} makes the heat source {source!r}"
         raise ConfigError(
-            f"train.secagg_group = {t.secagg_group} is larger than the population "
+            f"privacy.secagg_group = {p.secagg_group} is larger than the population "
             f"({why}): {about}; set it to at most {n}"
         )
-    if t.masking != "none":
+    if config.masking.scheme != "none":
         _check_capacities(config, model, n)
     if e.target_test_auc is not None:
         if len(dataset.test) == 0:
@@ -79,23 +80,23 @@ def check_against_dataset(config: Config, dataset: FederatedDataset, model: Mode
 def _check_capacities(config: Config, model: Model, num_clients: int) -> None:
     """Warn where capacities act differently than configured: levels no client gets, and
     capacities too small for a layer (a sub-model keeps at least one channel per group)."""
-    t = config.train
-    if t.capacity_assignment == "fixed" and len(t.capacities) > num_clients:
+    m = config.masking
+    if m.capacity_assignment == "fixed" and len(m.capacities) > num_clients:
         LOG.warning(
-            "train.capacities lists %d levels but there are only %d clients: with "
-            "train.capacity_assignment = 'fixed' some levels have no client",
-            len(t.capacities),
+            "masking.capacities lists %d levels but there are only %d clients: with "
+            "masking.capacity_assignment = 'fixed' some levels have no client",
+            len(m.capacities),
             num_clients,
         )
     if not isinstance(model, SliceableModel):
         return
     slicing = model.slicing
-    for capacity in t.capacities:
+    for capacity in m.capacities:
         narrow = {g: c for g, c in slicing.groups.items() if c * capacity < 1}
         if narrow:
             group, channels = next(iter(narrow.items()))
             LOG.warning(
-                "train.capacities entry %g keeps less than one of the %d channels of %r "
+                "masking.capacities entry %g keeps less than one of the %d channels of %r "
                 "(and %d more groups); such a sub-model keeps 1 channel, a larger share",
                 capacity,
                 channels,

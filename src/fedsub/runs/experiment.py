@@ -29,6 +29,7 @@ from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.models.base import Model
+from fedsub.moved_keys import current_name, in_sections
 from fedsub.privacy import levels as privacy_levels
 from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
@@ -289,7 +290,7 @@ class AlgorithmRun:
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
             if private.costs.clipped:
                 LOG.warning(
-                    "%s: secure aggregation clipped %d values to train.secagg_clip = %g; "
+                    "%s: secure aggregation clipped %d values to privacy.secagg_clip = %g; "
                     "raise it if that is not intended",
                     self.name,
                     private.costs.clipped,
@@ -410,7 +411,7 @@ def _fits_in_memory(dataset: FederatedDataset | None) -> Iterator[None]:
         raise FedsubError(
             f"the run does not fit in memory ({type(error).__name__}: {error}){tables}. Smaller "
             "tables (table_rows, the dataset's options), a smaller model or cohort, or "
-            'train.table_placement = "host" on a GPU may fit'
+            'execution.table_placement = "host" on a GPU may fit'
         ) from None
 
 
@@ -567,8 +568,8 @@ def _write_summary(
 def _title(config: Config, setup: Setup, histories: dict[str, list[Evaluation]]) -> str:
     """curves.png's title: the data, the algorithms and, when set, the masking scheme."""
     title = f"{setup.dataset.name}: {', '.join(histories)}"
-    if config.train.masking != "none":
-        title += f" (masking {config.train.masking})"
+    if config.masking.scheme != "none":
+        title += f" (masking {config.masking.scheme})"
     return title
 
 
@@ -661,6 +662,8 @@ def sweep(
     stored in ``out_dir/run.json`` so ``resume`` can rebuild each value's config: finished
     values are read back (and checked), an interrupted one continues, the rest start."""
     base = resolved_base(base)
+    if resume:
+        key = recorded_key(out_dir, key)
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
     _check_every_value(key, configs)
     writes = distributed.from_environment().writes
@@ -761,7 +764,7 @@ def _open_sweep_folder(claim: Claim, key: str, values: list[str], base: dict, re
     out_dir = claim.folder
     if resume:
         identity = identity_of(read_run_file(out_dir))
-        if identity.config_hash != hash_config(base_text):
+        if identity.config_hash != hash_config(base_text) and not _same_base(out_dir, base):
             raise FedsubError(f"{out_dir / RUN_FILE}: its base config does not match its hash")
         return
     record = {
@@ -773,6 +776,23 @@ def _open_sweep_folder(claim: Claim, key: str, values: list[str], base: dict, re
         "runs": [value_folder(key, v) for v in values],
     }
     _claim(claim, base_text, record)
+
+
+def recorded_key(out_dir: Path, key: str) -> str:
+    """The swept key as the sweep in ``out_dir`` recorded it, when it names the same setting
+    as ``key`` (a sweep started before its key moved out of ``[train]``, moved_keys.py, keeps
+    its values' folders); else ``key``."""
+    if not (out_dir / RUN_FILE).exists():
+        return key
+    recorded = str(read_run_file(out_dir).get("key", key))
+    return recorded if current_name(recorded) == current_name(key) else key
+
+
+def _same_base(out_dir: Path, base: dict) -> bool:
+    """Whether the base config recorded in ``out_dir`` is ``base`` once keys that moved out
+    of ``[train]`` are read at their new places (a sweep started before they moved)."""
+    recorded = read_sweep(out_dir)[2]
+    return in_sections(recorded, note=None) == in_sections(base, note=None)
 
 
 def _compared_algorithms(outcomes: dict[str, Outcome]) -> list[str]:

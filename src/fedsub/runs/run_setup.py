@@ -82,7 +82,7 @@ def model_of(config: Config, dataset: FederatedDataset) -> Model:
     }
     model = build_checked_model(config.model.name, dataset, options)
     if isinstance(model, TorchModuleModel):  # a config's torch-module: its forward in the dtype
-        check_runs_in(model, dataset, config.train.dtype)
+        check_runs_in(model, dataset, config.execution.dtype)
     return model
 
 
@@ -96,23 +96,24 @@ def checked_model(config: Config, dataset: FederatedDataset, model: Model | None
 
 
 def privacy_of(config: Config) -> privacy_levels.Privacy:
-    """``train.privacy`` and its settings (choices checked by config.py, hence the casts)."""
-    t = config.train
+    """``[privacy]``'s level and its settings (choices checked by config.py, hence the
+    casts)."""
+    p = config.privacy
     return privacy_levels.Privacy(
-        cast(privacy_levels.Level, t.privacy),
-        cast(privacy_levels.Download, t.download),
-        t.download_epsilon,
-        t.download_keep,
-        t.download_bucket,
-        t.secagg_clip,
+        cast(privacy_levels.Level, p.level),
+        cast(privacy_levels.Download, p.download),
+        p.download_epsilon,
+        p.download_keep,
+        p.download_bucket,
+        p.secagg_clip,
     )
 
 
 def schedule_of(config: Config) -> Schedule:
-    """The run's ``Schedule``: ``[train]``'s sizes, rates and runtime settings and
-    ``eval.every``, on this process's device."""
-    t = config.train
-    device = distributed.process_device(resolve_device(t.device))
+    """The run's ``Schedule``: ``[train]``'s sizes and rates, ``[execution]``, ``[masking]``,
+    ``[privacy]`` and ``eval.every``, on this process's device."""
+    t, x, m = config.train, config.execution, config.masking
+    device = distributed.process_device(resolve_device(x.device))
     # The casts: config.py types its choice fields as str and has checked each value against
     # the field's choices, which are the Literal types named here.
     return Schedule(
@@ -122,26 +123,26 @@ def schedule_of(config: Config) -> Schedule:
         batch_size=t.batch_size,
         lr=t.lr,
         seed=t.seed,
-        dtype=DTYPES[t.dtype],
+        dtype=DTYPES[x.dtype],
         eval_every=config.eval.every,
-        backend=t.backend,
+        backend=x.backend,
         device=device,
         lr_schedule=cast(LrSchedule, t.lr_schedule),
         lr_decay=t.lr_decay,
         weight_decay=t.weight_decay,
         clip_norm=t.clip_norm,
         momentum=t.momentum,
-        deterministic=t.deterministic,
-        table_placement=cast(TablePlacement, t.table_placement),
-        compile=Compile.for_device(device) if t.compile == "on" else None,
+        deterministic=x.deterministic,
+        table_placement=cast(TablePlacement, x.table_placement),
+        compile=Compile.for_device(device) if x.compile == "on" else None,
         masking=Masking(
-            cast(MaskingScheme, t.masking),
+            cast(MaskingScheme, m.scheme),
             Capacities(
-                tuple(t.capacities),
-                tuple(t.capacity_proportions),
-                cast(Assignment, t.capacity_assignment),
+                tuple(m.capacities),
+                tuple(m.capacity_proportions),
+                cast(Assignment, m.capacity_assignment),
             ),
-            None if t.mask_average == "scheme" else cast(AverageOver, t.mask_average),
+            None if m.average == "scheme" else cast(AverageOver, m.average),
         ),
         privacy=privacy_of(config),
         sampling=cast(Sampling, t.sampling),
@@ -208,11 +209,13 @@ def dp_plan(config: Config) -> list[str]:
 
 
 def heat_privacy_of(config: Config) -> HeatPrivacy:
-    """Where the server's heat comes from (``train.heat_source``, or the one
-    ``train.privacy`` implies) and that source's settings."""
-    t = config.train
-    source = privacy_levels.heat_source_for(t.privacy, t.heat_source)
-    return HeatPrivacy(source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed)
+    """Where the server's heat comes from (``privacy.heat_source``, or the one
+    ``privacy.level`` implies) and that source's settings."""
+    p = config.privacy
+    source = privacy_levels.heat_source_for(p.level, p.heat_source)
+    return HeatPrivacy(
+        source, p.secagg_group, p.sketch_eps, p.sketch_delta, p.rr_epsilon, config.train.seed
+    )
 
 
 def algorithm_context(
@@ -245,8 +248,8 @@ def prepare(
     """Load the data (or take ``dataset``), build the model (or take ``model``) and check
     both against the config, then index the clients' rows and build the algorithms' context
     and the evaluator (no output yet)."""
-    if config.train.threads:
-        torch.set_num_threads(config.train.threads)
+    if config.execution.threads:
+        torch.set_num_threads(config.execution.threads)
     if dataset is None:
         dataset = load_data(config)
     model = checked_model(config, dataset, model)
