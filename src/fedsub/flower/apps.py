@@ -13,25 +13,27 @@ without them they are read from the run config (``flwr run ... --run-config``).
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import time
-from logging import INFO
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from fedsub import config as config_lib
 from fedsub.atomic_files import TEMP_PATTERN
 from fedsub.client.transforms import Chain
-from fedsub.engine.loop import initial_params
+from fedsub.engine.loop import Progress, RunControl, drive, initial_params
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
-from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+from fedsub.flower.checkpoints import CONFIG_KEY, config_stamp, latest, resumed_stamp
 from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
@@ -46,8 +48,8 @@ from fedsub.flower.private_download import (
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
+from fedsub.flower.server_runtime import FlowerRuntime, Observers, RoundsFailed, Served
 from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
-from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.json_values import dumps
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.report import JsonLines, write_atomic
@@ -63,6 +65,8 @@ from fedsub.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
 from fedsub.tensor_files import write_tensors_atomic
+
+LOG = logging.getLogger("fedsub")
 
 
 def _settings(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
@@ -265,9 +269,10 @@ FLOWER_OUTPUTS = [
 ]
 
 
-def claim_out_dir(settings: FlowerSettings, description: str) -> Claim | None:
+def claim_out_dir(settings: FlowerSettings, config_text: str, description: str) -> Claim | None:
     """The out-dir, held for the run (run_folder's rules, as ``fedsub run``): a new run's
-    run.json lists what it writes; ``resume`` continues the run there."""
+    run.json lists what it writes, holds the fedsub config as written (``config_text``) and is
+    stamped with the hash of ``description``; ``resume`` continues the run there."""
     if not settings.out_dir:
         return None
     out = Path(settings.out_dir)
@@ -276,7 +281,8 @@ def claim_out_dir(settings: FlowerSettings, description: str) -> Claim | None:
     claim = claim_new(out, settings.overwrite, OUT_DIR_FLAGS)
     try:
         identity = new_identity(description)
-        claim.write_run_file({**identity.as_json(), "kind": "flower", "outputs": FLOWER_OUTPUTS})
+        record = {"kind": "flower", "outputs": FLOWER_OUTPUTS, CONFIG_KEY: config_text}
+        claim.write_run_file({**identity.as_json(), **record})
     except BaseException:
         claim.end(failed=True)
         raise
@@ -292,7 +298,8 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         run = run_model(settings)  # sizes only: the server reads no client's samples
         config = run.config
         name = settings.algorithm_name(config)
-        claim = claim_out_dir(settings, settings.model_description(config, name))
+        config_text = config_lib.to_toml(config)
+        claim = claim_out_dir(settings, config_text, settings.description(config_text, name))
         failed = True
         try:
             _serve(grid, settings, run, name, claim)
@@ -304,103 +311,115 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     return app
 
 
+def run_control(settings: FlowerSettings, run: RunModel, name: str) -> RunControl:
+    """How the loop keeps a Flower run safe: checkpoints in out-dir every checkpoint-every
+    rounds (stamped with the run's config hash, flower/checkpoints.py), the newest of them
+    continued with ``resume``. Divergence is a non-finite train loss only: a Flower run has
+    no round-0 evaluation (no node has registered yet) for the rising-loss rule."""
+    config = run.config
+    control = RunControl(max_update_norm=config.train.max_update_norm, divergence_factor=0.0)
+    if not settings.out_dir:
+        return control
+    out = Path(settings.out_dir)
+    control.checkpoints, control.checkpoint_every = out / "checkpoints", settings.checkpoint_every
+    if settings.resume:
+        control.run = resumed_stamp(out, config, lambda text: settings.description(text, name))
+        control.resume = latest(control.checkpoints, control.run)
+        LOG.info("resuming after round %d from %s", control.resume.round, control.resume.path)
+    else:
+        control.run = config_stamp(settings.description(config_lib.to_toml(config), name))
+    return control
+
+
+def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, name: str) -> FlowerRuntime:
+    """The run's Flower runtime: its nodes through ``grid``, measured (flower/costs.py)."""
+    config = run.config
+    privacy = heat_privacy_of(config)
+    observers = Observers(meter=MeteredGrid(grid))
+    if settings.heat_transcript and privacy.source != "exact":
+        observers = replace(observers, on_heat_reply=Transcript(), on_train_reply=Transcript())
+    if settings.out_dir:
+        progress = JsonLines(Path(settings.out_dir) / "progress.jsonl")
+        if not settings.resume:
+            progress.path.unlink(missing_ok=True)
+        observers = replace(observers, on_progress=progress)
+    query: dict[str, int | str] = {}
+    server_test = None  # read before any node is asked: a bad file fails the run at once
+    if run.spec is not None:  # every node checks its spec against the run's
+        query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
+        if settings.server_test_file:
+            samples = run.spec.encode(Path(settings.server_test_file))
+            server_test = functools.partial(server_test_metrics, run.model, samples=samples)
+    served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
+    return FlowerRuntime(
+        cast(Grid, observers.meter),  # a Grid: its methods, measured (flower/costs.py)
+        initial_params(run.model, run.schedule),
+        served,
+        run.schedule,
+        replace(settings, min_nodes=settings.min_nodes or run.num_clients),
+        privacy,
+        FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
+        observers,
+        server_test,
+    )
+
+
 def _serve(
     grid: Grid, settings: FlowerSettings, run: RunModel, name: str, claim: Claim | None
 ) -> None:
-    """The ServerApp's run, its out-dir held by ``claim``: the rounds, then the result (a
-    run that fails before it has a result leaves the out-dir as it found it)."""
-    config = run.config
-    params = initial_params(run.model, run.schedule)
-    progress, transcript, train_transcript, checkpoints = None, None, None, None
-    privacy = heat_privacy_of(config)
-    if settings.heat_transcript and privacy.source != "exact":
-        transcript, train_transcript = Transcript(), Transcript()
-    if settings.out_dir:
-        out = Path(settings.out_dir)
-        progress = JsonLines(out / "progress.jsonl")
-        if not settings.resume:
-            progress.path.unlink(missing_ok=True)
-        checkpoints = FlowerCheckpoints(
-            out / "checkpoints",
-            settings.checkpoint_every,
-            settings.resume,
-            config_stamp(settings.model_description(config, name)),
-        )
-    metered = MeteredGrid(grid)  # every message's bytes, each round's seconds
-    query: dict[str, int | str] = {}
-    if run.spec is not None:  # every node checks its spec against the run's
-        query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
-    strategy = SubmodelStrategy(
-        params,
-        name,
-        config.algorithm_options(name),
-        cast(HeatKind, config.train.heat),  # config.py has checked it against its choices
-        run.schedule,
-        min_replies=settings.min_replies,
-        max_failed_rounds=settings.max_failed_rounds,
-        max_update_norm=config.train.max_update_norm,
-        payload=settings.payload,
-        min_nodes=settings.min_nodes or run.num_clients,
-        node_wait=settings.node_wait,
-        heat_refresh_every=settings.heat_refresh_every,
-        checkpoints=checkpoints,
-        on_progress=progress,
-        privacy=privacy,
-        on_heat_reply=transcript,
-        on_train_reply=train_transcript,
-        meter=metered,
-        evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
-    )
-    server_test = None  # read before any node is asked: a bad file fails the run at once
-    if settings.server_test_file and run.spec is not None:
-        server_test = run.spec.encode(Path(settings.server_test_file))
-
-    def evaluate(round_index: int, _: ArrayRecord) -> MetricRecord | None:
-        """The round's federated metrics (and the server's own test file's, if given)."""
-        if round_index == 0 or not strategy.evaluation.due(round_index):
-            return None
-        metrics = dict(strategy.evaluation.results.get(round_index, {}))
-        if server_test is not None:
-            metrics.update(server_test_metrics(run.model, strategy.params, server_test))
-        strategy.evaluations[round_index] = metrics
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-        flwr_log(INFO, "fedsub round %d: evaluation: %s", round_index, shown or "nothing")
-        return MetricRecord(dict(metrics))
-
+    """The ServerApp's run, its out-dir held by ``claim``: the engine's round loop over the
+    Flower runtime, then the result (a run that fails before it has a result leaves the
+    out-dir as it found it)."""
+    control = run_control(settings, run, name)
+    runtime = _runtime(grid, settings, run, name)
+    # the loop's evaluation cadence is the run config's eval-every (0: none, the last round
+    # asks and gets nothing)
+    schedule = replace(run.schedule, eval_every=settings.eval_every or run.schedule.rounds)
     failure: Diverged | RoundsFailed | None = None
+    progress = None
     try:
-        strategy.start(
-            cast(Grid, metered),  # a Grid: its methods, measured (flower/costs.py)
-            ArrayRecord(),
-            num_rounds=run.schedule.rounds,
-            timeout=settings.round_timeout,
-            train_config=ConfigRecord(),
-            evaluate_fn=evaluate,
-        )
+        progress = drive(runtime.open(control), runtime, schedule, control)
     except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
         failure = error
     if claim is not None:  # a result to keep, even a failure's
         claim.training_started()
-    if settings.out_dir and strategy.heat_report is not None:
-        write_heat(Path(settings.out_dir), strategy.heat_report, transcript, train_transcript)
     if settings.out_dir:
-        out = Path(settings.out_dir)
-        result: dict[str, object] = {
-            "algorithm": name,
-            "payload": settings.payload,
-            "succeeded": failure is None,
-            "rounds": strategy.rounds,
-            "costs": {
-                **describe(run.schedule.privacy or Privacy()),
-                **run_costs(strategy.rounds, metered.totals),
-            },
-        }
-        if failure is None:
-            write_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
-            result["evaluations"] = {str(r): m for r, m in strategy.evaluations.items()}
-        else:
-            kind = "diverged" if isinstance(failure, Diverged) else "failed"
-            result[kind] = {"round": failure.round, "reason": failure.reason}
-        write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+        write_result(Path(settings.out_dir), settings, run, name, runtime, progress, failure)
     if failure is not None:  # the ServerApp exits with an error: the run did not succeed
         raise FedsubError(f"Flower: {failure}") from failure
+
+
+def write_result(
+    out: Path,
+    settings: FlowerSettings,
+    run: RunModel,
+    name: str,
+    runtime: FlowerRuntime,
+    progress: Progress | None,
+    failure: Diverged | RoundsFailed | None,
+) -> None:
+    """flower-result.json (the rounds' records, the costs, the evaluations or why the run
+    failed), the model, and what a private heat source measured."""
+    observers = runtime.observers
+    if runtime.heat_report is not None:
+        transcript = cast(Transcript | None, observers.on_heat_reply)
+        train_transcript = cast(Transcript | None, observers.on_train_reply)
+        write_heat(out, runtime.heat_report, transcript, train_transcript)
+    totals = cast(MeteredGrid, observers.meter).totals
+    result: dict[str, object] = {
+        "algorithm": name,
+        "payload": settings.payload,
+        "succeeded": failure is None,
+        "rounds": runtime.rounds,
+        "costs": {
+            **describe(run.schedule.privacy or Privacy()),
+            **run_costs(runtime.rounds, totals),
+        },
+    }
+    if failure is None and progress is not None:
+        write_tensors_atomic(out / "model.safetensors", runtime.params.state_dict())
+        result["evaluations"] = {str(e.round): e.metrics for e in progress.history}
+    elif failure is not None:
+        kind = "diverged" if isinstance(failure, Diverged) else "failed"
+        result[kind] = {"round": failure.round, "reason": failure.reason}
+    write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
