@@ -113,7 +113,7 @@ class ServerRound:
     variates: ControlVariates | None = None
     max_update_norm: float = 0.0
     on_reject: Callable[[Rejection], None] | None = None
-    last_checkpoint: Path | None = None
+    last_checkpoint: Path | None = field(default=None, init=False)  # the caller keeps it
     more_stages: dict[str, Stateful] = field(default_factory=dict)  # e.g. a stateful transform
     # [dp]: the round's Gaussian mechanism replaces ``combine`` and the ledger counts its rounds
     dp: DpMechanism | None = None

@@ -89,54 +89,117 @@ def _node(fixed: FlowerSettings | None, context: Context, message: Message) -> N
     return node
 
 
+def answer_query(fixed: FlowerSettings | None, message: Message, context: Context) -> Message:
+    """The node's partition, and (query "index") its sample count, index sets S(k) and
+    evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
+    anyway; at train.privacy download (query "request") its download request for the
+    round instead, never S(k) (flower/private_download.py). A node whose
+    train.heat_source is private refuses "index": its heat goes by query.heat."""
+    node = _node(fixed, context, message)
+    k = node.client
+    query = record_of(message.content, "query", ConfigRecord)
+    what = str(query.get("what", "index"))
+    private = heat_privacy_of(node.config).source != "exact"
+    if what not in ("index", "rows", "partition", "request"):
+        raise FedsubError(f"partition {k}: unknown query {what!r}")
+    downloading = downloads_privately(node.schedule.privacy)
+    if what == "rows" and downloading:
+        raise FedsubError(
+            f"partition {k}: train.privacy = {node.config.train.privacy!r}, so this node "
+            "sends a download request (query 'request'), never its rows S(k)"
+        )
+    if what == "request" and not downloading:
+        raise FedsubError(
+            f"partition {k}: train.privacy = {node.config.train.privacy!r} draws no "
+            "private download request; ask for its rows"
+        )
+    if what == "index" and private:
+        raise FedsubError(
+            f"partition {k}: train.heat_source = {node.config.train.heat_source!r}, so "
+            "this node does not send its index sets and sample count in the clear"
+        )
+    metrics = MetricRecord({"partition-id": k})
+    content = RecordDict({"metrics": metrics})
+    if what in ("index", "rows"):
+        rows = {f"rows.{t}": torch.from_numpy(r) for t, r in node.rows.items()}
+        content["index"] = ArrayRecord(rows)
+    if what == "request":  # privacy download: its request for the round, never S(k)
+        request = node_request(node, int(number_of(query, "round")))
+        content["index"] = ArrayRecord(
+            {f"rows.{t}": torch.from_numpy(r) for t, r in request.items()}
+        )
+    if what == "index":
+        metrics["num-examples"] = len(node.train)
+        content[EVAL_INDEX] = eval_index_record(node)
+    return Message(content, reply_to=message)
+
+
+def answer_train(fixed: FlowerSettings | None, message: Message, context: Context) -> Message:
+    """Local steps of fedsub's client work on the submodel received; reply row deltas."""
+    settings = _settings(fixed, context)
+    node = _own_data(fixed, context)
+    k = node.client
+    rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
+    own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
+    c = record_of(message.content, "config", ConfigRecord)
+    round_index = int(number_of(c, "round"))
+    downloading = downloads_privately(node.schedule.privacy)
+    full = not rows
+    request = node_request(node, round_index) if downloading else {}
+    if downloading:  # requested rows received, the other held rows skipped (zero)
+        pulled = local_submodel(node, rows, received, request)
+    elif full:  # the whole model came: take S(k) locally
+        pulled = pull(received, own)
+    elif any(not torch.equal(rows[t], own[t]) for t in own):
+        raise FedsubError(f"partition {k}: the rows received are not this node's S(k)")
+    else:
+        pulled = received
+    chain = Chain.from_description(json.loads(str(c["chain"])))
+    samples = node.samples
+    trained = train_submodel(
+        node.model,
+        pulled,
+        samples,
+        k,
+        round_index,
+        node.schedule,
+        chain,
+        float(number_of(c, "lr")),
+    )
+    update = push(k, float(len(samples)), own, pulled, trained)
+    table_deltas = update.table_deltas
+    index = None
+    dense_deltas = update.dense_deltas
+    metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
+    if downloading:  # the held rows it requested, with their ids (the others skipped)
+        kept, table_deltas = reply_record(node.rows, request, table_deltas)
+        privacy = node.schedule.privacy
+        if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
+            keep_deltas(context, kept, table_deltas, dense_deltas)
+            kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
+            del metrics["num-examples"]  # its count weights its deltas inside the sum
+        index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
+    elif full:  # reply as stock FedAvg would: the whole table
+        table_deltas = {
+            t: torch.zeros_like(received.tables[t]).index_copy_(0, own[t], d)
+            for t, d in table_deltas.items()
+        }
+    if settings.train_delay:
+        time.sleep(settings.train_delay)
+    content = RecordDict({"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics})
+    if index is not None:
+        content["index"] = index
+    return Message(content, reply_to=message)
+
+
 def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     app = ClientApp()
 
     @app.query()
     @with_seconds
     def report_index(message: Message, context: Context) -> Message:
-        """The node's partition, and (query "index") its sample count, index sets S(k) and
-        evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
-        anyway; at train.privacy download (query "request") its download request for the
-        round instead, never S(k) (flower/private_download.py). A node whose
-        train.heat_source is private refuses "index": its heat goes by query.heat."""
-        node = _node(fixed, context, message)
-        k = node.client
-        query = record_of(message.content, "query", ConfigRecord)
-        what = str(query.get("what", "index"))
-        private = heat_privacy_of(node.config).source != "exact"
-        if what not in ("index", "rows", "partition", "request"):
-            raise FedsubError(f"partition {k}: unknown query {what!r}")
-        downloading = downloads_privately(node.schedule.privacy)
-        if what == "rows" and downloading:
-            raise FedsubError(
-                f"partition {k}: train.privacy = {node.config.train.privacy!r}, so this node "
-                "sends a download request (query 'request'), never its rows S(k)"
-            )
-        if what == "request" and not downloading:
-            raise FedsubError(
-                f"partition {k}: train.privacy = {node.config.train.privacy!r} draws no "
-                "private download request; ask for its rows"
-            )
-        if what == "index" and private:
-            raise FedsubError(
-                f"partition {k}: train.heat_source = {node.config.train.heat_source!r}, so "
-                "this node does not send its index sets and sample count in the clear"
-            )
-        metrics = MetricRecord({"partition-id": k})
-        content = RecordDict({"metrics": metrics})
-        if what in ("index", "rows"):
-            rows = {f"rows.{t}": torch.from_numpy(r) for t, r in node.rows.items()}
-            content["index"] = ArrayRecord(rows)
-        if what == "request":  # privacy download: its request for the round, never S(k)
-            request = node_request(node, int(number_of(query, "round")))
-            content["index"] = ArrayRecord(
-                {f"rows.{t}": torch.from_numpy(r) for t, r in request.items()}
-            )
-        if what == "index":
-            metrics["num-examples"] = len(node.train)
-            content[EVAL_INDEX] = eval_index_record(node)
-        return Message(content, reply_to=message)
+        """The node's registration or row query answer (``answer_query``)."""
+        return answer_query(fixed, message, context)
 
     @app.query("heat")
     def exchange_heat(message: Message, context: Context) -> Message:
@@ -164,63 +227,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     @app.train()
     @with_seconds
     def train(message: Message, context: Context) -> Message:
-        """Local steps of fedsub's client work on the submodel received; reply row deltas."""
-        settings = _settings(fixed, context)
-        node = _own_data(fixed, context)
-        k = node.client
-        rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
-        own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
-        c = record_of(message.content, "config", ConfigRecord)
-        round_index = int(number_of(c, "round"))
-        downloading = downloads_privately(node.schedule.privacy)
-        full = not rows
-        request = node_request(node, round_index) if downloading else {}
-        if downloading:  # requested rows received, the other held rows skipped (zero)
-            pulled = local_submodel(node, rows, received, request)
-        elif full:  # the whole model came: take S(k) locally
-            pulled = pull(received, own)
-        elif any(not torch.equal(rows[t], own[t]) for t in own):
-            raise FedsubError(f"partition {k}: the rows received are not this node's S(k)")
-        else:
-            pulled = received
-        chain = Chain.from_description(json.loads(str(c["chain"])))
-        samples = node.samples
-        trained = train_submodel(
-            node.model,
-            pulled,
-            samples,
-            k,
-            round_index,
-            node.schedule,
-            chain,
-            float(number_of(c, "lr")),
-        )
-        update = push(k, float(len(samples)), own, pulled, trained)
-        table_deltas = update.table_deltas
-        index = None
-        dense_deltas = update.dense_deltas
-        metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
-        if downloading:  # the held rows it requested, with their ids (the others skipped)
-            kept, table_deltas = reply_record(node.rows, request, table_deltas)
-            privacy = node.schedule.privacy
-            if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
-                keep_deltas(context, kept, table_deltas, dense_deltas)
-                kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
-                del metrics["num-examples"]  # its count weights its deltas inside the sum
-            index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
-        elif full:  # reply as stock FedAvg would: the whole table
-            table_deltas = {
-                t: torch.zeros_like(received.tables[t]).index_copy_(0, own[t], d)
-                for t, d in table_deltas.items()
-            }
-        if settings.train_delay:
-            time.sleep(settings.train_delay)
-        content = RecordDict(
-            {"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics}
-        )
-        if index is not None:
-            content["index"] = index
-        return Message(content, reply_to=message)
+        """Local steps on the submodel received (``answer_train``)."""
+        return answer_train(fixed, message, context)
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:

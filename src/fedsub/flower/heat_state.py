@@ -23,7 +23,7 @@ from fedsub.privacy.heat_vectors import MeasuredHeat
 
 
 class PrivateHeatStage:
-    """A ``Stateful`` view of the strategy's heat report (read with ``get``, set with ``put``)."""
+    """A ``Stateful`` view of the runtime's heat report (read with ``get``, set with ``put``)."""
 
     def __init__(
         self,

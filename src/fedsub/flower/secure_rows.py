@@ -146,7 +146,7 @@ class SecureRows:
         self.node_of = node_of
         self.aggregation = aggregation
         self.privacy = privacy
-        self.requests = requests  # the round's requests by client (the strategy's)
+        self.requests = requests  # the round's requests by client (the runtime's)
         self.timeout = timeout
         self.record = record
         self.clipped = 0  # values clipped to the fixed-point range, over the run
@@ -203,10 +203,10 @@ def round_combine(
     timeout: float,
     record: Recorder | None = None,
 ) -> Callable[[CohortUpdate], ServerUpdate]:
-    """The strategy's aggregation for ``privacy``: secure row sums at ``full``, else the
+    """The Flower runtime's aggregation for ``privacy``: secure row sums at ``full``, else the
     algorithm's aggregate (divided by p under randomized response)."""
     if privacy is not None and privacy.secure_aggregation:
-        if grid is None:  # e.g. a resumed strategy: its nodes were not asked yet
+        if grid is None:  # e.g. a runtime without its nodes
             raise FedsubError("Flower: secure row sums need the nodes (no grid given)")
         return SecureRows(grid, node_of, aggregation, privacy, requests, timeout, record).combine
     return download_combine(aggregation, privacy)
