@@ -220,10 +220,13 @@ class FlowerRuntime:
 
     def available(self, round_index: int, rounds: ServerRound) -> np.ndarray:
         """The clients whose node is online and answering, after this round's registrations
-        (and a refresh of the coefficients when due)."""
+        (and a refresh of the coefficients when due: exact heat, no [dp])."""
         online = self.joining.update(self.grid)
         due = (round_index - 1) % self.settings.heat_refresh_every == 0
-        if self.membership.stale() and due and self.privacy.source == "exact":
+        # under [dp] the population counted at round 1 stays (the accountant's sampling rate
+        # and the mechanism's fixed denominator are over it): a later client is not sampled
+        fixed = rounds.dp is not None or self.privacy.source != "exact"
+        if self.membership.stale() and due and not fixed:
             self.membership.refresh()
             algorithm, sizes = self._algorithm()
             rounds.repopulate(algorithm, sizes.sample_counts(), self._combine(algorithm))
