@@ -302,6 +302,8 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        """Build the run from the run config (the model's sizes, the algorithm, which run the
+        out-dir holds), then serve it (``_serve``)."""
         settings = _settings(fixed, context)
         run = run_model(settings)  # sizes only: the server reads no client's samples
         config = run.config
@@ -310,7 +312,9 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         claim = claim_out_dir(settings, config_text, settings.description(config_text, name))
         failed = True
         try:
-            _serve(grid, settings, run, name, claim)
+            stamp = run_stamp(settings, run, name, config_text)
+            served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
+            _serve(grid, settings, run, served, stamp, claim)
             failed = False
         finally:
             if claim is not None:
@@ -319,30 +323,36 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     return app
 
 
-def run_control(settings: FlowerSettings, run: RunModel, name: str) -> RunControl:
+def run_stamp(settings: FlowerSettings, run: RunModel, name: str, text: str) -> dict[str, str]:
+    """The stamp of the run's checkpoints (its config hash, flower/checkpoints.py): a resumed
+    run's, after checking that the config given is that run's; a new run's from ``text``,
+    the fedsub config as written."""
+    if settings.out_dir and settings.resume:
+        describe = functools.partial(settings.description, algorithm=name)
+        return resumed_stamp(Path(settings.out_dir), run.config, describe)
+    return config_stamp(settings.description(text, name))
+
+
+def run_control(settings: FlowerSettings, run: RunModel, stamp: dict[str, str]) -> RunControl:
     """How the loop keeps a Flower run safe: checkpoints in out-dir every checkpoint-every
-    rounds (stamped with the run's config hash, flower/checkpoints.py), the newest of them
-    continued with ``resume``. Divergence is a non-finite train loss only: a Flower run has
-    no round-0 evaluation (no node has registered yet) for the rising-loss rule."""
-    config = run.config
-    control = RunControl(max_update_norm=config.train.max_update_norm, divergence_factor=0.0)
+    rounds (stamped ``stamp``), the newest of them continued with ``resume``. Divergence is a
+    non-finite train loss only: a Flower run has no round-0 evaluation (no node has
+    registered yet) for the rising-loss rule."""
+    norm = run.config.train.max_update_norm
+    control = RunControl(max_update_norm=norm, divergence_factor=0.0, run=stamp)
     if not settings.out_dir:
         return control
-    out = Path(settings.out_dir)
-    control.checkpoints, control.checkpoint_every = out / "checkpoints", settings.checkpoint_every
+    control.checkpoints = Path(settings.out_dir) / "checkpoints"
+    control.checkpoint_every = settings.checkpoint_every
     if settings.resume:
-        control.run = resumed_stamp(out, config, lambda text: settings.description(text, name))
-        control.resume = latest(control.checkpoints, control.run)
+        control.resume = latest(control.checkpoints, stamp)
         LOG.info("resuming after round %d from %s", control.resume.round, control.resume.path)
-    else:
-        control.run = config_stamp(settings.description(config_lib.to_toml(config), name))
     return control
 
 
-def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, name: str) -> FlowerRuntime:
+def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, served: Served) -> FlowerRuntime:
     """The run's Flower runtime: its nodes through ``grid``, measured (flower/costs.py)."""
-    config = run.config
-    privacy = heat_privacy_of(config)
+    privacy = heat_privacy_of(run.config)
     observers = Observers(meter=MeteredGrid(grid))
     if settings.heat_transcript and privacy.source != "exact":
         observers = replace(observers, on_heat_reply=Transcript(), on_train_reply=Transcript())
@@ -358,7 +368,6 @@ def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, name: str) -> 
         if settings.server_test_file:
             samples = run.spec.encode(Path(settings.server_test_file))
             server_test = functools.partial(server_test_metrics, run.model, samples=samples)
-    served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
     return FlowerRuntime(
         cast(Grid, observers.meter),  # a Grid: its methods, measured (flower/costs.py)
         initial_params(run.model, run.schedule),
@@ -373,13 +382,18 @@ def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, name: str) -> 
 
 
 def _serve(
-    grid: Grid, settings: FlowerSettings, run: RunModel, name: str, claim: Claim | None
+    grid: Grid,
+    settings: FlowerSettings,
+    run: RunModel,
+    served: Served,
+    stamp: dict[str, str],
+    claim: Claim | None,
 ) -> None:
     """The ServerApp's run, its out-dir held by ``claim``: the engine's round loop over the
     Flower runtime, then the result (a run that fails before it has a result leaves the
     out-dir as it found it)."""
-    control = run_control(settings, run, name)
-    runtime = _runtime(grid, settings, run, name)
+    control = run_control(settings, run, stamp)
+    runtime = _runtime(grid, settings, run, served)
     # the loop's evaluation cadence is the run config's eval-every (0: none, the last round
     # asks and gets nothing)
     schedule = replace(run.schedule, eval_every=settings.eval_every or run.schedule.rounds)
@@ -392,7 +406,7 @@ def _serve(
     if claim is not None:  # a result to keep, even a failure's
         claim.training_started()
     if settings.out_dir:
-        write_result(Path(settings.out_dir), settings, run, name, runtime, progress, failure)
+        write_result(Path(settings.out_dir), settings, run, served.name, runtime, progress, failure)
     if failure is not None:  # the ServerApp exits with an error: the run did not succeed
         raise FedsubError(f"Flower: {failure}") from failure
 
