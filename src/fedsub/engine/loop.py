@@ -28,6 +28,7 @@ from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
+from fedsub.engine.cohort_job import CohortJob
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
@@ -428,16 +429,14 @@ class InProcess:
             staged = params
             if self.host is not None:
                 staged = self.host.stage(params, self.index, plan.cohort)
-        return self.backend(
-            self.model,
-            staged,
-            self.dataset,
-            self.index,
-            plan.cohort,
-            plan.round,
-            self.schedule,
-            plan.work,
-        )
+        job = CohortJob(
+            self.model, staged, self.dataset, self.index, plan.cohort, plan.round,
+            self.schedule, plan.work,
+        )  # fmt: skip
+        return self.backend(  # the backends take the job's fields until they take the job
+            job.model, job.params, job.dataset, job.index, job.cohort, job.round, job.schedule,
+            job.work,
+        )  # fmt: skip
 
     def close_round(self, round_index: int, updated: bool, diverged: str | None) -> None:
         return None
