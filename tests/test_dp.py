@@ -492,14 +492,14 @@ def test_combinations_that_cannot_be_private_are_refused(extra, says):
         config(*DP, *extra)
 
 
-def test_flower_refuses_dp_as_not_yet_supported():
+def test_flower_runs_central_dp_at_the_server_app():
+    """Flower declares the capability (its ServerApp runs the engine's loop, which clips,
+    noises and accounts; tests/test_flower_dp.py: the in-process model and epsilon)."""
     from fedsub.flower.settings import FlowerSettings
 
     settings_ = FlowerSettings(overrides=(*SMALL, *DP))
-    with pytest.raises(ConfigError, match="Not yet supported") as refused:
-        settings_.fedsub_config()
-    assert "[dp] mechanism = 'gaussian' cannot run on Flower" in str(refused.value)
-    assert not FLOWER.has("differential-privacy")
+    assert settings_.fedsub_config().dp.mechanism == "gaussian"
+    assert FLOWER.has("differential-privacy")
 
 
 def test_torchrun_refuses_dp_as_not_yet_supported(monkeypatch):

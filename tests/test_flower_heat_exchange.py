@@ -25,6 +25,8 @@ from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
 from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
+from .flower_rounds import private_runtime, recorded
+
 Handler = Callable[[Message, Context], Message]
 
 
@@ -219,7 +221,7 @@ def test_a_node_answers_only_for_its_own_heat_source(federation):
     with pytest.raises(hx.HeatMessageError, match=r"asks for heat source 'secagg'.*'sketch'"):
         grid.handlers[101](message, grid.contexts[101])
     exact = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("exact"), "clients"))
-    with pytest.raises(hx.HeatMessageError, match=r"train\.heat_source = 'exact'"):
+    with pytest.raises(hx.HeatMessageError, match=r"privacy\.heat_source = 'exact'"):
         exact.handlers[101](message, exact.contexts[101])
 
 
@@ -351,34 +353,6 @@ class AppGrid(AnsweredAtOnce):
         return replies
 
 
-def _private_strategy(settings):
-    from fedsub.engine.loop import initial_params
-    from fedsub.flower.run_model import federation
-    from fedsub.flower.strategy import SubmodelStrategy
-    from fedsub.runs.run_setup import heat_privacy_of
-
-    fed = federation(settings)
-    name = settings.algorithm_name(fed.config)
-    return SubmodelStrategy(
-        initial_params(fed.model, fed.schedule),
-        name,
-        fed.config.algorithm_options(name),
-        fed.config.train.heat,  # type: ignore[arg-type]  # config.py checked its choices
-        fed.schedule,
-        payload=settings.payload,
-        privacy=heat_privacy_of(fed.config),
-        min_nodes=fed.dataset.num_clients,
-    )
-
-
-def _train(strategy, grid, rounds: int) -> None:
-    from flwr.app import ArrayRecord
-
-    for r in range(1, rounds + 1):
-        messages = strategy.configure_train(r, ArrayRecord(), ConfigRecord(), grid)
-        strategy.aggregate_train(r, grid.send_and_receive(messages))
-
-
 EXACT = (
     "data.num_users=4",
     "train.rounds=2",
@@ -400,19 +374,19 @@ def test_strategy_with_secagg_heat_gives_the_exact_heat_model(payload):
     private = (*EXACT, "privacy.heat_source='secagg'", "privacy.secagg_group=2")
     settings = FlowerSettings(overrides=private, payload=payload)
     grid = AppGrid(make_client_app(settings), 4)
-    strategy = _private_strategy(settings)
-    _train(strategy, grid, 2)
+    strategy = private_runtime(settings, grid)
+    strategy.train(2)
     expected = in_process_model(EXACT)
     for name, value in strategy.params.state_dict().items():
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-5)
-    assert strategy._index is None  # no S(k) from the query round
-    cohorts = {k for r in (1, 2) for k in strategy._round.begin(r).cohort.clients.tolist()}
-    assert set(strategy._sampled_rows) == cohorts < set(range(4))  # the sampled nodes' only
+    assert strategy.index is None  # no S(k) from the query round
+    cohorts = {k for r in (1, 2) for k in strategy.open().begin(r).cohort.clients.tolist()}
+    assert set(strategy.sampled.rows) == cohorts < set(range(4))  # the sampled nodes' only
     assert [r["replies"] for r in strategy.rounds] == [2, 2]
 
 
 def test_a_node_that_does_not_send_its_rows_is_left_out_of_the_round():
-    from flwr.app import ArrayRecord
+    from flwr.app import MessageType
 
     from fedsub.flower.apps import make_client_app
     from fedsub.flower.settings import FlowerSettings
@@ -420,9 +394,10 @@ def test_a_node_that_does_not_send_its_rows_is_left_out_of_the_round():
     private = (*EXACT, "privacy.heat_source='secagg'", "privacy.secagg_group=2", "train.rounds=1")
     settings = FlowerSettings(overrides=private)
     grid = AppGrid(make_client_app(settings), 4)
-    strategy = _private_strategy(settings)
-    strategy._update_membership(grid, 1)  # registration and the heat exchange
-    silent = strategy._round.begin(1).cohort.clients.tolist()[0]  # partition k is node 100 + k
+    strategy = private_runtime(settings, grid)
+    sent = recorded(grid)
+    server = strategy.open()  # registration and the heat exchange
+    silent = server.begin(1).cohort.clients.tolist()[0]  # partition k is node 100 + k
 
     def rows_query_to_silent(node: int, message: Message) -> bool:
         query = message.content.get("query")
@@ -430,9 +405,9 @@ def test_a_node_that_does_not_send_its_rows_is_left_out_of_the_round():
         return rows and node == 100 + silent
 
     grid.drop = rows_query_to_silent
-    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid))
-    assert [m.metadata.dst_node_id for m in messages] != [] and 100 + silent not in [
-        m.metadata.dst_node_id for m in messages
+    strategy.step(1)
+    trained = [m for m in sent if m.metadata.message_type == MessageType.TRAIN]
+    assert [m.metadata.dst_node_id for m in trained] != [] and 100 + silent not in [
+        m.metadata.dst_node_id for m in trained
     ]
-    strategy.aggregate_train(1, grid.send_and_receive(messages))
     assert strategy.rounds[0]["left_out"] == [silent] and strategy.rounds[0]["updated"]

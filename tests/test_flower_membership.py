@@ -1,7 +1,8 @@
-"""The Flower strategy's elastic membership, checkpoints and resume, on a stand-in Grid (no
-processes): nodes register as they come online, a replacement takes its partition over, a
-node that does not answer is left out, new clients wait for the next heat refresh, and a run
-resumed from a checkpoint ends with the uninterrupted run's model."""
+"""The Flower runtime's elastic membership, checkpoints and resume, on a stand-in Grid (no
+processes), driven by the engine's round loop: nodes register as they come online, a
+replacement takes its partition over, a node that does not answer is left out, new clients
+wait for the next heat refresh, and a run resumed from a checkpoint ends with the
+uninterrupted run's model."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from fedsub.engine.loop import Progress, RunControl, drive, run_round
 from fedsub.engine.schedule import Schedule
+from fedsub.engine.server_round import ServerRound
 from fedsub.errors import FedsubError
-from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+from fedsub.flower.checkpoints import config_stamp, latest
 from fedsub.flower.records import deltas_record, read_submodel, record_of
-from fedsub.flower.strategy import SubmodelStrategy
+from fedsub.flower.server_runtime import FlowerRuntime, Served
+from fedsub.flower.settings import FlowerSettings
 from fedsub.submodel.params import Params
 
 ROWS = 5
@@ -38,6 +42,7 @@ class StandInGrid:
     sent: list[list[Message]] = field(default_factory=list)
     fail_on_round: int = 0  # raise when that round's training is sent (a ServerApp crash)
     queued: list[Message | None] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # every message pushed, in order
     asked: list[int] = field(default_factory=list)  # nodes that answered a query
 
     def get_node_ids(self) -> list[int]:
@@ -49,6 +54,7 @@ class StandInGrid:
             m.metadata.__dict__["_message_id"] = str(len(self.queued))  # as Flower's grids do
             ids.append(m.metadata.message_id)
             self.queued.append(m)
+            self.messages.append(m)
         return ids
 
     def pull_messages(self, ids) -> list[Message]:
@@ -85,29 +91,59 @@ class StandInGrid:
         return Message(content, reply_to=m)
 
 
-def strategy(**kw) -> SubmodelStrategy:
-    options = {"min_nodes": 1, "node_wait": 1.0, **kw}
+def runtime(grid: StandInGrid, rounds: int = 8, **kw) -> FlowerRuntime:
+    """The Flower runtime of a FedSubAvg run (or ``algorithm``) over ``grid``; ``kw``: its
+    run config settings (min_nodes 1, node_wait 1 s, a silent node given up after 0.3 s,
+    unless given)."""
+    options = {"min_nodes": 1, "node_wait": 1.0, "round_timeout": 0.3, **kw}
     name = options.pop("algorithm", "fedsubavg")
-    return SubmodelStrategy(
+    return FlowerRuntime(
+        grid,  # type: ignore[arg-type]
         Params({"w": torch.zeros(ROWS, 1)}, {}),
-        name,
-        None,
-        "clients",
-        Schedule(8, 3, 1, 1, 0.5, seed=0),
-        **options,
+        Served(name, None, "clients"),
+        Schedule(rounds, 3, 1, 1, 0.5, seed=0),
+        FlowerSettings(**options),
     )
 
 
-def train_round(s: SubmodelStrategy, grid: StandInGrid, r: int) -> list[int]:
+@dataclass
+class Stepped:
+    """A Flower runtime and the loop's server round, one round at a time (as
+    ``engine.loop.drive`` runs them)."""
+
+    runtime: FlowerRuntime
+    server: ServerRound | None = None
+
+    def __getattr__(self, name: str):  # its records, membership, params: the runtime's
+        return getattr(self.runtime, name)
+
+
+def strategy(grid: StandInGrid, **kw) -> Stepped:
+    return Stepped(runtime(grid, **kw))
+
+
+def train_round(s: Stepped, grid: StandInGrid, r: int) -> list[int]:
     """One round; the nodes it was sent to."""
-    messages = list(s.configure_train(r, ArrayRecord(), ConfigRecord(), grid))
-    s.aggregate_train(r, grid.send_and_receive(messages))
-    return [m.metadata.dst_node_id for m in messages]
+    if s.server is None:
+        s.server = s.runtime.open(RunControl())
+    before = len(grid.queued)
+    run_round(s.server, s.runtime, r)
+    return [
+        m.metadata.dst_node_id
+        for m in grid.messages[before:]
+        if m.metadata.message_type == MessageType.TRAIN
+    ]
+
+
+def start(s: FlowerRuntime, control: RunControl | None = None) -> Progress:
+    """The whole run, as the ServerApp runs it."""
+    control = control or RunControl()
+    return drive(s.open(control), s, s.schedule, control)
 
 
 def test_a_replacement_takes_its_partition_over_and_a_silent_node_costs_one_round():
     grid = StandInGrid({100: 0, 101: 1, 102: 2})
-    s = strategy()
+    s = strategy(grid)
     assert train_round(s, grid, 1) == [100, 101, 102]
     grid.silent.add(102)  # killed: it never answers
     assert train_round(s, grid, 2) == [100, 101, 102]
@@ -125,7 +161,7 @@ def test_a_replacement_takes_its_partition_over_and_a_silent_node_costs_one_roun
 
 def test_a_new_client_is_sampled_once_the_heat_coefficients_count_it():
     grid = StandInGrid({100: 0, 101: 1})
-    s = strategy(heat_refresh_every=2)
+    s = strategy(grid, heat_refresh_every=2)
     train_round(s, grid, 1)
     grid.online[103] = 3
     assert train_round(s, grid, 2) == [100, 101]  # registered, not yet in the coefficients
@@ -134,21 +170,24 @@ def test_a_new_client_is_sampled_once_the_heat_coefficients_count_it():
     # FedSubAvg's coefficient of row m is N / n_m over the registered clients (heat "clients")
     held = [DATA[k][0] for k in (0, 1, 3)]
     heat = np.array([sum(m in rows for rows in held) for m in range(ROWS)])
-    assert s._round is not None
-    coefficients = s._round.algorithm.aggregation.coefficients["w"].flatten().numpy()
+    assert s.server is not None
+    coefficients = s.server.algorithm.aggregation.coefficients["w"].flatten().numpy()
     np.testing.assert_allclose(coefficients, 3 / heat, rtol=1e-6)
-    np.testing.assert_array_equal(s._round.counts, [3, 1, 5])
+    np.testing.assert_array_equal(s.server.counts, [3, 1, 5])
 
 
 def test_round_1_refuses_to_start_without_min_nodes():
     with pytest.raises(FedsubError, match=r"1 node\(s\) registered .*min-nodes = 2"):
-        train_round(strategy(min_nodes=2, node_wait=0.3), StandInGrid({100: 0}), 1)
+        grid = StandInGrid({100: 0})
+        train_round(strategy(grid, min_nodes=2, node_wait=0.3), grid, 1)
 
 
-def run(tmp_path, grid: StandInGrid, resume: bool = False) -> SubmodelStrategy:
-    checkpoints = FlowerCheckpoints(tmp_path / "checkpoints", 1, resume, config_stamp("a"))
-    s = strategy(algorithm="fedsubavg-adam", checkpoints=checkpoints)
-    s.start(grid, ArrayRecord(), num_rounds=5, timeout=1.0)
+def run(tmp_path, grid: StandInGrid, resume: bool = False) -> FlowerRuntime:
+    control = RunControl(tmp_path / "checkpoints", 1, run=config_stamp("a"))
+    if resume:
+        control.resume = latest(tmp_path / "checkpoints", control.run)
+    s = runtime(grid, 5, algorithm="fedsubavg-adam", round_timeout=1.0)
+    start(s, control)
     return s
 
 
@@ -168,17 +207,15 @@ def test_a_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_mode
 
 def test_resume_refuses_another_configurations_checkpoint_and_a_missing_one(tmp_path):
     run(tmp_path, StandInGrid({100: 0, 101: 1}))
-    other = FlowerCheckpoints(tmp_path / "checkpoints", 1, True, config_stamp("b"))
     with pytest.raises(FedsubError, match="written by another configuration"):
-        other.latest()
-    nothing = FlowerCheckpoints(tmp_path / "none", 1, True, config_stamp("a"))
+        latest(tmp_path / "checkpoints", config_stamp("b"))
     with pytest.raises(FedsubError, match="holds no checkpoint"):
-        nothing.latest()
+        latest(tmp_path / "none", config_stamp("a"))
 
 
 def test_a_node_that_missed_a_round_is_sampled_again_once_it_answers():
     grid = StandInGrid({100: 0, 101: 1, 102: 2})
-    s = strategy()
+    s = strategy(grid)
     train_round(s, grid, 1)
     grid.silent.add(101)  # slow: misses round 2, and the question sent after it
     train_round(s, grid, 2)
@@ -190,12 +227,12 @@ def test_a_node_that_missed_a_round_is_sampled_again_once_it_answers():
 
 class KilledAndReplacedInRound2(StandInGrid):
     """Node 102 (partition 2) dies as round 2's training is pulled, and its replacement 202
-    comes online then; ``pushed`` logs each query's node with the rounds the strategy had
+    comes online then; ``pushed`` logs each query's node with the rounds the runtime had
     finished when it was sent."""
 
     def __init__(self, online: dict[int, int]) -> None:
         super().__init__(online)
-        self.watched: SubmodelStrategy | None = None
+        self.watched: FlowerRuntime | None = None
         self.pushed: list[tuple[int, int]] = []
 
     def push_messages(self, messages) -> list[str]:
@@ -226,9 +263,9 @@ def test_a_replacement_that_comes_online_while_a_round_waits_ends_the_wait_and_i
     monkeypatch.setattr(exchange_lib.time, "monotonic", clock.monotonic)
     monkeypatch.setattr(exchange_lib.time, "sleep", clock.sleep)
     grid = KilledAndReplacedInRound2({100: 0, 101: 1, 102: 2})
-    s = strategy()
+    s = runtime(grid, 3, round_timeout=600.0)
     grid.watched = s
-    s.start(grid, ArrayRecord(), num_rounds=3, timeout=600.0)
+    start(s)
     assert (202, 1) in grid.pushed  # asked while round 2 waited for node 102
     assert s.rounds[1]["left_out"] == [2] and s.rounds[1]["replies"] == 2
     assert clock.now < 10.0  # the run never waited out a round timeout
@@ -237,7 +274,6 @@ def test_a_replacement_that_comes_online_while_a_round_waits_ends_the_wait_and_i
 
 def test_settings_of_membership_and_checkpoints_are_read_and_checked():
     from fedsub.errors import ConfigError
-    from fedsub.flower.settings import FlowerSettings
 
     settings = FlowerSettings.from_run_config(
         {
@@ -266,9 +302,22 @@ def test_settings_of_membership_and_checkpoints_are_read_and_checked():
 def test_a_round_with_no_node_available_fails_without_sampling_anyone():
     """Scheme I (proportional sampling) over nobody: an empty round, counted as failed."""
     grid = StandInGrid({100: 0, 101: 1})
-    s = strategy(algorithm="fedavg@scheme1", max_failed_rounds=5)
+    s = strategy(grid, algorithm="fedavg@scheme1", max_failed_rounds=5)
     train_round(s, grid, 1)
     grid.silent.update({100, 101})
     train_round(s, grid, 2)
     assert train_round(s, grid, 3) == []
     assert s.rounds[-1]["sampled"] == 0 and "fewer than min-replies" in s.rounds[-1]["failed"]
+
+
+def test_train_messages_and_replies_follow_flowers_conventions():
+    """``arrays`` + ``config`` in every train message, ``arrays`` + ``metrics`` with
+    ``num-examples`` in the replies (as flwr's FedAvg expects); the run trains."""
+    grid = StandInGrid({100: 0, 101: 1, 102: 2})
+    s = runtime(grid, 2)
+    start(s)
+    train = [m for m in grid.messages if m.metadata.message_type == MessageType.TRAIN]
+    assert len(train) == 6
+    assert all(set(m.content.keys()) == {"arrays", "config"} for m in train)
+    assert [r["replies"] for r in s.rounds] == [3, 3]
+    assert float(s.params.tables["w"].abs().sum()) > 0

@@ -23,8 +23,9 @@ from fedsub.privacy.secagg import SecAggError
 from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
+from .flower_rounds import private_runtime, recorded
 from .test_flower import in_process_model
-from .test_flower_heat_exchange import AppGrid, _private_strategy
+from .test_flower_heat_exchange import AppGrid
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
@@ -64,10 +65,8 @@ class Recording(AppGrid):
 def _run(overrides: tuple[str, ...], payload: Payload, rounds: int):
     settings = FlowerSettings(overrides=(*overrides, f"train.rounds={rounds}"), payload=payload)
     grid = Recording(make_client_app(settings), 4)
-    strategy = _private_strategy(settings)
-    for r in range(1, rounds + 1):
-        messages = strategy.configure_train(r, ArrayRecord(), ConfigRecord(), grid)
-        strategy.aggregate_train(r, grid.send_and_receive(messages))
+    strategy = private_runtime(settings, grid)
+    strategy.train(rounds)
     return strategy, grid
 
 
@@ -125,10 +124,10 @@ def test_the_server_receives_requests_never_a_nodes_rows():
     for rows in sent:
         assert not any(np.array_equal(rows, s) for s in truth)
     privacy = Privacy("download", "randomized-response", 1.0, 0.6)
-    cohort = strategy._round.begin(2).cohort.clients.tolist()
+    cohort = strategy.open().begin(2).cohort.clients.tolist()
     for k in cohort:  # round 2's requests as the in-process engine draws them
         want = client_request(privacy, {"features": truth[k]}, dataset.table_rows, 0, 2, k)
-        assert np.array_equal(strategy._sampled_rows[k]["features"], want["features"])
+        assert np.array_equal(strategy.sampled.rows[k]["features"], want["features"])
 
 
 def test_a_node_at_download_refuses_to_send_its_rows():
@@ -250,9 +249,8 @@ def _first_round(overrides: tuple[str, ...], dropped: set[int]):
         )
 
     grid.drop = drop
-    strategy = _private_strategy(settings)
-    messages = strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)
-    strategy.aggregate_train(1, grid.send_and_receive(messages))
+    strategy = private_runtime(settings, grid)
+    strategy.step(1)
     return strategy
 
 
@@ -263,9 +261,9 @@ def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
     moves by the no-dropout step times D_all / D_survivors (computed here from the data's
     counts); two drop and the round stops with secagg's error naming t."""
     overrides = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=3")
-    start = _private_strategy(FlowerSettings(overrides=overrides)).params.tables["features"]
+    start = private_runtime(FlowerSettings(overrides=overrides), None).params.tables["features"]
     everyone = _first_round(overrides, set())
-    cohort = everyone._round.begin(1).cohort
+    cohort = everyone.open().begin(1).cohort
     members = cohort.clients.tolist()
     gone = members[0]
     dropped = _first_round(overrides, {100 + gone})  # partition k is node 100 + k
@@ -368,47 +366,35 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     after round 2's checkpoint and resumed on restarted nodes (fresh contexts) ends with the
     uninterrupted run's model and the in-process one; the resumed run takes the heat from the
     checkpoint (no second exchange)."""
-    from fedsub.engine.loop import initial_params
-    from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
-    from fedsub.flower.run_model import federation
-    from fedsub.flower.strategy import SubmodelStrategy
-    from fedsub.runs.run_setup import heat_privacy_of
+    from fedsub.engine.loop import RunControl, drive
+    from fedsub.flower.checkpoints import config_stamp, latest
+    from fedsub.flower.server_runtime import Observers
 
     overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")
     settings = FlowerSettings(overrides=overrides, round_timeout=30.0)
-    fed = federation(settings)
+    stamp = config_stamp("private resume")
+    folder = tmp_path / "checkpoints"
 
-    def strategy(checkpoints=None, on_progress=None) -> SubmodelStrategy:
-        return SubmodelStrategy(
-            initial_params(fed.model, fed.schedule),
-            "fedsubavg",
-            fed.config.algorithm_options("fedsubavg"),
-            "samples",
-            fed.schedule,
-            privacy=heat_privacy_of(fed.config),
-            min_nodes=4,
-            checkpoints=checkpoints,
-            on_progress=on_progress,
-        )
+    def start(grid, resume: bool = False, on_progress=None):
+        run = private_runtime(settings, grid).runtime
+        run.observers = Observers(on_progress=on_progress)
+        control = RunControl(folder, 1, run=stamp)
+        if resume:
+            control.resume = latest(folder, stamp)
+        drive(run.open(control), run, run.schedule, control)
+        return run
 
-    def start(run: SubmodelStrategy, grid) -> None:
-        run.start(grid, ArrayRecord(), num_rounds=4, timeout=30.0)
-
-    straight = strategy()
-    start(straight, AppGrid(make_client_app(settings), 4))
+    straight = private_runtime(settings, AppGrid(make_client_app(settings), 4)).runtime
+    drive(straight.open(RunControl()), straight, straight.schedule, RunControl())
 
     def kill_in_round_3(record: dict) -> None:
         if record.get("round") == 3 and "sent_to" in record:
             raise _Stop
 
-    stamp = config_stamp("private resume")
-    folder = tmp_path / "checkpoints"
     with pytest.raises(_Stop):
-        first = strategy(FlowerCheckpoints(folder, 1, False, stamp), kill_in_round_3)
-        start(first, AppGrid(make_client_app(settings), 4))
+        start(AppGrid(make_client_app(settings), 4), on_progress=kill_in_round_3)
     restarted = Recording(make_client_app(settings), 4)  # the nodes' contexts are new
-    resumed = strategy(FlowerCheckpoints(folder, 1, True, stamp))
-    start(resumed, restarted)
+    resumed = start(restarted, resume=True)
     assert [r["round"] for r in resumed.rounds] == [1, 2, 3, 4]
     assert not any(m.metadata.message_type == "query.heat" for m in restarted.received)
     expected = in_process_model(overrides)
@@ -428,11 +414,12 @@ def test_at_full_nodes_are_not_asked_to_evaluate_and_eval_needs_a_server_test_fi
     for level, asked in (("full", False), ("download", True)):
         settings = FlowerSettings(overrides=(*BASE, *BUCKETS, f"privacy.level='{level}'"))
         grid = AppGrid(make_client_app(settings), 4)
-        strategy = _private_strategy(settings)
-        strategy.evaluation = FederatedEvaluation(every=1, rounds=3)
-        messages = strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)
-        strategy.aggregate_train(1, grid.send_and_receive(messages))
-        evaluation = list(strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), grid))
+        strategy = private_runtime(settings, grid)
+        strategy.runtime.evaluation = FederatedEvaluation(every=1, rounds=3)
+        strategy.step(1)
+        sent = recorded(grid)
+        strategy.runtime.evaluate(1, strategy.params)
+        evaluation = [m for m in sent if m.metadata.message_type == MessageType.EVALUATE]
         assert bool(evaluation) == asked, level
     config = FlowerSettings(overrides=(*BASE, *FULL)).fedsub_config()
     with pytest.raises(ConfigError, match=r"eval-every = 2 with privacy.level = 'full'"):

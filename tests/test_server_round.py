@@ -1,4 +1,4 @@
-"""ServerRound: the server half of a round, shared by the in-process loop and Flower's strategy.
+"""ServerRound: the server half of a round, driven by the one round loop for every runtime.
 A round whose update would make the model non-finite stops with Diverged naming the round, in
 both runtimes; a client's non-finite update is screened out, not applied."""
 
@@ -183,38 +183,53 @@ class OneRowGrid:
         ]
 
 
-@pytest.mark.usefixtures("flower_task_identity")
-def test_flower_strategy_raises_diverged_naming_the_round_and_records_it(monkeypatch):
-    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+class OverflowingGrid(OneRowGrid):
+    """OneRowGrid whose messages get ids (as Flower's grids give them) and whose nodes reply
+    to training with a delta of ``BIG`` on row 0."""
 
-    from fedsub.flower.records import deltas_record
-    from fedsub.flower.strategy import SubmodelStrategy
+    def push_messages(self, messages) -> list:
+        self.queued = list(messages)
+        for i, m in enumerate(self.queued):
+            m.metadata.__dict__["_message_id"] = str(i)
+        return [str(i) for i in range(len(self.queued))]
+
+    def pull_messages(self, ids) -> list:
+        from flwr.app import Message, MessageType, MetricRecord, RecordDict
+
+        from fedsub.flower.records import deltas_record
+
+        replies = []
+        for m in (self.queued[int(i)] for i in ids):
+            if m.metadata.message_type != MessageType.TRAIN:
+                replies += self.send_and_receive([m])
+                continue
+            partition = m.metadata.dst_node_id - 100
+            metrics = MetricRecord({"partition-id": partition, "num-examples": 1})
+            arrays = deltas_record({"w": torch.full((1, 1), BIG)}, {})
+            replies.append(Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=m))
+        return replies
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_flower_runtime_raises_diverged_naming_the_round_and_records_it():
+    from fedsub.engine.loop import RunControl, run_round
+    from fedsub.flower.server_runtime import FlowerRuntime, Served
+    from fedsub.flower.settings import FlowerSettings
 
     params = Params({"w": torch.full((1, 1), BIG)}, {})
-    strategy = SubmodelStrategy(
-        params, "fedavg", None, "samples", Schedule(5, 3, 1, 1, 0.1, seed=0)
+    runtime = FlowerRuntime(
+        OverflowingGrid(),  # type: ignore[arg-type]
+        params,
+        Served("fedavg", None, "samples"),
+        Schedule(5, 3, 1, 1, 0.1, seed=0),
+        FlowerSettings(min_nodes=1),
     )
-    grid = OneRowGrid()
-    sent = list(strategy.configure_train(2, ArrayRecord(), ConfigRecord(), grid))
-    replies = [
-        Message(
-            RecordDict(
-                {
-                    "arrays": deltas_record({"w": torch.full((1, 1), BIG)}, {}),
-                    "metrics": MetricRecord(
-                        {"partition-id": m.metadata.dst_node_id - 100, "num-examples": 1}
-                    ),
-                }
-            ),
-            reply_to=m,
-        )
-        for m in sent
-    ]
+    rounds = runtime.open(RunControl())
     with pytest.raises(Diverged) as error:
-        strategy.aggregate_train(2, replies)
+        run_round(rounds, runtime, 2)
     assert error.value.round == 2 and error.value.reason == "the model overflowed"
-    assert strategy.rounds[-1]["diverged"] == "the model overflowed"
-    assert strategy.rounds[-1]["replies"] == len(sent)
+    assert runtime.rounds[-1]["diverged"] == "the model overflowed"
+    assert runtime.rounds[-1]["replies"] == 3  # the cohort of 3 replied
 
 
 def test_the_overflow_check_reads_only_the_touched_rows_and_dense_parameters():

@@ -1,4 +1,5 @@
-"""The ServerApp: fedsub's submodel strategy, settings from the run config."""
+"""The ServerApp: fedsub's round loop with Flower as its runtime, settings from the run
+config."""
 
 from fedsub.flower.apps import make_server_app
 

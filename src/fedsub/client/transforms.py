@@ -403,7 +403,7 @@ class Chain:
 
     def describe(self) -> list[dict[str, Any]]:
         """Plain data (names and options) that ``from_description`` turns back into the chain:
-        how the Flower strategy tells a ClientApp its local rule."""
+        how the Flower runtime tells a ClientApp its local rule."""
         return [{"name": t.name, **dataclasses.asdict(t)} for t in self.transforms]
 
     @staticmethod

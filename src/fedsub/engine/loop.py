@@ -23,7 +23,7 @@ from fedsub import distributed
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
-from fedsub.data.federated import FederatedDataset
+from fedsub.data.federated import FederatedDataset, Population
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.engine import checkpoint as checkpoint_lib
@@ -34,8 +34,9 @@ from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.guards import Rejection
 from fedsub.engine.private_rounds import PrivateRounds
+from fedsub.engine.round_runtime import RoundFailed, RoundRuntime
 from fedsub.engine.schedule import Schedule
-from fedsub.engine.server_round import Diverged, ServerRound
+from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
 from fedsub.engine.split_cohort import split_cohort
 from fedsub.errors import ConfigError
 from fedsub.files.json_values import metrics_from_json, nulled
@@ -206,7 +207,7 @@ class Progress:
 
 def build_server_round(
     algorithm: Algorithm,
-    dataset: FederatedDataset,
+    dataset: Population,
     index: SubmodelIndex,
     schedule: Schedule,
     params: Params,
@@ -242,57 +243,91 @@ def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
     """Restore every stage of ``rounds`` from ``saved``; the run goes on after its round."""
     checkpoint_lib.restore(rounds.stages(), saved, rounds.params.device)
     rounds.last_checkpoint = saved.path  # the last good checkpoint, until this run writes one
-    return Progress(saved.round, [Evaluation.from_record(e) for e in saved.history], saved.elapsed)
+    return Progress(saved.round, evaluations_of(saved.history), saved.elapsed)
+
+
+def evaluations_of(history: list[dict]) -> list[Evaluation]:
+    """The evaluations of a checkpoint's history: ``Evaluation.as_record``'s entries, or (a
+    Flower checkpoint written before Flower ran this loop) ``{"evaluation": r, "metrics": m}``;
+    a runtime's ``{"record": ...}`` entries are its own (``RoundRuntime.restore_history``)."""
+    evaluations = []
+    for entry in history:
+        if "evaluation" in entry:
+            metrics = metrics_from_json(entry["metrics"])
+            evaluations.append(Evaluation(int(entry["evaluation"]), metrics, 0.0))
+        elif "record" not in entry:
+            evaluations.append(Evaluation.from_record(entry))
+    return evaluations
 
 
 def save_checkpoint(
-    folder: Path, rounds: ServerRound, progress: Progress, run: dict[str, str]
+    folder: Path,
+    rounds: ServerRound,
+    progress: Progress,
+    run: dict[str, str],
+    records: list[dict] | None = None,
 ) -> Path:
-    """Every stage's state and the progress so far, after round ``progress.round``."""
+    """Every stage's state and the progress so far, after round ``progress.round`` (and a
+    runtime's own ``records``, after the evaluations in its history)."""
     return checkpoint_lib.save(
         folder,
         checkpoint_lib.Checkpoint(
             round=progress.round,
             stages=checkpoint_lib.capture(rounds.stages()),
             elapsed=progress.elapsed,
-            history=[e.as_record() for e in progress.history],
+            history=[*(e.as_record() for e in progress.history), *(records or [])],
             run=run,
         ),
     )
 
 
 def evaluate(
-    evaluator: Evaluator,
+    runtime: RoundRuntime,
     params: Params,
     progress: Progress,
     divergence_factor: float,
     on_evaluation: Callable[[Evaluation], None] | None,
-    ledger: Ledger | None = None,
+    rounds: ServerRound,
 ) -> str | None:
-    """Evaluate the model after ``progress.round`` and record it (with the epsilon spent so
-    far under [dp]); why the run diverged (the evaluation is recorded and reported first: it
-    shows why), or None."""
-    metrics = evaluator.evaluate(params)
-    if ledger is not None:
-        metrics["epsilon"] = ledger.epsilon()
+    """Evaluate the model after ``progress.round`` (the runtime's metrics; none: nothing is
+    recorded) and record it (with the epsilon spent so far under [dp]); why the run diverged
+    (the evaluation is recorded and reported first: it shows why), or None. A runtime that
+    reports no train loss (Flower's nodes without held samples) is not checked."""
+    metrics = runtime.evaluate(progress.round, params)
+    if metrics is None:
+        return None
+    if rounds.ledger is not None:
+        metrics["epsilon"] = rounds.ledger.epsilon()
     evaluation = Evaluation(progress.round, metrics, progress.elapsed)
-    initial = progress.history[0].metrics["train_loss"] if progress.history else None
-    reason = divergence_reason(evaluation.metrics["train_loss"], initial, divergence_factor)
+    reason = None
+    if "train_loss" in metrics:
+        first = [e.metrics.get("train_loss") for e in progress.history[:1]]
+        initial = first[0] if first else None
+        reason = divergence_reason(metrics["train_loss"], initial, divergence_factor)
     progress.history.append(evaluation)
     if on_evaluation is not None:
         on_evaluation(evaluation)
     return reason
 
 
-def keep_safe(rounds: ServerRound, progress: Progress, control: RunControl, last: int) -> None:
+def keep_safe(
+    rounds: ServerRound,
+    progress: Progress,
+    control: RunControl,
+    last: int,
+    records: Callable[[], list[dict]] = list,
+) -> None:
     """After a round: checkpoint when due or when a stop is requested, then stop if asked
-    (``Interrupted``). Nothing is saved after the last round: the run is complete."""
+    (``Interrupted``). Nothing is saved after the last round: the run is complete.
+    ``records``: the runtime's own records, saved in the checkpoint's history."""
     stop = control.stop_requested()
     if progress.round >= last:
         return
     due = control.checkpoint_every and progress.round % control.checkpoint_every == 0
     if (due or stop) and control.checkpoints is not None:
-        rounds.last_checkpoint = save_checkpoint(control.checkpoints, rounds, progress, control.run)
+        rounds.last_checkpoint = save_checkpoint(
+            control.checkpoints, rounds, progress, control.run, records()
+        )
     if stop:
         raise Interrupted(progress.round, rounds.last_checkpoint)
 
@@ -331,7 +366,7 @@ def run_rounds(
     on_round: Callable[[int], None] | None = None,
     control: RunControl | None = None,
 ) -> Params:
-    """Run ``schedule.rounds`` rounds of ``algorithm``; evaluate at round 0, every
+    """Run ``schedule.rounds`` rounds of ``algorithm`` in process; evaluate at round 0, every
     ``eval_every`` rounds and at the last round. Returns the final global model.
 
     With ``control.resume`` the run continues after the checkpoint's round and ends with the
@@ -360,23 +395,97 @@ def run_rounds(
     rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
     if host is not None:
         placement.check_row_local(algorithm, rounds.server)
-    progress = Progress() if control.resume is None else resume(rounds, control.resume)
+    runtime = InProcess(model, dataset, index, schedule, run_cohort, evaluator, host)
+    drive(rounds, runtime, schedule, control, on_evaluation, on_round)
+    return params
+
+
+@dataclass
+class InProcess:
+    """The in-process engine as a ``RoundRuntime`` (engine/round_runtime.py): every client is
+    available, the cohort's work runs on the configured backend (``round_stages``), and the
+    model is evaluated centrally by ``evaluator``."""
+
+    model: Model
+    dataset: FederatedDataset
+    index: SubmodelIndex
+    schedule: Schedule
+    backend: RunCohort
+    evaluator: Evaluator | None = None
+    host: placement.HostTables | None = None
+
+    def available(self, round_index: int, rounds: ServerRound) -> np.ndarray | None:
+        return None
+
+    def run_cohort(self, plan: RoundPlan, params: Params) -> Any:
+        if len(plan.cohort) == 0:
+            return RoundFailed("an empty Poisson draw")
+        job = CohortJob(
+            self.model, params, self.dataset, self.index, plan.cohort, plan.round, self.schedule,
+            plan.work,
+        )  # fmt: skip
+        return self.backend(job)  # host staging, when the tables live there, is a stage of it
+
+    def close_round(self, round_index: int, updated: bool, diverged: str | None) -> None:
+        return None
+
+    def evaluate(self, round_index: int, params: Params) -> dict[str, float] | None:
+        if self.evaluator is None:
+            return None
+        return self.evaluator.evaluate(params if self.host is None else params.to(placement.HOST))
+
+    def history(self) -> list[dict]:
+        return []
+
+    def restore_history(self, history: list[dict]) -> None:
+        return None
+
+
+def run_round(rounds: ServerRound, runtime: RoundRuntime, round_index: int) -> None:
+    """Round ``round_index``: who takes part, their work, and the checked server step. A round
+    whose work did not come back (``RoundFailed``) leaves the model unchanged, except under
+    [dp], whose noise is added all the same (an unchanged model would tell)."""
+    params = rounds.params
+    with timed("cohort"):
+        plan = rounds.begin(round_index, runtime.available(round_index, rounds))
+    update = runtime.run_cohort(plan, params)
+    updated = False
+    try:
+        if not isinstance(update, RoundFailed):
+            updated = rounds.finish(plan, update)
+        elif rounds.dp is not None:
+            updated = rounds.finish(plan, empty_update(params))
+    except Diverged as error:  # the runtime records it, then the run ends with it
+        runtime.close_round(round_index, False, error.reason)
+        raise
+    runtime.close_round(round_index, updated, None)
+
+
+def drive(
+    rounds: ServerRound,
+    runtime: RoundRuntime,
+    schedule: Schedule,
+    control: RunControl,
+    on_evaluation: Callable[[Evaluation], None] | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> Progress:
+    """The round loop, for every runtime: rounds after the resumed one (``control.resume``)
+    up to ``schedule.rounds``, evaluated at round 0, every ``eval_every`` rounds and at the
+    last, checkpointed and stopped as ``control`` says, stopped before a round [dp]'s budget
+    could not pay for."""
+    if control.resume is None:
+        progress = Progress()
+    else:
+        progress = resume(rounds, control.resume)
+        runtime.restore_history(control.resume.history)
 
     def evaluate_and_check() -> None:
-        if evaluator is None:
-            return
         with timed("evaluation"):
-            evaluated = params if host is None else params.to(placement.HOST)
             reason = evaluate(
-                evaluator,
-                evaluated,
-                progress,
-                control.divergence_factor,
-                on_evaluation,
-                rounds.ledger,
+                runtime, rounds.params, progress, control.divergence_factor, on_evaluation, rounds
             )
         if reason is not None:
-            raise Diverged(algorithm.name, progress.round, reason, rounds.last_checkpoint)
+            raise Diverged(rounds.algorithm.name, progress.round, reason, rounds.last_checkpoint)
 
     if control.resume is None:
         evaluate_and_check()
@@ -386,14 +495,7 @@ def run_rounds(
             break
         with timed(ROUND):  # fedsub/profiling.py: the phases of the round, when profiled
             started = time.perf_counter()
-            with timed("cohort"):
-                plan = rounds.begin(r)
-            if len(plan.cohort) == 0:  # an empty Poisson draw
-                if rounds.dp is not None:  # the noise is added all the same
-                    rounds.finish(plan, empty_update(params))
-            else:
-                job = CohortJob(model, params, dataset, index, plan.cohort, r, schedule, plan.work)
-                rounds.finish(plan, run_cohort(job))
+            run_round(rounds, runtime, r)
             progress.elapsed += time.perf_counter() - started
             progress.round = r
             if r % schedule.eval_every == 0 or r == schedule.rounds:
@@ -401,8 +503,8 @@ def run_rounds(
             if on_round is not None:
                 on_round(r)
             with timed("checkpoint"):
-                keep_safe(rounds, progress, control, schedule.rounds)
-    return params
+                keep_safe(rounds, progress, control, schedule.rounds, runtime.history)
+    return progress
 
 
 def deterministic(run: Callable[P, Params]) -> Callable[P, Params]:

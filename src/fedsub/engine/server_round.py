@@ -1,6 +1,6 @@
-"""The server half of a round, written once: the in-process loop (engine/loop.py) and the
-Flower strategy (flower/strategy.py) both use it, so both screen updates, check finiteness and
-stop with ``Diverged`` the same way.
+"""The server half of a round, written once: the round loop (engine/loop.py) drives it for
+every runtime (in process, Flower), so every run screens updates, checks finiteness and stops
+with ``Diverged`` the same way.
 
 ``begin(r)`` samples round r's cohort and describes its client work (the chain of client
 transforms, learning rates, SCAFFOLD's corrections); ``finish(plan, update)`` screens the
@@ -113,7 +113,7 @@ class ServerRound:
     variates: ControlVariates | None = None
     max_update_norm: float = 0.0
     on_reject: Callable[[Rejection], None] | None = None
-    last_checkpoint: Path | None = None
+    last_checkpoint: Path | None = field(default=None, init=False)  # the caller keeps it
     more_stages: dict[str, Stateful] = field(default_factory=dict)  # e.g. a stateful transform
     # [dp]: the round's Gaussian mechanism replaces ``combine`` and the ledger counts its rounds
     dp: DpMechanism | None = None
@@ -135,6 +135,16 @@ class ServerRound:
                 raise ValueError(f"stage name {name!r} is taken by a built-in stage")
             stages[name] = stage
         return stages
+
+    def repopulate(
+        self, algorithm: Algorithm, counts: np.ndarray, combine: Callable[[Any], ServerUpdate]
+    ) -> None:
+        """The population changed (Flower's elastic membership): the algorithm built over it,
+        its sample counts and combine replace the old ones; the server optimizer keeps its
+        state (a fresh one of the new algorithm, loaded with the running one's)."""
+        server = algorithm.make_server(self.params)
+        server.load_state_tensors(self.server.state_tensors())
+        self.algorithm, self.counts, self.server, self.combine = algorithm, counts, server, combine
 
     def begin(self, round_index: int, among: np.ndarray | None = None) -> RoundPlan:
         """Round r's cohort (the same for every runtime: seeded by round) and its work.

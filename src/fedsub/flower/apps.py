@@ -13,20 +13,22 @@ without them they are read from the run config (``flwr run ... --run-config``).
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import time
-from logging import INFO
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from fedsub import config as config_lib
 from fedsub.client.transforms import Chain
-from fedsub.engine.loop import initial_params
+from fedsub.engine.loop import Progress, RunControl, drive, initial_params
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
@@ -41,7 +43,7 @@ from fedsub.files.run_folder import (
     new_identity,
 )
 from fedsub.files.tensor_files import write_tensors_atomic
-from fedsub.flower.checkpoints import FlowerCheckpoints, config_stamp
+from fedsub.flower.checkpoints import CONFIG_KEY, config_stamp, latest, resumed_stamp
 from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
@@ -56,13 +58,15 @@ from fedsub.flower.private_download import (
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
+from fedsub.flower.server_runtime import FlowerRuntime, Observers, RoundsFailed, Served
 from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
-from fedsub.flower.strategy import RoundsFailed, SubmodelStrategy
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.runs.report import JsonLines, write_atomic
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
+
+LOG = logging.getLogger("fedsub")
 
 
 def _settings(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
@@ -85,54 +89,117 @@ def _node(fixed: FlowerSettings | None, context: Context, message: Message) -> N
     return node
 
 
+def answer_query(fixed: FlowerSettings | None, message: Message, context: Context) -> Message:
+    """The node's partition, and (query "index") its sample count, index sets S(k) and
+    evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
+    anyway; at privacy.level download (query "request") its download request for the
+    round instead, never S(k) (flower/private_download.py). A node whose
+    privacy.heat_source is private refuses "index": its heat goes by query.heat."""
+    node = _node(fixed, context, message)
+    k = node.client
+    query = record_of(message.content, "query", ConfigRecord)
+    what = str(query.get("what", "index"))
+    private = heat_privacy_of(node.config).source != "exact"
+    if what not in ("index", "rows", "partition", "request"):
+        raise FedsubError(f"partition {k}: unknown query {what!r}")
+    downloading = downloads_privately(node.schedule.privacy)
+    if what == "rows" and downloading:
+        raise FedsubError(
+            f"partition {k}: privacy.level = {node.config.privacy.level!r}, so this node "
+            "sends a download request (query 'request'), never its rows S(k)"
+        )
+    if what == "request" and not downloading:
+        raise FedsubError(
+            f"partition {k}: privacy.level = {node.config.privacy.level!r} draws no "
+            "private download request; ask for its rows"
+        )
+    if what == "index" and private:
+        raise FedsubError(
+            f"partition {k}: privacy.heat_source = {node.config.privacy.heat_source!r}, so "
+            "this node does not send its index sets and sample count in the clear"
+        )
+    metrics = MetricRecord({"partition-id": k})
+    content = RecordDict({"metrics": metrics})
+    if what in ("index", "rows"):
+        rows = {f"rows.{t}": torch.from_numpy(r) for t, r in node.rows.items()}
+        content["index"] = ArrayRecord(rows)
+    if what == "request":  # privacy download: its request for the round, never S(k)
+        request = node_request(node, int(number_of(query, "round")))
+        content["index"] = ArrayRecord(
+            {f"rows.{t}": torch.from_numpy(r) for t, r in request.items()}
+        )
+    if what == "index":
+        metrics["num-examples"] = len(node.train)
+        content[EVAL_INDEX] = eval_index_record(node)
+    return Message(content, reply_to=message)
+
+
+def answer_train(fixed: FlowerSettings | None, message: Message, context: Context) -> Message:
+    """Local steps of fedsub's client work on the submodel received; reply row deltas."""
+    settings = _settings(fixed, context)
+    node = _own_data(fixed, context)
+    k = node.client
+    rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
+    own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
+    c = record_of(message.content, "config", ConfigRecord)
+    round_index = int(number_of(c, "round"))
+    downloading = downloads_privately(node.schedule.privacy)
+    full = not rows
+    request = node_request(node, round_index) if downloading else {}
+    if downloading:  # requested rows received, the other held rows skipped (zero)
+        pulled = local_submodel(node, rows, received, request)
+    elif full:  # the whole model came: take S(k) locally
+        pulled = pull(received, own)
+    elif any(not torch.equal(rows[t], own[t]) for t in own):
+        raise FedsubError(f"partition {k}: the rows received are not this node's S(k)")
+    else:
+        pulled = received
+    chain = Chain.from_description(json.loads(str(c["chain"])))
+    samples = node.samples
+    trained = train_submodel(
+        node.model,
+        pulled,
+        samples,
+        k,
+        round_index,
+        node.schedule,
+        chain,
+        float(number_of(c, "lr")),
+    )
+    update = push(k, float(len(samples)), own, pulled, trained)
+    table_deltas = update.table_deltas
+    index = None
+    dense_deltas = update.dense_deltas
+    metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
+    if downloading:  # the held rows it requested, with their ids (the others skipped)
+        kept, table_deltas = reply_record(node.rows, request, table_deltas)
+        privacy = node.schedule.privacy
+        if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
+            keep_deltas(context, kept, table_deltas, dense_deltas)
+            kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
+            del metrics["num-examples"]  # its count weights its deltas inside the sum
+        index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
+    elif full:  # reply as stock FedAvg would: the whole table
+        table_deltas = {
+            t: torch.zeros_like(received.tables[t]).index_copy_(0, own[t], d)
+            for t, d in table_deltas.items()
+        }
+    if settings.train_delay:
+        time.sleep(settings.train_delay)
+    content = RecordDict({"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics})
+    if index is not None:
+        content["index"] = index
+    return Message(content, reply_to=message)
+
+
 def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     app = ClientApp()
 
     @app.query()
     @with_seconds
     def report_index(message: Message, context: Context) -> Message:
-        """The node's partition, and (query "index") its sample count, index sets S(k) and
-        evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
-        anyway; at privacy.level download (query "request") its download request for the
-        round instead, never S(k) (flower/private_download.py). A node whose
-        privacy.heat_source is private refuses "index": its heat goes by query.heat."""
-        node = _node(fixed, context, message)
-        k = node.client
-        query = record_of(message.content, "query", ConfigRecord)
-        what = str(query.get("what", "index"))
-        private = heat_privacy_of(node.config).source != "exact"
-        if what not in ("index", "rows", "partition", "request"):
-            raise FedsubError(f"partition {k}: unknown query {what!r}")
-        downloading = downloads_privately(node.schedule.privacy)
-        if what == "rows" and downloading:
-            raise FedsubError(
-                f"partition {k}: privacy.level = {node.config.privacy.level!r}, so this node "
-                "sends a download request (query 'request'), never its rows S(k)"
-            )
-        if what == "request" and not downloading:
-            raise FedsubError(
-                f"partition {k}: privacy.level = {node.config.privacy.level!r} draws no "
-                "private download request; ask for its rows"
-            )
-        if what == "index" and private:
-            raise FedsubError(
-                f"partition {k}: privacy.heat_source = {node.config.privacy.heat_source!r}, so "
-                "this node does not send its index sets and sample count in the clear"
-            )
-        metrics = MetricRecord({"partition-id": k})
-        content = RecordDict({"metrics": metrics})
-        if what in ("index", "rows"):
-            rows = {f"rows.{t}": torch.from_numpy(r) for t, r in node.rows.items()}
-            content["index"] = ArrayRecord(rows)
-        if what == "request":  # privacy download: its request for the round, never S(k)
-            request = node_request(node, int(number_of(query, "round")))
-            content["index"] = ArrayRecord(
-                {f"rows.{t}": torch.from_numpy(r) for t, r in request.items()}
-            )
-        if what == "index":
-            metrics["num-examples"] = len(node.train)
-            content[EVAL_INDEX] = eval_index_record(node)
-        return Message(content, reply_to=message)
+        """The node's registration or row query answer (``answer_query``)."""
+        return answer_query(fixed, message, context)
 
     @app.query("heat")
     def exchange_heat(message: Message, context: Context) -> Message:
@@ -160,63 +227,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     @app.train()
     @with_seconds
     def train(message: Message, context: Context) -> Message:
-        """Local steps of fedsub's client work on the submodel received; reply row deltas."""
-        settings = _settings(fixed, context)
-        node = _own_data(fixed, context)
-        k = node.client
-        rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
-        own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
-        c = record_of(message.content, "config", ConfigRecord)
-        round_index = int(number_of(c, "round"))
-        downloading = downloads_privately(node.schedule.privacy)
-        full = not rows
-        request = node_request(node, round_index) if downloading else {}
-        if downloading:  # requested rows received, the other held rows skipped (zero)
-            pulled = local_submodel(node, rows, received, request)
-        elif full:  # the whole model came: take S(k) locally
-            pulled = pull(received, own)
-        elif any(not torch.equal(rows[t], own[t]) for t in own):
-            raise FedsubError(f"partition {k}: the rows received are not this node's S(k)")
-        else:
-            pulled = received
-        chain = Chain.from_description(json.loads(str(c["chain"])))
-        samples = node.samples
-        trained = train_submodel(
-            node.model,
-            pulled,
-            samples,
-            k,
-            round_index,
-            node.schedule,
-            chain,
-            float(number_of(c, "lr")),
-        )
-        update = push(k, float(len(samples)), own, pulled, trained)
-        table_deltas = update.table_deltas
-        index = None
-        dense_deltas = update.dense_deltas
-        metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
-        if downloading:  # the held rows it requested, with their ids (the others skipped)
-            kept, table_deltas = reply_record(node.rows, request, table_deltas)
-            privacy = node.schedule.privacy
-            if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
-                keep_deltas(context, kept, table_deltas, dense_deltas)
-                kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
-                del metrics["num-examples"]  # its count weights its deltas inside the sum
-            index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
-        elif full:  # reply as stock FedAvg would: the whole table
-            table_deltas = {
-                t: torch.zeros_like(received.tables[t]).index_copy_(0, own[t], d)
-                for t, d in table_deltas.items()
-            }
-        if settings.train_delay:
-            time.sleep(settings.train_delay)
-        content = RecordDict(
-            {"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics}
-        )
-        if index is not None:
-            content["index"] = index
-        return Message(content, reply_to=message)
+        """Local steps on the submodel received (``answer_train``)."""
+        return answer_train(fixed, message, context)
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:
@@ -265,9 +277,10 @@ FLOWER_OUTPUTS = [
 ]
 
 
-def claim_out_dir(settings: FlowerSettings, description: str) -> Claim | None:
+def claim_out_dir(settings: FlowerSettings, config_text: str, description: str) -> Claim | None:
     """The out-dir, held for the run (run_folder's rules, as ``fedsub run``): a new run's
-    run.json lists what it writes; ``resume`` continues the run there."""
+    run.json lists what it writes, holds the fedsub config as written (``config_text``) and is
+    stamped with the hash of ``description``; ``resume`` continues the run there."""
     if not settings.out_dir:
         return None
     out = Path(settings.out_dir)
@@ -276,7 +289,8 @@ def claim_out_dir(settings: FlowerSettings, description: str) -> Claim | None:
     claim = claim_new(out, settings.overwrite, OUT_DIR_FLAGS)
     try:
         identity = new_identity(description)
-        claim.write_run_file({**identity.as_json(), "kind": "flower", "outputs": FLOWER_OUTPUTS})
+        record = {"kind": "flower", "outputs": FLOWER_OUTPUTS, CONFIG_KEY: config_text}
+        claim.write_run_file({**identity.as_json(), **record})
     except BaseException:
         claim.end(failed=True)
         raise
@@ -288,14 +302,19 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        """Build the run from the run config (the model's sizes, the algorithm, which run the
+        out-dir holds), then serve it (``_serve``)."""
         settings = _settings(fixed, context)
         run = run_model(settings)  # sizes only: the server reads no client's samples
         config = run.config
         name = settings.algorithm_name(config)
-        claim = claim_out_dir(settings, settings.model_description(config, name))
+        config_text = config_lib.to_toml(config)
+        claim = claim_out_dir(settings, config_text, settings.description(config_text, name))
         failed = True
         try:
-            _serve(grid, settings, run, name, claim)
+            stamp = run_stamp(settings, run, name, config_text)
+            served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
+            _serve(grid, settings, run, served, stamp, claim)
             failed = False
         finally:
             if claim is not None:
@@ -304,103 +323,125 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     return app
 
 
-def _serve(
-    grid: Grid, settings: FlowerSettings, run: RunModel, name: str, claim: Claim | None
-) -> None:
-    """The ServerApp's run, its out-dir held by ``claim``: the rounds, then the result (a
-    run that fails before it has a result leaves the out-dir as it found it)."""
-    config = run.config
-    params = initial_params(run.model, run.schedule)
-    progress, transcript, train_transcript, checkpoints = None, None, None, None
-    privacy = heat_privacy_of(config)
+def run_stamp(settings: FlowerSettings, run: RunModel, name: str, text: str) -> dict[str, str]:
+    """The stamp of the run's checkpoints (its config hash, flower/checkpoints.py): a resumed
+    run's, after checking that the config given is that run's; a new run's from ``text``,
+    the fedsub config as written."""
+    if settings.out_dir and settings.resume:
+        describe = functools.partial(settings.description, algorithm=name)
+        return resumed_stamp(Path(settings.out_dir), run.config, describe)
+    return config_stamp(settings.description(text, name))
+
+
+def run_control(settings: FlowerSettings, run: RunModel, stamp: dict[str, str]) -> RunControl:
+    """How the loop keeps a Flower run safe: checkpoints in out-dir every checkpoint-every
+    rounds (stamped ``stamp``), the newest of them continued with ``resume``. Divergence is a
+    non-finite train loss only: a Flower run has no round-0 evaluation (no node has
+    registered yet) for the rising-loss rule."""
+    norm = run.config.train.max_update_norm
+    control = RunControl(max_update_norm=norm, divergence_factor=0.0, run=stamp)
+    if not settings.out_dir:
+        return control
+    control.checkpoints = Path(settings.out_dir) / "checkpoints"
+    control.checkpoint_every = settings.checkpoint_every
+    if settings.resume:
+        control.resume = latest(control.checkpoints, stamp)
+        LOG.info("resuming after round %d from %s", control.resume.round, control.resume.path)
+    return control
+
+
+def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, served: Served) -> FlowerRuntime:
+    """The run's Flower runtime: its nodes through ``grid``, measured (flower/costs.py)."""
+    privacy = heat_privacy_of(run.config)
+    observers = Observers(meter=MeteredGrid(grid))
     if settings.heat_transcript and privacy.source != "exact":
-        transcript, train_transcript = Transcript(), Transcript()
+        observers = replace(observers, on_heat_reply=Transcript(), on_train_reply=Transcript())
     if settings.out_dir:
-        out = Path(settings.out_dir)
-        progress = JsonLines(out / "progress.jsonl")
+        progress = JsonLines(Path(settings.out_dir) / "progress.jsonl")
         if not settings.resume:
             progress.path.unlink(missing_ok=True)
-        checkpoints = FlowerCheckpoints(
-            out / "checkpoints",
-            settings.checkpoint_every,
-            settings.resume,
-            config_stamp(settings.model_description(config, name)),
-        )
-    metered = MeteredGrid(grid)  # every message's bytes, each round's seconds
+        observers = replace(observers, on_progress=progress)
     query: dict[str, int | str] = {}
+    server_test = None  # read before any node is asked: a bad file fails the run at once
     if run.spec is not None:  # every node checks its spec against the run's
         query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
-    strategy = SubmodelStrategy(
-        params,
-        name,
-        config.algorithm_options(name),
-        cast(HeatKind, config.train.heat),  # config.py has checked it against its choices
+        if settings.server_test_file:
+            samples = run.spec.encode(Path(settings.server_test_file))
+            server_test = functools.partial(server_test_metrics, run.model, samples=samples)
+    return FlowerRuntime(
+        cast(Grid, observers.meter),  # a Grid: its methods, measured (flower/costs.py)
+        initial_params(run.model, run.schedule),
+        served,
         run.schedule,
-        min_replies=settings.min_replies,
-        max_failed_rounds=settings.max_failed_rounds,
-        max_update_norm=config.train.max_update_norm,
-        payload=settings.payload,
-        min_nodes=settings.min_nodes or run.num_clients,
-        node_wait=settings.node_wait,
-        heat_refresh_every=settings.heat_refresh_every,
-        checkpoints=checkpoints,
-        on_progress=progress,
-        privacy=privacy,
-        on_heat_reply=transcript,
-        on_train_reply=train_transcript,
-        meter=metered,
-        evaluation=FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
+        replace(settings, min_nodes=settings.min_nodes or run.num_clients),
+        privacy,
+        FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
+        observers,
+        server_test,
     )
-    server_test = None  # read before any node is asked: a bad file fails the run at once
-    if settings.server_test_file and run.spec is not None:
-        server_test = run.spec.encode(Path(settings.server_test_file))
 
-    def evaluate(round_index: int, _: ArrayRecord) -> MetricRecord | None:
-        """The round's federated metrics (and the server's own test file's, if given)."""
-        if round_index == 0 or not strategy.evaluation.due(round_index):
-            return None
-        metrics = dict(strategy.evaluation.results.get(round_index, {}))
-        if server_test is not None:
-            metrics.update(server_test_metrics(run.model, strategy.params, server_test))
-        strategy.evaluations[round_index] = metrics
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-        flwr_log(INFO, "fedsub round %d: evaluation: %s", round_index, shown or "nothing")
-        return MetricRecord(dict(metrics))
 
+def _serve(
+    grid: Grid,
+    settings: FlowerSettings,
+    run: RunModel,
+    served: Served,
+    stamp: dict[str, str],
+    claim: Claim | None,
+) -> None:
+    """The ServerApp's run, its out-dir held by ``claim``: the engine's round loop over the
+    Flower runtime, then the result (a run that fails before it has a result leaves the
+    out-dir as it found it)."""
+    control = run_control(settings, run, stamp)
+    runtime = _runtime(grid, settings, run, served)
+    # the loop's evaluation cadence is the run config's eval-every (0: none, the last round
+    # asks and gets nothing)
+    schedule = replace(run.schedule, eval_every=settings.eval_every or run.schedule.rounds)
     failure: Diverged | RoundsFailed | None = None
+    progress = None
     try:
-        strategy.start(
-            cast(Grid, metered),  # a Grid: its methods, measured (flower/costs.py)
-            ArrayRecord(),
-            num_rounds=run.schedule.rounds,
-            timeout=settings.round_timeout,
-            train_config=ConfigRecord(),
-            evaluate_fn=evaluate,
-        )
+        progress = drive(runtime.open(control), runtime, schedule, control)
     except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
         failure = error
     if claim is not None:  # a result to keep, even a failure's
         claim.training_started()
-    if settings.out_dir and strategy.heat_report is not None:
-        write_heat(Path(settings.out_dir), strategy.heat_report, transcript, train_transcript)
     if settings.out_dir:
-        out = Path(settings.out_dir)
-        result: dict[str, object] = {
-            "algorithm": name,
-            "payload": settings.payload,
-            "succeeded": failure is None,
-            "rounds": strategy.rounds,
-            "costs": {
-                **describe(run.schedule.privacy or Privacy()),
-                **run_costs(strategy.rounds, metered.totals),
-            },
-        }
-        if failure is None:
-            write_tensors_atomic(out / "model.safetensors", strategy.params.state_dict())
-            result["evaluations"] = {str(r): m for r, m in strategy.evaluations.items()}
-        else:
-            kind = "diverged" if isinstance(failure, Diverged) else "failed"
-            result[kind] = {"round": failure.round, "reason": failure.reason}
-        write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+        write_result(Path(settings.out_dir), settings, run, served.name, runtime, progress, failure)
     if failure is not None:  # the ServerApp exits with an error: the run did not succeed
         raise FedsubError(f"Flower: {failure}") from failure
+
+
+def write_result(
+    out: Path,
+    settings: FlowerSettings,
+    run: RunModel,
+    name: str,
+    runtime: FlowerRuntime,
+    progress: Progress | None,
+    failure: Diverged | RoundsFailed | None,
+) -> None:
+    """flower-result.json (the rounds' records, the costs, the evaluations or why the run
+    failed), the model, and what a private heat source measured."""
+    observers = runtime.observers
+    if runtime.heat_report is not None:
+        transcript = cast(Transcript | None, observers.on_heat_reply)
+        train_transcript = cast(Transcript | None, observers.on_train_reply)
+        write_heat(out, runtime.heat_report, transcript, train_transcript)
+    totals = cast(MeteredGrid, observers.meter).totals
+    result: dict[str, object] = {
+        "algorithm": name,
+        "payload": settings.payload,
+        "succeeded": failure is None,
+        "rounds": runtime.rounds,
+        "costs": {
+            **describe(run.schedule.privacy or Privacy()),
+            **run_costs(runtime.rounds, totals),
+        },
+    }
+    if failure is None and progress is not None:
+        write_tensors_atomic(out / "model.safetensors", runtime.params.state_dict())
+        result["evaluations"] = {str(e.round): e.metrics for e in progress.history}
+    elif failure is not None:
+        kind = "diverged" if isinstance(failure, Diverged) else "failed"
+        result[kind] = {"round": failure.round, "reason": failure.reason}
+    write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")

@@ -14,7 +14,7 @@ ServerApp wraps its ``Grid`` in a ``MeteredGrid`` that measures them as they pas
 - **server seconds**: the ServerApp process's CPU time (``time.process_time``: its own work,
   not the waits for replies), and the round's wall time.
 
-``take()`` returns what was measured since the last call (the strategy calls it when a round is
+``take()`` returns what was measured since the last call (the runtime calls it when a round is
 done). A round's costs leave out the heat exchange (once per run) and federated evaluation,
 which ``totals`` keeps by type with the rest.
 """

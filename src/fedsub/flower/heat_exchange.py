@@ -3,7 +3,7 @@
 
 The server never receives a node's index sets S(k) here. For ``secagg`` and ``sketch`` it runs
 the same message-passing code as in process (``fedsub.privacy.secagg``: ``SecAggServer`` on the
-server, ``SecAggClient`` on each node) in groups of ``train.secagg_group`` nodes:
+server, ``SecAggClient`` on each node) in groups of ``privacy.secagg_group`` nodes:
 
     stage "advertise"  server -> node: session, the node's id in its group, threshold t
                        node -> server: its two X25519 public keys
@@ -405,7 +405,8 @@ def answer_heat(
     stage = _str(request, "stage", who)
     if privacy.source not in PRIVATE_SOURCES:
         raise HeatMessageError(
-            f"{who}: asked for private heat, but this node's train.heat_source = {privacy.source!r}"
+            f"{who}: asked for private heat, but this node's privacy.heat_source = "
+            f"{privacy.source!r}"
         )
     if stage == "report":
         if privacy.source != "randomized-response":
@@ -440,7 +441,7 @@ def answer_secagg(
         if _str(request, "source", who) != source:
             raise HeatMessageError(
                 f"{who}: the server asks for heat source {request['source']!r}, this node's "
-                f"train.heat_source is {source!r}"
+                f"privacy.heat_source is {source!r}"
             )
         client = SecAggClient(_int(request, "id", who), _int(request, "threshold", who), session)
         reply = encode_advertise(client.advertise())

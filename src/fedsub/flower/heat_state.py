@@ -1,6 +1,6 @@
 """The private heat exchange's result as a checkpoint stage, so a private run can resume.
 
-A run with a private ``train.heat_source`` (every ``train.privacy`` level from ``heat`` up)
+A run with a private ``privacy.heat_source`` (every ``privacy.level`` level from ``heat`` up)
 measures the heat once, by a secure exchange with every counted node (flower/heat_exchange.py).
 A resumed run must not exchange again: the nodes online then may differ, and a new exchange
 would give other noise (sketch, randomized response) than the rounds already run used. So the
@@ -23,7 +23,7 @@ from fedsub.privacy.heat_vectors import MeasuredHeat
 
 
 class PrivateHeatStage:
-    """A ``Stateful`` view of the strategy's heat report (read with ``get``, set with ``put``)."""
+    """A ``Stateful`` view of the runtime's heat report (read with ``get``, set with ``put``)."""
 
     def __init__(
         self,

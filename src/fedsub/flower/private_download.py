@@ -1,4 +1,4 @@
-"""``train.privacy = download`` on Flower: the same requests and aggregation as in process.
+"""``privacy.level = download`` on Flower: the same requests and aggregation as in process.
 
 - **Node** (``node_request``): asked for its rows, a node at level ``download`` answers its
   *request* (``privacy/requests.py``: randomized response or size buckets, keyed by (seed,
@@ -43,7 +43,7 @@ def node_request(node: NodeData, round_index: int) -> dict[str, np.ndarray]:
     """The rows this node requests in round ``round_index`` (table -> sorted row ids)."""
     privacy = node.schedule.privacy
     if privacy is None:
-        raise FedsubError(f"partition {node.client}: no train.privacy to draw a request with")
+        raise FedsubError(f"partition {node.client}: no privacy.level to draw a request with")
     seed = node.schedule.seed
     return client_request(privacy, node.rows, node.table_rows, seed, round_index, node.client)
 

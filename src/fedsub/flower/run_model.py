@@ -12,7 +12,7 @@ Two ways to give nodes their data:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from fedsub.config import Config
@@ -21,7 +21,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine.schedule import Schedule
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.base import Model
-from fedsub.runs.run_setup import checked_model, load_data, model_of, schedule_of
+from fedsub.runs.run_setup import checked_model, dp_of, load_data, model_of, schedule_of
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,14 @@ def spec_model(config: Config, spec: FeatureSpec) -> Model:
 
 
 def run_model(settings: FlowerSettings) -> RunModel:
+    """What the ServerApp knows; its schedule carries ``[dp]`` resolved for the population
+    (central DP runs in the round loop at the ServerApp, as in process)."""
     config = settings.fedsub_config()
     settings.check_against(config)
     if settings.feature_spec:
         spec = run_spec(settings.feature_spec)
-        return RunModel(
-            config, spec_model(config, spec), schedule_of(config), settings.num_nodes, spec
-        )
+        schedule = replace(schedule_of(config), dp=dp_of(config, settings.num_nodes))
+        return RunModel(config, spec_model(config, spec), schedule, settings.num_nodes, spec)
     fed = federation(settings)
-    return RunModel(config, fed.model, fed.schedule, fed.dataset.num_clients, None)
+    schedule = replace(fed.schedule, dp=dp_of(config, fed.dataset.num_clients))
+    return RunModel(config, fed.model, schedule, fed.dataset.num_clients, None)

@@ -1,7 +1,9 @@
 """Flower's capabilities (``algorithms/runtimes.py``): fedsub's ClientApp is stateless (a
 node keeps nothing of the algorithm between rounds), each node is one client, and the apps
 run on the CPU; private download and secure aggregation run over Flower Messages
-(``flower/private_download.py``, ``flower/secure_rows.py``)."""
+(``flower/private_download.py``, ``flower/secure_rows.py``). Central differential privacy
+(``[dp]``) runs at the ServerApp: the engine's round loop, which the ServerApp runs, clips,
+noises and accounts as in process (at ``privacy.level`` none or heat; ``settings.py``)."""
 
 from __future__ import annotations
 
@@ -9,17 +11,13 @@ from fedsub.algorithms.runtimes import Runtime
 
 FLOWER = Runtime(
     "Flower",
-    frozenset({"private-rounds"}),
+    frozenset({"private-rounds", "differential-privacy"}),
     hints={
         "client-state": "fedsub's ClientApp keeps nothing between rounds",
         "pooled-data": "each Flower node is one client",
         "masking": (
             "Sub-model masking runs in-process only (fedsub compare); on Flower use "
             "masking.scheme = 'none'"
-        ),
-        "differential-privacy": (
-            "Not yet supported: differential privacy runs in-process only (fedsub compare); "
-            "central DP at the ServerApp and distributed DP over secure aggregation are to do"
         ),
         "devices": (
             "The Flower apps run on the CPU for now (their index sets are host arrays); "

@@ -1,4 +1,4 @@
-"""``train.privacy = full`` on Flower: the cohort's row deltas summed by secure aggregation.
+"""``privacy.level = full`` on Flower: the cohort's row deltas summed by secure aggregation.
 
 A trained node keeps its deltas (the held rows it requested, and its dense deltas) in its
 ``Context.state`` and replies none of them: its train reply carries its partition id and
@@ -87,7 +87,7 @@ def answer_secure_rows(message: Message, context: Context, privacy: Privacy, cou
     ``count``: its sample count, which weights its deltas inside the sum."""
     who = "secure row sum (this node)"
     if not privacy.secure_aggregation:
-        raise FedsubError(f"{who}: train.privacy = {privacy.level!r}, not 'full'; refusing")
+        raise FedsubError(f"{who}: privacy.level = {privacy.level!r}, not 'full'; refusing")
 
     def vector(request: ConfigRecord) -> np.ndarray:
         if PENDING not in context.state:
@@ -146,7 +146,7 @@ class SecureRows:
         self.node_of = node_of
         self.aggregation = aggregation
         self.privacy = privacy
-        self.requests = requests  # the round's requests by client (the strategy's)
+        self.requests = requests  # the round's requests by client (the runtime's)
         self.timeout = timeout
         self.record = record
         self.clipped = 0  # values clipped to the fixed-point range, over the run
@@ -185,7 +185,7 @@ class SecureRows:
         self.clipped += decoded.clipped
         if decoded.clipped:
             LOG.warning(
-                "secure row sum: %d values clipped to [-%g, %g] (train.secagg_clip)",
+                "secure row sum: %d values clipped to [-%g, %g] (privacy.secagg_clip)",
                 decoded.clipped,
                 self.privacy.secagg_clip,
                 self.privacy.secagg_clip,
@@ -203,10 +203,10 @@ def round_combine(
     timeout: float,
     record: Recorder | None = None,
 ) -> Callable[[CohortUpdate], ServerUpdate]:
-    """The strategy's aggregation for ``privacy``: secure row sums at ``full``, else the
+    """The Flower runtime's aggregation for ``privacy``: secure row sums at ``full``, else the
     algorithm's aggregate (divided by p under randomized response)."""
     if privacy is not None and privacy.secure_aggregation:
-        if grid is None:  # e.g. a resumed strategy: its nodes were not asked yet
+        if grid is None:  # e.g. a runtime without its nodes
             raise FedsubError("Flower: secure row sums need the nodes (no grid given)")
         return SecureRows(grid, node_of, aggregation, privacy, requests, timeout, record).combine
     return download_combine(aggregation, privacy)

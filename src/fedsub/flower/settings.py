@@ -58,7 +58,6 @@ from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
 from fedsub.flower.runtime import FLOWER
-from fedsub.moved_keys import text_before_move
 from fedsub.privacy.levels import heat_source_for
 
 Payload = Literal["submodel", "full"]
@@ -209,10 +208,13 @@ class FlowerSettings:
             )
 
     def model_description(self, config: Config, algorithm: str) -> str:
-        """Everything that decides the model a run ends with (hashed into its checkpoints;
-        the config as written before keys moved out of [train], so older checkpoints resume)."""
+        """Everything that decides the model a run ends with (hashed into its checkpoints)."""
+        return self.description(config_lib.to_toml(config), algorithm)
+
+    def description(self, config_text: str, algorithm: str) -> str:
+        """``model_description`` of the fedsub config written as ``config_text``."""
         return (
-            f"{text_before_move(config_lib.to_toml(config))}\n# flower\nalgorithm = {algorithm!r}\n"
+            f"{config_text}\n# flower\nalgorithm = {algorithm!r}\n"
             f"payload = {self.payload!r}\nheat-refresh-every = {self.heat_refresh_every}\n"
         )
 

@@ -28,6 +28,24 @@ from fedsub.engine.loop import Diverged, Evaluation, Interrupted, RunControl, tr
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
+from fedsub.files.run_folder import (
+    DONE,
+    RUN_FILE,
+    Claim,
+    RunIdentity,
+    check_checkpoint,
+    check_done,
+    claim_existing,
+    claim_new,
+    comparison_outputs,
+    done_record,
+    hash_config,
+    identity_of,
+    new_identity,
+    read_run_file,
+    sweep_outputs,
+)
+from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.models.base import Model
 from fedsub.moved_keys import current_name, in_sections
 from fedsub.privacy import levels as privacy_levels
@@ -46,23 +64,6 @@ from fedsub.runs.report import (
     summary_markdown,
     write_atomic,
 )
-from fedsub.files.run_folder import (
-    DONE,
-    RUN_FILE,
-    Claim,
-    RunIdentity,
-    check_checkpoint,
-    check_done,
-    claim_existing,
-    claim_new,
-    comparison_outputs,
-    done_record,
-    hash_config,
-    identity_of,
-    new_identity,
-    read_run_file,
-    sweep_outputs,
-)
 from fedsub.runs.run_setup import (
     Setup,
     checked_model,
@@ -72,7 +73,6 @@ from fedsub.runs.run_setup import (
     with_resolved_paths,
 )
 from fedsub.submodel.params import Params
-from fedsub.files.tensor_files import write_tensors_atomic
 
 CENTRAL = "central-sgd"
 PROFILE = "profile.json"  # in an algorithm's folder, with --profile (run_folder.ALGORITHM_FILES)

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedsub.engine.loop import Evaluation
 from fedsub.files.atomic_files import save_figure_atomic
 from fedsub.files.atomic_files import write_atomic as write_atomic  # where results' writers find it
-from fedsub.engine.loop import Evaluation
 from fedsub.files.json_values import dumps, metrics_from_json
 
 CURVE_METRICS = (("train_loss", "train loss"), ("test_loss", "test loss"), ("test_auc", "test AUC"))

@@ -18,7 +18,6 @@ import torch
 
 from fedsub import distributed
 from fedsub.algorithms.registry import AlgorithmContext, heat_coefficients
-from fedsub.runs.checks import check_against_dataset
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
@@ -43,6 +42,7 @@ from fedsub.models.torch_module import TorchModuleModel, check_runs_in
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.progress import phase
+from fedsub.runs.checks import check_against_dataset
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 

@@ -1,0 +1,92 @@
+"""With a private ``privacy.heat_source`` the server learns a node's S(k) only when it samples
+it, as the download of X[S(k)] names those rows: a "rows" query before the round (with private
+download, flower/private_download.py, the node's download request for the round instead)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app.typing import ConfigRecordValues
+from flwr.serverapp import Grid
+
+from fedsub.flower.exchange import exchange
+from fedsub.flower.membership import Membership
+from fedsub.flower.private_download import downloads_privately
+from fedsub.flower.records import record_of
+from fedsub.privacy.levels import Privacy
+
+LOG = logging.getLogger("fedsub")
+
+
+def row_ids(reply: Message, tables: dict[str, int]) -> dict[str, np.ndarray] | str:
+    """A "rows" reply's S(k) per table, or why it is not one (row ids of every table)."""
+    if "index" not in reply.content:
+        return "its reply holds no rows"
+    index = record_of(reply.content, "index", ArrayRecord).to_torch_state_dict()
+    rows = {}
+    for table, size in tables.items():
+        r = index.get(f"rows.{table}")
+        if r is None or r.ndim != 1 or r.is_floating_point():
+            return f"no row ids for table {table!r}"
+        if len(r) and not 0 <= int(r.min()) <= int(r.max()) < size:
+            return f"its rows of table {table!r} are not row ids below {size}"
+        rows[table] = r.numpy().astype(np.int64)
+    return rows
+
+
+class SampledRows:
+    """The S(k) (or this round's request) of the sampled clients, by position in
+    ``membership.counted``, asked when a round samples a client not known yet."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        privacy: Privacy | None,
+        query: Mapping[str, ConfigRecordValues],
+        timeout: float,
+    ) -> None:
+        self.membership = membership
+        self.downloading = downloads_privately(privacy)
+        self.query = query  # sent with every question, e.g. the run's spec hash
+        self.timeout = timeout
+        self.rows: dict[int, dict[str, np.ndarray]] = {}
+
+    def forget(self, partition: int) -> None:
+        """A new node took ``partition`` over: ask its rows again when it is sampled."""
+        if partition in self.membership.counted:
+            self.rows.pop(self.membership.counted.index(partition), None)
+
+    def ask(self, grid: Grid, clients: list[int], server_round: int) -> None:
+        """The rows of the round's sampled ``clients`` not known yet; with private download
+        a new request from every sampled client, every round."""
+        asked: dict[str, ConfigRecordValues] = {"what": "rows", **self.query}
+        if self.downloading:
+            self.rows = {}
+            asked = {"what": "request", "round": server_round, **self.query}
+        unknown = [j for j in clients if j not in self.rows]
+        if not unknown:
+            return
+        counted = self.membership.counted
+        position = {self.membership.node_of(counted[j]): j for j in unknown}  # node -> j
+        query = [
+            Message(
+                RecordDict({"query": ConfigRecord(asked)}),
+                node,
+                MessageType.QUERY,
+                group_id=str(server_round),
+            )
+            for node in position
+        ]
+        for reply in exchange(grid, query, self.timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error() or node not in position:
+                LOG.warning("round %d: no rows from node %d", server_round, node)
+                continue
+            rows = row_ids(reply, self.membership.tables)
+            if isinstance(rows, str):  # left out of the round, like a node that failed
+                LOG.warning("round %d: node %d: %s", server_round, node, rows)
+                continue
+            self.rows[position[node]] = rows

@@ -1,0 +1,483 @@
+"""Flower as a runtime of the engine's round loop (engine/round_runtime.py): the ServerApp
+runs ``engine.loop.drive`` (the loop the in-process engine runs) and this runtime does each
+round's work over Flower Messages through the ``Grid``.
+
+- ``open``: the nodes register (flower/joining.py; with exact heat they send their S(k) and
+  sample count, with a private ``privacy.heat_source`` their partition only and the heat comes
+  from the private exchange, ``heat_exchange.collect_heat``) and the algorithm is built over
+  the registered population; a resumed run takes the population (and a private source's
+  heat) from its checkpoint instead;
+- ``available``: the clients whose node is online and has not failed; the heat coefficients
+  (and N, the sample counts, the server optimizer's population) are rebuilt over every
+  registered client when registrations changed, at rounds 1, 1 + R, ... (R =
+  ``heat-refresh-every``; ``ServerRound.repopulate``); a client is sampled only once the
+  coefficients count it;
+- ``run_cohort``: one train Message per sampled node (flower/train_round.py), the replies
+  read into the cohort's update. A node that fails or times out is left out, and out of the
+  next rounds until it answers a registration question sent right after: the round's mean is
+  over the replies received if there are at least ``min-replies``, else ``RoundFailed``; after
+  ``max-failed-rounds`` such rounds in a row the run stops with ``RoundsFailed``. At
+  ``privacy.level = "full"`` the deltas are summed by secure aggregation with the nodes that
+  replied (flower/secure_rows.py, the round's combine);
+- ``evaluate``: federated (flower/federated_eval.py): each node scores the global rows its
+  samples read and replies sums, never a sample; plus the server's own test file if given.
+
+Every round leaves a record (replies, bytes, partitions left out, what the step did, and with
+a meter every message's bytes and the nodes' and server's seconds, flower/costs.py), kept in
+checkpoints as the runtime's history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from logging import INFO
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from flwr.app import Message, RecordDict
+from flwr.common.logger import log as flwr_log
+from flwr.serverapp import Grid
+
+from fedsub.algorithms.aggregation import ServerUpdate
+from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algorithm
+from fedsub.data.federated import ClientSizes, Population
+from fedsub.engine.guards import Rejection
+from fedsub.engine.loop import RunControl, build_server_round
+from fedsub.engine.round_runtime import RoundFailed
+from fedsub.engine.schedule import Schedule
+from fedsub.engine.server_round import RoundPlan, ServerRound
+from fedsub.errors import FedsubError
+from fedsub.flower.exchange import exchange
+from fedsub.flower.federated_eval import FederatedEvaluation
+from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
+from fedsub.flower.heat_state import PrivateHeatStage
+from fedsub.flower.joining import Joining
+from fedsub.flower.membership import Membership, Registrar, Registration
+from fedsub.flower.private_download import downloads_privately
+from fedsub.flower.row_queries import SampledRows
+from fedsub.flower.secure_rows import round_combine
+from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.train_round import ReplyReader, reply_partition, train_messages
+from fedsub.privacy.heat_sources import HeatPrivacy
+from fedsub.submodel.heat import HeatKind
+from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import ClientUpdate, CohortUpdate
+
+LOG = logging.getLogger("fedsub")
+PRIVATE_HEAT = "private_heat"  # the checkpoint stage of a private heat source's measurement
+POPULATION = "population"  # the checkpoint stage of the registered clients
+
+
+class RoundsFailed(FedsubError):
+    """Too many consecutive rounds got fewer than ``min_replies`` replies."""
+
+    def __init__(self, round_index: int, reason: str) -> None:
+        super().__init__(f"round {round_index}: {reason}")
+        self.round = round_index
+        self.reason = reason
+
+
+class RoundMeter(Protocol):
+    """What a round cost since the last call, over its sampled nodes (flower/costs.py)."""
+
+    def take(self, nodes: Iterable[int]) -> dict: ...
+
+
+@dataclass(frozen=True)
+class Served:
+    """The algorithm the run serves: its name, the config's options, the heat definition."""
+
+    name: str
+    options: object
+    heat: HeatKind
+
+
+@dataclass(frozen=True)
+class Observers:
+    """Who sees what the run does: progress lines (``progress.jsonl``), every reply of the
+    queries and heat exchange and every train reply (transcripts), the costs."""
+
+    on_progress: Callable[[dict], None] | None = None
+    on_heat_reply: Recorder | None = None
+    on_train_reply: Recorder | None = None
+    meter: RoundMeter | None = None
+
+
+class _PositionNodes(Mapping[int, int]):
+    """Node id of the client at each position of ``membership.counted`` (a cohort's ids),
+    read when asked (a replacement node takes its partition's position)."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def __getitem__(self, j: int) -> int:
+        return self.membership.node_of(self.membership.counted[j])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.membership.counted)))
+
+    def __len__(self) -> int:
+        return len(self.membership.counted)
+
+
+def round_line(record: dict, rounds: int) -> str:
+    """A round's record as one line of Flower's log (``flwr run --stream`` shows it)."""
+    line = (
+        f"fedsub round {record['round']}/{rounds}: {record['replies']} of {record['sampled']} "
+        f"sampled nodes replied"
+    )
+    if record["left_out"]:
+        line += f", partitions left out: {record['left_out'][:10]}"
+    if "failed" in record:
+        return f"{line}; model unchanged ({record['failed']})"
+    if "diverged" in record:
+        return f"{line}; diverged: {record['diverged']}"
+    return line + ("; model updated" if record["updated"] else "; model unchanged")
+
+
+class FlowerRuntime:
+    """The Flower federation as a ``RoundRuntime``: membership, train and evaluation
+    Messages, the private heat and row protocols, one record per round."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        params: Params,
+        served: Served,
+        schedule: Schedule,
+        settings: FlowerSettings,
+        privacy: HeatPrivacy | None = None,
+        evaluation: FederatedEvaluation | None = None,
+        observers: Observers | None = None,
+        server_test: Callable[[Params], dict[str, float]] | None = None,
+    ) -> None:
+        self.grid, self.params, self.served, self.schedule = grid, params, served, schedule
+        self.settings = settings
+        self.privacy = privacy or HeatPrivacy()
+        self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
+        self.observers = observers or Observers()
+        self.server_test = server_test
+        self.rounds: list[dict] = []  # one record per round: replies, bytes, left out
+        self.heat_report: HeatReport | None = None  # what a private heat source measured
+        self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
+        private = self.privacy.source != "exact"
+        query = {"what": "partition" if private else "index", **self.evaluation.query}
+        self.joining = Joining(
+            self.membership,
+            Registrar(query, on_reply=self._heard),
+            settings.min_nodes,
+            settings.node_wait,
+            self._registered,
+        )
+        self.sampled = SampledRows(
+            self.membership, schedule.privacy, self.evaluation.query, settings.round_timeout
+        )
+        self.index: SubmodelIndex | None = None  # exact heat: the counted clients' S(k)
+        # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
+        self.counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
+        self.reader = ReplyReader(
+            self._rows_of,
+            downloads_privately(schedule.privacy),
+            settings.payload,
+            self.counts_secret,
+        )
+        self._failed_in_a_row = 0
+        self._record: dict[str, Any] = {}
+        self._available = 0  # clients that could be sampled this round
+
+    # --- the population ----------------------------------------------------------------
+    def open(self, control: RunControl) -> ServerRound:
+        """The run's server round over the registered population (a resumed run's from its
+        checkpoint: no node is asked before round 1's registration)."""
+        saved = control.resume
+        if saved is None:
+            self.joining.update(self.grid)
+            self.membership.refresh()
+        else:
+            self.membership.load_state_tensors(saved.stages[POPULATION])
+            if self.privacy.source != "exact":
+                if PRIVATE_HEAT not in saved.stages:
+                    raise FedsubError(
+                        f"{saved.path}: no private heat saved (written before private runs "
+                        "could resume); start the run again"
+                    )
+                self._heat_stage().load_state_tensors(saved.stages[PRIVATE_HEAT])
+        algorithm, sizes = self._algorithm()
+        index = self.index if self.index is not None else SubmodelIndex({}, {})
+        combine = self._combine(algorithm)
+        rounds = build_server_round(
+            algorithm, sizes, index, self.schedule, self.params, combine, control
+        )
+        rounds.on_reject = self._log_rejection
+        rounds.more_stages[POPULATION] = self.membership
+        if self.privacy.source != "exact":
+            rounds.more_stages[PRIVATE_HEAT] = self._heat_stage()
+        return rounds
+
+    def available(self, round_index: int, rounds: ServerRound) -> np.ndarray:
+        """The clients whose node is online and answering, after this round's registrations
+        (and a refresh of the coefficients when due: exact heat, no [dp])."""
+        online = self.joining.update(self.grid)
+        due = (round_index - 1) % self.settings.heat_refresh_every == 0
+        # under [dp] the population counted at round 1 stays (the accountant's sampling rate
+        # and the mechanism's fixed denominator are over it): a later client is not sampled
+        fixed = rounds.dp is not None or self.privacy.source != "exact"
+        if self.membership.stale() and due and not fixed:
+            self.membership.refresh()
+            algorithm, sizes = self._algorithm()
+            rounds.repopulate(algorithm, sizes.sample_counts(), self._combine(algorithm))
+        available = self.membership.available(online)
+        self._available = len(available)
+        return available
+
+    def _registered(self, registration: Registration, content: RecordDict) -> None:
+        if self.privacy.source != "exact":  # its evaluation gets the whole model
+            self.sampled.forget(registration.partition)  # a new node: ask its rows
+            self.evaluation.learn_whole(registration.partition)
+        else:
+            self.evaluation.learn(registration.partition, content)
+
+    def _heard(self, node: int, content: RecordDict) -> None:
+        if self.observers.on_heat_reply is not None:
+            self.observers.on_heat_reply(node, "query", content)
+
+    def _algorithm(self) -> tuple[Algorithm, Population]:
+        """The algorithm over the counted population (heat n_m, N, sample counts). With a
+        private heat source the heat comes from the private exchange with the counted nodes
+        (or from a checkpoint), and no per-client sample count is known."""
+        if self.privacy.source != "exact":
+            context = self._private_context()
+        else:
+            self.index = self.membership.index()
+            context = AlgorithmContext(
+                self.membership.sizes(),
+                self.index,
+                self.served.heat,
+                self.schedule.clients_per_round,
+            )
+        algorithm = build_algorithm(self.served.name, context, self.served.options)
+        return algorithm, context.dataset
+
+    def _private_context(self) -> AlgorithmContext:
+        """The algorithm's context from the private heat exchange with every counted node:
+        no S(k), no per-client sample count (their total comes with the heat)."""
+        tables = dict(self.membership.tables)
+        if self.heat_report is None:  # resumed: from the checkpoint
+            nodes = {k: self.membership.node_of(k) for k in self.membership.counted}
+            report = collect_heat(
+                self.grid,
+                list(nodes.values()),
+                self.privacy,
+                self.served.heat,
+                tables,
+                self.settings.round_timeout,
+                self.observers.on_heat_reply,
+            )
+            missing = sorted(k for k, n in nodes.items() if n not in report.contributors)
+            if missing:
+                raise FedsubError(
+                    f"Flower: heat exchange ({self.privacy.source}): no contribution from "
+                    f"partition(s) {missing[:10]}; every registered partition must be in the "
+                    "heat"
+                )
+            self.heat_report = report
+        # The server does not know the clients' sample counts: uniform sampling reads only
+        # how many clients there are (settings.algorithm_name refuses schemes needing them).
+        counts = np.ones(len(self.membership.counted), dtype=np.int64)
+        return AlgorithmContext(
+            ClientSizes(tables, counts),
+            SubmodelIndex({}, {}),
+            self.served.heat,
+            self.schedule.clients_per_round,
+            self.privacy,
+            measured=self.heat_report.measured,
+        )
+
+    def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
+        return round_combine(
+            self.grid,
+            _PositionNodes(self.membership),
+            algorithm.aggregation,
+            self.schedule.privacy,
+            lambda: self.sampled.rows,
+            self.settings.round_timeout,
+            self.observers.on_heat_reply,
+        )
+
+    def _heat_stage(self) -> PrivateHeatStage:
+        def put(report: HeatReport) -> None:
+            self.heat_report = report
+
+        return PrivateHeatStage(self.privacy.source, lambda: self.heat_report, put)
+
+    def _rows_of(self, client: int) -> dict[str, torch.Tensor]:
+        """Client ``client``'s S(k) per table (its position in ``counted``; exact: from its
+        registration; private: from the "rows" query of the round that sampled it)."""
+        if self.index is not None:
+            index = self.index
+            return {t: torch.from_numpy(index.client_rows(t, client)) for t in self.params.tables}
+        return {t: torch.from_numpy(r) for t, r in self.sampled.rows[client].items()}
+
+    def _log_rejection(self, rejection: Rejection) -> None:
+        LOG.warning(
+            "round %d: rejected partition %d: %s",
+            rejection.round,
+            self.membership.counted[rejection.client],
+            rejection.reason,
+        )
+
+    # --- a round's training --------------------------------------------------------------
+    def run_cohort(self, plan: RoundPlan, params: Params) -> CohortUpdate | RoundFailed:
+        """Send the cohort its submodels, read the replies that came within the round
+        timeout; the cohort's update over them, or ``RoundFailed`` (fewer than min-replies)."""
+        r, clients = plan.round, plan.cohort.clients.tolist()
+        if self.index is None:  # private heat: the sampled nodes' rows, for their download
+            self.sampled.ask(self.grid, clients, r)
+        partitions = [self.membership.counted[j] for j in clients]
+        nodes = [self.membership.node_of(k) for k in partitions]
+        sent_to = {
+            node: j
+            for j, node in zip(clients, nodes, strict=True)
+            if self.index is not None or j in self.sampled.rows  # no rows: left out
+        }
+        if self.observers.on_progress is not None:
+            self.observers.on_progress({"round": r, "sent_to": partitions, "nodes": nodes})
+        messages, sent = train_messages(plan, params, sent_to, self._rows_of, self.settings.payload)
+        replies = exchange(
+            self.grid,
+            messages,
+            self.settings.round_timeout,
+            lambda: self.joining.ask_newcomers(self.grid),
+        )
+        updates, received = self._read(r, replies, sent_to)
+        return self._cohort_update(plan, updates, sent, received)
+
+    def _read(
+        self, r: int, replies: Iterable[Message], sent_to: dict[int, int]
+    ) -> tuple[dict[int, ClientUpdate], int]:
+        """The updates of the replies that can be read, by cohort position, and their bytes."""
+        updates: dict[int, ClientUpdate] = {}
+        received = 0
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                LOG.warning("round %d: node %d failed: %s", r, node, reply.error.reason)
+                continue
+            if self.observers.on_train_reply is not None:
+                self.observers.on_train_reply(node, "train", reply.content)
+            client, partition = sent_to.get(node), reply_partition(reply)
+            if client is None or self.membership.counted[client] != partition:
+                LOG.warning(
+                    "round %d: unexpected reply from node %d (partition %d)", r, node, partition
+                )
+                continue
+            try:
+                updates[client], size = self.reader.update(reply, client)
+            except FedsubError as error:  # left out, like a node that failed
+                LOG.warning("round %d: %s", r, error)
+                continue
+            received += size
+        return updates, received
+
+    def _cohort_update(
+        self, plan: RoundPlan, updates: dict[int, ClientUpdate], sent: int, received: int
+    ) -> CohortUpdate | RoundFailed:
+        """The round's record, and its update (the replies in cohort order) or failure."""
+        cohort, counted, r = plan.cohort, self.membership.counted, plan.round
+        position = {int(j): m for m, j in enumerate(cohort.clients)}
+        missing = sorted(set(position) - set(updates))
+        left_out = [counted[j] for j in missing]
+        for j in missing:  # name the node and its partition: the operator's next step
+            node = self.membership.node_of(counted[j])
+            LOG.warning(
+                "round %d: no update from node %d (partition %d): left out until it answers",
+                r,
+                node,
+                counted[j],
+            )
+            self.joining.leave_out(node)
+        self.evaluation.note_replies(set(counted[j] for j in position), left_out)
+        self._record = {
+            "round": r,
+            "available": self._available,
+            "sampled": len(position),
+            "clients": [counted[j] for j in cohort.clients.tolist()],
+            "nodes": [self.membership.node_of(counted[j]) for j in cohort.clients.tolist()],
+            "replies": len(updates),
+            "left_out": left_out,
+            # the model arrays of the round's train messages, summed over the cohort
+            # (ArrayRecord.count_bytes): what a submodel saves over the whole model; every
+            # byte of every message, per node, is in "costs" (flower/costs.py)
+            "train_arrays_bytes_sent": sent,
+            "train_arrays_bytes_received": received,
+            "bytes_sent": sent,  # the old names of the two, kept for older readers
+            "bytes_received": received,
+            "updated": False,
+        }
+        if len(updates) < self.settings.min_replies:
+            self._failed_in_a_row += 1
+            reason = (
+                f"{len(updates)} of {len(position)} sampled nodes replied, fewer than "
+                f"min-replies = {self.settings.min_replies} (missing partitions "
+                f"{left_out[:10]}; {self._available} client(s) available); "
+                f"{self._failed_in_a_row} such round(s) in a row, "
+                f"max-failed-rounds = {self.settings.max_failed_rounds}"
+            )
+            LOG.warning("round %d: %s: model unchanged", r, reason)
+            self._record["failed"] = reason
+            return RoundFailed(reason)
+        self._failed_in_a_row = 0
+        ordered = [updates[k] for k in sorted(updates, key=position.__getitem__)]
+        multiplicity = torch.from_numpy(cohort.multiplicity[[position[u.client] for u in ordered]])
+        return CohortUpdate.from_clients(ordered, multiplicity)
+
+    def close_round(self, round_index: int, updated: bool, diverged: str | None) -> None:
+        """Keep the round's record (with its costs), report it; stop the run after
+        ``max-failed-rounds`` failed rounds in a row (``RoundsFailed``)."""
+        record = self._record
+        record["updated"] = updated
+        if diverged is not None:
+            record["diverged"] = diverged
+        if self.observers.meter is not None:
+            record["costs"] = self.observers.meter.take(record["nodes"])
+        self.rounds.append(record)
+        if self.observers.on_progress is not None:
+            self.observers.on_progress(record)
+        flwr_log(INFO, "%s", round_line(record, self.schedule.rounds))
+        if "failed" in record and self._failed_in_a_row >= self.settings.max_failed_rounds:
+            raise RoundsFailed(round_index, record["failed"])
+
+    # --- evaluation and records ----------------------------------------------------------
+    def evaluate(self, round_index: int, params: Params) -> dict[str, float] | None:
+        """The federated metrics after the round (not at privacy full: a node's sums name
+        its sample counts) and the server's own test file's, when due; round 0 has none."""
+        if round_index == 0 or not self.evaluation.due(round_index):
+            return None
+        if not self.counts_secret:
+            online = set(self.grid.get_node_ids()) - self.membership.dropped
+            registered = self.membership.registered.items()
+            node_of = {k: r.node for k, r in registered if r.node in online}
+            messages = self.evaluation.messages(round_index, params, node_of)
+            replies = exchange(self.grid, messages, self.settings.round_timeout)
+            self.evaluation.aggregate(round_index, replies)
+        metrics = dict(self.evaluation.results.get(round_index, {}))
+        if self.server_test is not None:
+            metrics.update(self.server_test(params))
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        flwr_log(INFO, "fedsub round %d: evaluation: %s", round_index, shown or "nothing")
+        return metrics
+
+    def history(self) -> list[dict]:
+        return [{"record": record} for record in self.rounds]
+
+    def restore_history(self, history: list[dict]) -> None:
+        self.rounds = [entry["record"] for entry in history if "record" in entry]
+        self._failed_in_a_row = 0
+        for record in reversed(self.rounds):  # the failed rounds in a row at the end
+            if "failed" not in record:
+                break
+            self._failed_in_a_row += 1
