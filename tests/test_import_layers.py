@@ -51,6 +51,7 @@ LAYERS: list[set[str]] = [
     {"submodel"},
     {"models", "client"},
     {"algorithms", "masking", "privacy", "dp"},
+    {"sharding"},  # row-sharded tables under torchrun (the engine's loop uses it)
     {"engine", "config"},
     {"checks", "report"},
     {"run_setup"},  # a config to a run's data, model, schedule, context (used by all above)

@@ -70,6 +70,8 @@ from fedsub.run_setup import (
     resolve_path,
     with_resolved_paths,
 )
+from fedsub.sharding.model_file import write_model
+from fedsub.sharding.rounds import ShardParams
 from fedsub.submodel.params import Params
 from fedsub.tensor_files import write_tensors_atomic
 
@@ -270,8 +272,11 @@ class AlgorithmRun:
             log.close()
             if folder is not None:  # process 0 writes
                 self._write_privacy(folder, stages)
-        if folder is not None:
+        if isinstance(final, ShardParams):  # every process writes its rows into one file
+            write_model(None if folder is None else folder / "model.safetensors", final)
+        elif folder is not None:
             write_tensors_atomic(folder / "model.safetensors", final.state_dict())
+        if folder is not None:
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, final
 

@@ -33,6 +33,7 @@ from fedsub.engine.schedule import (
     Sampling,
     Schedule,
     TablePlacement,
+    TableSharding,
 )
 from fedsub.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -133,6 +134,7 @@ def schedule_of(config: Config) -> Schedule:
         momentum=t.momentum,
         deterministic=t.deterministic,
         table_placement=cast(TablePlacement, t.table_placement),
+        table_sharding=cast(TableSharding, t.table_sharding),
         compile=Compile.for_device(device) if t.compile == "on" else None,
         masking=Masking(
             cast(MaskingScheme, t.masking),

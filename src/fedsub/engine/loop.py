@@ -40,6 +40,8 @@ from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.profiling import ROUND, timed
+from fedsub.sharding import evaluation as sharded_evaluation
+from fedsub.sharding.rounds import ShardedTables, ShardParams, agree, shard
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -119,12 +121,16 @@ def round_stages(
     params: Params,
     private: PrivateRounds | None = None,
     host: placement.HostTables | None = None,
+    sharded: ShardedTables | None = None,
 ) -> tuple[Callable, Callable]:
     """The round's client work (the configured backend, on width slices when masking) and how
     its updates become the server's update (through ``private`` when given; brought to the host
-    tables when ``host``). Under torchrun (a joined process group) the members are split across
-    the processes (engine/split_cohort.py)."""
+    tables when ``host``; routed to the rows' owners when ``sharded``). Under torchrun (a joined
+    process group) the members are split across the processes (engine/split_cohort.py)."""
     run_cohort = backend_for(schedule.backend, model, algorithm.name).run_cohort
+    if sharded is not None:  # config.py refuses masking and privacy with row sharding
+        aggregation = dataclasses.replace(algorithm.aggregation, coefficients=None)
+        return sharded.run(run_cohort), sharded.combine(aggregation.to(schedule.device))
     processes = distributed.joined()
     if processes is not None:
         run_cohort = split_cohort(run_cohort, processes)
@@ -213,6 +219,62 @@ def build_server_round(
         dp=mechanism,
         ledger=ledger,
     )
+
+
+def start_sharded(
+    model: Model, algorithm: Algorithm, schedule: Schedule
+) -> tuple[ShardParams, ShardedTables]:
+    """``train.table_sharding = "rows"``: this process's rows of the initial model and the
+    tables' partition (fedsub/sharding). The initial model is drawn whole, one table after
+    another as the model draws them, and cut at once (the draw is the one-process draw)."""
+    processes = distributed.joined()
+    if processes is None:
+        raise ConfigError(
+            "train.table_sharding = \"rows\" spreads the tables' rows over torchrun's "
+            "processes, and this run has one process: start it with torchrun "
+            '--nproc-per-node P (P >= 2), or set train.table_sharding = "none"'
+        )
+    setting = 'train.table_sharding = "rows"'
+    if algorithm.central or algorithm.aggregation.model_average:
+        raise ConfigError(
+            f"{setting} cannot run algorithm {algorithm.name!r}: it pools every sample in one "
+            "client or averages models (Scheme II), rescaling every row every round"
+        )
+    if schedule.masking is not None and schedule.masking.scheme != "none":
+        raise ConfigError(f"{setting} cannot be combined with masking (width slices)")
+    private_level = schedule.privacy is not None and schedule.privacy.level != "none"
+    if private_level or schedule.dp is not None:
+        raise ConfigError(f"{setting} cannot be combined with train.privacy levels or [dp]")
+    params = shard(initial_params(model, schedule), processes)
+    return params, ShardedTables.of(params, algorithm.aggregation.coefficients)
+
+
+def sharded_evaluator(evaluator: Evaluator) -> tuple[Evaluator, dict[str, np.ndarray]]:
+    """``evaluator`` scoring its sets with ids renumbered into the rows they read, and those
+    rows (fetched from their owners at each evaluation: ``ShardedTables.fetch``)."""
+    if evaluator.extra is not None or evaluator.l2:
+        raise ConfigError(
+            'train.table_sharding = "rows" cannot evaluate gradient norms or a regularized '
+            "loss: both read whole tables"
+        )
+    rows = sharded_evaluation.rows_read([evaluator.train_subset, evaluator.test])
+    return dataclasses.replace(
+        evaluator,
+        train_subset=sharded_evaluation.renumbered(evaluator.train_subset, rows),
+        test=sharded_evaluation.renumbered(evaluator.test, rows),
+        batches={},
+    ), rows
+
+
+def fetched_for_evaluation(
+    sharded: ShardedTables, params: Params, rows: dict[str, np.ndarray]
+) -> Params:
+    """The rows the evaluation reads, from their owners, and the dense parameters."""
+    tables = {
+        t: sharded.fetch(params, t, torch.from_numpy(rows[t]), "fetching the evaluation's rows")
+        for t in params.tables
+    }
+    return Params(tables, dict(params.dense))
 
 
 def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
@@ -350,20 +412,32 @@ def run_rounds(
         dataset, index, schedule = central_setup(dataset, schedule)
     if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)
         index = SubmodelIndex.whole_model(dataset)
-    host = None
-    if schedule.table_placement == "host":  # drawn on the host, the tables never leave it
+    host, sharded = None, None
+    evaluation_rows: dict[str, np.ndarray] = {}
+    params: Params
+    if schedule.table_sharding == "rows":
+        params, sharded = start_sharded(model, algorithm, schedule)
+        if evaluator is not None:
+            evaluator, evaluation_rows = sharded_evaluator(evaluator)
+    elif schedule.table_placement == "host":  # drawn on the host, the tables never leave it
         drawn = initial_params(model, dataclasses.replace(schedule, device=placement.HOST))
         params = placement.place(drawn, schedule.device)
         host = placement.HostTables.of(algorithm, schedule.device)
     else:
         params = initial_params(model, schedule)
-    private = private_rounds(algorithm, schedule, params)
+    private = None if sharded is not None else private_rounds(algorithm, schedule, params)
     if private is not None and control.on_private_rounds is not None:
         control.on_private_rounds(private)
-    run_cohort, combine = round_stages(model, algorithm, schedule, params, private, host)
-    rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
+    stages = round_stages(model, algorithm, schedule, params, private, host, sharded)
+    rounds = build_server_round(algorithm, dataset, index, schedule, params, stages[1], control)
+    run_cohort = stages[0]
     if host is not None:
         placement.check_row_local(algorithm, rounds.server)
+    if sharded is not None:
+        placement.check_row_local(
+            algorithm, rounds.server, "train.table_sharding", ("rows", "none")
+        )
+        rounds.agree = agree
     progress = Progress() if control.resume is None else resume(rounds, control.resume)
 
     def evaluate_and_check() -> None:
@@ -371,6 +445,8 @@ def run_rounds(
             return
         with timed("evaluation"):
             evaluated = params if host is None else params.to(placement.HOST)
+            if sharded is not None:
+                evaluated = fetched_for_evaluation(sharded, params, evaluation_rows)
             reason = evaluate(
                 evaluator,
                 evaluated,
