@@ -285,19 +285,26 @@ def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
 
 
 def save_checkpoint(
-    folder: Path, rounds: ServerRound, progress: Progress, run: dict[str, str]
+    folder: Path | None,
+    rounds: ServerRound,
+    progress: Progress,
+    run: dict[str, str],
+    sharded: ShardedTables | None = None,
 ) -> Path:
-    """Every stage's state and the progress so far, after round ``progress.round``."""
-    return checkpoint_lib.save(
-        folder,
-        checkpoint_lib.Checkpoint(
-            round=progress.round,
-            stages=checkpoint_lib.capture(rounds.stages()),
-            elapsed=progress.elapsed,
-            history=[e.as_record() for e in progress.history],
-            run=run,
-        ),
+    """Every stage's state and the progress so far, after round ``progress.round``; with
+    ``sharded`` tables every process writes its shard into one checkpoint (``folder`` given
+    on process 0)."""
+    checkpoint = checkpoint_lib.Checkpoint(
+        round=progress.round,
+        stages=checkpoint_lib.capture(rounds.stages()),
+        elapsed=progress.elapsed,
+        history=[e.as_record() for e in progress.history],
+        run=run,
     )
+    if sharded is not None:
+        return checkpoint_lib.save_shard(folder, checkpoint, sharded.processes)
+    assert folder is not None
+    return checkpoint_lib.save(folder, checkpoint)
 
 
 def evaluate(
@@ -323,15 +330,27 @@ def evaluate(
     return reason
 
 
-def keep_safe(rounds: ServerRound, progress: Progress, control: RunControl, last: int) -> None:
+def keep_safe(
+    rounds: ServerRound,
+    progress: Progress,
+    control: RunControl,
+    last: int,
+    sharded: ShardedTables | None = None,
+) -> None:
     """After a round: checkpoint when due or when a stop is requested, then stop if asked
-    (``Interrupted``). Nothing is saved after the last round: the run is complete."""
+    (``Interrupted``). Nothing is saved after the last round: the run is complete. With
+    ``sharded`` tables every process writes (its shard) when process 0 has a folder."""
     stop = control.stop_requested()
     if progress.round >= last:
         return
     due = control.checkpoint_every and progress.round % control.checkpoint_every == 0
-    if (due or stop) and control.checkpoints is not None:
-        rounds.last_checkpoint = save_checkpoint(control.checkpoints, rounds, progress, control.run)
+    writes = (due or stop) and control.checkpoints is not None
+    if (due or stop) and sharded is not None:  # process 0 decides: it holds the folder
+        writes = distributed.all_gather(writes, "agreeing where checkpoints go")[0]
+    if writes:
+        rounds.last_checkpoint = save_checkpoint(
+            control.checkpoints, rounds, progress, control.run, sharded
+        )
     if stop:
         raise Interrupted(progress.round, rounds.last_checkpoint)
 
@@ -485,5 +504,5 @@ def run_rounds(
             if on_round is not None:
                 on_round(r)
             with timed("checkpoint"):
-                keep_safe(rounds, progress, control, schedule.rounds)
+                keep_safe(rounds, progress, control, schedule.rounds, sharded)
     return params
