@@ -22,6 +22,7 @@ from fedsub.distributed import Processes
 from fedsub.engine import loop
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError
+from fedsub.sharding import initial
 from fedsub.sharding.model_file import write_model
 from fedsub.sharding.partition import RowPartition
 from fedsub.sharding.rounds import shard
@@ -30,6 +31,7 @@ from fedsub.submodel.params import Params
 from .equivalence import algorithm_for
 from .test_backends import DATASETS, model_for
 from .test_distributed import files_of, torchrun
+from .test_model_capabilities import built
 
 
 @pytest.mark.parametrize("rows", [0, 1, 5, 7, 100])
@@ -154,3 +156,42 @@ def test_sharded_runs_train_one_process_models_and_resume_with_their_processes(t
     resumed = torchrun(tmp_path, "compare", "--resume", str(two), "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     assert_same_models(two, one, names)
+
+
+@pytest.mark.parametrize("name", ["din", "embedding-lr", "lstm", "sparse-lr", "torch-module"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_process_draws_its_rows_of_the_one_process_initial_model(
+    name, world, monkeypatch, tmp_path_factory
+):
+    """Drawn in chunks of a few rows (CHUNK_VALUES made tiny), each shard is its rows of the
+    whole draw, and the dense parameters drawn after the tables are too: the generator ended
+    where the whole draw leaves it."""
+    model, _ = built(name, str(tmp_path_factory.getbasetemp()))
+    monkeypatch.setattr(initial, "CHUNK_VALUES", 16)
+    for dtype in (torch.float32, torch.float64):
+        whole = model.init(torch.Generator().manual_seed(5), dtype)
+        for rank in range(world):
+            part = initial.sharded_init(
+                lambda g, dtype=dtype: model.init(g, dtype),
+                lambda: torch.Generator().manual_seed(5),
+                Processes(rank, world),
+            )
+            expected = shard(whole, Processes(rank, world))
+            assert part.partitions == expected.partitions
+            for key, value in expected.state_dict().items():
+                assert torch.equal(part.state_dict()[key], value), (name, rank, key)
+
+
+def test_a_table_drawn_in_chunks_is_the_whole_draw_and_leaves_the_generator_there():
+    for rows, dim in [(1001, 3), (37, 16), (40, 1), (9, 5)]:
+        for keep in [range(0, rows), range(5, rows // 2), range(rows - 1, rows)]:
+            whole_g, part_g = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+            whole = torch.randn(rows, dim, generator=whole_g)
+            old = initial.CHUNK_VALUES
+            initial.CHUNK_VALUES = 16
+            try:
+                part = initial.rows_of_randn((rows, dim), keep, {"generator": part_g})
+            finally:
+                initial.CHUNK_VALUES = old
+            assert torch.equal(part, whole[keep.start : keep.stop])
+            assert torch.equal(torch.rand(4, generator=part_g), torch.rand(4, generator=whole_g))

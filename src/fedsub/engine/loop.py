@@ -41,7 +41,8 @@ from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.profiling import ROUND, timed
 from fedsub.sharding import evaluation as sharded_evaluation
-from fedsub.sharding.rounds import ShardedTables, ShardParams, agree, shard
+from fedsub.sharding.initial import sharded_init
+from fedsub.sharding.rounds import ShardedTables, ShardParams, agree
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -69,13 +70,15 @@ class Evaluation:
         return Evaluation(record["round"], metrics_from_json(record["metrics"]), record["elapsed"])
 
 
+def init_generator(seed: int) -> torch.Generator:
+    """The generator the initial model is drawn with (on the CPU)."""
+    return torch.Generator().manual_seed(int(seeding.rng(seed, seeding.INIT).integers(2**62)))
+
+
 def initial_params(model: Model, schedule: Schedule) -> Params:
     """The seeded initial model on ``schedule.device``: drawn on the CPU and copied there, so
     every device starts from the same numbers."""
-    generator = torch.Generator().manual_seed(
-        int(seeding.rng(schedule.seed, seeding.INIT).integers(2**62))
-    )
-    return model.init(generator, schedule.dtype).to(schedule.device)
+    return model.init(init_generator(schedule.seed), schedule.dtype).to(schedule.device)
 
 
 def pooled(dataset: FederatedDataset) -> FederatedDataset:
@@ -225,8 +228,8 @@ def start_sharded(
     model: Model, algorithm: Algorithm, schedule: Schedule
 ) -> tuple[ShardParams, ShardedTables]:
     """``train.table_sharding = "rows"``: this process's rows of the initial model and the
-    tables' partition (fedsub/sharding). The initial model is drawn whole, one table after
-    another as the model draws them, and cut at once (the draw is the one-process draw)."""
+    tables' partition (fedsub/sharding). The initial model is the one-process draw, of which
+    this process draws only its rows where it can (sharding/initial.py)."""
     processes = distributed.joined()
     if processes is None:
         raise ConfigError(
@@ -245,7 +248,17 @@ def start_sharded(
     private_level = schedule.privacy is not None and schedule.privacy.level != "none"
     if private_level or schedule.dp is not None:
         raise ConfigError(f"{setting} cannot be combined with train.privacy levels or [dp]")
-    params = shard(initial_params(model, schedule), processes)
+    drawn = sharded_init(
+        lambda generator: model.init(generator, schedule.dtype),
+        lambda: init_generator(schedule.seed),
+        processes,
+    )
+    params = ShardParams(
+        {t: v.to(schedule.device) for t, v in drawn.tables.items()},
+        {n: v.to(schedule.device) for n, v in drawn.dense.items()},
+        drawn.partitions,
+        drawn.rank,
+    )
     return params, ShardedTables.of(params, algorithm.aggregation.coefficients)
 
 
