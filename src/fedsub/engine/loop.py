@@ -510,6 +510,8 @@ def run_rounds(
                     model, staged, dataset, index, plan.cohort, r, schedule, plan.work
                 )
                 rounds.finish(plan, update)
+                if sharded is not None:
+                    sharded.log_traffic(r)
             progress.elapsed += time.perf_counter() - started
             progress.round = r
             if r % schedule.eval_every == 0 or r == schedule.rounds:

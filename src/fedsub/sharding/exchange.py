@@ -29,13 +29,14 @@ class Traffic:
     fetch: int = 0
     route: int = 0
     gather: int = 0
+    rows: int = 0  # table rows this process fetched (its members' unions)
 
     @property
     def total(self) -> int:
         return self.fetch + self.route + self.gather
 
     def reset(self) -> None:
-        self.fetch = self.route = self.gather = 0
+        self.fetch = self.route = self.gather = self.rows = 0
 
 
 def group_device() -> torch.device:

@@ -19,6 +19,7 @@ Bytes per round (``Traffic``) grow with the cohort's rows and dense size, never 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 RunCohort = Callable[..., CohortUpdate]
+LOG = logging.getLogger("fedsub.sharding")  # DEBUG: each round's bytes (benchmarks read them)
 
 
 @dataclass
@@ -124,6 +126,14 @@ class ShardedTables:
             }
         return ShardedTables(processes, dict(params.partitions), coefficients)
 
+    def log_traffic(self, round_index: int) -> None:
+        """Log (DEBUG) the bytes this process sent in round ``round_index``."""
+        t = self.traffic
+        LOG.debug(
+            "round %d: %s sent %d bytes (fetch %d, route %d, gather %d) for %d rows",
+            round_index, self.processes, t.total, t.fetch, t.route, t.gather, t.rows,
+        )  # fmt: skip
+
     def fetch(self, params: Params, table: str, rows: torch.Tensor, what: str) -> torch.Tensor:
         """The values of ``rows`` (sorted global ids) of ``table``, from their owners. A
         collective: every process calls it, each with the rows it needs."""
@@ -143,6 +153,7 @@ class ShardedTables:
             union = torch.from_numpy(union_of(index, table, clients)).to(values.device)
             tables[table] = self.fetch(params, table, union, f"fetching round {r}'s rows")
             rows[table] = union
+            self.traffic.rows += len(union)
         return FetchedRows(tables, dict(params.dense), rows)
 
     def run(self, run_cohort: RunCohort) -> RunCohort:
