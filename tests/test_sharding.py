@@ -9,6 +9,8 @@ the same models, and a resume by another number of processes is refused naming t
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import tomllib
 from pathlib import Path
 
@@ -19,10 +21,13 @@ from safetensors.torch import load_file
 from fedsub import cli
 from fedsub import config as config_lib
 from fedsub.distributed import Processes
-from fedsub.engine import loop
+from fedsub.engine import evaluate, loop
+from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError
+from fedsub.sharding import evaluation as sharded_evaluation
 from fedsub.sharding import initial
+from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.model_file import write_model
 from fedsub.sharding.partition import RowPartition
 from fedsub.sharding.rounds import shard
@@ -125,12 +130,21 @@ def test_what_is_not_row_local_or_needs_a_whole_table_is_refused_with_the_reason
 
 
 def assert_same_models(got: Path, expected: Path, names: list[str]) -> None:
+    """The same model files, and the same evaluations (all but the training seconds)."""
     for name in names:
         a = load_file(got / name / "model.safetensors")
         b = load_file(expected / name / "model.safetensors")
         assert a.keys() == b.keys()
         for key in a:
             assert torch.equal(a[key], b[key]), f"{name} {key}"
+        metrics = [
+            [{k: v for k, v in json.loads(line).items() if k != "elapsed"} for line in lines]
+            for lines in (
+                (folder / name / "metrics.jsonl").read_text().splitlines()
+                for folder in (got, expected)
+            )
+        ]
+        assert metrics[0] == metrics[1], name
 
 
 def test_sharded_runs_train_one_process_models_and_resume_with_their_processes(tmp_path, capsys):
@@ -195,3 +209,50 @@ def test_a_table_drawn_in_chunks_is_the_whole_draw_and_leaves_the_generator_ther
                 initial.CHUNK_VALUES = old
             assert torch.equal(part, whole[keep.start : keep.stop])
             assert torch.equal(torch.rand(4, generator=part_g), torch.rand(4, generator=whole_g))
+
+
+class RowsOfTheWholeModel:
+    """A stand-in for process ``rank``'s ShardedTables in one process: every fetched row comes
+    from the whole model (what its owners send); counts the rows fetched."""
+
+    def __init__(self, whole: Params, rank: int, world: int) -> None:
+        self.whole, self.processes, self.fetched = whole, Processes(rank, world), 0
+
+    def fetch(self, _params, table, rows, _what):
+        self.fetched += len(rows)
+        return self.whole.tables[table].index_select(0, rows)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_process_scores_its_share_of_the_chunks_and_the_metrics_are_one_process(
+    world, monkeypatch
+):
+    dataset = DATASETS["two-tables-dense"]()
+    model = model_for(dataset)
+    drawn = model.init(torch.Generator().manual_seed(0), torch.float64)
+    torch.manual_seed(0)  # every parameter random (the initial head is zero: outputs would be)
+    whole = Params(
+        {t: torch.randn_like(v) for t, v in drawn.tables.items()},
+        {n: torch.randn_like(v) for n, v in drawn.dense.items()},
+    )
+    monkeypatch.setattr(evaluate, "CHUNK", 7)  # several chunks per set
+    evaluator = Evaluator.build(model, dataset, 40, seed=1)
+    expected = evaluator.evaluate(whole)
+    stand_ins = [RowsOfTheWholeModel(whole, rank, world) for rank in range(world)]
+
+    def outputs_of(params, samples):
+        parts = []
+        for stand_in in stand_ins:  # each process's outputs, gathered in rank order
+            scoring = ShardedScoring(stand_in, model, evaluate.eval_chunks)
+            with monkeypatch.context() as patch:
+                patch.setattr(sharded_evaluation.distributed, "all_gather", lambda v, _: [v])
+                parts.append(scoring(params, samples))
+        return torch.cat(parts)
+
+    sharded = dataclasses.replace(evaluator, outputs_of=outputs_of, batches={})
+    assert sharded.evaluate(whole) == expected
+    for samples in (evaluator.train_subset, evaluator.test):
+        assert torch.equal(sharded.outputs(whole, samples), evaluator.outputs(whole, samples))
+    union = sum(len(set(ragged.values)) for ragged in dataset.test.ids.values())
+    assert all(s.fetched > 0 for s in stand_ins)
+    assert max(s.fetched for s in stand_ins) < union + 40 * len(dataset.table_rows)

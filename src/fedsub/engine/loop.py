@@ -29,7 +29,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
 from fedsub.engine.divergence import divergence_reason
-from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.evaluate import Evaluator, eval_chunks
 from fedsub.engine.guards import Rejection
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import Schedule
@@ -40,7 +40,7 @@ from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.profiling import ROUND, timed
-from fedsub.sharding import evaluation as sharded_evaluation
+from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.initial import sharded_init
 from fedsub.sharding.rounds import ShardedTables, ShardParams, agree
 from fedsub.submodel.index import SubmodelIndex
@@ -262,32 +262,16 @@ def start_sharded(
     return params, ShardedTables.of(params, algorithm.aggregation.coefficients)
 
 
-def sharded_evaluator(evaluator: Evaluator) -> tuple[Evaluator, dict[str, np.ndarray]]:
-    """``evaluator`` scoring its sets with ids renumbered into the rows they read, and those
-    rows (fetched from their owners at each evaluation: ``ShardedTables.fetch``)."""
+def sharded_evaluator(evaluator: Evaluator, sharded: ShardedTables) -> Evaluator:
+    """``evaluator`` with each process scoring its share of the chunks, reading rows fetched
+    from their owners (fedsub/sharding/evaluation.py): the metrics are one process's."""
     if evaluator.extra is not None or evaluator.l2:
         raise ConfigError(
             'train.table_sharding = "rows" cannot evaluate gradient norms or a regularized '
             "loss: both read whole tables"
         )
-    rows = sharded_evaluation.rows_read([evaluator.train_subset, evaluator.test])
-    return dataclasses.replace(
-        evaluator,
-        train_subset=sharded_evaluation.renumbered(evaluator.train_subset, rows),
-        test=sharded_evaluation.renumbered(evaluator.test, rows),
-        batches={},
-    ), rows
-
-
-def fetched_for_evaluation(
-    sharded: ShardedTables, params: Params, rows: dict[str, np.ndarray]
-) -> Params:
-    """The rows the evaluation reads, from their owners, and the dense parameters."""
-    tables = {
-        t: sharded.fetch(params, t, torch.from_numpy(rows[t]), "fetching the evaluation's rows")
-        for t in params.tables
-    }
-    return Params(tables, dict(params.dense))
+    scoring = ShardedScoring(sharded, evaluator.model, eval_chunks)
+    return dataclasses.replace(evaluator, outputs_of=scoring, batches={})
 
 
 def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
@@ -445,12 +429,11 @@ def run_rounds(
     if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)
         index = SubmodelIndex.whole_model(dataset)
     host, sharded = None, None
-    evaluation_rows: dict[str, np.ndarray] = {}
     params: Params
     if schedule.table_sharding == "rows":
         params, sharded = start_sharded(model, algorithm, schedule)
         if evaluator is not None:
-            evaluator, evaluation_rows = sharded_evaluator(evaluator)
+            evaluator = sharded_evaluator(evaluator, sharded)
     elif schedule.table_placement == "host":  # drawn on the host, the tables never leave it
         drawn = initial_params(model, dataclasses.replace(schedule, device=placement.HOST))
         params = placement.place(drawn, schedule.device)
@@ -477,8 +460,6 @@ def run_rounds(
             return
         with timed("evaluation"):
             evaluated = params if host is None else params.to(placement.HOST)
-            if sharded is not None:
-                evaluated = fetched_for_evaluation(sharded, params, evaluation_rows)
             reason = evaluate(
                 evaluator,
                 evaluated,
