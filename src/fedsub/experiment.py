@@ -497,8 +497,8 @@ def _compare_in(
         )
         if divergence is not None:
             diverged[name] = divergence
-        if final is not None:
-            finals[name] = final
+        if final is not None and not isinstance(final, ShardParams):
+            finals[name] = final  # a process's shard is not the model: read model.safetensors
         if run.profile is not None:
             profiles[name] = run.profile.as_json()
 
