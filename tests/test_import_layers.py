@@ -46,6 +46,7 @@ LAYERS: list[set[str]] = [
     {"submodel"},
     {"models", "client"},
     {"algorithms", "masking", "privacy", "dp"},
+    {"sharding"},  # row-sharded tables under torchrun (the engine's loop uses it)
     {"engine", "config"},
     {"runs"},  # a config checked, set up (data, model, schedule), run and reported
     # ``fedsub`` itself (the package's __init__) is the public API's facade: it imports the

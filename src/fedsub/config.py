@@ -25,6 +25,7 @@ from fedsub.algorithms.registry import (
     algorithm_names,
     check_combination,
     check_table_placement,
+    check_table_sharding,
     options_class,
     split_name,
 )
@@ -136,6 +137,13 @@ class ExecutionConfig:
     the device and back (engine/placement.py), so a table larger than the GPU trains; the server
     step must be row-local (fedavg, fedsubavg, the -lazy adaptive servers; full-model fedadam /
     fedyogi / fedadagrad, server momentum and SCAFFOLD are refused)."""
+    table_sharding: str = field(default="none", metadata={"choices": lambda: ["none", "rows"]})
+    """`rows` (under torchrun only): each of the P processes holds a contiguous 1/P of every table's
+    rows, with their server state and heat coefficients; a round fetches the cohort's rows from
+    their owners and routes the row updates back (fedsub/sharding), so no process holds a whole
+    table. The same model as one process (bit for bit with deterministic = true). Row-local
+    algorithms only (fedavg, fedsubavg, the -lazy adaptive servers); refused with masking,
+    privacy, [dp], SCAFFOLD, full-model adaptive servers, Scheme II and CentralSGD."""
     compile: str = field(default="off", metadata={"choices": lambda: ["off", "on"]})
     """`on`: the batched backend's local step (embed, head, loss, gradients, client rule, update)
     captured as one program with torch.compile (inductor; on a GPU as CUDA graphs), its rows and ids
@@ -424,6 +432,7 @@ def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.LOG.warning) -
     check_privacy(config)
     check_compile(config)
     check_dp(config)
+    check_sharding(config)
     return config
 
 
@@ -468,6 +477,38 @@ def check_compile(config: Config) -> None:
     for condition, reason in refusals:
         if condition:
             raise ConfigError(f'execution.compile = "on" cannot be used here: {reason}')
+
+
+def check_sharding(config: Config) -> None:
+    """``execution.table_sharding = "rows"``: refuse what needs a whole table in one process or a
+    step that is not row-local (the algorithms themselves: ``check_algorithms``)."""
+    x, privacy, masking = config.execution, config.privacy, config.masking
+    if x.table_sharding != "rows":
+        return
+    refusals = [
+        (
+            masking.scheme != "none",
+            f"masking.scheme = {masking.scheme!r} aggregates width slices per client",
+        ),
+        (privacy.level != "none", f"privacy.level = {privacy.level!r} aggregates on one process"),
+        (config.dp.mechanism != "none", "[dp] adds noise to every row of every table"),
+        (
+            x.table_placement != "device",
+            "execution.table_placement = 'host' is not combined with it",
+        ),
+        (config.eval.gradient_norms, "eval.gradient_norms = true reads whole tables"),
+        (config.eval.regularized_loss, "eval.regularized_loss = true sums over whole tables"),
+        (
+            config.eval.target_train_loss == "central-min",
+            "eval.target_train_loss = 'central-min' trains CentralSGD (one pooled client)",
+        ),
+    ]
+    for condition, reason in refusals:
+        if condition:
+            raise ConfigError(
+                f'execution.table_sharding = "rows" cannot be used here: {reason}; use '
+                'execution.table_sharding = "none"'
+            )
 
 
 def check_privacy(config: Config) -> None:
@@ -602,6 +643,7 @@ def check_algorithms(config: Config) -> None:
         check_table_placement(
             name, config.algorithm_options(name), config.execution.table_placement
         )
+        check_table_sharding(name, config.algorithm_options(name), config.execution.table_sharding)
 
 
 def check_masking(config: Config) -> None:

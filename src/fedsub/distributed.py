@@ -159,7 +159,7 @@ def leave() -> None:
 
 
 @contextmanager
-def _collective(what: str) -> Iterator[None]:
+def collective(what: str) -> Iterator[None]:
     """A failed collective (a process died or timed out) as a FedsubError naming this process."""
     try:
         yield
@@ -179,7 +179,7 @@ def all_gather(value: Any, what: str) -> list[Any]:
     if group is None:
         return [value]
     gathered: list[Any] = [None] * group.world_size
-    with _collective(what):
+    with collective(what):
         dist.all_gather_object(gathered, value)
     return gathered
 
@@ -190,7 +190,7 @@ def barrier(what: str) -> None:
 
     if joined() is None:
         return
-    with _collective(what):
+    with collective(what):
         dist.barrier()
 
 
@@ -205,7 +205,7 @@ def any_process(flag: bool, what: str) -> bool:
     on_gpu = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
     value = torch.tensor([int(flag)], device=device)
-    with _collective(what):
+    with collective(what):
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
 

@@ -535,12 +535,11 @@ def _pieces_of(name: str, options: Any) -> tuple[str, Recipe, Any, dict[str, Any
     return scheme_name, recipe, values, fixed
 
 
-def check_table_placement(name: str, options: Any, table_placement: str) -> None:
-    """``execution.table_placement = "host"`` moves only a round's rows to the device: refuse
-    (ConfigError naming the key) a server piece whose step is not row-local with these
-    options, and control variates, which live beside every row of the tables."""
-    if table_placement != "host":
-        return
+def row_local_reasons(name: str, options: Any) -> list[str]:
+    """Why algorithm ``name`` (with ``options``) cannot step the tables row by row where the
+    rows live (host placement, row sharding); empty when it can: its server piece is row-local
+    with these options, it keeps no control variates beside every row, and it combines by a
+    weighted sum (the per-row coefficients act after the sum)."""
     _, recipe, values, fixed = _pieces_of(name, options)
     server = SERVERS[recipe.server]
     reasons = []
@@ -556,13 +555,42 @@ def check_table_placement(name: str, options: Any, table_placement: str) -> None
     if not rule_class(recipe.aggregation).secure_sum_ok:  # coefficients act after the sum
         reasons.append(
             f"its aggregation rule {recipe.aggregation!r} does not combine by a weighted sum, "
-            "and the host applies the per-row coefficients to the device's weighted sum"
+            "and the per-row coefficients are applied to the weighted sum where the rows live"
         )
+    return reasons
+
+
+def check_table_placement(name: str, options: Any, table_placement: str) -> None:
+    """``train.table_placement = "host"`` moves only a round's rows to the device: refuse
+    (ConfigError naming the key) an algorithm with ``row_local_reasons``."""
+    if table_placement != "host":
+        return
+    reasons = row_local_reasons(name, options)
     if reasons:
         raise ConfigError(
             f'execution.table_placement = "host" cannot run algorithm {name!r}: '
             f"{'; '.join(reasons)}. Only the cohort's rows travel to the device, so the server "
             'step must touch only them; use execution.table_placement = "device"'
+        )
+
+
+def check_table_sharding(name: str, options: Any, table_sharding: str) -> None:
+    """``execution.table_sharding = "rows"``: each process steps only the rows it owns, so refuse
+    (ConfigError naming the key) an algorithm with ``row_local_reasons``, Li et al.'s Scheme II
+    (its model average rescales every row every round) and CentralSGD (one pooled client)."""
+    if table_sharding != "rows":
+        return
+    scheme, recipe, _, _ = _pieces_of(name, options)
+    reasons = row_local_reasons(name, options)
+    if SCHEMES[scheme].model_average:
+        reasons.append(f"its scheme {scheme!r} averages models, rescaling every row every round")
+    if rule_class(recipe.aggregation).pools_data:
+        reasons.append("it trains one client holding every sample (no cohort to split)")
+    if reasons:
+        raise ConfigError(
+            f'execution.table_sharding = "rows" cannot run algorithm {name!r}: '
+            f"{'; '.join(reasons)}. Each process steps only the rows it owns, so the server "
+            'step must be row-local; use execution.table_sharding = "none"'
         )
 
 

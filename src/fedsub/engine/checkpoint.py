@@ -12,6 +12,12 @@ checkpoints; the newest ``keep`` are kept (a resume falls back to the older one 
 is damaged). Nothing else is needed to resume: every random stream in fedsub is keyed by (seed,
 purpose, round, client), so the round number restores them all.
 
+A run with row-sharded tables (``execution.table_sharding = "rows"``, fedsub/sharding) writes one
+checkpoint folder all the same: process 0 creates the temporary folder, every process writes its
+stages into ``shard-<r>-of-<P>/`` in it, and after a barrier process 0 writes ``state.json``
+(with ``"shards": P``) and renames the folder into place, so a checkpoint holds every shard of
+one round or is not there. It resumes with the same P only (``ShardsMismatch`` names it).
+
 Format 1 (before stages were generic) had fixed ``model``/``server``/``variates`` files and no
 stage list in ``state.json``; it still loads, as those three stages (an empty ``variates``
 file meaning: no control variates).
@@ -31,6 +37,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from fedsub import distributed
 from fedsub.errors import FedsubError
 from fedsub.files.atomic_files import create_temp_dir
 from fedsub.files.tensor_files import write_tensors
@@ -44,6 +51,15 @@ PREFIX = "round-"
 STAGE_NAME = re.compile(r"[a-z][a-z0-9_-]*")  # a stage's name is its file's name
 
 StageStates = dict[str, dict[str, torch.Tensor]]
+
+
+class ShardsMismatch(FedsubError):
+    """A sharded checkpoint resumed by another number of processes (not a damaged one: an
+    older checkpoint has the same number)."""
+
+
+def shard_folder(rank: int, world_size: int) -> str:
+    return f"shard-{rank}-of-{world_size}"
 
 
 @dataclass(frozen=True)
@@ -100,37 +116,87 @@ def restore(
             raise FedsubError(f"{where}: stage {name!r} does not fit this run: {error}") from None
 
 
-def save(directory: Path, checkpoint: Checkpoint, keep: int = 2) -> Path:
+def _check_names(checkpoint: Checkpoint) -> None:
     for name in checkpoint.stages:
         if not STAGE_NAME.fullmatch(name):
             raise ValueError(f"stage name {name!r} is not {STAGE_NAME.pattern} (a file name)")
+
+
+def _write_stages(folder: Path, checkpoint: Checkpoint) -> None:
+    folder.mkdir(exist_ok=True)
+    for name, tensors in checkpoint.stages.items():
+        write_tensors(folder / f"{name}.safetensors", tensors)
+
+
+def _publish(staging: Path, final: Path, checkpoint: Checkpoint, shards: int | None) -> None:
+    """Write state.json into ``staging`` and rename it to ``final``."""
+    state = {
+        "format": FORMAT,
+        "stages": sorted(checkpoint.stages),
+        "round": checkpoint.round,
+        "elapsed": checkpoint.elapsed,
+        "history": checkpoint.history,
+        "run": checkpoint.run,
+        **({"shards": shards} if shards is not None else {}),
+    }
+    with open(staging / "state.json", "w", encoding="utf-8") as handle:
+        json.dump(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+
+
+def _prune(directory: Path, keep: int) -> None:
+    for old in sorted(directory.glob(f"{PREFIX}*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save(directory: Path, checkpoint: Checkpoint, keep: int = 2) -> Path:
+    _check_names(checkpoint)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{PREFIX}{checkpoint.round:06d}"
     staging = create_temp_dir(directory, final.name)
     try:
-        for name, tensors in checkpoint.stages.items():
-            write_tensors(staging / f"{name}.safetensors", tensors)
-        state = {
-            "format": FORMAT,
-            "stages": sorted(checkpoint.stages),
-            "round": checkpoint.round,
-            "elapsed": checkpoint.elapsed,
-            "history": checkpoint.history,
-            "run": checkpoint.run,
-        }
-        with open(staging / "state.json", "w", encoding="utf-8") as handle:
-            json.dump(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
+        _write_stages(staging, checkpoint)
+        _publish(staging, final, checkpoint, None)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    for old in sorted(directory.glob(f"{PREFIX}*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _prune(directory, keep)
     return final
+
+
+def save_shard(
+    directory: Path | None, checkpoint: Checkpoint, processes: distributed.Processes, keep: int = 2
+) -> Path:
+    """This process's shard of a row-sharded run's checkpoint (a collective: every process
+    calls it with its own stages; ``directory`` on process 0, None elsewhere). Returns the
+    checkpoint's folder."""
+    _check_names(checkpoint)
+    staging = final = None
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        final = directory / f"{PREFIX}{checkpoint.round:06d}"
+        staging = create_temp_dir(directory, final.name)
+    try:
+        named = distributed.all_gather(
+            None if staging is None else (str(staging), str(final)), "writing a checkpoint"
+        )[0]
+        if named is None:
+            raise FedsubError(f"{processes}: process 0 has no checkpoint folder to write into")
+        where = Path(named[0]) / shard_folder(processes.rank, processes.world_size)
+        _write_stages(where, checkpoint)
+        distributed.barrier("writing a checkpoint")
+        if staging is not None and final is not None and directory is not None:
+            _publish(staging, final, checkpoint, processes.world_size)
+            _prune(directory, keep)
+    except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return Path(named[1])
 
 
 def all_newest_first(directory: Path) -> list[Path]:
@@ -150,6 +216,8 @@ def newest_intact(directory: Path) -> Checkpoint | None:
     for path in all_newest_first(directory):
         try:
             return load(path)
+        except ShardsMismatch:
+            raise
         except FedsubError as error:
             LOG.warning("skipping damaged checkpoint: %s; trying an older one", error)
     return None
@@ -189,4 +257,20 @@ def _load_stages(path: Path, state: dict) -> StageStates:
         isinstance(n, str) and STAGE_NAME.fullmatch(n) for n in names
     ):
         raise FedsubError(f"{path}: state.json's stages must be a list of stage names")
-    return {name: load_file(str(path / f"{name}.safetensors")) for name in names}
+    folder = path
+    if "shards" in state:  # row-sharded tables: this process's shard
+        folder = path / _own_shard(path, state["shards"])
+    return {name: load_file(str(folder / f"{name}.safetensors")) for name in names}
+
+
+def _own_shard(path: Path, shards: object) -> str:
+    """The shard folder of this process, when the run has the checkpoint's number of
+    processes (torchrun's environment says how many)."""
+    processes = distributed.from_environment()
+    if shards != processes.world_size:
+        raise ShardsMismatch(
+            f"{path}: its tables are sharded over {shards} processes "
+            f'(execution.table_sharding = "rows"), and this run has {processes.world_size}; '
+            f"resume it with torchrun --nproc-per-node {shards}"
+        )
+    return shard_folder(processes.rank, processes.world_size)

@@ -18,6 +18,16 @@ from fedsub.submodel.params import Params
 CHUNK = 65_536
 
 
+def eval_chunks(model: Model, samples: SampleSet) -> list[SampleSet]:
+    """``samples`` in the consecutive chunks the model is evaluated on (``EvalBatch``'s size,
+    else ``CHUNK``): each chunk's outputs do not depend on how the others are computed."""
+    chunk = model.eval_batch if isinstance(model, EvalBatch) else CHUNK
+    return [
+        samples.slice(start, min(start + chunk, len(samples)))
+        for start in range(0, len(samples), chunk)
+    ]
+
+
 @dataclass(frozen=True)
 class Evaluator:
     """Fixed evaluation sets, chosen once so that every round and algorithm is measured alike."""
@@ -33,6 +43,11 @@ class Evaluator:
     # same every evaluation, so a GPU run copies them there once
     batches: dict[tuple, tuple[SampleSet, list[Batch]]] = field(
         default_factory=dict, compare=False, repr=False
+    )
+    # the model's outputs on a set computed elsewhere (row-sharded tables: each process scores
+    # its share of the chunks, fedsub/sharding/evaluation.py); None: ``forward`` on ``params``
+    outputs_of: Callable[[Params, SampleSet], torch.Tensor] | None = field(
+        default=None, compare=False, repr=False
     )
 
     @staticmethod
@@ -53,6 +68,8 @@ class Evaluator:
         return Evaluator(model, dataset.train.take(subset), dataset.test, extra, l2)
 
     def outputs(self, params: Params, samples: SampleSet) -> torch.Tensor:
+        if self.outputs_of is not None:
+            return self.outputs_of(params, samples)
         with torch.no_grad():
             batches = self._batches(samples, params.tensors()[0].dtype, params.device)
             return torch.cat([forward(self.model, params, batch) for batch in batches])
@@ -61,11 +78,7 @@ class Evaluator:
         key = (id(samples), str(device), dtype)
         cached = self.batches.get(key)
         if cached is None or cached[0] is not samples:
-            chunk = self.model.eval_batch if isinstance(self.model, EvalBatch) else CHUNK
-            parts = [
-                samples.slice(start, min(start + chunk, len(samples)))
-                for start in range(0, len(samples), chunk)
-            ]
+            parts = eval_chunks(self.model, samples)
             cached = (samples, [Batch.from_samples(p, dtype, device) for p in parts])
             self.batches[key] = cached
         return cached[1]

@@ -31,7 +31,7 @@ from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
 from fedsub.engine.cohort_job import CohortJob, RunCohort, composed
 from fedsub.engine.divergence import divergence_reason
-from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.evaluate import Evaluator, eval_chunks
 from fedsub.engine.guards import Rejection
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.round_runtime import RoundFailed, RoundRuntime
@@ -44,6 +44,9 @@ from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.numerics import seeding, segment_sum
 from fedsub.profiling import ROUND, timed
+from fedsub.sharding.evaluation import ShardedScoring
+from fedsub.sharding.initial import sharded_init
+from fedsub.sharding.rounds import ShardedTables, ShardParams, agree
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -72,13 +75,15 @@ class Evaluation:
         return Evaluation(record["round"], metrics_from_json(record["metrics"]), record["elapsed"])
 
 
+def init_generator(seed: int) -> torch.Generator:
+    """The generator the initial model is drawn with (on the CPU)."""
+    return torch.Generator().manual_seed(int(seeding.rng(seed, seeding.INIT).integers(2**62)))
+
+
 def initial_params(model: Model, schedule: Schedule) -> Params:
     """The seeded initial model on ``schedule.device``: drawn on the CPU and copied there, so
     every device starts from the same numbers."""
-    generator = torch.Generator().manual_seed(
-        int(seeding.rng(schedule.seed, seeding.INIT).integers(2**62))
-    )
-    return model.init(generator, schedule.dtype).to(schedule.device)
+    return model.init(init_generator(schedule.seed), schedule.dtype).to(schedule.device)
 
 
 def pooled(dataset: FederatedDataset) -> FederatedDataset:
@@ -124,11 +129,18 @@ def round_stages(
     params: Params,
     private: PrivateRounds | None = None,
     host: placement.HostTables | None = None,
+    sharded: ShardedTables | None = None,
 ) -> tuple[RunCohort, Callable[[Any], ServerUpdate]]:
     """The round's client work and how its updates become the server's update: the configured
     backend inside the run's stages, innermost first (split across the processes of a joined
     torchrun group, engine/split_cohort.py; on width slices when masking; through the
-    members' requests when ``private``; on the rows staged on the device when ``host``)."""
+    members' requests when ``private``; on the rows staged on the device when ``host``); with
+    ``sharded`` tables the members run where their process is and their row updates are
+    routed to the rows' owners (fedsub/sharding)."""
+    if sharded is not None:  # config.py refuses masking and privacy with row sharding
+        backend = backend_for(schedule.backend, model, algorithm.name).run_cohort
+        aggregation = dataclasses.replace(algorithm.aggregation, coefficients=None)
+        return sharded.run(backend), sharded.combine(aggregation.to(schedule.device))
     processes = distributed.joined()
     run_cohort = composed(
         backend_for(schedule.backend, model, algorithm.name).run_cohort,
@@ -193,6 +205,8 @@ class RunControl:
     run: dict[str, str] = dataclasses.field(default_factory=dict)  # stamped on checkpoints
     # given the run's privacy stages before round 1 (to keep a transcript, read the costs)
     on_private_rounds: Callable[[PrivateRounds], None] | None = None
+    # row-sharded tables (set by run_rounds): every process writes its shard of a checkpoint
+    sharded: ShardedTables | None = None
 
 
 @dataclass
@@ -239,6 +253,56 @@ def build_server_round(
     )
 
 
+def start_sharded(
+    model: Model, algorithm: Algorithm, schedule: Schedule
+) -> tuple[ShardParams, ShardedTables]:
+    """``train.table_sharding = "rows"``: this process's rows of the initial model and the
+    tables' partition (fedsub/sharding). The initial model is the one-process draw, of which
+    this process draws only its rows where it can (sharding/initial.py)."""
+    processes = distributed.joined()
+    if processes is None:
+        raise ConfigError(
+            "train.table_sharding = \"rows\" spreads the tables' rows over torchrun's "
+            "processes, and this run has one process: start it with torchrun "
+            '--nproc-per-node P (P >= 2), or set train.table_sharding = "none"'
+        )
+    setting = 'train.table_sharding = "rows"'
+    if algorithm.central or algorithm.aggregation.model_average:
+        raise ConfigError(
+            f"{setting} cannot run algorithm {algorithm.name!r}: it pools every sample in one "
+            "client or averages models (Scheme II), rescaling every row every round"
+        )
+    if schedule.masking is not None and schedule.masking.scheme != "none":
+        raise ConfigError(f"{setting} cannot be combined with masking (width slices)")
+    private_level = schedule.privacy is not None and schedule.privacy.level != "none"
+    if private_level or schedule.dp is not None:
+        raise ConfigError(f"{setting} cannot be combined with train.privacy levels or [dp]")
+    drawn = sharded_init(
+        lambda generator: model.init(generator, schedule.dtype),
+        lambda: init_generator(schedule.seed),
+        processes,
+    )
+    params = ShardParams(
+        {t: v.to(schedule.device) for t, v in drawn.tables.items()},
+        {n: v.to(schedule.device) for n, v in drawn.dense.items()},
+        drawn.partitions,
+        drawn.rank,
+    )
+    return params, ShardedTables.of(params, algorithm.aggregation.coefficients)
+
+
+def sharded_evaluator(evaluator: Evaluator, sharded: ShardedTables) -> Evaluator:
+    """``evaluator`` with each process scoring its share of the chunks, reading rows fetched
+    from their owners (fedsub/sharding/evaluation.py): the metrics are one process's."""
+    if evaluator.extra is not None or evaluator.l2:
+        raise ConfigError(
+            'train.table_sharding = "rows" cannot evaluate gradient norms or a regularized '
+            "loss: both read whole tables"
+        )
+    scoring = ShardedScoring(sharded, evaluator.model, eval_chunks)
+    return dataclasses.replace(evaluator, outputs_of=scoring, batches={})
+
+
 def resume(rounds: ServerRound, saved: checkpoint_lib.Checkpoint) -> Progress:
     """Restore every stage of ``rounds`` from ``saved``; the run goes on after its round."""
     checkpoint_lib.restore(rounds.stages(), saved, rounds.params.device)
@@ -261,24 +325,27 @@ def evaluations_of(history: list[dict]) -> list[Evaluation]:
 
 
 def save_checkpoint(
-    folder: Path,
+    folder: Path | None,
     rounds: ServerRound,
     progress: Progress,
     run: dict[str, str],
     records: list[dict] | None = None,
+    sharded: ShardedTables | None = None,
 ) -> Path:
     """Every stage's state and the progress so far, after round ``progress.round`` (and a
-    runtime's own ``records``, after the evaluations in its history)."""
-    return checkpoint_lib.save(
-        folder,
-        checkpoint_lib.Checkpoint(
-            round=progress.round,
-            stages=checkpoint_lib.capture(rounds.stages()),
-            elapsed=progress.elapsed,
-            history=[*(e.as_record() for e in progress.history), *(records or [])],
-            run=run,
-        ),
+    runtime's own ``records``, after the evaluations in its history); with ``sharded`` tables
+    every process writes its shard into one checkpoint (``folder`` given on process 0)."""
+    checkpoint = checkpoint_lib.Checkpoint(
+        round=progress.round,
+        stages=checkpoint_lib.capture(rounds.stages()),
+        elapsed=progress.elapsed,
+        history=[*(e.as_record() for e in progress.history), *(records or [])],
+        run=run,
     )
+    if sharded is not None:
+        return checkpoint_lib.save_shard(folder, checkpoint, sharded.processes)
+    assert folder is not None
+    return checkpoint_lib.save(folder, checkpoint)
 
 
 def evaluate(
@@ -316,17 +383,22 @@ def keep_safe(
     control: RunControl,
     last: int,
     records: Callable[[], list[dict]] = list,
+    sharded: ShardedTables | None = None,
 ) -> None:
     """After a round: checkpoint when due or when a stop is requested, then stop if asked
     (``Interrupted``). Nothing is saved after the last round: the run is complete.
-    ``records``: the runtime's own records, saved in the checkpoint's history."""
+    ``records``: the runtime's own records, saved in the checkpoint's history. With
+    ``sharded`` tables every process writes (its shard) when process 0 has a folder."""
     stop = control.stop_requested()
     if progress.round >= last:
         return
     due = control.checkpoint_every and progress.round % control.checkpoint_every == 0
-    if (due or stop) and control.checkpoints is not None:
+    writes = (due or stop) and control.checkpoints is not None
+    if (due or stop) and sharded is not None:  # process 0 decides: it holds the folder
+        writes = distributed.all_gather(writes, "agreeing where checkpoints go")[0]
+    if writes:
         rounds.last_checkpoint = save_checkpoint(
-            control.checkpoints, rounds, progress, control.run, records()
+            control.checkpoints, rounds, progress, control.run, records(), sharded
         )
     if stop:
         raise Interrupted(progress.round, rounds.last_checkpoint)
@@ -381,21 +453,33 @@ def run_rounds(
         dataset, index, schedule = central_setup(dataset, schedule)
     if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)
         index = SubmodelIndex.whole_model(dataset)
-    host = None
-    if schedule.table_placement == "host":  # drawn on the host, the tables never leave it
+    host, sharded = None, None
+    params: Params
+    if schedule.table_sharding == "rows":
+        params, sharded = start_sharded(model, algorithm, schedule)
+        if evaluator is not None:
+            evaluator = sharded_evaluator(evaluator, sharded)
+    elif schedule.table_placement == "host":  # drawn on the host, the tables never leave it
         drawn = initial_params(model, dataclasses.replace(schedule, device=placement.HOST))
         params = placement.place(drawn, schedule.device)
         host = placement.HostTables.of(algorithm, schedule.device)
     else:
         params = initial_params(model, schedule)
-    private = private_rounds(algorithm, schedule, params)
+    private = None if sharded is not None else private_rounds(algorithm, schedule, params)
     if private is not None and control.on_private_rounds is not None:
         control.on_private_rounds(private)
-    run_cohort, combine = round_stages(model, algorithm, schedule, params, private, host)
-    rounds = build_server_round(algorithm, dataset, index, schedule, params, combine, control)
+    stages = round_stages(model, algorithm, schedule, params, private, host, sharded)
+    rounds = build_server_round(algorithm, dataset, index, schedule, params, stages[1], control)
+    run_cohort = stages[0]
     if host is not None:
         placement.check_row_local(algorithm, rounds.server)
-    runtime = InProcess(model, dataset, index, schedule, run_cohort, evaluator, host)
+    if sharded is not None:
+        placement.check_row_local(
+            algorithm, rounds.server, "execution.table_sharding", ("rows", "none")
+        )
+        rounds.agree = agree
+        control = dataclasses.replace(control, sharded=sharded)
+    runtime = InProcess(model, dataset, index, schedule, run_cohort, evaluator, host, sharded)
     drive(rounds, runtime, schedule, control, on_evaluation, on_round)
     return params
 
@@ -404,7 +488,7 @@ def run_rounds(
 class InProcess:
     """The in-process engine as a ``RoundRuntime`` (engine/round_runtime.py): every client is
     available, the cohort's work runs on the configured backend (``round_stages``), and the
-    model is evaluated centrally by ``evaluator``."""
+    model is evaluated centrally by ``evaluator`` (by shares, with ``sharded`` tables)."""
 
     model: Model
     dataset: FederatedDataset
@@ -413,6 +497,7 @@ class InProcess:
     backend: RunCohort
     evaluator: Evaluator | None = None
     host: placement.HostTables | None = None
+    sharded: ShardedTables | None = None
 
     def available(self, round_index: int, rounds: ServerRound) -> np.ndarray | None:
         return None
@@ -427,7 +512,8 @@ class InProcess:
         return self.backend(job)  # host staging, when the tables live there, is a stage of it
 
     def close_round(self, round_index: int, updated: bool, diverged: str | None) -> None:
-        return None
+        if self.sharded is not None:
+            self.sharded.log_traffic(round_index)
 
     def evaluate(self, round_index: int, params: Params) -> dict[str, float] | None:
         if self.evaluator is None:
@@ -503,7 +589,9 @@ def drive(
             if on_round is not None:
                 on_round(r)
             with timed("checkpoint"):
-                keep_safe(rounds, progress, control, schedule.rounds, runtime.history)
+                keep_safe(
+                    rounds, progress, control, schedule.rounds, runtime.history, control.sharded
+                )
     return progress
 
 

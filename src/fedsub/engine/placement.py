@@ -63,9 +63,15 @@ def place(params: Params, device: torch.device) -> Params:
     return Params(tables, {n: v.to(device) for n, v in params.dense.items()})
 
 
-def check_row_local(algorithm: Algorithm, server: ServerOptimizer) -> None:
-    """Refuse (ConfigError naming the key) a server step that is not row-local, or control
-    variates, which live beside every row of the tables."""
+def check_row_local(
+    algorithm: Algorithm,
+    server: ServerOptimizer,
+    key: str = "train.table_placement",
+    values: tuple[str, str] = ("host", "device"),
+) -> None:
+    """Refuse (ConfigError naming ``key`` and its ``values``: the one set, the default) a
+    server step that is not row-local, or control variates, which live beside every row of the
+    tables: host placement and row sharding step only the rows of the round."""
     reasons = []
     if not (isinstance(server, RowLocal) and server.row_local):
         reasons.append(
@@ -75,10 +81,10 @@ def check_row_local(algorithm: Algorithm, server: ServerOptimizer) -> None:
     if algorithm.control_variates:
         reasons.append("its control variates (SCAFFOLD) are as large as the tables")
     if reasons:
+        chosen, default = values
         raise ConfigError(
-            f'execution.table_placement = "host" cannot run algorithm {algorithm.name!r}: '
-            f"{'; '.join(reasons)}. Only the cohort's rows travel to the device, so the "
-            'server step must touch only them; use execution.table_placement = "device"'
+            f'{key} = "{chosen}" cannot run algorithm {algorithm.name!r}: {"; ".join(reasons)}. '
+            f'The server step must touch only the rows of the round; use {key} = "{default}"'
         )
 
 

@@ -15,6 +15,7 @@ from fedsub.privacy.levels import Privacy
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 LrSchedule = Literal["constant", "inverse-round", "inverse-time", "exponential"]
 TablePlacement = Literal["device", "host"]  # execution.table_placement (engine/placement.py)
+TableSharding = Literal["none", "rows"]  # execution.table_sharding (fedsub/sharding)
 Sampling = Literal["fixed", "poisson"]  # train.sampling
 
 
@@ -56,6 +57,8 @@ class Schedule:
     deterministic: bool = False
     # execution.table_placement: "host" keeps the tables in host memory (engine/placement.py)
     table_placement: TablePlacement = "device"
+    # execution.table_sharding: "rows" spreads the tables' rows over torchrun's processes
+    table_sharding: TableSharding = "none"
     # execution.compile: how torch.compile captures the batched local step (None: eager ops)
     compile: Compile | None = None
     # train.sampling: "poisson" draws each client with probability K / N (algorithms/sampling.py)

@@ -118,6 +118,9 @@ class ServerRound:
     # [dp]: the round's Gaussian mechanism replaces ``combine`` and the ledger counts its rounds
     dp: DpMechanism | None = None
     ledger: Ledger | None = None
+    # under row-sharded tables (fedsub/sharding): each check true when it holds in any
+    # process, so every process takes the same branch; one process: the checks as they are
+    agree: Callable[[list[bool]], list[bool]] = field(default=lambda flags: flags, init=False)
 
     def stages(self) -> dict[str, Stateful]:
         """Every stateful stage of the round by name: what a checkpoint saves and a resume
@@ -201,13 +204,13 @@ class ServerRound:
             suspect = needs_screening(update, self.max_update_norm)
             server_update = as_model_delta(self._combined(update, r), self.params)
             checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
-            to_screen, aggregate_bad = checks.tolist()  # host read 1
+            to_screen, aggregate_bad = self.agree(checks.tolist())  # host read 1
         if to_screen:
             kept, rejected = screen(update, r, self.max_update_norm)
             for rejection in rejected:
                 if self.on_reject is not None:
                     self.on_reject(rejection)
-            if not kept and self.dp is None:
+            if not self.agree([bool(kept)])[0] and self.dp is None:
                 return False
             # under DP a round without members still adds its noise (an unchanged model
             # would tell that every member was rejected)
@@ -215,12 +218,13 @@ class ServerRound:
             if self.variates is not None:  # only the variates read the members' work
                 work = work.select(kept)
             server_update = as_model_delta(self._combined(update, r), self.params)
-            aggregate_bad = bool(server_update.nonfinite())
+            aggregate_bad = self.agree([bool(server_update.nonfinite())])[0]
         if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)
         with timed("server step"):
             self.server.apply(self.params, server_update)
             overflowed = bool(touched_nonfinite(self.params, server_update))  # host read 2
+            overflowed = self.agree([overflowed])[0]
             if not overflowed and self.variates is not None:
                 self.variates.update(update, work, self.schedule.local_steps)
         if overflowed:

@@ -72,6 +72,8 @@ from fedsub.runs.run_setup import (
     resolve_path,
     with_resolved_paths,
 )
+from fedsub.sharding.model_file import write_model
+from fedsub.sharding.rounds import ShardParams
 from fedsub.submodel.params import Params
 
 CENTRAL = "central-sgd"
@@ -271,8 +273,11 @@ class AlgorithmRun:
             log.close()
             if folder is not None:  # process 0 writes
                 self._write_privacy(folder, stages)
-        if folder is not None:
+        if isinstance(final, ShardParams):  # every process writes its rows into one file
+            write_model(None if folder is None else folder / "model.safetensors", final)
+        elif folder is not None:
             write_tensors_atomic(folder / "model.safetensors", final.state_dict())
+        if folder is not None:
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, final
 
@@ -493,8 +498,8 @@ def _compare_in(
         )
         if divergence is not None:
             diverged[name] = divergence
-        if final is not None:
-            finals[name] = final
+        if final is not None and not isinstance(final, ShardParams):
+            finals[name] = final  # a process's shard is not the model: read model.safetensors
         if run.profile is not None:
             profiles[name] = run.profile.as_json()
 

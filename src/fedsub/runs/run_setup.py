@@ -32,6 +32,7 @@ from fedsub.engine.schedule import (
     Sampling,
     Schedule,
     TablePlacement,
+    TableSharding,
 )
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -134,6 +135,7 @@ def schedule_of(config: Config) -> Schedule:
         momentum=t.momentum,
         deterministic=x.deterministic,
         table_placement=cast(TablePlacement, x.table_placement),
+        table_sharding=cast(TableSharding, x.table_sharding),
         compile=Compile.for_device(device) if x.compile == "on" else None,
         masking=Masking(
             cast(MaskingScheme, m.scheme),

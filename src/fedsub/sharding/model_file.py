@@ -1,0 +1,106 @@
+"""A sharded model written as one safetensors file, each process writing its own rows.
+
+A safetensors file is an 8-byte header length, a JSON header (each tensor's dtype, shape and
+byte range) and the tensors' bytes. A table is row-major, so process r's rows ``[start, stop)``
+are one contiguous byte range of it: process 0 creates the file at its full size and writes
+the header and the dense parameters; every process writes its rows at their offsets; after a
+barrier process 0 flushes the file and renames it into place. No process ever holds more than
+its own rows, and the file is the one a single process writes (any safetensors reader, and
+fedsub's own loaders, read it). The processes must share the folder's file system (one
+machine, or a shared mount).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+from fedsub import distributed
+from fedsub.files.atomic_files import create_temp_file
+from fedsub.sharding.rounds import ShardParams
+
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+}
+
+
+def layout(
+    tensors: dict[str, tuple[torch.dtype, list[int]]],
+) -> tuple[bytes, dict[str, int]]:
+    """The file's first bytes (header length and JSON header, padded to 8 bytes) and each
+    tensor's first byte after them, for tensors of these dtypes and shapes, in name order."""
+    header: dict[str, dict] = {}
+    offsets, position = {}, 0
+    for name in sorted(tensors):
+        dtype, shape = tensors[name]
+        size = _nbytes(dtype, shape)
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": shape,
+            "data_offsets": [position, position + size],
+        }
+        offsets[name] = position
+        position += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text, offsets
+
+
+def _write_at(handle, offset: int, tensor: torch.Tensor) -> None:
+    handle.seek(offset)
+    handle.write(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().data)
+
+
+def write_model(path: Path | None, params: ShardParams) -> None:
+    """Write the whole model of which ``params`` is this process's share to ``path`` (given on
+    process 0, the one that writes the run's outputs; None elsewhere). A collective; with no
+    path on process 0 nothing is written."""
+    shapes: dict[str, tuple[torch.dtype, list[int]]] = {
+        f"table.{t}": (v.dtype, [params.partitions[t].rows, *v.shape[1:]])
+        for t, v in params.tables.items()
+    }
+    shapes.update({f"dense.{n}": (v.dtype, list(v.shape)) for n, v in params.dense.items()})
+    head, offsets = layout(shapes)
+    temp = None
+    if path is not None:
+        fd, temp = create_temp_file(path.parent, path.name)
+        total = len(head) + sum(_nbytes(dtype, shape) for dtype, shape in shapes.values())
+        os.ftruncate(fd, total)
+        with os.fdopen(fd, "r+b") as handle:
+            handle.write(head)
+            for name, value in params.dense.items():
+                _write_at(handle, len(head) + offsets[f"dense.{name}"], value)
+    try:
+        named = distributed.all_gather(None if temp is None else str(temp), "writing the model")
+        if named[0] is None:
+            return
+        with open(named[0], "r+b") as handle:
+            for table, value in params.tables.items():
+                start = params.partitions[table].range_of(params.rank).start
+                row = value[0].numel() * value.element_size() if len(value) else 0
+                _write_at(handle, len(head) + offsets[f"table.{table}"] + start * row, value)
+            handle.flush()
+            os.fsync(handle.fileno())
+        distributed.barrier("writing the model")
+        if temp is not None and path is not None:
+            os.replace(temp, path)
+    except BaseException:
+        if temp is not None:
+            temp.unlink(missing_ok=True)
+        raise
+
+
+def _nbytes(dtype: torch.dtype, shape: list[int]) -> int:
+    size = dtype.itemsize
+    for extent in shape:
+        size *= extent
+    return size
