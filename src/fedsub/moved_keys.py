@@ -23,6 +23,9 @@ LOG = logging.getLogger("fedsub")
 
 OLD_SECTION = "train"
 
+# keys of the new sections that never were in [train] -> their default, as to_toml writes it
+ADDED_SINCE: dict[tuple[str, str], str] = {("execution", "table_sharding"): '"none"'}
+
 # old [train] key -> (its section now, its key there)
 MOVED: dict[str, tuple[str, str]] = {
     "dtype": ("execution", "dtype"),
@@ -132,7 +135,8 @@ def text_before_move(text: str) -> str:
     between) as fedsub wrote it before the keys moved: each moved key back in ``[train]``, by
     its old name and at its old place. A Flower run stamps its checkpoints with the hash of
     this text, so checkpoints written before the move still resume. A key of the new sections
-    that never was in ``[train]`` stays in its section."""
+    that never was in ``[train]`` stays in its section, except at the value that keeps the old
+    behaviour (``ADDED_SINCE``): a run written before the key existed never had another."""
     old_name = {place: old for old, place in MOVED.items()}
     blocks: list[list[str]] = []
     moved: dict[str, str] = {}  # old name -> its line
@@ -141,6 +145,8 @@ def text_before_move(text: str) -> str:
         section, kept = header.strip("[]"), [header]
         for line in lines:
             key, _, value = line.partition(" = ")
+            if ADDED_SINCE.get((section, key)) == value:
+                continue
             if (section, key) in old_name:
                 moved[old_name[(section, key)]] = f"{old_name[(section, key)]} = {value}"
             else:

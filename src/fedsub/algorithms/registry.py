@@ -561,7 +561,7 @@ def row_local_reasons(name: str, options: Any) -> list[str]:
 
 
 def check_table_placement(name: str, options: Any, table_placement: str) -> None:
-    """``train.table_placement = "host"`` moves only a round's rows to the device: refuse
+    """``execution.table_placement = "host"`` moves only a round's rows to the device: refuse
     (ConfigError naming the key) an algorithm with ``row_local_reasons``."""
     if table_placement != "host":
         return

@@ -66,7 +66,7 @@ def place(params: Params, device: torch.device) -> Params:
 def check_row_local(
     algorithm: Algorithm,
     server: ServerOptimizer,
-    key: str = "train.table_placement",
+    key: str = "execution.table_placement",
     values: tuple[str, str] = ("host", "device"),
 ) -> None:
     """Refuse (ConfigError naming ``key`` and its ``values``: the one set, the default) a

@@ -95,6 +95,11 @@ class RoundPlan:
     work: CohortWork
 
 
+def as_they_are(flags: list[bool]) -> list[bool]:
+    """One process's checks: each holds as it holds here."""
+    return flags
+
+
 @dataclass
 class ServerRound:
     """Cohort sampling, client work and the checked application of a round's updates.
@@ -120,7 +125,9 @@ class ServerRound:
     ledger: Ledger | None = None
     # under row-sharded tables (fedsub/sharding): each check true when it holds in any
     # process, so every process takes the same branch; one process: the checks as they are
-    agree: Callable[[list[bool]], list[bool]] = field(default=lambda flags: flags, init=False)
+    agree: Callable[[list[bool]], list[bool]] = field(
+        default_factory=lambda: as_they_are, init=False
+    )
 
     def stages(self) -> dict[str, Stateful]:
         """Every stateful stage of the round by name: what a checkpoint saves and a resume
