@@ -502,15 +502,19 @@ def test_flower_refuses_dp_as_not_yet_supported():
     assert not FLOWER.has("differential-privacy")
 
 
-def test_torchrun_refuses_dp_as_not_yet_supported(monkeypatch):
-    from fedsub import distributed
+def test_dp_rounds_split_across_processes_give_the_one_process_model(monkeypatch):
+    """The cohort split across 2 and 3 processes (emulated here, tests/test_distributed.py):
+    every process adds the same host-drawn noise after the gather, so the model is the
+    one-process model bit for bit (sequential backend, float64)."""
+    from .test_distributed import assert_same_model, train_split
 
-    c = config(*DP, "train.algorithms=['fedavg']")
+    c = config(*DP, "train.algorithms=['fedsubavg']", "train.backend='sequential'")
     setup = prepare(c)
-    monkeypatch.setattr(distributed, "joined", lambda: object())
-    algorithm = build_algorithm("fedavg", setup.context)
-    with pytest.raises(ConfigError, match=r"torchrun .* not yet supported"):
-        train(setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
+    algorithm = build_algorithm("fedsubavg", setup.context)
+    args = (setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
+    whole = train(*args)
+    for world in (2, 3):
+        assert_same_model(train_split(monkeypatch, world, *args), whole)
 
 
 # -- interfaces --------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.engine.split_cohort import split_cohort
-from fedsub.errors import ConfigError
 from fedsub.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
@@ -339,13 +338,10 @@ def run_rounds(
     ``eval_every`` rounds and at the last round. Returns the final global model.
 
     With ``control.resume`` the run continues after the checkpoint's round and ends with the
-    same model and evaluations as an uninterrupted run."""
+    same model and evaluations as an uninterrupted run. Under torchrun with [dp] every process
+    adds the same noise (dp/mechanism.py draws it on the host from a generator keyed by seed
+    and round, after the gather), so the processes' models stay equal."""
     control = control or RunControl()
-    if schedule.dp is not None and distributed.joined() is not None:
-        raise ConfigError(
-            "[dp] mechanism = 'gaussian' under torchrun (a cohort split across processes) is "
-            "not yet supported; run it in one process"
-        )
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)
