@@ -492,10 +492,9 @@ def check_dp(config: Config) -> None:
         )
     refusals = [
         (
-            t.privacy != "none",
-            f"train.privacy = {t.privacy!r}: differential privacy over private download or "
-            "secure aggregation is not yet supported (the private round replaces the "
-            "aggregation the mechanism noises); use privacy 'none'",
+            t.privacy == "full",
+            "train.privacy = 'full': differential privacy over secure aggregation is not yet "
+            "supported; use privacy 'none', 'heat' or 'download'",
         ),
         (
             t.heat_source != "exact",

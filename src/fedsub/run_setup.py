@@ -209,9 +209,14 @@ def dp_plan(config: Config) -> list[str]:
 
 def heat_privacy_of(config: Config) -> HeatPrivacy:
     """Where the server's heat comes from (``train.heat_source``, or the one
-    ``train.privacy`` implies) and that source's settings."""
+    ``train.privacy`` implies) and that source's settings. Under [dp] no heat exchange runs at
+    any level: the mechanism's heat is its noisy contribution histogram (dp/selection.py), a
+    release ε covers, and the exact heat the simulator computes for the algorithm's
+    coefficients is never read (docs: Differential privacy, "privacy levels")."""
     t = config.train
     source = privacy_levels.heat_source_for(t.privacy, t.heat_source)
+    if config.dp.mechanism != "none":  # FedSubAvg's heat is the mechanism's noisy histogram
+        source = t.heat_source  # (config.py keeps it "exact": computed here, never used)
     return HeatPrivacy(source, t.secagg_group, t.sketch_eps, t.sketch_delta, t.rr_epsilon, t.seed)
 
 

@@ -197,7 +197,9 @@ def build_server_round(
     if schedule.dp is not None:  # [dp]: the Gaussian mechanism and its ledger (fedsub/dp)
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
-        mechanism = DpMechanism(schedule.dp, table_rows, dataset.sample_counts(), heat)
+        keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
+        counts = dataset.sample_counts()
+        mechanism = DpMechanism(schedule.dp, table_rows, counts, heat, keep)
         ledger = Ledger(schedule.dp)
     return ServerRound(
         algorithm,
