@@ -521,7 +521,7 @@ def test_randomized_response_download_divides_rows_by_p_without_heat_only(rows):
     [
         (["train.algorithms=['scaffold']"], "outside the Gaussian mechanism"),
         (["train.algorithms=['fedavg@scheme1']"], "scheme"),
-        (["train.privacy='full'"], "not yet supported"),
+        (["train.privacy='full'"], "exact secure heat"),
         (["dp.accountant='pld'"], "no event for fixed-size cohorts"),
         (["dp.target_epsilon=2.0"], "exactly one of"),
         (["dp.rows='all'"], "exact heat"),

@@ -176,6 +176,8 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         target_quantile=d.target_quantile,
         clip_lr=d.clip_lr,
         count_share=d.count_share,
+        distributed=t.privacy == "full",
+        min_survivors=d.min_survivors,
     )
 
 
@@ -194,7 +196,13 @@ def dp_plan(config: Config) -> list[str]:
         f"noise multiplier z = {settings.noise_multiplier:.6g}, clip C = {settings.clip:g}, "
         f"delta = {settings.delta:.3g}, accountant {settings.accountant}, rows {settings.rows}",
     ]
-    if settings.rows == "private":
+    if settings.distributed:
+        lines.append(
+            "distributed: each client adds discrete Gaussian noise over secure aggregation, "
+            f"calibrated for {settings.survivors_needed} surviving clients; accounted as zCDP "
+            "without sampling amplification (docs: Differential privacy)"
+        )
+    elif settings.rows == "private":
         lines.append(
             f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
             f"{settings.update_multiplier:.4g}, threshold {settings.threshold:.4g} "

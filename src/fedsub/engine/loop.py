@@ -108,7 +108,9 @@ def private_rounds(
         return None
     table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
     aggregation = algorithm.aggregation.to(schedule.device)
-    return PrivateRounds(schedule.privacy, aggregation, table_rows, schedule.seed)
+    # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
+    dp = schedule.dp if schedule.privacy.secure_aggregation else None
+    return PrivateRounds(schedule.privacy, aggregation, table_rows, schedule.seed, dp=dp)
 
 
 def round_stages(
@@ -194,13 +196,15 @@ def build_server_round(
         ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
     )
     mechanism, ledger = None, None
-    if schedule.dp is not None:  # [dp]: the Gaussian mechanism and its ledger (fedsub/dp)
+    if schedule.dp is not None:
+        ledger = Ledger(schedule.dp)
+    distributed = schedule.privacy is not None and schedule.privacy.secure_aggregation
+    if schedule.dp is not None and not distributed:  # the central Gaussian mechanism
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
         keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
         counts = dataset.sample_counts()
         mechanism = DpMechanism(schedule.dp, table_rows, counts, heat, keep)
-        ledger = Ledger(schedule.dp)
     return ServerRound(
         algorithm,
         schedule,
