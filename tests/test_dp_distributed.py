@@ -19,7 +19,8 @@ from fedsub import experiment
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp import discrete_gaussian
-from fedsub.dp.distributed import DiscreteNoise, clipped_integers, noisy_share
+from fedsub.dp.distributed import SHARE_STD_FLOOR, DiscreteNoise, clipped_integers, noisy_share
+from fedsub.engine import private_rounds
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError
 from fedsub.privacy.levels import Privacy
@@ -150,11 +151,19 @@ def test_a_secure_sum_with_fewer_survivors_than_k_min_cannot_be_decoded():
 # -- the engine's round and the accountant -----------------------------------------------------
 
 
-def test_a_round_without_movement_changes_every_union_value_by_the_noise_over_k():
-    c = config(*FULL, "train.clients_per_round=6")
+def test_a_round_without_movement_changes_every_union_value_by_the_noise_over_k(monkeypatch):
+    # 6 members, shares calibrated for K_min = 5 survivors: 6 shares hold (z Delta)^2 6 / 5
+    c = config(*FULL, "train.clients_per_round=6", "dp.min_survivors=5")
     setup = prepare(c)
     settings = setup.schedule.dp
     assert settings is not None and settings.distributed
+    thresholds = []
+
+    def recording(*args, **kwargs):
+        thresholds.append(args[3])
+        return secure_row_sum(*args, **kwargs)
+
+    monkeypatch.setattr(private_rounds, "secure_row_sum", recording)
     aggregation = build_algorithm("fedavg", setup.context).aggregation
     full = Privacy("full", download="buckets")  # p = 1: nothing divided
     rounds = PrivateRounds(full, aggregation, {"t": 500}, 0, dp=settings)
@@ -174,12 +183,14 @@ def test_a_round_without_movement_changes_every_union_value_by_the_noise_over_k(
     }
     rounds._round = 1
     out = rounds.combine(update)
+    assert thresholds == [5]  # secagg cannot unmask fewer than K_min (majority would be 4)
     assert out.tables["t"].rows.tolist() == sorted(set(rows.tolist()))
     values = torch.cat([out.tables["t"].values.flatten(), out.dense["w"]]).numpy()
     d = 300 * 4 + 30
-    noise = DiscreteNoise.for_round(0.5, 1.5, members, members, d)
+    noise = DiscreteNoise.for_round(0.5, 1.5, members, 5, d)
     delta = 0.5 * noise.scale + math.sqrt(d) / 2
-    std = 1.5 * delta / noise.scale / members  # z Delta in integer units, decoded, over K
+    # z Delta sqrt(6 / 5) in integer units, decoded (over s), over K = 6
+    std = 1.5 * delta * math.sqrt(6 / 5) / noise.scale / members
     assert values.std() == pytest.approx(std, rel=0.06)
     assert stats.kstest(values / std, "norm").pvalue > 1e-3
 
@@ -191,10 +202,23 @@ def test_distributed_epsilon_is_dp_accountings_zcdp_composition_without_amplific
     z, delta = 1.5, 200**-1.1
     for rounds in (1, 4, 30):
         accountant = rdp.RdpAccountant()
-        accountant.compose(dp_accounting.ZCDpEvent(2 / z**2), rounds)  # replace-one: (2 Delta)^2
+        # replace-one: (2 Delta)^2 / (2 K sigma_share^2) = 2 / z^2; Kairouz et al.'s tau d is
+        # below 1e-1000 at sigma_share >= 16 (zero in double precision)
+        accountant.compose(dp_accounting.ZCDpEvent(2 / z**2), rounds)
         assert settings.epsilon(rounds) == pytest.approx(accountant.get_epsilon(delta), rel=1e-9)
     central = dp_of(config(*FULL[:4], "train.algorithms=['fedavg']"), 200)
     assert central is not None and central.epsilon(30) < settings.epsilon(30)
+
+
+def test_kairouz_tau_is_negligible_at_the_share_floor():
+    # tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1)), summed here term by term in
+    # log space (each term underflows double precision)
+    sigma, n = SHARE_STD_FLOOR, 1000
+    logs = [-2 * math.pi**2 * sigma**2 * k / (k + 1) for k in range(1, n)]
+    log_tau = math.log(10) + max(logs) + math.log(sum(math.exp(v - max(logs)) for v in logs))
+    assert log_tau + math.log(2**32) < math.log(10) * -1000  # tau d < 1e-1000 for d < 2^32
+    with pytest.raises(ValueError, match="noise share would have sigma"):
+        DiscreteNoise.for_round(1e-9, 1e-9, 4, 4, 10)  # C s stays large; z Delta / 2 < 16
 
 
 def test_a_run_at_full_reports_the_distributed_epsilon_and_repeats():

@@ -13,9 +13,9 @@ selection's and the update's noise are one mechanism: dp/settings.py's split kee
   standard deviation over the L2 sensitivity, so the event's multiplier is zC / 2C = z / 2.
 
 - distributed DP over secure aggregation (``distributed``: dp/distributed.py): each round is
-  ``ZCDpEvent(rho)`` with rho = 2 / z^2 + a slack below 1e-1000 (the sum of the clients'
-  discrete Gaussian shares, Kairouz et al. 2021, replace-one), composed *without* sampling
-  amplification: dp-accounting amplifies only Gaussian events, and the sum is not one.
+  ``ZCDpEvent(rho, xi)`` with rho = 2 / z^2 + s, xi = s, s a slack below 1e-1000 (the sum of the
+  clients' discrete Gaussian shares, Kairouz et al. 2021, replace-one), composed *without*
+  sampling amplification: dp-accounting amplifies only Gaussian events, and the sum is not one.
 
 Only dp-accounting computes an epsilon here (RDP, or PLD for Poisson sampling: its PLD
 accountant has no sampled-without-replacement event).
@@ -48,9 +48,7 @@ def round_event(
 ) -> dp_accounting.DpEvent:
     """One round's event (the module docstring says why each)."""
     if distributed:
-        return dp_accounting.ZCDpEvent(
-            distributed_dp.round_rho(noise_multiplier, clients_per_round)
-        )
+        return distributed_dp.round_event(noise_multiplier, clients_per_round)
     if sampling == "poisson":
         q = clients_per_round / num_clients
         return dp_accounting.PoissonSampledDpEvent(

@@ -16,17 +16,19 @@ One round, in integers mod 2^32 (``privacy/fixed_point.py``'s two's complement):
 - secure aggregation (threshold t >= K_min: fewer survivors cannot be unmasked) gives the server
   the sum only; it decodes it (signed, over s) and divides by the public denominator D.
 
-Privacy (``round_rho``): the sum of n >= K_min independent N_Z(0, sigma^2) added to an integer
-vector is rho-zCDP with rho = Delta_2^2 / (2 n sigma^2) + tau d / 4,
-tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1)) (Kairouz et al. 2021, Theorem 1; the
-form sqrt(Delta_2^2 / (n sigma^2) + tau d / 2) of its epsilon, rho = epsilon^2 / 2). Fixed-size
-cohorts have replace-one neighbours: Delta_2 = 2 Delta, so with n >= K_min,
-rho <= 2 / z^2 + tau d / 4. fedsub requires sigma_share >= ``SHARE_STD_FLOOR`` and bounds tau d / 4
-for every K, d < 2^32 by ``rho_slack`` (it is below 1e-1000: zero in double precision). The
-accountant composes one ``ZCDpEvent(rho)`` per round without sampling amplification:
-dp-accounting's RDP accountant amplifies only Gaussian events by sampling, and a sum of discrete
-Gaussians is not one, so fedsub does not claim the amplification (epsilon is larger than the
-central mechanism's at the same z; docs: Differential privacy).
+Privacy (``round_event``): Kairouz et al. 2021 (Proposition 14 of the arXiv version) bound
+the Renyi divergence of order alpha between the sums of n >= K_min independent
+N_Z(0, sigma^2) shares added to integer vectors at L2 distance Delta_2 by
+alpha Delta_2^2 / (2 n sigma^2) + tau d, tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))
+(their Theorem 1 gives the same in the form sqrt(Delta_2^2 / (n sigma^2) + tau d / 2) of a
+concentrated-DP epsilon). Fixed-size cohorts have replace-one neighbours: Delta_2 = 2 Delta, so
+with n >= K_min the bound is at most alpha 2 / z^2 + tau d. fedsub requires
+sigma_share >= ``SHARE_STD_FLOOR``, bounds tau d for every K, d < 2^32 by ``slack`` (below
+1e-1000: zero in double precision) and composes one ``ZCDpEvent(rho = 2 / z^2 + slack,
+xi = slack)`` per round (RDP alpha rho + xi, which covers both forms), *without* sampling
+amplification: dp-accounting's RDP accountant amplifies only Gaussian events by sampling, and a
+sum of discrete Gaussians is not one, so fedsub does not claim the amplification (epsilon is
+larger than the central mechanism's at the same z; docs: Differential privacy).
 
 Wrap-around: s is the largest power of two with
 K (C s + 1/2) + TAIL_STDS sqrt(K / K_min) z Delta < 2^31: the clients' values cannot wrap, and
@@ -43,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import dp_accounting
 import numpy as np
 
 from fedsub import seeding
@@ -51,19 +54,20 @@ from fedsub.privacy.fixed_point import MODULUS_BITS, SIGNED_LIMIT, FixedPoint
 
 TAIL_STDS = 14.0  # the noise's wrap-around margin, in its standard deviations
 SHARE_STD_FLOOR = 16.0  # sigma_share >= this keeps Kairouz et al.'s tau below 1e-1000
-LARGEST = 2**32  # K, d below this (rho_slack's bound)
+LARGEST = 2**32  # K, d below this (slack's bound)
 
 
-def rho_slack(cohort: int) -> float:
-    """An upper bound on tau d / 4 for sigma >= SHARE_STD_FLOOR, n <= ``cohort`` and any
-    d < 2^32: exp(-2 pi^2 sigma^2 k / (k + 1)) <= exp(-pi^2 sigma^2) for k >= 1, so
+def slack(cohort: int) -> float:
+    """An upper bound on tau d for sigma >= SHARE_STD_FLOOR, n <= ``cohort`` and any d < 2^32:
+    exp(-2 pi^2 sigma^2 k / (k + 1)) <= exp(-pi^2 sigma^2) for k >= 1, so
     tau <= 10 (n - 1) exp(-pi^2 SHARE_STD_FLOOR^2) (zero in double precision)."""
-    return 10.0 * (cohort - 1) * math.exp(-(math.pi**2) * SHARE_STD_FLOOR**2) * LARGEST / 4
+    return 10.0 * (cohort - 1) * math.exp(-(math.pi**2) * SHARE_STD_FLOOR**2) * LARGEST
 
 
-def round_rho(noise_multiplier: float, cohort: int) -> float:
-    """One round's zCDP rho for replace-one neighbours (module docstring): 2 / z^2 + slack."""
-    return 2.0 / noise_multiplier**2 + rho_slack(cohort)
+def round_event(noise_multiplier: float, cohort: int) -> dp_accounting.ZCDpEvent:
+    """One round's event for replace-one neighbours (module docstring)."""
+    extra = slack(cohort)
+    return dp_accounting.ZCDpEvent(2.0 / noise_multiplier**2 + extra, xi=extra)
 
 
 @dataclass(frozen=True)
