@@ -257,5 +257,15 @@ def test_what_distributed_dp_cannot_do_is_refused(extra, says):
 
 
 def test_min_survivors_is_refused_below_full():
+    central = ("dp.mechanism='gaussian'", "dp.noise_multiplier=1.0")
     with pytest.raises(ConfigError, match=r"train\.privacy = 'full' only"):
-        config("dp.mechanism='gaussian'", "dp.noise_multiplier=1.0", "dp.min_survivors=3")
+        config(*central, "dp.min_survivors=1")
+    assert config(*central, "dp.min_survivors=0").dp.min_survivors == 0  # the default passes
+
+
+def test_the_refusals_boundaries_at_full_are_accepted():
+    # the whole cohort as K_min, and a weight cap just below any count (0: uniform) pass
+    assert config(*FULL, "dp.min_survivors=20").dp.min_survivors == 20
+    assert config(*FULL, "dp.weight_cap=0").dp.weight_cap == 0
+    with pytest.raises(ConfigError, match="uniform weights"):
+        config(*FULL, "dp.weight_cap=0.5")
