@@ -217,6 +217,9 @@ def test_kairouz_tau_is_negligible_at_the_share_floor():
     logs = [-2 * math.pi**2 * sigma**2 * k / (k + 1) for k in range(1, n)]
     log_tau = math.log(10) + max(logs) + math.log(sum(math.exp(v - max(logs)) for v in logs))
     assert log_tau + math.log(2**32) < math.log(10) * -1000  # tau d < 1e-1000 for d < 2^32
+    for k_min, k, d in [(0, 4, 10), (5, 4, 10), (2, 4, 0), (2, 2**32, 10)]:
+        with pytest.raises(ValueError, match="need 1 <= min_survivors <= cohort"):
+            DiscreteNoise.for_round(1.0, 1.0, k, k_min, d)
     with pytest.raises(ValueError, match="noise share would have sigma"):
         DiscreteNoise.for_round(1e-9, 1e-9, 4, 4, 10)  # C s stays large; z Delta / 2 < 16
 
