@@ -75,7 +75,15 @@ def test_the_sampler_has_mean_zero_and_variance_sigma_squared_at_a_large_sigma()
 
 
 def test_the_scale_is_the_largest_power_of_two_whose_sums_cannot_wrap():
+    # a clip that puts the finest scale just below a power of two when the noise's sqrt(d) / 2
+    # rounding term (4% of the range here) is counted: dropping it would pick twice the scale
+    k, k_min, z, d = 4, 1, 100.0, 4 * 10**9
+    margin = 14 * math.sqrt(k / k_min) * z
+    room = 2**31 - 1 - k / 2 - margin * math.sqrt(d) / 2
+    tight = room / (2**19 * 0.99 * (k + margin))
+    cases = [(tight, z, k, k_min, d)]
     for clip, z, k, k_min, d in [
+        *cases,
         (1.0, 1.0, 10, 10, 10**6),
         (0.3, 5.0, 1000, 600, 40),
         (2, 0.5, 2, 1, 7),
@@ -104,6 +112,9 @@ def test_a_share_is_the_clipped_weighted_update_in_fixed_point_plus_discrete_noi
     signed = share.view(np.int32).astype(np.float64) - exact
     assert share.dtype == np.uint32 and np.all(np.abs(signed) < 20 * noise.share_std)
     assert not np.array_equal(signed, np.zeros(3))
+    assert clipped_integers(x, 0.0, noise).tolist() == [0, 0, 0]  # weight 0: nothing
+    with pytest.raises(ValueError, match=r"weight must be in \[0, 1\]"):
+        clipped_integers(x, 1.5, noise)
     with pytest.raises(ValueError, match="lays out 3"):
         clipped_integers(np.zeros(4), 1.0, noise)
 
