@@ -60,6 +60,9 @@ def test_the_sampler_has_the_discrete_gaussian_pmf_at_a_small_sigma():
     expected += [pmf[support == x].sum() for x in edges] + [pmf[support >= 6].sum()]
     assert stats.chisquare(observed, n * np.array(expected)).pvalue > 1e-3
     assert draws.dtype == np.int64 and len(draws) == n
+    assert len(discrete_gaussian.sample(sigma, 0, np.random.default_rng(0))) == 0
+    with pytest.raises(ValueError, match="sigma > 0"):
+        discrete_gaussian.sample(0.0, 5, np.random.default_rng(0))
 
 
 def test_the_sampler_has_mean_zero_and_variance_sigma_squared_at_a_large_sigma():
@@ -204,6 +207,13 @@ def test_a_round_without_movement_changes_every_union_value_by_the_noise_over_k(
     std = 1.5 * delta * math.sqrt(6 / 5) / noise.scale / members
     assert values.std() == pytest.approx(std, rel=0.06)
     assert stats.kstest(values / std, "norm").pvalue > 1e-3
+    # randomized-response download (p = 0.8): the same shares, the rows' sums over K p
+    rr = PrivateRounds(Privacy("full", download_keep=0.8), aggregation, {"t": 500}, 0, dp=settings)
+    rr._requests, rr._round = rounds._requests, 1
+    unbiased = rr.combine(update)
+    expected = out.tables["t"].values / 0.8
+    torch.testing.assert_close(unbiased.tables["t"].values, expected, rtol=1e-12, atol=0)
+    assert torch.equal(unbiased.dense["w"], out.dense["w"])
 
 
 def test_distributed_epsilon_is_dp_accountings_zcdp_composition_without_amplification():
@@ -231,6 +241,8 @@ def test_kairouz_tau_is_negligible_at_the_share_floor():
     for k_min, k, d in [(0, 4, 10), (5, 4, 10), (2, 4, 0), (2, 2**32, 10)]:
         with pytest.raises(ValueError, match="need 1 <= min_survivors <= cohort"):
             DiscreteNoise.for_round(1.0, 1.0, k, k_min, d)
+    with pytest.raises(ValueError, match="cannot fit the secure sum's 32 bits"):
+        DiscreteNoise.for_round(1.0, 1e6, 4, 1, 2**31)  # the noise's margin alone overflows
     with pytest.raises(ValueError, match="noise share would have sigma"):
         DiscreteNoise.for_round(1e-9, 1e-9, 4, 4, 10)  # C s stays large; z Delta / 2 < 16
 
