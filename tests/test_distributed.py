@@ -10,6 +10,7 @@ torchrun does too; and an error in one process ends the run at once, with its me
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -237,3 +238,55 @@ def test_torchrun_writes_one_process_outputs_once_and_resumes_and_stops_on_an_er
     )
     assert time.monotonic() - started < 60
     assert files_of(two) == files_of(one)
+
+
+TINY_DP = """
+[data]
+name = "synthetic-sparse"
+num_users = 30
+num_items = 20
+mean_samples_per_user = 6
+
+[train]
+algorithms = ["fedsubavg", "fedavg"]
+rounds = 4
+clients_per_round = 5
+local_steps = 2
+batch_size = 4
+lr = 0.2
+dtype = "float64"
+
+[eval]
+every = 2
+
+[dp]
+mechanism = "gaussian"
+noise_multiplier = 0.8
+clip = 0.5
+"""
+
+
+def test_torchrun_with_dp_gives_the_one_process_models_and_epsilons(tmp_path, capsys):
+    """[dp] under torchrun: the noise is drawn on the host from (seed, round) after the
+    gather, the same in every process, so the models equal the one-process run's bit for bit
+    and the epsilons reported are the same numbers."""
+    config = tmp_path / "dp.toml"
+    config.write_text(TINY_DP)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert cli.main(["compare", str(config), "--out", str(one), "--quiet"]) == 0
+    capsys.readouterr()
+    done = torchrun(tmp_path, "compare", str(config), "--out", str(two), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert files_of(two) == files_of(one)
+    for name in ("fedsubavg", "fedavg"):
+        a = load_file(two / name / "model.safetensors")
+        b = load_file(one / name / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+        metrics = [json.loads(line) for line in (two / name / "metrics.jsonl").open()]
+        alone = [json.loads(line) for line in (one / name / "metrics.jsonl").open()]
+        assert [m["epsilon"] for m in metrics] == [m["epsilon"] for m in alone]
+        assert metrics[-1]["epsilon"] > 0
+    summary, alone_summary = (json.loads((f / "summary.json").read_text()) for f in (two, one))
+    for name in ("fedsubavg", "fedavg"):
+        record = summary["algorithms"][name]["dp"]
+        assert record == alone_summary["algorithms"][name]["dp"] and record["epsilon"] > 0

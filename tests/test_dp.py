@@ -470,6 +470,49 @@ def test_mechanism_none_leaves_the_run_unchanged():
         assert "epsilon" not in plain.histories[name][-1].metrics
 
 
+# -- with privacy.level levels ------------------------------------------------------------------
+
+
+def test_privacy_heat_with_dp_is_the_privacy_none_run_and_runs_no_heat_exchange():
+    # under DP FedSubAvg's heat is the noisy histogram: the level adds no heat exchange, so
+    # the numbers (models and epsilons) are exactly those of privacy "none"
+    plain = experiment.compare(config(*DP), None)
+    heat = experiment.compare(config(*DP, "privacy.level='heat'"), None)
+    assert prepare(config(*DP, "privacy.level='heat'")).heat_source is None
+    assert prepare(config("privacy.level='heat'")).heat_source is not None  # without DP: one
+    for name in ("fedavg", "fedsubavg"):
+        a, b = plain.params[name].state_dict(), heat.params[name].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+        epsilons = [e.metrics["epsilon"] for e in plain.histories[name]]
+        assert [e.metrics["epsilon"] for e in heat.histories[name]] == epsilons
+
+
+def test_download_with_dp_spends_the_same_epsilon():
+    c = config(*DP, "privacy.level='download'", "privacy.download_keep=0.8")
+    outcome = experiment.compare(c, None)
+    plain = experiment.compare(config(*DP), None)
+    for name in ("fedavg", "fedsubavg"):
+        got = [e.metrics["epsilon"] for e in outcome.histories[name]]
+        assert got == [e.metrics["epsilon"] for e in plain.histories[name]]
+        assert got[-1] == pytest.approx(independent_epsilon(c, 4, 200), rel=1e-6)
+
+
+@pytest.mark.parametrize("rows", ["private", "all"])
+def test_randomized_response_download_divides_rows_by_p_without_heat_only(rows):
+    # a held row reaches the sum with probability p: (sum + noise) / (p D) without heat; the
+    # private heat counts the same requested rows, so (sum + noise) / h_m is left as it is
+    members = [{0: [0.3], 2: [-0.4]}, {2: [1.0], 5: [0.5]}, {0: [0.2]}]
+    update = cohort(members, [[0.1], [1.0], [0.0]])
+    s = settings(rows=rows, clients_per_round=3)
+    for heat in (False, True) if rows == "private" else (False,):
+        sure = DpMechanism(s, {"t": 50}, np.ones(1000), heat=heat).combine(update, 4)
+        rr = DpMechanism(s, {"t": 50}, np.ones(1000), heat=heat, keep=0.8).combine(update, 4)
+        assert torch.equal(rr.tables["t"].rows, sure.tables["t"].rows)
+        expected = sure.tables["t"].values * (1.0 if heat else 1 / 0.8)
+        torch.testing.assert_close(rr.tables["t"].values, expected, rtol=1e-14, atol=0)
+        assert torch.equal(rr.dense["w"], sure.dense["w"])  # dense parameters always go up
+
+
 # -- refusals ----------------------------------------------------------------------------------
 
 
@@ -478,7 +521,7 @@ def test_mechanism_none_leaves_the_run_unchanged():
     [
         (["train.algorithms=['scaffold']"], "outside the Gaussian mechanism"),
         (["train.algorithms=['fedavg@scheme1']"], "scheme"),
-        (["privacy.level='full'"], "not yet supported"),
+        (["privacy.level='full'"], "exact secure heat"),
         (["dp.accountant='pld'"], "no event for fixed-size cohorts"),
         (["dp.target_epsilon=2.0"], "exactly one of"),
         (["dp.rows='all'"], "exact heat"),
@@ -502,15 +545,19 @@ def test_flower_runs_central_dp_at_the_server_app():
     assert FLOWER.has("differential-privacy")
 
 
-def test_torchrun_refuses_dp_as_not_yet_supported(monkeypatch):
-    from fedsub import distributed
+def test_dp_rounds_split_across_processes_give_the_one_process_model(monkeypatch):
+    """The cohort split across 2 and 3 processes (emulated here, tests/test_distributed.py):
+    every process adds the same host-drawn noise after the gather, so the model is the
+    one-process model bit for bit (sequential backend, float64)."""
+    from .test_distributed import assert_same_model, train_split
 
-    c = config(*DP, "train.algorithms=['fedavg']")
+    c = config(*DP, "train.algorithms=['fedsubavg']", "execution.backend='sequential'")
     setup = prepare(c)
-    monkeypatch.setattr(distributed, "joined", lambda: object())
-    algorithm = build_algorithm("fedavg", setup.context)
-    with pytest.raises(ConfigError, match=r"torchrun .* not yet supported"):
-        train(setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
+    algorithm = build_algorithm("fedsubavg", setup.context)
+    args = (setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
+    whole = train(*args)
+    for world in (2, 3):
+        assert_same_model(train_split(monkeypatch, world, *args), whole)
 
 
 # -- interfaces --------------------------------------------------------------------------------

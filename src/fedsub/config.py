@@ -298,6 +298,11 @@ class DpConfig:
     """Adaptive clipping's eta_C: C <- C exp(-eta_C (b - gamma)), b the noisy share under C."""
     count_share: float = field(default=0.1, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
     """Adaptive clipping: the share a of the round's budget 1/z^2 spent on the count."""
+    min_survivors: int = field(default=0, metadata={"min": 0})
+    """privacy.level = "full" (distributed DP): K_min, the fewest clients a secure sum may be
+    decoded from; each client's discrete noise share is calibrated so that K_min shares reach
+    the accounted noise, and secure aggregation's threshold is raised to K_min (fewer survivors
+    cannot be unmasked). 0: the whole cohort (any dropout aborts the round)."""
 
 
 @dataclass(frozen=True)
@@ -569,12 +574,7 @@ def check_dp(config: Config) -> None:
             "use accountant 'rdp' or sampling 'poisson'"
         )
     refusals = [
-        (
-            p.level != "none",
-            f"privacy.level = {p.level!r}: differential privacy over private download or "
-            "secure aggregation is not yet supported (the private round replaces the "
-            "aggregation the mechanism noises); use level 'none'",
-        ),
+        *distributed_refusals(config),
         (
             p.heat_source != "exact",
             f"privacy.heat_source = {p.heat_source!r}: under DP FedSubAvg's heat comes from "
@@ -614,6 +614,43 @@ def check_dp(config: Config) -> None:
     for condition, reason in refusals:
         if condition:
             raise ConfigError(f"[dp] mechanism = 'gaussian' cannot be used here: {reason}")
+
+
+def distributed_refusals(config: Config) -> list[tuple[bool, str]]:
+    """What distributed DP over secure aggregation (privacy.level = "full", fedsub/dp/
+    distributed.py) cannot do, and why; nothing at the other levels."""
+    d, t = config.dp, config.train
+    if config.privacy.level != "full":
+        return [(d.min_survivors > 0, "dp.min_survivors applies to privacy.level = 'full' only")]
+    why = "privacy.level = 'full' (distributed DP, noise added by the clients): "
+    return [
+        (
+            d.rows != "all",
+            why + "dp.rows = 'private' thresholds the cohort's contribution histogram, which "
+            "no party sees under secure aggregation; set dp.rows = 'all' (noise on every value "
+            "of the round's public row union)",
+        ),
+        (
+            t.sampling != "fixed",
+            why + "the clients' noise shares are calibrated for a cohort size, which Poisson "
+            "sampling leaves random; use train.sampling = 'fixed'",
+        ),
+        (
+            d.adaptive_clip,
+            why + "adaptive clipping's noisy count would need its own secure sum; set "
+            "dp.adaptive_clip = false",
+        ),
+        (
+            d.weight_cap > 0,
+            why + "the denominator of capped weights needs every client's sample count, which "
+            "no client sends at this level; set dp.weight_cap = 0 (uniform weights)",
+        ),
+        (
+            d.min_survivors > t.clients_per_round,
+            f"dp.min_survivors = {d.min_survivors} exceeds train.clients_per_round = "
+            f"{t.clients_per_round}",
+        ),
+    ]
 
 
 def check_algorithms(config: Config) -> None:

@@ -461,7 +461,7 @@ def check_combination(
             "pieces"
         )
     if dp != "none":
-        check_dp_combination(name, recipe, scheme, dp_rows, [why for _, why in needs])
+        check_dp_combination(name, recipe, scheme, dp_rows, [why for _, why in needs], privacy)
     if runtime is None:
         return
     if dp != "none":
@@ -475,16 +475,24 @@ def check_combination(
 
 
 def check_dp_combination(
-    name: str, recipe: Recipe, scheme: str, rows: str, leaks: list[str]
+    name: str, recipe: Recipe, scheme: str, rows: str, leaks: list[str], privacy: str = "none"
 ) -> None:
     """Under user-level differential privacy ([dp] mechanism = gaussian) the round's sum must
     have sensitivity C and nothing else may carry a client's data to the server: refuse
     per-client state (SCAFFOLD's c_i, built from the unclipped update and sent in the clear)
     and pooled data (``leaks``), a combine step that is not a weighted sum, a scheme whose
     sampling or weights the accountant and the fixed denominator do not describe, and FedSubAvg's
-    heat without the private histogram it is estimated from (rows = "all")."""
+    heat without the private histogram it is estimated from (rows = "all", or distributed DP
+    at privacy "full", where no party sees the histogram)."""
     rule = rule_class(recipe.aggregation)
     what = f"[dp] mechanism = 'gaussian' cannot be combined with algorithm {name!r}"
+    if rule.needs_heat and privacy == "full":
+        raise ConfigError(
+            f"{what} at privacy.level = 'full': its heat coefficients would come from the exact "
+            "secure heat (the server learns every row's exact count, outside epsilon), and "
+            "distributed DP has no noisy histogram to estimate them from; use an algorithm "
+            "without heat coefficients (fedavg)"
+        )
     if leaks:
         raise ConfigError(
             f"{what}: {'; '.join(leaks)}, which reaches the server outside the Gaussian "

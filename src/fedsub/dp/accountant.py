@@ -12,6 +12,11 @@ selection's and the update's noise are one mechanism: dp/settings.py's split kee
   client changes the sum by up to 2C, and dp-accounting's noise multiplier is the noise's
   standard deviation over the L2 sensitivity, so the event's multiplier is zC / 2C = z / 2.
 
+- distributed DP over secure aggregation (``distributed``: dp/distributed.py): each round is
+  ``ZCDpEvent(rho, xi)`` with rho = 2 / z^2 + s, xi = s, s a slack below 1e-1000 (the sum of the
+  clients' discrete Gaussian shares, Kairouz et al. 2021, replace-one), composed *without*
+  sampling amplification: dp-accounting amplifies only Gaussian events, and the sum is not one.
+
 Only dp-accounting computes an epsilon here (RDP, or PLD for Poisson sampling: its PLD
 accountant has no sampled-without-replacement event).
 """
@@ -24,6 +29,8 @@ from typing import Literal
 import dp_accounting
 from dp_accounting import pld, rdp
 
+from fedsub.dp import distributed as distributed_dp
+
 Accountant = Literal["rdp", "pld"]
 Sampling = Literal["fixed", "poisson"]
 
@@ -33,9 +40,15 @@ PLD_DISCRETIZATION = 1e-3
 
 
 def round_event(
-    noise_multiplier: float, sampling: Sampling, num_clients: int, clients_per_round: int
+    noise_multiplier: float,
+    sampling: Sampling,
+    num_clients: int,
+    clients_per_round: int,
+    distributed: bool = False,
 ) -> dp_accounting.DpEvent:
     """One round's event (the module docstring says why each)."""
+    if distributed:
+        return distributed_dp.round_event(noise_multiplier, clients_per_round)
     if sampling == "poisson":
         q = clients_per_round / num_clients
         return dp_accounting.PoissonSampledDpEvent(
@@ -52,9 +65,10 @@ def run_event(
     sampling: Sampling,
     num_clients: int,
     clients_per_round: int,
+    distributed: bool = False,
 ) -> dp_accounting.DpEvent:
     """``rounds`` rounds composed: what ``epsilon`` accounts and ``calibrate`` solves for."""
-    event = round_event(noise_multiplier, sampling, num_clients, clients_per_round)
+    event = round_event(noise_multiplier, sampling, num_clients, clients_per_round, distributed)
     return dp_accounting.SelfComposedDpEvent(event, rounds)
 
 
@@ -85,13 +99,14 @@ def epsilon(
     sampling: Sampling,
     num_clients: int,
     clients_per_round: int,
+    distributed: bool = False,
 ) -> float:
     """Epsilon at ``delta`` after ``rounds`` rounds (0 before the first)."""
     if rounds == 0:
         return 0.0
     accountant = fresh_accountant(kind, sampling)
     accountant.compose(
-        run_event(noise_multiplier, rounds, sampling, num_clients, clients_per_round)
+        run_event(noise_multiplier, rounds, sampling, num_clients, clients_per_round, distributed)
     )
     return float(accountant.get_epsilon(delta))
 
@@ -104,12 +119,13 @@ def calibrate(
     sampling: Sampling,
     num_clients: int,
     clients_per_round: int,
+    distributed: bool = False,
 ) -> float:
     """The smallest noise multiplier (to dp-accounting's tolerance) whose ``rounds`` rounds
     spend at most ``target_epsilon`` at ``delta`` (dp_accounting.calibrate_dp_mechanism)."""
 
     def composed(z: float) -> dp_accounting.DpEvent:
-        return run_event(z, rounds, sampling, num_clients, clients_per_round)
+        return run_event(z, rounds, sampling, num_clients, clients_per_round, distributed)
 
     def search(use: Accountant, bracket: dp_accounting.BracketInterval) -> float:
         return float(

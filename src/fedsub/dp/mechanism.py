@@ -18,6 +18,11 @@ and fedsub's sparsity-preserving form for submodels).
    (n_m ~ N h_m / K), so its coefficient is D / h_m: the row's value is (sum + noise) / h_m.
    h_m >= the threshold for every selected row, which bounds the amplification of a cold row's
    noise by D / threshold. Post-processing of the mechanism's output: no extra budget.
+6. Private download with randomized response (``keep`` = p < 1, ``privacy.level =
+   "download"``): a held row reaches the sum with probability p, so without heat the rows'
+   values are divided by p (the unbiasing ``engine/private_rounds.py`` applies without DP);
+   with the private heat the histogram counts the same requested rows, so (sum + noise) / h_m
+   is already unbiased and nothing is divided. Post-processing: no extra budget.
 
 The server optimizer then applies the update (post-processing). Noise comes from a torch
 ``Generator`` on the host keyed by (seed, round), drawn in a fixed order (tables by name, then
@@ -85,12 +90,13 @@ class DpMechanism:
     """The round's Gaussian mechanism (module docstring). ``table_rows``: V per table;
     ``population_counts``: every client's sample count (for the capped weights' mean);
     ``heat``: the algorithm's rule reads heat (FedSubAvg), so selected rows get the private
-    coefficient D / h_m."""
+    coefficient D / h_m; ``keep``: step 6 of the module docstring."""
 
     settings: DpSettings
     table_rows: dict[str, int]
     population_counts: np.ndarray
     heat: bool = False
+    keep: float = 1.0  # p: randomized-response download's probability that a held row is sent
     last: RoundStats = field(default_factory=RoundStats)
     union: RowUnion = field(default_factory=RowUnion)
     clip: float = 0.0  # this round's C (adaptive clipping moves it; 0: the settings' clip)
@@ -189,7 +195,7 @@ class DpMechanism:
             full += noise.to(device, dtype)
             self.last.rows_changed += num_rows
             rows = torch.arange(num_rows, device=device)
-            return RowUpdate(rows, full / self.denominator)
+            return RowUpdate(rows, full / (self.denominator * self.keep))
         heat = selection.histogram(
             inverse, update.row_owner[table], contribution.to(device), len(distinct)
         )
@@ -211,4 +217,4 @@ class DpMechanism:
                 coefficient = float(self.denominator / divisor.min())
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
             return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
-        return RowUpdate(chosen.rows.to(device), values / self.denominator)
+        return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))

@@ -56,6 +56,15 @@ class DpSettings:
     target_quantile: float = 0.5  # gamma
     clip_lr: float = 0.2  # eta_C: C <- C exp(-eta_C (b - gamma))
     count_share: float = 0.1  # a: the budget share of the noisy clipped-count
+    # privacy.level = "full": distributed DP over secure aggregation (dp/distributed.py), each
+    # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them
+    distributed: bool = False
+    min_survivors: int = 0
+
+    @property
+    def survivors_needed(self) -> int:
+        """K_min: the fewest clients whose shares a secure sum may be decoded from."""
+        return self.min_survivors or self.clients_per_round
 
     @property
     def selection_multiplier(self) -> float:
@@ -96,6 +105,7 @@ class DpSettings:
             self.sampling,
             self.num_clients,
             self.clients_per_round,
+            self.distributed,
         )
 
     @property
@@ -115,6 +125,8 @@ class DpSettings:
             "selection_share": self.selection_share if self.rows == "private" else None,
             "selection_threshold": self.threshold if self.rows == "private" else None,
             "adaptive_clip": self.adaptive,
+            "noise": "distributed-discrete-gaussian" if self.distributed else "central-gaussian",
+            "min_survivors": self.survivors_needed if self.distributed else None,
         }
 
 
@@ -140,6 +152,8 @@ def resolve(
     target_quantile: float = 0.5,
     clip_lr: float = 0.2,
     count_share: float = 0.1,
+    distributed: bool = False,
+    min_survivors: int = 0,
 ) -> DpSettings:
     """The settings with delta defaulted (1/N^1.1) and z calibrated when a target epsilon is
     given (then the budget is that target, unless a budget is set)."""
@@ -148,7 +162,14 @@ def resolve(
         if target_epsilon is None:
             raise ValueError("give dp.noise_multiplier or dp.target_epsilon")
         noise_multiplier = accounting.calibrate(
-            target_epsilon, rounds, delta, accountant, sampling, num_clients, clients_per_round
+            target_epsilon,
+            rounds,
+            delta,
+            accountant,
+            sampling,
+            num_clients,
+            clients_per_round,
+            distributed,
         )
         epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
     return DpSettings(
@@ -171,4 +192,6 @@ def resolve(
         target_quantile=target_quantile,
         clip_lr=clip_lr,
         count_share=count_share,
+        distributed=distributed,
+        min_survivors=min_survivors,
     )

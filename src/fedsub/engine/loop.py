@@ -119,7 +119,9 @@ def private_rounds(
         return None
     table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
     aggregation = algorithm.aggregation.to(schedule.device)
-    return PrivateRounds(schedule.privacy, aggregation, table_rows, schedule.seed)
+    # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
+    dp = schedule.dp if schedule.privacy.secure_aggregation else None
+    return PrivateRounds(schedule.privacy, aggregation, table_rows, schedule.seed, dp=dp)
 
 
 def round_stages(
@@ -233,11 +235,15 @@ def build_server_round(
         ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
     )
     mechanism, ledger = None, None
-    if schedule.dp is not None:  # [dp]: the Gaussian mechanism and its ledger (fedsub/dp)
+    if schedule.dp is not None:
+        ledger = Ledger(schedule.dp)
+    distributed = schedule.privacy is not None and schedule.privacy.secure_aggregation
+    if schedule.dp is not None and not distributed:  # the central Gaussian mechanism
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
-        mechanism = DpMechanism(schedule.dp, table_rows, dataset.sample_counts(), heat)
-        ledger = Ledger(schedule.dp)
+        keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
+        counts = dataset.sample_counts()
+        mechanism = DpMechanism(schedule.dp, table_rows, counts, heat, keep)
     return ServerRound(
         algorithm,
         schedule,
@@ -276,7 +282,7 @@ def start_sharded(
         raise ConfigError(f"{setting} cannot be combined with masking (width slices)")
     private_level = schedule.privacy is not None and schedule.privacy.level != "none"
     if private_level or schedule.dp is not None:
-        raise ConfigError(f"{setting} cannot be combined with train.privacy levels or [dp]")
+        raise ConfigError(f"{setting} cannot be combined with privacy.level levels or [dp]")
     drawn = sharded_init(
         lambda generator: model.init(generator, schedule.dtype),
         lambda: init_generator(schedule.seed),
@@ -442,13 +448,10 @@ def run_rounds(
     ``eval_every`` rounds and at the last round. Returns the final global model.
 
     With ``control.resume`` the run continues after the checkpoint's round and ends with the
-    same model and evaluations as an uninterrupted run."""
+    same model and evaluations as an uninterrupted run. Under torchrun with [dp] every process
+    adds the same noise (dp/mechanism.py draws it on the host from a generator keyed by seed
+    and round, after the gather), so the processes' models stay equal."""
     control = control or RunControl()
-    if schedule.dp is not None and distributed.joined() is not None:
-        raise ConfigError(
-            "[dp] mechanism = 'gaussian' under torchrun (a cohort split across processes) is "
-            "not yet supported; run it in one process"
-        )
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)

@@ -16,6 +16,11 @@ At ``full`` no member's sample count reaches the server either (``SecureWeightin
 weights its deltas itself from public numbers and its own count, its weight units go into the
 secure sum beside them, and the server normalizes the decoded sums by the survivors' total.
 
+With [dp] at ``full`` the round is distributed differential privacy (``_distributed``,
+``dp/distributed.py``): each member clips its own update, encodes it and adds its share of
+discrete Gaussian noise; the server decodes the noised sum over the union of the requests and
+divides it by the public denominator K (and by p under randomized response).
+
 It also counts what a level costs (bytes per client per round, the clients' and the server's
 privacy work in seconds) and can keep a transcript of everything the server received.
 """
@@ -31,15 +36,19 @@ import torch
 
 from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.weighting import WEIGHTINGS, SecureWeighting
+from fedsub.dp.distributed import DiscreteNoise, member_rng, noisy_share
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
 from fedsub.privacy.sparse_secagg import (
+    INTEGER_SLOTS,
     Decoded,
     RowSlots,
     RowSums,
+    majority_threshold,
     secagg_bytes,
     secure_row_sum,
     union_of,
@@ -135,6 +144,7 @@ class PrivateRounds:
     seed: int
     keep_transcript: bool = False
     transcript: list[RoundRecord] = field(default_factory=list)
+    dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_distributed``)
     costs: Costs = field(default_factory=Costs)
     _round: int = 0
     _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -205,6 +215,8 @@ class PrivateRounds:
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """The round's server update from its (restricted) cohort update."""
+        if self.privacy.secure_aggregation and self.dp is not None:
+            return self._distributed(update, self.dp)
         if self.privacy.secure_aggregation:
             return unbias(self._secure(update), self.privacy.keep)
         started = time.perf_counter()
@@ -218,6 +230,85 @@ class PrivateRounds:
             self.transcript.append(RoundRecord(self._round, self._requests, update))
         return unbias(server_update, self.privacy.keep)
 
+    def _slots(self, update: CohortUpdate, members: list[int]) -> RowSlots:
+        """The round's public layout: the union of the members' requests, the dense shapes."""
+        union = union_of(self._requests[k] for k in members)
+        return RowSlots(
+            {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
+            {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
+            {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
+        )
+
+    def _member_values(
+        self, update: CohortUpdate, slots: RowSlots, j: int, a: float = 1.0
+    ) -> np.ndarray:
+        """Member j's real vector over ``slots`` (its deltas times ``a``), on its side."""
+        spans = {t: update.member_rows(t, j) for t in update.rows}
+        deltas = update.table_deltas
+        return slots.client_values(
+            {t: update.rows[t][s].cpu().numpy() for t, s in spans.items()},
+            {t: (deltas[t][s].double() * a).cpu().numpy() for t, s in spans.items()},
+            {n: (v[j].double() * a).cpu().numpy() for n, v in update.dense_deltas.items()},
+        )
+
+    def _distributed(self, update: CohortUpdate, settings: DpSettings) -> ServerUpdate:
+        """Distributed DP (dp/distributed.py): every member's noisy share of its clipped
+        update, the secure sum (threshold raised to K_min: fewer survivors cannot be
+        unmasked), decoded and divided by K (times p under randomized response). Every value
+        of the round's row union changes (the union is public: the requests)."""
+        started = time.perf_counter()
+        members = [int(k) for k in update.clients.tolist()]
+        slots = self._slots(update, members)
+        values = {j: self._member_values(update, slots, j) for j in range(len(members))}
+        k_min = settings.survivors_needed
+        noise = DiscreteNoise.for_round(
+            settings.clip,
+            settings.noise_multiplier,
+            len(members),
+            k_min,
+            slots.length - INTEGER_SLOTS,
+        )
+        integer_slots = np.zeros(INTEGER_SLOTS, dtype=np.uint32)  # no units, no clipped count
+
+        def encode(j: int, vector: np.ndarray) -> np.ndarray:
+            rng = member_rng(self.seed, self._round, members[j])
+            share = noisy_share(vector[:-INTEGER_SLOTS], 1.0, noise, rng)
+            return np.concatenate([share, integer_slots])
+
+        threshold = max(majority_threshold(len(members)), k_min)
+        built = time.perf_counter()
+        sums = secure_row_sum(
+            slots, values, settings.clip, threshold, coding=noise.coding, encode=encode
+        )
+        self._count_secure(sums, len(members), slots, built - started)
+        if self.keep_transcript:
+            self.transcript.append(
+                RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
+            )
+        k, device = settings.clients_per_round, update.clients.device
+        tables = {
+            t: RowUpdate(
+                torch.from_numpy(union).to(device),
+                torch.from_numpy(sums.tables[t] / (k * self.privacy.keep)).to(
+                    device, update.table_deltas[t].dtype
+                ),
+            )
+            for t, union in slots.rows.items()
+        }
+        dense = {
+            n: torch.from_numpy(np.ascontiguousarray(sums.dense[n] / k)).to(device, v.dtype)
+            for n, v in update.dense_deltas.items()
+        }
+        return ServerUpdate(tables, dense)
+
+    def _count_secure(self, sums: RowSums, members: int, slots: RowSlots, built: float) -> None:
+        self.costs.client_seconds += built + sums.client_seconds
+        self.costs.server_seconds += sums.server_seconds
+        self.costs.clipped += sums.clipped
+        sent = secagg_bytes(members, slots.length)
+        self.costs.bytes_up += sent["up"] * members
+        self.costs.bytes_down += sent["down"] * members
+
     def _secure(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sparse aggregation of the members' weighted deltas and weight units over the
         union of the cohort's requests (building the vectors is the clients' time; the
@@ -229,31 +320,14 @@ class PrivateRounds:
         draws = [int(m) for m in update.multiplicity.tolist()]
         weighting = secure_weighting(self.aggregation, draws)
         counts = [round(float(w)) for w in update.weights.tolist()]  # each member's own n_k
-        union = union_of(self._requests[k] for k in members)
-        slots = RowSlots(
-            {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
-            {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
-            {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
-        )
+        slots = self._slots(update, members)
         values, units = {}, {}
         for j in range(len(members)):
             units[j] = weighting.units(j, counts[j])
-            a = weighting.coefficient(units[j])
-            spans = {t: update.member_rows(t, j) for t in update.rows}
-            deltas = update.table_deltas
-            values[j] = slots.client_values(
-                {t: update.rows[t][s].cpu().numpy() for t, s in spans.items()},
-                {t: (deltas[t][s].double() * a).cpu().numpy() for t, s in spans.items()},
-                {n: (v[j].double() * a).cpu().numpy() for n, v in update.dense_deltas.items()},
-            )
+            values[j] = self._member_values(update, slots, j, weighting.coefficient(units[j]))
         built = time.perf_counter()
         sums = secure_row_sum(slots, values, self.privacy.secagg_clip, weight_units=units)
-        self.costs.client_seconds += built - started + sums.client_seconds
-        self.costs.server_seconds += sums.server_seconds
-        self.costs.clipped += sums.clipped
-        sent = secagg_bytes(len(members), slots.length)
-        self.costs.bytes_up += sent["up"] * len(members)
-        self.costs.bytes_down += sent["down"] * len(members)
+        self._count_secure(sums, len(members), slots, built - started)
         if self.keep_transcript:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)

@@ -184,6 +184,8 @@ def secure_row_sum(
     drop_before_masking: Iterable[int] = (),
     drop_after_masking: Iterable[int] = (),
     weight_units: Mapping[int, int] | None = None,
+    coding: FixedPoint | None = None,
+    encode: Callable[[int, np.ndarray], np.ndarray] | None = None,
 ) -> RowSums:
     """Run the sparse secure sum in process over ``values`` (client id 0..n-1 -> its
     ``RowSlots.client_values``) and ``weight_units`` (client id -> its integer weight, 0 if
@@ -191,9 +193,12 @@ def secure_row_sum(
     in ``drop_before_masking`` vanish after sharing keys, those in ``drop_after_masking`` after
     sending their masked vector (it still counts). The fixed-point scale is chosen for the n
     clients that start, so no sum of survivors can wrap around; ``threshold`` defaults to the
-    majority. Fewer than t clients left raise ``SecAggError`` (secagg's clear refusal)."""
+    majority. Fewer than t clients left raise ``SecAggError`` (secagg's clear refusal).
+    ``encode`` (client id, its values -> its uint32 input of ``slots.length`` values) replaces
+    ``encode_client``, and ``coding`` the decoding's fixed point (distributed differential
+    privacy: dp/distributed.py's noisy shares)."""
     n = len(values)
-    coding = FixedPoint.for_clients(n, clip)
+    coding = FixedPoint.for_clients(n, clip) if coding is None else coding
     t = majority_threshold(n) if threshold is None else threshold
     session = secrets.token_bytes(16)
     watch = _Stopwatch()
@@ -207,14 +212,13 @@ def secure_row_sum(
 
     units = weight_units or {}
 
+    def encoded(u: int) -> np.ndarray:
+        if encode is not None:
+            return encode(u, values[u])
+        return encode_client(slots, coding, values[u], units.get(u, 0), n)
+
     def mask_inputs() -> list[MaskedInput]:
-        return [
-            clients[u].masked_input(
-                inboxes[u], encode_client(slots, coding, values[u], units.get(u, 0), n)
-            )
-            for u in inboxes
-            if u not in before
-        ]
+        return [clients[u].masked_input(inboxes[u], encoded(u)) for u in inboxes if u not in before]
 
     masked = watch.run("client", mask_inputs)
     request = watch.run("server", lambda: server.collect_masked(masked))

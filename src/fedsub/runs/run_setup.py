@@ -179,6 +179,8 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         target_quantile=d.target_quantile,
         clip_lr=d.clip_lr,
         count_share=d.count_share,
+        distributed=config.privacy.level == "full",
+        min_survivors=d.min_survivors,
     )
 
 
@@ -197,7 +199,13 @@ def dp_plan(config: Config) -> list[str]:
         f"noise multiplier z = {settings.noise_multiplier:.6g}, clip C = {settings.clip:g}, "
         f"delta = {settings.delta:.3g}, accountant {settings.accountant}, rows {settings.rows}",
     ]
-    if settings.rows == "private":
+    if settings.distributed:
+        lines.append(
+            "distributed: each client adds discrete Gaussian noise over secure aggregation, "
+            f"calibrated for {settings.survivors_needed} surviving clients; accounted as zCDP "
+            "without sampling amplification (docs: Differential privacy)"
+        )
+    elif settings.rows == "private":
         lines.append(
             f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
             f"{settings.update_multiplier:.4g}, threshold {settings.threshold:.4g} "
@@ -212,9 +220,14 @@ def dp_plan(config: Config) -> list[str]:
 
 def heat_privacy_of(config: Config) -> HeatPrivacy:
     """Where the server's heat comes from (``privacy.heat_source``, or the one
-    ``privacy.level`` implies) and that source's settings."""
+    ``privacy.level`` implies) and that source's settings. Under [dp] no heat exchange runs at
+    any level: the mechanism's heat is its noisy contribution histogram (dp/selection.py), a
+    release ε covers, and the exact heat the simulator computes for the algorithm's
+    coefficients is never read (docs: Differential privacy, "privacy levels")."""
     p = config.privacy
     source = privacy_levels.heat_source_for(p.level, p.heat_source)
+    if config.dp.mechanism != "none":  # FedSubAvg's heat is the mechanism's noisy histogram
+        source = p.heat_source  # (config.py keeps it "exact": computed here, never used)
     return HeatPrivacy(
         source, p.secagg_group, p.sketch_eps, p.sketch_delta, p.rr_epsilon, config.train.seed
     )
