@@ -392,7 +392,35 @@ def check_combination(
     by design (Scheme II's ``(N/K) p_k``, the original scheme's ``p_k``) cannot run on width
     slices, whose average divides by the weights' sum. ``runtime``: where it will run (its
     declared capabilities; None: the in-process engine, which has them all)."""
-    base = name.partition("@")[0]
+    rule = rule_class(recipe.aggregation)
+    _check_weights_and_sums(name, recipe, scheme, masking, privacy)
+    stateful = _checked_client_pieces(name, recipe, scheme, momentum, privacy)
+    # (the runtime capability each property needs, why): for masking's refusal and the runtime's
+    needs: list[tuple[Capability, str]] = [
+        ("client-state", f"its client piece {n!r} keeps per-client state across rounds")
+        for n in stateful
+    ]
+    if rule.pools_data:
+        needs.append(
+            ("pooled-data", f"its aggregation {recipe.aggregation!r} pools the data (no clients)")
+        )
+    if needs and masking != "none":
+        raise ConfigError(
+            f"masking.scheme = {masking!r} cannot be combined with algorithm {name!r}: "
+            f"{'; '.join(why for _, why in needs)}. Masked training needs per-client state-free "
+            "pieces"
+        )
+    if dp != "none":
+        check_dp_combination(name, recipe, scheme, dp_rows, [why for _, why in needs], privacy)
+    if runtime is not None:
+        _require_capabilities(runtime, name, needs, masking, privacy, dp)
+
+
+def _check_weights_and_sums(
+    name: str, recipe: Recipe, scheme: str, masking: str, privacy: str
+) -> None:
+    """Masking's slice average and the private rounds' sums compute a weighted sum with
+    weights that sum to 1: refuse schemes and rules that are not one."""
     rule = rule_class(recipe.aggregation)
     weighting = SCHEMES[scheme].weighting
     unnormalized = (
@@ -420,7 +448,15 @@ def check_combination(
             f"privacy.level = {privacy!r} cannot be combined with algorithm {name!r}: "
             f"{not_a_sum}, which private download and secure aggregation compute"
         )
-    pooled = rule.pools_data
+
+
+def _checked_client_pieces(
+    name: str, recipe: Recipe, scheme: str, momentum: float, privacy: str
+) -> list[str]:
+    """The recipe's client pieces checked as one chain, with what pooling and the private
+    rounds rule out; the names of those that keep per-client state."""
+    base = name.partition("@")[0]
+    pooled = rule_class(recipe.aggregation).pools_data
     if pooled and scheme != "default":
         raise ConfigError(
             f"{base} samples no clients (its aggregation {recipe.aggregation!r} pools the "
@@ -445,25 +481,18 @@ def check_combination(
             f"client piece {stateful[0]!r} keeps per-client state built from each client's "
             "own update, which private download and secure aggregation keep from the server"
         )
-    # (the runtime capability each property needs, why): for masking's refusal and the runtime's
-    needs: list[tuple[Capability, str]] = [
-        ("client-state", f"its client piece {n!r} keeps per-client state across rounds")
-        for n in stateful
-    ]
-    if pooled:
-        needs.append(
-            ("pooled-data", f"its aggregation {recipe.aggregation!r} pools the data (no clients)")
-        )
-    if needs and masking != "none":
-        raise ConfigError(
-            f"masking.scheme = {masking!r} cannot be combined with algorithm {name!r}: "
-            f"{'; '.join(why for _, why in needs)}. Masked training needs per-client state-free "
-            "pieces"
-        )
-    if dp != "none":
-        check_dp_combination(name, recipe, scheme, dp_rows, [why for _, why in needs], privacy)
-    if runtime is None:
-        return
+    return stateful
+
+
+def _require_capabilities(
+    runtime: Runtime,
+    name: str,
+    needs: list[tuple[Capability, str]],
+    masking: str,
+    privacy: str,
+    dp: str,
+) -> None:
+    """Refuse what ``runtime`` does not declare (its hint says why and what to do)."""
     if dp != "none":
         runtime.require("differential-privacy", f"[dp] mechanism = {dp!r}")
     for capability, why in needs:

@@ -4,6 +4,7 @@ and sweeps of one key over several values (the papers' Table 3)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -420,6 +421,28 @@ def _fits_in_memory(dataset: FederatedDataset | None) -> Iterator[None]:
         ) from None
 
 
+def _trained(
+    claim: Claim | None, on_round: Callable[[str, int], None] | None, name: str, round_index: int
+) -> None:
+    """After a round of ``name``: the folder has training in it, and the caller is told."""
+    if claim is not None:
+        claim.training_started()
+    if on_round is not None:
+        on_round(name, round_index)
+
+
+def _train_algorithm(
+    run: AlgorithmRun, setup: Setup, config: Config
+) -> tuple[list[Evaluation], Diverged | None, Params | None]:
+    """``run``'s algorithm built for ``setup`` and trained: its evaluations, why it diverged
+    (or None) and its final model."""
+    with phase(f"{run.label}{run.name}: preparing"):
+        algorithm = build_algorithm(run.name, setup.context, config.algorithm_options(run.name))
+    return run.train(
+        setup.model, algorithm, setup.dataset, setup.index, setup.schedule, setup.evaluator
+    )
+
+
 def _compare_in(
     config: Config,
     out_dir: Path | None,
@@ -457,12 +480,7 @@ def _compare_in(
     if distributed.joined() is not None:
         stop_requested = distributed.agreed(stop_requested)
 
-    def trained(name: str, round_index: int) -> None:
-        if claim is not None:
-            claim.training_started()
-        if on_round is not None:
-            on_round(name, round_index)
-
+    trained = functools.partial(_trained, claim, on_round)
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
     profiles: dict[str, dict] = {}
@@ -486,16 +504,7 @@ def _compare_in(
             RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
             label,
         )
-        with phase(f"{label}{name}: preparing"):
-            algorithm = build_algorithm(name, setup.context, config.algorithm_options(name))
-        histories[name], divergence, final = run.train(
-            setup.model,
-            algorithm,
-            setup.dataset,
-            setup.index,
-            setup.schedule,
-            setup.evaluator,
-        )
+        histories[name], divergence, final = _train_algorithm(run, setup, config)
         if divergence is not None:
             diverged[name] = divergence
         if final is not None and not isinstance(final, ShardParams):
@@ -737,12 +746,7 @@ def _sweep_values(
 ) -> dict[str, Outcome]:
     """Each value's comparison in its folder (``out_dir/<key>=<value>``), one after another."""
 
-    def trained(name: str, round_index: int) -> None:
-        if claim is not None:
-            claim.training_started()
-        if on_round is not None:
-            on_round(name, round_index)
-
+    trained = functools.partial(_trained, claim, on_round)
     outcomes: dict[str, Outcome] = {}
     for v in values:
         folder = out_dir / value_folder(key, v)
