@@ -456,6 +456,19 @@ def cmd_dp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reshard(args: argparse.Namespace) -> int:
+    from fedsub.engine.reshard import reshard_run
+
+    done = reshard_run(Path(args.run_folder), args.processes)
+    if not args.quiet:
+        print("\n".join(f"re-sharded {p} for {args.processes} processes" for p in done))
+        print(
+            f"resume with: torchrun --nproc-per-node {args.processes} -m fedsub compare "
+            f"--resume {args.run_folder}"
+        )
+    return 0
+
+
 def cmd_data_fetch(args: argparse.Namespace) -> int:
     from fedsub.data.fetch import DOWNLOADS, Download, fetch, listing
 
@@ -607,6 +620,9 @@ EXAMPLES = {
     "dp": """\
   fedsub dp --set dp.mechanism=gaussian --set dp.target_epsilon=4
   fedsub dp my.toml --set dp.noise_multiplier=1.2 --set train.sampling=poisson""",
+    "reshard": """\
+  fedsub reshard runs/sharded --processes 4
+  torchrun --standalone --nproc-per-node 4 -m fedsub compare --resume runs/sharded""",
     "data": """\
   fedsub data stats synthetic-sparse
   fedsub data fetch movielens-1m""",
@@ -766,6 +782,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config key; repeatable; VALUE is TOML",
     )
     dp.set_defaults(func=cmd_dp)
+
+    reshard = add_command(
+        commands,
+        "reshard",
+        "re-shard a row-sharded run's newest checkpoints for another number of processes",
+        set_note=False,
+    )
+    reshard.add_argument("run_folder", metavar="RUN_FOLDER", help="the stopped run's folder")
+    reshard.add_argument(
+        "--processes",
+        type=int,
+        required=True,
+        metavar="P",
+        help="how many processes the run resumes with (torchrun --nproc-per-node P; P >= 2)",
+    )
+    reshard.add_argument("--quiet", action="store_true", help="print nothing")
+    reshard.set_defaults(func=cmd_reshard)
 
     listing = add_command(
         commands,
