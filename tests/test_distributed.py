@@ -172,15 +172,19 @@ checkpoint_every = 2
 
 
 def torchrun(
-    folder: Path, *args: str, timeout: float = 120, path: Path | None = None
+    folder: Path,
+    *args: str,
+    timeout: float = 120,
+    path: Path | None = None,
+    processes: int = 2,
 ) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc-per-node 2 -m fedsub ARGS`` (gloo on the CPU);
+    """``torchrun --standalone --nproc-per-node PROCESSES -m fedsub ARGS`` (gloo on the CPU);
     ``path``: a further folder on PYTHONPATH (a user's module named by its import path)."""
     folders = [str(Path(cli.__file__).parents[2]), *([str(path)] if path else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(folders), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return subprocess.run(
-        [*command, "--nproc-per-node", "2", "-m", "fedsub", *args],
+        [*command, "--nproc-per-node", str(processes), "-m", "fedsub", *args],
         cwd=folder,
         env=env,
         capture_output=True,
