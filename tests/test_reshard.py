@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedsub import cli
-from fedsub.engine.reshard import reshard
+from fedsub.engine.reshard import reshard, reshard_folder
 from fedsub.errors import FedsubError
 from fedsub.files.tensor_files import write_tensors
 
@@ -192,3 +192,16 @@ def test_replicated_tensors_that_differ_between_shards_are_refused_naming_them(t
     source = hand_written(tmp_path / "src", dense_1=torch.tensor([1.0, 3.0]))
     with pytest.raises(FedsubError, match=r"'dense\.w': replicated, but shard 1 differs"):
         reshard(source, tmp_path / "out", 3)
+
+
+def test_every_intact_checkpoint_of_a_folder_is_resharded_and_a_damaged_one_left(tmp_path):
+    folder = tmp_path / "checkpoints"
+    hand_written(folder / "round-000002")
+    damaged = hand_written(folder / "round-000004")
+    (damaged / "shard-1-of-2" / "model.safetensors").unlink()
+    assert reshard_folder(folder, 3) == [folder / "round-000002"]
+    assert {p.name for p in (folder / "round-000002").iterdir()} == {
+        "state.json", "shard-0-of-3", "shard-1-of-3", "shard-2-of-3"
+    }  # fmt: skip
+    assert {p.name for p in damaged.iterdir()} == {"state.json", "shard-0-of-2", "shard-1-of-2"}
+    assert {p.name for p in folder.iterdir()} == {"round-000002", "round-000004"}  # no temp

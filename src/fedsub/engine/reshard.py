@@ -14,7 +14,9 @@ Row-cut tensors are concatenated in rank order (the whole tensor) and cut again 
 rule for P'; replicated ones must be equal in every shard and are copied. FedSubAvg's heat
 coefficients are not in a checkpoint (a resume computes them again), nor is any random state
 (every stream is keyed by seed, round and client). The new checkpoint is written into a
-temporary folder and renamed into place; the source is only read.
+temporary folder and renamed into place; the source is only read (``reshard``) or replaced
+after the new one is whole (``reshard_run``: every intact checkpoint of each algorithm, so a
+resume that falls back to an older one finds it re-sharded too).
 
 P' = 1 is refused: a one-process run refuses ``table_sharding = "rows"`` (nothing to shard
 over), and the run's identity is the hash of its config.toml, so continuing it in one process
@@ -200,12 +202,12 @@ def _write(checkpoint: ShardedCheckpoint, shards: list[Shard], staging: Path) ->
         os.fsync(handle.fileno())
 
 
-def _staged(source: Path, folder: Path, processes: int) -> Path:
-    """``source`` re-sharded into a new temporary folder in ``folder`` (removed on failure)."""
+def _staged(checkpoint: ShardedCheckpoint, folder: Path, processes: int) -> Path:
+    """``checkpoint`` re-sharded into a new temporary folder in ``folder`` (removed on
+    failure)."""
     _check_processes(processes)
-    checkpoint = read_sharded(source)
     shards = resharded(checkpoint, processes)
-    staging = create_temp_dir(folder, source.name)
+    staging = create_temp_dir(folder, checkpoint.path.name)
     try:
         _write(checkpoint, shards, staging)
     except BaseException:
@@ -217,10 +219,11 @@ def _staged(source: Path, folder: Path, processes: int) -> Path:
 def reshard(source: Path, destination: Path, processes: int) -> Path:
     """Write the sharded checkpoint ``source`` again, for ``processes`` processes, as the new
     folder ``destination`` (which must not exist). ``source`` is only read."""
+    _check_processes(processes)
     if destination.exists():
         raise FedsubError(f"{destination}: exists; re-sharding writes a new folder")
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = _staged(source, destination.parent, processes)
+    staging = _staged(read_sharded(source), destination.parent, processes)
     try:
         os.replace(staging, destination)
     except BaseException:
@@ -229,12 +232,12 @@ def reshard(source: Path, destination: Path, processes: int) -> Path:
     return destination
 
 
-def reshard_in_place(path: Path, processes: int) -> None:
-    """Replace the checkpoint folder ``path`` by itself re-sharded: the new one is written
-    beside it, then the old is moved aside to a temporary name, the new renamed into its
-    place, and the old removed (a kill in between leaves the older checkpoints to resume
-    from, and only temporary folders a run ignores)."""
-    staging = _staged(path, path.parent, processes)
+def reshard_in_place(checkpoint: ShardedCheckpoint, processes: int) -> None:
+    """Replace the checkpoint's folder by itself re-sharded: the new one is written beside
+    it, then the old one is moved aside to a temporary name, the new one renamed into its
+    place, and the old one removed."""
+    path = checkpoint.path
+    staging = _staged(checkpoint, path.parent, processes)
     aside = create_temp_dir(path.parent, path.name)
     try:
         os.replace(path, aside)
@@ -245,21 +248,25 @@ def reshard_in_place(path: Path, processes: int) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def newest_sharded(directory: Path) -> Path | None:
-    """The newest checkpoint in ``directory`` whose every shard reads; damaged newer ones are
-    skipped with a warning naming them."""
+def reshard_folder(directory: Path, processes: int) -> list[Path]:
+    """Re-shard every checkpoint in ``directory`` (one algorithm's ``checkpoints/``) whose
+    every shard reads, so a resume that falls back to an older one finds it re-sharded too;
+    a damaged one is left as it is (a resume skips it too), with a warning naming it."""
+    done = []
     for path in ckpt.all_newest_first(directory):
         try:
-            read_sharded(path)
-            return path
+            checkpoint = read_sharded(path)
         except FedsubError as error:
-            LOG.warning("skipping checkpoint: %s; trying an older one", error)
-    return None
+            LOG.warning("skipping checkpoint: %s", error)
+            continue
+        reshard_in_place(checkpoint, processes)
+        done.append(path)
+    return done
 
 
 def reshard_run(folder: Path, processes: int) -> list[Path]:
-    """Re-shard the newest intact checkpoint of every algorithm of the run folder ``folder``
-    for ``processes`` processes; returns the checkpoints re-sharded. The run's own files
+    """Re-shard the intact checkpoints of every algorithm of the run folder ``folder`` for
+    ``processes`` processes; returns the checkpoints re-sharded. The run's own files
     (run.json, config.toml) name no process count: nothing else changes."""
     _check_processes(processes)
     if not folder.is_dir():
@@ -267,17 +274,15 @@ def reshard_run(folder: Path, processes: int) -> list[Path]:
     if not (folder / RUN_FILE).is_file():
         raise FedsubError(f"RUN_FOLDER {folder}: not a run folder (it has no {RUN_FILE})")
     read_run_file(folder)  # and its run.json reads
-    found = [
-        newest_sharded(sub / "checkpoints")
+    done = [
+        path
         for sub in sorted(folder.iterdir())
         if (sub / "checkpoints").is_dir()
+        for path in reshard_folder(sub / "checkpoints", processes)
     ]
-    checkpoints = [p for p in found if p is not None]
-    if not checkpoints:
+    if not done:
         raise FedsubError(
             f"{folder}: no intact sharded checkpoint in any <algorithm>/checkpoints/ (a run "
             'with execution.table_sharding = "rows" and train.checkpoint_every writes them)'
         )
-    for path in checkpoints:
-        reshard_in_place(path, processes)
-    return checkpoints
+    return done
