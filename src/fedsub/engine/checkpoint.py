@@ -16,7 +16,8 @@ A run with row-sharded tables (``execution.table_sharding = "rows"``, fedsub/sha
 checkpoint folder all the same: process 0 creates the temporary folder, every process writes its
 stages into ``shard-<r>-of-<P>/`` in it, and after a barrier process 0 writes ``state.json``
 (with ``"shards": P``) and renames the folder into place, so a checkpoint holds every shard of
-one round or is not there. It resumes with the same P only (``ShardsMismatch`` names it).
+one round or is not there. It resumes with the same P only (``ShardsMismatch`` names it);
+``fedsub reshard`` (engine/reshard.py) cuts it again for another P.
 
 Format 1 (before stages were generic) had fixed ``model``/``server``/``variates`` files and no
 stage list in ``state.json``; it still loads, as those three stages (an empty ``variates``
@@ -268,9 +269,15 @@ def _own_shard(path: Path, shards: object) -> str:
     processes (torchrun's environment says how many)."""
     processes = distributed.from_environment()
     if shards != processes.world_size:
+        reshard = (
+            f", or re-shard the run folder first: fedsub reshard RUN_FOLDER --processes "
+            f"{processes.world_size}"
+            if processes.world_size > 1
+            else ""
+        )
         raise ShardsMismatch(
             f"{path}: its tables are sharded over {shards} processes "
             f'(execution.table_sharding = "rows"), and this run has {processes.world_size}; '
-            f"resume it with torchrun --nproc-per-node {shards}"
+            f"resume it with torchrun --nproc-per-node {shards}{reshard}"
         )
     return shard_folder(processes.rank, processes.world_size)

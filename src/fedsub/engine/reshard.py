@@ -251,9 +251,10 @@ def reshard_in_place(checkpoint: ShardedCheckpoint, processes: int) -> None:
 def reshard_folder(directory: Path, processes: int) -> list[Path]:
     """Re-shard every checkpoint in ``directory`` (one algorithm's ``checkpoints/``) whose
     every shard reads, so a resume that falls back to an older one finds it re-sharded too;
-    a damaged one is left as it is (a resume skips it too), with a warning naming it."""
+    a damaged one is left as it is (a resume skips it too), with a warning naming it. Oldest
+    first: a kill while the newest is replaced leaves the older ones already re-sharded."""
     done = []
-    for path in ckpt.all_newest_first(directory):
+    for path in reversed(ckpt.all_newest_first(directory)):
         try:
             checkpoint = read_sharded(path)
         except FedsubError as error:
