@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedsub import cli
-from fedsub.engine.reshard import reshard, reshard_folder
+from fedsub.engine.reshard import owner_table, reshard, reshard_folder
 from fedsub.errors import FedsubError
 from fedsub.files.tensor_files import write_tensors
 
@@ -205,3 +205,25 @@ def test_every_intact_checkpoint_of_a_folder_is_resharded_and_a_damaged_one_left
     }  # fmt: skip
     assert {p.name for p in damaged.iterdir()} == {"state.json", "shard-0-of-2", "shard-1-of-2"}
     assert {p.name for p in folder.iterdir()} == {"round-000002", "round-000004"}  # no temp
+
+
+@pytest.mark.parametrize(
+    "stage,name,owner",
+    [
+        ("model", "table.t", "t"),
+        ("model", "dense.t", None),  # a dense tensor may share a table's name in the model
+        ("server", "adam.lazy.m.t", "t"),
+        ("server", "adam.lazy.v.head.t", None),  # dense "head.t", not table "t"
+        ("server", "adam.lazy.m.w", None),
+        ("server", "steps", None),
+        ("server", "t", "t"),
+        ("server", "adam.lazy.m.xt", None),  # "xt" is no table: only whole names count
+    ],
+)
+def test_a_tensor_is_cut_by_the_rows_of_the_table_it_is_named_after(stage, name, owner):
+    assert owner_table(stage, name, {"t": 5}, {"w", "head.t"}) == owner
+
+
+def test_a_name_that_is_a_table_and_a_dense_tensor_is_refused():
+    with pytest.raises(FedsubError, match="names both a table and a dense one"):
+        owner_table("server", "adam.lazy.m.t", {"t": 5}, {"t"})

@@ -111,15 +111,13 @@ def owner_table(stage: str, name: str, tables: dict[str, int], dense: set[str]) 
     """The table whose rows tensor ``name`` of ``stage`` is cut by, or None (replicated)."""
     if stage == "model":
         return name[len("table.") :] if name.startswith("table.") else None
-    owners = [p for p in (*tables, *dense) if name == p or name.endswith(f".{p}")]
-    if not owners:
+    named = [p for p in (*tables, *dense) if name == p or name.endswith(f".{p}")]
+    if not named:
         return None
-    longest = max(len(p) for p in owners)
-    named = {p for p in owners if len(p) == longest}
-    if len(named) > 1 or (named & set(tables) and named & dense):
+    owner = max(named, key=len)  # the longest: dense "head.t" beside table "t" is dense
+    if owner in tables and owner in dense:
         raise FedsubError(f"stage {stage!r}: tensor {name!r} names both a table and a dense one")
-    (owner,) = named
-    return owner if owner in tables and owner not in dense else None
+    return owner if owner in tables else None
 
 
 def resharded(checkpoint: ShardedCheckpoint, processes: int) -> list[Shard]:
