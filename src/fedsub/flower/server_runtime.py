@@ -52,8 +52,7 @@ from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
-from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
-from fedsub.flower.heat_state import PrivateHeatStage
+from fedsub.flower.heat_exchange import Recorder, collect_heat
 from fedsub.flower.joining import Joining
 from fedsub.flower.membership import Membership, Registrar, Registration
 from fedsub.flower.private_download import downloads_privately
@@ -61,6 +60,7 @@ from fedsub.flower.row_queries import SampledRows
 from fedsub.flower.secure_rows import round_combine
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.train_round import ReplyReader, reply_partition, train_messages
+from fedsub.privacy.heat_report import HeatReport, PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
