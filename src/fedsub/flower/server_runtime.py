@@ -46,6 +46,7 @@ from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algori
 from fedsub.data.federated import ClientSizes, Population
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import RunControl, build_server_round
+from fedsub.engine.membership import Membership, Registration
 from fedsub.engine.round_runtime import RoundFailed
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import RoundPlan, ServerRound
@@ -54,7 +55,7 @@ from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import Recorder, collect_heat
 from fedsub.flower.joining import Joining
-from fedsub.flower.membership import Membership, Registrar, Registration
+from fedsub.flower.membership import Registrar
 from fedsub.flower.private_download import downloads_privately
 from fedsub.flower.row_queries import SampledRows
 from fedsub.flower.secure_rows import round_combine
