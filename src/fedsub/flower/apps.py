@@ -28,6 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
 from fedsub.client.transforms import Chain
+from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive, initial_params
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
@@ -45,10 +46,14 @@ from fedsub.files.run_folder import (
 from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.checkpoints import CONFIG_KEY, config_stamp, latest, resumed_stamp
 from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
-from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
+from fedsub.flower.federated_eval import (
+    EVAL_INDEX,
+    FederatedEvaluation,
+    eval_index_record,
+    node_report,
+)
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
-from fedsub.flower.node_eval import eval_index_record, node_report
 from fedsub.flower.private_download import (
     downloads_privately,
     local_submodel,
