@@ -19,6 +19,7 @@ the population without asking the nodes again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,3 +162,20 @@ class Membership:
         self.registered = registered
         self.counted = tensors["counted"].tolist()
         self.dropped = set(_unsigned(tensors["dropped"]))
+
+
+class PositionNodes(Mapping[int, int]):
+    """Node id of the client at each position of ``membership.counted`` (a cohort's ids),
+    read when asked (a replacement node takes its partition's position)."""
+
+    def __init__(self, membership: Membership) -> None:
+        self.membership = membership
+
+    def __getitem__(self, j: int) -> int:
+        return self.membership.node_of(self.membership.counted[j])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.membership.counted)))
+
+    def __len__(self) -> int:
+        return len(self.membership.counted)

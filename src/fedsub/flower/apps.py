@@ -30,6 +30,7 @@ from fedsub import config as config_lib
 from fedsub.client.transforms import Chain
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive, initial_params
+from fedsub.engine.round_records import RoundsFailed
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
@@ -58,7 +59,7 @@ from fedsub.flower.private_download import downloads_privately, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
-from fedsub.flower.server_runtime import FlowerRuntime, Observers, RoundsFailed, Served
+from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.privacy.requested_rows import local_submodel, reply_record
