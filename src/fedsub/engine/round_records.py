@@ -4,7 +4,8 @@ A runtime whose clients may fail (Flower's nodes) keeps one record per round: wh
 sampled, who replied, who was left out, the bytes, what the step did, its costs. A round with
 fewer than ``min_replies`` updates leaves the model unchanged (``RoundFailed``); after
 ``max_failed_rounds`` such rounds in a row the run stops (``RoundsFailed``). The records are
-kept in checkpoints as the runtime's history, so a resumed run counts on. (The limits are
+kept in checkpoints as the runtime's history, so a resumed run counts on; ``run_costs`` gives
+the run's means of the rounds' costs. (The limits are
 named as the Flower run config names them: ``min-replies``, ``max-failed-rounds``.)
 """
 
@@ -98,3 +99,23 @@ def round_line(record: dict, rounds: int) -> str:
     if "diverged" in record:
         return f"{line}; diverged: {record['diverged']}"
     return line + ("; model updated" if record["updated"] else "; model unchanged")
+
+
+def run_costs(rounds: list[dict], totals: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """The run's means per client and round (over the rounds with costs), as in-process
+    ``privacy.json`` reports them, and the bytes by message type over the whole run."""
+    costed = [r["costs"] for r in rounds if "costs" in r]
+    count = max(len(costed), 1)
+
+    def mean(key: str) -> float:
+        return sum(c[key] for c in costed) / count
+
+    return {
+        "rounds": len(costed),
+        "bytes_up_per_client_round": mean("bytes_up_per_client"),
+        "bytes_down_per_client_round": mean("bytes_down_per_client"),
+        "client_seconds_per_client_round": mean("client_seconds_per_client"),
+        "server_cpu_seconds_per_round": mean("server_cpu_seconds"),
+        "round_seconds": mean("round_seconds"),
+        "bytes_by_message_type": {k: dict(v) for k, v in sorted(totals.items())},
+    }

@@ -30,7 +30,7 @@ from fedsub import config as config_lib
 from fedsub.client.transforms import Chain
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive, initial_params
-from fedsub.engine.round_records import RoundsFailed
+from fedsub.engine.round_records import RoundsFailed, run_costs
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
@@ -46,7 +46,7 @@ from fedsub.files.run_folder import (
 )
 from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.checkpoints import CONFIG_KEY, config_stamp, latest, resumed_stamp
-from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
+from fedsub.flower.costs import MeteredGrid, with_seconds
 from fedsub.flower.federated_eval import (
     EVAL_INDEX,
     FederatedEvaluation,
