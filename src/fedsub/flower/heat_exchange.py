@@ -2,24 +2,14 @@
 ``query.heat`` Messages between the ServerApp and the nodes.
 
 The server never receives a node's index sets S(k) here. For ``secagg`` and ``sketch`` it runs
-the same message-passing code as in process (``fedsub.privacy.secagg``: ``SecAggServer`` on the
-server, ``SecAggClient`` on each node) in groups of ``privacy.secagg_group`` nodes:
-
-    stage "advertise"  server -> node: session, the node's id in its group, threshold t
-                       node -> server: its two X25519 public keys
-    stage "share"      server -> node: every advertised key of the group
-                       node -> server: its Shamir shares, encrypted per peer, and a commitment
-    stage "mask"       server -> node: the encrypted shares addressed to it
-                       node -> server: its masked vector (privacy.heat_vectors.summed_vector)
-    stage "unmask"     server -> node: who survived, who dropped
-                       node -> server: shares of the survivors' self masks / the dropped's keys
-
-The protocol's messages and checks, the node's replies and the server's group sums are
-``fedsub.privacy.secure_sum`` / ``secagg_records`` (no Flower): this module carries them as
-Flower Messages. A node keeps its protocol state (its private keys, the shares it received) in
-its Flower ``Context.state``; it never leaves the node. For ``randomized-response`` one stage,
-"report": each node sends its eps-LDP noisy bits (drawn on the node) and its sample count; the
-server debiases.
+the same message-passing code as in process (``fedsub.privacy.secagg``) in groups of
+``privacy.secagg_group`` nodes, stage by stage as ``fedsub.privacy.secure_sum`` lists them
+(that module and ``secagg_records`` hold the messages, their checks, the node's replies and the
+server's group sums, without Flower): this module carries them as Flower Messages. A node
+keeps its protocol state (its private keys, the shares it received) in its Flower
+``Context.state``; it never leaves the node. For ``randomized-response`` one stage, "report":
+each node sends its eps-LDP noisy bits (drawn on the node) and its sample count; the server
+debiases.
 """
 
 from __future__ import annotations

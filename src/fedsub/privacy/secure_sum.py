@@ -1,7 +1,16 @@
-"""fedsub's secure aggregation (``fedsub.privacy.secagg``) as a message exchange, whatever
-carries the messages: a node's reply to each stage, and the server's secure sum of a group and
-private heat measurement over an ``Ask`` (flower/heat_exchange.py's carries them as Flower
-Messages; its module docs list the stages).
+"""fedsub's secure aggregation (``fedsub.privacy.secagg``: ``SecAggServer`` on the server,
+``SecAggClient`` on each node) as a message exchange, whatever carries the messages: a node's
+reply to each stage, and the server's secure sum of a group and private heat measurement over
+an ``Ask`` (flower/heat_exchange.py carries them as Flower Messages). The stages:
+
+    stage "advertise"  server -> node: session, the node's id in its group, threshold t
+                       node -> server: its two X25519 public keys
+    stage "share"      server -> node: every advertised key of the group
+                       node -> server: its Shamir shares, encrypted per peer, and a commitment
+    stage "mask"       server -> node: the encrypted shares addressed to it
+                       node -> server: its masked vector (privacy.heat_vectors.summed_vector)
+    stage "unmask"     server -> node: who survived, who dropped
+                       node -> server: shares of the survivors' self masks / the dropped's keys
 
 A node that fails, times out or sends a malformed or foreign reply is left out of its group
 from that stage on (logged by node id); the protocol finishes while at least t = floor(n/2) + 1
