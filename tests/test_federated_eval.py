@@ -13,9 +13,8 @@ from fedsub.engine.binned_auc import binned_auc, score_histograms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.loop import initial_params
 from fedsub.errors import ConfigError, DataError
-from fedsub.flower.federated_eval import FederatedEvaluation
+from fedsub.flower.federated_eval import FederatedEvaluation, node_report
 from fedsub.flower.node_data import node_config_items, node_data
-from fedsub.flower.node_eval import node_report
 from fedsub.flower.run_model import federation
 from fedsub.flower.settings import FlowerSettings
 from fedsub.submodel.transfer import pull

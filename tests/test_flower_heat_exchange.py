@@ -1,4 +1,5 @@
-"""The private heat exchange over Flower Messages (fedsub.flower.heat_exchange), on a grid
+"""The private heat exchange over Flower Messages (fedsub.flower.heat_exchange, over
+fedsub.privacy.secure_sum and secagg_records), on a grid
 that hands each message to the node's real handler in process: its heat equals the in-process
 sources', dropouts are handled by the threshold, and foreign or malformed replies are left out
 naming the node."""
@@ -19,6 +20,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_c
 from fedsub.data.federated import ClientSizes
 from fedsub.flower import heat_exchange as hx
 from fedsub.privacy import randomized_response as rr
+from fedsub.privacy import secagg_records as records
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import heat_from_reports
 from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
@@ -195,28 +197,28 @@ def test_malformed_heat_records_are_refused_naming_node_and_field():
     session = b"s" * 16
     masked = ConfigRecord({"stage": "mask", "session": session, "sender": 0, "values": b"1234567"})
     with pytest.raises(hx.HeatMessageError, match="node 7: masked input of 7 bytes, expected 2"):
-        hx.decode_masked(masked, session, 2, "node 7")
+        records.decode_masked(masked, session, 2, "node 7")
     keys = ConfigRecord({"stage": "advertise", "session": session, "sender": "0"})
     with pytest.raises(hx.HeatMessageError, match="node 7: heat message's 'sender' is a str"):
-        hx.decode_advertise(keys, session, "node 7")
+        records.decode_advertise(keys, session, "node 7")
     with pytest.raises(hx.HeatMessageError, match="node 7: heat message of stage 'advertise', "):
-        hx.decode_unmask(keys, session, "node 7")
+        records.decode_unmask(keys, session, "node 7")
     with pytest.raises(hx.HeatMessageError, match="node 7: not a heat message"):
         hx._heat_record(RecordDict({"metrics": ConfigRecord({"a": 1})}), "node 7")
     shares = ConfigRecord(
         {"self-owners": [0, 1], "self-x": [1], "self-y": [b"x" * 66], "stage": "unmask"}
     )
     with pytest.raises(hx.HeatMessageError, match="node 7: heat message's self shares do not"):
-        hx._shares_of(shares, "self", "node 7")
+        records._shares_of(shares, "self", "node 7")
     report = ConfigRecord({"stage": "report", "num-examples": 3, "bits.features": b"\x00"})
     with pytest.raises(hx.HeatMessageError, match="1 bytes of bits for table 'features', exp"):
-        hx.decode_report(report, {"features": 100}, "node 7")
+        records.decode_report(report, {"features": 100}, "node 7")
 
 
 def test_a_node_answers_only_for_its_own_heat_source(federation):
     dataset, index = federation
     grid = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("sketch"), "clients"))
-    request = hx.advertise_request(b"s" * 16, 0, 3, "secagg")
+    request = records.advertise_request(b"s" * 16, 0, 3, "secagg")
     message = Message(RecordDict({"heat": ConfigRecord(request)}), 101, hx.MESSAGE_TYPE)
     with pytest.raises(hx.HeatMessageError, match=r"asks for heat source 'secagg'.*'sketch'"):
         grid.handlers[101](message, grid.contexts[101])
@@ -238,7 +240,9 @@ def test_randomized_response_estimate_equals_the_in_process_estimator(federation
         for k in range(dataset.num_clients):
             bits[k][table] = rr.report(index.client_rows(table, k), size, 1.0, rng)
     sent = [
-        hx.decode_report(ConfigRecord(hx.encode_report(b, int(n))), dataset.table_rows, f"node {k}")
+        records.decode_report(
+            ConfigRecord(records.encode_report(b, int(n))), dataset.table_rows, f"node {k}"
+        )
         for k, (b, n) in enumerate(zip(bits, counts, strict=True))
     ]
     measured = heat_from_reports(privacy, kind, dataset.table_rows, sent)
@@ -304,22 +308,22 @@ def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
         )
 
     session = b"s" * 16
-    keys = hx._heat_record(ask(hx.advertise_request(session, 0, 1, "secagg")).content, "test")
-    own = hx.decode_advertise(keys, session, "test")
+    keys = hx._heat_record(ask(records.advertise_request(session, 0, 1, "secagg")).content, "test")
+    own = records.decode_advertise(keys, session, "test")
     with pytest.raises(hx.HeatMessageError, match="from another session than this node's"):
-        ask(hx.share_request(b"o" * 16, [own]))
+        ask(records.share_request(b"o" * 16, [own]))
     with pytest.raises(hx.HeatMessageError, match="unknown heat stage 'sum'"):
         ask({"stage": "sum", "session": session})
     with pytest.raises(hx.HeatMessageError, match="a group of 1 with threshold t = 1"):
-        ask(hx.share_request(session, [own]))
+        ask(records.share_request(session, [own]))
     peer = AdvertiseKeys(session, 1, own.channel_key, own.mask_key)
     with pytest.raises(hx.HeatMessageError, match="a group of 2 with threshold t = 1"):
-        ask(hx.share_request(session, [own, peer]))
-    ask(hx.advertise_request(session, 0, 2, "secagg"))
-    ask(hx.share_request(session, [own, peer]))
+        ask(records.share_request(session, [own, peer]))
+    ask(records.advertise_request(session, 0, 2, "secagg"))
+    ask(records.share_request(session, [own, peer]))
     request = UnmaskRequest(session, (0,), (1,))
     with pytest.raises(hx.HeatMessageError, match="only 1 survivors, fewer than t = 2"):
-        ask(hx.unmask_request(request))
+        ask(records.unmask_request(request))
 
 
 class AppGrid(AnsweredAtOnce):

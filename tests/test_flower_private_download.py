@@ -145,7 +145,7 @@ def test_held_rows_left_out_of_a_request_are_skipped_with_either_payload(payload
     (payload full) or not (submodel), and whatever it received in earlier rounds."""
     from fedsub.engine.loop import initial_params
     from fedsub.flower.node_data import node_config_items, node_data
-    from fedsub.flower.private_download import local_submodel
+    from fedsub.privacy.requested_rows import local_submodel
     from fedsub.submodel.params import Params
 
     settings = FlowerSettings(overrides=(*BASE, *RANDOMIZED, "model.init_std=0.1"))
@@ -163,7 +163,7 @@ def test_held_rows_left_out_of_a_request_are_skipped_with_either_payload(payload
         else:
             rows = {"features": torch.from_numpy(request)}
             sent = Params({"features": table[request]}, dense)
-        got = local_submodel(node, rows, sent, {"features": request})
+        got = local_submodel(node.rows, node.client, rows, sent, {"features": request})
         return got.tables["features"]
 
     mine = receive(held[1:])  # the first held row is left out
@@ -173,7 +173,8 @@ def test_held_rows_left_out_of_a_request_are_skipped_with_either_payload(payload
     if payload == "submodel":
         with pytest.raises(FedsubError, match="the rows received are not its request"):
             local_submodel(
-                node,
+                node.rows,
+                node.client,
                 {"features": torch.from_numpy(held)},
                 Params({"features": table[held]}, dense),
                 {"features": held[:1]},

@@ -25,7 +25,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import hash_config
 from fedsub.models.sparse_lr import SparseLogisticRegression
-from fedsub.moved_keys import MOVED
+from fedsub.moved_keys import ADDED_SINCE, MOVED
 from fedsub.runs.experiment import check_free_space
 from fedsub.submodel.index import SubmodelIndex
 
@@ -171,6 +171,8 @@ def in_old_sections(text: str) -> str:
         if section in ("execution", "privacy", "masking"):
             for line in block[1:]:
                 key, value = line.split(" = ", 1)
+                if ADDED_SINCE.get((section, key)) == value:
+                    continue  # a key added after the move: an older fedsub never wrote it
                 moved.append(f"{old_name[(section, key)]} = {value}")
         else:
             kept.append(block)

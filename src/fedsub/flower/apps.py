@@ -28,7 +28,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
 from fedsub.client.transforms import Chain
+from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive, initial_params
+from fedsub.engine.round_records import RoundsFailed, run_costs
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
@@ -44,23 +46,23 @@ from fedsub.files.run_folder import (
 )
 from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.checkpoints import CONFIG_KEY, config_stamp, latest, resumed_stamp
-from fedsub.flower.costs import MeteredGrid, run_costs, with_seconds
-from fedsub.flower.federated_eval import EVAL_INDEX, FederatedEvaluation, server_test_metrics
+from fedsub.flower.costs import MeteredGrid, with_seconds
+from fedsub.flower.federated_eval import (
+    EVAL_INDEX,
+    FederatedEvaluation,
+    eval_index_record,
+    node_report,
+)
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
-from fedsub.flower.node_eval import eval_index_record, node_report
-from fedsub.flower.private_download import (
-    downloads_privately,
-    local_submodel,
-    node_request,
-    reply_record,
-)
+from fedsub.flower.private_download import downloads_privately, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
-from fedsub.flower.server_runtime import FlowerRuntime, Observers, RoundsFailed, Served
+from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
 from fedsub.privacy.levels import Privacy, describe
+from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.runs.report import JsonLines, write_atomic
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
@@ -147,7 +149,7 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     full = not rows
     request = node_request(node, round_index) if downloading else {}
     if downloading:  # requested rows received, the other held rows skipped (zero)
-        pulled = local_submodel(node, rows, received, request)
+        pulled = local_submodel(node.rows, node.client, rows, received, request)
     elif full:  # the whole model came: take S(k) locally
         pulled = pull(received, own)
     elif any(not torch.equal(rows[t], own[t]) for t in own):

@@ -1,7 +1,7 @@
 """Which run a Flower out-dir holds, and the checkpoint a resumed ServerApp continues.
 
 The round loop saves the checkpoints (engine/loop.py, as in process): every stage of the
-server round, the population (``flower.membership.Membership``) and a private heat source's
+server round, the population (``engine.membership.Membership``) and a private heat source's
 heat, the evaluations and the runtime's per-round records. They are stamped with the run's
 config hash: the hash of its description (the fedsub config as written, the algorithm, the
 payload, the heat refresh period; ``FlowerSettings.description``), so ``resume = true``

@@ -15,8 +15,8 @@ ServerApp wraps its ``Grid`` in a ``MeteredGrid`` that measures them as they pas
   not the waits for replies), and the round's wall time.
 
 ``take()`` returns what was measured since the last call (the runtime calls it when a round is
-done). A round's costs leave out the heat exchange (once per run) and federated evaluation,
-which ``totals`` keeps by type with the rest.
+done; the run's means: engine/round_records.run_costs). A round's costs leave out the heat
+exchange (once per run) and federated evaluation, which ``totals`` keeps by type with the rest.
 """
 
 from __future__ import annotations
@@ -157,23 +157,3 @@ class MeteredGrid:
             "round_seconds": time.monotonic() - measured["wall"],
             "nodes": per_node,
         }
-
-
-def run_costs(rounds: list[dict], totals: dict[str, dict[str, int]]) -> dict[str, Any]:
-    """The run's means per client and round (over the rounds with costs), as in-process
-    ``privacy.json`` reports them, and the bytes by message type over the whole run."""
-    costed = [r["costs"] for r in rounds if "costs" in r]
-    count = max(len(costed), 1)
-
-    def mean(key: str) -> float:
-        return sum(c[key] for c in costed) / count
-
-    return {
-        "rounds": len(costed),
-        "bytes_up_per_client_round": mean("bytes_up_per_client"),
-        "bytes_down_per_client_round": mean("bytes_down_per_client"),
-        "client_seconds_per_client_round": mean("client_seconds_per_client"),
-        "server_cpu_seconds_per_round": mean("server_cpu_seconds"),
-        "round_seconds": mean("round_seconds"),
-        "bytes_by_message_type": {k: dict(v) for k, v in sorted(totals.items())},
-    }

@@ -1,13 +1,10 @@
-"""Federated evaluation: each node scores the global model on its own samples and reports
-sums, so the server gets global metrics without any sample.
+"""Federated evaluation over Flower: each node scores the global model on its own samples and
+reports sums (engine/federated_metrics.py's arithmetic), so the server gets global metrics
+without any sample.
 
 A node's query reply carries, beside its S(k), the rows its held-out samples read
 (``eval-index``); an evaluation round sends each node those rows of the global model, and the
-node replies (flower/node_eval.py) its held-out loss sum, sample count and correct predictions,
-the same for its training samples, and for a binary model the positives and negatives per
-score bin (engine/binned_auc.py). The server adds them up (``FederatedEvaluation``): the
-test loss and accuracy are exactly those of the pooled held-out samples; the AUC is the
-binned one, reported with its bound ``test_auc_bin_error``.
+node replies its sums (``node_report``); the server adds them up (``FederatedEvaluation``).
 """
 
 from __future__ import annotations
@@ -19,19 +16,16 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
-from fedsub.data.federated import SampleSet
-from fedsub.engine.binned_auc import BINS, binned_auc
-from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.metrics import roc_auc
+from fedsub.engine.binned_auc import BINS
+from fedsub.engine.federated_metrics import SUMS, client_sums, pooled_metrics
 from fedsub.errors import FedsubError
+from fedsub.flower.node_data import NodeData
 from fedsub.flower.records import number_of, record_of, submodel_record
-from fedsub.models.base import Model
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull
 
 EVAL_INDEX = "eval-index"  # the query reply's record of the rows a node's evaluation reads
 LOG = logging.getLogger("fedsub")
-SUMS = [f"{p}{k}" for p in ("", "train-") for k in ("num-examples", "loss-sum", "correct")]
 
 
 class FederatedEvaluation:
@@ -109,19 +103,13 @@ class FederatedEvaluation:
 
     def combine(self, server_round: int, reports: list[MetricRecord]) -> dict[str, float]:
         """The global metrics from the nodes' reports (kept in ``results``)."""
-        total: dict[str, float] = {}
-        positives = np.zeros(BINS, np.int64)
-        negatives = np.zeros(BINS, np.int64)
-        histograms = False
-        for metrics in reports:
-            for key in SUMS:
-                if key in metrics:
-                    total[key] = total.get(key, 0.0) + number_of(metrics, key)
-            if "auc-positives" in metrics:
-                histograms = True
-                positives += _histogram(metrics, "auc-positives")
-                negatives += _histogram(metrics, "auc-negatives")
-        result = global_metrics(total, *((positives, negatives) if histograms else (None, None)))
+        sums = [{k: float(number_of(m, k)) for k in SUMS if k in m} for m in reports]
+        histograms = [
+            (_histogram(m, "auc-positives"), _histogram(m, "auc-negatives"))
+            for m in reports
+            if "auc-positives" in m
+        ]
+        result = pooled_metrics(sums, histograms)
         result["eval_nodes"] = float(len(reports))
         self.results[server_round] = result
         return result
@@ -136,31 +124,19 @@ def _histogram(metrics: MetricRecord, key: str) -> np.ndarray:
     return counts
 
 
-def global_metrics(
-    total: dict[str, float], positives: np.ndarray | None, negatives: np.ndarray | None
-) -> dict[str, float]:
-    """Means over the pooled samples from the nodes' sums."""
-    result: dict[str, float] = {}
-    for prefix, name in (("train-", "train"), ("", "test")):
-        n = total.get(f"{prefix}num-examples", 0.0)
-        if n:
-            result[f"{name}_loss"] = total[f"{prefix}loss-sum"] / n
-            if f"{prefix}correct" in total:
-                result[f"{name}_accuracy"] = total[f"{prefix}correct"] / n
-            result[f"{name}_samples"] = n
-    if positives is not None and negatives is not None:
-        auc, bound = binned_auc(positives, negatives)
-        result["test_auc"], result["test_auc_bin_error"] = auc, bound
-    return result
+def eval_index_record(node: NodeData) -> ArrayRecord:
+    return ArrayRecord({f"rows.{t}": torch.from_numpy(r) for t, r in node.eval_rows().items()})
 
 
-def server_test_metrics(model: Model, params: Params, samples: SampleSet) -> dict[str, float]:
-    """Exact metrics of the global model on the server's own test file (``server-test-file``:
-    data the server holds, never a client's)."""
-    outputs = Evaluator(model, samples, samples).outputs(params, samples).double()
-    labels = torch.from_numpy(samples.labels).double()
-    metrics = {"server_test_loss": float(model.loss(outputs, labels))}
-    if model.task == "binary":
-        metrics["server_test_accuracy"] = float(((outputs > 0) == (labels > 0.5)).double().mean())
-        metrics["server_test_auc"] = roc_auc(samples.labels, outputs.numpy())
-    return metrics
+def node_report(node: NodeData, rows: dict[str, torch.Tensor], params: Params) -> MetricRecord:
+    """The node's sums on its held-out and training samples under ``params`` (its rows)."""
+    return MetricRecord(
+        client_sums(
+            node.model,
+            node.held_out,
+            node.train,
+            lambda field: rows[node.table_of(field)].numpy(),
+            params,
+            node.client,
+        )
+    )

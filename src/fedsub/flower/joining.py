@@ -17,8 +17,9 @@ from collections.abc import Callable
 from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
+from fedsub.engine.membership import Membership, Registration
 from fedsub.errors import FedsubError
-from fedsub.flower.membership import Membership, Registrar, Registration
+from fedsub.flower.membership import Registrar
 
 NEWCOMERS_EVERY = 1.0  # seconds between two looks for new nodes while a round waits
 

@@ -4,14 +4,14 @@
   *request* (``privacy/requests.py``: randomized response or size buckets, keyed by (seed,
   round, client) exactly as ``engine/private_rounds.py`` keys its clients), never its S(k).
 - **Server**: sends the requested rows (or, with ``payload = full``, the whole model); the
-  node's model over S(k) (``local_submodel``) takes the requested rows as received, and every
-  held row left out of the request is *skipped*: it reads as zero in the local steps (as if
-  that feature were absent from the node's samples) and gets no update, with either payload.
-  The simulator does the same (``engine/private_rounds.WithoutRows``), so the two agree in
-  every round, and the node keeps no state across rounds.
-- **Reply** (``reply_record``): the deltas of the held rows it requested (as the simulator's
-  ``restrict``) with their row ids, in the clear (this level hides the download only; at
-  ``full`` they go into the secure sum instead, flower/secure_rows.py).
+  node's model over S(k) (``privacy/requested_rows.local_submodel``) takes the requested rows
+  as received, and every held row left out of the request is *skipped*: it reads as zero in
+  the local steps (as if that feature were absent from the node's samples) and gets no update,
+  with either payload. The simulator does the same (``engine/private_rounds.WithoutRows``), so
+  the two agree in every round, and the node keeps no state across rounds.
+- **Reply** (``requested_rows.reply_record``): the deltas of the held rows it requested (as
+  the simulator's ``restrict``) with their row ids, in the clear (this level hides the
+  download only; at ``full`` they go into the secure sum instead, flower/secure_rows.py).
 - **Aggregation** (``download_combine``): the algorithm's aggregate, row sums divided by p
   (``engine/private_rounds.unbias``).
 """
@@ -31,8 +31,7 @@ from fedsub.flower.node_data import NodeData
 from fedsub.flower.records import record_of
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
-from fedsub.submodel.params import Params
-from fedsub.submodel.transfer import CohortUpdate, pull
+from fedsub.submodel.transfer import CohortUpdate
 
 
 def downloads_privately(privacy: Privacy | None) -> bool:
@@ -46,55 +45,6 @@ def node_request(node: NodeData, round_index: int) -> dict[str, np.ndarray]:
         raise FedsubError(f"partition {node.client}: no privacy.level to draw a request with")
     seed = node.schedule.seed
     return client_request(privacy, node.rows, node.table_rows, seed, round_index, node.client)
-
-
-def _requested(own: np.ndarray, request: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Which of ``own`` (sorted) are in ``request`` (sorted), and their places in it."""
-    at = np.minimum(np.searchsorted(request, own), max(len(request) - 1, 0))
-    hit = request[at] == own if len(request) else np.zeros(len(own), dtype=bool)
-    return hit, at
-
-
-def local_submodel(
-    node: NodeData,
-    rows: dict[str, torch.Tensor],
-    received: Params,
-    request: dict[str, np.ndarray],
-) -> Params:
-    """The node's model over S(k) for training: requested rows as received (from the rows
-    sent, or from the whole model when it all came); held rows left out of the request read
-    as zero (skipped this round, as in the simulator)."""
-    own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
-    if not rows:  # payload full: take S(k) from the whole model, then skip as below
-        pulled = pull(received, own)
-        tables = {}
-        for t, values in pulled.tables.items():
-            hit, _ = _requested(node.rows[t], request[t])
-            tables[t] = values.masked_fill(torch.from_numpy(~hit).unsqueeze(1), 0)
-        return Params(tables, pulled.dense)
-    for t, r in request.items():
-        if t not in rows or not np.array_equal(rows[t].numpy(), r):
-            raise FedsubError(f"partition {node.client}: the rows received are not its request")
-    tables = {}
-    for t, values in received.tables.items():
-        hit, at = _requested(node.rows[t], request[t])
-        mine = values.new_zeros((len(node.rows[t]), values.shape[1]))
-        mine[torch.from_numpy(hit)] = values[torch.from_numpy(at[hit])]
-        tables[t] = mine
-    return Params(tables, {n: v.clone() for n, v in received.dense.items()})
-
-
-def reply_record(
-    own: dict[str, np.ndarray], request: dict[str, np.ndarray], table_deltas: dict
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The held rows the node requested and their deltas: a held row left out of the request
-    is skipped this round (no update), as in the simulator."""
-    rows, deltas = {}, {}
-    for t, d in table_deltas.items():
-        hit, _ = _requested(own[t], request[t])
-        rows[t] = torch.from_numpy(own[t][hit])
-        deltas[t] = d[torch.from_numpy(hit)]
-    return rows, deltas
 
 
 def reply_rows(

@@ -12,8 +12,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 
+from fedsub.engine.membership import Membership
 from fedsub.flower.exchange import exchange
-from fedsub.flower.membership import Membership
 from fedsub.flower.private_download import downloads_privately
 from fedsub.flower.records import record_of
 from fedsub.privacy.levels import Privacy

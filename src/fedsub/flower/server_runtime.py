@@ -16,9 +16,10 @@ round's work over Flower Messages through the ``Grid``.
   read into the cohort's update. A node that fails or times out is left out, and out of the
   next rounds until it answers a registration question sent right after: the round's mean is
   over the replies received if there are at least ``min-replies``, else ``RoundFailed``; after
-  ``max-failed-rounds`` such rounds in a row the run stops with ``RoundsFailed``. At
-  ``privacy.level = "full"`` the deltas are summed by secure aggregation with the nodes that
-  replied (flower/secure_rows.py, the round's combine);
+  ``max-failed-rounds`` such rounds in a row the run stops with ``RoundsFailed`` (the rule
+  and the records: engine/round_records.py). At ``privacy.level = "full"`` the deltas are
+  summed by secure aggregation with the nodes that replied (flower/secure_rows.py, the round's
+  combine);
 - ``evaluate``: federated (flower/federated_eval.py): each node scores the global rows its
   samples read and replies sums, never a sample; plus the server's own test file if given.
 
@@ -30,7 +31,7 @@ checkpoints as the runtime's history.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from logging import INFO
 from typing import Any, Protocol
@@ -46,21 +47,23 @@ from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algori
 from fedsub.data.federated import ClientSizes, Population
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import RunControl, build_server_round
+from fedsub.engine.membership import Membership, PositionNodes, Registration
+from fedsub.engine.round_records import RoundRecords, round_line
 from fedsub.engine.round_runtime import RoundFailed
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
-from fedsub.flower.heat_exchange import HeatReport, Recorder, collect_heat
-from fedsub.flower.heat_state import PrivateHeatStage
+from fedsub.flower.heat_exchange import Recorder, collect_heat
 from fedsub.flower.joining import Joining
-from fedsub.flower.membership import Membership, Registrar, Registration
+from fedsub.flower.membership import Registrar
 from fedsub.flower.private_download import downloads_privately
 from fedsub.flower.row_queries import SampledRows
 from fedsub.flower.secure_rows import round_combine
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.train_round import ReplyReader, reply_partition, train_messages
+from fedsub.privacy.heat_report import HeatReport, PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
@@ -70,15 +73,6 @@ from fedsub.submodel.transfer import ClientUpdate, CohortUpdate
 LOG = logging.getLogger("fedsub")
 PRIVATE_HEAT = "private_heat"  # the checkpoint stage of a private heat source's measurement
 POPULATION = "population"  # the checkpoint stage of the registered clients
-
-
-class RoundsFailed(FedsubError):
-    """Too many consecutive rounds got fewer than ``min_replies`` replies."""
-
-    def __init__(self, round_index: int, reason: str) -> None:
-        super().__init__(f"round {round_index}: {reason}")
-        self.round = round_index
-        self.reason = reason
 
 
 class RoundMeter(Protocol):
@@ -107,38 +101,6 @@ class Observers:
     meter: RoundMeter | None = None
 
 
-class _PositionNodes(Mapping[int, int]):
-    """Node id of the client at each position of ``membership.counted`` (a cohort's ids),
-    read when asked (a replacement node takes its partition's position)."""
-
-    def __init__(self, membership: Membership) -> None:
-        self.membership = membership
-
-    def __getitem__(self, j: int) -> int:
-        return self.membership.node_of(self.membership.counted[j])
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(len(self.membership.counted)))
-
-    def __len__(self) -> int:
-        return len(self.membership.counted)
-
-
-def round_line(record: dict, rounds: int) -> str:
-    """A round's record as one line of Flower's log (``flwr run --stream`` shows it)."""
-    line = (
-        f"fedsub round {record['round']}/{rounds}: {record['replies']} of {record['sampled']} "
-        f"sampled nodes replied"
-    )
-    if record["left_out"]:
-        line += f", partitions left out: {record['left_out'][:10]}"
-    if "failed" in record:
-        return f"{line}; model unchanged ({record['failed']})"
-    if "diverged" in record:
-        return f"{line}; diverged: {record['diverged']}"
-    return line + ("; model updated" if record["updated"] else "; model unchanged")
-
-
 class FlowerRuntime:
     """The Flower federation as a ``RoundRuntime``: membership, train and evaluation
     Messages, the private heat and row protocols, one record per round."""
@@ -161,7 +123,7 @@ class FlowerRuntime:
         self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
         self.observers = observers or Observers()
         self.server_test = server_test
-        self.rounds: list[dict] = []  # one record per round: replies, bytes, left out
+        self.records = RoundRecords(settings.min_replies, settings.max_failed_rounds)
         self.heat_report: HeatReport | None = None  # what a private heat source measured
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
         private = self.privacy.source != "exact"
@@ -185,8 +147,6 @@ class FlowerRuntime:
             settings.payload,
             self.counts_secret,
         )
-        self._failed_in_a_row = 0
-        self._record: dict[str, Any] = {}
         self._available = 0  # clients that could be sampled this round
 
     # --- the population ----------------------------------------------------------------
@@ -300,7 +260,7 @@ class FlowerRuntime:
     def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
         return round_combine(
             self.grid,
-            _PositionNodes(self.membership),
+            PositionNodes(self.membership),
             algorithm.aggregation,
             self.schedule.privacy,
             lambda: self.sampled.rows,
@@ -401,7 +361,7 @@ class FlowerRuntime:
             )
             self.joining.leave_out(node)
         self.evaluation.note_replies(set(counted[j] for j in position), left_out)
-        self._record = {
+        record = {
             "round": r,
             "available": self._available,
             "sampled": len(position),
@@ -418,19 +378,9 @@ class FlowerRuntime:
             "bytes_received": received,
             "updated": False,
         }
-        if len(updates) < self.settings.min_replies:
-            self._failed_in_a_row += 1
-            reason = (
-                f"{len(updates)} of {len(position)} sampled nodes replied, fewer than "
-                f"min-replies = {self.settings.min_replies} (missing partitions "
-                f"{left_out[:10]}; {self._available} client(s) available); "
-                f"{self._failed_in_a_row} such round(s) in a row, "
-                f"max-failed-rounds = {self.settings.max_failed_rounds}"
-            )
-            LOG.warning("round %d: %s: model unchanged", r, reason)
-            self._record["failed"] = reason
-            return RoundFailed(reason)
-        self._failed_in_a_row = 0
+        failed = self.records.judge(record, len(position), self._available)
+        if failed is not None:
+            return failed
         ordered = [updates[k] for k in sorted(updates, key=position.__getitem__)]
         multiplicity = torch.from_numpy(cohort.multiplicity[[position[u.client] for u in ordered]])
         return CohortUpdate.from_clients(ordered, multiplicity)
@@ -438,18 +388,13 @@ class FlowerRuntime:
     def close_round(self, round_index: int, updated: bool, diverged: str | None) -> None:
         """Keep the round's record (with its costs), report it; stop the run after
         ``max-failed-rounds`` failed rounds in a row (``RoundsFailed``)."""
-        record = self._record
-        record["updated"] = updated
-        if diverged is not None:
-            record["diverged"] = diverged
-        if self.observers.meter is not None:
-            record["costs"] = self.observers.meter.take(record["nodes"])
-        self.rounds.append(record)
+        meter = self.observers.meter
+        costs = meter.take(self.records.current["nodes"]) if meter is not None else None
+        record = self.records.close(updated, diverged, costs)
         if self.observers.on_progress is not None:
             self.observers.on_progress(record)
         flwr_log(INFO, "%s", round_line(record, self.schedule.rounds))
-        if "failed" in record and self._failed_in_a_row >= self.settings.max_failed_rounds:
-            raise RoundsFailed(round_index, record["failed"])
+        self.records.stop_if_failing(round_index)
 
     # --- evaluation and records ----------------------------------------------------------
     def evaluate(self, round_index: int, params: Params) -> dict[str, float] | None:
@@ -471,13 +416,12 @@ class FlowerRuntime:
         flwr_log(INFO, "fedsub round %d: evaluation: %s", round_index, shown or "nothing")
         return metrics
 
+    @property
+    def rounds(self) -> list[dict]:
+        return self.records.rounds
+
     def history(self) -> list[dict]:
-        return [{"record": record} for record in self.rounds]
+        return self.records.history()
 
     def restore_history(self, history: list[dict]) -> None:
-        self.rounds = [entry["record"] for entry in history if "record" in entry]
-        self._failed_in_a_row = 0
-        for record in reversed(self.rounds):  # the failed rounds in a row at the end
-            if "failed" not in record:
-                break
-            self._failed_in_a_row += 1
+        self.records.restore_history(history)

@@ -207,12 +207,9 @@ class FlowerSettings:
                 f"population: Flower run config num-nodes = {self.num_nodes}"
             )
 
-    def model_description(self, config: Config, algorithm: str) -> str:
-        """Everything that decides the model a run ends with (hashed into its checkpoints)."""
-        return self.description(config_lib.to_toml(config), algorithm)
-
     def description(self, config_text: str, algorithm: str) -> str:
-        """``model_description`` of the fedsub config written as ``config_text``."""
+        """Everything that decides the model a run ends with (hashed into its checkpoints),
+        with the fedsub config as written (``config_text``)."""
         return (
             f"{config_text}\n# flower\nalgorithm = {algorithm!r}\n"
             f"payload = {self.payload!r}\nheat-refresh-every = {self.heat_refresh_every}\n"

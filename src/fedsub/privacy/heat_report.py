@@ -1,7 +1,8 @@
-"""The private heat exchange's result as a checkpoint stage, so a private run can resume.
+"""The private heat exchange's result (``HeatReport``), and it as a checkpoint stage, so a
+private run can resume.
 
 A run with a private ``privacy.heat_source`` (every ``privacy.level`` level from ``heat`` up)
-measures the heat once, by a secure exchange with every counted node (flower/heat_exchange.py).
+measures the heat once, by a secure exchange with every counted node (privacy/secure_sum.py).
 A resumed run must not exchange again: the nodes online then may differ, and a new exchange
 would give other noise (sketch, randomized response) than the rounds already run used. So the
 report (per table the heat of every row, the population's totals, the contributing nodes) is
@@ -14,12 +15,20 @@ deltas last one round.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedsub.flower.heat_exchange import HeatReport
 from fedsub.privacy.heat_vectors import MeasuredHeat
+
+
+@dataclass(frozen=True)
+class HeatReport:
+    """The heat the exchange measured, and whose contribution it holds (node ids)."""
+
+    measured: MeasuredHeat
+    contributors: tuple[int, ...]
 
 
 class PrivateHeatStage:

@@ -1,0 +1,297 @@
+"""fedsub's secure aggregation (``fedsub.privacy.secagg``: ``SecAggServer`` on the server,
+``SecAggClient`` on each node) as a message exchange, whatever carries the messages: a node's
+reply to each stage, and the server's secure sum of a group and private heat measurement over
+an ``Ask`` (flower/heat_exchange.py carries them as Flower Messages). The stages:
+
+    stage "advertise"  server -> node: session, the node's id in its group, threshold t
+                       node -> server: its two X25519 public keys
+    stage "share"      server -> node: every advertised key of the group
+                       node -> server: its Shamir shares, encrypted per peer, and a commitment
+    stage "mask"       server -> node: the encrypted shares addressed to it
+                       node -> server: its masked vector (privacy.heat_vectors.summed_vector)
+    stage "unmask"     server -> node: who survived, who dropped
+                       node -> server: shares of the survivors' self masks / the dropped's keys
+
+A node that fails, times out or sends a malformed or foreign reply is left out of its group
+from that stage on (logged by node id); the protocol finishes while at least t = floor(n/2) + 1
+of the group remain and fails with ``SecAggError`` otherwise. A node answers only for the
+source it agreed to sum, and refuses a group of one, a threshold below a majority of its group,
+or an unmask request with fewer than t survivors.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedsub.privacy.heat_report import HeatReport
+from fedsub.privacy.heat_sources import HeatPrivacy
+from fedsub.privacy.heat_vectors import (
+    PRIVATE_SOURCES,
+    SUMMED_SOURCES,
+    heat_from_reports,
+    heat_from_sum,
+    noisy_bits,
+    summed_length,
+    summed_vector,
+)
+from fedsub.privacy.secagg import SecAggClient, SecAggError, SecAggServer
+from fedsub.privacy.secagg_records import (
+    HeatMessageError,
+    Record,
+    advertise_request,
+    bytes_field,
+    decode_advertise,
+    decode_masked,
+    decode_report,
+    decode_share_keys,
+    decode_unmask,
+    encode_advertise,
+    encode_masked,
+    encode_report,
+    encode_share_keys,
+    encode_unmask,
+    inbox_of,
+    int_field,
+    keys_of,
+    load_client,
+    mask_request,
+    request_of,
+    save_client,
+    share_request,
+    text_field,
+    unmask_request,
+)
+from fedsub.submodel.heat import HeatKind
+
+LOG = logging.getLogger("fedsub")
+STAGES = ("advertise", "share", "mask", "unmask", "report")
+
+# (requests by node, stage) -> the replies' records by node: what carries the messages
+Ask = Callable[[Mapping[int, dict], str], Mapping[int, Record]]
+
+
+# ---- the node's side ---------------------------------------------------------------------
+
+
+def heat_reply(
+    request: Record,
+    state: Record | None,
+    privacy: HeatPrivacy,
+    kind: HeatKind,
+    table_rows: Mapping[str, int],
+    rows: Mapping[str, np.ndarray],
+    num_samples: int,
+    who: str,
+) -> tuple[dict, Record | None]:
+    """A node's reply to one stage of the heat exchange, and its protocol state after it."""
+    stage = text_field(request, "stage", who)
+    if privacy.source not in PRIVATE_SOURCES:
+        raise HeatMessageError(
+            f"{who}: asked for private heat, but this node's privacy.heat_source = "
+            f"{privacy.source!r}"
+        )
+    if stage == "report":
+        if privacy.source != "randomized-response":
+            raise HeatMessageError(f"{who}: asked for randomized response, configured for secagg")
+        return encode_report(noisy_bits(privacy, table_rows, rows), num_samples), state
+    if privacy.source not in SUMMED_SOURCES:
+        raise HeatMessageError(f"{who}: asked for secure aggregation, configured otherwise")
+    return secure_sum_reply(
+        request,
+        state,
+        privacy.source,
+        lambda _: summed_vector(privacy, kind, table_rows, rows, num_samples),
+        who,
+    )
+
+
+def secure_sum_reply(
+    request: Record,
+    state: Record | None,
+    source: str,
+    vector: Callable[[Any], np.ndarray],  # given the "mask" request (the carrier's record)
+    who: str,
+) -> tuple[dict, dict | None]:
+    """A node's reply to one stage of a secure sum, and its protocol state after it (None once
+    done: the keys forgotten); ``source`` is what this node agrees to sum, ``vector`` gives its
+    uint32 input from the "mask" request."""
+    stage = text_field(request, "stage", who)
+    session = bytes_field(request, "session", who)
+    if stage == "advertise":
+        if text_field(request, "source", who) != source:
+            raise HeatMessageError(
+                f"{who}: the server asks for heat source {request['source']!r}, this node's "
+                f"privacy.heat_source is {source!r}"
+            )
+        client = SecAggClient(
+            int_field(request, "id", who), int_field(request, "threshold", who), session
+        )
+        return encode_advertise(client.advertise()), save_client(client)
+    if state is None:
+        raise HeatMessageError(f"{who}: stage {stage!r} before this node advertised keys")
+    client = load_client(state, session, who)
+    if stage == "share":
+        keys = keys_of(request, session, who)
+        if len(keys) < 2 or 2 * client.threshold <= len(keys):
+            raise HeatMessageError(
+                f"{who}: a group of {len(keys)} with threshold t = {client.threshold}: "
+                "the sum of fewer than two vectors, or a minority able to unmask, would "
+                "not hide this node's; refusing"
+            )
+        return encode_share_keys(client.share_keys(keys)), save_client(client)
+    if stage == "mask":
+        inbox = inbox_of(request, session, who)
+        return encode_masked(client.masked_input(inbox, vector(request))), save_client(client)
+    if stage == "unmask":
+        unmask = request_of(request, session, who)
+        if len(unmask.survivors) < client.threshold:
+            raise HeatMessageError(
+                f"{who}: only {len(unmask.survivors)} survivors, fewer than t = "
+                f"{client.threshold}: unmasking would reveal one node's vector; refusing"
+            )
+        return encode_unmask(client.unmask(unmask)), None
+    raise HeatMessageError(f"{who}: unknown heat stage {stage!r}; expected {STAGES}")
+
+
+# ---- the server's side -------------------------------------------------------------------
+
+
+def _decoded(replies: Mapping[int, Record], decode: Callable, stage: str, ids) -> list:
+    """Each reply decoded, its claimed sender checked against the node's id in the group;
+    a reply that does not fit is left out, naming its node."""
+    messages = []
+    for node, fields in replies.items():
+        who = f"node {node}"
+        try:
+            message = decode(fields, who)
+            if message.sender != ids[node]:
+                raise HeatMessageError(
+                    f"{who}: claims to be client {message.sender} of its group, "
+                    f"it is client {ids[node]}"
+                )
+        except HeatMessageError as error:
+            LOG.warning("heat exchange, stage %s: %s; left out", stage, error)
+            continue
+        messages.append(message)
+    return messages
+
+
+def group_sum(
+    ask: Ask,
+    group: Sequence[int],
+    source: str,
+    length: int,
+    mask_fields: Mapping[int, dict] | None = None,
+) -> tuple[np.ndarray, tuple[int, ...]]:
+    """One group's secure sum (secagg's four stages) and the nodes whose vectors it holds;
+    ``mask_fields`` adds per-node fields to the "mask" request (what a node needs to build
+    its vector)."""
+    session = secrets.token_bytes(16)
+    threshold = len(group) // 2 + 1
+    ids = {node: i for i, node in enumerate(group)}
+    node_of = dict(enumerate(group))
+    server = SecAggServer(threshold, length, session)
+    extra = mask_fields or {}
+
+    def stage(requests: Mapping[int, dict], name: str, decode: Callable) -> list:
+        return _decoded(ask(requests, name), decode, name, ids)
+
+    keys = server.collect_keys(
+        stage(
+            {n: advertise_request(session, ids[n], threshold, source) for n in group},
+            "advertise",
+            lambda r, who: decode_advertise(r, session, who),
+        )
+    )
+    routed = server.route_shares(
+        stage(
+            {node_of[k.sender]: share_request(session, keys) for k in keys},
+            "share",
+            lambda r, who: decode_share_keys(r, session, who),
+        )
+    )
+    request = server.collect_masked(
+        stage(
+            {
+                node_of[u]: {**mask_request(session, inbox), **extra.get(node_of[u], {})}
+                for u, inbox in routed.items()
+            },
+            "mask",
+            lambda r, who: decode_masked(r, session, length, who),
+        )
+    )
+    total = server.finish(
+        request,
+        stage(
+            {node_of[u]: unmask_request(request) for u in request.survivors},
+            "unmask",
+            lambda r, who: decode_unmask(r, session, who),
+        ),
+    )
+    for rejection in server.rejections:
+        LOG.warning(
+            "heat exchange, step %d: node %d rejected: %s",
+            rejection.step,
+            node_of.get(rejection.client, -1),
+            rejection.reason,
+        )
+    return total, tuple(node_of[u] for u in request.survivors)
+
+
+def groups_of(nodes: Sequence[int], size: int) -> list[list[int]]:
+    """Consecutive groups of ``size`` nodes; a last group of one joins the one before, since
+    a group's sum is all the server learns and one node's sum is its vector."""
+    groups = [list(nodes[i : i + size]) for i in range(0, len(nodes), size)]
+    if len(groups) > 1 and len(groups[-1]) == 1:
+        groups[-2].extend(groups.pop())
+    return groups
+
+
+def measure_heat(
+    ask: Ask,
+    nodes: Sequence[int],
+    privacy: HeatPrivacy,
+    kind: HeatKind,
+    table_rows: Mapping[str, int],
+) -> HeatReport:
+    """The heat of ``nodes``' rows by the private source ``privacy.source``. Raises
+    ``SecAggError`` when a group keeps fewer than its threshold of nodes."""
+    if privacy.source not in PRIVATE_SOURCES:
+        raise ValueError(f"heat source {privacy.source!r} is not private: no exchange to run")
+    if privacy.source == "randomized-response":
+        replies = ask({n: {"stage": "report"} for n in nodes}, "report")
+        reports, reporters = [], []
+        for node, fields in replies.items():
+            try:
+                reports.append(decode_report(fields, table_rows, f"node {node}"))
+            except HeatMessageError as error:
+                LOG.warning("heat exchange, stage report: %s; left out", error)
+                continue
+            reporters.append(node)
+        if not reports:
+            raise SecAggError("heat exchange: no node sent a randomized-response report")
+        measured = heat_from_reports(privacy, kind, table_rows, reports)
+        return HeatReport(measured, tuple(reporters))
+    if len(nodes) < 2:
+        raise SecAggError(
+            f"secure aggregation needs at least 2 nodes, got {len(nodes)}: the sum of one "
+            "node's vector is the vector"
+        )
+    length = summed_length(privacy, table_rows)
+    total = np.zeros(length, dtype=np.int64)
+    contributors: list[int] = []
+    for group in groups_of(sorted(nodes), privacy.group_size):
+        try:
+            group_total, survivors = group_sum(ask, group, privacy.source, length)
+        except SecAggError as error:  # name the group: the operator's next step
+            raise SecAggError(
+                f"heat exchange ({privacy.source}), group of nodes {group}: {error}"
+            ) from None
+        total += group_total.astype(np.int64)
+        contributors.extend(survivors)
+    return HeatReport(heat_from_sum(privacy, table_rows, total), tuple(contributors))
