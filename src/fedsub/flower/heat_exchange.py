@@ -579,12 +579,14 @@ def group_sum(
     record: Recorder | None,
     message_type: str = MESSAGE_TYPE,
     mask_fields: Mapping[int, dict] | None = None,
+    threshold: int | None = None,
 ) -> tuple[np.ndarray, tuple[int, ...]]:
     """One group's secure sum (secagg's four stages as ``message_type`` Messages) and the
     nodes whose vectors it holds; ``mask_fields`` adds per-node fields to the "mask"
-    request (what a node needs to build its vector)."""
+    request (what a node needs to build its vector); ``threshold``: secagg's t (default the
+    majority)."""
     session = secrets.token_bytes(16)
-    threshold = len(group) // 2 + 1
+    threshold = threshold or len(group) // 2 + 1
     ids = {node: i for i, node in enumerate(group)}
     node_of = dict(enumerate(group))
     server = SecAggServer(threshold, length, session)
