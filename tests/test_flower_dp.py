@@ -237,3 +237,18 @@ def test_a_node_refuses_round_settings_with_less_noise_than_its_config(field, va
     assert noise.round_noise(ConfigRecord(fields), 500, "node").share_std > 0
     with pytest.raises(FedsubError, match=says):
         noise.round_noise(ConfigRecord({**fields, field: value}), 500, "node")
+
+
+def test_central_dp_at_download_on_flower_is_the_in_process_run(tmp_path):
+    """[dp] keeps the heat exact (run_setup.heat_privacy_of), so the nodes register their S(k);
+    with private download a round still asks the sampled nodes for their requests and sends
+    those rows (before, it sent S(k) and every node refused the round)."""
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    overrides = (*DISTRIBUTED[:-1], "privacy.level='download'")
+    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    grid = AppGrid(make_client_app(settings), 4)
+    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    flower = load_file(tmp_path / "model.safetensors")
+    for key, value in in_process_model(overrides, "fedavg").items():
+        torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-6)
