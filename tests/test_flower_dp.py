@@ -86,17 +86,25 @@ DISTRIBUTED = (
 
 
 def test_a_flower_run_with_distributed_dp_is_the_in_process_run(tmp_path):
-    """The ServerApp and ClientApps at full with [dp]: every node draws its noise share from
-    the generator the in-process member draws from, so the models are the same numbers."""
+    """The ServerApp and ClientApps at full with [dp] and ``dp-seeded-noise``: every node
+    draws its noise share from the generator the in-process member draws from, so the models
+    are the same numbers; without it the nodes' own randomness gives another model."""
     from fedsub.flower.apps import make_client_app, make_server_app
 
-    settings = FlowerSettings(overrides=DISTRIBUTED, out_dir=str(tmp_path), round_timeout=30.0)
-    grid = AppGrid(make_client_app(settings), 4)
-    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
-    flower = load_file(tmp_path / "model.safetensors")
+    runs = {}
+    for seeded in (True, False):
+        out = tmp_path / str(seeded)
+        settings = FlowerSettings(
+            overrides=DISTRIBUTED, out_dir=str(out), round_timeout=30.0, dp_seeded_noise=seeded
+        )
+        grid = AppGrid(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+        runs[seeded] = load_file(out / "model.safetensors")
     expected = in_process_model(DISTRIBUTED, "fedavg")
     for key, value in expected.items():
-        torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-6)
+        torch.testing.assert_close(runs[True][key], value, rtol=0, atol=1e-6)
+    # by default each node's own secret randomness: other noise, another model
+    assert any(not torch.allclose(v, runs[False][k], atol=1e-4) for k, v in expected.items())
     plain = in_process_model(DISTRIBUTED[:-5], "fedavg")  # the same run without [dp]
     assert any(not torch.allclose(v, plain[k], atol=1e-3) for k, v in expected.items())
 
@@ -110,7 +118,7 @@ def _stepped(grid_of, overrides=DISTRIBUTED):
 
     from .flower_rounds import private_runtime
 
-    settings = FlowerSettings(overrides=overrides, round_timeout=30.0)
+    settings = FlowerSettings(overrides=overrides, round_timeout=30.0, dp_seeded_noise=True)
     grid = grid_of(make_client_app(settings), 4)
     stepped = private_runtime(settings, grid)
     config = settings.fedsub_config()
@@ -252,3 +260,8 @@ def test_central_dp_at_download_on_flower_is_the_in_process_run(tmp_path):
     flower = load_file(tmp_path / "model.safetensors")
     for key, value in in_process_model(overrides, "fedavg").items():
         torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-6)
+
+
+def test_seeded_noise_is_a_run_config_flag_off_by_default():
+    assert not FlowerSettings.from_run_config({}).dp_seeded_noise
+    assert FlowerSettings.from_run_config({"dp-seeded-noise": "true"}).dp_seeded_noise

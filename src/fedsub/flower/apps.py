@@ -229,7 +229,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         node = _own_data(fixed, context)
         if node.schedule.privacy is None:
             raise FedsubError(f"partition {node.client}: no privacy.level; refusing")
-        noise = NodeNoise.of(node.config, node.client)
+        seeded = _settings(fixed, context).dp_seeded_noise
+        noise = NodeNoise.of(node.config, node.client, seeded)
         privacy, count = node.schedule.privacy, len(node.samples)
         return answer_secure_rows(message, context, privacy, count, noise)
 

@@ -92,26 +92,34 @@ def keep_deltas(
 
 @dataclass(frozen=True)
 class NodeNoise:
-    """Distributed DP as this node's own copy of the run config states it ([dp] at level
+    """Distributed DP as this node's copy of the run config states it ([dp] at level
     ``full``): the least noise it adds, the fewest survivors it lets a sum be unmasked from,
-    and its generator, keyed as in process (``member_rng(seed, round, client)``), so a Flower
-    run repeats the in-process run's numbers (whoever knows the run's seed can redraw the
-    shares: docs, Differential privacy, "Where it runs and whom you trust")."""
+    and where its shares come from: its own secret randomness, or (``seeded``, run config
+    ``dp-seeded-noise``) the in-process run's generator ``member_rng(seed, round, client)``,
+    so a Flower run repeats the in-process numbers, but whoever knows the seed can redraw the
+    shares (docs, Differential privacy, "Where it runs and whom you trust")."""
 
     clip: float
     noise_multiplier: float | None  # None: calibrated by the server for a target epsilon
     min_survivors: int  # K_min
     seed: int
     client: int
+    seeded: bool = False
 
     @staticmethod
-    def of(config: Config, client: int) -> NodeNoise | None:
+    def of(config: Config, client: int, seeded: bool = False) -> NodeNoise | None:
         """This node's part in distributed DP, or None (no [dp], or a level below full)."""
         if config.dp.mechanism == "none" or config.privacy.level != "full":
             return None
         d = config.dp
         k_min = d.min_survivors or config.train.clients_per_round
-        return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client)
+        return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client, seeded)
+
+    def generator(self, round_index: int) -> np.random.Generator:
+        """The generator of this node's share in round ``round_index``."""
+        if self.seeded:
+            return member_rng(self.seed, round_index, self.client)
+        return np.random.default_rng()  # fresh entropy from the operating system
 
     def check_threshold(self, message: Message, who: str) -> None:
         """Refuse to take part in a secure sum whose threshold is below K_min: its sum could
@@ -218,8 +226,7 @@ def answer_secure_rows(
         )
         if noise is not None:  # its noisy share, drawn on its side (dp/distributed.py)
             public = noise.round_noise(request, slots.length - INTEGER_SLOTS, who)
-            rng = member_rng(noise.seed, trained_in, noise.client)
-            return member_share(values, public, rng)
+            return member_share(values, public, noise.generator(trained_in))
         coding = FixedPoint.for_clients(clients, privacy.secagg_clip)
         return encode_client(slots, coding, values, units, clients)
 
