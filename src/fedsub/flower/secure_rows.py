@@ -16,6 +16,14 @@ FedSubAvg's coefficients and 1/p (``engine/private_rounds.server_update_of_sums`
 ``unbias``): no node's S(k), delta or sample count reaches it. A node that drops out after its
 train reply is left out by the protocol's threshold; the round's step is then the survivors'
 weighted mean (their units are what the sum normalizes by).
+
+With ``[dp]`` at this level the sum is distributed differential privacy, as in process
+(``engine/private_rounds.py``, ``dp/distributed.py``): the "mask" request carries the round's
+public noise settings (C, z, K_min, the cohort size), from which each node rebuilds the
+round's ``DiscreteNoise`` (``NodeNoise``: refused if weaker than its config) and submits its
+clipped, unweighted deltas plus its discrete Gaussian share; the sum's threshold is K_min (a
+node refuses a lower one), so fewer survivors abort the round; the server decodes the noised
+sum and divides it by K (and p), and the loop's ledger accounts the round.
 """
 
 from __future__ import annotations
