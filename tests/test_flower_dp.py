@@ -63,3 +63,205 @@ def test_a_flower_run_with_dp_is_the_in_process_run_with_dp(tmp_path, name):
     result = json.loads((tmp_path / "flower-result.json").read_text())
     epsilons = [result["evaluations"][r]["epsilon"] for r in ("1", "2", "3")]
     assert 0 < epsilons[0] < epsilons[1] < epsilons[2]  # spent round by round
+
+
+# -- distributed DP: [dp] at privacy.level full (each node adds its noise share) -------------
+
+DISTRIBUTED = (
+    "data.num_users=4",
+    "train.clients_per_round=3",
+    "train.rounds=2",
+    "train.heat='samples'",
+    "train.algorithms=['fedavg']",
+    "privacy.level='full'",
+    "privacy.secagg_group=2",
+    "privacy.download='randomized-response'",
+    "privacy.download_keep=0.8",
+    "dp.mechanism='gaussian'",
+    "dp.noise_multiplier=1.5",
+    "dp.clip=0.5",
+    "dp.rows='all'",
+    "dp.min_survivors=2",
+)
+
+
+def test_a_flower_run_with_distributed_dp_is_the_in_process_run(tmp_path):
+    """The ServerApp and ClientApps at full with [dp] and ``dp-seeded-noise``: every node
+    draws its noise share from the generator the in-process member draws from, so the models
+    are the same numbers; without it the nodes' own randomness gives another model."""
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    runs = {}
+    for seeded in (True, False):
+        out = tmp_path / str(seeded)
+        settings = FlowerSettings(
+            overrides=DISTRIBUTED, out_dir=str(out), round_timeout=30.0, dp_seeded_noise=seeded
+        )
+        grid = AppGrid(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+        runs[seeded] = load_file(out / "model.safetensors")
+    expected = in_process_model(DISTRIBUTED, "fedavg")
+    for key, value in expected.items():
+        torch.testing.assert_close(runs[True][key], value, rtol=0, atol=1e-6)
+    # by default each node's own secret randomness: other noise, another model
+    assert any(not torch.allclose(v, runs[False][k], atol=1e-4) for k, v in expected.items())
+    plain = in_process_model(DISTRIBUTED[:-5], "fedavg")  # the same run without [dp]
+    assert any(not torch.allclose(v, plain[k], atol=1e-3) for k, v in expected.items())
+
+
+def _stepped(grid_of, overrides=DISTRIBUTED):
+    """The ServerApp's runtime (its schedule with [dp] resolved, as run_model resolves it)."""
+    from dataclasses import replace
+
+    from fedsub.flower.apps import make_client_app
+    from fedsub.runs.run_setup import dp_of
+
+    from .flower_rounds import private_runtime
+
+    settings = FlowerSettings(overrides=overrides, round_timeout=30.0, dp_seeded_noise=True)
+    grid = grid_of(make_client_app(settings), 4)
+    stepped = private_runtime(settings, grid)
+    config = settings.fedsub_config()
+    schedule = stepped.runtime.schedule
+    stepped.runtime.schedule = replace(schedule, dp=dp_of(config, 4))
+    return stepped, grid
+
+
+def test_the_server_decodes_the_clipped_sum_plus_noise_of_the_stated_variance(monkeypatch):
+    """What the server decodes is the nodes' clipped vectors in fixed point plus discrete
+    Gaussian noise of variance (survivors) sigma_share^2 per value (written out here from the
+    vectors the nodes built), never the plain sum; the loop's ledger spends epsilon per round
+    as the in-process run's settings say."""
+    import numpy as np
+
+    import fedsub.flower.secure_rows as secure_rows
+    from fedsub.runs.run_setup import dp_of
+
+    shares, totals = [], []
+    member_share, decode_sums = secure_rows.member_share, secure_rows.decode_sums
+
+    def node_share(values, noise, rng):
+        shares.append((values.copy(), noise))
+        return member_share(values, noise, rng)
+
+    def server_decode(slots, coding, total, clients):
+        totals.append((total.copy(), clients))
+        return decode_sums(slots, coding, total, clients)
+
+    monkeypatch.setattr(secure_rows, "member_share", node_share)
+    monkeypatch.setattr(secure_rows, "decode_sums", server_decode)
+    stepped, _ = _stepped(AppGrid)
+    stepped.train(2)
+    assert len(totals) == 2 and len(shares) == 6  # 3 nodes a round
+    noise_per_value = []
+    for r, (total, clients) in enumerate(totals):
+        assert clients == 3
+        plain = np.zeros(len(total) - 2, dtype=np.int64)
+        for values, noise in shares[3 * r : 3 * r + 3]:
+            x = values[:-2]  # the real slots (the last two: weight units, clipped count)
+            factor = min(1.0, 0.5 / np.linalg.norm(x))  # dp.clip = 0.5, weight 1
+            plain += np.rint(x * factor * noise.scale).astype(np.int64)
+        signed = total[:-2].astype(np.int64)
+        signed = np.where(signed >= 2**31, signed - 2**32, signed)
+        noise_per_value.append((signed - plain) / noise.share_std)
+        assert not (total[-2:]).any()  # no weight units, no clipped count
+    e = np.concatenate(noise_per_value)
+    assert len(e) > 400
+    assert abs(e.mean()) < 4 * np.sqrt(3 / len(e))
+    assert 0.9 * 3 < e.var() < 1.1 * 3  # 3 shares of variance sigma_share^2 each
+    config = FlowerSettings(overrides=DISTRIBUTED).fedsub_config()
+    settings = dp_of(config, 4)
+    assert stepped.server.ledger.rounds == 2
+    assert stepped.server.ledger.epsilon() == settings.epsilon(2) > settings.epsilon(1) > 0
+
+
+def _dropping(stage: str, nodes: set[int]):
+    """An AppGrid whose ``nodes`` vanish at the secure row sum's ``stage``."""
+    from flwr.app import ConfigRecord
+
+    import fedsub.flower.secure_rows as secure_rows
+
+    class Dropping(AppGrid):
+        def __init__(self, app, num_nodes):
+            super().__init__(app, num_nodes)
+
+            def drop(node, message):
+                heat = message.content.get("heat")
+                return (
+                    message.metadata.message_type == secure_rows.MESSAGE_TYPE
+                    and isinstance(heat, ConfigRecord)
+                    and heat["stage"] == stage
+                    and node in nodes
+                )
+
+            self.drop = drop
+
+    return Dropping
+
+
+def test_dropouts_under_distributed_dp_abort_the_round_below_k_min(monkeypatch):
+    """K = 3, K_min = 2: a node that drops after sending its masked share (before unmasking)
+    still counts, so the sum decoded holds 3 shares; with K_min = 3 one node dropping before
+    its masked share leaves 2 survivors, below the threshold K_min (the majority would be 2),
+    and the round stops with secagg's error: no sum of fewer than K_min shares is decoded."""
+    import fedsub.flower.secure_rows as secure_rows
+    from fedsub.privacy.secagg import SecAggError
+
+    decoded, decode_sums = [], secure_rows.decode_sums
+    monkeypatch.setattr(
+        secure_rows, "decode_sums", lambda *a: decoded.append(a[-1]) or decode_sums(*a)
+    )
+    first, _ = _stepped(AppGrid)  # partition k is node 100 + k
+    member = 100 + int(first.open().begin(1).cohort.clients[0])
+    late, _ = _stepped(_dropping("unmask", {member}))
+    late.step(1)
+    assert decoded == [3] and late.rounds[0]["updated"]
+    strict = (*DISTRIBUTED[:-1], "dp.min_survivors=3")
+    early, _ = _stepped(_dropping("mask", {member}), strict)
+    with pytest.raises(SecAggError, match=r"only 2 clients left.*t = 3"):
+        early.step(1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("dp-clip", 0.6, "dp.clip 0.6, this node's is 0.5"),
+        ("dp-noise-multiplier", 1.0, "noise multiplier 1 below this node's 1.5"),
+        ("dp-min-survivors", 1, "K_min 1 below this node's 2"),
+    ],
+)
+def test_a_node_refuses_round_settings_with_less_noise_than_its_config(field, value, says):
+    """A node rebuilds the round's noise from the server's public numbers and refuses any that
+    would add less noise than its own copy of the run config states."""
+    from flwr.app import ConfigRecord
+
+    from fedsub import config as config_lib
+    from fedsub.errors import FedsubError
+    from fedsub.flower.secure_rows import NodeNoise
+
+    noise = NodeNoise.of(config_lib.load(None, DISTRIBUTED), 0)
+    assert noise is not None
+    fields = {"dp-clip": 0.5, "dp-noise-multiplier": 1.5, "dp-min-survivors": 2, "clients": 3}
+    assert noise.round_noise(ConfigRecord(fields), 500, "node").share_std > 0
+    with pytest.raises(FedsubError, match=says):
+        noise.round_noise(ConfigRecord({**fields, field: value}), 500, "node")
+
+
+def test_central_dp_at_download_on_flower_is_the_in_process_run(tmp_path):
+    """[dp] keeps the heat exact (run_setup.heat_privacy_of), so the nodes register their S(k);
+    with private download a round still asks the sampled nodes for their requests and sends
+    those rows (before, it sent S(k) and every node refused the round)."""
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    overrides = (*DISTRIBUTED[:-1], "privacy.level='download'")
+    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    grid = AppGrid(make_client_app(settings), 4)
+    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    flower = load_file(tmp_path / "model.safetensors")
+    for key, value in in_process_model(overrides, "fedavg").items():
+        torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-6)
+
+
+def test_seeded_noise_is_a_run_config_flag_off_by_default():
+    assert not FlowerSettings.from_run_config({}).dp_seeded_noise
+    assert FlowerSettings.from_run_config({"dp-seeded-noise": "true"}).dp_seeded_noise

@@ -81,3 +81,31 @@ def test_real_run_at_privacy_full_trains_the_in_process_model_and_the_server_see
     assert floats and not any(torch.tensor(a).abs().sum() > 0 for a in floats)
     assert result["costs"]["level"] == "full"
     assert all(n["bytes_up"] > 0 for r in result["rounds"] for n in r["costs"]["nodes"].values())
+
+
+@pytest.mark.deployment
+def test_real_run_with_distributed_dp_is_the_in_process_run(full_nodes, tmp_path):
+    """[dp] at ``privacy.level = "full"`` on the SuperLink and three SuperNodes, one round:
+    each SuperNode adds its seeded noise share (``dp-seeded-noise``) inside the secure row
+    sum, and the model is the in-process engine's, noise included."""
+    from .test_flower_dp import in_process_model as in_process_dp_model
+
+    overrides = (
+        "data.num_users=3; train.rounds=1; train.clients_per_round=3; "
+        "train.algorithms=['fedavg']; train.heat='samples'; privacy.level='full'; "
+        "privacy.download='randomized-response'; privacy.download_keep=0.6; "
+        "privacy.secagg_group=3; dp.mechanism='gaussian'; dp.noise_multiplier=1.5; "
+        "dp.clip=0.5; dp.rows='all'; dp.min_survivors=2"
+    )
+    out = tmp_path / "out"
+    run_config = (
+        f'set="{overrides}" out-dir="{out}" round-timeout=120.0 eval-every=0 dp-seeded-noise=true'
+    )
+    submit_example(full_nodes.env, run_config)
+    wait_for(lambda: (out / "flower-result.json").exists(), 600, "the run with [dp] to finish")
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] is True and [r["replies"] for r in result["rounds"]] == [3]
+    flower = load_file(out / "model.safetensors")
+    settings = tuple(o.strip() for o in overrides.split(";"))
+    for name, value in in_process_dp_model(settings, "fedavg").items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-6)

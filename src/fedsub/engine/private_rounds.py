@@ -260,22 +260,12 @@ class PrivateRounds:
         members = [int(k) for k in update.clients.tolist()]
         slots = self._slots(update, members)
         values = {j: self._member_values(update, slots, j) for j in range(len(members))}
-        k_min = settings.survivors_needed
-        noise = DiscreteNoise.for_round(
-            settings.clip,
-            settings.noise_multiplier,
-            len(members),
-            k_min,
-            slots.length - INTEGER_SLOTS,
-        )
-        integer_slots = np.zeros(INTEGER_SLOTS, dtype=np.uint32)  # no units, no clipped count
+        noise = round_noise(settings, len(members), slots)
 
         def encode(j: int, vector: np.ndarray) -> np.ndarray:
-            rng = member_rng(self.seed, self._round, members[j])
-            share = noisy_share(vector[:-INTEGER_SLOTS], 1.0, noise, rng)
-            return np.concatenate([share, integer_slots])
+            return member_share(vector, noise, member_rng(self.seed, self._round, members[j]))
 
-        threshold = max(majority_threshold(len(members)), k_min)
+        threshold = distributed_threshold(settings, len(members))
         built = time.perf_counter()
         sums = secure_row_sum(
             slots, values, settings.clip, threshold, coding=noise.coding, encode=encode
@@ -285,21 +275,7 @@ class PrivateRounds:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
-        k, device = settings.clients_per_round, update.clients.device
-        tables = {
-            t: RowUpdate(
-                torch.from_numpy(union).to(device),
-                torch.from_numpy(sums.tables[t] / (k * self.privacy.keep)).to(
-                    device, update.table_deltas[t].dtype
-                ),
-            )
-            for t, union in slots.rows.items()
-        }
-        dense = {
-            n: torch.from_numpy(np.ascontiguousarray(sums.dense[n] / k)).to(device, v.dtype)
-            for n, v in update.dense_deltas.items()
-        }
-        return ServerUpdate(tables, dense)
+        return noised_update(update, slots, sums, settings.clients_per_round, self.privacy.keep)
 
     def _count_secure(self, sums: RowSums, members: int, slots: RowSlots, built: float) -> None:
         self.costs.client_seconds += built + sums.client_seconds
@@ -333,6 +309,54 @@ class PrivateRounds:
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
         return server_update_of_sums(self.aggregation, update, slots, sums, weighting)
+
+
+def round_noise(settings: DpSettings, members: int, slots: RowSlots) -> DiscreteNoise:
+    """Distributed DP's public settings for a round of ``members`` over ``slots`` (the
+    integer slots carry nothing: no weight units, no clipped count)."""
+    return DiscreteNoise.for_round(
+        settings.clip,
+        settings.noise_multiplier,
+        members,
+        settings.survivors_needed,
+        slots.length - INTEGER_SLOTS,
+    )
+
+
+def member_share(values: np.ndarray, noise: DiscreteNoise, rng: np.random.Generator) -> np.ndarray:
+    """A member's uint32 input to the secure sum under distributed DP, from its vector over
+    the round's slots (``RowSlots.client_values``, unweighted): its noisy share of the real
+    values (weight 1: uniform weights), zeros in the integer slots (no units, no clipped
+    count). A Flower node calls it on its own side (flower/secure_rows.py)."""
+    share = noisy_share(values[:-INTEGER_SLOTS], 1.0, noise, rng)
+    return np.concatenate([share, np.zeros(INTEGER_SLOTS, dtype=np.uint32)])
+
+
+def distributed_threshold(settings: DpSettings, members: int) -> int:
+    """Secure aggregation's t under distributed DP: the majority, raised to K_min (fewer
+    survivors than K_min cannot be unmasked, so no sum with less noise is ever decoded)."""
+    return max(majority_threshold(members), settings.survivors_needed)
+
+
+def noised_update(
+    update: CohortUpdate, slots: RowSlots, sums: RowSums | Decoded, k: int, keep: float
+) -> ServerUpdate:
+    """The server's step from the decoded noised sums: divided by the public denominator K
+    (and by p under randomized response), on ``update``'s device and in its dtypes. Every
+    value of the round's row union changes (the union is public: the requests)."""
+    device = update.clients.device
+    tables = {
+        t: RowUpdate(
+            torch.from_numpy(union).to(device),
+            torch.from_numpy(sums.tables[t] / (k * keep)).to(device, update.table_deltas[t].dtype),
+        )
+        for t, union in slots.rows.items()
+    }
+    dense = {
+        n: torch.from_numpy(np.ascontiguousarray(sums.dense[n] / k)).to(device, v.dtype)
+        for n, v in update.dense_deltas.items()
+    }
+    return ServerUpdate(tables, dense)
 
 
 def server_update_of_sums(

@@ -58,7 +58,13 @@ from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.private_download import downloads_privately, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
 from fedsub.flower.run_model import RunModel, run_model
-from fedsub.flower.secure_rows import ACTION, answer_secure_rows, empty_deltas, keep_deltas
+from fedsub.flower.secure_rows import (
+    ACTION,
+    NodeNoise,
+    answer_secure_rows,
+    empty_deltas,
+    keep_deltas,
+)
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
 from fedsub.privacy.levels import Privacy, describe
@@ -177,7 +183,7 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
         kept, table_deltas = reply_record(node.rows, request, table_deltas)
         privacy = node.schedule.privacy
         if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
-            keep_deltas(context, kept, table_deltas, dense_deltas)
+            keep_deltas(context, kept, table_deltas, dense_deltas, round_index)
             kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
             del metrics["num-examples"]  # its count weights its deltas inside the sum
         index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
@@ -220,11 +226,15 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     @app.query(ACTION)
     @with_seconds
     def secure_rows(message: Message, context: Context) -> Message:
-        """One stage of the secure sum of row deltas (fedsub.flower.secure_rows)."""
+        """One stage of the secure sum of row deltas (fedsub.flower.secure_rows); with [dp]
+        at level full this node adds its noisy share (distributed DP)."""
         node = _own_data(fixed, context)
         if node.schedule.privacy is None:
             raise FedsubError(f"partition {node.client}: no privacy.level; refusing")
-        return answer_secure_rows(message, context, node.schedule.privacy, len(node.samples))
+        seeded = _settings(fixed, context).dp_seeded_noise
+        noise = NodeNoise.of(node.config, node.client, seeded)
+        privacy, count = node.schedule.privacy, len(node.samples)
+        return answer_secure_rows(message, context, privacy, count, noise)
 
     @app.train()
     @with_seconds

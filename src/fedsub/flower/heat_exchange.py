@@ -188,10 +188,12 @@ def group_sum(
     record: Recorder | None,
     message_type: str = MESSAGE_TYPE,
     mask_fields: Mapping[int, dict] | None = None,
+    threshold: int | None = None,
 ) -> tuple[np.ndarray, tuple[int, ...]]:
-    """One group's secure sum as ``message_type`` Messages (``secure_sum.group_sum``)."""
+    """One group's secure sum as ``message_type`` Messages (``secure_sum.group_sum``;
+    ``threshold``: secagg's t, default the majority)."""
     ask = _asker(grid, timeout, record, message_type)
-    return secure_sum.group_sum(ask, group, source, length, mask_fields)
+    return secure_sum.group_sum(ask, group, source, length, mask_fields, threshold)
 
 
 def collect_heat(

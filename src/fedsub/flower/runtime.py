@@ -1,9 +1,11 @@
 """Flower's capabilities (``algorithms/runtimes.py``): fedsub's ClientApp is stateless (a
 node keeps nothing of the algorithm between rounds), each node is one client, and the apps
 run on the CPU; private download and secure aggregation run over Flower Messages
-(``flower/private_download.py``, ``flower/secure_rows.py``). Central differential privacy
-(``[dp]``) runs at the ServerApp: the engine's round loop, which the ServerApp runs, clips,
-noises and accounts as in process (at ``privacy.level`` none or heat; ``settings.py``)."""
+(``flower/private_download.py``, ``flower/secure_rows.py``). Differential privacy (``[dp]``)
+runs as in process: central at ``privacy.level`` none, heat or download (the engine's round
+loop, which the ServerApp runs, clips, noises and accounts), distributed at ``full`` (each node
+adds its discrete Gaussian share to the secure row sum, flower/secure_rows.py; the loop's
+ledger accounts it)."""
 
 from __future__ import annotations
 

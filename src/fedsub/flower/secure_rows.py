@@ -16,12 +16,21 @@ FedSubAvg's coefficients and 1/p (``engine/private_rounds.server_update_of_sums`
 ``unbias``): no node's S(k), delta or sample count reaches it. A node that drops out after its
 train reply is left out by the protocol's threshold; the round's step is then the survivors'
 weighted mean (their units are what the sum normalizes by).
+
+With ``[dp]`` at this level the sum is distributed differential privacy, as in process
+(``engine/private_rounds.py``, ``dp/distributed.py``): the "mask" request carries the round's
+public noise settings (C, z, K_min, the cohort size), from which each node rebuilds the
+round's ``DiscreteNoise`` (``NodeNoise``: refused if weaker than its config) and submits its
+clipped, unweighted deltas plus its discrete Gaussian share; the sum's threshold is K_min (a
+node refuses a lower one), so fewer survivors abort the round; the server decodes the noised
+sum and divides it by K (and p), and the loop's ledger accounts the round.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,7 +38,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
 from fedsub.algorithms.weighting import SecureWeighting
+from fedsub.config import Config
+from fedsub.dp.distributed import DiscreteNoise, member_rng
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.private_rounds import (
+    distributed_threshold,
+    member_share,
+    noised_update,
+    round_noise,
     secure_weighting,
     server_update_of_sums,
     unbias,
@@ -37,6 +53,7 @@ from fedsub.engine.private_rounds import (
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid
 from fedsub.flower.heat_exchange import (
+    RECORD,
     Recorder,
     answer_secagg,
     group_sum,
@@ -48,7 +65,13 @@ from fedsub.flower.records import record_of
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.secagg import SecAggError
-from fedsub.privacy.sparse_secagg import RowSlots, decode_sums, encode_client, union_of
+from fedsub.privacy.sparse_secagg import (
+    INTEGER_SLOTS,
+    RowSlots,
+    decode_sums,
+    encode_client,
+    union_of,
+)
 from fedsub.submodel.transfer import CohortUpdate
 
 LOG = logging.getLogger("fedsub")
@@ -56,6 +79,7 @@ ACTION = "secure_rows"
 MESSAGE_TYPE = f"{MessageType.QUERY}.{ACTION}"
 SOURCE = "secure-rows"  # what a node agrees to sum in this protocol
 PENDING = "fedsub.secure-rows"  # a trained node's deltas in Context.state, until masked
+PENDING_ROUND = "fedsub.secure-rows.round"  # the round they were trained in
 
 
 def keep_deltas(
@@ -63,12 +87,83 @@ def keep_deltas(
     rows: Mapping[str, torch.Tensor],
     table_deltas: Mapping[str, torch.Tensor],
     dense_deltas: Mapping[str, torch.Tensor],
+    round_index: int,
 ) -> None:
-    """After training: the node's deltas wait in its state for the secure sum."""
+    """After training in round ``round_index``: the node's deltas wait in its state for the
+    secure sum."""
     tensors = {f"rows.{t}": r for t, r in rows.items()}
     tensors.update({f"table.{t}": d for t, d in table_deltas.items()})
     tensors.update({f"dense.{n}": d for n, d in dense_deltas.items()})
     context.state[PENDING] = ArrayRecord(tensors)
+    context.state[PENDING_ROUND] = ConfigRecord({"round": round_index})
+
+
+@dataclass(frozen=True)
+class NodeNoise:
+    """Distributed DP as this node's copy of the run config states it ([dp] at level
+    ``full``): the least noise it adds, the fewest survivors it lets a sum be unmasked from,
+    and where its shares come from: its own secret randomness, or (``seeded``, run config
+    ``dp-seeded-noise``) the in-process run's generator ``member_rng(seed, round, client)``,
+    so a Flower run repeats the in-process numbers, but whoever knows the seed can redraw the
+    shares (docs, Differential privacy, "Where it runs and whom you trust")."""
+
+    clip: float
+    noise_multiplier: float | None  # None: calibrated by the server for a target epsilon
+    min_survivors: int  # K_min
+    seed: int
+    client: int
+    seeded: bool = False
+
+    @staticmethod
+    def of(config: Config, client: int, seeded: bool = False) -> NodeNoise | None:
+        """This node's part in distributed DP, or None (no [dp], or a level below full)."""
+        if config.dp.mechanism == "none" or config.privacy.level != "full":
+            return None
+        d = config.dp
+        k_min = d.min_survivors or config.train.clients_per_round
+        return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client, seeded)
+
+    def generator(self, round_index: int) -> np.random.Generator:
+        """The generator of this node's share in round ``round_index``."""
+        if self.seeded:
+            return member_rng(self.seed, round_index, self.client)
+        return np.random.default_rng()  # fresh entropy from the operating system
+
+    def check_threshold(self, message: Message, who: str) -> None:
+        """Refuse to take part in a secure sum whose threshold is below K_min: its sum could
+        be unmasked from fewer noise shares than the accounted noise needs."""
+        request = record_of(message.content, RECORD, ConfigRecord)
+        if request.get("stage") != "advertise":
+            return
+        threshold = int(number_field(request, "threshold", int, who))
+        if threshold < self.min_survivors:
+            raise FedsubError(
+                f"{who}: the server asks for a secure sum with threshold {threshold}, below "
+                f"dp.min_survivors K_min = {self.min_survivors}; refusing"
+            )
+
+    def round_noise(self, request: ConfigRecord, length: int, who: str) -> DiscreteNoise:
+        """The round's public ``DiscreteNoise`` from the server's "mask" request, refused
+        when it asks for less noise than this node's config states."""
+        clip = float(number_field(request, "dp-clip", float, who))
+        z = float(number_field(request, "dp-noise-multiplier", float, who))
+        k_min = int(number_field(request, "dp-min-survivors", int, who))
+        clients = int(number_field(request, "clients", int, who))
+        weaker = [
+            (clip != self.clip, f"dp.clip {clip:g}, this node's is {self.clip:g}"),
+            (
+                self.noise_multiplier is not None and z < self.noise_multiplier,
+                f"noise multiplier {z:g} below this node's {self.noise_multiplier}",
+            ),
+            (k_min < self.min_survivors, f"K_min {k_min} below this node's {self.min_survivors}"),
+        ]
+        for condition, what in weaker:
+            if condition:
+                raise FedsubError(f"{who}: the server's round settings ask for {what}; refusing")
+        try:
+            return DiscreteNoise.for_round(clip, z, clients, k_min, length)
+        except ValueError as error:
+            raise FedsubError(f"{who}: {error}") from None
 
 
 def empty_deltas(
@@ -82,28 +177,42 @@ def empty_deltas(
     return rows, tables, dense
 
 
-def answer_secure_rows(message: Message, context: Context, privacy: Privacy, count: int) -> Message:
+def answer_secure_rows(
+    message: Message,
+    context: Context,
+    privacy: Privacy,
+    count: int,
+    noise: NodeNoise | None = None,
+) -> Message:
     """A node's reply to one stage of the secure row sum (its ``query.secure_rows``);
-    ``count``: its sample count, which weights its deltas inside the sum."""
+    ``count``: its sample count, which weights its deltas inside the sum; with ``noise``
+    (distributed DP) its unweighted deltas go in as its noisy share instead."""
     who = "secure row sum (this node)"
     if not privacy.secure_aggregation:
         raise FedsubError(f"{who}: privacy.level = {privacy.level!r}, not 'full'; refusing")
+    if noise is not None:
+        noise.check_threshold(message, who)
 
     def vector(request: ConfigRecord) -> np.ndarray:
         if PENDING not in context.state:
             raise FedsubError(f"{who}: asked to mask deltas before training")
         flat = record_of(context.state, PENDING, ArrayRecord).to_torch_state_dict()
+        trained_in = int(
+            number_field(record_of(context.state, PENDING_ROUND, ConfigRecord), "round", int, who)
+        )
         del context.state[PENDING]  # masked once, then forgotten
         clients = int(number_field(request, "clients", int, who))
-        # this member's part of the server's SecureWeighting (correction is the server's)
-        weighting = SecureWeighting(
-            (int(number_field(request, "draws", int, who)),),
-            bool(number_field(request, "by-count", int, who)),
-            float(number_field(request, "scale", float, who)),
-            normalized=False,
-        )
-        units = weighting.units(0, count)
-        a = weighting.coefficient(units)
+        units, a = 0, 1.0
+        if noise is None:
+            # this member's part of the server's SecureWeighting (correction is the server's)
+            weighting = SecureWeighting(
+                (int(number_field(request, "draws", int, who)),),
+                bool(number_field(request, "by-count", int, who)),
+                float(number_field(request, "scale", float, who)),
+                normalized=False,
+            )
+            units = weighting.units(0, count)
+            a = weighting.coefficient(units)
         part: dict[str, dict[str, torch.Tensor]] = {"rows": {}, "table": {}, "dense": {}}
         for key, value in flat.items():
             kind, _, name = key.partition(".")
@@ -123,6 +232,9 @@ def answer_secure_rows(message: Message, context: Context, privacy: Privacy, cou
             {t: d.double().numpy() * a for t, d in tables.items()},
             {n: d.double().numpy() * a for n, d in dense.items()},
         )
+        if noise is not None:  # its noisy share, drawn on its side (dp/distributed.py)
+            public = noise.round_noise(request, slots.length - INTEGER_SLOTS, who)
+            return member_share(values, public, noise.generator(trained_in))
         coding = FixedPoint.for_clients(clients, privacy.secagg_clip)
         return encode_client(slots, coding, values, units, clients)
 
@@ -141,6 +253,7 @@ class SecureRows:
         requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
         timeout: float,
         record: Recorder | None = None,
+        dp: DpSettings | None = None,
     ) -> None:
         self.grid = grid
         self.node_of = node_of
@@ -149,6 +262,7 @@ class SecureRows:
         self.requests = requests  # the round's requests by client (the runtime's)
         self.timeout = timeout
         self.record = record
+        self.dp = dp  # [dp] at full: distributed DP (``noised``)
         self.clipped = 0  # values clipped to the fixed-point range, over the run
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
@@ -156,14 +270,10 @@ class SecureRows:
         requests; ``update`` holds who replied, how often each was drawn and the deltas'
         shapes (no rows, no sample counts)."""
         members = [int(k) for k in update.clients.tolist()]
+        slots = self._slots(update, members)
+        if self.dp is not None:
+            return self.noised(update, members, slots, self.dp)
         weighting = secure_weighting(self.aggregation, [int(m) for m in update.multiplicity])
-        requests = self.requests()
-        union = union_of(requests[k] for k in members)
-        slots = RowSlots(
-            {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
-            {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
-            {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
-        )
         shared = {f"union.{t}": r.tolist() for t, r in slots.rows.items()}
         public = {"scale": weighting.scale, "by-count": int(weighting.by_count)}
         fields = {
@@ -173,14 +283,7 @@ class SecureRows:
             for j, k in enumerate(members)
         }  # fmt: skip
         coding = FixedPoint.for_clients(len(members), self.privacy.secagg_clip)
-        nodes = [self.node_of[k] for k in members]
-        try:
-            total, survivors = group_sum(
-                self.grid, nodes, SOURCE, slots.length, self.timeout, self.record,
-                MESSAGE_TYPE, fields,
-            )  # fmt: skip
-        except SecAggError as error:  # name the nodes: the operator's next step
-            raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
+        total, survivors = self._sum(members, slots, fields)
         decoded = decode_sums(slots, coding, total, len(survivors))
         self.clipped += decoded.clipped
         if decoded.clipped:
@@ -193,6 +296,60 @@ class SecureRows:
         server_update = server_update_of_sums(self.aggregation, update, slots, decoded, weighting)
         return unbias(server_update, self.privacy.keep)
 
+    def noised(
+        self, update: CohortUpdate, members: list[int], slots: RowSlots, dp: DpSettings
+    ) -> ServerUpdate:
+        """Distributed DP (engine/private_rounds.py's ``_distributed``, over Messages): each
+        node adds its noisy share on its side; the sum's threshold is K_min, so fewer
+        survivors abort the round (``SecAggError``) and the server decodes only sums of at
+        least K_min shares, divided by K (and p)."""
+        k_min = dp.survivors_needed
+        if len(members) < k_min:
+            raise SecAggError(
+                f"secure row sum: {len(members)} node(s) replied to train, fewer than "
+                f"dp.min_survivors K_min = {k_min}; the round's sum would hold less noise "
+                "than accounted, so it is not run"
+            )
+        noise = round_noise(dp, len(members), slots)
+        public = {
+            "clients": len(members),
+            "dp-clip": noise.clip,
+            "dp-noise-multiplier": dp.noise_multiplier,
+            "dp-min-survivors": k_min,
+            **{f"union.{t}": r.tolist() for t, r in slots.rows.items()},
+        }
+        fields = {self.node_of[k]: public for k in members}
+        threshold = distributed_threshold(dp, len(members))
+        total, survivors = self._sum(members, slots, fields, threshold)
+        decoded = decode_sums(slots, noise.coding, total, len(survivors))
+        return noised_update(update, slots, decoded, dp.clients_per_round, self.privacy.keep)
+
+    def _slots(self, update: CohortUpdate, members: list[int]) -> RowSlots:
+        """The round's public layout: the union of the members' requests, the dense shapes."""
+        union = union_of(self.requests()[k] for k in members)
+        return RowSlots(
+            {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
+            {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
+            {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
+        )
+
+    def _sum(
+        self,
+        members: list[int],
+        slots: RowSlots,
+        fields: Mapping[int, dict],
+        threshold: int | None = None,
+    ) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The members' secure sum over Messages, and the nodes it holds the vectors of."""
+        nodes = [self.node_of[k] for k in members]
+        try:
+            return group_sum(
+                self.grid, nodes, SOURCE, slots.length, self.timeout, self.record,
+                MESSAGE_TYPE, fields, threshold,
+            )  # fmt: skip
+        except SecAggError as error:  # name the nodes: the operator's next step
+            raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
+
 
 def round_combine(
     grid: PushPullGrid | None,
@@ -202,11 +359,14 @@ def round_combine(
     requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
     timeout: float,
     record: Recorder | None = None,
+    dp: DpSettings | None = None,
 ) -> Callable[[CohortUpdate], ServerUpdate]:
-    """The Flower runtime's aggregation for ``privacy``: secure row sums at ``full``, else the
-    algorithm's aggregate (divided by p under randomized response)."""
+    """The Flower runtime's aggregation for ``privacy``: secure row sums at ``full`` (noised
+    by the nodes under ``dp``: distributed DP), else the algorithm's aggregate (divided by p
+    under randomized response; ``dp``'s central mechanism is the loop's)."""
     if privacy is not None and privacy.secure_aggregation:
         if grid is None:  # e.g. a runtime without its nodes
             raise FedsubError("Flower: secure row sums need the nodes (no grid given)")
-        return SecureRows(grid, node_of, aggregation, privacy, requests, timeout, record).combine
+        secure = SecureRows(grid, node_of, aggregation, privacy, requests, timeout, record, dp)
+        return secure.combine
     return download_combine(aggregation, privacy)

@@ -266,6 +266,7 @@ class FlowerRuntime:
             lambda: self.sampled.rows,
             self.settings.round_timeout,
             self.observers.on_heat_reply,
+            self.schedule.dp if self.counts_secret else None,  # [dp] at full: distributed
         )
 
     def _heat_stage(self) -> PrivateHeatStage:
@@ -276,11 +277,19 @@ class FlowerRuntime:
 
     def _rows_of(self, client: int) -> dict[str, torch.Tensor]:
         """Client ``client``'s S(k) per table (its position in ``counted``; exact: from its
-        registration; private: from the "rows" query of the round that sampled it)."""
-        if self.index is not None:
+        registration; private: from the "rows" query of the round that sampled it; with
+        private download its request for the round)."""
+        if not self._asks_rows():
+            assert self.index is not None
             index = self.index
             return {t: torch.from_numpy(index.client_rows(t, client)) for t in self.params.tables}
         return {t: torch.from_numpy(r) for t, r in self.sampled.rows[client].items()}
+
+    def _asks_rows(self) -> bool:
+        """Whether a round asks its sampled nodes for their rows: a private heat source (no
+        S(k) registered), or a private download (their requests; exact heat under [dp] at
+        levels download and full registers S(k) all the same, run_setup.heat_privacy_of)."""
+        return self.index is None or self.reader.downloading
 
     def _log_rejection(self, rejection: Rejection) -> None:
         LOG.warning(
@@ -295,14 +304,15 @@ class FlowerRuntime:
         """Send the cohort its submodels, read the replies that came within the round
         timeout; the cohort's update over them, or ``RoundFailed`` (fewer than min-replies)."""
         r, clients = plan.round, plan.cohort.clients.tolist()
-        if self.index is None:  # private heat: the sampled nodes' rows, for their download
+        asked = self._asks_rows()
+        if asked:  # the sampled nodes' rows (or download requests), for their download
             self.sampled.ask(self.grid, clients, r)
         partitions = [self.membership.counted[j] for j in clients]
         nodes = [self.membership.node_of(k) for k in partitions]
         sent_to = {
             node: j
             for j, node in zip(clients, nodes, strict=True)
-            if self.index is not None or j in self.sampled.rows  # no rows: left out
+            if not asked or j in self.sampled.rows  # no rows: left out
         }
         if self.observers.on_progress is not None:
             self.observers.on_progress({"round": r, "sent_to": partitions, "nodes": nodes})

@@ -41,7 +41,11 @@ Keys of ``[tool.flwr.app.config]`` (all optional):
 - ``heat-transcript``: with a private ``privacy.heat_source``, write everything the server
   received in the query round, the heat exchange and the secure row sums (``replies``) and
   in the train replies (``train_replies``) to ``out-dir/heat-transcript.json`` (to inspect
-  what the server learns; default false).
+  what the server learns; default false);
+- ``dp-seeded-noise``: with ``[dp]`` at ``privacy.level = "full"`` (distributed DP), each node
+  draws its noise share from the generator keyed by (``train.seed``, round, partition) that
+  the in-process run uses, so the run repeats it bit for bit, but whoever knows the seed (the
+  server) can redraw the shares; false (the default): from its own secret randomness.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class FlowerSettings:
     out_dir: str = ""
     train_delay: float = 0.0
     heat_transcript: bool = False
+    dp_seeded_noise: bool = False
     feature_spec: str = ""
     num_nodes: int = 0
     server_test_file: str = ""
@@ -100,7 +105,7 @@ class FlowerSettings:
             "config", "set", "algorithm", "payload", "min-replies", "max-failed-rounds",
             "round-timeout", "eval-every", "out-dir", "train-delay", "heat-transcript",
             "feature-spec", "num-nodes", "server-test-file", "min-nodes", "node-wait",
-            "heat-refresh-every", "checkpoint-every", "resume", "overwrite",
+            "heat-refresh-every", "checkpoint-every", "resume", "overwrite", "dp-seeded-noise",
         }  # fmt: skip
         unknown = sorted(set(run_config) - known)
         if unknown:
@@ -122,6 +127,7 @@ class FlowerSettings:
             out_dir=output_folder(str(run_config.get("out-dir", ""))),
             train_delay=_number(run_config, "train-delay", 0.0, float),
             heat_transcript=_flag(run_config.get("heat-transcript", False), "heat-transcript"),
+            dp_seeded_noise=_flag(run_config.get("dp-seeded-noise", False), "dp-seeded-noise"),
             feature_spec=_path(str(run_config.get("feature-spec", ""))),
             num_nodes=_number(run_config, "num-nodes", 0, int),
             server_test_file=_path(str(run_config.get("server-test-file", ""))),

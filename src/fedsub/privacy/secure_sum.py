@@ -187,12 +187,14 @@ def group_sum(
     source: str,
     length: int,
     mask_fields: Mapping[int, dict] | None = None,
+    threshold: int | None = None,
 ) -> tuple[np.ndarray, tuple[int, ...]]:
     """One group's secure sum (secagg's four stages) and the nodes whose vectors it holds;
     ``mask_fields`` adds per-node fields to the "mask" request (what a node needs to build
-    its vector)."""
+    its vector); ``threshold``: secagg's t (default the majority; distributed DP raises it to
+    K_min, so no sum with less noise than accounted is decoded)."""
     session = secrets.token_bytes(16)
-    threshold = len(group) // 2 + 1
+    threshold = threshold or len(group) // 2 + 1
     ids = {node: i for i, node in enumerate(group)}
     node_of = dict(enumerate(group))
     server = SecAggServer(threshold, length, session)
