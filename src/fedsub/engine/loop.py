@@ -262,17 +262,17 @@ def build_server_round(
 def start_sharded(
     model: Model, algorithm: Algorithm, schedule: Schedule
 ) -> tuple[ShardParams, ShardedTables]:
-    """``train.table_sharding = "rows"``: this process's rows of the initial model and the
+    """``execution.table_sharding = "rows"``: this process's rows of the initial model and the
     tables' partition (fedsub/sharding). The initial model is the one-process draw, of which
     this process draws only its rows where it can (sharding/initial.py)."""
     processes = distributed.joined()
     if processes is None:
         raise ConfigError(
-            "train.table_sharding = \"rows\" spreads the tables' rows over torchrun's "
+            "execution.table_sharding = \"rows\" spreads the tables' rows over torchrun's "
             "processes, and this run has one process: start it with torchrun "
-            '--nproc-per-node P (P >= 2), or set train.table_sharding = "none"'
+            '--nproc-per-node P (P >= 2), or set execution.table_sharding = "none"'
         )
-    setting = 'train.table_sharding = "rows"'
+    setting = 'execution.table_sharding = "rows"'
     if algorithm.central or algorithm.aggregation.model_average:
         raise ConfigError(
             f"{setting} cannot run algorithm {algorithm.name!r}: it pools every sample in one "
@@ -302,7 +302,7 @@ def sharded_evaluator(evaluator: Evaluator, sharded: ShardedTables) -> Evaluator
     from their owners (fedsub/sharding/evaluation.py): the metrics are one process's."""
     if evaluator.extra is not None or evaluator.l2:
         raise ConfigError(
-            'train.table_sharding = "rows" cannot evaluate gradient norms or a regularized '
+            'execution.table_sharding = "rows" cannot evaluate gradient norms or a regularized '
             "loss: both read whole tables"
         )
     scoring = ShardedScoring(sharded, evaluator.model, eval_chunks)
