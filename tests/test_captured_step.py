@@ -39,6 +39,12 @@ from .test_backends import setup, shared_table_dataset, two_tables_with_dense
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, dataset_for
 
 CHEAP = Compile("aot_eager")
+# torch 2.11's compiler fails on the local step (captured_step.COMPILE_NEEDS_TORCH): the tests
+# that compile run where fedsub compiles, and the refusal is tested below on any torch.
+needs_compile = pytest.mark.skipif(
+    captured_step.compile_unavailable() is not None,
+    reason=str(captured_step.compile_unavailable()),
+)
 
 
 def relative_difference(a, b) -> float:
@@ -100,6 +106,7 @@ def test_padding_keeps_every_real_sample_and_row():
 MODELS = ["embedding-lr", "softmax-regression", "linear-regression", "mlp", "cnn"]
 
 
+@needs_compile
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", MODELS)
 def test_the_captured_step_gives_the_eager_model_on_every_capturable_model(
@@ -128,6 +135,7 @@ COMPOSED = tomllib.loads(
 )
 
 
+@needs_compile
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_the_captured_step_gives_the_eager_model_with_every_client_rule(rule):
     name, extra = RULES[rule]
@@ -142,6 +150,7 @@ def test_the_captured_step_gives_the_eager_model_with_every_client_rule(rule):
     assert_same_model(eager, captured, torch.float64)
 
 
+@needs_compile
 def test_fields_sharing_a_table_pad_into_that_table():
     dataset = shared_table_dataset()
     index = SubmodelIndex.build(dataset)
@@ -157,6 +166,7 @@ def test_fields_sharing_a_table_pad_into_that_table():
     assert_same_model(eager, captured, torch.float64)
 
 
+@needs_compile
 def test_the_cuda_graph_loop_keeps_copies_and_gives_the_eager_model(monkeypatch):
     """On CUDA (``mode="reduce-overhead"``) every step starts a cudagraph step and copies its
     outputs before the next replay overwrites them: the same loop, run here on the CPU."""
@@ -175,6 +185,7 @@ def test_the_cuda_graph_loop_keeps_copies_and_gives_the_eager_model(monkeypatch)
     assert_same_model(eager, captured, torch.float64)
 
 
+@needs_compile
 # --- a bounded number of programs ---------------------------------------------------------------
 def test_a_run_compiles_at_most_one_program_per_size_class(monkeypatch):
     """Ten rounds meet many shapes (rows per round, ids per step) but few size classes; the
@@ -222,11 +233,47 @@ def test_a_model_with_value_dependent_shapes_runs_eagerly_and_says_so(caplog):
     assert "model ValueShaped runs its local steps eagerly" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "version, refused",
+    [("2.11.0+cu130", True), ("2.12.1", True), ("2.13.0+cpu", False), ("2.14.1", False)],
+)
+def test_a_torch_older_than_the_tested_one_cannot_compile_and_says_which(version, refused):
+    reason = captured_step.compile_unavailable(version)
+    assert (reason is not None) == refused
+    if refused:
+        assert "torch >= 2.13" in str(reason) and version in str(reason)
+
+
+def test_on_an_older_torch_the_step_runs_eagerly_with_the_reason(monkeypatch, caplog):
+    monkeypatch.setattr(
+        captured_step, "compile_unavailable", lambda: "it needs torch >= 2.13 (this is 2.11.0)"
+    )
+    model = EmbeddingLogisticRegression({"t": 5}, embedding_dim=2)
+    captured_step._TOLD.discard("EmbeddingLogisticRegression")
+    with caplog.at_level(logging.WARNING, logger="fedsub"):
+        assert captured_step.capture_for(model, False, CHEAP) is None
+    assert "runs its local steps eagerly: it needs torch >= 2.13" in caplog.text
+    captured_step._TOLD.discard("EmbeddingLogisticRegression")
+
+
+def test_the_config_refuses_compile_on_an_older_torch(monkeypatch):
+    monkeypatch.setattr(
+        config_lib, "compile_unavailable", lambda: captured_step.compile_unavailable("2.11.0")
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r'execution\.compile = "on" cannot be used here: it '
+        r"needs torch >= 2\.13 \(this is torch 2\.11\.0",
+    ):
+        parse({})
+
+
 # --- config ------------------------------------------------------------------------------------
 def parse(train: dict):
     return config_lib.parse({"train": {"compile": "on", **train}})
 
 
+@needs_compile
 def test_train_compile_is_off_by_default_and_on_gives_inductor():
     assert config_lib.parse({}).execution.compile == "off"
     assert schedule_of(config_lib.parse({})).compile is None
@@ -262,6 +309,7 @@ def test_the_command_line_refuses_it_with_exit_code_2(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@needs_compile
 # --- inductor -----------------------------------------------------------------------------------
 def test_inductor_gives_the_eager_model():
     """The backend ``execution.compile = "on"`` uses on the CPU: generated C++ kernels."""

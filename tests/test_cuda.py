@@ -17,6 +17,7 @@ import torch
 
 from fedsub import device as device_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import Compile, Schedule
 from fedsub.masking.capacity import Capacities
@@ -175,6 +176,7 @@ def test_a_deterministic_run_on_the_device_repeats_bit_for_bit(
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.skipif(compile_unavailable() is not None, reason=str(compile_unavailable()))
 @pytest.mark.parametrize("algorithm", ["fedsubavg", "scaffold"])
 @pytest.mark.parametrize("name", ["embedding-lr", "softmax-regression", "mlp", "cnn"])
 def test_the_local_step_captured_in_cuda_graphs_equals_the_cpu_reference(

@@ -32,6 +32,7 @@ from fedsub.algorithms.registry import (
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
+from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.runtime import IN_PROCESS
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.keys import parse_section
@@ -478,6 +479,7 @@ def check_compile(config: Config) -> None:
             "execution.deterministic = true sums in a fixed order with sorted segment sums, whose "
             "sizes depend on the values; use deterministic = false",
         ),
+        (compile_unavailable() is not None, str(compile_unavailable())),
     ]
     for condition, reason in refusals:
         if condition:

@@ -35,6 +35,7 @@ its CPU kernel works on numpy views).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -123,18 +124,40 @@ StepFn = Callable[..., tuple[Tensors, Tensors, Any]]
 _TOLD: set[str] = set()  # models already told to run eagerly (one warning per process)
 
 
+# The local step's capture (functorch's grad inside dynamo) fails on torch 2.11 with a PyTorch
+# internal assert ("isIntList() INTERNAL ASSERT FAILED", seen on an H200 for every model and
+# backend); 2.13 is the release fedsub's tests run on. 2.12 is untested, so it is refused too.
+COMPILE_NEEDS_TORCH = (2, 13)
+
+
+def compile_unavailable(version: str = torch.__version__) -> str | None:
+    """Why this torch cannot capture the local step, or None when it can."""
+    major_minor = re.match(r"(\d+)\.(\d+)", version)
+    if major_minor and tuple(map(int, major_minor.groups())) >= COMPILE_NEEDS_TORCH:
+        return None
+    needed = ".".join(map(str, COMPILE_NEEDS_TORCH))
+    return (
+        f"it needs torch >= {needed} (this is torch {version}, whose compiler fails on the "
+        "local step's gradients); upgrade torch or leave compile off"
+    )
+
+
+def _why_eager(model: Model, closed_form: bool) -> str | None:
+    if isinstance(model, DeclaresCapturable) and not model.capturable:
+        return "its shapes depend on the values (it pads to the longest sequence)"
+    if isinstance(model, PackedFeatures):
+        return "it packs ragged lists (the padding's phantom sample would own packed rows)"
+    if closed_form:
+        return "it computes its gradients in closed form (kernels on host arrays)"
+    return compile_unavailable()
+
+
 def capture_for(model: Model, closed_form: bool, compile: Compile | None) -> Compile | None:
     """How to capture ``model``'s local step, or None to run it eagerly: when
-    ``execution.compile`` is off, or (with a warning) when the model cannot be captured."""
+    ``execution.compile`` is off, or (with a warning) when the step cannot be captured."""
     if compile is None:
         return None
-    reason = None
-    if isinstance(model, DeclaresCapturable) and not model.capturable:
-        reason = "its shapes depend on the values (it pads to the longest sequence)"
-    elif isinstance(model, PackedFeatures):
-        reason = "it packs ragged lists (the padding's phantom sample would own packed rows)"
-    elif closed_form:
-        reason = "it computes its gradients in closed form (kernels on host arrays)"
+    reason = _why_eager(model, closed_form)
     if reason is None:
         return compile
     name = type(model).__name__

@@ -43,6 +43,7 @@ from fedsub.files.json_values import metrics_from_json, nulled
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.numerics import seeding, segment_sum
+from fedsub.numerics.float32 import ieee_float32
 from fedsub.profiling import ROUND, timed
 from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.initial import sharded_init
@@ -600,13 +601,14 @@ def drive(
 
 def deterministic(run: Callable[P, Params]) -> Callable[P, Params]:
     """``run`` under ``torch.use_deterministic_algorithms`` when the ``schedule`` it is given
-    says ``deterministic`` (execution.deterministic; fedsub/numerics/segment_sum.py)."""
+    says ``deterministic`` (execution.deterministic; fedsub/numerics/segment_sum.py), and
+    always with TensorFloat-32 off (numerics/float32.py)."""
     signature = inspect.signature(run)
 
     @functools.wraps(run)
     def under_schedule(*args: P.args, **kwargs: P.kwargs) -> Params:
         schedule = signature.bind(*args, **kwargs).arguments["schedule"]
-        with segment_sum.deterministic_run(schedule.deterministic):
+        with segment_sum.deterministic_run(schedule.deterministic), ieee_float32():
             return run(*args, **kwargs)
 
     return under_schedule

@@ -122,6 +122,11 @@ class PreActResNet18:
 
         def norm(x: torch.Tensor, name: str) -> torch.Tensor:
             weight, bias = dense[f"{name}.weight"], dense[f"{name}.bias"]
+            if x.is_cuda:
+                # cuDNN's batch norm needs a dense input; a width-sliced client's convolution
+                # under vmap leaves a strided one (seen on an H200). The CPU path is untouched
+                # so CPU results stay bit for bit.
+                x = x.contiguous()
             return F.batch_norm(x, None, None, weight, bias, training=True)
 
         x = dense_inputs.reshape(-1, self.in_channels, self.side, self.side)

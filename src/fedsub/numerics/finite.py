@@ -17,8 +17,12 @@ def any_nonfinite(
     tensors: Iterable[torch.Tensor], device: torch.device | None = None
 ) -> torch.Tensor:
     """True when some entry of ``tensors`` is NaN, Inf or -Inf (``device``: where the answer
-    lives when there are no tensors; else the first tensor's device)."""
+    lives when there are no tensors; else on the accelerator if any tensor is on one, so that
+    host-resident tables beside device-resident dense parameters (execution.table_placement =
+    "host") are checked without reading the device from the host)."""
     extremes = [torch.stack(torch.aminmax(t)).to(torch.float64) for t in tensors if t.numel()]
     if not extremes:
         return torch.tensor(False, device=device)
-    return ~torch.isfinite(torch.cat(extremes)).all()
+    target = next((e.device for e in extremes if e.device.type != "cpu"), extremes[0].device)
+    together = torch.cat([e.to(target, non_blocking=True) for e in extremes])
+    return ~torch.isfinite(together).all()

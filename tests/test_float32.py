@@ -1,0 +1,60 @@
+"""numerics/float32.py: a run turns TensorFloat-32 off and gives the caller's settings back."""
+
+from __future__ import annotations
+
+import torch
+
+from fedsub.engine.schedule import Schedule
+from fedsub.numerics import float32
+from fedsub.numerics.float32 import ieee_float32
+
+from .test_backends import run
+
+
+def settings() -> list:
+    return [getattr(owner, name) for owner, name, _ in float32._switches()]
+
+
+def test_every_switch_is_ieee_inside_and_restored_after_even_on_an_error():
+    before = settings()
+    tf32 = ["tf32" if isinstance(v, str) else True for v in before]
+    for (owner, name, _), value in zip(float32._switches(), tf32, strict=True):
+        setattr(owner, name, value)
+    try:
+        try:
+            with ieee_float32():
+                assert settings() == [ieee for _, _, ieee in float32._switches()]
+                raise KeyError("stop")
+        except KeyError:
+            pass
+        assert settings() == tf32
+    finally:
+        for (owner, name, _), value in zip(float32._switches(), before, strict=True):
+            setattr(owner, name, value)
+
+
+def test_the_cudnn_convolution_switch_is_among_them():
+    """The one PyTorch leaves on by default (the H200 finding)."""
+    owners = [(owner, name) for owner, name, _ in float32._switches()]
+    cudnn = torch.backends.cudnn
+    assert (getattr(cudnn, "conv", cudnn), "fp32_precision") in owners or (
+        cudnn,
+        "allow_tf32",
+    ) in owners
+
+
+def test_a_training_run_computes_in_ieee_float32_and_gives_the_settings_back():
+    before = settings()
+    tf32 = ["tf32" if isinstance(v, str) else True for v in before]
+    for (owner, name, _), value in zip(float32._switches(), tf32, strict=True):
+        setattr(owner, name, value)
+    inside: list[list] = []
+    try:
+        schedule = Schedule(2, 3, 1, 2, lr=0.1, seed=0, dtype=torch.float64)
+        run("synthetic", "fedavg", schedule, on_round=lambda r: inside.append(settings()))
+        after = settings()
+    finally:
+        for (owner, name, _), value in zip(float32._switches(), before, strict=True):
+            setattr(owner, name, value)
+    assert inside == [[ieee for _, _, ieee in float32._switches()]] * 2
+    assert after == tf32
