@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedsub.algorithms.aggregation import client_weights
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
@@ -621,3 +622,26 @@ def test_each_scheme_aggregates_as_its_paper_by_default(monkeypatch, scheme, pap
         trained = sum(a[j] * by_member[1][j] for j in order)
         partly.append(bool(((trained > 0) & (trained < a.sum())).any()))
     assert any(partly)  # some entries trained by some clients only: the two rules differ
+
+
+def test_the_written_out_batch_norm_is_torchs_training_batch_norm_also_under_vmap():
+    """models/resnet.py's CUDA path: per channel (x - mean) / sqrt(biased var + 1e-5) * w + b."""
+    from fedsub.models.resnet import batch_norm_written_out
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 6, 7, 7, generator=generator, dtype=torch.float64) * 3 + 1
+    weight = torch.randn(3, 6, generator=generator, dtype=torch.float64)
+    bias = torch.randn(3, 6, generator=generator, dtype=torch.float64)
+    mean = x.mean(dim=(1, 3, 4), keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=(1, 3, 4), keepdim=True)
+    expected = (x - mean) / torch.sqrt(var + 1e-5) * weight[:, None, :, None, None] + bias[
+        :, None, :, None, None
+    ]
+    got = torch.vmap(batch_norm_written_out)(x, weight, bias)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        batch_norm_written_out(x[0], weight[0], bias[0]),
+        F.batch_norm(x[0], None, None, weight[0], bias[0], training=True),
+        rtol=0,
+        atol=1e-12,
+    )

@@ -25,6 +25,20 @@ STRIDES = (1, 2, 2, 2)
 
 
 @dataclass(frozen=True)
+def batch_norm_written_out(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5
+) -> torch.Tensor:
+    """``F.batch_norm(x, None, None, weight, bias, training=True)`` as its formula: each channel
+    normalised by its batch mean and biased variance, then scaled and shifted. On CUDA, torch's
+    batch norm under vmap refuses a width-sliced cohort's input ("Expected input->is_contiguous",
+    seen on an H200 with torch 2.11, also after ``.contiguous()``); the CPU keeps torch's kernel,
+    so CPU results stay bit for bit."""
+    mean = x.mean(dim=(0, 2, 3), keepdim=True)
+    var = x.var(dim=(0, 2, 3), correction=0, keepdim=True)
+    shape = (1, -1, 1, 1)
+    return (x - mean) * torch.rsqrt(var + eps) * weight.reshape(shape) + bias.reshape(shape)
+
+
 class PreActResNet18:
     classes: int = 10
     side: int = 32
@@ -123,10 +137,7 @@ class PreActResNet18:
         def norm(x: torch.Tensor, name: str) -> torch.Tensor:
             weight, bias = dense[f"{name}.weight"], dense[f"{name}.bias"]
             if x.is_cuda:
-                # cuDNN's batch norm needs a dense input; a width-sliced client's convolution
-                # under vmap leaves a strided one (seen on an H200). The CPU path is untouched
-                # so CPU results stay bit for bit.
-                x = x.contiguous()
+                return batch_norm_written_out(x, weight, bias)
             return F.batch_norm(x, None, None, weight, bias, training=True)
 
         x = dense_inputs.reshape(-1, self.in_channels, self.side, self.side)
