@@ -24,7 +24,6 @@ from fedsub.submodel.params import Params
 STRIDES = (1, 2, 2, 2)
 
 
-@dataclass(frozen=True)
 def batch_norm_written_out(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5
 ) -> torch.Tensor:
@@ -39,6 +38,7 @@ def batch_norm_written_out(
     return (x - mean) * torch.rsqrt(var + eps) * weight.reshape(shape) + bias.reshape(shape)
 
 
+@dataclass(frozen=True)
 class PreActResNet18:
     classes: int = 10
     side: int = 32
