@@ -126,7 +126,8 @@ class ExecutionConfig:
     device: str = field(default="cpu", metadata={"validate": resolve_device})
     """Where the model, the server state and the training data live: `cpu`, `cuda`, `cuda:N` or
     `auto` (cuda when available, else cpu). A GPU this machine lacks is refused; every model,
-    algorithm and masking scheme runs there."""
+    algorithm and masking scheme runs there. float32 means IEEE float32 there too: a run turns
+    TensorFloat-32 off (numerics/float32.py)."""
     deterministic: bool = False
     """true: torch.use_deterministic_algorithms for the run and the round's scatter-adds as sorted
     segment sums (no atomics; numerics/segment_sum.py): a GPU run repeats bit for bit, and a killed
@@ -150,7 +151,7 @@ class ExecutionConfig:
     captured as one program with torch.compile (inductor; on a GPU as CUDA graphs), its rows and ids
     padded to size classes (engine/captured_step.py); same model (float64 1e-10, float32 1e-5
     relative). DIN, LSTM and sparse LR run eagerly (warned); refused with backend `sequential`,
-    masking or deterministic."""
+    masking or deterministic, and on torch older than 2.13 (2.11's compiler fails on the step)."""
     threads: int = field(default=0, metadata={"min": 0, "max": 4096})
     """torch intra-op threads (at most 4096); 0 = torch's default. Small cohorts of sparse models
     run faster on 1: handing tiny kernels between threads costs more than the kernels."""
