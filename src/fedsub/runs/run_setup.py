@@ -158,28 +158,32 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     d, t = config.dp, config.train
     if d.mechanism == "none":
         return None
-    return dp_settings.resolve(
-        clip=d.clip,
+    distributed = config.privacy.level == "full"
+    noise_multiplier, accounting = dp_settings.resolve(
         noise_multiplier=d.noise_multiplier,
         target_epsilon=d.target_epsilon,
         delta=d.delta,
         accountant=cast(dp_settings.Accountant, d.accountant),
-        rows=cast(dp_settings.Rows, d.rows),
         sampling=cast(dp_settings.Sampling, t.sampling),
         num_clients=num_clients,
         clients_per_round=t.clients_per_round,
         rounds=t.rounds,
-        selection_share=d.selection_share,
-        selection_threshold=d.selection_threshold,
-        selection_bound=d.selection_bound,
-        weight_cap=d.weight_cap,
         epsilon_budget=d.epsilon_budget,
+        distributed=distributed,
+    )
+    adaptive = dp_settings.AdaptiveClip(d.target_quantile, d.clip_lr, d.count_share)
+    return dp_settings.DpSettings(
+        clip=d.clip,
+        noise_multiplier=noise_multiplier,
+        accounting=accounting,
+        rows=cast(dp_settings.Rows, d.rows),
+        selection=dp_settings.RowSelection(
+            d.selection_share, d.selection_threshold, d.selection_bound
+        ),
+        adaptive=adaptive if d.adaptive_clip else None,
+        weight_cap=d.weight_cap,
         seed=t.seed,
-        adaptive=d.adaptive_clip,
-        target_quantile=d.target_quantile,
-        clip_lr=d.clip_lr,
-        count_share=d.count_share,
-        distributed=config.privacy.level == "full",
+        distributed=distributed,
         min_survivors=d.min_survivors,
     )
 
@@ -192,12 +196,13 @@ def dp_plan(config: Config) -> list[str]:
     num_clients = load_data(config).num_clients
     settings = dp_of(config, num_clients)
     assert settings is not None  # the mechanism is not "none"
-    rounds = config.train.rounds
+    rounds, accounting = config.train.rounds, settings.accounting
     lines = [
         f"clients N = {num_clients}, per round K = {config.train.clients_per_round} "
-        f"(sampling {settings.sampling}), rounds = {rounds}",
+        f"(sampling {accounting.sampling}), rounds = {rounds}",
         f"noise multiplier z = {settings.noise_multiplier:.6g}, clip C = {settings.clip:g}, "
-        f"delta = {settings.delta:.3g}, accountant {settings.accountant}, rows {settings.rows}",
+        f"delta = {accounting.delta:.3g}, accountant {accounting.accountant}, "
+        f"rows {settings.rows}",
     ]
     if settings.distributed:
         lines.append(
@@ -208,8 +213,8 @@ def dp_plan(config: Config) -> list[str]:
     elif settings.rows == "private":
         lines.append(
             f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
-            f"{settings.update_multiplier:.4g}, threshold {settings.threshold:.4g} "
-            f"(contribution bound B = {settings.selection_bound:g})"
+            f"{settings.update_multiplier:.4g}, threshold {settings.histogram_threshold:.4g} "
+            f"(contribution bound B = {settings.selection.bound:g})"
         )
     marks = sorted({max(1, rounds * i // 4) for i in range(1, 5)})
     lines += [f"epsilon after round {r}: {settings.epsilon(r):.4f}" for r in marks]
