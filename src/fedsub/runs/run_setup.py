@@ -122,17 +122,17 @@ def schedule_of(config: Config) -> Schedule:
         clients_per_round=t.clients_per_round,
         local_steps=t.local_steps,
         batch_size=t.batch_size,
-        lr=t.lr,
+        lr=t.client_step.lr,
         seed=t.seed,
         dtype=DTYPES[x.dtype],
         eval_every=config.eval.every,
         backend=x.backend,
         device=device,
-        lr_schedule=cast(LrSchedule, t.lr_schedule),
-        lr_decay=t.lr_decay,
-        weight_decay=t.weight_decay,
-        clip_norm=t.clip_norm,
-        momentum=t.momentum,
+        lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
+        lr_decay=t.client_step.lr_decay,
+        weight_decay=t.client_step.weight_decay,
+        clip_norm=t.client_step.clip_norm,
+        momentum=t.client_step.momentum,
         deterministic=x.deterministic,
         table_placement=cast(TablePlacement, x.table_placement),
         table_sharding=cast(TableSharding, x.table_sharding),
@@ -171,16 +171,17 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         epsilon_budget=d.epsilon_budget,
         distributed=distributed,
     )
-    adaptive = dp_settings.AdaptiveClip(d.target_quantile, d.clip_lr, d.count_share)
+    a, rows = d.adaptive_clipping, d.row_selection
+    adaptive = dp_settings.AdaptiveClip(a.target_quantile, a.clip_lr, a.count_share)
     return dp_settings.DpSettings(
         clip=d.clip,
         noise_multiplier=noise_multiplier,
         accounting=accounting,
-        rows=cast(dp_settings.Rows, d.rows),
+        rows=cast(dp_settings.Rows, rows.rows),
         selection=dp_settings.RowSelection(
-            d.selection_share, d.selection_threshold, d.selection_bound
+            rows.selection_share, rows.selection_threshold, rows.selection_bound
         ),
-        adaptive=adaptive if d.adaptive_clip else None,
+        adaptive=adaptive if a.adaptive_clip else None,
         weight_cap=d.weight_cap,
         seed=t.seed,
         distributed=distributed,
@@ -284,7 +285,7 @@ def prepare(
     if config.eval.gradient_norms:
         coefficients = heat_coefficients(context)
         extra = lambda params: gradient_norms(model, params, dataset.train, coefficients)  # noqa: E731
-    l2 = config.train.weight_decay / 2 if config.eval.regularized_loss else 0.0
+    l2 = config.train.client_step.weight_decay / 2 if config.eval.regularized_loss else 0.0
     evaluator = Evaluator.build(
         model, dataset, config.eval.train_loss_samples, config.data.seed, extra, l2
     )
