@@ -35,7 +35,7 @@ def test_overrides_take_toml_values_and_plain_strings(tmp_path):
         ],
     )
     assert config.train.rounds == 3
-    assert config.train.lr == 0.25
+    assert config.train.client_step.lr == 0.25
     assert config.train.heat == "clients"
     assert config.train.algorithms == ["fedavg"]
     assert config.data.options.num_users == 50
@@ -156,3 +156,47 @@ def test_model_keys_are_the_options_of_the_chosen_models_spec():
     with pytest.raises(ConfigError, match=r"model\.init_std = -1\.0 is out of range"):
         config_lib.parse({"model": {"name": "sparse-lr", "init_std": -1}})
     assert 'name = "cnn"\nwidths = [4]\nscaler = true' in config_lib.to_toml(config)
+
+
+def test_a_groups_keys_stay_flat_in_their_section(tmp_path):
+    # [train]'s client step and [dp]'s row selection / adaptive clipping are groups of keys
+    # (fedsub/keys.py): read, written and refused as the section's own keys
+    text = "[train]\nrounds = 3\nmomentum = 0.5\nlr = 0.2\n[dp]\nclip_lr = 0.3\nrows = 'all'\n"
+    config = config_lib.load(write(tmp_path, text))
+    assert (config.train.rounds, config.train.client_step.momentum) == (3, 0.5)
+    assert config.train.client_step.lr == 0.2
+    assert config.dp.adaptive_clipping.clip_lr == 0.3
+    assert config.dp.row_selection.rows == "all"
+    written = config_lib.to_toml(config)
+    assert "momentum = 0.5\n" in written and "clip_lr = 0.3\n" in written
+    assert "client_step" not in written and "adaptive_clipping" not in written
+    assert config_lib.load(write(tmp_path, written)) == config
+    with pytest.raises(ConfigError, match=r"train\.momentum = 2\.0 is out of range; expected <= 1"):
+        config_lib.load(None, ["train.momentum=2.0"])
+    with pytest.raises(ConfigError, match=r"\[train\] unknown key 'client_step'.*lr, lr_sched"):
+        config_lib.load(write(tmp_path, "[train]\nclient_step = {lr = 0.1}\n"))
+
+
+def test_a_groups_keys_as_keyword_arguments_are_named_bare():
+    from dataclasses import dataclass, field
+
+    from fedsub.errors import ArgumentError
+    from fedsub.keys import key_names, parse_section
+
+    @dataclass(frozen=True)
+    class Inner:
+        b: int = field(default=1, metadata={"min": 0})
+        c: str = "x"
+
+    @dataclass(frozen=True)
+    class Outer:
+        a: int
+        inner: Inner = field(default_factory=Inner)
+        d: float = 0.0
+
+    assert key_names(Outer) == ["a", "b", "c", "d"]
+    assert parse_section(Outer, "", {"a": 2, "c": "y"}) == Outer(2, Inner(1, "y"))
+    with pytest.raises(ArgumentError, match=r"^b = -1 is out of range; expected >= 0$"):
+        parse_section(Outer, "", {"a": 2, "b": -1})
+    with pytest.raises(ArgumentError, match=r"^a is required \(it is not given\)"):
+        parse_section(Outer, "", {"b": 1})

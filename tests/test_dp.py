@@ -20,7 +20,7 @@ from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism
-from fedsub.dp.settings import DpSettings
+from fedsub.dp.settings import Accounting, AdaptiveClip, DpSettings, RowSelection
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
 from fedsub.errors import ConfigError
@@ -165,19 +165,21 @@ def test_clipping_scales_each_whole_update_to_norm_at_most_c():
     assert scaled.squared_norms().sqrt().tolist() == pytest.approx([min(n, clip) for n in norms])
 
 
-def settings(**changes) -> DpSettings:
+def settings(clients_per_round: int = 10, **changes) -> DpSettings:
+    accounting = Accounting(
+        delta=1e-5,
+        accountant="rdp",
+        sampling="fixed",
+        num_clients=1000,
+        clients_per_round=clients_per_round,
+        rounds=1,
+    )
     base = DpSettings(
         clip=0.7,
         noise_multiplier=1.3,
-        delta=1e-5,
-        accountant="rdp",
+        accounting=accounting,
         rows="private",
-        sampling="fixed",
-        num_clients=1000,
-        clients_per_round=10,
-        rounds=1,
-        selection_share=0.3,
-        selection_threshold=2.0,
+        selection=RowSelection(share=0.3, threshold=2.0),
     )
     return dataclasses.replace(base, **changes)
 
@@ -222,8 +224,9 @@ def test_with_negligible_noise_a_round_is_the_clipped_sum_over_d_or_the_private_
 def test_capped_weights_and_the_fixed_denominator():
     # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * mean of w over all N
     population = np.array([5.0, 20.0, 10.0, 40.0])
-    s = settings(rows="all", noise_multiplier=1e-12, weight_cap=10.0, clip=100.0)
-    s = dataclasses.replace(s, clients_per_round=2)
+    s = settings(
+        rows="all", noise_multiplier=1e-12, weight_cap=10.0, clip=100.0, clients_per_round=2
+    )
     update = cohort([{0: [1.0]}, {1: [4.0]}], [[1.0], [2.0]])
     update.weights = torch.tensor([5.0, 40.0], dtype=torch.float64)
     out = DpMechanism(s, {"t": 3}, population).combine(update, 1)
@@ -318,17 +321,18 @@ def test_all_the_free_rows_can_be_drawn_and_no_more():
 
 
 def test_fedsubavgs_private_coefficient_is_bounded_by_d_over_the_threshold():
-    s = settings(selection_threshold=1.0)
+    s = settings(selection=RowSelection(share=0.3, threshold=1.0))
     members = [{r: [1.0] for r in range(k, k + 5)} for k in range(10)]
     mechanism = DpMechanism(s, {"t": 50}, np.ones(1000), heat=True)
     for r in range(20):
         mechanism.combine(cohort(members, [[0.0]] * 10), r)
-        assert mechanism.last.largest_coefficient <= 10 / s.threshold + 1e-9
+        assert mechanism.last.largest_coefficient <= 10 / s.histogram_threshold + 1e-9
 
 
 def test_adaptive_clipping_moves_c_toward_the_target_quantile():
     # z tiny: the noisy count is the count; 3 of 4 members have norm <= C = 1
-    s = settings(adaptive=True, noise_multiplier=1e-9, clip=1.0, clip_lr=0.2, target_quantile=0.5)
+    adaptive = AdaptiveClip(target_quantile=0.5, clip_lr=0.2)
+    s = settings(adaptive=adaptive, noise_multiplier=1e-9, clip=1.0)
     update = cohort([{0: [0.5]}, {1: [0.9]}, {2: [3.0]}, {3: [0.1]}], [[0.0]] * 4)
     mechanism = DpMechanism(s, {"t": 10}, np.ones(1000))
     mechanism.combine(update, 1)
@@ -341,15 +345,16 @@ def test_adaptive_clipping_moves_c_toward_the_target_quantile():
 
 
 def test_the_budget_split_keeps_one_gaussian_mechanism_of_multiplier_z():
-    s = settings(adaptive=True, selection_share=0.3, count_share=0.1, noise_multiplier=1.7)
+    s = settings(adaptive=AdaptiveClip(count_share=0.1), noise_multiplier=1.7)
+    assert s.selection.share == 0.3
     z_sel, z_grad = s.selection_multiplier, s.update_multiplier
-    z_count = s.count_std / 0.5  # the count's sensitivity is 1/2
+    z_count = s.count_std(AdaptiveClip(count_share=0.1)) / 0.5  # the count's sensitivity is 1/2
     assert 1 / z_sel**2 + 1 / z_grad**2 + 1 / z_count**2 == pytest.approx(1 / 1.7**2)
     assert 1 / z_sel**2 == pytest.approx(0.3 / 1.7**2)
     # the selection noise's std is z_sel B and the threshold tau z_sel B (histogram units)
-    wide = dataclasses.replace(s, selection_bound=2.5, selection_threshold=3.0)
+    wide = dataclasses.replace(s, selection=RowSelection(share=0.3, threshold=3.0, bound=2.5))
     assert wide.selection_std == pytest.approx(1.7 / math.sqrt(0.3) * 2.5)
-    assert wide.threshold == pytest.approx(3.0 * 1.7 / math.sqrt(0.3) * 2.5)
+    assert wide.histogram_threshold == pytest.approx(3.0 * 1.7 / math.sqrt(0.3) * 2.5)
 
 
 def test_an_empty_cohort_update_has_no_member_and_the_models_shapes():

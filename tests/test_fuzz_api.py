@@ -23,6 +23,7 @@ import fedsub
 from fedsub.config import EvalConfig, TrainConfig
 from fedsub.data.table import TableOptions
 from fedsub.errors import FedsubError
+from fedsub.keys import key_names
 
 FAST = settings(
     max_examples=int(os.environ.get("FEDSUB_FUZZ_EXAMPLES", "25")),
@@ -191,10 +192,7 @@ def _options(key: str, value: Any) -> dict[str, Any]:
     return {**SMALL, key: value}
 
 
-TRAIN_KEYS = sorted(
-    {f.name for f in dataclasses.fields(TrainConfig)}
-    | {f.name for f in dataclasses.fields(EvalConfig)}
-)
+TRAIN_KEYS = sorted(set(key_names(TrainConfig)) | set(key_names(EvalConfig)))
 
 
 @FAST

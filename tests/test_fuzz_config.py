@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fedsub import config as config_lib
 from fedsub.errors import ConfigError
+from fedsub.keys import key_names
 from fedsub.moved_keys import MOVED
 
 KEYS = {
@@ -127,11 +128,10 @@ def _all_keys() -> list[str]:
     from fedsub.data.registry import DATASETS
 
     keys = [
-        f"{section}.{f.name}"
+        f"{section}.{key}"
         for section, cls in config_lib.SECTIONS.items()
         if cls is not None
-        for f in dataclasses.fields(cls)
-        if f.name != "options"
+        for key in key_names(cls)
     ]
     for name in ("synthetic-sparse", "synthetic-li"):
         keys += [f"data.{f.name}" for f in dataclasses.fields(DATASETS[name].options)]

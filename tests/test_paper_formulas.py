@@ -151,7 +151,7 @@ def test_the_regularized_train_loss_is_the_papers_objective():
         Path(__file__).parents[1] / "configs" / "li-synthetic.toml",
         ["data.num_devices=4", "train.clients_per_round=2", "train.rounds=1"],
     )
-    assert config.train.weight_decay == 2e-4 and config.eval.regularized_loss
+    assert config.train.client_step.weight_decay == 2e-4 and config.eval.regularized_loss
     evaluator = prepare(config).evaluator
     params = evaluator.model.init(torch.Generator().manual_seed(0), torch.float64)
     for t in params.dense.values():

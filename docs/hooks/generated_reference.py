@@ -121,20 +121,26 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def key_table(cls: type, prefix: str) -> list[str]:
-    """A markdown table of a dataclass's config keys (``prefix`` + field name)."""
-    hints = typing.get_type_hints(cls)
+def _docs(cls: type) -> dict[str, str]:
+    """The docs of a dataclass's fields, a subclass's doc of a field winning."""
     docs: dict[str, str] = {}
-    for base in reversed(cls.__mro__):  # a subclass's doc of a field wins
+    for base in reversed(cls.__mro__):
         if dataclasses.is_dataclass(base):
             docs.update({k: v for k, v in field_docs(base).items() if v})
+    return docs
+
+
+def key_table(cls: type, prefix: str) -> list[str]:
+    """A markdown table of a dataclass's config keys (``prefix`` + field name); a group's keys
+    (fedsub/keys.py) are the section's own, in the group's place."""
+    from fedsub.keys import section_fields
+
     rows = ["| key | type | default | allowed | what it does |", "|---|---|---|---|---|"]
-    for field in dataclasses.fields(cls):
-        if field.name == "options":
-            continue
+    for owner, field in section_fields(cls):
+        docs = _docs(owner)
         cells = [
             f"`{prefix}{field.name}`",
-            _type_text(hints[field.name]),
+            _type_text(typing.get_type_hints(owner)[field.name]),
             f"`{_toml(_default(field))}`",
             _allowed(field.metadata),
             docs.get(field.name, ""),

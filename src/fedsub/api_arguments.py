@@ -20,6 +20,7 @@ from fedsub import moved_keys
 from fedsub.config import DataConfig, EvalConfig, TrainConfig
 from fedsub.data.registry import DATASETS
 from fedsub.errors import ArgumentError
+from fedsub.keys import key_names
 from fedsub.models.registry import model_names, model_spec
 from fedsub.vocabulary import RUN_FLAGS, section_terms
 
@@ -137,8 +138,8 @@ def train_terms(algorithms: str = "algorithms") -> dict[str, str]:
         r"\[algorithms\.([\w@-]+)\] unknown key": r"algorithm_options['\1']: unknown key",
         r"\[model\] unknown key": "model_options: unknown key",
         **moved_terms(),
-        **section_terms("train", _fields(TrainConfig)),
-        **section_terms("eval", _fields(EvalConfig)),
+        **section_terms("train", key_names(TrainConfig)),
+        **section_terms("eval", key_names(EvalConfig)),
         **section_terms("model", _model_keys(), "model_options['{key}']"),
         **RUN_FLAGS,
     }

@@ -35,7 +35,7 @@ from fedsub.engine.backends import backend_names
 from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.runtime import IN_PROCESS
 from fedsub.errors import ArgumentError, ConfigError
-from fedsub.keys import parse_section
+from fedsub.keys import flat_values, parse_section
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
 from fedsub.models.registry import model_names, model_spec
 from fedsub.privacy.levels import DOWNLOADS as PRIVATE_DOWNLOADS
@@ -67,31 +67,12 @@ LEGACY_MODEL_KEYS = ("init_std", "embedding_dim", "widths", "scaler")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    algorithms: list[str] = field(
-        default_factory=lambda: ["fedavg", "fedsubavg"],
-        metadata={"algorithm_names": True, "nonempty": True},  # checked by check_algorithms
-    )
-    """The algorithms to train (see Algorithms); `name@scheme` for Li et al.'s schemes."""
-    rounds: int = field(default=100, metadata={"min": 1})
-    """Communication rounds."""
-    clients_per_round: int = field(default=50, metadata={"min": 1})
-    """K, the clients sampled per round; at most the number of clients (checked on load)."""
-    local_steps: int = field(default=10, metadata={"min": 1})
-    """I, the local SGD steps per client and round."""
-    batch_size: int = field(default=5, metadata={"min": 1})
-    """B, the local batch size."""
+class ClientStepConfig:
+    """[train]'s keys of a client's local step: the learning rate and its schedule over rounds,
+    weight decay, gradient clipping and momentum (a group: the keys stay in [train])."""
+
     lr: float = field(default=0.1, metadata={"min_exclusive": 0.0})
     """The client learning rate (`[algorithms.<name>] lr` overrides it per algorithm)."""
-    seed: int = field(default=0, metadata={"min": 0})
-    """Client schedule, local shuffles, model init."""
-    sampling: str = field(default="fixed", metadata={"choices": lambda: ["fixed", "poisson"]})
-    """`fixed`: the algorithm's scheme draws the cohort (K clients); `poisson`: each client joins
-    a round independently with probability q = K / N (the cohort's size varies; differential
-    privacy's accountant then uses Poisson subsampling)."""
-    heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
-    """FedSubAvg's heat: `samples` (sample-weighted, the default) or `clients` (Algorithm 1 of the
-    paper: N / n_m)."""
     lr_schedule: str = field(
         default="constant",
         metadata={"choices": lambda: ["constant", "inverse-round", "inverse-time", "exponential"]},
@@ -105,12 +86,43 @@ class TrainConfig:
     """Local L2 weight decay."""
     clip_norm: float = field(default=0.0, metadata={"min": 0.0})
     """Per-client gradient clipping by global norm; 0 = off."""
+    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    """Local SGD momentum (buffers start at 0 every round)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """[train]: the algorithms, the rounds and their cohorts, each client's local work (its step
+    rule grouped in ``client_step``), checkpoints and the screening of updates."""
+
+    algorithms: list[str] = field(
+        default_factory=lambda: ["fedavg", "fedsubavg"],
+        metadata={"algorithm_names": True, "nonempty": True},  # checked by check_algorithms
+    )
+    """The algorithms to train (see Algorithms); `name@scheme` for Li et al.'s schemes."""
+    rounds: int = field(default=100, metadata={"min": 1})
+    """Communication rounds."""
+    clients_per_round: int = field(default=50, metadata={"min": 1})
+    """K, the clients sampled per round; at most the number of clients (checked on load)."""
+    local_steps: int = field(default=10, metadata={"min": 1})
+    """I, the local SGD steps per client and round."""
+    batch_size: int = field(default=5, metadata={"min": 1})
+    """B, the local batch size."""
+    client_step: ClientStepConfig = field(default_factory=ClientStepConfig)
+    """lr, lr_schedule, lr_decay, weight_decay, clip_norm, momentum (keys of [train])."""
+    seed: int = field(default=0, metadata={"min": 0})
+    """Client schedule, local shuffles, model init."""
+    sampling: str = field(default="fixed", metadata={"choices": lambda: ["fixed", "poisson"]})
+    """`fixed`: the algorithm's scheme draws the cohort (K clients); `poisson`: each client joins
+    a round independently with probability q = K / N (the cohort's size varies; differential
+    privacy's accountant then uses Poisson subsampling)."""
+    heat: str = field(default="samples", metadata={"choices": lambda: ["clients", "samples"]})
+    """FedSubAvg's heat: `samples` (sample-weighted, the default) or `clients` (Algorithm 1 of the
+    paper: N / n_m)."""
     checkpoint_every: int = field(default=10, metadata={"min": 0})
     """Rounds between checkpoints; 0 = only when stopped (Ctrl-C, SIGTERM)."""
     max_update_norm: float = field(default=0.0, metadata={"min": 0.0})
     """Reject client updates with a larger norm; 0 = no limit."""
-    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
-    """Local SGD momentum (buffers start at 0 every round)."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +261,49 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class DpRowSelectionConfig:
+    """[dp]'s keys of where the update's noise goes (a group: the keys stay in [dp])."""
+
+    rows: str = field(default="private", metadata={"choices": lambda: ["private", "all"]})
+    """`private`: rows selected privately each round from the cohort's noisy contribution
+    histogram, noise only on them, the others unchanged (fedsub's sparsity-preserving form,
+    after DP-AdaFEST); `all`: DP-FedAvg's noise on every row of every table (O(V) per round)."""
+    selection_share: float = field(
+        default=0.5, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0}
+    )
+    """rows = private: the share s of the round's budget 1/z^2 spent on the row selection
+    (1/z_sel^2 = s/z^2, 1/z_grad^2 = (1 - s)/z^2)."""
+    selection_threshold: float = field(default=3.0, metadata={"min": 0.0})
+    """rows = private: a row is selected when its noisy histogram value reaches this many
+    selection-noise standard deviations (z_sel B); each untouched row is a false positive with
+    probability P(N(0,1) >= this)."""
+    selection_bound: float = field(default=1.0, metadata={"min_exclusive": 0.0})
+    """rows = private: B, each client's contribution to the histogram is min(1, B /
+    sqrt(|S(k)|)) on each row it touched (L2 norm <= B)."""
+
+
+@dataclass(frozen=True)
+class DpAdaptiveClipConfig:
+    """[dp]'s keys of adaptive clipping (a group: the keys stay in [dp])."""
+
+    adaptive_clip: bool = False
+    """true: adaptive clipping (Andrew et al. 2021): `clip` is the initial C, which then follows
+    the `target_quantile` of the clients' update norms through a noisy count of the clients
+    under it (its noise takes `count_share` of the budget; epsilon is unchanged)."""
+    target_quantile: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    """Adaptive clipping's gamma: the share of clients whose update should be under C."""
+    clip_lr: float = field(default=0.2, metadata={"min_exclusive": 0.0})
+    """Adaptive clipping's eta_C: C <- C exp(-eta_C (b - gamma)), b the noisy share under C."""
+    count_share: float = field(default=0.1, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
+    """Adaptive clipping: the share a of the round's budget 1/z^2 spent on the count."""
+
+
+@dataclass(frozen=True)
 class DpConfig:
+    """[dp]: the mechanism, its clip and noise (given or calibrated), the accounting and the
+    budget; the row selection and adaptive clipping keys grouped (``row_selection``,
+    ``adaptive_clipping``)."""
+
     mechanism: str = field(default="none", metadata={"choices": lambda: ["none", "gaussian"]})
     """User-level differential privacy (fedsub.dp; docs: Differential privacy): `none` (no noise,
     today's numbers bit for bit) or `gaussian` (each client's whole update clipped to `clip`,
@@ -268,38 +322,16 @@ class DpConfig:
     accountant: str = field(default="rdp", metadata={"choices": lambda: ["rdp", "pld"]})
     """dp-accounting's `rdp` or `pld` accountant (`pld` needs train.sampling = "poisson": it has
     no sampled-without-replacement event)."""
-    rows: str = field(default="private", metadata={"choices": lambda: ["private", "all"]})
-    """`private`: rows selected privately each round from the cohort's noisy contribution
-    histogram, noise only on them, the others unchanged (fedsub's sparsity-preserving form,
-    after DP-AdaFEST); `all`: DP-FedAvg's noise on every row of every table (O(V) per round)."""
-    selection_share: float = field(
-        default=0.5, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0}
-    )
-    """rows = private: the share s of the round's budget 1/z^2 spent on the row selection
-    (1/z_sel^2 = s/z^2, 1/z_grad^2 = (1 - s)/z^2)."""
-    selection_threshold: float = field(default=3.0, metadata={"min": 0.0})
-    """rows = private: a row is selected when its noisy histogram value reaches this many
-    selection-noise standard deviations (z_sel B); each untouched row is a false positive with
-    probability P(N(0,1) >= this)."""
-    selection_bound: float = field(default=1.0, metadata={"min_exclusive": 0.0})
-    """rows = private: B, each client's contribution to the histogram is min(1, B /
-    sqrt(|S(k)|)) on each row it touched (L2 norm <= B)."""
+    row_selection: DpRowSelectionConfig = field(default_factory=DpRowSelectionConfig)
+    """rows, selection_share, selection_threshold, selection_bound (keys of [dp])."""
     weight_cap: float = field(default=0.0, metadata={"min": 0.0})
     """0: every sampled client weighs 1; else w_k = min(1, n_k / weight_cap) (McMahan et al.'s
     capped weights), the denominator K times the population's mean weight."""
     epsilon_budget: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     """Stop before the round that would spend more than this epsilon (default: `target_epsilon`
     when given, else no budget)."""
-    adaptive_clip: bool = False
-    """true: adaptive clipping (Andrew et al. 2021): `clip` is the initial C, which then follows
-    the `target_quantile` of the clients' update norms through a noisy count of the clients
-    under it (its noise takes `count_share` of the budget; epsilon is unchanged)."""
-    target_quantile: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
-    """Adaptive clipping's gamma: the share of clients whose update should be under C."""
-    clip_lr: float = field(default=0.2, metadata={"min_exclusive": 0.0})
-    """Adaptive clipping's eta_C: C <- C exp(-eta_C (b - gamma)), b the noisy share under C."""
-    count_share: float = field(default=0.1, metadata={"min_exclusive": 0.0, "max_exclusive": 1.0})
-    """Adaptive clipping: the share a of the round's budget 1/z^2 spent on the count."""
+    adaptive_clipping: DpAdaptiveClipConfig = field(default_factory=DpAdaptiveClipConfig)
+    """adaptive_clip, target_quantile, clip_lr, count_share (keys of [dp])."""
     min_survivors: int = field(default=0, metadata={"min": 0})
     """privacy.level = "full" (distributed DP): K_min, the fewest clients a secure sum may be
     decoded from; each client's discrete noise share is calibrated so that K_min shares reach
@@ -329,7 +361,7 @@ class Config:
 
         >>> import fedsub
         >>> config = fedsub.Config.from_toml('[train]\\nrounds = 2', ["train.lr=0.5"])
-        >>> config.train.rounds, config.train.lr
+        >>> config.train.rounds, config.train.client_step.lr
         (2, 0.5)
         """
         if source is not None and not isinstance(source, (str, os.PathLike)):
@@ -553,6 +585,7 @@ def check_dp(config: Config) -> None:
     mechanism that shows the server a client's data or that this runtime has not been made
     private yet (the algorithms themselves: ``check_algorithms``)."""
     d, t, p = config.dp, config.train, config.privacy
+    rows, adaptive = d.row_selection, d.adaptive_clipping
     if t.sampling == "poisson":
         schemes = [
             n for n in t.algorithms if split_name(n, config.composed_names())[1] != "default"
@@ -603,13 +636,15 @@ def check_dp(config: Config) -> None:
             "(server-side pooled data, no privacy); give a number",
         ),
         (
-            d.adaptive_clip
-            and (d.count_share + (d.selection_share if d.rows == "private" else 0.0)) >= 1,
-            f"dp.count_share = {d.count_share:g} and dp.selection_share = {d.selection_share:g} "
+            adaptive.adaptive_clip
+            and adaptive.count_share + (rows.selection_share if rows.rows == "private" else 0.0)
+            >= 1,
+            f"dp.count_share = {adaptive.count_share:g} and dp.selection_share = "
+            f"{rows.selection_share:g} "
             "leave no budget for the update; their sum must be below 1",
         ),
         (
-            d.rows == "private" and d.selection_threshold == 0,
+            rows.rows == "private" and rows.selection_threshold == 0,
             "dp.selection_threshold = 0 selects every untouched row with probability 1/2 and "
             "lets FedSubAvg's private heat coefficient D / h_m grow without bound; use > 0",
         ),
@@ -628,7 +663,7 @@ def distributed_refusals(config: Config) -> list[tuple[bool, str]]:
     why = "privacy.level = 'full' (distributed DP, noise added by the clients): "
     return [
         (
-            d.rows != "all",
+            d.row_selection.rows != "all",
             why + "dp.rows = 'private' thresholds the cohort's contribution histogram, which "
             "no party sees under secure aggregation; set dp.rows = 'all' (noise on every value "
             "of the round's public row union)",
@@ -639,7 +674,7 @@ def distributed_refusals(config: Config) -> list[tuple[bool, str]]:
             "sampling leaves random; use train.sampling = 'fixed'",
         ),
         (
-            d.adaptive_clip,
+            d.adaptive_clipping.adaptive_clip,
             why + "adaptive clipping's noisy count would need its own secure sum; set "
             "dp.adaptive_clip = false",
         ),
@@ -673,12 +708,12 @@ def check_algorithms(config: Config) -> None:
             name,
             recipe_of(name, config.algorithms),
             scheme=scheme,
-            momentum=t.momentum,
+            momentum=t.client_step.momentum,
             masking=config.masking.scheme,
             privacy=config.privacy.level,
             runtime=IN_PROCESS,
             dp=config.dp.mechanism,
-            dp_rows=config.dp.rows,
+            dp_rows=config.dp.row_selection.rows,
         )
         check_table_placement(
             name, config.algorithm_options(name), config.execution.table_placement
@@ -877,7 +912,7 @@ def to_toml(config: Config) -> str:
     lines: list[str] = []
     for section in (s for s, cls in SECTIONS.items() if cls is not None):
         part = getattr(config, section)
-        items = {f.name: getattr(part, f.name) for f in dataclasses.fields(part)}
+        items = flat_values(part)
         options = items.pop("options", None)
         if options is not None:
             items.update(dataclasses.asdict(options))

@@ -5,6 +5,11 @@ One path for every place options come from: config files and ``--set`` (config.p
 Python API's keyword arguments (library.py, data/from_python.py). A ``section`` names the
 keys in errors as a config file's (``train.lr``); an empty one names them bare, as keyword
 arguments (``lr``).
+
+A field whose type is itself a frozen dataclass is a *group*: a record of keys of the same
+section, by concern (``[train]``'s client step, ``[dp]``'s row selection). The TOML table stays
+flat: the group's keys are written and read as the section's own (``section_fields``,
+``flat_values``).
 """
 
 from __future__ import annotations
@@ -110,8 +115,45 @@ def check_range(where: str, meta: typing.Mapping[str, Any], value: Any) -> None:
             )
 
 
+def section_fields(cls: type) -> list[tuple[type, dataclasses.Field]]:
+    """The keys of a section's dataclass in order, each with the dataclass that declares it (its
+    type hints and docs are there): a group's keys in the group's place."""
+    hints = typing.get_type_hints(cls)
+    keys: list[tuple[type, dataclasses.Field]] = []
+    for f in dataclasses.fields(cls):
+        if is_group(hints[f.name]):
+            keys += section_fields(hints[f.name])
+        elif f.name != "options":
+            keys.append((cls, f))
+    return keys
+
+
+def key_names(cls: type) -> list[str]:
+    """A section's keys, groups' keys included (``section_fields``' names)."""
+    return [f.name for _, f in section_fields(cls)]
+
+
+def flat_values(record: Any) -> dict[str, Any]:
+    """A section's keys and values in ``section_fields``' order (a group's in its place)."""
+    hints = typing.get_type_hints(type(record))
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if is_group(hints[f.name]):
+            values.update(flat_values(value))
+        else:
+            values[f.name] = value
+    return values
+
+
+def is_group(tp: Any) -> bool:
+    """Whether an annotation is a group of keys (a dataclass), not a value."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
 def parse_section(cls: type, section: str, table: dict[str, Any], context: str = "") -> Any:
-    """Build the frozen dataclass ``cls`` from a TOML table, validating every key.
+    """Build the frozen dataclass ``cls`` from a TOML table, validating every key; each group
+    (module docstring) is built from its own keys of the same table.
 
     ``section`` "" reads ``table`` as keyword arguments: errors name the keys bare, and a
     tuple, or a single string, where a list is expected is taken as that list (a string as
@@ -122,8 +164,7 @@ def parse_section(cls: type, section: str, table: dict[str, Any], context: str =
         except ConfigError as error:  # the keys named bare, as the caller wrote them
             raise ArgumentError(str(error).replace(f"{KEYWORDS}.", "")) from None
     keywords = section == KEYWORDS
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
+    known = {f.name: (owner, f) for owner, f in section_fields(cls)}
     unknown = sorted(set(table) - set(known), key=str)
     if unknown:
         allowed = ", ".join(known)
@@ -133,25 +174,39 @@ def parse_section(cls: type, section: str, table: dict[str, Any], context: str =
             else f"[{section}] unknown key {unknown[0]!r}{context}; allowed keys: {allowed}"
         )
     missing = [
-        f
-        for f in known.values()
+        (owner, f)
+        for owner, f in known.values()
         if f.name not in table
         and f.default is dataclasses.MISSING
         and f.default_factory is dataclasses.MISSING
     ]
     if missing:
-        key = missing[0]
-        expected = key.metadata.get("expected", type_name(hints[key.name]))
+        owner, key = missing[0]
+        expected = key.metadata.get("expected", type_name(typing.get_type_hints(owner)[key.name]))
         lacks = "it is not given" if keywords else f"[{section}] lacks it"
         raise ConfigError(f"{key_name(section, key.name)} is required ({lacks}): {expected}")
     values = {}
     for name, value in table.items():
+        owner, f = known[name]
+        hint = typing.get_type_hints(owner)[name]
         where = key_name(section, name)
         if keywords:
-            value = as_list(hints[name], value)
-        values[name] = coerce(where, hints[name], value)
-        check_range(where, known[name].metadata, values[name])
-    return cls(**values)
+            value = as_list(hint, value)
+        values[name] = coerce(where, hint, value)
+        check_range(where, f.metadata, values[name])
+    return grouped(cls, values)
+
+
+def grouped(cls: type, values: dict[str, Any]) -> Any:
+    """``cls`` from checked flat key values: each group built from its own keys."""
+    hints = typing.get_type_hints(cls)
+    own = {}
+    for f in dataclasses.fields(cls):
+        if is_group(hints[f.name]):
+            own[f.name] = grouped(hints[f.name], values)
+        elif f.name in values:
+            own[f.name] = values[f.name]
+    return cls(**own)
 
 
 def key_name(section: str, key: str) -> str:

@@ -29,6 +29,7 @@ from fedsub.config import Config, EvalConfig, TrainConfig
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.files.run_folder import check_folder_text
+from fedsub.keys import key_names
 from fedsub.models.base import Model, SliceableModel, Task
 from fedsub.models.module_tables import TableSpec
 from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
@@ -564,9 +565,9 @@ def config_of(
     """The config that keyword ``options`` make, checked by config.py (keys, types, ranges);
     ``model``: the model given as an object (None: ``model_table``'s built-in one)."""
     sections: dict[str, dict[str, Any]] = {"train": {"algorithms": algorithms}, "eval": {}}
-    train_keys = {f.name for f in dataclasses.fields(TrainConfig)} - {"algorithms"}
+    train_keys = set(key_names(TrainConfig)) - {"algorithms"}
     train_keys |= set(moved_keys.MOVED)  # execution, privacy and masking keys, by old name
-    eval_keys = {f.name for f in dataclasses.fields(EvalConfig)}
+    eval_keys = set(key_names(EvalConfig))
     for key, value in options.items():
         if key == "algorithms":
             raise ArgumentError("give the algorithms as compare(..., algorithms=[...])")

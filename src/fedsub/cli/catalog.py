@@ -17,7 +17,7 @@ from fedsub.algorithms.aggregation_rules import AGGREGATIONS, AggregationRule, a
 from fedsub.algorithms.schemes import SCHEMES
 from fedsub.client.transforms import TRANSFORMS
 from fedsub.data.registry import DATASETS, dataset_names
-from fedsub.keys import type_name
+from fedsub.keys import section_fields, type_name
 from fedsub.models.registry import MODELS, model_names, model_spec
 from fedsub.plugins import BUILT_IN, Registry
 
@@ -61,16 +61,12 @@ def _default_text(field: dataclasses.Field) -> str:
     return "unset" if value is None else config_lib.toml_value(value)
 
 
-def _fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.name != "options"]
-
-
 def _key_lines(cls: type, prefix: str, indent: str = "  ") -> list[str]:
     lines = []
-    for f in _fields(cls):
+    for owner, f in section_fields(cls):
         head = f"{indent}{prefix}{f.name}: "
         lines += textwrap.wrap(
-            describe_field(cls, f),
+            describe_field(owner, f),
             WIDTH,
             initial_indent=head,
             subsequent_indent=indent + "    ",

@@ -34,7 +34,7 @@ class Ledger:
         """The most rounds (up to the configured ones) whose epsilon stays within the budget:
         found once by bisection (an epsilon costs up to ~0.5 s for fixed-size cohorts; epsilon
         grows with the rounds), so the per-round check reads no accountant."""
-        budget, rounds = self.settings.budget, self.settings.rounds
+        budget, rounds = self.settings.budget, self.settings.accounting.rounds
         if budget is None or self.settings.epsilon(rounds) <= budget:
             return rounds
         low, high = 0, rounds  # epsilon(low) <= budget < epsilon(high)

@@ -110,7 +110,7 @@ class DpMechanism:
         self.clip = self.clip or self.settings.clip
         counts = torch.from_numpy(np.asarray(self.population_counts, dtype=np.float64))
         mean = float(clipping.capped_weights(counts, self.settings.weight_cap).mean())
-        self.denominator = self.settings.clients_per_round * mean
+        self.denominator = self.settings.accounting.clients_per_round * mean
 
     def current_clip(self, round_index: int) -> float:
         """C for round ``round_index``: the adaptive update of an earlier round committed."""
@@ -123,11 +123,13 @@ class DpMechanism:
     ) -> None:
         """Andrew et al.'s step: b = (sum_k (1[||delta_k|| <= C] - 1/2) + noise) / D + 1/2,
         C <- C exp(-eta_C (b - gamma)), used from the next round on."""
-        s = self.settings
+        adaptive = self.settings.adaptive
+        assert adaptive is not None  # combine adapts only when adaptive clipping is on
         centered = float(((norms <= clip).to(torch.float64) - 0.5).sum())
-        noisy = centered + float(gaussian((1,), s.count_std, generator)[0])
+        noisy = centered + float(gaussian((1,), self.settings.count_std(adaptive), generator)[0])
         fraction = noisy / self.denominator + 0.5
-        self.pending = (round_index, clip * math.exp(-s.clip_lr * (fraction - s.target_quantile)))
+        step = -adaptive.clip_lr * (fraction - adaptive.target_quantile)
+        self.pending = (round_index, clip * math.exp(step))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Adaptive clipping's C for the next round (a checkpoint stage, ``dp_clip``)."""
@@ -145,13 +147,13 @@ class DpMechanism:
         generator = round_generator(s.seed, round_index)
         clip = self.current_clip(round_index)
         squared = update.squared_norms()
-        if s.adaptive:  # drawn first: the other draws keep their order
+        if s.adaptive is not None:  # drawn first: the other draws keep their order
             self.adapt(squared.sqrt(), clip, round_index, generator)
         factors = clipping.clip_factors(squared, clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
         weights = clipping.capped_weights(update.weights, s.weight_cap).to(factors.device)
         clipped = clipping.scaled(update, factors * weights)
-        contribution = selection.contributions(update, s.selection_bound)
+        contribution = selection.contributions(update, s.selection.bound)
         tables = {
             table: self._table(clipped, table, contribution, clip, generator)
             for table in sorted(self.table_rows)
@@ -200,7 +202,7 @@ class DpMechanism:
             inverse, update.row_owner[table], contribution.to(device), len(distinct)
         )
         chosen = selection.select(
-            distinct.cpu(), heat.cpu(), num_rows, s.selection_std, s.threshold, generator
+            distinct.cpu(), heat.cpu(), num_rows, s.selection_std, s.histogram_threshold, generator
         )
         # a false positive (position -1) reads the zero row appended after the sums
         position = chosen.touched_position.numpy()

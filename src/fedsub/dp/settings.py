@@ -10,18 +10,31 @@ argument, Ghazi et al. 2023; their parameter is r = s' / (1 - s'), fedsub names 
 With rows = "all" (DP-FedAvg) the update takes the whole budget: z_grad = z. Adaptive clipping's
 noisy count (Andrew et al. 2021) takes a share a the same way (1/z_count^2 = a / z^2 for the
 count of sensitivity 1/2), and the update keeps 1 - s - a.
+
+``DpSettings`` holds the round's C and z with its records by concern: ``Accounting`` (what
+epsilon is counted over), ``RowSelection`` (rows = "private") and ``AdaptiveClip`` (when on).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from fedsub.dp import accountant as accounting
 from fedsub.dp.accountant import Accountant, Sampling
 
-__all__ = ["Accountant", "DpSettings", "Rows", "Sampling", "default_delta", "resolve"]
+__all__ = [
+    "Accountant",
+    "Accounting",
+    "AdaptiveClip",
+    "DpSettings",
+    "RowSelection",
+    "Rows",
+    "Sampling",
+    "default_delta",
+    "resolve",
+]
 
 Rows = Literal["private", "all"]
 
@@ -33,29 +46,51 @@ def default_delta(num_clients: int) -> float:
 
 
 @dataclass(frozen=True)
-class DpSettings:
-    """What the mechanism and the accountant of a run need (all public numbers)."""
+class Accounting:
+    """What epsilon is counted over: the population, how each round's cohort is drawn from it,
+    the rounds configured, the delta epsilon is reported at, and the budget."""
 
-    clip: float  # C, the L2 bound of each client's whole update
-    noise_multiplier: float  # z, of the round as one Gaussian mechanism
     delta: float
     accountant: Accountant
-    rows: Rows
     sampling: Sampling
     num_clients: int  # N
     clients_per_round: int  # K (Poisson: the expected cohort, q = K / N)
     rounds: int  # the configured rounds (a target epsilon was calibrated for them)
-    selection_share: float = 0.5  # s: the budget share of the row selection
-    selection_threshold: float = 3.0  # tau, in units of the selection noise's std
-    selection_bound: float = 1.0  # B: each client's contribution vector has L2 norm <= B
-    weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
     epsilon_budget: float | None = None  # stop before a round that would spend more
-    seed: int = 0
-    # adaptive clipping (Andrew et al. 2021): C follows the target quantile of the norms
-    adaptive: bool = False
+
+
+@dataclass(frozen=True)
+class RowSelection:
+    """rows = "private": how the rows that get noise are chosen from the cohort's noisy
+    contribution histogram (dp.selection_share, dp.selection_threshold, dp.selection_bound)."""
+
+    share: float = 0.5  # s: the budget share of the row selection
+    threshold: float = 3.0  # tau, in units of the selection noise's std
+    bound: float = 1.0  # B: each client's contribution vector has L2 norm <= B
+
+
+@dataclass(frozen=True)
+class AdaptiveClip:
+    """Adaptive clipping (Andrew et al. 2021): C follows the target quantile of the clients'
+    update norms through a noisy count of the clients under it."""
+
     target_quantile: float = 0.5  # gamma
     clip_lr: float = 0.2  # eta_C: C <- C exp(-eta_C (b - gamma))
     count_share: float = 0.1  # a: the budget share of the noisy clipped-count
+
+
+@dataclass(frozen=True)
+class DpSettings:
+    """What the mechanism and the accountant of a run need (all public numbers)."""
+
+    clip: float  # C, the L2 bound of each client's whole update (adaptive: the initial C)
+    noise_multiplier: float  # z, of the round as one Gaussian mechanism
+    accounting: Accounting
+    rows: Rows = "private"
+    selection: RowSelection = field(default_factory=RowSelection)  # read when rows = "private"
+    adaptive: AdaptiveClip | None = None  # None: C stays `clip`
+    weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
+    seed: int = 0
     # privacy.level = "full": distributed DP over secure aggregation (dp/distributed.py), each
     # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them
     distributed: bool = False
@@ -64,67 +99,68 @@ class DpSettings:
     @property
     def survivors_needed(self) -> int:
         """K_min: the fewest clients whose shares a secure sum may be decoded from."""
-        return self.min_survivors or self.clients_per_round
+        return self.min_survivors or self.accounting.clients_per_round
 
     @property
     def selection_multiplier(self) -> float:
         """z_sel = z / sqrt(s) (rows = "private")."""
-        return self.noise_multiplier / math.sqrt(self.selection_share)
+        return self.noise_multiplier / math.sqrt(self.selection.share)
 
     @property
     def update_multiplier(self) -> float:
         """z_grad = z / sqrt(1 - s - a): what the row selection (s, private rows) and the
         adaptive clip's count (a) leave of the budget; z when neither is used."""
-        share = self.selection_share if self.rows == "private" else 0.0
-        share += self.count_share if self.adaptive else 0.0
+        share = self.selection.share if self.rows == "private" else 0.0
+        share += self.adaptive.count_share if self.adaptive is not None else 0.0
         return self.noise_multiplier / math.sqrt(1.0 - share)
 
-    @property
-    def count_std(self) -> float:
+    def count_std(self, adaptive: AdaptiveClip) -> float:
         """The clipped-count's noise: each member adds b_k - 1/2 (sensitivity 1/2), with
         1/z_count^2 = a / z^2, so std = z / (2 sqrt(a))."""
-        return self.noise_multiplier / (2.0 * math.sqrt(self.count_share))
+        return self.noise_multiplier / (2.0 * math.sqrt(adaptive.count_share))
 
     @property
     def selection_std(self) -> float:
         """The selection noise's standard deviation, z_sel * B."""
-        return self.selection_multiplier * self.selection_bound
+        return self.selection_multiplier * self.selection.bound
 
     @property
-    def threshold(self) -> float:
+    def histogram_threshold(self) -> float:
         """The selection threshold in histogram units: tau * z_sel * B."""
-        return self.selection_threshold * self.selection_std
+        return self.selection.threshold * self.selection_std
 
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``delta`` after ``rounds`` rounds (dp-accounting)."""
+        a = self.accounting
         return accounting.epsilon(
             self.noise_multiplier,
             rounds,
-            self.delta,
-            self.accountant,
-            self.sampling,
-            self.num_clients,
-            self.clients_per_round,
+            a.delta,
+            a.accountant,
+            a.sampling,
+            a.num_clients,
+            a.clients_per_round,
             self.distributed,
         )
 
     @property
     def budget(self) -> float | None:
-        """The epsilon a run may not exceed (``epsilon_budget``), or None."""
-        return self.epsilon_budget
+        """The epsilon a run may not exceed (``accounting.epsilon_budget``), or None."""
+        return self.accounting.epsilon_budget
 
     def as_json(self) -> dict:
         """summary.json's ``dp`` record without the epsilon reached."""
+        private = self.rows == "private"
         return {
-            "delta": self.delta,
+            "delta": self.accounting.delta,
             "noise_multiplier": self.noise_multiplier,
-            "accountant": self.accountant,
-            "sampling": self.sampling,
+            "accountant": self.accounting.accountant,
+            "sampling": self.accounting.sampling,
             "clip": self.clip,
             "rows": self.rows,
-            "selection_share": self.selection_share if self.rows == "private" else None,
-            "selection_threshold": self.threshold if self.rows == "private" else None,
-            "adaptive_clip": self.adaptive,
+            "selection_share": self.selection.share if private else None,
+            "selection_threshold": self.histogram_threshold if private else None,
+            "adaptive_clip": self.adaptive is not None,
             "noise": "distributed-discrete-gaussian" if self.distributed else "central-gaussian",
             "min_survivors": self.survivors_needed if self.distributed else None,
         }
@@ -132,30 +168,18 @@ class DpSettings:
 
 def resolve(
     *,
-    clip: float,
     noise_multiplier: float | None,
     target_epsilon: float | None,
     delta: float | None,
     accountant: Accountant,
-    rows: Rows,
     sampling: Sampling,
     num_clients: int,
     clients_per_round: int,
     rounds: int,
-    selection_share: float,
-    selection_threshold: float,
-    selection_bound: float,
-    weight_cap: float,
     epsilon_budget: float | None,
-    seed: int,
-    adaptive: bool = False,
-    target_quantile: float = 0.5,
-    clip_lr: float = 0.2,
-    count_share: float = 0.1,
     distributed: bool = False,
-    min_survivors: int = 0,
-) -> DpSettings:
-    """The settings with delta defaulted (1/N^1.1) and z calibrated when a target epsilon is
+) -> tuple[float, Accounting]:
+    """z and the accounting: delta defaulted (1/N^1.1), z calibrated when a target epsilon is
     given (then the budget is that target, unless a budget is set)."""
     delta = default_delta(num_clients) if delta is None else delta
     if noise_multiplier is None:
@@ -172,26 +196,6 @@ def resolve(
             distributed,
         )
         epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
-    return DpSettings(
-        clip=clip,
-        noise_multiplier=noise_multiplier,
-        delta=delta,
-        accountant=accountant,
-        rows=rows,
-        sampling=sampling,
-        num_clients=num_clients,
-        clients_per_round=clients_per_round,
-        rounds=rounds,
-        selection_share=selection_share,
-        selection_threshold=selection_threshold,
-        selection_bound=selection_bound,
-        weight_cap=weight_cap,
-        epsilon_budget=epsilon_budget,
-        seed=seed,
-        adaptive=adaptive,
-        target_quantile=target_quantile,
-        clip_lr=clip_lr,
-        count_share=count_share,
-        distributed=distributed,
-        min_survivors=min_survivors,
+    return noise_multiplier, Accounting(
+        delta, accountant, sampling, num_clients, clients_per_round, rounds, epsilon_budget
     )

@@ -428,7 +428,7 @@ def stop_for_budget(
         spent,
         after,
         ledger.settings.budget,
-        ledger.settings.delta,
+        ledger.settings.accounting.delta,
     )
     if progress.round % every != 0:
         evaluate_now()

@@ -275,7 +275,9 @@ class PrivateRounds:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
-        return noised_update(update, slots, sums, settings.clients_per_round, self.privacy.keep)
+        return noised_update(
+            update, slots, sums, settings.accounting.clients_per_round, self.privacy.keep
+        )
 
     def _count_secure(self, sums: RowSums, members: int, slots: RowSlots, built: float) -> None:
         self.costs.client_seconds += built + sums.client_seconds

@@ -138,7 +138,7 @@ class ServerRound:
             stages["variates"] = self.variates
         if self.ledger is not None:
             stages["dp_ledger"] = self.ledger
-        if self.dp is not None and self.dp.settings.adaptive:
+        if self.dp is not None and self.dp.settings.adaptive is not None:
             stages["dp_clip"] = self.dp  # adaptive clipping's C
         for name, stage in self.more_stages.items():
             if name in stages:

@@ -322,7 +322,9 @@ class SecureRows:
         threshold = distributed_threshold(dp, len(members))
         total, survivors = self._sum(members, slots, fields, threshold)
         decoded = decode_sums(slots, noise.coding, total, len(survivors))
-        return noised_update(update, slots, decoded, dp.clients_per_round, self.privacy.keep)
+        return noised_update(
+            update, slots, decoded, dp.accounting.clients_per_round, self.privacy.keep
+        )
 
     def _slots(self, update: CohortUpdate, members: list[int]) -> RowSlots:
         """The round's public layout: the union of the members' requests, the dense shapes."""

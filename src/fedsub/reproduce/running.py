@@ -24,6 +24,7 @@ import numpy as np
 from fedsub import config as config_lib
 from fedsub.errors import DataError
 from fedsub.files.json_values import dumps
+from fedsub.keys import flat_values
 from fedsub.reproduce import closed_forms
 from fedsub.reproduce.registry import (
     SMOKE,
@@ -347,7 +348,7 @@ def _settings(path: Path, paper: dict[str, Any]) -> list[tuple[str, str, str]]:
                     got = _algorithm_lr(config, key)
                 rows.append((f"{key} {option}", number(wanted_value), number(got)))
         else:
-            rows.append((key, number(value), number(getattr(config.train, key))))
+            rows.append((key, number(value), number(flat_values(config.train)[key])))
     in_config = set(config.train.algorithms)
     for name in wanted.get("lr", {}):
         if name not in in_config:
@@ -358,7 +359,7 @@ def _settings(path: Path, paper: dict[str, Any]) -> list[tuple[str, str, str]]:
 def _algorithm_lr(config: config_lib.Config, name: str) -> float:
     options = config.algorithms.get(name)
     lr = getattr(options, "lr", None) if options is not None else None
-    return float(lr) if lr is not None else config.train.lr
+    return float(lr) if lr is not None else config.train.client_step.lr
 
 
 # --- the report ------------------------------------------------------------------------------

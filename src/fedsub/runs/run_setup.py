@@ -122,17 +122,17 @@ def schedule_of(config: Config) -> Schedule:
         clients_per_round=t.clients_per_round,
         local_steps=t.local_steps,
         batch_size=t.batch_size,
-        lr=t.lr,
+        lr=t.client_step.lr,
         seed=t.seed,
         dtype=DTYPES[x.dtype],
         eval_every=config.eval.every,
         backend=x.backend,
         device=device,
-        lr_schedule=cast(LrSchedule, t.lr_schedule),
-        lr_decay=t.lr_decay,
-        weight_decay=t.weight_decay,
-        clip_norm=t.clip_norm,
-        momentum=t.momentum,
+        lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
+        lr_decay=t.client_step.lr_decay,
+        weight_decay=t.client_step.weight_decay,
+        clip_norm=t.client_step.clip_norm,
+        momentum=t.client_step.momentum,
         deterministic=x.deterministic,
         table_placement=cast(TablePlacement, x.table_placement),
         table_sharding=cast(TableSharding, x.table_sharding),
@@ -158,28 +158,33 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     d, t = config.dp, config.train
     if d.mechanism == "none":
         return None
-    return dp_settings.resolve(
-        clip=d.clip,
+    distributed = config.privacy.level == "full"
+    noise_multiplier, accounting = dp_settings.resolve(
         noise_multiplier=d.noise_multiplier,
         target_epsilon=d.target_epsilon,
         delta=d.delta,
         accountant=cast(dp_settings.Accountant, d.accountant),
-        rows=cast(dp_settings.Rows, d.rows),
         sampling=cast(dp_settings.Sampling, t.sampling),
         num_clients=num_clients,
         clients_per_round=t.clients_per_round,
         rounds=t.rounds,
-        selection_share=d.selection_share,
-        selection_threshold=d.selection_threshold,
-        selection_bound=d.selection_bound,
-        weight_cap=d.weight_cap,
         epsilon_budget=d.epsilon_budget,
+        distributed=distributed,
+    )
+    a, rows = d.adaptive_clipping, d.row_selection
+    adaptive = dp_settings.AdaptiveClip(a.target_quantile, a.clip_lr, a.count_share)
+    return dp_settings.DpSettings(
+        clip=d.clip,
+        noise_multiplier=noise_multiplier,
+        accounting=accounting,
+        rows=cast(dp_settings.Rows, rows.rows),
+        selection=dp_settings.RowSelection(
+            rows.selection_share, rows.selection_threshold, rows.selection_bound
+        ),
+        adaptive=adaptive if a.adaptive_clip else None,
+        weight_cap=d.weight_cap,
         seed=t.seed,
-        adaptive=d.adaptive_clip,
-        target_quantile=d.target_quantile,
-        clip_lr=d.clip_lr,
-        count_share=d.count_share,
-        distributed=config.privacy.level == "full",
+        distributed=distributed,
         min_survivors=d.min_survivors,
     )
 
@@ -192,12 +197,13 @@ def dp_plan(config: Config) -> list[str]:
     num_clients = load_data(config).num_clients
     settings = dp_of(config, num_clients)
     assert settings is not None  # the mechanism is not "none"
-    rounds = config.train.rounds
+    rounds, accounting = config.train.rounds, settings.accounting
     lines = [
         f"clients N = {num_clients}, per round K = {config.train.clients_per_round} "
-        f"(sampling {settings.sampling}), rounds = {rounds}",
+        f"(sampling {accounting.sampling}), rounds = {rounds}",
         f"noise multiplier z = {settings.noise_multiplier:.6g}, clip C = {settings.clip:g}, "
-        f"delta = {settings.delta:.3g}, accountant {settings.accountant}, rows {settings.rows}",
+        f"delta = {accounting.delta:.3g}, accountant {accounting.accountant}, "
+        f"rows {settings.rows}",
     ]
     if settings.distributed:
         lines.append(
@@ -208,8 +214,8 @@ def dp_plan(config: Config) -> list[str]:
     elif settings.rows == "private":
         lines.append(
             f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
-            f"{settings.update_multiplier:.4g}, threshold {settings.threshold:.4g} "
-            f"(contribution bound B = {settings.selection_bound:g})"
+            f"{settings.update_multiplier:.4g}, threshold {settings.histogram_threshold:.4g} "
+            f"(contribution bound B = {settings.selection.bound:g})"
         )
     marks = sorted({max(1, rounds * i // 4) for i in range(1, 5)})
     lines += [f"epsilon after round {r}: {settings.epsilon(r):.4f}" for r in marks]
@@ -279,7 +285,7 @@ def prepare(
     if config.eval.gradient_norms:
         coefficients = heat_coefficients(context)
         extra = lambda params: gradient_norms(model, params, dataset.train, coefficients)  # noqa: E731
-    l2 = config.train.weight_decay / 2 if config.eval.regularized_loss else 0.0
+    l2 = config.train.client_step.weight_decay / 2 if config.eval.regularized_loss else 0.0
     evaluator = Evaluator.build(
         model, dataset, config.eval.train_loss_samples, config.data.seed, extra, l2
     )
