@@ -20,7 +20,7 @@ from fedsub.engine.binned_auc import BINS
 from fedsub.engine.federated_metrics import SUMS, client_sums, pooled_metrics
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
-from fedsub.flower.records import number_of, record_of, submodel_record
+from fedsub.flower.records import number_of, record_of, rows_in, submodel_record
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull
 
@@ -32,10 +32,7 @@ class FederatedEvaluation:
     """The server half: which rows each node's evaluation reads, the evaluation messages of a
     round, and the global metrics from the replies (kept in ``results`` by round)."""
 
-    def __init__(self, every: int, rounds: int, query: dict[str, int | str] | None = None):
-        self.every = every
-        self.rounds = rounds
-        self.query = dict(query or {})  # sent with every message, e.g. the run's spec hash
+    def __init__(self) -> None:
         self.rows: dict[int, dict[str, np.ndarray]] = {}
         self.results: dict[int, dict[str, float]] = {}
         # nodes that keep their rows to themselves (a private heat source): sent the whole model
@@ -47,28 +44,22 @@ class FederatedEvaluation:
     def note_replies(self, sampled: set[int], left_out: list[int]) -> None:
         self.silent = (self.silent - sampled) | set(left_out)
 
-    def due(self, server_round: int) -> bool:
-        if not self.every:
-            return False
-        return server_round % self.every == 0 or server_round == self.rounds
-
     def learn(self, client: int, content: RecordDict) -> None:
         """Keep a query reply's evaluation rows (a node that sent none is not evaluated)."""
         if EVAL_INDEX not in content:
             return
-        record = record_of(content, EVAL_INDEX, ArrayRecord)
-        self.rows[client] = {
-            k[len("rows.") :]: v.numpy() for k, v in record.to_torch_state_dict().items()
-        }
+        self.rows[client] = rows_in(record_of(content, EVAL_INDEX, ArrayRecord))
 
     def learn_whole(self, client: int) -> None:
         """Evaluate ``client`` on the whole model: it does not tell its rows."""
         self.whole.add(client)
 
-    def messages(self, server_round: int, params: Params, node_of: dict[int, int]) -> list[Message]:
-        if not self.due(server_round):
-            return []
-        config = ConfigRecord({"round": server_round, **self.query})
+    def messages(
+        self, server_round: int, params: Params, node_of: dict[int, int], query: dict
+    ) -> list[Message]:
+        """The round's evaluation Messages to the nodes online (``node_of``), each carrying
+        ``query`` (the run's feature spec)."""
+        config = ConfigRecord({"round": server_round, **query})
         messages = []
         whole = None
         for client in sorted((set(self.rows) | self.whole) - self.silent):
@@ -85,9 +76,7 @@ class FederatedEvaluation:
             )
         return messages
 
-    def aggregate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        if not self.due(server_round):
-            return None
+    def aggregate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
         reports = []
         for reply in replies:
             if reply.has_error():  # that node's samples are left out of this evaluation
@@ -122,10 +111,6 @@ def _histogram(metrics: MetricRecord, key: str) -> np.ndarray:
             f"Flower: an evaluation reply's {key!r} has {counts.size} bins, expected {BINS}"
         )
     return counts
-
-
-def eval_index_record(node: NodeData) -> ArrayRecord:
-    return ArrayRecord({f"rows.{t}": torch.from_numpy(r) for t, r in node.eval_rows().items()})
 
 
 def node_report(node: NodeData, rows: dict[str, torch.Tensor], params: Params) -> MetricRecord:
