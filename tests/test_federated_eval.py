@@ -64,7 +64,7 @@ def test_nodes_sums_give_the_pooled_held_out_metrics(tmp_path):
     for node in nodes:
         rows = {t: torch.from_numpy(r) for t, r in node.eval_rows().items()}
         reports.append(node_report(node, rows, pull(params, rows)))
-    federated = FederatedEvaluation().combine(1, reports)
+    federated = FederatedEvaluation().combine(reports)
 
     pooled = dataset_of_nodes(SPEC, federation.nodes)
     evaluator = Evaluator.build(nodes[0].model, pooled, 10**6, config.data.seed)

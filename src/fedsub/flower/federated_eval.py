@@ -30,11 +30,10 @@ LOG = logging.getLogger("fedsub")
 
 class FederatedEvaluation:
     """The server half: which rows each node's evaluation reads, the evaluation messages of a
-    round, and the global metrics from the replies (kept in ``results`` by round)."""
+    round, and the global metrics from the replies (the loop keeps them by round)."""
 
     def __init__(self) -> None:
         self.rows: dict[int, dict[str, np.ndarray]] = {}
-        self.results: dict[int, dict[str, float]] = {}
         # nodes that keep their rows to themselves (a private heat source): sent the whole model
         self.whole: set[int] = set()
         # nodes that missed their latest training round: not asked to evaluate (a dead node
@@ -76,7 +75,7 @@ class FederatedEvaluation:
             )
         return messages
 
-    def aggregate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
+    def aggregate(self, server_round: int, replies: Iterable[Message]) -> dict[str, float]:
         reports = []
         for reply in replies:
             if reply.has_error():  # that node's samples are left out of this evaluation
@@ -88,10 +87,10 @@ class FederatedEvaluation:
                 )
                 continue
             reports.append(record_of(reply.content, "metrics", MetricRecord))
-        return MetricRecord(dict(self.combine(server_round, reports)))
+        return self.combine(reports)
 
-    def combine(self, server_round: int, reports: list[MetricRecord]) -> dict[str, float]:
-        """The global metrics from the nodes' reports (kept in ``results``)."""
+    def combine(self, reports: list[MetricRecord]) -> dict[str, float]:
+        """The global metrics from the nodes' reports."""
         sums = [{k: float(number_of(m, k)) for k in SUMS if k in m} for m in reports]
         histograms = [
             (_histogram(m, "auc-positives"), _histogram(m, "auc-negatives"))
@@ -100,7 +99,6 @@ class FederatedEvaluation:
         ]
         result = pooled_metrics(sums, histograms)
         result["eval_nodes"] = float(len(reports))
-        self.results[server_round] = result
         return result
 
 

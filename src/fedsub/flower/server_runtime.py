@@ -402,21 +402,17 @@ class FlowerRuntime:
     def evaluate(self, round_index: int, params: Params) -> dict[str, float] | None:
         """The federated metrics after the round (not at privacy full: a node's sums name
         its sample counts) and the server's own test file's, when due; round 0 has none."""
-        every = self.settings.eval_every  # 0: never; the loop asks at its cadence and the end
-        if (
-            round_index == 0
-            or not every
-            or (round_index % every and round_index < self.schedule.rounds)
-        ):
+        every, last = self.settings.eval_every, self.schedule.rounds  # every 0: never
+        if round_index == 0 or not every or (round_index % every and round_index < last):
             return None
+        metrics: dict[str, float] = {}
         if not self.counts_secret:
             online = set(self.grid.get_node_ids()) - self.membership.dropped
             registered = self.membership.registered.items()
             node_of = {k: r.node for k, r in registered if r.node in online}
             messages = self.evaluation.messages(round_index, params, node_of, self.query)
             replies = exchange(self.grid, messages, self.timeout)
-            self.evaluation.aggregate(round_index, replies)
-        metrics = dict(self.evaluation.results.get(round_index, {}))
+            metrics = self.evaluation.aggregate(round_index, replies)
         if self.server_test is not None:
             metrics.update(self.server_test(params))
         shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
