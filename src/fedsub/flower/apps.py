@@ -333,7 +333,7 @@ def run_stamp(settings: FlowerSettings, run: RunModel, name: str, text: str) -> 
     """The stamp of the run's checkpoints (its config hash, flower/checkpoints.py): a resumed
     run's, after checking that the config given is that run's; a new run's from ``text``,
     the fedsub config as written."""
-    if settings.output.out_dir and settings.output.resume:
+    if settings.output.resume:  # with an out-dir (flower/settings.Output)
         describe = functools.partial(settings.description, algorithm=name)
         return resumed_stamp(Path(settings.output.out_dir), run.config, describe)
     return config_stamp(settings.description(text, name))
