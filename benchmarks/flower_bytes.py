@@ -22,11 +22,11 @@ from flwr.simulation import run_simulation
 from safetensors.torch import load_file
 
 from fedsub.flower.apps import make_client_app, make_server_app
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import FlowerSettings, Output
 
 
 def run(payload: str, overrides: tuple[str, ...], nodes: int, out: Path) -> dict:
-    settings = FlowerSettings(overrides=overrides, payload=payload, out_dir=str(out))  # type: ignore[arg-type]
+    settings = FlowerSettings(overrides=overrides, payload=payload, output=Output(out_dir=str(out)))  # type: ignore[arg-type]
     run_simulation(
         server_app=make_server_app(settings),
         client_app=make_client_app(settings),

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fedsub.engine.loop import RunControl, run_round
@@ -51,7 +51,7 @@ def private_runtime(settings, grid) -> Stepped:
             initial_params(fed.model, fed.schedule),
             served,
             fed.schedule,
-            settings.__class__(**{**settings.__dict__, "min_nodes": fed.dataset.num_clients}),
+            replace(settings, nodes=replace(settings.nodes, min_nodes=fed.dataset.num_clients)),
             heat_privacy_of(fed.config),
         )
     )

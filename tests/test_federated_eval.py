@@ -16,7 +16,7 @@ from fedsub.errors import ConfigError, DataError
 from fedsub.flower.federated_eval import FederatedEvaluation, node_report
 from fedsub.flower.node_data import node_config_items, node_data
 from fedsub.flower.run_model import federation
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import Deployment, FlowerSettings
 from fedsub.submodel.transfer import pull
 
 from .node_files import SPEC, write_federation
@@ -43,8 +43,7 @@ def test_nodes_sums_give_the_pooled_held_out_metrics(tmp_path):
     federation = write_federation(tmp_path)
     settings = FlowerSettings(
         overrides=("model.init_std=0.5", "train.clients_per_round=3"),
-        feature_spec=str(federation.spec_file),
-        num_nodes=3,
+        deployment=Deployment(feature_spec=str(federation.spec_file), num_nodes=3),
     )
     config = settings.fedsub_config()
     nodes = []
@@ -65,7 +64,7 @@ def test_nodes_sums_give_the_pooled_held_out_metrics(tmp_path):
     for node in nodes:
         rows = {t: torch.from_numpy(r) for t, r in node.eval_rows().items()}
         reports.append(node_report(node, rows, pull(params, rows)))
-    federated = FederatedEvaluation(every=1, rounds=1).combine(1, reports)
+    federated = FederatedEvaluation().combine(reports)
 
     pooled = dataset_of_nodes(SPEC, federation.nodes)
     evaluator = Evaluator.build(nodes[0].model, pooled, 10**6, config.data.seed)
@@ -107,6 +106,9 @@ def test_run_settings_for_node_local_data_are_checked(tmp_path):
     settings = FlowerSettings.from_run_config(
         {"feature-spec": "~/spec.json", "num-nodes": 2, "set": "train.clients_per_round=3"}
     )
-    assert settings.feature_spec.endswith("/spec.json") and "~" not in settings.feature_spec
+    assert (
+        settings.deployment.feature_spec.endswith("/spec.json")
+        and "~" not in settings.deployment.feature_spec
+    )
     with pytest.raises(ConfigError, match=r"clients_per_round = 3 is more than .* num-nodes = 2"):
         settings.check_against(settings.fedsub_config())

@@ -22,7 +22,7 @@ import fedsub
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.loop import initial_params, train
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import FlowerSettings, Output, Replies
 from fedsub.models.registry import build_model
 from fedsub.runs.run_setup import load_data, model_of, schedule_of
 from fedsub.submodel.index import SubmodelIndex
@@ -64,7 +64,7 @@ def test_flower_simulation_gives_the_in_process_engines_model(tmp_path):
     overrides = OVERRIDES
     expected = in_process_model(overrides)
     out = tmp_path / "out"
-    settings = FlowerSettings(overrides=overrides, out_dir=str(out))
+    settings = FlowerSettings(overrides=overrides, output=Output(out_dir=str(out)))
     run_simulation(
         server_app=make_server_app(settings),
         client_app=make_client_app(settings),
@@ -94,7 +94,11 @@ def test_server_adam_on_flower_gives_the_in_process_engines_model(tmp_path):
     from .test_flower_heat_exchange import AppGrid
 
     overrides = (*OVERRIDES, "train.algorithms=['fedsubavg-adam']")
-    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    settings = FlowerSettings(
+        overrides=overrides,
+        output=Output(out_dir=str(tmp_path)),
+        replies=Replies(round_timeout=30.0),
+    )
     grid = AppGrid(make_client_app(settings), 6)
     make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
     flower = load_file(tmp_path / "model.safetensors")
@@ -119,7 +123,11 @@ def test_scheme2_on_flower_is_the_papers_model_average(tmp_path):
 
     name = "fedavg@scheme2"
     overrides = (*OVERRIDES, f"train.algorithms=['{name}']")
-    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    settings = FlowerSettings(
+        overrides=overrides,
+        output=Output(out_dir=str(tmp_path)),
+        replies=Replies(round_timeout=30.0),
+    )
     grid = AppGrid(make_client_app(settings), 6)
     make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
     flower = load_file(tmp_path / "model.safetensors")
@@ -460,15 +468,15 @@ def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run()
         {"set": "train.rounds=2; data.num_users=4", "payload": "full", "min-replies": 2}
     )
     assert settings.overrides == ("train.rounds=2", "data.num_users=4")
-    assert settings.fedsub_config().train.rounds == 2 and settings.min_replies == 2
+    assert settings.fedsub_config().train.rounds == 2 and settings.replies.min_replies == 2
     with pytest.raises(ConfigError, match="unknown key 'rounds'"):
         FlowerSettings.from_run_config({"rounds": 3})
     with pytest.raises(ConfigError, match="payload = 'half'"):
         FlowerSettings.from_run_config({"payload": "half"})
-    with pytest.raises(ConfigError, match="max-failed-rounds = 0; expected an integer >= 1"):
+    with pytest.raises(ConfigError, match="max-failed-rounds = 0 is out of range; expected >= 1"):
         FlowerSettings.from_run_config({"max-failed-rounds": 0})
     with pytest.raises(ConfigError, match=r"min-replies = 9 exceeds train\.clients_per_round"):
-        FlowerSettings(min_replies=9).check_against(
+        FlowerSettings(replies=Replies(min_replies=9)).check_against(
             FlowerSettings(overrides=("train.clients_per_round=3",)).fedsub_config()
         )
     config = settings.fedsub_config()

@@ -11,7 +11,7 @@ import torch
 from flwr.app import Context, RecordDict
 from safetensors.torch import load_file
 
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import FlowerSettings, Output, Replies
 
 from .test_flower import OVERRIDES
 from .test_flower_heat_exchange import AppGrid
@@ -50,7 +50,10 @@ def test_a_flower_run_with_dp_is_the_in_process_run_with_dp(tmp_path, name):
 
     overrides = (*OVERRIDES, *DP, f"train.algorithms=['{name}']")
     settings = FlowerSettings(
-        overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0, eval_every=1
+        overrides=overrides,
+        eval_every=1,
+        output=Output(out_dir=str(tmp_path)),
+        replies=Replies(round_timeout=30.0),
     )
     grid = AppGrid(make_client_app(settings), 6)
     make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
@@ -95,7 +98,10 @@ def test_a_flower_run_with_distributed_dp_is_the_in_process_run(tmp_path):
     for seeded in (True, False):
         out = tmp_path / str(seeded)
         settings = FlowerSettings(
-            overrides=DISTRIBUTED, out_dir=str(out), round_timeout=30.0, dp_seeded_noise=seeded
+            overrides=DISTRIBUTED,
+            dp_seeded_noise=seeded,
+            output=Output(out_dir=str(out)),
+            replies=Replies(round_timeout=30.0),
         )
         grid = AppGrid(make_client_app(settings), 4)
         make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
@@ -118,7 +124,9 @@ def _stepped(grid_of, overrides=DISTRIBUTED):
 
     from .flower_rounds import private_runtime
 
-    settings = FlowerSettings(overrides=overrides, round_timeout=30.0, dp_seeded_noise=True)
+    settings = FlowerSettings(
+        overrides=overrides, dp_seeded_noise=True, replies=Replies(round_timeout=30.0)
+    )
     grid = grid_of(make_client_app(settings), 4)
     stepped = private_runtime(settings, grid)
     config = settings.fedsub_config()
@@ -254,7 +262,11 @@ def test_central_dp_at_download_on_flower_is_the_in_process_run(tmp_path):
     from fedsub.flower.apps import make_client_app, make_server_app
 
     overrides = (*DISTRIBUTED[:-1], "privacy.level='download'")
-    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    settings = FlowerSettings(
+        overrides=overrides,
+        output=Output(out_dir=str(tmp_path)),
+        replies=Replies(round_timeout=30.0),
+    )
     grid = AppGrid(make_client_app(settings), 4)
     make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
     flower = load_file(tmp_path / "model.safetensors")

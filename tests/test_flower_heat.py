@@ -99,5 +99,5 @@ def test_flower_settings_refuse_schemes_that_need_private_sample_counts():
     with pytest.raises(ConfigError, match="scheme 'scheme1' needs every client's sample count"):
         FlowerSettings(algorithm="fedsubavg@scheme1").algorithm_name(config)
     assert FlowerSettings(algorithm="fedsubavg@scheme2").algorithm_name(config)
-    with pytest.raises(ConfigError, match="heat-transcript = 'yes'; expected true or false"):
+    with pytest.raises(ConfigError, match="heat-transcript must be true or false, got 'yes'"):
         FlowerSettings.from_run_config({"heat-transcript": "yes"})

@@ -6,6 +6,7 @@ uninterrupted run's model."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +21,7 @@ from fedsub.errors import FedsubError
 from fedsub.flower.checkpoints import config_stamp, latest
 from fedsub.flower.records import deltas_record, read_submodel, record_of
 from fedsub.flower.server_runtime import FlowerRuntime, Served
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import FlowerSettings, Nodes, Replies
 from fedsub.submodel.params import Params
 
 ROWS = 5
@@ -97,13 +98,20 @@ def runtime(grid: StandInGrid, rounds: int = 8, **kw) -> FlowerRuntime:
     unless given)."""
     options = {"min_nodes": 1, "node_wait": 1.0, "round_timeout": 0.3, **kw}
     name = options.pop("algorithm", "fedsubavg")
+    groups = {
+        g: {k: options.pop(k) for k in list(options) if k in _fields(g)} for g in (Nodes, Replies)
+    }
     return FlowerRuntime(
         grid,  # type: ignore[arg-type]
         Params({"w": torch.zeros(ROWS, 1)}, {}),
         Served(name, None, "clients"),
         Schedule(rounds, 3, 1, 1, 0.5, seed=0),
-        FlowerSettings(**options),
+        FlowerSettings(nodes=Nodes(**groups[Nodes]), replies=Replies(**groups[Replies])),
     )
+
+
+def _fields(group: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(group)}
 
 
 @dataclass
@@ -285,15 +293,15 @@ def test_settings_of_membership_and_checkpoints_are_read_and_checked():
             "out-dir": "/tmp/fedsub-flower-test",
         }
     )
-    assert (settings.min_nodes, settings.node_wait, settings.heat_refresh_every) == (2, 5.0, 3)
-    assert settings.checkpoint_every == 2 and settings.resume is True
+    assert settings.nodes == Nodes(min_nodes=2, node_wait=5.0, heat_refresh_every=3)
+    assert settings.output.checkpoint_every == 2 and settings.output.resume is True
     for bad, message in (
-        ({"heat-refresh-every": 0}, "heat-refresh-every = 0; expected an integer >= 1"),
-        ({"min-nodes": -1}, "min-nodes = -1; expected an integer >= 0"),
-        ({"node-wait": 0}, "node-wait = 0; expected seconds > 0"),
+        ({"heat-refresh-every": 0}, "heat-refresh-every = 0 is out of range; expected >= 1"),
+        ({"min-nodes": -1}, "min-nodes = -1 is out of range; expected >= 0"),
+        ({"node-wait": 0}, "node-wait = 0.0 is out of range; expected > 0"),
         ({"checkpoint-every": 1}, "checkpoint-every needs out-dir"),
         ({"resume": True}, "resume needs out-dir"),
-        ({"resume": "yes", "out-dir": "/tmp/x"}, "resume = 'yes'; expected true or false"),
+        ({"resume": "yes", "out-dir": "/tmp/x"}, "resume must be true or false, got 'yes'"),
     ):
         with pytest.raises(ConfigError, match=message):
             FlowerSettings.from_run_config(bad)

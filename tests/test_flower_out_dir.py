@@ -7,14 +7,16 @@ from pathlib import Path
 import pytest
 
 from fedsub.errors import ConfigError
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import FlowerSettings, Output, Replies
 
 
 def test_out_dir_expands_home_and_keeps_absolute_paths(tmp_path):
     home = FlowerSettings.from_run_config({"out-dir": "~/fedsub-flower-out"})
-    assert home.out_dir == str(Path.home() / "fedsub-flower-out")
-    assert FlowerSettings.from_run_config({"out-dir": str(tmp_path)}).out_dir == str(tmp_path)
-    assert FlowerSettings.from_run_config({}).out_dir == ""
+    assert home.output.out_dir == str(Path.home() / "fedsub-flower-out")
+    assert FlowerSettings.from_run_config({"out-dir": str(tmp_path)}).output.out_dir == str(
+        tmp_path
+    )
+    assert FlowerSettings.from_run_config({}).output.out_dir == ""
 
 
 @pytest.mark.parametrize("relative", ["flower-out", "./results", "../out"])
@@ -29,7 +31,7 @@ def test_the_example_app_writes_outside_its_folder():
     example = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
     config = tomllib.loads((example / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     settings = FlowerSettings.from_run_config(config["config"])
-    assert settings.out_dir and not Path(settings.out_dir).is_relative_to(example)
+    assert settings.output.out_dir and not Path(settings.output.out_dir).is_relative_to(example)
 
 
 def test_folders_no_run_may_write_into_are_refused_naming_the_key(tmp_path):
@@ -52,17 +54,17 @@ def test_folders_no_run_may_write_into_are_refused_naming_the_key(tmp_path):
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
-        ("min-replies", "two", "expected a whole number"),
-        ("round-timeout", "soon", "expected a number"),
-        ("eval-every", 1.5, "expected a whole number"),
-        ("num-nodes", True, "expected a whole number"),
-        ("node-wait", "nan", "expected a number"),
-        ("eval-every", -1, "expected an integer >= 0"),
-        ("train-delay", -2.0, "expected seconds >= 0"),
+        ("min-replies", "two", "must be an integer"),
+        ("round-timeout", "soon", "must be a number"),
+        ("eval-every", 1.5, "must be an integer"),
+        ("num-nodes", True, "must be an integer"),
+        ("node-wait", "nan", "must be a finite number"),
+        ("eval-every", -1, "= -1 is out of range; expected >= 0"),
+        ("train-delay", -2.0, "= -2.0 is out of range; expected >= 0"),
     ],
 )
 def test_run_config_values_of_the_wrong_type_name_the_key(key, value, expected):
-    with pytest.raises(ConfigError, match=rf"Flower run config: {key} = .*{expected}"):
+    with pytest.raises(ConfigError, match=rf"Flower run config: {key} .*{expected}"):
         FlowerSettings.from_run_config({key: value})
 
 
@@ -85,7 +87,9 @@ def test_the_server_app_holds_its_out_dir_like_fedsub_run(tmp_path):
     def serve(overwrite: bool = False, *extra: str) -> None:
         overrides = (*BASE, "train.rounds=1", *extra)
         settings = FlowerSettings(
-            overrides=overrides, out_dir=str(out), round_timeout=30.0, overwrite=overwrite
+            overrides=overrides,
+            output=Output(out_dir=str(out), overwrite=overwrite),
+            replies=Replies(round_timeout=30.0),
         )
         grid = AppGrid(make_client_app(settings), 4)
         make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
@@ -137,7 +141,9 @@ def test_each_round_goes_to_flowers_log_which_stream_shows(tmp_path, monkeypatch
     FLOWER_LOGGER.addHandler(handler)
     try:
         settings = FlowerSettings(
-            overrides=(*BASE, "train.rounds=2"), out_dir=str(tmp_path / "o"), eval_every=1
+            overrides=(*BASE, "train.rounds=2"),
+            eval_every=1,
+            output=Output(out_dir=str(tmp_path / "o")),
         )
         grid = AppGrid(make_client_app(settings), 4)
         make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from fedsub import config as config_lib
 from fedsub.errors import FedsubError
 from fedsub.flower import secure_rows
 from fedsub.flower.apps import make_client_app
-from fedsub.flower.settings import FlowerSettings, Payload
+from fedsub.flower.settings import FlowerSettings, Output, Payload, Replies
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggError
@@ -294,7 +294,11 @@ def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
     from fedsub.flower.apps import make_server_app
 
     overrides = (*BASE, *FULL, *BUCKETS, "train.rounds=2")
-    settings = FlowerSettings(overrides=overrides, out_dir=str(tmp_path), round_timeout=30.0)
+    settings = FlowerSettings(
+        overrides=overrides,
+        output=Output(out_dir=str(tmp_path)),
+        replies=Replies(round_timeout=30.0),
+    )
     grid = AppGrid(make_client_app(settings), 4)  # what the ServerApp uses of a Grid
     make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
     saved = load_file(tmp_path / "model.safetensors")
@@ -338,7 +342,11 @@ def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
     for level in ("heat", "download", "full"):
         overrides = (*BASE, *RANDOMIZED, f"privacy.level='{level}'", "train.rounds=2")
         out = tmp_path / level
-        settings = FlowerSettings(overrides=overrides, out_dir=str(out), round_timeout=30.0)
+        settings = FlowerSettings(
+            overrides=overrides,
+            output=Output(out_dir=str(out)),
+            replies=Replies(round_timeout=30.0),
+        )
         grid = Recording(make_client_app(settings), 4)
         make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
         result = json.loads((out / "flower-result.json").read_text())
@@ -372,7 +380,7 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     from fedsub.flower.server_runtime import Observers
 
     overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")
-    settings = FlowerSettings(overrides=overrides, round_timeout=30.0)
+    settings = FlowerSettings(overrides=overrides, replies=Replies(round_timeout=30.0))
     stamp = config_stamp("private resume")
     folder = tmp_path / "checkpoints"
 
@@ -410,13 +418,12 @@ def test_at_full_nodes_are_not_asked_to_evaluate_and_eval_needs_a_server_test_fi
     the strategy sends no evaluation message even when one is due, and eval-every without
     the server's own test file is refused; at ``download`` the nodes are asked (control)."""
     from fedsub.errors import ConfigError
-    from fedsub.flower.federated_eval import FederatedEvaluation
 
     for level, asked in (("full", False), ("download", True)):
-        settings = FlowerSettings(overrides=(*BASE, *BUCKETS, f"privacy.level='{level}'"))
+        overrides = (*BASE, *BUCKETS, f"privacy.level='{level}'")
+        settings = FlowerSettings(overrides=overrides, eval_every=1)
         grid = AppGrid(make_client_app(settings), 4)
         strategy = private_runtime(settings, grid)
-        strategy.runtime.evaluation = FederatedEvaluation(every=1, rounds=3)
         strategy.step(1)
         sent = recorded(grid)
         strategy.runtime.evaluate(1, strategy.params)

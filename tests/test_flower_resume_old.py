@@ -20,7 +20,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import hash_config
 from fedsub.flower.checkpoints import config_stamp
-from fedsub.flower.settings import FlowerSettings
+from fedsub.flower.settings import FlowerSettings, Output, Replies
 from fedsub.moved_keys import text_before_move
 
 from .flower_rounds import recorded
@@ -73,10 +73,10 @@ def as_the_old_strategy_wrote_it(out, description: str) -> None:
 def test_a_flower_run_written_before_the_one_loop_resumes_to_the_same_results(tmp_path, caplog):
     overrides = (*OVERRIDES, "train.algorithms=['fedsubavg-adam']")
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    options = {"overrides": overrides, "round_timeout": 30.0, "eval_every": 1}
-    serve(FlowerSettings(out_dir=str(whole), **options))
-    serve(FlowerSettings(out_dir=str(cut), checkpoint_every=1, **options))
-    settings = FlowerSettings(out_dir=str(cut), **options)
+    options = {"overrides": overrides, "replies": Replies(round_timeout=30.0), "eval_every": 1}
+    serve(FlowerSettings(**options, output=Output(out_dir=str(whole))))
+    serve(FlowerSettings(**options, output=Output(out_dir=str(cut), checkpoint_every=1)))
+    settings = FlowerSettings(**options, output=Output(out_dir=str(cut)))
     config = config_lib.load(None, overrides)
     written = config_lib.to_toml(config)
     older = "\n".join(line for line in written.splitlines() if "divergence_factor" not in line)
@@ -85,7 +85,7 @@ def test_a_flower_run_written_before_the_one_loop_resumes_to_the_same_results(tm
     assert checkpoint_lib.newest_intact(cut / "checkpoints").round == 2  # type: ignore[union-attr]
 
     with caplog.at_level(logging.WARNING, logger="fedsub"):
-        trained = serve(FlowerSettings(out_dir=str(cut), resume=True, **options))
+        trained = serve(FlowerSettings(**options, output=Output(out_dir=str(cut), resume=True)))
     assert trained == [3, 3, 3]  # it went on after round 2
     assert "taken as that run's" in caplog.text  # the config cannot be checked: said so
     for name, value in load_file(whole / "model.safetensors").items():
@@ -103,16 +103,30 @@ def test_a_resume_checks_the_config_kept_in_run_json(tmp_path):
     """A run written now keeps its config as written: resuming it with another config, or
     after its text was edited, is refused."""
     out = tmp_path / "out"
-    options = {"round_timeout": 30.0, "checkpoint_every": 1}
-    serve(FlowerSettings(overrides=OVERRIDES, out_dir=str(out), **options))
+    options = {"replies": Replies(round_timeout=30.0)}
+    serve(
+        FlowerSettings(
+            overrides=OVERRIDES, **options, output=Output(out_dir=str(out), checkpoint_every=1)
+        )
+    )
     other = (*OVERRIDES, "train.lr=0.3")
     with pytest.raises(FedsubError, match=r"is not the one in .*run\.json"):
-        serve(FlowerSettings(overrides=other, out_dir=str(out), resume=True, **options))
+        serve(
+            FlowerSettings(
+                overrides=other, **options, output=Output(str(out), checkpoint_every=1, resume=True)
+            )
+        )
     run = json.loads((out / "run.json").read_text())
     run["config"] = run["config"].replace("seed =", "seed = 1 #")
     (out / "run.json").write_text(json.dumps(run))
     with pytest.raises(FedsubError, match="was either edited"):
-        serve(FlowerSettings(overrides=OVERRIDES, out_dir=str(out), resume=True, **options))
+        serve(
+            FlowerSettings(
+                overrides=OVERRIDES,
+                **options,
+                output=Output(str(out), checkpoint_every=1, resume=True),
+            )
+        )
 
 
 def test_a_flower_run_written_before_keys_left_train_resumes_checked(tmp_path, caplog):
@@ -120,16 +134,16 @@ def test_a_flower_run_written_before_keys_left_train_resumes_checked(tmp_path, c
     [privacy] and [masking] (its only record of the config) is checked, not taken on trust."""
     overrides = (*OVERRIDES, "train.algorithms=['fedsubavg-adam']")
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    options = {"overrides": overrides, "round_timeout": 30.0, "eval_every": 1}
-    serve(FlowerSettings(out_dir=str(whole), **options))
-    serve(FlowerSettings(out_dir=str(cut), checkpoint_every=1, **options))
-    settings = FlowerSettings(out_dir=str(cut), **options)
+    options = {"overrides": overrides, "replies": Replies(round_timeout=30.0), "eval_every": 1}
+    serve(FlowerSettings(**options, output=Output(out_dir=str(whole))))
+    serve(FlowerSettings(**options, output=Output(out_dir=str(cut), checkpoint_every=1)))
+    settings = FlowerSettings(**options, output=Output(out_dir=str(cut)))
     before_move = text_before_move(config_lib.to_toml(config_lib.load(None, overrides)))
     assert "[execution]" not in before_move and "dtype" in before_move
     as_the_old_strategy_wrote_it(cut, settings.description(before_move, "fedsubavg-adam"))
 
     with caplog.at_level(logging.WARNING, logger="fedsub"):
-        trained = serve(FlowerSettings(out_dir=str(cut), resume=True, **options))
+        trained = serve(FlowerSettings(**options, output=Output(out_dir=str(cut), resume=True)))
     assert trained == [3, 3, 3]
     assert "taken as that run's" not in caplog.text  # checked: no warning
     for name, value in load_file(whole / "model.safetensors").items():

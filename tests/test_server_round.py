@@ -214,7 +214,7 @@ class OverflowingGrid(OneRowGrid):
 def test_flower_runtime_raises_diverged_naming_the_round_and_records_it():
     from fedsub.engine.loop import RunControl, run_round
     from fedsub.flower.server_runtime import FlowerRuntime, Served
-    from fedsub.flower.settings import FlowerSettings
+    from fedsub.flower.settings import FlowerSettings, Nodes
 
     params = Params({"w": torch.full((1, 1), BIG)}, {})
     runtime = FlowerRuntime(
@@ -222,7 +222,7 @@ def test_flower_runtime_raises_diverged_naming_the_round_and_records_it():
         params,
         Served("fedavg", None, "samples"),
         Schedule(5, 3, 1, 1, 0.1, seed=0),
-        FlowerSettings(min_nodes=1),
+        FlowerSettings(nodes=Nodes(min_nodes=1)),
     )
     rounds = runtime.open(RunControl())
     with pytest.raises(Diverged) as error:

@@ -1,8 +1,9 @@
 """The per-key rules of fedsub's options: a frozen dataclass's annotations (types) and field
 metadata (ranges, choices, validators) checked against given values.
 
-One path for every place options come from: config files and ``--set`` (config.py), and the
-Python API's keyword arguments (library.py, data/from_python.py). A ``section`` names the
+One path for every place options come from: config files and ``--set`` (config.py), the
+Python API's keyword arguments (library.py, data/from_python.py), and Flower's run and node
+configs (``parse_spelled``: flower/settings.py, flower/node_data.py). A ``section`` names the
 keys in errors as a config file's (``train.lr``); an empty one names them bare, as keyword
 arguments (``lr``).
 
@@ -14,20 +15,27 @@ flat: the group's keys are written and read as the section's own (``section_fiel
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import re
+import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from fedsub.errors import ArgumentError, ConfigError
 
 KEYWORDS = "\x00keywords"  # parse_section's section while it reads keyword arguments
+SPELLED = "\x00spelled"  # parse_section's section while parse_spelled reads a table
 
 
 def type_name(tp: Any) -> str:
     if typing.get_origin(tp) in (types.UnionType, typing.Union):
         return " or ".join(type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
     if typing.get_origin(tp) is list:
         return f"a list of {type_name(typing.get_args(tp)[0])}"
     if typing.get_origin(tp) is dict:
@@ -51,6 +59,10 @@ def coerce(where: str, tp: Any, value: Any) -> Any:
                 return coerce(where, members[0], value)
             raise ConfigError(f"{where} must be {type_name(tp)}, got {value!r}")
         return coerce(where, numeric[0], value)
+    if origin is typing.Literal:  # one of the listed values
+        if value not in typing.get_args(tp) or isinstance(value, bool):
+            raise ConfigError(f"{where} = {value!r} is not allowed; choose {type_name(tp)}")
+        return value
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be {type_name(tp)}, got {value!r}")
@@ -207,6 +219,28 @@ def grouped(cls: type, values: dict[str, Any]) -> Any:
         elif f.name in values:
             own[f.name] = values[f.name]
     return cls(**own)
+
+
+def parse_spelled(cls: type, where: str, table: Mapping[str, Any]) -> Any:
+    """``cls`` from a table whose keys are its fields spelled with ``-`` for ``_`` (Flower's
+    run and node configs), errors naming them so (``where: min-replies ...``); a number or
+    flag given as text (a command line's) is the TOML value it spells (``"true"``, ``"3"``)."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if isinstance(value, str) and hints.get(name) in (bool, int, float):
+            with contextlib.suppress(tomllib.TOMLDecodeError):  # else coerce refuses the text
+                value = tomllib.loads(f"v = {value}")["v"]
+        values[name] = value
+    try:
+        return parse_section(cls, SPELLED, values)
+    except ConfigError as error:
+        text = str(error).replace(f"[{SPELLED}] lacks it", "not given")
+        if SPELLED not in text:  # the record's own rule (its __post_init__): said already
+            raise
+        text = re.sub(rf"{SPELLED}\.(\w+)", lambda m: m[1].replace("_", "-"), text)
+        raise ConfigError(f"{where}: {text}") from None
 
 
 def key_name(section: str, key: str) -> str:

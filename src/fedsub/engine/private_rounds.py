@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -230,15 +231,6 @@ class PrivateRounds:
             self.transcript.append(RoundRecord(self._round, self._requests, update))
         return unbias(server_update, self.privacy.keep)
 
-    def _slots(self, update: CohortUpdate, members: list[int]) -> RowSlots:
-        """The round's public layout: the union of the members' requests, the dense shapes."""
-        union = union_of(self._requests[k] for k in members)
-        return RowSlots(
-            {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
-            {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
-            {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
-        )
-
     def _member_values(
         self, update: CohortUpdate, slots: RowSlots, j: int, a: float = 1.0
     ) -> np.ndarray:
@@ -258,7 +250,7 @@ class PrivateRounds:
         of the round's row union changes (the union is public: the requests)."""
         started = time.perf_counter()
         members = [int(k) for k in update.clients.tolist()]
-        slots = self._slots(update, members)
+        slots = round_slots(update, [self._requests[k] for k in members])
         values = {j: self._member_values(update, slots, j) for j in range(len(members))}
         noise = round_noise(settings, len(members), slots)
 
@@ -298,7 +290,7 @@ class PrivateRounds:
         draws = [int(m) for m in update.multiplicity.tolist()]
         weighting = secure_weighting(self.aggregation, draws)
         counts = [round(float(w)) for w in update.weights.tolist()]  # each member's own n_k
-        slots = self._slots(update, members)
+        slots = round_slots(update, [self._requests[k] for k in members])
         values, units = {}, {}
         for j in range(len(members)):
             units[j] = weighting.units(j, counts[j])
@@ -311,6 +303,17 @@ class PrivateRounds:
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
         return server_update_of_sums(self.aggregation, update, slots, sums, weighting)
+
+
+def round_slots(update: CohortUpdate, requests: Iterable[Mapping[str, np.ndarray]]) -> RowSlots:
+    """A secure row sum's public layout, in process and on Flower: the union of the members'
+    ``requests``, the tables' widths, the dense shapes."""
+    union = union_of(requests)
+    return RowSlots(
+        {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
+        {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
+        {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
+    )
 
 
 def round_noise(settings: DpSettings, members: int, slots: RowSlots) -> DiscreteNoise:

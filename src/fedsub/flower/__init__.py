@@ -2,7 +2,7 @@
 
 - ``settings``: the run's settings (fedsub config + Flower-side knobs) from a run config.
 - ``records``: submodels and row deltas as Flower ``ArrayRecord``s.
-- ``membership`` / ``joining``: who is in the federation (nodes register as they come online).
+- ``joining``: who is in the federation (nodes register as they come online).
 - ``checkpoints``: which run an out-dir holds, and the checkpoint a resume continues.
 - ``server_runtime``: Flower as a runtime of the engine's round loop: it learns the nodes'
   index sets as they register, sends every sampled node one Message with its rows and the

@@ -49,14 +49,12 @@ from fedsub.flower.checkpoints import CONFIG_KEY, config_stamp, latest, resumed_
 from fedsub.flower.costs import MeteredGrid, with_seconds
 from fedsub.flower.federated_eval import (
     EVAL_INDEX,
-    FederatedEvaluation,
-    eval_index_record,
     node_report,
 )
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.private_download import downloads_privately, node_request
-from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of
+from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.secure_rows import (
     ACTION,
@@ -129,16 +127,12 @@ def answer_query(fixed: FlowerSettings | None, message: Message, context: Contex
     metrics = MetricRecord({"partition-id": k})
     content = RecordDict({"metrics": metrics})
     if what in ("index", "rows"):
-        rows = {f"rows.{t}": torch.from_numpy(r) for t, r in node.rows.items()}
-        content["index"] = ArrayRecord(rows)
+        content["index"] = rows_record(node.rows)
     if what == "request":  # privacy download: its request for the round, never S(k)
-        request = node_request(node, int(number_of(query, "round")))
-        content["index"] = ArrayRecord(
-            {f"rows.{t}": torch.from_numpy(r) for t, r in request.items()}
-        )
+        content["index"] = rows_record(node_request(node, int(number_of(query, "round"))))
     if what == "index":
         metrics["num-examples"] = len(node.train)
-        content[EVAL_INDEX] = eval_index_record(node)
+        content[EVAL_INDEX] = rows_record(node.eval_rows())
     return Message(content, reply_to=message)
 
 
@@ -186,14 +180,14 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
             keep_deltas(context, kept, table_deltas, dense_deltas, round_index)
             kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
             del metrics["num-examples"]  # its count weights its deltas inside the sum
-        index = ArrayRecord({f"rows.{t}": r for t, r in kept.items()})
+        index = rows_record(kept)
     elif full:  # reply as stock FedAvg would: the whole table
         table_deltas = {
             t: torch.zeros_like(received.tables[t]).index_copy_(0, own[t], d)
             for t, d in table_deltas.items()
         }
-    if settings.train_delay:
-        time.sleep(settings.train_delay)
+    if settings.replies.train_delay:
+        time.sleep(settings.replies.train_delay)
     content = RecordDict({"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics})
     if index is not None:
         content["index"] = index
@@ -293,12 +287,12 @@ def claim_out_dir(settings: FlowerSettings, config_text: str, description: str) 
     """The out-dir, held for the run (run_folder's rules, as ``fedsub run``): a new run's
     run.json lists what it writes, holds the fedsub config as written (``config_text``) and is
     stamped with the hash of ``description``; ``resume`` continues the run there."""
-    if not settings.out_dir:
+    if not settings.output.out_dir:
         return None
-    out = Path(settings.out_dir)
-    if settings.resume:
+    out = Path(settings.output.out_dir)
+    if settings.output.resume:
         return claim_existing(out)
-    claim = claim_new(out, settings.overwrite, OUT_DIR_FLAGS)
+    claim = claim_new(out, settings.output.overwrite, OUT_DIR_FLAGS)
     try:
         identity = new_identity(description)
         record = {"kind": "flower", "outputs": FLOWER_OUTPUTS, CONFIG_KEY: config_text}
@@ -339,9 +333,9 @@ def run_stamp(settings: FlowerSettings, run: RunModel, name: str, text: str) -> 
     """The stamp of the run's checkpoints (its config hash, flower/checkpoints.py): a resumed
     run's, after checking that the config given is that run's; a new run's from ``text``,
     the fedsub config as written."""
-    if settings.out_dir and settings.resume:
+    if settings.output.resume:  # with an out-dir (flower/settings.Output)
         describe = functools.partial(settings.description, algorithm=name)
-        return resumed_stamp(Path(settings.out_dir), run.config, describe)
+        return resumed_stamp(Path(settings.output.out_dir), run.config, describe)
     return config_stamp(settings.description(text, name))
 
 
@@ -352,11 +346,11 @@ def run_control(settings: FlowerSettings, run: RunModel, stamp: dict[str, str]) 
     registered yet) for the rising-loss rule."""
     norm = run.config.train.max_update_norm
     control = RunControl(max_update_norm=norm, divergence_factor=0.0, run=stamp)
-    if not settings.out_dir:
+    if not settings.output.out_dir:
         return control
-    control.checkpoints = Path(settings.out_dir) / "checkpoints"
-    control.checkpoint_every = settings.checkpoint_every
-    if settings.resume:
+    control.checkpoints = Path(settings.output.out_dir) / "checkpoints"
+    control.checkpoint_every = settings.output.checkpoint_every
+    if settings.output.resume:
         control.resume = latest(control.checkpoints, stamp)
         LOG.info("resuming after round %d from %s", control.resume.round, control.resume.path)
     return control
@@ -366,28 +360,29 @@ def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, served: Served
     """The run's Flower runtime: its nodes through ``grid``, measured (flower/costs.py)."""
     privacy = heat_privacy_of(run.config)
     observers = Observers(meter=MeteredGrid(grid))
-    if settings.heat_transcript and privacy.source != "exact":
+    if settings.output.heat_transcript and privacy.source != "exact":
         observers = replace(observers, on_heat_reply=Transcript(), on_train_reply=Transcript())
-    if settings.out_dir:
-        progress = JsonLines(Path(settings.out_dir) / "progress.jsonl")
-        if not settings.resume:
+    if settings.output.out_dir:
+        progress = JsonLines(Path(settings.output.out_dir) / "progress.jsonl")
+        if not settings.output.resume:
             progress.path.unlink(missing_ok=True)
         observers = replace(observers, on_progress=progress)
     query: dict[str, int | str] = {}
     server_test = None  # read before any node is asked: a bad file fails the run at once
     if run.spec is not None:  # every node checks its spec against the run's
         query = {"spec-version": run.spec.version, "spec-hash": run.spec.hash}
-        if settings.server_test_file:
-            samples = run.spec.encode(Path(settings.server_test_file))
+        if settings.deployment.server_test_file:
+            samples = run.spec.encode(Path(settings.deployment.server_test_file))
             server_test = functools.partial(server_test_metrics, run.model, samples=samples)
+    min_nodes = settings.nodes.min_nodes or run.num_clients
     return FlowerRuntime(
         cast(Grid, observers.meter),  # a Grid: its methods, measured (flower/costs.py)
         initial_params(run.model, run.schedule),
         served,
         run.schedule,
-        replace(settings, min_nodes=settings.min_nodes or run.num_clients),
+        replace(settings, nodes=replace(settings.nodes, min_nodes=min_nodes)),
         privacy,
-        FederatedEvaluation(settings.eval_every, run.schedule.rounds, query),
+        query,
         observers,
         server_test,
     )
@@ -417,8 +412,8 @@ def _serve(
         failure = error
     if claim is not None:  # a result to keep, even a failure's
         claim.training_started()
-    if settings.out_dir:
-        write_result(Path(settings.out_dir), settings, run, served.name, runtime, progress, failure)
+    if out := settings.output.out_dir:
+        write_result(Path(out), settings, run, served.name, runtime, progress, failure)
     if failure is not None:  # the ServerApp exits with an error: the run did not succeed
         raise FedsubError(f"Flower: {failure}") from failure
 

@@ -8,7 +8,7 @@ growing to ``MAX_POLL``: a reply is seen within 0.2 s, and an idle wait costs th
 five small requests a second. (A SuperNode's own 3-s idle poll, fixed in Flower, still
 delays the next wave's pickup on the nodes.)
 Every place fedsub waits for replies (flower/server_runtime.py, flower/heat_exchange.py and
-what calls it) goes through it; flower/membership.py's registrations are pushed and pulled
+what calls it) goes through it; flower/joining.py's registrations are pushed and pulled
 separately, as they must not hold a round up.
 """
 

@@ -20,7 +20,7 @@ from fedsub.engine.binned_auc import BINS
 from fedsub.engine.federated_metrics import SUMS, client_sums, pooled_metrics
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
-from fedsub.flower.records import number_of, record_of, submodel_record
+from fedsub.flower.records import number_of, record_of, rows_in, submodel_record
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull
 
@@ -30,14 +30,10 @@ LOG = logging.getLogger("fedsub")
 
 class FederatedEvaluation:
     """The server half: which rows each node's evaluation reads, the evaluation messages of a
-    round, and the global metrics from the replies (kept in ``results`` by round)."""
+    round, and the global metrics from the replies (the loop keeps them by round)."""
 
-    def __init__(self, every: int, rounds: int, query: dict[str, int | str] | None = None):
-        self.every = every
-        self.rounds = rounds
-        self.query = dict(query or {})  # sent with every message, e.g. the run's spec hash
+    def __init__(self) -> None:
         self.rows: dict[int, dict[str, np.ndarray]] = {}
-        self.results: dict[int, dict[str, float]] = {}
         # nodes that keep their rows to themselves (a private heat source): sent the whole model
         self.whole: set[int] = set()
         # nodes that missed their latest training round: not asked to evaluate (a dead node
@@ -47,28 +43,22 @@ class FederatedEvaluation:
     def note_replies(self, sampled: set[int], left_out: list[int]) -> None:
         self.silent = (self.silent - sampled) | set(left_out)
 
-    def due(self, server_round: int) -> bool:
-        if not self.every:
-            return False
-        return server_round % self.every == 0 or server_round == self.rounds
-
     def learn(self, client: int, content: RecordDict) -> None:
         """Keep a query reply's evaluation rows (a node that sent none is not evaluated)."""
         if EVAL_INDEX not in content:
             return
-        record = record_of(content, EVAL_INDEX, ArrayRecord)
-        self.rows[client] = {
-            k[len("rows.") :]: v.numpy() for k, v in record.to_torch_state_dict().items()
-        }
+        self.rows[client] = rows_in(record_of(content, EVAL_INDEX, ArrayRecord))
 
     def learn_whole(self, client: int) -> None:
         """Evaluate ``client`` on the whole model: it does not tell its rows."""
         self.whole.add(client)
 
-    def messages(self, server_round: int, params: Params, node_of: dict[int, int]) -> list[Message]:
-        if not self.due(server_round):
-            return []
-        config = ConfigRecord({"round": server_round, **self.query})
+    def messages(
+        self, server_round: int, params: Params, node_of: dict[int, int], query: dict
+    ) -> list[Message]:
+        """The round's evaluation Messages to the nodes online (``node_of``), each carrying
+        ``query`` (the run's feature spec)."""
+        config = ConfigRecord({"round": server_round, **query})
         messages = []
         whole = None
         for client in sorted((set(self.rows) | self.whole) - self.silent):
@@ -85,9 +75,7 @@ class FederatedEvaluation:
             )
         return messages
 
-    def aggregate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        if not self.due(server_round):
-            return None
+    def aggregate(self, server_round: int, replies: Iterable[Message]) -> dict[str, float]:
         reports = []
         for reply in replies:
             if reply.has_error():  # that node's samples are left out of this evaluation
@@ -99,10 +87,10 @@ class FederatedEvaluation:
                 )
                 continue
             reports.append(record_of(reply.content, "metrics", MetricRecord))
-        return MetricRecord(dict(self.combine(server_round, reports)))
+        return self.combine(reports)
 
-    def combine(self, server_round: int, reports: list[MetricRecord]) -> dict[str, float]:
-        """The global metrics from the nodes' reports (kept in ``results``)."""
+    def combine(self, reports: list[MetricRecord]) -> dict[str, float]:
+        """The global metrics from the nodes' reports."""
         sums = [{k: float(number_of(m, k)) for k in SUMS if k in m} for m in reports]
         histograms = [
             (_histogram(m, "auc-positives"), _histogram(m, "auc-negatives"))
@@ -111,7 +99,6 @@ class FederatedEvaluation:
         ]
         result = pooled_metrics(sums, histograms)
         result["eval_nodes"] = float(len(reports))
-        self.results[server_round] = result
         return result
 
 
@@ -122,10 +109,6 @@ def _histogram(metrics: MetricRecord, key: str) -> np.ndarray:
             f"Flower: an evaluation reply's {key!r} has {counts.size} bins, expected {BINS}"
         )
     return counts
-
-
-def eval_index_record(node: NodeData) -> ArrayRecord:
-    return ArrayRecord({f"rows.{t}": torch.from_numpy(r) for t, r in node.eval_rows().items()})
 
 
 def node_report(node: NodeData, rows: dict[str, torch.Tensor], params: Params) -> MetricRecord:

@@ -173,27 +173,13 @@ def _ask(
     return replies
 
 
-def _asker(
+def asker(
     grid: PushPullGrid, timeout: float, record: Recorder | None, message_type: str = MESSAGE_TYPE
 ) -> secure_sum.Ask:
+    """The stages of a secure sum (``fedsub.privacy.secure_sum``) as ``message_type``
+    Messages to the nodes through ``grid``: the heat exchange's, and the secure row sums'
+    of flower/secure_rows.py."""
     return lambda requests, stage: _ask(grid, requests, stage, timeout, record, message_type)
-
-
-def group_sum(
-    grid: PushPullGrid,
-    group: Sequence[int],
-    source: str,
-    length: int,
-    timeout: float,
-    record: Recorder | None,
-    message_type: str = MESSAGE_TYPE,
-    mask_fields: Mapping[int, dict] | None = None,
-    threshold: int | None = None,
-) -> tuple[np.ndarray, tuple[int, ...]]:
-    """One group's secure sum as ``message_type`` Messages (``secure_sum.group_sum``;
-    ``threshold``: secagg's t, default the majority)."""
-    ask = _asker(grid, timeout, record, message_type)
-    return secure_sum.group_sum(ask, group, source, length, mask_fields, threshold)
 
 
 def collect_heat(
@@ -207,4 +193,4 @@ def collect_heat(
 ) -> HeatReport:
     """The heat of ``nodes``' rows by the private source ``privacy.source``, over Flower;
     ``record`` sees every reply the server receives (``secure_sum.measure_heat``)."""
-    return secure_sum.measure_heat(_asker(grid, timeout, record), nodes, privacy, kind, table_rows)
+    return secure_sum.measure_heat(asker(grid, timeout, record), nodes, privacy, kind, table_rows)

@@ -1,27 +1,109 @@
-"""Nodes joining a Flower run (the elastic membership of flower/membership.py, over time).
+"""Nodes joining a Flower run: registration over Flower Messages, and the elastic membership
+it feeds (``engine/membership.Membership``) over time.
 
-Each round, the nodes online (``grid.get_node_ids()``) that were never asked are asked to
-register (their partition id, and with exact heat their sample count and index sets S(k)),
-and the answers that arrived are taken; the first round waits up to ``node_wait`` seconds for
-``min_nodes`` of them. A node that missed a round (``leave_out``) is asked again and is
-sampled once it answers. While a round waits for its replies, new nodes are asked too
-(``ask_newcomers``): a replacement started during a round is sampled from the next round on,
-and the round stops waiting for the node it replaced.
+A node registers by answering a QUERY message with its partition id and, with exact heat, its
+sample count and index sets S(k) (``Registrar``, ``registration_of``; with a private heat
+source its partition only). Each round, the nodes online (``grid.get_node_ids()``) that were
+never asked are asked, and the answers that arrived are taken; the first round waits up to
+``node_wait`` seconds for ``min_nodes`` of them (``Joining``). A node that missed a round
+(``leave_out``) is asked again and is sampled once it answers. While a round waits for its
+replies, new nodes are asked too (``ask_newcomers``): a replacement started during a round is
+sampled from the next round on, and the round stops waiting for the node it replaced.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedsub.engine.membership import Membership, Registration
 from fedsub.errors import FedsubError
-from fedsub.flower.membership import Registrar
+from fedsub.flower.records import number_of, record_of, rows_in
 
+LOG = logging.getLogger("fedsub")
 NEWCOMERS_EVERY = 1.0  # seconds between two looks for new nodes while a round waits
+
+
+class Registrar:
+    """Registration queries in flight: sent to a node when it comes online, collected whenever
+    its answer has arrived, so a node that is slow to start (or dies before answering) never
+    holds a round up."""
+
+    def __init__(
+        self,
+        query: dict[str, int | str] | None = None,
+        on_reply: Callable[[int, RecordDict], None] | None = None,
+    ) -> None:
+        # what the query asks ("index", or "partition" with a private heat source) and what
+        # else it carries (the run's feature spec); on_reply sees every answer (a transcript)
+        self.query = dict(query or {"what": "index"})
+        self.on_reply = on_reply
+        self.pending: dict[int, str] = {}  # node id -> the query's message id
+        # answers pulled early (while a round waited for its replies), for the next collect
+        self.arrived: list[tuple[Registration, RecordDict]] = []
+        self.arrived_failed: list[int] = []
+
+    def awaiting(self) -> set[int]:
+        """The nodes asked whose answer was not collected yet (in flight or pulled early)."""
+        return {*self.pending, *(r.node for r, _ in self.arrived), *self.arrived_failed}
+
+    def ask(self, grid: Grid, nodes: list[int]) -> None:
+        query = [
+            Message(RecordDict({"query": ConfigRecord(dict(self.query))}), n, MessageType.QUERY)
+            for n in nodes
+        ]
+        sent = list(grid.push_messages(query))
+        self.pending.update(zip(nodes, sent, strict=True))
+
+    def pull(self, grid: Grid) -> list[Registration]:
+        """Pull the answers that arrived and keep them for the next ``collect``; the
+        registrations among them."""
+        answers, failed = self._pull(grid)
+        self.arrived += answers
+        self.arrived_failed += failed
+        return [registration for registration, _ in answers]
+
+    def collect(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
+        """The registrations that arrived (each with the reply's content), and the nodes whose
+        query failed."""
+        answers, failed = self._pull(grid)
+        answers, failed = self.arrived + answers, self.arrived_failed + failed
+        self.arrived, self.arrived_failed = [], []
+        return answers, failed
+
+    def _pull(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
+        if not self.pending:
+            return [], []
+        answers, failed = [], []
+        for reply in grid.pull_messages(list(self.pending.values())):
+            node = reply.metadata.src_node_id
+            self.pending.pop(node, None)
+            if reply.has_error():
+                LOG.warning("query: node %d failed: %s", node, reply.error.reason)
+                failed.append(node)
+                continue
+            if self.on_reply is not None:
+                self.on_reply(node, reply.content)
+            answers.append((registration_of(reply), reply.content))
+        return answers, failed
+
+
+def registration_of(reply: Message) -> Registration:
+    """A node's answer to the query: ``metrics`` partition-id / num-examples, ``index``
+    rows.<table>; a node whose heat source is private answers its partition only (no rows,
+    no sample count: its heat goes by the private exchange)."""
+    metrics = record_of(reply.content, "metrics", MetricRecord)
+    partition = int(number_of(metrics, "partition-id"))
+    if "index" not in reply.content:
+        return Registration(partition, reply.metadata.src_node_id, 0, {})
+    rows = rows_in(record_of(reply.content, "index", ArrayRecord))
+    return Registration(
+        partition, reply.metadata.src_node_id, int(number_of(metrics, "num-examples")), rows
+    )
 
 
 class Joining:

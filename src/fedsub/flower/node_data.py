@@ -15,7 +15,7 @@ A node's data come from its node config (``flower-supernode --node-config``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,11 +28,26 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.flower.run_model import federation, spec_model
 from fedsub.flower.settings import FlowerSettings
+from fedsub.keys import parse_spelled
 from fedsub.models.base import Model
 from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
-NodeConfig = tuple[tuple[str, object], ...]  # a node config's items, sorted (hashable)
+NodeConfigItems = tuple[tuple[str, object], ...]  # a node config's items, sorted (hashable)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The keys of a node config this module reads (spelled with ``-``; others are left to
+    their readers), checked by fedsub/keys.py."""
+
+    partition_id: int = field(metadata={"min": 0})
+    num_partitions: int = field(default=0, metadata={"min": 0})  # 0: the dataset's clients
+    data_file: str = ""
+    feature_spec: str = ""
+    eval_file: str = ""
+    eval_fraction: float = 0.0
+    eval_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,40 +95,39 @@ class NodeData:
             check_same_spec(self.spec, run_version, run_hash, who)
 
 
-def node_config_items(node_config: dict[str, object]) -> NodeConfig:
+def node_config_items(node_config: dict[str, object]) -> NodeConfigItems:
     return tuple(sorted(node_config.items()))
 
 
 @lru_cache(maxsize=64)  # the simulation runtime runs every node in one process
-def node_data(settings: FlowerSettings, node_config: NodeConfig) -> NodeData:
+def node_data(settings: FlowerSettings, node_config: NodeConfigItems) -> NodeData:
     """This node's data, loaded once per process."""
-    given = dict(node_config)
-    client = _integer(given, "partition-id")
-    if "data-file" in given:
-        return _own_files(settings, given, client)
-    return _partition(settings, given, client)
+    known = {f.name.replace("_", "-") for f in fields(NodeConfig)}
+    given = parse_spelled(NodeConfig, "node config", {k: v for k, v in node_config if k in known})
+    if given.data_file:
+        return _own_files(settings, given, given.partition_id)
+    return _partition(settings, given, given.partition_id)
 
 
-def _own_files(settings: FlowerSettings, given: dict[str, object], client: int) -> NodeData:
-    if not settings.feature_spec:
+def _own_files(settings: FlowerSettings, given: NodeConfig, client: int) -> NodeData:
+    if not settings.deployment.feature_spec:
         raise ConfigError(
-            f"node config data-file = {given['data-file']!r}: the run has no feature-spec to "
+            f"node config data-file = {given.data_file!r}: the run has no feature-spec to "
             "read it with (set feature-spec and num-nodes in the run config)"
         )
-    if not 0 <= client < settings.num_nodes:
+    if not 0 <= client < settings.deployment.num_nodes:
         raise ConfigError(
             f"node config partition-id = {client}; expected 0 to num-nodes - 1 = "
-            f"{settings.num_nodes - 1} (one number per node)"
+            f"{settings.deployment.num_nodes - 1} (one number per node)"
         )
-    if "feature-spec" not in given:
+    if not given.feature_spec:
         raise ConfigError("node config: data-file needs feature-spec (this node's copy of it)")
-    spec = read_spec(str(given["feature-spec"]))
-    eval_file = given.get("eval-file")
+    spec = read_spec(given.feature_spec)
     files = NodeFiles(
-        Path(str(given["data-file"])).expanduser(),
-        Path(str(eval_file)).expanduser() if eval_file else None,
-        _number(given, "eval-fraction", 0.0),
-        int(_number(given, "eval-seed", 0)),
+        Path(given.data_file).expanduser(),
+        Path(given.eval_file).expanduser() if given.eval_file else None,
+        given.eval_fraction,
+        given.eval_seed,
     )
     train, held_out = files.read(spec)
     config = settings.fedsub_config()
@@ -123,10 +137,10 @@ def _own_files(settings: FlowerSettings, given: dict[str, object], client: int) 
     )
 
 
-def _partition(settings: FlowerSettings, given: dict[str, object], client: int) -> NodeData:
+def _partition(settings: FlowerSettings, given: NodeConfig, client: int) -> NodeData:
     fed = federation(settings)
     n = fed.dataset.num_clients
-    expected = int(_number(given, "num-partitions", n))
+    expected = given.num_partitions or n
     if expected != n or not 0 <= client < expected:
         raise FedsubError(
             f"node config partition-id={client} num-partitions={expected}, but "
@@ -175,17 +189,3 @@ def _node(
         field_tables,
         spec,
     )
-
-
-def _integer(given: dict[str, object], key: str) -> int:
-    value = given.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"node config {key} = {value!r}; expected an integer")
-    return value
-
-
-def _number(given: dict[str, object], key: str, default: float) -> float:
-    value = given.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"node config {key} = {value!r}; expected a number")
-    return float(value)

@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import Message
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregate
 from fedsub.engine.private_rounds import unbias
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
-from fedsub.flower.records import record_of
+from fedsub.flower.records import reply_row_ids
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.submodel.transfer import CohortUpdate
@@ -51,17 +51,12 @@ def reply_rows(
     reply: Message, request: dict[str, torch.Tensor], client: int
 ) -> dict[str, torch.Tensor]:
     """The row ids of a download reply's deltas, checked to be rows the node requested."""
-    if "index" not in reply.content:
-        raise FedsubError(f"partition {client}: its reply names no rows for its deltas")
-    index = record_of(reply.content, "index", ArrayRecord).to_torch_state_dict()
-    rows = {}
-    for t, asked in request.items():
-        r = index.get(f"rows.{t}")
-        if r is None or r.ndim != 1 or r.is_floating_point():
-            raise FedsubError(f"partition {client}: no row ids for table {t!r} in its reply")
-        if not bool(torch.isin(r, asked).all()):
-            raise FedsubError(f"partition {client}: its reply updates rows it did not request")
-        rows[t] = r.to(torch.int64)
+    try:
+        rows = reply_row_ids(reply, request)
+    except FedsubError as error:
+        raise FedsubError(f"partition {client}: {error}") from None
+    if not all(bool(torch.isin(r, request[t]).all()) for t, r in rows.items()):
+        raise FedsubError(f"partition {client}: its reply updates rows it did not request")
     return rows
 
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedsub.errors import FedsubError
 from fedsub.submodel.params import Params
@@ -36,6 +38,32 @@ def deltas_record(table_deltas: dict[str, torch.Tensor], dense_deltas: dict[str,
 
 def read_deltas(record: ArrayRecord) -> Params:
     return Params.from_state_dict(record.to_torch_state_dict())
+
+
+def rows_record(rows: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
+    """Row ids per table (``rows.<table>``), e.g. a node's S(k) or its request."""
+    return ArrayRecord({f"rows.{t}": torch.as_tensor(r) for t, r in rows.items()})
+
+
+def rows_in(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """The row ids per table of a ``rows_record``."""
+    flat = record.to_torch_state_dict()
+    return {k[len("rows.") :]: v.numpy().astype(np.int64) for k, v in flat.items()}
+
+
+def reply_row_ids(reply: Message, tables: Iterable[str]) -> dict[str, torch.Tensor]:
+    """A reply's row ids of every table (its ``index`` record), checked to be 1-d integer
+    tensors; a ``FedsubError`` saying what is wrong otherwise."""
+    if "index" not in reply.content:
+        raise FedsubError("its reply names no rows")
+    index = record_of(reply.content, "index", ArrayRecord).to_torch_state_dict()
+    rows = {}
+    for table in tables:
+        r = index.get(f"rows.{table}")
+        if r is None or r.ndim != 1 or r.is_floating_point():
+            raise FedsubError(f"no row ids for table {table!r} in its reply")
+        rows[table] = r.to(torch.int64)
+    return rows
 
 
 def record_of(content: RecordDict, key: str, kind: type[AnyRecord]) -> AnyRecord:

@@ -8,14 +8,15 @@ import logging
 from collections.abc import Mapping
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 
 from fedsub.engine.membership import Membership
+from fedsub.errors import FedsubError
 from fedsub.flower.exchange import exchange
 from fedsub.flower.private_download import downloads_privately
-from fedsub.flower.records import record_of
+from fedsub.flower.records import reply_row_ids
 from fedsub.privacy.levels import Privacy
 
 LOG = logging.getLogger("fedsub")
@@ -23,18 +24,14 @@ LOG = logging.getLogger("fedsub")
 
 def row_ids(reply: Message, tables: dict[str, int]) -> dict[str, np.ndarray] | str:
     """A "rows" reply's S(k) per table, or why it is not one (row ids of every table)."""
-    if "index" not in reply.content:
-        return "its reply holds no rows"
-    index = record_of(reply.content, "index", ArrayRecord).to_torch_state_dict()
-    rows = {}
-    for table, size in tables.items():
-        r = index.get(f"rows.{table}")
-        if r is None or r.ndim != 1 or r.is_floating_point():
-            return f"no row ids for table {table!r}"
-        if len(r) and not 0 <= int(r.min()) <= int(r.max()) < size:
-            return f"its rows of table {table!r} are not row ids below {size}"
-        rows[table] = r.numpy().astype(np.int64)
-    return rows
+    try:
+        rows = reply_row_ids(reply, tables)
+    except FedsubError as error:
+        return str(error)
+    for table, r in rows.items():
+        if len(r) and not 0 <= int(r.min()) <= int(r.max()) < tables[table]:
+            return f"its rows of table {table!r} are not row ids below {tables[table]}"
+    return {t: r.numpy() for t, r in rows.items()}
 
 
 class SampledRows:

@@ -4,7 +4,7 @@ A trained node keeps its deltas (the held rows it requested, and its dense delta
 ``Context.state`` and replies none of them: its train reply carries its partition id and
 deltas of no rows, and no sample count (``num-examples`` is left out at this level). The
 server then runs fedsub's secure aggregation with the nodes that replied, as
-``query.secure_rows`` Messages over the heat exchange's transport (``heat_exchange.group_sum``
+``query.secure_rows`` Messages over the heat exchange's transport (``heat_exchange.asker``
 / ``answer_secagg``: keys, encrypted shares, masked vectors, unmasking). In the "mask" request
 each node gets the public part of its weight (``engine/private_rounds.SecureWeighting``: its
 draws, the scale, whether its own count enters), the union of the cohort's requests (public:
@@ -46,6 +46,7 @@ from fedsub.engine.private_rounds import (
     member_share,
     noised_update,
     round_noise,
+    round_slots,
     secure_weighting,
     server_update_of_sums,
     unbias,
@@ -56,12 +57,12 @@ from fedsub.flower.heat_exchange import (
     RECORD,
     Recorder,
     answer_secagg,
-    group_sum,
+    asker,
     int_list_field,
     number_field,
 )
-from fedsub.flower.private_download import download_combine
 from fedsub.flower.records import record_of
+from fedsub.privacy import secure_sum
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.secagg import SecAggError
@@ -70,7 +71,6 @@ from fedsub.privacy.sparse_secagg import (
     RowSlots,
     decode_sums,
     encode_client,
-    union_of,
 )
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -270,7 +270,7 @@ class SecureRows:
         requests; ``update`` holds who replied, how often each was drawn and the deltas'
         shapes (no rows, no sample counts)."""
         members = [int(k) for k in update.clients.tolist()]
-        slots = self._slots(update, members)
+        slots = round_slots(update, [self.requests()[k] for k in members])
         if self.dp is not None:
             return self.noised(update, members, slots, self.dp)
         weighting = secure_weighting(self.aggregation, [int(m) for m in update.multiplicity])
@@ -326,15 +326,6 @@ class SecureRows:
             update, slots, decoded, dp.accounting.clients_per_round, self.privacy.keep
         )
 
-    def _slots(self, update: CohortUpdate, members: list[int]) -> RowSlots:
-        """The round's public layout: the union of the members' requests, the dense shapes."""
-        union = union_of(self.requests()[k] for k in members)
-        return RowSlots(
-            {t: union.get(t, np.empty(0, np.int64)) for t in update.rows},
-            {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
-            {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
-        )
-
     def _sum(
         self,
         members: list[int],
@@ -345,30 +336,7 @@ class SecureRows:
         """The members' secure sum over Messages, and the nodes it holds the vectors of."""
         nodes = [self.node_of[k] for k in members]
         try:
-            return group_sum(
-                self.grid, nodes, SOURCE, slots.length, self.timeout, self.record,
-                MESSAGE_TYPE, fields, threshold,
-            )  # fmt: skip
+            ask = asker(self.grid, self.timeout, self.record, MESSAGE_TYPE)
+            return secure_sum.group_sum(ask, nodes, SOURCE, slots.length, fields, threshold)
         except SecAggError as error:  # name the nodes: the operator's next step
             raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
-
-
-def round_combine(
-    grid: PushPullGrid | None,
-    node_of: Mapping[int, int],
-    aggregation: Aggregation,
-    privacy: Privacy | None,
-    requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
-    timeout: float,
-    record: Recorder | None = None,
-    dp: DpSettings | None = None,
-) -> Callable[[CohortUpdate], ServerUpdate]:
-    """The Flower runtime's aggregation for ``privacy``: secure row sums at ``full`` (noised
-    by the nodes under ``dp``: distributed DP), else the algorithm's aggregate (divided by p
-    under randomized response; ``dp``'s central mechanism is the loop's)."""
-    if privacy is not None and privacy.secure_aggregation:
-        if grid is None:  # e.g. a runtime without its nodes
-            raise FedsubError("Flower: secure row sums need the nodes (no grid given)")
-        secure = SecureRows(grid, node_of, aggregation, privacy, requests, timeout, record, dp)
-        return secure.combine
-    return download_combine(aggregation, privacy)

@@ -1,31 +1,14 @@
 """Flower as a runtime of the engine's round loop (engine/round_runtime.py): the ServerApp
-runs ``engine.loop.drive`` (the loop the in-process engine runs) and this runtime does each
-round's work over Flower Messages through the ``Grid``.
-
-- ``open``: the nodes register (flower/joining.py; with exact heat they send their S(k) and
-  sample count, with a private ``privacy.heat_source`` their partition only and the heat comes
-  from the private exchange, ``heat_exchange.collect_heat``) and the algorithm is built over
-  the registered population; a resumed run takes the population (and a private source's
-  heat) from its checkpoint instead;
-- ``available``: the clients whose node is online and has not failed; the heat coefficients
-  (and N, the sample counts, the server optimizer's population) are rebuilt over every
-  registered client when registrations changed, at rounds 1, 1 + R, ... (R =
-  ``heat-refresh-every``; ``ServerRound.repopulate``); a client is sampled only once the
-  coefficients count it;
-- ``run_cohort``: one train Message per sampled node (flower/train_round.py), the replies
-  read into the cohort's update. A node that fails or times out is left out, and out of the
-  next rounds until it answers a registration question sent right after: the round's mean is
-  over the replies received if there are at least ``min-replies``, else ``RoundFailed``; after
-  ``max-failed-rounds`` such rounds in a row the run stops with ``RoundsFailed`` (the rule
-  and the records: engine/round_records.py). At ``privacy.level = "full"`` the deltas are
-  summed by secure aggregation with the nodes that replied (flower/secure_rows.py, the round's
-  combine);
-- ``evaluate``: federated (flower/federated_eval.py): each node scores the global rows its
-  samples read and replies sums, never a sample; plus the server's own test file if given.
-
-Every round leaves a record (replies, bytes, partitions left out, what the step did, and with
-a meter every message's bytes and the nodes' and server's seconds, flower/costs.py), kept in
-checkpoints as the runtime's history.
+runs ``engine.loop.drive``, the loop the in-process engine runs, and this runtime does each
+round's work over Flower Messages through the ``Grid``: the nodes register as they come
+online (flower/joining.py; with a private ``privacy.heat_source`` the heat comes from the
+private exchange, flower/heat_exchange.py), each sampled node gets one train Message
+(flower/train_round.py) and the replies become the cohort's update (summed by secure
+aggregation at ``privacy.level = "full"``, flower/secure_rows.py); a node that fails or times
+out is left out until it answers again, and a round with fewer than ``min-replies`` replies
+fails (engine/round_records.py). Evaluation is federated (flower/federated_eval.py). Every
+round leaves a record (replies, bytes, partitions left out, the step, and its costs,
+flower/costs.py), kept in checkpoints as the runtime's history.
 """
 
 from __future__ import annotations
@@ -56,11 +39,10 @@ from fedsub.errors import FedsubError
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import Recorder, collect_heat
-from fedsub.flower.joining import Joining
-from fedsub.flower.membership import Registrar
-from fedsub.flower.private_download import downloads_privately
+from fedsub.flower.joining import Joining, Registrar
+from fedsub.flower.private_download import download_combine, downloads_privately
 from fedsub.flower.row_queries import SampledRows
-from fedsub.flower.secure_rows import round_combine
+from fedsub.flower.secure_rows import SecureRows
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.train_round import ReplyReader, reply_partition, train_messages
 from fedsub.privacy.heat_report import HeatReport, PrivateHeatStage
@@ -113,31 +95,32 @@ class FlowerRuntime:
         schedule: Schedule,
         settings: FlowerSettings,
         privacy: HeatPrivacy | None = None,
-        evaluation: FederatedEvaluation | None = None,
+        query: dict[str, int | str] | None = None,
         observers: Observers | None = None,
         server_test: Callable[[Params], dict[str, float]] | None = None,
     ) -> None:
         self.grid, self.params, self.served, self.schedule = grid, params, served, schedule
         self.settings = settings
         self.privacy = privacy or HeatPrivacy()
-        self.evaluation = evaluation or FederatedEvaluation(every=0, rounds=schedule.rounds)
+        self.query = dict(query or {})  # every message carries it: the run's feature spec
+        self.evaluation = FederatedEvaluation()
         self.observers = observers or Observers()
         self.server_test = server_test
-        self.records = RoundRecords(settings.min_replies, settings.max_failed_rounds)
+        replies = settings.replies
+        self.timeout = replies.round_timeout  # every wave of Messages waits as long
+        self.records = RoundRecords(replies.min_replies, replies.max_failed_rounds)
         self.heat_report: HeatReport | None = None  # what a private heat source measured
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
         private = self.privacy.source != "exact"
-        query = {"what": "partition" if private else "index", **self.evaluation.query}
+        query = {"what": "partition" if private else "index", **self.query}
         self.joining = Joining(
             self.membership,
             Registrar(query, on_reply=self._heard),
-            settings.min_nodes,
-            settings.node_wait,
+            settings.nodes.min_nodes,
+            settings.nodes.node_wait,
             self._registered,
         )
-        self.sampled = SampledRows(
-            self.membership, schedule.privacy, self.evaluation.query, settings.round_timeout
-        )
+        self.sampled = SampledRows(self.membership, schedule.privacy, self.query, self.timeout)
         self.index: SubmodelIndex | None = None  # exact heat: the counted clients' S(k)
         # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
         self.counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
@@ -182,7 +165,7 @@ class FlowerRuntime:
         """The clients whose node is online and answering, after this round's registrations
         (and a refresh of the coefficients when due: exact heat, no [dp])."""
         online = self.joining.update(self.grid)
-        due = (round_index - 1) % self.settings.heat_refresh_every == 0
+        due = (round_index - 1) % self.settings.nodes.heat_refresh_every == 0
         # under [dp] the population counted at round 1 stays (the accountant's sampling rate
         # and the mechanism's fixed denominator are over it): a later client is not sampled
         fixed = rounds.dp is not None or self.privacy.source != "exact"
@@ -234,7 +217,7 @@ class FlowerRuntime:
                 self.privacy,
                 self.served.heat,
                 tables,
-                self.settings.round_timeout,
+                self.timeout,
                 self.observers.on_heat_reply,
             )
             missing = sorted(k for k, n in nodes.items() if n not in report.contributors)
@@ -258,16 +241,25 @@ class FlowerRuntime:
         )
 
     def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
-        return round_combine(
+        """The round's aggregation: secure row sums at ``full`` (noised by the nodes under
+        [dp]: distributed DP), else the algorithm's (divided by p under randomized response;
+        [dp]'s central mechanism is the loop's)."""
+        privacy, aggregation = self.schedule.privacy, algorithm.aggregation
+        if privacy is None or not privacy.secure_aggregation:
+            return download_combine(aggregation, privacy)
+        nodes, on_reply = PositionNodes(self.membership), self.observers.on_heat_reply
+        requests = lambda: self.sampled.rows  # noqa: E731  (this round's, when it combines)
+        secure = SecureRows(
             self.grid,
-            PositionNodes(self.membership),
-            algorithm.aggregation,
-            self.schedule.privacy,
-            lambda: self.sampled.rows,
-            self.settings.round_timeout,
-            self.observers.on_heat_reply,
-            self.schedule.dp if self.counts_secret else None,  # [dp] at full: distributed
+            nodes,
+            aggregation,
+            privacy,
+            requests,
+            self.timeout,
+            on_reply,
+            self.schedule.dp,
         )
+        return secure.combine
 
     def _heat_stage(self) -> PrivateHeatStage:
         def put(report: HeatReport) -> None:
@@ -320,7 +312,7 @@ class FlowerRuntime:
         replies = exchange(
             self.grid,
             messages,
-            self.settings.round_timeout,
+            self.timeout,
             lambda: self.joining.ask_newcomers(self.grid),
         )
         updates, received = self._read(r, replies, sent_to)
@@ -410,16 +402,17 @@ class FlowerRuntime:
     def evaluate(self, round_index: int, params: Params) -> dict[str, float] | None:
         """The federated metrics after the round (not at privacy full: a node's sums name
         its sample counts) and the server's own test file's, when due; round 0 has none."""
-        if round_index == 0 or not self.evaluation.due(round_index):
+        every, last = self.settings.eval_every, self.schedule.rounds  # every 0: never
+        if round_index == 0 or not every or (round_index % every and round_index < last):
             return None
+        metrics: dict[str, float] = {}
         if not self.counts_secret:
             online = set(self.grid.get_node_ids()) - self.membership.dropped
             registered = self.membership.registered.items()
             node_of = {k: r.node for k, r in registered if r.node in online}
-            messages = self.evaluation.messages(round_index, params, node_of)
-            replies = exchange(self.grid, messages, self.settings.round_timeout)
-            self.evaluation.aggregate(round_index, replies)
-        metrics = dict(self.evaluation.results.get(round_index, {}))
+            messages = self.evaluation.messages(round_index, params, node_of, self.query)
+            replies = exchange(self.grid, messages, self.timeout)
+            metrics = self.evaluation.aggregate(round_index, replies)
         if self.server_test is not None:
             metrics.update(self.server_test(params))
         shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
