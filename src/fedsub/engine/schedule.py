@@ -1,4 +1,5 @@
-"""The training schedule shared by every algorithm of a comparison."""
+"""The training schedule shared by every algorithm of a comparison, in records by concern as
+the config's sections are (``runs/run_setup.py``'s ``schedule_of`` builds it)."""
 
 from __future__ import annotations
 
