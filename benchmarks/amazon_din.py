@@ -43,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import initial_params, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.din import DIN
 from fedsub.submodel.index import SubmodelIndex
 from workloads import amazon_files
@@ -57,7 +58,13 @@ def round_times(dataset, index, model, backend: str, rounds: int) -> dict:
     """Median wall and CPU seconds of rounds 2..``rounds`` of FedSubAvg on ``backend``."""
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", K))
     schedule = Schedule(
-        rounds, K, STEPS, B, LR, 0, backend=backend, lr_schedule="exponential", clip_norm=CLIP
+        rounds,
+        K,
+        STEPS,
+        B,
+        ClientStep(LR, lr_schedule="exponential", clip_norm=CLIP),
+        0,
+        execution=Execution(backend=backend),
     )
     wall, cpu = [time.perf_counter()], [time.process_time()]
 
@@ -96,7 +103,7 @@ def rounds_figure(dataset, index, model, runs: int) -> dict:
 
 def eval_figure(dataset, index, model, runs: int) -> dict:
     """One evaluation's wall and CPU seconds, against the batched round measured around it."""
-    params = initial_params(model, Schedule(1, K, STEPS, B, LR, 0))
+    params = initial_params(model, Schedule(1, K, STEPS, B, ClientStep(LR), 0))
     evaluator = Evaluator.build(model, dataset, 10_000, 0)
     evaluator.evaluate(params)  # builds the cached evaluation batches, as a run's first does
     wall, cpu, rounds = [], [], []

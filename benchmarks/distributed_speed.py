@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fedsub import distributed
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 from workloads import zipf_clicks
@@ -52,7 +53,15 @@ def one_run(rounds: int, k: int, device: str, out: Path) -> None:
     index = SubmodelIndex.build(dataset)
     model = EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=DIM)
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", k))
-    schedule = Schedule(rounds, k, STEPS, B, LR, SEED, backend="batched", device=place)
+    schedule = Schedule(
+        rounds,
+        k,
+        STEPS,
+        B,
+        ClientStep(LR),
+        SEED,
+        execution=Execution(backend="batched", device=place),
+    )
     stamps = [time.perf_counter()]
     gathers: list[float] = []
     gather = distributed.all_gather

@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
@@ -48,7 +49,8 @@ ROUNDS, K, B, STEPS, LR, SEED = 50, 50, 5, 10, 0.1, 0
 def fedsub_run(dataset, model, backend: str, rounds: int = ROUNDS, k: int = K, b: int = B):
     index = SubmodelIndex.build(dataset)
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", k))
-    schedule = Schedule(rounds, k, STEPS, b, LR, SEED, backend=backend)  # type: ignore[arg-type]
+    on = Execution(backend=backend)
+    schedule = Schedule(rounds, k, STEPS, b, ClientStep(LR), SEED, execution=on)
     stamps = [time.perf_counter()]
     params = train(
         model,

@@ -48,8 +48,9 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.device import resolve_device
 from fedsub.engine import server_round
+from fedsub.engine.execution import Compile, Execution
 from fedsub.engine.loop import initial_params, train
-from fedsub.engine.schedule import Compile, Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
@@ -107,10 +108,10 @@ def timed_run(model, dataset, index, schedule: Schedule, algorithm: str = "fedsu
     stamps: list[float] = []
 
     def on_round(r: int) -> None:
-        synchronize(schedule.device)
+        synchronize(schedule.execution.device)
         stamps.append(time.perf_counter())
 
-    synchronize(schedule.device)
+    synchronize(schedule.execution.device)
     stamps.append(time.perf_counter())
     params = train(model, built, dataset, index, schedule, on_round=on_round)
     per_round = np.diff(stamps)
@@ -119,7 +120,16 @@ def timed_run(model, dataset, index, schedule: Schedule, algorithm: str = "fedsu
 
 
 def schedule(device: torch.device, k: int, rounds: int, batch: int = BATCH) -> Schedule:
-    return Schedule(rounds, k, STEPS, batch, LR, SEED, device=device, eval_every=10**9)
+    return Schedule(
+        rounds,
+        k,
+        STEPS,
+        batch,
+        ClientStep(LR),
+        SEED,
+        execution=Execution(device=device),
+        eval_every=10**9,
+    )
 
 
 def embedding_lr(dataset) -> EmbeddingLogisticRegression:
@@ -146,7 +156,8 @@ def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = Fals
         per_k[k] = seconds
         print(f"(g1) K = {k}: {seconds * 1e3:.2f} ms / round", flush=True)
         if compile:
-            captured = dataclasses.replace(eager, compile=Compile.for_device(device))
+            on = dataclasses.replace(eager.execution, compile=Compile.for_device(device))
+            captured = dataclasses.replace(eager, execution=on)
             c_seconds, c_rounds, c_model = timed_run(model, dataset, index, captured)
             difference = max(
                 float((a - c_model.state_dict()[n].to(a.device)).abs().max())
@@ -195,9 +206,9 @@ def host_placement(device: torch.device, base: Schedule) -> Schedule | str:
         )
     except FedsubError as error:
         return f"not available: the config refuses it ({error})"
-    if not hasattr(configured, "table_placement"):
-        return "not available: Schedule has no table_placement"
-    return dataclasses.replace(base, **{"table_placement": configured.table_placement})
+    placement = configured.execution.table_placement
+    on_host = dataclasses.replace(base.execution, table_placement=placement)
+    return dataclasses.replace(base, execution=on_host)
 
 
 def g3(size: dict, device: torch.device, rounds: int, g1_k_ms: float | None) -> dict:

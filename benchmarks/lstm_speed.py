@@ -32,8 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.cohort_ops import single_client
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.submodel.index import SubmodelIndex
@@ -52,7 +53,9 @@ class PackedPerClient(LSTMClassifier):
 
 def one_run(dataset, index, model, backend: str, rounds: int) -> dict:
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", K))
-    schedule = Schedule(rounds, K, STEPS, B, LR, SEED, backend=backend)
+    schedule = Schedule(
+        rounds, K, STEPS, B, ClientStep(LR), SEED, execution=Execution(backend=backend)
+    )
     wall, cpu = [time.perf_counter()], [time.process_time()]
 
     def stamp(_round: int) -> None:

@@ -50,8 +50,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from engine_speed import LR, ROUNDS, SEED, STEPS, B, K, flower_run
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import initial_params, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
@@ -84,7 +85,9 @@ def fedsub_run(dataset, backend: str, rounds: int) -> tuple[dict[str, float], di
     model = SparseLogisticRegression(dict(dataset.table_rows))
     index = SubmodelIndex.build(dataset)
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", K))
-    schedule = Schedule(rounds, K, STEPS, B, LR, SEED, backend=backend)
+    schedule = Schedule(
+        rounds, K, STEPS, B, ClientStep(LR), SEED, execution=Execution(backend=backend)
+    )
     clock = RoundTimes()
     params = train(model, algorithm, dataset, index, schedule, on_round=clock.stamp)
     final = {
@@ -152,7 +155,8 @@ def pfl_run(dataset, rounds: int = ROUNDS) -> tuple[dict[str, float], dict[str, 
 
     federated = FederatedDataset(make_dataset_fn, user_sampler)
     start = initial_params(
-        SparseLogisticRegression(dict(dataset.table_rows)), Schedule(1, K, STEPS, B, LR, SEED)
+        SparseLogisticRegression(dict(dataset.table_rows)),
+        Schedule(1, K, STEPS, B, ClientStep(LR), SEED),
     )
     module = PflSparseLR(start.tables["features"], start.dense["bias"])
     model = PyTorchModel(

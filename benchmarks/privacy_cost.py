@@ -25,7 +25,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.loop import RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.registry import build_model
 from fedsub.privacy import private_download
 from fedsub.privacy.levels import Privacy
@@ -65,12 +65,14 @@ def main() -> None:
         "full-buckets": Privacy("full", download="buckets"),
         "full-rr": Privacy("full", download_epsilon=args.rr_epsilon),
     }
-    warm_up = Schedule(1, args.clients, 10, 5, 0.1, seed=0, privacy=Privacy("none"))
+    warm_up = Schedule(1, args.clients, 10, 5, ClientStep(0.1), seed=0, privacy=Privacy("none"))
     train(model, algorithm, dataset, index, warm_up)
     levels = {}
     for name, privacy in runs.items():
         stages: list[PrivateRounds] = []
-        schedule = Schedule(args.rounds, args.clients, 10, 5, 0.1, seed=0, privacy=privacy)
+        schedule = Schedule(
+            args.rounds, args.clients, 10, 5, ClientStep(0.1), seed=0, privacy=privacy
+        )
         control = RunControl(on_private_rounds=stages.append)
         started = time.perf_counter()
         train(model, algorithm, dataset, index, schedule, control=control)

@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "two-t
 from two_tower import TwoTower, clicks
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.base import Model
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.torch_module import wrap
@@ -100,7 +101,9 @@ def embedding_lr(runs: int, rounds: int) -> dict:
     for _ in range(runs):  # alternating: a slow spell of the machine falls on every case
         for name, model in models.items():
             for backend in ("batched", "sequential"):
-                schedule = Schedule(rounds, 50, 10, 5, 0.1, 0, backend=backend)
+                schedule = Schedule(
+                    rounds, 50, 10, 5, ClientStep(0.1), 0, execution=Execution(backend=backend)
+                )
                 seconds, finals[name, backend] = per_round(
                     model, dataset, index, schedule, "fedavg"
                 )
@@ -140,7 +143,9 @@ def two_tower(runs: int, rounds: int) -> dict:
     finals = {}
     for _ in range(runs):
         for backend in ("batched", "sequential"):
-            schedule = Schedule(rounds, 20, 5, 8, 0.3, 0, backend=backend)
+            schedule = Schedule(
+                rounds, 20, 5, 8, ClientStep(0.3), 0, execution=Execution(backend=backend)
+            )
             seconds, finals[backend] = per_round(model, dataset, index, schedule, "fedsubavg")
             times.setdefault(backend, []).append(seconds)
     median = {k: statistics.median(v) for k, v in times.items()}

@@ -103,14 +103,22 @@ def assert_one_step_lowers_loss(model, params: Params, batch, lr: float) -> None
     assert float(after) < float(before.detach())
 
 
-def assert_backends_agree(model, dataset, index, algorithm: str, clients: int, **schedule):
+def assert_backends_agree(
+    model, dataset, index, algorithm: str, clients: int, lr=0.2, clip_norm=0.0, **schedule
+):
     """Every backend trains ``algorithm`` to the reference's global model (float64, 1e-10)."""
-    from fedsub.engine.schedule import Schedule
+    from fedsub.engine.execution import Execution
+    from fedsub.engine.schedule import ClientStep, Schedule
 
     from .equivalence import algorithm_for, assert_backends_match_reference
 
-    settings = {"rounds": 3, "local_steps": 2, "batch_size": 4, "lr": 0.2, "seed": 0, **schedule}
-    run = Schedule(clients_per_round=clients, dtype=torch.float64, **settings)
+    settings = {"rounds": 3, "local_steps": 2, "batch_size": 4, "seed": 0, **schedule}
+    run = Schedule(
+        clients_per_round=clients,
+        client_step=ClientStep(lr, clip_norm=clip_norm),
+        execution=Execution(dtype=torch.float64),
+        **settings,
+    )
     built = algorithm_for(algorithm, dataset, index, clients)
     assert_backends_match_reference(model, built, dataset, index, run)
 

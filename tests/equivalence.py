@@ -27,6 +27,13 @@ def algorithm_for(
     return build_algorithm(name, AlgorithmContext(dataset, index, heat, clients), options)
 
 
+def with_execution(schedule: Schedule, **changes) -> Schedule:
+    """``schedule`` with some of its [execution] settings changed (``backend="sequential"``)."""
+    return dataclasses.replace(
+        schedule, execution=dataclasses.replace(schedule.execution, **changes)
+    )
+
+
 def train_on_backends(
     model, algorithm: Algorithm, dataset, index, schedule: Schedule, backends: list[str]
 ) -> dict[str, Params]:
@@ -34,11 +41,12 @@ def train_on_backends(
     ``backends`` (on FEDSUB_TEST_DEVICE, the CPU unless set; width-sliced training too)."""
     device = TEST_DEVICE
     # the reference always runs as the reference (a Schedule's default backend is "batched")
-    reference = dataclasses.replace(schedule, backend=REFERENCE)
+    reference = with_execution(schedule, backend=REFERENCE)
     results = {REFERENCE: train(model, algorithm, dataset, index, reference)}
     for backend in backends:
-        on_device = dataclasses.replace(schedule, backend=backend, device=device)
-        results[backend] = train(model, algorithm, dataset, index, on_device).to(schedule.device)
+        on_device = with_execution(schedule, backend=backend, device=device)
+        trained = train(model, algorithm, dataset, index, on_device)
+        results[backend] = trained.to(schedule.execution.device)
     return results
 
 

@@ -24,8 +24,9 @@ from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine import backends, sequential
 from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backend
 from fedsub.engine.cohort_job import CohortJob, composed
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models import sparse_lr_closed_form as closed_form
 from fedsub.models.base import CohortHead
@@ -94,7 +95,15 @@ def run(data: str, algorithm: str, schedule: Schedule, control=None, on_round=No
 def test_every_backend_equals_the_reference(backend, algorithm, data, dtype, tolerance):
     dataset = DATASETS[data]()
     index = SubmodelIndex.build(dataset)
-    schedule = Schedule(5, 7, local_steps=4, batch_size=3, lr=0.3, seed=2, dtype=dtype)
+    schedule = Schedule(
+        5,
+        7,
+        local_steps=4,
+        batch_size=3,
+        client_step=ClientStep(lr=0.3),
+        seed=2,
+        execution=Execution(dtype=dtype),
+    )
     results = assert_backends_match_reference(
         model_for(dataset),
         algorithm_for(algorithm, dataset, index),
@@ -118,7 +127,15 @@ def test_clients_with_fewer_samples_than_a_batch(backend):
         algorithm_for("fedsubavg", dataset, index, heat="clients"),
         dataset,
         index,
-        Schedule(3, 3, local_steps=5, batch_size=4, lr=0.5, seed=0, dtype=torch.float64),
+        Schedule(
+            3,
+            3,
+            local_steps=5,
+            batch_size=4,
+            client_step=ClientStep(lr=0.5),
+            seed=0,
+            execution=Execution(dtype=torch.float64),
+        ),
         [backend],
         atol=1e-12,
     )
@@ -142,7 +159,7 @@ VARIANTS = {
 @pytest.mark.parametrize("backend", CHECKED_BACKENDS)
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rule_and_scheme_variants(backend, variant):
-    name, schedule_extra, options = VARIANTS[variant]
+    name, step_extra, options = VARIANTS[variant]
     dataset = DATASETS["two-tables-dense"]()
     index = SubmodelIndex.build(dataset)
     model = SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
@@ -150,7 +167,13 @@ def test_rule_and_scheme_variants(backend, variant):
         name, dataset, index, 12, options=options_class(name.split("@")[0])(**options)
     )
     schedule = Schedule(
-        4, 12, local_steps=3, batch_size=4, lr=0.3, seed=5, dtype=torch.float64, **schedule_extra
+        4,
+        12,
+        local_steps=3,
+        batch_size=4,
+        client_step=ClientStep(lr=0.3, **step_extra),
+        seed=5,
+        execution=Execution(dtype=torch.float64),
     )
     assert_backends_match_reference(model, algorithm, dataset, index, schedule, [backend])
 
@@ -179,7 +202,7 @@ def test_models_without_a_cohort_head_are_vmapped_and_agree(backend):
         algorithm_for("fedsubavg", dataset, index, 4, heat="clients"),
         dataset,
         index,
-        Schedule(4, 4, 3, 2, 0.1, seed=0, dtype=torch.float64),
+        Schedule(4, 4, 3, 2, ClientStep(0.1), seed=0, execution=Execution(dtype=torch.float64)),
         [backend],
         atol=1e-12,
     )
@@ -236,7 +259,7 @@ def test_fields_sharing_a_table_train_alike_on_every_backend(backend):
         algorithm_for("fedsubavg", dataset, index, 5),
         dataset,
         index,
-        Schedule(4, 5, 3, 3, 0.3, seed=1, dtype=torch.float64),
+        Schedule(4, 5, 3, 3, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)),
         [backend],
     )
 
@@ -255,7 +278,7 @@ def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(backend, c
             algorithm_for("fedavg", dataset, index, 3, heat="clients"),
             dataset,
             index,
-            Schedule(2, 3, 1, 1, 0.1, seed=0, dtype=torch.float64),
+            Schedule(2, 3, 1, 1, ClientStep(0.1), seed=0, execution=Execution(dtype=torch.float64)),
             [backend],
             atol=0,
         )
@@ -292,7 +315,15 @@ def test_a_new_backend_is_one_registration(monkeypatch):
         algorithm_for("scaffold", dataset, index, 5),
         dataset,
         index,
-        Schedule(3, 5, local_steps=2, batch_size=3, lr=0.3, seed=0, dtype=torch.float64),
+        Schedule(
+            3,
+            5,
+            local_steps=2,
+            batch_size=3,
+            client_step=ClientStep(lr=0.3),
+            seed=0,
+            execution=Execution(dtype=torch.float64),
+        ),
         ["reversed"],
     )
     assert calls == [1, 2, 3]  # the loop ran the registered backend, once a round

@@ -10,8 +10,9 @@ from fedsub.algorithms.sampling import sample_cohort
 from fedsub.client.work import CohortWork, round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import central_setup, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.sequential import client_round
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
@@ -27,7 +28,9 @@ def test_fedprox_with_mu_zero_is_fedavg(small_synthetic):
     index = SubmodelIndex.build(ds)
     model = SparseLogisticRegression(dict(ds.table_rows))
     context = AlgorithmContext(ds, index, "samples", 8)
-    schedule = Schedule(5, 8, 4, 3, 0.3, seed=1, dtype=torch.float64)
+    schedule = Schedule(
+        5, 8, 4, 3, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)
+    )
     fedavg = train(model, build_algorithm("fedavg", context), ds, index, schedule)
     prox0 = train(
         model, build_algorithm("fedprox", context, FedProxOptions(mu=0.0)), ds, index, schedule
@@ -62,10 +65,9 @@ def run_quadratic(name: str, rounds: int, lr: float, lr_schedule: str = "constan
         dataset.num_clients,
         local_steps=5,
         batch_size=1,
-        lr=lr,
+        client_step=ClientStep(lr=lr, lr_schedule=lr_schedule),
         seed=0,
-        dtype=torch.float64,
-        lr_schedule=lr_schedule,
+        execution=Execution(dtype=torch.float64),
     )
     context = AlgorithmContext(dataset, index, "samples", dataset.num_clients)
     params = train(model, build_algorithm(name, context), dataset, index, schedule)
@@ -93,7 +95,15 @@ def test_li_theorem4_constant_lr_stalls_decaying_lr_approaches_optimum():
 
 def fixed_round_updates(ds, index, model):
     params = model.init(torch.Generator().manual_seed(0), torch.float64)
-    schedule = Schedule(1, 1, local_steps=3, batch_size=4, lr=0.5, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        1,
+        1,
+        local_steps=3,
+        batch_size=4,
+        client_step=ClientStep(lr=0.5),
+        seed=0,
+        execution=Execution(dtype=torch.float64),
+    )
     work = CohortWork(round_chain(()), np.full(1, 0.5))
     return [
         client_round(model, params, ds, index, k, 1, schedule, work) for k in range(ds.num_clients)
@@ -149,7 +159,9 @@ def test_central_sgd_takes_batches_of_k_times_b_from_the_pooled_data(small_synth
     ds = small_synthetic
     index = SubmodelIndex.build(ds)
     k, b, steps, lr = 6, 4, 3, 0.2
-    schedule = Schedule(1, k, steps, b, lr, seed=3, dtype=torch.float64)
+    schedule = Schedule(
+        1, k, steps, b, ClientStep(lr), seed=3, execution=Execution(dtype=torch.float64)
+    )
     pooled, _, central_schedule = central_setup(ds, schedule)
     assert pooled.num_clients == 1 and len(pooled.train) == len(ds.train)
     assert central_schedule.batch_size == k * b and central_schedule.clients_per_round == 1

@@ -26,8 +26,9 @@ from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine import captured_step
 from fedsub.engine.captured_step import PaddedCohort, size_class
+from fedsub.engine.execution import Compile, Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Compile, Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.pooling import sum_pool
@@ -65,7 +66,9 @@ def assert_same_model(eager, captured, dtype) -> None:
 
 def run_both(model, algorithm, dataset, index, schedule: Schedule, compile: Compile = CHEAP):
     eager = train(model, algorithm, dataset, index, schedule)
-    compiled = dataclasses.replace(schedule, compile=compile)
+    compiled = dataclasses.replace(
+        schedule, execution=dataclasses.replace(schedule.execution, compile=compile)
+    )
     captured = train(model, algorithm, dataset, index, compiled)
     return eager, captured
 
@@ -115,7 +118,15 @@ def test_the_captured_step_gives_the_eager_model_on_every_capturable_model(
     dataset, index = dataset_for(name, str(tmp_path_factory.getbasetemp()))
     options = {**OPTIONS, "widths": SMALL_WIDTHS.get(name, [])}
     model = build_model(name, dataset, options)
-    schedule = Schedule(3, 3, local_steps=2, batch_size=3, lr=0.3, seed=4, dtype=dtype)
+    schedule = Schedule(
+        3,
+        3,
+        local_steps=2,
+        batch_size=3,
+        client_step=ClientStep(lr=0.3),
+        seed=4,
+        execution=Execution(dtype=dtype),
+    )
     eager, captured = run_both(model, fedsubavg(dataset, index, 3), dataset, index, schedule)
     assert_same_model(eager, captured, dtype)
 
@@ -145,7 +156,8 @@ def test_the_captured_step_gives_the_eager_model_with_every_client_rule(rule):
     config = config_lib.parse({"train": {"algorithms": [name]}, **COMPOSED})
     context = AlgorithmContext(dataset, index, "samples", 5)
     algorithm = build_algorithm(name, context, config.algorithm_options(name))
-    schedule = Schedule(3, 5, 2, 4, lr=0.3, seed=1, dtype=torch.float64, **extra)
+    step = ClientStep(lr=0.3, **extra)
+    schedule = Schedule(3, 5, 2, 4, step, seed=1, execution=Execution(dtype=torch.float64))
     eager, captured = run_both(model, algorithm, dataset, index, schedule)
     assert_same_model(eager, captured, torch.float64)
 
@@ -161,7 +173,9 @@ def test_fields_sharing_a_table_pad_into_that_table():
         fields=tuple(dataset.train.ids),
         field_tables=dict(dataset.field_tables),
     )
-    schedule = Schedule(3, 3, 2, 3, lr=0.3, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        3, 3, 2, 3, client_step=ClientStep(lr=0.3), seed=0, execution=Execution(dtype=torch.float64)
+    )
     eager, captured = run_both(model, fedsubavg(dataset, index, 3), dataset, index, schedule)
     assert_same_model(eager, captured, torch.float64)
 
@@ -179,7 +193,15 @@ def test_the_cuda_graph_loop_keeps_copies_and_gives_the_eager_model(monkeypatch)
 
     monkeypatch.setattr(captured_step, "run_steps", as_on_cuda)
     dataset, index, model = setup("synthetic")
-    schedule = Schedule(3, 4, 3, 3, lr=0.3, seed=1, dtype=torch.float64, momentum=0.5)
+    schedule = Schedule(
+        3,
+        4,
+        3,
+        3,
+        client_step=ClientStep(lr=0.3, momentum=0.5),
+        seed=1,
+        execution=Execution(dtype=torch.float64),
+    )
     eager, captured = run_both(model, fedsubavg(dataset, index, 4), dataset, index, schedule)
     assert calls == [{"cuda_graphs": False}] * 3
     assert_same_model(eager, captured, torch.float64)
@@ -204,7 +226,15 @@ def test_a_run_compiles_at_most_one_program_per_size_class(monkeypatch):
     monkeypatch.setattr(PaddedCohort, "ids", recorded)
     dataset, index, model = setup("synthetic")
     counter = CompileCounterWithBackend("aot_eager")
-    schedule = Schedule(10, 7, 4, 3, lr=0.3, seed=2, dtype=torch.float64, compile=Compile(counter))
+    schedule = Schedule(
+        10,
+        7,
+        4,
+        3,
+        client_step=ClientStep(lr=0.3),
+        seed=2,
+        execution=Execution(dtype=torch.float64, compile=Compile(counter)),
+    )
     train(model, fedsubavg(dataset, index, 7), dataset, index, schedule)
     assert len(shapes) > 2 * len(classes)  # the padding is what bounds the programs
     assert 1 <= counter.frame_count <= len(classes)
@@ -222,7 +252,9 @@ def test_a_model_with_value_dependent_shapes_runs_eagerly_and_says_so(caplog):
     dataset, index, _ = setup("synthetic")
     model = ValueShaped(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
     counter = CompileCounterWithBackend("eager")
-    schedule = Schedule(2, 4, 2, 3, lr=0.3, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        2, 4, 2, 3, client_step=ClientStep(lr=0.3), seed=0, execution=Execution(dtype=torch.float64)
+    )
     captured_step._TOLD.discard("ValueShaped")
     with caplog.at_level(logging.WARNING, logger="fedsub"):
         eager, captured = run_both(
@@ -276,8 +308,8 @@ def parse(train: dict):
 @needs_compile
 def test_train_compile_is_off_by_default_and_on_gives_inductor():
     assert config_lib.parse({}).execution.compile == "off"
-    assert schedule_of(config_lib.parse({})).compile is None
-    assert schedule_of(parse({})).compile == Compile("inductor", None)
+    assert schedule_of(config_lib.parse({})).execution.compile is None
+    assert schedule_of(parse({})).execution.compile == Compile("inductor", None)
     assert Compile.for_device(torch.device("cuda")) == Compile("inductor", "reduce-overhead")
     with pytest.raises(ConfigError, match=r"execution\.compile"):
         config_lib.parse({"train": {"compile": "yes"}})
@@ -314,7 +346,9 @@ def test_the_command_line_refuses_it_with_exit_code_2(tmp_path, capsys):
 def test_inductor_gives_the_eager_model():
     """The backend ``execution.compile = "on"`` uses on the CPU: generated C++ kernels."""
     dataset, index, model = setup("synthetic")
-    schedule = Schedule(2, 4, 2, 3, lr=0.3, seed=2, dtype=torch.float64)
+    schedule = Schedule(
+        2, 4, 2, 3, client_step=ClientStep(lr=0.3), seed=2, execution=Execution(dtype=torch.float64)
+    )
     eager, captured = run_both(
         model, fedsubavg(dataset, index, 4), dataset, index, schedule, Compile("inductor")
     )

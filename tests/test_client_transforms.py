@@ -21,9 +21,10 @@ from fedsub.client.transforms import (
 )
 from fedsub.client.work import round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.engine.execution import Execution
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.mlp import MLP
 from fedsub.submodel.index import SubmodelIndex
@@ -82,17 +83,24 @@ def test_client_adam_batched_equals_sequential(scheme):
     algorithm = dataclasses.replace(algorithm, client=(Adam(),))
     results = {}
     for backend in ("sequential", "batched"):
-        schedule = Schedule(
-            3, 6, local_steps=4, batch_size=3, lr=0.05, seed=2, dtype=torch.float64,
-            backend=backend, clip_norm=0.5, weight_decay=0.01,
-        )  # fmt: skip
+        step = ClientStep(lr=0.05, clip_norm=0.5, weight_decay=0.01)
+        execution = Execution(dtype=torch.float64, backend=backend)
+        schedule = Schedule(3, 6, 4, 3, step, seed=2, execution=execution)
         results[backend] = train(model, algorithm, dataset, index, schedule)
     plain = train(
         model,
         build_algorithm(f"fedavg{scheme}", AlgorithmContext(dataset, index, "samples")),
         dataset,
         index,
-        Schedule(3, 6, local_steps=4, batch_size=3, lr=0.05, seed=2, dtype=torch.float64),
+        Schedule(
+            3,
+            6,
+            local_steps=4,
+            batch_size=3,
+            client_step=ClientStep(lr=0.05),
+            seed=2,
+            execution=Execution(dtype=torch.float64),
+        ),
     )
     for name, reference in results["sequential"].state_dict().items():
         got = results["batched"].state_dict()[name]

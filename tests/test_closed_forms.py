@@ -25,8 +25,9 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import sample_cohort
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -148,7 +149,13 @@ def engine(name: str, rounds: int, backend: str, heat: str = "samples", options=
     context = AlgorithmContext(dataset, index, heat, K)
     algorithm = build_algorithm(name, context, options)
     schedule = Schedule(
-        rounds, K, STEPS, batch_size=1, lr=LR, seed=SEED, dtype=torch.float64, backend=backend
+        rounds,
+        K,
+        STEPS,
+        batch_size=1,
+        client_step=ClientStep(lr=LR),
+        seed=SEED,
+        execution=Execution(dtype=torch.float64, backend=backend),
     )
     return train(QuadraticWithBias(), algorithm, dataset, index, schedule)
 

@@ -16,8 +16,9 @@ from fedsub.algorithms.registry import (
     heat_coefficients,
 )
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -30,13 +31,14 @@ def parse(text: str) -> config_lib.Config:
     return config_lib.parse(config_lib.tomllib.loads(text))
 
 
-def run(config: config_lib.Config, name: str, dataset, rounds: int = 3, **schedule):
+def run(config: config_lib.Config, name: str, dataset, rounds: int = 3):
     index = SubmodelIndex.build(dataset)
     context = AlgorithmContext(dataset, index, "samples", 4)
     algorithm = build_algorithm(name, context, config.algorithm_options(name))
     model = SparseLogisticRegression(dict(dataset.table_rows))
-    settings = dict(local_steps=3, batch_size=4, lr=0.3, seed=1, dtype=torch.float64)
-    return train(model, algorithm, dataset, index, Schedule(rounds, 4, **settings | schedule))
+    float64 = Execution(dtype=torch.float64)
+    schedule = Schedule(rounds, 4, 3, 4, ClientStep(0.3), seed=1, execution=float64)
+    return train(model, algorithm, dataset, index, schedule)
 
 
 def composed_like(preset: str) -> str:

@@ -18,8 +18,9 @@ import torch
 from fedsub import device as device_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.captured_step import compile_unavailable
+from fedsub.engine.execution import Compile, Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Compile, Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
 from fedsub.models.base import SliceableModel
@@ -76,15 +77,19 @@ def model_and_data(name: str, folder: str):
     return model, dataset, index
 
 
-def schedule_for(name: str, dtype: torch.dtype, rounds: int = 2, **changes) -> Schedule:
+def schedule_for(
+    name: str, dtype: torch.dtype, rounds: int = 2, masking: Masking | None = None, **execution
+) -> Schedule:
+    """``execution``: the [execution] settings besides the dtype (backend, device, ...)."""
     steps, batch = STEPS.get(name, (2, 3))
-    return Schedule(rounds, 3, steps, batch, lr=0.1, seed=5, dtype=dtype, **changes)
+    on = Execution(dtype=dtype, **execution)
+    return Schedule(rounds, 3, steps, batch, ClientStep(0.1), 5, execution=on, masking=masking)
 
 
 def run(model, algorithm: str, dataset, index, schedule: Schedule) -> Params:
     built = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 3))
     params = train(model, built, dataset, index, schedule)
-    assert all(p.device.type == schedule.device.type for p in params.tensors())
+    assert all(p.device.type == schedule.execution.device.type for p in params.tensors())
     return params.to(torch.device("cpu"))
 
 

@@ -17,8 +17,9 @@ import torch
 from fedsub import config as config_lib
 from fedsub import device as device_lib
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.numerics import segment_sum
 from fedsub.runs.run_setup import schedule_of
 
@@ -100,9 +101,9 @@ def test_the_sorted_path_is_differentiable_like_index_add():
 
 
 def test_train_deterministic_is_a_config_key_of_the_schedule():
-    assert schedule_of(config_lib.load(None)).deterministic is False
+    assert schedule_of(config_lib.load(None)).execution.deterministic is False
     config = config_lib.load(None, ["execution.deterministic=true"])
-    assert schedule_of(config).deterministic is True
+    assert schedule_of(config).execution.deterministic is True
     with pytest.raises(config_lib.ConfigError, match=r"execution\.deterministic"):
         config_lib.load(None, ['execution.deterministic="yes"'])
 
@@ -118,11 +119,21 @@ def test_a_deterministic_run_equals_the_fast_run_and_repeats_bit_for_bit(
     """With the CPU fast paths off (the GPU's torch kernels), for sparse LR's closed form
     and embedding LR's autograd (sum pooling), every stateful server step."""
     monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", False)
-    schedule = Schedule(3, 6, 3, 2, 0.3, seed=1, dtype=torch.float64)
+    schedule = Schedule(
+        3, 6, 3, 2, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)
+    )
     modes: list[bool] = []
     record = lambda _round: modes.append(torch.are_deterministic_algorithms_enabled())  # noqa: E731
     fast = run(data, algorithm, schedule, on_round=record)
-    sure = Schedule(3, 6, 3, 2, 0.3, seed=1, dtype=torch.float64, deterministic=True)
+    sure = Schedule(
+        3,
+        6,
+        3,
+        2,
+        ClientStep(0.3),
+        seed=1,
+        execution=Execution(dtype=torch.float64, deterministic=True),
+    )
     first = run(data, algorithm, sure, on_round=record)
     second = run(data, algorithm, sure)
     assert modes == [False] * 3 + [True] * 3
@@ -148,7 +159,9 @@ def test_a_deterministic_run_killed_and_resumed_equals_an_uninterrupted_one_bit_
     monkeypatch, tmp_path, algorithm, dtype
 ):
     monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", False)
-    schedule = Schedule(3, 6, 3, 2, 0.3, seed=2, dtype=dtype, deterministic=True)
+    schedule = Schedule(
+        3, 6, 3, 2, ClientStep(0.3), seed=2, execution=Execution(dtype=dtype, deterministic=True)
+    )
     straight = run("synthetic", algorithm, schedule)
     resumed = interrupted_then_resumed("synthetic", algorithm, schedule, tmp_path)
     for name, expected in straight.state_dict().items():
@@ -177,11 +190,17 @@ def test_cuda_sorted_segment_sums_equal_the_in_order_reference_and_index_add():
 @pytest.mark.parametrize("data", ["synthetic", "two-tables-dense"])
 def test_cuda_deterministic_runs_repeat_and_resume_bit_for_bit(tmp_path, algorithm, data):
     cuda = torch.device("cuda")
-    schedule = Schedule(3, 6, 3, 2, 0.3, seed=2, device=cuda, deterministic=True)
+    schedule = Schedule(
+        3, 6, 3, 2, ClientStep(0.3), seed=2, execution=Execution(device=cuda, deterministic=True)
+    )
     straight = run(data, algorithm, schedule)
     again = run(data, algorithm, schedule)
     resumed = interrupted_then_resumed(data, algorithm, schedule, tmp_path)
-    reference = run(data, algorithm, Schedule(3, 6, 3, 2, 0.3, seed=2, backend="sequential"))
+    reference = run(
+        data,
+        algorithm,
+        Schedule(3, 6, 3, 2, ClientStep(0.3), seed=2, execution=Execution(backend="sequential")),
+    )
     for name, expected in straight.state_dict().items():
         assert expected.is_cuda
         assert torch.equal(again.state_dict()[name], expected), name

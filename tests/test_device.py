@@ -13,8 +13,9 @@ from fedsub.data.ragged import Ragged
 from fedsub.data.torch_ragged import TorchRagged
 from fedsub.device import resolve_device
 from fedsub.engine.cohort_batches import cohort_batches
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.shuffle import numpy_schedules, torch_schedules
 from fedsub.errors import ConfigError
 from fedsub.models import sparse_lr_closed_form as closed_form
@@ -33,9 +34,9 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_train_device_key_takes_cpu_and_auto_and_refuses_other_values():
     assert config_lib.load(None).execution.device == "cpu"
     config = config_lib.load(None, ['execution.device="cpu"'])
-    assert schedule_of(config).device == torch.device("cpu")
+    assert schedule_of(config).execution.device == torch.device("cpu")
     auto = config_lib.load(None, ['execution.device="auto"'])
-    assert schedule_of(auto).device.type == ("cuda" if CUDA else "cpu")
+    assert schedule_of(auto).execution.device.type == ("cuda" if CUDA else "cpu")
     with pytest.raises(ConfigError, match=r"execution\.device = 'gpu' is not allowed: expected"):
         config_lib.load(None, ['execution.device="gpu"'])
     with pytest.raises(ConfigError, match=r"execution\.device = 'cuda:99' is not allowed"):
@@ -58,7 +59,7 @@ def test_masking_on_a_gpu_is_a_valid_config():
     config = config_lib.load(
         None, ['model.name="mlp"', 'masking.scheme="static"', 'execution.device="cuda"']
     )
-    assert schedule_of(config).device.type == "cuda"
+    assert schedule_of(config).execution.device.type == "cuda"
 
 
 def test_a_run_with_device_cpu_set_explicitly_is_the_default_run():
@@ -69,7 +70,8 @@ def test_a_run_with_device_cpu_set_explicitly_is_the_default_run():
     runs = {}
     for device in (None, torch.device("cpu")):
         extra = {} if device is None else {"device": device}
-        schedule = Schedule(3, 6, 3, 2, 0.3, seed=4, dtype=torch.float64, **extra)
+        execution = Execution(dtype=torch.float64, **extra)
+        schedule = Schedule(3, 6, 3, 2, ClientStep(0.3), seed=4, execution=execution)
         runs[device] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
     for name, value in runs[None].state_dict().items():
         assert value.device.type == "cpu"
@@ -197,7 +199,15 @@ def test_the_device_generic_kernels_run_end_to_end_on_the_cpu(monkeypatch, algor
     for fast in (True, False):
         monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", fast)
         for backend in ("sequential", "batched"):
-            schedule = Schedule(3, 6, 4, 3, 0.3, seed=1, dtype=torch.float64, backend=backend)
+            schedule = Schedule(
+                3,
+                6,
+                4,
+                3,
+                ClientStep(0.3),
+                seed=1,
+                execution=Execution(dtype=torch.float64, backend=backend),
+            )
             algo = build_algorithm(algorithm, context)
             runs[fast, backend] = train(model, algo, dataset, index, schedule)
     reference = runs[True, "sequential"]
@@ -225,7 +235,13 @@ def test_cuda_batched_equals_the_cpu_sequential_reference(algorithm, data, dtype
     runs = {}
     for backend, device in (("sequential", "cpu"), ("batched", "cuda"), ("sequential", "cuda")):
         schedule = Schedule(
-            5, 7, 4, 3, 0.3, seed=2, dtype=dtype, backend=backend, device=torch.device(device)
+            5,
+            7,
+            4,
+            3,
+            ClientStep(0.3),
+            seed=2,
+            execution=Execution(dtype=dtype, backend=backend, device=torch.device(device)),
         )
         params = train(model, build_algorithm(algorithm, context), dataset, index, schedule)
         if device == "cuda":
@@ -275,8 +291,10 @@ def test_cuda_run_keeps_every_round_tensor_on_the_gpu():
     index = SubmodelIndex.build(dataset)
     model = EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
     context = AlgorithmContext(dataset, index, "samples", 5)
-    schedule = Schedule(2, 5, 2, 2, 0.1, seed=0, device=torch.device("cuda"))
-    view = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
+    schedule = Schedule(
+        2, 5, 2, 2, ClientStep(0.1), seed=0, execution=Execution(device=torch.device("cuda"))
+    )
+    view = DeviceData.of(dataset, index, schedule.execution.device, schedule.execution.dtype)
     assert view.labels.is_cuda and all(r.values.is_cuda for r in view.rows.values())
     params = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
     assert all(p.is_cuda for p in params.tensors())

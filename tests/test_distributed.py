@@ -25,8 +25,9 @@ from fedsub.cli import commands as cli
 from fedsub.distributed import Processes, from_environment, process_device
 from fedsub.engine import loop, split_cohort
 from fedsub.engine.cohort_job import CohortJob
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
@@ -125,7 +126,13 @@ def test_split_rounds_give_the_one_process_model(monkeypatch, backend, dtype, al
     index = loop.SubmodelIndex.build(dataset)
     model = model_for(dataset)
     schedule = Schedule(
-        2, 7, local_steps=2, batch_size=3, lr=0.3, seed=2, dtype=dtype, backend=backend
+        2,
+        7,
+        local_steps=2,
+        batch_size=3,
+        client_step=ClientStep(lr=0.3),
+        seed=2,
+        execution=Execution(dtype=dtype, backend=backend),
     )
     args = (model, algorithm_for(algorithm, dataset, index), dataset, index, schedule)
     whole = train(*args)
@@ -138,7 +145,15 @@ def test_split_rounds_give_the_one_process_model(monkeypatch, backend, dtype, al
 def test_a_cohort_smaller_than_the_processes_leaves_some_idle_and_the_same_model(monkeypatch):
     dataset = DATASETS["synthetic"]()
     index = loop.SubmodelIndex.build(dataset)
-    schedule = Schedule(2, 2, local_steps=2, batch_size=3, lr=0.3, seed=2, dtype=torch.float64)
+    schedule = Schedule(
+        2,
+        2,
+        local_steps=2,
+        batch_size=3,
+        client_step=ClientStep(lr=0.3),
+        seed=2,
+        execution=Execution(dtype=torch.float64),
+    )
     args = (model_for(dataset), algorithm_for("scaffold", dataset, index), dataset, index, schedule)
     assert [len(Processes(r, 3).share(2)) for r in range(3)] == [1, 1, 0]
     assert_same_model(train_split(monkeypatch, 3, *args), train(*args), 1e-10, 1e-10)
@@ -148,7 +163,16 @@ def test_split_masked_rounds_give_exactly_the_one_process_model(monkeypatch, tmp
     model, dataset = built("mlp", str(tmp_path))
     _, index = dataset_for("mlp", str(tmp_path))
     masking = Masking("rolling", Capacities((1.0, 0.5), (), "per-round"))
-    schedule = Schedule(2, 5, 2, 3, lr=0.1, seed=4, dtype=torch.float64, masking=masking)
+    schedule = Schedule(
+        2,
+        5,
+        2,
+        3,
+        client_step=ClientStep(lr=0.1),
+        seed=4,
+        execution=Execution(dtype=torch.float64),
+        masking=masking,
+    )
     args = (model, algorithm_for("fedavg", dataset, index, 5), dataset, index, schedule)
     assert_same_model(train_split(monkeypatch, 2, *args), train(*args))
 

@@ -80,7 +80,9 @@ def test_masked_mlp_blow_up_stops_naming_algorithm_round_loss_and_rule():
     model = MLP(inputs=16, classes=3, hidden=(12, 8))
     index = SubmodelIndex.build(dataset)
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", 4))
-    schedule = dataclasses.replace(_schedule("static", rounds=4), lr=50.0, eval_every=1)
+    masked = _schedule("static", rounds=4)
+    too_fast = dataclasses.replace(masked.client_step, lr=50.0)
+    schedule = dataclasses.replace(masked, client_step=too_fast, eval_every=1)
     evaluator = Evaluator.build(model, dataset, 1000, 0)
     with pytest.raises(Diverged) as error:
         train(

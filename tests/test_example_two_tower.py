@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import initial_params, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.torch_module import wrap
 from fedsub.submodel.index import SubmodelIndex
 
@@ -54,7 +55,15 @@ def test_fedsubavg_moves_each_row_by_its_heat_coefficient_times_fedavgs_move(exa
     module = two_tower.TwoTower(rows["user"], rows["age"], rows["item"], rows["category"])
     model = wrap(module, data)
     index = SubmodelIndex.build(data)
-    schedule = Schedule(1, 10, 3, 4, lr=0.2, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        1,
+        10,
+        3,
+        4,
+        client_step=ClientStep(lr=0.2),
+        seed=0,
+        execution=Execution(dtype=torch.float64),
+    )
     start = initial_params(model, schedule)
     moved, coefficients = {}, {}
     for name in ("fedavg", "fedsubavg"):

@@ -17,8 +17,9 @@ from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.client.work import CohortWork, round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.sequential import client_round
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
@@ -39,7 +40,15 @@ def test_example1_closed_form(n, lr, rounds):
     ds = example1_dataset(n)
     index = SubmodelIndex.build(ds)
     model = SquaredDistance(rows=2, w0=1.0)
-    schedule = Schedule(rounds, n, local_steps=1, batch_size=1, lr=lr, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        rounds,
+        n,
+        local_steps=1,
+        batch_size=1,
+        client_step=ClientStep(lr=lr),
+        seed=0,
+        execution=Execution(dtype=torch.float64),
+    )
     context = AlgorithmContext(ds, index, "clients")
     fedavg = train(model, build_algorithm("fedavg", context), ds, index, schedule)
     fedsub = train(model, build_algorithm("fedsubavg", context), ds, index, schedule)
@@ -57,7 +66,15 @@ def test_equation3_expected_update_is_mean_over_involved_clients(small_synthetic
     ds = small_synthetic
     index = SubmodelIndex.build(ds)
     model = SparseLogisticRegression(dict(ds.table_rows))
-    schedule = Schedule(1, 10, local_steps=3, batch_size=4, lr=0.5, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        1,
+        10,
+        local_steps=3,
+        batch_size=4,
+        client_step=ClientStep(lr=0.5),
+        seed=0,
+        execution=Execution(dtype=torch.float64),
+    )
     params = model.init(torch.Generator().manual_seed(0), torch.float64)
     plain_sgd = CohortWork(round_chain(()), np.full(1, 0.5))
     ((table, rows),) = ds.table_rows.items()
@@ -114,7 +131,15 @@ def test_fedsubavg_equals_fedavg_when_every_client_touches_every_row():
     ds = make_dataset(clients, rows)
     index = SubmodelIndex.build(ds)
     model = SparseLogisticRegression(dict(ds.table_rows))
-    schedule = Schedule(6, 5, local_steps=4, batch_size=3, lr=0.2, seed=1, dtype=torch.float64)
+    schedule = Schedule(
+        6,
+        5,
+        local_steps=4,
+        batch_size=3,
+        client_step=ClientStep(lr=0.2),
+        seed=1,
+        execution=Execution(dtype=torch.float64),
+    )
     context = AlgorithmContext(ds, index, "samples")
     fedsub = train(model, build_algorithm("fedsubavg", context), ds, index, schedule)
     fedavg = train(model, build_algorithm("fedavg", context), ds, index, schedule)

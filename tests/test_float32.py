@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.execution import Execution
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.numerics import float32
 from fedsub.numerics.float32 import ieee_float32
 
@@ -50,7 +51,8 @@ def test_a_training_run_computes_in_ieee_float32_and_gives_the_settings_back():
         setattr(owner, name, value)
     inside: list[list] = []
     try:
-        schedule = Schedule(2, 3, 1, 2, lr=0.1, seed=0, dtype=torch.float64)
+        execution = Execution(dtype=torch.float64)
+        schedule = Schedule(2, 3, 1, 2, ClientStep(0.1), seed=0, execution=execution)
         run("synthetic", "fedavg", schedule, on_round=lambda r: inside.append(settings()))
         after = settings()
     finally:

@@ -10,8 +10,9 @@ import torch
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.heat_sources import HeatPrivacy, describe, estimate_heat
@@ -114,7 +115,9 @@ def test_secagg_heat_equals_exact_and_so_does_the_model(small, kind):
     np.testing.assert_array_equal(secure["features"], exact["features"])
 
     model = SparseLogisticRegression(dict(dataset.table_rows))
-    schedule = Schedule(3, 10, 3, 4, 0.2, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        3, 10, 3, 4, ClientStep(0.2), seed=0, execution=Execution(dtype=torch.float64)
+    )
     results = []
     for source in ("exact", "secagg"):
         context = AlgorithmContext(dataset, index, kind, 10, HeatPrivacy(source, group_size=16))

@@ -15,8 +15,9 @@ import torch
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data import li_quadratic
 from fedsub.data.li_quadratic import LiQuadraticOptions
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.engine.schedule import ClientStep, Schedule, lr_at
 from fedsub.models.linear_regression import LinearRegression
 from fedsub.submodel.index import SubmodelIndex
 
@@ -62,11 +63,10 @@ def fedsub_fedavg(lr: float, steps: int, rounds: int, n: int = N, p: int = P) ->
         n,
         local_steps=steps,
         batch_size=p + 1,
-        lr=lr,
+        client_step=ClientStep(lr=lr, weight_decay=MU),
         seed=0,
-        dtype=torch.float64,
+        execution=Execution(dtype=torch.float64),
         eval_every=rounds,
-        weight_decay=MU,
     )
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples"))
     final = train(LinearRegression(n * p + 1), algorithm, dataset, index, schedule)
@@ -142,6 +142,6 @@ def test_with_one_local_step_the_limit_is_the_optimum():
 
 def test_inverse_time_schedule_is_c2s_annealing():
     """eta_t = (1/5) / (5 + t a) with a = 1e-2: base 1/25, lr_decay = a / 5."""
-    schedule = Schedule(1, 1, 1, 1, lr=0.04, seed=0, lr_schedule="inverse-time", lr_decay=0.002)
+    step = ClientStep(lr=0.04, lr_schedule="inverse-time", lr_decay=0.002)
     for t in (0, 1, 10, 1000):
-        assert lr_at(0.04, schedule, t + 1) == pytest.approx((1 / 5) / (5 + t * 1e-2))
+        assert lr_at(0.04, step, t + 1) == pytest.approx((1 / 5) / (5 + t * 1e-2))

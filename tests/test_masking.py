@@ -13,9 +13,10 @@ from fedsub.algorithms.aggregation import client_weights
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.client.work import round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
+from fedsub.engine.execution import Execution
 from fedsub.engine.local_sgd import local_sgd
 from fedsub.engine.loop import initial_params, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, aggregate_slices
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking, channels, plan, shuffled_piece
@@ -341,11 +342,9 @@ def _schedule(scheme, backend="sequential", rounds=3, **masking) -> Schedule:
         clients_per_round=4,
         local_steps=3,
         batch_size=5,
-        lr=0.05,
+        client_step=ClientStep(lr=0.05, momentum=0.5),
         seed=0,
-        dtype=torch.float64,
-        backend=backend,
-        momentum=0.5,
+        execution=Execution(dtype=torch.float64, backend=backend),
         masking=Masking(scheme, **masking),
     )
 

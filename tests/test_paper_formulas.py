@@ -14,30 +14,28 @@ import pytest
 from fedsub.data.synthetic_li import SyntheticLiOptions, generate
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.loop import Evaluation
-from fedsub.engine.schedule import Schedule, lr_at
+from fedsub.engine.schedule import ClientStep, lr_at
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.runs.report import Target, best_metrics, rounds_to_target
 
 
-def _schedule(**kwargs) -> Schedule:
-    return Schedule(
-        rounds=10, clients_per_round=1, local_steps=1, batch_size=1, lr=0.1, seed=0, **kwargs
-    )
+def _step(**step) -> ClientStep:
+    return ClientStep(lr=0.1, **step)
 
 
 def test_inverse_round_is_eta0_over_one_plus_the_round_index():
     """Seed 004: eta_t = eta_0 / (1 + t), t the round index counted from 0 (the first round
     trains at eta_0), constant inside a round."""
-    schedule = _schedule(lr_schedule="inverse-round")
+    step = _step(lr_schedule="inverse-round")
     for round_index in (1, 2, 3, 10, 1000):
         t = round_index - 1
-        assert lr_at(0.1, schedule, round_index) == pytest.approx(0.1 / (1 + t), rel=1e-15)
-    assert lr_at(0.1, schedule, 1) == 0.1
+        assert lr_at(0.1, step, round_index) == pytest.approx(0.1 / (1 + t), rel=1e-15)
+    assert lr_at(0.1, step, 1) == 0.1
 
 
 def test_inverse_time_and_exponential_follow_their_formulas():
-    inverse_time = _schedule(lr_schedule="inverse-time", lr_decay=0.25)
-    exponential = _schedule(lr_schedule="exponential", lr_decay=0.999)
+    inverse_time = _step(lr_schedule="inverse-time", lr_decay=0.25)
+    exponential = _step(lr_schedule="exponential", lr_decay=0.999)
     for round_index in (1, 2, 7):
         t = round_index - 1
         assert lr_at(0.04, inverse_time, round_index) == pytest.approx(0.04 / (1 + 0.25 * t))

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from fedsub import config as config_lib
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import RunControl, initial_params, train
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.registry import build_model
 from fedsub.privacy.fixed_point import FixedPoint
@@ -38,7 +39,14 @@ def run(
     index = SubmodelIndex.build(dataset)
     model = build_model("sparse-lr", dataset, {"init_std": 0.0})
     schedule = Schedule(
-        rounds, CLIENTS, 2, 4, 0.5, seed=1, dtype=torch.float64, backend=backend, privacy=privacy
+        rounds,
+        CLIENTS,
+        2,
+        4,
+        ClientStep(0.5),
+        seed=1,
+        execution=Execution(dtype=torch.float64, backend=backend),
+        privacy=privacy,
     )
     stages: list[PrivateRounds] = []
 

@@ -13,8 +13,9 @@ from fedsub import profiling
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.cli import main
 from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.registry import build_model
 from fedsub.profiling import ROUND, RoundProfile, timed
 from fedsub.profiling import profiling as recording
@@ -54,7 +55,16 @@ def test_a_profiled_runs_phases_cover_its_rounds(backend, tmp_path):
     dataset, index = dataset_for("din", str(tmp_path))
     model = build_model("din", dataset, {**OPTIONS, "widths": []})
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", 3))
-    schedule = Schedule(4, 3, 2, 2, 0.1, 0, backend=backend, eval_every=2, clip_norm=1.0)
+    schedule = Schedule(
+        4,
+        3,
+        2,
+        2,
+        ClientStep(0.1, clip_norm=1.0),
+        0,
+        execution=Execution(backend=backend),
+        eval_every=2,
+    )
     evaluator = Evaluator.build(model, dataset, 20, 0)
     profile = RoundProfile()
     started = time.perf_counter()

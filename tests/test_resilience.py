@@ -20,8 +20,9 @@ from fedsub.cli import main
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import Diverged, RunControl, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import hash_config
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -247,7 +248,9 @@ def test_nan_update_and_oversized_update_are_rejected_and_the_round_goes_on():
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", 6))
     rejections = []
     control = RunControl(max_update_norm=1e6, on_reject=rejections.append)
-    schedule = Schedule(3, 6, 2, 4, 0.5, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        3, 6, 2, 4, ClientStep(0.5), seed=0, execution=Execution(dtype=torch.float64)
+    )
     params = train(model, algorithm, dataset, index, schedule, control=control)
     assert all(torch.isfinite(t).all() for t in params.tensors())
     assert [(r.client, r.round) for r in rejections] == [(2, 1), (2, 2), (2, 3)]
@@ -272,7 +275,7 @@ def test_divergence_stops_with_the_round_and_last_checkpoint(tmp_path):
     index = SubmodelIndex.build(dataset)
     context = AlgorithmContext(dataset, index, "samples", 6)
     algorithm = build_algorithm("scaffold-approx", context, ServerLrOptions(server_lr=1e30))
-    schedule = Schedule(10, 6, 1, 1, 0.1, seed=0)
+    schedule = Schedule(10, 6, 1, 1, ClientStep(0.1), seed=0)
     control = RunControl(checkpoints=tmp_path, checkpoint_every=1)
     with pytest.raises(Diverged) as error:
         train(SquaredDistance(rows=1, w0=0.0), algorithm, dataset, index, schedule, control=control)

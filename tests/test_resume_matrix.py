@@ -20,8 +20,9 @@ from fedsub.data.sent140 import load as load_sent140
 from fedsub.data.synthetic_li import SyntheticLiOptions
 from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import Interrupted, RunControl, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.registry import build_model, model_names
 from fedsub.submodel.index import SubmodelIndex
 
@@ -91,7 +92,15 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(name, model_name, tmp
     options = {**OPTIONS, "widths": SMALL_WIDTHS.get(model_name, [])}
     model = smaller(build_model(model_name, dataset, options), model_name)
     backend = BACKEND.get(model_name, "batched")
-    schedule = Schedule(ROUNDS, 2, 2, 3, lr=0.1, seed=3, dtype=torch.float64, backend=backend)
+    schedule = Schedule(
+        ROUNDS,
+        2,
+        2,
+        3,
+        client_step=ClientStep(lr=0.1),
+        seed=3,
+        execution=Execution(dtype=torch.float64, backend=backend),
+    )
     straight = run(model, name, dataset, index, schedule)
 
     folder = tmp_path_factory.mktemp("ckpt")

@@ -16,8 +16,9 @@ import torch
 from fedsub.algorithms.registry import AlgorithmContext, ServerLrOptions, build_algorithm
 from fedsub.algorithms.sampling import Cohort, uniform_cohort
 from fedsub.algorithms.scaffold import ControlVariates
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import RunControl, initial_params, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -56,7 +57,9 @@ def by_hand(
     NORMS.clear()
     dataset, model = dataset_and_model()
     clip, decay, momentum = (chain.get(k, 0.0) for k in ("clip_norm", "weight_decay", "momentum"))
-    schedule = Schedule(1, K, STEPS, BATCH, LR, seed=SEED, dtype=torch.float64)
+    schedule = Schedule(
+        1, K, STEPS, BATCH, ClientStep(LR), seed=SEED, execution=Execution(dtype=torch.float64)
+    )
     start = initial_params(model, schedule)
     x = {"t": start.tables["t"].clone(), "bias": start.dense["bias"].clone()}
     c = {n: torch.zeros_like(v) for n, v in x.items()}
@@ -116,7 +119,13 @@ def engine(name: str, rounds: int, server_lr: float, backend: str, max_norm=0.0,
         name, AlgorithmContext(dataset, index, "samples", K), ServerLrOptions(server_lr=server_lr)
     )
     schedule = Schedule(
-        rounds, K, STEPS, BATCH, LR, seed=SEED, dtype=torch.float64, backend=backend, **chain
+        rounds,
+        K,
+        STEPS,
+        BATCH,
+        ClientStep(LR, **chain),
+        seed=SEED,
+        execution=Execution(dtype=torch.float64, backend=backend),
     )
     return train(
         model, algorithm, dataset, index, schedule, control=RunControl(max_update_norm=max_norm)

@@ -8,7 +8,8 @@ import torch
 from fedsub.algorithms.adaptive import AdaptiveRule, AdaptiveServer
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.algorithms.server_optimizer import ServerMomentum
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.execution import Execution
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.submodel.params import Params
 
 ROWS, DIM = 6, 2
@@ -235,7 +236,15 @@ def first_round(name: str, dataset, options=None):
 
     index = SubmodelIndex.build(dataset)
     model = SparseLogisticRegression(dict(dataset.table_rows), dense_dim=dataset.train.dense_dim)
-    schedule = Schedule(1, 5, local_steps=3, batch_size=2, lr=0.3, seed=1, dtype=torch.float64)
+    schedule = Schedule(
+        1,
+        5,
+        local_steps=3,
+        batch_size=2,
+        client_step=ClientStep(lr=0.3),
+        seed=1,
+        execution=Execution(dtype=torch.float64),
+    )
     context = AlgorithmContext(dataset, index, "samples", 5)
     algorithm = build_algorithm(name, context, options)
     return initial_params(model, schedule), train(model, algorithm, dataset, index, schedule)

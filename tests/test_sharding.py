@@ -23,7 +23,8 @@ from fedsub import config as config_lib
 from fedsub.distributed import Processes
 from fedsub.engine import evaluate, loop
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.execution import Execution
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.sharding import evaluation as sharded_evaluation
 from fedsub.sharding import initial
@@ -77,7 +78,9 @@ def test_the_shards_of_a_model_are_its_row_ranges():
 def test_one_process_is_refused_naming_torchrun():
     dataset = DATASETS["synthetic"]()
     index = loop.SubmodelIndex.build(dataset)
-    schedule = Schedule(1, 4, 1, 2, 0.1, seed=1, table_sharding="rows")
+    schedule = Schedule(
+        1, 4, 1, 2, ClientStep(0.1), seed=1, execution=Execution(table_sharding="rows")
+    )
     algorithm = algorithm_for("fedavg", dataset, index)
     with pytest.raises(ConfigError, match="torchrun --nproc-per-node P"):
         loop.train(model_for(dataset), algorithm, dataset, index, schedule)

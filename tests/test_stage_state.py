@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.cohort_job import CohortJob
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import (
     Interrupted,
     Progress,
@@ -24,7 +25,7 @@ from fedsub.engine.loop import (
     save_checkpoint,
     train,
 )
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.stateful import Stateful
@@ -33,7 +34,15 @@ from fedsub.submodel.index import SubmodelIndex
 from .conftest import make_dataset
 from .equivalence import algorithm_for
 
-SCHEDULE = Schedule(3, 3, 2, 2, 0.5, seed=1, dtype=torch.float64, backend="sequential")
+SCHEDULE = Schedule(
+    3,
+    3,
+    2,
+    2,
+    ClientStep(0.5),
+    seed=1,
+    execution=Execution(dtype=torch.float64, backend="sequential"),
+)
 CLIENTS = [[[0, 1], [2]], [[1], [1, 3], [0]], [[3, 4]] * 4, [[2, 4], [0]]]
 
 

@@ -6,8 +6,9 @@ import torch
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.synthetic_li import SyntheticLiOptions, generate
 from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.submodel.index import SubmodelIndex
 
@@ -40,7 +41,9 @@ def test_softmax_regression_learns_on_synthetic_li():
     index = SubmodelIndex.build(dataset)
     model = SoftmaxRegression(60, 10)
     evaluator = Evaluator.build(model, dataset, 2000, 0)
-    schedule = Schedule(15, 5, 10, 24, 0.1, seed=0, dtype=torch.float64)
+    schedule = Schedule(
+        15, 5, 10, 24, ClientStep(0.1), seed=0, execution=Execution(dtype=torch.float64)
+    )
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", 5))
     history = []
     train(model, algorithm, dataset, index, schedule, evaluator, on_evaluation=history.append)

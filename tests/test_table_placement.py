@@ -20,12 +20,14 @@ from fedsub import device as device_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import placement
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import Interrupted, RunControl, train
-from fedsub.engine.schedule import Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
 
+from .equivalence import with_execution
 from .test_backends import run, setup
 
 CUDA = torch.cuda.is_available()
@@ -36,9 +38,9 @@ ROW_LOCAL = ["fedavg", "fedsubavg", "fedadam-lazy", "fedyogi-lazy", "central-sgd
 
 
 def test_train_table_placement_is_a_config_key_of_the_schedule():
-    assert schedule_of(config_lib.load(None)).table_placement == "device"
+    assert schedule_of(config_lib.load(None)).execution.table_placement == "device"
     config = config_lib.load(None, ['execution.table_placement="host"'])
-    assert schedule_of(config).table_placement == "host"
+    assert schedule_of(config).execution.table_placement == "host"
     with pytest.raises(ConfigError, match=r"execution\.table_placement = 'disk' is not allowed"):
         config_lib.load(None, ['execution.table_placement="disk"'])
 
@@ -58,9 +60,17 @@ def test_host_placement_equals_device_placement_bit_for_bit(
     monkeypatch, data, algorithm, backend, fast
 ):
     monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", fast)
-    schedule = Schedule(3, 6, 3, 2, 0.3, seed=1, dtype=torch.float64, backend=backend)
+    schedule = Schedule(
+        3,
+        6,
+        3,
+        2,
+        ClientStep(0.3),
+        seed=1,
+        execution=Execution(dtype=torch.float64, backend=backend),
+    )
     on_device = run(data, algorithm, schedule)
-    on_host = run(data, algorithm, dataclasses.replace(schedule, table_placement="host"))
+    on_host = run(data, algorithm, with_execution(schedule, table_placement="host"))
     for name, expected in on_device.state_dict().items():
         assert expected.abs().max() > 1e-3, name
         assert torch.equal(on_host.state_dict()[name], expected), name
@@ -83,7 +93,15 @@ def test_only_the_union_of_the_cohorts_rows_travels(monkeypatch, data):
         return staged
 
     monkeypatch.setattr(placement.HostTables, "stage", recording)
-    schedule = Schedule(3, 4, 2, 2, 0.3, seed=2, dtype=torch.float32, table_placement="host")
+    schedule = Schedule(
+        3,
+        4,
+        2,
+        2,
+        ClientStep(0.3),
+        seed=2,
+        execution=Execution(dtype=torch.float32, table_placement="host"),
+    )
     algo = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", 4))
     trained = train(model, algo, dataset, index, schedule)
     assert len(rounds) == 3
@@ -124,7 +142,9 @@ def test_the_config_refuses_a_server_step_that_is_not_row_local(algorithm, tmp_p
 
 @pytest.mark.parametrize("algorithm", ["fedadam", "fedyogi", "scaffold-approx", "scaffold"])
 def test_a_server_step_that_is_not_row_local_is_refused_naming_the_key(algorithm):
-    schedule = Schedule(2, 6, 2, 2, 0.3, seed=1, table_placement="host")
+    schedule = Schedule(
+        2, 6, 2, 2, ClientStep(0.3), seed=1, execution=Execution(table_placement="host")
+    )
     with pytest.raises(ConfigError) as error:
         run("synthetic", algorithm, schedule)
     message = str(error.value)
@@ -133,7 +153,15 @@ def test_a_server_step_that_is_not_row_local_is_refused_naming_the_key(algorithm
 
 
 def test_a_host_placed_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_path):
-    schedule = Schedule(3, 6, 3, 2, 0.3, seed=2, dtype=torch.float64, table_placement="host")
+    schedule = Schedule(
+        3,
+        6,
+        3,
+        2,
+        ClientStep(0.3),
+        seed=2,
+        execution=Execution(dtype=torch.float64, table_placement="host"),
+    )
     straight = run("synthetic", "fedadam-lazy", schedule)
     rounds_done: list[int] = []
     stop = RunControl(checkpoints=tmp_path, stop_requested=lambda: rounds_done[-1] >= 1)
@@ -155,9 +183,11 @@ def test_cuda_host_placement_keeps_the_tables_pinned_on_the_host_and_equals_the_
     data, algorithm
 ):
     cuda = torch.device("cuda")
-    schedule = Schedule(3, 6, 3, 2, 0.3, seed=1, dtype=torch.float64, device=cuda)
+    schedule = Schedule(
+        3, 6, 3, 2, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64, device=cuda)
+    )
     on_device = run(data, algorithm, schedule)
-    on_host = run(data, algorithm, dataclasses.replace(schedule, table_placement="host"))
+    on_host = run(data, algorithm, with_execution(schedule, table_placement="host"))
     for table in on_host.tables.values():
         assert table.device.type == "cpu" and table.is_pinned()
     assert all(p.is_cuda for p in on_host.dense.values())

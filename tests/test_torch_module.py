@@ -17,8 +17,9 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.synthetic_li import SyntheticLiOptions
 from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.execution import Compile, Execution
 from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
-from fedsub.engine.schedule import Compile, Schedule
+from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.base import Batch, forward, is_batchable
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
@@ -86,7 +87,15 @@ def test_both_backends_give_the_reference_model(name):
     _, model, dataset = case(name)
     index = SubmodelIndex.build(dataset)
     algorithm = algorithm_for("scaffold", dataset, index, 3)  # the most stages of any round
-    schedule = Schedule(2, 3, local_steps=2, batch_size=3, lr=0.1, seed=4, dtype=torch.float64)
+    schedule = Schedule(
+        2,
+        3,
+        local_steps=2,
+        batch_size=3,
+        client_step=ClientStep(lr=0.1),
+        seed=4,
+        execution=Execution(dtype=torch.float64),
+    )
     assert_backends_match_reference(model, algorithm, dataset, index, schedule)
 
 
@@ -109,7 +118,9 @@ def test_init_is_the_modules_own_weights_and_to_module_writes_trained_ones_back(
     assert torch.equal(params.dense["mlp.0.weight"], module.mlp[0].weight.double())
     assert set(params.dense) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
     index = SubmodelIndex.build(dataset)
-    schedule = Schedule(2, 3, 2, 3, lr=0.5, seed=1, dtype=torch.float64)
+    schedule = Schedule(
+        2, 3, 2, 3, client_step=ClientStep(lr=0.5), seed=1, execution=Execution(dtype=torch.float64)
+    )
     trained = train(model, algorithm_for("fedsubavg", dataset, index, 3), dataset, index, schedule)
     back = model.to_module(trained)
     assert type(back) is TwoBags and back.training
@@ -279,7 +290,9 @@ def test_a_forward_computing_with_the_ids_runs_whole_and_sequentially(caplog):
             forward(model, params, batch), module.eval()(Inputs(batch.ids, batch.dense))
         )
     index = SubmodelIndex.build(dataset)
-    schedule = Schedule(2, 3, 2, 3, lr=0.1, seed=4, dtype=torch.float64)
+    schedule = Schedule(
+        2, 3, 2, 3, client_step=ClientStep(lr=0.1), seed=4, execution=Execution(dtype=torch.float64)
+    )
     assert_backends_match_reference(
         model, algorithm_for("fedavg", dataset, index), dataset, index, schedule
     )
@@ -292,7 +305,9 @@ def test_a_forward_vmap_cannot_run_is_split_but_sequential(caplog):
     assert "cannot run for a whole cohort under torch.func.vmap (RuntimeError" in caplog.text
     assert model.lookups is not None and not is_batchable(model)
     index = SubmodelIndex.build(dataset)
-    schedule = Schedule(2, 3, 2, 3, lr=0.1, seed=4, dtype=torch.float64)
+    schedule = Schedule(
+        2, 3, 2, 3, client_step=ClientStep(lr=0.1), seed=4, execution=Execution(dtype=torch.float64)
+    )
     with caplog.at_level(logging.WARNING, logger="fedsub"):
         assert_backends_match_reference(
             model, algorithm_for("fedavg", dataset, index), dataset, index, schedule
@@ -338,8 +353,10 @@ def test_dropout_is_inactive_and_said_so(caplog):
 # --- algorithms, privacy, resume, capture -----------------------------------------------------
 
 
-def small_run(rounds: int = 3, **settings) -> Schedule:
-    return Schedule(rounds, 3, 2, 3, lr=0.1, seed=3, dtype=torch.float64, **settings)
+def small_run(rounds: int = 3, privacy: Privacy | None = None, **execution) -> Schedule:
+    """``execution``: the [execution] settings besides the dtype (backend, compile)."""
+    on = Execution(dtype=torch.float64, **execution)
+    return Schedule(rounds, 3, 2, 3, ClientStep(0.1), 3, execution=on, privacy=privacy)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedsubavg", "scaffold", "fedadam", "fedprox"])
@@ -431,7 +448,9 @@ def test_fedsubavg_scales_the_modules_rows_as_the_built_in_models():
             return Params(dict(start.tables), dense).clone()
 
     same = SameStart(**{f.name: getattr(built_in, f.name) for f in dataclasses.fields(built_in)})
-    schedule = Schedule(1, 6, 3, 4, lr=0.5, seed=2, dtype=torch.float64)
+    schedule = Schedule(
+        1, 6, 3, 4, client_step=ClientStep(lr=0.5), seed=2, execution=Execution(dtype=torch.float64)
+    )
     rows = {}
     for name in ("fedsubavg", "fedavg"):
         for label, model in (("module", wrapped), ("built-in", same)):

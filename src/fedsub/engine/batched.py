@@ -73,7 +73,7 @@ def run_cohort(job: CohortJob) -> CohortUpdate:
     else:
         head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
     row_owner = batches.row_owner
-    capture = captured_step.capture_for(model, closed_form is not None, schedule.compile)
+    capture = captured_step.capture_for(model, closed_form is not None, schedule.execution.compile)
     dense: Mapping[str, torch.Tensor | LowRankWeight]
     if capture is not None:  # execution.compile: the steps as one captured program
         step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
@@ -101,7 +101,7 @@ def run_cohort(job: CohortJob) -> CohortUpdate:
         return CohortUpdate(
             clients=clients,
             weights=batches.counts.to(torch.float64),
-            multiplicity=device_lib.from_host(members.multiplicity, schedule.device),
+            multiplicity=device_lib.from_host(members.multiplicity, schedule.execution.device),
             rows=row_tensors,
             row_owner=row_owner,
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
@@ -119,7 +119,7 @@ def _change(final: torch.Tensor | LowRankWeight, pulled: torch.Tensor) -> torch.
 
 def data_of(dataset: FederatedDataset, index: SubmodelIndex, schedule: Schedule) -> DeviceData:
     """The run's training data on its device (converted once, kept with the index)."""
-    return DeviceData.of(dataset, index, schedule.device, schedule.dtype)
+    return DeviceData.of(dataset, index, schedule.execution.device, schedule.execution.dtype)
 
 
 def _pull(
@@ -136,7 +136,7 @@ def _pull(
     global model."""
     k, steps, batch = len(members), schedule.local_steps, schedule.batch_size
     data = data_of(dataset, index, schedule)
-    clients = device_lib.from_host(members.clients, schedule.device)
+    clients = device_lib.from_host(members.clients, schedule.execution.device)
     batches = cohort_batches(
         data,
         clients,

@@ -47,7 +47,7 @@ from fedsub.client.layout import CohortLayout
 from fedsub.client.transforms import Chain, Members
 from fedsub.client.work import CohortWork
 from fedsub.engine.cohort_batches import CohortBatches
-from fedsub.engine.schedule import Compile
+from fedsub.engine.execution import Compile
 from fedsub.models.base import DeclaresCapturable, Features, Ids, Model, PackedFeatures
 
 LOG = logging.getLogger("fedsub")

@@ -82,9 +82,10 @@ def init_generator(seed: int) -> torch.Generator:
 
 
 def initial_params(model: Model, schedule: Schedule) -> Params:
-    """The seeded initial model on ``schedule.device``: drawn on the CPU and copied there, so
-    every device starts from the same numbers."""
-    return model.init(init_generator(schedule.seed), schedule.dtype).to(schedule.device)
+    """The seeded initial model on ``schedule.execution.device``: drawn on the CPU and copied
+    there, so every device starts from the same numbers."""
+    execution = schedule.execution
+    return model.init(init_generator(schedule.seed), execution.dtype).to(execution.device)
 
 
 def pooled(dataset: FederatedDataset) -> FederatedDataset:
@@ -119,7 +120,7 @@ def private_rounds(
     if schedule.privacy is None or algorithm.central or masked_run:
         return None
     table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
-    aggregation = algorithm.aggregation.to(schedule.device)
+    aggregation = algorithm.aggregation.to(schedule.execution.device)
     # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
     dp = schedule.dp if schedule.privacy.secure_aggregation else None
     return PrivateRounds(schedule.privacy, aggregation, table_rows, schedule.seed, dp=dp)
@@ -141,12 +142,12 @@ def round_stages(
     ``sharded`` tables the members run where their process is and their row updates are
     routed to the rows' owners (fedsub/sharding)."""
     if sharded is not None:  # config.py refuses masking and privacy with row sharding
-        backend = backend_for(schedule.backend, model, algorithm.name).run_cohort
+        backend = backend_for(schedule.execution.backend, model, algorithm.name).run_cohort
         aggregation = dataclasses.replace(algorithm.aggregation, coefficients=None)
-        return sharded.run(backend), sharded.combine(aggregation.to(schedule.device))
+        return sharded.run(backend), sharded.combine(aggregation.to(schedule.execution.device))
     processes = distributed.joined()
     run_cohort = composed(
-        backend_for(schedule.backend, model, algorithm.name).run_cohort,
+        backend_for(schedule.execution.backend, model, algorithm.name).run_cohort,
         [
             None if processes is None else functools.partial(split_cohort, processes=processes),
             masked.on_slices(schedule.masking),  # config.py refuses privacy with masking
@@ -173,7 +174,7 @@ def round_combine(
     received: Callable[[ServerUpdate], ServerUpdate] = lambda update: update  # noqa: E731
     if host is not None:
         aggregation, received = dataclasses.replace(aggregation, coefficients=None), host.receive
-    aggregation = aggregation.to(schedule.device)
+    aggregation = aggregation.to(schedule.execution.device)
     masking = schedule.masking
     if masking is None or masking.scheme == "none":
         return lambda update: received(aggregate(update, aggregation))
@@ -284,14 +285,15 @@ def start_sharded(
     private_level = schedule.privacy is not None and schedule.privacy.level != "none"
     if private_level or schedule.dp is not None:
         raise ConfigError(f"{setting} cannot be combined with privacy.level levels or [dp]")
+    dtype, device = schedule.execution.dtype, schedule.execution.device
     drawn = sharded_init(
-        lambda generator: model.init(generator, schedule.dtype),
+        lambda generator: model.init(generator, dtype),
         lambda: init_generator(schedule.seed),
         processes,
     )
     params = ShardParams(
-        {t: v.to(schedule.device) for t, v in drawn.tables.items()},
-        {n: v.to(schedule.device) for n, v in drawn.dense.items()},
+        {t: v.to(device) for t, v in drawn.tables.items()},
+        {n: v.to(device) for n, v in drawn.dense.items()},
         drawn.partitions,
         drawn.rank,
     )
@@ -459,14 +461,16 @@ def run_rounds(
         index = SubmodelIndex.whole_model(dataset)
     host, sharded = None, None
     params: Params
-    if schedule.table_sharding == "rows":
+    execution = schedule.execution
+    if execution.table_sharding == "rows":
         params, sharded = start_sharded(model, algorithm, schedule)
         if evaluator is not None:
             evaluator = sharded_evaluator(evaluator, sharded)
-    elif schedule.table_placement == "host":  # drawn on the host, the tables never leave it
-        drawn = initial_params(model, dataclasses.replace(schedule, device=placement.HOST))
-        params = placement.place(drawn, schedule.device)
-        host = placement.HostTables.of(algorithm, schedule.device)
+    elif execution.table_placement == "host":  # drawn on the host, the tables never leave it
+        on_host = dataclasses.replace(execution, device=placement.HOST)
+        drawn = initial_params(model, dataclasses.replace(schedule, execution=on_host))
+        params = placement.place(drawn, execution.device)
+        host = placement.HostTables.of(algorithm, execution.device)
     else:
         params = initial_params(model, schedule)
     private = None if sharded is not None else private_rounds(algorithm, schedule, params)
@@ -608,7 +612,7 @@ def deterministic(run: Callable[P, Params]) -> Callable[P, Params]:
     @functools.wraps(run)
     def under_schedule(*args: P.args, **kwargs: P.kwargs) -> Params:
         schedule = signature.bind(*args, **kwargs).arguments["schedule"]
-        with segment_sum.deterministic_run(schedule.deterministic), ieee_float32():
+        with segment_sum.deterministic_run(schedule.execution.deterministic), ieee_float32():
             return run(*args, **kwargs)
 
     return under_schedule

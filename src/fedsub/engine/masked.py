@@ -8,7 +8,7 @@ and the aggregation weights are exactly those of full-model training.
 
 Device-generic: the slices are drawn on the host from the run's seed (a few channel indices
 per group, or a Bernoulli mask, with the same numbers on every device, like the cohort draw)
-and moved once to ``schedule.device``; extraction, training and aggregation run there.
+and moved once to ``schedule.execution.device``; extraction, training and aggregation run there.
 """
 
 from __future__ import annotations
@@ -86,9 +86,10 @@ def run_cohort(job: CohortJob, masking: Masking, inner: RunCohort) -> MaskedCoho
     for position, piece in enumerate(slices):
         by_slice.setdefault(piece.key(), []).append(position)
 
+    device = schedule.execution.device
     groups = []
     for members in by_slice.values():
-        piece = slices[members[0]].to(schedule.device)
+        piece = slices[members[0]].to(device)
         if isinstance(piece, CoordinateMask):
             narrowed: Model = MaskedForward(model, piece.masks)
         else:
@@ -100,8 +101,8 @@ def run_cohort(job: CohortJob, masking: Masking, inner: RunCohort) -> MaskedCoho
         groups.append(SliceGroup(members, piece, update))
     counts = dataset.sample_counts()[cohort.clients]
     return MaskedCohortUpdate(
-        clients=torch.from_numpy(cohort.clients).to(schedule.device),
-        weights=torch.from_numpy(counts.astype(np.float64)).to(schedule.device),
-        multiplicity=torch.from_numpy(cohort.multiplicity).to(schedule.device),
+        clients=torch.from_numpy(cohort.clients).to(device),
+        weights=torch.from_numpy(counts.astype(np.float64)).to(device),
+        multiplicity=torch.from_numpy(cohort.multiplicity).to(device),
         groups=groups,
     )

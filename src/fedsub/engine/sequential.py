@@ -62,7 +62,7 @@ def client_round(
 
     ``member`` is the client's position in the cohort (to find its lr / corrections)."""
     with timed("pull"):
-        data = DeviceData.of(dataset, index, schedule.device, schedule.dtype)
+        data = DeviceData.of(dataset, index, schedule.execution.device, schedule.execution.dtype)
         rows = {t: r.row(client) for t, r in data.rows.items()}
         pulled = pull(global_params, rows)
         samples = index.client_samples(dataset, client)
@@ -82,5 +82,5 @@ def run_cohort(job: CohortJob) -> CohortUpdate:
         client_round(*args, int(k), job.round, job.schedule, job.work, j)
         for j, k in enumerate(job.cohort.clients)
     ]
-    multiplicity = torch.from_numpy(job.cohort.multiplicity).to(job.schedule.device)
+    multiplicity = torch.from_numpy(job.cohort.multiplicity).to(job.schedule.execution.device)
     return CohortUpdate.from_clients(updates, multiplicity)

@@ -67,11 +67,10 @@ def round_work(
     lr_scale = np.ones(len(cohort))
     if algorithm.scheme.scale_lr_by_pn:
         lr_scale = counts[cohort.clients] / counts.sum() * len(counts)
-    base_lr = algorithm.lr if algorithm.lr is not None else schedule.lr
-    chain = round_chain(
-        algorithm.client, schedule.weight_decay, schedule.clip_norm, schedule.momentum
-    )
-    return CohortWork(chain, lr_scale * lr_at(base_lr, schedule, round_index))
+    step = schedule.client_step
+    base_lr = algorithm.lr if algorithm.lr is not None else step.lr
+    chain = round_chain(algorithm.client, step.weight_decay, step.clip_norm, step.momentum)
+    return CohortWork(chain, lr_scale * lr_at(base_lr, step, round_index))
 
 
 def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:

@@ -81,6 +81,6 @@ def split_cohort(run_cohort: RunCohort, processes: Processes) -> RunCohort:
         sent = None if part is None else moved(part, "cpu", copy=True)
         what = f"gathering round {job.round}'s client updates"
         parts = [p for p in distributed.all_gather(sent, what) if p is not None]
-        return moved(concatenated(parts), job.schedule.device)
+        return moved(concatenated(parts), job.schedule.execution.device)
 
     return run_split

@@ -25,8 +25,9 @@ from fedsub.data import li_quadratic
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.execution import Execution
 from fedsub.engine.loop import Evaluation, train
-from fedsub.engine.schedule import LrSchedule, Schedule, lr_at
+from fedsub.engine.schedule import ClientStep, LrSchedule, Schedule, lr_at
 from fedsub.models.base import Features, Ids, Model, Task
 from fedsub.models.linear_regression import LinearRegression
 from fedsub.submodel.index import SubmodelIndex
@@ -107,7 +108,13 @@ def example_1(out: Path, smoke: bool) -> ClosedFormResult:
     clients, lr, rounds = (10, 0.1, 5) if smoke else (100, 0.1, 100)
     dataset = example1_dataset(clients)
     schedule = Schedule(
-        rounds, clients, local_steps=1, batch_size=1, lr=lr, seed=0, dtype=torch.float64
+        rounds,
+        clients,
+        local_steps=1,
+        batch_size=1,
+        client_step=ClientStep(lr=lr),
+        seed=0,
+        execution=Execution(dtype=torch.float64),
     )
     model = SquaredDistance(rows=2, w0=1.0)
 
@@ -224,18 +231,17 @@ def theorem_4(out: Path, smoke: bool, decayed: bool) -> ClosedFormResult:
             options.num_devices,
             local_steps=steps,
             batch_size=options.block + 1,
-            lr=CONSTANT_LR,
+            client_step=ClientStep(
+                lr=CONSTANT_LR, weight_decay=MU, lr_schedule=_schedule(decayed), lr_decay=DECAY
+            ),
             seed=0,
-            dtype=torch.float64,
+            execution=Execution(dtype=torch.float64),
             eval_every=max(1, rounds // 200),
-            weight_decay=MU,
-            lr_schedule=_schedule(decayed),
-            lr_decay=DECAY,
         )
         history = _history(model, "fedavg", dataset, schedule, measures, heat="samples")
         curves[steps] = history
         # the limit (28) of the last round's lr (constant: the lr; decayed: where it fell to)
-        last_lr = lr_at(CONSTANT_LR, schedule, rounds)
+        last_lr = lr_at(CONSTANT_LR, schedule.client_step, rounds)
         limit = li_quadratic.fedavg_limit(options, MU, last_lr, steps)
         paper = float(np.linalg.norm(limit - optimum))
         final = history[-1].metrics["distance_to_optimum"]

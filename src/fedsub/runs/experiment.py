@@ -465,7 +465,7 @@ def _compare_in(
     if claim is not None:
         check_free_space(claim.folder)
     setup = prepare(config, dataset, model)
-    distributed.join(setup.schedule.device)
+    distributed.join(setup.schedule.execution.device)
     distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
         manifest = {"outputs": comparison_outputs(names)}
@@ -501,7 +501,7 @@ def _compare_in(
             saved,
             stop_requested,
             _reported(label, trained),
-            RoundProfile(synchronizer(setup.schedule.device)) if profile else None,
+            RoundProfile(synchronizer(setup.schedule.execution.device)) if profile else None,
             label,
         )
         histories[name], divergence, final = _train_algorithm(run, setup, config)

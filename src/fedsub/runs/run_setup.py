@@ -25,15 +25,8 @@ from fedsub.device import resolve_device
 from fedsub.dp import settings as dp_settings
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.schedule import (
-    DTYPES,
-    Compile,
-    LrSchedule,
-    Sampling,
-    Schedule,
-    TablePlacement,
-    TableSharding,
-)
+from fedsub.engine.execution import DTYPES, Compile, Execution, TablePlacement, TableSharding
+from fedsub.engine.schedule import ClientStep, LrSchedule, Sampling, Schedule
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
@@ -110,11 +103,25 @@ def privacy_of(config: Config) -> privacy_levels.Privacy:
     )
 
 
+def execution_of(config: Config) -> Execution:
+    """``[execution]`` on this process's device. The casts: config.py checked the choices."""
+    x = config.execution
+    device = distributed.process_device(resolve_device(x.device))
+    return Execution(
+        dtype=DTYPES[x.dtype],
+        backend=x.backend,
+        device=device,
+        deterministic=x.deterministic,
+        table_placement=cast(TablePlacement, x.table_placement),
+        table_sharding=cast(TableSharding, x.table_sharding),
+        compile=Compile.for_device(device) if x.compile == "on" else None,
+    )
+
+
 def schedule_of(config: Config) -> Schedule:
     """The run's ``Schedule``: ``[train]``'s sizes and rates, ``[execution]``, ``[masking]``,
     ``[privacy]`` and ``eval.every``, on this process's device."""
-    t, x, m = config.train, config.execution, config.masking
-    device = distributed.process_device(resolve_device(x.device))
+    t, m = config.train, config.masking
     # The casts: config.py types its choice fields as str and has checked each value against
     # the field's choices, which are the Literal types named here.
     return Schedule(
@@ -122,21 +129,17 @@ def schedule_of(config: Config) -> Schedule:
         clients_per_round=t.clients_per_round,
         local_steps=t.local_steps,
         batch_size=t.batch_size,
-        lr=t.client_step.lr,
+        client_step=ClientStep(
+            lr=t.client_step.lr,
+            lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
+            lr_decay=t.client_step.lr_decay,
+            weight_decay=t.client_step.weight_decay,
+            clip_norm=t.client_step.clip_norm,
+            momentum=t.client_step.momentum,
+        ),
         seed=t.seed,
-        dtype=DTYPES[x.dtype],
+        execution=execution_of(config),
         eval_every=config.eval.every,
-        backend=x.backend,
-        device=device,
-        lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
-        lr_decay=t.client_step.lr_decay,
-        weight_decay=t.client_step.weight_decay,
-        clip_norm=t.client_step.clip_norm,
-        momentum=t.client_step.momentum,
-        deterministic=x.deterministic,
-        table_placement=cast(TablePlacement, x.table_placement),
-        table_sharding=cast(TableSharding, x.table_sharding),
-        compile=Compile.for_device(device) if x.compile == "on" else None,
         masking=Masking(
             cast(MaskingScheme, m.scheme),
             Capacities(
