@@ -81,11 +81,6 @@ def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
     return any_nonfinite([*touched, *params.dense.values()])
 
 
-def touched_finite(params: Params, update: ServerUpdate) -> bool:
-    """Whether the rows this round changed, and the dense parameters, are finite."""
-    return not bool(touched_nonfinite(params, update))
-
-
 @dataclass(frozen=True)
 class RoundPlan:
     """What ``begin`` decided for one round: who trains, and how."""
