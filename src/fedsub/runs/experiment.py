@@ -465,7 +465,9 @@ def _compare_in(
     if claim is not None:
         check_free_space(claim.folder)
     setup = prepare(config, dataset, model)
-    distributed.join(setup.schedule.device)
+    processes = distributed.join(setup.schedule.device)
+    if setup.schedule.table_sharding == "rows" and processes.split:  # this process's rows' heat
+        setup = dataclasses.replace(setup, context=setup.context.sharded(processes))
     distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
         manifest = {"outputs": comparison_outputs(names)}

@@ -81,6 +81,20 @@ def shard(params: Params, processes: Processes) -> ShardParams:
     return ShardParams(tables, dict(params.dense), partitions, processes.rank)
 
 
+def own_rows(values: torch.Tensor, partition: RowPartition, rank: int) -> torch.Tensor:
+    """A per-row tensor of process ``rank``'s rows: ``values`` when it holds just those, else
+    its rows of ``values`` (the whole table's)."""
+    mine = partition.range_of(rank)
+    if len(values) == partition.rows:
+        return values[mine.start : mine.stop].clone()
+    if len(values) != len(mine):
+        raise ValueError(
+            f"{len(values)} per-row values: neither the table's {partition.rows} rows nor "
+            f"process {rank}'s {len(mine)}"
+        )
+    return values
+
+
 def union_of(index: SubmodelIndex, table: str, clients: np.ndarray) -> np.ndarray:
     """The sorted union of the clients' S(k) of ``table`` (global ids)."""
     taken = index.rows[table].take(np.asarray(clients, dtype=np.int64))
@@ -118,13 +132,14 @@ class ShardedTables:
 
     @staticmethod
     def of(params: ShardParams, coefficients: dict[str, torch.Tensor] | None) -> ShardedTables:
-        """The tables of ``params``, with this process's slice of the per-row
-        ``coefficients`` (FedSubAvg's heat correction; None for FedAvg)."""
+        """The tables of ``params``, with the per-row ``coefficients`` (FedSubAvg's heat
+        correction; None for FedAvg) of this process's rows: as given when they are its rows'
+        (an algorithm built on ``AlgorithmContext.sharded``), else cut from the whole
+        table's."""
         processes = Processes(params.rank, next(iter(params.partitions.values())).world_size)
         if coefficients is not None:
             coefficients = {
-                t: coefficients[t][p.range_of(params.rank)].clone()
-                for t, p in params.partitions.items()
+                t: own_rows(coefficients[t], p, params.rank) for t, p in params.partitions.items()
             }
         return ShardedTables(processes, dict(params.partitions), coefficients)
 
