@@ -123,6 +123,11 @@ class ServerRound:
     agree: Callable[[list[bool]], list[bool]] = field(
         default_factory=lambda: as_they_are, init=False
     )
+    # the members rejected in every process, in member order (row-sharded tables: each
+    # process screens the members it trained); one process: its own
+    all_rejected: Callable[[list[Rejection]], list[Rejection]] = field(
+        default_factory=lambda: list, init=False
+    )
 
     def stages(self) -> dict[str, Stateful]:
         """Every stateful stage of the round by name: what a checkpoint saves and a resume
@@ -209,7 +214,7 @@ class ServerRound:
             to_screen, aggregate_bad = self.agree(checks.tolist())  # host read 1
         if to_screen:
             kept, rejected = screen(update, r, self.max_update_norm)
-            for rejection in rejected:
+            for rejection in self.all_rejected(rejected):
                 if self.on_reject is not None:
                     self.on_reject(rejection)
             if not self.agree([bool(kept)])[0] and self.dp is None:

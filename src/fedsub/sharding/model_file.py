@@ -12,16 +12,22 @@ machine, or a shared mount).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import struct
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from fedsub import distributed
 from fedsub.files.atomic_files import create_temp_file
 from fedsub.sharding.rounds import ShardParams
+from fedsub.submodel.params import Params
 
 SAFETENSORS_DTYPES = {
     torch.float64: "F64",
@@ -58,6 +64,36 @@ def layout(
 def _write_at(handle, offset: int, tensor: torch.Tensor) -> None:
     handle.seek(offset)
     handle.write(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().data)
+
+
+@dataclass(frozen=True)
+class WrittenModel:
+    """A row-sharded run's final model, written as one file (``write_final_model``): what a
+    process's result holds instead of the whole model, read when asked for."""
+
+    path: Path
+
+    def load(self) -> Params:
+        """The whole model, read from the file (on the CPU)."""
+        return Params.from_state_dict(load_file(str(self.path)))
+
+
+def write_final_model(folder: Path | None, params: ShardParams) -> WrittenModel:
+    """Write the model of which ``params`` is this process's share as ``folder``'s
+    ``model.safetensors`` (``folder``: the algorithm's run folder on process 0, None
+    elsewhere; a collective) and return the file to every process. A run without a folder
+    (``fedsub.train``) writes it into a temporary folder made by process 0 (under
+    ``tempfile.gettempdir()``, which every process must see) and removed when process 0's
+    Python exits."""
+    path = None
+    if params.rank == 0:
+        if folder is None:
+            folder = Path(tempfile.mkdtemp(prefix="fedsub-model-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = folder / "model.safetensors"
+    write_model(path, params)
+    named = distributed.all_gather(None if path is None else str(path), "naming the model file")
+    return WrittenModel(Path(named[0]))
 
 
 def write_model(path: Path | None, params: ShardParams) -> None:

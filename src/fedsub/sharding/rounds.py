@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 RunCohort = Callable[..., CohortUpdate]
+Member = TypeVar("Member")
 LOG = logging.getLogger("fedsub.sharding")  # DEBUG: each round's bytes (benchmarks read them)
 
 
@@ -267,3 +268,11 @@ def agree(flags: list[bool]) -> list[bool]:
     with distributed.collective("agreeing on the round's checks"):
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return [bool(v) for v in value.tolist()]
+
+
+def all_rejected(rejected: list[Member]) -> list[Member]:
+    """Every process's rejected members (``engine/guards.py``'s rejections), in member order
+    (one gather): the processes train contiguous shares of the cohort in rank order, each
+    screening its own."""
+    parts = distributed.all_gather(rejected, "gathering the rejected members")
+    return [rejection for part in parts for rejection in part]
