@@ -76,9 +76,9 @@ class TrainResult:
 
     @property
     def model_file(self) -> Path | None:
-        """A row-sharded run's model file (its run folder's ``model.safetensors``, or a
-        temporary file, removed when process 0 exits, for a run without a folder); None
-        when the model is in memory."""
+        """A row-sharded run's model file (its run folder's ``model.safetensors``, or, for a
+        run without a folder, this process's temporary link to it, removed when its Python
+        exits); None when the model is in memory."""
         return self.trained.path if isinstance(self.trained, WrittenModel) else None
 
     @property
