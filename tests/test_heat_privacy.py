@@ -273,3 +273,62 @@ def test_heat_read_from_the_nodes_summed_vectors_is_each_tables_heat(kind):
     assert measured.heat["a"].tolist() == [w[0], 0, w[0] + w[1], w[1]]
     assert measured.heat["b"].tolist() == [w[1], w[0] + w[1], 0]
     assert (measured.total_samples, measured.num_clients) == (7.0, 2)
+
+
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_the_heat_of_a_range_of_rows_counts_the_clients_touching_them(small, kind):
+    """``keep``: position i is row keep[i]'s sum of w_k (1 or the sample count) over the
+    clients whose S(k) holds it, written out client by client."""
+    from fedsub.submodel import heat as heat_lib
+
+    dataset, index = small
+    rows, counts = index.rows["features"], dataset.sample_counts()
+    size = dataset.table_rows["features"]
+    for keep in (range(0, size), range(3, size // 2), range(size - 5, size), range(4, 4)):
+        expected = np.zeros(len(keep))
+        for k in range(dataset.num_clients):
+            w = 1.0 if kind == "clients" else float(counts[k])
+            for m in rows.values[rows.offsets[k] : rows.offsets[k + 1]]:
+                if keep.start <= m < keep.stop:
+                    expected[m - keep.start] += w
+        got = heat_lib.heat(rows, size, counts, kind, keep)
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("source", ["exact", "secagg", "sketch", "randomized-response"])
+@pytest.mark.parametrize("kind", ["clients", "samples"])
+def test_each_process_computes_only_its_rows_coefficients_and_they_are_the_whole_tables(
+    small, kind, source, monkeypatch
+):
+    """Row-sharded tables: a context ``sharded`` for process r of P gives coefficients as
+    long as r's share of the rows, equal bit for bit to the whole table's at those rows (the
+    randomized responses drawn in chunks of 7 uniforms: the generator's stream is the whole
+    report's)."""
+    from fedsub.distributed import Processes
+
+    monkeypatch.setattr(rr, "CHUNK", 7)
+    dataset, index = small
+    privacy = HeatPrivacy(source, group_size=16, sketch_eps=0.05, rr_epsilon=1.0, seed=4)
+    context = AlgorithmContext(dataset, index, kind, 10, privacy)
+    whole = heat_coefficients(context)
+    for world in (2, 3):
+        parts = [heat_coefficients(context.sharded(Processes(r, world))) for r in range(world)]
+        for table, coefficients in whole.items():
+            lengths = [len(p[table]) for p in parts]
+            size = dataset.table_rows[table]
+            assert lengths == [len(Processes(r, world).share(size)) for r in range(world)]
+            assert torch.equal(torch.cat([p[table] for p in parts]), coefficients), table
+
+
+def test_measured_heat_is_cut_to_the_process_s_rows(small):
+    from fedsub.distributed import Processes
+    from fedsub.privacy.heat_vectors import MeasuredHeat
+
+    dataset, index = small
+    heat = np.arange(dataset.table_rows["features"], dtype=np.float64) % 7
+    measured = MeasuredHeat("sketch", {"features": heat}, 900.0, 60, lowest_weight=4.0)
+    context = AlgorithmContext(dataset, index, "samples", 10, measured=measured)
+    whole = heat_coefficients(context)["features"]
+    parts = [heat_coefficients(context.sharded(Processes(r, 3)))["features"] for r in range(3)]
+    assert torch.equal(torch.cat(parts), whole)
+    assert len(parts[0]) < len(whole)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import fedsub
 from fedsub import cli
 from fedsub import config as config_lib
 from fedsub.distributed import Processes
@@ -261,3 +265,74 @@ def test_each_process_scores_its_share_of_the_chunks_and_the_metrics_are_one_pro
     union = sum(len(set(ragged.values)) for ragged in dataset.test.ids.values())
     assert all(s.fetched > 0 for s in stand_ins)
     assert max(s.fetched for s in stand_ins) < union + 40 * len(dataset.table_rows)
+
+
+LIBRARY_RUN = """
+import json, os, sys, tomllib
+from pathlib import Path
+
+import fedsub
+from safetensors.torch import save_file
+
+config, out = Path(sys.argv[1]), Path(sys.argv[2])
+rank = os.environ["RANK"]
+ran = fedsub.run(tomllib.loads(config.read_text()), out=out / "run")
+trained = fedsub.train(table_sharding="rows", **json.loads(sys.argv[3]))
+for name, result in (("run", ran["fedsubavg"]), ("train", trained)):
+    save_file(result.params.state_dict(), str(out / f"{name}-{rank}.safetensors"))
+    (out / f"{name}-{rank}.txt").write_text(str(result.model_file))
+"""
+
+
+def test_every_process_s_result_reads_the_trained_model_and_every_rejection_is_logged(tmp_path):
+    """Under torchrun with row-sharded tables, ``fedsub.run`` (a run folder) and
+    ``fedsub.train`` (none: a temporary file, gone when the processes exit) give every process a
+    result whose ``params`` are the one-process model's; the members rejected by the
+    screening (``max_update_norm``; some trained by process 1, a round where all are) are
+    logged in member order, as one process logs them."""
+    raw = tomllib.loads(BASE)
+    raw["train"].update(algorithms=["fedsubavg"], max_update_norm=0.08, checkpoint_every=0)
+    sharded = tmp_path / "sharded.toml"
+    sharded.write_text(config_lib.to_toml(config_lib.parse(raw)))
+    raw["execution"]["table_sharding"] = "none"
+    one = fedsub.run(raw, out=tmp_path / "one")["fedsubavg"]
+    options = {
+        "model": "embedding-lr",
+        "data": "synthetic-sparse",
+        "algorithm": "fedsubavg",
+        "model_options": {"embedding_dim": 4},
+        **{
+            k: raw["train"][k]
+            for k in ("rounds", "clients_per_round", "local_steps", "batch_size", "lr")
+        },
+        "max_update_norm": 0.08,
+        "deterministic": True,
+        "backend": "sequential",
+    }
+    alone_trained = fedsub.train(**options)
+    script = tmp_path / "library_run.py"
+    script.write_text(LIBRARY_RUN)
+    env = {**os.environ, "PYTHONPATH": str(Path(fedsub.__file__).parents[1])}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    arguments = [str(script), str(sharded), str(tmp_path), json.dumps(options)]
+    done = subprocess.run(
+        [*launcher, "--nproc-per-node", "2", *arguments],
+        cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    model_file = tmp_path / "run" / "fedsubavg" / "model.safetensors"
+    for rank in (0, 1):
+        ran = load_file(tmp_path / f"run-{rank}.safetensors")
+        assert (tmp_path / f"run-{rank}.txt").read_text() == str(model_file)
+        trained = load_file(tmp_path / f"train-{rank}.safetensors")
+        temporary = Path((tmp_path / f"train-{rank}.txt").read_text())
+        assert temporary.name == f"model-{rank}.safetensors"
+        assert not temporary.parent.exists()  # each process removed its link, the last the folder
+        for got, expected in ((ran, one.params), (trained, alone_trained.params)):
+            assert got.keys() == expected.state_dict().keys()
+            for key, value in expected.state_dict().items():
+                assert torch.equal(got[key], value), (rank, key)
+    logged = (tmp_path / "run" / "fedsubavg" / "rejections.jsonl").read_text()
+    assert logged == (tmp_path / "one" / "fedsubavg" / "rejections.jsonl").read_text()
+    assert len(logged.splitlines()) >= 5

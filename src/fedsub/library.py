@@ -25,7 +25,7 @@ from torch import nn
 from fedsub import api_arguments as arguments
 from fedsub import config as config_lib
 from fedsub import moved_keys
-from fedsub.config import Config, EvalConfig, TrainConfig
+from fedsub.config import Config, EvalConfig, ExecutionConfig, TrainConfig
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.files.run_folder import check_folder_text
@@ -34,6 +34,7 @@ from fedsub.models.base import Model, SliceableModel, Task
 from fedsub.models.module_tables import TableSpec
 from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
 from fedsub.runs import experiment, run_setup
+from fedsub.sharding.model_file import WrittenModel
 from fedsub.submodel.params import Params
 from fedsub.vocabulary import RUN_FLAGS, spoken_as
 
@@ -53,14 +54,33 @@ class TrainResult:
     - ``model``: the trained model: for your ``nn.Module`` a copy of it (same class) holding
       the trained weights; for fedsub's models the trained ``Params`` (tables and dense
       tensors; ``fedsub_model`` computes with them). None when the run diverged, or when a
-      resumed run read this algorithm's finished results back from its folder.
+      resumed run read this algorithm's finished results back from its folder. With
+      row-sharded tables (``table_sharding = "rows"`` under torchrun) no process holds the
+      whole model: every process's result reads it, on the CPU, from the one
+      ``model.safetensors`` the processes wrote (``model_file``) when ``model`` or ``params``
+      is first asked for.
     """
 
     algorithm: str
     history: list[dict[str, Any]]
     summary: dict[str, Any]
-    params: Params | None
+    trained: Params | WrittenModel | None  # row-sharded: the file, read when asked for
     fedsub_model: Model | None
+
+    @cached_property
+    def params(self) -> Params | None:
+        """The trained ``Params`` (read from ``model_file`` on first use when the tables were
+        row-sharded)."""
+        if isinstance(self.trained, WrittenModel):
+            return self.trained.load()
+        return self.trained
+
+    @property
+    def model_file(self) -> Path | None:
+        """A row-sharded run's model file (its run folder's ``model.safetensors``, or, for a
+        run without a folder, this process's temporary link to it, removed when its Python
+        exits); None when the model is in memory."""
+        return self.trained.path if isinstance(self.trained, WrittenModel) else None
 
     @property
     def diverged(self) -> str | None:
@@ -198,7 +218,8 @@ def train(
     - ``train_options``: ``[train]`` and ``[eval]`` keys (``rounds``, ``clients_per_round``,
       ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``every``, ...) and the
       ``[execution]`` / ``[privacy]`` / ``[masking]`` keys by their former ``[train]`` names
-      (moved_keys.py: ``device``, ``backend``, ``privacy``, ``masking``, ...); built-in
+      (moved_keys.py: ``device``, ``backend``, ``privacy``, ``masking``, ...) and
+      ``table_sharding`` (``[execution]``, row-sharded tables under torchrun); built-in
       defaults otherwise, checked by the rules a config file's keys are; an
       error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
       value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
@@ -568,6 +589,8 @@ def config_of(
     train_keys = set(key_names(TrainConfig)) - {"algorithms"}
     train_keys |= set(moved_keys.MOVED)  # execution, privacy and masking keys, by old name
     eval_keys = set(key_names(EvalConfig))
+    # [execution] keys added since the move, by their own name (table_sharding)
+    execution_keys = set(key_names(ExecutionConfig)) - train_keys
     for key, value in options.items():
         if key == "algorithms":
             raise ArgumentError("give the algorithms as compare(..., algorithms=[...])")
@@ -579,6 +602,8 @@ def config_of(
             sections["dp"] = dict(value)
         elif (place := moved_keys.keyword_place(key)) is not None:
             sections.setdefault(place[0], {})[place[1]] = value
+        elif key in execution_keys:
+            sections.setdefault("execution", {})[key] = value
         elif key in train_keys:
             sections["train"][key] = value
         elif key in eval_keys:
@@ -587,7 +612,8 @@ def config_of(
             raise ArgumentError(
                 f"unknown option {key!r}: expected a [train] key or an [execution] / [privacy] / "
                 f"[masking] key by its former [train] name ({', '.join(sorted(train_keys))})"
-                f", an [eval] key ({', '.join(sorted(eval_keys))}) or dp"
+                f", an [execution] key ({', '.join(sorted(execution_keys))}), an [eval] key "
+                f"({', '.join(sorted(eval_keys))}) or dp"
             )
     masking = sections.get("masking", {}).get("scheme", "none")
     masked = isinstance(masking, str) and masking != "none"  # a non-string: config.py refuses

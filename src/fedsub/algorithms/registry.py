@@ -51,6 +51,7 @@ from fedsub.algorithms.weighting import WEIGHTINGS
 from fedsub.client.transforms import TRANSFORMS, PullsWholeModel, transform_names
 from fedsub.client.work import round_chain
 from fedsub.data.federated import Population
+from fedsub.distributed import Processes
 from fedsub.errors import ConfigError
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import MeasuredHeat
@@ -74,8 +75,16 @@ class AlgorithmContext:
     clients_per_round: int = 1
     privacy: HeatPrivacy = field(default_factory=HeatPrivacy)
     measured: MeasuredHeat | None = None
+    # row-sharded tables (fedsub/sharding): the heat coefficients are this process's rows'
+    # (``Processes.share`` of each table's rows); None: every row's
+    shard: Processes | None = None
     # heat_coefficients' result, computed once: a private heat source runs a whole protocol
     _coefficients: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def sharded(self, processes: Processes) -> AlgorithmContext:
+        """This context for ``processes``' share of every table's rows (coefficients not yet
+        computed: a process computes and keeps only its rows')."""
+        return dataclasses.replace(self, shard=processes, _coefficients={})
 
 
 @dataclass(frozen=True)
@@ -144,12 +153,18 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
 
     Estimated heat (sketch, randomized response) is clipped to [smallest client weight,
     total] so that noise can neither divide by zero nor shrink a row below plain averaging.
-    Computed on first use and kept on the context."""
+    Computed on first use and kept on the context; with ``context.shard``, of that process's
+    rows only (the same values as the whole table's at those rows)."""
     if context._coefficients:
         return context._coefficients
-    measured = context.measured
+    measured, shard = context.measured, context.shard
+    keep = None
+    if shard is not None:
+        keep = {t: shard.share(n) for t, n in context.dataset.table_rows.items()}
     if measured is not None:
         source, estimates = measured.source, measured.heat
+        if keep is not None:
+            estimates = {t: h[keep[t].start : keep[t].stop] for t, h in estimates.items()}
         total = measured.total_samples if context.heat == "samples" else float(measured.num_clients)
         lowest = measured.lowest_weight if context.heat == "samples" else 1.0
     else:
@@ -157,7 +172,9 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
         total = float(counts.sum()) if context.heat == "samples" else float(len(counts))
         lowest = float(counts.min()) if context.heat == "samples" else 1.0
         source = context.privacy.source
-        estimates = estimate_heat(context.dataset, context.index, context.heat, context.privacy)
+        estimates = estimate_heat(
+            context.dataset, context.index, context.heat, context.privacy, keep
+        )
     coefficients = {}
     for table, row_heat in estimates.items():
         if source in ("sketch", "randomized-response"):

@@ -47,7 +47,7 @@ from fedsub.numerics.float32 import ieee_float32
 from fedsub.profiling import ROUND, timed
 from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.initial import sharded_init
-from fedsub.sharding.rounds import ShardedTables, ShardParams, agree
+from fedsub.sharding.rounds import ShardedTables, ShardParams, agree, all_rejected
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -485,7 +485,7 @@ def run_rounds(
         placement.check_row_local(
             algorithm, rounds.server, "execution.table_sharding", ("rows", "none")
         )
-        rounds.agree = agree
+        rounds.agree, rounds.all_rejected = agree, all_rejected
         control = dataclasses.replace(control, sharded=sharded)
     runtime = InProcess(model, dataset, index, schedule, run_cohort, evaluator, host, sharded)
     drive(rounds, runtime, schedule, control, on_evaluation, on_round)

@@ -80,11 +80,6 @@ def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
     return any_nonfinite([*touched, *params.dense.values()])
 
 
-def touched_finite(params: Params, update: ServerUpdate) -> bool:
-    """Whether the rows this round changed, and the dense parameters, are finite."""
-    return not bool(touched_nonfinite(params, update))
-
-
 @dataclass(frozen=True)
 class RoundPlan:
     """What ``begin`` decided for one round: who trains, and how."""
@@ -126,6 +121,11 @@ class ServerRound:
     # process, so every process takes the same branch; one process: the checks as they are
     agree: Callable[[list[bool]], list[bool]] = field(
         default_factory=lambda: as_they_are, init=False
+    )
+    # the members rejected in every process, in member order (row-sharded tables: each
+    # process screens the members it trained); one process: its own
+    all_rejected: Callable[[list[Rejection]], list[Rejection]] = field(
+        default_factory=lambda: list, init=False
     )
 
     def stages(self) -> dict[str, Stateful]:
@@ -213,7 +213,7 @@ class ServerRound:
             to_screen, aggregate_bad = self.agree(checks.tolist())  # host read 1
         if to_screen:
             kept, rejected = screen(update, r, self.max_update_norm)
-            for rejection in rejected:
+            for rejection in self.all_rejected(rejected):
                 if self.on_reject is not None:
                     self.on_reject(rejection)
             if not self.agree([bool(kept)])[0] and self.dp is None:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,13 +63,17 @@ def estimate_heat(
     index: SubmodelIndex,
     kind: heat_lib.HeatKind,
     privacy: HeatPrivacy,
+    keep: Mapping[str, range] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Per table, the heat of every row (float64) as the chosen source reveals it."""
+    """Per table, the heat of every row (float64) as the chosen source reveals it; with
+    ``keep``, of the rows ``keep[table]`` only (a process's share of a row-sharded table: the
+    same values as the whole heat's, without an array as long as the table)."""
     values = _client_values(dataset, kind)
     result = {}
     with phase(f"heat counts ({privacy.source})", total=len(dataset.table_rows)) as advance:
         for table, num_rows in dataset.table_rows.items():
-            result[table] = _table_heat(dataset, index, kind, privacy, values, table, num_rows)
+            rows = range(num_rows) if keep is None else keep[table]
+            result[table] = _table_heat(dataset, index, kind, privacy, values, table, rows)
             advance(1)
     return result
 
@@ -80,22 +85,22 @@ def _table_heat(
     privacy: HeatPrivacy,
     values: np.ndarray,
     table: str,
-    num_rows: int,
+    keep: range,
 ) -> np.ndarray:
-    """The heat of every row of one table, as the chosen source reveals it."""
-    rows = index.rows[table]
+    """The heat of the rows ``keep`` of one table, as the chosen source reveals it."""
+    rows, num_rows = index.rows[table], dataset.table_rows[table]
     members = [rows.values[rows.offsets[k] : rows.offsets[k + 1]] for k in range(len(values))]
     if privacy.source == "exact":
-        return heat_lib.heat(rows, num_rows, dataset.sample_counts(), kind)
-    elif privacy.source == "secagg":
+        return heat_lib.heat(rows, num_rows, dataset.sample_counts(), kind, keep)
+    elif privacy.source == "secagg":  # sums of the rows kept: the kept rows of the sums
         vectors = []
         for own, w in zip(members, values, strict=True):
-            vector = np.zeros(num_rows, dtype=np.uint32)
-            vector[own] = w
+            vector = np.zeros(len(keep), dtype=np.uint32)
+            vector[own[(own >= keep.start) & (own < keep.stop)] - keep.start] = w
             vectors.append(vector)
         what = table
         return grouped_secure_sum(vectors, privacy.group_size, what).astype(np.float64)
-    elif privacy.source == "sketch":
+    elif privacy.source == "sketch":  # a sketch is as wide as eps says, whatever the rows
         sketch = CountMinSketch.for_error(privacy.sketch_eps, privacy.sketch_delta, privacy.seed)
         sketches = [
             sketch.sketch(own, np.full(len(own), w)).astype(np.uint32).reshape(-1)
@@ -104,12 +109,13 @@ def _table_heat(
         what = f"{table} sketches"
         summed = grouped_secure_sum(sketches, privacy.group_size, what).astype(np.int64)
         table_sketch = summed.reshape(sketch.depth, sketch.width)
-        return sketch.estimate(table_sketch, np.arange(num_rows)).astype(np.float64)
+        kept = np.arange(keep.start, keep.stop)
+        return sketch.estimate(table_sketch, kept).astype(np.float64)
     elif privacy.source == "randomized-response":
         rng = np.random.default_rng([privacy.seed, 0x5151])
-        weighted = np.zeros(num_rows)
+        weighted = np.zeros(len(keep))
         for own, w in zip(members, values, strict=True):
-            weighted += w * rr.report(own, num_rows, privacy.rr_epsilon, rng)
+            weighted += w * rr.report(own, num_rows, privacy.rr_epsilon, rng, keep)
         return rr.estimate(weighted, float(values.sum()), privacy.rr_epsilon)
     else:
         raise ValueError(f"unknown heat source {privacy.source!r}; choose from {SOURCES}")

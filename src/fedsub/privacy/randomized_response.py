@@ -26,13 +26,34 @@ def epsilon_of(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def report(members: np.ndarray, universe: int, epsilon: float, rng: np.random.Generator):
-    """One client's noisy indicator bits over rows 0..universe-1."""
+CHUNK = 1 << 20  # uniforms drawn at a time when only some rows' bits are kept
+
+
+def report(
+    members: np.ndarray,
+    universe: int,
+    epsilon: float,
+    rng: np.random.Generator,
+    keep: range | None = None,
+) -> np.ndarray:
+    """One client's noisy indicator bits over rows 0..universe-1, or over the rows ``keep``
+    only (a process's share of a row-sharded table): the same bits, the generator left where
+    the whole report leaves it (its uniforms are drawn in chunks, of which only ``keep``'s
+    are kept: numpy draws the same uniforms in chunks as at once)."""
     p = keep_probability(epsilon)
-    truth = np.zeros(universe, dtype=bool)
-    truth[members] = True
-    keep = rng.random(universe) < p
-    return np.where(keep, truth, ~truth)
+    rows = range(universe) if keep is None else keep
+    truth = np.zeros(len(rows), dtype=bool)
+    truth[members[(members >= rows.start) & (members < rows.stop)] - rows.start] = True
+    if rows == range(universe):
+        kept = rng.random(universe) < p
+    else:
+        kept = np.empty(len(rows), dtype=bool)
+        for start in range(0, universe, CHUNK):
+            chunk = rng.random(min(CHUNK, universe - start))
+            low, high = max(rows.start, start), min(rows.stop, start + len(chunk))
+            if low < high:
+                kept[low - rows.start : high - rows.start] = chunk[low - start : high - start] < p
+    return np.where(kept, truth, ~truth)
 
 
 def estimate(weighted_reports: np.ndarray, total_weight: float, epsilon: float) -> np.ndarray:

@@ -73,7 +73,7 @@ from fedsub.runs.run_setup import (
     resolve_path,
     with_resolved_paths,
 )
-from fedsub.sharding.model_file import write_model
+from fedsub.sharding.model_file import WrittenModel, write_final_model
 from fedsub.sharding.rounds import ShardParams
 from fedsub.submodel.params import Params
 
@@ -95,7 +95,8 @@ class Outcome:
     # by algorithm: where its rounds' time went (``--profile``; fedsub/profiling.py)
     profiles: dict[str, dict] = dataclasses.field(default_factory=dict)
     histories: dict[str, list[Evaluation]] = dataclasses.field(default_factory=dict)
-    params: dict[str, Params] = dataclasses.field(default_factory=dict)
+    # row-sharded runs (fedsub/sharding): the model file instead, read when asked for
+    params: dict[str, Params | WrittenModel] = dataclasses.field(default_factory=dict)
     model: Model | None = None  # the model every algorithm trained (a comparison's)
 
     def divergence_message(self) -> str:
@@ -214,7 +215,7 @@ class AlgorithmRun:
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None, Params | None]:
+    ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
         """The algorithm's evaluations, its divergence when it diverged (then no final
         model or completion marker is written; the other algorithms still run) and its final
         parameters (None when it diverged)."""
@@ -228,7 +229,7 @@ class AlgorithmRun:
 
     def _train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None, Params | None]:
+    ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
         saved, folder = self.saved, self.folder
         if saved is None and folder is not None:
             _start_fresh(folder)
@@ -275,12 +276,12 @@ class AlgorithmRun:
             if folder is not None:  # process 0 writes
                 self._write_privacy(folder, stages)
         if isinstance(final, ShardParams):  # every process writes its rows into one file
-            write_model(None if folder is None else folder / "model.safetensors", final)
+            written = write_final_model(folder, final)
         elif folder is not None:
             write_tensors_atomic(folder / "model.safetensors", final.state_dict())
         if folder is not None:
             write_atomic(folder / DONE, done_record(folder, self.identity))
-        return log.history, None, final
+        return log.history, None, written if isinstance(final, ShardParams) else final
 
     def _record(self, log: MetricsLog | _Evaluations, evaluation: Evaluation) -> None:
         """Log an evaluation; under [dp] the progress line shows the epsilon spent so far."""
@@ -433,7 +434,7 @@ def _trained(
 
 def _train_algorithm(
     run: AlgorithmRun, setup: Setup, config: Config
-) -> tuple[list[Evaluation], Diverged | None, Params | None]:
+) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
     """``run``'s algorithm built for ``setup`` and trained: its evaluations, why it diverged
     (or None) and its final model."""
     with phase(f"{run.label}{run.name}: preparing"):
@@ -465,7 +466,11 @@ def _compare_in(
     if claim is not None:
         check_free_space(claim.folder)
     setup = prepare(config, dataset, model)
-    distributed.join(setup.schedule.execution.device)
+    processes = distributed.join(setup.schedule.execution.device)
+    if (
+        setup.schedule.execution.table_sharding == "rows" and processes.split
+    ):  # this process's rows' heat
+        setup = dataclasses.replace(setup, context=setup.context.sharded(processes))
     distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
         manifest = {"outputs": comparison_outputs(names)}
@@ -484,7 +489,7 @@ def _compare_in(
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
     profiles: dict[str, dict] = {}
-    finals: dict[str, Params] = {}
+    finals: dict[str, Params | WrittenModel] = {}
     reporter = current_reporter()
     reporter.training([(label + name, setup.schedule.rounds) for name in names])
     for name in names:
@@ -507,8 +512,8 @@ def _compare_in(
         histories[name], divergence, final = _train_algorithm(run, setup, config)
         if divergence is not None:
             diverged[name] = divergence
-        if final is not None and not isinstance(final, ShardParams):
-            finals[name] = final  # a process's shard is not the model: read model.safetensors
+        if final is not None:
+            finals[name] = final  # row-sharded: the model file every process can read
         if run.profile is not None:
             profiles[name] = run.profile.as_json()
 

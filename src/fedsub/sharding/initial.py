@@ -78,7 +78,9 @@ def rows_of_randn(shape: tuple[int, ...], keep: range, kwargs: dict[str, Any]) -
     if rows * per_row < 2 * CHUNK_VALUES:  # small: the whole draw, cut
         return torch.randn(shape, **kwargs)[keep.start : keep.stop].clone()
     step = 16 * max(1, CHUNK_VALUES // (16 * per_row))  # rows per chunk: 16 k values
-    kept = []
+    kept = torch.empty(
+        (len(keep), *shape[1:]), dtype=kwargs.get("dtype"), device=kwargs.get("device")
+    )
     start = 0
     while start < rows:
         size = min(step, rows - start)
@@ -86,12 +88,10 @@ def rows_of_randn(shape: tuple[int, ...], keep: range, kwargs: dict[str, Any]) -
             size = rows - start
         chunk = torch.randn((size, *shape[1:]), **kwargs)
         low, high = max(keep.start, start), min(keep.stop, start + size)
-        if low < high:
-            kept.append(chunk[low - start : high - start].clone())
+        if low < high:  # copied into place: no list of pieces to concatenate (twice the shard)
+            kept[low - keep.start : high - keep.start] = chunk[low - start : high - start]
         start += size
-    if not kept:
-        return torch.randn((0, *shape[1:]), dtype=kwargs.get("dtype"))
-    return torch.cat(kept)
+    return kept
 
 
 def sharded_init(

@@ -12,16 +12,22 @@ machine, or a shared mount).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import struct
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from fedsub import distributed
 from fedsub.files.atomic_files import create_temp_file
 from fedsub.sharding.rounds import ShardParams
+from fedsub.submodel.params import Params
 
 SAFETENSORS_DTYPES = {
     torch.float64: "F64",
@@ -60,10 +66,61 @@ def _write_at(handle, offset: int, tensor: torch.Tensor) -> None:
     handle.write(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().data)
 
 
-def write_model(path: Path | None, params: ShardParams) -> None:
+TEMPORARY = "fedsub-model-"  # the prefix of a run without a folder's temporary folder
+
+
+@dataclass(frozen=True)
+class WrittenModel:
+    """A row-sharded run's final model, written as one file (``write_final_model``): what a
+    process's result holds instead of the whole model, read when asked for."""
+
+    path: Path
+
+    def load(self) -> Params:
+        """The whole model, read from the file (on the CPU)."""
+        return Params.from_state_dict(load_file(str(self.path)))
+
+
+def write_final_model(folder: Path | None, params: ShardParams) -> WrittenModel:
+    """Write the model of which ``params`` is this process's share as ``folder``'s
+    ``model.safetensors`` (``folder``: the algorithm's run folder on process 0, None
+    elsewhere; a collective) and return the file to every process.
+
+    A run without a folder (``fedsub.train``) writes it into a temporary folder made by
+    process 0 (under ``tempfile.gettempdir()``, which every process must see), where each
+    process takes a hard link of its own, ``model-<rank>.safetensors``, and removes it when
+    its Python exits (the last one removes the folder): the file lasts as long as some
+    process may still read it."""
+    path = None
+    if params.rank == 0:
+        folder = Path(tempfile.mkdtemp(prefix=TEMPORARY)) if folder is None else folder
+        path = folder / "model.safetensors"
+    written = write_model(path, params)
+    assert written is not None, "process 0 gives the model a path"
+    distributed.barrier("publishing the model file")  # process 0 has renamed it into place
+    if not written.parent.name.startswith(TEMPORARY):
+        return WrittenModel(written)
+    own = written.with_name(f"model-{params.rank}.safetensors")
+    os.link(written, own)
+    atexit.register(_remove_link, own)
+    distributed.barrier("linking the model file")
+    if params.rank == 0:
+        written.unlink()
+    return WrittenModel(own)
+
+
+def _remove_link(link: Path) -> None:
+    """Remove this process's link to a temporary model file, and its folder once empty."""
+    link.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another process's link is still there
+        link.parent.rmdir()
+
+
+def write_model(path: Path | None, params: ShardParams) -> Path | None:
     """Write the whole model of which ``params`` is this process's share to ``path`` (given on
-    process 0, the one that writes the run's outputs; None elsewhere). A collective; with no
-    path on process 0 nothing is written."""
+    process 0, the one that writes the run's outputs; None elsewhere) and return ``path`` to
+    every process (process 0 renames the file into place after the others return). A
+    collective; with no path on process 0 nothing is written (None)."""
     shapes: dict[str, tuple[torch.dtype, list[int]]] = {
         f"table.{t}": (v.dtype, [params.partitions[t].rows, *v.shape[1:]])
         for t, v in params.tables.items()
@@ -80,9 +137,10 @@ def write_model(path: Path | None, params: ShardParams) -> None:
             for name, value in params.dense.items():
                 _write_at(handle, len(head) + offsets[f"dense.{name}"], value)
     try:
-        named = distributed.all_gather(None if temp is None else str(temp), "writing the model")
-        if named[0] is None:
-            return
+        where = None if temp is None or path is None else (str(temp), str(path))
+        named = distributed.all_gather(where, "writing the model")[0]
+        if named is None:
+            return None
         with open(named[0], "r+b") as handle:
             for table, value in params.tables.items():
                 start = params.partitions[table].range_of(params.rank).start
@@ -93,6 +151,7 @@ def write_model(path: Path | None, params: ShardParams) -> None:
         distributed.barrier("writing the model")
         if temp is not None and path is not None:
             os.replace(temp, path)
+        return Path(named[1])
     except BaseException:
         if temp is not None:
             temp.unlink(missing_ok=True)

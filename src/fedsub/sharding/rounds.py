@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 RunCohort = Callable[..., CohortUpdate]
+Member = TypeVar("Member")
 LOG = logging.getLogger("fedsub.sharding")  # DEBUG: each round's bytes (benchmarks read them)
 
 
@@ -79,6 +80,20 @@ def shard(params: Params, processes: Processes) -> ShardParams:
         t: params.tables[t][p.range_of(processes.rank)].clone() for t, p in partitions.items()
     }
     return ShardParams(tables, dict(params.dense), partitions, processes.rank)
+
+
+def own_rows(values: torch.Tensor, partition: RowPartition, rank: int) -> torch.Tensor:
+    """A per-row tensor of process ``rank``'s rows: ``values`` when it holds just those, else
+    its rows of ``values`` (the whole table's)."""
+    mine = partition.range_of(rank)
+    if len(values) == partition.rows:
+        return values[mine.start : mine.stop].clone()
+    if len(values) != len(mine):
+        raise ValueError(
+            f"{len(values)} per-row values: neither the table's {partition.rows} rows nor "
+            f"process {rank}'s {len(mine)}"
+        )
+    return values
 
 
 def union_of(index: SubmodelIndex, table: str, clients: np.ndarray) -> np.ndarray:
@@ -118,13 +133,14 @@ class ShardedTables:
 
     @staticmethod
     def of(params: ShardParams, coefficients: dict[str, torch.Tensor] | None) -> ShardedTables:
-        """The tables of ``params``, with this process's slice of the per-row
-        ``coefficients`` (FedSubAvg's heat correction; None for FedAvg)."""
+        """The tables of ``params``, with the per-row ``coefficients`` (FedSubAvg's heat
+        correction; None for FedAvg) of this process's rows: as given when they are its rows'
+        (an algorithm built on ``AlgorithmContext.sharded``), else cut from the whole
+        table's."""
         processes = Processes(params.rank, next(iter(params.partitions.values())).world_size)
         if coefficients is not None:
             coefficients = {
-                t: coefficients[t][p.range_of(params.rank)].clone()
-                for t, p in params.partitions.items()
+                t: own_rows(coefficients[t], p, params.rank) for t, p in params.partitions.items()
             }
         return ShardedTables(processes, dict(params.partitions), coefficients)
 
@@ -252,3 +268,11 @@ def agree(flags: list[bool]) -> list[bool]:
     with distributed.collective("agreeing on the round's checks"):
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return [bool(v) for v in value.tolist()]
+
+
+def all_rejected(rejected: list[Member]) -> list[Member]:
+    """Every process's rejected members (``engine/guards.py``'s rejections), in member order
+    (one gather): the processes train contiguous shares of the cohort in rank order, each
+    screening its own."""
+    parts = distributed.all_gather(rejected, "gathering the rejected members")
+    return [rejection for part in parts for rejection in part]

@@ -18,23 +18,50 @@ from fedsub.data.ragged import Ragged
 HeatKind = Literal["clients", "samples"]
 
 
-def client_heat(rows: Ragged, num_rows: int) -> np.ndarray:
-    """``n_m``: how many clients touch each row (``rows`` = every client's S(k))."""
-    return np.bincount(rows.values, minlength=num_rows).astype(np.int64)
+def client_heat(rows: Ragged, num_rows: int, keep: range | None = None) -> np.ndarray:
+    """``n_m``: how many clients touch each row (``rows`` = every client's S(k)); with
+    ``keep``, of those rows only (position i is row ``keep[i]``)."""
+    values, _ = _kept(rows.values, keep)
+    return np.bincount(values, minlength=_length(num_rows, keep)).astype(np.int64)
 
 
-def sample_heat(rows: Ragged, num_rows: int, sample_counts: np.ndarray) -> np.ndarray:
-    """Sum of ``w_k`` over the clients touching each row."""
+def sample_heat(
+    rows: Ragged, num_rows: int, sample_counts: np.ndarray, keep: range | None = None
+) -> np.ndarray:
+    """Sum of ``w_k`` over the clients touching each row (of ``keep`` only, when given)."""
     weights = np.repeat(sample_counts.astype(np.float64), rows.lengths())
-    return np.bincount(rows.values, weights=weights, minlength=num_rows)
+    values, inside = _kept(rows.values, keep)
+    if inside is not None:
+        weights = weights[inside]
+    return np.bincount(values, weights=weights, minlength=_length(num_rows, keep))
 
 
-def heat(rows: Ragged, num_rows: int, sample_counts: np.ndarray, kind: HeatKind) -> np.ndarray:
+def heat(
+    rows: Ragged,
+    num_rows: int,
+    sample_counts: np.ndarray,
+    kind: HeatKind,
+    keep: range | None = None,
+) -> np.ndarray:
+    """The heat of every row, or of the rows ``keep`` (a process's share of a row-sharded
+    table: the heat of its rows, without an array as long as the table)."""
     if kind == "clients":
-        return client_heat(rows, num_rows).astype(np.float64)
+        return client_heat(rows, num_rows, keep).astype(np.float64)
     if kind == "samples":
-        return sample_heat(rows, num_rows, sample_counts)
+        return sample_heat(rows, num_rows, sample_counts, keep)
     raise ValueError(f"heat kind must be 'clients' or 'samples', got {kind!r}")
+
+
+def _kept(values: np.ndarray, keep: range | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The ids of ``keep`` among ``values``, shifted to start at 0, and where they were."""
+    if keep is None:
+        return values, None
+    inside = (values >= keep.start) & (values < keep.stop)
+    return values[inside] - keep.start, inside
+
+
+def _length(num_rows: int, keep: range | None) -> int:
+    return num_rows if keep is None else len(keep)
 
 
 def coefficients(row_heat: np.ndarray, total: float) -> np.ndarray:
