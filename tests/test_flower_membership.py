@@ -18,7 +18,8 @@ from fedsub.engine.loop import Progress, RunControl, drive, run_round
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import FedsubError
-from fedsub.flower.checkpoints import config_stamp, latest
+from fedsub.files.run_folder import RunIdentity, hash_config
+from fedsub.flower.apps import RUN_ID, latest
 from fedsub.flower.records import deltas_record, read_submodel, record_of
 from fedsub.flower.server_runtime import FlowerRuntime, Served
 from fedsub.flower.settings import FlowerSettings, Nodes, Replies
@@ -190,10 +191,15 @@ def test_round_1_refuses_to_start_without_min_nodes():
         train_round(strategy(grid, min_nodes=2, node_wait=0.3), grid, 1)
 
 
+def stamp(description: str) -> RunIdentity:
+    """A Flower run's checkpoint stamp: its config hash alone."""
+    return RunIdentity(RUN_ID, hash_config(description))
+
+
 def run(tmp_path, grid: StandInGrid, resume: bool = False) -> FlowerRuntime:
-    control = RunControl(tmp_path / "checkpoints", 1, run=config_stamp("a"))
+    control = RunControl(tmp_path / "checkpoints", 1, run=stamp("a").as_json())
     if resume:
-        control.resume = latest(tmp_path / "checkpoints", control.run)
+        control.resume = latest(tmp_path / "checkpoints", stamp("a"))
     s = runtime(grid, 5, algorithm="fedsubavg-adam", round_timeout=1.0)
     start(s, control)
     return s
@@ -215,10 +221,10 @@ def test_a_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_mode
 
 def test_resume_refuses_another_configurations_checkpoint_and_a_missing_one(tmp_path):
     run(tmp_path, StandInGrid({100: 0, 101: 1}))
-    with pytest.raises(FedsubError, match="written by another configuration"):
-        latest(tmp_path / "checkpoints", config_stamp("b"))
+    with pytest.raises(FedsubError, match=r"written by another configuration.*overwrite = true"):
+        latest(tmp_path / "checkpoints", stamp("b"))
     with pytest.raises(FedsubError, match="holds no checkpoint"):
-        latest(tmp_path / "none", config_stamp("a"))
+        latest(tmp_path / "none", stamp("a"))
 
 
 def test_a_node_that_missed_a_round_is_sampled_again_once_it_answers():

@@ -376,18 +376,19 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     uninterrupted run's model and the in-process one; the resumed run takes the heat from the
     checkpoint (no second exchange)."""
     from fedsub.engine.loop import RunControl, drive
-    from fedsub.flower.checkpoints import config_stamp, latest
+    from fedsub.files.run_folder import RunIdentity, hash_config
+    from fedsub.flower.apps import RUN_ID, latest
     from fedsub.flower.server_runtime import Observers
 
     overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")
     settings = FlowerSettings(overrides=overrides, replies=Replies(round_timeout=30.0))
-    stamp = config_stamp("private resume")
+    stamp = RunIdentity(RUN_ID, hash_config("private resume"))
     folder = tmp_path / "checkpoints"
 
     def start(grid, resume: bool = False, on_progress=None):
         run = private_runtime(settings, grid).runtime
         run.observers = Observers(on_progress=on_progress)
-        control = RunControl(folder, 1, run=stamp)
+        control = RunControl(folder, 1, run=stamp.as_json())
         if resume:
             control.resume = latest(folder, stamp)
         drive(run.open(control), run, run.schedule, control)

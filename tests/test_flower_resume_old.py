@@ -19,7 +19,6 @@ from fedsub import config as config_lib
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import hash_config
-from fedsub.flower.checkpoints import config_stamp
 from fedsub.flower.settings import FlowerSettings, Output, Replies
 from fedsub.moved_keys import text_before_move
 
@@ -57,9 +56,8 @@ def as_the_old_strategy_wrote_it(out, description: str) -> None:
             for e in saved.history
             if "record" not in e
         ] + [e for e in saved.history if "record" in e]
-        old = checkpoint_lib.Checkpoint(
-            saved.round, saved.stages, 0.0, history, run=config_stamp(description)
-        )
+        stamp = {"run_id": "flower", "config_hash": hash_config(description)}
+        old = checkpoint_lib.Checkpoint(saved.round, saved.stages, 0.0, history, run=stamp)
         checkpoint_lib.save(out / "old", old, keep=10)
     for path in checkpoint_lib.all_newest_first(out / "checkpoints"):
         for file in path.iterdir():

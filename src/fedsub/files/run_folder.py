@@ -169,12 +169,18 @@ def check_done(folder: Path, identity: RunIdentity) -> None:
             )
 
 
-def check_checkpoint(path: Path, stamp: dict, identity: RunIdentity) -> None:
+def check_checkpoint(
+    path: Path, stamp: dict, identity: RunIdentity, flags: Flags | None = None
+) -> None:
+    """Refuse a checkpoint stamped with another run than ``identity`` (``flags``: how the
+    command names its options; the command line's when None)."""
     if not identity.matches(stamp):
+        flags = CLI_FLAGS if flags is None else flags
         raise FedsubError(
             f"checkpoint {path} belongs to another run than the one in this folder's {RUN_FILE} "
-            f"(run {identity.run_id}, config {identity.config_hash}); refusing to continue it. "
-            f"Start again with --overwrite"
+            f"(run {identity.run_id}, config {identity.config_hash}): written by another "
+            f"configuration or run; refusing to continue it. Start again with {flags.overwrite}, "
+            f"or choose another {flags.folder}"
         )
 
 

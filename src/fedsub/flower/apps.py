@@ -28,6 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
 from fedsub.client.transforms import Chain
+from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive, initial_params
 from fedsub.engine.round_records import RoundsFailed, run_costs
@@ -36,16 +37,8 @@ from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.files.atomic_files import TEMP_PATTERN
 from fedsub.files.json_values import dumps
-from fedsub.files.run_folder import (
-    RUN_FILE,
-    Claim,
-    checkpoint_outputs,
-    claim_existing,
-    claim_new,
-    new_identity,
-)
+from fedsub.files.run_folder import RUN_FILE, Claim, RunIdentity, checkpoint_outputs, hash_config
 from fedsub.files.tensor_files import write_tensors_atomic
-from fedsub.flower.checkpoints import CONFIG_KEY, config_stamp, latest, resumed_stamp
 from fedsub.flower.costs import MeteredGrid, with_seconds
 from fedsub.flower.federated_eval import (
     EVAL_INDEX,
@@ -68,6 +61,13 @@ from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.runs.report import JsonLines, write_atomic
+from fedsub.runs.run_identity import (
+    StartedWith,
+    claim_folder,
+    newest_checkpoint,
+    resumed_identity,
+    start_run,
+)
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
@@ -270,6 +270,9 @@ def write_heat(
         write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
 
 
+RUN_ID = "flower"  # Flower gives each `flwr run` a new run id: the config hash identifies it
+CONFIG_KEY = "config"  # run.json's key of the fedsub config as written
+
 # What a Flower run writes in its out-dir (its run.json manifest; files/run_folder.py).
 FLOWER_OUTPUTS = [
     RUN_FILE,
@@ -283,24 +286,23 @@ FLOWER_OUTPUTS = [
 ]
 
 
-def claim_out_dir(settings: FlowerSettings, config_text: str, description: str) -> Claim | None:
-    """The out-dir, held for the run (run_folder's rules, as ``fedsub run``): a new run's
-    run.json lists what it writes, holds the fedsub config as written (``config_text``) and is
-    stamped with the hash of ``description``; ``resume`` continues the run there."""
+def claim_out_dir(settings: FlowerSettings) -> Claim | None:
+    """The out-dir, held for the run (run_folder's rules, as ``fedsub run``), or None."""
     if not settings.output.out_dir:
         return None
-    out = Path(settings.output.out_dir)
-    if settings.output.resume:
-        return claim_existing(out)
-    claim = claim_new(out, settings.output.overwrite, OUT_DIR_FLAGS)
-    try:
-        identity = new_identity(description)
-        record = {"kind": "flower", "outputs": FLOWER_OUTPUTS, CONFIG_KEY: config_text}
-        claim.write_run_file({**identity.as_json(), **record})
-    except BaseException:
-        claim.end(failed=True)
-        raise
-    return claim
+    output = settings.output
+    return claim_folder(Path(output.out_dir), output.resume, output.overwrite, OUT_DIR_FLAGS)
+
+
+def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:
+    """How an out-dir keeps the config its run was started with: in run.json, its identity
+    the hash of the config's description with the Flower settings that decide the model."""
+    return StartedWith(
+        key=CONFIG_KEY,
+        describe=functools.partial(settings.description, algorithm=algorithm),
+        settings=" with this run config's algorithm, payload and heat-refresh-every",
+        flags=OUT_DIR_FLAGS,
+    )
 
 
 def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
@@ -314,11 +316,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         run = run_model(settings)  # sizes only: the server reads no client's samples
         config = run.config
         name = settings.algorithm_name(config)
-        config_text = config_lib.to_toml(config)
-        claim = claim_out_dir(settings, config_text, settings.description(config_text, name))
+        claim = claim_out_dir(settings)
         failed = True
         try:
-            stamp = run_stamp(settings, run, name, config_text)
+            stamp = run_stamp(settings, claim, config_lib.to_toml(config), name)
             served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
             _serve(grid, settings, run, served, stamp, claim)
             failed = False
@@ -329,23 +330,27 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
     return app
 
 
-def run_stamp(settings: FlowerSettings, run: RunModel, name: str, text: str) -> dict[str, str]:
-    """The stamp of the run's checkpoints (its config hash, flower/checkpoints.py): a resumed
-    run's, after checking that the config given is that run's; a new run's from ``text``,
-    the fedsub config as written."""
-    if settings.output.resume:  # with an out-dir (flower/settings.Output)
-        describe = functools.partial(settings.description, algorithm=name)
-        return resumed_stamp(Path(settings.output.out_dir), run.config, describe)
-    return config_stamp(settings.description(text, name))
+def run_stamp(settings: FlowerSettings, claim: Claim | None, text: str, name: str) -> RunIdentity:
+    """The stamp of the run's checkpoints: its config hash (runs/run_identity.py; ``text``, the
+    fedsub config as written), a resumed run's after checking that the config given is that
+    run's, a new run's written to its out-dir (``claim``)."""
+    started = started_with(settings, name)
+    if claim is None:
+        return RunIdentity(RUN_ID, hash_config(started.describe(text)))
+    if settings.output.resume:
+        identity = resumed_identity(claim.folder, text, started)
+    else:
+        identity = start_run(claim, text, {"kind": "flower", "outputs": FLOWER_OUTPUTS}, started)
+    return RunIdentity(RUN_ID, identity.config_hash)
 
 
-def run_control(settings: FlowerSettings, run: RunModel, stamp: dict[str, str]) -> RunControl:
+def run_control(settings: FlowerSettings, run: RunModel, stamp: RunIdentity) -> RunControl:
     """How the loop keeps a Flower run safe: checkpoints in out-dir every checkpoint-every
     rounds (stamped ``stamp``), the newest of them continued with ``resume``. Divergence is a
     non-finite train loss only: a Flower run has no round-0 evaluation (no node has
     registered yet) for the rising-loss rule."""
     norm = run.config.train.max_update_norm
-    control = RunControl(max_update_norm=norm, divergence_factor=0.0, run=stamp)
+    control = RunControl(max_update_norm=norm, divergence_factor=0.0, run=stamp.as_json())
     if not settings.output.out_dir:
         return control
     control.checkpoints = Path(settings.output.out_dir) / "checkpoints"
@@ -354,6 +359,18 @@ def run_control(settings: FlowerSettings, run: RunModel, stamp: dict[str, str]) 
         control.resume = latest(control.checkpoints, stamp)
         LOG.info("resuming after round %d from %s", control.resume.round, control.resume.path)
     return control
+
+
+def latest(folder: Path, stamp: RunIdentity) -> Checkpoint:
+    """The newest intact checkpoint in ``folder`` of the run ``stamp``: a resumed Flower run
+    has one to continue (``resume = true`` with none is refused)."""
+    saved = newest_checkpoint(folder, stamp, OUT_DIR_FLAGS)
+    if saved is None:
+        raise FedsubError(
+            f"Flower run config: resume = true, but {folder} holds no checkpoint "
+            "(set checkpoint-every > 0 in the run to resume, or drop resume to start over)"
+        )
+    return saved
 
 
 def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, served: Served) -> FlowerRuntime:
@@ -393,7 +410,7 @@ def _serve(
     settings: FlowerSettings,
     run: RunModel,
     served: Served,
-    stamp: dict[str, str],
+    stamp: RunIdentity,
     claim: Claim | None,
 ) -> None:
     """The ServerApp's run, its out-dir held by ``claim``: the engine's round loop over the

@@ -34,10 +34,7 @@ from fedsub.files.run_folder import (
     RUN_FILE,
     Claim,
     RunIdentity,
-    check_checkpoint,
     check_done,
-    claim_existing,
-    claim_new,
     comparison_outputs,
     done_record,
     hash_config,
@@ -64,6 +61,12 @@ from fedsub.runs.report import (
     summary,
     summary_markdown,
     write_atomic,
+)
+from fedsub.runs.run_identity import (
+    claim_folder,
+    newest_checkpoint,
+    resumed_identity,
+    start_run,
 )
 from fedsub.runs.run_setup import (
     Setup,
@@ -138,11 +141,10 @@ def resume_point(name: str, folder: Path, identity: RunIdentity) -> ResumePoint:
         check_done(folder, identity)
         LOG.info("resume: %s finished earlier; its results are read back from %s", name, folder)
         return ResumePoint(done=True)
-    saved = checkpoint_lib.newest_intact(folder / "checkpoints")
+    saved = newest_checkpoint(folder / "checkpoints", identity)
     if saved is None:
         LOG.info("resume: %s has no intact checkpoint; it starts from round 1", name)
         return ResumePoint()
-    check_checkpoint(saved.path or folder, saved.run, identity)
     LOG.info("resume: %s continues after round %d from %s", name, saved.round, saved.path)
     return ResumePoint(checkpoint=saved)
 
@@ -305,40 +307,6 @@ class AlgorithmRun:
                 )
 
 
-def _claim(
-    claim: Claim, config_text: str, record: dict, config_file: str | None = None
-) -> RunIdentity:
-    """Make the claimed folder this run's: run.json first (its identity and the manifest of
-    what it writes, ``record``; a replaced run is moved aside), then ``config_file``."""
-    identity = new_identity(config_text)
-    claim.write_run_file({**identity.as_json(), **record})
-    if config_file is not None:
-        write_atomic(claim.folder / "config.toml", config_file)
-    return identity
-
-
-def _resumed_identity(out_dir: Path, config_text: str) -> RunIdentity:
-    """The identity of the run in ``out_dir``, after two checks: its config.toml is the text
-    its run.json was started with (hashed as written, so a run written before a key was added
-    to fedsub still resumes: the new key takes its default, which keeps the old behaviour), and
-    ``config_text`` (the config being resumed, resolved) is that file's config as this fedsub
-    reads it."""
-    identity = identity_of(read_run_file(out_dir))
-    path = out_dir / "config.toml"
-    written = path.read_text(encoding="utf-8") if path.exists() else ""
-    if identity.config_hash != hash_config(written):
-        raise FedsubError(
-            f"{path} (hash {hash_config(written)}) is not the config its {RUN_FILE} was "
-            f"started with (hash {identity.config_hash}); was it edited? Start a new run instead"
-        )
-    if config_lib.to_toml(config_lib.load(path)) != config_text:
-        raise FedsubError(
-            f"the config given to resume {out_dir} is not the one in {path}; resume with that "
-            "folder's config (fedsub compare --resume reads it), or start a new run"
-        )
-    return identity
-
-
 def compare(
     config: Config,
     out_dir: Path | None,
@@ -387,7 +355,7 @@ def compare(
     writes = distributed.from_environment().writes
     claim = None
     if writes:
-        claim = claim_existing(out_dir) if resume else claim_new(out_dir, overwrite)
+        claim = claim_folder(out_dir, resume, overwrite)
     failed = True
     try:
         with _fits_in_memory(None):
@@ -461,7 +429,7 @@ def _compare_in(
     config_text = config_lib.to_toml(config)
     names = algorithms_to_run(config)
     if resume and out_dir is not None:
-        identity = _resumed_identity(out_dir, config_text)
+        identity = resumed_identity(out_dir, config_text)
         points = {n: resume_point(n, out_dir / n, identity) for n in names}
     if claim is not None:
         check_free_space(claim.folder)
@@ -475,7 +443,7 @@ def _compare_in(
     if not resume:
         manifest = {"outputs": comparison_outputs(names)}
         identity = (
-            _claim(claim, config_text, manifest, config_file=config_text)
+            start_run(claim, config_text, manifest)
             if claim is not None
             else new_identity(config_text)  # stamps nothing: this process writes no file
         )
@@ -688,7 +656,7 @@ def sweep(
     writes = distributed.from_environment().writes
     claim = None
     if writes:
-        claim = claim_existing(out_dir) if resume else claim_new(out_dir, overwrite)
+        claim = claim_folder(out_dir, resume, overwrite)
     failed = True
     try:
         if claim is not None:
@@ -789,7 +757,7 @@ def _open_sweep_folder(claim: Claim, key: str, values: list[str], base: dict, re
         "outputs": sweep_outputs(),
         "runs": [value_folder(key, v) for v in values],
     }
-    _claim(claim, base_text, record)
+    claim.write_run_file({**new_identity(base_text).as_json(), **record})
 
 
 def recorded_key(out_dir: Path, key: str) -> str:
