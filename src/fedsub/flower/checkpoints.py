@@ -4,8 +4,9 @@ The round loop saves the checkpoints (engine/loop.py, as in process): every stag
 server round, the population (``engine.membership.Membership``) and a private heat source's
 heat, the evaluations and the runtime's per-round records. They are stamped with the run's
 config hash: the hash of its description (the fedsub config as written, the algorithm, the
-payload, the heat refresh period; ``FlowerSettings.description``), so ``resume = true``
-refuses a checkpoint written by another configuration.
+payload, the heat refresh period, the digest of an ``initial-model`` file's bytes when one is
+given; ``FlowerSettings.description``), so ``resume = true`` refuses a checkpoint written
+by another configuration.
 
 The config as written is kept in the out-dir's run.json (key ``config``; the out-dir holds
 the files its run.json lists, as before). As ``fedsub compare --resume`` does with its
@@ -52,9 +53,10 @@ def resumed_stamp(out_dir: Path, config: Config, describe: Callable[[str], str])
     if isinstance(written, str):
         if hash_config(describe(written)) != identity.config_hash:
             raise FedsubError(
-                f"{path}: its config with this run config's algorithm, payload and "
-                f"heat-refresh-every is not the run it was started with (config hash "
-                f"{identity.config_hash}); was either edited? Start a new run instead"
+                f"{path}: its config with this run config's algorithm, payload, "
+                f"heat-refresh-every and initial-model (the file's bytes) is not the run it "
+                f"was started with (config hash {identity.config_hash}); was either edited? "
+                "Start a new run instead"
             )
         if config_lib.to_toml(config_lib.parse(tomllib.loads(written))) != given:
             raise FedsubError(
