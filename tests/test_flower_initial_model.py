@@ -141,3 +141,24 @@ def test_the_run_config_key_expands_home():
     parsed = FlowerSettings.from_run_config({"initial-model": "~/runs/a/model.safetensors"})
     assert parsed.deployment.initial_model == str(Path.home() / "runs/a/model.safetensors")
     assert FlowerSettings.from_run_config({}).deployment.initial_model == ""
+
+
+def test_the_file_a_row_sharded_run_writes_is_the_start(tmp_path):
+    """The sharded writer's file (its own header layout, sharding/model_file.py) passes the
+    check and is the run's round-0 model exactly, in the model's order of tensors."""
+    from fedsub.distributed import Processes
+    from fedsub.flower.initial_model import starting_params
+    from fedsub.flower.run_model import federation
+    from fedsub.sharding.model_file import write_model
+    from fedsub.sharding.rounds import shard
+
+    fed = federation(settings())
+    drawn = loop.initial_params(fed.model, fed.schedule)
+    trained = Params.from_state_dict({n: v + 0.25 for n, v in drawn.state_dict().items()})
+    path = tmp_path / "model.safetensors"
+    write_model(path, shard(trained, Processes(0, 1)))
+    start = starting_params(fed.model, fed.schedule, str(path))
+    assert list(start.state_dict()) == list(drawn.state_dict())
+    for name, value in trained.state_dict().items():
+        assert torch.equal(start.state_dict()[name], value), name
+    assert not torch.equal(start.tables["features"], drawn.tables["features"])
