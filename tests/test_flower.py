@@ -251,8 +251,8 @@ def progress(out: Path) -> list[dict]:
 @dataclass
 class Federation:
     """A running SuperLink with three SuperNodes (partitions 0, 1, 2), shared by the tests
-    below, in file order: resume, a killed node (replaced), then min-replies (whose run ends
-    while its nodes still train)."""
+    below, in file order: a user's module, a run from a model file, resume, a killed node
+    (replaced), then min-replies (whose run ends while its nodes still train)."""
 
     folder: Path
     env: dict
