@@ -21,11 +21,13 @@ from safetensors.torch import load_file
 import fedsub
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine import loop
 from fedsub.engine.loop import initial_params, train
 from fedsub.flower.settings import FlowerSettings, Output, Replies
 from fedsub.models.registry import build_model
 from fedsub.runs.run_setup import load_data, model_of, schedule_of
 from fedsub.submodel.index import SubmodelIndex
+from fedsub.submodel.params import Params
 
 from .processes import Processes, descendants, flower_env, free_ports, port_open, wait_for
 from .torch_modules import ANY_DATA
@@ -249,8 +251,8 @@ def progress(out: Path) -> list[dict]:
 @dataclass
 class Federation:
     """A running SuperLink with three SuperNodes (partitions 0, 1, 2), shared by the tests
-    below, in file order: resume, a killed node (replaced), then min-replies (whose run ends
-    while its nodes still train)."""
+    below, in file order: a user's module, a run from a model file, resume, a killed node
+    (replaced), then min-replies (whose run ends while its nodes still train)."""
 
     folder: Path
     env: dict
@@ -319,6 +321,40 @@ def test_a_real_run_builds_a_users_module_from_its_import_path(three_nodes, tmp_
     for name, value in expected.state_dict().items():
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
     assert any(not torch.equal(flower[k], v) for k, v in initial.state_dict().items())  # trained
+
+
+def test_a_real_run_starts_from_the_model_file_of_fedsub_run(three_nodes, tmp_path, monkeypatch):
+    """``initial-model`` in the run config (as ``flwr run --run-config`` spells it) names the
+    ``model.safetensors`` of an in-process ``fedsub run``: the ServerApp process starts round
+    1 from it and ends with the in-process engine's model started from that file."""
+    overrides = (
+        "data.num_users=3; train.rounds=1; train.clients_per_round=2; "
+        "train.algorithms=['fedsubavg']"
+    )
+    listed = tuple(o.strip() for o in overrides.split(";"))
+    fedsub.run(config_lib.load(None, listed), out=tmp_path / "first")
+    start = tmp_path / "first" / "fedsubavg" / "model.safetensors"
+    out = tmp_path / "out"
+    submit_example(
+        three_nodes.env,
+        f'set="{overrides}" out-dir="{out}" round-timeout=30.0 eval-every=0 '
+        f'initial-model="{start}"',
+    )
+    tensors = load_file(start)
+    monkeypatch.setattr(  # meanwhile, the in-process run from the file's model
+        loop,
+        "initial_params",
+        lambda model, schedule: Params.from_state_dict({n: v.clone() for n, v in tensors.items()}),
+    )
+    expected = in_process_model(listed)
+    monkeypatch.undo()
+    wait_for(lambda: (out / "flower-result.json").exists(), 300, "the run to finish")
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] is True, result
+    flower = load_file(out / "model.safetensors")
+    for name, value in expected.items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
+    assert any(not torch.allclose(flower[n], v, atol=1e-4) for n, v in tensors.items())
 
 
 def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrupted_model(
@@ -447,6 +483,22 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three
     assert result["failed"]["round"] == 1
     assert "0 of 3 sampled nodes replied, fewer than min-replies = 3" in result["failed"]["reason"]
     assert not (out / "model.safetensors").exists()
+
+
+def test_the_example_app_declares_every_run_config_key():
+    """Flower refuses a ``--run-config`` key that the app's pyproject.toml does not declare
+    ("Key ... is not present in the main dictionary"): the example declares every key the
+    settings read, so each can be given on the command line."""
+    import dataclasses
+    import tomllib
+
+    from fedsub.flower.settings import GROUPS
+
+    declared = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    top = {f.name for f in dataclasses.fields(FlowerSettings)} - set(GROUPS) - {"overrides"}
+    grouped = {f.name for group in GROUPS.values() for f in dataclasses.fields(group)}
+    keys = {name.replace("_", "-") for name in top | grouped} | {"set"}
+    assert sorted(declared["config"]) == sorted(keys)
 
 
 def test_flower_settings_refuse_a_device_other_than_the_cpu(monkeypatch):

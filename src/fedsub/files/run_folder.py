@@ -128,7 +128,8 @@ def identity_of(record: dict) -> RunIdentity:
     return RunIdentity(str(record["run_id"]), str(record["config_hash"]))
 
 
-def _file_digest(path: Path) -> str | None:
+def file_digest(path: Path) -> str | None:
+    """The sha256 of the file's bytes (hex), read in blocks; None when it does not exist."""
     if not path.exists():
         return None
     digest = hashlib.sha256()
@@ -142,8 +143,8 @@ def done_record(folder: Path, identity: RunIdentity) -> str:
     """The ``done`` marker's text: the run's identity and digests of what it finished with."""
     record = {
         **identity.as_json(),
-        "metrics_sha256": _file_digest(folder / "metrics.jsonl"),
-        "model_sha256": _file_digest(folder / "model.safetensors"),
+        "metrics_sha256": file_digest(folder / "metrics.jsonl"),
+        "model_sha256": file_digest(folder / "model.safetensors"),
     }
     return json.dumps(record, indent=2) + "\n"
 
@@ -162,7 +163,7 @@ def check_done(folder: Path, identity: RunIdentity) -> None:
             f"its results. Start again with --overwrite, or resume the run it belongs to"
         )
     for piece, key in (("metrics.jsonl", "metrics_sha256"), ("model.safetensors", "model_sha256")):
-        if _file_digest(folder / piece) != record.get(key):
+        if file_digest(folder / piece) != record.get(key):
             raise FedsubError(
                 f"{folder / piece} is not the file run {identity.run_id} finished with "
                 f"(its digest differs from the one in {marker}); refusing to read it back"

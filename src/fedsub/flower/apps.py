@@ -30,7 +30,7 @@ from fedsub import config as config_lib
 from fedsub.client.transforms import Chain
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
-from fedsub.engine.loop import Progress, RunControl, drive, initial_params
+from fedsub.engine.loop import Progress, RunControl, drive
 from fedsub.engine.round_records import RoundsFailed, run_costs
 from fedsub.engine.sequential import train_submodel
 from fedsub.engine.server_round import Diverged
@@ -45,6 +45,7 @@ from fedsub.flower.federated_eval import (
     node_report,
 )
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
+from fedsub.flower.initial_model import starting_params
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.private_download import downloads_privately, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
@@ -300,7 +301,10 @@ def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:
     return StartedWith(
         key=CONFIG_KEY,
         describe=functools.partial(settings.description, algorithm=algorithm),
-        settings=" with this run config's algorithm, payload and heat-refresh-every",
+        settings=(
+            " with this run config's algorithm, payload, heat-refresh-every and initial-model "
+            "(the file's bytes)"
+        ),
         flags=OUT_DIR_FLAGS,
     )
 
@@ -392,9 +396,10 @@ def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, served: Served
             samples = run.spec.encode(Path(settings.deployment.server_test_file))
             server_test = functools.partial(server_test_metrics, run.model, samples=samples)
     min_nodes = settings.nodes.min_nodes or run.num_clients
+    params = starting_params(run.model, run.schedule, settings.deployment.initial_model)
     return FlowerRuntime(
         cast(Grid, observers.meter),  # a Grid: its methods, measured (flower/costs.py)
-        initial_params(run.model, run.schedule),
+        params,
         served,
         run.schedule,
         replace(settings, nodes=replace(settings.nodes, min_nodes=min_nodes)),

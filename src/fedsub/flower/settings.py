@@ -25,7 +25,9 @@ choices), so errors name it as the run config writes it; a value given as text
 - ``Deployment``: ``feature-spec`` (data/feature_spec.py: the ServerApp sizes the model from
   it, every node holds the same; "" = the nodes hold partitions of the config's dataset,
   ``partition-id`` of ``num-partitions``), ``num-nodes`` (nodes holding data; required with a
-  spec), ``server-test-file`` (read by the ServerApp with the spec, evaluated on);
+  spec), ``server-test-file`` (read by the ServerApp with the spec, evaluated on),
+  ``initial-model`` (a ``model.safetensors`` fedsub wrote, checked against the run's model:
+  round 1 starts from it; "" = the seeded initial draw; flower/initial_model.py);
 - ``Output``: ``out-dir`` (``flower-result.json`` and the model go there: an absolute path or
   one starting with ``~``; "" = nothing; relative is refused, as it would land in the app
   folder the next ``flwr run .`` ships to every node, and so are the folders no run may write
@@ -51,6 +53,7 @@ from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
+from fedsub.flower.initial_model import model_file_digest
 from fedsub.flower.runtime import FLOWER
 from fedsub.keys import check_range, parse_spelled
 from fedsub.privacy.levels import heat_source_for
@@ -98,11 +101,13 @@ class Nodes:
 @dataclass(frozen=True)
 class Deployment:
     """Node-local data: the run's feature spec, how many nodes hold data, the server's own
-    test file ("": the nodes hold partitions of the config's dataset)."""
+    test file ("": the nodes hold partitions of the config's dataset); and the server's
+    model file the run starts from ("": the seeded initial draw)."""
 
     feature_spec: str = ""
     num_nodes: int = field(default=0, metadata=AT_LEAST_0)
     server_test_file: str = ""
+    initial_model: str = ""
 
     def __post_init__(self) -> None:
         if self.feature_spec and self.num_nodes < 2:
@@ -187,6 +192,7 @@ class FlowerSettings:
             deployment,
             feature_spec=_path(deployment.feature_spec),
             server_test_file=_path(deployment.server_test_file),
+            initial_model=_path(deployment.initial_model),
         )
         return replace(parse_spelled(FlowerSettings, WHERE, top), overrides=overrides, **parts)
 
@@ -215,11 +221,17 @@ class FlowerSettings:
 
     def description(self, config_text: str, algorithm: str) -> str:
         """Everything that decides the model a run ends with (hashed into its checkpoints),
-        with the fedsub config as written (``config_text``)."""
-        return (
+        with the fedsub config as written (``config_text``); with ``initial-model``, the
+        digest of the file's bytes (only then: a run from the initial draw keeps the hash it
+        had before the key existed, and resumes)."""
+        text = (
             f"{config_text}\n# flower\nalgorithm = {algorithm!r}\n"
             f"payload = {self.payload!r}\nheat-refresh-every = {self.nodes.heat_refresh_every}\n"
         )
+        if self.deployment.initial_model:
+            digest = model_file_digest(self.deployment.initial_model)
+            text += f"initial-model = 'sha256:{digest}'\n"
+        return text
 
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
