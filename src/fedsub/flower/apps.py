@@ -71,6 +71,7 @@ from fedsub.runs.run_identity import (
 )
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull, push
 
 LOG = logging.getLogger("fedsub")
@@ -320,12 +321,14 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         run = run_model(settings)  # sizes only: the server reads no client's samples
         config = run.config
         name = settings.algorithm_name(config)
+        # round 0's model, a model file checked before the out-dir is touched
+        start = starting_params(run.model, run.schedule, settings.deployment.initial_model)
         claim = claim_out_dir(settings)
         failed = True
         try:
             stamp = run_stamp(settings, claim, config_lib.to_toml(config), name)
             served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
-            _serve(grid, settings, run, served, stamp, claim)
+            _serve(grid, settings, run, start, served, stamp, claim)
             failed = False
         finally:
             if claim is not None:
@@ -377,8 +380,11 @@ def latest(folder: Path, stamp: RunIdentity) -> Checkpoint:
     return saved
 
 
-def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, served: Served) -> FlowerRuntime:
-    """The run's Flower runtime: its nodes through ``grid``, measured (flower/costs.py)."""
+def _runtime(
+    grid: Grid, settings: FlowerSettings, run: RunModel, start: Params, served: Served
+) -> FlowerRuntime:
+    """The run's Flower runtime from round 0's model ``start``: its nodes through ``grid``,
+    measured (flower/costs.py)."""
     privacy = heat_privacy_of(run.config)
     observers = Observers(meter=MeteredGrid(grid))
     if settings.output.heat_transcript and privacy.source != "exact":
@@ -396,10 +402,9 @@ def _runtime(grid: Grid, settings: FlowerSettings, run: RunModel, served: Served
             samples = run.spec.encode(Path(settings.deployment.server_test_file))
             server_test = functools.partial(server_test_metrics, run.model, samples=samples)
     min_nodes = settings.nodes.min_nodes or run.num_clients
-    params = starting_params(run.model, run.schedule, settings.deployment.initial_model)
     return FlowerRuntime(
         cast(Grid, observers.meter),  # a Grid: its methods, measured (flower/costs.py)
-        params,
+        start,
         served,
         run.schedule,
         replace(settings, nodes=replace(settings.nodes, min_nodes=min_nodes)),
@@ -414,6 +419,7 @@ def _serve(
     grid: Grid,
     settings: FlowerSettings,
     run: RunModel,
+    start: Params,
     served: Served,
     stamp: RunIdentity,
     claim: Claim | None,
@@ -422,7 +428,7 @@ def _serve(
     Flower runtime, then the result (a run that fails before it has a result leaves the
     out-dir as it found it)."""
     control = run_control(settings, run, stamp)
-    runtime = _runtime(grid, settings, run, served)
+    runtime = _runtime(grid, settings, run, start, served)
     # the loop's evaluation cadence is the run config's eval-every (0: none, the last round
     # asks and gets nothing)
     schedule = replace(run.schedule, eval_every=settings.eval_every or run.schedule.rounds)

@@ -38,12 +38,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 DTYPE_NAMES = {code: dtype_name(dtype) for dtype, code in SAFETENSORS_DTYPES.items()}
 
 
-def model_file_digest(path: str) -> str:
-    """The sha256 of the model file's bytes (hashed once per size and modification time)."""
+def existing_file(path: str) -> Path:
+    """``path`` when it is a file; a clear error naming the key otherwise."""
     file = Path(path)
     if not file.is_file():
         reason = "is not a file" if file.exists() else "does not exist"
         raise FedsubError(f"{KEY} = {path!r} {reason}; give a model.safetensors fedsub wrote")
+    return file
+
+
+def model_file_digest(path: str) -> str:
+    """The sha256 of the model file's bytes (hashed once per size and modification time)."""
+    file = existing_file(path)
     stat = file.stat()
     return _digest(str(file), stat.st_size, stat.st_mtime_ns)
 
@@ -117,7 +123,7 @@ def starting_params(model: Model, schedule: Schedule, path: str) -> Params:
     drawn = initial_params(model, schedule)
     if not path:
         return drawn
-    check_model_file(Path(path), drawn.state_dict())
+    check_model_file(existing_file(path), drawn.state_dict())
     read = WrittenModel(Path(path)).load().to(schedule.execution.device)
     return Params(  # in the model's order of tables and dense tensors
         {t: read.tables[t] for t in drawn.tables}, {n: read.dense[n] for n in drawn.dense}
