@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -44,7 +43,7 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.data.table import TABLE, Cell, read_rows
 from fedsub.errors import DataError
-from fedsub.files.atomic_files import create_temp_file
+from fedsub.files.atomic_files import write_atomic
 
 FORMAT = 1  # the layout of the spec file this module reads and writes
 UNKNOWN_ROW = 0  # a vocabulary field's row for values not in its vocabulary
@@ -133,15 +132,7 @@ class FeatureSpec:
 
     def write(self, path: Path) -> None:
         """Write the spec (with its hash) atomically: a reader never sees half a file."""
-        text = json.dumps({**self.content(), "hash": self.hash}, indent=2) + "\n"
-        descriptor, temporary = create_temp_file(path.parent, path.name)
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(temporary, path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        write_atomic(path, json.dumps({**self.content(), "hash": self.hash}, indent=2) + "\n")
 
     def template(self, num_clients: int) -> FederatedDataset:
         """A dataset of the spec's shape for sizing a model: ``num_clients`` clients of one
