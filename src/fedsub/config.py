@@ -497,6 +497,7 @@ def check_compile(config: Config) -> None:
     x, scheme = config.execution, config.masking.scheme
     if x.compile == "off":
         return
+    old_torch = compile_unavailable()
     refusals = [
         (
             x.backend != "batched",
@@ -512,7 +513,7 @@ def check_compile(config: Config) -> None:
             "execution.deterministic = true sums in a fixed order with sorted segment sums, whose "
             "sizes depend on the values; use deterministic = false",
         ),
-        (compile_unavailable() is not None, str(compile_unavailable())),
+        (old_torch is not None, str(old_torch)),
     ]
     for condition, reason in refusals:
         if condition:
