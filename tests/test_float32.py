@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fedsub.engine.execution import Execution
@@ -59,4 +60,32 @@ def test_a_training_run_computes_in_ieee_float32_and_gives_the_settings_back():
         for (owner, name, _), value in zip(float32._switches(), before, strict=True):
             setattr(owner, name, value)
     assert inside == [[ieee for _, _, ieee in float32._switches()]] * 2
+    assert after == tf32
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_flower_node_trains_in_ieee_float32(monkeypatch):
+    """A Flower node's local steps (flower/apps.answer_train) run under it too."""
+    from fedsub.flower import apps
+
+    from .test_flower_private_download import BASE, _first_round
+
+    real, inside = apps.train_submodel, []
+
+    def watched(*args, **kwargs):
+        inside.append(settings())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(apps, "train_submodel", watched)
+    before = settings()
+    tf32 = ["tf32" if isinstance(v, str) else True for v in before]
+    for (owner, name, _), value in zip(float32._switches(), tf32, strict=True):
+        setattr(owner, name, value)
+    try:
+        _first_round((*BASE, "privacy.level='none'"), set())
+        after = settings()
+    finally:
+        for (owner, name, _), value in zip(float32._switches(), before, strict=True):
+            setattr(owner, name, value)
+    assert inside and all(s == [ieee for _, _, ieee in float32._switches()] for s in inside)
     assert after == tf32

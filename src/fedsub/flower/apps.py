@@ -59,6 +59,7 @@ from fedsub.flower.secure_rows import (
 )
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
+from fedsub.numerics.float32 import ieee_float32
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.runs.report import JsonLines, write_atomic
@@ -160,16 +161,17 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
         pulled = received
     chain = Chain.from_description(json.loads(str(c["chain"])))
     samples = node.samples
-    trained = train_submodel(
-        node.model,
-        pulled,
-        samples,
-        k,
-        round_index,
-        node.schedule,
-        chain,
-        float(number_of(c, "lr")),
-    )
+    with ieee_float32():  # float32 means float32 on a node's GPU too, as in loop.train
+        trained = train_submodel(
+            node.model,
+            pulled,
+            samples,
+            k,
+            round_index,
+            node.schedule,
+            chain,
+            float(number_of(c, "lr")),
+        )
     update = push(k, float(len(samples)), own, pulled, trained)
     table_deltas = update.table_deltas
     index = None
