@@ -54,6 +54,8 @@ from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
+from fedsub.profiling import RoundProfile, profiling
+from fedsub.profiling import table as profile_table
 from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
@@ -183,6 +185,41 @@ def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = Fals
             else None
         ),
     }
+
+
+def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
+    """Where g1's round goes at each K: fedsub's per-phase profile (``--profile``; the device
+    synchronized at every phase boundary, so the phases are slower than g1's figures, but
+    their shares show the fixed per-round cost), and torch's own profile of one K's rounds
+    (the operators with the most host time and the kernels launched per round)."""
+    dataset, index = data
+    model = embedding_lr(dataset)
+    out: dict = {}
+    for k in size["cohorts"]:
+        record = RoundProfile(synchronize=lambda: synchronize(device))
+        with profiling(record):
+            timed_run(model, dataset, index, schedule(device, k, rounds))
+        out[str(k)] = record.as_json()
+        print(profile_table({f"(g1 profile) K = {k}": out[str(k)]}), flush=True)
+    k = size["cohorts"][0]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        timed_run(model, dataset, index, schedule(device, k, rounds))
+    averages = prof.key_averages()
+    host = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
+    out["torch_top_host_ops"] = [
+        {"op": e.key, "calls_per_round": e.count / rounds, "self_host_ms_per_round":
+            e.self_cpu_time_total / 1e3 / rounds}
+        for e in host
+    ]  # fmt: skip
+    kernels = [e for e in averages if getattr(e, "device_type", None) is not None
+               and str(e.device_type).endswith("CUDA")]  # fmt: skip
+    out["cuda_kernels_per_round"] = sum(e.count for e in kernels) / rounds
+    print("(g1 profile) torch:", json.dumps(out["torch_top_host_ops"][:8]), flush=True)
+    print(f"(g1 profile) CUDA kernels per round: {out['cuda_kernels_per_round']:.0f}", flush=True)
+    return out
 
 
 def g2(size: dict, device: torch.device, rounds: int, g1_k_ms: float | None) -> dict:
@@ -376,6 +413,11 @@ def main() -> None:
         help='g1 also with execution.compile = "on" (the local step captured by torch.compile; '
         "CUDA graphs on a GPU): its per-round time and its model's difference from eager",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="g1 also profiled: fedsub's phases per K and torch's operators at the smallest K",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -399,6 +441,8 @@ def main() -> None:
     if "g1" in only:
         result["g1"] = g1(size, device, rounds, data, args.compile)
         g1_k_ms = result["g1"]["ms_per_round"].get(size["k"])
+        if args.profile:
+            result["g1_profile"] = g1_profile(size, device, rounds, data)
     steps = {
         "g2": lambda: g2(size, device, rounds, g1_k_ms),
         "g3": lambda: g3(size, device, rounds, g1_k_ms),
