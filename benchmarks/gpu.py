@@ -205,9 +205,24 @@ def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    verbose = torch._C._profiler._ExperimentalConfig(verbose=True)  # Python frames in stacks
+    with torch.profiler.profile(
+        activities=activities, with_stack=True, experimental_config=verbose
+    ) as prof:
         timed_run(model, dataset, index, schedule(device, k, rounds))
     averages = prof.key_averages()
+    by_stack = prof.key_averages(group_by_stack_n=6)
+    # copies between host and device and the reads that wait for the device, by caller
+    waits = ("aten::copy_", "aten::_local_scalar_dense", "aten::nonzero", "aten::item")
+    copies = [e for e in by_stack if e.key in waits]
+    copies.sort(key=lambda e: e.cpu_time_total, reverse=True)
+    out["host_copies_by_caller"] = [
+        {"op": e.key, "calls_per_round": e.count / rounds, "host_ms_per_round":
+            e.cpu_time_total / 1e3 / rounds, "stack": [f for f in e.stack if "fedsub" in f]}
+        for e in copies[:12]
+    ]  # fmt: skip
+    for entry in out["host_copies_by_caller"]:
+        print("(g1 profile) copy:", json.dumps(entry), flush=True)
     host = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
     out["torch_top_host_ops"] = [
         {"op": e.key, "calls_per_round": e.count / rounds, "self_host_ms_per_round":

@@ -28,8 +28,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def flower_task_identity(monkeypatch):
     """Outside a Flower runtime, Messages need the process's task identity (run, task and
     node ids; flwr 1.41 internals), which a Flower runtime sets: modules that build Messages
-    in process use it (``pytestmark = pytest.mark.usefixtures("flower_task_identity")``)."""
-    from flwr.supercore.task_identity import TaskIdentity
+    in process use it (``pytestmark = pytest.mark.usefixtures("flower_task_identity")``).
+    Without Flower installed (an optional extra) the test is skipped."""
+    task_identity = pytest.importorskip("flwr.supercore.task_identity")
+    TaskIdentity = task_identity.TaskIdentity
 
     for name in ("_task_id", "_run_id", "_node_id"):
         monkeypatch.setattr(TaskIdentity, name, 1)
