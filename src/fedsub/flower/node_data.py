@@ -1,16 +1,6 @@
-"""What one SuperNode holds: its training samples, its held-out samples, its rows S(k).
-
-A node's data come from its node config (``flower-supernode --node-config``):
-
-- with the run's ``feature-spec`` (a deployment): ``data-file`` (the table CSV / Parquet of
-  data/table.py, one row per sample; any client column is ignored: the file is this node's),
-  ``feature-spec`` (this node's copy of the run's spec; refused unless its hash is the run's),
-  ``partition-id`` (this node's client number, 0 to num-nodes - 1: it keys the cohort draw, as
-  client k in the in-process engine), and its held-out part: ``eval-file`` or
-  ``eval-fraction`` of the data file's rows (drawn with ``eval-seed``, default 0);
-- without it (partitions of a fedsub dataset): ``partition-id`` and ``num-partitions``; the
-  held-out samples are every ``num-partitions``-th sample of the dataset's test set, starting
-  at ``partition-id``, so the nodes' held-out parts pool to exactly that test set.
+"""What one SuperNode holds: its training samples, its held-out samples, its rows S(k), read as
+its node config says: its own file with the run's feature spec, or a partition of the config's
+dataset. The node-config keys: docs/tutorials/flower.md, "Run-config keys".
 """
 
 from __future__ import annotations
