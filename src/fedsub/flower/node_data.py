@@ -5,7 +5,7 @@ dataset. The node-config keys: docs/tutorials/flower.md, "Run-config keys".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.flower.run_model import federation, spec_model
 from fedsub.flower.settings import FlowerSettings
-from fedsub.keys import parse_spelled
+from fedsub.keys import key_names, parse_spelled, spelled
 from fedsub.models.base import Model
 from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
@@ -92,7 +92,7 @@ def node_config_items(node_config: dict[str, object]) -> NodeConfigItems:
 @lru_cache(maxsize=64)  # the simulation runtime runs every node in one process
 def node_data(settings: FlowerSettings, node_config: NodeConfigItems) -> NodeData:
     """This node's data, loaded once per process."""
-    known = {f.name.replace("_", "-") for f in fields(NodeConfig)}
+    known = {spelled(name) for name in key_names(NodeConfig)}
     given = parse_spelled(NodeConfig, "node config", {k: v for k, v in node_config if k in known})
     if given.data_file:
         return _own_files(settings, given, given.partition_id)
