@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -485,20 +486,40 @@ def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three
     assert not (out / "model.safetensors").exists()
 
 
+def run_config_keys() -> list[str]:
+    """Every run-config key: FlowerSettings' fields and its groups', spelled with '-', and
+    ``set`` (which fills ``overrides``)."""
+    from fedsub.keys import key_names, spelled
+
+    return sorted([spelled(k) for k in key_names(FlowerSettings) if k != "overrides"] + ["set"])
+
+
+def documented_keys(heading: str) -> set[str]:
+    """The keys in the first column of the tables under a heading of the Flower page."""
+    page = (ROOT / "docs" / "tutorials" / "flower.md").read_text()
+    section = page.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z-]+)` \|", section, flags=re.MULTILINE))
+
+
+def test_the_flower_page_documents_every_run_and_node_config_key():
+    """docs/tutorials/flower.md's "Run-config keys" is the one place the keys are described:
+    every key the settings read, and every node-config key a node reads, has its row there,
+    and no row names a key that is not read."""
+    from fedsub.flower.node_data import NodeConfig
+    from fedsub.keys import key_names, spelled
+
+    node_keys = {spelled(k) for k in key_names(NodeConfig)}
+    assert documented_keys("Run-config keys") == set(run_config_keys()) | node_keys
+
+
 def test_the_example_app_declares_every_run_config_key():
     """Flower refuses a ``--run-config`` key that the app's pyproject.toml does not declare
     ("Key ... is not present in the main dictionary"): the example declares every key the
     settings read, so each can be given on the command line."""
-    import dataclasses
     import tomllib
 
-    from fedsub.flower.settings import GROUPS
-
     declared = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    top = {f.name for f in dataclasses.fields(FlowerSettings)} - set(GROUPS) - {"overrides"}
-    grouped = {f.name for group in GROUPS.values() for f in dataclasses.fields(group)}
-    keys = {name.replace("_", "-") for name in top | grouped} | {"set"}
-    assert sorted(declared["config"]) == sorted(keys)
+    assert sorted(declared["config"]) == run_config_keys()
 
 
 def test_flower_settings_refuse_a_device_other_than_the_cpu(monkeypatch):

@@ -68,6 +68,38 @@ def test_run_config_values_of_the_wrong_type_name_the_key(key, value, expected):
         FlowerSettings.from_run_config({key: value})
 
 
+def test_run_config_text_values_group_keys_and_set_are_read_in_one_pass(tmp_path):
+    """Keys of every group, given as a command line's text, are the TOML values they spell;
+    ``set`` is split at ``;``; an unknown key is named as written, with every allowed key."""
+    settings = FlowerSettings.from_run_config(
+        {
+            "min-replies": "2",
+            "node-wait": "1.5",
+            "resume": "true",
+            "out-dir": str(tmp_path),
+            "eval-every": "3",
+            "set": " train.rounds=2 ;; data.num_users=4 ",
+        }
+    )
+    assert (settings.replies.min_replies, settings.nodes.node_wait) == (2, 1.5)
+    assert settings.output.resume is True and settings.eval_every == 3
+    assert settings.overrides == ("train.rounds=2", "data.num_users=4")
+    for key in ("min_replys", "overrides", "replies"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^Flower run config: unknown key '{key}'; allowed keys: algorithm, "
+            r"checkpoint-every, .*min-replies, .*out-dir, .*set, train-delay$",
+        ):
+            FlowerSettings.from_run_config({key: 1})
+
+
+def test_settings_built_in_code_are_range_checked_naming_the_run_config_key():
+    with pytest.raises(ConfigError, match=r"^Flower run config: min-replies = 0 is out of range"):
+        FlowerSettings(replies=Replies(min_replies=0))
+    with pytest.raises(ConfigError, match=r"^Flower run config: eval-every = -1 is out of range"):
+        FlowerSettings(eval_every=-1)
+
+
 @pytest.mark.usefixtures("flower_task_identity")
 def test_the_server_app_holds_its_out_dir_like_fedsub_run(tmp_path):
     """A second run into an out-dir that holds one is refused unless overwrite = true, which

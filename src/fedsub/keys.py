@@ -221,15 +221,29 @@ def grouped(cls: type, values: dict[str, Any]) -> Any:
     return cls(**own)
 
 
-def parse_spelled(cls: type, where: str, table: Mapping[str, Any]) -> Any:
+def parse_spelled(
+    cls: type, where: str, table: Mapping[str, Any], apart: Mapping[str, str] | None = None
+) -> Any:
     """``cls`` from a table whose keys are its fields spelled with ``-`` for ``_`` (Flower's
-    run and node configs), errors naming them so (``where: min-replies ...``); a number or
-    flag given as text (a command line's) is the TOML value it spells (``"true"``, ``"3"``)."""
-    hints = typing.get_type_hints(cls)
+    run and node configs), groups' keys flat among them, errors naming them so (``where:
+    min-replies ...``); a number or flag given as text (a command line's) is the TOML value
+    it spells (``"true"``, ``"3"``). ``apart`` maps keys the caller reads itself to the field
+    each fills (the run config's ``set`` fills ``overrides``): allowed, and left to it."""
+    apart = apart or {}
+    fields = {
+        f.name: typing.get_type_hints(owner)[f.name]
+        for owner, f in section_fields(cls)
+        if f.name not in apart.values()
+    }
     values = {}
     for key, value in table.items():
-        name = key.replace("-", "_")
-        if isinstance(value, str) and hints.get(name) in (bool, int, float):
+        name = str(key).replace("-", "_")
+        if key in apart:
+            continue
+        if name not in fields:
+            allowed = ", ".join(sorted([*map(spelled, fields), *apart]))
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed keys: {allowed}")
+        if isinstance(value, str) and fields[name] in (bool, int, float):
             with contextlib.suppress(tomllib.TOMLDecodeError):  # else coerce refuses the text
                 value = tomllib.loads(f"v = {value}")["v"]
         values[name] = value
@@ -239,8 +253,21 @@ def parse_spelled(cls: type, where: str, table: Mapping[str, Any]) -> Any:
         text = str(error).replace(f"[{SPELLED}] lacks it", "not given")
         if SPELLED not in text:  # the record's own rule (its __post_init__): said already
             raise
-        text = re.sub(rf"{SPELLED}\.(\w+)", lambda m: m[1].replace("_", "-"), text)
+        text = re.sub(rf"{SPELLED}\.(\w+)", lambda m: spelled(m[1]), text)
         raise ConfigError(f"{where}: {text}") from None
+
+
+def check_spelled(where: str, record: Any) -> None:
+    """The ranges of a record built in code (its groups' too), its keys named as
+    ``parse_spelled`` names them: the checks a run config's values get."""
+    values = flat_values(record)
+    for _, f in section_fields(type(record)):
+        check_range(f"{where}: {spelled(f.name)}", f.metadata, values[f.name])
+
+
+def spelled(name: str) -> str:
+    """A field's key as Flower's configs write it: ``min_replies`` is ``min-replies``."""
+    return name.replace("_", "-")
 
 
 def key_name(section: str, key: str) -> str:

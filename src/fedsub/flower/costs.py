@@ -1,22 +1,9 @@
 """What a Flower run costs, per round and node: bytes each way, the nodes' and the server's time.
 
-The in-process engine counts a privacy level's costs in its own model of the messages
-(``engine/private_rounds.Costs``, ``privacy.json``); on Flower the messages are real, so the
-ServerApp wraps its ``Grid`` in a ``MeteredGrid`` that measures them as they pass:
-
-- **bytes**: every record of every message sent to a node (down) and of its reply (up), by
-  message type (``train``, ``query`` for registrations and download requests,
-  ``query.secure_rows`` for the secure row sum, ``query.heat`` for the heat exchange,
-  ``evaluate``);
-- **client seconds**: a node's ClientApp times each of its handlers and adds the seconds to its
-  reply (``with_seconds``: a ``cost`` MetricRecord): its training, drawing its request,
-  building and masking its vector;
-- **server seconds**: the ServerApp process's CPU time (``time.process_time``: its own work,
-  not the waits for replies), and the round's wall time.
-
-``take()`` returns what was measured since the last call (the runtime calls it when a round is
-done; the run's means: engine/round_records.run_costs). A round's costs leave out the heat
-exchange (once per run) and federated evaluation, which ``totals`` keeps by type with the rest.
+The in-process engine models a privacy level's messages (``engine/private_rounds.Costs``); on
+Flower they are real, so the ServerApp's ``MeteredGrid`` measures them as they pass, and each
+ClientApp handler reports its own seconds (``with_seconds``). What is counted and where it lands
+in ``flower-result.json``: docs/tutorials/flower.md, "Costs on Flower".
 """
 
 from __future__ import annotations

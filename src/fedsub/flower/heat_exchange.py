@@ -1,15 +1,11 @@
-"""Private heat over Flower: fedsub's secure aggregation (and randomized response) as
-``query.heat`` Messages between the ServerApp and the nodes.
+"""Private heat over Flower: fedsub's secure aggregation (and randomized response) carried as
+``query.heat`` Messages between the ServerApp and the nodes, so the server never receives a
+node's S(k).
 
-The server never receives a node's index sets S(k) here. For ``secagg`` and ``sketch`` it runs
-the same message-passing code as in process (``fedsub.privacy.secagg``) in groups of
-``privacy.secagg_group`` nodes, stage by stage as ``fedsub.privacy.secure_sum`` lists them
-(that module and ``secagg_records`` hold the messages, their checks, the node's replies and the
-server's group sums, without Flower): this module carries them as Flower Messages. A node
-keeps its protocol state (its private keys, the shares it received) in its Flower
-``Context.state``; it never leaves the node. For ``randomized-response`` one stage, "report":
-each node sends its eps-LDP noisy bits (drawn on the node) and its sample count; the server
-debiases.
+The protocol runs without Flower (``privacy/secure_sum.py``'s stages, the messages checked in
+``privacy/secagg_records.py``); this module only carries it. A node's protocol state (its
+private keys, the shares it received) stays in its Flower ``Context.state``.
+docs/tutorials/flower.md, "Private heat on Flower".
 """
 
 from __future__ import annotations

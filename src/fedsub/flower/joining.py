@@ -1,14 +1,7 @@
-"""Nodes joining a Flower run: registration over Flower Messages, and the elastic membership
-it feeds (``engine/membership.Membership``) over time.
-
-A node registers by answering a QUERY message with its partition id and, with exact heat, its
-sample count and index sets S(k) (``Registrar``, ``registration_of``; with a private heat
-source its partition only). Each round, the nodes online (``grid.get_node_ids()``) that were
-never asked are asked, and the answers that arrived are taken; the first round waits up to
-``node_wait`` seconds for ``min_nodes`` of them (``Joining``). A node that missed a round
-(``leave_out``) is asked again and is sampled once it answers. While a round waits for its
-replies, new nodes are asked too (``ask_newcomers``): a replacement started during a round is
-sampled from the next round on, and the round stops waiting for the node it replaced.
+"""Nodes joining a Flower run: registration over Flower Messages (``Registrar``), fed over time
+into the engine's membership (``Joining``), pushed and pulled apart from the rounds so that a
+slow or dead newcomer never holds a round up. The policy: docs/tutorials/flower.md, "Elastic
+membership".
 """
 
 from __future__ import annotations

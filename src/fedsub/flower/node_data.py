@@ -1,21 +1,11 @@
-"""What one SuperNode holds: its training samples, its held-out samples, its rows S(k).
-
-A node's data come from its node config (``flower-supernode --node-config``):
-
-- with the run's ``feature-spec`` (a deployment): ``data-file`` (the table CSV / Parquet of
-  data/table.py, one row per sample; any client column is ignored: the file is this node's),
-  ``feature-spec`` (this node's copy of the run's spec; refused unless its hash is the run's),
-  ``partition-id`` (this node's client number, 0 to num-nodes - 1: it keys the cohort draw, as
-  client k in the in-process engine), and its held-out part: ``eval-file`` or
-  ``eval-fraction`` of the data file's rows (drawn with ``eval-seed``, default 0);
-- without it (partitions of a fedsub dataset): ``partition-id`` and ``num-partitions``; the
-  held-out samples are every ``num-partitions``-th sample of the dataset's test set, starting
-  at ``partition-id``, so the nodes' held-out parts pool to exactly that test set.
+"""What one SuperNode holds: its training samples, its held-out samples, its rows S(k), read as
+its node config says: its own file with the run's feature spec, or a partition of the config's
+dataset. The node-config keys: docs/tutorials/flower.md, "Run-config keys".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,7 +18,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.flower.run_model import federation, spec_model
 from fedsub.flower.settings import FlowerSettings
-from fedsub.keys import parse_spelled
+from fedsub.keys import key_names, parse_spelled, spelled
 from fedsub.models.base import Model
 from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
@@ -102,7 +92,7 @@ def node_config_items(node_config: dict[str, object]) -> NodeConfigItems:
 @lru_cache(maxsize=64)  # the simulation runtime runs every node in one process
 def node_data(settings: FlowerSettings, node_config: NodeConfigItems) -> NodeData:
     """This node's data, loaded once per process."""
-    known = {f.name.replace("_", "-") for f in fields(NodeConfig)}
+    known = {spelled(name) for name in key_names(NodeConfig)}
     given = parse_spelled(NodeConfig, "node config", {k: v for k, v in node_config if k in known})
     if given.data_file:
         return _own_files(settings, given, given.partition_id)

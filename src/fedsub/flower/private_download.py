@@ -1,19 +1,9 @@
-"""``privacy.level = download`` on Flower: the same requests and aggregation as in process.
-
-- **Node** (``node_request``): asked for its rows, a node at level ``download`` answers its
-  *request* (``privacy/requests.py``: randomized response or size buckets, keyed by (seed,
-  round, client) exactly as ``engine/private_rounds.py`` keys its clients), never its S(k).
-- **Server**: sends the requested rows (or, with ``payload = full``, the whole model); the
-  node's model over S(k) (``privacy/requested_rows.local_submodel``) takes the requested rows
-  as received, and every held row left out of the request is *skipped*: it reads as zero in
-  the local steps (as if that feature were absent from the node's samples) and gets no update,
-  with either payload. The simulator does the same (``engine/private_rounds.WithoutRows``), so
-  the two agree in every round, and the node keeps no state across rounds.
-- **Reply** (``requested_rows.reply_record``): the deltas of the held rows it requested (as
-  the simulator's ``restrict``) with their row ids, in the clear (this level hides the
-  download only; at ``full`` they go into the secure sum instead, flower/secure_rows.py).
-- **Aggregation** (``download_combine``): the algorithm's aggregate, row sums divided by p
-  (``engine/private_rounds.unbias``).
+"""``privacy.level = download`` on Flower: asked for its rows, a node answers its *request*
+(never its S(k)); the server sends the requested rows, the node skips every held row left out
+of them, replies the deltas of the rows it requested, and row sums are divided by p. Each step
+is the in-process code's (``privacy/requests.py``, ``privacy/requested_rows.py``,
+``engine/private_rounds.py``), so the two runs agree round by round and a node keeps no state
+across rounds. docs/tutorials/flower.md, "Private submodel learning on Flower".
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""What a Flower run's processes know before any node reports: config, model, schedule.
-
-Two ways to give nodes their data:
-
-- **feature spec** (run config ``feature-spec``, a deployment): every node reads its own file
-  with the shared spec; the ServerApp sizes the model from the spec alone and knows the
-  population from ``num-nodes``. No process ever loads another node's data;
-- **partitions** (no ``feature-spec``, fedsub's datasets, e.g. the simulation runtime): every
-  node loads the fedsub config's dataset and keeps partition ``partition-id``; the ServerApp
-  loads it only to size the model and count the clients, and evaluates nothing on it.
+"""What a Flower run's processes know before any node reports: config, model, schedule; sized
+from the run's feature spec (a deployment, whose population is ``num-nodes``), or from the
+config's dataset (partitions), which the ServerApp then loads only to size the model and count
+the clients.
 """
 
 from __future__ import annotations

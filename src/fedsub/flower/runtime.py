@@ -1,11 +1,7 @@
-"""Flower's capabilities (``algorithms/runtimes.py``): fedsub's ClientApp is stateless (a
-node keeps nothing of the algorithm between rounds), each node is one client, and the apps
-run on the CPU; private download and secure aggregation run over Flower Messages
-(``flower/private_download.py``, ``flower/secure_rows.py``). Differential privacy (``[dp]``)
-runs as in process: central at ``privacy.level`` none, heat or download (the engine's round
-loop, which the ServerApp runs, clips, noises and accounts), distributed at ``full`` (each node
-adds its discrete Gaussian share to the secure row sum, flower/secure_rows.py; the loop's
-ledger accounts it)."""
+"""Flower's capabilities (``algorithms/runtimes.py``), against which the registry checks a run:
+fedsub's ClientApp keeps nothing of the algorithm between rounds, each node is one client, the
+apps run on the CPU; private rounds and ``[dp]`` run over Flower Messages as in process.
+"""
 
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
-"""``privacy.level = full`` on Flower: the cohort's row deltas summed by secure aggregation.
+"""``privacy.level = full`` on Flower: the cohort's row deltas summed by secure aggregation, so
+no node's S(k), delta or sample count reaches the server.
 
-A trained node keeps its deltas (the held rows it requested, and its dense deltas) in its
-``Context.state`` and replies none of them: its train reply carries its partition id and
-deltas of no rows, and no sample count (``num-examples`` is left out at this level). The
-server then runs fedsub's secure aggregation with the nodes that replied, as
-``query.secure_rows`` Messages over the heat exchange's transport (``heat_exchange.asker``
-/ ``answer_secagg``: keys, encrypted shares, masked vectors, unmasking). In the "mask" request
-each node gets the public part of its weight (``engine/private_rounds.SecureWeighting``: its
-draws, the scale, whether its own count enters), the union of the cohort's requests (public:
-the server built it from the requests) and the cohort size (which fixes the fixed-point
-scale); it weights its deltas with its own sample count and puts its weight units in the
-vector's integer slot (the in-process code, ``privacy/sparse_secagg.py``). The server decodes
-per-row sums and the survivors' total units over the union, normalizes, and applies
-FedSubAvg's coefficients and 1/p (``engine/private_rounds.server_update_of_sums``,
-``unbias``): no node's S(k), delta or sample count reaches it. A node that drops out after its
-train reply is left out by the protocol's threshold; the round's step is then the survivors'
-weighted mean (their units are what the sum normalizes by).
-
-With ``[dp]`` at this level the sum is distributed differential privacy, as in process
-(``engine/private_rounds.py``, ``dp/distributed.py``): the "mask" request carries the round's
-public noise settings (C, z, K_min, the cohort size), from which each node rebuilds the
-round's ``DiscreteNoise`` (``NodeNoise``: refused if weaker than its config) and submits its
-clipped, unweighted deltas plus its discrete Gaussian share; the sum's threshold is K_min (a
-node refuses a lower one), so fewer survivors abort the round; the server decodes the noised
-sum and divides it by K (and p), and the loop's ledger accounts the round.
+A trained node keeps its deltas in its ``Context.state`` and replies none of them; the server
+then runs the secure sum with the nodes that replied, as ``query.secure_rows`` Messages over
+the heat exchange's transport, and each node weights (with ``[dp]``: clips and noises) its own
+deltas with the in-process code, so the decoded step is the in-process one. What each side
+sends and learns, and how dropouts end: docs/tutorials/flower.md, "Private submodel learning
+on Flower"; with ``[dp]``, docs/tutorials/differential-privacy.md.
 """
 
 from __future__ import annotations

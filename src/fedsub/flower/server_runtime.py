@@ -1,14 +1,8 @@
-"""Flower as a runtime of the engine's round loop (engine/round_runtime.py): the ServerApp
-runs ``engine.loop.drive``, the loop the in-process engine runs, and this runtime does each
-round's work over Flower Messages through the ``Grid``: the nodes register as they come
-online (flower/joining.py; with a private ``privacy.heat_source`` the heat comes from the
-private exchange, flower/heat_exchange.py), each sampled node gets one train Message
-(flower/train_round.py) and the replies become the cohort's update (summed by secure
-aggregation at ``privacy.level = "full"``, flower/secure_rows.py); a node that fails or times
-out is left out until it answers again, and a round with fewer than ``min-replies`` replies
-fails (engine/round_records.py). Evaluation is federated (flower/federated_eval.py). Every
-round leaves a record (replies, bytes, partitions left out, the step, and its costs,
-flower/costs.py), kept in checkpoints as the runtime's history.
+"""Flower as a runtime of the engine's round loop (engine/round_runtime.py): the ServerApp runs
+``engine.loop.drive``, the loop the in-process engine runs, and this runtime does each round's
+work over Flower Messages through the ``Grid`` (registration, training, private heat and sums,
+federated evaluation), so a Flower run checkpoints, resumes, screens updates and evaluates as
+an in-process run does. Its pieces: docs/develop/architecture.md, "The Flower runtime".
 """
 
 from __future__ import annotations

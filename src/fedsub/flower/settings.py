@@ -1,47 +1,9 @@
-"""The settings of a fedsub run on Flower: the keys of ``[tool.flwr.app.config]``.
-
-Every key is optional; it is a field below spelled with ``-`` for ``_`` (``min-replies``),
-read and checked by fedsub's one path for options (fedsub/keys.py: the fields' types, ranges,
-choices), so errors name it as the run config writes it; a value given as text
-(``--run-config``) is the TOML value it spells (``"true"``, ``"3"``).
-
-- the run: ``config`` (a fedsub TOML config, "" = the embedded default), ``set`` (overrides
-  ``section.key=value`` separated by ``;``), ``algorithm`` (default: the config's last),
-  ``payload`` (``submodel``: rows S(k) only; ``full``: every row, as stock FedAvg),
-  ``eval-every`` (federated evaluation on the nodes' held-out samples every n rounds and
-  after the last, plus ``server-test-file``; 0 = never; at ``privacy.level = "full"`` the
-  server's file only: a node's sums would name its sample counts), ``dp-seeded-noise``
-  ([dp] at level full: a node draws its noise share from the in-process run's generator,
-  keyed by (``train.seed``, round, partition), so the run repeats it bit for bit but whoever
-  knows the seed can redraw the shares; false: from its own secret randomness);
-- ``Replies``: ``min-replies`` (fewest replies with which a round updates the model),
-  ``max-failed-rounds`` (rounds short of them in a row that stop the run with an error),
-  ``round-timeout`` (seconds a round waits), ``train-delay`` (seconds a node waits before
-  replying, to test faults);
-- ``Nodes``: ``min-nodes`` (nodes that register before round 1; 0: one per client of the
-  config's dataset, everyone, as in process), ``node-wait`` (seconds round 1 waits for them),
-  ``heat-refresh-every`` (R: the heat coefficients are rebuilt over the registered clients
-  at rounds 1, 1 + R, ... when clients registered since);
-- ``Deployment``: ``feature-spec`` (data/feature_spec.py: the ServerApp sizes the model from
-  it, every node holds the same; "" = the nodes hold partitions of the config's dataset,
-  ``partition-id`` of ``num-partitions``), ``num-nodes`` (nodes holding data; required with a
-  spec), ``server-test-file`` (read by the ServerApp with the spec, evaluated on),
-  ``initial-model`` (a ``model.safetensors`` fedsub wrote, checked against the run's model:
-  round 1 starts from it; "" = the seeded initial draw; flower/initial_model.py);
-- ``Output``: ``out-dir`` (``flower-result.json`` and the model go there: an absolute path or
-  one starting with ``~``; "" = nothing; relative is refused, as it would land in the app
-  folder the next ``flwr run .`` ships to every node, and so are the folders no run may write
-  into, files/run_folder.py; the ServerApp holds its lock), ``checkpoint-every`` (into
-  ``out-dir``/checkpoints every n rounds; 0 = never), ``resume`` (continue the newest, written
-  with the same configuration), ``overwrite`` (replace the run in out-dir, only what it
-  wrote, as ``fedsub run --overwrite``; else a folder holding a run is refused),
-  ``heat-transcript`` (private ``privacy.heat_source``: everything the server received,
-  ``replies`` and ``train_replies``, into ``out-dir/heat-transcript.json``).
-"""
+"""The settings of a fedsub run on Flower, read from its run config (``[tool.flwr.app.config]``)
+by fedsub/keys.py, the one path every option goes through, and grouped by concern. Every key
+and its meaning: docs/tutorials/flower.md, "Run-config keys" (a test keeps the two in step)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -55,7 +17,7 @@ from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
 from fedsub.flower.initial_model import model_file_digest
 from fedsub.flower.runtime import FLOWER
-from fedsub.keys import check_range, parse_spelled
+from fedsub.keys import check_spelled, parse_spelled
 from fedsub.privacy.levels import heat_source_for
 
 Payload = Literal["submodel", "full"]
@@ -69,12 +31,6 @@ OUT_DIR_FLAGS = Flags(
     cwd_rule=False,
 )
 AT_LEAST_0, AT_LEAST_1, SECONDS = {"min": 0}, {"min": 1}, {"min_exclusive": 0}
-
-
-def _checked(record: Any) -> None:
-    """The ranges of ``record``'s fields (their metadata)."""
-    for f in dataclasses.fields(record):
-        check_range(f"{WHERE}: {f.name.replace('_', '-')}", f.metadata, getattr(record, f.name))
 
 
 @dataclass(frozen=True)
@@ -146,9 +102,6 @@ class Output:
                 )
 
 
-GROUPS = {"replies": Replies, "nodes": Nodes, "deployment": Deployment, "output": Output}
-
-
 @dataclass(frozen=True)
 class FlowerSettings:
     config: str = ""
@@ -163,38 +116,26 @@ class FlowerSettings:
     output: Output = field(default_factory=Output)
 
     def __post_init__(self) -> None:  # ranges: also for settings built in code
-        for record in (self, self.replies, self.nodes, self.deployment, self.output):
-            _checked(record)
+        check_spelled(WHERE, self)
 
     @staticmethod
     def from_run_config(run_config: dict[str, Any]) -> FlowerSettings:
-        """The settings a run config gives, every key checked by fedsub/keys.py."""
-        given = {str(k).replace("-", "_"): v for k, v in run_config.items()}
-        scalars = {f.name for f in dataclasses.fields(FlowerSettings) if f.name not in GROUPS}
-        known = {"set"} | (scalars - {"overrides"})
-        known |= {f.name for g in GROUPS.values() for f in dataclasses.fields(g)}
-        unknown = sorted(set(given) - known)
-        if unknown:
-            allowed = ", ".join(sorted(k.replace("_", "-") for k in known))
-            raise ConfigError(f"{WHERE}: unknown key {unknown[0]!r}; allowed: {allowed}")
-        text = str(given.pop("set", ""))
-        overrides = tuple(part.strip() for part in text.split(";") if part.strip())
-        parts = {
-            name: parse_spelled(
-                group, WHERE, {k: v for k, v in given.items() if k in _names(group)}
-            )
-            for name, group in GROUPS.items()
-        }
-        top = {k: v for k, v in given.items() if k in scalars}
-        output, deployment = parts["output"], parts["deployment"]
-        parts["output"] = replace(output, out_dir=output_folder(output.out_dir))
-        parts["deployment"] = replace(
-            deployment,
-            feature_spec=_path(deployment.feature_spec),
-            server_test_file=_path(deployment.server_test_file),
-            initial_model=_path(deployment.initial_model),
+        """The settings a run config gives, every key checked by fedsub/keys.py; ``set``
+        (overrides separated by ``;``) split, paths with ``~`` expanded."""
+        settings = parse_spelled(FlowerSettings, WHERE, run_config, apart={"set": "overrides"})
+        text = str(run_config.get("set", ""))
+        output, deployment = settings.output, settings.deployment
+        return replace(
+            settings,
+            overrides=tuple(part.strip() for part in text.split(";") if part.strip()),
+            output=replace(output, out_dir=output_folder(output.out_dir)),
+            deployment=replace(
+                deployment,
+                feature_spec=_path(deployment.feature_spec),
+                server_test_file=_path(deployment.server_test_file),
+                initial_model=_path(deployment.initial_model),
+            ),
         )
-        return replace(parse_spelled(FlowerSettings, WHERE, top), overrides=overrides, **parts)
 
     def check_against(self, config: Config) -> None:
         """min-replies above the cohort size could never be met: refuse it before round 1."""
@@ -270,10 +211,6 @@ class FlowerSettings:
                 f"{config.privacy.heat_source!r} keeps private; use another scheme or exact heat"
             )
         return name
-
-
-def _names(group: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(group)}
 
 
 def _path(text: str) -> str:

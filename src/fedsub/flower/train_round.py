@@ -1,12 +1,8 @@
-"""A round's training on Flower, as Messages: what each sampled node is sent, and its reply
-read back into a ``ClientUpdate``.
-
-Each sampled node gets one Message with its rows X[S(k)] (``payload = "full"``: the whole
-model, as stock FedAvg would send), the dense parameters, its learning rate and the round's
-chain of client transforms (names and options, rebuilt from fedsub.client.transforms'
-registry by the ClientApp). Messages follow Flower's conventions (``arrays`` + ``config``
-out, ``arrays`` + ``metrics`` with ``num-examples`` back; at ``privacy.level = "full"`` no
-``num-examples``: the count weights the deltas inside the secure sum).
+"""A round's training on Flower, as Messages: what each sampled node is sent (its rows X[S(k)] or,
+with ``payload = "full"``, the whole model; the dense parameters, its learning rate, the round's
+chain of client transforms by name and options), and its reply read back into a
+``ClientUpdate``. The messages follow Flower's conventions (docs/tutorials/flower.md, "Flower
+conventions").
 """
 
 from __future__ import annotations
