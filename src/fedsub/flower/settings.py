@@ -27,7 +27,7 @@ choices), so errors name it as the run config writes it; a value given as text
   ``partition-id`` of ``num-partitions``), ``num-nodes`` (nodes holding data; required with a
   spec), ``server-test-file`` (read by the ServerApp with the spec, evaluated on),
   ``initial-model`` (a ``model.safetensors`` fedsub wrote, checked against the run's model:
-  round 1 starts from it; "" = the seeded initial draw; flower/initial_model.py);
+  round 1 starts from it; "" = the seeded initial draw; runs/initial_model.py);
 - ``Output``: ``out-dir`` (``flower-result.json`` and the model go there: an absolute path or
   one starting with ``~``; "" = nothing; relative is refused, as it would land in the app
   folder the next ``flwr run .`` ships to every node, and so are the folders no run may write
@@ -53,13 +53,14 @@ from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
-from fedsub.flower.initial_model import model_file_digest
 from fedsub.flower.runtime import FLOWER
 from fedsub.keys import check_range, parse_spelled
 from fedsub.privacy.levels import heat_source_for
+from fedsub.runs.initial_model import described
 
 Payload = Literal["submodel", "full"]
 WHERE = "Flower run config"
+INITIAL_MODEL = f"{WHERE}: initial-model"  # how errors about the model file name it
 # How the run config names the out-dir and its options (run_folder's messages use them).
 OUT_DIR_FLAGS = Flags(
     folder="out-dir",
@@ -228,10 +229,7 @@ class FlowerSettings:
             f"{config_text}\n# flower\nalgorithm = {algorithm!r}\n"
             f"payload = {self.payload!r}\nheat-refresh-every = {self.nodes.heat_refresh_every}\n"
         )
-        if self.deployment.initial_model:
-            digest = model_file_digest(self.deployment.initial_model)
-            text += f"initial-model = 'sha256:{digest}'\n"
-        return text
+        return described(text, self.deployment.initial_model, INITIAL_MODEL)
 
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
