@@ -17,6 +17,7 @@ start afresh.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,8 +29,9 @@ from safetensors import safe_open
 from fedsub.engine.loop import init_generator, initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
-from fedsub.files.run_folder import file_digest
+from fedsub.files.run_folder import RUN_FILE, file_digest, read_run_file
 from fedsub.models.base import Model
+from fedsub.runs.run_identity import StartedWith
 from fedsub.sharding.model_file import SAFETENSORS_DTYPES, WrittenModel
 from fedsub.submodel.params import Params
 
@@ -140,6 +142,9 @@ def starting_params(model: Model, schedule: Schedule, path: str, where: str) -> 
     return WrittenModel(Path(path)).read_into(drawn)
 
 
+RECORD = "initial_model"  # run.json's key for the file an in-process run started from
+
+
 @dataclass(frozen=True)
 class StartFile:
     """The model file an in-process run starts from (``fedsub run --initial-model``,
@@ -161,6 +166,45 @@ class StartFile:
         check_model_file(existing_file(self.path, self.where), drawn.state_dict(), self.where)
         return WrittenModel(Path(self.path))
 
+    def started_with(self) -> StartedWith:
+        """How the run folder keeps the run's config (config.toml), its identity hashing the
+        file's digest with it."""
+        return StartedWith(
+            describe=functools.partial(described, path=self.path, where=self.where),
+            settings=f" with {self.where} (the file's bytes)",
+        )
+
     def record(self) -> dict[str, str]:
-        """What run.json keeps of it (``initial_model``): its path as given and digest."""
-        return {"path": self.path, "sha256": self.opened()}
+        """What run.json keeps of it (``initial_model``): where it was and its digest."""
+        return {"path": str(Path(self.path).resolve()), "sha256": self.opened()}
+
+
+def check_resumed_start(folder: Path, start: StartFile | None) -> None:
+    """A resume starts from the model its run started from: refused, saying which, when the
+    run in ``folder`` started from a model file and ``start`` is none or another file's
+    bytes, or from the seeded draw and ``start`` is a file. (The run's identity holds the
+    digest too: this says what differs before that check says that something does.)"""
+    where = StartFile("").where if start is None else start.where
+    kept = read_run_file(folder).get(RECORD)
+    if kept is None:
+        if start is not None:
+            raise FedsubError(
+                f"the run in {folder} started from the seeded initial draw, not a model file: "
+                f"resume it without {where}"
+            )
+        return
+    if not isinstance(kept, dict) or not isinstance(kept.get("sha256"), str):
+        raise FedsubError(f"{folder / RUN_FILE}: {RECORD!r} is not a model file's record")
+    was = f"the model file {kept.get('path')!r} (sha256 {kept['sha256']})"
+    if start is None:
+        raise FedsubError(
+            f"the run in {folder} started from {was}: resume it with {where} naming that file "
+            "(the same bytes, at any path)"
+        )
+    given = start.opened()
+    if given != kept["sha256"]:
+        raise FedsubError(
+            f"{where} = {start.path!r} (sha256 {given}) is not the model file the run in "
+            f"{folder} started from: {was}; give that file (the same bytes, at any path), or "
+            "start a new run"
+        )
