@@ -239,8 +239,8 @@ def test_a_row_sharded_run_starts_each_process_from_its_rows_of_the_file(tmp_pat
     first, one, two = tmp_path / "first", tmp_path / "one", tmp_path / "two"
     assert main(["run", str(alone), "--algorithm", "fedavg", "--out", str(first), "--quiet"]) == 0
     start = first / "fedavg" / "model.safetensors"
-    names = ["fedavg", "fedsubavg", "fedadam-lazy"]
-    warm = ["--initial-model", str(start), "--quiet"]
+    names = ["fedsubavg", "fedadam-lazy"]
+    warm = ["--algorithms", ",".join(names), "--initial-model", str(start), "--quiet"]
     assert main(["compare", str(alone), "--out", str(one), *warm]) == 0
     done = torchrun(tmp_path, "compare", str(sharded), "--out", str(two), *warm)
     assert done.returncode == 0, done.stderr
