@@ -22,11 +22,13 @@ from fedsub.distributed import Processes
 from fedsub.engine import loop
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import ArgumentError, FedsubError
+from fedsub.sharding import initial
 from fedsub.sharding.model_file import WrittenModel
 from fedsub.sharding.rounds import shard
 from fedsub.submodel.params import Params
 
 from .test_distributed import torchrun
+from .test_model_capabilities import built
 from .test_sharding import BASE, assert_same_models
 
 DATA = {"num_users": 40, "num_items": 30, "mean_samples_per_user": 8}
@@ -119,6 +121,34 @@ def test_each_process_reads_only_its_rows_of_the_file(tmp_path):
         expected = shard(Params.from_state_dict(load_file(path)), Processes(rank, 3))
         for name, value in expected.state_dict().items():
             assert torch.equal(part.state_dict()[name], value), (rank, name)
+
+
+@pytest.mark.parametrize("name", ["din", "embedding-lr", "lstm", "sparse-lr", "torch-module"])
+def test_the_check_sees_each_models_tensors_without_drawing_its_tables(name, tmp_path_factory):
+    """What a file is checked against: every tensor's name, shape and dtype of the model's
+    draw, its ``randn`` tables on the meta device (no memory: a row-sharded process never
+    holds them whole), and a draw that cannot run so drawn whole instead."""
+    model, _ = built(name, str(tmp_path_factory.getbasetemp()))
+    whole = model.init(torch.Generator().manual_seed(5), torch.float64)
+    seen = initial.drawn_shapes(
+        lambda g: model.init(g, torch.float64), lambda: torch.Generator().manual_seed(5)
+    )
+    assert list(seen.state_dict()) == list(whole.state_dict())
+    for key, value in whole.state_dict().items():
+        assert (seen.state_dict()[key].shape, seen.state_dict()[key].dtype) == (
+            value.shape,
+            value.dtype,
+        ), key
+    if name in ("embedding-lr", "sparse-lr"):
+        assert all(v.is_meta for v in seen.tables.values())
+
+    def through_numpy(generator: torch.Generator) -> Params:  # cannot run on meta tensors
+        return Params({"t": torch.from_numpy(torch.randn(3, 2, generator=generator).numpy())}, {})
+
+    drawn = initial.drawn_shapes(through_numpy, lambda: torch.Generator().manual_seed(5))
+    assert torch.equal(
+        drawn.tables["t"], through_numpy(torch.Generator().manual_seed(5)).tables["t"]
+    )
 
 
 def _bad_files(folder: Path, good: dict[str, torch.Tensor]) -> list[tuple[str, str]]:

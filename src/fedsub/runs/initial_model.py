@@ -32,6 +32,7 @@ from fedsub.errors import FedsubError
 from fedsub.files.run_folder import RUN_FILE, file_digest, read_run_file
 from fedsub.models.base import Model
 from fedsub.runs.run_identity import StartedWith
+from fedsub.sharding.initial import drawn_shapes
 from fedsub.sharding.model_file import SAFETENSORS_DTYPES, WrittenModel
 from fedsub.submodel.params import Params
 
@@ -160,9 +161,11 @@ class StartFile:
         return model_file_digest(self.path, self.where)
 
     def check(self, model: Model, schedule: Schedule) -> WrittenModel:
-        """The file, checked against ``model`` as ``schedule`` draws it (drawn on the CPU for
-        its names, shapes and dtypes), to be read into each algorithm's round-0 model."""
-        drawn = model.init(init_generator(schedule.seed), schedule.execution.dtype)
+        """The file, checked against ``model`` as ``schedule`` draws it (its names, shapes
+        and dtypes: the tables drawn on the meta device where they can be, so a row-sharded
+        process never holds them whole), to be read into each algorithm's round-0 model."""
+        dtype = schedule.execution.dtype
+        drawn = drawn_shapes(lambda g: model.init(g, dtype), lambda: init_generator(schedule.seed))
         check_model_file(existing_file(self.path, self.where), drawn.state_dict(), self.where)
         return WrittenModel(Path(self.path))
 
