@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from fedsub.engine import loop
 from fedsub.errors import FedsubError
-from fedsub.flower.settings import Deployment, FlowerSettings, Output, Replies
+from fedsub.flower.settings import INITIAL_MODEL, Deployment, FlowerSettings, Output, Replies
 from fedsub.submodel.params import Params
 
 from .test_flower import OVERRIDES, in_process_model
@@ -149,8 +149,8 @@ def test_the_file_a_row_sharded_run_writes_is_the_start(tmp_path):
     """The sharded writer's file (its own header layout, sharding/model_file.py) passes the
     check and is the run's round-0 model exactly, in the model's order of tensors."""
     from fedsub.distributed import Processes
-    from fedsub.flower.initial_model import starting_params
     from fedsub.flower.run_model import federation
+    from fedsub.runs.initial_model import starting_params
     from fedsub.sharding.model_file import write_model
     from fedsub.sharding.rounds import shard
 
@@ -159,7 +159,7 @@ def test_the_file_a_row_sharded_run_writes_is_the_start(tmp_path):
     trained = Params.from_state_dict({n: v + 0.25 for n, v in drawn.state_dict().items()})
     path = tmp_path / "model.safetensors"
     write_model(path, shard(trained, Processes(0, 1)))
-    start = starting_params(fed.model, fed.schedule, str(path))
+    start = starting_params(fed.model, fed.schedule, str(path), INITIAL_MODEL)
     assert list(start.state_dict()) == list(drawn.state_dict())
     for name, value in trained.state_dict().items():
         assert torch.equal(start.state_dict()[name], value), name

@@ -111,6 +111,25 @@ def folder(value: Any, argument: str) -> str | None:
     return text
 
 
+def model_file(value: Any, argument: str) -> str | None:
+    """A model file argument (``initial_model``): a str or os.PathLike naming a file, or
+    None. Whether it is a model file of the run's model is checked when the run starts."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentError(
+            f"{argument} must be a model file (a str or pathlib.Path naming a "
+            f"model.safetensors fedsub wrote), got {described(value)}"
+        )
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.strip():
+        raise ArgumentError(
+            f"{argument} must name a model file, e.g. {argument}='runs/NAME/fedsubavg/"
+            f"model.safetensors', got {described(value)}"
+        )
+    return text
+
+
 def model_options_of(model: str, options: dict[str, Any]) -> None:
     """``model_options`` name only options of built-in model ``model`` (a config file's
     ``[model]`` also accepts, and ignores, keys older models took; a keyword argument is

@@ -34,6 +34,7 @@ from fedsub.models.base import Model, SliceableModel, Task
 from fedsub.models.module_tables import TableSpec
 from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
 from fedsub.runs import experiment, run_setup
+from fedsub.runs.initial_model import StartFile
 from fedsub.sharding.model_file import WrittenModel
 from fedsub.submodel.params import Params
 from fedsub.vocabulary import RUN_FLAGS, spoken_as
@@ -198,6 +199,7 @@ def train(
     algorithm_options: Mapping[str, Mapping[str, Any]] | None = None,
     loss: Loss | None = None,
     task: Task | None = None,
+    initial_model: str | os.PathLike[str] | None = None,
     **train_options: Any,
 ) -> TrainResult:
     """Train ``model`` on ``data`` with one algorithm and return its ``TrainResult``.
@@ -215,6 +217,11 @@ def train(
       batch mean of a per-sample loss, and the task (``"binary"``, ``"multiclass"``,
       ``"regression"``), when the outputs' shape does not tell them (see
       ``models/torch_module.py: wrap``);
+    - ``initial_model``: a ``model.safetensors`` fedsub wrote (a run folder's, or a
+      result's ``model_file``) to start from instead of the seeded initial draw (a warm
+      start: its tensors are round 0's model; server state and the round count start
+      afresh); refused before training, naming every tensor that differs, when it is not a
+      model of this model's names, shapes and dtypes;
     - ``train_options``: ``[train]`` and ``[eval]`` keys (``rounds``, ``clients_per_round``,
       ``local_steps``, ``batch_size``, ``lr``, ``seed``, ``every``, ...) and the
       ``[execution]`` / ``[privacy]`` / ``[masking]`` keys by their former ``[train]`` names
@@ -252,6 +259,7 @@ def train(
         algorithm_options,
         loss,
         task,
+        initial_model,
         train_options,
         arguments.train_terms("algorithm"),
     )
@@ -268,6 +276,7 @@ def compare(
     algorithm_options: Mapping[str, Mapping[str, Any]] | None = None,
     loss: Loss | None = None,
     task: Task | None = None,
+    initial_model: str | os.PathLike[str] | None = None,
     **train_options: Any,
 ) -> Comparison:
     """Train ``model`` on ``data`` with each of ``algorithms``, from the same initial model
@@ -295,6 +304,7 @@ def compare(
         algorithm_options,
         loss,
         task,
+        initial_model,
         train_options,
         arguments.train_terms(),
     )
@@ -309,12 +319,14 @@ def _compare(
     algorithm_options: Any,
     loss: Any,
     task: Any,
+    initial_model: Any,
     train_options: Mapping[str, Any],
     terms: Mapping[str, str],
 ) -> Comparison:
     """``compare``'s work for ``train`` and ``compare``: the arguments checked, the config
     built and checked by config.py, errors in the caller's ``terms``."""
     options = arguments.mapping(model_options, "model_options", "{'embedding_dim': 4}")
+    start = _start_file(initial_model)
     per_algorithm = arguments.tables_of(algorithm_options)
     trained = {name.split("@")[0] for name in algorithms}  # fedavg@scheme2 reads fedavg's
     unused = [name for name in per_algorithm if name not in trained]
@@ -332,8 +344,17 @@ def _compare(
         dtype = dtype if isinstance(dtype, str) and dtype in ("float32", "float64") else None
         given = _model_of(model, dataset, tables, options, loss, task, dtype)
         config = config_of(train_options, algorithms, per_algorithm, given, model_table)
-        outcome = experiment.compare(config, None, dataset=dataset, model=given)
+        outcome = experiment.compare(
+            config, None, dataset=dataset, model=given, initial_model=start
+        )
     return Comparison.of(outcome)
+
+
+def _start_file(initial_model: Any) -> StartFile | None:
+    """``initial_model``, checked to be a path (its errors name ``--initial-model``, which
+    the Python API's terms (vocabulary.RUN_FLAGS) say as ``initial_model``)."""
+    path = arguments.model_file(initial_model, "initial_model")
+    return None if path is None else StartFile(path)
 
 
 def run(
@@ -345,6 +366,7 @@ def run(
     profile: bool = False,
     stop_requested: Callable[[], bool] | None = None,
     on_round: Callable[[str, int], None] | None = None,
+    initial_model: str | os.PathLike[str] | None = None,
 ) -> Comparison:
     """Run a config as ``fedsub compare`` does (``fedsub run`` is the one-algorithm case):
     every algorithm of ``train.algorithms`` on the config's data, model and schedule.
@@ -359,7 +381,9 @@ def run(
     - ``profile``: time each round's phases (``Comparison.profiles``);
     - ``stop_requested``: asked after every round; True stops the run with a checkpoint
       (``engine.loop.Interrupted`` is raised; resume it later);
-    - ``on_round(algorithm, round)``: called after every round.
+    - ``on_round(algorithm, round)``: called after every round;
+    - ``initial_model``: start every algorithm from this model file (``train``'s
+      ``initial_model``); a resume gives the same file (its bytes) again.
 
     Examples:
         >>> import fedsub
@@ -378,6 +402,7 @@ def run(
             profile=profile,
             stop_requested=stop_requested,
             on_round=on_round,
+            initial_model=initial_model,
         )
 
 
@@ -390,6 +415,7 @@ def run_config(
     profile: bool = False,
     stop_requested: Callable[[], bool] | None = None,
     on_round: Callable[[str, int], None] | None = None,
+    initial_model: str | os.PathLike[str] | None = None,
 ) -> Comparison:
     """``run`` with the run-folder errors in the command line's terms (``--overwrite``,
     ``--resume DIR``, ``--out``): what ``fedsub run`` / ``fedsub compare`` call."""
@@ -398,6 +424,7 @@ def run_config(
     for name, value in (("resume", resume), ("overwrite", overwrite), ("profile", profile)):
         arguments.flag(value, name)
     stop, on_round = arguments.run_callbacks(stop_requested, on_round)
+    start = _start_file(initial_model)
     folder = None
     if text is not None:
         check_folder_text(text, "out")
@@ -405,7 +432,9 @@ def run_config(
     elif resume or overwrite:
         flag = "resume" if resume else "overwrite"
         raise ArgumentError(f"{flag}=True acts on a run folder: give it as out=")
-    outcome = experiment.compare(config, folder, on_round, resume, stop, overwrite, profile=profile)
+    outcome = experiment.compare(
+        config, folder, on_round, resume, stop, overwrite, profile=profile, initial_model=start
+    )
     return Comparison.of(outcome)
 
 

@@ -23,6 +23,7 @@ RUN_FLAGS = {
     r"--overwrite": "overwrite=True",
     r"--out(?: runs/NAME)?": "out=",
     r"--profile": "profile=True",
+    r"--initial-model": "initial_model",
 }
 
 

@@ -87,6 +87,10 @@ TEXT_OPTIONS = {
     "data_path": ("--data-path", "the dataset's file or folder"),
     "url": ("--url", "the mirror's address, or leave it out for the official one"),
     "checksum": ("--checksum", "sha256:<hex> or md5:<hex>, or leave it out for the pin"),
+    "initial_model": (
+        "--initial-model",
+        "a model.safetensors fedsub wrote, or leave it out for the seeded initial draw",
+    ),
 }
 
 
@@ -118,9 +122,10 @@ def _compare(args: argparse.Namespace, algorithms: list[str] | None) -> int:
                 overwrite=args.overwrite,
                 profile=args.profile,
                 stop_requested=stop_requested,
+                initial_model=args.initial_model,
             )
     except _interrupted() as stopped:
-        return _say_how_to_resume(args.command, stopped, out, stop_requested)
+        return _say_how_to_resume(args.command, stopped, out, stop_requested, args.initial_model)
     print(result.markdown, end="")
     if result.profiles:
         print("\nwhere the rounds' time went (profile.json in each algorithm's folder):")
@@ -189,16 +194,21 @@ def _which_process() -> str:
 
 
 def _say_how_to_resume(
-    command: str, stopped: Interrupted, out: Path, stop: Callable[[], bool] | None = None
+    command: str,
+    stopped: Interrupted,
+    out: Path,
+    stop: Callable[[], bool] | None = None,
+    initial_model: str | None = None,
 ) -> int:
     """Exit 128 + the signal that stopped the run (130 Ctrl-C, 143 SIGTERM), saying how to
-    resume it."""
+    resume it (with the model file it started from, when it did)."""
     signum = stop.signum if isinstance(stop, _StopRequest) and stop.signum else signal.SIGINT
     if not distributed.from_environment().writes:
         return 128 + signum
+    again = "" if initial_model is None else f" --initial-model {shlex.quote(initial_model)}"
     print(
         f"fedsub: stopped after round {stopped.round}; checkpoint {stopped.checkpoint}. "
-        f"Resume with: fedsub {command} --resume {out}",
+        f"Resume with: fedsub {command} --resume {out}{again}",
         file=sys.stderr,
     )
     return 128 + signum
@@ -376,6 +386,12 @@ def _sweep(args: argparse.Namespace, algorithms: list[str] | None) -> int:
     """A sweep, or (``--resume DIR`` of a sweep's folder) the rest of one."""
     from fedsub.runs.experiment import sweep, sweep_config
 
+    if args.initial_model is not None:
+        raise ConfigError(
+            "--initial-model starts one comparison from a model file; a sweep (--sweep, or "
+            "--resume of a sweep's folder) starts every value from the seeded initial draw: "
+            "drop --initial-model, or run each value as its own `fedsub compare`"
+        )
     plan = _sweep_plan(args, algorithms)
     out, key, values, base, where = plan.out, plan.key, plan.values, plan.base, plan.where
     for value in values:  # every value valid before training
@@ -674,6 +690,14 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="replace the run already in --out: only what that run wrote is removed (after "
             "this run's first round; a run that fails before it leaves the old one in place)",
+        )
+        p.add_argument(
+            "--initial-model",
+            metavar="FILE",
+            help="start from this model.safetensors (a run folder's, written by fedsub) "
+            "instead of the seeded initial draw: a warm start (server state, heat and the "
+            "round count start afresh); every algorithm starts from it; checked against the "
+            "model before anything is written; give it again with --resume",
         )
         p.add_argument(
             "--profile",

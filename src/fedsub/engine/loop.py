@@ -47,6 +47,7 @@ from fedsub.numerics.float32 import ieee_float32
 from fedsub.profiling import ROUND, timed
 from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.initial import sharded_init
+from fedsub.sharding.model_file import WrittenModel
 from fedsub.sharding.rounds import ShardedTables, ShardParams, agree, all_rejected
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -436,6 +437,29 @@ def stop_for_budget(
         evaluate_now()
 
 
+def round_zero(
+    model: Model, algorithm: Algorithm, schedule: Schedule, start: WrittenModel | None
+) -> tuple[Params, placement.HostTables | None, ShardedTables | None]:
+    """Round 0's model where the run keeps it (whole on the device, its tables on the host,
+    or this process's rows under row sharding), with the host tables or the tables' partition
+    when so kept: the seeded draw, its values replaced by the model file ``start``'s."""
+    host, sharded = None, None
+    params: Params
+    execution = schedule.execution
+    if execution.table_sharding == "rows":
+        params, sharded = start_sharded(model, algorithm, schedule)
+    elif execution.table_placement == "host":  # drawn on the host, the tables never leave it
+        on_host = dataclasses.replace(execution, device=placement.HOST)
+        drawn = initial_params(model, dataclasses.replace(schedule, execution=on_host))
+        params = placement.place(drawn, execution.device)
+        host = placement.HostTables.of(algorithm, execution.device)
+    else:
+        params = initial_params(model, schedule)
+    if start is not None:  # copied in place: each tensor stays where the run keeps it
+        start.read_into(params)
+    return params, host, sharded
+
+
 def run_rounds(
     model: Model,
     algorithm: Algorithm,
@@ -446,33 +470,25 @@ def run_rounds(
     on_evaluation: Callable[[Evaluation], None] | None = None,
     on_round: Callable[[int], None] | None = None,
     control: RunControl | None = None,
+    start: WrittenModel | None = None,
 ) -> Params:
     """Run ``schedule.rounds`` rounds of ``algorithm`` in process; evaluate at round 0, every
     ``eval_every`` rounds and at the last round. Returns the final global model.
 
-    With ``control.resume`` the run continues after the checkpoint's round and ends with the
-    same model and evaluations as an uninterrupted run. Under torchrun with [dp] every process
-    adds the same noise (dp/mechanism.py draws it on the host from a generator keyed by seed
-    and round, after the gather), so the processes' models stay equal."""
+    Round 0's model is the seeded draw, or (``start``) a model file's values (a warm start;
+    checked against the model by runs/initial_model.py). With ``control.resume`` the run
+    continues after the checkpoint's round and ends with the same model and evaluations as an
+    uninterrupted run. Under torchrun with [dp] every process adds the same noise
+    (dp/mechanism.py draws it on the host from a generator keyed by seed and round, after the
+    gather), so the processes' models stay equal."""
     control = control or RunControl()
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
     if algorithm.whole_model:  # every client trains (and sends) every row (exact SCAFFOLD)
         index = SubmodelIndex.whole_model(dataset)
-    host, sharded = None, None
-    params: Params
-    execution = schedule.execution
-    if execution.table_sharding == "rows":
-        params, sharded = start_sharded(model, algorithm, schedule)
-        if evaluator is not None:
-            evaluator = sharded_evaluator(evaluator, sharded)
-    elif execution.table_placement == "host":  # drawn on the host, the tables never leave it
-        on_host = dataclasses.replace(execution, device=placement.HOST)
-        drawn = initial_params(model, dataclasses.replace(schedule, execution=on_host))
-        params = placement.place(drawn, execution.device)
-        host = placement.HostTables.of(algorithm, execution.device)
-    else:
-        params = initial_params(model, schedule)
+    params, host, sharded = round_zero(model, algorithm, schedule, start)
+    if sharded is not None and evaluator is not None:
+        evaluator = sharded_evaluator(evaluator, sharded)
     private = None if sharded is not None else private_rounds(algorithm, schedule, params)
     if private is not None and control.on_private_rounds is not None:
         control.on_private_rounds(private)

@@ -45,7 +45,6 @@ from fedsub.flower.federated_eval import (
     node_report,
 )
 from fedsub.flower.heat_exchange import HeatReport, Transcript, answer_heat
-from fedsub.flower.initial_model import starting_params
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.private_download import downloads_privately, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
@@ -58,10 +57,11 @@ from fedsub.flower.secure_rows import (
     keep_deltas,
 )
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
-from fedsub.flower.settings import OUT_DIR_FLAGS, FlowerSettings
+from fedsub.flower.settings import INITIAL_MODEL, OUT_DIR_FLAGS, FlowerSettings
 from fedsub.numerics.float32 import ieee_float32
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.privacy.requested_rows import local_submodel, reply_record
+from fedsub.runs.initial_model import starting_params
 from fedsub.runs.report import JsonLines, write_atomic
 from fedsub.runs.run_identity import (
     StartedWith,
@@ -324,7 +324,9 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         config = run.config
         name = settings.algorithm_name(config)
         # round 0's model, a model file checked before the out-dir is touched
-        start = starting_params(run.model, run.schedule, settings.deployment.initial_model)
+        start = starting_params(
+            run.model, run.schedule, settings.deployment.initial_model, INITIAL_MODEL
+        )
         claim = claim_out_dir(settings)
         failed = True
         try:

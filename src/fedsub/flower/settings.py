@@ -15,13 +15,14 @@ from fedsub.algorithms.schemes import SCHEMES
 from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
-from fedsub.flower.initial_model import model_file_digest
 from fedsub.flower.runtime import FLOWER
 from fedsub.keys import check_spelled, parse_spelled
 from fedsub.privacy.levels import heat_source_for
+from fedsub.runs.initial_model import described
 
 Payload = Literal["submodel", "full"]
 WHERE = "Flower run config"
+INITIAL_MODEL = f"{WHERE}: initial-model"  # how errors about the model file name it
 # How the run config names the out-dir and its options (run_folder's messages use them).
 OUT_DIR_FLAGS = Flags(
     folder="out-dir",
@@ -169,10 +170,7 @@ class FlowerSettings:
             f"{config_text}\n# flower\nalgorithm = {algorithm!r}\n"
             f"payload = {self.payload!r}\nheat-refresh-every = {self.nodes.heat_refresh_every}\n"
         )
-        if self.deployment.initial_model:
-            digest = model_file_digest(self.deployment.initial_model)
-            text += f"initial-model = 'sha256:{digest}'\n"
-        return text
+        return described(text, self.deployment.initial_model, INITIAL_MODEL)
 
     def fedsub_config(self) -> Config:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)

@@ -50,6 +50,7 @@ from fedsub.privacy import levels as privacy_levels
 from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
+from fedsub.runs.initial_model import RECORD, StartFile, check_resumed_start
 from fedsub.runs.report import (
     JsonLines,
     MetricsLog,
@@ -63,6 +64,7 @@ from fedsub.runs.report import (
     write_atomic,
 )
 from fedsub.runs.run_identity import (
+    IN_CONFIG_FILE,
     claim_folder,
     newest_checkpoint,
     resumed_identity,
@@ -214,6 +216,7 @@ class AlgorithmRun:
     # where the time of each round goes (per phase), written to profile.json (``--profile``)
     profile: RoundProfile | None = None
     label: str = ""  # the progress bar's prefix of this run's name (a sweep's value)
+    start: WrittenModel | None = None  # round 0's model from a file (a warm start), or drawn
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
@@ -269,6 +272,7 @@ class AlgorithmRun:
                 on_evaluation=lambda evaluation: self._record(log, evaluation),
                 on_round=None if on_round is None else (lambda r: on_round(self.name, r)),
                 control=control,
+                start=self.start,
             )
         except Diverged as error:
             LOG.warning("%s", error)
@@ -319,10 +323,16 @@ def compare(
     *,
     dataset: FederatedDataset | None = None,
     model: Model | None = None,
+    initial_model: StartFile | None = None,
 ) -> Outcome:
     """Train every algorithm of the comparison and write the run's outputs (``out_dir``
     None: write nothing, e.g. from Python, where ``dataset`` and ``model`` may be given in
     memory instead of the config's ``[data]`` and ``[model]``).
+
+    ``initial_model``: every algorithm's round-0 model is that file's (a warm start,
+    runs/initial_model.py), checked before anything is written: a missing or unreadable file
+    before the folder is claimed, a file that is not the run's model before its run.json;
+    its digest is part of the run's identity, and a resume must give the same bytes.
 
     ``profile``: time each round's phases (fedsub/profiling.py) into each algorithm's
     profile.json and the outcome's ``profiles`` (on a GPU the device is synchronized at every
@@ -340,13 +350,16 @@ def compare(
     Under torchrun every process runs this (each reads the folder when resuming), trains its
     share of each cohort, and only process 0 checks and writes the folder."""
     config = with_resolved_paths(config)
+    if initial_model is not None:
+        initial_model.opened()  # a missing or unreadable file, before the folder is claimed
     if out_dir is None:
         if resume:
             raise ConfigError("resume continues a run in its folder: give the folder")
         with _fits_in_memory(dataset):
             return _compare_in(
-                config, None, None, on_round, False, stop_requested, label, profile, dataset, model
-            )
+                config, None, None, on_round, False, stop_requested, label, profile,
+                dataset=dataset, model=model, initial_model=initial_model,
+            )  # fmt: skip
     if dataset is not None or model is not None:
         raise ConfigError(
             "a run folder records the config that made the run, so a run written to "
@@ -360,8 +373,9 @@ def compare(
     try:
         with _fits_in_memory(None):
             outcome = _compare_in(
-                config, out_dir, claim, on_round, resume, stop_requested, label, profile
-            )
+                config, out_dir, claim, on_round, resume, stop_requested, label, profile,
+                initial_model=initial_model,
+            )  # fmt: skip
         failed = False
     except Interrupted:  # stopped after a round, with a checkpoint: a run to resume
         failed = False
@@ -421,19 +435,24 @@ def _compare_in(
     stop_requested: Callable[[], bool],
     label: str,
     profile: bool = False,
+    *,
     dataset: FederatedDataset | None = None,
     model: Model | None = None,
+    initial_model: StartFile | None = None,
 ) -> Outcome:
     """``compare`` in its folder, held by ``claim`` (None: a process that writes nothing;
     ``out_dir`` None: no folder at all)."""
     config_text = config_lib.to_toml(config)
+    started = IN_CONFIG_FILE if initial_model is None else initial_model.started_with()
     names = algorithms_to_run(config)
     if resume and out_dir is not None:
-        identity = resumed_identity(out_dir, config_text)
+        check_resumed_start(out_dir, initial_model)
+        identity = resumed_identity(out_dir, config_text, started)
         points = {n: resume_point(n, out_dir / n, identity) for n in names}
     if claim is not None:
         check_free_space(claim.folder)
     setup = prepare(config, dataset, model)
+    start = None if initial_model is None else initial_model.check(setup.model, setup.schedule)
     processes = distributed.join(setup.schedule.execution.device)
     if (
         setup.schedule.execution.table_sharding == "rows" and processes.split
@@ -441,12 +460,7 @@ def _compare_in(
         setup = dataclasses.replace(setup, context=setup.context.sharded(processes))
     distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
-        manifest = {"outputs": comparison_outputs(names)}
-        identity = (
-            start_run(claim, config_text, manifest)
-            if claim is not None
-            else new_identity(config_text)  # stamps nothing: this process writes no file
-        )
+        identity = _new_run(claim, config_text, names, initial_model)
         points = {n: ResumePoint() for n in names}
     if claim is not None:
         _write_data_records(setup, claim.folder)
@@ -476,6 +490,7 @@ def _compare_in(
             _reported(label, trained),
             RoundProfile(synchronizer(setup.schedule.execution.device)) if profile else None,
             label,
+            start,
         )
         histories[name], divergence, final = _train_algorithm(run, setup, config)
         if divergence is not None:
@@ -489,6 +504,21 @@ def _compare_in(
     if claim is not None:
         _write_summary(config, setup, histories, diverged, claim.folder, result, markdown)
     return Outcome(result, markdown, out_dir, diverged, profiles, histories, finals, setup.model)
+
+
+def _new_run(
+    claim: Claim | None, config_text: str, names: list[str], initial_model: StartFile | None
+) -> RunIdentity:
+    """A new run's identity, written to its folder's run.json (``claim``; with the model
+    file it starts from, when it does); a process that writes nothing only stamps with it."""
+    started = IN_CONFIG_FILE
+    manifest: dict[str, object] = {"outputs": comparison_outputs(names)}
+    if initial_model is not None:
+        started = initial_model.started_with()
+        manifest[RECORD] = initial_model.record()
+    if claim is None:
+        return new_identity(started.describe(config_text))
+    return start_run(claim, config_text, manifest, started)
 
 
 def synchronizer(device: torch.device) -> Callable[[], None] | None:

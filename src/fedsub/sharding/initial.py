@@ -94,6 +94,19 @@ def rows_of_randn(shape: tuple[int, ...], keep: range, kwargs: dict[str, Any]) -
     return kept
 
 
+def drawn_shapes(
+    init: Callable[[torch.Generator], Params], generator: Callable[[], torch.Generator]
+) -> Params:
+    """``init(generator())`` with every ``torch.randn`` on the meta device: the model's
+    tensors' names, shapes and dtypes without the memory of the tables it draws that way
+    (what checking a model file needs, runs/initial_model.py); drawn whole when that fails."""
+    try:
+        with _OnMeta():
+            return init(generator())
+    except Exception:
+        return init(generator())
+
+
 def sharded_init(
     init: Callable[[torch.Generator], Params],
     generator: Callable[[], torch.Generator],

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from fedsub import distributed
@@ -79,6 +80,23 @@ class WrittenModel:
     def load(self) -> Params:
         """The whole model, read from the file (on the CPU)."""
         return Params.from_state_dict(load_file(str(self.path)))
+
+    def read_into(self, params: Params) -> Params:
+        """``params`` (a model as drawn, whole or a process's ``ShardParams``) holding the
+        file's values instead, copied in place one tensor at a time (the model's order of
+        tensors, devices and host placement kept); a process's share reads only its rows.
+        The file must hold every tensor, of the model's shapes (runs/initial_model.py checks)."""
+        with safe_open(str(self.path), "pt") as handle:
+            for table, value in params.tables.items():
+                rows = handle.get_slice(f"table.{table}")
+                if isinstance(params, ShardParams):
+                    mine = params.partitions[table].range_of(params.rank)
+                    value.copy_(rows[mine.start : mine.stop])
+                else:
+                    value.copy_(rows[:])
+            for name, value in params.dense.items():
+                value.copy_(handle.get_tensor(f"dense.{name}"))
+        return params
 
 
 def write_final_model(folder: Path | None, params: ShardParams) -> WrittenModel:
