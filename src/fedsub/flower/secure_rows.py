@@ -44,7 +44,7 @@ from fedsub.flower.heat_exchange import (
     int_list_field,
     number_field,
 )
-from fedsub.flower.records import record_of
+from fedsub.flower.records import read_submodel, record_of, submodel_record
 from fedsub.privacy import secure_sum
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
@@ -55,6 +55,7 @@ from fedsub.privacy.sparse_secagg import (
     decode_sums,
     encode_client,
 )
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 LOG = logging.getLogger("fedsub")
@@ -73,11 +74,9 @@ def keep_deltas(
     round_index: int,
 ) -> None:
     """After training in round ``round_index``: the node's deltas wait in its state for the
-    secure sum."""
-    tensors = {f"rows.{t}": r for t, r in rows.items()}
-    tensors.update({f"table.{t}": d for t, d in table_deltas.items()})
-    tensors.update({f"dense.{n}": d for n, d in dense_deltas.items()})
-    context.state[PENDING] = ArrayRecord(tensors)
+    secure sum (as a submodel record: its rows, their deltas, the dense deltas)."""
+    deltas = Params(dict(table_deltas), dict(dense_deltas))
+    context.state[PENDING] = submodel_record(dict(rows), deltas)
     context.state[PENDING_ROUND] = ConfigRecord({"round": round_index})
 
 
@@ -179,7 +178,7 @@ def answer_secure_rows(
     def vector(request: ConfigRecord) -> np.ndarray:
         if PENDING not in context.state:
             raise FedsubError(f"{who}: asked to mask deltas before training")
-        flat = record_of(context.state, PENDING, ArrayRecord).to_torch_state_dict()
+        rows, deltas = read_submodel(record_of(context.state, PENDING, ArrayRecord))
         trained_in = int(
             number_field(record_of(context.state, PENDING_ROUND, ConfigRecord), "round", int, who)
         )
@@ -196,11 +195,7 @@ def answer_secure_rows(
             )
             units = weighting.units(0, count)
             a = weighting.coefficient(units)
-        part: dict[str, dict[str, torch.Tensor]] = {"rows": {}, "table": {}, "dense": {}}
-        for key, value in flat.items():
-            kind, _, name = key.partition(".")
-            part[kind][name] = value
-        tables, dense = part["table"], part["dense"]
+        tables, dense = deltas.tables, deltas.dense
         union = {
             t: np.asarray(int_list_field(request, f"union.{t}", who), dtype=np.int64)
             for t in tables
@@ -211,7 +206,7 @@ def answer_secure_rows(
             {n: tuple(d.shape) for n, d in dense.items()},
         )
         values = slots.client_values(
-            {t: r.numpy() for t, r in part["rows"].items()},
+            {t: r.numpy() for t, r in rows.items()},
             {t: d.double().numpy() * a for t, d in tables.items()},
             {n: d.double().numpy() * a for n, d in dense.items()},
         )
