@@ -37,7 +37,14 @@ from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
 from fedsub.files.atomic_files import TEMP_PATTERN
 from fedsub.files.json_values import dumps
-from fedsub.files.run_folder import RUN_FILE, Claim, RunIdentity, checkpoint_outputs, hash_config
+from fedsub.files.run_folder import (
+    CHECKPOINTS,
+    RUN_FILE,
+    Claim,
+    RunIdentity,
+    checkpoint_outputs,
+    hash_config,
+)
 from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.costs import MeteredGrid, with_seconds
 from fedsub.flower.federated_eval import (
@@ -70,6 +77,7 @@ from fedsub.runs.run_identity import (
     resumed_identity,
     start_run,
 )
+from fedsub.runs.run_session import MODEL_FILE, checkpointed, holding, start_fresh, write_model
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.params import Params
@@ -274,19 +282,20 @@ def write_heat(
         write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
 
 
+PROGRESS = "progress.jsonl"  # every round's record, as it ends
 RUN_ID = "flower"  # Flower gives each `flwr run` a new run id: the config hash identifies it
 CONFIG_KEY = "config"  # run.json's key of the fedsub config as written
 
 # What a Flower run writes in its out-dir (its run.json manifest; files/run_folder.py).
 FLOWER_OUTPUTS = [
     RUN_FILE,
-    "progress.jsonl",
+    PROGRESS,
     "flower-result.json",
-    "model.safetensors",
+    MODEL_FILE,
     "heat.safetensors",
     "heat-transcript.json",
     TEMP_PATTERN,
-    *checkpoint_outputs("checkpoints"),
+    *checkpoint_outputs(CHECKPOINTS),
 ]
 
 
@@ -326,15 +335,10 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
         # round 0's model, a model file checked before the out-dir is touched
         start = starting_params(run.model, run.schedule, settings.deployment.initial_model)
         claim = claim_out_dir(settings)
-        failed = True
-        try:
+        with holding(claim):
             stamp = run_stamp(settings, claim, config_lib.to_toml(config), name)
             served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
             _serve(grid, settings, run, start, served, stamp, claim)
-            failed = False
-        finally:
-            if claim is not None:
-                claim.end(failed)
 
     return app
 
@@ -358,16 +362,17 @@ def run_control(settings: FlowerSettings, run: RunModel, stamp: RunIdentity) -> 
     rounds (stamped ``stamp``), the newest of them continued with ``resume``. Divergence is a
     non-finite train loss only: a Flower run has no round-0 evaluation (no node has
     registered yet) for the rising-loss rule."""
-    norm = run.config.train.max_update_norm
-    control = RunControl(max_update_norm=norm, divergence_factor=0.0, run=stamp.as_json())
-    if not settings.output.out_dir:
-        return control
-    control.checkpoints = Path(settings.output.out_dir) / "checkpoints"
-    control.checkpoint_every = settings.output.checkpoint_every
-    if settings.output.resume:
-        control.resume = latest(control.checkpoints, stamp)
-        LOG.info("resuming after round %d from %s", control.resume.round, control.resume.path)
-    return control
+    guards = RunControl(max_update_norm=run.config.train.max_update_norm, divergence_factor=0.0)
+    output = settings.output
+    if not output.out_dir:
+        return checkpointed(guards, None, 0, stamp)
+    out = Path(output.out_dir)
+    if not output.resume:  # a new run: its claim moved a replaced run's checkpoints aside
+        start_fresh(out, PROGRESS, checkpoints=False)
+        return checkpointed(guards, out, output.checkpoint_every, stamp)
+    saved = latest(out / CHECKPOINTS, stamp)
+    LOG.info("resuming after round %d from %s", saved.round, saved.path)
+    return checkpointed(guards, out, output.checkpoint_every, stamp, saved)
 
 
 def latest(folder: Path, stamp: RunIdentity) -> Checkpoint:
@@ -392,9 +397,7 @@ def _runtime(
     if settings.output.heat_transcript and privacy.source != "exact":
         observers = replace(observers, on_heat_reply=Transcript(), on_train_reply=Transcript())
     if settings.output.out_dir:
-        progress = JsonLines(Path(settings.output.out_dir) / "progress.jsonl")
-        if not settings.output.resume:
-            progress.path.unlink(missing_ok=True)
+        progress = JsonLines(Path(settings.output.out_dir) / PROGRESS)
         observers = replace(observers, on_progress=progress)
     query: dict[str, int | str] = {}
     server_test = None  # read before any node is asked: a bad file fails the run at once
@@ -476,7 +479,7 @@ def write_result(
         },
     }
     if failure is None and progress is not None:
-        write_tensors_atomic(out / "model.safetensors", runtime.params.state_dict())
+        write_model(out, runtime.params)
         result["evaluations"] = {str(e.round): e.metrics for e in progress.history}
     elif failure is not None:
         kind = "diverged" if isinstance(failure, Diverged) else "failed"
