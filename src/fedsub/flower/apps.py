@@ -1,16 +1,13 @@
-"""Flower ``ServerApp`` running fedsub's algorithms: the engine's round loop
-(engine/loop.py's ``drive``) over the Flower runtime (flower/server_runtime.py).
+"""Flower ``ServerApp`` running fedsub's algorithms: the engine's round loop over the Flower
+runtime (flower/server_runtime.py); the nodes' ``make_client_app`` (flower/client_app.py) is
+importable from here too.
 
 The ServerApp sizes the model from the config and the spec (flower/run_model.py) and never
 reads a client's samples: index sets and sample counts come from the nodes' query replies,
-evaluation is federated (the nodes report sums on their held-out samples,
-flower/federated_eval.py), plus an optional ``server-test-file`` the server reads with the
-spec. What it keeps in its out-dir is flower/out_dir.py's; the nodes' side is
-flower/client_app.py's (``make_client_app``, importable from here too).
-
-Pass ``FlowerSettings`` to the factories to fix the settings in code (tests, scripts);
-without them they are read from the run config (``flwr run ... --run-config``).
-"""
+evaluation is federated (flower/federated_eval.py), plus an optional ``server-test-file`` the
+server reads with the spec. ``FlowerSettings`` given to the factories fix the settings in code
+(tests, scripts); without them they are read from the run config (``flwr run ...
+--run-config``)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""Flower ``ClientApp``: a node's side of fedsub's algorithms.
-
-Each node trains on its own data (flower/node_data.py: its own file read with the run's
-feature spec, or a partition of a fedsub dataset), answers the ServerApp's queries (its
-registration, its rows or private download request, a private heat exchange's and secure
-row sum's stages) and evaluates the rows it receives on its own held-out samples
-(flower/federated_eval.py): no sample leaves the node.
-
-Pass ``FlowerSettings`` to ``make_client_app`` to fix the settings in code (tests, scripts);
-without them they are read from the run config (``flwr run ... --run-config``).
-"""
+"""Flower ``ClientApp``: a node's side of fedsub's algorithms. It answers the ServerApp's
+queries, trains the rows it receives on its own data (flower/node_data.py) and evaluates them
+on its held-out samples: no sample leaves the node. ``make_client_app(FlowerSettings(...))``
+fixes the settings in code; without them they are read from the run config."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""The Flower ServerApp's out-dir: what a Flower run keeps in its folder, and how.
-
-The folder's rules are ``fedsub run``'s (files/run_folder.py, runs/run_identity.py: the
-folder claimed and held, run.json's identity and manifest, a resume checked to continue that
-run) and its session runs/run_session.py's (checkpoints, a fresh start, the model file). What
-is Flower's own: the run's config kept in run.json (``CONFIG_KEY``) and hashed with the
-Flower settings that decide the model (``started_with``), one run id for every ``flwr run``
-of a config (``RUN_ID``), ``resume = true`` refused without a checkpoint (``latest``), and
-the result (flower-result.json, heat.safetensors, heat-transcript.json).
-"""
+"""What the Flower ServerApp keeps in its out-dir. The folder's rules and session are
+``fedsub run``'s (runs/run_identity.py, runs/run_session.py); Flower's own are the config kept
+in run.json and hashed with the Flower settings that decide the model (``started_with``), one
+run id for every ``flwr run`` of a config (``RUN_ID``), ``resume = true`` refused without a
+checkpoint (``latest``) and the result (flower-result.json, heat.safetensors)."""
 
 from __future__ import annotations
 
