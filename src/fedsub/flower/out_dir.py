@@ -48,26 +48,6 @@ from fedsub.runs.run_session import MODEL_FILE, checkpointed, start_fresh, write
 LOG = logging.getLogger("fedsub")
 
 
-def write_heat(
-    out: Path,
-    report: HeatReport,
-    transcript: Transcript | None,
-    train_transcript: Transcript | None = None,
-) -> None:
-    """What the private heat exchange measured (``heat.safetensors``: per table the heat of
-    every row) and, if recorded, everything the server received: in the queries, the heat
-    exchange and the secure row sums (``replies``), and in the train replies
-    (``train_replies``)."""
-    measured = report.measured
-    tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
-    write_tensors_atomic(out / "heat.safetensors", tensors)
-    if transcript is not None:
-        recorded = {"source": measured.source, "replies": transcript.entries}
-        if train_transcript is not None:
-            recorded["train_replies"] = train_transcript.entries
-        write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
-
-
 PROGRESS = "progress.jsonl"  # every round's record, as it ends
 RUN_ID = "flower"  # Flower gives each `flwr run` a new run id: the config hash identifies it
 CONFIG_KEY = "config"  # run.json's key of the fedsub config as written
@@ -185,3 +165,23 @@ def write_result(
         kind = "diverged" if isinstance(failure, Diverged) else "failed"
         result[kind] = {"round": failure.round, "reason": failure.reason}
     write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+
+
+def write_heat(
+    out: Path,
+    report: HeatReport,
+    transcript: Transcript | None,
+    train_transcript: Transcript | None = None,
+) -> None:
+    """What the private heat exchange measured (``heat.safetensors``: per table the heat of
+    every row) and, if recorded, everything the server received: in the queries, the heat
+    exchange and the secure row sums (``replies``), and in the train replies
+    (``train_replies``)."""
+    measured = report.measured
+    tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
+    write_tensors_atomic(out / "heat.safetensors", tensors)
+    if transcript is not None:
+        recorded = {"source": measured.source, "replies": transcript.entries}
+        if train_transcript is not None:
+            recorded["train_replies"] = train_transcript.entries
+        write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")
