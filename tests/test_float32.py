@@ -65,18 +65,18 @@ def test_a_training_run_computes_in_ieee_float32_and_gives_the_settings_back():
 
 @pytest.mark.usefixtures("flower_task_identity")
 def test_a_flower_node_trains_in_ieee_float32(monkeypatch):
-    """A Flower node's local steps (flower/apps.answer_train) run under it too."""
-    from fedsub.flower import apps
+    """A Flower node's local steps (flower/client_app.answer_train) run under it too."""
+    from fedsub.flower import client_app
 
     from .test_flower_private_download import BASE, _first_round
 
-    real, inside = apps.train_submodel, []
+    real, inside = client_app.train_submodel, []
 
     def watched(*args, **kwargs):
         inside.append(settings())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(apps, "train_submodel", watched)
+    monkeypatch.setattr(client_app, "train_submodel", watched)
     before = settings()
     tf32 = ["tf32" if isinstance(v, str) else True for v in before]
     for (owner, name, _), value in zip(float32._switches(), tf32, strict=True):

@@ -25,11 +25,12 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
-from fedsub.engine.loop import Diverged, Evaluation, Interrupted, RunControl, train
+from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
+    CHECKPOINTS,
     DONE,
     RUN_FILE,
     Claim,
@@ -43,7 +44,6 @@ from fedsub.files.run_folder import (
     read_run_file,
     sweep_outputs,
 )
-from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.models.base import Model
 from fedsub.moved_keys import current_name, in_sections
 from fedsub.privacy import levels as privacy_levels
@@ -70,6 +70,7 @@ from fedsub.runs.run_identity import (
     resumed_identity,
     start_run,
 )
+from fedsub.runs.run_session import checkpointed, holding, start_fresh, write_model
 from fedsub.runs.run_setup import (
     Setup,
     checked_model,
@@ -83,6 +84,7 @@ from fedsub.sharding.rounds import ShardParams
 from fedsub.submodel.params import Params
 
 CENTRAL = "central-sgd"
+REJECTIONS = "rejections.jsonl"  # an algorithm's updates the guards rejected
 PROFILE = "profile.json"  # in an algorithm's folder, with --profile (run_folder.ALGORITHM_FILES)
 LOG = logging.getLogger("fedsub")
 
@@ -121,13 +123,6 @@ def check_free_space(out_dir: Path, needed: int = 64 * 2**20) -> None:
         )
 
 
-def _start_fresh(folder: Path) -> None:
-    """A new run of this algorithm: forget a previous run's checkpoints and completion."""
-    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    (folder / DONE).unlink(missing_ok=True)
-    (folder / "rejections.jsonl").unlink(missing_ok=True)
-
-
 @dataclass(frozen=True)
 class ResumePoint:
     """What a resume picks up for one algorithm: finished (read back), a checkpoint to
@@ -143,7 +138,7 @@ def resume_point(name: str, folder: Path, identity: RunIdentity) -> ResumePoint:
         check_done(folder, identity)
         LOG.info("resume: %s finished earlier; its results are read back from %s", name, folder)
         return ResumePoint(done=True)
-    saved = newest_checkpoint(folder / "checkpoints", identity)
+    saved = newest_checkpoint(folder / CHECKPOINTS, identity)
     if saved is None:
         LOG.info("resume: %s has no intact checkpoint; it starts from round 1", name)
         return ResumePoint()
@@ -236,8 +231,8 @@ class AlgorithmRun:
         self, model, algorithm, dataset, index, schedule, evaluator
     ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
         saved, folder = self.saved, self.folder
-        if saved is None and folder is not None:
-            _start_fresh(folder)
+        if saved is None and folder is not None:  # forget a previous run's, and completion
+            start_fresh(folder, DONE, REJECTIONS)
         earlier = [] if saved is None else [Evaluation.from_record(e) for e in saved.history]
         log: MetricsLog | _Evaluations = (
             MetricsLog(folder / "metrics.jsonl", earlier)
@@ -246,19 +241,17 @@ class AlgorithmRun:
         )
         on_reject = None
         if folder is not None:
-            rejections = JsonLines(folder / "rejections.jsonl")
+            rejections = JsonLines(folder / REJECTIONS)
             on_reject = lambda rejection: _log_rejection(self.name, rejection, rejections)  # noqa: E731
-        control = RunControl(
-            checkpoints=folder / "checkpoints" if folder is not None else None,
-            checkpoint_every=self.config.train.checkpoint_every,
+        guards = RunControl(
             max_update_norm=self.config.train.max_update_norm,
-            resume=saved,
             stop_requested=self.stop_requested,
             on_reject=on_reject,
             divergence_factor=self.config.eval.divergence_factor,
-            run=self.identity.as_json(),
             on_private_rounds=lambda private: stages.append(private),
         )
+        every = self.config.train.checkpoint_every
+        control = checkpointed(guards, folder, every, self.identity, saved)
         stages: list[PrivateRounds] = []
         on_round = self.on_round
         try:
@@ -284,7 +277,7 @@ class AlgorithmRun:
         if isinstance(final, ShardParams):  # every process writes its rows into one file
             written = write_final_model(folder, final)
         elif folder is not None:
-            write_tensors_atomic(folder / "model.safetensors", final.state_dict())
+            write_model(folder, final)
         if folder is not None:
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, written if isinstance(final, ShardParams) else final
@@ -366,24 +359,12 @@ def compare(
             f"{out_dir} reads its data and model from the config, not from memory"
         )
     writes = distributed.from_environment().writes
-    claim = None
-    if writes:
-        claim = claim_folder(out_dir, resume, overwrite)
-    failed = True
-    try:
-        with _fits_in_memory(None):
-            outcome = _compare_in(
-                config, out_dir, claim, on_round, resume, stop_requested, label, profile,
-                initial_model=initial_model,
-            )  # fmt: skip
-        failed = False
-    except Interrupted:  # stopped after a round, with a checkpoint: a run to resume
-        failed = False
-        raise
-    finally:
-        if claim is not None:
-            claim.end(failed)
-    return outcome
+    claim = claim_folder(out_dir, resume, overwrite) if writes else None
+    with holding(claim), _fits_in_memory(None):
+        return _compare_in(
+            config, out_dir, claim, on_round, resume, stop_requested, label, profile,
+            initial_model=initial_model,
+        )  # fmt: skip
 
 
 @contextmanager
@@ -684,25 +665,14 @@ def sweep(
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
     _check_every_value(key, configs)
     writes = distributed.from_environment().writes
-    claim = None
-    if writes:
-        claim = claim_folder(out_dir, resume, overwrite)
-    failed = True
-    try:
+    claim = claim_folder(out_dir, resume, overwrite) if writes else None
+    with holding(claim):
         if claim is not None:
             _open_sweep_folder(claim, key, values, base, resume)
         outcomes = _sweep_values(
             key, values, configs, out_dir, claim, on_round, resume, stop_requested, profile
         )
-        outcome = _sweep_summary(key, values, configs, outcomes, out_dir, writes)
-        failed = False
-    except Interrupted:
-        failed = False
-        raise
-    finally:
-        if claim is not None:
-            claim.end(failed)
-    return outcome
+        return _sweep_summary(key, values, configs, outcomes, out_dir, writes)
 
 
 def _sweep_summary(

@@ -1,0 +1,214 @@
+"""Flower ``ClientApp``: a node's side of fedsub's algorithms. It answers the ServerApp's
+queries, trains the rows it receives on its own data (flower/node_data.py) and evaluates them
+on its held-out samples: no sample leaves the node. ``make_client_app(FlowerSettings(...))``
+fixes the settings in code; without them they are read from the run config."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import cast
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedsub.client.transforms import Chain
+from fedsub.engine.sequential import train_submodel
+from fedsub.errors import FedsubError
+from fedsub.flower.costs import with_seconds
+from fedsub.flower.federated_eval import EVAL_INDEX, node_report
+from fedsub.flower.heat_exchange import answer_heat
+from fedsub.flower.node_data import NodeData, node_config_items, node_data
+from fedsub.flower.private_download import downloads_privately, node_request
+from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
+from fedsub.flower.secure_rows import (
+    ACTION,
+    NodeNoise,
+    answer_secure_rows,
+    empty_deltas,
+    keep_deltas,
+)
+from fedsub.flower.settings import FlowerSettings
+from fedsub.numerics.float32 import ieee_float32
+from fedsub.privacy.requested_rows import local_submodel, reply_record
+from fedsub.runs.run_setup import heat_privacy_of
+from fedsub.submodel.heat import HeatKind
+from fedsub.submodel.transfer import pull, push
+
+
+def settings_of(fixed: FlowerSettings | None, context: Context) -> FlowerSettings:
+    """The settings fixed in code (``fixed``), or else the run config's (both apps')."""
+    return fixed if fixed is not None else FlowerSettings.from_run_config(dict(context.run_config))
+
+
+def _own_data(fixed: FlowerSettings | None, context: Context) -> NodeData:
+    """This node's data (for protocol stages: its spec was checked when it registered)."""
+    return node_data(settings_of(fixed, context), node_config_items(dict(context.node_config)))
+
+
+def _node(fixed: FlowerSettings | None, context: Context, message: Message) -> NodeData:
+    """This node's data, checked against the run's feature spec named in the message."""
+    node = _own_data(fixed, context)
+    config = message.content.get("query", message.content.get("config"))
+    run_version, run_hash = 0, ""
+    if isinstance(config, ConfigRecord) and "spec-hash" in config:
+        run_version, run_hash = int(number_of(config, "spec-version")), str(config["spec-hash"])
+    node.check_spec(run_version, run_hash)
+    return node
+
+
+def answer_query(fixed: FlowerSettings | None, message: Message, context: Context) -> Message:
+    """The node's partition, and (query "index") its sample count, index sets S(k) and
+    evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
+    anyway; at privacy.level download (query "request") its download request for the
+    round instead, never S(k) (flower/private_download.py). A node whose
+    privacy.heat_source is private refuses "index": its heat goes by query.heat."""
+    node = _node(fixed, context, message)
+    k = node.client
+    query = record_of(message.content, "query", ConfigRecord)
+    what = str(query.get("what", "index"))
+    private = heat_privacy_of(node.config).source != "exact"
+    if what not in ("index", "rows", "partition", "request"):
+        raise FedsubError(f"partition {k}: unknown query {what!r}")
+    downloading = downloads_privately(node.schedule.privacy)
+    if what == "rows" and downloading:
+        raise FedsubError(
+            f"partition {k}: privacy.level = {node.config.privacy.level!r}, so this node "
+            "sends a download request (query 'request'), never its rows S(k)"
+        )
+    if what == "request" and not downloading:
+        raise FedsubError(
+            f"partition {k}: privacy.level = {node.config.privacy.level!r} draws no "
+            "private download request; ask for its rows"
+        )
+    if what == "index" and private:
+        raise FedsubError(
+            f"partition {k}: privacy.heat_source = {node.config.privacy.heat_source!r}, so "
+            "this node does not send its index sets and sample count in the clear"
+        )
+    metrics = MetricRecord({"partition-id": k})
+    content = RecordDict({"metrics": metrics})
+    if what in ("index", "rows"):
+        content["index"] = rows_record(node.rows)
+    if what == "request":  # privacy download: its request for the round, never S(k)
+        content["index"] = rows_record(node_request(node, int(number_of(query, "round"))))
+    if what == "index":
+        metrics["num-examples"] = len(node.train)
+        content[EVAL_INDEX] = rows_record(node.eval_rows())
+    return Message(content, reply_to=message)
+
+
+def answer_train(fixed: FlowerSettings | None, message: Message, context: Context) -> Message:
+    """Local steps of fedsub's client work on the submodel received; reply row deltas."""
+    settings = settings_of(fixed, context)
+    node = _own_data(fixed, context)
+    k = node.client
+    rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
+    own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
+    c = record_of(message.content, "config", ConfigRecord)
+    round_index = int(number_of(c, "round"))
+    downloading = downloads_privately(node.schedule.privacy)
+    full = not rows
+    request = node_request(node, round_index) if downloading else {}
+    if downloading:  # requested rows received, the other held rows skipped (zero)
+        pulled = local_submodel(node.rows, node.client, rows, received, request)
+    elif full:  # the whole model came: take S(k) locally
+        pulled = pull(received, own)
+    elif any(not torch.equal(rows[t], own[t]) for t in own):
+        raise FedsubError(f"partition {k}: the rows received are not this node's S(k)")
+    else:
+        pulled = received
+    chain = Chain.from_description(json.loads(str(c["chain"])))
+    samples = node.samples
+    with ieee_float32():  # float32 means float32 on a node's GPU too, as in loop.train
+        trained = train_submodel(
+            node.model,
+            pulled,
+            samples,
+            k,
+            round_index,
+            node.schedule,
+            chain,
+            float(number_of(c, "lr")),
+        )
+    update = push(k, float(len(samples)), own, pulled, trained)
+    table_deltas = update.table_deltas
+    index = None
+    dense_deltas = update.dense_deltas
+    metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
+    if downloading:  # the held rows it requested, with their ids (the others skipped)
+        kept, table_deltas = reply_record(node.rows, request, table_deltas)
+        privacy = node.schedule.privacy
+        if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
+            keep_deltas(context, kept, table_deltas, dense_deltas, round_index)
+            kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
+            del metrics["num-examples"]  # its count weights its deltas inside the sum
+        index = rows_record(kept)
+    elif full:  # reply as stock FedAvg would: the whole table
+        table_deltas = {
+            t: torch.zeros_like(received.tables[t]).index_copy_(0, own[t], d)
+            for t, d in table_deltas.items()
+        }
+    if settings.replies.train_delay:
+        time.sleep(settings.replies.train_delay)
+    content = RecordDict({"arrays": deltas_record(table_deltas, dense_deltas), "metrics": metrics})
+    if index is not None:
+        content["index"] = index
+    return Message(content, reply_to=message)
+
+
+def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
+    app = ClientApp()
+
+    @app.query()
+    @with_seconds
+    def report_index(message: Message, context: Context) -> Message:
+        """The node's registration or row query answer (``answer_query``)."""
+        return answer_query(fixed, message, context)
+
+    @app.query("heat")
+    def exchange_heat(message: Message, context: Context) -> Message:
+        """One stage of the private heat exchange (fedsub.flower.heat_exchange)."""
+        node = _own_data(fixed, context)
+        return answer_heat(
+            message,
+            context,
+            heat_privacy_of(node.config),
+            cast(HeatKind, node.config.train.heat),  # config.py has checked it
+            node.table_rows,
+            node.rows,
+            len(node.train),
+        )
+
+    @app.query(ACTION)
+    @with_seconds
+    def secure_rows(message: Message, context: Context) -> Message:
+        """One stage of the secure sum of row deltas (fedsub.flower.secure_rows); with [dp]
+        at level full this node adds its noisy share (distributed DP)."""
+        node = _own_data(fixed, context)
+        if node.schedule.privacy is None:
+            raise FedsubError(f"partition {node.client}: no privacy.level; refusing")
+        seeded = settings_of(fixed, context).dp_seeded_noise
+        noise = NodeNoise.of(node.config, node.client, seeded)
+        privacy, count = node.schedule.privacy, len(node.samples)
+        return answer_secure_rows(message, context, privacy, count, noise)
+
+    @app.train()
+    @with_seconds
+    def train(message: Message, context: Context) -> Message:
+        """Local steps on the submodel received (``answer_train``)."""
+        return answer_train(fixed, message, context)
+
+    @app.evaluate()
+    def evaluate(message: Message, context: Context) -> Message:
+        """Sums of the loss (and AUC histograms) of the rows received on this node's own
+        held-out and training samples: no sample leaves the node."""
+        node = _node(fixed, context, message)
+        rows, received = read_submodel(record_of(message.content, "arrays", ArrayRecord))
+        if not rows:  # the whole model came (a node that keeps its rows to itself)
+            rows = {t: torch.arange(v.shape[0]) for t, v in received.tables.items()}
+        report = node_report(node, rows, received)
+        return Message(RecordDict({"metrics": report}), reply_to=message)
+
+    return app
