@@ -38,18 +38,18 @@ class RoundRecords:
         self.current: dict[str, Any] = {}
         self.failed_in_a_row = 0
 
-    def judge(self, record: dict[str, Any], sampled: int, available: int) -> RoundFailed | None:
+    def judge(self, record: dict[str, Any]) -> RoundFailed | None:
         """Keep ``record`` as the round's; ``RoundFailed`` when fewer than ``min_replies`` of
-        the ``sampled`` clients replied (``record``'s replies and left_out say who)."""
+        its sampled clients replied (its replies, left_out and available say who)."""
         self.current = record
         if record["replies"] >= self.min_replies:
             self.failed_in_a_row = 0
             return None
         self.failed_in_a_row += 1
         reason = (
-            f"{record['replies']} of {sampled} sampled nodes replied, fewer than "
+            f"{record['replies']} of {record['sampled']} sampled nodes replied, fewer than "
             f"min-replies = {self.min_replies} (missing partitions "
-            f"{record['left_out'][:10]}; {available} client(s) available); "
+            f"{record['left_out'][:10]}; {record['available']} client(s) available); "
             f"{self.failed_in_a_row} such round(s) in a row, "
             f"max-failed-rounds = {self.max_failed_rounds}"
         )

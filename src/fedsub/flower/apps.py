@@ -115,13 +115,10 @@ def _serve(
     out-dir as it found it)."""
     control = run_control(settings, run, stamp)
     runtime = _runtime(grid, settings, run, start, served)
-    # the loop's evaluation cadence is the run config's eval-every (0: none, the last round
-    # asks and gets nothing)
-    schedule = replace(run.schedule, eval_every=settings.eval_every or run.schedule.rounds)
     failure: Diverged | RoundsFailed | None = None
     progress = None
     try:
-        progress = drive(runtime.open(control), runtime, schedule, control)
+        progress = drive(runtime.open(control), runtime, runtime.schedule, control)
     except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
         failure = error
     if claim is not None:  # a result to keep, even a failure's

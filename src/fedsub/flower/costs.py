@@ -110,11 +110,6 @@ class MeteredGrid:
                 self._round["seconds"][node] += seconds
         return replies
 
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        return self._received(self.grid.send_and_receive(self._sent(messages), timeout=timeout))
-
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         return self.grid.push_messages(self._sent(messages))
 

@@ -33,9 +33,9 @@ class FederatedEvaluation:
     round, and the global metrics from the replies (the loop keeps them by round)."""
 
     def __init__(self) -> None:
-        self.rows: dict[int, dict[str, np.ndarray]] = {}
-        # nodes that keep their rows to themselves (a private heat source): sent the whole model
-        self.whole: set[int] = set()
+        # the rows a client's evaluation reads; None: it keeps them to itself (a private heat
+        # source), and is sent the whole model
+        self.rows: dict[int, dict[str, np.ndarray] | None] = {}
         # nodes that missed their latest training round: not asked to evaluate (a dead node
         # would hold the evaluation up for the whole round timeout) until they reply again
         self.silent: set[int] = set()
@@ -43,15 +43,13 @@ class FederatedEvaluation:
     def note_replies(self, sampled: set[int], left_out: list[int]) -> None:
         self.silent = (self.silent - sampled) | set(left_out)
 
-    def learn(self, client: int, content: RecordDict) -> None:
-        """Keep a query reply's evaluation rows (a node that sent none is not evaluated)."""
-        if EVAL_INDEX not in content:
-            return
-        self.rows[client] = rows_in(record_of(content, EVAL_INDEX, ArrayRecord))
-
-    def learn_whole(self, client: int) -> None:
-        """Evaluate ``client`` on the whole model: it does not tell its rows."""
-        self.whole.add(client)
+    def learn(self, client: int, content: RecordDict | None) -> None:
+        """Keep a query reply's evaluation rows (a node that sent none is not evaluated);
+        ``None``: evaluate ``client`` on the whole model, it does not tell its rows."""
+        if content is None:
+            self.rows[client] = None
+        elif EVAL_INDEX in content:
+            self.rows[client] = rows_in(record_of(content, EVAL_INDEX, ArrayRecord))
 
     def messages(
         self, server_round: int, params: Params, node_of: dict[int, int], query: dict
@@ -61,13 +59,13 @@ class FederatedEvaluation:
         config = ConfigRecord({"round": server_round, **query})
         messages = []
         whole = None
-        for client in sorted((set(self.rows) | self.whole) - self.silent):
+        for client in sorted(set(self.rows) - self.silent):
             if client not in node_of:  # its node is offline or left out: not asked
                 continue
-            if client in self.whole:  # no rows named: the node takes its own
+            if (named := self.rows[client]) is None:  # no rows named: the node takes its own
                 submodel = whole = whole or ArrayRecord(params.state_dict())
             else:
-                rows = {t: torch.from_numpy(r) for t, r in self.rows[client].items()}
+                rows = {t: torch.from_numpy(r) for t, r in named.items()}
                 submodel = submodel_record(rows, pull(params, rows))
             content = RecordDict({"arrays": submodel, "config": config})
             messages.append(

@@ -9,79 +9,67 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedsub.engine.membership import Membership, Registration
 from fedsub.errors import FedsubError
-from fedsub.flower.records import number_of, record_of, rows_in
+from fedsub.flower.heat_exchange import Recorder
+from fedsub.flower.records import number_of, query_message, record_of, rows_in
 
 LOG = logging.getLogger("fedsub")
 NEWCOMERS_EVERY = 1.0  # seconds between two looks for new nodes while a round waits
 
 
+@dataclass
 class Registrar:
     """Registration queries in flight: sent to a node when it comes online, collected whenever
     its answer has arrived, so a node that is slow to start (or dies before answering) never
     holds a round up."""
 
-    def __init__(
-        self,
-        query: dict[str, int | str] | None = None,
-        on_reply: Callable[[int, RecordDict], None] | None = None,
-    ) -> None:
-        # what the query asks ("index", or "partition" with a private heat source) and what
-        # else it carries (the run's feature spec); on_reply sees every answer (a transcript)
-        self.query = dict(query or {"what": "index"})
-        self.on_reply = on_reply
-        self.pending: dict[int, str] = {}  # node id -> the query's message id
-        # answers pulled early (while a round waited for its replies), for the next collect
-        self.arrived: list[tuple[Registration, RecordDict]] = []
-        self.arrived_failed: list[int] = []
+    # what the query asks ("index", or "partition" with a private heat source) and what else
+    # it carries (the run's feature spec); on_reply sees every answer (a transcript)
+    query: dict[str, int | str]
+    on_reply: Recorder | None = None
+    pending: dict[int, str] = field(default_factory=dict)  # node id -> the query's message id
+    # answers pulled (maybe while a round waited for its replies), until the next collect
+    arrived: list[tuple[Registration, RecordDict]] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
 
     def awaiting(self) -> set[int]:
         """The nodes asked whose answer was not collected yet (in flight or pulled early)."""
-        return {*self.pending, *(r.node for r, _ in self.arrived), *self.arrived_failed}
+        return {*self.pending, *(r.node for r, _ in self.arrived), *self.failed}
 
     def ask(self, grid: Grid, nodes: list[int]) -> None:
-        query = [
-            Message(RecordDict({"query": ConfigRecord(dict(self.query))}), n, MessageType.QUERY)
-            for n in nodes
-        ]
-        sent = list(grid.push_messages(query))
+        sent = grid.push_messages([query_message(n, self.query) for n in nodes])
         self.pending.update(zip(nodes, sent, strict=True))
 
     def pull(self, grid: Grid) -> list[Registration]:
-        """Pull the answers that arrived and keep them for the next ``collect``; the
-        registrations among them."""
-        answers, failed = self._pull(grid)
-        self.arrived += answers
-        self.arrived_failed += failed
-        return [registration for registration, _ in answers]
-
-    def collect(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
-        """The registrations that arrived (each with the reply's content), and the nodes whose
-        query failed."""
-        answers, failed = self._pull(grid)
-        answers, failed = self.arrived + answers, self.arrived_failed + failed
-        self.arrived, self.arrived_failed = [], []
-        return answers, failed
-
-    def _pull(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
+        """Pull the answers that arrived, kept for the next ``collect``; their registrations."""
         if not self.pending:
-            return [], []
-        answers, failed = [], []
+            return []
+        answers = []
         for reply in grid.pull_messages(list(self.pending.values())):
             node = reply.metadata.src_node_id
             self.pending.pop(node, None)
             if reply.has_error():
                 LOG.warning("query: node %d failed: %s", node, reply.error.reason)
-                failed.append(node)
+                self.failed.append(node)
                 continue
             if self.on_reply is not None:
-                self.on_reply(node, reply.content)
+                self.on_reply(node, "query", reply.content)
             answers.append((registration_of(reply), reply.content))
+        self.arrived += answers
+        return [registration for registration, _ in answers]
+
+    def collect(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
+        """The registrations that arrived (each with the reply's content), and the nodes whose
+        query failed."""
+        self.pull(grid)
+        answers, failed = self.arrived, self.failed
+        self.arrived, self.failed = [], []
         return answers, failed
 
 

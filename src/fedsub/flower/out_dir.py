@@ -29,7 +29,6 @@ from fedsub.files.run_folder import (
     hash_config,
 )
 from fedsub.files.tensor_files import write_tensors_atomic
-from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.heat_exchange import HeatReport, Transcript
 from fedsub.flower.run_model import RunModel
 from fedsub.flower.server_runtime import FlowerRuntime
@@ -143,11 +142,12 @@ def write_result(
     """flower-result.json (the rounds' records, the costs, the evaluations or why the run
     failed), the model, and what a private heat source measured."""
     observers = runtime.observers
-    if runtime.heat_report is not None:
+    if runtime.heat.report is not None:
         transcript = cast(Transcript | None, observers.on_heat_reply)
         train_transcript = cast(Transcript | None, observers.on_train_reply)
-        write_heat(out, runtime.heat_report, transcript, train_transcript)
-    totals = cast(MeteredGrid, observers.meter).totals
+        write_heat(out, runtime.heat.report, transcript, train_transcript)
+    assert observers.meter is not None  # the ServerApp measures its grid
+    totals = observers.meter.totals
     result: dict[str, object] = {
         "algorithm": name,
         "payload": settings.payload,

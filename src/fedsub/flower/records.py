@@ -8,7 +8,8 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app.typing import ConfigRecordValues
 
 from fedsub.errors import FedsubError
 from fedsub.submodel.params import Params
@@ -64,6 +65,12 @@ def reply_row_ids(reply: Message, tables: Iterable[str]) -> dict[str, torch.Tens
             raise FedsubError(f"no row ids for table {table!r} in its reply")
         rows[table] = r.to(torch.int64)
     return rows
+
+
+def query_message(node: int, asked: Mapping[str, ConfigRecordValues], group: int = 0) -> Message:
+    """A "query" Message asking ``node`` what ``asked`` says (its ``what``, the run's spec)."""
+    content = RecordDict({"query": ConfigRecord(dict(asked))})
+    return Message(content, node, MessageType.QUERY, group_id=str(group) if group else None)
 
 
 def record_of(content: RecordDict, key: str, kind: type[AnyRecord]) -> AnyRecord:

@@ -8,29 +8,25 @@ import logging
 from collections.abc import Mapping
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Message
 from flwr.app.typing import ConfigRecordValues
 from flwr.serverapp import Grid
 
 from fedsub.engine.membership import Membership
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import exchange
-from fedsub.flower.private_download import downloads_privately
-from fedsub.flower.records import reply_row_ids
-from fedsub.privacy.levels import Privacy
+from fedsub.flower.records import query_message, reply_row_ids
 
 LOG = logging.getLogger("fedsub")
 
 
-def row_ids(reply: Message, tables: dict[str, int]) -> dict[str, np.ndarray] | str:
-    """A "rows" reply's S(k) per table, or why it is not one (row ids of every table)."""
-    try:
-        rows = reply_row_ids(reply, tables)
-    except FedsubError as error:
-        return str(error)
+def row_ids(reply: Message, tables: dict[str, int]) -> dict[str, np.ndarray]:
+    """A "rows" reply's S(k) per table; a ``FedsubError`` unless they are row ids of every
+    table."""
+    rows = reply_row_ids(reply, tables)
     for table, r in rows.items():
         if len(r) and not 0 <= int(r.min()) <= int(r.max()) < tables[table]:
-            return f"its rows of table {table!r} are not row ids below {tables[table]}"
+            raise FedsubError(f"its rows of table {table!r} are not row ids below {tables[table]}")
     return {t: r.numpy() for t, r in rows.items()}
 
 
@@ -41,12 +37,12 @@ class SampledRows:
     def __init__(
         self,
         membership: Membership,
-        privacy: Privacy | None,
+        downloading: bool,
         query: Mapping[str, ConfigRecordValues],
         timeout: float,
     ) -> None:
         self.membership = membership
-        self.downloading = downloads_privately(privacy)
+        self.downloading = downloading  # private download: asks each round's requests
         self.query = query  # sent with every question, e.g. the run's spec hash
         self.timeout = timeout
         self.rows: dict[int, dict[str, np.ndarray]] = {}
@@ -68,22 +64,13 @@ class SampledRows:
             return
         counted = self.membership.counted
         position = {self.membership.node_of(counted[j]): j for j in unknown}  # node -> j
-        query = [
-            Message(
-                RecordDict({"query": ConfigRecord(asked)}),
-                node,
-                MessageType.QUERY,
-                group_id=str(server_round),
-            )
-            for node in position
-        ]
+        query = [query_message(node, asked, server_round) for node in position]
         for reply in exchange(grid, query, self.timeout):
             node = reply.metadata.src_node_id
             if reply.has_error() or node not in position:
                 LOG.warning("round %d: no rows from node %d", server_round, node)
                 continue
-            rows = row_ids(reply, self.membership.tables)
-            if isinstance(rows, str):  # left out of the round, like a node that failed
-                LOG.warning("round %d: node %d: %s", server_round, node, rows)
-                continue
-            self.rows[position[node]] = rows
+            try:
+                self.rows[position[node]] = row_ids(reply, self.membership.tables)
+            except FedsubError as error:  # left out of the round, like a node that failed
+                LOG.warning("round %d: node %d: %s", server_round, node, error)

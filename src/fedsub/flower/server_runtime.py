@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import INFO
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from fedsub.engine.round_runtime import RoundFailed
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.errors import FedsubError
+from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import Recorder, collect_heat
@@ -38,8 +39,8 @@ from fedsub.flower.private_download import download_combine, downloads_privately
 from fedsub.flower.row_queries import SampledRows
 from fedsub.flower.secure_rows import SecureRows
 from fedsub.flower.settings import FlowerSettings
-from fedsub.flower.train_round import ReplyReader, reply_partition, train_messages
-from fedsub.privacy.heat_report import HeatReport, PrivateHeatStage
+from fedsub.flower.train_round import ReplyReader, train_messages
+from fedsub.privacy.heat_report import PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
@@ -49,12 +50,6 @@ from fedsub.submodel.transfer import ClientUpdate, CohortUpdate
 LOG = logging.getLogger("fedsub")
 PRIVATE_HEAT = "private_heat"  # the checkpoint stage of a private heat source's measurement
 POPULATION = "population"  # the checkpoint stage of the registered clients
-
-
-class RoundMeter(Protocol):
-    """What a round cost since the last call, over its sampled nodes (flower/costs.py)."""
-
-    def take(self, nodes: Iterable[int]) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +69,7 @@ class Observers:
     on_progress: Callable[[dict], None] | None = None
     on_heat_reply: Recorder | None = None
     on_train_reply: Recorder | None = None
-    meter: RoundMeter | None = None
+    meter: MeteredGrid | None = None
 
 
 class FlowerRuntime:
@@ -93,7 +88,9 @@ class FlowerRuntime:
         observers: Observers | None = None,
         server_test: Callable[[Params], dict[str, float]] | None = None,
     ) -> None:
-        self.grid, self.params, self.served, self.schedule = grid, params, served, schedule
+        self.grid, self.params, self.served = grid, params, served
+        # the loop evaluates every eval-every rounds (0: none, the last round asks, gets none)
+        self.schedule = replace(schedule, eval_every=settings.eval_every or schedule.rounds)
         self.settings = settings
         self.privacy = privacy or HeatPrivacy()
         self.query = dict(query or {})  # every message carries it: the run's feature spec
@@ -103,27 +100,23 @@ class FlowerRuntime:
         replies = settings.replies
         self.timeout = replies.round_timeout  # every wave of Messages waits as long
         self.records = RoundRecords(replies.min_replies, replies.max_failed_rounds)
-        self.heat_report: HeatReport | None = None  # what a private heat source measured
+        self.heat = PrivateHeatStage(self.privacy.source)  # what a private source measured
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
         private = self.privacy.source != "exact"
         query = {"what": "partition" if private else "index", **self.query}
         self.joining = Joining(
             self.membership,
-            Registrar(query, on_reply=self._heard),
+            Registrar(query, self.observers.on_heat_reply),
             settings.nodes.min_nodes,
             settings.nodes.node_wait,
             self._registered,
         )
-        self.sampled = SampledRows(self.membership, schedule.privacy, self.query, self.timeout)
+        downloading = downloads_privately(schedule.privacy)
+        self.sampled = SampledRows(self.membership, downloading, self.query, self.timeout)
         self.index: SubmodelIndex | None = None  # exact heat: the counted clients' S(k)
         # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
         self.counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
-        self.reader = ReplyReader(
-            self._rows_of,
-            downloads_privately(schedule.privacy),
-            settings.payload,
-            self.counts_secret,
-        )
+        self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
         self._available = 0  # clients that could be sampled this round
 
     # --- the population ----------------------------------------------------------------
@@ -142,7 +135,7 @@ class FlowerRuntime:
                         f"{saved.path}: no private heat saved (written before private runs "
                         "could resume); start the run again"
                     )
-                self._heat_stage().load_state_tensors(saved.stages[PRIVATE_HEAT])
+                self.heat.load_state_tensors(saved.stages[PRIVATE_HEAT])
         algorithm, sizes = self._algorithm()
         index = self.index if self.index is not None else SubmodelIndex({}, {})
         combine = self._combine(algorithm)
@@ -152,7 +145,7 @@ class FlowerRuntime:
         rounds.on_reject = self._log_rejection
         rounds.more_stages[POPULATION] = self.membership
         if self.privacy.source != "exact":
-            rounds.more_stages[PRIVATE_HEAT] = self._heat_stage()
+            rounds.more_stages[PRIVATE_HEAT] = self.heat
         return rounds
 
     def available(self, round_index: int, rounds: ServerRound) -> np.ndarray:
@@ -172,15 +165,10 @@ class FlowerRuntime:
         return available
 
     def _registered(self, registration: Registration, content: RecordDict) -> None:
-        if self.privacy.source != "exact":  # its evaluation gets the whole model
+        private = self.privacy.source != "exact"  # its evaluation gets the whole model
+        if private:
             self.sampled.forget(registration.partition)  # a new node: ask its rows
-            self.evaluation.learn_whole(registration.partition)
-        else:
-            self.evaluation.learn(registration.partition, content)
-
-    def _heard(self, node: int, content: RecordDict) -> None:
-        if self.observers.on_heat_reply is not None:
-            self.observers.on_heat_reply(node, "query", content)
+        self.evaluation.learn(registration.partition, None if private else content)
 
     def _algorithm(self) -> tuple[Algorithm, Population]:
         """The algorithm over the counted population (heat n_m, N, sample counts). With a
@@ -203,7 +191,7 @@ class FlowerRuntime:
         """The algorithm's context from the private heat exchange with every counted node:
         no S(k), no per-client sample count (their total comes with the heat)."""
         tables = dict(self.membership.tables)
-        if self.heat_report is None:  # resumed: from the checkpoint
+        if self.heat.report is None:  # resumed: from the checkpoint
             nodes = {k: self.membership.node_of(k) for k in self.membership.counted}
             report = collect_heat(
                 self.grid,
@@ -221,7 +209,7 @@ class FlowerRuntime:
                     f"partition(s) {missing[:10]}; every registered partition must be in the "
                     "heat"
                 )
-            self.heat_report = report
+            self.heat.report = report
         # The server does not know the clients' sample counts: uniform sampling reads only
         # how many clients there are (settings.algorithm_name refuses schemes needing them).
         counts = np.ones(len(self.membership.counted), dtype=np.int64)
@@ -231,7 +219,7 @@ class FlowerRuntime:
             self.served.heat,
             self.schedule.clients_per_round,
             self.privacy,
-            measured=self.heat_report.measured,
+            measured=self.heat.report.measured,
         )
 
     def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
@@ -254,12 +242,6 @@ class FlowerRuntime:
             self.schedule.dp,
         )
         return secure.combine
-
-    def _heat_stage(self) -> PrivateHeatStage:
-        def put(report: HeatReport) -> None:
-            self.heat_report = report
-
-        return PrivateHeatStage(self.privacy.source, lambda: self.heat_report, put)
 
     def _rows_of(self, client: int) -> dict[str, torch.Tensor]:
         """Client ``client``'s S(k) per table (its position in ``counted``; exact: from its
@@ -310,7 +292,7 @@ class FlowerRuntime:
             lambda: self.joining.ask_newcomers(self.grid),
         )
         updates, received = self._read(r, replies, sent_to)
-        return self._cohort_update(plan, updates, sent, received)
+        return self._cohort_update(plan, updates, nodes, sent, received)
 
     def _read(
         self, r: int, replies: Iterable[Message], sent_to: dict[int, int]
@@ -325,44 +307,47 @@ class FlowerRuntime:
                 continue
             if self.observers.on_train_reply is not None:
                 self.observers.on_train_reply(node, "train", reply.content)
-            client, partition = sent_to.get(node), reply_partition(reply)
-            if client is None or self.membership.counted[client] != partition:
-                LOG.warning(
-                    "round %d: unexpected reply from node %d (partition %d)", r, node, partition
-                )
+            client = sent_to.get(node)
+            if client is None:
+                LOG.warning("round %d: unexpected reply from node %d", r, node)
                 continue
             try:
-                updates[client], size = self.reader.update(reply, client)
+                partition = self.membership.counted[client]
+                updates[client], size = self.reader.update(reply, client, partition)
             except FedsubError as error:  # left out, like a node that failed
-                LOG.warning("round %d: %s", r, error)
+                LOG.warning("round %d: node %d: %s", r, node, error)
                 continue
             received += size
         return updates, received
 
     def _cohort_update(
-        self, plan: RoundPlan, updates: dict[int, ClientUpdate], sent: int, received: int
+        self,
+        plan: RoundPlan,
+        updates: dict[int, ClientUpdate],
+        nodes: list[int],
+        sent: int,
+        received: int,
     ) -> CohortUpdate | RoundFailed:
-        """The round's record, and its update (the replies in cohort order) or failure."""
-        cohort, counted, r = plan.cohort, self.membership.counted, plan.round
-        position = {int(j): m for m, j in enumerate(cohort.clients)}
-        missing = sorted(set(position) - set(updates))
-        left_out = [counted[j] for j in missing]
-        for j in missing:  # name the node and its partition: the operator's next step
-            node = self.membership.node_of(counted[j])
+        """The round's record (``nodes``: the cohort's; ``sent``, ``received``: the bytes of its
+        train arrays), and its update (the replies in cohort order) or failure."""
+        clients, counted, r = plan.cohort.clients.tolist(), self.membership.counted, plan.round
+        left_out = [counted[j] for j in sorted(set(clients) - set(updates))]
+        for k in left_out:  # name the node and its partition: the operator's next step
+            node = self.membership.node_of(k)
             LOG.warning(
                 "round %d: no update from node %d (partition %d): left out until it answers",
                 r,
                 node,
-                counted[j],
+                k,
             )
             self.joining.leave_out(node)
-        self.evaluation.note_replies(set(counted[j] for j in position), left_out)
+        self.evaluation.note_replies({counted[j] for j in clients}, left_out)
         record = {
             "round": r,
             "available": self._available,
-            "sampled": len(position),
-            "clients": [counted[j] for j in cohort.clients.tolist()],
-            "nodes": [self.membership.node_of(counted[j]) for j in cohort.clients.tolist()],
+            "sampled": len(clients),
+            "clients": [counted[j] for j in clients],
+            "nodes": nodes,
             "replies": len(updates),
             "left_out": left_out,
             # the model arrays of the round's train messages, summed over the cohort
@@ -374,12 +359,12 @@ class FlowerRuntime:
             "bytes_received": received,
             "updated": False,
         }
-        failed = self.records.judge(record, len(position), self._available)
+        failed = self.records.judge(record)
         if failed is not None:
             return failed
-        ordered = [updates[k] for k in sorted(updates, key=position.__getitem__)]
-        multiplicity = torch.from_numpy(cohort.multiplicity[[position[u.client] for u in ordered]])
-        return CohortUpdate.from_clients(ordered, multiplicity)
+        kept = [m for m, j in enumerate(clients) if j in updates]
+        multiplicity = torch.from_numpy(plan.cohort.multiplicity[kept])
+        return CohortUpdate.from_clients([updates[clients[m]] for m in kept], multiplicity)
 
     def close_round(self, round_index: int, updated: bool, diverged: str | None) -> None:
         """Keep the round's record (with its costs), report it; stop the run after
@@ -395,9 +380,9 @@ class FlowerRuntime:
     # --- evaluation and records ----------------------------------------------------------
     def evaluate(self, round_index: int, params: Params) -> dict[str, float] | None:
         """The federated metrics after the round (not at privacy full: a node's sums name
-        its sample counts) and the server's own test file's, when due; round 0 has none."""
-        every, last = self.settings.eval_every, self.schedule.rounds  # every 0: never
-        if round_index == 0 or not every or (round_index % every and round_index < last):
+        its sample counts) and the server's own test file's; round 0 (no node has registered
+        yet) and a run with eval-every = 0 have none."""
+        if round_index == 0 or not self.settings.eval_every:
             return None
         metrics: dict[str, float] = {}
         if not self.counts_secret:

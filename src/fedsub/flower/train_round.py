@@ -15,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsub.engine.server_round import RoundPlan
+from fedsub.errors import FedsubError
 from fedsub.flower.private_download import reply_rows
 from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
 from fedsub.flower.settings import Payload
@@ -58,10 +59,12 @@ class ReplyReader:
     payload: Payload
     counts_secret: bool
 
-    def update(self, reply: Message, client: int) -> tuple[ClientUpdate, int]:
-        """The client's update from its reply, and the bytes of the reply's arrays; a
-        ``FedsubError`` when the reply cannot be read (the node is then left out)."""
+    def update(self, reply: Message, client: int, partition: int) -> tuple[ClientUpdate, int]:
+        """The update of ``client`` (``partition``) from its reply, and the bytes of the reply's
+        arrays; a ``FedsubError`` when the reply cannot be read (the node is then left out)."""
         metrics = record_of(reply.content, "metrics", MetricRecord)
+        if (said := int(number_of(metrics, "partition-id"))) != partition:
+            raise FedsubError(f"a train reply from partition {said}, sent to partition {partition}")
         deltas_in = record_of(reply.content, "arrays", ArrayRecord)
         deltas = read_deltas(deltas_in)
         rows = {t: r for t, r in self.rows_of(client).items() if t in deltas.tables}
@@ -76,9 +79,3 @@ class ReplyReader:
             weight = float(number_of(metrics, "num-examples"))
         update = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         return update, deltas_in.count_bytes()
-
-
-def reply_partition(reply: Message) -> int:
-    """The partition a train reply says it is from."""
-    metrics = record_of(reply.content, "metrics", MetricRecord)
-    return int(number_of(metrics, "partition-id"))

@@ -14,7 +14,6 @@ deltas last one round.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,18 +31,14 @@ class HeatReport:
 
 
 class PrivateHeatStage:
-    """A ``Stateful`` view of the runtime's heat report (read with ``get``, set with ``put``)."""
+    """The runtime's heat report (None until measured or restored), a ``Stateful``."""
 
-    def __init__(
-        self,
-        source: str,
-        get: Callable[[], HeatReport | None],
-        put: Callable[[HeatReport], None],
-    ) -> None:
-        self.source, self.get, self.put = source, get, put
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.report: HeatReport | None = None
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        report = self.get()
+        report = self.report
         if report is None:
             raise ValueError("private heat: nothing measured yet to checkpoint")
         measured = report.measured
@@ -68,4 +63,4 @@ class PrivateHeatStage:
         }
         measured = MeasuredHeat(self.source, heat, float(total), int(clients), float(lowest))
         contributors = tuple(int(n) for n in tensors["contributors"].tolist())
-        self.put(HeatReport(measured, contributors))
+        self.report = HeatReport(measured, contributors)
