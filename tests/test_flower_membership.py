@@ -19,7 +19,7 @@ from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import RunIdentity, hash_config
-from fedsub.flower.out_dir import RUN_ID, latest
+from fedsub.flower.apps import RUN_ID, latest
 from fedsub.flower.records import deltas_record, read_submodel, record_of
 from fedsub.flower.server_runtime import FlowerRuntime, Served
 from fedsub.flower.settings import FlowerSettings, Nodes, Replies

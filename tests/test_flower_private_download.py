@@ -377,7 +377,7 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     checkpoint (no second exchange)."""
     from fedsub.engine.loop import RunControl, drive
     from fedsub.files.run_folder import RunIdentity, hash_config
-    from fedsub.flower.out_dir import RUN_ID, latest
+    from fedsub.flower.apps import RUN_ID, latest
     from fedsub.flower.server_runtime import Observers
 
     overrides = (*BASE, *FULL, *RANDOMIZED, "train.rounds=4")

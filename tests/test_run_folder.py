@@ -320,7 +320,7 @@ def test_resume_with_an_out_naming_another_folder_is_refused(tmp_path, tiny, cap
 def _manifests() -> dict[str, list[str]]:
     """Every run kind's manifest of outputs, as its run.json lists them."""
     from fedsub.files.run_folder import comparison_outputs, sweep_outputs
-    from fedsub.flower.out_dir import FLOWER_OUTPUTS
+    from fedsub.flower.apps import FLOWER_OUTPUTS
 
     return {
         "comparison": comparison_outputs(["<algorithm>"]),

@@ -1,47 +1,89 @@
-"""Flower ``ServerApp`` running fedsub's algorithms: the engine's round loop over the Flower
-runtime (flower/server_runtime.py); the nodes' ``make_client_app`` (flower/client_app.py) is
-importable from here too.
+"""Flower ``ServerApp`` running fedsub's algorithms, and what it keeps in its out-dir: the
+engine's round loop over the Flower runtime (flower/server_runtime.py); the nodes'
+``make_client_app`` (flower/client_app.py) is importable from here too.
 
 The ServerApp sizes the model from the config and the spec (flower/run_model.py) and never
 reads a client's samples: index sets and sample counts come from the nodes' query replies,
 evaluation is federated (flower/federated_eval.py), plus an optional ``server-test-file`` the
 server reads with the spec. ``FlowerSettings`` given to the factories fix the settings in code
 (tests, scripts); without them they are read from the run config (``flwr run ...
---run-config``)."""
+--run-config``).
+
+The out-dir's rules and session are ``fedsub run``'s (runs/run_identity.py,
+runs/run_session.py); Flower's own are the config kept in run.json and hashed with the Flower
+settings that decide the model (``started_with``), one run id for every ``flwr run`` of a
+config (``RUN_ID``), ``resume = true`` refused without a checkpoint (``latest``) and the result
+(flower-result.json, heat.safetensors)."""
 
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
+import torch
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
+from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
-from fedsub.engine.loop import drive
-from fedsub.engine.round_records import RoundsFailed
+from fedsub.engine.loop import Progress, RunControl, drive
+from fedsub.engine.round_records import RoundsFailed, run_costs
 from fedsub.engine.server_round import Diverged
 from fedsub.errors import FedsubError
-from fedsub.files.run_folder import Claim
+from fedsub.files.atomic_files import TEMP_PATTERN
+from fedsub.files.json_values import dumps
+from fedsub.files.run_folder import (
+    CHECKPOINTS,
+    RUN_FILE,
+    Claim,
+    RunIdentity,
+    checkpoint_outputs,
+    hash_config,
+)
+from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.client_app import make_client_app, settings_of
 from fedsub.flower.costs import MeteredGrid
-from fedsub.flower.heat_exchange import Transcript
-from fedsub.flower.out_dir import PROGRESS, claim_out_dir, run_control, run_stamp, write_result
+from fedsub.flower.heat_exchange import HeatReport, Transcript
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
-from fedsub.flower.settings import INITIAL_MODEL, FlowerSettings
+from fedsub.flower.settings import INITIAL_MODEL, OUT_DIR_FLAGS, FlowerSettings
+from fedsub.privacy.levels import Privacy, describe
 from fedsub.runs.initial_model import starting_params
-from fedsub.runs.report import JsonLines
-from fedsub.runs.run_identity import RunIdentity
-from fedsub.runs.run_session import holding
+from fedsub.runs.report import JsonLines, write_atomic
+from fedsub.runs.run_identity import (
+    StartedWith,
+    claim_folder,
+    newest_checkpoint,
+    resumed_identity,
+    start_run,
+)
+from fedsub.runs.run_session import MODEL_FILE, checkpointed, holding, start_fresh, write_model
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.params import Params
 
 __all__ = ["make_client_app", "make_server_app"]
+LOG = logging.getLogger("fedsub")
+
+PROGRESS = "progress.jsonl"  # every round's record, as it ends
+RUN_ID = "flower"  # Flower gives each `flwr run` a new run id: the config hash identifies it
+CONFIG_KEY = "config"  # run.json's key of the fedsub config as written
+
+# What a Flower run writes in its out-dir (its run.json manifest; files/run_folder.py).
+FLOWER_OUTPUTS = [
+    RUN_FILE,
+    PROGRESS,
+    "flower-result.json",
+    MODEL_FILE,
+    "heat.safetensors",
+    "heat-transcript.json",
+    TEMP_PATTERN,
+    *checkpoint_outputs(CHECKPOINTS),
+]
 
 
 def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
@@ -49,37 +91,54 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        """Build the run from the run config (the model's sizes, the algorithm, which run the
-        out-dir holds), then serve it (``_serve``)."""
-        settings = settings_of(fixed, context)
-        run = run_model(settings)  # sizes only: the server reads no client's samples
-        config = run.config
-        name = settings.algorithm_name(config)
-        # round 0's model, a model file checked before the out-dir is touched
-        start = starting_params(
-            run.model, run.schedule, settings.deployment.initial_model, INITIAL_MODEL
-        )
-        claim = claim_out_dir(settings)
-        with holding(claim):
-            stamp = run_stamp(settings, claim, config_lib.to_toml(config), name)
-            served = Served(name, config.algorithm_options(name), cast(HeatKind, config.train.heat))
-            _serve(grid, settings, run, start, served, stamp, claim)
+        _serve(grid, settings_of(fixed, context))
 
     return app
 
 
+def _serve(grid: Grid, settings: FlowerSettings) -> None:
+    """The ServerApp's run: the model's sizes (the server reads no client's samples) and the
+    algorithm from the run config, the out-dir claimed, the engine's round loop over the
+    Flower runtime, then the result (a run that fails before it has a result leaves the
+    out-dir as it found it)."""
+    run = run_model(settings)
+    name = settings.algorithm_name(run.config)
+    # round 0's model, a model file checked before the out-dir is touched
+    start = starting_params(
+        run.model, run.schedule, settings.deployment.initial_model, INITIAL_MODEL
+    )
+    claim = claim_out_dir(settings)
+    with holding(claim):
+        stamp = run_stamp(settings, claim, config_lib.to_toml(run.config), name)
+        control = run_control(settings, run, stamp)
+        runtime = _runtime(grid, settings, run, start, name)
+        failure: Diverged | RoundsFailed | None = None
+        progress = None
+        try:
+            progress = drive(runtime.open(control), runtime, runtime.schedule, control)
+        except (Diverged, RoundsFailed) as error:  # the run fails; the result says why
+            failure = error
+        if claim is not None:  # a result to keep, even a failure's
+            claim.training_started()
+        if out := settings.output.out_dir:
+            write_result(Path(out), runtime, progress, failure)
+        if failure is not None:  # the ServerApp exits with an error: the run did not succeed
+            raise FedsubError(f"Flower: {failure}") from failure
+
+
 def _runtime(
-    grid: Grid, settings: FlowerSettings, run: RunModel, start: Params, served: Served
+    grid: Grid, settings: FlowerSettings, run: RunModel, start: Params, name: str
 ) -> FlowerRuntime:
-    """The run's Flower runtime from round 0's model ``start``: its nodes through ``grid``,
-    measured (flower/costs.py)."""
+    """The run's Flower runtime of algorithm ``name`` from round 0's model ``start``: its nodes
+    through ``grid``, measured (flower/costs.py)."""
     privacy = heat_privacy_of(run.config)
-    observers = Observers(meter=MeteredGrid(grid))
-    if settings.output.heat_transcript and privacy.source != "exact":
-        observers = replace(observers, on_heat_reply=Transcript(), on_train_reply=Transcript())
-    if settings.output.out_dir:
-        progress = JsonLines(Path(settings.output.out_dir) / PROGRESS)
-        observers = replace(observers, on_progress=progress)
+    transcripts = settings.output.heat_transcript and privacy.source != "exact"
+    out = settings.output.out_dir
+    observers = Observers(
+        on_progress=JsonLines(Path(out) / PROGRESS) if out else None,
+        transcript=Transcript() if transcripts else None,
+        meter=MeteredGrid(grid),
+    )
     query: dict[str, int | str] = {}
     server_test = None  # read before any node is asked: a bad file fails the run at once
     if run.spec is not None:  # every node checks its spec against the run's
@@ -88,10 +147,11 @@ def _runtime(
             samples = run.spec.encode(Path(settings.deployment.server_test_file))
             server_test = functools.partial(server_test_metrics, run.model, samples=samples)
     min_nodes = settings.nodes.min_nodes or run.num_clients
+    heat = cast(HeatKind, run.config.train.heat)
     return FlowerRuntime(
         cast(Grid, observers.meter),  # a Grid: its methods, measured (flower/costs.py)
         start,
-        served,
+        Served(name, run.config.algorithm_options(name), heat),
         run.schedule,
         replace(settings, nodes=replace(settings.nodes, min_nodes=min_nodes)),
         privacy,
@@ -101,29 +161,116 @@ def _runtime(
     )
 
 
-def _serve(
-    grid: Grid,
-    settings: FlowerSettings,
-    run: RunModel,
-    start: Params,
-    served: Served,
-    stamp: RunIdentity,
-    claim: Claim | None,
+def claim_out_dir(settings: FlowerSettings) -> Claim | None:
+    """The out-dir, held for the run (run_folder's rules, as ``fedsub run``), or None."""
+    if not settings.output.out_dir:
+        return None
+    output = settings.output
+    return claim_folder(Path(output.out_dir), output.resume, output.overwrite, OUT_DIR_FLAGS)
+
+
+def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:
+    """How an out-dir keeps the config its run was started with: in run.json, its identity
+    the hash of the config's description with the Flower settings that decide the model."""
+    return StartedWith(
+        key=CONFIG_KEY,
+        describe=functools.partial(settings.description, algorithm=algorithm),
+        settings=(
+            " with this run config's algorithm, payload, heat-refresh-every and initial-model "
+            "(the file's bytes)"
+        ),
+        flags=OUT_DIR_FLAGS,
+    )
+
+
+def run_stamp(settings: FlowerSettings, claim: Claim | None, text: str, name: str) -> RunIdentity:
+    """The stamp of the run's checkpoints: its config hash (runs/run_identity.py; ``text``, the
+    fedsub config as written), a resumed run's after checking that the config given is that
+    run's, a new run's written to its out-dir (``claim``)."""
+    started = started_with(settings, name)
+    if claim is None:
+        return RunIdentity(RUN_ID, hash_config(started.describe(text)))
+    if settings.output.resume:
+        identity = resumed_identity(claim.folder, text, started)
+    else:
+        identity = start_run(claim, text, {"kind": "flower", "outputs": FLOWER_OUTPUTS}, started)
+    return RunIdentity(RUN_ID, identity.config_hash)
+
+
+def run_control(settings: FlowerSettings, run: RunModel, stamp: RunIdentity) -> RunControl:
+    """How the loop keeps a Flower run safe: checkpoints in out-dir every checkpoint-every
+    rounds (stamped ``stamp``), the newest of them continued with ``resume``. Divergence is a
+    non-finite train loss only: a Flower run has no round-0 evaluation (no node has
+    registered yet) for the rising-loss rule."""
+    guards = RunControl(max_update_norm=run.config.train.max_update_norm, divergence_factor=0.0)
+    output = settings.output
+    if not output.out_dir:
+        return checkpointed(guards, None, 0, stamp)
+    out = Path(output.out_dir)
+    if not output.resume:  # a new run: its claim moved a replaced run's checkpoints aside
+        start_fresh(out, PROGRESS, checkpoints=False)
+        return checkpointed(guards, out, output.checkpoint_every, stamp)
+    saved = latest(out / CHECKPOINTS, stamp)
+    LOG.info("resuming after round %d from %s", saved.round, saved.path)
+    return checkpointed(guards, out, output.checkpoint_every, stamp, saved)
+
+
+def latest(folder: Path, stamp: RunIdentity) -> Checkpoint:
+    """The newest intact checkpoint in ``folder`` of the run ``stamp``: a resumed Flower run
+    has one to continue (``resume = true`` with none is refused)."""
+    saved = newest_checkpoint(folder, stamp, OUT_DIR_FLAGS)
+    if saved is None:
+        raise FedsubError(
+            f"Flower run config: resume = true, but {folder} holds no checkpoint "
+            "(set checkpoint-every > 0 in the run to resume, or drop resume to start over)"
+        )
+    return saved
+
+
+def write_result(
+    out: Path,
+    runtime: FlowerRuntime,
+    progress: Progress | None,
+    failure: Diverged | RoundsFailed | None,
 ) -> None:
-    """The ServerApp's run, its out-dir held by ``claim``: the engine's round loop over the
-    Flower runtime, then the result (a run that fails before it has a result leaves the
-    out-dir as it found it)."""
-    control = run_control(settings, run, stamp)
-    runtime = _runtime(grid, settings, run, start, served)
-    failure: Diverged | RoundsFailed | None = None
-    progress = None
-    try:
-        progress = drive(runtime.open(control), runtime, runtime.schedule, control)
-    except (Diverged, RoundsFailed) as error:  # the run fails; the result says why, no model
-        failure = error
-    if claim is not None:  # a result to keep, even a failure's
-        claim.training_started()
-    if out := settings.output.out_dir:
-        write_result(Path(out), settings, run, served.name, runtime, progress, failure)
-    if failure is not None:  # the ServerApp exits with an error: the run did not succeed
-        raise FedsubError(f"Flower: {failure}") from failure
+    """flower-result.json (the rounds' records, the costs, the evaluations or why the run
+    failed), the model, and what a private heat source measured."""
+    observers = runtime.observers
+    if runtime.heat.report is not None:
+        write_heat(out, runtime.heat.report, observers.transcript)
+    assert observers.meter is not None  # the ServerApp measures its grid
+    result: dict[str, object] = {
+        "algorithm": runtime.served.name,
+        "payload": runtime.settings.payload,
+        "succeeded": failure is None,
+        "rounds": runtime.rounds,
+        "costs": {
+            **describe(runtime.schedule.privacy or Privacy()),
+            **run_costs(runtime.rounds, observers.meter.totals),
+        },
+    }
+    if failure is None and progress is not None:
+        write_model(out, runtime.params)
+        result["evaluations"] = {str(e.round): e.metrics for e in progress.history}
+    elif failure is not None:
+        kind = "diverged" if isinstance(failure, Diverged) else "failed"
+        result[kind] = {"round": failure.round, "reason": failure.reason}
+    write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+
+
+def write_heat(out: Path, report: HeatReport, transcript: Transcript | None) -> None:
+    """What the private heat exchange measured (``heat.safetensors``: per table the heat of
+    every row) and, if recorded, everything the server received: in the queries, the heat
+    exchange and the secure row sums (``replies``), and in the train replies
+    (``train_replies``)."""
+    measured = report.measured
+    tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
+    write_tensors_atomic(out / "heat.safetensors", tensors)
+    if transcript is not None:
+        entries = transcript.entries
+        recorded = {
+            "source": measured.source,
+            "replies": [e for e in entries if e["stage"] != "train"],
+            "train_replies": [e for e in entries if e["stage"] == "train"],
+        }
+        write_atomic(out / "heat-transcript.json", dumps(recorded) + "\n")

@@ -81,10 +81,8 @@ class MeteredGrid:
             "wall": time.monotonic(),
         }
 
-    def __getattr__(self, name: str) -> Any:  # everything else is the grid's own
-        if name == "grid":  # not set yet (e.g. a copy being built): no recursion
-            raise AttributeError(name)
-        return getattr(self.grid, name)
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
 
     def _sent(self, messages: Iterable[Message]) -> list[Message]:
         messages = list(messages)

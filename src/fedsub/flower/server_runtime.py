@@ -33,7 +33,7 @@ from fedsub.errors import FedsubError
 from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
-from fedsub.flower.heat_exchange import Recorder, collect_heat
+from fedsub.flower.heat_exchange import Transcript, collect_heat
 from fedsub.flower.joining import Joining, Registrar
 from fedsub.flower.private_download import download_combine, downloads_privately
 from fedsub.flower.row_queries import SampledRows
@@ -64,11 +64,11 @@ class Served:
 @dataclass(frozen=True)
 class Observers:
     """Who sees what the run does: progress lines (``progress.jsonl``), every reply of the
-    queries and heat exchange and every train reply (transcripts), the costs."""
+    queries, the heat exchange, the secure row sums and the training (the transcript), the
+    costs."""
 
     on_progress: Callable[[dict], None] | None = None
-    on_heat_reply: Recorder | None = None
-    on_train_reply: Recorder | None = None
+    transcript: Transcript | None = None
     meter: MeteredGrid | None = None
 
 
@@ -106,7 +106,7 @@ class FlowerRuntime:
         query = {"what": "partition" if private else "index", **self.query}
         self.joining = Joining(
             self.membership,
-            Registrar(query, self.observers.on_heat_reply),
+            Registrar(query, self.observers.transcript),
             settings.nodes.min_nodes,
             settings.nodes.node_wait,
             self._registered,
@@ -200,7 +200,7 @@ class FlowerRuntime:
                 self.served.heat,
                 tables,
                 self.timeout,
-                self.observers.on_heat_reply,
+                self.observers.transcript,
             )
             missing = sorted(k for k, n in nodes.items() if n not in report.contributors)
             if missing:
@@ -229,7 +229,7 @@ class FlowerRuntime:
         privacy, aggregation = self.schedule.privacy, algorithm.aggregation
         if privacy is None or not privacy.secure_aggregation:
             return download_combine(aggregation, privacy)
-        nodes, on_reply = PositionNodes(self.membership), self.observers.on_heat_reply
+        nodes, on_reply = PositionNodes(self.membership), self.observers.transcript
         requests = lambda: self.sampled.rows  # noqa: E731  (this round's, when it combines)
         secure = SecureRows(
             self.grid,
@@ -305,8 +305,8 @@ class FlowerRuntime:
             if reply.has_error():
                 LOG.warning("round %d: node %d failed: %s", r, node, reply.error.reason)
                 continue
-            if self.observers.on_train_reply is not None:
-                self.observers.on_train_reply(node, "train", reply.content)
+            if self.observers.transcript is not None:
+                self.observers.transcript(node, "train", reply.content)
             client = sent_to.get(node)
             if client is None:
                 LOG.warning("round %d: unexpected reply from node %d", r, node)

@@ -3,7 +3,7 @@ the folder, a resumed run's read back and checked against the config it was star
 and the checkpoint it continues from, checked to be that run's.
 
 ``fedsub run``/``compare`` (runs/experiment.py) and the Flower ServerApp's out-dir
-(flower/out_dir.py) both follow these rules on top of files/run_folder.py; what differs between
+(flower/apps.py) both follow these rules on top of files/run_folder.py; what differs between
 them is one ``StartedWith``: where the folder keeps the config text (config.toml, or a key of
 run.json), what the run's config hash covers (the text as written, or with the Flower
 settings that also decide the model) and how the runtime names its options in messages.

@@ -3,7 +3,7 @@ where its checkpoints go and which one it continues, what a fresh start forgets 
 attempt, and the trained model written.
 
 ``fedsub run``/``compare`` (runs/experiment.py: one folder per algorithm) and the Flower
-ServerApp's out-dir (flower/out_dir.py) both keep their runs this way, around the one round loop
+ServerApp's out-dir (flower/apps.py) both keep their runs this way, around the one round loop
 (engine/loop.py's ``drive``); which run a folder holds is runs/run_identity.py's. What differs
 on purpose stays with the runtime: ``compare --resume`` starts an algorithm with no intact
 checkpoint from round 1 (its other algorithms may have finished), a Flower run with
