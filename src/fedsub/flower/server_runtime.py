@@ -42,6 +42,7 @@ from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.train_round import ReplyReader, train_messages
 from fedsub.privacy.heat_report import PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
+from fedsub.privacy.heat_vectors import MeasuredHeat
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -102,8 +103,8 @@ class FlowerRuntime:
         self.records = RoundRecords(replies.min_replies, replies.max_failed_rounds)
         self.heat = PrivateHeatStage(self.privacy.source)  # what a private source measured
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
-        private = self.privacy.source != "exact"
-        query = {"what": "partition" if private else "index", **self.query}
+        self.private = self.privacy.source != "exact"  # no S(k) registered, a heat exchange
+        query = {"what": "partition" if self.private else "index", **self.query}
         self.joining = Joining(
             self.membership,
             Registrar(query, self.observers.transcript),
@@ -112,8 +113,13 @@ class FlowerRuntime:
             self._registered,
         )
         downloading = downloads_privately(schedule.privacy)
+        # a round asks its sampled nodes for their rows: a private heat source (no S(k)
+        # registered), or a private download (their requests; exact heat under [dp] at levels
+        # download and full registers S(k) all the same, run_setup.heat_privacy_of)
+        self.asks_rows = self.private or downloading
         self.sampled = SampledRows(self.membership, downloading, self.query, self.timeout)
-        self.index: SubmodelIndex | None = None  # exact heat: the counted clients' S(k)
+        # exact heat: the counted clients' S(k), from their registrations (private: none)
+        self.index = SubmodelIndex({}, {})
         # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
         self.counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
         self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
@@ -129,7 +135,7 @@ class FlowerRuntime:
             self.membership.refresh()
         else:
             self.membership.load_state_tensors(saved.stages[POPULATION])
-            if self.privacy.source != "exact":
+            if self.private:
                 if PRIVATE_HEAT not in saved.stages:
                     raise FedsubError(
                         f"{saved.path}: no private heat saved (written before private runs "
@@ -137,14 +143,13 @@ class FlowerRuntime:
                     )
                 self.heat.load_state_tensors(saved.stages[PRIVATE_HEAT])
         algorithm, sizes = self._algorithm()
-        index = self.index if self.index is not None else SubmodelIndex({}, {})
         combine = self._combine(algorithm)
         rounds = build_server_round(
-            algorithm, sizes, index, self.schedule, self.params, combine, control
+            algorithm, sizes, self.index, self.schedule, self.params, combine, control
         )
         rounds.on_reject = self._log_rejection
         rounds.more_stages[POPULATION] = self.membership
-        if self.privacy.source != "exact":
+        if self.private:
             rounds.more_stages[PRIVATE_HEAT] = self.heat
         return rounds
 
@@ -155,7 +160,7 @@ class FlowerRuntime:
         due = (round_index - 1) % self.settings.nodes.heat_refresh_every == 0
         # under [dp] the population counted at round 1 stays (the accountant's sampling rate
         # and the mechanism's fixed denominator are over it): a later client is not sampled
-        fixed = rounds.dp is not None or self.privacy.source != "exact"
+        fixed = rounds.dp is not None or self.private
         if self.membership.stale() and due and not fixed:
             self.membership.refresh()
             algorithm, sizes = self._algorithm()
@@ -165,40 +170,44 @@ class FlowerRuntime:
         return available
 
     def _registered(self, registration: Registration, content: RecordDict) -> None:
-        private = self.privacy.source != "exact"  # its evaluation gets the whole model
-        if private:
-            self.sampled.forget(registration.partition)  # a new node: ask its rows
-        self.evaluation.learn(registration.partition, None if private else content)
+        if self.private:  # a new node: ask its rows; its evaluation gets the whole model
+            self.sampled.forget(registration.partition)
+        self.evaluation.learn(registration.partition, None if self.private else content)
 
     def _algorithm(self) -> tuple[Algorithm, Population]:
         """The algorithm over the counted population (heat n_m, N, sample counts). With a
         private heat source the heat comes from the private exchange with the counted nodes
-        (or from a checkpoint), and no per-client sample count is known."""
-        if self.privacy.source != "exact":
-            context = self._private_context()
+        (or from a checkpoint), and no S(k) and no per-client sample count is known: uniform
+        sampling reads only how many clients there are (settings.algorithm_name refuses
+        schemes needing them)."""
+        counted, measured = self.membership.counted, None
+        if self.private:
+            measured = self._measured_heat()
+            sizes = ClientSizes(dict(self.membership.tables), np.ones(len(counted), np.int64))
         else:
-            self.index = self.membership.index()
-            context = AlgorithmContext(
-                self.membership.sizes(),
-                self.index,
-                self.served.heat,
-                self.schedule.clients_per_round,
-            )
+            self.index, sizes = self.membership.index(), self.membership.sizes()
+        context = AlgorithmContext(
+            sizes,
+            self.index,
+            self.served.heat,
+            self.schedule.clients_per_round,
+            self.privacy,
+            measured=measured,
+        )
         algorithm = build_algorithm(self.served.name, context, self.served.options)
         return algorithm, context.dataset
 
-    def _private_context(self) -> AlgorithmContext:
-        """The algorithm's context from the private heat exchange with every counted node:
-        no S(k), no per-client sample count (their total comes with the heat)."""
-        tables = dict(self.membership.tables)
-        if self.heat.report is None:  # resumed: from the checkpoint
+    def _measured_heat(self) -> MeasuredHeat:
+        """The heat of the private exchange with every counted node (once: a resumed run's
+        comes from its checkpoint)."""
+        if self.heat.report is None:
             nodes = {k: self.membership.node_of(k) for k in self.membership.counted}
             report = collect_heat(
                 self.grid,
                 list(nodes.values()),
                 self.privacy,
                 self.served.heat,
-                tables,
+                dict(self.membership.tables),
                 self.timeout,
                 self.observers.transcript,
             )
@@ -210,17 +219,7 @@ class FlowerRuntime:
                     "heat"
                 )
             self.heat.report = report
-        # The server does not know the clients' sample counts: uniform sampling reads only
-        # how many clients there are (settings.algorithm_name refuses schemes needing them).
-        counts = np.ones(len(self.membership.counted), dtype=np.int64)
-        return AlgorithmContext(
-            ClientSizes(tables, counts),
-            SubmodelIndex({}, {}),
-            self.served.heat,
-            self.schedule.clients_per_round,
-            self.privacy,
-            measured=self.heat.report.measured,
-        )
+        return self.heat.report.measured
 
     def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
         """The round's aggregation: secure row sums at ``full`` (noised by the nodes under
@@ -247,17 +246,9 @@ class FlowerRuntime:
         """Client ``client``'s S(k) per table (its position in ``counted``; exact: from its
         registration; private: from the "rows" query of the round that sampled it; with
         private download its request for the round)."""
-        if not self._asks_rows():
-            assert self.index is not None
-            index = self.index
-            return {t: torch.from_numpy(index.client_rows(t, client)) for t in self.params.tables}
-        return {t: torch.from_numpy(r) for t, r in self.sampled.rows[client].items()}
-
-    def _asks_rows(self) -> bool:
-        """Whether a round asks its sampled nodes for their rows: a private heat source (no
-        S(k) registered), or a private download (their requests; exact heat under [dp] at
-        levels download and full registers S(k) all the same, run_setup.heat_privacy_of)."""
-        return self.index is None or self.reader.downloading
+        if self.asks_rows:
+            return {t: torch.from_numpy(r) for t, r in self.sampled.rows[client].items()}
+        return {t: torch.from_numpy(self.index.client_rows(t, client)) for t in self.params.tables}
 
     def _log_rejection(self, rejection: Rejection) -> None:
         LOG.warning(
@@ -272,15 +263,14 @@ class FlowerRuntime:
         """Send the cohort its submodels, read the replies that came within the round
         timeout; the cohort's update over them, or ``RoundFailed`` (fewer than min-replies)."""
         r, clients = plan.round, plan.cohort.clients.tolist()
-        asked = self._asks_rows()
-        if asked:  # the sampled nodes' rows (or download requests), for their download
+        if self.asks_rows:  # the sampled nodes' rows (or download requests), for their download
             self.sampled.ask(self.grid, clients, r)
         partitions = [self.membership.counted[j] for j in clients]
         nodes = [self.membership.node_of(k) for k in partitions]
         sent_to = {
             node: j
             for j, node in zip(clients, nodes, strict=True)
-            if not asked or j in self.sampled.rows  # no rows: left out
+            if not self.asks_rows or j in self.sampled.rows  # no rows: left out
         }
         if self.observers.on_progress is not None:
             self.observers.on_progress({"round": r, "sent_to": partitions, "nodes": nodes})
