@@ -1,7 +1,6 @@
-"""Nodes joining a Flower run: registration over Flower Messages (``Registrar``), fed over time
-into the engine's membership (``Joining``), pushed and pulled apart from the rounds so that a
-slow or dead newcomer never holds a round up. The policy: docs/tutorials/flower.md, "Elastic
-membership".
+"""Nodes joining a Flower run: registration over Flower Messages, fed over time into the
+engine's membership, pushed and pulled apart from the rounds so that a slow or dead newcomer
+never holds a round up. The policy: docs/tutorials/flower.md, "Elastic membership".
 """
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -23,84 +21,25 @@ LOG = logging.getLogger("fedsub")
 NEWCOMERS_EVERY = 1.0  # seconds between two looks for new nodes while a round waits
 
 
-@dataclass
-class Registrar:
-    """Registration queries in flight: sent to a node when it comes online, collected whenever
-    its answer has arrived, so a node that is slow to start (or dies before answering) never
-    holds a round up."""
-
-    # what the query asks ("index", or "partition" with a private heat source) and what else
-    # it carries (the run's feature spec); on_reply sees every answer (a transcript)
-    query: dict[str, int | str]
-    on_reply: Recorder | None = None
-    pending: dict[int, str] = field(default_factory=dict)  # node id -> the query's message id
-    # answers pulled (maybe while a round waited for its replies), until the next collect
-    arrived: list[tuple[Registration, RecordDict]] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)
-
-    def awaiting(self) -> set[int]:
-        """The nodes asked whose answer was not collected yet (in flight or pulled early)."""
-        return {*self.pending, *(r.node for r, _ in self.arrived), *self.failed}
-
-    def ask(self, grid: Grid, nodes: list[int]) -> None:
-        sent = grid.push_messages([query_message(n, self.query) for n in nodes])
-        self.pending.update(zip(nodes, sent, strict=True))
-
-    def pull(self, grid: Grid) -> list[Registration]:
-        """Pull the answers that arrived, kept for the next ``collect``; their registrations."""
-        if not self.pending:
-            return []
-        answers = []
-        for reply in grid.pull_messages(list(self.pending.values())):
-            node = reply.metadata.src_node_id
-            self.pending.pop(node, None)
-            if reply.has_error():
-                LOG.warning("query: node %d failed: %s", node, reply.error.reason)
-                self.failed.append(node)
-                continue
-            if self.on_reply is not None:
-                self.on_reply(node, "query", reply.content)
-            answers.append((registration_of(reply), reply.content))
-        self.arrived += answers
-        return [registration for registration, _ in answers]
-
-    def collect(self, grid: Grid) -> tuple[list[tuple[Registration, RecordDict]], list[int]]:
-        """The registrations that arrived (each with the reply's content), and the nodes whose
-        query failed."""
-        self.pull(grid)
-        answers, failed = self.arrived, self.failed
-        self.arrived, self.failed = [], []
-        return answers, failed
-
-
-def registration_of(reply: Message) -> Registration:
-    """A node's answer to the query: ``metrics`` partition-id / num-examples, ``index``
-    rows.<table>; a node whose heat source is private answers its partition only (no rows,
-    no sample count: its heat goes by the private exchange)."""
-    metrics = record_of(reply.content, "metrics", MetricRecord)
-    partition = int(number_of(metrics, "partition-id"))
-    if "index" not in reply.content:
-        return Registration(partition, reply.metadata.src_node_id, 0, {})
-    rows = rows_in(record_of(reply.content, "index", ArrayRecord))
-    return Registration(
-        partition, reply.metadata.src_node_id, int(number_of(metrics, "num-examples")), rows
-    )
-
-
 class Joining:
     """Who has registered with this ServerApp, asked or to be asked (``membership`` keeps the
-    registrations; ``on_registered`` sees each with its reply's content)."""
+    registrations; ``on_registered`` sees each with its reply's content). A node is asked when
+    it comes online, its answer collected whenever it has arrived, so a node that is slow to
+    start (or dies before answering) never holds a round up."""
 
     def __init__(
         self,
         membership: Membership,
-        registrar: Registrar,
+        query: dict[str, int | str],
         min_nodes: int,
         node_wait: float,
         on_registered: Callable[[Registration, RecordDict], None],
+        on_reply: Recorder | None = None,
     ) -> None:
         self.membership = membership
-        self.registrar = registrar
+        # what the query asks ("index", or "partition" with a private heat source) and what
+        # else it carries (the run's feature spec); on_reply sees every answer (a transcript)
+        self.query, self.on_reply = query, on_reply
         self.min_nodes = min_nodes
         self.node_wait = node_wait
         self.on_registered = on_registered
@@ -110,6 +49,10 @@ class Joining:
         self.answered: set[int] = set()
         self.to_probe: set[int] = set()  # nodes that missed a round, to be asked again
         self.next_newcomers = 0.0  # when a waiting round next looks for new nodes
+        self.pending: dict[int, str] = {}  # node id -> its query's message id
+        # answers pulled (maybe while a round waited for its replies), until the next update
+        self.arrived: list[tuple[Registration, RecordDict]] = []
+        self.failed: list[int] = []
 
     def update(self, grid: Grid) -> set[int]:
         """Ask the nodes that came online since the last round to register (new clients and
@@ -119,17 +62,16 @@ class Joining:
         while True:
             online = set(grid.get_node_ids())
             self.membership.forget_offline(online)
-            probe = sorted(self.to_probe - self.registrar.awaiting())
-            if new := self._not_asked(online) + probe:
-                self.registrar.ask(grid, new)
+            self._ask(grid, self._not_asked(online) + sorted(self.to_probe - self._awaiting()))
             self.to_probe.clear()
-            answers, failed = self.registrar.collect(grid)
-            for registration, content in answers:
+            self._pull(grid)
+            for registration, content in self.arrived:
                 self.membership.register(registration)  # also readmits a dropped node
                 self.answered.add(registration.node)
                 self.on_registered(registration, content)
-            for node in failed:
+            for node in self.failed:
                 self.membership.drop(node)
+            self.arrived, self.failed = [], []
             if self.joined or len(self.answered) >= self.min_nodes:
                 self.joined = True
                 return online
@@ -147,11 +89,6 @@ class Joining:
         self.membership.drop(node)
         self.to_probe.add(node)
 
-    def _not_asked(self, online: set[int]) -> list[int]:
-        """The nodes online that were never asked to register (nor are being asked)."""
-        asked = self.answered | self.membership.dropped | self.registrar.awaiting()
-        return sorted(online - asked)
-
     def ask_newcomers(self, grid: Grid) -> set[int]:
         """While a round waits for its replies, ask the nodes that came online to register
         and pull the answers that arrived (at most every ``NEWCOMERS_EVERY`` seconds); they
@@ -161,11 +98,56 @@ class Joining:
         if now < self.next_newcomers:
             return set()
         self.next_newcomers = now + NEWCOMERS_EVERY
-        if new := self._not_asked(set(grid.get_node_ids())):
-            self.registrar.ask(grid, new)
+        self._ask(grid, self._not_asked(set(grid.get_node_ids())))
         taken_over = set()
-        for registration in self.registrar.pull(grid):
+        for registration in self._pull(grid):
             before = self.membership.registered.get(registration.partition)
             if before is not None and before.node != registration.node:
                 taken_over.add(before.node)
         return taken_over
+
+    def _not_asked(self, online: set[int]) -> list[int]:
+        """The nodes online that were never asked to register (nor are being asked)."""
+        asked = self.answered | self.membership.dropped | self._awaiting()
+        return sorted(online - asked)
+
+    def _awaiting(self) -> set[int]:
+        """The nodes asked whose answer was not taken yet (in flight or pulled early)."""
+        return {*self.pending, *(r.node for r, _ in self.arrived), *self.failed}
+
+    def _ask(self, grid: Grid, nodes: list[int]) -> None:
+        if nodes:
+            sent = grid.push_messages([query_message(n, self.query) for n in nodes])
+            self.pending.update(zip(nodes, sent, strict=True))
+
+    def _pull(self, grid: Grid) -> list[Registration]:
+        """Pull the answers that arrived, kept for the next ``update``; their registrations."""
+        if not self.pending:
+            return []
+        answers = []
+        for reply in grid.pull_messages(list(self.pending.values())):
+            node = reply.metadata.src_node_id
+            self.pending.pop(node, None)
+            if reply.has_error():
+                LOG.warning("query: node %d failed: %s", node, reply.error.reason)
+                self.failed.append(node)
+                continue
+            if self.on_reply is not None:
+                self.on_reply(node, "query", reply.content)
+            answers.append((registration_of(reply), reply.content))
+        self.arrived += answers
+        return [registration for registration, _ in answers]
+
+
+def registration_of(reply: Message) -> Registration:
+    """A node's answer to the query: ``metrics`` partition-id / num-examples, ``index``
+    rows.<table>; a node whose heat source is private answers its partition only (no rows,
+    no sample count: its heat goes by the private exchange)."""
+    metrics = record_of(reply.content, "metrics", MetricRecord)
+    partition = int(number_of(metrics, "partition-id"))
+    if "index" not in reply.content:
+        return Registration(partition, reply.metadata.src_node_id, 0, {})
+    rows = rows_in(record_of(reply.content, "index", ArrayRecord))
+    return Registration(
+        partition, reply.metadata.src_node_id, int(number_of(metrics, "num-examples")), rows
+    )

@@ -34,7 +34,7 @@ from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
 from fedsub.flower.heat_exchange import Transcript, collect_heat
-from fedsub.flower.joining import Joining, Registrar
+from fedsub.flower.joining import Joining
 from fedsub.flower.private_download import download_combine, downloads_privately
 from fedsub.flower.row_queries import SampledRows
 from fedsub.flower.secure_rows import SecureRows
@@ -107,10 +107,11 @@ class FlowerRuntime:
         query = {"what": "partition" if self.private else "index", **self.query}
         self.joining = Joining(
             self.membership,
-            Registrar(query, self.observers.transcript),
+            query,
             settings.nodes.min_nodes,
             settings.nodes.node_wait,
             self._registered,
+            self.observers.transcript,
         )
         downloading = downloads_privately(schedule.privacy)
         # a round asks its sampled nodes for their rows: a private heat source (no S(k)
