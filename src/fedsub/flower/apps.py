@@ -107,7 +107,9 @@ def _serve(grid: Grid, settings: FlowerSettings) -> None:
     start = starting_params(
         run.model, run.schedule, settings.deployment.initial_model, INITIAL_MODEL
     )
-    claim = claim_out_dir(settings)
+    output, claim = settings.output, None  # the out-dir, held for the run (run_folder's rules)
+    if output.out_dir:
+        claim = claim_folder(Path(output.out_dir), output.resume, output.overwrite, OUT_DIR_FLAGS)
     with holding(claim):
         stamp = run_stamp(settings, claim, config_lib.to_toml(run.config), name)
         control = run_control(settings, run, stamp)
@@ -159,14 +161,6 @@ def _runtime(
         observers,
         server_test,
     )
-
-
-def claim_out_dir(settings: FlowerSettings) -> Claim | None:
-    """The out-dir, held for the run (run_folder's rules, as ``fedsub run``), or None."""
-    if not settings.output.out_dir:
-        return None
-    output = settings.output
-    return claim_folder(Path(output.out_dir), output.resume, output.overwrite, OUT_DIR_FLAGS)
 
 
 def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:
