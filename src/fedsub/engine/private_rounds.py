@@ -314,8 +314,12 @@ class SecureRound:
             coding = FixedPoint.for_clients(n, privacy.secagg_clip)
             weighting = secure_weighting(aggregation, [int(m) for m in update.multiplicity])
             return SecureRound(slots, coding, n, privacy.keep, weighting)
-        noise = round_noise(dp, n, slots)
-        threshold, k = distributed_threshold(dp, n), dp.accounting.clients_per_round
+        # the integer slots carry nothing under distributed DP: no units, no clipped count
+        real = slots.length - INTEGER_SLOTS
+        noise = DiscreteNoise.for_round(dp.clip, dp.noise_multiplier, n, dp.survivors_needed, real)
+        # the majority raised to K_min: no sum with less noise than accounted is ever decoded
+        threshold = max(majority_threshold(n), dp.survivors_needed)
+        k = dp.accounting.clients_per_round
         return SecureRound(slots, noise.coding, n, privacy.keep, None, noise, threshold, k)
 
     def server_update(
@@ -350,18 +354,6 @@ def round_slots(update: CohortUpdate, requests: Iterable[Mapping[str, np.ndarray
     )
 
 
-def round_noise(settings: DpSettings, members: int, slots: RowSlots) -> DiscreteNoise:
-    """Distributed DP's public settings for a round of ``members`` over ``slots`` (the
-    integer slots carry nothing: no weight units, no clipped count)."""
-    return DiscreteNoise.for_round(
-        settings.clip,
-        settings.noise_multiplier,
-        members,
-        settings.survivors_needed,
-        slots.length - INTEGER_SLOTS,
-    )
-
-
 def member_share(values: np.ndarray, noise: DiscreteNoise, rng: np.random.Generator) -> np.ndarray:
     """A member's uint32 input to the secure sum under distributed DP, from its vector over
     the round's slots (``RowSlots.client_values``, unweighted): its noisy share of the real
@@ -369,12 +361,6 @@ def member_share(values: np.ndarray, noise: DiscreteNoise, rng: np.random.Genera
     count). A Flower node calls it on its own side (flower/secure_rows.py)."""
     share = noisy_share(values[:-INTEGER_SLOTS], 1.0, noise, rng)
     return np.concatenate([share, np.zeros(INTEGER_SLOTS, dtype=np.uint32)])
-
-
-def distributed_threshold(settings: DpSettings, members: int) -> int:
-    """Secure aggregation's t under distributed DP: the majority, raised to K_min (fewer
-    survivors than K_min cannot be unmasked, so no sum with less noise is ever decoded)."""
-    return max(majority_threshold(members), settings.survivors_needed)
 
 
 def noised_update(

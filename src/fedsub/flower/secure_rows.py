@@ -188,29 +188,18 @@ def answer_secure_rows(
     return answer_secagg(message, context, SOURCE, vector, who)
 
 
+@dataclass
 class SecureRows:
     """The server's half: the round's combine at level ``full``."""
 
-    def __init__(
-        self,
-        grid: PushPullGrid,
-        node_of: Mapping[int, int],
-        aggregation: Aggregation,
-        privacy: Privacy,
-        requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
-        timeout: float,
-        record: Recorder | None = None,
-        dp: DpSettings | None = None,
-    ) -> None:
-        self.grid = grid
-        self.node_of = node_of
-        self.aggregation = aggregation
-        self.privacy = privacy
-        self.requests = requests  # the round's requests by client (the runtime's)
-        self.timeout = timeout
-        self.record = record
-        self.dp = dp  # [dp] at full: distributed DP
-        self.clipped = 0  # values clipped to the fixed-point range, over the run
+    grid: PushPullGrid
+    node_of: Mapping[int, int]
+    aggregation: Aggregation
+    privacy: Privacy
+    requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]]  # the runtime's, by client
+    timeout: float
+    record: Recorder | None = None
+    dp: DpSettings | None = None  # [dp] at full: distributed DP
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sum of the members' weighted deltas and weight units (with [dp]: their
@@ -228,13 +217,8 @@ class SecureRows:
             )
         requests = [self.requests()[k] for k in members]
         plan = SecureRound.plan(update, requests, self.aggregation, self.privacy, self.dp)
-        public = {"clients": len(members), **_public(plan, self.dp)}
-        public.update({f"union.{t}": r.tolist() for t, r in plan.slots.rows.items()})
-        draws = [int(m) for m in update.multiplicity]
-        fields = {
-            node: public if self.dp is not None else {"draws": draws[j], **public}
-            for j, node in enumerate(nodes)
-        }
+        union = {f"union.{t}": r.tolist() for t, r in plan.slots.rows.items()}
+        fields = {node: {**_told(plan, self.dp, j), **union} for j, node in enumerate(nodes)}
         try:
             ask = asker(self.grid, self.timeout, self.record, MESSAGE_TYPE)
             total, survivors = secure_sum.group_sum(
@@ -243,20 +227,27 @@ class SecureRows:
         except SecAggError as error:  # name the nodes: the operator's next step
             raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
         decoded = decode_sums(plan.slots, plan.coding, total, len(survivors))
-        self.clipped += decoded.clipped  # none with [dp]: its integer slots carry nothing
-        if decoded.clipped:
+        if decoded.clipped:  # never with [dp]: its integer slots carry nothing
             clip = self.privacy.secagg_clip
             message = "secure row sum: %d values clipped to [-%g, %g] (privacy.secagg_clip)"
             LOG.warning(message, decoded.clipped, clip, clip)
         return plan.server_update(self.aggregation, update, decoded)
 
 
-def _public(plan: SecureRound, dp: DpSettings | None) -> dict:
-    """What every member is told of the round's plan besides the union and its draws."""
+def _told(plan: SecureRound, dp: DpSettings | None, member: int) -> dict:
+    """What ``member`` is told of the round's plan besides the union: its part of the
+    weighting, or distributed DP's public settings."""
     if plan.weighting is not None:
-        return {"scale": plan.weighting.scale, "by-count": int(plan.weighting.by_count)}
+        w, clients = plan.weighting, plan.members
+        return {
+            "draws": w.draws[member],
+            "clients": clients,
+            "scale": w.scale,
+            "by-count": int(w.by_count),
+        }
     assert dp is not None and plan.noise is not None  # distributed DP
     return {
+        "clients": plan.members,
         "dp-clip": plan.noise.clip,
         "dp-noise-multiplier": dp.noise_multiplier,
         "dp-min-survivors": dp.survivors_needed,
