@@ -113,7 +113,8 @@ def node_data(settings: FlowerSettings, node_config: NodeConfigItems) -> NodeDat
     )
 
 
-Read = tuple[Config, Model, FederatedDataset, FeatureSpec | None]  # the node's own samples
+# what a reader returns: the config, the model, the node's samples as a one-client dataset, its spec
+Read = tuple[Config, Model, FederatedDataset, FeatureSpec | None]
 
 
 def _own_files(settings: FlowerSettings, given: NodeConfig, client: int) -> Read:
