@@ -434,3 +434,39 @@ def test_at_full_nodes_are_not_asked_to_evaluate_and_eval_needs_a_server_test_fi
     with pytest.raises(ConfigError, match=r"eval-every = 2 with privacy.level = 'full'"):
         FlowerSettings(eval_every=2).check_against(config)
     FlowerSettings(eval_every=0).check_against(config)  # no evaluation: accepted
+
+
+@pytest.mark.parametrize(
+    "weighting, units, scale",
+    [
+        ("samples", [2 * 4, 1 * 7], 1 / ((2 + 1) * 11 / 2)),  # m_k n_k; 1 / (sum m * W / N)
+        ("scheme2", [4, 7], (1 / 11) * (2 / (2 + 1))),  # n_k; 1 / W * N / sum m
+    ],
+)
+def test_each_node_is_told_its_own_part_of_the_rounds_weighting(weighting, units, scale):
+    """What SecureRows tells each node (its draws, the public scale, whether its count
+    enters) rebuilds, on the node, its weight units and coefficient as written out here, for
+    a member drawn twice (m = 2, 1; sample counts n = 4, 7; W = 11, N = 2)."""
+    from fedsub.algorithms.aggregation import Aggregation
+    from fedsub.algorithms.weighting import SecureWeighting
+    from fedsub.engine.private_rounds import SecureRound
+    from fedsub.submodel.transfer import CohortUpdate
+
+    update = CohortUpdate(
+        clients=torch.tensor([3, 5]),
+        weights=torch.tensor([4.0, 7.0], dtype=torch.float64),
+        multiplicity=torch.tensor([2, 1]),
+        rows={"t": torch.tensor([0, 1])},
+        row_owner={"t": torch.tensor([0, 1])},
+        table_deltas={"t": torch.zeros(2, 3)},
+        dense_deltas={},
+    )
+    requests = [{"t": np.array([0])}, {"t": np.array([1])}]
+    aggregation = Aggregation(weighting, None, 11.0, 2)
+    plan = SecureRound.plan(update, requests, aggregation, Privacy("full"), None)
+    for j, count in enumerate([4, 7]):
+        told = secure_rows._told(plan, None, j)
+        assert told["clients"] == 2
+        node = SecureWeighting((told["draws"],), bool(told["by-count"]), told["scale"], False)
+        assert node.units(0, count) == units[j]
+        assert node.coefficient(node.units(0, count)) == pytest.approx(units[j] * scale)

@@ -16,7 +16,7 @@ At ``full`` no member's sample count reaches the server either (``SecureWeightin
 weights its deltas itself from public numbers and its own count, its weight units go into the
 secure sum beside them, and the server normalizes the decoded sums by the survivors' total.
 
-With [dp] at ``full`` the round is distributed differential privacy (``_distributed``,
+With [dp] at ``full`` the round is distributed differential privacy (``SecureRound``,
 ``dp/distributed.py``): each member clips its own update, encodes it and adds its share of
 discrete Gaussian noise; the server decodes the noised sum over the union of the requests and
 divides it by the public denominator K (and by p under randomized response).
@@ -41,6 +41,7 @@ from fedsub.dp.distributed import DiscreteNoise, member_rng, noisy_share
 from fedsub.dp.settings import DpSettings
 from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
+from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
@@ -49,6 +50,7 @@ from fedsub.privacy.sparse_secagg import (
     Decoded,
     RowSlots,
     RowSums,
+    encode_client,
     majority_threshold,
     secagg_bytes,
     secure_row_sum,
@@ -145,7 +147,7 @@ class PrivateRounds:
     seed: int
     keep_transcript: bool = False
     transcript: list[RoundRecord] = field(default_factory=list)
-    dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_distributed``)
+    dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_secure``)
     costs: Costs = field(default_factory=Costs)
     _round: int = 0
     _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -216,10 +218,8 @@ class PrivateRounds:
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """The round's server update from its (restricted) cohort update."""
-        if self.privacy.secure_aggregation and self.dp is not None:
-            return self._distributed(update, self.dp)
         if self.privacy.secure_aggregation:
-            return unbias(self._secure(update), self.privacy.keep)
+            return self._secure(update)
         started = time.perf_counter()
         server_update = aggregate(update, self.aggregation)
         self.costs.server_seconds += time.perf_counter() - started
@@ -231,78 +231,116 @@ class PrivateRounds:
             self.transcript.append(RoundRecord(self._round, self._requests, update))
         return unbias(server_update, self.privacy.keep)
 
-    def _member_values(
-        self, update: CohortUpdate, slots: RowSlots, j: int, a: float = 1.0
-    ) -> np.ndarray:
-        """Member j's real vector over ``slots`` (its deltas times ``a``), on its side."""
+    def _member_values(self, update: CohortUpdate, slots: RowSlots, j: int) -> np.ndarray:
+        """Member j's real vector over ``slots`` (its unweighted deltas), on its side."""
         spans = {t: update.member_rows(t, j) for t in update.rows}
         deltas = update.table_deltas
         return slots.client_values(
             {t: update.rows[t][s].cpu().numpy() for t, s in spans.items()},
-            {t: (deltas[t][s].double() * a).cpu().numpy() for t, s in spans.items()},
-            {n: (v[j].double() * a).cpu().numpy() for n, v in update.dense_deltas.items()},
+            {t: deltas[t][s].double().cpu().numpy() for t, s in spans.items()},
+            {n: v[j].double().cpu().numpy() for n, v in update.dense_deltas.items()},
         )
-
-    def _distributed(self, update: CohortUpdate, settings: DpSettings) -> ServerUpdate:
-        """Distributed DP (dp/distributed.py): every member's noisy share of its clipped
-        update, the secure sum (threshold raised to K_min: fewer survivors cannot be
-        unmasked), decoded and divided by K (times p under randomized response). Every value
-        of the round's row union changes (the union is public: the requests)."""
-        started = time.perf_counter()
-        members = [int(k) for k in update.clients.tolist()]
-        slots = round_slots(update, [self._requests[k] for k in members])
-        values = {j: self._member_values(update, slots, j) for j in range(len(members))}
-        noise = round_noise(settings, len(members), slots)
-
-        def encode(j: int, vector: np.ndarray) -> np.ndarray:
-            return member_share(vector, noise, member_rng(self.seed, self._round, members[j]))
-
-        threshold = distributed_threshold(settings, len(members))
-        built = time.perf_counter()
-        sums = secure_row_sum(
-            slots, values, settings.clip, threshold, coding=noise.coding, encode=encode
-        )
-        self._count_secure(sums, len(members), slots, built - started)
-        if self.keep_transcript:
-            self.transcript.append(
-                RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
-            )
-        return noised_update(
-            update, slots, sums, settings.accounting.clients_per_round, self.privacy.keep
-        )
-
-    def _count_secure(self, sums: RowSums, members: int, slots: RowSlots, built: float) -> None:
-        self.costs.client_seconds += built + sums.client_seconds
-        self.costs.server_seconds += sums.server_seconds
-        self.costs.clipped += sums.clipped
-        sent = secagg_bytes(members, slots.length)
-        self.costs.bytes_up += sent["up"] * members
-        self.costs.bytes_down += sent["down"] * members
 
     def _secure(self, update: CohortUpdate) -> ServerUpdate:
-        """Secure sparse aggregation of the members' weighted deltas and weight units over the
-        union of the cohort's requests (building the vectors is the clients' time; the
-        protocol's steps are timed per side by ``secure_row_sum``). The server's side reads
-        the public weighting and the decoded sums only; each member's count (``weights``) is
-        read on the member's side."""
+        """Secure sparse aggregation over the union of the cohort's requests (``SecureRound``):
+        each member's weighted deltas and weight units, or with [dp] its noisy share of its
+        clipped update (``member_share``, seeded per (seed, round, client)). Building the
+        vectors is the clients' time; the protocol's steps are timed per side by
+        ``secure_row_sum``. The server reads the public plan and the decoded sums only; each
+        member's count (``weights``) is read on the member's side."""
         started = time.perf_counter()
         members = [int(k) for k in update.clients.tolist()]
-        draws = [int(m) for m in update.multiplicity.tolist()]
-        weighting = secure_weighting(self.aggregation, draws)
+        requests = [self._requests[k] for k in members]
+        plan = SecureRound.plan(update, requests, self.aggregation, self.privacy, self.dp)
         counts = [round(float(w)) for w in update.weights.tolist()]  # each member's own n_k
-        slots = round_slots(update, [self._requests[k] for k in members])
-        values, units = {}, {}
-        for j in range(len(members)):
-            units[j] = weighting.units(j, counts[j])
-            values[j] = self._member_values(update, slots, j, weighting.coefficient(units[j]))
+        values = {j: self._member_values(update, plan.slots, j) for j in range(len(members))}
+
+        def encode(j: int, vector: np.ndarray) -> np.ndarray:
+            if plan.noise is not None:
+                rng = member_rng(self.seed, self._round, members[j])
+                return member_share(vector, plan.noise, rng)
+            return weighted_input(plan, j, counts[j], vector)
+
         built = time.perf_counter()
-        sums = secure_row_sum(slots, values, self.privacy.secagg_clip, weight_units=units)
-        self._count_secure(sums, len(members), slots, built - started)
+        sums = secure_row_sum(
+            plan.slots,
+            values,
+            self.privacy.secagg_clip,
+            plan.threshold,
+            coding=plan.coding,
+            encode=encode,
+        )
+        self.costs.client_seconds += built - started + sums.client_seconds
+        self.costs.server_seconds += sums.server_seconds
+        self.costs.clipped += sums.clipped
+        sent = secagg_bytes(len(members), plan.slots.length)
+        self.costs.bytes_up += sent["up"] * len(members)
+        self.costs.bytes_down += sent["down"] * len(members)
         if self.keep_transcript:
             self.transcript.append(
                 RoundRecord(self._round, self._requests, secagg=sums.server, sums=sums)
             )
-        return server_update_of_sums(self.aggregation, update, slots, sums, weighting)
+        return plan.server_update(self.aggregation, update, sums)
+
+
+@dataclass(frozen=True)
+class SecureRound:
+    """The public plan of one round's secure row sum at ``full``, in process and on Flower:
+    the slots, the fixed point the sum is decoded with, its threshold (None: the majority),
+    and either the members' weighting or, with [dp] (distributed DP), the round's noise and
+    the public denominator K its sum is divided by."""
+
+    slots: RowSlots
+    coding: FixedPoint
+    members: int
+    keep: float  # p: row sums divided by it under randomized response
+    weighting: SecureWeighting | None = None
+    noise: DiscreteNoise | None = None
+    threshold: int | None = None
+    denominator: int = 0  # K, with [dp]
+
+    @staticmethod
+    def plan(
+        update: CohortUpdate,
+        requests: Iterable[Mapping[str, np.ndarray]],
+        aggregation: Aggregation,
+        privacy: Privacy,
+        dp: DpSettings | None,
+    ) -> SecureRound:
+        """The round's plan from public numbers only: the members' ``requests``, their draws
+        (``update.multiplicity``) and the deltas' shapes."""
+        slots, n = round_slots(update, requests), len(update)
+        if dp is None:
+            coding = FixedPoint.for_clients(n, privacy.secagg_clip)
+            weighting = secure_weighting(aggregation, [int(m) for m in update.multiplicity])
+            return SecureRound(slots, coding, n, privacy.keep, weighting)
+        # the integer slots carry nothing under distributed DP: no units, no clipped count
+        real = slots.length - INTEGER_SLOTS
+        noise = DiscreteNoise.for_round(dp.clip, dp.noise_multiplier, n, dp.survivors_needed, real)
+        # the majority raised to K_min: no sum with less noise than accounted is ever decoded
+        threshold = max(majority_threshold(n), dp.survivors_needed)
+        k = dp.accounting.clients_per_round
+        return SecureRound(slots, noise.coding, n, privacy.keep, None, noise, threshold, k)
+
+    def server_update(
+        self, aggregation: Aggregation, update: CohortUpdate, sums: RowSums | Decoded
+    ) -> ServerUpdate:
+        """The server's step from the decoded sums (``noised_update`` with [dp], else
+        ``server_update_of_sums``), row sums divided by p."""
+        if self.weighting is None:
+            return noised_update(update, self.slots, sums, self.denominator, self.keep)
+        step = server_update_of_sums(aggregation, update, self.slots, sums, self.weighting)
+        return unbias(step, self.keep)
+
+
+def weighted_input(plan: SecureRound, member: int, count: int, values: np.ndarray) -> np.ndarray:
+    """A member's uint32 input to the secure sum without [dp], on its side: its vector over
+    the slots (``RowSlots.client_values``, unweighted) times its coefficient, in fixed point,
+    and its weight units from its own sample ``count`` (summed inside the sum only)."""
+    assert plan.weighting is not None  # without [dp]
+    units = plan.weighting.units(member, count)
+    weighted = values * plan.weighting.coefficient(units)
+    return encode_client(plan.slots, plan.coding, weighted, units, plan.members)
 
 
 def round_slots(update: CohortUpdate, requests: Iterable[Mapping[str, np.ndarray]]) -> RowSlots:
@@ -316,18 +354,6 @@ def round_slots(update: CohortUpdate, requests: Iterable[Mapping[str, np.ndarray
     )
 
 
-def round_noise(settings: DpSettings, members: int, slots: RowSlots) -> DiscreteNoise:
-    """Distributed DP's public settings for a round of ``members`` over ``slots`` (the
-    integer slots carry nothing: no weight units, no clipped count)."""
-    return DiscreteNoise.for_round(
-        settings.clip,
-        settings.noise_multiplier,
-        members,
-        settings.survivors_needed,
-        slots.length - INTEGER_SLOTS,
-    )
-
-
 def member_share(values: np.ndarray, noise: DiscreteNoise, rng: np.random.Generator) -> np.ndarray:
     """A member's uint32 input to the secure sum under distributed DP, from its vector over
     the round's slots (``RowSlots.client_values``, unweighted): its noisy share of the real
@@ -335,12 +361,6 @@ def member_share(values: np.ndarray, noise: DiscreteNoise, rng: np.random.Genera
     count). A Flower node calls it on its own side (flower/secure_rows.py)."""
     share = noisy_share(values[:-INTEGER_SLOTS], 1.0, noise, rng)
     return np.concatenate([share, np.zeros(INTEGER_SLOTS, dtype=np.uint32)])
-
-
-def distributed_threshold(settings: DpSettings, members: int) -> int:
-    """Secure aggregation's t under distributed DP: the majority, raised to K_min (fewer
-    survivors than K_min cannot be unmasked, so no sum with less noise is ever decoded)."""
-    return max(majority_threshold(members), settings.survivors_needed)
 
 
 def noised_update(

@@ -22,13 +22,7 @@ from fedsub.flower.heat_exchange import answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.private_download import downloads_privately, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
-from fedsub.flower.secure_rows import (
-    ACTION,
-    NodeNoise,
-    answer_secure_rows,
-    empty_deltas,
-    keep_deltas,
-)
+from fedsub.flower.secure_rows import ACTION, answer_secure_rows, keep_deltas
 from fedsub.flower.settings import FlowerSettings
 from fedsub.numerics.float32 import ieee_float32
 from fedsub.privacy.requested_rows import local_submodel, reply_record
@@ -141,8 +135,9 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
         kept, table_deltas = reply_record(node.rows, request, table_deltas)
         privacy = node.schedule.privacy
         if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
-            keep_deltas(context, kept, table_deltas, dense_deltas, round_index)
-            kept, table_deltas, dense_deltas = empty_deltas(table_deltas, dense_deltas)
+            kept, table_deltas, dense_deltas = keep_deltas(
+                context, kept, table_deltas, dense_deltas, round_index
+            )
             del metrics["num-examples"]  # its count weights its deltas inside the sum
         index = rows_record(kept)
     elif full:  # reply as stock FedAvg would: the whole table
@@ -186,13 +181,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     def secure_rows(message: Message, context: Context) -> Message:
         """One stage of the secure sum of row deltas (fedsub.flower.secure_rows); with [dp]
         at level full this node adds its noisy share (distributed DP)."""
-        node = _own_data(fixed, context)
-        if node.schedule.privacy is None:
-            raise FedsubError(f"partition {node.client}: no privacy.level; refusing")
         seeded = settings_of(fixed, context).dp_seeded_noise
-        noise = NodeNoise.of(node.config, node.client, seeded)
-        privacy, count = node.schedule.privacy, len(node.samples)
-        return answer_secure_rows(message, context, privacy, count, noise)
+        return answer_secure_rows(message, context, _own_data(fixed, context), seeded)
 
     @app.train()
     @with_seconds

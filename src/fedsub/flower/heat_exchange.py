@@ -62,12 +62,8 @@ def answer_heat(
 ) -> Message:
     """A node's reply to one stage of the heat exchange (its ClientApp's ``query.heat``)."""
     who = "heat exchange (this node)"
-    request = _heat_record(message.content, who)
-    state = _state(context) if text_field(request, "stage", who) != "report" else None
-    reply, after = secure_sum.heat_reply(
-        request, state, privacy, kind, table_rows, rows, num_samples, who
-    )
-    return _answered(message, context, reply, after, text_field(request, "stage", who))
+    facts = (privacy, kind, table_rows, rows, num_samples, who)
+    return _answer(message, context, lambda r, s: secure_sum.heat_reply(r, s, *facts), who)
 
 
 def answer_secagg(
@@ -80,20 +76,17 @@ def answer_secagg(
     """A node's reply to one stage of a secure sum over Flower (the heat exchange's, or the
     secure row sums' of flower/secure_rows.py): ``source`` is what this node agrees to sum,
     ``vector`` gives its uint32 input from the "mask" request."""
+    reply = lambda r, s: secure_sum.secure_sum_reply(r, s, source, vector, who)  # noqa: E731
+    return _answer(message, context, reply, who)
+
+
+def _answer(message: Message, context: Context, reply_of: Callable, who: str) -> Message:
+    """The reply Message to ``reply_of(request, state)``; the node's protocol state kept
+    (or, once done, forgotten; a randomized-response "report" keeps none)."""
     request = _heat_record(message.content, who)
-    reply, after = secure_sum.secure_sum_reply(request, _state(context), source, vector, who)
-    return _answered(message, context, reply, after, text_field(request, "stage", who))
-
-
-def _state(context: Context) -> ConfigRecord | None:
-    if STATE not in context.state:
-        return None
-    return record_of(context.state, STATE, ConfigRecord)
-
-
-def _answered(message: Message, context: Context, reply: dict, after, stage: str) -> Message:
-    """The reply Message; the node's protocol state kept (or, once done, forgotten)."""
-    if stage != "report":
+    state = record_of(context.state, STATE, ConfigRecord) if STATE in context.state else None
+    reply, after = reply_of(request, state)
+    if text_field(request, "stage", who) != "report":
         if after is None:
             del context.state[STATE]  # done: forget the keys
         else:

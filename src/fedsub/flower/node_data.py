@@ -91,15 +91,33 @@ def node_config_items(node_config: dict[str, object]) -> NodeConfigItems:
 
 @lru_cache(maxsize=64)  # the simulation runtime runs every node in one process
 def node_data(settings: FlowerSettings, node_config: NodeConfigItems) -> NodeData:
-    """This node's data, loaded once per process."""
+    """This node's data, loaded once per process; its samples as a one-client dataset, for
+    its S(k) and local ids."""
     known = {spelled(name) for name in key_names(NodeConfig)}
     given = parse_spelled(NodeConfig, "node config", {k: v for k, v in node_config if k in known})
-    if given.data_file:
-        return _own_files(settings, given, given.partition_id)
-    return _partition(settings, given, given.partition_id)
+    read = _own_files if given.data_file else _partition
+    config, model, local, spec = read(settings, given, given.partition_id)
+    index = SubmodelIndex.build(local)
+    return NodeData(
+        given.partition_id,
+        config,
+        model,
+        schedule_of(config),
+        dict(local.table_rows),
+        {t: index.client_rows(t, 0) for t in local.table_rows},
+        index.client_samples(local, 0),
+        local.train,
+        local.test,
+        dict(local.field_tables),
+        spec,
+    )
 
 
-def _own_files(settings: FlowerSettings, given: NodeConfig, client: int) -> NodeData:
+# what a reader returns: the config, the model, the node's samples as a one-client dataset, its spec
+Read = tuple[Config, Model, FederatedDataset, FeatureSpec | None]
+
+
+def _own_files(settings: FlowerSettings, given: NodeConfig, client: int) -> Read:
     if not settings.deployment.feature_spec:
         raise ConfigError(
             f"node config data-file = {given.data_file!r}: the run has no feature-spec to "
@@ -121,13 +139,11 @@ def _own_files(settings: FlowerSettings, given: NodeConfig, client: int) -> Node
     )
     train, held_out = files.read(spec)
     config = settings.fedsub_config()
-    model = spec_model(config, spec)
-    return _node(
-        client, config, model, schedule_of(config), spec.table_rows, train, held_out, {}, spec
-    )
+    local = FederatedDataset.from_clients("node", spec.table_rows, [train], held_out)
+    return config, spec_model(config, spec), local, spec
 
 
-def _partition(settings: FlowerSettings, given: NodeConfig, client: int) -> NodeData:
+def _partition(settings: FlowerSettings, given: NodeConfig, client: int) -> Read:
     fed = federation(settings)
     n = fed.dataset.num_clients
     expected = given.num_partitions or n
@@ -138,44 +154,7 @@ def _partition(settings: FlowerSettings, given: NodeConfig, client: int) -> Node
         )
     test = fed.dataset.test
     held_out = test.take(np.arange(client, len(test), n))
-    return _node(
-        client,
-        fed.config,
-        fed.model,
-        fed.schedule,
-        dict(fed.dataset.table_rows),
-        fed.dataset.client(client),
-        held_out,
-        dict(fed.dataset.field_tables),
-        None,
-    )
-
-
-def _node(
-    client: int,
-    config: Config,
-    model: Model,
-    schedule: Schedule,
-    table_rows: dict[str, int],
-    train: SampleSet,
-    held_out: SampleSet,
-    field_tables: dict[str, str],
-    spec: FeatureSpec | None,
-) -> NodeData:
-    """The node's samples as a one-client dataset, for its S(k) and local ids."""
-    local = FederatedDataset.from_clients("node", table_rows, [train], held_out, field_tables)
-    index = SubmodelIndex.build(local)
-    rows = {t: index.client_rows(t, 0) for t in table_rows}
-    return NodeData(
-        client,
-        config,
-        model,
-        schedule,
-        dict(table_rows),
-        rows,
-        index.client_samples(local, 0),
-        train,
-        held_out,
-        field_tables,
-        spec,
-    )
+    own = fed.dataset.client(client)
+    table_rows, field_tables = dict(fed.dataset.table_rows), dict(fed.dataset.field_tables)
+    local = FederatedDataset.from_clients("node", table_rows, [own], held_out, field_tables)
+    return fed.config, fed.model, local, None

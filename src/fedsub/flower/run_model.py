@@ -62,11 +62,11 @@ def run_model(settings: FlowerSettings) -> RunModel:
     (central DP runs in the round loop at the ServerApp, as in process)."""
     config = settings.fedsub_config()
     settings.check_against(config)
-    nodes = settings.deployment.num_nodes
-    if settings.deployment.feature_spec:
-        spec = run_spec(settings.deployment.feature_spec)
-        schedule = replace(schedule_of(config), dp=dp_of(config, nodes))
-        return RunModel(config, spec_model(config, spec), schedule, nodes, spec)
-    fed = federation(settings)
-    schedule = replace(fed.schedule, dp=dp_of(config, fed.dataset.num_clients))
-    return RunModel(config, fed.model, schedule, fed.dataset.num_clients, None)
+    spec = run_spec(settings.deployment.feature_spec) if settings.deployment.feature_spec else None
+    if spec is not None:
+        model, clients = spec_model(config, spec), settings.deployment.num_nodes
+    else:
+        fed = federation(settings)
+        model, clients = fed.model, fed.dataset.num_clients
+    schedule = replace(schedule_of(config), dp=dp_of(config, clients))
+    return RunModel(config, model, schedule, clients, spec)

@@ -24,16 +24,7 @@ from fedsub.algorithms.weighting import SecureWeighting
 from fedsub.config import Config
 from fedsub.dp.distributed import DiscreteNoise, member_rng
 from fedsub.dp.settings import DpSettings
-from fedsub.engine.private_rounds import (
-    distributed_threshold,
-    member_share,
-    noised_update,
-    round_noise,
-    round_slots,
-    secure_weighting,
-    server_update_of_sums,
-    unbias,
-)
+from fedsub.engine.private_rounds import SecureRound, member_share, weighted_input
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid
 from fedsub.flower.heat_exchange import (
@@ -44,17 +35,13 @@ from fedsub.flower.heat_exchange import (
     int_list_field,
     number_field,
 )
+from fedsub.flower.node_data import NodeData
 from fedsub.flower.records import read_submodel, record_of, submodel_record
 from fedsub.privacy import secure_sum
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.secagg import SecAggError
-from fedsub.privacy.sparse_secagg import (
-    INTEGER_SLOTS,
-    RowSlots,
-    decode_sums,
-    encode_client,
-)
+from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, decode_sums
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -72,12 +59,16 @@ def keep_deltas(
     table_deltas: Mapping[str, torch.Tensor],
     dense_deltas: Mapping[str, torch.Tensor],
     round_index: int,
-) -> None:
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """After training in round ``round_index``: the node's deltas wait in its state for the
-    secure sum (as a submodel record: its rows, their deltas, the dense deltas)."""
+    secure sum (as a submodel record: its rows, their deltas, the dense deltas); its train
+    reply carries no rows, deltas of no rows and zero dense deltas instead (shapes, dtypes)."""
     deltas = Params(dict(table_deltas), dict(dense_deltas))
     context.state[PENDING] = submodel_record(dict(rows), deltas)
     context.state[PENDING_ROUND] = ConfigRecord({"round": round_index})
+    no_rows = {t: torch.zeros(0, dtype=torch.int64) for t in table_deltas}
+    tables = {t: d[:0] for t, d in table_deltas.items()}
+    return no_rows, tables, {n: torch.zeros_like(d) for n, d in dense_deltas.items()}
 
 
 @dataclass(frozen=True)
@@ -148,30 +139,18 @@ class NodeNoise:
             raise FedsubError(f"{who}: {error}") from None
 
 
-def empty_deltas(
-    table_deltas: Mapping[str, torch.Tensor], dense_deltas: Mapping[str, torch.Tensor]
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """What a node's train reply carries at ``full``: no rows, deltas of no rows, zero dense
-    deltas (shapes and dtypes only)."""
-    rows = {t: torch.zeros(0, dtype=torch.int64) for t in table_deltas}
-    tables = {t: d[:0] for t, d in table_deltas.items()}
-    dense = {n: torch.zeros_like(d) for n, d in dense_deltas.items()}
-    return rows, tables, dense
-
-
 def answer_secure_rows(
-    message: Message,
-    context: Context,
-    privacy: Privacy,
-    count: int,
-    noise: NodeNoise | None = None,
+    message: Message, context: Context, node: NodeData, seeded: bool = False
 ) -> Message:
-    """A node's reply to one stage of the secure row sum (its ``query.secure_rows``);
-    ``count``: its sample count, which weights its deltas inside the sum; with ``noise``
-    (distributed DP) its unweighted deltas go in as its noisy share instead."""
+    """A node's reply to one stage of the secure row sum (its ``query.secure_rows``): its
+    sample count weights its deltas inside the sum; with [dp] at full (``NodeNoise``, its
+    shares ``seeded`` or not) its unweighted deltas go in as its noisy share instead."""
     who = "secure row sum (this node)"
-    if not privacy.secure_aggregation:
-        raise FedsubError(f"{who}: privacy.level = {privacy.level!r}, not 'full'; refusing")
+    privacy, count = node.schedule.privacy, len(node.samples)
+    if privacy is None or not privacy.secure_aggregation:
+        level = node.config.privacy.level
+        raise FedsubError(f"{who}: privacy.level = {level!r}, not 'full'; refusing")
+    noise = NodeNoise.of(node.config, node.client, seeded)
     if noise is not None:
         noise.check_threshold(message, who)
 
@@ -179,142 +158,97 @@ def answer_secure_rows(
         if PENDING not in context.state:
             raise FedsubError(f"{who}: asked to mask deltas before training")
         rows, deltas = read_submodel(record_of(context.state, PENDING, ArrayRecord))
-        trained_in = int(
-            number_field(record_of(context.state, PENDING_ROUND, ConfigRecord), "round", int, who)
-        )
+        state = record_of(context.state, PENDING_ROUND, ConfigRecord)
+        trained_in = int(number_field(state, "round", int, who))
         del context.state[PENDING]  # masked once, then forgotten
-        clients = int(number_field(request, "clients", int, who))
-        units, a = 0, 1.0
-        if noise is None:
-            # this member's part of the server's SecureWeighting (correction is the server's)
-            weighting = SecureWeighting(
-                (int(number_field(request, "draws", int, who)),),
-                bool(number_field(request, "by-count", int, who)),
-                float(number_field(request, "scale", float, who)),
-                normalized=False,
-            )
-            units = weighting.units(0, count)
-            a = weighting.coefficient(units)
         tables, dense = deltas.tables, deltas.dense
-        union = {
-            t: np.asarray(int_list_field(request, f"union.{t}", who), dtype=np.int64)
-            for t in tables
-        }
         slots = RowSlots(
-            union,
+            {t: np.asarray(int_list_field(request, f"union.{t}", who), np.int64) for t in tables},
             {t: int(d.shape[1]) for t, d in tables.items()},
             {n: tuple(d.shape) for n, d in dense.items()},
         )
         values = slots.client_values(
             {t: r.numpy() for t, r in rows.items()},
-            {t: d.double().numpy() * a for t, d in tables.items()},
-            {n: d.double().numpy() * a for n, d in dense.items()},
+            {t: d.double().numpy() for t, d in tables.items()},
+            {n: d.double().numpy() for n, d in dense.items()},
         )
         if noise is not None:  # its noisy share, drawn on its side (dp/distributed.py)
             public = noise.round_noise(request, slots.length - INTEGER_SLOTS, who)
             return member_share(values, public, noise.generator(trained_in))
+        clients = int(number_field(request, "clients", int, who))
+        weighting = SecureWeighting(  # its part of the server's (correction is the server's)
+            (int(number_field(request, "draws", int, who)),),
+            bool(number_field(request, "by-count", int, who)),
+            float(number_field(request, "scale", float, who)),
+            normalized=False,
+        )
         coding = FixedPoint.for_clients(clients, privacy.secagg_clip)
-        return encode_client(slots, coding, values, units, clients)
+        return weighted_input(SecureRound(slots, coding, clients, 1.0, weighting), 0, count, values)
 
     return answer_secagg(message, context, SOURCE, vector, who)
 
 
+@dataclass
 class SecureRows:
     """The server's half: the round's combine at level ``full``."""
 
-    def __init__(
-        self,
-        grid: PushPullGrid,
-        node_of: Mapping[int, int],
-        aggregation: Aggregation,
-        privacy: Privacy,
-        requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
-        timeout: float,
-        record: Recorder | None = None,
-        dp: DpSettings | None = None,
-    ) -> None:
-        self.grid = grid
-        self.node_of = node_of
-        self.aggregation = aggregation
-        self.privacy = privacy
-        self.requests = requests  # the round's requests by client (the runtime's)
-        self.timeout = timeout
-        self.record = record
-        self.dp = dp  # [dp] at full: distributed DP (``noised``)
-        self.clipped = 0  # values clipped to the fixed-point range, over the run
+    grid: PushPullGrid
+    node_of: Mapping[int, int]
+    aggregation: Aggregation
+    privacy: Privacy
+    requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]]  # the runtime's, by client
+    timeout: float
+    record: Recorder | None = None
+    dp: DpSettings | None = None  # [dp] at full: distributed DP
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
-        """Secure sum of the members' weighted deltas and weight units over the union of their
-        requests; ``update`` holds who replied, how often each was drawn and the deltas'
-        shapes (no rows, no sample counts)."""
+        """Secure sum of the members' weighted deltas and weight units (with [dp]: their
+        noisy shares, engine/private_rounds.py's ``SecureRound`` as in process) over the
+        union of their requests; ``update`` holds who replied, how often each was drawn and
+        the deltas' shapes (no rows, no sample counts). With [dp] the sum's threshold is
+        K_min, so fewer survivors abort the round (``SecAggError``)."""
         members = [int(k) for k in update.clients.tolist()]
-        slots = round_slots(update, [self.requests()[k] for k in members])
-        if self.dp is not None:
-            return self.noised(update, members, slots, self.dp)
-        weighting = secure_weighting(self.aggregation, [int(m) for m in update.multiplicity])
-        shared = {f"union.{t}": r.tolist() for t, r in slots.rows.items()}
-        public = {"scale": weighting.scale, "by-count": int(weighting.by_count)}
-        fields = {
-            self.node_of[k]: {
-                "draws": weighting.draws[j], "clients": len(members), **public, **shared
-            }
-            for j, k in enumerate(members)
-        }  # fmt: skip
-        coding = FixedPoint.for_clients(len(members), self.privacy.secagg_clip)
-        total, survivors = self._sum(members, slots, fields)
-        decoded = decode_sums(slots, coding, total, len(survivors))
-        self.clipped += decoded.clipped
-        if decoded.clipped:
-            LOG.warning(
-                "secure row sum: %d values clipped to [-%g, %g] (privacy.secagg_clip)",
-                decoded.clipped,
-                self.privacy.secagg_clip,
-                self.privacy.secagg_clip,
-            )
-        server_update = server_update_of_sums(self.aggregation, update, slots, decoded, weighting)
-        return unbias(server_update, self.privacy.keep)
-
-    def noised(
-        self, update: CohortUpdate, members: list[int], slots: RowSlots, dp: DpSettings
-    ) -> ServerUpdate:
-        """Distributed DP (engine/private_rounds.py's ``_distributed``, over Messages): each
-        node adds its noisy share on its side; the sum's threshold is K_min, so fewer
-        survivors abort the round (``SecAggError``) and the server decodes only sums of at
-        least K_min shares, divided by K (and p)."""
-        k_min = dp.survivors_needed
-        if len(members) < k_min:
+        nodes = [self.node_of[k] for k in members]
+        if self.dp is not None and len(members) < self.dp.survivors_needed:
             raise SecAggError(
                 f"secure row sum: {len(members)} node(s) replied to train, fewer than "
-                f"dp.min_survivors K_min = {k_min}; the round's sum would hold less noise "
-                "than accounted, so it is not run"
+                f"dp.min_survivors K_min = {self.dp.survivors_needed}; the round's sum would "
+                "hold less noise than accounted, so it is not run"
             )
-        noise = round_noise(dp, len(members), slots)
-        public = {
-            "clients": len(members),
-            "dp-clip": noise.clip,
-            "dp-noise-multiplier": dp.noise_multiplier,
-            "dp-min-survivors": k_min,
-            **{f"union.{t}": r.tolist() for t, r in slots.rows.items()},
-        }
-        fields = {self.node_of[k]: public for k in members}
-        threshold = distributed_threshold(dp, len(members))
-        total, survivors = self._sum(members, slots, fields, threshold)
-        decoded = decode_sums(slots, noise.coding, total, len(survivors))
-        return noised_update(
-            update, slots, decoded, dp.accounting.clients_per_round, self.privacy.keep
-        )
-
-    def _sum(
-        self,
-        members: list[int],
-        slots: RowSlots,
-        fields: Mapping[int, dict],
-        threshold: int | None = None,
-    ) -> tuple[np.ndarray, tuple[int, ...]]:
-        """The members' secure sum over Messages, and the nodes it holds the vectors of."""
-        nodes = [self.node_of[k] for k in members]
+        requests = [self.requests()[k] for k in members]
+        plan = SecureRound.plan(update, requests, self.aggregation, self.privacy, self.dp)
+        union = {f"union.{t}": r.tolist() for t, r in plan.slots.rows.items()}
+        fields = {node: {**_told(plan, self.dp, j), **union} for j, node in enumerate(nodes)}
         try:
             ask = asker(self.grid, self.timeout, self.record, MESSAGE_TYPE)
-            return secure_sum.group_sum(ask, nodes, SOURCE, slots.length, fields, threshold)
+            total, survivors = secure_sum.group_sum(
+                ask, nodes, SOURCE, plan.slots.length, fields, plan.threshold
+            )
         except SecAggError as error:  # name the nodes: the operator's next step
             raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
+        decoded = decode_sums(plan.slots, plan.coding, total, len(survivors))
+        if decoded.clipped:  # never with [dp]: its integer slots carry nothing
+            clip = self.privacy.secagg_clip
+            message = "secure row sum: %d values clipped to [-%g, %g] (privacy.secagg_clip)"
+            LOG.warning(message, decoded.clipped, clip, clip)
+        return plan.server_update(self.aggregation, update, decoded)
+
+
+def _told(plan: SecureRound, dp: DpSettings | None, member: int) -> dict:
+    """What ``member`` is told of the round's plan besides the union: its part of the
+    weighting, or distributed DP's public settings."""
+    if plan.weighting is not None:
+        w, clients = plan.weighting, plan.members
+        return {
+            "draws": w.draws[member],
+            "clients": clients,
+            "scale": w.scale,
+            "by-count": int(w.by_count),
+        }
+    assert dp is not None and plan.noise is not None  # distributed DP
+    return {
+        "clients": plan.members,
+        "dp-clip": plan.noise.clip,
+        "dp-noise-multiplier": dp.noise_multiplier,
+        "dp-min-survivors": dp.survivors_needed,
+    }
