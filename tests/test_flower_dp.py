@@ -68,6 +68,32 @@ def test_a_flower_run_with_dp_is_the_in_process_run_with_dp(tmp_path, name):
     assert 0 < epsilons[0] < epsilons[1] < epsilons[2]  # spent round by round
 
 
+def test_a_flower_run_stopped_by_its_budget_evaluates_the_model_it_ends_with(tmp_path):
+    """The loop's budget stop evaluates the final model when that round was not due (as in
+    process): a budget between epsilon after 1 and after 2 rounds stops before round 2, and
+    eval-every = 2 would not have evaluated round 1."""
+    from fedsub import config as config_lib
+    from fedsub.flower.apps import make_client_app, make_server_app
+    from fedsub.runs.run_setup import dp_of
+
+    dp = dp_of(config_lib.load(None, (*OVERRIDES, *DP)), 6)
+    assert dp is not None
+    budget = (dp.epsilon(1) + dp.epsilon(2)) / 2
+    overrides = (*OVERRIDES, *DP, f"dp.epsilon_budget={budget}")
+    settings = FlowerSettings(
+        overrides=overrides,
+        eval_every=2,
+        output=Output(out_dir=str(tmp_path)),
+        replies=Replies(round_timeout=30.0),
+    )
+    grid = AppGrid(make_client_app(settings), 6)
+    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    result = json.loads((tmp_path / "flower-result.json").read_text())
+    assert [r["round"] for r in result["rounds"]] == [1]
+    assert list(result["evaluations"]) == ["1"]
+    assert result["evaluations"]["1"]["epsilon"] == pytest.approx(dp.epsilon(1))
+
+
 # -- distributed DP: [dp] at privacy.level full (each node adds its noise share) -------------
 
 DISTRIBUTED = (

@@ -114,22 +114,13 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     else:
         pulled = received
     chain = Chain.from_description(json.loads(str(c["chain"])))
-    samples = node.samples
+    samples, lr = node.samples, float(number_of(c, "lr"))
     with ieee_float32():  # float32 means float32 on a node's GPU too, as in loop.train
         trained = train_submodel(
-            node.model,
-            pulled,
-            samples,
-            k,
-            round_index,
-            node.schedule,
-            chain,
-            float(number_of(c, "lr")),
+            node.model, pulled, samples, k, round_index, node.schedule, chain, lr
         )
     update = push(k, float(len(samples)), own, pulled, trained)
-    table_deltas = update.table_deltas
-    index = None
-    dense_deltas = update.dense_deltas
+    table_deltas, dense_deltas, index = update.table_deltas, update.dense_deltas, None
     metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
     if downloading:  # the held rows it requested, with their ids (the others skipped)
         kept, table_deltas = reply_record(node.rows, request, table_deltas)
