@@ -5,6 +5,7 @@ so a Flower run with [dp] clips, noises and accounts as the in-process run with 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,26 +45,32 @@ def in_process_model(overrides: tuple[str, ...], name: str) -> dict[str, torch.T
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedsubavg"])
-def test_a_flower_run_with_dp_is_the_in_process_run_with_dp(tmp_path, name):
+def flower_run(out: Path, overrides: tuple[str, ...], eval_every: int) -> dict:
+    """A Flower run of six nodes in process (the ServerApp and the ClientApps over a grid in
+    this process) writing into ``out``; its flower-result.json."""
     from fedsub.flower.apps import make_client_app, make_server_app
 
-    overrides = (*OVERRIDES, *DP, f"train.algorithms=['{name}']")
     settings = FlowerSettings(
         overrides=overrides,
-        eval_every=1,
-        output=Output(out_dir=str(tmp_path)),
+        eval_every=eval_every,
+        output=Output(out_dir=str(out)),
         replies=Replies(round_timeout=30.0),
     )
     grid = AppGrid(make_client_app(settings), 6)
     make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    return json.loads((out / "flower-result.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedsubavg"])
+def test_a_flower_run_with_dp_is_the_in_process_run_with_dp(tmp_path, name):
+    overrides = (*OVERRIDES, *DP, f"train.algorithms=['{name}']")
+    result = flower_run(tmp_path, overrides, eval_every=1)
     flower = load_file(tmp_path / "model.safetensors")
     expected = in_process_model(overrides, name)
     for key, value in expected.items():
         torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-5)
     plain = in_process_model((*OVERRIDES, f"train.algorithms=['{name}']"), name)
     assert any(not torch.allclose(v, plain[k], atol=1e-3) for k, v in expected.items())
-    result = json.loads((tmp_path / "flower-result.json").read_text())
     epsilons = [result["evaluations"][r]["epsilon"] for r in ("1", "2", "3")]
     assert 0 < epsilons[0] < epsilons[1] < epsilons[2]  # spent round by round
 
@@ -73,22 +80,12 @@ def test_a_flower_run_stopped_by_its_budget_evaluates_the_model_it_ends_with(tmp
     process): a budget between epsilon after 1 and after 2 rounds stops before round 2, and
     eval-every = 2 would not have evaluated round 1."""
     from fedsub import config as config_lib
-    from fedsub.flower.apps import make_client_app, make_server_app
     from fedsub.runs.run_setup import dp_of
 
     dp = dp_of(config_lib.load(None, (*OVERRIDES, *DP)), 6)
     assert dp is not None
     budget = (dp.epsilon(1) + dp.epsilon(2)) / 2
-    overrides = (*OVERRIDES, *DP, f"dp.epsilon_budget={budget}")
-    settings = FlowerSettings(
-        overrides=overrides,
-        eval_every=2,
-        output=Output(out_dir=str(tmp_path)),
-        replies=Replies(round_timeout=30.0),
-    )
-    grid = AppGrid(make_client_app(settings), 6)
-    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
-    result = json.loads((tmp_path / "flower-result.json").read_text())
+    result = flower_run(tmp_path, (*OVERRIDES, *DP, f"dp.epsilon_budget={budget}"), eval_every=2)
     assert [r["round"] for r in result["rounds"]] == [1]
     assert list(result["evaluations"]) == ["1"]
     assert result["evaluations"]["1"]["epsilon"] == pytest.approx(dp.epsilon(1))
