@@ -18,6 +18,7 @@ from fedsub.submodel.params import Params
 
 from .test_flower import OVERRIDES, in_process_model
 from .test_flower_resume_old import serve
+from .test_initial_model import bad_model_files
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 REPLIES = Replies(round_timeout=30.0)
@@ -65,36 +66,9 @@ def test_a_run_from_a_model_file_continues_it_as_the_in_process_engine_would(tmp
     assert [r["replies"] for r in result["rounds"]] == [3, 3, 3]
 
 
-def _bad_files(tmp_path) -> list[tuple[str, str]]:
-    """(file, what the error says) for every way a model file can fail to be the run's."""
-    good = drawn_tensors()
-    cases = []
-
-    def write(name: str, tensors: dict[str, torch.Tensor], expected: str) -> None:
-        save_file(tensors, str(tmp_path / name))
-        cases.append((str(tmp_path / name), expected))
-
-    (tmp_path / "text.safetensors").write_text("not a model")
-    cases.append((str(tmp_path / "text.safetensors"), "is not a safetensors file"))
-    cases.append((str(tmp_path / "absent.safetensors"), "does not exist"))
-    dense = next(n for n in good if n.startswith("dense."))
-    shape = tuple(good[dense].shape)
-    missing = {n: v for n, v in good.items() if n != dense}
-    write("missing.safetensors", missing, rf"no tensor '{dense}' \(expected float32 of shape")
-    write("extra.safetensors", {**good, "dense.extra": torch.zeros(2)}, "'dense.extra' is not")
-    rows = good["table.features"]
-    shorter = {**good, "table.features": rows[:-1].clone()}
-    wrong = rf"'table.features' has shape \({len(rows) - 1}, .*expected \({len(rows)},"
-    write("shorter.safetensors", shorter, wrong)
-    doubles = {**good, dense: good[dense].double()}
-    write("doubles.safetensors", doubles, rf"'{dense}' is float64, expected float32")
-    assert shape  # the dense tensor named has a shape to compare
-    return cases
-
-
 def test_a_file_that_is_not_the_runs_model_is_refused_before_round_1(tmp_path):
     """Each error names the key, the file and the tensor; the out-dir is left as it was."""
-    for index, (path, expected) in enumerate(_bad_files(tmp_path)):
+    for index, (path, expected) in enumerate(bad_model_files(tmp_path, drawn_tensors())):
         out = tmp_path / f"out{index}"
         with pytest.raises(FedsubError, match=rf"initial-model = '{path}'.*{expected}"):
             serve(settings(path, out_dir=str(out)))

@@ -151,8 +151,10 @@ def test_the_check_sees_each_models_tensors_without_drawing_its_tables(name, tmp
     )
 
 
-def _bad_files(folder: Path, good: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
-    """(file, what the error says) for every way a model file can fail to be the run's."""
+def bad_model_files(folder: Path, good: dict[str, torch.Tensor]) -> list[tuple[str, str]]:
+    """(file, what the error says) for every way a model file can fail to be the model of the
+    tensors ``good`` (a table ``table.features`` and dense tensors): written into ``folder``;
+    both runtimes' tests use them (tests/test_flower_initial_model.py)."""
     cases = []
 
     def write(name: str, tensors: dict[str, torch.Tensor], expected: str) -> None:
@@ -163,15 +165,16 @@ def _bad_files(folder: Path, good: dict[str, torch.Tensor]) -> list[tuple[str, s
     cases.append((str(folder / "text.safetensors"), "is not a safetensors file"))
     cases.append((str(folder / "absent.safetensors"), "does not exist"))
     cases.append((str(folder), "is not a file"))
-    rows = good["table.features"]
-    missing = {n: v for n, v in good.items() if n != "dense.bias"}
-    write("missing.safetensors", missing, r"no tensor 'dense.bias' \(expected float32 of shape")
+    dense = next(n for n in good if n.startswith("dense."))
+    missing = {n: v for n, v in good.items() if n != dense}
+    write("missing.safetensors", missing, rf"no tensor '{dense}' \(expected float32 of shape")
     write("extra.safetensors", {**good, "dense.extra": torch.zeros(2)}, "'dense.extra' is not")
+    rows = good["table.features"]
     shorter = {**good, "table.features": rows[:-1].clone()}
-    wrong = rf"'table.features' has shape \({len(rows) - 1}, 1\), expected \({len(rows)}, 1\)"
+    wrong = rf"'table.features' has shape \({len(rows) - 1}, .*expected \({len(rows)},"
     write("shorter.safetensors", shorter, wrong)
-    doubles = {**good, "dense.bias": good["dense.bias"].double()}
-    write("doubles.safetensors", doubles, r"'dense.bias' is float64, expected float32")
+    doubles = {**good, dense: good[dense].double()}
+    write("doubles.safetensors", doubles, rf"'{dense}' is float64, expected float32")
     return cases
 
 
@@ -182,7 +185,7 @@ def test_a_file_that_is_not_the_runs_model_is_refused_naming_the_option(
     error names the file and what differs; the command line's run folder is never made."""
     config = tmp_path / "run.toml"
     config.write_text(config_lib.to_toml(config_lib.parse(CONFIG)))
-    for index, (path, expected) in enumerate(_bad_files(tmp_path, load_file(trained))):
+    for index, (path, expected) in enumerate(bad_model_files(tmp_path, load_file(trained))):
         with pytest.raises(FedsubError, match=rf"^initial_model = '{path}'.*{expected}"):
             fedsub.train("sparse-lr", data, initial_model=path, **OPTIONS)
         out = tmp_path / f"out{index}"
