@@ -185,3 +185,23 @@ def test_each_round_goes_to_flowers_log_which_stream_shows(tmp_path, monkeypatch
     assert rounds[0] == "fedsub round 1/2: 2 of 2 sampled nodes replied; model updated"
     assert any(r.startswith("fedsub round 1: evaluation: train_loss ") for r in rounds)
     assert any(r.startswith("fedsub round 2/2: ") for r in rounds)
+
+
+@pytest.mark.parametrize("left", ["flower-result.json", "progress.jsonl"])
+def test_an_out_dir_a_fedsub_before_run_json_wrote_is_refused_not_mixed_into(tmp_path, left):
+    """An out-dir with a Flower run's results but no run.json (fedsub before run.json) holds a
+    run: a new run is refused, and overwrite too (it removes only files a run listed), so its
+    checkpoints can never be resumed as the new run's."""
+    from fedsub.errors import FedsubError
+    from fedsub.runs.run_identity import claim_folder
+
+    from .test_flower_dp import flower_run
+
+    out = tmp_path / "old"
+    (out / "checkpoints" / "round-000002").mkdir(parents=True)
+    (out / left).write_text("{}\n")
+    with pytest.raises(FedsubError, match="already holds a run; pass overwrite = true"):
+        flower_run(out, (), eval_every=0)
+    with pytest.raises(FedsubError, match="written by an older fedsub"):
+        claim_folder(out, resume=False, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["checkpoints", left])

@@ -61,6 +61,10 @@ ALGORITHM_FILES = (
     "profile.json",  # --profile (fedsub/profiling.py)
 )
 CHECKPOINTS = "checkpoints"
+# What a Flower ServerApp's out-dir holds at its top, with or without run.json (an out-dir of a
+# fedsub from before run.json has only these, beside its model and checkpoints).
+FLOWER_RESULT, FLOWER_PROGRESS = "flower-result.json", "progress.jsonl"
+FLOWER_RUN_FILES = (FLOWER_RESULT, FLOWER_PROGRESS)
 
 
 def checkpoint_outputs(folder: str) -> list[str]:
@@ -191,8 +195,9 @@ def _is_algorithm_folder(path: Path) -> bool:
 
 
 def _is_run_root(path: Path) -> bool:
-    """A folder a run wrote: its run.json, or (older fedsub) results beside algorithm folders."""
-    if (path / RUN_FILE).exists():
+    """A folder a run wrote: its run.json, or (older fedsub) results beside algorithm folders
+    or a Flower out-dir's results."""
+    if any((path / name).exists() for name in (RUN_FILE, *FLOWER_RUN_FILES)):
         return True
     if not any((path / name).exists() for name in RUN_FILES):
         return False

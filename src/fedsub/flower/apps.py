@@ -38,6 +38,8 @@ from fedsub.files.atomic_files import TEMP_PATTERN
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
     CHECKPOINTS,
+    FLOWER_PROGRESS,
+    FLOWER_RESULT,
     RUN_FILE,
     Claim,
     RunIdentity,
@@ -69,15 +71,14 @@ from fedsub.submodel.params import Params
 __all__ = ["make_client_app", "make_server_app"]
 LOG = logging.getLogger("fedsub")
 
-PROGRESS = "progress.jsonl"  # every round's record, as it ends
 RUN_ID = "flower"  # Flower gives each `flwr run` a new run id: the config hash identifies it
 CONFIG_KEY = "config"  # run.json's key of the fedsub config as written
 
 # What a Flower run writes in its out-dir (its run.json manifest; files/run_folder.py).
 FLOWER_OUTPUTS = [
     RUN_FILE,
-    PROGRESS,
-    "flower-result.json",
+    FLOWER_PROGRESS,
+    FLOWER_RESULT,
     MODEL_FILE,
     "heat.safetensors",
     "heat-transcript.json",
@@ -137,7 +138,7 @@ def _runtime(
     transcripts = settings.output.heat_transcript and privacy.source != "exact"
     out = settings.output.out_dir
     observers = Observers(
-        on_progress=JsonLines(Path(out) / PROGRESS) if out else None,
+        on_progress=JsonLines(Path(out) / FLOWER_PROGRESS) if out else None,
         transcript=Transcript() if transcripts else None,
         meter=MeteredGrid(grid),
     )
@@ -202,7 +203,7 @@ def run_control(settings: FlowerSettings, run: RunModel, stamp: RunIdentity) -> 
         return checkpointed(guards, None, 0, stamp)
     out = Path(output.out_dir)
     if not output.resume:  # a new run: its claim moved a replaced run's checkpoints aside
-        start_fresh(out, PROGRESS, checkpoints=False)
+        start_fresh(out, FLOWER_PROGRESS, checkpoints=False)
         return checkpointed(guards, out, output.checkpoint_every, stamp)
     saved = latest(out / CHECKPOINTS, stamp)
     LOG.info("resuming after round %d from %s", saved.round, saved.path)
@@ -249,7 +250,7 @@ def write_result(
     elif failure is not None:
         kind = "diverged" if isinstance(failure, Diverged) else "failed"
         result[kind] = {"round": failure.round, "reason": failure.reason}
-    write_atomic(out / "flower-result.json", dumps(result, indent=2) + "\n")
+    write_atomic(out / FLOWER_RESULT, dumps(result, indent=2) + "\n")
 
 
 def write_heat(out: Path, report: HeatReport, transcript: Transcript | None) -> None:
