@@ -126,7 +126,7 @@ class DpMechanism:
         adaptive = self.settings.adaptive
         assert adaptive is not None  # combine adapts only when adaptive clipping is on
         centered = float(((norms <= clip).to(torch.float64) - 0.5).sum())
-        noisy = centered + float(gaussian((1,), self.settings.count_std(adaptive), generator)[0])
+        noisy = centered + float(gaussian((1,), self.settings.count_std, generator)[0])
         fraction = noisy / self.denominator + 0.5
         step = -adaptive.clip_lr * (fraction - adaptive.target_quantile)
         self.pending = (round_index, clip * math.exp(step))

@@ -114,10 +114,12 @@ class DpSettings:
         share += self.adaptive.count_share if self.adaptive is not None else 0.0
         return self.noise_multiplier / math.sqrt(1.0 - share)
 
-    def count_std(self, adaptive: AdaptiveClip) -> float:
-        """The clipped-count's noise: each member adds b_k - 1/2 (sensitivity 1/2), with
-        1/z_count^2 = a / z^2, so std = z / (2 sqrt(a))."""
-        return self.noise_multiplier / (2.0 * math.sqrt(adaptive.count_share))
+    @property
+    def count_std(self) -> float:
+        """The clipped-count's noise (adaptive clipping only): each member adds b_k - 1/2
+        (sensitivity 1/2), with 1/z_count^2 = a / z^2, so std = z / (2 sqrt(a))."""
+        assert self.adaptive is not None, "the clipped count is adaptive clipping's"
+        return self.noise_multiplier / (2.0 * math.sqrt(self.adaptive.count_share))
 
     @property
     def selection_std(self) -> float:
