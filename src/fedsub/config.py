@@ -34,6 +34,7 @@ from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
 from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.runtime import IN_PROCESS
+from fedsub.engine.schedule import LrSchedule, Sampling
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.keys import flat_values, parse_section
 from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
@@ -75,7 +76,7 @@ class ClientStepConfig:
     """The client learning rate (`[algorithms.<name>] lr` overrides it per algorithm)."""
     lr_schedule: str = field(
         default="constant",
-        metadata={"choices": lambda: ["constant", "inverse-round", "inverse-time", "exponential"]},
+        metadata={"choices": lambda: list(typing.get_args(LrSchedule))},
     )
     """`constant`, `inverse-round` (lr / (1 + t), t = round index, seed 004), `inverse-time` (lr /
     (1 + lr_decay t), seed 004's appendix C.2) or `exponential` (lr * lr_decay^t, x0.999 in the
@@ -112,7 +113,9 @@ class TrainConfig:
     """lr, lr_schedule, lr_decay, weight_decay, clip_norm, momentum (keys of [train])."""
     seed: int = field(default=0, metadata={"min": 0})
     """Client schedule, local shuffles, model init."""
-    sampling: str = field(default="fixed", metadata={"choices": lambda: ["fixed", "poisson"]})
+    sampling: str = field(
+        default="fixed", metadata={"choices": lambda: list(typing.get_args(Sampling))}
+    )
     """`fixed`: the algorithm's scheme draws the cohort (K clients); `poisson`: each client joins
     a round independently with probability q = K / N (the cohort's size varies; differential
     privacy's accountant then uses Poisson subsampling)."""
