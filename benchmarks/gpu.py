@@ -1,13 +1,14 @@
 """Issue 15's GPU benchmarks (figures g1..g7), through fedsub's own round loop.
 
     python benchmarks/gpu.py [--device cuda] [--small] [--only g1,g3] [--rounds 20] [--threads N]
-                             [--compile]
+                             [--compile] [--graphs]
 
 (g1) the issue's probe workload: embedding-LR (sum-pooled rows of dimension 16 + a linear
      head), FedSubAvg with sample-weighted coefficients, N = 100,000 clients with lognormal
      sizes (~4.9M samples), 10 Zipf(1.1) ids per sample, I = 10, B = 5, a 1e7-row table:
      steady per-round time (median of rounds 3..R) at K = 100, 1,000 and 10,000; with
-     ``--compile`` also with ``execution.compile = "on"`` (K = 100 is the launch-bound case).
+     ``--compile`` also with ``execution.compile = "on"`` (K = 100 is the launch-bound case),
+     ``--graphs`` with ``"cuda-graphs"`` (the round replayed as one CUDA graph, any torch).
 (g2) the same on a 1e8-row table at K = 1,000 (ratio to g1's K = 1,000).
 (g3) a 1e9 x 16 table with ``execution.table_placement = "host"`` at K = 1,000 (ratio to g1's
      device-resident K = 1,000); "not available" when the config refuses the key.
@@ -48,7 +49,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.device import resolve_device
 from fedsub.engine import server_round
-from fedsub.engine.execution import Compile, Execution
+from fedsub.engine.execution import Compile, CudaGraphs, Execution
 from fedsub.engine.loop import initial_params, train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
@@ -145,33 +146,40 @@ def probe_data(size: dict, rows: int):
     return dataset, SubmodelIndex.build(dataset)
 
 
-def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = False) -> dict:
-    """``compile``: each K also with ``execution.compile = "on"`` (the captured local step), its
-    steady per-round time, its first round (which compiles) and the largest difference of its
-    model from the eager one."""
+def capture_of(name: str, device: torch.device) -> Compile | CudaGraphs:
+    """``execution.compile``'s value ``name`` ("on" or "cuda-graphs") as the engine takes it."""
+    return Compile.for_device(device) if name == "on" else CudaGraphs()
+
+
+def g1(size: dict, device: torch.device, rounds: int, data, captures: tuple[str, ...] = ()) -> dict:
+    """``captures``: each K also with these ``execution.compile`` values ("on": torch.compile;
+    "cuda-graphs": the round replayed as a CUDA graph), run right after the eager one: the
+    steady per-round time, the first round (which compiles or records) and the largest
+    difference of the model from the eager one."""
     dataset, index = data
     model = embedding_lr(dataset)
-    per_k, compiled = {}, {}
+    per_k: dict = {}
+    captured_k: dict = {c: {} for c in captures}
     for k in size["cohorts"]:
         eager = schedule(device, k, rounds)
         seconds, _, eager_model = timed_run(model, dataset, index, eager)
         per_k[k] = seconds
         print(f"(g1) K = {k}: {seconds * 1e3:.2f} ms / round", flush=True)
-        if compile:
-            on = dataclasses.replace(eager.execution, compile=Compile.for_device(device))
+        for name in captures:
+            on = dataclasses.replace(eager.execution, compile=capture_of(name, device))
             captured = dataclasses.replace(eager, execution=on)
             c_seconds, c_rounds, c_model = timed_run(model, dataset, index, captured)
             difference = max(
                 float((a - c_model.state_dict()[n].to(a.device)).abs().max())
                 for n, a in eager_model.state_dict().items()
             )
-            compiled[k] = {
+            captured_k[name][k] = {
                 "ms_per_round": c_seconds * 1e3,
                 "speedup": seconds / c_seconds,
                 "first_round_s": c_rounds[0],
                 "max_abs_difference": difference,
             }
-            print(f"(g1) K = {k} compiled: {json.dumps(compiled[k])}", flush=True)
+            print(f"(g1) K = {k} compile={name}: {json.dumps(captured_k[name][k])}", flush=True)
     return {
         "rows": size["rows"],
         "clients": dataset.num_clients,
@@ -179,11 +187,7 @@ def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = Fals
         "ms_per_round": {k: s * 1e3 for k, s in per_k.items()},
         "client_steps_per_s": {k: k * STEPS / s for k, s in per_k.items()},
         "targets_ms": {"K=100": 3.0, "K=10000": 10.0} if size is FULL else None,
-        "compiled": (
-            {"how": dataclasses.asdict(Compile.for_device(device)), "per_k": compiled}
-            if compile
-            else None
-        ),
+        "captured": captured_k,
     }
 
 
@@ -429,6 +433,12 @@ def main() -> None:
         "CUDA graphs on a GPU): its per-round time and its model's difference from eager",
     )
     parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help='g1 also with execution.compile = "cuda-graphs" (the round recorded with '
+        "torch.cuda.graph and replayed, no compiler; CUDA only)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="g1 also profiled: fedsub's phases per K and torch's operators at the smallest K",
@@ -454,7 +464,8 @@ def main() -> None:
     data = probe_data(size, size["rows"]) if {"g1", "g5", "g6"} & set(only) else None
     g1_k_ms = None
     if "g1" in only:
-        result["g1"] = g1(size, device, rounds, data, args.compile)
+        captures = (("on",) if args.compile else ()) + (("cuda-graphs",) if args.graphs else ())
+        result["g1"] = g1(size, device, rounds, data, captures)
         g1_k_ms = result["g1"]["ms_per_round"].get(size["k"])
         if args.profile:
             result["g1_profile"] = g1_profile(size, device, rounds, data)

@@ -1,0 +1,357 @@
+"""``execution.compile = "cuda-graphs"``: a round's local steps replayed as one CUDA graph,
+without the compiler.
+
+On a GPU a round of a sparse model is host-bound: each of the I local steps launches about
+sixty small kernels (embed, head, loss, backward, the client rule), and the launches, not the
+arithmetic, set the round's time (benchmarks/README.md, ``gpu.py --profile``). Here the batched
+backend's eager steps (``batched._eager_steps``: the same ops, autograd, ``Chain.step`` in
+place) are captured once with ``torch.cuda.graph`` on static buffers and replayed every round:
+one launch for the I steps instead of hundreds. No dynamo is involved, so it runs on the
+torch releases whose compiler cannot capture the step (torch 2.11, ``captured_step.py``).
+
+A graph has fixed shapes and addresses; a round's shapes change. So, as in
+``captured_step.py`` (whose ``PaddedCohort`` this reuses), the pulled rows are padded to a
+size class per table and every step's ids to one size class per field (the largest step of
+the round), the padding ids forming one phantom sample whose features are dropped before the
+head: the padding changes no number of the real rows. One graph is captured per combination
+of size classes (``RoundKey``), each with its own static buffers; the graphs share one memory
+pool, which is safe because nothing a graph allocates is read after its replay (its results
+live in the static buffers, allocated outside the pool).
+
+The numbers: the same kernels in the same order as the eager steps on the padded shapes, so
+the model agrees with the eager backend up to the order of the GPU's atomic adds (as two eager
+runs do); on the CPU, where ``capture_eagerly`` stands in for the capture, it is bit for bit
+(``tests/test_cuda_graphs.py``). Dense weights keep their dense form (the eager backend may
+train a wide weight as low-rank changes, ``models/low_rank.py``: the same update up to
+rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+import numpy as np
+import torch
+
+from fedsub import device as device_lib
+from fedsub.client.layout import CohortLayout, LearningRate
+from fedsub.client.transforms import Chain, Members
+from fedsub.client.work import CohortWork
+from fedsub.engine.captured_step import PaddedCohort, size_class
+from fedsub.engine.cohort_batches import CohortBatches
+from fedsub.engine.execution import CudaGraphs
+from fedsub.models.base import Model
+
+Tensors = dict[str, torch.Tensor]
+Ids = dict[str, tuple[torch.Tensor, torch.Tensor]]
+HeadFn = Callable[[Tensors, dict[str, torch.Tensor], torch.Tensor | None], torch.Tensor]
+
+
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+Capture = Callable[[Callable[[], None]], Replayable]
+
+
+_POOL: list = []  # the graphs' shared memory pool (made at the first capture)
+
+
+def capture_cuda(fn: Callable[[], None]) -> Replayable:
+    """``fn`` captured as a CUDA graph, after the warm-up runs on a side stream that
+    ``torch.cuda.graph`` asks for (lazy initialisation of cuBLAS and friends must not happen
+    inside a capture). ``fn`` must be idempotent: it reads static inputs and writes static
+    outputs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    if not _POOL:
+        _POOL.append(torch.cuda.graph_pool_handle())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=_POOL[0]):
+        fn()
+    return graph
+
+
+@dataclass
+class _Eager:
+    fn: Callable[[], None]
+
+    def replay(self) -> None:
+        self.fn()
+
+
+def capture_eagerly(fn: Callable[[], None]) -> Replayable:
+    """The stand-in for a capture off the GPU: each replay calls ``fn`` (the same static buffers
+    and ops as a graph, so the CPU tests check everything but the capture itself)."""
+    return _Eager(fn)
+
+
+@dataclass(frozen=True)
+class StaticRates:
+    """A cohort layout whose per-member learning rates come from a static device buffer: a graph
+    cannot copy a host array to the device, so the round's rates are written into ``rates``
+    before each replay. Only the learning rates pass through ``per_member`` (``Sgd``,
+    ``Adam``), which the capture checks (``source``)."""
+
+    layout: CohortLayout
+    rates: torch.Tensor
+    source: np.ndarray  # the rates' host array at capture time
+
+    @property
+    def members(self) -> int:
+        return self.layout.members
+
+    def squared_norms(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        return self.layout.squared_norms(tensors)
+
+    def spread(self, values: torch.Tensor, position: int, like: torch.Tensor) -> torch.Tensor:
+        return self.layout.spread(values, position, like)
+
+    def spread_all(
+        self, values: LearningRate, tensors: Sequence[torch.Tensor]
+    ) -> list[LearningRate]:
+        return self.layout.spread_all(values, tensors)
+
+    def per_member(self, values: np.ndarray, like: torch.Tensor) -> LearningRate:
+        if values is not self.source:
+            raise ValueError("a captured round's per-member values must be its learning rates")
+        return self.rates.to(like.dtype)
+
+    def per_tensor(self, values: np.ndarray, tensors: Sequence[torch.Tensor]) -> list[LearningRate]:
+        return self.spread_all(self.per_member(values, tensors[0]), tensors)
+
+
+@dataclass(frozen=True)
+class RoundKey:
+    """What fixes a captured round's shapes: the model and rule, the cohort's shape, the size
+    classes of rows (per table) and ids (per field), the dense shapes and dtype."""
+
+    model: int  # id(model): the cache keeps the model alive (``_Round.model``)
+    chain: Chain
+    k: int
+    batch: int
+    steps: int
+    rows: tuple[tuple[str, int], ...]
+    ids: tuple[tuple[str, int], ...]
+    dense: tuple[tuple[str, tuple[int, ...]], ...]
+    dense_inputs: tuple[int, ...] | None
+    corrections: bool
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass
+class _Round:
+    """One captured round: its static buffers and its graph."""
+
+    model: Model
+    tables: Tensors  # padded rows, leaves that the steps move in place
+    dense: Tensors  # [K, ...], leaves
+    owners: Tensors
+    rates: torch.Tensor
+    corrections: list[torch.Tensor] | None
+    ids: dict[str, tuple[torch.Tensor, torch.Tensor]]  # [I, S] values, [I, K*B + 2] offsets
+    labels: torch.Tensor
+    dense_inputs: torch.Tensor | None
+    graph: Replayable | None = None
+
+
+_ROUNDS: dict[RoundKey, _Round] = {}
+_KEEP = 16  # rounds captured at once (size-class combinations times a comparison's algorithms)
+
+
+def padded_ids(
+    batches: CohortBatches, padding: PaddedCohort
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Every step's ids, each field padded to one size class S (the round's largest step):
+    values [I, S] (padding ids point at the table's first padding row) and offsets
+    [I, K * B + 2] (the last sample is the phantom that owns the padding)."""
+    steps, per_step = batches.labels.shape[0], batches.samples_per_step
+    out = {}
+    for name, ragged in batches.ids.items():
+        bounds = np.asarray(batches.step_bounds[name], dtype=np.int64)
+        counts = np.diff(bounds)
+        size = size_class(int(counts.max()) if len(counts) else 0)
+        device = ragged.values.device
+        starts = device_lib.from_host(bounds[:-1], device)
+        lengths = device_lib.from_host(counts, device)
+        position = torch.arange(size, device=device)
+        inside = position[None, :] < lengths[:, None]
+        where = (starts[:, None] + position[None, :]).clamp_(max=max(len(ragged.values) - 1, 0))
+        pad = padding.real_rows[padding.field_tables.get(name, name)]
+        if len(ragged.values):
+            values = ragged.values.index_select(0, where.reshape(-1)).reshape(steps, size)
+            values = torch.where(inside, values, pad)
+        else:
+            values = torch.full((steps, size), pad, dtype=torch.int64, device=device)
+        offsets = ragged.offsets[: steps * per_step].reshape(steps, per_step)
+        ends = ragged.offsets[per_step::per_step][:steps, None] if per_step else starts[:, None]
+        phantom_end = torch.full((steps, 1), size, dtype=offsets.dtype, device=device)
+        offsets = torch.cat([offsets, ends], dim=1) - starts[:, None]
+        out[name] = (values, torch.cat([offsets, phantom_end], dim=1))
+    return out
+
+
+def _key(
+    model: Model,
+    work: CohortWork,
+    pulled_tables: Tensors,
+    padding: PaddedCohort,
+    ids: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    pulled_dense: Tensors,
+    batches: CohortBatches,
+) -> RoundKey:
+    steps, k, batch = batches.labels.shape
+    return RoundKey(
+        model=id(model),
+        chain=work.chain,
+        k=k,
+        batch=batch,
+        steps=steps,
+        rows=tuple(padding.padded_rows.items()),
+        ids=tuple((n, v.shape[1]) for n, (v, _) in ids.items()),
+        dense=tuple((n, tuple(v.shape)) for n, v in pulled_dense.items()),
+        dense_inputs=None if batches.dense is None else tuple(batches.dense.shape),
+        corrections=work.corrections is not None,
+        dtype=[*pulled_tables.values(), *pulled_dense.values()][0].dtype,
+        device=batches.labels.device,
+    )
+
+
+def _static_round(
+    model: Model,
+    key: RoundKey,
+    pulled_tables: Tensors,
+    pulled_dense: Tensors,
+    ids: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    batches: CohortBatches,
+    work: CohortWork,
+) -> _Round:
+    """Empty static buffers of ``key``'s shapes."""
+    rows = dict(key.rows)
+    device = key.device
+    corrections = None
+    if work.corrections is not None:
+        corrections = [
+            *(
+                torch.zeros(rows[t], *c.shape[1:], dtype=c.dtype, device=device)
+                for t, c in work.corrections.tables.items()
+            ),
+            *(torch.zeros_like(c) for c in work.corrections.dense.values()),
+        ]
+    return _Round(
+        model=model,
+        tables={
+            t: torch.zeros(rows[t], *v.shape[1:], dtype=v.dtype, device=device).requires_grad_()
+            for t, v in pulled_tables.items()
+        },
+        dense={n: torch.zeros_like(v).requires_grad_() for n, v in pulled_dense.items()},
+        owners={t: torch.zeros(rows[t], dtype=torch.int64, device=device) for t in pulled_tables},
+        rates=torch.zeros(key.k, dtype=key.dtype, device=device),
+        corrections=corrections,
+        ids={n: (torch.zeros_like(v), torch.zeros_like(o)) for n, (v, o) in ids.items()},
+        labels=torch.zeros_like(batches.labels),
+        dense_inputs=None if batches.dense is None else torch.zeros_like(batches.dense),
+    )
+
+
+def _fill(
+    static: _Round,
+    padding: PaddedCohort,
+    pulled_tables: Tensors,
+    pulled_dense: Tensors,
+    ids: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    batches: CohortBatches,
+    work: CohortWork,
+) -> None:
+    """This round's inputs into the static buffers (padding rows zero, owned by the last
+    member, as ``PaddedCohort`` lays them out)."""
+    k = static.rates.shape[0]
+    with torch.no_grad():
+        for t, values in pulled_tables.items():
+            real = len(values)
+            static.tables[t][:real].copy_(values)
+            static.tables[t][real:].zero_()
+            static.owners[t][:real].copy_(batches.row_owner[t])
+            static.owners[t][real:].fill_(k - 1)
+        for n, values in pulled_dense.items():
+            static.dense[n].copy_(values)
+        static.rates.copy_(device_lib.from_host(work.lr, static.rates.device))
+        if static.corrections is not None and work.corrections is not None:
+            given = [*work.corrections.tables.values(), *work.corrections.dense.values()]
+            for target, c in zip(static.corrections, given, strict=True):
+                target[: len(c)].copy_(c)
+                target[len(c) :].zero_()
+        for n, (values, offsets) in ids.items():
+            static.ids[n][0].copy_(values)
+            static.ids[n][1].copy_(offsets)
+        static.labels.copy_(batches.labels)
+        if static.dense_inputs is not None and batches.dense is not None:
+            static.dense_inputs.copy_(batches.dense)
+
+
+def _steps(static: _Round, head: HeadFn, chain: Chain, lr: np.ndarray) -> Callable[[], None]:
+    """The round's I local steps on the static buffers, as ``batched._eager_steps`` takes
+    them, with the phantom sample's features dropped before the head."""
+    model, tables, dense = static.model, static.tables, static.dense
+    steps, k, batch = static.labels.shape
+    samples = k * batch
+    layout = CohortLayout((*(static.owners[t] for t in tables), *(None for _ in dense)), k)
+    members = Members(StaticRates(layout, static.rates, lr), lr, static.corrections)
+    params = [*tables.values(), *dense.values()]
+
+    def run() -> None:
+        with torch.no_grad():
+            state = chain.init(params, members)
+        for step in range(steps):
+            ids = {n: (v[step], o[step]) for n, (v, o) in static.ids.items()}
+            inputs = None if static.dense_inputs is None else static.dense_inputs[step]
+            features = {
+                n: f[:samples].reshape(k, batch, *f.shape[1:])
+                for n, f in model.embed(tables, ids).items()
+            }
+            outputs = head(dense, features, inputs)
+            flat = outputs.reshape(samples, *outputs.shape[2:])
+            total = model.loss(flat, static.labels[step].reshape(-1)) * k
+            grads = list(torch.autograd.grad(total, params))
+            with torch.no_grad():
+                state = chain.step(grads, state, params, members)
+
+    return run
+
+
+def graphed_steps(
+    model: Model,
+    head: HeadFn,
+    pulled_tables: Tensors,
+    pulled_dense: Tensors,
+    batches: CohortBatches,
+    work: CohortWork,
+    padding: PaddedCohort,
+    graphs: CudaGraphs,
+) -> tuple[Tensors, Tensors]:
+    """The cohort's local steps as one replay of the round captured for its size classes
+    (captured at its first use): the members' tables (real rows) and dense parameters after
+    the last step, views of the static buffers (read them before the next round)."""
+    ids = padded_ids(batches, padding)
+    key = _key(model, work, pulled_tables, padding, ids, pulled_dense, batches)
+    static = _ROUNDS.get(key)
+    if static is None or static.model is not model:
+        static = _static_round(model, key, pulled_tables, pulled_dense, ids, batches, work)
+        _fill(static, padding, pulled_tables, pulled_dense, ids, batches, work)
+        capture = cast(Capture, graphs.capture) if graphs.capture is not None else capture_cuda
+        static.graph = capture(_steps(static, head, work.chain, work.lr))
+        if len(_ROUNDS) >= _KEEP:
+            _ROUNDS.pop(next(iter(_ROUNDS)))
+        _ROUNDS[key] = static
+    _fill(static, padding, pulled_tables, pulled_dense, ids, batches, work)
+    assert static.graph is not None
+    static.graph.replay()
+    tables = {t: v.detach()[: padding.real_rows[t]] for t, v in static.tables.items()}
+    return tables, {n: v.detach() for n, v in static.dense.items()}
