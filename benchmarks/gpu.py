@@ -191,18 +191,29 @@ def g1(size: dict, device: torch.device, rounds: int, data, captures: tuple[str,
     }
 
 
-def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
+def g1_profile(
+    size: dict, device: torch.device, rounds: int, data, capture: str | None = None
+) -> dict:
     """Where g1's round goes at each K: fedsub's per-phase profile (``--profile``; the device
     synchronized at every phase boundary, so the phases are slower than g1's figures, but
     their shares show the fixed per-round cost), and torch's own profile of one K's rounds
-    (the operators with the most host time and the kernels launched per round)."""
+    (the operators with the most host time and the kernels launched per round).
+    ``capture``: profile the rounds with this ``execution.compile`` value instead of eager."""
     dataset, index = data
     model = embedding_lr(dataset)
-    out: dict = {}
+    out: dict = {"compile": capture or "off"}
+
+    def schedule_at(k: int) -> Schedule:
+        eager = schedule(device, k, rounds)
+        if capture is None:
+            return eager
+        on = dataclasses.replace(eager.execution, compile=capture_of(capture, device))
+        return dataclasses.replace(eager, execution=on)
+
     for k in size["cohorts"]:
         record = RoundProfile(synchronize=lambda: synchronize(device))
         with profiling(record):
-            timed_run(model, dataset, index, schedule(device, k, rounds))
+            timed_run(model, dataset, index, schedule_at(k))
         out[str(k)] = record.as_json()
         print(profile_table({f"(g1 profile) K = {k}": out[str(k)]}), flush=True)
     k = size["cohorts"][0]
@@ -213,7 +224,7 @@ def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
     with torch.profiler.profile(
         activities=activities, with_stack=True, experimental_config=verbose
     ) as prof:
-        timed_run(model, dataset, index, schedule(device, k, rounds))
+        timed_run(model, dataset, index, schedule_at(k))
     averages = prof.key_averages()
     by_stack = prof.key_averages(group_by_stack_n=6)
     # copies between host and device and the reads that wait for the device, by caller
@@ -468,7 +479,8 @@ def main() -> None:
         result["g1"] = g1(size, device, rounds, data, captures)
         g1_k_ms = result["g1"]["ms_per_round"].get(size["k"])
         if args.profile:
-            result["g1_profile"] = g1_profile(size, device, rounds, data)
+            graphs = "cuda-graphs" if args.graphs else None
+            result["g1_profile"] = g1_profile(size, device, rounds, data, graphs)
     steps = {
         "g2": lambda: g2(size, device, rounds, g1_k_ms),
         "g3": lambda: g3(size, device, rounds, g1_k_ms),

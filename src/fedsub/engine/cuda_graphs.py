@@ -56,24 +56,21 @@ class Replayable(Protocol):
 Capture = Callable[[Callable[[], None]], Replayable]
 
 
-_POOL: list = []  # the graphs' shared memory pool (made at the first capture)
-
-
 def capture_cuda(fn: Callable[[], None]) -> Replayable:
     """``fn`` captured as a CUDA graph, after the warm-up runs on a side stream that
     ``torch.cuda.graph`` asks for (lazy initialisation of cuBLAS and friends must not happen
     inside a capture). ``fn`` must be idempotent: it reads static inputs and writes static
-    outputs."""
+    outputs. The graph shares the memory pool of a graph still cached (a pool whose graphs
+    are all freed is gone: torch asserts when it is named again)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
-    if not _POOL:
-        _POOL.append(torch.cuda.graph_pool_handle())
+    live = [r.graph for r in _ROUNDS.values() if isinstance(r.graph, torch.cuda.CUDAGraph)]
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_POOL[0]):
+    with torch.cuda.graph(graph, pool=live[0].pool() if live else None):
         fn()
     return graph
 
