@@ -217,6 +217,18 @@ def g1_profile(
         out[str(k)] = record.as_json()
         print(profile_table({f"(g1 profile) K = {k}": out[str(k)]}), flush=True)
     k = size["cohorts"][0]
+    out.update(
+        torch_profile(
+            lambda: timed_run(model, dataset, index, schedule_at(k)), rounds, device, "g1"
+        )
+    )
+    return out
+
+
+def torch_profile(run, rounds: int, device: torch.device, figure: str) -> dict:
+    """torch's profile of ``run()`` (``rounds`` rounds): the host copies and device reads by
+    caller, the operators with the most host time, the kernels with the most device time and
+    the kernels launched per round."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -224,7 +236,8 @@ def g1_profile(
     with torch.profiler.profile(
         activities=activities, with_stack=True, experimental_config=verbose
     ) as prof:
-        timed_run(model, dataset, index, schedule_at(k))
+        run()
+    out: dict = {}
     averages = prof.key_averages()
     by_stack = prof.key_averages(group_by_stack_n=6)
     # copies between host and device and the reads that wait for the device, by caller
@@ -237,7 +250,7 @@ def g1_profile(
         for e in copies[:12]
     ]  # fmt: skip
     for entry in out["host_copies_by_caller"]:
-        print("(g1 profile) copy:", json.dumps(entry), flush=True)
+        print(f"({figure} profile) copy:", json.dumps(entry), flush=True)
     host = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
     out["torch_top_host_ops"] = [
         {"op": e.key, "calls_per_round": e.count / rounds, "self_host_ms_per_round":
@@ -247,8 +260,36 @@ def g1_profile(
     kernels = [e for e in averages if getattr(e, "device_type", None) is not None
                and str(e.device_type).endswith("CUDA")]  # fmt: skip
     out["cuda_kernels_per_round"] = sum(e.count for e in kernels) / rounds
-    print("(g1 profile) torch:", json.dumps(out["torch_top_host_ops"][:8]), flush=True)
-    print(f"(g1 profile) CUDA kernels per round: {out['cuda_kernels_per_round']:.0f}", flush=True)
+    slow = sorted(kernels, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)
+    out["cuda_top_kernels"] = [
+        {"kernel": e.key[:90], "calls_per_round": e.count / rounds, "device_ms_per_round":
+            getattr(e, "self_device_time_total", 0) / 1e3 / rounds}
+        for e in slow[:10]
+    ]  # fmt: skip
+    print(f"({figure} profile) torch:", json.dumps(out["torch_top_host_ops"][:8]), flush=True)
+    print(f"({figure} profile) kernels:", json.dumps(out["cuda_top_kernels"]), flush=True)
+    print(
+        f"({figure} profile) CUDA kernels per round: {out['cuda_kernels_per_round']:.0f}",
+        flush=True,
+    )
+    return out
+
+
+def g4_profile(size: dict, device: torch.device, rounds: int) -> dict:
+    """Where DIN's round (g4) goes on ``device``: fedsub's phases (the device synchronized at
+    each) and torch's profile."""
+    dataset = amazon_like(users=size["din_users"])
+    index = SubmodelIndex.build(dataset)
+    model = DIN(dict(dataset.table_rows), embedding_dim=18)
+    at = schedule(device, size["din_k"], rounds, 4)
+    record = RoundProfile(synchronize=lambda: synchronize(device))
+    with profiling(record):
+        timed_run(model, dataset, index, at, "fedavg")
+    out: dict = {"phases": record.as_json()}
+    print(profile_table({f"(g4 profile) K = {size['din_k']}": out["phases"]}), flush=True)
+    out.update(
+        torch_profile(lambda: timed_run(model, dataset, index, at, "fedavg"), rounds, device, "g4")
+    )
     return out
 
 
@@ -452,7 +493,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="g1 also profiled: fedsub's phases per K and torch's operators at the smallest K",
+        help="g1 (and g4) also profiled: fedsub's phases per K and torch's operators at the "
+        "smallest K (DIN's at its K)",
     )
     args = parser.parse_args()
     if args.threads:
@@ -493,6 +535,8 @@ def main() -> None:
         if name in only:
             result[name] = run()
             print(f"({name})", json.dumps(result[name]), flush=True)
+    if args.profile and "g4" in only:
+        result["g4_profile"] = g4_profile(size, device, rounds)
     print("RESULT " + json.dumps(result))
 
 
