@@ -331,12 +331,30 @@ def g3(size: dict, device: torch.device, rounds: int, g1_k_ms: float | None) -> 
     return out
 
 
-def g4(size: dict, device: torch.device, rounds: int) -> dict:
+def g4(size: dict, device: torch.device, rounds: int, capture: str | None = None) -> dict:
+    """``capture``: DIN on the device also with this ``execution.compile`` value."""
     dataset = amazon_like(users=size["din_users"])
     index = SubmodelIndex.build(dataset)
     model = DIN(dict(dataset.table_rows), embedding_dim=18)
     k = size["din_k"]
-    on_device, _, _ = timed_run(model, dataset, index, schedule(device, k, rounds, 4), "fedavg")
+    eager = schedule(device, k, rounds, 4)
+    on_device, _, eager_model = timed_run(model, dataset, index, eager, "fedavg")
+    captured: dict = {}
+    if capture is not None:
+        on = dataclasses.replace(eager.execution, compile=capture_of(capture, device))
+        seconds, per_round, model_c = timed_run(
+            model, dataset, index, dataclasses.replace(eager, execution=on), "fedavg"
+        )
+        captured = {
+            "compile": capture,
+            "device_ms_per_round": seconds * 1e3,
+            "first_round_s": per_round[0],
+            "max_abs_difference": max(
+                float((a - model_c.state_dict()[n].to(a.device)).abs().max())
+                for n, a in eager_model.state_dict().items()
+            ),
+        }
+        print(f"(g4) compile={capture}: {json.dumps(captured)}", flush=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
@@ -351,6 +369,11 @@ def g4(size: dict, device: torch.device, rounds: int) -> dict:
         "cpu_all_cores_ms_per_round": cpu * 1e3,
         "cpu_threads": os.cpu_count(),
         "speedup": cpu / on_device,
+        **(
+            {"captured": captured, "captured_speedup": cpu / captured["device_ms_per_round"] * 1e3}
+            if captured
+            else {}
+        ),
         **({"note": "--device is the CPU too: not a GPU figure"} if device.type == "cpu" else {}),
     }
 
@@ -526,7 +549,7 @@ def main() -> None:
     steps = {
         "g2": lambda: g2(size, device, rounds, g1_k_ms),
         "g3": lambda: g3(size, device, rounds, g1_k_ms),
-        "g4": lambda: g4(size, device, rounds),
+        "g4": lambda: g4(size, device, rounds, "cuda-graphs" if args.graphs else None),
         "g5": lambda: g5(size, device, data),
         "g6": lambda: g6(size, device, rounds, data),
         "g7": g7,

@@ -207,7 +207,7 @@ def test_the_local_step_captured_in_cuda_graphs_equals_the_cpu_reference(
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("algorithm", ["fedsubavg", "scaffold", "fedprox"])
-@pytest.mark.parametrize("name", ["embedding-lr", "softmax-regression", "mlp", "cnn"])
+@pytest.mark.parametrize("name", ["embedding-lr", "softmax-regression", "mlp", "cnn", "din"])
 def test_rounds_replayed_as_cuda_graphs_equal_the_cpu_reference(tmp_path_factory, name, algorithm):
     """``execution.compile = "cuda-graphs"``: the rounds recorded with torch.cuda.graph (no
     compiler, any torch) and replayed, over rounds whose shapes change, give the CPU

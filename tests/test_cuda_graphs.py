@@ -70,6 +70,26 @@ def test_replayed_rounds_give_the_eager_model_bit_for_bit(name, tmp_path_factory
     assert cuda_graphs._ROUNDS  # the rounds were replayed, not run eagerly
 
 
+@pytest.mark.parametrize("algorithm", ["fedprox", "fedsubavg", "scaffold"])
+def test_din_packed_histories_replay_with_the_phantom_member(algorithm, tmp_path_factory):
+    """DIN packs each member's histories: the phantom member's padding rows are laid out as
+    any member's. Within float64 rounding (1e-10, as the captured step), not bit for bit: one
+    more member changes the batched matmuls' shapes, which the CPU's BLAS blocks differently
+    (seen: 1e-16); and FedSubAvg's eager step keeps DIN's wide weights as low-rank changes."""
+    cuda_graphs._ROUNDS.clear()
+    dataset, index = dataset_for("din", str(tmp_path_factory.getbasetemp()))
+    model = build_model("din", dataset, OPTIONS)
+    schedule = Schedule(
+        3, 3, 2, 3, ClientStep(lr=0.3), seed=4, execution=Execution(dtype=torch.float64)
+    )
+    algo = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 3))
+    eager, graphed = run_both(model, algo, dataset, index, schedule)
+    for name, value in eager.state_dict().items():
+        torch.testing.assert_close(graphed.state_dict()[name], value, rtol=1e-10, atol=1e-12)
+    assert max(float(v.abs().max()) for v in eager.state_dict().values()) > 1e-3
+    assert cuda_graphs._ROUNDS
+
+
 RULES = {  # the client transforms: proximal term, clipping, decay, momentum, SCAFFOLD, Adam
     "fedprox": ("fedprox", {}),
     "clip-decay-momentum": (
@@ -143,9 +163,10 @@ def test_one_round_is_recorded_per_size_class_combination(monkeypatch):
     assert len(recorded) == len(cuda_graphs._ROUNDS)
 
 
-def test_the_padded_ids_pool_to_the_real_samples_plus_one_phantom():
-    """Every step's ids padded to the round's largest step: the real samples pool to what the
-    unpadded step gives, the phantom sample holds only padding rows."""
+def test_the_padded_ids_pool_to_the_real_samples_plus_a_phantom_member():
+    """Every step's ids padded to the round's largest step: the K members' samples pool to
+    what the unpadded step gives, the phantom member's B samples hold only padding rows (all
+    in its last sample)."""
     dataset = two_tables_with_dense(3)
     index = SubmodelIndex.build(dataset)
     data = DeviceData.of(dataset, index, torch.device("cpu"), torch.float64)
@@ -158,14 +179,15 @@ def test_the_padded_ids_pool_to_the_real_samples_plus_one_phantom():
     for field, (values, offsets) in padded.items():
         table = data.field_tables.get(field, field)
         weights = torch.from_numpy(rng.normal(size=(padding.padded_rows[table], 2)))
-        weights[real[table] :] = 0
-        assert values.shape[0] == 3 and offsets.shape == (3, 4 * 4 + 2)
+        assert values.shape[0] == 3 and offsets.shape == (3, 5 * 4 + 1)
         for step in range(3):
             want_values, want_offsets = batches.step_ids(step)[field]
             pooled = sum_pool(weights, values[step], offsets[step])
-            assert torch.equal(pooled[:-1], sum_pool(weights, want_values, want_offsets))
-            assert pooled[-1].eq(0).all()
-            assert values[step][len(want_values) :].eq(real[table]).all()
+            assert torch.equal(pooled[:16], sum_pool(weights, want_values, want_offsets))
+            assert pooled[16:19].eq(0).all()  # the phantom's samples but its last: empty
+            padding_ids = values[step][len(want_values) :]
+            assert padding_ids.eq(real[table]).all()
+            assert torch.allclose(pooled[19], weights[real[table]] * len(padding_ids))
 
 
 def test_the_rates_layout_takes_only_the_rates_it_was_recorded_with():

@@ -145,7 +145,7 @@ def compile_unavailable(version: str = torch.__version__) -> str | None:
 def _why_eager(model: Model, closed_form: bool, compiler: bool) -> str | None:
     if isinstance(model, DeclaresCapturable) and not model.capturable:
         return "its shapes depend on the values (it pads to the longest sequence)"
-    if isinstance(model, PackedFeatures):
+    if compiler and isinstance(model, PackedFeatures):  # cuda-graphs pads a phantom member
         return "it packs ragged lists (the padding's phantom sample would own packed rows)"
     if closed_form:
         return "it computes its gradients in closed form (kernels on host arrays)"

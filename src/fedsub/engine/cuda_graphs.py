@@ -1,26 +1,31 @@
 """``execution.compile = "cuda-graphs"``: a round's local steps replayed as one CUDA graph,
 without the compiler.
 
-On a GPU a round of a sparse model is host-bound: each of the I local steps launches about
-sixty small kernels (embed, head, loss, backward, the client rule), and the launches, not the
-arithmetic, set the round's time (benchmarks/README.md, ``gpu.py --profile``). Here the batched
-backend's eager steps (``batched._eager_steps``: the same ops, autograd, ``Chain.step`` in
-place) are captured once with ``torch.cuda.graph`` on static buffers and replayed every round:
-one launch for the I steps instead of hundreds. No dynamo is involved, so it runs on the
-torch releases whose compiler cannot capture the step (torch 2.11, ``captured_step.py``).
+On a GPU a round of a sparse model is host-bound: each of the I local steps launches dozens
+(embedding LR) to hundreds (DIN) of small kernels, and the launches, not the arithmetic, set
+the round's time (benchmarks/README.md, ``gpu.py --profile``). Here the batched backend's eager
+steps (``batched._eager_steps``: the same ops, autograd, ``Chain.step`` in place) are recorded
+once with ``torch.cuda.graph`` on static buffers and replayed every round: one launch for the
+I steps. No dynamo is involved, so it runs on the torch releases whose compiler cannot capture
+the step (torch 2.11, ``captured_step.py``).
 
-A graph has fixed shapes and addresses; a round's shapes change. So, as in
-``captured_step.py`` (whose ``PaddedCohort`` this reuses), the pulled rows are padded to a
-size class per table and every step's ids to one size class per field (the largest step of
-the round), the padding ids forming one phantom sample whose features are dropped before the
-head: the padding changes no number of the real rows. One graph is captured per combination
-of size classes (``RoundKey``), each with its own static buffers; the graphs share one memory
-pool, which is safe because nothing a graph allocates is read after its replay (its results
-live in the static buffers, allocated outside the pool).
+A graph has fixed shapes and addresses; a round's shapes change (the cohort's rows, the ids
+of every step). So the pulled rows are padded to a size class per table (``PaddedCohort``) and
+every step's ids to one size class per field (the round's largest step), and the padding
+belongs to a **phantom member**: one more client after the K real ones, with B samples, its
+own copy of the dense parameters, the tables' padding rows, a learning rate of 0 and no
+correction. Its samples hold the padding ids (the last one all of them), its outputs are left
+out of the loss, so every gradient it gets is zero and it changes no real member's number. A
+whole member, not a phantom sample: a model that packs ragged lists per member (DIN's
+histories, ``PackedFeatures``) lays the padding out as it lays out any member's rows.
 
-The numbers: the same kernels in the same order as the eager steps on the padded shapes, so
-the model agrees with the eager backend up to the order of the GPU's atomic adds (as two eager
-runs do); on the CPU, where ``capture_eagerly`` stands in for the capture, it is bit for bit
+One graph is recorded per combination of size classes (``RoundKey``), each with its own static
+buffers; the graphs share one memory pool, which is safe because nothing a graph allocates is
+read after its replay (its results live in the static buffers, allocated outside the pool).
+
+The numbers: the same kernels as the eager steps on one more member, so the model agrees with
+the eager backend up to the order of the GPU's atomic adds and the kernels a larger batch may
+pick; on the CPU, where ``capture_eagerly`` stands in for the recording, it is bit for bit
 (``tests/test_cuda_graphs.py``). Dense weights keep their dense form (the eager backend may
 train a wide weight as low-rank changes, ``models/low_rank.py``: the same update up to
 rounding).
@@ -42,7 +47,7 @@ from fedsub.client.work import CohortWork
 from fedsub.engine.captured_step import PaddedCohort, size_class
 from fedsub.engine.cohort_batches import CohortBatches
 from fedsub.engine.execution import CudaGraphs
-from fedsub.models.base import Model
+from fedsub.models.base import Model, cohort_features, packed_names
 
 Tensors = dict[str, torch.Tensor]
 Ids = dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -167,9 +172,11 @@ def padded_ids(
     batches: CohortBatches, padding: PaddedCohort
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Every step's ids, each field padded to one size class S (the round's largest step):
-    values [I, S] (padding ids point at the table's first padding row) and offsets
-    [I, K * B + 2] (the last sample is the phantom that owns the padding)."""
-    steps, per_step = batches.labels.shape[0], batches.samples_per_step
+    values [I, S] (the padding ids point at the table's first padding row) and offsets
+    [I, (K + 1) * B + 1] over the K members' samples and the phantom member's B, whose last
+    sample holds the padding ids and the others none."""
+    steps, k, batch = batches.labels.shape
+    per_step = k * batch
     out = {}
     for name, ragged in batches.ids.items():
         bounds = np.asarray(batches.step_bounds[name], dtype=np.int64)
@@ -180,18 +187,17 @@ def padded_ids(
         lengths = device_lib.from_host(counts, device)
         position = torch.arange(size, device=device)
         inside = position[None, :] < lengths[:, None]
-        where = (starts[:, None] + position[None, :]).clamp_(max=max(len(ragged.values) - 1, 0))
         pad = padding.real_rows[padding.field_tables.get(name, name)]
         if len(ragged.values):
+            where = (starts[:, None] + position[None, :]).clamp_(max=len(ragged.values) - 1)
             values = ragged.values.index_select(0, where.reshape(-1)).reshape(steps, size)
             values = torch.where(inside, values, pad)
         else:
             values = torch.full((steps, size), pad, dtype=torch.int64, device=device)
-        offsets = ragged.offsets[: steps * per_step].reshape(steps, per_step)
-        ends = ragged.offsets[per_step::per_step][:steps, None] if per_step else starts[:, None]
-        phantom_end = torch.full((steps, 1), size, dtype=offsets.dtype, device=device)
-        offsets = torch.cat([offsets, ends], dim=1) - starts[:, None]
-        out[name] = (values, torch.cat([offsets, phantom_end], dim=1))
+        real = ragged.offsets[: steps * per_step].reshape(steps, per_step) - starts[:, None]
+        ends = lengths[:, None].expand(steps, batch)  # the phantom's samples but its last
+        phantom_end = torch.full((steps, 1), size, dtype=real.dtype, device=device)
+        out[name] = (values, torch.cat([real, ends, phantom_end], dim=1))
     return out
 
 
@@ -221,6 +227,13 @@ def _key(
     )
 
 
+def _with_phantom(values: torch.Tensor, axis: int = 0) -> torch.Tensor:
+    """Zeros shaped as ``values`` with one more member on ``axis``."""
+    shape = list(values.shape)
+    shape[axis] += 1
+    return values.new_zeros(shape)
+
+
 def _static_round(
     model: Model,
     key: RoundKey,
@@ -230,7 +243,7 @@ def _static_round(
     batches: CohortBatches,
     work: CohortWork,
 ) -> _Round:
-    """Empty static buffers of ``key``'s shapes."""
+    """Zeroed static buffers of ``key``'s shapes, with the phantom member's places."""
     rows = dict(key.rows)
     device = key.device
     corrections = None
@@ -240,68 +253,68 @@ def _static_round(
                 torch.zeros(rows[t], *c.shape[1:], dtype=c.dtype, device=device)
                 for t, c in work.corrections.tables.items()
             ),
-            *(torch.zeros_like(c) for c in work.corrections.dense.values()),
+            *(_with_phantom(c) for c in work.corrections.dense.values()),
         ]
+    dense_inputs = None if batches.dense is None else _with_phantom(batches.dense, axis=1)
     return _Round(
         model=model,
         tables={
             t: torch.zeros(rows[t], *v.shape[1:], dtype=v.dtype, device=device).requires_grad_()
             for t, v in pulled_tables.items()
         },
-        dense={n: torch.zeros_like(v).requires_grad_() for n, v in pulled_dense.items()},
+        dense={n: _with_phantom(v).requires_grad_() for n, v in pulled_dense.items()},
         owners={t: torch.zeros(rows[t], dtype=torch.int64, device=device) for t in pulled_tables},
-        rates=torch.zeros(key.k, dtype=key.dtype, device=device),
+        rates=torch.zeros(key.k + 1, dtype=key.dtype, device=device),
         corrections=corrections,
         ids={n: (torch.zeros_like(v), torch.zeros_like(o)) for n, (v, o) in ids.items()},
         labels=torch.zeros_like(batches.labels),
-        dense_inputs=None if batches.dense is None else torch.zeros_like(batches.dense),
+        dense_inputs=dense_inputs,
     )
 
 
 def _fill(
     static: _Round,
-    padding: PaddedCohort,
     pulled_tables: Tensors,
     pulled_dense: Tensors,
     ids: dict[str, tuple[torch.Tensor, torch.Tensor]],
     batches: CohortBatches,
     work: CohortWork,
 ) -> None:
-    """This round's inputs into the static buffers (padding rows zero, owned by the last
-    member, as ``PaddedCohort`` lays them out)."""
-    k = static.rates.shape[0]
+    """This round's inputs into the static buffers: the padding rows zero and the phantom's,
+    its dense parameters the global ones, its learning rate and corrections zero."""
+    k = static.labels.shape[1]
     with torch.no_grad():
         for t, values in pulled_tables.items():
             real = len(values)
             static.tables[t][:real].copy_(values)
             static.tables[t][real:].zero_()
             static.owners[t][:real].copy_(batches.row_owner[t])
-            static.owners[t][real:].fill_(k - 1)
+            static.owners[t][real:].fill_(k)
         for n, values in pulled_dense.items():
-            static.dense[n].copy_(values)
-        static.rates.copy_(device_lib.from_host(work.lr, static.rates.device))
+            static.dense[n][:k].copy_(values)
+            static.dense[n][k:].copy_(values[:1])
+        static.rates[:k].copy_(device_lib.from_host(work.lr, static.rates.device))
         if static.corrections is not None and work.corrections is not None:
             given = [*work.corrections.tables.values(), *work.corrections.dense.values()]
             for target, c in zip(static.corrections, given, strict=True):
                 target[: len(c)].copy_(c)
-                target[len(c) :].zero_()
         for n, (values, offsets) in ids.items():
             static.ids[n][0].copy_(values)
             static.ids[n][1].copy_(offsets)
         static.labels.copy_(batches.labels)
         if static.dense_inputs is not None and batches.dense is not None:
-            static.dense_inputs.copy_(batches.dense)
+            static.dense_inputs[:, :k].copy_(batches.dense)
 
 
 def _steps(static: _Round, head: HeadFn, chain: Chain, lr: np.ndarray) -> Callable[[], None]:
     """The round's I local steps on the static buffers, as ``batched._eager_steps`` takes
-    them, with the phantom sample's features dropped before the head."""
+    them, for the K members and the phantom; the phantom's outputs are left out of the loss."""
     model, tables, dense = static.model, static.tables, static.dense
     steps, k, batch = static.labels.shape
-    samples = k * batch
-    layout = CohortLayout((*(static.owners[t] for t in tables), *(None for _ in dense)), k)
+    layout = CohortLayout((*(static.owners[t] for t in tables), *(None for _ in dense)), k + 1)
     members = Members(StaticRates(layout, static.rates, lr), lr, static.corrections)
     params = [*tables.values(), *dense.values()]
+    packed = packed_names(model)
 
     def run() -> None:
         with torch.no_grad():
@@ -309,12 +322,9 @@ def _steps(static: _Round, head: HeadFn, chain: Chain, lr: np.ndarray) -> Callab
         for step in range(steps):
             ids = {n: (v[step], o[step]) for n, (v, o) in static.ids.items()}
             inputs = None if static.dense_inputs is None else static.dense_inputs[step]
-            features = {
-                n: f[:samples].reshape(k, batch, *f.shape[1:])
-                for n, f in model.embed(tables, ids).items()
-            }
-            outputs = head(dense, features, inputs)
-            flat = outputs.reshape(samples, *outputs.shape[2:])
+            features = cohort_features(model.embed(tables, ids), k + 1, packed)
+            outputs = head(dense, features, inputs)[:k]
+            flat = outputs.reshape(k * batch, *outputs.shape[2:])
             total = model.loss(flat, static.labels[step].reshape(-1)) * k
             grads = list(torch.autograd.grad(total, params))
             with torch.no_grad():
@@ -333,22 +343,23 @@ def graphed_steps(
     padding: PaddedCohort,
     graphs: CudaGraphs,
 ) -> tuple[Tensors, Tensors]:
-    """The cohort's local steps as one replay of the round captured for its size classes
-    (captured at its first use): the members' tables (real rows) and dense parameters after
+    """The cohort's local steps as one replay of the round recorded for its size classes
+    (recorded at its first use): the members' tables (real rows) and dense parameters after
     the last step, views of the static buffers (read them before the next round)."""
     ids = padded_ids(batches, padding)
     key = _key(model, work, pulled_tables, padding, ids, pulled_dense, batches)
     static = _ROUNDS.get(key)
     if static is None or static.model is not model:
         static = _static_round(model, key, pulled_tables, pulled_dense, ids, batches, work)
-        _fill(static, padding, pulled_tables, pulled_dense, ids, batches, work)
+        _fill(static, pulled_tables, pulled_dense, ids, batches, work)
         capture = cast(Capture, graphs.capture) if graphs.capture is not None else capture_cuda
         static.graph = capture(_steps(static, head, work.chain, work.lr))
         if len(_ROUNDS) >= _KEEP:
             _ROUNDS.pop(next(iter(_ROUNDS)))
         _ROUNDS[key] = static
-    _fill(static, padding, pulled_tables, pulled_dense, ids, batches, work)
+    _fill(static, pulled_tables, pulled_dense, ids, batches, work)
     assert static.graph is not None
     static.graph.replay()
+    k = batches.labels.shape[1]
     tables = {t: v.detach()[: padding.real_rows[t]] for t, v in static.tables.items()}
-    return tables, {n: v.detach() for n, v in static.dense.items()}
+    return tables, {n: v.detach()[:k] for n, v in static.dense.items()}
