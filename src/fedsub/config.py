@@ -168,8 +168,9 @@ class ExecutionConfig:
     relative); refused on torch older than 2.13 (2.11's compiler fails on the step).
     `cuda-graphs` (CUDA devices only, any torch): a round's eager local steps recorded once per
     size class with torch.cuda.graph and replayed, no compiler (engine/cuda_graphs.py); the eager
-    model up to the order of the GPU's atomic adds. Both: DIN, LSTM and sparse LR run eagerly
-    (warned); refused with backend `sequential`, masking or deterministic."""
+    model up to the order of the GPU's atomic adds; DIN included. LSTM and sparse LR run eagerly
+    (warned; DIN too with `on`). Both refused with backend `sequential`, masking or
+    deterministic."""
     threads: int = field(default=0, metadata={"min": 0, "max": 4096})
     """torch intra-op threads (at most 4096); 0 = torch's default. Small cohorts of sparse models
     run faster on 1: handing tiny kernels between threads costs more than the kernels."""
