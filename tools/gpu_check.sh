@@ -34,6 +34,6 @@ FEDSUB_TEST_DEVICE=cuda timeout "${BACKENDS_S:-90}" python3 -m pytest -q -p no:c
     -rfE tests/test_backends.py 2>&1 | tee "$OUT/backends-cuda.log"
 
 echo "== benchmarks/gpu.py"
-timeout "${BENCH_S:-250}" python3 benchmarks/gpu.py --device cuda --only "${FIGURES:-g1,g4,g5,g6}" ${BENCH_ARGS:-} \
+timeout "${BENCH_S:-250}" python3 benchmarks/gpu.py --device cuda --only "${FIGURES:-g1,g4,g5,g6}" ${BENCH_ARGS:---graphs} \
     2>&1 | tee "$OUT/gpu.log"
 echo "== done"
