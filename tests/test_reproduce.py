@@ -75,10 +75,10 @@ def trained_once(trained_runs, monkeypatch):
     results."""
     original = running._train
 
-    def train_once(run, configs, folder, smoke, data_path, user, folders):
-        key = (run, data_path)
+    def train_once(run, configs, folder, smoke, data_sets, user, folders):
+        key = (run, tuple(data_sets))
         if key not in trained_runs:
-            trained_runs[key] = original(run, configs, folder, smoke, data_path, user, folders)
+            trained_runs[key] = original(run, configs, folder, smoke, data_sets, user, folders)
         return trained_runs[key]
 
     monkeypatch.setattr(running, "_train", train_once)

@@ -7,7 +7,6 @@ option and the part.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from fedsub.reproduce.registry import (
     Run,
     Settings,
     Stats,
+    data_overrides,
 )
 from fedsub.reproduce.status import config_missing
 
@@ -132,8 +132,7 @@ def _check_config(e: Experiment, part: Part, request: Request) -> None:
     path = request.configs / action.config
     smoke = (*SMOKE, *action.smoke) if isinstance(action, Run) else action.smoke
     sets = [*action.overrides, *(smoke if request.smoke else ())]
-    if request.data_path is not None:
-        sets.append(f"data.path={json.dumps(str(Path(request.data_path).absolute()))}")
+    sets += data_overrides(part.data, request.data_path)
     sets += request.overrides
     sweep = action.sweep if isinstance(action, Run) else None
     values: Sequence[str | None] = [None]
