@@ -132,14 +132,14 @@ def asked(request: Request, part: str | None) -> dict[str, Any]:
     }
 
 
-def fedsub_source() -> dict[str, Any]:
-    """fedsub's version and, in a git checkout, its commit (and whether files differ from
-    it); the commit is None outside a checkout or without git."""
+def fedsub_source(root: Path | None = None) -> dict[str, Any]:
+    """fedsub's version and, in a git checkout (``root``: the one this fedsub is in), its
+    commit and whether tracked files differ from it; None outside a checkout or without git."""
     import subprocess
 
     from fedsub import __version__
 
-    root = Path(__file__).resolve().parents[3]
+    root = root or Path(__file__).resolve().parents[3]
     record: dict[str, Any] = {"version": __version__, "commit": None, "modified": None}
     if not (root / ".git").exists():
         return record
