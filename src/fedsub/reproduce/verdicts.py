@@ -260,15 +260,11 @@ def rounds_checks(
     own = {n: _own_rounds(n, p[n], o[n]) for n in p if n in headline and n in o}
     checks += own.values()
     reasons += [c.text for n, c in own.items() if c.outcome == "differs" and n not in one_side]
-    compared = [(label, ps, os) for label, ps, os in speedup_rows(paper, ours, by_value) if ps]
-    outcomes = [
-        (label, ps, os, speedup_outcome(ps, os) if os else "not checked")
-        for label, ps, os in compared
-    ]
+    outcomes = _speedup_outcomes(paper, ours, by_value)
     for label, ps, os, outcome in outcomes:
         got = os.text() if os else "unknown (neither reached here, or not run)"
         checks.append(Check(outcome, f"{label} {got} vs the paper's {ps.text()}"))
-    off = [(label, ps, os) for label, ps, os, outcome in outcomes if outcome == "differs"]
+    off = [(label, ps, os) for label, ps, os, outcome in outcomes if os and outcome == "differs"]
     if off:
         label, ps, os = off[0]
         more = f" and {len(off) - 1} more" if len(off) > 1 else ""
@@ -285,8 +281,34 @@ def rounds_checks(
         ), checks
     if missing:
         return f"not comparable: {not_run}", checks
+    others = [n for n in one_side if n not in headline]
+    return _agreeing(tied, outcomes, own, p, o, others), checks
+
+
+Outcomes = list[tuple[str, Speedup, Speedup | None, str]]
+
+
+def _speedup_outcomes(paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool) -> Outcomes:
+    """(label, the paper's speed-up, fedsub's, its outcome) for every pair the paper gives a
+    speed-up for (neither reached in the paper: nothing to compare)."""
+    return [
+        (label, ps, os, speedup_outcome(ps, os) if os else "not checked")
+        for label, ps, os in speedup_rows(paper, ours, by_value)
+        if ps
+    ]
+
+
+def _agreeing(
+    tied: list[str],
+    outcomes: Outcomes,
+    own: dict[str, Check],
+    p: dict[str, Rounds],
+    o: dict[str, Rounds],
+    others: list[str],
+) -> str:
+    """A rounds verdict where nothing differs: what holds, then what was not checked."""
     parts = [f"same ranking up to ties ({tied[0]})" if tied else "same ranking"]
-    held = [(label, ps, os) for label, ps, os, outcome in outcomes if outcome == "holds"]
+    held = [(label, ps, os) for label, ps, os, outcome in outcomes if os and outcome == "holds"]
     if held:
         parts.append(
             f"speed-ups within {SPEEDUP_FACTOR:g}x of the paper's in size ("
@@ -307,10 +329,9 @@ def rounds_checks(
     unknown += [f"{n}'s own rounds" for n, c in own.items() if c.outcome == "not checked"]
     if unknown:
         parts.append(f"not checked: {', '.join(unknown)} (a bound, or neither reached)")
-    others = [n for n in one_side if n not in headline]
     if others:
         parts.append(f"reached by one side only: {', '.join(others)}")
-    return ", ".join(parts), checks
+    return ", ".join(parts)
 
 
 def rounds_verdict(paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool = False) -> str:
