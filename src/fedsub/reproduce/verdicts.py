@@ -3,12 +3,15 @@ verdict never claims more than the evidence shows.
 
 Every verdict starts with one word a reader can rely on: **differs** (a claim of the paper
 fails on fedsub's runs), **same ranking** / **within** / **holds** (it agrees, within the
-stated tolerance), or **not comparable** / **not checked** (the runs cannot say). Rounds to a
-target are compared by order and by ratio (the paper's method's speed-up over each baseline,
-within ``SPEEDUP_FACTOR`` of the paper's); AUCs and accuracies on an absolute scale
-(``POINTS``), the paper's method's margins over the others included; other numbers (losses,
-counts) relatively (``WITHIN``). A part's verdict puts a differing judgement first, so its
-first word is "differs" whenever one of its checks fails.
+stated tolerance), or **not comparable** / **not checked** (the runs cannot say: a number
+missing or not finite, a bound against a bound). Rounds to a target are compared by order, by
+the paper's method's own rounds (``ROUNDS_FACTOR``) and by the size of its speed-up over each
+baseline (the log of the ratio within ``SPEEDUP_FACTOR`` of the paper's, widened by
+``SPEEDUP_SLACK``); AUCs and accuracies on an absolute scale (``POINTS``), the paper's
+method's margins over the others included; other numbers (losses, counts) relatively
+(``WITHIN``). A part's verdict puts a differing judgement first, so its first word is
+"differs" whenever one of its checks fails; ``judge_all`` also gives every claim as a line of
+its own (``Check``: holds, differs or not checked).
 """
 
 from __future__ import annotations
