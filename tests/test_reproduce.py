@@ -476,3 +476,52 @@ def test_threads_left_to_torch_are_pinned_and_a_resume_reads_them_back(tmp_path)
     assert user[-1] == "execution.threads=2"  # --set comes last
     smoke = running._run_overrides(run, True, [], [], path, tmp_path)
     assert not any(s.startswith("execution.threads=3") for s in smoke)  # smoke size sets 1
+
+
+def test_several_seeds_report_mean_spread_and_judge_each_claim_on_every_seed(tmp_path):
+    """--seeds 3: train.seed 0, 1, 2 (the first in OUT/<part>, the others beside it), fedsub's
+    numbers as mean ± std (min-max), each claim judged on every seed; a part that trains
+    nothing refuses --seeds."""
+    data = write_user_files(tmp_path / "amazon", users=8, lines=12)
+    out = tmp_path / "out"
+    argv = ["reproduce", "001-fig3", "--part", "amazon-authors", "--data-path", str(data)]
+    assert main([*argv, *SMALL_FEDADAM, "--seeds", "3", "--quiet", "--out", str(out)]) == 0
+    for folder in ("amazon-authors", "amazon-authors@train.seed=1", "amazon-authors@train.seed=2"):
+        assert (out / folder / "fedadam" / "metrics.jsonl").exists(), folder
+    finals = {
+        seed: json.loads((out / folder / "summary.json").read_text())["algorithms"]["fedadam"]
+        for seed, folder in enumerate(
+            ["amazon-authors", "amazon-authors@train.seed=1", "amazon-authors@train.seed=2"]
+        )
+    }
+    assert len({f["best"]["test_auc"] for f in finals.values()}) > 1  # the seeds differ
+    part = json.loads((out / "reproduce.json").read_text())["parts"][0]
+    assert part["setting"]["seeds"] == [0, 1, 2]
+    rows = {cell: ours for cell, _, ours in part["rows"]}
+    aucs = [finals[s]["best"]["test_auc"] for s in range(3)]
+    mean = sum(aucs) / 3
+    assert rows["best test_auc: fedadam"].startswith(f"{mean:.4g} ± ")
+    assert f"({min(aucs):.4g}-{max(aucs):.4g})" in rows["best test_auc: fedadam"]
+    assert all("seeds" in line for line in part["checks"]), part["checks"]
+    markdown = (out / "reproduce.md").read_text()
+    assert "train.seed 0, 1, 2 (3 runs: mean ± std (min-max))" in markdown
+    refused = ["reproduce", "002-tab4", "--part", "amazon-authors", "--seeds", "2"]
+    assert main([*refused, "--out", str(tmp_path / "t")]) == 2
+
+
+def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
+    from fedsub.reproduce.verdicts import Check, across_seeds, seeds_verdict, spread
+
+    held, off = Check("holds", "a 1", "a"), Check("differs", "a 2", "a")
+    assert [c.outcome for c in across_seeds([[held], [held]])] == ["holds"]
+    assert [c.outcome for c in across_seeds([[off], [off]])] == ["differs"]
+    mixed = across_seeds([[held], [off], [held]])
+    assert mixed[0].outcome == "not checked" and "holds on 2, differs on 1 of 3" in mixed[0].text
+    assert across_seeds([[held], []])[0].outcome == "not checked"  # a seed could not check it
+    assert seeds_verdict(["same ranking", "within 1 point"]).endswith("(on all 2 seeds)")
+    assert seeds_verdict(["same ranking", "differs: x"]).startswith(
+        "not comparable: the seeds disagree (agrees on 1, differs on 1 of 2)"
+    )
+    assert spread(["1", "2", "3"]) == "2 ± 1 (1-3)"
+    assert spread(["53", "53"]) == "53 ± 0 (53-53)" and spread(["200+", "200+"]) == "200+"
+    assert spread(["200+", "190"]) == "200+ / 190"

@@ -633,3 +633,10 @@ def test_every_claim_is_one_line_saying_whether_it_holds():
     )
     assert any(line.startswith("not checked: speed-up of fedsubavg over fedavg") for line in lines)
     assert all(line.split(":")[0] in ("holds", "differs", "not checked") for line in lines)
+
+
+def test_numbers_print_with_the_digits_that_tell_them_apart():
+    assert verdicts.distinct(0.123456, 0.5) == ("0.1235", "0.5")
+    assert verdicts.distinct(0.26, 0.26) == ("0.26", "0.26")
+    assert verdicts.distinct(0.26, 0.26001) == ("0.26", "0.26001")
+    assert verdicts.distinct(1.0, 1.0 + 2**-52) == ("1", "1.0000000000000002")

@@ -38,6 +38,7 @@ class Request:
     overrides: list[str]
     configs: Path
     configs_named: bool = False
+    seeds: int = 1
 
 
 def chosen_parts(e: Experiment, part: str | None) -> list[Part]:
@@ -84,6 +85,13 @@ def _reads_no_data(part: Part) -> str | None:
     return None
 
 
+def _trains_nothing(part: Part) -> str | None:
+    """Why ``--seeds`` means nothing to the part (None: it trains)."""
+    if isinstance(part.action, Run):
+        return None
+    return _reads_no_config(part) or "counts its dataset (no training, nothing seeded to repeat)"
+
+
 def _refuse_unused(
     e: Experiment, chosen: list[Part], flag: str, why: Callable[[Part], str | None]
 ) -> None:
@@ -105,6 +113,10 @@ def check_request(e: Experiment, chosen: list[Part], request: Request) -> None:
         _refuse_unused(e, chosen, f"--configs {request.configs}", _reads_no_config_file)
     if request.data_path is not None:
         _check_data_path(e, chosen, request.data_path)
+    if request.seeds < 1:
+        raise ConfigError(f"--seeds {request.seeds}: give 1 or more runs per part")
+    if request.seeds > 1:
+        _refuse_unused(e, chosen, f"--seeds {request.seeds}", _trains_nothing)
     for p in chosen:
         if isinstance(p.action, Run | Stats) and config_missing(p, request.configs) is None:
             _check_config(e, p, request)

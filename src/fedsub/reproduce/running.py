@@ -40,7 +40,15 @@ from fedsub.reproduce.registry import (
 )
 from fedsub.reproduce.request import Request, check_request, chosen_parts, refuse_nothing_to_resume
 from fedsub.reproduce.status import configs_given, status_here
-from fedsub.reproduce.verdicts import judge_all, number, numbers_verdict, settings_verdict
+from fedsub.reproduce.verdicts import (
+    across_seeds,
+    judge_all,
+    number,
+    numbers_verdict,
+    seeds_verdict,
+    settings_verdict,
+    spread,
+)
 from fedsub.runs.report import write_atomic
 
 
@@ -96,6 +104,7 @@ def reproduce(
     overrides: Sequence[str] = (),
     configs: Path | None = None,
     folders: Folders = Folders(),
+    seeds: int = 1,
 ) -> list[PartResult]:
     """Run every part of the experiment (or ``part``) whose data are here; write
     ``out/reproduce.json`` and ``out/reproduce.md``. A stopped run raises ``Interrupted``
@@ -107,12 +116,12 @@ def reproduce(
     e = experiment(experiment_id)
     chosen = chosen_parts(e, part)
     named = configs is not None
-    request = Request(smoke, data_path, list(overrides), configs_given(configs), named)
+    request = Request(smoke, data_path, list(overrides), configs_given(configs), named, seeds)
     check_request(e, chosen, request)
     if folders.resume:
         refuse_nothing_to_resume(e, chosen, out)
     results = [
-        run_part(e, p, out, smoke, data_path, request.overrides, request.configs, folders)
+        run_part(e, p, out, smoke, data_path, request.overrides, request.configs, folders, seeds)
         for p in chosen
     ]
     write_report(e, results, out, asked(request, part))
@@ -127,6 +136,7 @@ def asked(request: Request, part: str | None) -> dict[str, Any]:
         "smoke": request.smoke,
         "data_path": str(Path(request.data_path).absolute()) if request.data_path else None,
         "overrides": list(request.overrides),
+        "seeds": request.seeds,
         "configs": str(request.configs),
         "fedsub": fedsub_source(),
     }
@@ -168,7 +178,10 @@ def run_part(
     overrides: list[str],
     configs: Path,
     folders: Folders,
+    seeds: int = 1,
 ) -> PartResult:
+    """One part run (``seeds`` times for a training part: train.seed, train.seed + 1, ...) and
+    judged against the paper's numbers."""
     numbers = paper_numbers(e.id, part.name)
     where = numbers.where if numbers else ""
     status = status_here(part, configs, data_path)
@@ -196,12 +209,9 @@ def run_part(
             verdict = numbers_verdict(rows)
         else:
             assert isinstance(action, Run)
-            trained = _train(action, configs, folder, smoke, data_sets, overrides, folders)
-            rows, verdict, found = judge_all(paper, trained.table, trained.horizon)
-            rows = _target_rows(paper, trained.target) + rows
-            plots = trained.plots
-            setting = setting_of(part, trained.setting, overrides)
-            checks = [c.line() for c in found]
+            runs = Runs(action, configs, smoke, data_sets, overrides, folders)
+            rows, verdict, checks, plots, ran = runs.judged(part.name, out, paper, seeds)
+            setting = setting_of(part, ran, overrides)
     except DataError as error:  # the data are there but not what the loader expects
         return PartResult(e.id, part.name, "cannot run", f"data error: {error}", where)
     seconds = time.perf_counter() - started
@@ -220,6 +230,52 @@ def run_part(
         setting,
         checks,
     )
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A training part's runs: its action and everything the request adds to it."""
+
+    action: Run
+    configs: Path
+    smoke: bool
+    data_sets: list[str]
+    user: list[str]
+    folders: Folders
+
+    def judged(
+        self, name: str, out: Path, paper: dict[str, Any], seeds: int
+    ) -> tuple[list[tuple[str, str, str]], str, list[str], list[Path], dict[str, Any]]:
+        """Rows, verdict, checks, plots and setting of the part run with ``seeds`` seeds: the
+        config's train.seed in OUT/<part>, each further one in OUT/<part>@train.seed=S;
+        fedsub's numbers are their mean, standard deviation and range, and each claim is
+        judged on every seed (``verdicts.across_seeds``)."""
+        path = self.configs / self.action.config
+        sets = [*self.action.overrides, *self.data_sets, *self.user]
+        base = config_lib.load(path, sets).train.seed
+        all_rows, verdicts, found, plots = [], [], [], []
+        setting: dict[str, Any] = {}
+        for i in range(seeds):
+            folder = out / (name if i == 0 else f"{name}@train.seed={base + i}")
+            user = self.user if i == 0 else [*self.user, f"train.seed={base + i}"]
+            trained = _train(
+                self.action, self.configs, folder, self.smoke, self.data_sets, user, self.folders
+            )
+            rows, verdict, judged = judge_all(paper, trained.table, trained.horizon)
+            all_rows.append(_target_rows(paper, trained.target) + rows)
+            verdicts.append(verdict)
+            found.append(judged)
+            plots += trained.plots
+            setting = setting or dict(trained.setting)
+        setting["seeds"] = [base + i for i in range(seeds)]
+        rows = all_rows[0]
+        if all(len(r) == len(rows) for r in all_rows):
+            rows = [
+                (cell, paper_value, spread([r[k][2] for r in all_rows]))
+                for k, (cell, paper_value, _) in enumerate(rows)
+            ]
+        lines = [c.line() for c in across_seeds(found)]
+        return rows, seeds_verdict(verdicts), lines, plots, setting
 
 
 def setting_of(part: Part, ran: dict[str, Any], user: list[str]) -> dict[str, Any]:
@@ -523,9 +579,17 @@ def _setting_lines(setting: dict[str, Any]) -> list[str]:
     fraction = setting.get("test_fraction")
     held = f" (test_fraction {fraction:g})" if isinstance(fraction, float) else ""
     threads = setting.get("threads_used")
+    seeds = setting.get("seeds") or []
+    runs = (
+        f"train.seed {', '.join(map(str, seeds))} ({len(seeds)} runs: mean ± std (min-max))"
+        if len(seeds) > 1
+        else f"train.seed {seeds[0]}"
+        if seeds
+        else "no training"
+    )
     lines = [
         f"Data: {named} at {at}; split: {split}{held}",
-        f"Seed {setting.get('seed')}, {threads} thread{'s' if threads != 1 else ''}"
+        f"data.seed {setting.get('seed')}, {runs}, {threads} thread{'s' if threads != 1 else ''}"
         + ("" if setting.get("threads") else " (torch's default)"),
         f"Overrides: {', '.join(setting.get('overrides') or []) or 'none'}",
         "",

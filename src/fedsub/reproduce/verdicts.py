@@ -53,6 +53,11 @@ class Check:
 
     outcome: str
     text: str
+    claim: str = ""  # the claim without fedsub's numbers (the same on every seed); "": text
+
+    @property
+    def key(self) -> str:
+        return self.claim or self.text
 
     def line(self) -> str:
         return f"{self.outcome}: {self.text}"
@@ -216,16 +221,18 @@ def speedup_rows(
 
 def _own_rounds(name: str, paper: Rounds, ours: Rounds) -> Check:
     """The paper's method's own cell: its rounds within ``ROUNDS_FACTOR`` of the paper's."""
-    what = f"{name}'s own rounds, fedsub {ours.text()} vs the paper's {paper.text()}"
+    claim = f"{name}'s own rounds"
+    what = f"{claim}, fedsub {ours.text()} vs the paper's {paper.text()}"
     if paper.reached != ours.reached:
-        return Check("differs", what)
+        return Check("differs", what, claim)
     if not paper.reached:
-        return Check("not checked", f"{what} (neither reached)")
+        return Check("not checked", f"{what} (neither reached)", claim)
     ratio = ours.rounds / paper.rounds
     inside = ratio * (1 + ROUNDING) >= 1 / ROUNDS_FACTOR and ratio <= ROUNDS_FACTOR * (1 + ROUNDING)
     return Check(
         "holds" if inside else "differs",
         f"{what} ({ratio:.2f}x, {'within' if inside else 'beyond'} {ROUNDS_FACTOR:g}x)",
+        claim,
     )
 
 
@@ -244,10 +251,14 @@ def rounds_checks(
     )
     if reversed_:
         reasons.append(_first_of(reversed_))
-    checks += [Check("differs", f"order: {r}") for r in reversed_]
+    checks += [Check("differs", f"order: {r}", "order") for r in reversed_]
     if len(present) > 1 and not reversed_:
         checks.append(
-            Check("holds", "order of " + ", ".join(present) + (f" ({tied[0]})" if tied else ""))
+            Check(
+                "holds",
+                "order of " + ", ".join(present) + (f" ({tied[0]})" if tied else ""),
+                "order",
+            )
         )
     if (
         not missing
@@ -266,7 +277,7 @@ def rounds_checks(
     outcomes = _speedup_outcomes(paper, ours, by_value)
     for label, ps, os, outcome in outcomes:
         got = os.text() if os else "unknown (neither reached here, or not run)"
-        checks.append(Check(outcome, f"{label} {got} vs the paper's {ps.text()}"))
+        checks.append(Check(outcome, f"{label} {got} vs the paper's {ps.text()}", label))
     off = [(label, ps, os) for label, ps, os, outcome in outcomes if os and outcome == "differs"]
     if off:
         label, ps, os = off[0]
@@ -456,9 +467,11 @@ def values_checks(
     reversed_, tied = ranking(paper, known, ("below", "above"))  # none for a single number
     if reversed_:
         reasons.append(_first_of(reversed_))
-    checks += [Check("differs", f"order of {metric}: {r}") for r in reversed_]
+    checks += [Check("differs", f"order of {metric}: {r}", f"order of {metric}") for r in reversed_]
     if len(known) > 1 and not reversed_:
-        checks.append(Check("holds", f"order of {metric}: " + ", ".join(known)))
+        checks.append(
+            Check("holds", f"order of {metric}: " + ", ".join(known), f"order of {metric}")
+        )
     head = f"same ranking up to ties ({tied[0]})" if tied else "same ranking"
     for n in known:
         far = beyond(_gap(metric, known[n], paper[n]))
@@ -468,6 +481,7 @@ def values_checks(
                 "differs" if far else "holds",
                 f"{n}'s {metric} {x} vs the paper's {y} ({gap_text(metric, known[n], paper[n])}, "
                 f"{'beyond' if far else 'within'} {tolerance_text(metric)})",
+                f"{n}'s {metric}",
             )
         )
     worst = max(known, key=lambda n: _gap(metric, known[n], paper[n]))
@@ -484,6 +498,7 @@ def values_checks(
             Check(
                 "differs" if (n, t, m) in off else "holds",
                 f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}",
+                f"margin over {n}",
             )
             for n, t, m in pairs
         ]
@@ -728,7 +743,7 @@ def judge_all(
             target = targets.get(metric) if at == "best" else None
             verdict, found = values_checks(by_name, ours, metric, target)
             verdicts.append(verdict)
-            checks += [Check(c.outcome, f"{at} {c.text}") for c in found]
+            checks += [Check(c.outcome, f"{at} {c.text}", f"{at} {c.key}") for c in found]
     for metric, value in paper.get("lowest", {}).items():
         values = [metric_value(entry, "best", metric) for entry in table.values()]
         lowest = min((v for v in values if v is not None), default=None)
@@ -742,14 +757,14 @@ def judge_all(
         rows += [(f"rounds to target at {n}", "", str(c)) for n, c in cells.items()]
         verdict = shape_verdict(shape, cells)
         verdicts.append(verdict)
-        checks.append(Check(_outcome(verdict), f"shape {shape!r}: {verdict}"))
+        checks.append(Check(_outcome(verdict), f"shape {shape!r}: {verdict}", f"shape {shape!r}"))
     claims = paper.get("claims")
     if claims:
         results = [claim_result(c, table, horizon) for c in claims]
         rows += [(text, "holds", outcome) for text, outcome in results]
         verdicts.append(claims_verdict(results))
         checks += [
-            Check(_claim_outcome(outcome), f"{text}: {outcome}") for text, outcome in results
+            Check(_claim_outcome(outcome), f"{text}: {outcome}", text) for text, outcome in results
         ]
     return rows, combine(verdicts), checks
 
@@ -764,3 +779,79 @@ def _outcome(verdict: str) -> str:
     if verdict.startswith("same"):
         return "holds"
     return "differs" if verdict.startswith("differs") else "not checked"
+
+
+# --- several seeds -----------------------------------------------------------------------------
+
+
+def across_seeds(checks: list[list[Check]]) -> list[Check]:
+    """Each claim judged over the runs of several seeds (one list of checks per seed): it
+    holds when it holds on every seed, differs when it differs on every seed, and is not
+    checked when the seeds disagree (the paper's number inside fedsub's spread) or one could
+    not check it; the text is the first seed's, with the count."""
+    if len(checks) == 1:
+        return checks[0]
+    by_seed = [_by_claim(found) for found in checks]
+    keys = list(dict.fromkeys(k for found in by_seed for k in found))
+    combined = []
+    for key in keys:
+        seen = [found.get(key) for found in by_seed]
+        outcomes = [c.outcome if c else "not checked" for c in seen]
+        first = next(c for c in seen if c is not None)
+        held, off = outcomes.count("holds"), outcomes.count("differs")
+        n = len(outcomes)
+        if len(set(outcomes)) == 1:
+            combined.append(Check(outcomes[0], f"{first.text} (on all {n} seeds)", key))
+            continue
+        combined.append(
+            Check(
+                "not checked",
+                f"{key}: holds on {held}, differs on {off} of {n} seeds (seed 1: {first.text})",
+                key,
+            )
+        )
+    return combined
+
+
+def _by_claim(found: list[Check]) -> dict[str, Check]:
+    """A seed's checks by claim: a claim with several lines (an order's reversals) differs
+    when one of them does."""
+    claims: dict[str, Check] = {}
+    for c in found:
+        if c.key not in claims or c.outcome == "differs":
+            claims[c.key] = c
+    return claims
+
+
+def seeds_verdict(verdicts: list[str]) -> str:
+    """A part's verdict over several seeds: the first seed's when every seed's verdict says
+    the same (differs, not comparable, not checked, or agrees), else "not comparable" naming
+    how the seeds split."""
+    if len(verdicts) == 1:
+        return verdicts[0]
+    words = [_first_word(v) for v in verdicts]
+    if len(set(words)) == 1:
+        return f"{verdicts[0]} (on all {len(verdicts)} seeds)"
+    split = ", ".join(f"{w} on {words.count(w)}" for w in dict.fromkeys(words))
+    return f"not comparable: the seeds disagree ({split} of {len(verdicts)}); seed 1: {verdicts[0]}"
+
+
+def _first_word(verdict: str) -> str:
+    for word in ("differs", "not comparable", "not checked"):
+        if verdict.startswith(word):
+            return word
+    return "agrees"
+
+
+def spread(values: list[str]) -> str:
+    """fedsub's cell over several seeds: mean ± standard deviation (min-max) of numbers,
+    else the seeds' cells."""
+    if len(values) == 1:
+        return values[0]
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        return values[0] if len(set(values)) == 1 else " / ".join(values)
+    mean = sum(numbers) / len(numbers)
+    std = math.sqrt(sum((x - mean) ** 2 for x in numbers) / (len(numbers) - 1))
+    return f"{mean:.4g} ± {std:.2g} ({min(numbers):.4g}-{max(numbers):.4g})"
