@@ -100,17 +100,25 @@ def heat_coefficients(heat: str) -> np.ndarray:
 
 
 def by_hand(
-    name: str, rounds: int, heat: str = "samples", mu: float = 0.0
+    name: str,
+    rounds: int,
+    heat: str = "samples",
+    mu: float = 0.0,
+    k: int = K,
+    beta: float | None = None,
 ) -> tuple[np.ndarray, float, list[float]]:
     """The global model after ``rounds`` rounds of ``name`` (``fedavg@<scheme>``,
-    ``fedsubavg``, ``fedprox``), and each round's Scheme II factor f."""
+    ``fedsubavg``, ``fedprox``, ``scaffold-approx`` with momentum ``beta``, default
+    (N - K) / N), with ``k`` clients a round, and each round's Scheme II factor f."""
+    K = k  # the paper's name
     algorithm, _, scheme = name.partition("@")
     n = len(SIZES)
     p = np.array(SIZES) / sum(SIZES)
     coef = heat_coefficients(heat) if algorithm == "fedsubavg" else np.ones(ROWS)
     coef_form = heat if algorithm == "fedsubavg" else None
     w, b, factors = np.full(ROWS, W0), B0, []
-    beta = (n - K) / n  # scaffold-approx: seed 002's eq. 47 with its default beta
+    if beta is None:
+        beta = (n - K) / n  # scaffold-approx: seed 002's eq. 47 with its default beta
     u_w, u_b = np.zeros(ROWS), 0.0
     sampling = "proportional-with-replacement" if scheme == "scheme1" else "uniform"
     for r in range(1, rounds + 1):
@@ -143,14 +151,16 @@ def by_hand(
     return w, b, factors
 
 
-def engine(name: str, rounds: int, backend: str, heat: str = "samples", options=None) -> Params:
+def engine(
+    name: str, rounds: int, backend: str, heat: str = "samples", options=None, k: int = K
+) -> Params:
     dataset = federation()
     index = SubmodelIndex.build(dataset)
-    context = AlgorithmContext(dataset, index, heat, K)
+    context = AlgorithmContext(dataset, index, heat, k)
     algorithm = build_algorithm(name, context, options)
     schedule = Schedule(
         rounds,
-        K,
+        k,
         STEPS,
         batch_size=1,
         client_step=ClientStep(lr=LR),
@@ -236,3 +246,16 @@ def test_scaffold_approx_is_equation_47_with_beta_n_minus_k_over_n(backend):
     np.testing.assert_allclose(got.dense["b"].numpy(), [b], rtol=0, atol=1e-12)
     plain, _, _ = by_hand("fedavg", 3)
     assert np.abs(w - plain).max() > 1e-3
+
+
+@pytest.mark.parametrize("backend", ["sequential", "batched"])
+@pytest.mark.parametrize(("k", "beta"), [(2, 4 / 6), (1, 5 / 6)])
+def test_scaffold_approx_momentum_is_n_minus_k_over_n_where_n_is_not_2k(k, beta, backend):
+    """N = 6 clients, K = 2 (beta = 4/6) and K = 1 (beta = 5/6), written out: with N = 2K,
+    (N - K) / N and K / N are both 1/2, so the test above cannot tell them apart."""
+    w, b, _ = by_hand("scaffold-approx", 3, k=k, beta=beta)
+    got = engine("scaffold-approx", 3, backend, k=k)
+    np.testing.assert_allclose(got.tables["w"][:, 0].numpy(), w, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(got.dense["b"].numpy(), [b], rtol=0, atol=1e-12)
+    swapped, _, _ = by_hand("scaffold-approx", 3, k=k, beta=k / 6)  # K / N: another model
+    assert np.abs(w - swapped).max() > 1e-4

@@ -75,10 +75,10 @@ def trained_once(trained_runs, monkeypatch):
     results."""
     original = running._train
 
-    def train_once(run, configs, folder, smoke, data_path, user, folders):
-        key = (run, data_path)
+    def train_once(run, configs, folder, smoke, data_sets, user, folders):
+        key = (run, tuple(data_sets))
         if key not in trained_runs:
-            trained_runs[key] = original(run, configs, folder, smoke, data_path, user, folders)
+            trained_runs[key] = original(run, configs, folder, smoke, data_sets, user, folders)
         return trained_runs[key]
 
     monkeypatch.setattr(running, "_train", train_once)
@@ -341,3 +341,187 @@ def test_table1_counts_the_authors_whole_amazon_files(tmp_path):
     assert (stats["heat_max"], stats["heat_dispersion"]) == (7, 7.0)
     rows = {cell: ours for cell, _, ours in result.rows}
     assert (rows["heat_dispersion"], rows["samples_per_client"]) == ("7", "10")
+
+
+# --- issue 47: what a report records, MovieLens-100K, a resume through a real stop ------------
+
+STOP_AT_FEDADAM_ROUND_3 = """
+import os, signal, sys
+from fedsub import progress
+from fedsub.cli import main
+original = progress.Reporter.round
+def stop_after(self, label, round_index):
+    original(self, label, round_index)
+    if label == "fedadam" and round_index == 3:
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal, at a known round
+progress.Reporter.round = stop_after
+sys.exit(main(sys.argv[1:]))
+"""
+
+SMALL_FEDADAM = [
+    "--set", 'train.algorithms=["fedavg", "fedadam"]',
+    "--set", "train.rounds=6",
+    "--set", "train.clients_per_round=3",
+    "--set", "eval.every=1",
+    "--set", "execution.threads=1",
+]  # fmt: skip
+
+
+def _curves(folder: Path, name: str) -> list[dict]:
+    lines = (folder / name / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "elapsed"} for line in lines]
+
+
+def test_a_reproduction_stopped_by_sigterm_resumes_to_the_uninterrupted_numbers(tmp_path):
+    """FedAdam on the authors' Amazon format, with --set overrides, stopped by SIGTERM after
+    its round 3 of 6 (FedAvg before it finished) and continued with the printed --resume
+    command: every round's numbers and the final models are the uninterrupted run's, bit for
+    bit."""
+    import shlex
+    import subprocess
+    import sys
+
+    data = write_user_files(tmp_path / "amazon", users=8, lines=12)
+    argv = ["reproduce", "001-tab2", "--part", "amazon-authors", "--data-path", str(data)]
+    argv += [*SMALL_FEDADAM, "--quiet"]
+    stopped = subprocess.run(
+        [sys.executable, "-c", STOP_AT_FEDADAM_ROUND_3, *argv, "--out", str(tmp_path / "s")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert stopped.returncode == 143, stopped.stderr
+    assert "stopped after round 3" in stopped.stderr
+    assert len(_curves(tmp_path / "s" / "amazon-authors", "fedadam")) == 4  # rounds 0-3
+    again = shlex.split(stopped.stderr.strip().splitlines()[-1].split("continue with: ", 1)[1])
+    resumed = subprocess.run(
+        [sys.executable, "-m", "fedsub", *again[1:], "--quiet"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert main([*argv, "--out", str(tmp_path / "u")]) == 0
+    for name in ("fedavg", "fedadam"):
+        ran, whole = tmp_path / "s" / "amazon-authors", tmp_path / "u" / "amazon-authors"
+        assert _curves(ran, name) == _curves(whole, name), name
+        model = Path(name) / "model.safetensors"
+        assert (ran / model).read_bytes() == (whole / model).read_bytes(), name
+    report = json.loads((tmp_path / "s" / "reproduce.json").read_text())
+    assert report["parts"][0]["setting"]["user_overrides"] == SMALL_FEDADAM[1::2]
+
+
+def test_the_report_records_every_override_the_data_and_its_split_and_fedsub(tmp_path):
+    from fedsub import __version__
+
+    data = write_user_files(tmp_path / "amazon", users=6, lines=10)
+    out = tmp_path / "out"
+    argv = ["reproduce", "001-tab2", "--part", "amazon-authors", "--smoke", "--quiet"]
+    assert main([*argv, "--data-path", str(data), "--set", "train.lr=0.05", "--out", str(out)]) == 0
+    record = json.loads((out / "reproduce.json").read_text())
+    request = record["request"]
+    assert request["overrides"] == ["train.lr=0.05"] and request["smoke"] is True
+    assert request["data_path"] == str(data.absolute())
+    assert request["fedsub"]["version"] == __version__
+    commit = request["fedsub"]["commit"]
+    assert commit is None or len(commit) == 40  # a git checkout here: its commit
+    setting = record["parts"][0]["setting"]
+    assert setting["overrides"][-1] == "train.lr=0.05"
+    assert f"data.path={json.dumps(str(data.absolute()))}" in setting["overrides"]
+    assert (setting["dataset"], setting["paper_dataset"]) == ("amazon-fedsubavg",) * 2
+    assert setting["test_fraction"] == 0.2 and "not on the paper's test set" in setting["split"]
+    assert (setting["threads"], setting["threads_used"], setting["seed"]) == (1, 1, 0)
+    markdown = (out / "reproduce.md").read_text()
+    assert "--set: train.lr=0.05" in markdown and f"fedsub {__version__}" in markdown
+    assert "split: fedsub's own" in markdown and "Overrides: " in markdown
+    assert "\n- holds: " in markdown or "\n- differs: " in markdown or "\n- not checked" in markdown
+
+
+def test_fedsubs_commit_is_none_outside_a_checkout(tmp_path):
+    source = running.fedsub_source(tmp_path)
+    assert source["commit"] is None and source["version"]
+
+
+def test_movielens_parts_read_movielens_100k_through_data_path(tmp_path):
+    """The MovieLens rows are MovieLens-1M's in the paper; MovieLens-100K's files (a folder or
+    ml-100k.zip) run them with the paper's dataset named beside fedsub's."""
+    import zipfile
+
+    from .test_movielens import write_100k
+
+    root = write_100k(tmp_path / "data")
+    assert registry.dataset_at(registry.MOVIELENS, str(root)) == "movielens-100k"
+    assert registry.dataset_at(registry.MOVIELENS, str(root.parent)) == "movielens-100k"
+    archive = tmp_path / "ml-100k.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in root.iterdir():
+            z.write(f, f"ml-100k/{f.name}")
+    assert registry.dataset_at(registry.MOVIELENS, str(archive)) == "movielens-100k"
+    one_m = write_ml1m(tmp_path / "one-m")
+    assert registry.dataset_at(registry.MOVIELENS, str(one_m)) == "movielens-1m"
+    out = tmp_path / "out"
+    argv = ["reproduce", "001-tab2", "--part", "movielens", "--smoke", "--quiet"]
+    assert main([*argv, "--data-path", str(root), "--out", str(out)]) == 0
+    setting = json.loads((out / "reproduce.json").read_text())["parts"][0]["setting"]
+    assert (setting["dataset"], setting["paper_dataset"]) == ("movielens-100k", "movielens-1m")
+    assert "movielens-100k (the paper's: movielens-1m)" in (out / "reproduce.md").read_text()
+
+
+def test_threads_left_to_torch_are_pinned_and_a_resume_reads_them_back(tmp_path):
+    import torch
+
+    run = registry.Run("amazon-din.toml")
+    path = registry.configs_folder() / "amazon-din.toml"
+    sets = running._run_overrides(run, False, [], [], path, tmp_path)
+    assert sets[-1] == f"execution.threads={torch.get_num_threads()}"
+    (tmp_path / "config.toml").write_text("[execution]\nthreads = 3\n")
+    assert running._run_overrides(run, False, [], [], path, tmp_path)[-1] == "execution.threads=3"
+    user = running._run_overrides(run, False, [], ["execution.threads=2"], path, tmp_path)
+    assert user[-1] == "execution.threads=2"  # --set comes last
+    smoke = running._run_overrides(run, True, [], [], path, tmp_path)
+    assert not any(s.startswith("execution.threads=3") for s in smoke)  # smoke size sets 1
+
+
+def test_several_seeds_report_mean_spread_and_judge_each_claim_on_every_seed(tmp_path):
+    """--seeds 3: train.seed 0, 1, 2 (the first in OUT/<part>, the others beside it), fedsub's
+    numbers as mean ± std (min-max), each claim judged on every seed; a part that trains
+    nothing refuses --seeds."""
+    data = write_user_files(tmp_path / "amazon", users=8, lines=12)
+    out = tmp_path / "out"
+    argv = ["reproduce", "001-fig3", "--part", "amazon-authors", "--data-path", str(data)]
+    assert main([*argv, *SMALL_FEDADAM, "--seeds", "3", "--quiet", "--out", str(out)]) == 0
+    for folder in ("amazon-authors", "amazon-authors@train.seed=1", "amazon-authors@train.seed=2"):
+        assert (out / folder / "fedadam" / "metrics.jsonl").exists(), folder
+    finals = {
+        seed: json.loads((out / folder / "summary.json").read_text())["algorithms"]["fedadam"]
+        for seed, folder in enumerate(
+            ["amazon-authors", "amazon-authors@train.seed=1", "amazon-authors@train.seed=2"]
+        )
+    }
+    assert len({f["best"]["test_auc"] for f in finals.values()}) > 1  # the seeds differ
+    part = json.loads((out / "reproduce.json").read_text())["parts"][0]
+    assert part["setting"]["seeds"] == [0, 1, 2]
+    rows = {cell: ours for cell, _, ours in part["rows"]}
+    aucs = [finals[s]["best"]["test_auc"] for s in range(3)]
+    mean = sum(aucs) / 3
+    assert rows["best test_auc: fedadam"].startswith(f"{mean:.4g} ± ")
+    assert f"({min(aucs):.4g}-{max(aucs):.4g})" in rows["best test_auc: fedadam"]
+    assert all("seeds" in line for line in part["checks"]), part["checks"]
+    markdown = (out / "reproduce.md").read_text()
+    assert "train.seed 0, 1, 2 (3 runs: mean ± std (min-max))" in markdown
+    refused = ["reproduce", "002-tab4", "--part", "amazon-authors", "--seeds", "2"]
+    assert main([*refused, "--out", str(tmp_path / "t")]) == 2
+
+
+def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
+    from fedsub.reproduce.verdicts import Check, across_seeds, seeds_verdict, spread
+
+    held, off = Check("holds", "a 1", "a"), Check("differs", "a 2", "a")
+    assert [c.outcome for c in across_seeds([[held], [held]])] == ["holds"]
+    assert [c.outcome for c in across_seeds([[off], [off]])] == ["differs"]
+    mixed = across_seeds([[held], [off], [held]])
+    assert mixed[0].outcome == "not checked" and "holds on 2, differs on 1 of 3" in mixed[0].text
+    assert across_seeds([[held], []])[0].outcome == "not checked"  # a seed could not check it
+    assert seeds_verdict(["same ranking", "within 1 point"]).endswith("(on all 2 seeds)")
+    assert seeds_verdict(["same ranking", "differs: x"]).startswith(
+        "not comparable: the seeds disagree (agrees on 1, differs on 1 of 2)"
+    )
+    assert spread(["1", "2", "3"]) == "2 ± 1 (1-3)"
+    assert spread(["53", "53"]) == "53 ± 0 (53-53)" and spread(["200+", "200+"]) == "200+"
+    assert spread(["200+", "190"]) == "200+ / 190"

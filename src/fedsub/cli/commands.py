@@ -545,6 +545,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 overrides=args.set,
                 configs=configs,
                 folders=folders,
+                seeds=args.seeds,
             )
     except _interrupted() as stopped:
         print(
@@ -574,6 +575,7 @@ def _reproduce_again(args: argparse.Namespace, out: Path) -> str:
         words += ["--configs", args.configs]
     words += [w for text in args.set for w in ("--set", text)]
     words += ["--smoke"] if args.smoke else []
+    words += ["--seeds", str(args.seeds)] if args.seeds != 1 else []
     return shlex.join([*words, "--resume"])
 
 
@@ -588,6 +590,7 @@ def _refuse_options_of_a_run(args: argparse.Namespace) -> None:
         "--set": bool(args.set),
         "--overwrite": args.overwrite,
         "--resume": args.resume,
+        "--seeds": args.seeds != 1,
     }
     named = [flag for flag, present in given.items() if present]
     if named:
@@ -782,6 +785,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SECTION.KEY=VALUE",
         help="override a config key of the part's runs; repeatable",
+    )
+    reproduce.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each training part N times (train.seed, +1, ...): mean, spread, and each claim "
+        "judged on every seed; costs N times the part's time (default 1)",
     )
     reproduce.add_argument("--configs", help="the configs folder (default: the checkout's)")
     reproduce.add_argument(

@@ -7,7 +7,6 @@ option and the part.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from fedsub.reproduce.registry import (
     Run,
     Settings,
     Stats,
+    data_overrides,
 )
 from fedsub.reproduce.status import config_missing
 
@@ -38,6 +38,7 @@ class Request:
     overrides: list[str]
     configs: Path
     configs_named: bool = False
+    seeds: int = 1
 
 
 def chosen_parts(e: Experiment, part: str | None) -> list[Part]:
@@ -84,6 +85,13 @@ def _reads_no_data(part: Part) -> str | None:
     return None
 
 
+def _trains_nothing(part: Part) -> str | None:
+    """Why ``--seeds`` means nothing to the part (None: it trains)."""
+    if isinstance(part.action, Run):
+        return None
+    return _reads_no_config(part) or "counts its dataset (no training, nothing seeded to repeat)"
+
+
 def _refuse_unused(
     e: Experiment, chosen: list[Part], flag: str, why: Callable[[Part], str | None]
 ) -> None:
@@ -105,6 +113,10 @@ def check_request(e: Experiment, chosen: list[Part], request: Request) -> None:
         _refuse_unused(e, chosen, f"--configs {request.configs}", _reads_no_config_file)
     if request.data_path is not None:
         _check_data_path(e, chosen, request.data_path)
+    if request.seeds < 1:
+        raise ConfigError(f"--seeds {request.seeds}: give 1 or more runs per part")
+    if request.seeds > 1:
+        _refuse_unused(e, chosen, f"--seeds {request.seeds}", _trains_nothing)
     for p in chosen:
         if isinstance(p.action, Run | Stats) and config_missing(p, request.configs) is None:
             _check_config(e, p, request)
@@ -132,8 +144,7 @@ def _check_config(e: Experiment, part: Part, request: Request) -> None:
     path = request.configs / action.config
     smoke = (*SMOKE, *action.smoke) if isinstance(action, Run) else action.smoke
     sets = [*action.overrides, *(smoke if request.smoke else ())]
-    if request.data_path is not None:
-        sets.append(f"data.path={json.dumps(str(Path(request.data_path).absolute()))}")
+    sets += data_overrides(part.data, request.data_path)
     sets += request.overrides
     sweep = action.sweep if isinstance(action, Run) else None
     values: Sequence[str | None] = [None]

@@ -34,12 +34,21 @@ from fedsub.reproduce.registry import (
     Run,
     Settings,
     Stats,
+    data_overrides,
     experiment,
     paper_numbers,
 )
 from fedsub.reproduce.request import Request, check_request, chosen_parts, refuse_nothing_to_resume
 from fedsub.reproduce.status import configs_given, status_here
-from fedsub.reproduce.verdicts import judge, number, numbers_verdict, settings_verdict
+from fedsub.reproduce.verdicts import (
+    across_seeds,
+    judge_all,
+    number,
+    numbers_verdict,
+    seeds_verdict,
+    settings_verdict,
+    spread,
+)
 from fedsub.runs.report import write_atomic
 
 
@@ -57,12 +66,14 @@ class Folders:
 @dataclass(frozen=True)
 class Trained:
     """A part's runs: results by name (algorithm, or the sweep's value), the horizon, the
-    target the run used (e.g. CentralSGD's measured minimum) and the plot."""
+    target the run used (e.g. CentralSGD's measured minimum), the plot, and the setting the
+    runs had (``setting_of``: every override, the data, the threads)."""
 
     table: dict[str, dict]
     horizon: int
     target: dict[str, float]
     plots: list[Path]
+    setting: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,10 @@ class PartResult:
     rows: list[tuple[str, str, str]] = field(default_factory=list)  # (cell, paper, fedsub)
     plots: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # what the part ran with: every override, the dataset (and the paper's), its path and
+    # split, the seed, the threads
+    setting: dict[str, Any] = field(default_factory=dict)
+    checks: list[str] = field(default_factory=list)  # each claim: holds / differs / not checked
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -89,6 +104,7 @@ def reproduce(
     overrides: Sequence[str] = (),
     configs: Path | None = None,
     folders: Folders = Folders(),
+    seeds: int = 1,
 ) -> list[PartResult]:
     """Run every part of the experiment (or ``part``) whose data are here; write
     ``out/reproduce.json`` and ``out/reproduce.md``. A stopped run raises ``Interrupted``
@@ -100,16 +116,57 @@ def reproduce(
     e = experiment(experiment_id)
     chosen = chosen_parts(e, part)
     named = configs is not None
-    request = Request(smoke, data_path, list(overrides), configs_given(configs), named)
+    request = Request(smoke, data_path, list(overrides), configs_given(configs), named, seeds)
     check_request(e, chosen, request)
     if folders.resume:
         refuse_nothing_to_resume(e, chosen, out)
     results = [
-        run_part(e, p, out, smoke, data_path, request.overrides, request.configs, folders)
+        run_part(e, p, out, smoke, data_path, request.overrides, request.configs, folders, seeds)
         for p in chosen
     ]
-    write_report(e, results, out)
+    write_report(e, results, out, asked(request, part))
     return results
+
+
+def asked(request: Request, part: str | None) -> dict[str, Any]:
+    """What ``fedsub reproduce`` was asked, and which fedsub answered: recorded in the
+    report."""
+    return {
+        "part": part,
+        "smoke": request.smoke,
+        "data_path": str(Path(request.data_path).absolute()) if request.data_path else None,
+        "overrides": list(request.overrides),
+        "seeds": request.seeds,
+        "configs": str(request.configs),
+        "fedsub": fedsub_source(),
+    }
+
+
+def fedsub_source(root: Path | None = None) -> dict[str, Any]:
+    """fedsub's version and, in a git checkout (``root``: the one this fedsub is in), its
+    commit and whether tracked files differ from it; None outside a checkout or without git."""
+    import subprocess
+
+    from fedsub import __version__
+
+    root = root or Path(__file__).resolve().parents[3]
+    record: dict[str, Any] = {"version": __version__, "commit": None, "modified": None}
+    if not (root / ".git").exists():
+        return record
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=20, check=True,
+        )  # fmt: skip
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=20, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return record
+    record["commit"] = head.stdout.strip() or None
+    record["modified"] = bool(status.stdout.strip())
+    return record
 
 
 def run_part(
@@ -121,7 +178,10 @@ def run_part(
     overrides: list[str],
     configs: Path,
     folders: Folders,
+    seeds: int = 1,
 ) -> PartResult:
+    """One part run (``seeds`` times for a training part: train.seed, train.seed + 1, ...) and
+    judged against the paper's numbers."""
     numbers = paper_numbers(e.id, part.name)
     where = numbers.where if numbers else ""
     status = status_here(part, configs, data_path)
@@ -132,6 +192,9 @@ def run_part(
     folder = out / part.name
     paper = numbers.values if numbers else {}
     action = part.action
+    data_sets = data_overrides(part.data, data_path)
+    setting: dict[str, Any] = {}
+    checks: list[str] = []
     try:
         if isinstance(action, ClosedForm):
             folder.mkdir(parents=True, exist_ok=True)
@@ -140,15 +203,15 @@ def run_part(
             rows, plots = _settings(configs / action.config, paper), []
             verdict = settings_verdict(rows)
         elif isinstance(action, Stats):
-            sets = [*action.overrides, *(action.smoke if smoke else ()), *overrides]
-            rows, plots = _stats(configs / action.config, sets, data_path, folder, paper)
+            sets = [*action.overrides, *(action.smoke if smoke else ()), *data_sets, *overrides]
+            rows, plots, config = _stats(configs / action.config, sets, folder, paper)
+            setting = setting_of(part, config_setting(config, sets), overrides)
             verdict = numbers_verdict(rows)
         else:
             assert isinstance(action, Run)
-            trained = _train(action, configs, folder, smoke, data_path, overrides, folders)
-            rows, verdict = judge(paper, trained.table, trained.horizon)
-            rows = _target_rows(paper, trained.target) + rows
-            plots = trained.plots
+            runs = Runs(action, configs, smoke, data_sets, overrides, folders)
+            rows, verdict, checks, plots, ran = runs.judged(part.name, out, paper, seeds)
+            setting = setting_of(part, ran, overrides)
     except DataError as error:  # the data are there but not what the loader expects
         return PartResult(e.id, part.name, "cannot run", f"data error: {error}", where)
     seconds = time.perf_counter() - started
@@ -164,7 +227,87 @@ def run_part(
         rows,
         [str(p) for p in plots],
         round(seconds, 1),
+        setting,
+        checks,
     )
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A training part's runs: its action and everything the request adds to it."""
+
+    action: Run
+    configs: Path
+    smoke: bool
+    data_sets: list[str]
+    user: list[str]
+    folders: Folders
+
+    def judged(
+        self, name: str, out: Path, paper: dict[str, Any], seeds: int
+    ) -> tuple[list[tuple[str, str, str]], str, list[str], list[Path], dict[str, Any]]:
+        """Rows, verdict, checks, plots and setting of the part run with ``seeds`` seeds: the
+        config's train.seed in OUT/<part>, each further one in OUT/<part>@train.seed=S;
+        fedsub's numbers are their mean, standard deviation and range, and each claim is
+        judged on every seed (``verdicts.across_seeds``)."""
+        path = self.configs / self.action.config
+        sets = [*self.action.overrides, *self.data_sets, *self.user]
+        base = config_lib.load(path, sets).train.seed
+        all_rows, verdicts, found, plots = [], [], [], []
+        setting: dict[str, Any] = {}
+        for i in range(seeds):
+            folder = out / (name if i == 0 else f"{name}@train.seed={base + i}")
+            user = self.user if i == 0 else [*self.user, f"train.seed={base + i}"]
+            trained = _train(
+                self.action, self.configs, folder, self.smoke, self.data_sets, user, self.folders
+            )
+            rows, verdict, judged = judge_all(paper, trained.table, trained.horizon)
+            all_rows.append(_target_rows(paper, trained.target) + rows)
+            verdicts.append(verdict)
+            found.append(judged)
+            plots += trained.plots
+            setting = setting or dict(trained.setting)
+        setting["seeds"] = [base + i for i in range(seeds)]
+        rows = all_rows[0]
+        if all(len(r) == len(rows) for r in all_rows):
+            rows = [
+                (cell, paper_value, spread([r[k][2] for r in all_rows]))
+                for k, (cell, paper_value, _) in enumerate(rows)
+            ]
+        lines = [c.line() for c in across_seeds(found)]
+        return rows, seeds_verdict(verdicts), lines, plots, setting
+
+
+def setting_of(part: Part, ran: dict[str, Any], user: list[str]) -> dict[str, Any]:
+    """What a part ran with, for the report: the paper's dataset and fedsub's (a stand-in is
+    named beside it), the data's path and split, every override (the part's own, smoke size,
+    --data-path, the threads, --set: ``ran``, from ``config_setting``) and the user's --set
+    alone, the seed and the threads."""
+    setting: dict[str, Any] = {"paper_dataset": part.data.name, "user_overrides": list(user)}
+    if ran:
+        stand_in = ran["dataset"] != part.data.name
+        setting["split"] = STAND_IN_SPLIT if stand_in else part.data.split
+    return {**setting, **ran}
+
+
+def config_setting(config: config_lib.Config, sets: list[str]) -> dict[str, Any]:
+    """The config's data, seed and threads as the runs have them, and the overrides that
+    made it."""
+    import torch
+
+    options = config.data.options
+    return {
+        "dataset": config.data.name,
+        "data_path": config.data.path,
+        "test_fraction": getattr(options, "test_fraction", None),
+        "overrides": list(sets),
+        "seed": config.data.seed,
+        "threads": config.execution.threads,
+        "threads_used": config.execution.threads or torch.get_num_threads(),
+    }
+
+
+STAND_IN_SPLIT = "a seeded random data.test_fraction of each user's samples held out"
 
 
 def _closed_form(action: ClosedForm, folder: Path, smoke: bool):
@@ -176,13 +319,41 @@ def _closed_form(action: ClosedForm, folder: Path, smoke: bool):
     return rows, result.verdict, [result.plot]
 
 
-def _run_overrides(run: Run, smoke: bool, data_path: str | None, user: list[str]) -> list[str]:
+def _run_overrides(
+    run: Run, smoke: bool, data_sets: list[str], user: list[str], path: Path, folder: Path
+) -> list[str]:
+    """The part's overrides, smoke size's, --data-path's, the threads pinned, then --set.
+
+    A config whose execution.threads is 0 (torch's default, which depends on the machine and
+    its environment) runs with the count this process has, written into the run's config so
+    that the number is recorded and a resume runs with the same count (a resume reads it back
+    from the stopped run's config); --set execution.threads replaces it."""
     sets = list(run.overrides)
     if smoke:
         sets += [*SMOKE, *run.smoke]
-    if data_path is not None:
-        sets.append(f"data.path={json.dumps(str(Path(data_path).absolute()))}")
+    sets += data_sets
+    if config_lib.load(path, sets).execution.threads == 0:
+        threads = _recorded_threads(folder)
+        if threads is None:
+            import torch
+
+            threads = torch.get_num_threads()
+        sets.append(f"execution.threads={threads}")
     return sets + user
+
+
+def _recorded_threads(folder: Path) -> int | None:
+    """The execution.threads a stopped run in ``folder`` was started with (a comparison's
+    config.toml, or a sweep's first value's); None when there is none."""
+    import tomllib
+
+    for path in [folder / "config.toml", *sorted(folder.glob("*/config.toml"))]:
+        try:
+            threads = tomllib.loads(path.read_text())["execution"]["threads"]
+        except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
+            continue
+        return int(threads)
+    return None
 
 
 def _train(
@@ -190,7 +361,7 @@ def _train(
     configs: Path,
     folder: Path,
     smoke: bool,
-    data_path: str | None,
+    data_sets: list[str],
     user: list[str],
     folders: Folders,
 ) -> Trained:
@@ -198,7 +369,8 @@ def _train(
     from fedsub.runs.experiment import compare, recorded_key, sweep
 
     path = configs / run.config
-    sets = _run_overrides(run, smoke, data_path, user)
+    sets = _run_overrides(run, smoke, data_sets, user, path, folder)
+    setting = config_setting(config_lib.load(path, sets), sets)
     if run.sweep is None:
         config = config_lib.load(path, sets)
         resume = folders.resume and (folder / "run.json").exists()
@@ -214,6 +386,7 @@ def _train(
             config.train.rounds,
             dict(outcome.summary["target"]),
             [folder / "curves.png"],
+            setting,
         )
     key, values = run.sweep
     if smoke and run.smoke_values is not None:
@@ -243,7 +416,7 @@ def _train(
         table[value] = entries[compared[0]] if len(compared) == 1 else entries
         rounds = config_lib.load(path, [*sets, f"{key}={value}"]).train.rounds
         horizon = max(horizon, rounds)
-    return Trained(table, horizon, target, [folder / "curves.png"])
+    return Trained(table, horizon, target, [folder / "curves.png"], setting)
 
 
 def _target_rows(paper: dict[str, Any], target: dict[str, float]) -> list[tuple[str, str, str]]:
@@ -308,14 +481,11 @@ def dataset_statistics(config: config_lib.Config) -> tuple[dict[str, float], Any
 def _stats(
     path: Path,
     sets: list[str],
-    data_path: str | None,
     folder: Path,
     paper: dict[str, Any],
-) -> tuple[list[tuple[str, str, str]], list[Path]]:
+) -> tuple[list[tuple[str, str, str]], list[Path], config_lib.Config]:
     from fedsub.submodel.stats import plot_heat_distribution
 
-    if data_path is not None:
-        sets = [*sets, f"data.path={json.dumps(str(Path(data_path).absolute()))}"]
     config = config_lib.load(path, sets)
     row, (dataset, heat) = dataset_statistics(config)
     folder.mkdir(parents=True, exist_ok=True)
@@ -326,7 +496,7 @@ def _stats(
         plots.append(folder / "heat.png")
     wanted = paper.get("stats", {})
     rows = [(name, number(value), number(row.get(name))) for name, value in wanted.items()]
-    return rows, plots
+    return rows, plots, config
 
 
 def _settings(path: Path, paper: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -365,21 +535,83 @@ def _algorithm_lr(config: config_lib.Config, name: str) -> float:
 # --- the report ------------------------------------------------------------------------------
 
 
-def write_report(e: Experiment, results: list[PartResult], out: Path) -> None:
+def write_report(
+    e: Experiment, results: list[PartResult], out: Path, request: dict[str, Any] | None = None
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    record = {"experiment": e.id, "shows": e.shows, "parts": [asdict(r) for r in results]}
+    record = {
+        "experiment": e.id,
+        "shows": e.shows,
+        "request": request or {},
+        "parts": [asdict(r) for r in results],
+    }
     write_atomic(out / "reproduce.json", dumps(record, indent=2) + "\n")
-    write_atomic(out / "reproduce.md", report_markdown(e, results))
+    write_atomic(out / "reproduce.md", report_markdown(e, results, request or {}))
 
 
-def report_markdown(e: Experiment, results: list[PartResult]) -> str:
+def _request_lines(request: dict[str, Any]) -> list[str]:
+    if not request:
+        return []
+    source = request.get("fedsub", {})
+    commit = source.get("commit")
+    where = "not in a git checkout" if commit is None else f"commit {commit}"
+    if source.get("modified"):
+        where += " with modified files"
+    sets = request.get("overrides") or []
+    lines = [
+        f"fedsub {source.get('version')} ({where}); "
+        + ("smoke size; " if request.get("smoke") else "")
+        + f"--set: {', '.join(sets) if sets else 'none'}"
+        + (f"; --data-path {request['data_path']}" if request.get("data_path") else ""),
+        "",
+    ]
+    return lines
+
+
+def _setting_lines(setting: dict[str, Any]) -> list[str]:
+    if "dataset" not in setting:
+        return []
+    dataset = setting["dataset"]
+    paper = setting.get("paper_dataset")
+    named = dataset if dataset == paper else f"{dataset} (the paper's: {paper})"
+    at = setting.get("data_path") or "fedsub's download cache"
+    split = setting.get("split") or "the loader's"
+    fraction = setting.get("test_fraction")
+    held = f" (test_fraction {fraction:g})" if isinstance(fraction, float) else ""
+    threads = setting.get("threads_used")
+    seeds = setting.get("seeds") or []
+    runs = (
+        f"train.seed {', '.join(map(str, seeds))} ({len(seeds)} runs: mean ± std (min-max))"
+        if len(seeds) > 1
+        else f"train.seed {seeds[0]}"
+        if seeds
+        else "no training"
+    )
+    lines = [
+        f"Data: {named} at {at}; split: {split}{held}",
+        f"data.seed {setting.get('seed')}, {runs}, {threads} thread{'s' if threads != 1 else ''}"
+        + ("" if setting.get("threads") else " (torch's default)"),
+        f"Overrides: {', '.join(setting.get('overrides') or []) or 'none'}",
+        "",
+    ]
+    return [line if not line else line + "  " for line in lines[:-1]] + [""]
+
+
+def report_markdown(
+    e: Experiment, results: list[PartResult], request: dict[str, Any] | None = None
+) -> str:
     lines = [f"# {e.id}: {e.shows}", ""]
     if e.note:
         lines += [e.note, ""]
+    lines += _request_lines(request or {})
     for r in results:
         lines += [f"## {r.part}: {r.verdict}", ""]
         if r.where:
             lines += [f"Paper: {r.where}", ""]
+        lines += _setting_lines(r.setting)
+        if r.checks:
+            lines += [f"- {c}" for c in r.checks]
+            lines.append("")
         if r.rows:
             lines += ["| | paper | fedsub |", "|---|---:|---:|"]
             lines += [f"| {c} | {p} | {o} |" for c, p, o in r.rows]

@@ -3,12 +3,15 @@ verdict never claims more than the evidence shows.
 
 Every verdict starts with one word a reader can rely on: **differs** (a claim of the paper
 fails on fedsub's runs), **same ranking** / **within** / **holds** (it agrees, within the
-stated tolerance), or **not comparable** / **not checked** (the runs cannot say). Rounds to a
-target are compared by order and by ratio (the paper's method's speed-up over each baseline,
-within ``SPEEDUP_FACTOR`` of the paper's); AUCs and accuracies on an absolute scale
-(``POINTS``), the paper's method's margins over the others included; other numbers (losses,
-counts) relatively (``WITHIN``). A part's verdict puts a differing judgement first, so its
-first word is "differs" whenever one of its checks fails.
+stated tolerance), or **not comparable** / **not checked** (the runs cannot say: a number
+missing or not finite, a bound against a bound). Rounds to a target are compared by order, by
+the paper's method's own rounds (``ROUNDS_FACTOR``) and by the size of its speed-up over each
+baseline (the log of the ratio within ``SPEEDUP_FACTOR`` of the paper's, widened by
+``SPEEDUP_SLACK``); AUCs and accuracies on an absolute scale (``POINTS``), the paper's
+method's margins over the others included; other numbers (losses, counts) relatively
+(``WITHIN``). A part's verdict puts a differing judgement first, so its first word is
+"differs" whenever one of its checks fails; ``judge_all`` also gives every claim as a line of
+its own (``Check``: holds, differs or not checked).
 """
 
 from __future__ import annotations
@@ -18,28 +21,55 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-Cell = int | str | None  # rounds to target: a round, "R+" (not reached in R), None (no run)
+Cell = int | str | None  # rounds to target: a round, "R+" (not reached in R rounds), None (no run)
 
-# A speed-up (rounds of one run over another's) agrees with the paper's when it lies within
-# this factor of it either way: FedSubAvg 1.7x faster than FedAvg in the paper agrees with
-# 1.2x to 2.55x here.
+# A speed-up (rounds of one run over another's) agrees with the paper's when its size, the
+# log of the speed-up (how far from 1 it is), is within this factor of the paper's either way,
+# widened by SPEEDUP_SLACK: the paper's 1.7x agrees with 1.29x to 2.44x, and 1.7x shrunk to
+# 1.14x (most of the effect lost) differs. A speed-up near 1 agrees within the slack alone.
 SPEEDUP_FACTOR = 1.5
+# Rounds 10% apart either way are one evaluation or a little noise apart (e.g. 100 vs 110).
+SPEEDUP_SLACK = 1.1
+# The paper's method's own rounds (FedSubAvg at 190 against the paper's 53) agree when within
+# this factor of the paper's either way.
+ROUNDS_FACTOR = 1.5
 # AUCs and accuracies agree when within this many units (0.02: two points of AUC or of
 # accuracy); so do the margins of the paper's method over the others.
 POINTS = 0.02
 # Other numbers (losses, dataset counts) agree when within this fraction of the paper's.
 WITHIN = 0.10
+# A tolerance is met up to float rounding (0.641 - 0.621 is 0.02000000000000002).
+ROUNDING = 1e-9
 # The paper's own method in a table (its speed-ups and margins are the paper's claims):
 # FedSubAvg in seeds 000-002, Algorithm 2 (`shuffled`) in seed 003.
 OURS = ("fedsubavg", "shuffled")
 ROW = tuple[str, str, str]  # (cell, paper, fedsub)
 
 
+@dataclass(frozen=True)
+class Check:
+    """One claim of the paper judged on fedsub's runs: ``outcome`` "holds", "differs" or
+    "not checked", ``text`` what was compared (one line of the report)."""
+
+    outcome: str
+    text: str
+    claim: str = ""  # the claim without fedsub's numbers (the same on every seed); "": text
+
+    @property
+    def key(self) -> str:
+        return self.claim or self.text
+
+    def line(self) -> str:
+        return f"{self.outcome}: {self.text}"
+
+
 def combine(verdicts: list[str]) -> str:
-    """A part's verdict: its judgements, the differing ones first."""
+    """A part's verdict: its judgements, the differing ones first, then the ones that cannot
+    be compared, then the rest."""
     differing = [v for v in verdicts if v.startswith("differs")]
-    rest = [v for v in verdicts if not v.startswith("differs")]
-    return "; ".join(differing + rest) or "no numbers to compare (curves written)"
+    unknown = [v for v in verdicts if v.startswith("not comparable")]
+    rest = [v for v in verdicts if v not in differing and v not in unknown]
+    return "; ".join(differing + unknown + rest) or "no numbers to compare (curves written)"
 
 
 def higher_is_better(metric: str) -> bool:
@@ -51,16 +81,35 @@ def absolute_scale(metric: str) -> bool:
     return higher_is_better(metric)
 
 
+def distinct(a: float, b: float, digits: int = 4) -> tuple[str, str]:
+    """``a`` and ``b`` printed with ``digits`` significant digits, or more until they read
+    differently when they differ (a claim decided by 1e-5 never reads "0.26 vs 0.26")."""
+    for d in range(digits, 18):
+        x, y = f"{a:.{d}g}", f"{b:.{d}g}"
+        if x != y or a == b:
+            return x, y
+    return repr(a), repr(b)
+
+
 # --- rounds to a target ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Rounds:
     """A cell's rounds to the target: ``reached`` at ``rounds``, or not within ``rounds``
-    (the horizon; infinite when the run diverged)."""
+    (the horizon); a diverged run never reaches (``rounds`` infinite, ``diverged`` its
+    round)."""
 
     rounds: float
     reached: bool
+    diverged: int | None = None
+
+    def text(self) -> str:
+        if self.diverged is not None:
+            return f"diverged at round {self.diverged}"
+        if self.reached:
+            return f"at {self.rounds:.0f}"
+        return f"not in {self.rounds:.0f} rounds"
 
 
 def parse_cell(cell: Cell) -> Rounds:
@@ -69,6 +118,8 @@ def parse_cell(cell: Cell) -> Rounds:
         return Rounds(float(cell), True)
     if isinstance(cell, str) and cell.endswith("+"):
         return Rounds(float(cell[:-1]), False)
+    if isinstance(cell, str) and cell.startswith("diverged at "):
+        return Rounds(math.inf, False, int(cell.removeprefix("diverged at ")))
     return Rounds(math.inf, False)
 
 
@@ -81,16 +132,22 @@ def rank_value(cell: Cell) -> float:
 class Speedup:
     """How many times fewer rounds ``fast`` needs than ``slow``, as an interval: exact when
     both reached, a lower bound when only ``fast`` did, an upper bound when only ``slow``
-    did."""
+    did (0 when ``fast`` diverged: it never reaches)."""
 
     low: float
     high: float
 
+    @property
+    def exact(self) -> bool:
+        return self.low == self.high
+
     def text(self) -> str:
-        if self.low == self.high:
-            return f"{self.low:.2f}x"
+        if self.exact:
+            return "none (never reaches)" if self.low == 0 else f"{self.low:.2f}x"
         if math.isinf(self.high):
             return f">{self.low:.2f}x"
+        if self.high == 0:
+            return "none (never reaches)"
         return f"<{self.high:.2f}x"
 
 
@@ -106,9 +163,35 @@ def speedup(fast: Rounds, slow: Rounds) -> Speedup | None:
     return None
 
 
+def _log(x: float) -> float:
+    return math.log(x) if x > 0 else -math.inf
+
+
+def agreeing_band(paper: Speedup, factor: float = SPEEDUP_FACTOR) -> tuple[float, float]:
+    """The speed-ups that agree with the paper's: its size (the log) within ``factor`` either
+    way, widened by ``SPEEDUP_SLACK``; a bound of the paper's stays open on its side."""
+    low, high = _log(paper.low), _log(paper.high)
+    slack = math.log(SPEEDUP_SLACK)
+    lo = min(low / factor, low * factor) if math.isfinite(low) else low
+    hi = max(high / factor, high * factor) if math.isfinite(high) else high
+    return math.exp(lo - slack), math.exp(hi + slack)
+
+
+def speedup_outcome(paper: Speedup, ours: Speedup, factor: float = SPEEDUP_FACTOR) -> str:
+    """ "holds" when fedsub's speed-up is exact and inside the band that agrees with the
+    paper's (a bound of the paper's is its claim: "at least 3.85x"); "differs" when fedsub's
+    (exact or a bound) lies wholly outside it; "not checked" when fedsub's is a bound that
+    meets the band (a bound against a bound, or against the paper's number, shows nothing)."""
+    lo, hi = agreeing_band(paper, factor)
+    tol = 1 + ROUNDING
+    if ours.high * tol < lo or ours.low > hi * tol:
+        return "differs"
+    return "holds" if ours.exact else "not checked"
+
+
 def speedups_agree(paper: Speedup, ours: Speedup, factor: float = SPEEDUP_FACTOR) -> bool:
-    """Whether ours can be within ``factor`` of the paper's (intervals widened by it meet)."""
-    return ours.low <= paper.high * factor and ours.high >= paper.low / factor
+    """Whether fedsub's speed-up shows the paper's (``speedup_outcome`` "holds")."""
+    return speedup_outcome(paper, ours, factor) == "holds"
 
 
 def _speedup_pairs(paper: dict[str, Cell], by_value: bool) -> list[tuple[str, str]]:
@@ -124,72 +207,164 @@ def _speedup_pairs(paper: dict[str, Cell], by_value: bool) -> list[tuple[str, st
 def speedup_rows(
     paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool
 ) -> list[tuple[str, Speedup | None, Speedup | None]]:
-    """(label, the paper's speed-up, fedsub's) for every pair the paper claims."""
+    """(label, the paper's speed-up, fedsub's) for every pair the paper claims (fedsub's None
+    when a side was not run or neither reached)."""
     rows = []
     for fast, slow in _speedup_pairs(paper, by_value):
         label = f"speed-up of {fast} over {slow}"
         p = speedup(parse_cell(paper[fast]), parse_cell(paper[slow]))
-        o = speedup(parse_cell(ours[fast]), parse_cell(ours[slow]))
+        a, b = ours.get(fast), ours.get(slow)
+        o = None if a is None or b is None else speedup(parse_cell(a), parse_cell(b))
         rows.append((label, p, o))
     return rows
 
 
-def rounds_verdict(paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool = False) -> str:
-    """Order of the rounds to target (not reached = last), FedSubAvg's speed-up over each
-    baseline (``by_value``: each swept value's over the first) against the paper's within
-    ``SPEEDUP_FACTOR``, and the cells reached by one side only: none of fedsub's reached where
-    the paper's did, or a headline cell (the paper's method; every value of a sweep) reached by
-    one side only, is "differs"."""
-    if any(c is None for c in ours.values()):
-        missing = [n for n, c in ours.items() if c is None]
-        return f"not comparable: fedsub ran no {', '.join(missing)}"
-    p = {n: parse_cell(c) for n, c in paper.items()}
-    o = {n: parse_cell(c) for n, c in ours.items()}
+def _own_rounds(name: str, paper: Rounds, ours: Rounds) -> Check:
+    """The paper's method's own cell: its rounds within ``ROUNDS_FACTOR`` of the paper's."""
+    claim = f"{name}'s own rounds"
+    what = f"{claim}, fedsub {ours.text()} vs the paper's {paper.text()}"
+    if paper.reached != ours.reached:
+        return Check("differs", what, claim)
+    if not paper.reached:
+        return Check("not checked", f"{what} (neither reached)", claim)
+    ratio = ours.rounds / paper.rounds
+    inside = ratio * (1 + ROUNDING) >= 1 / ROUNDS_FACTOR and ratio <= ROUNDS_FACTOR * (1 + ROUNDING)
+    return Check(
+        "holds" if inside else "differs",
+        f"{what} ({ratio:.2f}x, {'within' if inside else 'beyond'} {ROUNDS_FACTOR:g}x)",
+        claim,
+    )
+
+
+def rounds_checks(
+    paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool = False
+) -> tuple[str, list[Check]]:
+    """``rounds_verdict`` and its checks, one per claim."""
+    missing = [n for n in paper if ours.get(n) is None]
+    present = [n for n in paper if n not in missing]
+    p = {n: parse_cell(paper[n]) for n in paper}
+    o = {n: parse_cell(ours[n]) for n in present}
+    checks: list[Check] = []
     reasons: list[str] = []
     reversed_, tied = ranking(
-        {n: rank_value(c) for n, c in paper.items()}, {n: rank_value(c) for n, c in ours.items()}
+        {n: rank_value(paper[n]) for n in present}, {n: rank_value(ours[n]) for n in present}
     )
     if reversed_:
         reasons.append(_first_of(reversed_))
-    if any(r.reached for r in p.values()) and not any(r.reached for r in o.values()):
+    checks += [Check("differs", f"order: {r}", "order") for r in reversed_]
+    if len(present) > 1 and not reversed_:
+        checks.append(
+            Check(
+                "holds",
+                "order of " + ", ".join(present) + (f" ({tied[0]})" if tied else ""),
+                "order",
+            )
+        )
+    if (
+        not missing
+        and any(r.reached for r in p.values())
+        and not any(r.reached for r in o.values())
+    ):
         reasons.append("the target is reached by none of fedsub's runs (the paper's reach it)")
     headline = set(p) if by_value else {n for n in OURS if n in p}
-    one_side = [n for n in p if p[n].reached != o[n].reached]
+    one_side = [n for n in present if p[n].reached != o[n].reached]
     for n in one_side:
         if n in headline:
             reasons.append(f"{n} reached {_side(p[n], o[n])}")
-    compared = [(label, ps, os) for label, ps, os in speedup_rows(paper, ours, by_value) if ps]
-    judged = [(label, ps, os) for label, ps, os in compared if os is not None]
-    off = [(label, ps, os) for label, ps, os in judged if not speedups_agree(ps, os)]
+    own = {n: _own_rounds(n, p[n], o[n]) for n in p if n in headline and n in o}
+    checks += own.values()
+    reasons += [c.text for n, c in own.items() if c.outcome == "differs" and n not in one_side]
+    outcomes = _speedup_outcomes(paper, ours, by_value)
+    for label, ps, os, outcome in outcomes:
+        got = os.text() if os else "unknown (neither reached here, or not run)"
+        checks.append(Check(outcome, f"{label} {got} vs the paper's {ps.text()}", label))
+    off = [(label, ps, os) for label, ps, os, outcome in outcomes if os and outcome == "differs"]
     if off:
         label, ps, os = off[0]
         more = f" and {len(off) - 1} more" if len(off) > 1 else ""
         reasons.append(
-            f"{label} {os.text()} vs the paper's {ps.text()} (beyond {SPEEDUP_FACTOR:g}x){more}"
+            f"{label} {os.text()} vs the paper's {ps.text()} (its size beyond "
+            f"{SPEEDUP_FACTOR:g}x){more}"
         )
+    not_run = f"fedsub ran no {', '.join(missing)}"
+    if missing:
+        checks.append(Check("not checked", f"{', '.join(missing)}: not run here"))
     if reasons:
-        return "differs: " + "; ".join(reasons)
+        return "differs: " + "; ".join(reasons) + (
+            f"; not comparable: {not_run}" if missing else ""
+        ), checks
+    if missing:
+        return f"not comparable: {not_run}", checks
+    others = [n for n in one_side if n not in headline]
+    return _agreeing(tied, outcomes, own, p, o, others), checks
+
+
+Outcomes = list[tuple[str, Speedup, Speedup | None, str]]
+
+
+def _speedup_outcomes(paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool) -> Outcomes:
+    """(label, the paper's speed-up, fedsub's, its outcome) for every pair the paper gives a
+    speed-up for (neither reached in the paper: nothing to compare)."""
+    return [
+        (label, ps, os, speedup_outcome(ps, os) if os else "not checked")
+        for label, ps, os in speedup_rows(paper, ours, by_value)
+        if ps
+    ]
+
+
+def _agreeing(
+    tied: list[str],
+    outcomes: Outcomes,
+    own: dict[str, Check],
+    p: dict[str, Rounds],
+    o: dict[str, Rounds],
+    others: list[str],
+) -> str:
+    """A rounds verdict where nothing differs: what holds, then what was not checked."""
     parts = [f"same ranking up to ties ({tied[0]})" if tied else "same ranking"]
-    if judged:
+    held = [(label, ps, os) for label, ps, os, outcome in outcomes if os and outcome == "holds"]
+    if held:
         parts.append(
-            f"speed-ups within {SPEEDUP_FACTOR:g}x of the paper's ("
+            f"speed-ups within {SPEEDUP_FACTOR:g}x of the paper's in size ("
             + ", ".join(
                 f"{label.removeprefix('speed-up of ')} {os.text()} vs {ps.text()}"
-                for label, ps, os in judged
+                for label, ps, os in held
             )
             + ")"
         )
-    unknown = [label for label, ps, os in compared if os is None]
+    own_held = [n for n, c in own.items() if c.outcome == "holds"]
+    if own_held:
+        parts.append(
+            f"own rounds within {ROUNDS_FACTOR:g}x of the paper's ("
+            + ", ".join(f"{n} {o[n].rounds:.0f} vs {p[n].rounds:.0f}" for n in own_held)
+            + ")"
+        )
+    unknown = [label for label, ps, os, outcome in outcomes if outcome == "not checked"]
+    unknown += [f"{n}'s own rounds" for n, c in own.items() if c.outcome == "not checked"]
     if unknown:
-        parts.append(f"not checked: {', '.join(unknown)} (neither reached here)")
-    others = [n for n in one_side if n not in headline]
+        parts.append(f"not checked: {', '.join(unknown)} (a bound, or neither reached)")
     if others:
         parts.append(f"reached by one side only: {', '.join(others)}")
     return ", ".join(parts)
 
 
+def rounds_verdict(paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool = False) -> str:
+    """Order of the rounds to target (not reached = last), the paper's method's own rounds
+    (within ``ROUNDS_FACTOR``), its speed-up over each baseline (``by_value``: each swept
+    value's over the first) judged on its size (``speedup_outcome``; a bound that cannot
+    show agreement is "not checked"), and the cells reached by one side only: none of
+    fedsub's reached where the paper's did, or a headline cell (the paper's method; every
+    value of a sweep) reached by one side only, is "differs". A cell fedsub did not run
+    makes it "not comparable" (or "differs" where the runs present already differ)."""
+    return rounds_checks(paper, ours, by_value)[0]
+
+
 def _side(paper: Rounds, ours: Rounds) -> str:
     if paper.reached:
+        if ours.diverged is not None:
+            return (
+                f"in the paper at {paper.rounds:.0f}, not by fedsub (diverged at {ours.diverged})"
+            )
         return f"in the paper at {paper.rounds:.0f}, not by fedsub in {ours.rounds:.0f} rounds"
     return f"by fedsub at {ours.rounds:.0f}, not in the paper's {paper.rounds:.0f} rounds"
 
@@ -232,17 +407,33 @@ def relative(ours: float, paper: float) -> float:
     return abs(ours - paper) / abs(paper) if paper else abs(ours - paper)
 
 
-def gap_text(metric: str, ours: float, paper: float) -> str:
-    if absolute_scale(metric):
-        return f"{100 * abs(ours - paper):.1f} points"
-    return f"{100 * relative(ours, paper):.0f}%"
-
-
 def _gap(metric: str, ours: float, paper: float) -> float:
-    """The gap in the metric's tolerance units: within when at most 1."""
+    """The gap in the metric's tolerance units: within when at most 1 (up to rounding)."""
     if absolute_scale(metric):
         return abs(ours - paper) / POINTS
     return relative(ours, paper) / WITHIN
+
+
+def beyond(gap: float) -> bool:
+    """A gap in tolerance units beyond the tolerance (float rounding is not beyond)."""
+    return gap > 1 + ROUNDING
+
+
+def _shown(value: float, digits: int, tolerance: float, past: bool) -> str:
+    """``value`` with ``digits`` decimals, more when it would read as ``tolerance`` while
+    it is beyond it (never "2.0 points, beyond 2 points")."""
+    for d in range(digits, 12):
+        text = f"{value:.{d}f}"
+        if not past or float(text) != tolerance:
+            return text
+    return repr(value)
+
+
+def gap_text(metric: str, ours: float, paper: float) -> str:
+    past = beyond(_gap(metric, ours, paper))
+    if absolute_scale(metric):
+        return f"{_shown(100 * abs(ours - paper), 1, 100 * POINTS, past)} points"
+    return f"{_shown(100 * relative(ours, paper), 0, 100 * WITHIN, past)}%"
 
 
 def tolerance_text(metric: str) -> str:
@@ -258,6 +449,91 @@ def margins(values: dict[str, float], metric: str) -> dict[str, float]:
     return {n: sign * (values[ours] - v) for n, v in values.items() if n != ours}
 
 
+def values_checks(
+    paper: dict[str, float],
+    ours: dict[str, float | None],
+    metric: str = "value",
+    target: float | None = None,
+) -> tuple[str, list[Check]]:
+    """``values_verdict`` and its checks, one per claim."""
+    known = {n: v for n, v in ours.items() if v is not None and math.isfinite(v)}
+    missing = [n for n in paper if n not in known]
+    checks = [
+        Check("not checked", f"{n}'s {metric}: none here (not run, or not finite)") for n in missing
+    ]
+    if not known:
+        return "not comparable: fedsub has none of these numbers", checks
+    reasons: list[str] = []
+    reversed_, tied = ranking(paper, known, ("below", "above"))  # none for a single number
+    if reversed_:
+        reasons.append(_first_of(reversed_))
+    checks += [Check("differs", f"order of {metric}: {r}", f"order of {metric}") for r in reversed_]
+    if len(known) > 1 and not reversed_:
+        checks.append(
+            Check("holds", f"order of {metric}: " + ", ".join(known), f"order of {metric}")
+        )
+    head = f"same ranking up to ties ({tied[0]})" if tied else "same ranking"
+    for n in known:
+        far = beyond(_gap(metric, known[n], paper[n]))
+        x, y = distinct(known[n], paper[n])
+        checks.append(
+            Check(
+                "differs" if far else "holds",
+                f"{n}'s {metric} {x} vs the paper's {y} ({gap_text(metric, known[n], paper[n])}, "
+                f"{'beyond' if far else 'within'} {tolerance_text(metric)})",
+                f"{n}'s {metric}",
+            )
+        )
+    worst = max(known, key=lambda n: _gap(metric, known[n], paper[n]))
+    x, y = distinct(known[worst], paper[worst])
+    size = f"{worst} {x} vs {y} ({gap_text(metric, known[worst], paper[worst])})"
+    if beyond(_gap(metric, known[worst], paper[worst])):
+        reasons.append(f"{size}, beyond {tolerance_text(metric)}")
+    margin_note = ""
+    if absolute_scale(metric):
+        theirs, mine = margins(paper, metric), margins(known, metric)
+        pairs = [(n, theirs[n], mine[n]) for n in theirs if n in mine]
+        off = [(n, t, m) for n, t, m in pairs if beyond(abs(m - t) / POINTS)]
+        checks += [
+            Check(
+                "differs" if (n, t, m) in off else "holds",
+                f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}",
+                f"margin over {n}",
+            )
+            for n, t, m in pairs
+        ]
+        if off:
+            n, t, m = max(off, key=lambda x: abs(x[2] - x[1]))
+            reasons.append(f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}")
+        elif pairs:
+            margin_note = f"margins within {100 * POINTS:g} points"
+    if target is not None:
+        reached = [n for n in known if _reaches(paper[n], target, metric)]
+        missed = [n for n in reached if not _reaches(known[n], target, metric)]
+        checks += [
+            Check(
+                "differs" if n in missed else "holds", f"{n} reaches the target {metric} {target:g}"
+            )
+            for n in reached
+        ]
+        if missed:
+            reasons.append(
+                f"{', '.join(missed)} miss{'es' if len(missed) == 1 else ''} the paper's "
+                f"target {metric} {target:g}"
+            )
+    absent = f"fedsub has no {', '.join(missing)} {metric} (not run, or not finite)"
+    if reasons:
+        return "differs: " + "; ".join(reasons) + (
+            f"; not comparable: {absent}" if missing else ""
+        ), checks
+    if missing:
+        return f"not comparable: {absent}", checks
+    within = f"within {gap_text(metric, known[worst], paper[worst])} ({worst})"
+    if len(known) == 1:
+        return f"{within}, a single number (nothing ranked)", checks
+    return ", ".join(x for x in (head, within, margin_note) if x), checks
+
+
 def values_verdict(
     paper: dict[str, float],
     ours: dict[str, float | None],
@@ -266,46 +542,9 @@ def values_verdict(
 ) -> str:
     """Ranking, the largest gap (points for AUC / accuracy, relative otherwise), the paper's
     method's margins over the others (AUC / accuracy), and the paper's ``target`` missed by an
-    algorithm that reached it in the paper."""
-    known = {n: v for n, v in ours.items() if v is not None}
-    if not known:
-        return "not comparable: fedsub has none of these numbers"
-    reasons: list[str] = []
-    reversed_, tied = ranking(paper, known, ("below", "above"))  # none for a single number
-    if reversed_:
-        reasons.append(_first_of(reversed_))
-    head = f"same ranking up to ties ({tied[0]})" if tied else "same ranking"
-    worst = max(known, key=lambda n: _gap(metric, known[n], paper[n]))
-    size = (
-        f"{worst} {known[worst]:.4g} vs {paper[worst]:.4g} "
-        f"({gap_text(metric, known[worst], paper[worst])})"
-    )
-    if _gap(metric, known[worst], paper[worst]) > 1:
-        reasons.append(f"{size}, beyond {tolerance_text(metric)}")
-    margin_note = ""
-    if absolute_scale(metric):
-        theirs, mine = margins(paper, metric), margins(known, metric)
-        pairs = [(n, theirs[n], mine[n]) for n in theirs if n in mine]
-        off = [(n, t, m) for n, t, m in pairs if abs(m - t) > POINTS]
-        if off:
-            n, t, m = max(off, key=lambda x: abs(x[2] - x[1]))
-            reasons.append(f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}")
-        elif pairs:
-            margin_note = f"margins within {100 * POINTS:g} points"
-    if target is not None:
-        missed = [n for n in known if _reaches(paper[n], target, metric)]
-        missed = [n for n in missed if not _reaches(known[n], target, metric)]
-        if missed:
-            reasons.append(
-                f"{', '.join(missed)} miss{'es' if len(missed) == 1 else ''} the paper's "
-                f"target {metric} {target:g}"
-            )
-    if reasons:
-        return "differs: " + "; ".join(reasons)
-    within = f"within {gap_text(metric, known[worst], paper[worst])} ({worst})"
-    if len(known) == 1:
-        return f"{within}, a single number (nothing ranked)"
-    return ", ".join(x for x in (head, within, margin_note) if x)
+    algorithm that reached it in the paper. A number fedsub lacks (not run, or not finite)
+    makes it "not comparable", or "differs" where the numbers present already differ."""
+    return values_checks(paper, ours, metric, target)[0]
 
 
 def _reaches(value: float, target: float, metric: str) -> bool:
@@ -453,13 +692,24 @@ def claim_result(claim: dict, table: dict[str, dict], horizon: int) -> tuple[str
     x, y = metric_value(table.get(lower), at, metric), metric_value(table.get(than), at, metric)
     if x is None or y is None:
         return text, "n/a (not run)"
-    return text, f"{'holds' if x < y else 'fails'} ({x:.4g} vs {y:.4g})"
+    shown = distinct(x, y)
+    return text, f"{'holds' if x < y else 'fails'} ({shown[0]} vs {shown[1]})"
 
 
 def judge(paper: dict[str, Any], table: dict[str, dict], horizon: int) -> tuple[list[ROW], str]:
     """Rows (cell, paper, fedsub) and the verdict for every kind of number the paper gives."""
+    rows, verdict, _ = judge_all(paper, table, horizon)
+    return rows, verdict
+
+
+def judge_all(
+    paper: dict[str, Any], table: dict[str, dict], horizon: int
+) -> tuple[list[ROW], str, list[Check]]:
+    """``judge`` with its checks: every claim of the paper, one line each, saying whether it
+    holds, differs, or cannot be checked on these runs."""
     rows: list[ROW] = []
     verdicts: list[str] = []
+    checks: list[Check] = []
     for kind in ("rounds_to_target", "rounds_by_value"):
         if kind in paper:
             by_value = kind == "rounds_by_value"
@@ -467,12 +717,13 @@ def judge(paper: dict[str, Any], table: dict[str, dict], horizon: int) -> tuple[
             rows += [
                 (f"rounds to target: {n}", str(p), str(cells[n])) for n, p in paper[kind].items()
             ]
-            if all(c is not None for c in cells.values()):
-                rows += [
-                    (label, p.text() if p else "?", o.text() if o else "?")
-                    for label, p, o in speedup_rows(paper[kind], cells, by_value)
-                ]
-            verdicts.append(rounds_verdict(paper[kind], cells, by_value))
+            rows += [
+                (label, p.text() if p else "?", o.text() if o else "?")
+                for label, p, o in speedup_rows(paper[kind], cells, by_value)
+            ]
+            verdict, found = rounds_checks(paper[kind], cells, by_value)
+            verdicts.append(verdict)
+            checks += found
     targets = paper.get("target", {})
     for at in ("best", "final"):
         for metric, by_name in paper.get(at, {}).items():
@@ -490,20 +741,117 @@ def judge(paper: dict[str, Any], table: dict[str, dict], horizon: int) -> tuple[
                     for n, t in theirs.items()
                 ]
             target = targets.get(metric) if at == "best" else None
-            verdicts.append(values_verdict(by_name, ours, metric, target))
+            verdict, found = values_checks(by_name, ours, metric, target)
+            verdicts.append(verdict)
+            checks += [Check(c.outcome, f"{at} {c.text}", f"{at} {c.key}") for c in found]
     for metric, value in paper.get("lowest", {}).items():
         values = [metric_value(entry, "best", metric) for entry in table.values()]
         lowest = min((v for v in values if v is not None), default=None)
         rows.append((f"lowest {metric} over the runs", number(value), number(lowest)))
-        verdicts.append(values_verdict({"lowest": value}, {"lowest": lowest}, metric))
+        verdict, found = values_checks({"lowest": value}, {"lowest": lowest}, metric)
+        verdicts.append(verdict)
+        checks += found
     shape = paper.get("rounds_shape")
     if shape is not None:
         cells = {n: fedsub_cell(entry, horizon) for n, entry in table.items()}
         rows += [(f"rounds to target at {n}", "", str(c)) for n, c in cells.items()]
-        verdicts.append(shape_verdict(shape, cells))
+        verdict = shape_verdict(shape, cells)
+        verdicts.append(verdict)
+        checks.append(Check(_outcome(verdict), f"shape {shape!r}: {verdict}", f"shape {shape!r}"))
     claims = paper.get("claims")
     if claims:
         results = [claim_result(c, table, horizon) for c in claims]
         rows += [(text, "holds", outcome) for text, outcome in results]
         verdicts.append(claims_verdict(results))
-    return rows, combine(verdicts)
+        checks += [
+            Check(_claim_outcome(outcome), f"{text}: {outcome}", text) for text, outcome in results
+        ]
+    return rows, combine(verdicts), checks
+
+
+def _claim_outcome(result: str) -> str:
+    if result.startswith("holds"):
+        return "holds"
+    return "differs" if result.startswith("fails") else "not checked"
+
+
+def _outcome(verdict: str) -> str:
+    if verdict.startswith("same"):
+        return "holds"
+    return "differs" if verdict.startswith("differs") else "not checked"
+
+
+# --- several seeds -----------------------------------------------------------------------------
+
+
+def across_seeds(checks: list[list[Check]]) -> list[Check]:
+    """Each claim judged over the runs of several seeds (one list of checks per seed): it
+    holds when it holds on every seed, differs when it differs on every seed, and is not
+    checked when the seeds disagree (the paper's number inside fedsub's spread) or one could
+    not check it; the text is the first seed's, with the count."""
+    if len(checks) == 1:
+        return checks[0]
+    by_seed = [_by_claim(found) for found in checks]
+    keys = list(dict.fromkeys(k for found in by_seed for k in found))
+    combined = []
+    for key in keys:
+        seen = [found.get(key) for found in by_seed]
+        outcomes = [c.outcome if c else "not checked" for c in seen]
+        first = next(c for c in seen if c is not None)
+        held, off = outcomes.count("holds"), outcomes.count("differs")
+        n = len(outcomes)
+        if len(set(outcomes)) == 1:
+            combined.append(Check(outcomes[0], f"{first.text} (on all {n} seeds)", key))
+            continue
+        combined.append(
+            Check(
+                "not checked",
+                f"{key}: holds on {held}, differs on {off} of {n} seeds (seed 1: {first.text})",
+                key,
+            )
+        )
+    return combined
+
+
+def _by_claim(found: list[Check]) -> dict[str, Check]:
+    """A seed's checks by claim: a claim with several lines (an order's reversals) differs
+    when one of them does."""
+    claims: dict[str, Check] = {}
+    for c in found:
+        if c.key not in claims or c.outcome == "differs":
+            claims[c.key] = c
+    return claims
+
+
+def seeds_verdict(verdicts: list[str]) -> str:
+    """A part's verdict over several seeds: the first seed's when every seed's verdict says
+    the same (differs, not comparable, not checked, or agrees), else "not comparable" naming
+    how the seeds split."""
+    if len(verdicts) == 1:
+        return verdicts[0]
+    words = [_first_word(v) for v in verdicts]
+    if len(set(words)) == 1:
+        return f"{verdicts[0]} (on all {len(verdicts)} seeds)"
+    split = ", ".join(f"{w} on {words.count(w)}" for w in dict.fromkeys(words))
+    return f"not comparable: the seeds disagree ({split} of {len(verdicts)}); seed 1: {verdicts[0]}"
+
+
+def _first_word(verdict: str) -> str:
+    for word in ("differs", "not comparable", "not checked"):
+        if verdict.startswith(word):
+            return word
+    return "agrees"
+
+
+def spread(values: list[str]) -> str:
+    """fedsub's cell over several seeds: mean ± standard deviation (min-max) of numbers,
+    else the seeds' cells."""
+    if len(values) == 1:
+        return values[0]
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        return values[0] if len(set(values)) == 1 else " / ".join(values)
+    mean = sum(numbers) / len(numbers)
+    std = math.sqrt(sum((x - mean) ** 2 for x in numbers) / (len(numbers) - 1))
+    return f"{mean:.4g} ± {std:.2g} ({min(numbers):.4g}-{max(numbers):.4g})"
