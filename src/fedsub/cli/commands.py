@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fedsub import __version__, distributed, profiling
 from fedsub.errors import ConfigError, FedsubError
+from fedsub.moved_keys import notes_once
 from fedsub.progress import Reporter, RichReporter, reporting
 
 if TYPE_CHECKING:
@@ -862,7 +863,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_empty_texts(args)
         _refuse_what_torchrun_cannot_split(args)
         _silence_other_processes(args)
-        return args.func(args)
+        with notes_once():  # an old key's note once, however often the config is read
+            return args.func(args)
     except FedsubError as error:
         print(f"fedsub: error: {_which_process()}{error}", file=sys.stderr)
         return 2
