@@ -666,8 +666,6 @@ def sweep(
         key = recorded_key(out_dir, key)
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
     _check_every_value(key, configs)
-    if initial_model is not None and overwrite and not resume:
-        initial_model.outside(out_dir, "--overwrite")
     writes = distributed.from_environment().writes
     claim = claim_folder(out_dir, resume, overwrite) if writes else None
     with holding(claim):
