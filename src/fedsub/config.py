@@ -872,6 +872,10 @@ def apply_overrides(
 def read_toml(path: Path) -> dict[str, Any]:
     """The file's TOML tables; UTF-8 with or without the byte-order mark some Windows editors
     write first (TOML itself forbids it, so tomllib alone would refuse such a file)."""
+    if path.is_dir():
+        inside = path / "config.toml"
+        hint = f" (a run folder's config is {inside})" if inside.is_file() else ""
+        raise ConfigError(f"{path} is a directory, not a config file; give a TOML file{hint}")
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -949,7 +953,7 @@ def _names_a_file(text: str) -> bool:
     ``.toml``) rather than TOML text."""
     if "\n" in text:
         return False
-    return Path(text).is_file() or text.strip().endswith(".toml")
+    return Path(text).exists() or text.strip().endswith(".toml")
 
 
 def default_config_path() -> Path:
