@@ -846,11 +846,18 @@ def _is_out_of_memory(error: RuntimeError) -> bool:
 
 
 def _out_of_memory(detail: str) -> int:
-    print(
-        f"fedsub: error: out of memory ({detail or 'allocation failed'}); reduce the sizes in "
-        "the config (data sizes, train.batch_size, train.clients_per_round, ...)",
-        file=sys.stderr,
+    return _failed(
+        f"out of memory ({detail or 'allocation failed'}); reduce the sizes in "
+        "the config (data sizes, train.batch_size, train.clients_per_round, ...)"
     )
+
+
+def _failed(message: str) -> int:
+    """Print the error a command ends with (status 2); under torchrun also hand it to the
+    launcher, whose failure report then ends with it (distributed.report_to_launcher)."""
+    line = f"fedsub: error: {message}"
+    print(line, file=sys.stderr)
+    distributed.report_to_launcher(line)
     return 2
 
 
@@ -866,8 +873,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with notes_once():  # an old key's note once, however often the config is read
             return args.func(args)
     except FedsubError as error:
-        print(f"fedsub: error: {_which_process()}{error}", file=sys.stderr)
-        return 2
+        return _failed(f"{_which_process()}{error}")
     except MemoryError as error:  # e.g. a dataset size far beyond this machine
         return _out_of_memory(str(error))
     except RuntimeError as error:
@@ -880,8 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except OSError as error:  # a file or folder the system refused (full disk, permissions)
         what = f"{error.filename}: " if error.filename else ""
-        print(f"fedsub: error: {what}{error.strerror or error}", file=sys.stderr)
-        return 2
+        return _failed(f"{what}{error.strerror or error}")
     except KeyboardInterrupt as error:
         print("fedsub: interrupted", file=sys.stderr)
         return 128 + (error.signum if isinstance(error, _Aborted) else signal.SIGINT)
