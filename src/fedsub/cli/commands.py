@@ -599,6 +599,18 @@ def _refuse_options_of_a_run(args: argparse.Namespace) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from fedsub.cli.listing_cache import cached_listing
+
+    lines, problems = cached_listing(args.kind, lambda: _listing(args.kind))
+    print("\n".join(lines))
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def _listing(kind: str) -> tuple[list[str], list[str]]:
+    """``fedsub list KIND``'s lines and the plugins that could not be used (imports the
+    registries, and with them torch: listing_cache.py keeps the answer)."""
     import warnings
 
     from fedsub.cli.catalog import listing, plugin_problems
@@ -606,11 +618,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     with warnings.catch_warnings():  # a broken plugin is reported once, below the listing
         warnings.simplefilter("ignore", PluginWarning)
-        print("\n".join(listing(args.kind)))
-        problems = plugin_problems()
-    for problem in problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    return 0
+        return listing(kind), plugin_problems()
 
 
 EXAMPLES = {

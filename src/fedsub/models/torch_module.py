@@ -307,15 +307,9 @@ def wrap(
     probe_offsets = BatchOffsets()
     probe_offsets.hold(offsets for _, offsets in ids.values())
     probe_module = _with_bag_hooks(template, paths, probe_offsets).double()
-    state = _state_of(probe_module)
-    try:
-        traced = trace(probe_module, paths, ids, lambda m: m(Inputs(ids, batch.dense)))
-    except Exception as error:
-        raise ConfigError(
-            f"the module's forward failed on {len(probe)} samples of {dataset.name} "
-            f"({type(error).__name__}: {error})"
-        ) from error
-    _check_state_kept(type(module).__name__, state, _state_of(probe_module))
+    traced = _dry_run(
+        probe_module, paths, ids, batch.dense, f"{len(probe)} samples of {dataset.name}"
+    )
     outputs = traced.outputs
     _check_outputs(outputs, len(probe), traced.unsplittable)
     _check_fields(traced, dataset)
@@ -485,6 +479,22 @@ def _check_layers(module: nn.Module) -> None:
                 path,
                 type(layer).__name__,
             )
+
+
+def _dry_run(
+    module: nn.Module, paths: dict[str, str], ids: Ids, dense: torch.Tensor | None, what: str
+) -> Trace:
+    """The forward traced once on ``what`` (a few training samples), refused when it fails
+    or changes the module's own state."""
+    state = _state_of(module)
+    try:
+        traced = trace(module, paths, ids, lambda m: m(Inputs(ids, dense)))
+    except Exception as error:
+        raise ConfigError(
+            f"the module's forward failed on {what} ({type(error).__name__}: {error})"
+        ) from error
+    _check_state_kept(type(module).__name__, state, _state_of(module))
+    return traced
 
 
 def _check_tensors(module: nn.Module) -> None:
