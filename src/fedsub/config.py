@@ -470,8 +470,8 @@ def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.note) -> Confi
         privacy=parse_section(PrivacyConfig, "privacy", raw.get("privacy", {})),
         masking=parse_section(MaskingConfig, "masking", raw.get("masking", {})),
     )
-    check_masking(config)
     check_inert(config)
+    check_masking(config)
     check_algorithms(config)
     check_privacy(config)
     check_compile(config)
