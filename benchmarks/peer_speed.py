@@ -2,7 +2,8 @@
 backend, fedsub's per-client loop (the sequential backend), pfl-research's simulation and
 Flower's, side by side in one invocation; per-round time and peak memory of each.
 
-    python benchmarks/peer_speed.py [--runs 3] [--rounds 50] [--skip-flower]
+    python benchmarks/peer_speed.py [--runs 3] [--rounds 50] [--skip-flower] [--skip-pfl]
+        [--pfl-python .venv-pfl/bin/python]
 
 Workload: sparse LR, FedAvg, N = 1,000 clients of 100 samples, 20,000 ids, 5 ids per sample
 (Zipf(1.1)), K = 50, B = 5, I = 10, lr 0.1; the figure is the median over rounds 2..R of a run
@@ -17,22 +18,27 @@ Every engine trains fedsub's model on fedsub's batches: the cohort of round r is
 ``uniform_cohort(seed, r, N, K)`` and each member's samples come in the order of
 ``cohort_schedules(seed, r, client)``; the final models are compared with the batched one.
 
-pfl (``pfl[pytorch]`` 0.6, the ``bench`` extra) is run as its documentation sets up a
-simulation: a ``FederatedDataset`` whose ``make_dataset_fn`` builds a user's ``Dataset``, a
-user sampler callable, a ``PyTorchModel`` around a ``torch.nn.Module`` with ``loss`` and
-``metrics``, local ``torch.optim.SGD``, central SGD with learning rate 1 (the average model
-difference applied as is: FedAvg), ``FederatedAveraging`` with ``NNAlgorithmParams`` /
-``NNTrainHyperParams`` (``local_num_steps`` 10, ``local_batch_size`` 5), a
-``SimulatedBackend`` in one process (pfl's users run one after another in a worker; several
-workers need several processes, as fedsub's torchrun split). What is fedsub's is only the data:
-the sampler returns fedsub's cohort and each user's ``PyTorchTensorDataset`` holds that
-round's 50 samples in fedsub's order, both computed before the clock starts.
+pfl (``pfl[pytorch]`` 0.6) runs in an environment of its own (pfl 0.6 needs dp-accounting <
+0.6, fedsub >= 0.6): ``--pfl-python`` (default the checkout's ``.venv-pfl``;
+benchmarks/README.md says how to make it) runs peer_pfl.py, which imports no fedsub and reads
+what fedsub decides from a file this script writes first (``write_pfl_inputs``). It is set up
+as pfl's documentation sets up a simulation: a ``FederatedDataset`` whose ``make_dataset_fn``
+builds a user's ``Dataset``, a user sampler callable, a ``PyTorchModel`` around a
+``torch.nn.Module`` with ``loss`` and ``metrics``, local ``torch.optim.SGD``, central SGD with
+learning rate 1 (the average model difference applied as is: FedAvg), ``FederatedAveraging``
+with ``NNAlgorithmParams`` / ``NNTrainHyperParams`` (``local_num_steps`` 10,
+``local_batch_size`` 5), a ``SimulatedBackend`` in one process (pfl's users run one after
+another in a worker; several workers need several processes, as fedsub's torchrun split). What
+is fedsub's is only the data: the sampler returns fedsub's cohort and each user's
+``PyTorchTensorDataset`` holds that round's 50 samples in fedsub's order, both computed before
+the clock starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -43,7 +49,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -59,6 +64,7 @@ from fedsub.submodel.index import SubmodelIndex
 from workloads import zipf_clicks
 
 ENGINES = ("batched", "sequential", "pfl", "flower")
+PFL_VENV = Path(__file__).resolve().parents[1] / ".venv-pfl"  # pfl-research's environment
 
 
 class RoundTimes:
@@ -97,115 +103,57 @@ def fedsub_run(dataset, backend: str, rounds: int) -> tuple[dict[str, float], di
     return clock.steady(), final
 
 
-class PflSparseLR(torch.nn.Module):
-    """fedsub's sparse LR as the ``torch.nn.Module`` pfl trains: one weight per id (an
-    ``EmbeddingBag`` summing a sample's ids) and a bias; ``loss`` and ``metrics`` as pfl
-    asks."""
-
-    def __init__(self, table: torch.Tensor, bias: torch.Tensor) -> None:
-        super().__init__()
-        self.weights = torch.nn.EmbeddingBag.from_pretrained(table, freeze=False, mode="sum")
-        self.bias = torch.nn.Parameter(bias.clone())
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.weights(ids).squeeze(-1) + self.bias
-
-    def loss(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.binary_cross_entropy_with_logits(self(ids), labels)
-
-    @torch.no_grad()
-    def metrics(self, ids: torch.Tensor, labels: torch.Tensor) -> dict:
-        from pfl.metrics import Weighted
-
-        total = F.binary_cross_entropy_with_logits(self(ids), labels, reduction="sum")
-        return {"loss": Weighted(float(total), len(labels))}
-
-
-def pfl_run(dataset, rounds: int = ROUNDS) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """FedAvg in pfl's simulation; returns the steady per-round times and the final model."""
-    from pfl.aggregate.simulate import SimulatedBackend
-    from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
-    from pfl.callback.base import TrainingProcessCallback
-    from pfl.data.federated_dataset import FederatedDataset
-    from pfl.data.pytorch import PyTorchTensorDataset
-    from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
-    from pfl.model.pytorch import PyTorchModel
-
+def write_pfl_inputs(dataset, rounds: int, path: Path) -> None:
+    """What pfl's engine (peer_pfl.py, in pfl's own environment) trains on, as fedsub decides
+    it, computed here before any clock: fedsub's cohorts and each member's samples in fedsub's
+    order for every round, the initial model and the schedule."""
     n = dataset.num_clients
-    ids = torch.from_numpy(dataset.train.ids["features"].values.reshape(len(dataset.train), -1))
-    labels = torch.from_numpy(dataset.train.labels)
+    ids = dataset.train.ids["features"].values.reshape(len(dataset.train), -1)
+    labels = dataset.train.labels
     offsets = dataset.client_offsets
-    # fedsub's cohorts and each member's sample order for every round, before the clock
-    cohorts = [uniform_cohort(SEED, r, n, K) for r in range(1, rounds + 1)]
-    user_data = {}
-    for r, cohort in enumerate(cohorts, start=1):
+    queue, rows = [], []
+    for r in range(1, rounds + 1):
+        cohort = uniform_cohort(SEED, r, n, K)
         counts = torch.from_numpy(offsets[cohort + 1] - offsets[cohort])
         orders = cohort_schedules(SEED, r, torch.from_numpy(cohort), counts, STEPS, B).numpy()
         for client, order in zip(cohort.tolist(), orders, strict=True):
-            rows = torch.from_numpy(offsets[client] + order.reshape(-1))
-            user_data[r, client] = (ids[rows], labels[rows])
-    queue = [(r, int(k)) for r, cohort in enumerate(cohorts, start=1) for k in cohort]
-    position = iter(queue)
-
-    def user_sampler():  # pfl draws the cohort one user at a time: fedsub's, in order
-        return next(position)
-
-    def make_dataset_fn(user):
-        return PyTorchTensorDataset(tensors=user_data[user], user_id=str(user[1]))
-
-    federated = FederatedDataset(make_dataset_fn, user_sampler)
+            queue.append((r, client))
+            rows.append(offsets[client] + order.reshape(-1))
     start = initial_params(
         SparseLogisticRegression(dict(dataset.table_rows)),
         Schedule(1, K, STEPS, B, ClientStep(LR), SEED),
     )
-    module = PflSparseLR(start.tables["features"], start.dense["bias"])
-    model = PyTorchModel(
-        model=module,
-        local_optimizer_create=torch.optim.SGD,
-        central_optimizer=torch.optim.SGD(module.parameters(), lr=1.0),
-    )
-    clock = RoundTimes()
+    every = np.concatenate(rows)
+    np.savez(
+        path,
+        queue=np.asarray(queue, dtype=np.int64),
+        entry_offsets=np.concatenate([[0], np.cumsum([len(r) for r in rows])]),
+        ids=ids[every],
+        labels=labels[every],
+        table=start.tables["features"].numpy(),
+        bias=start.dense["bias"].numpy(),
+        rounds=rounds, k=K, steps=STEPS, batch=B, lr=LR,
+    )  # fmt: skip
 
-    class RoundClock(TrainingProcessCallback):
-        def on_train_begin(self, *, model):
-            clock.stamp()
-            return super().on_train_begin(model=model)
 
-        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
-            clock.stamp()
-            return False, super().after_central_iteration(
-                aggregate_metrics, model, central_iteration=central_iteration
-            )[1]
-
-    FederatedAveraging().run(
-        algorithm_params=NNAlgorithmParams(
-            central_num_iterations=rounds,
-            evaluation_frequency=rounds,  # iteration 0 only (each user before / after)
-            train_cohort_size=K,
-            val_cohort_size=0,
-        ),
-        backend=SimulatedBackend(training_data=federated, val_data=federated),
-        model=model,
-        model_train_params=NNTrainHyperParams(
-            local_num_epochs=None, local_learning_rate=LR, local_batch_size=B, local_num_steps=STEPS
-        ),
-        model_eval_params=NNEvalHyperParams(local_batch_size=None),
-        callbacks=[RoundClock()],
-    )
-    clock.wall, clock.cpu = clock.wall[1:], clock.cpu[1:]  # from on_train_begin
-    final = {
-        "table": module.weights.weight.detach().numpy().reshape(-1).copy(),
-        "bias": module.bias.detach().numpy().copy(),
-    }
-    return clock.steady(), final
+def pfl_python(given: str | None) -> str:
+    """The Python of pfl-research's environment: ``--pfl-python``, else ``$FEDSUB_PFL_PYTHON``,
+    else the checkout's ``.venv-pfl`` (benchmarks/README.md says how to make it)."""
+    found = given or os.environ.get("FEDSUB_PFL_PYTHON") or str(PFL_VENV / "bin" / "python")
+    if not Path(found).exists():
+        sys.exit(
+            f"peer_speed.py: no Python of pfl-research's environment at {found}; make it with\n"
+            f"  python3.11 -m venv {PFL_VENV}\n  {PFL_VENV}/bin/pip install -c "
+            "benchmarks/pfl-constraints.txt -r benchmarks/pfl-requirements.txt\n"
+            "or give --pfl-python PATH (or --skip-pfl)"
+        )
+    return found
 
 
 def run_engine(engine: str, rounds: int) -> tuple[dict[str, float], dict[str, np.ndarray]]:
     dataset = zipf_clicks()
     if engine in ("batched", "sequential"):
         return fedsub_run(dataset, engine, rounds)
-    if engine == "pfl":
-        return pfl_run(dataset, rounds)
     # Flower's clients run in Ray workers: its CPU time is not this process's
     seconds, (table, bias) = flower_run(dataset, rounds=rounds)
     return {"wall": seconds}, {"table": np.asarray(table).reshape(-1), "bias": np.asarray(bias)}
@@ -219,12 +167,17 @@ def child(engine: str, rounds: int, out: str) -> None:
     print(json.dumps({"seconds_per_round": seconds, "ru_maxrss_bytes": peak}))
 
 
-def measured(engine: str, rounds: int, folder: str) -> dict:
-    """One fresh process running ``engine``; its tree's peak resident memory sampled."""
+def measured(engine: str, rounds: int, folder: str, python: str = sys.executable) -> dict:
+    """One fresh process running ``engine``; its tree's peak resident memory sampled. pfl's
+    runs peer_pfl.py in pfl's environment (``python``) on the inputs ``main`` wrote."""
     import psutil
 
     out = str(Path(folder) / f"{engine}.npz")
     command = [sys.executable, __file__, "--child", engine, "--rounds", str(rounds), "--out", out]
+    if engine == "pfl":
+        inputs = str(Path(folder) / "pfl-inputs.npz")
+        command = [python, str(Path(__file__).parent / "peer_pfl.py"), "--inputs", inputs]
+        command += ["--out", out]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     root, peak = psutil.Process(process.pid), 0
     while process.poll() is None:
@@ -249,18 +202,26 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--skip-flower", action="store_true")
+    parser.add_argument("--skip-pfl", action="store_true")
+    parser.add_argument(
+        "--pfl-python", help="the Python of pfl-research's environment (default .venv-pfl)"
+    )
     parser.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.rounds, args.out)
         return
-    engines = [e for e in ENGINES if not (args.skip_flower and e == "flower")]
+    skipped = {"flower": args.skip_flower, "pfl": args.skip_pfl}
+    engines = [e for e in ENGINES if not skipped.get(e)]
+    python = pfl_python(args.pfl_python) if "pfl" in engines else sys.executable
     runs: dict[str, list[dict]] = {e: [] for e in engines}
     with tempfile.TemporaryDirectory() as folder:
+        if "pfl" in engines:
+            write_pfl_inputs(zipf_clicks(), args.rounds, Path(folder) / "pfl-inputs.npz")
         for run in range(args.runs):
             for engine in engines:
-                runs[engine].append(measured(engine, args.rounds, folder))
+                runs[engine].append(measured(engine, args.rounds, folder, python))
                 seconds = runs[engine][-1]["seconds_per_round"]
                 print(f"run {run + 1} {engine}: {json.dumps(seconds)} s / round", flush=True)
     reference = runs["batched"][0]["model"]

@@ -24,6 +24,19 @@ settings.register_profile("explore", derandomize=False, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def listing_cache(tmp_path_factory):
+    """`fedsub list`'s cache (cli/listing_cache.py) in a folder of the test session, never
+    the user's ~/.cache (subprocesses inherit it)."""
+    previous = os.environ.get("FEDSUB_CACHE")
+    os.environ["FEDSUB_CACHE"] = str(tmp_path_factory.mktemp("fedsub-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("FEDSUB_CACHE", None)
+    else:
+        os.environ["FEDSUB_CACHE"] = previous
+
+
 @pytest.fixture
 def flower_task_identity(monkeypatch):
     """Outside a Flower runtime, Messages need the process's task identity (run, task and

@@ -1,6 +1,7 @@
 """The command line end to end on a tiny configuration, checking every output file."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -312,3 +313,29 @@ def test_the_cli_and_its_quick_commands_do_not_import_torch():
     loaded = json.loads(done.stdout)
     assert not any(loaded.values()), loaded
     assert len(loaded) == 1 + len(QUICK_COMMANDS)
+
+
+def test_a_repeated_listing_answers_without_torch(tmp_path):
+    """`fedsub list KIND` keeps its answer (cli/listing_cache.py, keyed by the installation):
+    the first call imports the registries and torch, the next prints the same lines without."""
+    code = (
+        "import contextlib, io, sys\n"
+        "import fedsub.cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    assert fedsub.cli.main(['list', sys.argv[1]]) == 0\n"
+        "print('torch' in sys.modules)\n"
+        "print(out.getvalue(), end='')\n"
+    )
+    env = {**os.environ, "FEDSUB_CACHE": str(tmp_path)}
+    for kind in ("keys", "models"):
+        first, again = (
+            subprocess.run(
+                [sys.executable, "-c", code, kind], capture_output=True, text=True, check=True,
+                env=env,
+            ).stdout.split("\n", 1)
+            for _ in range(2)
+        )  # fmt: skip
+        assert first[0] == "True" and again[0] == "False", (first[0], again[0])
+        assert again[1] == first[1] and again[1].strip()
+    assert len(list(tmp_path.glob("list-*.json"))) == 2

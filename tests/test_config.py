@@ -200,3 +200,15 @@ def test_a_groups_keys_as_keyword_arguments_are_named_bare():
         parse_section(Outer, "", {"a": 2, "b": -1})
     with pytest.raises(ArgumentError, match=r"^a is required \(it is not given\)"):
         parse_section(Outer, "", {"b": 1})
+
+
+def test_a_directory_given_as_the_config_is_named_as_one(tmp_path):
+    """``Config.from_toml("some/dir")`` and ``fedsub run DIR``: the folder is said to be one
+    (with its config.toml when it is a run folder), not parsed as TOML text."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=rf"^{folder} is a directory, not a config file"):
+        config_lib.Config.from_toml(str(folder))
+    (folder / "config.toml").write_text("[train]\nrounds = 2\n")
+    with pytest.raises(ConfigError, match=r"a run folder's config is .*run/config.toml"):
+        config_lib.Config.from_toml(folder)

@@ -12,16 +12,23 @@ wins), ``fedsub reproduce ID`` gets ``--smoke``, and those three get ``--quiet``
 A block with a title (```toml title="clicks.toml"```) is a file the reader writes: the test
 writes it into the folder, where the commands after it read it.
 
+A ``torchrun ... -m fedsub ARGS`` line runs for real (``python -m torch.distributed.run``
+with the line's options, gloo on the CPU, one thread per process; ``ARGS`` at smoke size), and
+a ``NAME=value`` before a command sets its environment (``PYTHONPATH=.``: the page's folder).
+
 A block that cannot run here (a download, a GPU, a long run, a Flower deployment) is preceded
 by a line ``<!-- docs-test: skip REASON -->`` (an HTML comment, so readers do not see it); the
-reason is printed with the skip. Every other line of a console block that is not a ``fedsub``
-command (``make``, ``flwr``, ``torchrun``, ``python``, comments) is left to the reader.
+reason is printed with the skip. Every command of an unmarked block runs: a line that is
+neither a ``fedsub`` nor a ``torchrun`` command (``make``, ``flwr``, ``python``, ``pip``) fails
+the test until its block is marked, so no command in the docs goes untried unsaid.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -36,6 +43,8 @@ FENCE = re.compile(r'^```(?P<lang>[\w-]*)(?:\s+title="(?P<title>[^"]+)")?\s*$')
 RUNNABLE = {"python", "console", "bash", "shell", "sh"}
 SHELL_OPERATORS = {"|", "||", "&&", ";", ">", ">>", "<", "&"}
 SMOKE_TRAINING = ["--set", "train.rounds=2", "--set", "eval.every=1"]
+ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+TORCHRUN_SECONDS = 240
 QUIET_COMMANDS = {"run", "compare", "reproduce"}
 
 
@@ -82,14 +91,31 @@ def blocks_of(page: Path) -> list[Block]:
     return found
 
 
-def commands_of(block: Block) -> list[list[str]]:
-    """The ``fedsub`` commands of a console block (continuation lines joined, prompts and
-    comments dropped), each as its argument list without the leading ``fedsub``."""
+@dataclass(frozen=True)
+class Command:
+    """A command line of a console block: its ``NAME=value`` prefixes and its words."""
+
+    env: dict[str, str]
+    words: list[str]
+
+    @property
+    def program(self) -> str:
+        return self.words[0]
+
+
+def shell_commands(block: Block) -> list[Command]:
+    """Every command of a console block (continuation lines joined; with ``$ `` prompts only
+    the prompted lines, the others being output; comments and blank lines dropped)."""
+    if block.language not in RUNNABLE - {"python"}:
+        return []
     joined = re.sub(r"\\\n\s*", " ", block.code)
+    lines = [line.strip() for line in joined.splitlines()]
+    if any(line.startswith("$ ") for line in lines):
+        lines = [line for line in lines if line.startswith("$ ")]
     commands = []
-    for line in joined.splitlines():
-        line = line.strip().removeprefix("$ ").strip()
-        if not line.startswith("fedsub "):
+    for line in lines:
+        line = line.removeprefix("$ ").strip()
+        if not line or line.startswith("#"):
             continue
         lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
@@ -100,8 +126,27 @@ def commands_of(block: Block) -> list[list[str]]:
             f"{block.where}: `{line}` uses {sorted(operators)}: write plain fedsub commands "
             "(or mark the block `<!-- docs-test: skip REASON -->`)"
         )
-        commands.append(words[1:])
+        env = {}
+        while words and ENV_ASSIGNMENT.match(words[0]):
+            name, _, value = words.pop(0).partition("=")
+            env[name] = value
+        if words:
+            commands.append(Command(env, words))
     return commands
+
+
+def commands_of(block: Block) -> list[list[str]]:
+    """The ``fedsub`` commands of a console block, each as its argument list without the
+    leading ``fedsub``."""
+    return [c.words[1:] for c in shell_commands(block) if c.program == "fedsub"]
+
+
+def torchrun_split(words: list[str]) -> tuple[list[str], list[str]]:
+    """``torchrun OPTIONS -m fedsub ARGS`` -> (OPTIONS, ARGS)."""
+    if "-m" not in words or words[words.index("-m") + 1 : words.index("-m") + 2] != ["fedsub"]:
+        raise AssertionError(f"`{shlex.join(words)}`: expected torchrun ... -m fedsub ARGS")
+    at = words.index("-m")
+    return words[1:at], words[at + 2 :]
 
 
 def at_smoke_size(argv: list[str]) -> list[str]:
@@ -126,8 +171,42 @@ def run_command(argv: list[str], where: str) -> None:
     assert status == 0, f"{where}: `fedsub {shlex.join(argv)}` exited {status}"
 
 
+def run_torchrun(command: Command, folder: Path, where: str) -> None:
+    """A ``torchrun ... -m fedsub ARGS`` line, as written (its process count included), with
+    ARGS at smoke size; it must exit 0."""
+    options, argv = torchrun_split(command.words)
+    source = str(Path(__file__).resolve().parents[1] / "src")
+    paths = [str(folder / p) for p in command.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, **command.env, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([*paths, source])
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *options, "-m", "fedsub",
+         *at_smoke_size(argv)],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=TORCHRUN_SECONDS,
+    )  # fmt: skip
+    assert done.returncode == 0, (
+        f"{where}: `{shlex.join(command.words)}` exited {done.returncode}:\n{done.stderr[-3000:]}"
+    )
+
+
+def run_shell(command: Command, folder: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command of a console block: fedsub in this process (``PYTHONPATH`` entries on
+    ``sys.path``), torchrun for real; any other program is refused (mark its block)."""
+    if command.program == "torchrun":
+        run_torchrun(command, folder, where)
+        return
+    assert command.program == "fedsub", (
+        f"{where}: `{shlex.join(command.words)}` is not a fedsub or torchrun command; the test "
+        "cannot run it as written: mark its block `<!-- docs-test: skip REASON -->`"
+    )
+    for entry in reversed(command.env.get("PYTHONPATH", "").split(os.pathsep)):
+        if entry:
+            monkeypatch.syspath_prepend(str(folder / entry))
+    run_command(at_smoke_size(command.words[1:]), where)
+
+
 def has_examples(page: Path) -> bool:
-    return any(b.language == "python" or b.title or commands_of(b) for b in blocks_of(page))
+    return any(b.language == "python" or b.title or shell_commands(b) for b in blocks_of(page))
 
 
 PAGES = sorted(page for page in DOCS.rglob("*.md") if has_examples(page))
@@ -155,10 +234,10 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
             exec(code, namespace)
             ran += 1
         else:
-            for argv in commands_of(block):
+            for command in shell_commands(block):
                 started = time.perf_counter()
-                run_command(at_smoke_size(argv), block.where)
-                print(f"{time.perf_counter() - started:5.1f} s  fedsub {shlex.join(argv)}")
+                run_shell(command, tmp_path, block.where, monkeypatch)
+                print(f"{time.perf_counter() - started:5.1f} s  {shlex.join(command.words)}")
                 ran += 1
     for reason in skipped:
         print(f"skipped {reason}")
@@ -194,3 +273,30 @@ def test_smoke_size_keeps_the_commands_meaning() -> None:
     assert at_smoke_size(["reproduce", "004-fig4", "--out", "r"])[-1] == "--smoke"
     assert at_smoke_size(["reproduce"]) == ["reproduce", "--quiet"]
     assert at_smoke_size(["list", "keys"]) == ["list", "keys"]
+
+
+def test_every_command_line_is_run_or_its_block_says_why() -> None:
+    """No page shows a command the test neither runs nor marks: each line of an unmarked
+    console block is a fedsub or torchrun command (torchrun naming ``-m fedsub``)."""
+    for page in DOCS.rglob("*.md"):
+        for block in blocks_of(page):
+            if block.skip is not None:
+                continue
+            for command in shell_commands(block):
+                assert command.program in ("fedsub", "torchrun"), (
+                    f"{block.where}: `{shlex.join(command.words)}` cannot run as written here: "
+                    "mark its block `<!-- docs-test: skip REASON -->`"
+                )
+                if command.program == "torchrun":
+                    torchrun_split(command.words)
+
+
+def test_a_command_keeps_its_environment_and_torchrun_its_options() -> None:
+    block = Block(DOCS / "x.md", 1, "console", "$ PYTHONPATH=. torchrun --standalone "
+                  "--nproc-per-node 2 -m fedsub compare a.toml --out r\n", None)  # fmt: skip
+    (command,) = shell_commands(block)
+    assert command.env == {"PYTHONPATH": "."} and command.program == "torchrun"
+    assert torchrun_split(command.words) == (
+        ["--standalone", "--nproc-per-node", "2"],
+        ["compare", "a.toml", "--out", "r"],
+    )

@@ -166,6 +166,12 @@ def test_dataframe_errors_name_the_row_and_the_option():
         ArgumentError, match=r"unknown keyword argument 'label' .the table loader's"
     ):
         from_dataframe(csv_frame(), label="clicked")
+    with pytest.raises(  # the client column left at its default: the argument to give is named
+        DataError,
+        match=r"DataFrame: no column 'client' \(client_column is 'client' when not given: set "
+        r"client_column to the column that names each row's client\)",
+    ):
+        from_dataframe(csv_frame(), label_column="clicked")
 
 
 # --- a flwr-datasets partitioner ---------------------------------------------------------------
@@ -222,3 +228,10 @@ def test_a_held_out_test_dataset_is_the_test_split():
         from_partitioner(partitioner, test=held_out, split_column="s", **TABLE)
     with pytest.raises(DataError, match="client_column is not an option here"):
         from_partitioner(partitioner, client_column="label", **TABLE)
+    lacking = held_out.remove_columns(["item", "price"])  # named, not read as empty cells
+    with pytest.raises(
+        DataError,
+        match=r"partitions test: no column\(s\) 'item', 'price', which partition 0 has; .*"
+        r"\(it has label, tags\)",
+    ):
+        from_partitioner(partitioner, test=lacking, **TABLE)

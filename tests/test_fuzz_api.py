@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,13 +18,19 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import save_file
 from torch import nn
 
 import fedsub
-from fedsub.config import EvalConfig, TrainConfig
+from fedsub import config as config_lib
+from fedsub import moved_keys
+from fedsub.config import EvalConfig, TrainConfig, inert_keys, toml_value
 from fedsub.data.table import TableOptions
 from fedsub.errors import FedsubError
-from fedsub.keys import key_names
+from fedsub.keys import key_names, section_fields
+from fedsub.moved_keys import MOVED
+
+from .test_module_contract import UNTRAINABLE, ragged_data
 
 FAST = settings(
     max_examples=int(os.environ.get("FEDSUB_FUZZ_EXAMPLES", "25")),
@@ -338,3 +345,141 @@ def test_from_partitioner(count, part, argument, value, user_folder):
     partitioner = Partitions(count, frame if isinstance(part, str) and part == "frame" else part)
     options: dict[str, Any] = {"features": ["item"], argument: value}
     ends_well(lambda: fedsub.from_partitioner(partitioner, **options), user_folder)
+
+
+# --- the classes of issue 48: a key under two names, options that do nothing, "none" for unset,
+# modules fedsub cannot train, model files that are not finite --------------------------------
+
+
+def refused(call: Callable[[], Any], folder: Path) -> str:
+    """The message of the FedsubError ``call`` must raise, the files in ``folder`` as they
+    were."""
+    before = snapshot(folder)
+    with pytest.raises(FedsubError) as caught:
+        call()
+    assert snapshot(folder) == before
+    return str(caught.value)
+
+
+NEW_DEFAULT = {
+    old: getattr(fedsub.Config.from_dict({}).__getattribute__(section), key)
+    for old, (section, key) in MOVED.items()
+}
+
+
+@FAST
+@given(
+    old=st.sampled_from(sorted(MOVED)),
+    source=st.sampled_from(["dict", "run", "text", "overrides", "overrides reversed"]),
+)
+def test_a_key_under_its_old_and_new_name_is_refused_naming_both(old, source, user_folder):
+    """Whatever the source (a dict, fedsub.run's dict, TOML text, --set texts in either
+    order), ``train.<old>`` and its new place given together are one error naming both,
+    never the last one silently winning."""
+    section, key = MOVED[old]
+    value = NEW_DEFAULT[old]  # a valid value: only the two names are wrong
+    text = toml_value(value)
+    if source in ("dict", "run"):
+        raw = {"train": {old: value}, section: {key: value}}
+        call = (lambda: fedsub.Config.from_dict(raw)) if source == "dict" else (
+            lambda: fedsub.run(raw))  # fmt: skip
+    elif source == "text":
+        both = f"[train]\n{old} = {text}\n[{section}]\n{key} = {text}\n"
+        call = lambda: fedsub.Config.from_toml(both)  # noqa: E731
+    else:
+        sets = [f"train.{old}={text}", f"{section}.{key}={text}"]
+        sets = sets[::-1] if source == "overrides reversed" else sets
+        call = lambda: fedsub.Config.from_toml(None, sets)  # noqa: E731
+    error = refused(call, user_folder)
+    assert f"train.{old}" in error and f"{section}.{key}" in error, error
+
+
+def _inert_cases() -> list[tuple[str, Any]]:
+    """(keyword argument, a valid value other than its default) for every [masking] /
+    [privacy] key the default config leaves unused."""
+    default = fedsub.Config.from_dict({})
+    keyword = {moved_keys.new_name(old): old for old in MOVED}
+    cases = []
+    for dotted, _ in inert_keys(default):
+        section, key = dotted.split(".")
+        value = getattr(getattr(default, section), key)
+        field = config_lib.SECTIONS[section].__dataclass_fields__[key]  # type: ignore[union-attr]
+        if "choices" in field.metadata:
+            other: Any = next(c for c in field.metadata["choices"]() if c != value)
+        elif isinstance(value, list):
+            other = [0.5] if key == "capacities" else [1.0] * 5
+        elif isinstance(value, float):
+            other = value / 2
+        else:
+            other = value + 1
+        cases.append((keyword[dotted], other))
+    return cases
+
+
+@FAST
+@given(case=st.sampled_from(_inert_cases()), model=st.sampled_from(["sparse-lr", "module"]))
+def test_an_option_that_does_nothing_is_refused_saying_why(case, model, user_folder):
+    keyword, value = case
+    given_model: Any = Bag() if model == "module" else model
+    error = refused(
+        lambda: fedsub.train(given_model, DATA, **SMALL, **{keyword: value}), user_folder
+    )
+    assert re.match(rf"^{keyword} = .* does nothing here: ", error), error
+    assert error.count(keyword) >= 2  # named, and what to remove
+
+
+OPTIONAL_KEYS = [
+    (section, f.name)
+    for section in ("eval", "dp")
+    for _, f in section_fields(config_lib.SECTIONS[section])  # type: ignore[arg-type]
+    if f.default is None
+]
+
+
+@FAST
+@given(
+    place=st.sampled_from(OPTIONAL_KEYS),
+    spelling=st.sampled_from(["none", "None", "NONE", " none ", "null"]),
+    source=st.sampled_from(["text", "dict"]),
+)
+def test_none_as_a_string_for_an_optional_key_says_how_to_leave_it_unset(
+    place, spelling, source, user_folder
+):
+    section, key = place
+    raw = {section: {key: spelling}}
+    text = f"[{section}]\n{key} = {toml_value(spelling)}\n"
+    call = (lambda: fedsub.Config.from_dict(raw)) if source == "dict" else (
+        lambda: fedsub.Config.from_toml(text))  # fmt: skip
+    error = refused(call, user_folder)
+    assert re.search(r"the string 'none' is not 'not set'.*leave the key out", error), error
+
+
+@FAST
+@given(
+    case=st.sampled_from(UNTRAINABLE),
+    options=st.dictionaries(st.sampled_from(["backend", "dtype", "lr"]),
+                            st.sampled_from(["sequential", "float64", 0.5]), max_size=2),
+)  # fmt: skip
+def test_a_module_fedsub_cannot_train_is_one_error_whatever_the_options(case, options, user_folder):
+    make, expected = case
+    options = {k: v for k, v in options.items() if (k == "lr") == isinstance(v, float)}
+    error = refused(lambda: fedsub.train(make(), ragged_data(), **SMALL, **options), user_folder)
+    assert re.search(expected, error), error
+
+
+@FAST
+@given(
+    tensor=st.sampled_from(["table.item", "dense.out.weight", "dense.out.bias"]),
+    bad=st.sampled_from([math.nan, math.inf, -math.inf]),
+    where=st.integers(min_value=0, max_value=100),
+)
+def test_a_model_file_with_nan_or_inf_is_refused_naming_the_tensor(tensor, bad, where, user_folder):
+    module = Bag()
+    start = fedsub.train(module, DATA, **SMALL).params.state_dict()
+    spoiled = {n: v.clone() for n, v in start.items()}
+    flat = spoiled[tensor].view(-1)
+    flat[where % flat.numel()] = bad
+    path = user_folder / "start.safetensors"
+    save_file(spoiled, str(path))
+    error = refused(lambda: fedsub.train(Bag(), DATA, initial_model=path, **SMALL), user_folder)
+    assert f"holds NaN or Inf values in tensor(s) '{tensor}'" in error, error

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -175,6 +176,11 @@ def bad_model_files(folder: Path, good: dict[str, torch.Tensor]) -> list[tuple[s
     write("shorter.safetensors", shorter, wrong)
     doubles = {**good, dense: good[dense].double()}
     write("doubles.safetensors", doubles, rf"'{dense}' is float64, expected float32")
+    for bad in (math.nan, math.inf):  # a model a diverged run left: refused, not trained from
+        spoiled = rows.clone()
+        spoiled[-1, 0] = bad
+        write(f"{bad}.safetensors", {**good, "table.features": spoiled},
+              r"holds NaN or Inf values in tensor\(s\) 'table.features'")  # fmt: skip
     return cases
 
 
@@ -195,6 +201,26 @@ def test_a_file_that_is_not_the_runs_model_is_refused_naming_the_option(
         assert error.startswith(f"fedsub: error: --initial-model = '{path}'"), error
         assert re.search(expected, error), (expected, error)
         assert not out.exists()  # nothing written
+
+
+def test_overwriting_the_run_that_holds_the_file_is_refused_before_anything_moves(
+    tmp_path, capsys, monkeypatch
+):
+    """``--out own --overwrite --initial-model own/.../model.safetensors``: the file would go
+    with the run it replaces; both the command line and Python say so, and the old run stays."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "run.toml"
+    config.write_text(config_lib.to_toml(config_lib.parse(CONFIG)))
+    assert main(["run", str(config), "--out", "own", "--quiet"]) == 0
+    before = sorted(p.name for p in (tmp_path / "own").rglob("*"))
+    file = "own/fedsubavg/model.safetensors"
+    argv = ["run", str(config), "--out", "own", "--overwrite", "--initial-model", file]
+    assert main([*argv, "--quiet"]) == 2
+    error = capsys.readouterr().err
+    assert "is inside 'own', the run folder that --overwrite replaces" in error, error
+    with pytest.raises(FedsubError, match=r"inside 'own', the run folder that overwrite=True"):
+        fedsub.run(str(config), out="own", overwrite=True, initial_model=file)
+    assert sorted(p.name for p in (tmp_path / "own").rglob("*")) == before
 
 
 @pytest.mark.parametrize("value", [3, ["model.safetensors"], "", "  ", b"model.safetensors"])

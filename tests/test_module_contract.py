@@ -6,6 +6,7 @@ offsets convention, giving the sums a hand-written loop gives."""
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pytest
@@ -199,3 +200,79 @@ def test_loss_and_task_are_taken_by_train_and_compare():
         fedsub.train(module, data, task="classification", **SMALL)
     with pytest.raises(fedsub.ArgumentError, match=r"loss must be a function"):
         fedsub.train(module, data, loss="mse", **SMALL)
+
+
+# --- modules fedsub cannot train: gradients, copies, devices, dtypes, state --------------------
+
+
+class NoGradForward(Bag):
+    def forward(self, batch) -> torch.Tensor:
+        with torch.no_grad():
+            return super().forward(batch)
+
+
+class DetachedOutputs(Bag):
+    def forward(self, batch) -> torch.Tensor:
+        return super().forward(batch).detach()
+
+
+class HoldsALock(Bag):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+
+
+class ComplexParameter(Bag):
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = nn.Parameter(torch.ones(1, dtype=torch.complex64))
+
+    def forward(self, batch) -> torch.Tensor:
+        return super().forward(batch) + self.phase.real
+
+
+class CountsInABuffer(Bag):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, batch) -> torch.Tensor:
+        self.seen += 1
+        return super().forward(batch)
+
+
+class WritesATableRow(Bag):
+    def forward(self, batch) -> torch.Tensor:
+        self.item.weight.data[0] = 0.0
+        return super().forward(batch)
+
+
+class WithBatchNorm(Bag):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(DIM)
+
+
+def on_meta() -> nn.Module:
+    with torch.device("meta"):
+        return Bag()
+
+
+UNTRAINABLE = [
+    (NoGradForward, r"module NoGradForward: no gradient flows .* torch.no_grad\(\)"),
+    (DetachedOutputs, r"module DetachedOutputs: no gradient flows .*detached its outputs"),
+    (HoldsALock, r"module HoldsALock cannot be copied .*attribute 'lock' \(a lock\)"),
+    (on_meta, r"parameter 'item.weight' of module Bag is on the meta device"),
+    (ComplexParameter, r"parameter 'phase' of module ComplexParameter is torch.complex64"),
+    (CountsInABuffer, r"module CountsInABuffer's forward changed its own state \('seen'\)"),
+    (WritesATableRow, r"module WritesATableRow's forward changed its own state \('item.weight'"),
+    (WithBatchNorm, r"module 'norm' is a BatchNorm1d: its running statistics are buffers"),
+]
+
+
+@pytest.mark.parametrize(("make", "expected"), UNTRAINABLE)
+def test_a_module_fedsub_cannot_train_is_refused_naming_it_and_what_to_change(make, expected):
+    """Each refused before any round (never a raw torch error, never trained silently), as
+    the error class of a bad argument; the buffer policy is one rule: buffers are constants."""
+    with pytest.raises(ConfigError, match=expected):
+        fedsub.train(make(), ragged_data(), **SMALL)

@@ -46,11 +46,34 @@ PLACES = {
 }
 
 
+# what an old key's value applies to (config.check_inert refuses an option that does
+# nothing): the key that switches it on, by its new place
+SWITCHED_ON_BY = {
+    **dict.fromkeys(
+        ["capacities", "capacity_proportions", "capacity_assignment", "mask_average"],
+        ("masking", "scheme", "static"),
+    ),
+    **dict.fromkeys(["download", "download_epsilon", "download_keep"],
+                    ("privacy", "level", "download")),
+    "download_bucket": ("privacy", "level", "download"),
+    "secagg_clip": ("privacy", "level", "full"),
+    "rr_epsilon": ("privacy", "heat_source", "randomized-response"),
+    **dict.fromkeys(["sketch_eps", "sketch_delta"], ("privacy", "heat_source", "sketch")),
+}  # fmt: skip
+
+
 def loadable(old: str) -> dict:
     """The rest of a config in which ``old``'s value is allowed (masking needs a sliceable
-    model; host tables a row-local algorithm, here FedAvg's SGD server)."""
-    model = {"name": "mlp"} if old == "masking" else {}
-    return {"model": model, "train": {"algorithms": ["fedavg"]}}
+    model; host tables a row-local algorithm, here FedAvg's SGD server; an option the
+    setting it applies to)."""
+    model = {"name": "mlp"} if old in ("masking", *SWITCHED_ON_BY) else {}
+    raw: dict = {"model": model, "train": {"algorithms": ["fedavg"]}}
+    if old in SWITCHED_ON_BY:
+        section, key, value = SWITCHED_ON_BY[old]
+        raw.setdefault(section, {})[key] = value
+    if old == "download_bucket":
+        raw["privacy"]["download"] = "buckets"
+    return raw
 
 
 def test_the_table_moves_every_key_it_names_and_no_other():
@@ -75,7 +98,7 @@ def test_an_old_key_loads_at_its_new_place_with_a_note(old, caplog):
     assert getattr(getattr(config, section), key) == value
     assert f"train.{old} is now {section}.{key}" in caplog.text
     new = loadable(old)
-    new[section] = {key: value}
+    new.setdefault(section, {})[key] = value
     assert config == config_lib.parse(new)
 
 
@@ -84,7 +107,7 @@ def test_the_old_and_the_new_key_together_are_refused_naming_both(old, tmp_path)
     section, key, value = PLACES[old]
     raw = loadable(old)
     raw["train"][old] = value
-    raw[section] = {key: value}
+    raw.setdefault(section, {})[key] = value
     both = rf"train\.{old} and {section}\.{key} are the same setting"
     with pytest.raises(ConfigError, match=both):
         config_lib.parse(raw)

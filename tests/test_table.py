@@ -83,7 +83,18 @@ def test_a_constant_numeric_column_gets_std_1_and_a_warning(tmp_path, caplog):
 @pytest.mark.parametrize(
     "text, options, message",
     [
-        (CSV, TableOptions(client_column="uid"), "no column 'uid'; columns are user, clicked"),
+        (
+            CSV,
+            TableOptions(client_column="uid"),
+            "no column 'uid' (asked for by data.client_column; name a column the data have); "
+            "columns are user, clicked",
+        ),
+        (
+            CSV,
+            TableOptions(label_column="clicked"),  # client_column left at its default
+            "no column 'client' (data.client_column is 'client' when not given: set "
+            "data.client_column to the column that names each row's client)",
+        ),
         (
             CSV.replace("u2,1,paris", "u2,yes,paris"),
             OPTIONS,

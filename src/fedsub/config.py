@@ -41,6 +41,7 @@ from fedsub.masking.schemes import SCHEMES as MASKING_SCHEMES
 from fedsub.models.registry import model_names, model_spec
 from fedsub.privacy.levels import DOWNLOADS as PRIVATE_DOWNLOADS
 from fedsub.privacy.levels import LEVELS as PRIVACY_LEVELS
+from fedsub.privacy.levels import heat_source_for, reaches
 
 
 @dataclass(frozen=True)
@@ -436,7 +437,7 @@ SECTIONS: dict[str, type | None] = {
 }
 
 
-def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.LOG.warning) -> Config:
+def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.note) -> Config:
     """The config of ``raw`` (TOML tables), every key checked; a key that moved out of
     ``[train]`` is read at its new place, with ``note`` (moved_keys.py)."""
     raw = moved_keys.in_sections(raw, note)
@@ -473,6 +474,7 @@ def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.LOG.warning) -
         privacy=parse_section(PrivacyConfig, "privacy", raw.get("privacy", {})),
         masking=parse_section(MaskingConfig, "masking", raw.get("masking", {})),
     )
+    check_inert(config)
     check_masking(config)
     check_algorithms(config)
     check_privacy(config)
@@ -748,6 +750,52 @@ def check_masking(config: Config) -> None:
         )
 
 
+def inert_keys(config: Config) -> list[tuple[str, str]]:
+    """The ``[masking]`` / ``[privacy]`` keys that the rest of ``config`` leaves unused, each
+    with the key that switches it off (a value other than the default there does nothing)."""
+    m, p = config.masking, config.privacy
+    source = heat_source_for(p.level, p.heat_source)
+    unused = {
+        "masking.scheme = 'none'": (
+            ("masking", k) for k in ("capacities", "capacity_proportions",
+                                     "capacity_assignment", "average")
+        ) if m.scheme == "none" else (),
+        f"privacy.level = {p.level!r} (private download starts at 'download')": (
+            ("privacy", k) for k in ("download", "download_epsilon", "download_keep",
+                                     "download_bucket")
+        ) if not reaches(p.level, "download") else (),
+        f"privacy.download = {p.download!r}": (
+            [("privacy", "download_epsilon"), ("privacy", "download_keep")]
+            if p.download == "buckets" else [("privacy", "download_bucket")]
+        ) if reaches(p.level, "download") else (),
+        f"privacy.level = {p.level!r} (secure aggregation's clip is level 'full''s)": (
+            [("privacy", "secagg_clip")] if p.level != "full" else ()
+        ),
+        f"the heat source is {source!r}": [
+            ("privacy", k)
+            for k, used in (("rr_epsilon", "randomized-response"), ("sketch_eps", "sketch"),
+                            ("sketch_delta", "sketch"))
+            if source != used
+        ],
+    }  # fmt: skip
+    return [(f"{s}.{k}", why) for why, keys in unused.items() for s, k in keys]
+
+
+def check_inert(config: Config) -> None:
+    """Refuse a ``[masking]`` / ``[privacy]`` key set to a value other than its default where
+    the rest of the config leaves it unused (``train(mask_average='all')`` without masking):
+    an option that does nothing is a mistake the user should hear of."""
+    for dotted, why in inert_keys(config):
+        section, key = dotted.split(".")
+        cls = SECTIONS[section]
+        value = getattr(getattr(config, section), key)
+        if value != getattr(cls(), key):
+            raise ConfigError(
+                f"{dotted} = {value!r} does nothing here: {why}; remove {dotted}, or set "
+                "what it applies to"
+            )
+
+
 def parse_algorithms(raw: dict[str, Any]) -> dict[str, Any]:
     """``[algorithms.<name>]`` tables: a preset's options (such as fedprox's ``mu``), or an
     algorithm composed of pieces (aggregation / client / server keys; algorithms/compose.py)."""
@@ -794,14 +842,25 @@ def parse_override(text: str) -> tuple[str, str, Any]:
 
 
 def apply_overrides(
-    raw: dict[str, Any], overrides: list[str], note: moved_keys.Note = moved_keys.LOG.warning
+    raw: dict[str, Any], overrides: list[str], note: moved_keys.Note = moved_keys.note
 ) -> dict[str, Any]:
     """``raw`` with each ``--set`` applied in order (``none`` removes the key); ``raw``'s
-    keys and the ``--set`` keys that moved out of ``[train]`` at their new place (noted)."""
+    keys and the ``--set`` keys that moved out of ``[train]`` at their new place (noted).
+    A later ``--set`` of a key overrides an earlier one, but not under its other name: an
+    old ``train`` key and its new place both set are refused naming both."""
     merged = copy.deepcopy(moved_keys.in_sections(raw, note))
+    given: dict[tuple[str, str], str] = {}  # a --set's place -> the text that set it
     for text in overrides:
         section, key, value = parse_override(text)
-        section, key = moved_keys.moved_override(section, key, note)
+        place = moved_keys.moved_override(section, key, note)
+        earlier = given.setdefault(place, text)
+        if parse_override(earlier)[:2] != (section, key):
+            raise ConfigError(
+                f"--set {_shown(earlier)} and --set {_shown(text)} set the same key under its "
+                f"old and new name ({moved_keys.current_name(f'{section}.{key}')}); give "
+                "only the new one"
+            )
+        section, key = place
         table: Any = merged
         for part in ["algorithms", section.split(".", 1)[1]] if "." in section else [section]:
             table = table.setdefault(part, {}) if isinstance(table, dict) else None
@@ -817,6 +876,10 @@ def apply_overrides(
 def read_toml(path: Path) -> dict[str, Any]:
     """The file's TOML tables; UTF-8 with or without the byte-order mark some Windows editors
     write first (TOML itself forbids it, so tomllib alone would refuse such a file)."""
+    if path.is_dir():
+        inside = path / "config.toml"
+        hint = f" (a run folder's config is {inside})" if inside.is_file() else ""
+        raise ConfigError(f"{path} is a directory, not a config file; give a TOML file{hint}")
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -894,7 +957,7 @@ def _names_a_file(text: str) -> bool:
     ``.toml``) rather than TOML text."""
     if "\n" in text:
         return False
-    return Path(text).is_file() or text.strip().endswith(".toml")
+    return Path(text).exists() or text.strip().endswith(".toml")
 
 
 def default_config_path() -> Path:

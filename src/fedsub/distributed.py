@@ -14,8 +14,11 @@ process trains on ``cuda:LOCAL_RANK``. A collective that fails (a process died) 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,6 +151,20 @@ def join(device: torch.device) -> Processes:
     except (RuntimeError, ValueError) as error:
         raise FedsubError(f"{processes}: could not join the other processes: {error}") from None
     return processes
+
+
+def report_to_launcher(message: str) -> None:
+    """Under torchrun, ``message`` (the error this process ends with) written where torchrun
+    reads a failed process's error (``TORCHELASTIC_ERROR_FILE``, the JSON its own ``record``
+    writes): torchrun's failure report, the last thing it prints, then ends with fedsub's
+    one-line error as that process's "traceback" instead of a pointer to torch's docs.
+    Nothing outside torchrun."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    info = {"py_callstack": message, "timestamp": str(int(time.time()))}
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as handle:
+        json.dump({"message": {"message": message, "extraInfo": info}}, handle)
 
 
 def leave() -> None:

@@ -51,6 +51,8 @@ def coerce(where: str, tp: Any, value: Any) -> Any:
         if value is None:
             return None
         members = [a for a in typing.get_args(tp) if a is not type(None)]
+        if str not in members and _says_unset(value):
+            raise ConfigError(f"{where} = {value!r} is not allowed: {unset_hint(where)}")
         if str in members and isinstance(value, str):
             return value
         numeric = [a for a in members if a is not str]
@@ -91,6 +93,23 @@ def coerce(where: str, tp: Any, value: Any) -> Any:
     return float(value) if tp is float else value
 
 
+def _says_unset(value: Any) -> bool:
+    """Whether a value is a string spelling "not set" (``"none"``: TOML has no null)."""
+    return isinstance(value, str) and value.strip().lower() in ("none", "null")
+
+
+def unset_hint(where: str) -> str:
+    """How to leave an optional key unset, for a value that spells "not set" as a string:
+    what the key's source allows (a keyword argument: None; a config: no key at all)."""
+    if where.startswith(KEYWORDS):
+        return "the string 'none' is not None; pass None (or leave the argument out)"
+    key = where.removeprefix(f"{SPELLED}.")
+    return (
+        "the string 'none' is not 'not set' (TOML has no null): leave the key out, or "
+        f"--set {key}=none without quotes"
+    )
+
+
 def _numpy_number(value: Any) -> bool:
     """A numpy integer or floating scalar (not a bool)."""
     kind = getattr(getattr(value, "dtype", None), "kind", None)
@@ -110,7 +129,10 @@ def check_range(where: str, meta: typing.Mapping[str, Any], value: Any) -> None:
             except ValueError as error:
                 raise ConfigError(f"{where} = {v!r} is not allowed: {error}") from None
         if "choices" in meta and isinstance(v, str) and v not in (allowed := meta["choices"]()):
-            raise ConfigError(f"{where} = {v!r} is not allowed; choose from {', '.join(allowed)}")
+            unset = f"; {unset_hint(where)}" if _says_unset(v) else ""
+            raise ConfigError(
+                f"{where} = {v!r} is not allowed; choose from {', '.join(allowed)}{unset}"
+            )
         if isinstance(v, str):
             continue
         if "min" in meta and v < meta["min"]:

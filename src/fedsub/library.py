@@ -338,7 +338,7 @@ def _compare(
     if isinstance(model, str):
         arguments.model_options_of(model, options)
     model_table = {**options, "name": model} if isinstance(model, str) else dict(options)
-    with spoken_as(terms, arguments=True):
+    with spoken_as(terms, arguments=True), moved_keys.notes_once():
         dataset = _dataset_of(data)
         dtype = train_options.get("dtype", "float32")  # checked by config_of when not one
         dtype = dtype if isinstance(dtype, str) and dtype in ("float32", "float64") else None
@@ -393,7 +393,7 @@ def run(
         >>> list(result), result.out is None
         (['fedsubavg'], True)
     """
-    with spoken_as(RUN_FLAGS):
+    with spoken_as(RUN_FLAGS), moved_keys.notes_once():
         return run_config(
             config,
             out=out,
@@ -528,7 +528,7 @@ def sweep(
             "config must be a TOML file's path, a dict of TOML tables, a fedsub.Config or "
             f"None, got {arguments.described(config)}"
         )
-    with spoken_as(RUN_FLAGS):
+    with spoken_as(RUN_FLAGS), moved_keys.notes_once():
         outcome = experiment.sweep(
             key,
             texts,

@@ -6,15 +6,20 @@ privacy and masking keys have sections of their own. Every older config file, ru
 ``--set train.X=...`` and ``fedsub.train(X=...)`` keeps working: the config loader
 (``in_sections``), ``--set`` (``moved_override``) and the Python API's keyword arguments
 (``keyword_place``) all read ``MOVED``, and the docs' config reference lists it. An old key
-loads with a one-line note naming its new place; an old and a new key for the same setting,
-given together, are refused naming both. ``text_before_move`` writes a config as fedsub wrote
-it before the move (what a Flower run's checkpoints are stamped with, so older ones resume).
+loads with a one-line note naming its new place, printed once per run (``notes_once``); an
+old and a new key for the same setting, given together in one source (a file, a dict, the
+``--set`` list, keyword arguments), are refused naming both; a later source (``--set`` after the
+file) overrides an earlier one whatever name either used. ``text_before_move`` writes a config
+as fedsub wrote it before the move (what a Flower run's checkpoints are stamped with, so older
+ones resume).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fedsub.errors import ConfigError
@@ -55,6 +60,45 @@ MOVED: dict[str, tuple[str, str]] = {
 
 Note = Callable[[str], None] | None  # how an old key is reported (None: silently)
 
+# the notes printed so far in the run around (notes_once); None: outside any, print each
+_PRINTED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "fedsub_moved_notes", default=None
+)
+
+
+@contextlib.contextmanager
+def notes_once() -> Iterator[None]:
+    """Within it (a command, a call of the Python API), each old-key note is printed once,
+    however often the config is read again (the CLI reads it before and in the run)."""
+    if _PRINTED.get() is not None:
+        yield
+        return
+    token = _PRINTED.set(set())
+    try:
+        yield
+    finally:
+        _PRINTED.reset(token)
+
+
+def note(text: str) -> None:
+    """Print an old-key note (as a warning of the ``fedsub`` logger), once per ``notes_once``."""
+    printed = _PRINTED.get()
+    if printed is not None:
+        if text in printed:
+            return
+        printed.add(text)
+    LOG.warning(text)
+
+
+def same_setting(old: str, where: str = "") -> ConfigError:
+    """The refusal of ``train.<old>`` given together with its new name."""
+    section, key = MOVED[old]
+    at = f"{where}: " if where else ""
+    return ConfigError(
+        f"{at}{OLD_SECTION}.{old} and {section}.{key} are the same setting "
+        f"({OLD_SECTION}.{old} is its old name); give only {section}.{key}"
+    )
+
 
 def new_name(old: str) -> str:
     """``train.dtype`` -> ``execution.dtype``."""
@@ -76,7 +120,7 @@ def note_moved(old: list[str], where: str = "") -> str:
     return f"{at}{places} (the old {'key still works' if len(old) == 1 else 'keys still work'})"
 
 
-def in_sections(raw: dict[str, Any], note: Note = LOG.warning, where: str = "") -> dict[str, Any]:
+def in_sections(raw: dict[str, Any], note: Note = note, where: str = "") -> dict[str, Any]:
     """``raw`` (TOML tables) with each old ``[train]`` key moved to its new place, noted in
     one line; ``raw`` itself is not changed. Raises ``ConfigError`` naming both keys when the
     old key and its new place are both given."""
@@ -91,18 +135,14 @@ def in_sections(raw: dict[str, Any], note: Note = LOG.warning, where: str = "") 
         if not isinstance(table, dict):
             return raw  # config.py refuses a section that is not a table
         if key in table:
-            at = f"{where}: " if where else ""
-            raise ConfigError(
-                f"{at}{OLD_SECTION}.{old} and {section}.{key} are the same setting "
-                f"({OLD_SECTION}.{old} is its old name); give only {section}.{key}"
-            )
+            raise same_setting(old, where)
         table[key] = old_table.pop(old)
     if note is not None:
         note(note_moved(olds, where))
     return moved
 
 
-def moved_override(section: str, key: str, note: Note = LOG.warning) -> tuple[str, str]:
+def moved_override(section: str, key: str, note: Note = note) -> tuple[str, str]:
     """A ``--set section.key`` with an old ``train`` key read as its new place (noted)."""
     if section != OLD_SECTION or key not in MOVED:
         return section, key

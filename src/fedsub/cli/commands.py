@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fedsub import __version__, distributed, profiling
 from fedsub.errors import ConfigError, FedsubError
+from fedsub.moved_keys import notes_once
 from fedsub.progress import Reporter, RichReporter, reporting
 
 if TYPE_CHECKING:
@@ -601,6 +602,18 @@ def _refuse_options_of_a_run(args: argparse.Namespace) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from fedsub.cli.listing_cache import cached_listing
+
+    lines, problems = cached_listing(args.kind, lambda: _listing(args.kind))
+    print("\n".join(lines))
+    for problem in problems:
+        print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def _listing(kind: str) -> tuple[list[str], list[str]]:
+    """``fedsub list KIND``'s lines and the plugins that could not be used (imports the
+    registries, and with them torch: listing_cache.py keeps the answer)."""
     import warnings
 
     from fedsub.cli.catalog import listing, plugin_problems
@@ -608,11 +621,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     with warnings.catch_warnings():  # a broken plugin is reported once, below the listing
         warnings.simplefilter("ignore", PluginWarning)
-        print("\n".join(listing(args.kind)))
-        problems = plugin_problems()
-    for problem in problems:
-        print(f"warning: {problem}", file=sys.stderr)
-    return 0
+        return listing(kind), plugin_problems()
 
 
 EXAMPLES = {
@@ -856,11 +865,18 @@ def _is_out_of_memory(error: RuntimeError) -> bool:
 
 
 def _out_of_memory(detail: str) -> int:
-    print(
-        f"fedsub: error: out of memory ({detail or 'allocation failed'}); reduce the sizes in "
-        "the config (data sizes, train.batch_size, train.clients_per_round, ...)",
-        file=sys.stderr,
+    return _failed(
+        f"out of memory ({detail or 'allocation failed'}); reduce the sizes in "
+        "the config (data sizes, train.batch_size, train.clients_per_round, ...)"
     )
+
+
+def _failed(message: str) -> int:
+    """Print the error a command ends with (status 2); under torchrun also hand it to the
+    launcher, whose failure report then ends with it (distributed.report_to_launcher)."""
+    line = f"fedsub: error: {message}"
+    print(line, file=sys.stderr)
+    distributed.report_to_launcher(line)
     return 2
 
 
@@ -873,10 +889,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_empty_texts(args)
         _refuse_what_torchrun_cannot_split(args)
         _silence_other_processes(args)
-        return args.func(args)
+        with notes_once():  # an old key's note once, however often the config is read
+            return args.func(args)
     except FedsubError as error:
-        print(f"fedsub: error: {_which_process()}{error}", file=sys.stderr)
-        return 2
+        return _failed(f"{_which_process()}{error}")
     except MemoryError as error:  # e.g. a dataset size far beyond this machine
         return _out_of_memory(str(error))
     except RuntimeError as error:
@@ -889,8 +905,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
     except OSError as error:  # a file or folder the system refused (full disk, permissions)
         what = f"{error.filename}: " if error.filename else ""
-        print(f"fedsub: error: {what}{error.strerror or error}", file=sys.stderr)
-        return 2
+        return _failed(f"{what}{error.strerror or error}")
     except KeyboardInterrupt as error:
         print("fedsub: interrupted", file=sys.stderr)
         return 128 + (error.signum if isinstance(error, _Aborted) else signal.SIGINT)

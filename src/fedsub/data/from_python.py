@@ -251,10 +251,28 @@ def from_partitioner(
         )
         frames.append(held_out)
         options = {**options, "split_column": _SPLIT_COLUMN}
+    _check_same_columns(name, frames, test is not None)
     import pandas as pd
 
     merged = pd.concat(frames, ignore_index=True)
     return from_dataframe(merged, name=name, seed=seed, client_column=PARTITION_COLUMN, **options)
+
+
+def _check_same_columns(name: str, frames: list[Any], with_test: bool) -> None:
+    """Every partition, and the test frame (last, ``with_test``), has the first partition's
+    columns: a missing one is named, not left to read as empty cells once they are merged."""
+    ours = (PARTITION_COLUMN, _SPLIT_COLUMN)
+    first = [str(c) for c in frames[0].columns if c not in ours]
+    for index, frame in enumerate(frames[1:], start=1):
+        has = [str(c) for c in frame.columns if c not in ours]
+        missing = [c for c in first if c not in has]
+        if missing:
+            which = "test" if with_test and index == len(frames) - 1 else f"partition {index}"
+            raise DataError(
+                f"{name} {which}: no column(s) {', '.join(map(repr, missing))}, which partition "
+                f"0 has; every partition{' and the test' if with_test else ''} needs the same "
+                f"columns (it has {', '.join(has) or 'none'})"
+            )
 
 
 def _frame_of(data: Any, where: str) -> Any:

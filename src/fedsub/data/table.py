@@ -310,13 +310,26 @@ def _crosses(o: TableOptions) -> list[tuple[str, str]]:
 def _check_columns(
     file: Path | str, header: list[str], rows: Sequence[Sequence[Cell]], o: TableOptions
 ) -> None:
-    """Every configured column is in the header, and there are rows to read."""
-    wanted = [o.client_column, o.label_column, *o.features, *o.numeric]
+    """Every configured column is in the header, and there are rows to read; a missing one
+    is named with the option that asks for it (a default included: ``client_column``
+    is ``'client'`` unless given)."""
+    wanted = [("data.client_column", o.client_column), ("data.label_column", o.label_column)]
+    wanted += [("data.features", c) for c in o.features]
+    wanted += [("data.numeric", c) for c in o.numeric]
     if o.split_column:
-        wanted.append(o.split_column)
-    missing = [c for c in wanted if c not in header]
+        wanted.append(("data.split_column", o.split_column))
+    missing = [(option, c) for option, c in wanted if c not in header]
     if missing:
-        raise DataError(f"{file}: no column {missing[0]!r}; columns are {', '.join(header)}")
+        option, column = missing[0]
+        default = TableOptions.__dataclass_fields__[option.removeprefix("data.")].default
+        holds = {"data.client_column": "names each row's client", "data.label_column":
+                 "holds the 0/1 labels"}.get(option, "holds it")  # fmt: skip
+        how = (
+            f"{option} is {column!r} when not given: set {option} to the column that {holds}"
+            if column == default
+            else f"asked for by {option}; name a column the data have"
+        )
+        raise DataError(f"{file}: no column {column!r} ({how}); columns are {', '.join(header)}")
     if not rows:
         raise DataError(f"{file}: no data rows")
 

@@ -10,10 +10,15 @@ It never sees the labels: fedsub computes the loss from the outputs.
 
 Its embedding modules are the row tables (``module_tables.py``); every other trainable
 parameter is dense. Buffers are constants: kept as the module has them, never trained or
-averaged. The module runs in eval mode (dropout off: its random draws would not be keyed by
-seed, round and client, so runs would neither repeat nor resume); BatchNorm is refused (its
-running statistics are not parameters clients can average, and its batch statistics differ
-between a client's batch and evaluation: use LayerNorm or GroupNorm).
+averaged, so a forward that changes its module's state (a buffer it counts or keeps
+statistics in, a parameter written through ``.data``) is refused, naming what changed; so is
+BatchNorm, whose running statistics are such buffers (and whose batch statistics differ
+between a client's batch and evaluation: use LayerNorm or GroupNorm). The module runs in eval
+mode (dropout off: its random draws would not be keyed by seed, round and client, so runs
+would neither repeat nor resume). ``wrap`` refuses, before anything trains, naming the
+module and what to change: a module Python cannot deep-copy (a lock among its attributes),
+one on the meta device, a complex parameter, and a forward through which no gradient flows
+(``torch.no_grad``, detached outputs).
 
 How it runs. ``forward`` is split at the tables: ``embed`` computes what each table module
 returns for the ids it reads, recorded once by a dry run (``module_trace.py``), with its
@@ -293,21 +298,18 @@ def wrap(
         raise ArgumentError(f"expected a torch.nn.Module, got a {type(module).__name__}")
     _check_contract_arguments(loss, task, dtype)
     _check_layers(module)
+    _check_tensors(module)
     paths = table_paths(module, dataset, tables)
-    template = copy.deepcopy(module).cpu().eval()
+    template = _copied(module).cpu().eval()
     probe = dataset.train.slice(0, min(PROBE_SAMPLES, len(dataset.train) // 2 * 2))
     batch = Batch.from_samples(probe, torch.float64)
     ids = {f: (v.clone(), o.clone()) for f, (v, o) in batch.ids.items()}
     probe_offsets = BatchOffsets()
     probe_offsets.hold(offsets for _, offsets in ids.values())
     probe_module = _with_bag_hooks(template, paths, probe_offsets).double()
-    try:
-        traced = trace(probe_module, paths, ids, lambda m: m(Inputs(ids, batch.dense)))
-    except Exception as error:
-        raise ConfigError(
-            f"the module's forward failed on {len(probe)} samples of {dataset.name} "
-            f"({type(error).__name__}: {error})"
-        ) from error
+    traced = _dry_run(
+        probe_module, paths, ids, batch.dense, f"{len(probe)} samples of {dataset.name}"
+    )
     outputs = traced.outputs
     _check_outputs(outputs, len(probe), traced.unsplittable)
     _check_fields(traced, dataset)
@@ -425,7 +427,15 @@ def _leave_out_unused(model: TorchModuleModel, batch: Batch) -> None:
     dense = None if batch.dense is None else batch.dense.clone().requires_grad_(True)
     outputs = model.head(params.dense, model.embed(params.tables, batch.ids), dense)
     inputs = [*tensors, *([] if dense is None else [dense])]
-    grads = torch.autograd.grad(model.loss(outputs, batch.labels), inputs, allow_unused=True)
+    loss = model.loss(outputs, batch.labels)
+    if not loss.requires_grad:
+        raise ConfigError(
+            f"module {type(model.template).__name__}: no gradient flows from the loss back "
+            "to its parameters (the forward ran under torch.no_grad(), or detached its "
+            "outputs: .detach(), .item(), numpy); fedsub trains by backpropagating the loss "
+            "through the outputs, so compute them with autograd on"
+        )
+    grads = torch.autograd.grad(loss, inputs, allow_unused=True)
     used = [g is not None for g in grads[: len(tensors)]]
     if dense is not None and grads[-1] is None:
         LOG.warning(
@@ -437,9 +447,9 @@ def _leave_out_unused(model: TorchModuleModel, batch: Batch) -> None:
         if not reads:
             path = model.paths[table]
             raise ConfigError(
-                f"module {path!r} (table {table!r}) is not used by the forward pass; every "
-                "table of the dataset must be read (leave the fields you do not need out "
-                "of the dataset)"
+                f"module {path!r} (table {table!r}) is not used by the forward pass (or "
+                "what it returns is detached: no gradient reaches it); every table of the "
+                "dataset must be read (leave the fields you do not need out of the dataset)"
             )
     names = list(params.dense)
     unused = [n for n, reads in zip(names, used[len(params.tables) :], strict=True) if not reads]
@@ -457,9 +467,10 @@ def _check_layers(module: nn.Module) -> None:
         if isinstance(layer, nn.modules.batchnorm._BatchNorm):
             raise ConfigError(
                 f"module {path or type(module).__name__!r} is a {type(layer).__name__}: its "
-                "running statistics are not parameters that clients train and the server "
-                "averages, and batch statistics differ between a client's batch and "
-                "evaluation; use nn.LayerNorm or nn.GroupNorm"
+                "running statistics are buffers its forward writes, and fedsub's buffers are "
+                "constants (what one client writes there is never averaged), while batch "
+                "statistics differ between a client's batch and evaluation; use nn.LayerNorm "
+                "or nn.GroupNorm"
             )
         if isinstance(layer, nn.modules.dropout._DropoutNd) and layer.p > 0:
             LOG.warning(
@@ -468,6 +479,108 @@ def _check_layers(module: nn.Module) -> None:
                 path,
                 type(layer).__name__,
             )
+
+
+def _dry_run(
+    module: nn.Module, paths: dict[str, str], ids: Ids, dense: torch.Tensor | None, what: str
+) -> Trace:
+    """The forward traced once on ``what`` (a few training samples), refused when it fails
+    or changes the module's own state."""
+    state = _state_of(module)
+    try:
+        traced = trace(module, paths, ids, lambda m: m(Inputs(ids, dense)))
+    except Exception as error:
+        raise ConfigError(
+            f"the module's forward failed on {what} ({type(error).__name__}: {error})"
+        ) from error
+    _check_state_kept(type(module).__name__, state, _state_of(module))
+    return traced
+
+
+def _check_tensors(module: nn.Module) -> None:
+    """Every parameter and buffer holds data (not on the meta device) and every parameter is
+    real floating point (fedsub trains in float32 or float64: a complex parameter would lose
+    its imaginary part)."""
+    for kind, named in (
+        ("parameter", module.named_parameters()),
+        ("buffer", module.named_buffers()),
+    ):
+        for name, tensor in named:
+            if tensor.is_meta:
+                raise ConfigError(
+                    f"{kind} {name!r} of module {type(module).__name__} is on the meta device "
+                    "(a shape without data): fedsub trains from the module's own weights; "
+                    "materialize it first (module.to_empty(device='cpu') and initialise its "
+                    "weights, or build it outside torch.device('meta'))"
+                )
+            if kind == "parameter" and tensor.requires_grad and not tensor.is_floating_point():
+                raise ConfigError(
+                    f"parameter {name!r} of module {type(module).__name__} is {tensor.dtype}: "
+                    "fedsub trains real floating-point parameters (execution.dtype float32 or "
+                    "float64), so a complex one would lose its imaginary part; hold its real "
+                    "and imaginary parts as two real parameters (torch.complex(re, im) in the "
+                    "forward)"
+                )
+
+
+def _copied(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` (fedsub trains copies: one per algorithm and client);
+    refused, naming the attribute that cannot be copied, when Python cannot copy it."""
+    try:
+        return copy.deepcopy(module)
+    except Exception as error:
+        culprit = _uncopyable_attribute(module)
+        raise ConfigError(
+            f"module {type(module).__name__} cannot be copied (copy.deepcopy: "
+            f"{type(error).__name__}: {error}){culprit}; fedsub trains copies of the module, "
+            "so keep locks, open files, threads and other handles outside it (or give its "
+            "class a __deepcopy__)"
+        ) from None
+
+
+def _uncopyable_attribute(module: nn.Module) -> str:
+    """``: attribute 'path.name' (a type)`` for the first plain attribute of ``module`` or its
+    submodules that deepcopy refuses, or ""."""
+    for path, layer in module.named_modules():
+        for name, value in vars(layer).items():
+            if name.startswith("_"):
+                continue
+            try:
+                copy.deepcopy(value)
+            except Exception:
+                where = f"{path}.{name}" if path else name
+                return f": attribute {where!r} (a {type(value).__name__})"
+    return ""
+
+
+def _state_of(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every parameter's and buffer's values, by name."""
+    named = [*module.named_parameters(), *module.named_buffers()]
+    return {name: tensor.detach().clone() for name, tensor in named}
+
+
+def _check_state_kept(
+    name: str, before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]
+) -> None:
+    """The forward changed no parameter or buffer of the module (the buffers' policy: they
+    are constants, see the module docstring): a forward that counts, keeps running statistics
+    or writes rows through ``.data`` is refused, naming what it changed."""
+    changed = sorted(set(before) ^ set(after))
+    changed += [
+        n
+        for n in sorted(set(before) & set(after))
+        if before[n].shape != after[n].shape
+        or not torch.equal(before[n].isnan(), after[n].isnan())
+        or not torch.equal(before[n].nan_to_num(), after[n].nan_to_num())
+    ]
+    if changed:
+        raise ConfigError(
+            f"module {name}'s forward changed its own state ({', '.join(map(repr, changed))}): "
+            "fedsub trains parameters only through their gradients, and buffers are constants "
+            "(what a forward writes there would be one client's, never averaged); compute "
+            "without writing to parameters, .data or buffers (keep counters and statistics "
+            "outside the module)"
+        )
 
 
 def _check_outputs(outputs: object, samples: int, why: str | None = None) -> None:

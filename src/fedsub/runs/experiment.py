@@ -358,6 +358,8 @@ def compare(
             "a run folder records the config that made the run, so a run written to "
             f"{out_dir} reads its data and model from the config, not from memory"
         )
+    if initial_model is not None and overwrite and not resume:
+        initial_model.outside(out_dir, "--overwrite")
     writes = distributed.from_environment().writes
     claim = claim_folder(out_dir, resume, overwrite) if writes else None
     with holding(claim), _fits_in_memory(None):

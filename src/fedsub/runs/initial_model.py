@@ -18,6 +18,7 @@ start afresh.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,6 +32,7 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import RUN_FILE, file_digest, read_run_file
 from fedsub.models.base import Model
+from fedsub.numerics.finite import any_nonfinite
 from fedsub.runs.run_identity import StartedWith
 from fedsub.sharding.initial import drawn_shapes
 from fedsub.sharding.model_file import SAFETENSORS_DTYPES, WrittenModel
@@ -124,13 +126,43 @@ def mismatches(
 
 def check_model_file(path: Path, expected: Mapping[str, torch.Tensor], where: str) -> None:
     """Refuse, naming the file and every tensor that differs, a model file that is not a
-    model of these tensors' names, shapes and dtypes."""
-    found = mismatches(header_of(path, where), expected)
+    model of these tensors' names, shapes and dtypes, or that holds NaN or Inf (naming each
+    such tensor: a run from it would "diverge at round 0")."""
+    header = header_of(path, where)
+    found = mismatches(header, expected)
     if found:
         raise FedsubError(
             f"{where} = {str(path)!r} does not match the run's model (its config and "
             f"data decide the tensors): {'; '.join(found)}"
         )
+    bad = nonfinite_tensors(path, header)
+    if bad:
+        raise FedsubError(
+            f"{where} = {str(path)!r} holds NaN or Inf values in tensor(s) {', '.join(bad)}: "
+            "a model to start from must be finite (was it written by a run that diverged?); "
+            "give another model file"
+        )
+
+
+CHUNK = 1 << 22  # entries read at a time when checking a model file's values
+
+
+def nonfinite_tensors(path: Path, header: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[str]:
+    """The tensors of the safetensors file ``path`` that hold NaN or Inf, in name order, read
+    a block of rows at a time (a table larger than memory is never read whole)."""
+    bad = []
+    with safe_open(str(path), "pt") as handle:
+        for name in sorted(header):
+            _, shape = header[name]
+            if not shape:
+                values = [handle.get_tensor(name)]
+            else:
+                rows = max(1, CHUNK // max(1, math.prod(shape[1:])))
+                piece = handle.get_slice(name)
+                values = (piece[i : i + rows] for i in range(0, shape[0], rows))
+            if any(v.is_floating_point() and bool(any_nonfinite([v])) for v in values):
+                bad.append(repr(name))
+    return bad
 
 
 def starting_params(model: Model, schedule: Schedule, path: str, where: str) -> Params:
@@ -159,6 +191,19 @@ class StartFile:
         (before a run folder is claimed)."""
         header_of(existing_file(self.path, self.where), self.where)
         return model_file_digest(self.path, self.where)
+
+    def outside(self, folder: Path, replaced_by: str) -> None:
+        """Refuse a file inside ``folder`` when the run replaces that folder (``replaced_by``:
+        the option that does, ``--overwrite``): the file would go with the run it belongs to
+        before every algorithm has read it."""
+        file, inside = Path(self.path).resolve(), folder.resolve()
+        if file.is_relative_to(inside):
+            raise FedsubError(
+                f"{self.where} = {self.path!r} is inside {str(folder)!r}, the run folder that "
+                f"{replaced_by} replaces: the file would be removed with the old run. Copy it "
+                f"out of the folder first (e.g. cp {self.path} start.safetensors) and give "
+                f"{self.where} that copy, or write the new run to another folder"
+            )
 
     def check(self, model: Model, schedule: Schedule) -> WrittenModel:
         """The file, checked against ``model`` as ``schedule`` draws it (its names, shapes
