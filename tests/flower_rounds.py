@@ -75,6 +75,7 @@ def private_runtime(settings, grid) -> Stepped:
             fed.schedule,
             replace(settings, nodes=replace(settings.nodes, min_nodes=fed.dataset.num_clients)),
             heat_privacy_of(fed.config),
+            partitions=fed.dataset.num_clients,
         )
     )
 

@@ -331,7 +331,8 @@ class AppGrid(AnsweredAtOnce):
     tests/flower_rounds.py) running the real ClientApp in process, each with its node config
     and own Context (a deployment without processes); ``drop`` says which messages' nodes vanish
     before answering: the SuperLink answers for them with Flower's "node unavailable" error,
-    as it does once a node's heartbeat stops."""
+    as it does once a node's heartbeat stops. A ClientApp's exception comes back as Flower's
+    runner replies it (an error with the exception's type and text)."""
 
     def __init__(self, app, num_nodes: int) -> None:
         self.app = app
@@ -354,7 +355,12 @@ class AppGrid(AnsweredAtOnce):
                 unavailable = Error(ErrorCode.NODE_UNAVAILABLE, f"node {node} is gone")
                 replies.append(Message(unavailable, reply_to=message))
             else:
-                replies.append(self.app(message, self.contexts[node]))
+                try:
+                    replies.append(self.app(message, self.contexts[node]))
+                except Exception as error:  # as Flower's ClientApp runner replies it
+                    reason = str(type(error)) + ":<'" + str(error) + "'>"
+                    raised = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)
+                    replies.append(Message(raised, reply_to=message))
         return replies
 
 

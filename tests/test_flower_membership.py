@@ -7,6 +7,7 @@ uninterrupted run's model."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -190,7 +191,11 @@ def test_a_new_client_is_sampled_once_the_heat_coefficients_count_it():
 
 
 def test_round_1_refuses_to_start_without_min_nodes():
-    with pytest.raises(FedsubError, match=r"1 node\(s\) registered .*min-nodes = 2"):
+    missing = (
+        r"1 node\(s\) registered .*min-nodes = 2; partition\(s\) missing: \[1\] "
+        r"\(registered: \[0\]\)"
+    )
+    with pytest.raises(FedsubError, match=missing):
         grid = StandInGrid({100: 0})
         train_round(strategy(grid, min_nodes=2, node_wait=0.3), grid, 1)
 
@@ -339,3 +344,84 @@ def test_train_messages_and_replies_follow_flowers_conventions():
     assert all(set(m.content.keys()) == {"arrays", "config"} for m in train)
     assert [r["replies"] for r in s.rounds] == [3, 3]
     assert float(s.params.tables["w"].abs().sum()) > 0
+
+
+class LikeTheSuperLink(StandInGrid):
+    """A node in ``gone`` was removed from the federation: every pull of a message to it
+    gets the SuperLink's own error (sender id 1, "Message Unavailable"), again at each pull,
+    as Flower's SuperLink answers. ``events`` run when a round's training is first pulled:
+    round -> what happens then (a node dies, a replacement or a new client comes online)."""
+
+    def __init__(self, online: dict[int, int]) -> None:
+        super().__init__(online)
+        self.gone: set[int] = set()
+        self.events: dict[str, Callable[[], None]] = {}
+
+    def pull_messages(self, ids) -> list[Message]:
+        from flwr.app import Error
+        from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+        for i in ids:
+            m = self.queued[int(i)]
+            train = m is not None and m.metadata.message_type == MessageType.TRAIN
+            if train and (event := self.events.pop(m.metadata.group_id, None)) is not None:
+                event()
+        replies = super().pull_messages(ids)
+        for i in ids:
+            m = self.queued[int(i)]
+            if m is not None and narrow(m.metadata.dst_node_id) in self.gone:
+                reply = Message(
+                    Error(ErrorCode.MESSAGE_UNAVAILABLE, "Error: Message ..."), reply_to=m
+                )
+                reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+                replies.append(reply)
+        return replies
+
+
+def test_membership_changes_are_logged_once_each_naming_the_node_and_the_round(monkeypatch, caplog):
+    """Node 102 misses round 2 and is asked again; it dies with that question pending (the
+    SuperLink answers for it at every pull, sender id 1): one line names node 102 and the
+    SuperLink, never "node 1", and no line repeats. Its replacement 202 and a new client 300
+    come online while round 3 waits: one line each, with the round from which they count."""
+    import logging
+
+    from fedsub.flower import exchange as exchange_lib
+
+    from .test_flower_exchange import Clock
+
+    clock = Clock()
+    monkeypatch.setattr(exchange_lib.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(exchange_lib.time, "sleep", clock.sleep)
+    grid = LikeTheSuperLink({100: 0, 101: 1, 102: 2})
+
+    def dies() -> None:  # 102's question (asked at round 3) stays pending: it died
+        grid.gone.add(102)
+        grid.online.pop(102)
+        grid.silent.add(101)  # round 3 waits its whole timeout, pulling every 0.2 s
+        grid.online.update({202: 2, 300: 3})
+
+    grid.events = {"2": lambda: grid.silent.add(102), "3": dies}
+    s = runtime(grid, 5, round_timeout=30.0)
+    with caplog.at_level(logging.INFO, logger="fedsub"):
+        start(s)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fedsub"]
+    assert clock.now > 30  # round 3 waited: 150 pulls of the dead node's question
+    assert not any("node 1 " in line or "node 1:" in line for line in lines)
+    about_102 = [line for line in lines if f"node {wide(102)}" in line]
+    assert about_102 == [
+        f"node {wide(102)} registered partition 2",
+        f"round 2: no update from node {wide(102)} (partition 2): left out until it answers",
+        f"registration: node {wide(102)} failed: the SuperLink: message unavailable (the node "
+        "left, or it expired)",
+        f"node {wide(102)} (partition 2) went offline before round 4: not sampled while it is away",
+        f"partition 2: node {wide(202)} takes over from node {wide(102)}, sampled from round 4",
+    ]
+    assert (
+        f"node {wide(300)} registered partition 3, a new client: counted and sampled from "
+        "round 4 (heat-refresh-every = 1)" in lines
+    )
+    assert f"node {wide(100)} registered partition 0" in lines
+    assert len(lines) == len(set(lines)) + sum(  # nothing repeats but the left-out rounds
+        lines.count(x) - 1 for x in set(lines) if "left out" in x or "answered again" in x
+    )
+    assert s.rounds[3]["nodes"] == [wide(100), wide(202), wide(300)]

@@ -18,7 +18,6 @@ the population without asking the nodes again.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -29,8 +28,6 @@ from fedsub.data.federated import ClientSizes
 from fedsub.data.ragged import Ragged
 from fedsub.files.tensor_files import unsigned_ids, unsigned_ids_tensor
 from fedsub.submodel.index import SubmodelIndex
-
-LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -67,8 +64,6 @@ class Membership:
         waits for the next refresh only when its data differ from those counted."""
         k = registration.partition
         before = self.registered.get(k)
-        if before is not None and before.node != registration.node:
-            LOG.info("partition %d: node %d replaces node %d", k, registration.node, before.node)
         self.registered[k] = registration
         self.dropped.discard(registration.node)  # it answered: alive again
         if before is not None and k in self.counted and not before.same_data(registration):

@@ -222,6 +222,7 @@ def _runtime(
         query,
         observers,
         server_test,
+        partitions=run.num_clients,
     )
 
 

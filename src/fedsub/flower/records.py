@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
@@ -46,10 +47,22 @@ def rows_record(rows: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
     return ArrayRecord({f"rows.{t}": torch.as_tensor(r) for t, r in rows.items()})
 
 
-def rows_in(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """The row ids per table of a ``rows_record``."""
+def rows_in(record: ArrayRecord, tables: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """The row ids per table of a ``rows_record``; with ``tables`` (name -> rows) checked:
+    a known table's, 1-d integers, row ids below its rows (a ``FedsubError`` otherwise)."""
     flat = record.to_torch_state_dict()
-    return {k[len("rows.") :]: v.numpy().astype(np.int64) for k, v in flat.items()}
+    rows = {k[len("rows.") :]: v for k, v in flat.items()}
+    if tables is not None:
+        for table, r in rows.items():
+            if table not in tables:
+                raise FedsubError(f"its rows name table {table[:40]!r}, not one of the model's")
+            if r.ndim != 1 or r.is_floating_point() or r.dtype == torch.bool:
+                raise FedsubError(f"its rows of table {table!r} are not a list of row ids")
+            if len(r) and not 0 <= int(r.min()) <= int(r.max()) < tables[table]:
+                raise FedsubError(
+                    f"its rows of table {table!r} are not row ids below {tables[table]}"
+                )
+    return {t: v.numpy().astype(np.int64) for t, v in rows.items()}
 
 
 def reply_row_ids(reply: Message, tables: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -75,6 +88,8 @@ def query_message(node: int, asked: Mapping[str, ConfigRecordValues], group: int
 
 def record_of(content: RecordDict, key: str, kind: type[AnyRecord]) -> AnyRecord:
     """``content[key]``, checked to be a ``kind``: a message from another node may hold any."""
+    if key not in content:
+        raise FedsubError(f"Flower: the message has no {key!r} record")
     record = content[key]
     if not isinstance(record, kind):
         raise FedsubError(
@@ -85,7 +100,28 @@ def record_of(content: RecordDict, key: str, kind: type[AnyRecord]) -> AnyRecord
 
 def number_of(record: MetricRecord | ConfigRecord, key: str) -> int | float:
     """``record[key]``, checked to be one number (not a list, text or flag)."""
+    if key not in record:
+        raise FedsubError(f"Flower: the message has no {key!r}")
     value = record[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise FedsubError(f"Flower: the message's {key!r} is {value!r}, expected a number")
+        raise FedsubError(f"Flower: the message's {key!r} is {_short(value)}, expected a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FedsubError(f"Flower: the message's {key!r} is {value!r}, expected a finite number")
     return value
+
+
+def count_of(record: MetricRecord | ConfigRecord, key: str, below: int | None = None) -> int:
+    """``record[key]``, checked to be a whole number >= 0 (and < ``below``)."""
+    value = number_of(record, key)
+    if value != int(value) or value < 0 or (below is not None and value >= below):
+        bound = f" below {below}" if below is not None else ""
+        raise FedsubError(
+            f"Flower: the message's {key!r} is {value!r}, expected a whole number >= 0{bound}"
+        )
+    return int(value)
+
+
+def _short(value: object) -> str:
+    """``value``'s repr, cut to 60 characters (a reply may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
