@@ -42,6 +42,7 @@ class Joining:
         # what the query asks ("index", or "partition" with a private heat source) and what
         # else it carries (the run's feature spec); on_reply sees every answer (a transcript)
         self.query, self.on_reply = query, on_reply
+        self.exact = query.get("what", "index") == "index"  # S(k) and counts registered
         self.min_nodes = min_nodes
         self.partitions = 0  # the partitions the run expects (0: min_nodes of them)
         self.node_wait = node_wait
@@ -170,7 +171,7 @@ class Joining:
                 self.on_reply(node, "query", reply.content)
             try:
                 registration = registration_of(
-                    reply, self.membership.tables, self.partitions or None
+                    reply, self.membership.tables, self.partitions or None, self.exact
                 )
                 answers.append((registration, reply.content))
             except FedsubError as error:  # garbage: left out as a node that failed
@@ -181,18 +182,20 @@ class Joining:
 
 
 def registration_of(
-    reply: Message, tables: Mapping[str, int], partitions: int | None = None
+    reply: Message, tables: Mapping[str, int], partitions: int | None = None, exact: bool = True
 ) -> Registration:
     """A node's answer to the query: ``metrics`` partition-id / num-examples, ``index``
-    rows.<table>; a node whose heat source is private answers its partition only (no rows,
-    no sample count: its heat goes by the private exchange). Checked: a partition id >= 0
-    (below ``partitions`` when given), a count >= 0, row ids of the model's ``tables``
-    (name -> rows); a ``FedsubError`` otherwise."""
+    rows.<table>; with a private heat source (not ``exact``) a node answers its partition
+    only (no rows, no sample count: its heat goes by the private exchange). Checked: a
+    partition id >= 0 (below ``partitions`` when given), a count >= 0, row ids of every one
+    of the model's ``tables`` (name -> rows); a ``FedsubError`` otherwise."""
     metrics = record_of(reply.content, "metrics", MetricRecord)
     partition = count_of(metrics, "partition-id", partitions)
-    if "index" not in reply.content:
+    if not exact:
         return Registration(partition, reply.metadata.src_node_id, 0, {})
     rows = rows_in(record_of(reply.content, "index", ArrayRecord), tables)
+    if missing := sorted(set(tables) - set(rows)):
+        raise FedsubError(f"its registration names no rows of table(s) {missing}")
     if EVAL_INDEX in reply.content:  # the rows its evaluation reads: checked alike
         rows_in(record_of(reply.content, EVAL_INDEX, ArrayRecord), tables)
     examples = count_of(metrics, "num-examples")

@@ -18,6 +18,15 @@ from fedsub.submodel.params import Params
 AnyRecord = TypeVar("AnyRecord", ArrayRecord, MetricRecord, ConfigRecord)
 
 
+def tensors_of(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """``record``'s arrays as tensors; a ``FedsubError`` when they cannot be read (a message
+    from another node may hold any bytes)."""
+    try:
+        return dict(record.to_torch_state_dict())
+    except Exception as error:  # numpy's and torch's errors on bytes that are no array
+        raise FedsubError(f"its arrays cannot be read ({type(error).__name__})") from None
+
+
 def submodel_record(rows: dict[str, torch.Tensor], submodel: Params) -> ArrayRecord:
     """A node's rows S(k) per table, those rows' values, and the dense parameters."""
     tensors = {f"rows.{t}": r for t, r in rows.items()}
@@ -39,7 +48,7 @@ def deltas_record(table_deltas: dict[str, torch.Tensor], dense_deltas: dict[str,
 
 
 def read_deltas(record: ArrayRecord) -> Params:
-    return Params.from_state_dict(record.to_torch_state_dict())
+    return Params.from_state_dict(tensors_of(record))
 
 
 def rows_record(rows: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
@@ -50,7 +59,9 @@ def rows_record(rows: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
 def rows_in(record: ArrayRecord, tables: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """The row ids per table of a ``rows_record``; with ``tables`` (name -> rows) checked:
     a known table's, 1-d integers, row ids below its rows (a ``FedsubError`` otherwise)."""
-    flat = record.to_torch_state_dict()
+    flat = tensors_of(record)
+    if tables is not None and (other := sorted(k for k in flat if not k.startswith("rows."))):
+        raise FedsubError(f"its rows record holds {[k[:40] for k in other[:5]]}, not rows.*")
     rows = {k[len("rows.") :]: v for k, v in flat.items()}
     if tables is not None:
         for table, r in rows.items():
@@ -70,7 +81,7 @@ def reply_row_ids(reply: Message, tables: Iterable[str]) -> dict[str, torch.Tens
     tensors; a ``FedsubError`` saying what is wrong otherwise."""
     if "index" not in reply.content:
         raise FedsubError("its reply names no rows")
-    index = record_of(reply.content, "index", ArrayRecord).to_torch_state_dict()
+    index = tensors_of(record_of(reply.content, "index", ArrayRecord))
     rows = {}
     for table in tables:
         r = index.get(f"rows.{table}")

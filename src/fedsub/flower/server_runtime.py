@@ -326,13 +326,14 @@ class FlowerRuntime:
             self.timeout,
             lambda: self.joining.ask_newcomers(self.grid),
         )
-        updates, received = self._read(r, replies, sent_to)
+        updates, received = self._read(r, replies, sent_to, params)
         return self._cohort_update(plan, updates, nodes, sent, received)
 
     def _read(
-        self, r: int, replies: Iterable[Message], sent_to: dict[int, int]
+        self, r: int, replies: Iterable[Message], sent_to: dict[int, int], params: Params
     ) -> tuple[dict[int, ClientUpdate], int]:
-        """The updates of the replies that can be read, by cohort position, and their bytes."""
+        """The updates of the replies that can be read and fit ``params`` (the model the
+        round sent), by cohort position, and their bytes; any other is left out, logged."""
         updates: dict[int, ClientUpdate] = {}
         received = 0
         for reply in replies:
@@ -346,11 +347,19 @@ class FlowerRuntime:
             if client is None:
                 LOG.warning("round %d: unexpected reply from node %d", r, node)
                 continue
+            partition = self.membership.counted[client]
+            if client in updates:
+                LOG.warning("round %d: node %d: a second reply; left out", r, node)
+                continue
             try:
-                partition = self.membership.counted[client]
-                updates[client], size = self.reader.update(reply, client, partition)
+                examples = self.membership.registered[partition].examples
+                updates[client], size = self.reader.update(
+                    reply, client, partition, params, examples, r
+                )
             except FedsubError as error:  # left out, like a node that failed
-                LOG.warning("round %d: node %d: %s", r, node, error)
+                LOG.warning(
+                    "round %d: node %d (partition %d): %s; left out", r, node, partition, error
+                )
                 continue
             received += size
         return updates, received
