@@ -126,7 +126,6 @@ def test_a_nodes_data_error_reaches_the_server_as_its_partition_and_kind_only(tm
     from fedsub.flower.settings import Deployment, FlowerSettings, Nodes
 
     from .flower_rounds import wide
-    from .test_flower_private_download import Recording
 
     federation = write_federation(tmp_path / "data")
     broken = federation.nodes[1].data_file
@@ -138,17 +137,7 @@ def test_a_nodes_data_error_reaches_the_server_as_its_partition_and_kind_only(tm
         nodes=Nodes(node_wait=0.5),
         deployment=Deployment(feature_spec=str(federation.spec_file), num_nodes=3),
     )
-    grid = Recording(make_client_app(settings), 3)
-    for k, files in enumerate(federation.nodes):
-        held_out = {"eval-file": str(files.eval_file)} if files.eval_file else {}
-        held_out = held_out or {"eval-fraction": files.eval_fraction, "eval-seed": k}
-        node_config = {
-            "partition-id": k,
-            "data-file": str(files.data_file),
-            "feature-spec": str(federation.spec_file),
-            **held_out,
-        }
-        grid.contexts[wide(100 + k)] = Context(1, wide(100 + k), node_config, RecordDict(), {})
+    grid = file_nodes(make_client_app(settings), federation)
     node_log: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: node_log.append(record.getMessage())  # type: ignore[method-assign]
@@ -173,3 +162,71 @@ def test_a_nodes_data_error_reaches_the_server_as_its_partition_and_kind_only(tm
     assert any(f"registration: node {wide(101)} failed: " in line for line in server_log)
     assert str(tmp_path) not in server_side and "'7'" not in server_side
     assert any(str(broken) in line and "7" in line for line in node_log)  # the node's own log
+
+
+def file_nodes(app, federation):
+    """The in-process grid (tests/test_flower_private_download.py's Recording) of one node per
+    file of ``federation``, each with its node config as `flower-supernode --node-config`
+    gives it (node ids ``wide(100 + k)``)."""
+    from flwr.app import Context, RecordDict
+
+    from .flower_rounds import wide
+    from .test_flower_private_download import Recording
+
+    grid = Recording(app, len(federation.nodes))
+    for k, files in enumerate(federation.nodes):
+        held_out = {"eval-file": str(files.eval_file)} if files.eval_file else {}
+        held_out = held_out or {"eval-fraction": files.eval_fraction, "eval-seed": k}
+        node_config = {
+            "partition-id": k,
+            "data-file": str(files.data_file),
+            "feature-spec": str(federation.spec_file),
+            **held_out,
+        }
+        grid.contexts[wide(100 + k)] = Context(1, wide(100 + k), node_config, RecordDict(), {})
+    return grid
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_fedsub_run_on_the_nodes_files_is_the_in_process_reference_of_the_deployment(tmp_path):
+    """``data.name = "nodes"`` reads a deployment's feature spec and node files as one
+    dataset: ``fedsub.run`` of the same config (``[dp]`` included: central DP) ends with the
+    Flower run's model (the real ServerApp and ClientApps in process, each node holding only
+    its own file); without ``[dp]`` the model differs (control)."""
+    from flwr.app import Context, RecordDict
+
+    import fedsub
+    from fedsub.flower.apps import make_client_app, make_server_app
+    from fedsub.flower.settings import Deployment, FlowerSettings, Output
+
+    federation = write_federation(tmp_path / "data")
+    dp = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5")
+    overrides = (*(o.strip() for o in OVERRIDES.split(";")), "train.rounds=2", *dp)
+    settings = FlowerSettings(
+        overrides=overrides,
+        deployment=Deployment(feature_spec=str(federation.spec_file), num_nodes=3),
+        output=Output(out_dir=str(tmp_path / "flower")),
+    )
+    grid = file_nodes(make_client_app(settings), federation)
+    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    flower = load_file(tmp_path / "flower" / "model.safetensors")
+
+    files = [str(n.data_file) for n in federation.nodes]
+    evals = [str(n.eval_file) if n.eval_file else "" for n in federation.nodes]
+    nodes = (
+        "data.name='nodes'",
+        f"data.feature_spec='{federation.spec_file}'",
+        f"data.files={files}",
+        f"data.eval_files={evals}",
+        "data.eval_fraction=0.3",
+        "data.eval_seeds=[0, 1, 2]",
+    )
+    reference = fedsub.run(config_lib.load(None, (*overrides, *nodes)))["fedsubavg"].params
+    assert reference is not None
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
+    plain = fedsub.run(config_lib.load(None, (*overrides[: -len(dp)], *nodes)))["fedsubavg"]
+    assert plain.params is not None
+    assert any(
+        not torch.allclose(v, flower[n], atol=1e-4) for n, v in plain.params.state_dict().items()
+    )
