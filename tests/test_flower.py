@@ -462,9 +462,10 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     assert replaced, "the replacement of partition 2 was never sampled"
     assert all(r["replies"] == r["sampled"] == 3 for r in replaced)
     log = run_log(three_nodes.env, run_id)
-    Path("/tmp/flowerops-run.log").write_text(log)  # DEBUG
     new = replaced[0]["nodes"][replaced[0]["clients"].index(2)]
+    assert log.count(f"fedsub: node {killed} registered partition 2") == 1
     assert log.count(f"partition 2: node {new} takes over from node {killed}, sampled from") == 1
+    assert log.count(f"node {killed} failed: the SuperLink: ") <= 1  # no flood
     assert re.search(r"\bnode 1\b", log) is None
     config = config_lib.load(None, [o.strip() for o in overrides.split(";")])
     dataset = load_data(config)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from logging import INFO
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 
 from fedsub.engine.membership import Membership, Registration
@@ -103,15 +105,19 @@ class Joining:
         update (a node's first appearance is its registration's line)."""
         partition = {r.node: k for k, r in self.membership.registered.items()}
         for node in sorted((self.online - online) & partition.keys()):
-            LOG.info(
-                "node %d (partition %d) went offline before round %d: not sampled while it is away",
+            flwr_log(
+                INFO,
+                "fedsub: node %d (partition %d) went offline before round %d: not sampled "
+                "while it is away",
                 node,
                 partition[node],
                 self.round,
             )
         for node in sorted((online - self.online) & partition.keys() & self.answered):
             if self.online:  # not the first look
-                LOG.info("node %d (partition %d) is online again", node, partition[node])
+                flwr_log(
+                    INFO, "fedsub: node %d (partition %d) is online again", node, partition[node]
+                )
         self.online = online
 
     def leave_out(self, node: int) -> None:

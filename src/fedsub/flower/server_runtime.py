@@ -181,7 +181,8 @@ class FlowerRuntime:
         if self.private:  # a new node: ask its rows; its evaluation gets the whole model
             self.sampled.forget(registration.partition)
         self.evaluation.learn(registration.partition, None if self.private else content)
-        LOG.info("%s", self._membership_line(registration, before))
+        # Flower's logger, as the round lines: what `flwr run --stream` and `flwr log` show
+        flwr_log(INFO, "fedsub: %s", self._membership_line(registration, before))
 
     def _membership_line(self, registration: Registration, before: Registration | None) -> str:
         """One line for a registration: who registered or took over which partition, and
