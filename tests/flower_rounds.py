@@ -1,5 +1,13 @@
 """A Flower runtime driven one round at a time by the engine's loop (``loop.run_round``, as
-``loop.drive`` runs it), for tests that look between rounds (no ServerApp, no processes)."""
+``loop.drive`` runs it), for tests that look between rounds (no ServerApp, no processes); and
+the node ids of the tests' in-process grids (``wide``).
+
+Flower's node ids are unsigned 64-bit integers drawn at random, so half of a deployment's
+nodes have an id at or above 2^63 (which int64 cannot hold). The in-process grids give their
+nodes ``wide(n)`` for the small names the tests write (100, 101, ...): ids spread over the
+whole range, the first ones on either side of 2^63 and not in the order of their names, so
+code that keeps a node id in an int64 (a checkpoint, an array) or relies on their order fails
+in process as it would on real nodes."""
 
 from __future__ import annotations
 
@@ -9,6 +17,20 @@ from typing import Any
 from fedsub.engine.loop import RunControl, run_round
 from fedsub.engine.server_round import ServerRound
 from fedsub.flower.server_runtime import FlowerRuntime, Served
+
+WIDE = 0x9E3779B97F4A7C15  # odd: n -> n * WIDE mod 2^64 is a bijection of the uint64 ids
+UNWIDE = pow(WIDE, -1, 2**64)
+
+
+def wide(name: int) -> int:
+    """The node id the in-process grids give the node a test calls ``name``: 100 -> 1.48e19
+    (>= 2^63), 101 -> 7.8e18, 102 -> 7.3e17, 103 -> 1.21e19, ..."""
+    return name * WIDE % 2**64
+
+
+def narrow(node: int) -> int:
+    """The test's name of the node with id ``node`` (``wide``'s inverse)."""
+    return node * UNWIDE % 2**64
 
 
 @dataclass
@@ -53,6 +75,7 @@ def private_runtime(settings, grid) -> Stepped:
             fed.schedule,
             replace(settings, nodes=replace(settings.nodes, min_nodes=fed.dataset.num_clients)),
             heat_privacy_of(fed.config),
+            partitions=fed.dataset.num_clients,
         )
     )
 

@@ -155,3 +155,35 @@ def test_a_spec_and_a_vocabulary_written_with_a_byte_order_mark_read_as_without(
     (tmp_path / "spec.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(spec).encode())
     read = read_spec(tmp_path / "spec.json")
     assert read.hash == FeatureSpec(1, (FieldSpec("city", vocabulary=("paris", "rome")),)).hash
+
+
+def test_the_nodes_dataset_reads_a_deployments_files_as_dataset_of_nodes(tmp_path):
+    """``data.name = "nodes"``: the spec and one file per node, as ``dataset_of_nodes`` reads
+    them (client k = node k, held-out samples pooled); lists of the wrong length refused."""
+    from fedsub import config as config_lib
+    from fedsub.data.feature_spec import dataset_of_nodes
+    from fedsub.errors import DataError
+    from fedsub.runs.run_setup import load_data
+
+    from .node_files import SPEC, write_federation
+
+    federation = write_federation(tmp_path)
+    files = [str(n.data_file) for n in federation.nodes]
+    evals = [str(n.eval_file) if n.eval_file else "" for n in federation.nodes]
+    keys = (
+        "data.name='nodes'",
+        f"data.feature_spec='{federation.spec_file}'",
+        f"data.files={files}",
+        f"data.eval_files={evals}",
+        "data.eval_fraction=0.3",
+        "data.eval_seeds=[0, 1, 2]",
+    )
+    dataset = load_data(config_lib.load(None, keys))
+    expected = dataset_of_nodes(SPEC, federation.nodes)
+    assert dataset.num_clients == 3 and dataset.table_rows == expected.table_rows
+    np.testing.assert_array_equal(dataset.sample_counts(), expected.sample_counts())
+    np.testing.assert_array_equal(dataset.test.labels, expected.test.labels)
+    with pytest.raises(DataError, match=r"data\.eval_seeds has 2 entries, data\.files 3"):
+        load_data(config_lib.load(None, (*keys, "data.eval_seeds=[0, 1]")))
+    with pytest.raises(DataError, match=r"needs data\.feature_spec"):
+        load_data(config_lib.load(None, ("data.name='nodes'",)))

@@ -210,6 +210,20 @@ def run_status(env: dict, run_id: int) -> dict:
     return run
 
 
+def run_log(env: dict, run_id: int) -> str:
+    """What ``flwr log <run> --show`` prints: the run's log, the ServerApp's lines (what
+    ``flwr run --stream`` shows as it goes)."""
+    shown = subprocess.run(
+        [str(BIN / "flwr"), "log", str(run_id), "test", "--show"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    return shown.stdout
+
+
 @dataclass(frozen=True)
 class NodeLog:
     """What a SuperNode's log (Flower's own lines) says about a run's round. A test ending or
@@ -418,12 +432,14 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     """Node 2 is killed in round 2 (as the round is sent: a node replies seconds later) and a
     new SuperNode with partition 2 is started: round 2 goes on without it (its wait ends
     once the replacement has registered, at most the round timeout), and round 3, the next
-    round, samples the replacement."""
+    round, samples the replacement. The ServerApp's log (in the SuperLink's) names the
+    replacement once, with the round it is sampled from, and never a "node 1" (the
+    SuperLink's own id, which its error replies carry)."""
     out = tmp_path / "out"
     overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
     run_config = f'set="{overrides}" out-dir="{out}" round-timeout=60.0 eval-every=0'
 
-    submit_example(three_nodes.env, run_config)
+    run_id = submit_example(three_nodes.env, run_config)
     wait_for(
         lambda: any(p.get("sent_to") and p["round"] == 2 for p in progress(out)), 300, "round 2"
     )
@@ -445,6 +461,12 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     ]
     assert replaced, "the replacement of partition 2 was never sampled"
     assert all(r["replies"] == r["sampled"] == 3 for r in replaced)
+    log = run_log(three_nodes.env, run_id)
+    new = replaced[0]["nodes"][replaced[0]["clients"].index(2)]
+    assert log.count(f"fedsub: node {killed} registered partition 2") == 1
+    assert log.count(f"partition 2: node {new} takes over from node {killed}, sampled from") == 1
+    assert log.count(f"node {killed} failed: the SuperLink: ") <= 1  # no flood
+    assert re.search(r"\bnode 1\b", log) is None
     config = config_lib.load(None, [o.strip() for o in overrides.split(";")])
     dataset = load_data(config)
     model = build_model("sparse-lr", dataset, {"init_std": 0.0})

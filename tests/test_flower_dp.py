@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from fedsub.flower.settings import FlowerSettings, Output, Replies
 
+from .flower_rounds import wide
 from .test_flower import OVERRIDES
 from .test_flower_heat_exchange import AppGrid
 
@@ -242,8 +243,8 @@ def test_dropouts_under_distributed_dp_abort_the_round_below_k_min(monkeypatch):
     monkeypatch.setattr(
         secure_rows, "decode_sums", lambda *a: decoded.append(a[-1]) or decode_sums(*a)
     )
-    first, _ = _stepped(AppGrid)  # partition k is node 100 + k
-    member = 100 + int(first.open().begin(1).cohort.clients[0])
+    first, _ = _stepped(AppGrid)  # partition k is node wide(100 + k)
+    member = wide(100 + int(first.open().begin(1).cohort.clients[0]))
     late, _ = _stepped(_dropping("unmask", {member}))
     late.step(1)
     assert decoded == [3] and late.rounds[0]["updated"]

@@ -27,7 +27,7 @@ from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
 from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
-from .flower_rounds import private_runtime, recorded
+from .flower_rounds import private_runtime, recorded, wide
 
 Handler = Callable[[Message, Context], Message]
 
@@ -327,16 +327,18 @@ def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
 
 
 class AppGrid(AnsweredAtOnce):
-    """Nodes 100.. running the real ClientApp in process, each with its node config and own
-    Context (a deployment without processes); ``drop`` says which messages' nodes vanish
+    """Nodes ``wide(100 + k)`` (partition k; ids across the unsigned 64-bit range,
+    tests/flower_rounds.py) running the real ClientApp in process, each with its node config
+    and own Context (a deployment without processes); ``drop`` says which messages' nodes vanish
     before answering: the SuperLink answers for them with Flower's "node unavailable" error,
-    as it does once a node's heartbeat stops."""
+    as it does once a node's heartbeat stops. A ClientApp's exception comes back as Flower's
+    runner replies it (an error with the exception's type and text)."""
 
     def __init__(self, app, num_nodes: int) -> None:
         self.app = app
         self.contexts = {
-            100 + k: Context(
-                1, 100 + k, {"partition-id": k, "num-partitions": num_nodes}, RecordDict(), {}
+            wide(100 + k): Context(
+                1, wide(100 + k), {"partition-id": k, "num-partitions": num_nodes}, RecordDict(), {}
             )
             for k in range(num_nodes)
         }
@@ -353,7 +355,12 @@ class AppGrid(AnsweredAtOnce):
                 unavailable = Error(ErrorCode.NODE_UNAVAILABLE, f"node {node} is gone")
                 replies.append(Message(unavailable, reply_to=message))
             else:
-                replies.append(self.app(message, self.contexts[node]))
+                try:
+                    replies.append(self.app(message, self.contexts[node]))
+                except Exception as error:  # as Flower's ClientApp runner replies it
+                    reason = str(type(error)) + ":<'" + str(error) + "'>"
+                    raised = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason)
+                    replies.append(Message(raised, reply_to=message))
         return replies
 
 
@@ -401,17 +408,17 @@ def test_a_node_that_does_not_send_its_rows_is_left_out_of_the_round():
     strategy = private_runtime(settings, grid)
     sent = recorded(grid)
     server = strategy.open()  # registration and the heat exchange
-    silent = server.begin(1).cohort.clients.tolist()[0]  # partition k is node 100 + k
+    silent = server.begin(1).cohort.clients.tolist()[0]  # partition k is node wide(100 + k)
 
     def rows_query_to_silent(node: int, message: Message) -> bool:
         query = message.content.get("query")
         rows = isinstance(query, ConfigRecord) and query.get("what") == "rows"
-        return rows and node == 100 + silent
+        return rows and node == wide(100 + silent)
 
     grid.drop = rows_query_to_silent
     strategy.step(1)
     trained = [m for m in sent if m.metadata.message_type == MessageType.TRAIN]
-    assert [m.metadata.dst_node_id for m in trained] != [] and 100 + silent not in [
+    assert [m.metadata.dst_node_id for m in trained] != [] and wide(100 + silent) not in [
         m.metadata.dst_node_id for m in trained
     ]
     assert strategy.rounds[0]["left_out"] == [silent] and strategy.rounds[0]["updated"]

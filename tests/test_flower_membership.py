@@ -7,6 +7,7 @@ uninterrupted run's model."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,8 @@ from fedsub.flower.server_runtime import FlowerRuntime, Served
 from fedsub.flower.settings import FlowerSettings, Nodes, Replies
 from fedsub.submodel.params import Params
 
+from .flower_rounds import narrow, wide
+
 ROWS = 5
 # partition -> (its rows S(k) of table w, its sample count)
 DATA = {0: ([0, 1], 3), 1: ([1, 2, 3], 1), 2: ([3, 4], 2), 3: ([0, 4], 5)}
@@ -35,9 +38,11 @@ pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 @dataclass
 class StandInGrid:
-    """Flower's Grid for the strategy: ``online`` node id -> partition; a node in ``silent``
+    """Flower's Grid for the strategy: ``online`` node name -> partition; a node in ``silent``
     never answers (as a killed node until the round times out). A node trains by moving each
-    of its rows 10% of the way towards its partition id."""
+    of its rows 10% of the way towards its partition id. The runtime sees node ``n`` under
+    the id ``wide(n)`` (ids across the unsigned 64-bit range, tests/flower_rounds.py); the
+    test and the grid's fields name nodes by ``n``."""
 
     online: dict[int, int]
     silent: set[int] = field(default_factory=set)
@@ -48,7 +53,7 @@ class StandInGrid:
     asked: list[int] = field(default_factory=list)  # nodes that answered a query
 
     def get_node_ids(self) -> list[int]:
-        return sorted(self.online)
+        return sorted(wide(n) for n in self.online)
 
     def push_messages(self, messages) -> list[str]:
         ids = []
@@ -75,7 +80,7 @@ class StandInGrid:
         return self.pull_messages(self.push_messages(messages))
 
     def reply(self, m: Message) -> Message | None:
-        node = m.metadata.dst_node_id
+        node = narrow(m.metadata.dst_node_id)
         if node not in self.online or node in self.silent:
             return None
         k = self.online[node]
@@ -138,7 +143,7 @@ def train_round(s: Stepped, grid: StandInGrid, r: int) -> list[int]:
     before = len(grid.queued)
     run_round(s.server, s.runtime, r)
     return [
-        m.metadata.dst_node_id
+        narrow(m.metadata.dst_node_id)
         for m in grid.messages[before:]
         if m.metadata.message_type == MessageType.TRAIN
     ]
@@ -163,7 +168,7 @@ def test_a_replacement_takes_its_partition_over_and_a_silent_node_costs_one_roun
     grid.online[202] = 2  # the replacement: same partition, new node
     assert train_round(s, grid, 4) == [100, 101, 202]
     assert s.rounds[-1]["clients"] == [0, 1, 2] and s.rounds[-1]["replies"] == 3
-    assert grid.asked == [100, 101, 102, 202]  # only new nodes are asked to register
+    assert sorted(grid.asked) == [100, 101, 102, 202]  # only new nodes are asked, once
     assert 3 not in s.membership.registered
     assert s.membership.counted == [0, 1, 2]  # same data: no new population
 
@@ -186,7 +191,11 @@ def test_a_new_client_is_sampled_once_the_heat_coefficients_count_it():
 
 
 def test_round_1_refuses_to_start_without_min_nodes():
-    with pytest.raises(FedsubError, match=r"1 node\(s\) registered .*min-nodes = 2"):
+    missing = (
+        r"1 node\(s\) registered .*min-nodes = 2; partition\(s\) missing: \[1\] "
+        r"\(registered: \[0\]\)"
+    )
+    with pytest.raises(FedsubError, match=missing):
         grid = StandInGrid({100: 0})
         train_round(strategy(grid, min_nodes=2, node_wait=0.3), grid, 1)
 
@@ -216,7 +225,7 @@ def test_a_run_resumed_from_its_checkpoint_ends_with_the_uninterrupted_runs_mode
     torch.testing.assert_close(resumed.params.tables["w"], whole.params.tables["w"], rtol=0, atol=0)
     assert [r["round"] for r in resumed.rounds] == [1, 2, 3, 4, 5]
     assert resumed.membership.counted == [0, 1, 2, 3]
-    assert resumed.membership.node_of(3) == 2**64 - 7
+    assert resumed.membership.node_of(3) == wide(2**64 - 7)
 
 
 def test_resume_refuses_another_configurations_checkpoint_and_a_missing_one(tmp_path):
@@ -253,7 +262,7 @@ class KilledAndReplacedInRound2(StandInGrid):
         messages = list(messages)
         for m in messages:
             if m.metadata.message_type == MessageType.QUERY and self.watched is not None:
-                self.pushed.append((m.metadata.dst_node_id, len(self.watched.rounds)))
+                self.pushed.append((narrow(m.metadata.dst_node_id), len(self.watched.rounds)))
         return super().push_messages(messages)
 
     def pull_messages(self, ids) -> list[Message]:
@@ -283,7 +292,7 @@ def test_a_replacement_that_comes_online_while_a_round_waits_ends_the_wait_and_i
     assert (202, 1) in grid.pushed  # asked while round 2 waited for node 102
     assert s.rounds[1]["left_out"] == [2] and s.rounds[1]["replies"] == 2
     assert clock.now < 10.0  # the run never waited out a round timeout
-    assert s.rounds[2]["nodes"] == [100, 101, 202] and s.rounds[2]["replies"] == 3
+    assert s.rounds[2]["nodes"] == [wide(100), wide(101), wide(202)] and s.rounds[2]["replies"] == 3
 
 
 def test_settings_of_membership_and_checkpoints_are_read_and_checked():
@@ -335,3 +344,89 @@ def test_train_messages_and_replies_follow_flowers_conventions():
     assert all(set(m.content.keys()) == {"arrays", "config"} for m in train)
     assert [r["replies"] for r in s.rounds] == [3, 3]
     assert float(s.params.tables["w"].abs().sum()) > 0
+
+
+class LikeTheSuperLink(StandInGrid):
+    """A node in ``gone`` was removed from the federation: every pull of a message to it
+    gets the SuperLink's own error (sender id 1, "Message Unavailable"), again at each pull,
+    as Flower's SuperLink answers. ``events`` run when a round's training is first pulled:
+    round -> what happens then (a node dies, a replacement or a new client comes online)."""
+
+    def __init__(self, online: dict[int, int]) -> None:
+        super().__init__(online)
+        self.gone: set[int] = set()
+        self.events: dict[str, Callable[[], None]] = {}
+
+    def pull_messages(self, ids) -> list[Message]:
+        from flwr.app import Error
+        from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+        for i in ids:
+            m = self.queued[int(i)]
+            train = m is not None and m.metadata.message_type == MessageType.TRAIN
+            if train and (event := self.events.pop(m.metadata.group_id, None)) is not None:
+                event()
+        replies = super().pull_messages(ids)
+        for i in ids:
+            m = self.queued[int(i)]
+            if m is not None and narrow(m.metadata.dst_node_id) in self.gone:
+                reply = Message(
+                    Error(ErrorCode.MESSAGE_UNAVAILABLE, "Error: Message ..."), reply_to=m
+                )
+                reply.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+                replies.append(reply)
+        return replies
+
+
+def test_membership_changes_are_logged_once_each_naming_the_node_and_the_round(monkeypatch, caplog):
+    """Node 102 misses round 2 and is asked again; it dies with that question pending (the
+    SuperLink answers for it at every pull, sender id 1): one line names node 102 and the
+    SuperLink, never "node 1", and no line repeats. Its replacement 202 and a new client 300
+    come online while round 3 waits: one line each, with the round from which they count."""
+    import logging
+
+    from fedsub.flower import exchange as exchange_lib
+
+    from .test_flower_exchange import Clock
+
+    clock = Clock()
+    monkeypatch.setattr(exchange_lib.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(exchange_lib.time, "sleep", clock.sleep)
+    grid = LikeTheSuperLink({100: 0, 101: 1, 102: 2})
+
+    def dies() -> None:  # 102's question (asked at round 3) stays pending: it died
+        grid.gone.add(102)
+        grid.online.pop(102)
+        grid.silent.add(101)  # round 3 waits its whole timeout, pulling every 0.2 s
+        grid.online.update({202: 2, 300: 3})
+
+    grid.events = {"2": lambda: grid.silent.add(102), "3": dies}
+    s = runtime(grid, 5, round_timeout=30.0)
+    with caplog.at_level(logging.INFO, logger="fedsub"), caplog.at_level(logging.INFO, "flwr"):
+        start(s)
+    # fedsub's warnings and the lines it logs through Flower's logger (the round lines too)
+    lines = [
+        r.getMessage().removeprefix("fedsub: ")
+        for r in caplog.records
+        if r.name == "fedsub" or r.getMessage().startswith("fedsub: ")
+    ]
+    assert clock.now > 30  # round 3 waited: 150 pulls of the dead node's question
+    assert not any("node 1 " in line or "node 1:" in line for line in lines)
+    about_102 = [line for line in lines if f"node {wide(102)}" in line]
+    assert about_102 == [
+        f"node {wide(102)} registered partition 2",
+        f"round 2: no update from node {wide(102)} (partition 2): left out until it answers",
+        f"registration: node {wide(102)} failed: the SuperLink: message unavailable (the node "
+        "left, or it expired)",
+        f"node {wide(102)} (partition 2) went offline before round 4: not sampled while it is away",
+        f"partition 2: node {wide(202)} takes over from node {wide(102)}, sampled from round 4",
+    ]
+    assert (
+        f"node {wide(300)} registered partition 3, a new client: counted and sampled from "
+        "round 4 (heat-refresh-every = 1)" in lines
+    )
+    assert f"node {wide(100)} registered partition 0" in lines
+    assert len(lines) == len(set(lines)) + sum(  # nothing repeats but the left-out rounds
+        lines.count(x) - 1 for x in set(lines) if "left out" in x or "answered again" in x
+    )
+    assert s.rounds[3]["nodes"] == [wide(100), wide(202), wide(300)]

@@ -108,3 +108,125 @@ def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
         model.loss(torch.from_numpy(logits), torch.from_numpy(server_test.labels).double())
     )
     assert evaluation["server_test_loss"] == pytest.approx(loss, rel=1e-9)
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_nodes_data_error_reaches_the_server_as_its_partition_and_kind_only(tmp_path, caplog):
+    """Node 1's file has a bad label: the server hears "partition-id=1: its data cannot be
+    read (DataError)" (never the file's path or the value), the node's own log has the whole
+    error, and the run fails naming the missing partition (in process: the real ServerApp
+    and ClientApps over a grid)."""
+    import logging
+
+    from flwr.app import Context, RecordDict
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedsub.errors import FedsubError
+    from fedsub.flower.apps import make_client_app, make_server_app
+    from fedsub.flower.settings import Deployment, FlowerSettings, Nodes
+
+    from .flower_rounds import wide
+
+    federation = write_federation(tmp_path / "data")
+    broken = federation.nodes[1].data_file
+    lines = broken.read_text().splitlines()
+    lines[1] = ",".join(["u1", "7", *lines[1].split(",")[2:]])  # label 7
+    broken.write_text("\n".join(lines) + "\n")
+    settings = FlowerSettings(
+        overrides=tuple(o.strip() for o in OVERRIDES.split(";")),
+        nodes=Nodes(node_wait=0.5),
+        deployment=Deployment(feature_spec=str(federation.spec_file), num_nodes=3),
+    )
+    grid = file_nodes(make_client_app(settings), federation)
+    node_log: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: node_log.append(record.getMessage())  # type: ignore[method-assign]
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        missing = r"partition\(s\) missing: \[1\] \(registered: \[0, 2\]\)"
+        with (
+            caplog.at_level(logging.INFO, logger="fedsub"),
+            pytest.raises(FedsubError, match=missing) as failure,
+        ):
+            make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    failed = [m for m in grid.received if m.has_error()]
+    assert len(failed) == 1 and failed[0].metadata.src_node_id == wide(101)
+    assert "partition-id=1: its data cannot be read (DataError)" in failed[0].error.reason
+    server_log = [r.getMessage() for r in caplog.records if r.name == "fedsub"]  # the server's
+    server_side = "".join(server_log) + "".join(
+        str(m.content) for m in grid.received if not m.has_error()
+    )
+    server_side += failed[0].error.reason + str(failure.value)
+    assert any(f"registration: node {wide(101)} failed: " in line for line in server_log)
+    assert str(tmp_path) not in server_side and "'7'" not in server_side
+    assert any(str(broken) in line and "7" in line for line in node_log)  # the node's own log
+
+
+def file_nodes(app, federation):
+    """The in-process grid (tests/test_flower_private_download.py's Recording) of one node per
+    file of ``federation``, each with its node config as `flower-supernode --node-config`
+    gives it (node ids ``wide(100 + k)``)."""
+    from flwr.app import Context, RecordDict
+
+    from .flower_rounds import wide
+    from .test_flower_private_download import Recording
+
+    grid = Recording(app, len(federation.nodes))
+    for k, files in enumerate(federation.nodes):
+        held_out = {"eval-file": str(files.eval_file)} if files.eval_file else {}
+        held_out = held_out or {"eval-fraction": files.eval_fraction, "eval-seed": k}
+        node_config = {
+            "partition-id": k,
+            "data-file": str(files.data_file),
+            "feature-spec": str(federation.spec_file),
+            **held_out,
+        }
+        grid.contexts[wide(100 + k)] = Context(1, wide(100 + k), node_config, RecordDict(), {})
+    return grid
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_fedsub_run_on_the_nodes_files_is_the_in_process_reference_of_the_deployment(tmp_path):
+    """``data.name = "nodes"`` reads a deployment's feature spec and node files as one
+    dataset: ``fedsub.run`` of the same config (``[dp]`` included: central DP) ends with the
+    Flower run's model (the real ServerApp and ClientApps in process, each node holding only
+    its own file); without ``[dp]`` the model differs (control)."""
+    from flwr.app import Context, RecordDict
+
+    import fedsub
+    from fedsub.flower.apps import make_client_app, make_server_app
+    from fedsub.flower.settings import Deployment, FlowerSettings, Output
+
+    federation = write_federation(tmp_path / "data")
+    dp = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5")
+    overrides = (*(o.strip() for o in OVERRIDES.split(";")), "train.rounds=2", *dp)
+    settings = FlowerSettings(
+        overrides=overrides,
+        deployment=Deployment(feature_spec=str(federation.spec_file), num_nodes=3),
+        output=Output(out_dir=str(tmp_path / "flower")),
+    )
+    grid = file_nodes(make_client_app(settings), federation)
+    make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    flower = load_file(tmp_path / "flower" / "model.safetensors")
+
+    files = [str(n.data_file) for n in federation.nodes]
+    evals = [str(n.eval_file) if n.eval_file else "" for n in federation.nodes]
+    nodes = (
+        "data.name='nodes'",
+        f"data.feature_spec='{federation.spec_file}'",
+        f"data.files={files}",
+        f"data.eval_files={evals}",
+        "data.eval_fraction=0.3",
+        "data.eval_seeds=[0, 1, 2]",
+    )
+    reference = fedsub.run(config_lib.load(None, (*overrides, *nodes)))["fedsubavg"].params
+    assert reference is not None
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
+    plain = fedsub.run(config_lib.load(None, (*overrides[: -len(dp)], *nodes)))["fedsubavg"]
+    assert plain.params is not None
+    assert any(
+        not torch.allclose(v, flower[n], atol=1e-4) for n, v in plain.params.state_dict().items()
+    )

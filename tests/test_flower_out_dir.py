@@ -205,3 +205,105 @@ def test_an_out_dir_a_fedsub_before_run_json_wrote_is_refused_not_mixed_into(tmp
     with pytest.raises(FedsubError, match="written by an older fedsub"):
         claim_folder(out, resume=False, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == sorted(["checkpoints", left])
+
+
+class _Lost(Exception):
+    """The ServerApp losing its SuperLink while it pushes round 2's training."""
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_run_failing_after_its_first_round_keeps_what_it_wrote_and_says_how_to_resume(
+    tmp_path, caplog
+):
+    """As `fedsub run` does: a run that fails once a round completed keeps run.json, its
+    progress and checkpoints (a private run at ``full`` with secagg heat, on node ids across
+    the uint64 range), logs the round it stopped after and how to resume; the resumed run
+    finishes; a failure before round 1 leaves nothing."""
+    import json
+    import logging
+
+    from flwr.app import Context, MessageType, RecordDict
+
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    from .test_flower_heat_exchange import AppGrid
+    from .test_flower_private_download import BASE, BUCKETS, FULL
+
+    out = tmp_path / "out"
+    overrides = (*BASE, *FULL, *BUCKETS, "privacy.heat_source='secagg'", "train.rounds=3")
+
+    class LosesItsSuperLink(AppGrid):
+        def push_messages(self, messages):
+            messages = list(messages)
+            if any(
+                m.metadata.message_type == MessageType.TRAIN and m.metadata.group_id == "2"
+                for m in messages
+            ):
+                raise _Lost("connection to the SuperLink lost")
+            return super().push_messages(messages)
+
+    def serve(grid_type, resume: bool = False, *extra: str) -> None:
+        settings = FlowerSettings(
+            overrides=(*overrides, *extra),
+            output=Output(out_dir=str(out), checkpoint_every=1, resume=resume),
+            replies=Replies(round_timeout=30.0),
+        )
+        grid = grid_type(make_client_app(settings), 4)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+
+    with pytest.raises(ConfigError), caplog.at_level(logging.ERROR, logger="fedsub"):
+        serve(AppGrid, False, "privacy.secagg_group=10")  # refused before round 1
+    assert not out.exists() or not any(out.iterdir())
+    with pytest.raises(_Lost), caplog.at_level(logging.ERROR, logger="fedsub"):
+        serve(LosesItsSuperLink)
+    assert {"run.json", "progress.jsonl", "checkpoints"} <= {p.name for p in out.iterdir()}
+    assert (out / "checkpoints" / "round-000001").is_dir()
+    stopped = [r.getMessage() for r in caplog.records if "the run stopped" in r.getMessage()]
+    assert len(stopped) == 1 and stopped[0].startswith(
+        "fedsub: the run stopped after round 1 (_Lost: connection to the SuperLink lost); "
+        f"{out} keeps what the run wrote: to continue after its newest checkpoint "
+        "(round-000001), run `flwr run` again with the same run config and resume=true"
+    )
+    serve(AppGrid, True)
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] and [r["round"] for r in result["rounds"]] == [1, 2, 3]
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_config_the_server_app_refuses_is_one_fedsub_error_line_in_flowers_log():
+    """Flower logs a ServerApp's exception with its traceback; a config fedsub refuses
+    (``privacy.secagg_group`` above the population) is one ``fedsub: error:`` line instead,
+    and a bug (any other exception) keeps its traceback."""
+    import logging
+
+    from flwr.app import Context, RecordDict
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    from .test_flower_heat_exchange import AppGrid
+    from .test_flower_private_download import BASE
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.setFormatter(logging.Formatter("%(levelname)s : %(message)s"))
+    handler.emit = lambda record: lines.append(handler.format(record))  # type: ignore[method-assign]
+    settings = FlowerSettings(overrides=(*BASE, "train.rounds=1", "privacy.secagg_group=10"))
+    FLOWER_LOGGER.addHandler(handler)
+    try:
+        with pytest.raises(ConfigError) as refused:
+            make_server_app(settings)(
+                AppGrid(make_client_app(settings), 4), Context(1, 0, {}, RecordDict(), {})
+            )  # type: ignore[arg-type]
+        # what flwr's run_serverapp does with the ServerApp's exception
+        FLOWER_LOGGER.error("%s raised an exception", "ServerApp", exc_info=refused.value)
+        FLOWER_LOGGER.error("%s raised an exception", "ServerApp", exc_info=ValueError("bug"))
+    finally:
+        FLOWER_LOGGER.removeHandler(handler)
+    refusal, bug = lines[-2:]
+    assert refusal == (
+        "ERROR : fedsub: error: privacy.secagg_group = 10 is larger than the population "
+        "(privacy.level = 'download' makes the heat source 'secagg'): dataset "
+        "synthetic-sparse has 4 clients; set it to at most 4"
+    )
+    assert bug.startswith("ERROR : ServerApp raised an exception\n") and "ValueError: bug" in bug

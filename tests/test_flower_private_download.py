@@ -23,7 +23,7 @@ from fedsub.privacy.secagg import SecAggError
 from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
-from .flower_rounds import private_runtime, recorded
+from .flower_rounds import private_runtime, recorded, wide
 from .test_flower import in_process_model
 from .test_flower_heat_exchange import AppGrid
 
@@ -133,9 +133,10 @@ def test_the_server_receives_requests_never_a_nodes_rows():
 def test_a_node_at_download_refuses_to_send_its_rows():
     settings = FlowerSettings(overrides=(*BASE, *BUCKETS))
     grid = AppGrid(make_client_app(settings), 4)
-    ask = Message(RecordDict({"query": ConfigRecord({"what": "rows"})}), 100, MessageType.QUERY)
+    node = wide(100)  # partition 0
+    ask = Message(RecordDict({"query": ConfigRecord({"what": "rows"})}), node, MessageType.QUERY)
     with pytest.raises(FedsubError, match=r"partition 0: privacy.level = 'download'.*never"):
-        grid.app(ask, grid.contexts[100])
+        grid.app(ask, grid.contexts[node])
 
 
 @pytest.mark.parametrize("payload", ["submodel", "full"])
@@ -267,7 +268,7 @@ def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
     cohort = everyone.open().begin(1).cohort
     members = cohort.clients.tolist()
     gone = members[0]
-    dropped = _first_round(overrides, {100 + gone})  # partition k is node 100 + k
+    dropped = _first_round(overrides, {wide(100 + gone)})  # partition k: node wide(100 + k)
     assert dropped.rounds[0]["updated"]
     dataset = load_data(config_lib.load(None, (*overrides, "train.rounds=1")))
     counts = dataset.sample_counts()
@@ -282,7 +283,7 @@ def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
     assert ratio > 1.05  # the check tells a renormalized step from the plain one
     failed = r"secure row sum over nodes \[.*\]: only 1 clients left.*t = 2"
     with pytest.raises(SecAggError, match=failed):
-        _first_round(overrides, {100 + members[0], 100 + members[1]})
+        _first_round(overrides, {wide(100 + members[0]), wide(100 + members[1])})
 
 
 def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
@@ -374,7 +375,8 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     """At ``full`` (randomized response, secure heat and secure row sums) a ServerApp stopped
     after round 2's checkpoint and resumed on restarted nodes (fresh contexts) ends with the
     uninterrupted run's model and the in-process one; the resumed run takes the heat from the
-    checkpoint (no second exchange)."""
+    checkpoint (no second exchange). The nodes' ids span Flower's unsigned 64-bit range (the
+    checkpoint keeps the heat's contributors, ids >= 2^63 among them)."""
     from fedsub.engine.loop import RunControl, drive
     from fedsub.files.run_folder import RunIdentity, hash_config
     from fedsub.flower.apps import RUN_ID, latest
@@ -407,6 +409,9 @@ def test_a_private_run_on_flower_resumes_to_the_uninterrupted_model(tmp_path):
     resumed = start(restarted, resume=True)
     assert [r["round"] for r in resumed.rounds] == [1, 2, 3, 4]
     assert not any(m.metadata.message_type == "query.heat" for m in restarted.received)
+    assert resumed.heat.report is not None and resumed.privacy.source == "secagg"
+    contributors = resumed.heat.report.contributors  # read back from the checkpoint
+    assert sorted(contributors) == sorted(restarted.contexts) and max(contributors) >= 2**63
     expected = in_process_model(overrides)
     for name, value in resumed.params.state_dict().items():
         torch.testing.assert_close(value, straight.params.state_dict()[name], rtol=0, atol=1e-12)

@@ -11,7 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedsub.files.tensor_files import writable_in_place, write_tensors, write_tensors_atomic
+from fedsub.files.tensor_files import (
+    unsigned_ids,
+    unsigned_ids_tensor,
+    writable_in_place,
+    write_tensors,
+    write_tensors_atomic,
+)
 
 
 def test_round_trip_of_views_shared_storage_and_empty_tensors(tmp_path):
@@ -90,3 +96,17 @@ def test_writing_a_big_table_adds_no_copy_of_it(tmp_path):
     )
     grown = float(subprocess.check_output([sys.executable, "-c", script], text=True))
     assert grown < 0.25, f"writing grew the peak by {grown:.2f} tables"
+
+
+def test_unsigned_64_bit_ids_survive_a_file_and_old_files_read_the_same(tmp_path):
+    """Flower's node ids span [0, 2^64): kept as int64 of the same bits, read back unchanged
+    (through a safetensors file); an int64 tensor of small ids (an older checkpoint) reads as
+    it was; an id outside the range is refused, naming it."""
+    ids = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 12128749746587692147]
+    write_tensors(tmp_path / "ids.safetensors", {"nodes": unsigned_ids_tensor(ids)})
+    assert unsigned_ids(load_file(tmp_path / "ids.safetensors")["nodes"]) == ids
+    assert unsigned_ids(torch.tensor([100, 7], dtype=torch.int64)) == [100, 7]
+    assert unsigned_ids(unsigned_ids_tensor([])) == []
+    for bad in (-1, 2**64):
+        with pytest.raises(ValueError, match=f"node id {bad} is not an unsigned 64-bit"):
+            unsigned_ids_tensor([bad])

@@ -460,8 +460,8 @@ def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.note) -> Confi
     )
     if data.path is not None and not DATASETS[data.name].reads_path:
         raise ConfigError(
-            f"data.path = {data.path!r} is not read: dataset {data.name!r} is generated, not "
-            "read from files; remove data.path"
+            f"data.path = {data.path!r} is not read: dataset {data.name!r} is generated, or "
+            "names its files in its own keys; remove data.path"
         )
     config = Config(
         data=dataclasses.replace(data, options=options),

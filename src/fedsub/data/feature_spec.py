@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -445,3 +445,51 @@ def dataset_of_nodes(spec: FeatureSpec, nodes: list[NodeFiles]) -> FederatedData
         [train for train, _ in parts],
         SampleSet.concat([held_out for _, held_out in parts]),
     )
+
+
+@dataclass(frozen=True)
+class NodesOptions:
+    """``data.name = "nodes"``: a Flower deployment's node-local data as one in-process
+    dataset (client k = the node of ``partition-id`` k; every node's held-out samples pooled
+    as the test set), so ``fedsub run`` gives the in-process reference of the deployment."""
+
+    feature_spec: str = ""
+    """The run's feature spec, the JSON file the ServerApp and every node hold (run config
+    `feature-spec`)."""
+    files: list[str] = field(default_factory=list)
+    """Each node's data file (its node config's `data-file`), in partition-id order."""
+    eval_files: list[str] = field(default_factory=list)
+    """Each node's `eval-file` (`""`: none), in the same order; `[]`: no node has one."""
+    eval_fraction: float = field(default=0.0, metadata={"min": 0.0, "max": 0.99})
+    """The share of each data file's rows held out (the nodes' `eval-fraction`)."""
+    eval_seeds: list[int] = field(default_factory=list)
+    """Each node's `eval-seed`, in the same order; `[]`: every node's is 0 (the default)."""
+
+
+def load_nodes(options: NodesOptions) -> FederatedDataset:
+    """The dataset of ``options`` (``dataset_of_nodes`` over its files and spec); paths are
+    relative to the current folder. Lists of the wrong length are refused, naming them."""
+    if not options.feature_spec or not options.files:
+        raise DataError(
+            'data.name = "nodes" needs data.feature_spec (the run\'s spec) and data.files '
+            "(each node's data-file, in partition-id order)"
+        )
+    count = len(options.files)
+    for name, values in (("eval_files", options.eval_files), ("eval_seeds", options.eval_seeds)):
+        if values and len(values) != count:
+            raise DataError(
+                f"data.{name} has {len(values)} entries, data.files {count}: give one per node "
+                "(or none)"
+            )
+    evals = options.eval_files or [""] * count
+    seeds = options.eval_seeds or [0] * count
+    nodes = [
+        NodeFiles(
+            Path(data).expanduser().absolute(),
+            Path(held).expanduser().absolute() if held else None,
+            0.0 if held else options.eval_fraction,
+            seed,
+        )
+        for data, held, seed in zip(options.files, evals, seeds, strict=True)
+    ]
+    return dataset_of_nodes(read_spec(options.feature_spec), nodes)

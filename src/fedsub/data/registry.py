@@ -12,6 +12,7 @@ from fedsub import plugins
 from fedsub.data import (
     amazon,
     cifar,
+    feature_spec,
     images,
     li_quadratic,
     movielens,
@@ -91,6 +92,12 @@ _BUILT_IN: dict[str, DatasetSpec] = {
         table.TableOptions,
         lambda options, path, seed: table.load(options, path, seed),
         "your own CSV / Parquet: one row per sample, client and label columns",
+    ),
+    "nodes": DatasetSpec(
+        feature_spec.NodesOptions,
+        lambda options, path, seed: feature_spec.load_nodes(options),
+        "a Flower deployment's node-local files read with its feature spec (one client each)",
+        reads_path=False,
     ),
     "synthetic-li": DatasetSpec(
         synthetic_li.SyntheticLiOptions,

@@ -18,7 +18,6 @@ the population without asking the nodes again.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -27,9 +26,8 @@ import torch
 
 from fedsub.data.federated import ClientSizes
 from fedsub.data.ragged import Ragged
+from fedsub.files.tensor_files import unsigned_ids, unsigned_ids_tensor
 from fedsub.submodel.index import SubmodelIndex
-
-LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -51,15 +49,6 @@ class Registration:
         )
 
 
-def _signed(nodes: list[int]) -> torch.Tensor:
-    """Flower's node ids are unsigned 64-bit: stored as int64 with the same bits."""
-    return torch.from_numpy(np.array(nodes, dtype=np.uint64).view(np.int64))
-
-
-def _unsigned(tensor: torch.Tensor) -> list[int]:
-    return [int(n) for n in tensor.numpy().view(np.uint64)]
-
-
 class Membership:
     """The registered clients by partition, their nodes, and the nodes dropped this run."""
 
@@ -75,8 +64,6 @@ class Membership:
         waits for the next refresh only when its data differ from those counted."""
         k = registration.partition
         before = self.registered.get(k)
-        if before is not None and before.node != registration.node:
-            LOG.info("partition %d: node %d replaces node %d", k, registration.node, before.node)
         self.registered[k] = registration
         self.dropped.discard(registration.node)  # it answered: alive again
         if before is not None and k in self.counted and not before.same_data(registration):
@@ -135,10 +122,10 @@ class Membership:
         regs = [self.registered[k] for k in partitions]
         tensors = {
             "partitions": torch.tensor(partitions, dtype=torch.int64),
-            "nodes": _signed([r.node for r in regs]),
+            "nodes": unsigned_ids_tensor([r.node for r in regs]),
             "examples": torch.tensor([r.examples for r in regs], dtype=torch.int64),
             "counted": torch.tensor(self.counted, dtype=torch.int64),
-            "dropped": _signed(sorted(self.dropped)),
+            "dropped": unsigned_ids_tensor(sorted(self.dropped)),
         }
         for t in self.tables:
             rows = Ragged.from_lists([r.rows.get(t, np.zeros(0, dtype=np.int64)) for r in regs])
@@ -151,7 +138,7 @@ class Membership:
         if missing:
             raise ValueError(f"the population has no rows of table(s) {', '.join(missing)}")
         partitions = tensors["partitions"].tolist()
-        nodes, examples = _unsigned(tensors["nodes"]), tensors["examples"].tolist()
+        nodes, examples = unsigned_ids(tensors["nodes"]), tensors["examples"].tolist()
         registered = {}
         for j, k in enumerate(partitions):
             rows = {}
@@ -161,7 +148,7 @@ class Membership:
             registered[k] = Registration(k, nodes[j], examples[j], rows)
         self.registered = registered
         self.counted = tensors["counted"].tolist()
-        self.dropped = set(_unsigned(tensors["dropped"]))
+        self.dropped = set(unsigned_ids(tensors["dropped"]))
 
 
 class PositionNodes(Mapping[int, int]):

@@ -11,6 +11,11 @@ refuses shared storage). A CUDA tensor is copied to the host by safetensors, one
 ``save_file`` creates its file private (0600) whatever the umask says; the file gets the mode
 the user's umask gives a new file (as ``atomic_files``' files do), read off an empty file this
 module creates first, and the data are flushed to disk before the file is published.
+
+Flower's node ids are unsigned 64-bit integers (half of them at or above 2^63): torch and
+safetensors have no uint64 to keep them in, so ``unsigned_ids_tensor`` stores them as int64
+with the same bits and ``unsigned_ids`` reads them back (every checkpoint stage that keeps
+node ids goes through the two).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
@@ -71,3 +77,18 @@ def _save(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def unsigned_ids_tensor(ids: list[int] | tuple[int, ...]) -> torch.Tensor:
+    """Unsigned 64-bit ids (Flower's node ids) as an int64 tensor of the same bits; a
+    ``ValueError`` naming the id for one outside [0, 2^64)."""
+    for i in ids:
+        if not 0 <= int(i) < 2**64:
+            raise ValueError(f"node id {i} is not an unsigned 64-bit integer")
+    return torch.from_numpy(np.array([int(i) for i in ids], dtype=np.uint64).view(np.int64))
+
+
+def unsigned_ids(tensor: torch.Tensor) -> list[int]:
+    """The unsigned 64-bit ids ``unsigned_ids_tensor`` stored (an int64 tensor; one written
+    before ids were stored this way holds ids below 2^63, which read back the same)."""
+    return [int(i) for i in tensor.numpy().astype(np.int64, copy=False).view(np.uint64)]

@@ -25,6 +25,7 @@ from typing import cast
 
 import torch
 from flwr.app import Context
+from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
@@ -32,7 +33,7 @@ from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive
 from fedsub.engine.round_records import RoundsFailed, run_costs
-from fedsub.engine.server_round import Diverged
+from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.files.atomic_files import TEMP_PATTERN
 from fedsub.files.json_values import dumps
@@ -92,9 +93,30 @@ def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        one_line_errors()
         _serve(grid, settings_of(fixed, context))
 
     return app
+
+
+class OneLineErrors(logging.Filter):
+    """Flower logs a ServerApp's exception with its traceback ("ServerApp raised an
+    exception"); a ``FedsubError`` (a config the ServerApp refuses, a run that failed) is the
+    operator's, not a bug: it becomes one ``fedsub: error: ...`` line, as the CLI prints it.
+    Flower still marks the run failed with the error's text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, FedsubError):
+            record.msg, record.args = "fedsub: error: %s", (str(error),)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def one_line_errors() -> None:
+    """Install ``OneLineErrors`` on Flower's logger (once per process)."""
+    if not any(isinstance(f, OneLineErrors) for f in FLOWER_LOGGER.filters):
+        FLOWER_LOGGER.addFilter(OneLineErrors())
 
 
 def _serve(grid: Grid, settings: FlowerSettings) -> None:
@@ -116,17 +138,56 @@ def _serve(grid: Grid, settings: FlowerSettings) -> None:
         control = run_control(settings, run, stamp)
         runtime = _runtime(grid, settings, run, start, name)
         failure: Diverged | RoundsFailed | None = None
-        progress = None
+        progress, rounds = None, None
+        # after its first round a run keeps what it wrote whatever happens next (run.json,
+        # progress.jsonl, checkpoints), as `fedsub run` does: files/run_folder.py's Claim
+        trained = (lambda r: claim.training_started()) if claim is not None else None
         try:
-            progress = drive(runtime.open(control), runtime, runtime.schedule, control)
+            rounds = runtime.open(control)
+            progress = drive(rounds, runtime, runtime.schedule, control, on_round=trained)
         except (Diverged, RoundsFailed) as error:  # the run fails; the result says why
             failure = error
+        except Exception as error:
+            if claim is not None and claim.trained:
+                LOG.error("%s", stopped_line(error, settings, runtime, rounds))
+            raise
         if claim is not None:  # a result to keep, even a failure's
             claim.training_started()
         if out := settings.output.out_dir:
             write_result(Path(out), runtime, progress, failure)
         if failure is not None:  # the ServerApp exits with an error: the run did not succeed
-            raise FedsubError(f"Flower: {failure}") from failure
+            # nodes that failed may be back: a resume retries; a diverged run would again
+            hint = resume_hint(settings, rounds) if isinstance(failure, RoundsFailed) else ""
+            raise FedsubError(f"Flower: {failure}{hint}") from failure
+
+
+def resume_hint(settings: FlowerSettings, rounds: ServerRound | None) -> str:
+    """How to continue a run that stopped: from its newest checkpoint, if it wrote one."""
+    output = settings.output
+    saved = rounds.last_checkpoint if rounds is not None else None
+    if not output.out_dir:
+        return ""
+    if saved is None:
+        none = " (checkpoint-every = 0)" if not output.checkpoint_every else ""
+        return (
+            f"; {output.out_dir} keeps what the run wrote, but no checkpoint to resume "
+            f"from{none}: start again with overwrite = true"
+        )
+    return (
+        f"; {output.out_dir} keeps what the run wrote: to continue after its newest "
+        f"checkpoint ({saved.name}), run `flwr run` again with the same run config and "
+        "resume=true"
+    )
+
+
+def stopped_line(
+    error: Exception, settings: FlowerSettings, runtime: FlowerRuntime, rounds: ServerRound | None
+) -> str:
+    """The line a run that stopped after training began logs before its error: the last
+    round it finished, that nothing it wrote is lost, and how to resume."""
+    done = runtime.rounds[-1]["round"] if runtime.rounds else 0
+    what = f"{type(error).__name__}: {error}"
+    return f"fedsub: the run stopped after round {done} ({what}){resume_hint(settings, rounds)}"
 
 
 def _runtime(
@@ -161,6 +222,7 @@ def _runtime(
         query,
         observers,
         server_test,
+        partitions=run.num_clients,
     )
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import time
+from logging import ERROR
 from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log as flwr_log
 
 from fedsub.client.transforms import Chain
 from fedsub.engine.sequential import train_submodel
@@ -36,9 +38,25 @@ def settings_of(fixed: FlowerSettings | None, context: Context) -> FlowerSetting
     return fixed if fixed is not None else FlowerSettings.from_run_config(dict(context.run_config))
 
 
+class NodeDataError(FedsubError):
+    """This node's data could not be read: what the server is told (the partition id and the
+    kind of error, never the node's paths or values; the node's own log has the whole error)."""
+
+
 def _own_data(fixed: FlowerSettings | None, context: Context) -> NodeData:
-    """This node's data (for protocol stages: its spec was checked when it registered)."""
-    return node_data(settings_of(fixed, context), node_config_items(dict(context.node_config)))
+    """This node's data (for protocol stages: its spec was checked when it registered). An
+    error reading it is logged here in full and reaches the server as a ``NodeDataError``
+    (Flower sends the text of a ClientApp's exception to the ServerApp's log)."""
+    settings = settings_of(fixed, context)  # the run's config: the server's, not the node's
+    try:
+        return node_data(settings, node_config_items(dict(context.node_config)))
+    except (FedsubError, OSError, ValueError) as error:
+        partition = str(context.node_config.get("partition-id", "?"))[:20]
+        flwr_log(ERROR, "fedsub: this node's data cannot be read: %s", error)
+        raise NodeDataError(
+            f"partition-id={partition}: its data cannot be read ({type(error).__name__}); "
+            "the node's log says why"
+        ) from None
 
 
 def _node(fixed: FlowerSettings | None, context: Context, message: Message) -> NodeData:

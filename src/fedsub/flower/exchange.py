@@ -10,6 +10,12 @@ delays the next wave's pickup on the nodes.)
 Every place fedsub waits for replies (flower/server_runtime.py, flower/heat_exchange.py and
 what calls it) goes through it; flower/joining.py's registrations are pushed and pulled
 separately, as they must not hold a round up.
+
+When a node cannot answer (it stopped sending heartbeats, or left and its messages were
+deleted), the SuperLink answers in its place: an error reply whose sender is the SuperLink's
+own id (1) and whose ``reply_to_message_id`` names the message. ``attributed`` gives such a
+reply the node it stands for, with a short reason saying the SuperLink wrote it, so that
+every reader names the node (not "node 1") and counts its message as answered.
 """
 
 from __future__ import annotations
@@ -19,10 +25,36 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from flwr.app import Message
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 
 FIRST_POLL = 0.05  # seconds before the first pull: a fast node may already have replied
 MAX_POLL = 0.2  # the longest pause between two pulls
 GROWTH = 1.5  # each pause is this much longer than the last, up to MAX_POLL
+
+
+# the SuperLink's own errors, said shortly (Flower's reasons run to three lines)
+SUPERLINK_ERRORS = {
+    ErrorCode.NODE_UNAVAILABLE: "node unavailable (no heartbeat)",
+    ErrorCode.MESSAGE_UNAVAILABLE: "message unavailable (the node left, or it expired)",
+    ErrorCode.REPLY_MESSAGE_UNAVAILABLE: "its reply expired",
+}
+
+
+def from_superlink(reply: Message) -> bool:
+    """Whether ``reply`` is an error the SuperLink wrote (not the node's)."""
+    return reply.has_error() and reply.metadata.src_node_id == SUPERLINK_NODE_ID
+
+
+def attributed(reply: Message, node: int) -> Message:
+    """``reply`` to a message sent to ``node``: an error the SuperLink wrote in the node's
+    place (``from_superlink``) is given ``node`` as its sender and the reason "the SuperLink:
+    <what>"; any other reply is returned as it is."""
+    if from_superlink(reply) and node != SUPERLINK_NODE_ID:
+        error = reply.error
+        what = SUPERLINK_ERRORS.get(error.code, f"error {error.code}: {error.reason}")
+        reply.metadata.__dict__["_src_node_id"] = node
+        error.__dict__["_reason"] = f"the SuperLink: {what}"
+    return reply
 
 
 class PushPullGrid(Protocol):
@@ -56,8 +88,11 @@ def exchange(
     pause = FIRST_POLL
     while waiting:  # a first pull at once: a grid in process (a test's) has answered already
         for reply in grid.pull_messages(sorted(waiting)):
-            replies.append(reply)
-            waiting.discard(reply.metadata.reply_to_message_id)
+            asked = reply.metadata.reply_to_message_id
+            if asked not in waiting:  # not one of ours, or answered already
+                continue
+            replies.append(attributed(reply, node_of[asked]))
+            waiting.discard(asked)
         if waiting and meanwhile is not None:
             given_up = set(meanwhile())
             waiting = {i for i in waiting if node_of[i] not in given_up}

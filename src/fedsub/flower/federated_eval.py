@@ -84,7 +84,18 @@ class FederatedEvaluation:
                     reply.error.reason,
                 )
                 continue
-            reports.append(record_of(reply.content, "metrics", MetricRecord))
+            try:  # a node's garbage leaves its samples out, never stops the run
+                report = record_of(reply.content, "metrics", MetricRecord)
+                self.combine([report])
+            except FedsubError as error:
+                LOG.warning(
+                    "round %d: evaluation on node %d left out: %s",
+                    server_round,
+                    reply.metadata.src_node_id,
+                    error,
+                )
+                continue
+            reports.append(report)
         return self.combine(reports)
 
     def combine(self, reports: list[MetricRecord]) -> dict[str, float]:

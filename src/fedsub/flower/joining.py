@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from logging import INFO
 
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 
 from fedsub.engine.membership import Membership, Registration
 from fedsub.errors import FedsubError
+from fedsub.flower.exchange import attributed
+from fedsub.flower.federated_eval import EVAL_INDEX
 from fedsub.flower.heat_exchange import Recorder
-from fedsub.flower.records import number_of, query_message, record_of, rows_in
+from fedsub.flower.records import count_of, query_message, record_of, rows_in
 
 LOG = logging.getLogger("fedsub")
 NEWCOMERS_EVERY = 1.0  # seconds between two looks for new nodes while a round waits
@@ -33,14 +37,16 @@ class Joining:
         query: dict[str, int | str],
         min_nodes: int,
         node_wait: float,
-        on_registered: Callable[[Registration, RecordDict], None],
+        on_registered: Callable[[Registration, RecordDict, Registration | None], None],
         on_reply: Recorder | None = None,
     ) -> None:
         self.membership = membership
         # what the query asks ("index", or "partition" with a private heat source) and what
         # else it carries (the run's feature spec); on_reply sees every answer (a transcript)
         self.query, self.on_reply = query, on_reply
+        self.exact = query.get("what", "index") == "index"  # S(k) and counts registered
         self.min_nodes = min_nodes
+        self.partitions = 0  # the partitions the run expects (0: min_nodes of them)
         self.node_wait = node_wait
         self.on_registered = on_registered
         self.joined = False  # min_nodes registered once
@@ -53,6 +59,8 @@ class Joining:
         # answers pulled (maybe while a round waited for its replies), until the next update
         self.arrived: list[tuple[Registration, RecordDict]] = []
         self.failed: list[int] = []
+        self.round = 1  # the round about to run (set by the runtime): what the log lines name
+        self.online: set[int] = set()  # the nodes online at the last update
 
     def update(self, grid: Grid) -> set[int]:
         """Ask the nodes that came online since the last round to register (new clients and
@@ -61,14 +69,19 @@ class Joining:
         deadline = time.monotonic() + self.node_wait
         while True:
             online = set(grid.get_node_ids())
+            self._log_comings_and_goings(online)
             self.membership.forget_offline(online)
-            self._ask(grid, self._not_asked(online) + sorted(self.to_probe - self._awaiting()))
+            # a node left out is asked again if it is online (offline, its question would
+            # only come back from the SuperLink as unavailable)
+            probe = (self.to_probe & online) - self._awaiting()
+            self._ask(grid, self._not_asked(online) + sorted(probe))
             self.to_probe.clear()
             self._pull(grid)
             for registration, content in self.arrived:
+                before = self.membership.registered.get(registration.partition)
                 self.membership.register(registration)  # also readmits a dropped node
                 self.answered.add(registration.node)
-                self.on_registered(registration, content)
+                self.on_registered(registration, content, before)
             for node in self.failed:
                 self.membership.drop(node)
             self.arrived, self.failed = [], []
@@ -76,12 +89,36 @@ class Joining:
                 self.joined = True
                 return online
             if time.monotonic() > deadline:
+                registered = sorted(self.membership.registered)
+                missing = sorted(set(range(self.partitions or self.min_nodes)) - set(registered))
                 raise FedsubError(
                     f"Flower: {len(self.answered)} node(s) registered (of "
                     f"{len(online)} online) within node-wait = {self.node_wait:g} s; "
-                    f"min-nodes = {self.min_nodes}"
+                    f"min-nodes = {self.min_nodes}; partition(s) missing: "
+                    f"{_listed(missing)} (registered: {_listed(registered)}); each node's "
+                    "failure, if it answered one, is logged above as 'registration: node ...'"
                 )
             time.sleep(0.2)
+
+    def _log_comings_and_goings(self, online: set[int]) -> None:
+        """One line per registered node that went offline or came back since the last
+        update (a node's first appearance is its registration's line)."""
+        partition = {r.node: k for k, r in self.membership.registered.items()}
+        for node in sorted((self.online - online) & partition.keys()):
+            flwr_log(
+                INFO,
+                "fedsub: node %d (partition %d) went offline before round %d: not sampled "
+                "while it is away",
+                node,
+                partition[node],
+                self.round,
+            )
+        for node in sorted((online - self.online) & partition.keys() & self.answered):
+            if self.online:  # not the first look
+                flwr_log(
+                    INFO, "fedsub: node %d (partition %d) is online again", node, partition[node]
+                )
+        self.online = online
 
     def leave_out(self, node: int) -> None:
         """A node that did not reply: not sampled until it answers a registration question
@@ -125,29 +162,54 @@ class Joining:
         if not self.pending:
             return []
         answers = []
+        node_of = {message: node for node, message in self.pending.items()}
         for reply in grid.pull_messages(list(self.pending.values())):
-            node = reply.metadata.src_node_id
-            self.pending.pop(node, None)
+            node = node_of.get(reply.metadata.reply_to_message_id)
+            if node is None or node not in self.pending:  # not a question of ours (any more)
+                continue
+            reply = attributed(reply, node)  # the SuperLink's answer for a node that is gone
+            del self.pending[node]
             if reply.has_error():
-                LOG.warning("query: node %d failed: %s", node, reply.error.reason)
+                LOG.warning("registration: node %d failed: %s", node, reply.error.reason)
                 self.failed.append(node)
                 continue
             if self.on_reply is not None:
                 self.on_reply(node, "query", reply.content)
-            answers.append((registration_of(reply), reply.content))
+            try:
+                registration = registration_of(
+                    reply, self.membership.tables, self.partitions or None, self.exact
+                )
+                answers.append((registration, reply.content))
+            except FedsubError as error:  # garbage: left out as a node that failed
+                LOG.warning("registration: node %d: %s; left out", node, error)
+                self.failed.append(node)
         self.arrived += answers
         return [registration for registration, _ in answers]
 
 
-def registration_of(reply: Message) -> Registration:
+def registration_of(
+    reply: Message, tables: Mapping[str, int], partitions: int | None = None, exact: bool = True
+) -> Registration:
     """A node's answer to the query: ``metrics`` partition-id / num-examples, ``index``
-    rows.<table>; a node whose heat source is private answers its partition only (no rows,
-    no sample count: its heat goes by the private exchange)."""
+    rows.<table>; with a private heat source (not ``exact``) a node answers its partition
+    only (no rows, no sample count: its heat goes by the private exchange). Checked: a
+    partition id >= 0 (below ``partitions`` when given), a count >= 0, row ids of every one
+    of the model's ``tables`` (name -> rows); a ``FedsubError`` otherwise."""
     metrics = record_of(reply.content, "metrics", MetricRecord)
-    partition = int(number_of(metrics, "partition-id"))
-    if "index" not in reply.content:
+    partition = count_of(metrics, "partition-id", partitions)
+    if not exact:
         return Registration(partition, reply.metadata.src_node_id, 0, {})
-    rows = rows_in(record_of(reply.content, "index", ArrayRecord))
-    return Registration(
-        partition, reply.metadata.src_node_id, int(number_of(metrics, "num-examples")), rows
-    )
+    rows = rows_in(record_of(reply.content, "index", ArrayRecord), tables)
+    if missing := sorted(set(tables) - set(rows)):
+        raise FedsubError(f"its registration names no rows of table(s) {missing}")
+    if EVAL_INDEX in reply.content:  # the rows its evaluation reads: checked alike
+        rows_in(record_of(reply.content, EVAL_INDEX, ArrayRecord), tables)
+    examples = count_of(metrics, "num-examples")
+    return Registration(partition, reply.metadata.src_node_id, examples, rows)
+
+
+def _listed(values: list[int], most: int = 20) -> str:
+    """``values`` as a list, the first ``most`` of a longer one and how many more."""
+    if len(values) <= most:
+        return str(values)
+    return f"{str(values[:most])[:-1]}, ... ({len(values) - most} more)]"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
@@ -15,6 +16,15 @@ from fedsub.errors import FedsubError
 from fedsub.submodel.params import Params
 
 AnyRecord = TypeVar("AnyRecord", ArrayRecord, MetricRecord, ConfigRecord)
+
+
+def tensors_of(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """``record``'s arrays as tensors; a ``FedsubError`` when they cannot be read (a message
+    from another node may hold any bytes)."""
+    try:
+        return dict(record.to_torch_state_dict())
+    except Exception as error:  # numpy's and torch's errors on bytes that are no array
+        raise FedsubError(f"its arrays cannot be read ({type(error).__name__})") from None
 
 
 def submodel_record(rows: dict[str, torch.Tensor], submodel: Params) -> ArrayRecord:
@@ -38,7 +48,7 @@ def deltas_record(table_deltas: dict[str, torch.Tensor], dense_deltas: dict[str,
 
 
 def read_deltas(record: ArrayRecord) -> Params:
-    return Params.from_state_dict(record.to_torch_state_dict())
+    return Params.from_state_dict(tensors_of(record))
 
 
 def rows_record(rows: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
@@ -46,10 +56,24 @@ def rows_record(rows: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
     return ArrayRecord({f"rows.{t}": torch.as_tensor(r) for t, r in rows.items()})
 
 
-def rows_in(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """The row ids per table of a ``rows_record``."""
-    flat = record.to_torch_state_dict()
-    return {k[len("rows.") :]: v.numpy().astype(np.int64) for k, v in flat.items()}
+def rows_in(record: ArrayRecord, tables: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """The row ids per table of a ``rows_record``; with ``tables`` (name -> rows) checked:
+    a known table's, 1-d integers, row ids below its rows (a ``FedsubError`` otherwise)."""
+    flat = tensors_of(record)
+    if tables is not None and (other := sorted(k for k in flat if not k.startswith("rows."))):
+        raise FedsubError(f"its rows record holds {[k[:40] for k in other[:5]]}, not rows.*")
+    rows = {k[len("rows.") :]: v for k, v in flat.items()}
+    if tables is not None:
+        for table, r in rows.items():
+            if table not in tables:
+                raise FedsubError(f"its rows name table {table[:40]!r}, not one of the model's")
+            if r.ndim != 1 or r.is_floating_point() or r.dtype == torch.bool:
+                raise FedsubError(f"its rows of table {table!r} are not a list of row ids")
+            if len(r) and not 0 <= int(r.min()) <= int(r.max()) < tables[table]:
+                raise FedsubError(
+                    f"its rows of table {table!r} are not row ids below {tables[table]}"
+                )
+    return {t: v.numpy().astype(np.int64) for t, v in rows.items()}
 
 
 def reply_row_ids(reply: Message, tables: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -57,7 +81,7 @@ def reply_row_ids(reply: Message, tables: Iterable[str]) -> dict[str, torch.Tens
     tensors; a ``FedsubError`` saying what is wrong otherwise."""
     if "index" not in reply.content:
         raise FedsubError("its reply names no rows")
-    index = record_of(reply.content, "index", ArrayRecord).to_torch_state_dict()
+    index = tensors_of(record_of(reply.content, "index", ArrayRecord))
     rows = {}
     for table in tables:
         r = index.get(f"rows.{table}")
@@ -75,6 +99,8 @@ def query_message(node: int, asked: Mapping[str, ConfigRecordValues], group: int
 
 def record_of(content: RecordDict, key: str, kind: type[AnyRecord]) -> AnyRecord:
     """``content[key]``, checked to be a ``kind``: a message from another node may hold any."""
+    if key not in content:
+        raise FedsubError(f"Flower: the message has no {key!r} record")
     record = content[key]
     if not isinstance(record, kind):
         raise FedsubError(
@@ -85,7 +111,28 @@ def record_of(content: RecordDict, key: str, kind: type[AnyRecord]) -> AnyRecord
 
 def number_of(record: MetricRecord | ConfigRecord, key: str) -> int | float:
     """``record[key]``, checked to be one number (not a list, text or flag)."""
+    if key not in record:
+        raise FedsubError(f"Flower: the message has no {key!r}")
     value = record[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise FedsubError(f"Flower: the message's {key!r} is {value!r}, expected a number")
+        raise FedsubError(f"Flower: the message's {key!r} is {_short(value)}, expected a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FedsubError(f"Flower: the message's {key!r} is {value!r}, expected a finite number")
     return value
+
+
+def count_of(record: MetricRecord | ConfigRecord, key: str, below: int | None = None) -> int:
+    """``record[key]``, checked to be a whole number >= 0 (and < ``below``)."""
+    value = number_of(record, key)
+    if value != int(value) or value < 0 or (below is not None and value >= below):
+        bound = f" below {below}" if below is not None else ""
+        raise FedsubError(
+            f"Flower: the message's {key!r} is {value!r}, expected a whole number >= 0{bound}"
+        )
+    return int(value)
+
+
+def _short(value: object) -> str:
+    """``value``'s repr, cut to 60 characters (a reply may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."

@@ -6,7 +6,7 @@ the clients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 from fedsub.config import Config
@@ -15,7 +15,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine.schedule import Schedule
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.base import Model
-from fedsub.runs.run_setup import checked_model, dp_of, load_data, model_of, schedule_of
+from fedsub.runs.run_setup import checked_model, load_data, model_of, schedule_of
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class Federation:
 def federation(settings: FlowerSettings) -> Federation:
     config = settings.fedsub_config()
     dataset = load_data(config)
-    return Federation(config, dataset, checked_model(config, dataset), schedule_of(config))
+    schedule = schedule_of(config, dataset.num_clients)  # [dp] resolved, as run_model's
+    return Federation(config, dataset, checked_model(config, dataset), schedule)
 
 
 @dataclass(frozen=True)
@@ -68,5 +69,5 @@ def run_model(settings: FlowerSettings) -> RunModel:
     else:
         fed = federation(settings)
         model, clients = fed.model, fed.dataset.num_clients
-    schedule = replace(schedule_of(config), dp=dp_of(config, clients))
+    schedule = schedule_of(config, clients)
     return RunModel(config, model, schedule, clients, spec)

@@ -88,6 +88,7 @@ class FlowerRuntime:
         query: dict[str, int | str] | None = None,
         observers: Observers | None = None,
         server_test: Callable[[Params], dict[str, float]] | None = None,
+        partitions: int = 0,
     ) -> None:
         self.grid, self.params, self.served = grid, params, served
         # the loop evaluates every eval-every rounds (0: none, the last round asks, gets none)
@@ -113,6 +114,9 @@ class FlowerRuntime:
             self._registered,
             self.observers.transcript,
         )
+        # the partitions the run expects (0: min-nodes of them): a registration naming
+        # another is refused, and round 1's wait names those missing
+        self.joining.partitions = partitions
         downloading = downloads_privately(schedule.privacy)
         # a round asks its sampled nodes for their rows: a private heat source (no S(k)
         # registered), or a private download (their requests; exact heat under [dp] at levels
@@ -157,6 +161,7 @@ class FlowerRuntime:
     def available(self, round_index: int, rounds: ServerRound) -> np.ndarray:
         """The clients whose node is online and answering, after this round's registrations
         (and a refresh of the coefficients when due: exact heat, no [dp])."""
+        self.joining.round = round_index
         online = self.joining.update(self.grid)
         due = (round_index - 1) % self.settings.nodes.heat_refresh_every == 0
         # under [dp] the population counted at round 1 stays (the accountant's sampling rate
@@ -170,10 +175,50 @@ class FlowerRuntime:
         self._available = len(available)
         return available
 
-    def _registered(self, registration: Registration, content: RecordDict) -> None:
+    def _registered(
+        self, registration: Registration, content: RecordDict, before: Registration | None
+    ) -> None:
         if self.private:  # a new node: ask its rows; its evaluation gets the whole model
             self.sampled.forget(registration.partition)
         self.evaluation.learn(registration.partition, None if self.private else content)
+        # Flower's logger, as the round lines: what `flwr run --stream` and `flwr log` show
+        flwr_log(INFO, "fedsub: %s", self._membership_line(registration, before))
+
+    def _membership_line(self, registration: Registration, before: Registration | None) -> str:
+        """One line for a registration: who registered or took over which partition, and
+        from which round it counts (the heat coefficients' policy: docs/tutorials/flower.md,
+        "Elastic membership")."""
+        node, k, r = registration.node, registration.partition, self.joining.round
+        fixed = self.private or self.schedule.dp is not None  # the population of round 1 stays
+        every, last = self.settings.nodes.heat_refresh_every, self.schedule.rounds
+        refresh = r + (-(r - 1)) % every  # the first refresh at or after round r
+        if not self.joining.joined:  # before round 1: everyone counts from round 1 (or resumed)
+            return f"node {node} registered partition {k}"
+        if before is None or (k not in self.membership.counted and before.node == node):
+            if fixed:
+                why = "[dp]" if self.schedule.dp is not None else "a private heat source"
+                return (
+                    f"node {node} registered partition {k}, a new client: not sampled in this "
+                    f"run (under {why} the population counted at round 1 stays)"
+                )
+            if refresh > last:
+                return (
+                    f"node {node} registered partition {k}, a new client: not sampled in this "
+                    f"run (the heat is next rebuilt at round {refresh}, after the last)"
+                )
+            return (
+                f"node {node} registered partition {k}, a new client: counted and sampled "
+                f"from round {refresh} (heat-refresh-every = {every})"
+            )
+        counted = k in self.membership.counted  # not: its data changed since they were counted
+        when = f"from round {r}" if counted else f"from round {refresh}, with its new data"
+        if counted or not fixed:
+            when = when if counted or refresh <= last else "not again in this run"
+        else:
+            when = "not again in this run: its data differ from those counted at round 1"
+        if before.node != node:
+            return f"partition {k}: node {node} takes over from node {before.node}, sampled {when}"
+        return f"node {node} (partition {k}) answered again: sampled {when}"
 
     def _algorithm(self) -> tuple[Algorithm, Population]:
         """The algorithm over the counted population (heat n_m, N, sample counts). With a
@@ -282,13 +327,14 @@ class FlowerRuntime:
             self.timeout,
             lambda: self.joining.ask_newcomers(self.grid),
         )
-        updates, received = self._read(r, replies, sent_to)
+        updates, received = self._read(r, replies, sent_to, params)
         return self._cohort_update(plan, updates, nodes, sent, received)
 
     def _read(
-        self, r: int, replies: Iterable[Message], sent_to: dict[int, int]
+        self, r: int, replies: Iterable[Message], sent_to: dict[int, int], params: Params
     ) -> tuple[dict[int, ClientUpdate], int]:
-        """The updates of the replies that can be read, by cohort position, and their bytes."""
+        """The updates of the replies that can be read and fit ``params`` (the model the
+        round sent), by cohort position, and their bytes; any other is left out, logged."""
         updates: dict[int, ClientUpdate] = {}
         received = 0
         for reply in replies:
@@ -302,11 +348,19 @@ class FlowerRuntime:
             if client is None:
                 LOG.warning("round %d: unexpected reply from node %d", r, node)
                 continue
+            partition = self.membership.counted[client]
+            if client in updates:
+                LOG.warning("round %d: node %d: a second reply; left out", r, node)
+                continue
             try:
-                partition = self.membership.counted[client]
-                updates[client], size = self.reader.update(reply, client, partition)
+                examples = self.membership.registered[partition].examples
+                updates[client], size = self.reader.update(
+                    reply, client, partition, params, examples, r
+                )
             except FedsubError as error:  # left out, like a node that failed
-                LOG.warning("round %d: node %d: %s", r, node, error)
+                LOG.warning(
+                    "round %d: node %d (partition %d): %s; left out", r, node, partition, error
+                )
                 continue
             received += size
         return updates, received

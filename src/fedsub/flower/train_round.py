@@ -17,7 +17,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from fedsub.engine.server_round import RoundPlan
 from fedsub.errors import FedsubError
 from fedsub.flower.private_download import reply_rows
-from fedsub.flower.records import number_of, read_deltas, record_of, submodel_record
+from fedsub.flower.records import (
+    count_of,
+    read_deltas,
+    record_of,
+    submodel_record,
+    tensors_of,
+)
 from fedsub.flower.settings import Payload
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import ClientUpdate, pull
@@ -59,23 +65,82 @@ class ReplyReader:
     payload: Payload
     counts_secret: bool
 
-    def update(self, reply: Message, client: int, partition: int) -> tuple[ClientUpdate, int]:
-        """The update of ``client`` (``partition``) from its reply, and the bytes of the reply's
-        arrays; a ``FedsubError`` when the reply cannot be read (the node is then left out)."""
+    def update(
+        self,
+        reply: Message,
+        client: int,
+        partition: int,
+        model: Params,
+        examples: int = 0,
+        round_index: int | None = None,
+    ) -> tuple[ClientUpdate, int]:
+        """The update of ``client`` (``partition``, which registered ``examples`` samples; 0:
+        not known) from its reply to round ``round_index``'s message, and the bytes of the
+        reply's arrays; a ``FedsubError`` saying what is wrong when the reply cannot be read
+        or does not fit ``model`` (the node is then left out of the round: a node's garbage
+        never reaches the aggregation)."""
+        group = reply.metadata.group_id
+        if round_index is not None and group != str(round_index):
+            raise FedsubError(f"a reply for round {group[:20]!r}, not round {round_index}")
         metrics = record_of(reply.content, "metrics", MetricRecord)
-        if (said := int(number_of(metrics, "partition-id"))) != partition:
+        if (said := count_of(metrics, "partition-id")) != partition:
             raise FedsubError(f"a train reply from partition {said}, sent to partition {partition}")
         deltas_in = record_of(reply.content, "arrays", ArrayRecord)
+        flat = tensors_of(deltas_in)
+        unknown = sorted(k for k in flat if not k.startswith(("table.", "dense.")))
+        if unknown:
+            raise FedsubError(f"its arrays {_names(unknown)} are not the model's")
         deltas = read_deltas(deltas_in)
-        rows = {t: r for t, r in self.rows_of(client).items() if t in deltas.tables}
+        rows = self.rows_of(client)
         if self.downloading:  # the held rows it requested
             rows = reply_rows(reply, rows, client)
-        elif self.payload == "full":  # full-size deltas: only S(k) can be non-zero
+        full = self.payload == "full" and not self.downloading
+        fits(deltas, rows, model, full)
+        if full:  # full-size deltas: only S(k) can be non-zero
             deltas = Params(
                 {t: d.index_select(0, rows[t]) for t, d in deltas.tables.items()}, deltas.dense
             )
         weight = 1.0  # at privacy full no count comes: the secure sum weights the deltas
         if not self.counts_secret:
-            weight = float(number_of(metrics, "num-examples"))
+            count = count_of(metrics, "num-examples")
+            if examples and count != examples:
+                raise FedsubError(f"num-examples {count}, but it registered {examples} samples")
+            weight = float(count)
         update = ClientUpdate(client, weight, rows, deltas.tables, deltas.dense)
         return update, deltas_in.count_bytes()
+
+
+def fits(deltas: Params, rows: dict[str, torch.Tensor], model: Params, full: bool) -> None:
+    """Check a reply's deltas against the model: every table and dense parameter of it, no
+    other; each of the model's dtype, its rows (``rows``; ``full``: the whole table) and its
+    other dimensions. A ``FedsubError`` naming the first that does not fit."""
+    for kind, given, own in (
+        ("table", deltas.tables, model.tables),
+        ("dense", deltas.dense, model.dense),
+    ):
+        if set(given) != set(own):
+            missing, extra = sorted(set(own) - set(given)), sorted(set(given) - set(own))
+            raise FedsubError(
+                f"its {kind} deltas are not the model's (missing {_names(missing)}, "
+                f"unexpected {_names(extra)})"
+            )
+        for name, delta in given.items():
+            expected = list(own[name].shape)
+            if kind == "table" and not full:
+                expected[0] = len(rows[name])
+            if list(delta.shape) != expected or delta.dtype != own[name].dtype:
+                raise FedsubError(
+                    f"its {kind} delta {name[:40]!r} is {_shape(delta)}, expected "
+                    f"{tuple(expected)} {own[name].dtype}"
+                )
+
+
+def _shape(tensor: torch.Tensor) -> str:
+    return f"{tuple(tensor.shape)} {tensor.dtype}"
+
+
+def _names(names: list[str], most: int = 5) -> str:
+    """A few names, cut short (a reply may name anything)."""
+    shown = [n[:40] for n in names[:most]]
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{shown}{more}"

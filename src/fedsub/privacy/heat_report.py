@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedsub.files.tensor_files import unsigned_ids, unsigned_ids_tensor
 from fedsub.privacy.heat_vectors import MeasuredHeat
 
 
@@ -47,7 +48,7 @@ class PrivateHeatStage:
             [measured.total_samples, float(measured.num_clients), measured.lowest_weight],
             dtype=torch.float64,
         )
-        tensors["contributors"] = torch.tensor(report.contributors, dtype=torch.int64)
+        tensors["contributors"] = unsigned_ids_tensor(report.contributors)  # Flower's: uint64
         return tensors
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -62,5 +63,5 @@ class PrivateHeatStage:
             if key.startswith("heat.")
         }
         measured = MeasuredHeat(self.source, heat, float(total), int(clients), float(lowest))
-        contributors = tuple(int(n) for n in tensors["contributors"].tolist())
+        contributors = tuple(unsigned_ids(tensors["contributors"]))
         self.report = HeatReport(measured, contributors)

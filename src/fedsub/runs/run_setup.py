@@ -140,9 +140,20 @@ def _capture(compile: str, device: torch.device) -> Compile | CudaGraphs | None:
     return CudaGraphs()
 
 
-def schedule_of(config: Config) -> Schedule:
+def schedule_of(config: Config, num_clients: int | None = None) -> Schedule:
     """The run's ``Schedule``: ``[train]``'s sizes and rates, ``[execution]``, ``[masking]``,
-    ``[privacy]`` and ``eval.every``, on this process's device."""
+    ``[privacy]`` and ``eval.every``, on this process's device; with ``num_clients`` (the
+    population) ``[dp]`` too, resolved for it (``dp_of``): the whole config, what an
+    in-process reference needs (a script training with ``schedule_of(config)`` alone runs
+    without DP). Without it the schedule has no ``[dp]``: a Flower node's, which never
+    applies the central mechanism itself."""
+    schedule = _schedule_without_dp(config)
+    if num_clients is None:
+        return schedule
+    return dataclasses.replace(schedule, dp=dp_of(config, num_clients))
+
+
+def _schedule_without_dp(config: Config) -> Schedule:
     t, m = config.train, config.masking
     # The casts: config.py types its choice fields as str and has checked each value against
     # the field's choices, which are the Literal types named here.
@@ -314,5 +325,5 @@ def prepare(
     evaluator = Evaluator.build(
         model, dataset, config.eval.train_loss_samples, config.data.seed, extra, l2
     )
-    schedule = dataclasses.replace(schedule_of(config), dp=dp_of(config, dataset.num_clients))
+    schedule = schedule_of(config, dataset.num_clients)
     return Setup(dataset, index, model, context, evaluator, schedule, heat_source)

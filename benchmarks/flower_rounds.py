@@ -1,0 +1,204 @@
+"""Where a real-process Flower round's time goes: one SuperLink and N SuperNodes on this host,
+the example app (examples/flower-fedsubavg) submitted with ``flwr run``, as an operator runs
+it (docs/tutorials/flower.md).
+
+Per round, from ``flower-result.json``: the round's wall time at the ServerApp
+(``round_seconds``), the seconds the nodes' handlers worked (``client_seconds``, summed over
+the round's messages: training, and at ``full`` the secure sum's stages), and what is left
+(``overhead``: Flower's polling, the ``flwr-clientapp`` process each message starts, its
+imports and data load, the wire); plus the time from ``flwr run`` to round 1 (the ServerApp's
+start and the registration wave). ``--warm`` starts each SuperNode with fedsub's warm
+ClientApp launcher (``fedsub.flower.warm_clientapp``: ClientApp processes forked from one
+that has flwr, torch and fedsub imported) instead of a fresh ``flwr-clientapp`` per message.
+
+    python benchmarks/flower_rounds.py [--nodes 3] [--rounds 3] [--level none|full] [--warm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "flower-fedsubavg"
+BIN = Path(sys.executable).parent
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.1)
+
+
+def port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False
+
+
+def environment(folder: Path, link: int) -> dict[str, str]:
+    """FLWR_HOME with the "bench" connection; Flower's SuperExecs poll every 0.25 s (the
+    example README's recommendation); the worktree's fedsub first on the path."""
+    home = folder / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\n'
+        f'address = "127.0.0.1:{link}"\ninsecure = true\n'
+    )
+    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(path),
+        "PYTHONUNBUFFERED": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    }
+
+
+def measure(nodes: int, rounds: int, level: str, warm: bool, folder: Path) -> dict:
+    link, *node_ports = free_ports(nodes + 1)
+    env = environment(folder, link)
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, *args: str, extra: dict | None = None) -> None:
+        log = open(folder / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+        started.append(
+            subprocess.Popen(
+                list(args),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**env, **(extra or {})},
+                cwd=folder,
+                start_new_session=True,
+            )
+        )
+
+    try:
+        start(
+            "superlink",
+            str(BIN / "flower-superlink"),
+            "--insecure",
+            "--disable-runtime-dependency-installation",
+            f"--port={link}",
+            f"--database={folder / 'state.db'}",
+        )
+        for i, port in enumerate(node_ports):
+            command = [str(BIN / "flower-supernode")]
+            extra = None
+            if warm:  # fedsub's launcher in front of flwr-clientapp (its docstring)
+                shim = folder / f"warm{i}"
+                start(
+                    f"warm{i}",
+                    sys.executable,
+                    "-m",
+                    "fedsub.flower.warm_clientapp",
+                    "serve",
+                    str(shim),
+                )
+                wait_for(lambda s=shim: (s / "flwr-clientapp").exists(), 120, "the warm launcher")
+                extra = {"PATH": f"{shim}{os.pathsep}{env['PATH']}"}
+            start(
+                f"supernode{i}",
+                *command,
+                "--insecure",
+                f"--superlink=127.0.0.1:{link}",
+                f"--port={port}",
+                "--node-config",
+                f"partition-id={i} num-partitions={nodes}",
+                extra=extra,
+            )
+        wait_for(lambda: port_open(link), 60, "the SuperLink")
+        out = folder / "out"
+        overrides = (
+            f"data.num_users={nodes}; train.rounds={rounds}; train.clients_per_round={nodes}; "
+            f"train.algorithms=['fedsubavg']; privacy.level='{level}'"
+        )
+        run_config = f'set="{overrides}" out-dir="{out}" round-timeout=600.0 eval-every=0'
+        submitted = time.monotonic()
+        submit = [str(BIN / "flwr"), "run", str(EXAMPLE), "bench", "--format", "json"]
+        result = subprocess.run(
+            [*submit, "--run-config", run_config],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(result.stdout + result.stderr)
+        wait_for(lambda: (out / "progress.jsonl").exists(), 900, "round 1")
+        first_sent = time.monotonic() - submitted
+        wait_for(lambda: (out / "flower-result.json").exists(), 1800, "the run to finish")
+        total = time.monotonic() - submitted
+    finally:
+        for process in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+    outcome = json.loads((out / "flower-result.json").read_text())
+    if not outcome["succeeded"]:
+        raise RuntimeError(json.dumps(outcome.get("failed")))
+    per_round = []
+    for record in outcome["rounds"]:
+        costs = record["costs"]
+        work = max(n["client_seconds"] for n in costs["nodes"].values())
+        per_round.append(
+            {
+                "round": record["round"],
+                "round_seconds": round(costs["round_seconds"], 3),
+                "slowest_node_work_seconds": round(work, 3),
+                "overhead_seconds": round(costs["round_seconds"] - work, 3),
+            }
+        )
+    return {
+        "nodes": nodes,
+        "rounds": rounds,
+        "level": level,
+        "warm": warm,
+        "seconds_to_round_1": round(first_sent, 2),
+        "run_seconds": round(total, 2),
+        "round_seconds_median": statistics.median(r["round_seconds"] for r in per_round),
+        "overhead_seconds_median": statistics.median(r["overhead_seconds"] for r in per_round),
+        "per_round": per_round,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--level", default="none", choices=["none", "heat", "download", "full"])
+    parser.add_argument("--warm", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fedsub-flower-rounds-") as folder:
+        print(
+            json.dumps(
+                measure(args.nodes, args.rounds, args.level, args.warm, Path(folder)), indent=1
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
