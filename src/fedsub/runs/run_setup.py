@@ -27,6 +27,7 @@ from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import DTYPES, Compile, Execution, TablePlacement, TableSharding
 from fedsub.engine.schedule import ClientStep, LrSchedule, Sampling, Schedule
+from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
@@ -176,7 +177,7 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     )
     a, rows = d.adaptive_clipping, d.row_selection
     adaptive = dp_settings.AdaptiveClip(a.target_quantile, a.clip_lr, a.count_share)
-    return dp_settings.DpSettings(
+    settings = dp_settings.DpSettings(
         clip=d.clip,
         noise_multiplier=noise_multiplier,
         accounting=accounting,
@@ -190,6 +191,9 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         distributed=distributed,
         min_survivors=d.min_survivors,
     )
+    for reason in dp_settings.refusals(settings):
+        raise ConfigError(f"[dp] mechanism = 'gaussian' cannot train here: {reason}")
+    return settings
 
 
 def dp_plan(config: Config) -> list[str]:
