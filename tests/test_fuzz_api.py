@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import fedsub
-from fedsub.config import EvalConfig, TrainConfig
+from fedsub.config import DpConfig, EvalConfig, TrainConfig
 from fedsub.data.table import TableOptions
 from fedsub.errors import FedsubError
-from fedsub.keys import key_names
+from fedsub.keys import flat_values, key_names
 
 FAST = settings(
     max_examples=int(os.environ.get("FEDSUB_FUZZ_EXAMPLES", "25")),
@@ -338,3 +338,41 @@ def test_from_partitioner(count, part, argument, value, user_folder):
     partitioner = Partitions(count, frame if isinstance(part, str) and part == "frame" else part)
     options: dict[str, Any] = {"features": ["item"], argument: value}
     ends_well(lambda: fedsub.from_partitioner(partitioner, **options), user_folder)
+
+
+DP_TABLES = st.dictionaries(
+    st.sampled_from(
+        [
+            "mechanism",
+            "noise_multiplier",
+            "target_epsilon",
+            "delta",
+            "clip",
+            "selection_threshold",
+            "epsilon_budget",
+            "weight_cap",
+        ]
+    ),
+    st.one_of(
+        st.sampled_from(["gaussian", "none", 1e9, 1e6, 1e-6, 1e-30, 0.5, 1.0, 4.0, 0.0, -1.0]),
+        SCALARS,
+    ),
+    max_size=4,
+)
+
+
+@FAST
+@given(dp=st.one_of(DP_TABLES, WRONG))
+def test_train_with_dp(dp, user_folder):
+    """dp={...} as a user would try it: a run (under [dp] only with dp.mechanism set: never a
+    silent non-DP run) or a fedsub error, never a raw one from the accountant."""
+
+    def call() -> None:
+        result = fedsub.train("sparse-lr", DATA, algorithm="fedavg", dp=dp, **SMALL)
+        private = isinstance(dp, dict) and dp.get("mechanism") == "gaussian"
+        assert private == ("epsilon" in result.history[-1]), (dp, result.history[-1])
+        if isinstance(dp, dict) and not private:  # other keys without it: refused
+            defaults = flat_values(DpConfig())
+            assert all(k == "mechanism" or v in (None, defaults[k]) for k, v in dp.items()), dp
+
+    ends_well(call, user_folder)
