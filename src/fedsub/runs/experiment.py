@@ -146,6 +146,12 @@ def resume_point(name: str, folder: Path, identity: RunIdentity) -> ResumePoint:
     return ResumePoint(checkpoint=saved)
 
 
+DP_WITHHELD = (
+    "withheld under [dp]: bytes per client and clipped values are statistics of the sampled "
+    "clients' data that epsilon does not cover (docs: the run folder)"
+)
+
+
 def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None:
     LOG.warning(
         "%s round %d: rejected client %d: %s",
@@ -290,9 +296,14 @@ class AlgorithmRun:
             current_reporter().note(self.label + self.name, text)
 
     def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
-        """privacy.json: the privacy level's guarantees and what it cost."""
+        """privacy.json: the privacy level's guarantees and what it cost; under [dp] without
+        its costs (the means of the sampled clients' bytes, the clipped values: statistics of
+        the clients' data that no epsilon covers, so not in a file meant for publication)."""
         for private in stages:
-            record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
+            costs: dict = private.costs.as_json()
+            if self.config.dp.mechanism != "none":
+                costs = {"costs": DP_WITHHELD}
+            record = {**privacy_levels.describe(private.privacy), **costs}
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
             if private.costs.clipped:
                 LOG.warning(
@@ -829,6 +840,9 @@ def _privacy_markdown(key: str, outcomes: dict[str, Outcome]) -> list[str]:
     ]
     for n, by_value in records.items():
         for v, r in by_value.items():
+            if "bytes_up_per_client_round" not in r:  # withheld under [dp]
+                lines.append(f"| {n} | {v} | {r['level']} | withheld ([dp]) | | | | |")
+                continue
             lines.append(
                 f"| {n} | {v} | {r['level']} | {r['bytes_up_per_client_round']:.0f} | "
                 f"{r['bytes_down_per_client_round']:.0f} | "
