@@ -28,13 +28,13 @@ rounds to 0 far above), and a target no multiplier in [Z_MIN, Z_MAX] meets is re
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Literal
 
 import dp_accounting
 import numpy as np
 from dp_accounting import pld, rdp
-from scipy import optimize
 
 from fedsub.dp import distributed as distributed_dp
 from fedsub.errors import ConfigError
@@ -238,7 +238,7 @@ def calibrate(
         )
         if on_step is not None:
             on_step()
-        return spent - target_epsilon, order
+        return _log_ratio(spent, target_epsilon), order
 
     low, high = _bracket(lambda z: rdp_gap(z)[0], target_epsilon, rounds)
     z_rdp = _rdp_root(rdp_gap, low, high)
@@ -249,7 +249,7 @@ def calibrate(
         spent = epsilon(z, rounds, delta, "pld", sampling, num_clients, clients_per_round)
         if on_step is not None:
             on_step()
-        return spent - target_epsilon
+        return _log_ratio(spent, target_epsilon)
 
     # PLD's epsilon is at most RDP's, so its multiplier is at most RDP's; a PLD at a tiny
     # multiplier is huge and slow, so the search stays near RDP's answer
@@ -274,16 +274,23 @@ def _rdp_root(
     return _brent(lambda z: gap(z, ORDERS)[0], low, high)
 
 
+def _log_ratio(spent: float, target: float) -> float:
+    """log(epsilon / target): positive when epsilon exceeds the target, and nearly linear in
+    log z, where the root search interpolates (epsilon 0 read as 1e-300)."""
+    return math.log(max(spent, 1e-300) / target)
+
+
 def _bracket(gap: Callable[[float], float], target: float, rounds: int) -> tuple[float, float]:
-    """(low, high) with gap(low) > 0 >= gap(high) for the decreasing ``gap``, from z = 1 by
-    factors of 4 within [Z_MIN, Z_MAX]."""
+    """(low, high) with gap(low) > 0 >= gap(high) for the decreasing ``gap`` (a log ratio,
+    ``_log_ratio``), from z = 1 by factors of 4 within [Z_MIN, Z_MAX]."""
     low, high = 1.0, 1.0
     if gap(1.0) > 0:
         while True:
             if high >= Z_MAX:
                 raise CalibrationError(
                     f"dp.target_epsilon = {target:g} cannot be met over {rounds} rounds: even "
-                    f"noise multiplier z = {Z_MAX:g} spends epsilon {gap(Z_MAX) + target:.4g}; "
+                    f"noise multiplier z = {Z_MAX:g} spends epsilon "
+                    f"{target * math.exp(gap(Z_MAX)):.4g}; "
                     "raise the target, or run fewer rounds or smaller cohorts"
                 )
             low, high = high, min(high * 4, Z_MAX)
@@ -293,7 +300,7 @@ def _bracket(gap: Callable[[float], float], target: float, rounds: int) -> tuple
         if low <= Z_MIN:
             raise CalibrationError(
                 f"dp.target_epsilon = {target:g} is no privacy: noise multiplier z = "
-                f"{Z_MIN:g} already spends only epsilon {gap(Z_MIN) + target:.4g} over "
+                f"{Z_MIN:g} already spends only epsilon {target * math.exp(gap(Z_MIN)):.4g} over "
                 f"{rounds} rounds; give a target below that, or dp.noise_multiplier"
             )
         high, low = low, max(low / 4, Z_MIN)
@@ -302,9 +309,32 @@ def _bracket(gap: Callable[[float], float], target: float, rounds: int) -> tuple
 
 
 def _brent(gap: Callable[[float], float], low: float, high: float) -> float:
-    """Brent's root of ``gap`` in [low, high] (gap(low) > 0 >= gap(high)), moved up by the
-    tolerance when it spends more than the target."""
-    root = float(optimize.brentq(gap, low, high, xtol=CALIBRATION_TOLERANCE))
-    if gap(root) > 0:
-        root = min(root + CALIBRATION_TOLERANCE, high)
-    return root
+    """The smallest z in [low, high] (gap(low) > 0 >= gap(high), ``gap`` decreasing) with
+    gap(z) <= 0, to ``CALIBRATION_TOLERANCE``: the Illinois variant of regula falsi, with a
+    bisection whenever a step fails to halve the bracket, in log z (a few steps fewer than
+    Brent's method, which dp_accounting.calibrate_dp_mechanism runs through scipy). The
+    bracket's upper end is returned, so the multiplier never spends more than the target."""
+    g_low, g_high = gap(low), gap(high)
+    side = 0  # which end moved last: -1 low, 1 high (Illinois halves the other's value)
+    while high - low > CALIBRATION_TOLERANCE:
+        width = high - low  # interpolated in log z, where the log ratio is nearly linear
+        x_low, x_high = math.log(low), math.log(high)
+        z = math.exp(x_high - g_high * (x_high - x_low) / (g_high - g_low))
+        z = min(max(z, low + CALIBRATION_TOLERANCE / 4), high - CALIBRATION_TOLERANCE / 4)
+        g = gap(z)
+        if g > 0:
+            low, g_low = z, g
+            g_high = g_high / 2 if side == -1 else g_high
+            side = -1
+        else:
+            high, g_high = z, g
+            g_low = g_low / 2 if side == 1 else g_low
+            side = 1
+        if high - low > width / 2 and high - low > CALIBRATION_TOLERANCE:
+            middle = (low + high) / 2
+            g = gap(middle)
+            if g > 0:
+                low, g_low = middle, g
+            else:
+                high, g_high = middle, g
+    return high
