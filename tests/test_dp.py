@@ -7,6 +7,7 @@ and the refusals."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 
@@ -222,16 +223,24 @@ def test_with_negligible_noise_a_round_is_the_clipped_sum_over_d_or_the_private_
     assert out.dense["w"].tolist() == pytest.approx([scale[1] / 3], abs=1e-9)
 
 
-def test_capped_weights_and_the_fixed_denominator():
-    # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * mean of w over all N
+@pytest.mark.parametrize("weight_mean", [1.0, 0.875])
+def test_capped_weights_and_the_fixed_denominator(weight_mean):
+    # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * dp.weight_mean, a
+    # public number: the population's sample counts are not read (their mean weight is 0.875)
     population = np.array([5.0, 20.0, 10.0, 40.0])
     s = settings(
-        rows="all", noise_multiplier=1e-12, weight_cap=10.0, clip=100.0, clients_per_round=2
+        rows="all",
+        noise_multiplier=1e-12,
+        weight_cap=10.0,
+        weight_mean=weight_mean,
+        clip=100.0,
+        clients_per_round=2,
     )
     update = cohort([{0: [1.0]}, {1: [4.0]}], [[1.0], [2.0]])
     update.weights = torch.tensor([5.0, 40.0], dtype=torch.float64)
     out = DpMechanism(s, {"t": 3}, population).combine(update, 1)
-    d = 2 * np.mean([0.5, 1.0, 1.0, 1.0])
+    assert DpMechanism(s, {"t": 3}, population * 0 + 1e6).denominator == 2 * weight_mean
+    d = 2 * weight_mean
     assert out.dense["w"].tolist() == pytest.approx([(0.5 * 1.0 + 1.0 * 2.0) / d], abs=1e-9)
     assert out.tables["t"].values.flatten().tolist() == pytest.approx(
         [0.5 * 1.0 / d, 1.0 * 4.0 / d, 0.0], abs=1e-9
@@ -552,6 +561,7 @@ DP_KEYS = {  # a value away from each [dp] key's default
     "selection_threshold": "2.0",
     "selection_bound": "2.0",
     "weight_cap": "5.0",
+    "weight_mean": "0.5",
     "epsilon_budget": "3.0",
     "adaptive_clip": "true",
     "target_quantile": "0.3",
@@ -599,6 +609,7 @@ def test_a_delta_of_one_over_n_or_more_is_refused_with_the_reason():
         (["dp.clip=1e-30", "dp.adaptive_clip=true"], "every update vanishes"),
         (["dp.clip=1e-18", "execution.dtype='float32'"], "float32's resolution"),
         (["train.max_update_norm=3.0"], "rejections.jsonl"),
+        (["dp.weight_mean=0.5"], "applies with dp.weight_cap > 0"),
     ],
 )
 def test_settings_that_cannot_train_or_release_outside_epsilon_are_refused(extra, says):
@@ -805,3 +816,18 @@ def test_an_empty_poisson_round_adds_the_noise_and_nothing_else(dp):
     start = initial_params(outcome.model, prepare(c).schedule).tables["features"]
     moved = not torch.equal(outcome.params["fedavg"].tables["features"], start)
     assert moved == bool(dp)  # only the noise moves a model nobody trained
+
+
+def test_a_dp_runs_files_say_what_epsilon_covers_and_withhold_per_client_costs(tmp_path):
+    c = config(*DP, "train.algorithms=['fedavg']", "privacy.level='heat'")
+    experiment.compare(c, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    record = summary["algorithms"]["fedavg"]["dp"]
+    assert any("model" in item for item in record["covered_by_epsilon"])
+    assert "best" in record["not_covered"] and "rounds_to_target" in record["not_covered"]
+    assert any("held-out" in item for item in record["not_covered"])
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "epsilon covers the released models only" in markdown
+    privacy = json.loads((tmp_path / "fedavg" / "privacy.json").read_text())
+    assert "bytes_up_per_client_round" not in privacy and "clipped_values" not in privacy
+    assert privacy["costs"].startswith("withheld under [dp]")

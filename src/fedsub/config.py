@@ -330,7 +330,12 @@ class DpConfig:
     """rows, selection_share, selection_threshold, selection_bound (keys of [dp])."""
     weight_cap: float = field(default=0.0, metadata={"min": 0.0})
     """0: every sampled client weighs 1; else w_k = min(1, n_k / weight_cap) (McMahan et al.'s
-    capped weights), the denominator K times the population's mean weight."""
+    capped weights), the fixed denominator K times `weight_mean`."""
+    weight_mean: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1.0})
+    """weight_cap > 0: the mean capped weight the fixed denominator D = K * weight_mean assumes,
+    a public number you choose (never computed from the users' sample counts, which are
+    private); 1 (D = K) never adds less noise than stated, and scales the average down by the
+    true mean weight."""
     epsilon_budget: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     """Stop before the round that would spend more than this epsilon (default: `target_epsilon`
     when given, else no budget)."""
@@ -656,6 +661,11 @@ def check_dp(config: Config) -> None:
             "release no epsilon covers; dp.clip bounds every update's norm: set it to 0",
         ),
         *clip_refusals(config),
+        (
+            d.weight_cap == 0 and d.weight_mean != 1.0,
+            f"dp.weight_mean = {d.weight_mean:g} is the mean of capped weights; it applies with "
+            "dp.weight_cap > 0 only (uniform weights: D = K)",
+        ),
         (
             rows.rows == "private" and rows.selection_threshold == 0,
             "dp.selection_threshold = 0 selects every untouched row with probability 1/2 and "

@@ -94,6 +94,7 @@ class DpSettings:
     selection: RowSelection = field(default_factory=RowSelection)  # read when rows = "private"
     adaptive: AdaptiveClip | None = None  # None: C stays `clip`
     weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
+    weight_mean: float = 1.0  # the public mean weight of the denominator D = K * weight_mean
     seed: int = 0
     # privacy.level = "full": distributed DP over secure aggregation (dp/distributed.py), each
     # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them

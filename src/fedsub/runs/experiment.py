@@ -540,10 +540,29 @@ def _summary(
     """The comparison's summary.json record and summary.md text."""
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
+    markdown = summary_markdown(result, target, setup.schedule.rounds)
     if setup.schedule.dp is not None:
         for name, history in histories.items():
             result["algorithms"][name]["dp"] = dp_record(setup.schedule.dp, history)
-    return result, summary_markdown(result, target, setup.schedule.rounds)
+        markdown += "\n" + DP_SCOPE_MARKDOWN
+    return result, markdown
+
+
+# what a [dp] run's epsilon covers and what it does not (summary.json's dp records, summary.md;
+# docs/getting-started/run-folder.md lists every file)
+DP_COVERED = ["model.safetensors (the released model of every round, checkpoints too)", "epsilon"]
+DP_NOT_COVERED = [
+    "train and test metrics (computed in the clear on the users' training and held-out data)",
+    "best",
+    "rounds_to_target",
+    "diverged (a stop decided from the train loss in the clear)",
+]
+DP_SCOPE_MARKDOWN = (
+    "Differential privacy: epsilon covers the released models only. The metrics above (final "
+    "and best, computed in the clear on the users' training and held-out data), the rounds to "
+    "target and a divergence stop are not covered: they are the operator's, not for "
+    "publication as private (docs: the run folder).\n"
+)
 
 
 def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
@@ -552,7 +571,8 @@ def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
     last = history[-1] if history else None
     spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
     rounds = last.round if last is not None else 0
-    return {"epsilon": spent, "rounds": rounds, **settings.as_json()}
+    record = {"epsilon": spent, "rounds": rounds, **settings.as_json()}
+    return {**record, "covered_by_epsilon": DP_COVERED, "not_covered": DP_NOT_COVERED}
 
 
 def _write_summary(

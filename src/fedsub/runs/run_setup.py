@@ -187,6 +187,7 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weight_cap=d.weight_cap,
+        weight_mean=d.weight_mean,
         seed=t.seed,
         distributed=distributed,
         min_survivors=d.min_survivors,
