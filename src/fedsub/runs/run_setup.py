@@ -22,6 +22,7 @@ from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
+from fedsub.dp import accountant as dp_accountant
 from fedsub.dp import settings as dp_settings
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
@@ -224,6 +225,11 @@ def dp_plan(config: Config) -> list[str]:
             f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
             f"{settings.update_multiplier:.4g}, threshold {settings.histogram_threshold:.4g} "
             f"(contribution bound B = {settings.selection.bound:g})"
+        )
+    if settings.noise_multiplier > dp_accountant.Z_MAX:
+        lines.append(
+            f"z above {dp_accountant.Z_MAX:g} is accounted at {dp_accountant.Z_MAX:g}: the "
+            "epsilons below are upper bounds"
         )
     marks = sorted({max(1, rounds * i // 4) for i in range(1, 5)})
     lines += [f"epsilon after round {r}: {settings.epsilon(r):.4f}" for r in marks]
