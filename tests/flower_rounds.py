@@ -59,20 +59,22 @@ class Stepped:
 
 def private_runtime(settings, grid) -> Stepped:
     """The ServerApp's runtime for ``settings`` (a fedsub config's dataset partitioned over
-    its nodes, every one of them registered before round 1) over ``grid``."""
+    its nodes, every one of them registered before round 1; [dp] resolved for them, as
+    flower/run_model.py resolves it) over ``grid``."""
     from fedsub.engine.loop import initial_params
     from fedsub.flower.run_model import federation
-    from fedsub.runs.run_setup import heat_privacy_of
+    from fedsub.runs.run_setup import dp_of, heat_privacy_of
 
     fed = federation(settings)
+    schedule = replace(fed.schedule, dp=dp_of(fed.config, fed.dataset.num_clients))  # as the app
     name = settings.algorithm_name(fed.config)
     served = Served(name, fed.config.algorithm_options(name), fed.config.train.heat)
     return Stepped(
         FlowerRuntime(
             grid,
-            initial_params(fed.model, fed.schedule),
+            initial_params(fed.model, schedule),
             served,
-            fed.schedule,
+            schedule,
             replace(settings, nodes=replace(settings.nodes, min_nodes=fed.dataset.num_clients)),
             heat_privacy_of(fed.config),
             partitions=fed.dataset.num_clients,

@@ -7,7 +7,9 @@ and the refusals."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import tomllib
 
 import dp_accounting
 import numpy as np
@@ -221,16 +223,24 @@ def test_with_negligible_noise_a_round_is_the_clipped_sum_over_d_or_the_private_
     assert out.dense["w"].tolist() == pytest.approx([scale[1] / 3], abs=1e-9)
 
 
-def test_capped_weights_and_the_fixed_denominator():
-    # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * mean of w over all N
+@pytest.mark.parametrize("weight_mean", [1.0, 0.875])
+def test_capped_weights_and_the_fixed_denominator(weight_mean):
+    # McMahan et al.'s capped weights w_k = min(1, n_k / cap) and D = K * dp.weight_mean, a
+    # public number: the population's sample counts are not read (their mean weight is 0.875)
     population = np.array([5.0, 20.0, 10.0, 40.0])
     s = settings(
-        rows="all", noise_multiplier=1e-12, weight_cap=10.0, clip=100.0, clients_per_round=2
+        rows="all",
+        noise_multiplier=1e-12,
+        weight_cap=10.0,
+        weight_mean=weight_mean,
+        clip=100.0,
+        clients_per_round=2,
     )
     update = cohort([{0: [1.0]}, {1: [4.0]}], [[1.0], [2.0]])
     update.weights = torch.tensor([5.0, 40.0], dtype=torch.float64)
     out = DpMechanism(s, {"t": 3}, population).combine(update, 1)
-    d = 2 * np.mean([0.5, 1.0, 1.0, 1.0])
+    assert DpMechanism(s, {"t": 3}, population * 0 + 1e6).denominator == 2 * weight_mean
+    d = 2 * weight_mean
     assert out.dense["w"].tolist() == pytest.approx([(0.5 * 1.0 + 1.0 * 2.0) / d], abs=1e-9)
     assert out.tables["t"].values.flatten().tolist() == pytest.approx(
         [0.5 * 1.0 / d, 1.0 * 4.0 / d, 0.0], abs=1e-9
@@ -468,7 +478,7 @@ def test_poisson_sampling_draws_each_client_with_probability_k_over_n():
 
 def test_mechanism_none_leaves_the_run_unchanged():
     plain = experiment.compare(config(), None)
-    explicit = experiment.compare(config("dp.mechanism='none'", "dp.clip=9.0"), None)
+    explicit = experiment.compare(config("dp.mechanism='none'", "dp.clip=1.0"), None)
     for name in ("fedavg", "fedsubavg"):
         a, b = plain.params[name].state_dict(), explicit.params[name].state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a)
@@ -540,6 +550,160 @@ def test_combinations_that_cannot_be_private_are_refused(extra, says):
         config(*DP, *extra)
 
 
+DP_KEYS = {  # a value away from each [dp] key's default
+    "clip": "2.0",
+    "noise_multiplier": "1.0",
+    "target_epsilon": "1.0",
+    "delta": "1e-6",
+    "accountant": "'pld'",
+    "rows": "'all'",
+    "selection_share": "0.3",
+    "selection_threshold": "2.0",
+    "selection_bound": "2.0",
+    "weight_cap": "5.0",
+    "weight_mean": "0.5",
+    "epsilon_budget": "3.0",
+    "adaptive_clip": "true",
+    "target_quantile": "0.3",
+    "clip_lr": "0.1",
+    "count_share": "0.2",
+    "min_survivors": "2",
+}
+
+
+def test_every_dp_key_covered_by_the_list_of_non_defaults():
+    from fedsub.config import DpConfig
+    from fedsub.keys import flat_values
+
+    assert set(flat_values(DpConfig())) - {"mechanism"} <= set(DP_KEYS)
+
+
+@pytest.mark.parametrize("key", sorted(DP_KEYS))
+def test_a_dp_key_set_without_the_mechanism_is_an_error_naming_dp_mechanism(key):
+    with pytest.raises(ConfigError, match=rf"dp\.{key} set while dp\.mechanism = 'none'"):
+        config(f"dp.{key}={DP_KEYS[key]}")
+    with pytest.raises(ConfigError, match=r"dp\.mechanism"):
+        Config.from_dict({"dp": {key: tomllib.loads(f"v = {DP_KEYS[key]}")["v"]}})
+    config(f"dp.{key}={DP_KEYS[key]}", "dp.mechanism='none'", f"dp.{key}=None")  # unset: fine
+
+
+def test_the_python_api_refuses_dp_keys_without_the_mechanism():
+    import fedsub
+
+    for dp in ({"target_epsilon": 1.0}, {"noise_multiplier": 1.0, "clip": 0.5}):
+        with pytest.raises(ConfigError, match=r"dp\.mechanism"):
+            fedsub.train("sparse-lr", "synthetic-sparse", algorithm="fedavg", rounds=1, dp=dp)
+
+
+def test_a_delta_of_one_over_n_or_more_is_refused_with_the_reason():
+    for delta in (0.5, 1 / 200):
+        with pytest.raises(ConfigError, match=r"dp.delta = .* is not below 1/N = 0.005 \(N = 200"):
+            dp_of(config(*DP, f"dp.delta={delta}"), 200)
+    assert dp_of(config(*DP, "dp.delta=0.0049"), 200) is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["dp.clip=1e-30"], "every update vanishes"),
+        (["dp.clip=1e-30", "dp.adaptive_clip=true"], "every update vanishes"),
+        (["dp.clip=1e-18", "execution.dtype='float32'"], "float32's resolution"),
+        (["train.max_update_norm=3.0"], "rejections.jsonl"),
+        (["dp.weight_mean=0.5"], "applies with dp.weight_cap > 0"),
+    ],
+)
+def test_settings_that_cannot_train_or_release_outside_epsilon_are_refused(extra, says):
+    with pytest.raises(ConfigError, match=says):
+        config(*DP, *extra)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["dp.selection_threshold=1e9"], "out of reach"),
+        (["dp.selection_threshold=1e9", "train.sampling='poisson'"], "out of reach"),
+        (["dp.epsilon_budget=0.01"], "cannot pay for one round: round 1 alone spends"),
+        (["dp.noise_multiplier=None", "dp.target_epsilon=1e6"], "is no privacy"),
+        (["dp.noise_multiplier=None", "dp.target_epsilon=1e-6", "dp.delta=1e-9"], "cannot be met"),
+    ],
+)
+def test_settings_that_cannot_train_are_refused_before_training(extra, says, tmp_path):
+    c = config(*DP, *extra)
+    with pytest.raises(ConfigError, match=says):
+        dp_of(c, 200)
+    with pytest.raises(ConfigError, match=says):
+        experiment.compare(c, tmp_path / "run")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_reachable_thresholds_and_affordable_budgets_are_accepted():
+    assert dp_of(config(*DP, "dp.selection_threshold=6.0"), 200) is not None
+    settings_ = dp_of(config(*DP, "dp.epsilon_budget=100"), 200)
+    assert settings_ is not None and settings_.budget == 100
+
+
+def test_the_accountant_answers_every_multiplier_without_a_raw_error():
+    from fedsub.dp import accountant
+
+    args = (150, 3000**-1.1, "rdp", "fixed", 3000, 50)
+    at_cap = accountant.epsilon(accountant.Z_MAX, *args)
+    assert 0 < at_cap < 0.01
+    for z in (1e4, 1e9, 1e300):  # accounted at Z_MAX: an upper bound, never a domain error
+        assert accountant.epsilon(z, *args) == at_cap
+    assert accountant.epsilon(1e-6, *args) > 1e6  # no noise to speak of: huge, finite
+    for kind, sampling in (("rdp", "poisson"), ("pld", "poisson")):
+        assert 0 < accountant.epsilon(1e9, 150, 1e-5, kind, sampling, 3000, 50) < 0.01
+
+
+@pytest.mark.parametrize(
+    ("sampling", "kind"), [("fixed", "rdp"), ("poisson", "rdp"), ("poisson", "pld")]
+)
+def test_the_calibration_is_dp_accountings_within_its_tolerance(sampling, kind):
+    from fedsub.dp import accountant
+
+    delta, rounds = 1e-5, 40
+    z = accountant.calibrate(3.0, rounds, delta, kind, sampling, 500, 20)
+
+    def fresh():
+        return accountant.fresh_accountant(kind, sampling)
+
+    expected = dp_accounting.calibrate_dp_mechanism(
+        fresh,
+        lambda m: accountant.run_event(m, rounds, sampling, 500, 20),
+        3.0,
+        delta,
+        dp_accounting.LowerEndpointAndGuess(0.05, 1.0),
+        tol=1e-4,
+    )
+    assert z == pytest.approx(expected, abs=2.5e-4)
+    assert accountant.epsilon(z, rounds, delta, kind, sampling, 500, 20) <= 3.0
+
+
+@pytest.mark.parametrize(("sampling", "kind"), [("fixed", "rdp"), ("poisson", "pld")])
+def test_rounds_drawn_from_different_populations_compose_their_own_events(sampling, kind):
+    """epsilon_over: each round accounted at the population it sampled from (q_t = K / N_t),
+    against dp-accounting composing those events one by one."""
+    from fedsub.dp import accountant
+
+    populations = ((300, 3), (200, 2), (100, 4))
+    got = accountant.epsilon_over(1.1, populations, 1e-5, kind, sampling, 20)
+    independent = accountant.fresh_accountant(kind, sampling)
+    for n, count in populations:
+        for _ in range(count):
+            if sampling == "poisson":
+                event = dp_accounting.PoissonSampledDpEvent(
+                    20 / n, dp_accounting.GaussianDpEvent(1.1)
+                )
+            else:
+                event = dp_accounting.SampledWithoutReplacementDpEvent(
+                    n, 20, dp_accounting.GaussianDpEvent(1.1 / 2)
+                )
+            independent.compose(event)
+    assert got == pytest.approx(independent.get_epsilon(1e-5), rel=0.01)
+    at_first = accountant.epsilon(1.1, 9, 1e-5, kind, sampling, 300, 20)
+    assert got > at_first  # fewer online clients: a higher rate, more epsilon
+
+
 def test_flower_runs_central_dp_at_the_server_app():
     """Flower declares the capability (its ServerApp runs the engine's loop, which clips,
     noises and accounts; tests/test_flower_dp.py: the in-process model and epsilon)."""
@@ -577,6 +741,30 @@ def test_fedsub_dp_prints_the_planned_epsilon_without_training(capsys):
     c = config(*DP)
     assert f"epsilon after round 4: {independent_epsilon(c, 4, 200):.4f}" in out
     assert "noise multiplier z = 0.8" in out
+
+
+def test_fedsub_dp_answers_extreme_multipliers_and_targets_cleanly(capsys):
+    from fedsub.cli import main
+
+    base = [*SMALL, "dp.mechanism='gaussian'"]
+    argv = ["dp", *(a for o in base for a in ("--set", o))]
+    assert main([*argv, "--set", "dp.noise_multiplier=1e9"]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon after round 4: 0.0" in out and "upper bounds" in out
+    assert main([*argv, "--set", "dp.target_epsilon=1e6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is no privacy" in err[0], err
+
+
+def test_a_sweep_over_the_target_epsilon_runs_from_a_base_without_one(tmp_path, capsys):
+    from fedsub.cli import main
+
+    base = [*SMALL, "train.rounds=1", "train.algorithms=['fedavg']", "dp.mechanism='gaussian'"]
+    argv = ["compare", "--quiet", "--out", str(tmp_path / "sweep")]
+    argv += [a for o in base for a in ("--set", o)]
+    assert main([*argv, "--sweep", "dp.target_epsilon=2,4"]) == 0
+    out = capsys.readouterr().out
+    assert "| fedavg | 2 |" in out and "| fedavg | 4 |" in out
 
 
 def test_the_python_api_passes_dp_through():
@@ -629,3 +817,18 @@ def test_an_empty_poisson_round_adds_the_noise_and_nothing_else(dp):
     start = initial_params(outcome.model, prepare(c).schedule).tables["features"]
     moved = not torch.equal(outcome.params["fedavg"].tables["features"], start)
     assert moved == bool(dp)  # only the noise moves a model nobody trained
+
+
+def test_a_dp_runs_files_say_what_epsilon_covers_and_withhold_per_client_costs(tmp_path):
+    c = config(*DP, "train.algorithms=['fedavg']", "privacy.level='heat'")
+    experiment.compare(c, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    record = summary["algorithms"]["fedavg"]["dp"]
+    assert any("model" in item for item in record["covered_by_epsilon"])
+    assert "best" in record["not_covered"] and "rounds_to_target" in record["not_covered"]
+    assert any("held-out" in item for item in record["not_covered"])
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "epsilon covers the released models only" in markdown
+    privacy = json.loads((tmp_path / "fedavg" / "privacy.json").read_text())
+    assert "bytes_up_per_client_round" not in privacy and "clipped_values" not in privacy
+    assert privacy["costs"].startswith("withheld under [dp]")

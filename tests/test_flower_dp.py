@@ -301,3 +301,100 @@ def test_central_dp_at_download_on_flower_is_the_in_process_run(tmp_path):
 def test_seeded_noise_is_a_run_config_flag_off_by_default():
     assert not FlowerSettings.from_run_config({}).dp_seeded_noise
     assert FlowerSettings.from_run_config({"dp-seeded-noise": "true"}).dp_seeded_noise
+
+
+# -- nodes going offline: the accounted sampling is the sampling that happened ----------------
+
+
+class GoingOffline(AppGrid):
+    """AppGrid whose nodes in ``off`` are not connected (absent from get_node_ids)."""
+
+    def __init__(self, app, num_nodes: int) -> None:
+        super().__init__(app, num_nodes)
+        self.off: set[int] = set()
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(set(self.contexts) - self.off)
+
+
+def test_offline_nodes_are_dropouts_of_a_cohort_drawn_from_the_accounted_population():
+    """Under [dp] the cohort is drawn from the N counted clients the accountant's rate K / N is
+    over; a sampled node that is offline is sent nothing (a dropout). With half and then two
+    thirds of the nodes offline, every round's epsilon is an independent dp-accounting
+    computation at q = K / N within 1%, offline nodes are sampled at that rate (not only the
+    online ones), and no message goes to an offline node."""
+    import dp_accounting
+    from flwr.app import MessageType
+
+    from fedsub.flower.apps import make_client_app
+
+    from .flower_rounds import private_runtime, recorded
+
+    n, k, rounds = 12, 4, 8
+    overrides = (
+        f"data.num_users={n}",
+        f"train.clients_per_round={k}",
+        f"train.rounds={rounds}",
+        "train.algorithms=['fedavg']",
+        *DP,
+    )
+    settings = FlowerSettings(
+        overrides=overrides, replies=Replies(round_timeout=30.0, max_failed_rounds=rounds)
+    )
+    grid = GoingOffline(make_client_app(settings), n)
+    sent = recorded(grid)
+    run = private_runtime(settings, grid)
+    run.open()
+    offline_sampled = 0
+    for r in range(1, rounds + 1):
+        grid.off = {100 + j for j in range(0 if r <= 2 else (6 if r <= 5 else 8))}
+        before = len(sent)
+        run.step(r)
+        trained = {
+            m.metadata.dst_node_id
+            for m in sent[before:]
+            if m.metadata.message_type == MessageType.TRAIN
+        }
+        assert trained.isdisjoint(grid.off), (r, trained)
+        record = run.rounds[-1]
+        assert record["sampled"] == k  # drawn from all N, online or not
+        offline_sampled += sum(node in grid.off for node in record["nodes"])
+        accountant = dp_accounting.rdp.RdpAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE
+        )
+        event = dp_accounting.SampledWithoutReplacementDpEvent(
+            n, k, dp_accounting.GaussianDpEvent(0.8 / 2)
+        )
+        accountant.compose(event, r)
+        assert record["epsilon"] == pytest.approx(accountant.get_epsilon(n**-1.1), rel=0.01)
+    assert offline_sampled > 0  # the offline nodes were drawn, and dropped out
+
+
+def test_flower_refuses_dp_when_round_1_counted_fewer_clients_than_accounted():
+    from fedsub.errors import FedsubError
+    from fedsub.flower.apps import make_client_app
+
+    from .flower_rounds import private_runtime
+
+    overrides = (
+        "data.num_users=6",
+        "train.clients_per_round=3",
+        "train.algorithms=['fedavg']",
+        *DP,
+    )
+    settings = FlowerSettings(overrides=overrides, replies=Replies(round_timeout=30.0))
+    grid = GoingOffline(make_client_app(settings), 6)
+    grid.off = {104, 105}
+    run = private_runtime(settings, grid)
+    run.runtime.joining.min_nodes = 4  # round 1 starts with 4 of the 6 nodes
+    with pytest.raises(FedsubError, match="accounted over N = 6"):
+        run.open()
+
+
+def test_a_flower_run_with_dp_reports_epsilon_every_round_without_evaluating(tmp_path):
+    overrides = (*OVERRIDES, *DP, "train.algorithms=['fedavg']")
+    result = flower_run(tmp_path, overrides, eval_every=0)
+    epsilons = [record["epsilon"] for record in result["rounds"]]
+    assert len(epsilons) == 3 and 0 < epsilons[0] < epsilons[1] < epsilons[2]
+    assert result["dp"]["epsilon"] == epsilons[-1]
+    assert result["dp"]["noise_multiplier"] == 0.8 and result["dp"]["rounds"] == 3

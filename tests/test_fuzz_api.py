@@ -24,10 +24,10 @@ from torch import nn
 import fedsub
 from fedsub import config as config_lib
 from fedsub import moved_keys
-from fedsub.config import EvalConfig, TrainConfig, inert_keys, toml_value
+from fedsub.config import DpConfig, EvalConfig, TrainConfig, inert_keys, toml_value
 from fedsub.data.table import TableOptions
 from fedsub.errors import FedsubError
-from fedsub.keys import key_names, section_fields
+from fedsub.keys import flat_values, key_names, section_fields
 from fedsub.moved_keys import MOVED
 
 from .test_module_contract import UNTRAINABLE, ragged_data
@@ -483,3 +483,41 @@ def test_a_model_file_with_nan_or_inf_is_refused_naming_the_tensor(tensor, bad, 
     save_file(spoiled, str(path))
     error = refused(lambda: fedsub.train(Bag(), DATA, initial_model=path, **SMALL), user_folder)
     assert f"holds NaN or Inf values in tensor(s) '{tensor}'" in error, error
+
+
+DP_TABLES = st.dictionaries(
+    st.sampled_from(
+        [
+            "mechanism",
+            "noise_multiplier",
+            "target_epsilon",
+            "delta",
+            "clip",
+            "selection_threshold",
+            "epsilon_budget",
+            "weight_cap",
+        ]
+    ),
+    st.one_of(
+        st.sampled_from(["gaussian", "none", 1e9, 1e6, 1e-6, 1e-30, 0.5, 1.0, 4.0, 0.0, -1.0]),
+        SCALARS,
+    ),
+    max_size=4,
+)
+
+
+@FAST
+@given(dp=st.one_of(DP_TABLES, WRONG))
+def test_train_with_dp(dp, user_folder):
+    """dp={...} as a user would try it: a run (under [dp] only with dp.mechanism set: never a
+    silent non-DP run) or a fedsub error, never a raw one from the accountant."""
+
+    def call() -> None:
+        result = fedsub.train("sparse-lr", DATA, algorithm="fedavg", dp=dp, **SMALL)
+        private = isinstance(dp, dict) and dp.get("mechanism") == "gaussian"
+        assert private == ("epsilon" in result.history[-1]), (dp, result.history[-1])
+        if isinstance(dp, dict) and not private:  # other keys without it: refused
+            defaults = flat_values(DpConfig())
+            assert all(k == "mechanism" or v in (None, defaults[k]) for k, v in dp.items()), dp
+
+    ends_well(call, user_folder)

@@ -212,3 +212,54 @@ def test_reproduce_refuses_every_option_an_experiment_cannot_use(capsys, drawn):
         if "--out" not in options:
             argv += ["--out", "runs/reproduce"]
         one_error(capsys, argv, names, root, before)
+
+
+DP_SETS = st.lists(
+    st.sampled_from(
+        [
+            "dp.noise_multiplier=1e9",
+            "dp.noise_multiplier=1e-6",
+            "dp.noise_multiplier=1",
+            "dp.target_epsilon=1e6",
+            "dp.target_epsilon=1e-9",
+            "dp.target_epsilon=2",
+            "dp.delta=0.5",
+            "dp.clip=1e-30",
+            "dp.selection_threshold=1e9",
+            "dp.epsilon_budget=1e-3",
+            "train.sampling='poisson'",
+            "dp.accountant='pld'",
+        ]
+    ),
+    min_size=1,
+    max_size=3,
+    unique=True,
+)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(DP_SETS, st.booleans())
+def test_fedsub_dp_plans_or_gives_one_error_naming_a_key(capsys, sets, gaussian):
+    """`fedsub dp` on what a user may type: the plan (exit 0) or one `fedsub: error:` line that
+    names a key (dp.mechanism when it is missing), never a traceback from the accountant."""
+    small = ["train.rounds=20", "data.num_users=300", "data.num_items=200"]
+    mechanism = ["dp.mechanism='gaussian'"] if gaussian else []
+    argv = ["dp", *(a for s in [*small, *mechanism, *sets] for a in ("--set", s))]
+    code = main(argv)
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert code in (0, 2), (argv, captured.err)
+    if code == 0 and not gaussian:  # no dp key was set: no DP, said so
+        assert not any(s.startswith("dp.") for s in sets), (argv, captured.out)
+        assert "mechanism = 'none'" in captured.out, captured.out
+        return
+    if code == 0:
+        assert "epsilon after round 20" in captured.out, captured.out
+        return
+    assert len(lines) == 1 and lines[0].startswith("fedsub: error: "), (argv, captured.err)
+    keys = [s.split("=", 1)[0] for s in sets] + ["dp.mechanism"]
+    assert any(k in lines[0] for k in keys), (argv, lines[0])

@@ -292,3 +292,54 @@ def test_an_error_from_algorithm_flags_names_the_flag(capsys, names, flag):
             return
         line = err.strip().splitlines()[-1]
         assert line.startswith(f"fedsub: error: {option} "), line
+
+
+# [dp] as a new user would try it: keys without the mechanism, extreme multipliers, targets,
+# deltas, clips and thresholds; every run ends in exit 0 / 1 or one error naming a key or value
+DP_KEYS = [
+    "dp.mechanism",
+    "dp.noise_multiplier",
+    "dp.target_epsilon",
+    "dp.delta",
+    "dp.clip",
+    "dp.selection_threshold",
+    "dp.epsilon_budget",
+    "dp.adaptive_clip",
+    "dp.weight_cap",
+    "train.max_update_norm",
+]
+DP_VALUES = st.sampled_from(
+    [
+        '"gaussian"',
+        '"none"',
+        "1e9",
+        "1e6",
+        "1e-6",
+        "1e-30",
+        "0.5",
+        "1.0",
+        "4",
+        "0.1",
+        "true",
+        "None",
+        "nan",
+        "-1",
+    ]
+)
+
+
+@RUN_SETTINGS
+@given(
+    st.lists(st.tuples(st.sampled_from(DP_KEYS), DP_VALUES), min_size=1, max_size=4),
+    st.booleans(),
+)
+def test_random_dp_settings_run_or_exit_2_naming_a_key(capsys, overrides, gaussian):
+    """No silent non-DP and no raw error from the accountant: a dp key without the mechanism is
+    an error naming dp.mechanism; any other mistake names its key or value."""
+    with tempfile.TemporaryDirectory() as folder:
+        first = ["dp.mechanism='gaussian'"] if gaussian else []
+        sets = [*TINY_RUN, *first, *(f"{k}={v}" for k, v in overrides)]
+        out = Path(folder) / "out"
+        argv = ["compare", "--quiet", "--out", str(out)]
+        argv += [a for s in sets for a in ("--set", s)]
+        _run_main(argv, capsys, out, _named(overrides, "dp.mechanism"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import copy
 import dataclasses
+import math
 import os
 import tomllib
 import typing
@@ -334,7 +335,12 @@ class DpConfig:
     """rows, selection_share, selection_threshold, selection_bound (keys of [dp])."""
     weight_cap: float = field(default=0.0, metadata={"min": 0.0})
     """0: every sampled client weighs 1; else w_k = min(1, n_k / weight_cap) (McMahan et al.'s
-    capped weights), the denominator K times the population's mean weight."""
+    capped weights), the fixed denominator K times `weight_mean`."""
+    weight_mean: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1.0})
+    """weight_cap > 0: the mean capped weight the fixed denominator D = K * weight_mean assumes,
+    a public number you choose (never computed from the users' sample counts, which are
+    private); 1 (D = K) never adds less noise than stated, and scales the average down by the
+    true mean weight."""
     epsilon_budget: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     """Stop before the round that would spend more than this epsilon (default: `target_epsilon`
     when given, else no budget)."""
@@ -606,6 +612,7 @@ def check_dp(config: Config) -> None:
                 "its scheme draws its own cohort; use the default scheme"
             )
     if d.mechanism == "none":
+        check_no_dp_keys(d)
         return
     if (d.noise_multiplier is None) == (d.target_epsilon is None):
         raise ConfigError(
@@ -654,6 +661,18 @@ def check_dp(config: Config) -> None:
             "leave no budget for the update; their sum must be below 1",
         ),
         (
+            t.max_update_norm > 0,
+            f"train.max_update_norm = {t.max_update_norm:g} screens each client's update by its "
+            "exact norm and writes the rejected clients' ids and norms to rejections.jsonl, a "
+            "release no epsilon covers; dp.clip bounds every update's norm: set it to 0",
+        ),
+        *clip_refusals(config),
+        (
+            d.weight_cap == 0 and d.weight_mean != 1.0,
+            f"dp.weight_mean = {d.weight_mean:g} is the mean of capped weights; it applies with "
+            "dp.weight_cap > 0 only (uniform weights: D = K)",
+        ),
+        (
             rows.rows == "private" and rows.selection_threshold == 0,
             "dp.selection_threshold = 0 selects every untouched row with probability 1/2 and "
             "lets FedSubAvg's private heat coefficient D / h_m grow without bound; use > 0",
@@ -662,6 +681,45 @@ def check_dp(config: Config) -> None:
     for condition, reason in refusals:
         if condition:
             raise ConfigError(f"[dp] mechanism = 'gaussian' cannot be used here: {reason}")
+
+
+DTYPE_EPSILON = {"float32": 2.0**-23, "float64": 2.0**-52}  # execution.dtype's eps at 1.0
+
+
+def check_no_dp_keys(dp: DpConfig) -> None:
+    """dp.mechanism = "none": any other [dp] key away from its default would be silently
+    ignored (no noise, no epsilon), so it is refused, naming dp.mechanism."""
+    defaults = flat_values(DpConfig())
+    changed = [k for k, v in flat_values(dp).items() if k != "mechanism" and v != defaults[k]]
+    if changed:
+        keys = ", ".join(f"dp.{k}" for k in changed)
+        raise ConfigError(
+            f"{keys} set while dp.mechanism = 'none': no differential privacy would run (no "
+            "noise, no epsilon); set dp.mechanism = 'gaussian', or remove "
+            f"{'it' if len(changed) == 1 else 'them'}"
+        )
+
+
+def clip_refusals(config: Config) -> list[tuple[bool, str]]:
+    """A clip so small that no update can move the model: a round moves it by at most C (the
+    clipped mean; adaptive clipping's C grows at most exp(clip_lr) a round, noise aside), so
+    all train.rounds rounds together move any weight by less than one unit in the last place
+    of 1.0 in the run's dtype when C times their sum is below that dtype's epsilon."""
+    d, t = config.dp, config.train
+    adaptive = d.adaptive_clipping
+    growth = adaptive.clip_lr * (t.rounds - 1) if adaptive.adaptive_clip else 0.0
+    log_reach = math.log(d.clip) + math.log(max(t.rounds, 1)) + growth  # C R e^(lr (R - 1))
+    reach = math.exp(min(log_reach, 700.0))
+    resolution = DTYPE_EPSILON[config.execution.dtype]
+    return [
+        (
+            reach < resolution,
+            f"dp.clip = {d.clip:g} lets all {t.rounds} rounds move the model by at most "
+            f"{reach:.3g} in all, below {config.execution.dtype}'s resolution at 1.0 "
+            f"({resolution:.3g}): every update vanishes; use a clip near the updates' norms "
+            "(e.g. 0.1 to 10)",
+        )
+    ]
 
 
 def distributed_refusals(config: Config) -> list[tuple[bool, str]]:

@@ -375,10 +375,14 @@ def _sweep_plan(args: argparse.Namespace, algorithms: list[str] | None) -> _Swee
     twice = repeated_value(values)
     if twice is not None:
         raise ConfigError(f"--sweep {args.sweep!r}: value {twice!r} is given twice")
-    extra, _ = _algorithms_override(args, algorithms)
+    extra, named = _algorithms_override(args, algorithms)
     path = Path(args.config) if args.config else config_lib.default_config_path()
     where = str(path) if args.config else "default config"
-    _config(args, algorithms)  # a bad --set, flag or file is named as such, before the values
+    # a bad --set, flag or file is named as such, before the values; checked with the swept
+    # key at its first value (a base may need it: [dp] without dp.target_epsilon)
+    first = f"{key.strip()}={values[0]}"
+    named = {**named, first: f"--sweep {args.sweep}"}
+    config_lib.load(Path(args.config) if args.config else None, [*args.set, *extra, first], named)
     base = config_lib.apply_overrides(config_lib.read_toml(path), [*args.set, *extra])
     return _SweepPlan(_out_folder(args), key.strip(), values, base, where)
 

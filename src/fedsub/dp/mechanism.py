@@ -11,9 +11,10 @@ and fedsub's sparsity-preserving form for submodels).
    update is dense, O(V) per round); rows = "private": rows selected from the noisy
    contribution histogram (dp/selection.py), noise N(0, (z_grad C)^2) on the selected rows and
    the dense parameters only, unselected rows left out of the update (unchanged bit for bit);
-4. divided by the fixed denominator D = K * mean(w) (the expected cohort times the population's
-   mean weight: q N for Poisson sampling, K for fixed-size cohorts; never the cohort's own
-   weights, so the sensitivity stays C / D);
+4. divided by the fixed denominator D = K * dp.weight_mean (the expected cohort times a public
+   mean weight, 1 for uniform weights: q N for Poisson sampling, K for fixed-size cohorts;
+   never the cohort's own weights nor the population's sample counts, so the sensitivity stays
+   C / D and D reveals nothing);
 5. FedSubAvg (``heat``): each selected row's N / n_m is estimated from the *noisy* histogram
    (n_m ~ N h_m / K), so its coefficient is D / h_m: the row's value is (sum + noise) / h_m.
    h_m >= the threshold for every selected row, which bounds the amplification of a cold row's
@@ -88,7 +89,8 @@ class RoundStats:
 @dataclass
 class DpMechanism:
     """The round's Gaussian mechanism (module docstring). ``table_rows``: V per table;
-    ``population_counts``: every client's sample count (for the capped weights' mean);
+    ``population_counts``: every client's sample count (no longer read: the denominator's
+    mean weight is the public dp.weight_mean);
     ``heat``: the algorithm's rule reads heat (FedSubAvg), so selected rows get the private
     coefficient D / h_m; ``keep``: step 6 of the module docstring."""
 
@@ -103,13 +105,13 @@ class DpMechanism:
     # adaptive clipping: (round, C for the rounds after it), committed when a later round starts
     # (a round that screens out a member combines twice, from the same C)
     pending: tuple[int, float] | None = None
-    # D = K * mean_k(w_k) over the population (K for uniform weights): fixed for the run
+    # D = K * dp.weight_mean (K for uniform weights): fixed for the run, and public (the mean
+    # of the population's capped weights would read every user's private sample count)
     denominator: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.clip = self.clip or self.settings.clip
-        counts = torch.from_numpy(np.asarray(self.population_counts, dtype=np.float64))
-        mean = float(clipping.capped_weights(counts, self.settings.weight_cap).mean())
+        mean = self.settings.weight_mean if self.settings.weight_cap > 0 else 1.0
         self.denominator = self.settings.accounting.clients_per_round * mean
 
     def current_clip(self, round_index: int) -> float:

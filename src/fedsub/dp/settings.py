@@ -23,6 +23,8 @@ from typing import Literal
 
 from fedsub.dp import accountant as accounting
 from fedsub.dp.accountant import Accountant, Sampling
+from fedsub.errors import ConfigError
+from fedsub.progress import phase
 
 __all__ = [
     "Accountant",
@@ -33,10 +35,12 @@ __all__ = [
     "Rows",
     "Sampling",
     "default_delta",
+    "refusals",
     "resolve",
 ]
 
 Rows = Literal["private", "all"]
+UNREACHABLE = 4.75  # P(N(0, 1) >= 4.75) < 1e-6: a threshold this far out of reach selects nothing
 
 
 def default_delta(num_clients: int) -> float:
@@ -90,6 +94,7 @@ class DpSettings:
     selection: RowSelection = field(default_factory=RowSelection)  # read when rows = "private"
     adaptive: AdaptiveClip | None = None  # None: C stays `clip`
     weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
+    weight_mean: float = 1.0  # the public mean weight of the denominator D = K * weight_mean
     seed: int = 0
     # privacy.level = "full": distributed DP over secure aggregation (dp/distributed.py), each
     # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them
@@ -184,12 +189,33 @@ def resolve(
     """z and the accounting: delta defaulted (1/N^1.1), z calibrated when a target epsilon is
     given (then the budget is that target, unless a budget is set)."""
     delta = default_delta(num_clients) if delta is None else delta
+    if delta >= 1.0 / num_clients:
+        raise ConfigError(
+            f"dp.delta = {delta:g} is not below 1/N = {1.0 / num_clients:.3g} (N = "
+            f"{num_clients} clients): at delta >= 1/N, publishing one randomly chosen user's "
+            "data outright is (0, delta)-DP; leave dp.delta unset (1/N^1.1) or lower it"
+        )
     if noise_multiplier is None:
         if target_epsilon is None:
             raise ValueError("give dp.noise_multiplier or dp.target_epsilon")
-        noise_multiplier = accounting.calibrate(
-            target_epsilon,
-            rounds,
+        label = f"calibrating dp.noise_multiplier for epsilon {target_epsilon:g} (dp-accounting)"
+        with phase(label) as advance:
+            noise_multiplier = accounting.calibrate(
+                target_epsilon,
+                rounds,
+                delta,
+                accountant,
+                sampling,
+                num_clients,
+                clients_per_round,
+                distributed,
+                on_step=lambda: advance(1),
+            )
+        epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
+    if epsilon_budget is not None and rounds > 0:
+        first = accounting.epsilon(
+            noise_multiplier,
+            1,
             delta,
             accountant,
             sampling,
@@ -197,7 +223,38 @@ def resolve(
             clients_per_round,
             distributed,
         )
-        epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
+        if first > epsilon_budget:
+            raise ConfigError(
+                f"dp.epsilon_budget = {epsilon_budget:g} cannot pay for one round: round 1 "
+                f"alone spends epsilon {first:.4g} (z = {noise_multiplier:g}, delta = "
+                f"{delta:.3g}); raise the budget or the noise multiplier"
+            )
     return noise_multiplier, Accounting(
         delta, accountant, sampling, num_clients, clients_per_round, rounds, epsilon_budget
     )
+
+
+def refusals(settings: DpSettings) -> list[str]:
+    """Why the resolved settings cannot train (empty: they can): the row selection's
+    threshold out of reach of any row. A row's histogram value is the sum over the cohort
+    of min(1, B / sqrt(|S(k)|)) <= K min(1, B) (Poisson: K the expected cohort, plus five
+    standard deviations of its size); a threshold that this value misses by more than
+    ``UNREACHABLE`` selection-noise standard deviations selects the best row with probability
+    below 1e-6 a round: the update's rows are then noise's false positives only."""
+    if settings.rows != "private" or settings.distributed:
+        return []
+    a, bound = settings.accounting, settings.selection.bound
+    cohort = float(a.clients_per_round)
+    if a.sampling == "poisson":
+        cohort += 5 * math.sqrt(cohort)
+    reach = cohort * min(1.0, bound)
+    missed = (settings.histogram_threshold - reach) / settings.selection_std
+    if missed <= UNREACHABLE:
+        return []
+    return [
+        f"dp.selection_threshold = {settings.selection.threshold:g} selection-noise standard "
+        f"deviations (histogram value {settings.histogram_threshold:.4g}) is out of reach: a "
+        f"row every member of a cohort of {cohort:g} touches reaches at most {reach:.4g} "
+        f"(contribution bound B = {bound:g}), so even it is selected with probability below "
+        "1e-6 a round and no row of the update is kept; lower the threshold (default 3)"
+    ]

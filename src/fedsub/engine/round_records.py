@@ -95,10 +95,14 @@ def round_line(record: dict, rounds: int) -> str:
     if record["left_out"]:
         line += f", partitions left out: {record['left_out'][:10]}"
     if "failed" in record:
-        return f"{line}; model unchanged ({record['failed']})"
-    if "diverged" in record:
-        return f"{line}; diverged: {record['diverged']}"
-    return line + ("; model updated" if record["updated"] else "; model unchanged")
+        line += f"; model unchanged ({record['failed']})"
+    elif "diverged" in record:
+        line += f"; diverged: {record['diverged']}"
+    else:
+        line += "; model updated" if record["updated"] else "; model unchanged"
+    if "epsilon" in record:  # [dp]: spent so far, every round
+        line += f"; epsilon {record['epsilon']:.4g}"
+    return line
 
 
 def run_costs(rounds: list[dict], totals: dict[str, dict[str, int]]) -> dict[str, Any]:

@@ -306,6 +306,13 @@ def write_result(
             **run_costs(runtime.rounds, observers.meter.totals),
         },
     }
+    if runtime.ledger is not None:  # [dp]: what the model's epsilon is, after the rounds run
+        ledger = runtime.ledger
+        result["dp"] = {
+            "epsilon": ledger.epsilon(),
+            "rounds": ledger.rounds,
+            **ledger.settings.as_json(),
+        }
     if failure is None and progress is not None:
         write_model(out, runtime.params)
         result["evaluations"] = {str(e.round): e.metrics for e in progress.history}

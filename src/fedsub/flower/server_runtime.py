@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes, Population
+from fedsub.dp.ledger import Ledger
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import RunControl, build_server_round
 from fedsub.engine.membership import Membership, PositionNodes, Registration
@@ -129,6 +130,8 @@ class FlowerRuntime:
         self.counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
         self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
         self._available = 0  # clients that could be sampled this round
+        self.ledger: Ledger | None = None  # [dp]'s, once the run's server round is open
+        self._online: set[int] | None = None  # [dp]: this round's reachable clients
 
     # --- the population ----------------------------------------------------------------
     def open(self, control: RunControl) -> ServerRound:
@@ -154,6 +157,8 @@ class FlowerRuntime:
         )
         rounds.on_reject = self._log_rejection
         rounds.more_stages[POPULATION] = self.membership
+        self.ledger = rounds.ledger
+        self._check_accounted_population()
         if self.private:
             rounds.more_stages[PRIVATE_HEAT] = self.heat
         return rounds
@@ -173,7 +178,29 @@ class FlowerRuntime:
             rounds.repopulate(algorithm, sizes.sample_counts(), self._combine(algorithm))
         available = self.membership.available(online)
         self._available = len(available)
-        return available
+        if self.ledger is None:
+            return available
+        # [dp]: the cohort is drawn from the whole counted population, the N the accountant's
+        # rate q = K / N is over; a sampled client whose node is offline is a dropout (sent
+        # nothing, its update missing from the sum, the noise and the denominator unchanged),
+        # so epsilon is that of the sampling that happened (docs: Differential privacy)
+        self._online = set(available.tolist())
+        return np.arange(len(self.membership.counted), dtype=np.int64)
+
+    def _check_accounted_population(self) -> None:
+        """Under [dp] the counted population is the N epsilon is accounted over: a run that
+        counted another number of clients at round 1 (min-nodes below num-nodes) would sample
+        at another rate than the one reported, so it is refused."""
+        if self.ledger is None:
+            return
+        accounted = self.ledger.settings.accounting.num_clients
+        if len(self.membership.counted) != accounted:
+            raise FedsubError(
+                f"Flower [dp]: {len(self.membership.counted)} clients registered before round "
+                f"1, but epsilon is accounted over N = {accounted} (the run's population): the "
+                "cohort would be drawn at another rate than the one reported; leave min-nodes "
+                "unset (every node) or equal to the population"
+            )
 
     def _registered(
         self, registration: Registration, content: RecordDict, before: Registration | None
@@ -309,14 +336,17 @@ class FlowerRuntime:
         """Send the cohort its submodels, read the replies that came within the round
         timeout; the cohort's update over them, or ``RoundFailed`` (fewer than min-replies)."""
         r, clients = plan.round, plan.cohort.clients.tolist()
+        online = self._online
+        reachable = [j for j in clients if online is None or j in online]  # [dp]: dropouts
         if self.asks_rows:  # the sampled nodes' rows (or download requests), for their download
-            self.sampled.ask(self.grid, clients, r)
+            self.sampled.ask(self.grid, reachable, r)
         partitions = [self.membership.counted[j] for j in clients]
         nodes = [self.membership.node_of(k) for k in partitions]
         sent_to = {
             node: j
             for j, node in zip(clients, nodes, strict=True)
-            if not self.asks_rows or j in self.sampled.rows  # no rows: left out
+            if (not self.asks_rows or j in self.sampled.rows)  # no rows: left out
+            and (online is None or j in online)  # [dp]: an offline sampled node drops out
         }
         if self.observers.on_progress is not None:
             self.observers.on_progress({"round": r, "sent_to": partitions, "nodes": nodes})
@@ -417,6 +447,8 @@ class FlowerRuntime:
         meter = self.observers.meter
         costs = meter.take(self.records.current["nodes"]) if meter is not None else None
         record = self.records.close(updated, diverged, costs)
+        if self.ledger is not None:  # [dp]: epsilon after every round, evaluated or not
+            record["epsilon"] = self.ledger.epsilon()
         if self.observers.on_progress is not None:
             self.observers.on_progress(record)
         flwr_log(INFO, "%s", round_line(record, self.schedule.rounds))

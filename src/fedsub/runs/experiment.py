@@ -146,6 +146,12 @@ def resume_point(name: str, folder: Path, identity: RunIdentity) -> ResumePoint:
     return ResumePoint(checkpoint=saved)
 
 
+DP_WITHHELD = (
+    "withheld under [dp]: bytes per client and clipped values are statistics of the sampled "
+    "clients' data that epsilon does not cover (docs: the run folder)"
+)
+
+
 def _log_rejection(algorithm: str, rejection: Rejection, log: JsonLines) -> None:
     LOG.warning(
         "%s round %d: rejected client %d: %s",
@@ -290,9 +296,14 @@ class AlgorithmRun:
             current_reporter().note(self.label + self.name, text)
 
     def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
-        """privacy.json: the privacy level's guarantees and what it cost."""
+        """privacy.json: the privacy level's guarantees and what it cost; under [dp] without
+        its costs (the means of the sampled clients' bytes, the clipped values: statistics of
+        the clients' data that no epsilon covers, so not in a file meant for publication)."""
         for private in stages:
-            record = {**privacy_levels.describe(private.privacy), **private.costs.as_json()}
+            costs: dict = private.costs.as_json()
+            if self.config.dp.mechanism != "none":
+                costs = {"costs": DP_WITHHELD}
+            record = {**privacy_levels.describe(private.privacy), **costs}
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
             if private.costs.clipped:
                 LOG.warning(
@@ -531,10 +542,29 @@ def _summary(
     """The comparison's summary.json record and summary.md text."""
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
+    markdown = summary_markdown(result, target, setup.schedule.rounds)
     if setup.schedule.dp is not None:
         for name, history in histories.items():
             result["algorithms"][name]["dp"] = dp_record(setup.schedule.dp, history)
-    return result, summary_markdown(result, target, setup.schedule.rounds)
+        markdown += "\n" + DP_SCOPE_MARKDOWN
+    return result, markdown
+
+
+# what a [dp] run's epsilon covers and what it does not (summary.json's dp records, summary.md;
+# docs/getting-started/run-folder.md lists every file)
+DP_COVERED = ["model.safetensors (the released model of every round, checkpoints too)", "epsilon"]
+DP_NOT_COVERED = [
+    "train and test metrics (computed in the clear on the users' training and held-out data)",
+    "best",
+    "rounds_to_target",
+    "diverged (a stop decided from the train loss in the clear)",
+]
+DP_SCOPE_MARKDOWN = (
+    "Differential privacy: epsilon covers the released models only. The metrics above (final "
+    "and best, computed in the clear on the users' training and held-out data), the rounds to "
+    "target and a divergence stop are not covered: they are the operator's, not for "
+    "publication as private (docs: the run folder).\n"
+)
 
 
 def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
@@ -543,7 +573,8 @@ def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
     last = history[-1] if history else None
     spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
     rounds = last.round if last is not None else 0
-    return {"epsilon": spent, "rounds": rounds, **settings.as_json()}
+    record = {"epsilon": spent, "rounds": rounds, **settings.as_json()}
+    return {**record, "covered_by_epsilon": DP_COVERED, "not_covered": DP_NOT_COVERED}
 
 
 def _write_summary(
@@ -831,6 +862,9 @@ def _privacy_markdown(key: str, outcomes: dict[str, Outcome]) -> list[str]:
     ]
     for n, by_value in records.items():
         for v, r in by_value.items():
+            if "bytes_up_per_client_round" not in r:  # withheld under [dp]
+                lines.append(f"| {n} | {v} | {r['level']} | withheld ([dp]) | | | | |")
+                continue
             lines.append(
                 f"| {n} | {v} | {r['level']} | {r['bytes_up_per_client_round']:.0f} | "
                 f"{r['bytes_down_per_client_round']:.0f} | "

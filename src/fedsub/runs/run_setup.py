@@ -22,6 +22,7 @@ from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
+from fedsub.dp import accountant as dp_accountant
 from fedsub.dp import settings as dp_settings
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
@@ -209,7 +210,7 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     )
     a, rows = d.adaptive_clipping, d.row_selection
     adaptive = dp_settings.AdaptiveClip(a.target_quantile, a.clip_lr, a.count_share)
-    return dp_settings.DpSettings(
+    settings = dp_settings.DpSettings(
         clip=d.clip,
         noise_multiplier=noise_multiplier,
         accounting=accounting,
@@ -219,10 +220,14 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weight_cap=d.weight_cap,
+        weight_mean=d.weight_mean,
         seed=t.seed,
         distributed=distributed,
         min_survivors=d.min_survivors,
     )
+    for reason in dp_settings.refusals(settings):
+        raise ConfigError(f"[dp] mechanism = 'gaussian' cannot train here: {reason}")
+    return settings
 
 
 def dp_plan(config: Config) -> list[str]:
@@ -252,6 +257,11 @@ def dp_plan(config: Config) -> list[str]:
             f"row selection: z_sel = {settings.selection_multiplier:.4g}, update z_grad = "
             f"{settings.update_multiplier:.4g}, threshold {settings.histogram_threshold:.4g} "
             f"(contribution bound B = {settings.selection.bound:g})"
+        )
+    if settings.noise_multiplier > dp_accountant.Z_MAX:
+        lines.append(
+            f"z above {dp_accountant.Z_MAX:g} is accounted at {dp_accountant.Z_MAX:g}: the "
+            "epsilons below are upper bounds"
         )
     marks = sorted({max(1, rounds * i // 4) for i in range(1, 5)})
     lines += [f"epsilon after round {r}: {settings.epsilon(r):.4f}" for r in marks]
