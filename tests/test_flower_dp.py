@@ -17,7 +17,8 @@ from fedsub.flower.settings import FlowerSettings, Output, Replies
 from .test_flower import OVERRIDES
 from .test_flower_heat_exchange import AppGrid
 
-DP = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5")
+# seeded: the Flower run is compared with the in-process run bit for bit
+DP = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5", "dp.randomness='seeded'")
 
 
 def in_process_model(overrides: tuple[str, ...], name: str) -> dict[str, torch.Tensor]:
@@ -104,6 +105,7 @@ DISTRIBUTED = (
     "privacy.download='randomized-response'",
     "privacy.download_keep=0.8",
     "dp.mechanism='gaussian'",
+    "dp.randomness='seeded'",  # the server's cohorts are the in-process run's
     "dp.noise_multiplier=1.5",
     "dp.clip=0.5",
     "dp.rows='all'",
@@ -134,7 +136,7 @@ def test_a_flower_run_with_distributed_dp_is_the_in_process_run(tmp_path):
         torch.testing.assert_close(runs[True][key], value, rtol=0, atol=1e-6)
     # by default each node's own secret randomness: other noise, another model
     assert any(not torch.allclose(v, runs[False][k], atol=1e-4) for k, v in expected.items())
-    plain = in_process_model(DISTRIBUTED[:-5], "fedavg")  # the same run without [dp]
+    plain = in_process_model(DISTRIBUTED[:-6], "fedavg")  # the same run without [dp]
     assert any(not torch.allclose(v, plain[k], atol=1e-3) for k, v in expected.items())
 
 

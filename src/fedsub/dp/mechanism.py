@@ -25,8 +25,10 @@ and fedsub's sparsity-preserving form for submodels).
    is already unbiased and nothing is divided. Post-processing: no extra budget.
 
 The server optimizer then applies the update (post-processing). Noise comes from a torch
-``Generator`` on the host keyed by (seed, round), drawn in a fixed order (tables by name, then
-dense parameters by name), so every backend and device draws the same numbers.
+``Generator`` on the host keyed by (key, round), drawn in a fixed order (tables by name, then
+dense parameters by name), so every backend and device draws the same numbers. The key is the
+run's secret (``dp.randomness = "secret"``, dp/randomness.py), or train.seed when the run opted
+into reproducible, unguaranteed streams.
 """
 
 from __future__ import annotations
@@ -39,17 +41,19 @@ import torch
 
 from fedsub.algorithms.aggregation import RowUnion, RowUpdate, ServerUpdate
 from fedsub.dp import clipping, selection
+from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings
 from fedsub.numerics import seeding, segment_sum
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 
-def round_generator(seed: int, round_index: int) -> torch.Generator:
-    """The round's noise stream (host), the same for every backend and device."""
+def round_generator(seed: seeding.Seed, round_index: int) -> torch.Generator:
+    """The round's noise stream (host), the same for every backend and device; ``seed``: the
+    run's secret, or train.seed in seeded mode."""
     # a SeedSequence of (seed, purpose, round), as seeding.rng keys its streams, without
     # building a numpy Generator (a round's noise is drawn by torch)
-    state = np.random.SeedSequence([seed, seeding.DP, round_index]).generate_state(1, np.uint64)
+    state = seeding.seed_sequence(seed, seeding.DP, round_index).generate_state(1, np.uint64)
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(2)))
 
 
@@ -90,7 +94,8 @@ class DpMechanism:
     """The round's Gaussian mechanism (module docstring). ``table_rows``: V per table;
     ``population_counts``: every client's sample count (for the capped weights' mean);
     ``heat``: the algorithm's rule reads heat (FedSubAvg), so selected rows get the private
-    coefficient D / h_m; ``keep``: step 6 of the module docstring."""
+    coefficient D / h_m; ``keep``: step 6 of the module docstring; ``streams``: the key
+    of the noise (the run's, shared with the cohort; default: the settings' own)."""
 
     settings: DpSettings
     table_rows: dict[str, int]
@@ -105,8 +110,11 @@ class DpMechanism:
     pending: tuple[int, float] | None = None
     # D = K * mean_k(w_k) over the population (K for uniform weights): fixed for the run
     denominator: float = field(init=False)
+    streams: DpStreams | None = None
 
     def __post_init__(self) -> None:
+        if self.streams is None:
+            self.streams = DpStreams(self.settings.randomness, self.settings.seed)
         self.clip = self.clip or self.settings.clip
         counts = torch.from_numpy(np.asarray(self.population_counts, dtype=np.float64))
         mean = float(clipping.capped_weights(counts, self.settings.weight_cap).mean())
@@ -144,7 +152,8 @@ class DpMechanism:
     def combine(self, update: CohortUpdate, round_index: int) -> ServerUpdate:
         """The round's noised, normalized update (module docstring)."""
         s = self.settings
-        generator = round_generator(s.seed, round_index)
+        assert self.streams is not None  # set by __post_init__
+        generator = round_generator(self.streams.key, round_index)
         clip = self.current_clip(round_index)
         squared = update.squared_norms()
         if s.adaptive is not None:  # drawn first: the other draws keep their order

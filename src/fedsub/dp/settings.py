@@ -23,6 +23,7 @@ from typing import Literal
 
 from fedsub.dp import accountant as accounting
 from fedsub.dp.accountant import Accountant, Sampling
+from fedsub.dp.randomness import Randomness
 
 __all__ = [
     "Accountant",
@@ -31,6 +32,7 @@ __all__ = [
     "DpSettings",
     "RowSelection",
     "Rows",
+    "Randomness",
     "Sampling",
     "default_delta",
     "resolve",
@@ -95,6 +97,9 @@ class DpSettings:
     # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them
     distributed: bool = False
     min_survivors: int = 0
+    # dp.randomness: the streams' key, a secret from the OS (the default) or train.seed
+    # (reproducible, no guarantee; dp/randomness.py)
+    randomness: Randomness = "secret"
 
     @property
     def survivors_needed(self) -> int:
@@ -165,6 +170,9 @@ class DpSettings:
             "adaptive_clip": self.adaptive is not None,
             "noise": "distributed-discrete-gaussian" if self.distributed else "central-gaussian",
             "min_survivors": self.survivors_needed if self.distributed else None,
+            "randomness": self.randomness,
+            # seeded: the noise and cohorts derive from the published train.seed
+            "guarantee": self.randomness == "secret",
         }
 
 
