@@ -74,6 +74,19 @@ def test_a_flower_run_with_dp_is_the_in_process_run_with_dp(tmp_path, name):
     assert any(not torch.allclose(v, plain[k], atol=1e-3) for k, v in expected.items())
     epsilons = [result["evaluations"][r]["epsilon"] for r in ("1", "2", "3")]
     assert 0 < epsilons[0] < epsilons[1] < epsilons[2]  # spent round by round
+    assert result["dp_randomness"] == "seeded" and "NOT a privacy" in result["dp_not_a_guarantee"]
+
+
+def test_a_flower_run_with_dp_draws_its_own_secret_by_default(tmp_path):
+    """Without dp.randomness = "seeded" the ServerApp's noise and cohorts come from its own
+    secret: not the seeded in-process model, and no "not a guarantee" label."""
+    secret = tuple(o for o in DP if "randomness" not in o)
+    overrides = (*OVERRIDES, *secret, "train.algorithms=['fedavg']")
+    result = flower_run(tmp_path, overrides, eval_every=3)
+    assert result["dp_randomness"] == "secret" and "dp_not_a_guarantee" not in result
+    flower = load_file(tmp_path / "model.safetensors")
+    seeded = in_process_model((*OVERRIDES, *DP, "train.algorithms=['fedavg']"), "fedavg")
+    assert any(not torch.allclose(v, flower[k], atol=1e-3) for k, v in seeded.items())
 
 
 def test_a_flower_run_stopped_by_its_budget_evaluates_the_model_it_ends_with(tmp_path):

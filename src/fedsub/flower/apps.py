@@ -28,6 +28,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
+from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive
@@ -244,6 +245,11 @@ def write_result(
             **run_costs(runtime.rounds, observers.meter.totals),
         },
     }
+    dp = runtime.schedule.dp
+    if dp is not None:  # where the noise and the cohorts came from (dp/randomness.py)
+        result["dp_randomness"] = dp.randomness
+        if dp.randomness == "seeded":
+            result["dp_not_a_guarantee"] = NOT_A_GUARANTEE
     if failure is None and progress is not None:
         write_model(out, runtime.params)
         result["evaluations"] = {str(e.round): e.metrics for e in progress.history}
