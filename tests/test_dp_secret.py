@@ -332,3 +332,33 @@ def torchrun_script(folder: Path, script: Path, *args: str) -> subprocess.Comple
         text=True,
         timeout=180,
     )
+
+
+def test_a_stopped_secret_run_folder_resumes_to_the_uninterrupted_files_byte_for_byte(tmp_path):
+    """A [dp] run stopped after round 2 (as Ctrl-C stops it: a checkpoint, then Interrupted) and
+    resumed in its folder writes the model file and the epsilon lines of the same run (the same
+    secret) uninterrupted, byte for byte: the resume drew a fresh secret and read the
+    checkpoint's back."""
+    c = config("train.algorithms=['fedsubavg']", "eval.every=1", "train.checkpoint_every=0")
+    pinned = Secret.fresh()
+    stop = {"after": False}
+
+    def stopped_after_round_2(algorithm: str, round_index: int) -> None:
+        stop["after"] = round_index == 2
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(randomness, "draw_secret", lambda: pinned)
+        experiment.compare(c, tmp_path / "straight")
+        with pytest.raises(Interrupted):
+            experiment.compare(
+                c, tmp_path / "stopped", stopped_after_round_2, stop_requested=lambda: stop["after"]
+            )
+    experiment.compare(c, tmp_path / "stopped", resume=True)
+    a, b = (tmp_path / run / "fedsubavg" for run in ("straight", "stopped"))
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+    def lines(folder: Path) -> list[str]:  # metrics.jsonl without the wall-clock seconds
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").open()]
+        return [json.dumps({k: v for k, v in r.items() if k != "elapsed"}) for r in records]
+
+    assert lines(a) == lines(b) and len(lines(b)) == 5  # rounds 0 to 4, epsilon on each
