@@ -170,9 +170,8 @@ class DpSettings:
             "adaptive_clip": self.adaptive is not None,
             "noise": "distributed-discrete-gaussian" if self.distributed else "central-gaussian",
             "min_survivors": self.survivors_needed if self.distributed else None,
-            "randomness": self.randomness,
             # seeded: the noise and cohorts derive from the published train.seed
-            "guarantee": self.randomness == "secret",
+            "randomness": self.randomness,
         }
 
 
