@@ -315,3 +315,15 @@ def test_central_dp_at_download_on_flower_is_the_in_process_run(tmp_path):
 def test_seeded_noise_is_a_run_config_flag_off_by_default():
     assert not FlowerSettings.from_run_config({}).dp_seeded_noise
     assert FlowerSettings.from_run_config({"dp-seeded-noise": "true"}).dp_seeded_noise
+
+
+def test_seeded_noise_needs_seeded_randomness():
+    """dp-seeded-noise draws the nodes' shares from train.seed: refused in a run whose
+    dp.randomness is secret (its outputs would not say the epsilon is no guarantee)."""
+    from fedsub.errors import ConfigError
+
+    secret = tuple(o for o in DISTRIBUTED if "randomness" not in o)
+    with pytest.raises(ConfigError, match="dp-seeded-noise = true draws the nodes' noise"):
+        FlowerSettings(overrides=secret, dp_seeded_noise=True).fedsub_config()
+    assert FlowerSettings(overrides=secret).fedsub_config().dp.randomness == "secret"
+    assert FlowerSettings(overrides=DISTRIBUTED, dp_seeded_noise=True).fedsub_config()
