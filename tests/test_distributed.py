@@ -295,11 +295,12 @@ every = 2
 mechanism = "gaussian"
 noise_multiplier = 0.8
 clip = 0.5
+randomness = "seeded"  # compared with the one-process run (tests/test_dp_secret.py: secret)
 """
 
 
 def test_torchrun_with_dp_gives_the_one_process_models_and_epsilons(tmp_path, capsys):
-    """[dp] under torchrun: the noise is drawn on the host from (seed, round) after the
+    """[dp] under torchrun (seeded): the noise is drawn on the host from (seed, round) after the
     gather, the same in every process, so the models equal the one-process run's bit for bit
     and the epsilons reported are the same numbers."""
     config = tmp_path / "dp.toml"

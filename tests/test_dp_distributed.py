@@ -247,8 +247,8 @@ def test_kairouz_tau_is_negligible_at_the_share_floor():
         DiscreteNoise.for_round(1e-9, 1e-9, 4, 4, 10)  # C s stays large; z Delta / 2 < 16
 
 
-def test_a_run_at_full_reports_the_distributed_epsilon_and_repeats():
-    c = config(*FULL)
+def test_a_run_at_full_reports_the_distributed_epsilon_and_repeats_when_seeded():
+    c = config(*FULL, "dp.randomness='seeded'")
     first, second = experiment.compare(c, None), experiment.compare(c, None)
     settings = dp_of(c, 200)
     assert settings is not None
@@ -257,6 +257,9 @@ def test_a_run_at_full_reports_the_distributed_epsilon_and_repeats():
     a, b = first.params["fedavg"].state_dict(), second.params["fedavg"].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # the members' noise is seeded
     assert all(torch.isfinite(v).all() for v in a.values())
+    # the default: the members' noise (and the cohorts) from the run's secret, not the seed
+    secret = experiment.compare(config(*FULL), None).params["fedavg"].state_dict()
+    assert not all(torch.equal(a[k], secret[k]) for k in a)
 
 
 def test_a_target_epsilon_at_full_calibrates_for_the_zcdp_event():

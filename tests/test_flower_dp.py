@@ -18,7 +18,8 @@ from .flower_rounds import wide
 from .test_flower import OVERRIDES
 from .test_flower_heat_exchange import AppGrid
 
-DP = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5")
+# seeded: the Flower run is compared with the in-process run bit for bit
+DP = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5", "dp.randomness='seeded'")
 
 
 def in_process_model(overrides: tuple[str, ...], name: str) -> dict[str, torch.Tensor]:
@@ -74,6 +75,19 @@ def test_a_flower_run_with_dp_is_the_in_process_run_with_dp(tmp_path, name):
     assert any(not torch.allclose(v, plain[k], atol=1e-3) for k, v in expected.items())
     epsilons = [result["evaluations"][r]["epsilon"] for r in ("1", "2", "3")]
     assert 0 < epsilons[0] < epsilons[1] < epsilons[2]  # spent round by round
+    assert result["dp_randomness"] == "seeded" and "NOT a privacy" in result["dp_not_a_guarantee"]
+
+
+def test_a_flower_run_with_dp_draws_its_own_secret_by_default(tmp_path):
+    """Without dp.randomness = "seeded" the ServerApp's noise and cohorts come from its own
+    secret: not the seeded in-process model, and no "not a guarantee" label."""
+    secret = tuple(o for o in DP if "randomness" not in o)
+    overrides = (*OVERRIDES, *secret, "train.algorithms=['fedavg']")
+    result = flower_run(tmp_path, overrides, eval_every=3)
+    assert result["dp_randomness"] == "secret" and "dp_not_a_guarantee" not in result
+    flower = load_file(tmp_path / "model.safetensors")
+    seeded = in_process_model((*OVERRIDES, *DP, "train.algorithms=['fedavg']"), "fedavg")
+    assert any(not torch.allclose(v, flower[k], atol=1e-3) for k, v in seeded.items())
 
 
 def test_a_flower_run_stopped_by_its_budget_evaluates_the_model_it_ends_with(tmp_path):
@@ -105,6 +119,7 @@ DISTRIBUTED = (
     "privacy.download='randomized-response'",
     "privacy.download_keep=0.8",
     "dp.mechanism='gaussian'",
+    "dp.randomness='seeded'",  # the server's cohorts are the in-process run's
     "dp.noise_multiplier=1.5",
     "dp.clip=0.5",
     "dp.rows='all'",
@@ -135,7 +150,7 @@ def test_a_flower_run_with_distributed_dp_is_the_in_process_run(tmp_path):
         torch.testing.assert_close(runs[True][key], value, rtol=0, atol=1e-6)
     # by default each node's own secret randomness: other noise, another model
     assert any(not torch.allclose(v, runs[False][k], atol=1e-4) for k, v in expected.items())
-    plain = in_process_model(DISTRIBUTED[:-5], "fedavg")  # the same run without [dp]
+    plain = in_process_model(DISTRIBUTED[:-6], "fedavg")  # the same run without [dp]
     assert any(not torch.allclose(v, plain[k], atol=1e-3) for k, v in expected.items())
 
 
@@ -398,3 +413,13 @@ def test_a_flower_run_with_dp_reports_epsilon_every_round_without_evaluating(tmp
     assert len(epsilons) == 3 and 0 < epsilons[0] < epsilons[1] < epsilons[2]
     assert result["dp"]["epsilon"] == epsilons[-1]
     assert result["dp"]["noise_multiplier"] == 0.8 and result["dp"]["rounds"] == 3
+def test_seeded_noise_needs_seeded_randomness():
+    """dp-seeded-noise draws the nodes' shares from train.seed: refused in a run whose
+    dp.randomness is secret (its outputs would not say the epsilon is no guarantee)."""
+    from fedsub.errors import ConfigError
+
+    secret = tuple(o for o in DISTRIBUTED if "randomness" not in o)
+    with pytest.raises(ConfigError, match="dp-seeded-noise = true draws the nodes' noise"):
+        FlowerSettings(overrides=secret, dp_seeded_noise=True).fedsub_config()
+    assert FlowerSettings(overrides=secret).fedsub_config().dp.randomness == "secret"
+    assert FlowerSettings(overrides=DISTRIBUTED, dp_seeded_noise=True).fedsub_config()

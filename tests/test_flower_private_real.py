@@ -95,7 +95,7 @@ def test_real_run_with_distributed_dp_is_the_in_process_run(full_nodes, tmp_path
         "train.algorithms=['fedavg']; train.heat='samples'; privacy.level='full'; "
         "privacy.download='randomized-response'; privacy.download_keep=0.6; "
         "privacy.secagg_group=3; dp.mechanism='gaussian'; dp.noise_multiplier=1.5; "
-        "dp.clip=0.5; dp.rows='all'; dp.min_survivors=2"
+        "dp.clip=0.5; dp.rows='all'; dp.min_survivors=2; dp.randomness='seeded'"
     )
     out = tmp_path / "out"
     run_config = (

@@ -351,6 +351,13 @@ class DpConfig:
     decoded from; each client's discrete noise share is calibrated so that K_min shares reach
     the accounted noise, and secure aggregation's threshold is raised to K_min (fewer survivors
     cannot be unmasked). 0: the whole cohort (any dropout aborts the round)."""
+    randomness: str = field(default="secret", metadata={"choices": lambda: ["secret", "seeded"]})
+    """Where the random choices the guarantee relies on come from (the noise, the cohorts, the
+    row selection's false positives, adaptive clipping's count noise): `secret`, drawn from the
+    operating system's entropy when the run starts and kept only in its checkpoints (a resumed
+    run continues it; two runs of one config differ); `seeded`, from `train.seed`, so a run
+    repeats bit for bit, but anyone who reads the seed in config.toml can redraw and subtract
+    the noise: its epsilon is NOT a guarantee (tests and reproductions only)."""
 
 
 @dataclass(frozen=True)

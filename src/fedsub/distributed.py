@@ -201,6 +201,19 @@ def all_gather(value: Any, what: str) -> list[Any]:
     return gathered
 
 
+def from_first(value: Any, what: str) -> Any:
+    """Process 0's ``value`` (picklable), in every process: what one process draws and the
+    others must use (e.g. [dp]'s secret, dp/randomness.py). One process: ``value``."""
+    import torch.distributed as dist
+
+    if joined() is None:
+        return value
+    sent = [value]
+    with collective(what):
+        dist.broadcast_object_list(sent, src=0)
+    return sent[0]
+
+
 def barrier(what: str) -> None:
     """Wait until every process gets here (no-op for one process)."""
     import torch.distributed as dist

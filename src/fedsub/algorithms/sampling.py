@@ -24,13 +24,13 @@ class Cohort:
         return len(self.clients)
 
 
-def uniform_cohort(seed: int, round_index: int, num_clients: int, k: int) -> np.ndarray:
+def uniform_cohort(seed: seeding.Seed, round_index: int, num_clients: int, k: int) -> np.ndarray:
     """K clients uniformly without replacement, sorted; the same for every algorithm."""
     generator = seeding.rng(seed, seeding.SAMPLING, round_index)
     return np.sort(generator.choice(num_clients, size=min(k, num_clients), replace=False))
 
 
-def poisson_cohort(seed: int, round_index: int, num_clients: int, k: int) -> Cohort:
+def poisson_cohort(seed: seeding.Seed, round_index: int, num_clients: int, k: int) -> Cohort:
     """Each client joins independently with probability q = K / N (``train.sampling =
     "poisson"``, the sampling DP-FedAvg's accounting assumes); the cohort may be empty."""
     generator = seeding.rng(seed, seeding.SAMPLING, round_index, 2)
@@ -39,7 +39,7 @@ def poisson_cohort(seed: int, round_index: int, num_clients: int, k: int) -> Coh
 
 
 def sample_cohort(
-    kind: SamplingKind, seed: int, round_index: int, sample_counts: np.ndarray, k: int
+    kind: SamplingKind, seed: seeding.Seed, round_index: int, sample_counts: np.ndarray, k: int
 ) -> Cohort:
     """``uniform``: K distinct clients, equally likely. ``proportional-with-replacement``:
     K draws with replacement, client k drawn with probability n_k / n (Li et al., Scheme I)."""

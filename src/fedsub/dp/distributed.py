@@ -145,7 +145,8 @@ def noisy_share(
     return (integers % 2**MODULUS_BITS).astype(np.uint32)
 
 
-def member_rng(seed: int, round_index: int, client: int) -> np.random.Generator:
-    """The simulator's stand-in for a client's secret randomness in a round (seeded, so runs
-    repeat); a deployed node uses its own."""
+def member_rng(seed: seeding.Seed, round_index: int, client: int) -> np.random.Generator:
+    """The simulator's stand-in for a client's secret randomness in a round, keyed by the
+    run's secret (``seed``; train.seed under dp.randomness = "seeded", so runs repeat); a
+    deployed node uses its own."""
     return seeding.rng(seed, seeding.DP, round_index, 1 + client)

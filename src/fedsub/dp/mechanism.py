@@ -26,8 +26,10 @@ and fedsub's sparsity-preserving form for submodels).
    is already unbiased and nothing is divided. Post-processing: no extra budget.
 
 The server optimizer then applies the update (post-processing). Noise comes from a torch
-``Generator`` on the host keyed by (seed, round), drawn in a fixed order (tables by name, then
-dense parameters by name), so every backend and device draws the same numbers.
+``Generator`` on the host keyed by (key, round), drawn in a fixed order (tables by name, then
+dense parameters by name), so every backend and device draws the same numbers. The key is the
+run's secret (``dp.randomness = "secret"``, dp/randomness.py), or train.seed when the run opted
+into reproducible, unguaranteed streams.
 """
 
 from __future__ import annotations
@@ -40,17 +42,19 @@ import torch
 
 from fedsub.algorithms.aggregation import RowUnion, RowUpdate, ServerUpdate
 from fedsub.dp import clipping, selection
+from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings
 from fedsub.numerics import seeding, segment_sum
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 
-def round_generator(seed: int, round_index: int) -> torch.Generator:
-    """The round's noise stream (host), the same for every backend and device."""
+def round_generator(seed: seeding.Seed, round_index: int) -> torch.Generator:
+    """The round's noise stream (host), the same for every backend and device; ``seed``: the
+    run's secret, or train.seed in seeded mode."""
     # a SeedSequence of (seed, purpose, round), as seeding.rng keys its streams, without
     # building a numpy Generator (a round's noise is drawn by torch)
-    state = np.random.SeedSequence([seed, seeding.DP, round_index]).generate_state(1, np.uint64)
+    state = seeding.seed_sequence(seed, seeding.DP, round_index).generate_state(1, np.uint64)
     return torch.Generator().manual_seed(int(state[0] >> np.uint64(2)))
 
 
@@ -92,7 +96,8 @@ class DpMechanism:
     ``population_counts``: every client's sample count (no longer read: the denominator's
     mean weight is the public dp.weight_mean);
     ``heat``: the algorithm's rule reads heat (FedSubAvg), so selected rows get the private
-    coefficient D / h_m; ``keep``: step 6 of the module docstring."""
+    coefficient D / h_m; ``keep``: step 6 of the module docstring; ``streams``: the key
+    of the noise (the run's, shared with the cohort; default: the settings' own)."""
 
     settings: DpSettings
     table_rows: dict[str, int]
@@ -108,8 +113,11 @@ class DpMechanism:
     # D = K * dp.weight_mean (K for uniform weights): fixed for the run, and public (the mean
     # of the population's capped weights would read every user's private sample count)
     denominator: float = field(init=False)
+    streams: DpStreams | None = None
 
     def __post_init__(self) -> None:
+        if self.streams is None:
+            self.streams = DpStreams(self.settings.randomness, self.settings.seed)
         self.clip = self.clip or self.settings.clip
         mean = self.settings.weight_mean if self.settings.weight_cap > 0 else 1.0
         self.denominator = self.settings.accounting.clients_per_round * mean
@@ -146,7 +154,8 @@ class DpMechanism:
     def combine(self, update: CohortUpdate, round_index: int) -> ServerUpdate:
         """The round's noised, normalized update (module docstring)."""
         s = self.settings
-        generator = round_generator(s.seed, round_index)
+        assert self.streams is not None  # set by __post_init__
+        generator = round_generator(self.streams.key, round_index)
         clip = self.current_clip(round_index)
         squared = update.squared_norms()
         if s.adaptive is not None:  # drawn first: the other draws keep their order

@@ -25,12 +25,14 @@ from fedsub.dp import accountant as accounting
 from fedsub.dp.accountant import Accountant, Sampling
 from fedsub.errors import ConfigError
 from fedsub.progress import phase
+from fedsub.dp.randomness import Randomness
 
 __all__ = [
     "Accountant",
     "Accounting",
     "AdaptiveClip",
     "DpSettings",
+    "Randomness",
     "RowSelection",
     "Rows",
     "Sampling",
@@ -100,6 +102,9 @@ class DpSettings:
     # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them
     distributed: bool = False
     min_survivors: int = 0
+    # dp.randomness: the streams' key, a secret from the OS (the default) or train.seed
+    # (reproducible, no guarantee; dp/randomness.py)
+    randomness: Randomness = "secret"
 
     @property
     def survivors_needed(self) -> int:
@@ -170,6 +175,8 @@ class DpSettings:
             "adaptive_clip": self.adaptive is not None,
             "noise": "distributed-discrete-gaussian" if self.distributed else "central-gaussian",
             "min_survivors": self.survivors_needed if self.distributed else None,
+            # seeded: the noise and cohorts derive from the published train.seed
+            "randomness": self.randomness,
         }
 
 

@@ -10,7 +10,8 @@ continues another run's checkpoint). Stages are saved and restored generically t
 into a temporary folder and renamed into place, so a run killed at any moment leaves only whole
 checkpoints; the newest ``keep`` are kept (a resume falls back to the older one when the newest
 is damaged). Nothing else is needed to resume: every random stream in fedsub is keyed by (seed,
-purpose, round, client), so the round number restores them all.
+purpose, round, client), so the round number restores them all; under [dp] the key is the
+run's secret, itself a stage (``dp_secret``, dp/randomness.py): a checkpoint is private.
 
 A run with row-sharded tables (``execution.table_sharding = "rows"``, fedsub/sharding) writes one
 checkpoint folder all the same: process 0 creates the temporary folder, every process writes its

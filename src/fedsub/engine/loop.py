@@ -26,6 +26,7 @@ from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset, Population
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanism import DpMechanism, empty_update
+from fedsub.dp.randomness import DpStreams, streams_of
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import masked, placement
 from fedsub.engine.backends import backend_for
@@ -111,8 +112,17 @@ def central_setup(
     )
 
 
+def dp_streams(schedule: Schedule) -> DpStreams | None:
+    """[dp]'s random streams for this run (dp/randomness.py): a fresh secret (process 0's in
+    every process), or train.seed in seeded mode; None without [dp]. A resumed run's secret
+    is read back from its checkpoint (the ``dp_secret`` stage)."""
+    if schedule.dp is None:
+        return None
+    return streams_of(schedule.dp.randomness, schedule.seed)
+
+
 def private_rounds(
-    algorithm: Algorithm, schedule: Schedule, params: Params
+    algorithm: Algorithm, schedule: Schedule, params: Params, streams: DpStreams | None = None
 ) -> PrivateRounds | None:
     """The round's privacy stages (``privacy.level``), or None: no privacy configured, width
     slices (config.py refuses private levels with masking), or CentralSGD (the pooled
@@ -124,7 +134,9 @@ def private_rounds(
     aggregation = algorithm.aggregation.to(schedule.execution.device)
     # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
     dp = schedule.dp if schedule.privacy.secure_aggregation else None
-    return PrivateRounds(schedule.privacy, aggregation, table_rows, schedule.seed, dp=dp)
+    return PrivateRounds(
+        schedule.privacy, aggregation, table_rows, schedule.seed, dp=dp, streams=streams
+    )
 
 
 def round_stages(
@@ -232,22 +244,25 @@ def build_server_round(
     params: Params,
     combine: Callable[[Any], ServerUpdate],
     control: RunControl,
+    streams: DpStreams | None = None,
 ) -> ServerRound:
-    """The server half of the run's rounds, with every stateful stage freshly initialised."""
+    """The server half of the run's rounds, with every stateful stage freshly initialised;
+    under [dp] the cohorts and the noise keyed by ``streams`` (default: ``dp_streams``'s)."""
     variates = (
         ControlVariates(params, index, dataset.num_clients) if algorithm.control_variates else None
     )
     mechanism, ledger = None, None
     if schedule.dp is not None:
         ledger = Ledger(schedule.dp)
+        streams = streams or dp_streams(schedule)
     distributed = schedule.privacy is not None and schedule.privacy.secure_aggregation
     if schedule.dp is not None and not distributed:  # the central Gaussian mechanism
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
         keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
         counts = dataset.sample_counts()
-        mechanism = DpMechanism(schedule.dp, table_rows, counts, heat, keep)
-    return ServerRound(
+        mechanism = DpMechanism(schedule.dp, table_rows, counts, heat, keep, streams=streams)
+    rounds = ServerRound(
         algorithm,
         schedule,
         dataset.sample_counts(),
@@ -260,6 +275,8 @@ def build_server_round(
         dp=mechanism,
         ledger=ledger,
     )
+    rounds.streams = streams
+    return rounds
 
 
 def start_sharded(
@@ -479,8 +496,8 @@ def run_rounds(
     checked against the model by runs/initial_model.py). With ``control.resume`` the run
     continues after the checkpoint's round and ends with the same model and evaluations as an
     uninterrupted run. Under torchrun with [dp] every process adds the same noise
-    (dp/mechanism.py draws it on the host from a generator keyed by seed and round, after the
-    gather), so the processes' models stay equal."""
+    (dp/mechanism.py draws it on the host from a generator keyed by the run's secret, process
+    0's, and the round, after the gather), so the processes' models stay equal."""
     control = control or RunControl()
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
@@ -489,11 +506,14 @@ def run_rounds(
     params, host, sharded = round_zero(model, algorithm, schedule, start)
     if sharded is not None and evaluator is not None:
         evaluator = sharded_evaluator(evaluator, sharded)
-    private = None if sharded is not None else private_rounds(algorithm, schedule, params)
+    streams = dp_streams(schedule)
+    private = None if sharded is not None else private_rounds(algorithm, schedule, params, streams)
     if private is not None and control.on_private_rounds is not None:
         control.on_private_rounds(private)
     stages = round_stages(model, algorithm, schedule, params, private, host, sharded)
-    rounds = build_server_round(algorithm, dataset, index, schedule, params, stages[1], control)
+    rounds = build_server_round(
+        algorithm, dataset, index, schedule, params, stages[1], control, streams
+    )
     run_cohort = stages[0]
     if host is not None:
         placement.check_row_local(algorithm, rounds.server)

@@ -38,6 +38,7 @@ import torch
 from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.weighting import WEIGHTINGS, SecureWeighting
 from fedsub.dp.distributed import DiscreteNoise, member_rng, noisy_share
+from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings
 from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
@@ -148,6 +149,8 @@ class PrivateRounds:
     keep_transcript: bool = False
     transcript: list[RoundRecord] = field(default_factory=list)
     dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_secure``)
+    # [dp]: the key of the members' noise shares (the run's secret; seeded: train.seed)
+    streams: DpStreams | None = None
     costs: Costs = field(default_factory=Costs)
     _round: int = 0
     _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -244,7 +247,7 @@ class PrivateRounds:
     def _secure(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sparse aggregation over the union of the cohort's requests (``SecureRound``):
         each member's weighted deltas and weight units, or with [dp] its noisy share of its
-        clipped update (``member_share``, seeded per (seed, round, client)). Building the
+        clipped update (``member_share``, keyed by (the run's secret, round, client)). Building the
         vectors is the clients' time; the protocol's steps are timed per side by
         ``secure_row_sum``. The server reads the public plan and the decoded sums only; each
         member's count (``weights``) is read on the member's side."""
@@ -257,7 +260,8 @@ class PrivateRounds:
 
         def encode(j: int, vector: np.ndarray) -> np.ndarray:
             if plan.noise is not None:
-                rng = member_rng(self.seed, self._round, members[j])
+                key = self.seed if self.streams is None else self.streams.key
+                rng = member_rng(key, self._round, members[j])
                 return member_share(vector, plan.noise, rng)
             return weighted_input(plan, j, counts[j], vector)
 

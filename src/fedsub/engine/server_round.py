@@ -27,6 +27,8 @@ from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanism import DpMechanism, empty_update
+from fedsub.dp.randomness import STAGE as DP_SECRET
+from fedsub.dp.randomness import DpStreams
 from fedsub.engine.guards import Rejection, needs_screening, screen
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.numerics.finite import any_nonfinite
@@ -117,6 +119,9 @@ class ServerRound:
     # [dp]: the round's Gaussian mechanism replaces ``combine`` and the ledger counts its rounds
     dp: DpMechanism | None = None
     ledger: Ledger | None = None
+    # [dp]: the key of the cohort's draw (and the mechanism's noise): the run's secret, or
+    # train.seed in seeded mode (dp/randomness.py); None: train.seed, as without [dp]
+    streams: DpStreams | None = field(default=None, init=False)
     # under row-sharded tables (fedsub/sharding): each check true when it holds in any
     # process, so every process takes the same branch; one process: the checks as they are
     agree: Callable[[list[bool]], list[bool]] = field(
@@ -139,6 +144,8 @@ class ServerRound:
             stages["dp_ledger"] = self.ledger
         if self.dp is not None and self.dp.settings.adaptive is not None:
             stages["dp_clip"] = self.dp  # adaptive clipping's C
+        if self.streams is not None and self.streams.guaranteed:
+            stages[DP_SECRET] = self.streams  # the secret: only checkpoints keep it
         for name, stage in self.more_stages.items():
             if name in stages:
                 raise ValueError(f"stage name {name!r} is taken by a built-in stage")
@@ -156,22 +163,25 @@ class ServerRound:
         self.algorithm, self.counts, self.server, self.combine = algorithm, counts, server, combine
 
     def begin(self, round_index: int, among: np.ndarray | None = None) -> RoundPlan:
-        """Round r's cohort (the same for every runtime: seeded by round) and its work.
+        """Round r's cohort (the same for every runtime: keyed by round) and its work.
 
         ``among``: the clients that can take part (sorted positions; default all), e.g. the
-        Flower nodes connected now; the sampler draws from them with the same seed, so with
-        every client present the cohort is the in-process engine's."""
+        Flower nodes connected now; the sampler draws from them with the same key, so with
+        every client present the cohort is the in-process engine's. The key is train.seed, or
+        under [dp] the run's secret (``streams``): a cohort nobody outside can redraw, as
+        sampling amplification assumes."""
         counts = self.counts if among is None else self.counts[among]
         if len(counts) == 0:  # nobody can take part: an empty round (the caller decides)
             nobody = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
             return RoundPlan(round_index, nobody, self._work(nobody, round_index))
+        seed = self.schedule.seed if self.streams is None else self.streams.key
         if self.schedule.sampling == "poisson":
             k, n = self.schedule.clients_per_round, len(counts)
-            cohort = poisson_cohort(self.schedule.seed, round_index, n, k)
+            cohort = poisson_cohort(seed, round_index, n, k)
         else:
             cohort = sample_cohort(
                 self.algorithm.scheme.sampling,
-                self.schedule.seed,
+                seed,
                 round_index,
                 counts,
                 self.schedule.clients_per_round,

@@ -29,6 +29,7 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
+from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl, drive
@@ -313,6 +314,11 @@ def write_result(
             "rounds": ledger.rounds,
             **ledger.settings.as_json(),
         }
+    dp = runtime.schedule.dp
+    if dp is not None:  # where the noise and the cohorts came from (dp/randomness.py)
+        result["dp_randomness"] = dp.randomness
+        if dp.randomness == "seeded":
+            result["dp_not_a_guarantee"] = NOT_A_GUARANTEE
     if failure is None and progress is not None:
         write_model(out, runtime.params)
         result["evaluations"] = {str(e.round): e.metrics for e in progress.history}

@@ -22,6 +22,7 @@ from fedsub import distributed
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
+from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
@@ -219,6 +220,12 @@ class AlgorithmRun:
     label: str = ""  # the progress bar's prefix of this run's name (a sweep's value)
     start: WrittenModel | None = None  # round 0's model from a file (a warm start), or drawn
 
+    @property
+    def seeded_dp(self) -> bool:
+        """[dp] with dp.randomness = "seeded": its epsilon is not a guarantee."""
+        d = self.config.dp
+        return d.mechanism != "none" and d.randomness == "seeded"
+
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
     ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
@@ -293,6 +300,8 @@ class AlgorithmRun:
         log(evaluation)
         if "epsilon" in evaluation.metrics:
             text = f"epsilon {evaluation.metrics['epsilon']:.3g}"
+            if self.seeded_dp:
+                text += " (seeded: not a guarantee)"
             current_reporter().note(self.label + self.name, text)
 
     def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
@@ -304,6 +313,8 @@ class AlgorithmRun:
             if self.config.dp.mechanism != "none":
                 costs = {"costs": DP_WITHHELD}
             record = {**privacy_levels.describe(private.privacy), **costs}
+            if self.seeded_dp:  # [dp] with seeded randomness
+                record["dp_not_a_guarantee"] = NOT_A_GUARANTEE
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
             if private.costs.clipped:
                 LOG.warning(
@@ -547,6 +558,8 @@ def _summary(
         for name, history in histories.items():
             result["algorithms"][name]["dp"] = dp_record(setup.schedule.dp, history)
         markdown += "\n" + DP_SCOPE_MARKDOWN
+    if setup.schedule.dp is not None and setup.schedule.dp.randomness == "seeded":
+        markdown += f"\n**The epsilon above is not a guarantee.** {NOT_A_GUARANTEE}.\n"
     return result, markdown
 
 
@@ -569,11 +582,14 @@ DP_SCOPE_MARKDOWN = (
 
 def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
     """summary.json's ``dp`` of an algorithm: the epsilon its last evaluation had spent, the
-    round it stopped at, and the settings that epsilon is of."""
+    round it stopped at, and the settings that epsilon is of (seeded randomness: a note that it
+    is not a guarantee)."""
     last = history[-1] if history else None
     spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
     rounds = last.round if last is not None else 0
     record = {"epsilon": spent, "rounds": rounds, **settings.as_json()}
+    if settings.randomness == "seeded":
+        record["not_a_guarantee"] = NOT_A_GUARANTEE
     return {**record, "covered_by_epsilon": DP_COVERED, "not_covered": DP_NOT_COVERED}
 
 

@@ -24,6 +24,7 @@ from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
 from fedsub.dp import accountant as dp_accountant
 from fedsub.dp import settings as dp_settings
+from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import (
@@ -224,6 +225,7 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         seed=t.seed,
         distributed=distributed,
         min_survivors=d.min_survivors,
+        randomness=cast(dp_settings.Randomness, d.randomness),
     )
     for reason in dp_settings.refusals(settings):
         raise ConfigError(f"[dp] mechanism = 'gaussian' cannot train here: {reason}")
@@ -267,6 +269,13 @@ def dp_plan(config: Config) -> list[str]:
     lines += [f"epsilon after round {r}: {settings.epsilon(r):.4f}" for r in marks]
     if settings.budget is not None:
         lines.append(f"budget: epsilon <= {settings.budget:g} (the run stops before exceeding it)")
+    if settings.randomness == "seeded":
+        lines.append(f"NOT A GUARANTEE: {NOT_A_GUARANTEE}")
+    else:
+        lines.append(
+            "randomness: secret (the noise and cohorts from OS entropy drawn at the start, kept "
+            "only in the run's checkpoints: never publish checkpoints/)"
+        )
     return lines
 
 

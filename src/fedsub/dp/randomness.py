@@ -1,0 +1,94 @@
+"""Where [dp]'s random choices come from: a secret, or (an explicit opt-in) the public seed.
+
+Differential privacy holds only if whoever reads a run's published files cannot redraw its
+random choices. Under [dp] every choice the guarantee relies on is drawn from ``DpStreams.key``:
+the central Gaussian noise, the row selection's histogram noise and false positives, adaptive
+clipping's count noise (dp/mechanism.py), distributed DP's member noise in simulation
+(engine/private_rounds.py), the cohort and Poisson membership (engine/server_round.py).
+
+``dp.randomness = "secret"`` (the default): the key is a ``seeding.Secret``, 256 bits drawn
+from the operating system's entropy when the run starts. It lives only in the run's private
+state: the ``dp_secret`` stage of every checkpoint (``checkpoints/round-*/dp_secret
+.safetensors``), never in config.toml, run.json, summary.*, metrics.jsonl, the logs or the
+model file; a resumed run reads it back and continues the same streams bit for bit; two runs
+of one config differ. Under torchrun process 0 draws it and sends it to the others
+(``distributed.from_first``), so every process draws the same noise and cohorts.
+
+``dp.randomness = "seeded"``: the key is ``train.seed``, published in config.toml, so the
+streams are those fedsub draws without [dp] and a run repeats bit for bit (tests, ``fedsub
+reproduce``); whoever knows the seed redraws the noise and subtracts it, so such a run's
+epsilon is NOT a guarantee, and every output of the run says so (``NOT_A_GUARANTEE``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import torch
+
+from fedsub import distributed
+from fedsub.numerics.seeding import Secret, Seed
+
+LOG = logging.getLogger("fedsub")
+
+Randomness = Literal["secret", "seeded"]
+RANDOMNESS: tuple[Randomness, ...] = ("secret", "seeded")
+STAGE = "dp_secret"  # the checkpoint stage holding the secret
+
+NOT_A_GUARANTEE = (
+    'dp.randomness = "seeded": the noise and the cohorts are drawn from train.seed, which the '
+    "run folder publishes; whoever reads it can redraw and subtract the noise, so this epsilon "
+    "is NOT a privacy guarantee (for tests and reproductions only)"
+)
+
+
+def draw_secret() -> Secret:
+    """A fresh secret from the operating system (one place, so a test can pin it)."""
+    return Secret.fresh()
+
+
+class DpStreams:
+    """The key of [dp]'s random streams (module docstring); a checkpoint stage (``Stateful``)
+    in secret mode, whose one tensor is the secret's bytes."""
+
+    def __init__(self, randomness: Randomness, seed: int) -> None:
+        if randomness not in RANDOMNESS:
+            raise ValueError(f"dp.randomness must be one of {RANDOMNESS}, got {randomness!r}")
+        self.randomness = randomness
+        self.seed = seed
+        self.secret: Secret | None = None
+        if randomness == "secret":  # process 0's, in every process
+            self.secret = distributed.from_first(draw_secret(), "sharing [dp]'s secret")
+
+    @property
+    def key(self) -> Seed:
+        """What the streams are keyed by: the secret, or the public seed."""
+        return self.secret if self.secret is not None else self.seed
+
+    @property
+    def guaranteed(self) -> bool:
+        """Whether the reported epsilon is a guarantee (the streams are secret)."""
+        return self.secret is not None
+
+    def __repr__(self) -> str:
+        return f"DpStreams({self.randomness!r})"
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        assert self.secret is not None, "only a secret is checkpointed (seeded: train.seed)"
+        data = bytearray(self.secret.to_bytes())
+        return {"secret": torch.frombuffer(data, dtype=torch.uint8).clone()}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        if set(tensors) != {"secret"} or tensors["secret"].dtype != torch.uint8:
+            raise ValueError(f"[dp]'s secret is one uint8 'secret', got {sorted(tensors)}")
+        self.secret = Secret.from_bytes(tensors["secret"].cpu().numpy().tobytes())
+
+
+def streams_of(randomness: Randomness, seed: int) -> DpStreams:
+    """A run's ``DpStreams``; seeded mode says at the start that its epsilon guarantees
+    nothing."""
+    streams = DpStreams(randomness, seed)
+    if not streams.guaranteed:
+        LOG.warning(NOT_A_GUARANTEE)
+    return streams
