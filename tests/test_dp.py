@@ -796,6 +796,11 @@ def test_the_progress_line_shows_the_epsilon_spent():
         outcome = experiment.compare(config(*DP, "train.algorithms=['fedavg']"), None)
     spent = outcome.histories["fedavg"][-1].metrics["epsilon"]
     assert notes.notes[-1] == ("fedavg", f"epsilon {spent:.3g}")
+    # every round, evaluated or not (eval.every = 2): rounds 1 to 4 each noted
+    settings_ = dp_of(config(*DP), 200)
+    assert settings_ is not None
+    for r in range(1, 5):
+        assert ("fedavg", f"epsilon {settings_.epsilon(r):.3g}") in notes.notes
 
 
 @pytest.mark.parametrize("dp", [[], DP])

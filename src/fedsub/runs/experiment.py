@@ -27,6 +27,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
+from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
@@ -269,7 +270,7 @@ class AlgorithmRun:
                 schedule,
                 evaluator,
                 on_evaluation=lambda evaluation: self._record(log, evaluation),
-                on_round=None if on_round is None else (lambda r: on_round(self.name, r)),
+                on_round=lambda r: self._round_done(on_round, schedule, r),
                 control=control,
                 start=self.start,
             )
@@ -287,6 +288,16 @@ class AlgorithmRun:
         if folder is not None:
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, written if isinstance(final, ShardParams) else final
+
+    def _round_done(
+        self, on_round: Callable[[str, int], None] | None, schedule: Schedule, r: int
+    ) -> None:
+        """After round ``r``: the caller's hook, and under [dp] the progress line's epsilon
+        spent so far, evaluated or not (in process a function of the settings and r)."""
+        if on_round is not None:
+            on_round(self.name, r)
+        if schedule.dp is not None:
+            current_reporter().note(self.label + self.name, f"epsilon {schedule.dp.epsilon(r):.3g}")
 
     def _record(self, log: MetricsLog | _Evaluations, evaluation: Evaluation) -> None:
         """Log an evaluation; under [dp] the progress line shows the epsilon spent so far."""
