@@ -653,6 +653,8 @@ def test_the_accountant_answers_every_multiplier_without_a_raw_error():
     assert accountant.epsilon(1e-6, *args) > 1e6  # no noise to speak of: huge, finite
     for kind, sampling in (("rdp", "poisson"), ("pld", "poisson")):
         assert 0 < accountant.epsilon(1e9, 150, 1e-5, kind, sampling, 3000, 50) < 0.01
+        # PLD's distribution would not fit in memory: RDP's upper bound instead
+        assert accountant.epsilon(1e-6, 1, 1e-6, kind, sampling, 100_000, 500) > 1e6
 
 
 @pytest.mark.parametrize(
