@@ -767,6 +767,7 @@ def test_a_sweep_over_the_target_epsilon_runs_from_a_base_without_one(tmp_path, 
     assert main([*argv, "--sweep", "dp.target_epsilon=2,4"]) == 0
     out = capsys.readouterr().out
     assert "| fedavg | 2 |" in out and "| fedavg | 4 |" in out
+    assert "epsilon covers the released models only" in out  # sweep.md says what it covers
 
 
 def test_the_python_api_passes_dp_through():

@@ -916,6 +916,8 @@ def _sweep_markdown(
     privacy = _privacy_markdown(key, outcomes)
     if privacy:
         lines += ["", *privacy]
+    if any("dp" in e for o in outcomes.values() for e in o.summary["algorithms"].values()):
+        lines += ["", DP_SCOPE_MARKDOWN.rstrip("\n")]  # what epsilon covers
     return "\n".join(lines) + "\n"
 
 
