@@ -397,3 +397,6 @@ def test_a_flower_run_with_dp_reports_epsilon_every_round_without_evaluating(tmp
     assert len(epsilons) == 3 and 0 < epsilons[0] < epsilons[1] < epsilons[2]
     assert result["dp"]["epsilon"] == epsilons[-1]
     assert result["dp"]["noise_multiplier"] == 0.8 and result["dp"]["rounds"] == 3
+    from fedsub.engine.round_records import round_line
+
+    assert round_line(result["rounds"][0], 3).endswith(f"; epsilon {epsilons[0]:.4g}")
