@@ -161,7 +161,10 @@ def test_model_keys_are_the_options_of_the_chosen_models_spec():
 def test_a_groups_keys_stay_flat_in_their_section(tmp_path):
     # [train]'s client step and [dp]'s row selection / adaptive clipping are groups of keys
     # (fedsub/keys.py): read, written and refused as the section's own keys
-    text = "[train]\nrounds = 3\nmomentum = 0.5\nlr = 0.2\n[dp]\nclip_lr = 0.3\nrows = 'all'\n"
+    text = (
+        "[train]\nrounds = 3\nmomentum = 0.5\nlr = 0.2\nalgorithms = ['fedavg']\n[dp]\n"
+        "mechanism = 'gaussian'\nnoise_multiplier = 1.0\nclip_lr = 0.3\nrows = 'all'\n"
+    )
     config = config_lib.load(write(tmp_path, text))
     assert (config.train.rounds, config.train.client_step.momentum) == (3, 0.5)
     assert config.train.client_step.lr == 0.2

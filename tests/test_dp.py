@@ -570,6 +570,7 @@ DP_KEYS = {  # a value away from each [dp] key's default
     "clip_lr": "0.1",
     "count_share": "0.2",
     "min_survivors": "2",
+    "randomness": "'seeded'",
 }
 
 
@@ -655,6 +656,8 @@ def test_the_accountant_answers_every_multiplier_without_a_raw_error():
     assert accountant.epsilon(1e-6, *args) > 1e6  # no noise to speak of: huge, finite
     for kind, sampling in (("rdp", "poisson"), ("pld", "poisson")):
         assert 0 < accountant.epsilon(1e9, 150, 1e-5, kind, sampling, 3000, 50) < 0.01
+        # PLD's distribution would not fit in memory: RDP's upper bound instead
+        assert accountant.epsilon(1e-6, 1, 1e-6, kind, sampling, 100_000, 500) > 1e6
 
 
 @pytest.mark.parametrize(
@@ -767,6 +770,7 @@ def test_a_sweep_over_the_target_epsilon_runs_from_a_base_without_one(tmp_path, 
     assert main([*argv, "--sweep", "dp.target_epsilon=2,4"]) == 0
     out = capsys.readouterr().out
     assert "| fedavg | 2 |" in out and "| fedavg | 4 |" in out
+    assert "epsilon covers the released models only" in out  # sweep.md says what it covers
 
 
 def test_the_python_api_passes_dp_through():
@@ -793,6 +797,9 @@ def test_the_progress_line_shows_the_epsilon_spent():
         def note(self, label: str, text: str) -> None:
             self.notes.append((label, text))
 
+    # every round, evaluated or not (eval.every = 2): rounds 1 to 4 each noted
+    settings_ = dp_of(config(*DP), 200)
+    assert settings_ is not None
     for randomness, says in [("secret", ""), ("seeded", " (seeded: not a guarantee)")]:
         notes = Notes()
         overrides = (*DP, "train.algorithms=['fedavg']", f"dp.randomness='{randomness}'")
@@ -800,6 +807,8 @@ def test_the_progress_line_shows_the_epsilon_spent():
             outcome = experiment.compare(config(*overrides), None)
         spent = outcome.histories["fedavg"][-1].metrics["epsilon"]
         assert notes.notes[-1] == ("fedavg", f"epsilon {spent:.3g}{says}")
+        for r in range(1, 5):
+            assert ("fedavg", f"epsilon {settings_.epsilon(r):.3g}{says}") in notes.notes
 
 
 @pytest.mark.parametrize("dp", [[], DP])

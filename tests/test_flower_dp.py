@@ -362,7 +362,7 @@ def test_offline_nodes_are_dropouts_of_a_cohort_drawn_from_the_accounted_populat
     run.open()
     offline_sampled = 0
     for r in range(1, rounds + 1):
-        grid.off = {100 + j for j in range(0 if r <= 2 else (6 if r <= 5 else 8))}
+        grid.off = {wide(100 + j) for j in range(0 if r <= 2 else (6 if r <= 5 else 8))}
         before = len(sent)
         run.step(r)
         trained = {
@@ -399,7 +399,7 @@ def test_flower_refuses_dp_when_round_1_counted_fewer_clients_than_accounted():
     )
     settings = FlowerSettings(overrides=overrides, replies=Replies(round_timeout=30.0))
     grid = GoingOffline(make_client_app(settings), 6)
-    grid.off = {104, 105}
+    grid.off = {wide(104), wide(105)}
     run = private_runtime(settings, grid)
     run.runtime.joining.min_nodes = 4  # round 1 starts with 4 of the 6 nodes
     with pytest.raises(FedsubError, match="accounted over N = 6"):
@@ -413,6 +413,11 @@ def test_a_flower_run_with_dp_reports_epsilon_every_round_without_evaluating(tmp
     assert len(epsilons) == 3 and 0 < epsilons[0] < epsilons[1] < epsilons[2]
     assert result["dp"]["epsilon"] == epsilons[-1]
     assert result["dp"]["noise_multiplier"] == 0.8 and result["dp"]["rounds"] == 3
+    from fedsub.engine.round_records import round_line
+
+    assert round_line(result["rounds"][0], 3).endswith(f"; epsilon {epsilons[0]:.4g}")
+
+
 def test_seeded_noise_needs_seeded_randomness():
     """dp-seeded-noise draws the nodes' shares from train.seed: refused in a run whose
     dp.randomness is secret (its outputs would not say the epsilon is no guarantee)."""

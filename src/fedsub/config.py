@@ -667,18 +667,7 @@ def check_dp(config: Config) -> None:
             f"{rows.selection_share:g} "
             "leave no budget for the update; their sum must be below 1",
         ),
-        (
-            t.max_update_norm > 0,
-            f"train.max_update_norm = {t.max_update_norm:g} screens each client's update by its "
-            "exact norm and writes the rejected clients' ids and norms to rejections.jsonl, a "
-            "release no epsilon covers; dp.clip bounds every update's norm: set it to 0",
-        ),
         *clip_refusals(config),
-        (
-            d.weight_cap == 0 and d.weight_mean != 1.0,
-            f"dp.weight_mean = {d.weight_mean:g} is the mean of capped weights; it applies with "
-            "dp.weight_cap > 0 only (uniform weights: D = K)",
-        ),
         (
             rows.rows == "private" and rows.selection_threshold == 0,
             "dp.selection_threshold = 0 selects every untouched row with probability 1/2 and "
@@ -708,24 +697,40 @@ def check_no_dp_keys(dp: DpConfig) -> None:
 
 
 def clip_refusals(config: Config) -> list[tuple[bool, str]]:
-    """A clip so small that no update can move the model: a round moves it by at most C (the
+    """What the clip and the weights cannot be: train.max_update_norm beside [dp] (it logs
+    exact per-client norms), dp.weight_mean without a weight cap, and a clip so small that no
+    update can move the model: a round moves it by at most C (the
     clipped mean; adaptive clipping's C grows at most exp(clip_lr) a round, noise aside), so
     all train.rounds rounds together move any weight by less than one unit in the last place
     of 1.0 in the run's dtype when C times their sum is below that dtype's epsilon."""
     d, t = config.dp, config.train
     adaptive = d.adaptive_clipping
+    other = [
+        (
+            t.max_update_norm > 0,
+            f"train.max_update_norm = {t.max_update_norm:g} screens each client's update by its "
+            "exact norm and writes the rejected clients' ids and norms to rejections.jsonl, a "
+            "release no epsilon covers; dp.clip bounds every update's norm: set it to 0",
+        ),
+        (
+            d.weight_cap == 0 and d.weight_mean != 1.0,
+            f"dp.weight_mean = {d.weight_mean:g} is the mean of capped weights; it applies with "
+            "dp.weight_cap > 0 only (uniform weights: D = K)",
+        ),
+    ]
     growth = adaptive.clip_lr * (t.rounds - 1) if adaptive.adaptive_clip else 0.0
     log_reach = math.log(d.clip) + math.log(max(t.rounds, 1)) + growth  # C R e^(lr (R - 1))
     reach = math.exp(min(log_reach, 700.0))
     resolution = DTYPE_EPSILON[config.execution.dtype]
     return [
+        *other,
         (
             reach < resolution,
             f"dp.clip = {d.clip:g} lets all {t.rounds} rounds move the model by at most "
             f"{reach:.3g} in all, below {config.execution.dtype}'s resolution at 1.0 "
             f"({resolution:.3g}): every update vanishes; use a clip near the updates' norms "
             "(e.g. 0.1 to 10)",
-        )
+        ),
     ]
 
 

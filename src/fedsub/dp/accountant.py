@@ -179,9 +179,17 @@ def epsilon_over(
         return spent
     accountant = fresh_accountant(kind, sampling)
     z = accounted_multiplier(noise_multiplier)
-    for n, count in populations:
-        accountant.compose(round_event(z, sampling, n, clients_per_round, distributed), count)
-    return float(accountant.get_epsilon(delta))
+    try:
+        for n, count in populations:
+            accountant.compose(round_event(z, sampling, n, clients_per_round, distributed), count)
+        return float(accountant.get_epsilon(delta))
+    except (MemoryError, ValueError, OverflowError):
+        # PLD's discretized loss distribution does not fit (multipliers far below 0.01, no
+        # privacy to speak of): RDP's epsilon, a valid upper bound, instead of a raw error
+        spent, _ = rdp_epsilon(
+            noise_multiplier, populations, delta, sampling, clients_per_round, distributed
+        )
+        return spent
 
 
 @functools.lru_cache(maxsize=4096)

@@ -32,8 +32,8 @@ class Ledger:
     @functools.cached_property
     def affordable_rounds(self) -> int:
         """The most rounds (up to the configured ones) whose epsilon stays within the budget:
-        found once by bisection (an epsilon costs up to ~0.5 s for fixed-size cohorts; epsilon
-        grows with the rounds), so the per-round check reads no accountant."""
+        found once by bisection (epsilon grows with the rounds; RDP's costs one round's RDP,
+        cached, PLD's a composition), so the per-round check reads no accountant."""
         budget, rounds = self.settings.budget, self.settings.accounting.rounds
         if budget is None or self.settings.epsilon(rounds) <= budget:
             return rounds

@@ -28,6 +28,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
 from fedsub.engine.private_rounds import PrivateRounds
+from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
@@ -276,7 +277,7 @@ class AlgorithmRun:
                 schedule,
                 evaluator,
                 on_evaluation=lambda evaluation: self._record(log, evaluation),
-                on_round=None if on_round is None else (lambda r: on_round(self.name, r)),
+                on_round=lambda r: self._round_done(on_round, schedule, r),
                 control=control,
                 start=self.start,
             )
@@ -295,14 +296,26 @@ class AlgorithmRun:
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, written if isinstance(final, ShardParams) else final
 
+    def _round_done(
+        self, on_round: Callable[[str, int], None] | None, schedule: Schedule, r: int
+    ) -> None:
+        """After round ``r``: the caller's hook, and under [dp] the progress line's epsilon
+        spent so far, evaluated or not (in process a function of the settings and r)."""
+        if on_round is not None:
+            on_round(self.name, r)
+        if schedule.dp is not None:
+            self._note_epsilon(schedule.dp.epsilon(r))
+
     def _record(self, log: MetricsLog | _Evaluations, evaluation: Evaluation) -> None:
         """Log an evaluation; under [dp] the progress line shows the epsilon spent so far."""
         log(evaluation)
         if "epsilon" in evaluation.metrics:
-            text = f"epsilon {evaluation.metrics['epsilon']:.3g}"
-            if self.seeded_dp:
-                text += " (seeded: not a guarantee)"
-            current_reporter().note(self.label + self.name, text)
+            self._note_epsilon(evaluation.metrics["epsilon"])
+
+    def _note_epsilon(self, spent: float) -> None:
+        """The progress line's epsilon, said to be no guarantee when the randomness is seeded."""
+        text = f"epsilon {spent:.3g}" + (" (seeded: not a guarantee)" if self.seeded_dp else "")
+        current_reporter().note(self.label + self.name, text)
 
     def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
         """privacy.json: the privacy level's guarantees and what it cost; under [dp] without
@@ -923,6 +936,8 @@ def _sweep_markdown(
     privacy = _privacy_markdown(key, outcomes)
     if privacy:
         lines += ["", *privacy]
+    if any("dp" in e for o in outcomes.values() for e in o.summary["algorithms"].values()):
+        lines += ["", DP_SCOPE_MARKDOWN.rstrip("\n")]  # what epsilon covers
     return "\n".join(lines) + "\n"
 
 
