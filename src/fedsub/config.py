@@ -848,7 +848,7 @@ def apply_overrides(
     given: dict[tuple[str, str], str] = {}  # a --set's place -> the text that set it
     for text in overrides:
         section, key, value = parse_override(text)
-        place = moved_keys.moved_override(section, key, note)
+        place = moved_keys.moved_override(section, key, None)
         earlier = given.setdefault(place, text)
         if parse_override(earlier)[:2] != (section, key):
             raise ConfigError(
@@ -856,7 +856,7 @@ def apply_overrides(
                 f"old and new name ({moved_keys.current_name(f'{section}.{key}')}); give "
                 "only the new one"
             )
-        section, key = place
+        section, key = moved_keys.moved_override(section, key, note)
         table: Any = merged
         for part in ["algorithms", section.split(".", 1)[1]] if "." in section else [section]:
             table = table.setdefault(part, {}) if isinstance(table, dict) else None
