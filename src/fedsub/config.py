@@ -783,9 +783,9 @@ def check_inert(config: Config) -> None:
     an option that does nothing is a mistake the user should hear of."""
     for dotted, why in inert_keys(config):
         section, key = dotted.split(".")
-        cls = SECTIONS[section]
-        value = getattr(getattr(config, section), key)
-        if value != getattr(cls(), key):
+        part = getattr(config, section)
+        value = getattr(part, key)
+        if value != getattr(type(part)(), key):
             raise ConfigError(
                 f"{dotted} = {value!r} does nothing here: {why}; remove {dotted}, or set "
                 "what it applies to"
