@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from fedsub import config as config_lib
 from fedsub.cli import main
 from fedsub.errors import ConfigError
+from fedsub.moved_keys import MOVED
 from fedsub.reproduce.registry import EXPERIMENTS, GENERATED, ClosedForm, Settings
 
 from .test_fuzz_config import LINES
@@ -31,6 +32,7 @@ SETTINGS = settings(
 )
 BLANKS = st.sampled_from(["", " ", "\t", "  \n"])
 USER_CONFIG = '[train]\nrounds = 1\nalgorithms = ["fedavg"]\n'
+DEFAULT = config_lib.Config.from_dict({})
 
 
 @contextmanager
@@ -263,3 +265,41 @@ def test_fedsub_dp_plans_or_gives_one_error_naming_a_key(capsys, sets, gaussian)
     assert len(lines) == 1 and lines[0].startswith("fedsub: error: "), (argv, captured.err)
     keys = [s.split("=", 1)[0] for s in sets] + ["dp.mechanism"]
     assert any(k in lines[0] for k in keys), (argv, lines[0])
+
+
+# --- a key under its old and new name; a folder given as the config -------------------------
+
+
+@SETTINGS
+@given(
+    old=st.sampled_from(sorted(MOVED)),
+    command=st.sampled_from(["run", "compare", "sweep"]),
+    reverse=st.booleans(),
+    twice=st.booleans(),
+)
+def test_a_key_set_under_its_old_and_new_name_is_one_error_naming_both(
+    capsys, old, command, reverse, twice
+):
+    """`--set train.dtype=... --set execution.dtype=...` (either order, a repeated name
+    between them or not): one error naming both --set, never the last one winning."""
+    section, key = MOVED[old]
+    value = config_lib.toml_value(getattr(getattr(DEFAULT, section), key))
+    sets = [f"train.{old}={value}", f"{section}.{key}={value}"]
+    sets = sets[::-1] if reverse else sets
+    sets = [sets[0], sets[0], sets[1]] if twice else sets
+    argv = [*BASE[command], *[word for text in sets for word in ("--set", text)]]
+    with users_folder() as root:
+        before = snapshot(root)
+        one_error(capsys, argv, [f"--set {sets[0]} and --set {sets[-1]} set the same key"], root,
+                  before)  # fmt: skip
+
+
+@SETTINGS
+@given(command=st.sampled_from(["run", "compare", "sweep"]), run_folder=st.booleans())
+def test_a_folder_given_as_the_config_is_one_error_saying_so(capsys, command, run_folder):
+    with users_folder() as root:
+        if run_folder:
+            (root / "runs" / "config.toml").write_text(USER_CONFIG)
+        before = snapshot(root)
+        argv = [BASE[command][0], "runs", *BASE[command][2:]]
+        one_error(capsys, argv, ["runs is a directory, not a config file"], root, before)

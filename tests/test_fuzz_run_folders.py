@@ -8,7 +8,8 @@ folder, a parent of it, the home folder, a file, a path through a file); what is
 files, an earlier run, user files inside that run's folders, other runs nested in it or
 beside it); held by another writer; --overwrite or not; the command (run, compare, a sweep);
 a config that trains, or one that fails before its first round (a model that cannot read the
-data, at load; an out-of-memory batch size, in round 1, after the folder was claimed).
+data, at load; an out-of-memory batch size, in round 1, after the folder was claimed); a
+warm start from a model file beside the folder or inside the run --overwrite replaces.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class State:
     overwrite: bool
     command: str  # "run", "compare", "sweep"
     failure: str  # "", "at load", "in round 1"
+    start: str = ""  # --initial-model: "" none, "outside" a copy, "inside" runs/taken's model
 
 
 # Weighted (by repetition) towards the states where data are at stake: a folder holding a
@@ -107,7 +109,9 @@ STATES = st.builds(
     overwrite=st.sampled_from([True, True, False]),
     command=st.sampled_from(["run", "compare", "compare", "sweep"]),
     failure=st.sampled_from(["", "", "", "at load", "in round 1"]),
+    start=st.sampled_from(["", "", "outside", "inside"]),
 )
+STARTS = {"outside": "start.safetensors", "inside": "runs/taken/fedsubavg/model.safetensors"}
 
 
 def build_tree(work: Path, state: State, earlier: Path) -> Path | None:
@@ -115,6 +119,7 @@ def build_tree(work: Path, state: State, earlier: Path) -> Path | None:
     text names one under ``work``."""
     (work / "notes.txt").write_text("the user's notes")
     (work / "runs").mkdir()
+    shutil.copy(earlier / "fedsubavg" / "model.safetensors", work / STARTS["outside"])
     if state.sibling_runs:
         for name in ("a", "b"):
             shutil.copytree(earlier, work / "runs" / name)
@@ -146,6 +151,8 @@ def argv_of(state: State) -> list[str]:
         "sweep": ["compare", "--sweep", "train.lr=0.1,0.2"],
     }[state.command]
     argv += ["--quiet", "--out", state.out, *(a for s in sets for a in ("--set", s))]
+    if state.start:
+        argv += ["--initial-model", STARTS[state.start]]
     return [*argv, "--overwrite"] if state.overwrite else argv
 
 
@@ -214,6 +221,10 @@ def test_every_folder_state_runs_or_refuses_without_losing_anything(state, earli
             assert not is_locked(target)
         assert not (lock is not None and code == 0), "a held folder was written"
         assert not (state.failure and code == 0), f"a run failing {state.failure} succeeded"
+        if state.start == "inside" and state.overwrite and state.out == "runs/taken":
+            assert code == 2, "a run replaced the folder of the model it starts from"
+            if not state.failure and state.command != "sweep" and "run" in state.target_holds:
+                assert "the run folder that --overwrite replaces" in err, err
 
 
 REFUSED = {  # --out texts no run may write into, and what the refusal says

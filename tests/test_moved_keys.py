@@ -199,3 +199,27 @@ def test_a_key_added_since_the_move_is_left_out_only_at_its_old_behaviour():
     raw["execution"] = {"table_sharding": "rows"}
     sharded = tomllib.loads(text_before_move(config_lib.to_toml(config_lib.parse(raw))))
     assert sharded["execution"] == {"table_sharding": "rows"}
+
+
+def test_an_old_keys_note_is_printed_once_per_command_and_call(tmp_path, caplog):
+    """`fedsub run` reads its config more than once (to name its algorithm, then to run), a
+    sweep once per value: the note comes once per command, and once per Python API call."""
+    path = tmp_path / "old.toml"
+    path.write_text('[data]\nnum_users = 20\n\n[train]\nrounds = 1\nclients_per_round = 3\n'
+                    'algorithms = ["fedavg"]\ndtype = "float64"\n')  # fmt: skip
+    note = "train.dtype is now execution.dtype"
+    runs = [
+        ["run", str(path), "--out", str(tmp_path / "a"), "--quiet"],
+        ["compare", str(path), "--sweep", "train.lr=0.1,0.2", "--out", str(tmp_path / "b"),
+         "--quiet", "--set", "eval.target_test_auc=none"],
+    ]  # fmt: skip
+    for argv in runs:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fedsub"):
+            assert main(argv) == 0
+        assert caplog.text.count(note) == 1, (argv, caplog.text)
+    for _ in range(2):  # each call notes again, once
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fedsub"):
+            fedsub.run(str(path))
+        assert caplog.text.count(note) == 1, caplog.text

@@ -857,9 +857,9 @@ def check_inert(config: Config) -> None:
     an option that does nothing is a mistake the user should hear of."""
     for dotted, why in inert_keys(config):
         section, key = dotted.split(".")
-        cls = SECTIONS[section]
-        value = getattr(getattr(config, section), key)
-        if value != getattr(cls(), key):
+        part = getattr(config, section)
+        value = getattr(part, key)
+        if value != getattr(type(part)(), key):
             raise ConfigError(
                 f"{dotted} = {value!r} does nothing here: {why}; remove {dotted}, or set "
                 "what it applies to"
@@ -922,7 +922,7 @@ def apply_overrides(
     given: dict[tuple[str, str], str] = {}  # a --set's place -> the text that set it
     for text in overrides:
         section, key, value = parse_override(text)
-        place = moved_keys.moved_override(section, key, note)
+        place = moved_keys.moved_override(section, key, None)
         earlier = given.setdefault(place, text)
         if parse_override(earlier)[:2] != (section, key):
             raise ConfigError(
@@ -930,7 +930,7 @@ def apply_overrides(
                 f"old and new name ({moved_keys.current_name(f'{section}.{key}')}); give "
                 "only the new one"
             )
-        section, key = place
+        section, key = moved_keys.moved_override(section, key, note)
         table: Any = merged
         for part in ["algorithms", section.split(".", 1)[1]] if "." in section else [section]:
             table = table.setdefault(part, {}) if isinstance(table, dict) else None

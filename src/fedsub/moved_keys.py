@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,12 +82,14 @@ def notes_once() -> Iterator[None]:
 
 
 def note(text: str) -> None:
-    """Print an old-key note (as a warning of the ``fedsub`` logger), once per ``notes_once``."""
+    """Print an old-key note (as a warning of the ``fedsub`` logger), once per ``notes_once``:
+    a note naming only old keys noted already (wherever they were read) is left out."""
     printed = _PRINTED.get()
     if printed is not None:
-        if text in printed:
+        keys = set(re.findall(rf"{OLD_SECTION}\.(\w+) is now ", text)) or {text}
+        if keys <= printed:
             return
-        printed.add(text)
+        printed.update(keys)
     LOG.warning(text)
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from fedsub import __version__, distributed, profiling
 from fedsub.errors import ConfigError, FedsubError
@@ -672,9 +672,18 @@ def _epilog(command: str, set_note: bool = True) -> str:
     return f"{note}\n\nexamples:\n{EXAMPLES[command]}\n"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors also reach torchrun's failure report (its
+    subcommands' parsers are of the same class)."""
+
+    def error(self, message: str) -> NoReturn:
+        distributed.report_to_launcher(f"{self.prog}: error: {message}")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fedsub", description=__doc__, epilog=_epilog("fedsub"), formatter_class=raw
     )
     parser.add_argument("--version", action="version", version=f"fedsub {__version__}")

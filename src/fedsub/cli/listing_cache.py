@@ -62,11 +62,11 @@ def cached_listing(
     else ``make()``'s (which imports the registries), then kept for the next call."""
     try:
         key = listing_key(kind)
-    except OSError:
-        key = None
-    if key is None:
+        path = cache_folder() / f"list-{kind}-{key}.json"
+    except (OSError, RuntimeError):  # RuntimeError: Path.home() without a home folder
+        key, path = None, Path()
+    if key is None or not path.is_absolute():  # no home folder: nowhere of the user's
         return make()
-    path = cache_folder() / f"list-{kind}-{key}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         kept = json.loads(path.read_text(encoding="utf-8"))
         return list(kept["lines"]), list(kept["warnings"])

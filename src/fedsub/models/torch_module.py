@@ -541,9 +541,10 @@ def _copied(module: nn.Module) -> nn.Module:
 def _uncopyable_attribute(module: nn.Module) -> str:
     """``: attribute 'path.name' (a type)`` for the first plain attribute of ``module`` or its
     submodules that deepcopy refuses, or ""."""
+    torch_own = set(vars(nn.Module()))  # its parameters, buffers, submodules and hooks
     for path, layer in module.named_modules():
         for name, value in vars(layer).items():
-            if name.startswith("_"):
+            if name in torch_own:
                 continue
             try:
                 copy.deepcopy(value)

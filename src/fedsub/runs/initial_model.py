@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -154,12 +154,13 @@ def nonfinite_tensors(path: Path, header: Mapping[str, tuple[str, tuple[int, ...
     with safe_open(str(path), "pt") as handle:
         for name in sorted(header):
             _, shape = header[name]
-            if not shape:
-                values = [handle.get_tensor(name)]
-            else:
+            values: Iterable[torch.Tensor]
+            if shape:
                 rows = max(1, CHUNK // max(1, math.prod(shape[1:])))
                 piece = handle.get_slice(name)
                 values = (piece[i : i + rows] for i in range(0, shape[0], rows))
+            else:
+                values = [handle.get_tensor(name)]
             if any(v.is_floating_point() and bool(any_nonfinite([v])) for v in values):
                 bad.append(repr(name))
     return bad
