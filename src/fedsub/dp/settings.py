@@ -23,9 +23,9 @@ from typing import Literal
 
 from fedsub.dp import accountant as accounting
 from fedsub.dp.accountant import Accountant, Sampling
+from fedsub.dp.randomness import Randomness
 from fedsub.errors import ConfigError
 from fedsub.progress import phase
-from fedsub.dp.randomness import Randomness
 
 __all__ = [
     "Accountant",
