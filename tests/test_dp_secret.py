@@ -375,3 +375,35 @@ def test_a_stopped_secret_run_folder_resumes_to_the_uninterrupted_files_byte_for
         return [json.dumps({k: v for k, v in r.items() if k != "elapsed"}) for r in records]
 
     assert lines(a) == lines(b) and len(lines(b)) == 5  # rounds 0 to 4, epsilon on each
+
+
+@pytest.mark.parametrize(
+    ("extra", "name", "central", "heat", "keep"),
+    [
+        ([], "fedavg", True, False, 1.0),
+        ([], "fedsubavg", True, True, 1.0),
+        (["privacy.level='download'", "privacy.download_keep=0.8"], "fedavg", True, False, 0.8),
+        (["dp.rows='all'", "privacy.level='full'"], "fedavg", False, None, None),
+    ],
+)
+def test_the_server_round_shares_one_secret_with_the_mechanism_it_builds(
+    extra, name, central, heat, keep
+):
+    """build_server_round: the cohort's key is the mechanism's (one secret, checkpointed once);
+    the central mechanism reads the rule's heat and the download's p, and at "full" there is
+    none (the clients add the noise)."""
+    from fedsub.engine.loop import build_server_round
+
+    setup = prepare(config(f"train.algorithms=['{name}']", *extra))
+    algorithm = build_algorithm(name, setup.context)
+    params = initial_params(setup.model, setup.schedule)
+    rounds = build_server_round(
+        algorithm, setup.dataset, setup.index, setup.schedule, params, lambda u: u, RunControl()
+    )
+    assert rounds.ledger is not None and rounds.streams is not None and rounds.streams.guaranteed
+    assert rounds.stages()["dp_secret"] is rounds.streams
+    if central:
+        assert rounds.dp is not None and rounds.dp.streams is rounds.streams
+        assert rounds.dp.heat is heat and rounds.dp.keep == keep
+    else:
+        assert rounds.dp is None
