@@ -237,7 +237,7 @@ def _own_rounds(name: str, paper: Rounds, ours: Rounds) -> Check:
 
 
 def rounds_checks(
-    paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool = False
+    paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool
 ) -> tuple[str, list[Check]]:
     """``rounds_verdict`` and its checks, one per claim."""
     missing = [n for n in paper if ours.get(n) is None]
@@ -450,10 +450,7 @@ def margins(values: dict[str, float], metric: str) -> dict[str, float]:
 
 
 def values_checks(
-    paper: dict[str, float],
-    ours: dict[str, float | None],
-    metric: str = "value",
-    target: float | None = None,
+    paper: dict[str, float], ours: dict[str, float | None], metric: str, target: float | None
 ) -> tuple[str, list[Check]]:
     """``values_verdict`` and its checks, one per claim."""
     known = {n: v for n, v in ours.items() if v is not None and math.isfinite(v)}
@@ -748,7 +745,7 @@ def judge_all(
         values = [metric_value(entry, "best", metric) for entry in table.values()]
         lowest = min((v for v in values if v is not None), default=None)
         rows.append((f"lowest {metric} over the runs", number(value), number(lowest)))
-        verdict, found = values_checks({"lowest": value}, {"lowest": lowest}, metric)
+        verdict, found = values_checks({"lowest": value}, {"lowest": lowest}, metric, None)
         verdicts.append(verdict)
         checks += found
     shape = paper.get("rounds_shape")
