@@ -731,3 +731,21 @@ def test_the_checks_of_values_one_line_per_claim():
     assert [c.line() for c in checks] == [
         "holds: x's train_loss 1.05 vs the paper's 1 (5%, within 10%)"
     ]
+
+
+def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
+    from fedsub.reproduce.verdicts import Check, across_seeds, seeds_verdict, spread
+
+    held, off = Check("holds", "a 1", "a"), Check("differs", "a 2", "a")
+    assert [c.outcome for c in across_seeds([[held], [held]])] == ["holds"]
+    assert [c.outcome for c in across_seeds([[off], [off]])] == ["differs"]
+    mixed = across_seeds([[held], [off], [held]])
+    assert mixed[0].outcome == "not checked" and "holds on 2, differs on 1 of 3" in mixed[0].text
+    assert across_seeds([[held], []])[0].outcome == "not checked"  # a seed could not check it
+    assert seeds_verdict(["same ranking", "within 1 point"]).endswith("(on all 2 seeds)")
+    assert seeds_verdict(["same ranking", "differs: x"]).startswith(
+        "not comparable: the seeds disagree (agrees on 1, differs on 1 of 2)"
+    )
+    assert spread(["1", "2", "3"]) == "2 ± 1 (1-3)"
+    assert spread(["53", "53"]) == "53 ± 0 (53-53)" and spread(["200+", "200+"]) == "200+"
+    assert spread(["200+", "190"]) == "200+ / 190"
