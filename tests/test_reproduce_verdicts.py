@@ -749,3 +749,17 @@ def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
     assert spread(["1", "2", "3"]) == "2 ± 1 (1-3)"
     assert spread(["53", "53"]) == "53 ± 0 (53-53)" and spread(["200+", "200+"]) == "200+"
     assert spread(["200+", "190"]) == "200+ / 190"
+
+
+def test_a_target_met_at_round_0_is_an_unbounded_speedup_not_a_crash():
+    """A tiny run whose initial model already meets the target (rounds to target 0)."""
+    zero, ten = verdicts.Rounds(0.0, True), verdicts.Rounds(10.0, True)
+    assert verdicts.speedup(zero, ten) == verdicts.Speedup(math.inf, math.inf)
+    assert verdicts.speedup(zero, zero) == verdicts.Speedup(1.0, 1.0)
+    assert verdicts.speedup(zero, verdicts.Rounds(4.0, False)) == verdicts.Speedup(
+        math.inf, math.inf
+    )
+    assert verdicts.speedup(zero, ten).text() == "unbounded (reached at round 0)"
+    paper = {"fedavg": "200+", "fedsubavg": 53}
+    verdict = verdicts.rounds_verdict(paper, {"fedavg": 0, "fedsubavg": 0})
+    assert verdict.startswith("differs: fedsubavg's own rounds, fedsub at 0 vs the paper's at 53")

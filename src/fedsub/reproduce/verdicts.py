@@ -142,6 +142,8 @@ class Speedup:
         return self.low == self.high
 
     def text(self) -> str:
+        if math.isinf(self.low):
+            return "unbounded (reached at round 0)"
         if self.exact:
             return "none (never reaches)" if self.low == 0 else f"{self.low:.2f}x"
         if math.isinf(self.high):
@@ -152,15 +154,23 @@ class Speedup:
 
 
 def speedup(fast: Rounds, slow: Rounds) -> Speedup | None:
-    """None when neither reached (nothing is known of the ratio)."""
+    """None when neither reached (nothing is known of the ratio). A run that meets the
+    target at round 0 (its initial model) is infinitely faster than one that needs rounds,
+    and as fast as another at round 0."""
     if fast.reached and slow.reached:
-        ratio = slow.rounds / fast.rounds
+        ratio = _ratio(slow.rounds, fast.rounds)
         return Speedup(ratio, ratio)
     if fast.reached:
-        return Speedup(slow.rounds / fast.rounds, math.inf)
+        return Speedup(_ratio(slow.rounds, fast.rounds), math.inf)
     if slow.reached:
-        return Speedup(0.0, slow.rounds / fast.rounds)
+        return Speedup(0.0, _ratio(slow.rounds, fast.rounds))
     return None
+
+
+def _ratio(slow: float, fast: float) -> float:
+    if fast == 0:
+        return 1.0 if slow == 0 else math.inf
+    return slow / fast
 
 
 def _log(x: float) -> float:
@@ -227,7 +237,7 @@ def _own_rounds(name: str, paper: Rounds, ours: Rounds) -> Check:
         return Check("differs", what, claim)
     if not paper.reached:
         return Check("not checked", f"{what} (neither reached)", claim)
-    ratio = ours.rounds / paper.rounds
+    ratio = _ratio(ours.rounds, paper.rounds)
     inside = ratio * (1 + ROUNDING) >= 1 / ROUNDS_FACTOR and ratio <= ROUNDS_FACTOR * (1 + ROUNDING)
     return Check(
         "holds" if inside else "differs",
