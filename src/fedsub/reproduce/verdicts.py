@@ -805,17 +805,13 @@ def across_seeds(checks: list[list[Check]]) -> list[Check]:
         seen = [found.get(key) for found in by_seed]
         outcomes = [c.outcome if c else "not checked" for c in seen]
         first = next(c for c in seen if c is not None)
-        held, off = outcomes.count("holds"), outcomes.count("differs")
         n = len(outcomes)
         if len(set(outcomes)) == 1:
             combined.append(Check(outcomes[0], f"{first.text} (on all {n} seeds)", key))
             continue
+        split = ", ".join(f"{o} on {outcomes.count(o)}" for o in dict.fromkeys(outcomes))
         combined.append(
-            Check(
-                "not checked",
-                f"{key}: holds on {held}, differs on {off} of {n} seeds (seed 1: {first.text})",
-                key,
-            )
+            Check("not checked", f"{key}: {split} of {n} seeds (seed 1: {first.text})", key)
         )
     return combined
 
@@ -838,7 +834,7 @@ def seeds_verdict(verdicts: list[str]) -> str:
         return verdicts[0]
     words = [_first_word(v) for v in verdicts]
     if len(set(words)) == 1:
-        return f"{verdicts[0]} (on all {len(verdicts)} seeds)"
+        return f"{verdicts[0]} (seed 1's; all {len(verdicts)} seeds: {words[0]})"
     split = ", ".join(f"{w} on {words.count(w)}" for w in dict.fromkeys(words))
     return f"not comparable: the seeds disagree ({split} of {len(verdicts)}); seed 1: {verdicts[0]}"
 
@@ -853,7 +849,7 @@ def _first_word(verdict: str) -> str:
 def spread(values: list[str]) -> str:
     """fedsub's cell over several seeds: mean ± standard deviation (min-max) of numbers,
     else the seeds' cells."""
-    if len(values) == 1:
+    if len(set(values)) == 1:
         return values[0]
     try:
         numbers = [float(v) for v in values]
