@@ -737,6 +737,7 @@ def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
     from fedsub.reproduce.verdicts import Check, across_seeds, seeds_verdict, spread
 
     held, off = Check("holds", "a 1", "a"), Check("differs", "a 2", "a")
+    assert across_seeds([[held, off]]) == [held, off] and seeds_verdict(["x"]) == "x"  # one seed
     assert [c.outcome for c in across_seeds([[held], [held]])] == ["holds"]
     assert [c.outcome for c in across_seeds([[off], [off]])] == ["differs"]
     mixed = across_seeds([[held], [off], [held]])
