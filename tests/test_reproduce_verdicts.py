@@ -738,6 +738,10 @@ def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
 
     held, off = Check("holds", "a 1", "a"), Check("differs", "a 2", "a")
     assert across_seeds([[held, off]]) == [held, off] and seeds_verdict(["x"]) == "x"  # one seed
+    assert spread(["0.5"]) == "0.5"
+    # a claim with several lines on a seed (an order's reversals) differs if one line does
+    order = [Check("holds", "order of a, b", "order"), Check("differs", "c before d", "order")]
+    assert [c.outcome for c in across_seeds([order, order])] == ["differs"]
     assert [c.outcome for c in across_seeds([[held], [held]])] == ["holds"]
     assert [c.outcome for c in across_seeds([[off], [off]])] == ["differs"]
     mixed = across_seeds([[held], [off], [held]])
