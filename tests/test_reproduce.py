@@ -471,6 +471,8 @@ def test_threads_left_to_torch_are_pinned_and_a_resume_reads_them_back(tmp_path)
     sets = running._run_overrides(run, False, [], [], path, tmp_path)
     assert sets[-1] == f"execution.threads={torch.get_num_threads()}"
     (tmp_path / "config.toml").write_text("[execution]\nthreads = 3\n")
+    fresh = running._run_overrides(run, False, [], [], path, None)  # not a resume: this process's
+    assert fresh[-1] == f"execution.threads={torch.get_num_threads()}"
     assert running._run_overrides(run, False, [], [], path, tmp_path)[-1] == "execution.threads=3"
     user = running._run_overrides(run, False, [], ["execution.threads=2"], path, tmp_path)
     assert user[-1] == "execution.threads=2"  # --set comes last
