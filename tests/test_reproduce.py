@@ -471,6 +471,8 @@ def test_threads_left_to_torch_are_pinned_and_a_resume_reads_them_back(tmp_path)
     sets = running._run_overrides(run, False, [], [], path, tmp_path)
     assert sets[-1] == f"execution.threads={torch.get_num_threads()}"
     (tmp_path / "config.toml").write_text("[execution]\nthreads = 3\n")
+    fresh = running._run_overrides(run, False, [], [], path, None)  # not a resume: this process's
+    assert fresh[-1] == f"execution.threads={torch.get_num_threads()}"
     assert running._run_overrides(run, False, [], [], path, tmp_path)[-1] == "execution.threads=3"
     user = running._run_overrides(run, False, [], ["execution.threads=2"], path, tmp_path)
     assert user[-1] == "execution.threads=2"  # --set comes last
@@ -507,21 +509,3 @@ def test_several_seeds_report_mean_spread_and_judge_each_claim_on_every_seed(tmp
     assert "train.seed 0, 1, 2 (3 runs: mean ± std (min-max))" in markdown
     refused = ["reproduce", "002-tab4", "--part", "amazon-authors", "--seeds", "2"]
     assert main([*refused, "--out", str(tmp_path / "t")]) == 2
-
-
-def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
-    from fedsub.reproduce.verdicts import Check, across_seeds, seeds_verdict, spread
-
-    held, off = Check("holds", "a 1", "a"), Check("differs", "a 2", "a")
-    assert [c.outcome for c in across_seeds([[held], [held]])] == ["holds"]
-    assert [c.outcome for c in across_seeds([[off], [off]])] == ["differs"]
-    mixed = across_seeds([[held], [off], [held]])
-    assert mixed[0].outcome == "not checked" and "holds on 2, differs on 1 of 3" in mixed[0].text
-    assert across_seeds([[held], []])[0].outcome == "not checked"  # a seed could not check it
-    assert seeds_verdict(["same ranking", "within 1 point"]).endswith("(on all 2 seeds)")
-    assert seeds_verdict(["same ranking", "differs: x"]).startswith(
-        "not comparable: the seeds disagree (agrees on 1, differs on 1 of 2)"
-    )
-    assert spread(["1", "2", "3"]) == "2 ± 1 (1-3)"
-    assert spread(["53", "53"]) == "53 ± 0 (53-53)" and spread(["200+", "200+"]) == "200+"
-    assert spread(["200+", "190"]) == "200+ / 190"

@@ -640,3 +640,134 @@ def test_numbers_print_with_the_digits_that_tell_them_apart():
     assert verdicts.distinct(0.26, 0.26) == ("0.26", "0.26")
     assert verdicts.distinct(0.26, 0.26001) == ("0.26", "0.26001")
     assert verdicts.distinct(1.0, 1.0 + 2**-52) == ("1", "1.0000000000000002")
+
+
+def test_a_speedup_at_the_edge_of_its_band_holds_and_just_outside_differs():
+    for paper in (
+        verdicts.Speedup(1.7, 1.7),
+        verdicts.Speedup(0.4, 0.4),
+        verdicts.Speedup(3.85, math.inf),
+    ):
+        low, high = verdicts.agreeing_band(paper)
+        assert verdicts.speedup_outcome(paper, verdicts.Speedup(low, low)) == "holds"
+        assert (
+            verdicts.speedup_outcome(paper, verdicts.Speedup(low * 0.999, low * 0.999)) == "differs"
+        )
+        if math.isfinite(high):
+            assert verdicts.speedup_outcome(paper, verdicts.Speedup(high, high)) == "holds"
+            above = high * 1.001
+            assert verdicts.speedup_outcome(paper, verdicts.Speedup(above, above)) == "differs"
+        # fedsub's bounds touching the band's edge are not checked; past it they differ
+        assert verdicts.speedup_outcome(paper, verdicts.Speedup(0.0, low)) == "not checked"
+        assert verdicts.speedup_outcome(paper, verdicts.Speedup(0.0, low * 0.999)) == "differs"
+        if math.isfinite(high):
+            assert (
+                verdicts.speedup_outcome(paper, verdicts.Speedup(high, math.inf)) == "not checked"
+            )
+            assert verdicts.speedup_outcome(paper, verdicts.Speedup(high * 1.001, math.inf)) == (
+                "differs"
+            )
+
+
+def test_the_paper_methods_own_rounds_at_the_lower_edge():
+    paper = {"fedavg": "300+", "fedsubavg": 150}
+    assert verdicts.rounds_verdict(paper, {"fedavg": "300+", "fedsubavg": 100}).startswith("same")
+    assert verdicts.rounds_verdict(paper, {"fedavg": "300+", "fedsubavg": 99}).startswith("differs")
+
+
+def test_cells_that_are_neither_rounds_nor_bounds_never_reach():
+    assert verdicts.parse_cell("?") == verdicts.Rounds(math.inf, False, None)
+
+
+def test_the_checks_of_rounds_one_line_per_claim():
+    paper = {"fedavg": 200, "fedsubavg": 100}
+    _, checks = verdicts.rounds_checks(paper, {"fedavg": 190, "fedsubavg": 105}, False)
+    assert [c.line() for c in checks] == [
+        "holds: order of fedavg, fedsubavg",
+        "holds: fedsubavg's own rounds, fedsub at 105 vs the paper's at 100 (1.05x, within 1.5x)",
+        "holds: speed-up of fedsubavg over fedavg 1.81x vs the paper's 2.00x",
+    ]
+    assert [c.key for c in checks] == [
+        "order",
+        "fedsubavg's own rounds",
+        "speed-up of fedsubavg over fedavg",
+    ]
+    _, checks = verdicts.rounds_checks(paper, {"fedavg": 90, "fedsubavg": 105}, False)
+    assert [c.line() for c in checks][:1] == [
+        "differs: order: fedavg before fedsubavg (paper: after)"
+    ]
+    assert not any(c.line().startswith("holds: order") for c in checks)
+    _, checks = verdicts.rounds_checks(paper, {"fedavg": None, "fedsubavg": 105}, False)
+    assert [c.line() for c in checks] == [
+        "holds: fedsubavg's own rounds, fedsub at 105 vs the paper's at 100 (1.05x, within 1.5x)",
+        "not checked: speed-up of fedsubavg over fedavg unknown (neither reached here, or not "
+        "run) vs the paper's 2.00x",
+        "not checked: fedavg: not run here",
+    ]
+    _, checks = verdicts.rounds_checks(paper, {"fedavg": "200+", "fedsubavg": "200+"}, False)
+    assert [c.outcome for c in checks] == ["holds", "differs", "not checked"]
+
+
+def test_the_checks_of_values_one_line_per_claim():
+    paper = {"fedsubavg": 0.641, "fedavg": 0.523}
+    verdict, checks = verdicts.values_checks(
+        paper, {"fedsubavg": 0.63, "fedavg": 0.53}, "test_auc", 0.6
+    )
+    assert verdict == "same ranking, within 1.1 points (fedsubavg), margins within 2 points"
+    assert [c.line() for c in checks] == [
+        "holds: order of test_auc: fedsubavg, fedavg",
+        "holds: fedsubavg's test_auc 0.63 vs the paper's 0.641 (1.1 points, within 2 points)",
+        "holds: fedavg's test_auc 0.53 vs the paper's 0.523 (0.7 points, within 2 points)",
+        "holds: margin over fedavg +0.100 vs the paper's +0.118",
+        "holds: fedsubavg reaches the target test_auc 0.6",
+    ]
+    _, checks = verdicts.values_checks(paper, {"fedsubavg": 0.59, "fedavg": None}, "test_auc", 0.6)
+    assert [c.line() for c in checks] == [
+        "not checked: fedavg's test_auc: none here (not run, or not finite)",
+        "differs: fedsubavg's test_auc 0.59 vs the paper's 0.641 (5.1 points, beyond 2 points)",
+        "differs: fedsubavg reaches the target test_auc 0.6",
+    ]
+    _, checks = verdicts.values_checks({"x": 1.0}, {"x": 1.05}, "train_loss", None)
+    assert [c.line() for c in checks] == [
+        "holds: x's train_loss 1.05 vs the paper's 1 (5%, within 10%)"
+    ]
+
+
+def test_verdicts_across_seeds_hold_only_where_every_seed_holds():
+    from fedsub.reproduce.verdicts import Check, across_seeds, seeds_verdict, spread
+
+    held, off = Check("holds", "a 1", "a"), Check("differs", "a 2", "a")
+    assert across_seeds([[held, off]]) == [held, off] and seeds_verdict(["x"]) == "x"  # one seed
+    assert spread(["0.5"]) == "0.5"
+    # a claim with several lines on a seed (an order's reversals) differs if one line does
+    order = [Check("holds", "order of a, b", "order"), Check("differs", "c before d", "order")]
+    assert [c.outcome for c in across_seeds([order, order])] == ["differs"]
+    assert [c.outcome for c in across_seeds([[held], [held]])] == ["holds"]
+    assert [c.outcome for c in across_seeds([[off], [off]])] == ["differs"]
+    mixed = across_seeds([[held], [off], [held]])
+    assert mixed[0].outcome == "not checked"
+    assert mixed[0].text == "a: holds on 2, differs on 1 of 3 seeds (seed 1: a 1)"
+    assert across_seeds([[held], []])[0].outcome == "not checked"  # a seed could not check it
+    assert seeds_verdict(["same ranking", "within 1 point"]) == (
+        "same ranking (seed 1's; all 2 seeds: agrees)"
+    )
+    assert seeds_verdict(["same ranking", "differs: x"]).startswith(
+        "not comparable: the seeds disagree (agrees on 1, differs on 1 of 2)"
+    )
+    assert spread(["1", "2", "3"]) == "2 ± 1 (1-3)"
+    assert spread(["53", "53"]) == "53" and spread(["200+", "200+"]) == "200+"
+    assert spread(["200+", "190"]) == "200+ / 190"
+
+
+def test_a_target_met_at_round_0_is_an_unbounded_speedup_not_a_crash():
+    """A tiny run whose initial model already meets the target (rounds to target 0)."""
+    zero, ten = verdicts.Rounds(0.0, True), verdicts.Rounds(10.0, True)
+    assert verdicts.speedup(zero, ten) == verdicts.Speedup(math.inf, math.inf)
+    assert verdicts.speedup(zero, zero) == verdicts.Speedup(1.0, 1.0)
+    assert verdicts.speedup(zero, verdicts.Rounds(4.0, False)) == verdicts.Speedup(
+        math.inf, math.inf
+    )
+    assert verdicts.speedup(zero, ten).text() == "unbounded (reached at round 0)"
+    paper = {"fedavg": "200+", "fedsubavg": 53}
+    verdict = verdicts.rounds_verdict(paper, {"fedavg": 0, "fedsubavg": 0})
+    assert verdict.startswith("differs: fedsubavg's own rounds, fedsub at 0 vs the paper's at 53")

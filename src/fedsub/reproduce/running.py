@@ -320,20 +320,20 @@ def _closed_form(action: ClosedForm, folder: Path, smoke: bool):
 
 
 def _run_overrides(
-    run: Run, smoke: bool, data_sets: list[str], user: list[str], path: Path, folder: Path
+    run: Run, smoke: bool, data_sets: list[str], user: list[str], path: Path, resumed: Path | None
 ) -> list[str]:
     """The part's overrides, smoke size's, --data-path's, the threads pinned, then --set.
 
     A config whose execution.threads is 0 (torch's default, which depends on the machine and
     its environment) runs with the count this process has, written into the run's config so
     that the number is recorded and a resume runs with the same count (a resume reads it back
-    from the stopped run's config); --set execution.threads replaces it."""
+    from the stopped run's config in ``resumed``); --set execution.threads replaces it."""
     sets = list(run.overrides)
     if smoke:
         sets += [*SMOKE, *run.smoke]
     sets += data_sets
     if config_lib.load(path, sets).execution.threads == 0:
-        threads = _recorded_threads(folder)
+        threads = None if resumed is None else _recorded_threads(resumed)
         if threads is None:
             import torch
 
@@ -369,7 +369,7 @@ def _train(
     from fedsub.runs.experiment import compare, recorded_key, sweep
 
     path = configs / run.config
-    sets = _run_overrides(run, smoke, data_sets, user, path, folder)
+    sets = _run_overrides(run, smoke, data_sets, user, path, folder if folders.resume else None)
     setting = config_setting(config_lib.load(path, sets), sets)
     if run.sweep is None:
         config = config_lib.load(path, sets)

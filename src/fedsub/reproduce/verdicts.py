@@ -142,6 +142,8 @@ class Speedup:
         return self.low == self.high
 
     def text(self) -> str:
+        if math.isinf(self.low):
+            return "unbounded (reached at round 0)"
         if self.exact:
             return "none (never reaches)" if self.low == 0 else f"{self.low:.2f}x"
         if math.isinf(self.high):
@@ -152,15 +154,23 @@ class Speedup:
 
 
 def speedup(fast: Rounds, slow: Rounds) -> Speedup | None:
-    """None when neither reached (nothing is known of the ratio)."""
+    """None when neither reached (nothing is known of the ratio). A run that meets the
+    target at round 0 (its initial model) is infinitely faster than one that needs rounds,
+    and as fast as another at round 0."""
     if fast.reached and slow.reached:
-        ratio = slow.rounds / fast.rounds
+        ratio = _ratio(slow.rounds, fast.rounds)
         return Speedup(ratio, ratio)
     if fast.reached:
-        return Speedup(slow.rounds / fast.rounds, math.inf)
+        return Speedup(_ratio(slow.rounds, fast.rounds), math.inf)
     if slow.reached:
-        return Speedup(0.0, slow.rounds / fast.rounds)
+        return Speedup(0.0, _ratio(slow.rounds, fast.rounds))
     return None
+
+
+def _ratio(slow: float, fast: float) -> float:
+    if fast == 0:
+        return 1.0 if slow == 0 else math.inf
+    return slow / fast
 
 
 def _log(x: float) -> float:
@@ -227,7 +237,7 @@ def _own_rounds(name: str, paper: Rounds, ours: Rounds) -> Check:
         return Check("differs", what, claim)
     if not paper.reached:
         return Check("not checked", f"{what} (neither reached)", claim)
-    ratio = ours.rounds / paper.rounds
+    ratio = _ratio(ours.rounds, paper.rounds)
     inside = ratio * (1 + ROUNDING) >= 1 / ROUNDS_FACTOR and ratio <= ROUNDS_FACTOR * (1 + ROUNDING)
     return Check(
         "holds" if inside else "differs",
@@ -237,7 +247,7 @@ def _own_rounds(name: str, paper: Rounds, ours: Rounds) -> Check:
 
 
 def rounds_checks(
-    paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool = False
+    paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool
 ) -> tuple[str, list[Check]]:
     """``rounds_verdict`` and its checks, one per claim."""
     missing = [n for n in paper if ours.get(n) is None]
@@ -450,10 +460,7 @@ def margins(values: dict[str, float], metric: str) -> dict[str, float]:
 
 
 def values_checks(
-    paper: dict[str, float],
-    ours: dict[str, float | None],
-    metric: str = "value",
-    target: float | None = None,
+    paper: dict[str, float], ours: dict[str, float | None], metric: str, target: float | None
 ) -> tuple[str, list[Check]]:
     """``values_verdict`` and its checks, one per claim."""
     known = {n: v for n, v in ours.items() if v is not None and math.isfinite(v)}
@@ -748,7 +755,7 @@ def judge_all(
         values = [metric_value(entry, "best", metric) for entry in table.values()]
         lowest = min((v for v in values if v is not None), default=None)
         rows.append((f"lowest {metric} over the runs", number(value), number(lowest)))
-        verdict, found = values_checks({"lowest": value}, {"lowest": lowest}, metric)
+        verdict, found = values_checks({"lowest": value}, {"lowest": lowest}, metric, None)
         verdicts.append(verdict)
         checks += found
     shape = paper.get("rounds_shape")
@@ -798,17 +805,13 @@ def across_seeds(checks: list[list[Check]]) -> list[Check]:
         seen = [found.get(key) for found in by_seed]
         outcomes = [c.outcome if c else "not checked" for c in seen]
         first = next(c for c in seen if c is not None)
-        held, off = outcomes.count("holds"), outcomes.count("differs")
         n = len(outcomes)
         if len(set(outcomes)) == 1:
             combined.append(Check(outcomes[0], f"{first.text} (on all {n} seeds)", key))
             continue
+        split = ", ".join(f"{o} on {outcomes.count(o)}" for o in dict.fromkeys(outcomes))
         combined.append(
-            Check(
-                "not checked",
-                f"{key}: holds on {held}, differs on {off} of {n} seeds (seed 1: {first.text})",
-                key,
-            )
+            Check("not checked", f"{key}: {split} of {n} seeds (seed 1: {first.text})", key)
         )
     return combined
 
@@ -831,7 +834,7 @@ def seeds_verdict(verdicts: list[str]) -> str:
         return verdicts[0]
     words = [_first_word(v) for v in verdicts]
     if len(set(words)) == 1:
-        return f"{verdicts[0]} (on all {len(verdicts)} seeds)"
+        return f"{verdicts[0]} (seed 1's; all {len(verdicts)} seeds: {words[0]})"
     split = ", ".join(f"{w} on {words.count(w)}" for w in dict.fromkeys(words))
     return f"not comparable: the seeds disagree ({split} of {len(verdicts)}); seed 1: {verdicts[0]}"
 
@@ -846,7 +849,7 @@ def _first_word(verdict: str) -> str:
 def spread(values: list[str]) -> str:
     """fedsub's cell over several seeds: mean ± standard deviation (min-max) of numbers,
     else the seeds' cells."""
-    if len(values) == 1:
+    if len(set(values)) == 1:
         return values[0]
     try:
         numbers = [float(v) for v in values]
