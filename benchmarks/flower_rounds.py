@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -172,7 +173,9 @@ def measure(nodes: int, rounds: int, level: str, warm: bool, folder: Path) -> di
                 "overhead_seconds": round(costs["round_seconds"] - work, 3),
             }
         )
+    model = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     return {
+        "model_sha256": model[:16],  # the same model, cold or warm
         "nodes": nodes,
         "rounds": rounds,
         "level": level,
