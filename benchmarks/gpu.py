@@ -1,13 +1,14 @@
 """Issue 15's GPU benchmarks (figures g1..g7), through fedsub's own round loop.
 
     python benchmarks/gpu.py [--device cuda] [--small] [--only g1,g3] [--rounds 20] [--threads N]
-                             [--compile]
+                             [--compile] [--graphs]
 
 (g1) the issue's probe workload: embedding-LR (sum-pooled rows of dimension 16 + a linear
      head), FedSubAvg with sample-weighted coefficients, N = 100,000 clients with lognormal
      sizes (~4.9M samples), 10 Zipf(1.1) ids per sample, I = 10, B = 5, a 1e7-row table:
      steady per-round time (median of rounds 3..R) at K = 100, 1,000 and 10,000; with
-     ``--compile`` also with ``execution.compile = "on"`` (K = 100 is the launch-bound case).
+     ``--compile`` also with ``execution.compile = "on"`` (K = 100 is the launch-bound case),
+     ``--graphs`` with ``"cuda-graphs"`` (the round replayed as one CUDA graph, any torch).
 (g2) the same on a 1e8-row table at K = 1,000 (ratio to g1's K = 1,000).
 (g3) a 1e9 x 16 table with ``execution.table_placement = "host"`` at K = 1,000 (ratio to g1's
      device-resident K = 1,000); "not available" when the config refuses the key.
@@ -48,7 +49,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.device import resolve_device
 from fedsub.engine import server_round
-from fedsub.engine.execution import Compile, Execution
+from fedsub.engine.execution import Compile, CudaGraphs, Execution
 from fedsub.engine.loop import initial_params, train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
@@ -145,33 +146,40 @@ def probe_data(size: dict, rows: int):
     return dataset, SubmodelIndex.build(dataset)
 
 
-def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = False) -> dict:
-    """``compile``: each K also with ``execution.compile = "on"`` (the captured local step), its
-    steady per-round time, its first round (which compiles) and the largest difference of its
-    model from the eager one."""
+def capture_of(name: str, device: torch.device) -> Compile | CudaGraphs:
+    """``execution.compile``'s value ``name`` ("on" or "cuda-graphs") as the engine takes it."""
+    return Compile.for_device(device) if name == "on" else CudaGraphs()
+
+
+def g1(size: dict, device: torch.device, rounds: int, data, captures: tuple[str, ...] = ()) -> dict:
+    """``captures``: each K also with these ``execution.compile`` values ("on": torch.compile;
+    "cuda-graphs": the round replayed as a CUDA graph), run right after the eager one: the
+    steady per-round time, the first round (which compiles or records) and the largest
+    difference of the model from the eager one."""
     dataset, index = data
     model = embedding_lr(dataset)
-    per_k, compiled = {}, {}
+    per_k: dict = {}
+    captured_k: dict = {c: {} for c in captures}
     for k in size["cohorts"]:
         eager = schedule(device, k, rounds)
         seconds, _, eager_model = timed_run(model, dataset, index, eager)
         per_k[k] = seconds
         print(f"(g1) K = {k}: {seconds * 1e3:.2f} ms / round", flush=True)
-        if compile:
-            on = dataclasses.replace(eager.execution, compile=Compile.for_device(device))
+        for name in captures:
+            on = dataclasses.replace(eager.execution, compile=capture_of(name, device))
             captured = dataclasses.replace(eager, execution=on)
             c_seconds, c_rounds, c_model = timed_run(model, dataset, index, captured)
             difference = max(
                 float((a - c_model.state_dict()[n].to(a.device)).abs().max())
                 for n, a in eager_model.state_dict().items()
             )
-            compiled[k] = {
+            captured_k[name][k] = {
                 "ms_per_round": c_seconds * 1e3,
                 "speedup": seconds / c_seconds,
                 "first_round_s": c_rounds[0],
                 "max_abs_difference": difference,
             }
-            print(f"(g1) K = {k} compiled: {json.dumps(compiled[k])}", flush=True)
+            print(f"(g1) K = {k} compile={name}: {json.dumps(captured_k[name][k])}", flush=True)
     return {
         "rows": size["rows"],
         "clients": dataset.num_clients,
@@ -179,29 +187,48 @@ def g1(size: dict, device: torch.device, rounds: int, data, compile: bool = Fals
         "ms_per_round": {k: s * 1e3 for k, s in per_k.items()},
         "client_steps_per_s": {k: k * STEPS / s for k, s in per_k.items()},
         "targets_ms": {"K=100": 3.0, "K=10000": 10.0} if size is FULL else None,
-        "compiled": (
-            {"how": dataclasses.asdict(Compile.for_device(device)), "per_k": compiled}
-            if compile
-            else None
-        ),
+        "captured": captured_k,
     }
 
 
-def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
+def g1_profile(
+    size: dict, device: torch.device, rounds: int, data, capture: str | None = None
+) -> dict:
     """Where g1's round goes at each K: fedsub's per-phase profile (``--profile``; the device
     synchronized at every phase boundary, so the phases are slower than g1's figures, but
     their shares show the fixed per-round cost), and torch's own profile of one K's rounds
-    (the operators with the most host time and the kernels launched per round)."""
+    (the operators with the most host time and the kernels launched per round).
+    ``capture``: profile the rounds with this ``execution.compile`` value instead of eager."""
     dataset, index = data
     model = embedding_lr(dataset)
-    out: dict = {}
+    out: dict = {"compile": capture or "off"}
+
+    def schedule_at(k: int) -> Schedule:
+        eager = schedule(device, k, rounds)
+        if capture is None:
+            return eager
+        on = dataclasses.replace(eager.execution, compile=capture_of(capture, device))
+        return dataclasses.replace(eager, execution=on)
+
     for k in size["cohorts"]:
         record = RoundProfile(synchronize=lambda: synchronize(device))
         with profiling(record):
-            timed_run(model, dataset, index, schedule(device, k, rounds))
+            timed_run(model, dataset, index, schedule_at(k))
         out[str(k)] = record.as_json()
         print(profile_table({f"(g1 profile) K = {k}": out[str(k)]}), flush=True)
     k = size["cohorts"][0]
+    out.update(
+        torch_profile(
+            lambda: timed_run(model, dataset, index, schedule_at(k)), rounds, device, "g1"
+        )
+    )
+    return out
+
+
+def torch_profile(run, rounds: int, device: torch.device, figure: str) -> dict:
+    """torch's profile of ``run()`` (``rounds`` rounds): the host copies and device reads by
+    caller, the operators with the most host time, the kernels with the most device time and
+    the kernels launched per round."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -209,7 +236,8 @@ def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
     with torch.profiler.profile(
         activities=activities, with_stack=True, experimental_config=verbose
     ) as prof:
-        timed_run(model, dataset, index, schedule(device, k, rounds))
+        run()
+    out: dict = {}
     averages = prof.key_averages()
     by_stack = prof.key_averages(group_by_stack_n=6)
     # copies between host and device and the reads that wait for the device, by caller
@@ -222,7 +250,7 @@ def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
         for e in copies[:12]
     ]  # fmt: skip
     for entry in out["host_copies_by_caller"]:
-        print("(g1 profile) copy:", json.dumps(entry), flush=True)
+        print(f"({figure} profile) copy:", json.dumps(entry), flush=True)
     host = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
     out["torch_top_host_ops"] = [
         {"op": e.key, "calls_per_round": e.count / rounds, "self_host_ms_per_round":
@@ -232,8 +260,36 @@ def g1_profile(size: dict, device: torch.device, rounds: int, data) -> dict:
     kernels = [e for e in averages if getattr(e, "device_type", None) is not None
                and str(e.device_type).endswith("CUDA")]  # fmt: skip
     out["cuda_kernels_per_round"] = sum(e.count for e in kernels) / rounds
-    print("(g1 profile) torch:", json.dumps(out["torch_top_host_ops"][:8]), flush=True)
-    print(f"(g1 profile) CUDA kernels per round: {out['cuda_kernels_per_round']:.0f}", flush=True)
+    slow = sorted(kernels, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)
+    out["cuda_top_kernels"] = [
+        {"kernel": e.key[:90], "calls_per_round": e.count / rounds, "device_ms_per_round":
+            getattr(e, "self_device_time_total", 0) / 1e3 / rounds}
+        for e in slow[:10]
+    ]  # fmt: skip
+    print(f"({figure} profile) torch:", json.dumps(out["torch_top_host_ops"][:8]), flush=True)
+    print(f"({figure} profile) kernels:", json.dumps(out["cuda_top_kernels"]), flush=True)
+    print(
+        f"({figure} profile) CUDA kernels per round: {out['cuda_kernels_per_round']:.0f}",
+        flush=True,
+    )
+    return out
+
+
+def g4_profile(size: dict, device: torch.device, rounds: int) -> dict:
+    """Where DIN's round (g4) goes on ``device``: fedsub's phases (the device synchronized at
+    each) and torch's profile."""
+    dataset = amazon_like(users=size["din_users"])
+    index = SubmodelIndex.build(dataset)
+    model = DIN(dict(dataset.table_rows), embedding_dim=18)
+    at = schedule(device, size["din_k"], rounds, 4)
+    record = RoundProfile(synchronize=lambda: synchronize(device))
+    with profiling(record):
+        timed_run(model, dataset, index, at, "fedavg")
+    out: dict = {"phases": record.as_json()}
+    print(profile_table({f"(g4 profile) K = {size['din_k']}": out["phases"]}), flush=True)
+    out.update(
+        torch_profile(lambda: timed_run(model, dataset, index, at, "fedavg"), rounds, device, "g4")
+    )
     return out
 
 
@@ -275,12 +331,30 @@ def g3(size: dict, device: torch.device, rounds: int, g1_k_ms: float | None) -> 
     return out
 
 
-def g4(size: dict, device: torch.device, rounds: int) -> dict:
+def g4(size: dict, device: torch.device, rounds: int, capture: str | None = None) -> dict:
+    """``capture``: DIN on the device also with this ``execution.compile`` value."""
     dataset = amazon_like(users=size["din_users"])
     index = SubmodelIndex.build(dataset)
     model = DIN(dict(dataset.table_rows), embedding_dim=18)
     k = size["din_k"]
-    on_device, _, _ = timed_run(model, dataset, index, schedule(device, k, rounds, 4), "fedavg")
+    eager = schedule(device, k, rounds, 4)
+    on_device, _, eager_model = timed_run(model, dataset, index, eager, "fedavg")
+    captured: dict = {}
+    if capture is not None:
+        on = dataclasses.replace(eager.execution, compile=capture_of(capture, device))
+        seconds, per_round, model_c = timed_run(
+            model, dataset, index, dataclasses.replace(eager, execution=on), "fedavg"
+        )
+        captured = {
+            "compile": capture,
+            "device_ms_per_round": seconds * 1e3,
+            "first_round_s": per_round[0],
+            "max_abs_difference": max(
+                float((a - model_c.state_dict()[n].to(a.device)).abs().max())
+                for n, a in eager_model.state_dict().items()
+            ),
+        }
+        print(f"(g4) compile={capture}: {json.dumps(captured)}", flush=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
@@ -295,6 +369,11 @@ def g4(size: dict, device: torch.device, rounds: int) -> dict:
         "cpu_all_cores_ms_per_round": cpu * 1e3,
         "cpu_threads": os.cpu_count(),
         "speedup": cpu / on_device,
+        **(
+            {"captured": captured, "captured_speedup": cpu / captured["device_ms_per_round"] * 1e3}
+            if captured
+            else {}
+        ),
         **({"note": "--device is the CPU too: not a GPU figure"} if device.type == "cpu" else {}),
     }
 
@@ -429,9 +508,16 @@ def main() -> None:
         "CUDA graphs on a GPU): its per-round time and its model's difference from eager",
     )
     parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help='g1 also with execution.compile = "cuda-graphs" (the round recorded with '
+        "torch.cuda.graph and replayed, no compiler; CUDA only)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
-        help="g1 also profiled: fedsub's phases per K and torch's operators at the smallest K",
+        help="g1 (and g4) also profiled: fedsub's phases per K and torch's operators at the "
+        "smallest K (DIN's at its K)",
     )
     args = parser.parse_args()
     if args.threads:
@@ -454,14 +540,16 @@ def main() -> None:
     data = probe_data(size, size["rows"]) if {"g1", "g5", "g6"} & set(only) else None
     g1_k_ms = None
     if "g1" in only:
-        result["g1"] = g1(size, device, rounds, data, args.compile)
+        captures = (("on",) if args.compile else ()) + (("cuda-graphs",) if args.graphs else ())
+        result["g1"] = g1(size, device, rounds, data, captures)
         g1_k_ms = result["g1"]["ms_per_round"].get(size["k"])
         if args.profile:
-            result["g1_profile"] = g1_profile(size, device, rounds, data)
+            graphs = "cuda-graphs" if args.graphs else None
+            result["g1_profile"] = g1_profile(size, device, rounds, data, graphs)
     steps = {
         "g2": lambda: g2(size, device, rounds, g1_k_ms),
         "g3": lambda: g3(size, device, rounds, g1_k_ms),
-        "g4": lambda: g4(size, device, rounds),
+        "g4": lambda: g4(size, device, rounds, "cuda-graphs" if args.graphs else None),
         "g5": lambda: g5(size, device, data),
         "g6": lambda: g6(size, device, rounds, data),
         "g7": g7,
@@ -470,6 +558,8 @@ def main() -> None:
         if name in only:
             result[name] = run()
             print(f"({name})", json.dumps(result[name]), flush=True)
+    if args.profile and "g4" in only:
+        result["g4_profile"] = g4_profile(size, device, rounds)
     print("RESULT " + json.dumps(result))
 
 

@@ -17,8 +17,9 @@ import torch
 
 from fedsub import device as device_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
+from fedsub.engine import cuda_graphs
 from fedsub.engine.captured_step import compile_unavailable
-from fedsub.engine.execution import Compile, Execution
+from fedsub.engine.execution import Compile, CudaGraphs, Execution
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.masking.capacity import Capacities
@@ -202,3 +203,22 @@ def test_the_local_step_captured_in_cuda_graphs_equals_the_cpu_reference(
         expected = run(model, algorithm, dataset, index, dataclasses.replace(reference, rounds=4))
         assert_matches(got, expected, dtype, f"{name} {algorithm} captured on cuda")
     assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("algorithm", ["fedsubavg", "scaffold", "fedprox"])
+@pytest.mark.parametrize("name", ["embedding-lr", "softmax-regression", "mlp", "cnn", "din"])
+def test_rounds_replayed_as_cuda_graphs_equal_the_cpu_reference(tmp_path_factory, name, algorithm):
+    """``execution.compile = "cuda-graphs"``: the rounds recorded with torch.cuda.graph (no
+    compiler, any torch) and replayed, over rounds whose shapes change, give the CPU
+    sequential reference's model; every round replayed a recording (none ran eagerly)."""
+    model, dataset, index = model_and_data(name, str(tmp_path_factory.getbasetemp()))
+    cuda = torch.device("cuda")
+    for dtype in (torch.float64, torch.float32):
+        cuda_graphs._ROUNDS.clear()
+        reference = schedule_for(name, dtype, backend="sequential")
+        graphed = schedule_for(name, dtype, device=cuda, compile=CudaGraphs())
+        got = run(model, algorithm, dataset, index, dataclasses.replace(graphed, rounds=5))
+        expected = run(model, algorithm, dataset, index, dataclasses.replace(reference, rounds=5))
+        assert_matches(got, expected, dtype, f"{name} {algorithm} cuda graphs")
+        assert cuda_graphs._ROUNDS

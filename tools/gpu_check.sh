@@ -27,13 +27,13 @@ echo "== CUDA tests"
 timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 \
     --junitxml="$OUT/cuda-tests.xml" \
     tests/test_cuda.py tests/test_deterministic.py tests/test_device.py tests/test_host_syncs.py \
-    tests/test_table_placement.py tests/test_captured_step.py tests/test_float32.py 2>&1 | tee "$OUT/cuda-tests.log"
+    tests/test_table_placement.py tests/test_captured_step.py tests/test_cuda_graphs.py tests/test_float32.py 2>&1 | tee "$OUT/cuda-tests.log"
 
 echo "== backend equivalence on cuda"
 FEDSUB_TEST_DEVICE=cuda timeout "${BACKENDS_S:-90}" python3 -m pytest -q -p no:cacheprovider \
     -rfE tests/test_backends.py 2>&1 | tee "$OUT/backends-cuda.log"
 
 echo "== benchmarks/gpu.py"
-timeout "${BENCH_S:-250}" python3 benchmarks/gpu.py --device cuda --only "${FIGURES:-g1,g4,g5,g6}" ${BENCH_ARGS:-} \
+timeout "${BENCH_S:-250}" python3 benchmarks/gpu.py --device cuda --only "${FIGURES:-g1,g4,g5,g6}" ${BENCH_ARGS:---graphs} \
     2>&1 | tee "$OUT/gpu.log"
 echo "== done"

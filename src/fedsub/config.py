@@ -161,12 +161,16 @@ class ExecutionConfig:
     table. The same model as one process (bit for bit with deterministic = true). Row-local
     algorithms only (fedavg, fedsubavg, the -lazy adaptive servers); refused with masking,
     privacy, [dp], SCAFFOLD, full-model adaptive servers, Scheme II and CentralSGD."""
-    compile: str = field(default="off", metadata={"choices": lambda: ["off", "on"]})
+    compile: str = field(default="off", metadata={"choices": lambda: ["off", "on", "cuda-graphs"]})
     """`on`: the batched backend's local step (embed, head, loss, gradients, client rule, update)
     captured as one program with torch.compile (inductor; on a GPU as CUDA graphs), its rows and ids
     padded to size classes (engine/captured_step.py); same model (float64 1e-10, float32 1e-5
-    relative). DIN, LSTM and sparse LR run eagerly (warned); refused with backend `sequential`,
-    masking or deterministic, and on torch older than 2.13 (2.11's compiler fails on the step)."""
+    relative); refused on torch older than 2.13 (2.11's compiler fails on the step).
+    `cuda-graphs` (CUDA devices only, any torch): a round's eager local steps recorded once per
+    size class with torch.cuda.graph and replayed, no compiler (engine/cuda_graphs.py); the eager
+    model up to the order of the GPU's atomic adds; DIN included. LSTM and sparse LR run eagerly
+    (warned; DIN too with `on`). Both refused with backend `sequential`, masking or
+    deterministic."""
     threads: int = field(default=0, metadata={"min": 0, "max": 4096})
     """torch intra-op threads (at most 4096); 0 = torch's default. Small cohorts of sparse models
     run faster on 1: handing tiny kernels between threads costs more than the kernels."""
@@ -495,8 +499,8 @@ def parse_model(table: dict[str, Any]) -> ModelConfig:
 
 
 def check_compile(config: Config) -> None:
-    """``execution.compile = "on"`` captures the batched backend's local step with fixed shapes:
-    refuse the settings whose step is not that one program."""
+    """``execution.compile`` (``on`` or ``cuda-graphs``) captures the batched backend's local
+    steps with fixed shapes: refuse the settings whose steps are not that one program."""
     x, scheme = config.execution, config.masking.scheme
     if x.compile == "off":
         return
@@ -516,11 +520,11 @@ def check_compile(config: Config) -> None:
             "execution.deterministic = true sums in a fixed order with sorted segment sums, whose "
             "sizes depend on the values; use deterministic = false",
         ),
-        (old_torch is not None, str(old_torch)),
+        (x.compile == "on" and old_torch is not None, str(old_torch)),
     ]
     for condition, reason in refusals:
         if condition:
-            raise ConfigError(f'execution.compile = "on" cannot be used here: {reason}')
+            raise ConfigError(f'execution.compile = "{x.compile}" cannot be used here: {reason}')
 
 
 def check_sharding(config: Config) -> None:

@@ -28,9 +28,10 @@ from fedsub.client.layout import CohortLayout
 from fedsub.client.transforms import Members
 from fedsub.client.work import CohortWork
 from fedsub.data.federated import FederatedDataset
-from fedsub.engine import captured_step
+from fedsub.engine import captured_step, cuda_graphs
 from fedsub.engine.cohort_batches import CohortBatches, cohort_batches
 from fedsub.engine.cohort_job import CohortJob
+from fedsub.engine.execution import CudaGraphs
 from fedsub.engine.schedule import Schedule
 from fedsub.models import low_rank
 from fedsub.models.base import (
@@ -75,7 +76,16 @@ def run_cohort(job: CohortJob) -> CohortUpdate:
     row_owner = batches.row_owner
     capture = captured_step.capture_for(model, closed_form is not None, schedule.execution.compile)
     dense: Mapping[str, torch.Tensor | LowRankWeight]
-    if capture is not None:  # execution.compile: the steps as one captured program
+    if isinstance(capture, CudaGraphs):  # the round's steps replayed as one CUDA graph
+        padding = captured_step.PaddedCohort.of(
+            {t: len(v) for t, v in pulled_tables.items()},
+            data_of(dataset, index, schedule).field_tables,
+        )
+        with timed("local steps (graph)"):
+            tables, dense = cuda_graphs.graphed_steps(
+                model, head, pulled_tables, pulled_dense, batches, work, padding, capture
+            )
+    elif capture is not None:  # execution.compile: the steps as one captured program
         step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
         field_tables = data_of(dataset, index, schedule).field_tables
         padding = captured_step.PaddedCohort.of(

@@ -47,7 +47,7 @@ from fedsub.client.layout import CohortLayout
 from fedsub.client.transforms import Chain, Members
 from fedsub.client.work import CohortWork
 from fedsub.engine.cohort_batches import CohortBatches
-from fedsub.engine.execution import Compile
+from fedsub.engine.execution import Compile, CudaGraphs
 from fedsub.models.base import DeclaresCapturable, Features, Ids, Model, PackedFeatures
 
 LOG = logging.getLogger("fedsub")
@@ -142,22 +142,24 @@ def compile_unavailable(version: str = torch.__version__) -> str | None:
     )
 
 
-def _why_eager(model: Model, closed_form: bool) -> str | None:
+def _why_eager(model: Model, closed_form: bool, compiler: bool) -> str | None:
     if isinstance(model, DeclaresCapturable) and not model.capturable:
         return "its shapes depend on the values (it pads to the longest sequence)"
-    if isinstance(model, PackedFeatures):
+    if compiler and isinstance(model, PackedFeatures):  # cuda-graphs pads a phantom member
         return "it packs ragged lists (the padding's phantom sample would own packed rows)"
     if closed_form:
         return "it computes its gradients in closed form (kernels on host arrays)"
-    return compile_unavailable()
+    return compile_unavailable() if compiler else None
 
 
-def capture_for(model: Model, closed_form: bool, compile: Compile | None) -> Compile | None:
+def capture_for(
+    model: Model, closed_form: bool, compile: Compile | CudaGraphs | None
+) -> Compile | CudaGraphs | None:
     """How to capture ``model``'s local step, or None to run it eagerly: when
     ``execution.compile`` is off, or (with a warning) when the step cannot be captured."""
     if compile is None:
         return None
-    reason = _why_eager(model, closed_form)
+    reason = _why_eager(model, closed_form, isinstance(compile, Compile))
     if reason is None:
         return compile
     name = type(model).__name__

@@ -32,6 +32,15 @@ class Compile:
 
 
 @dataclass(frozen=True)
+class CudaGraphs:
+    """``execution.compile = "cuda-graphs"``: the round's local steps captured with
+    ``torch.cuda.graph``, no compiler (engine/cuda_graphs.py). ``capture`` replaces the capture
+    (tests on the CPU pass ``cuda_graphs.capture_eagerly``); None: ``torch.cuda.graph``."""
+
+    capture: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
 class Execution:
     """The ``[execution]`` section, resolved: torch types instead of names, this process's
     device (``runs/run_setup.py``'s ``schedule_of`` builds it)."""
@@ -46,5 +55,6 @@ class Execution:
     table_placement: TablePlacement = "device"
     # execution.table_sharding: "rows" spreads the tables' rows over torchrun's processes
     table_sharding: TableSharding = "none"
-    # execution.compile: how torch.compile captures the batched local step (None: eager ops)
-    compile: Compile | None = None
+    # execution.compile: how the batched local steps are captured (None: eager ops): by
+    # torch.compile, or as one CUDA graph per round (no compiler)
+    compile: Compile | CudaGraphs | None = None

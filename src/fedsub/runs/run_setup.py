@@ -25,8 +25,16 @@ from fedsub.device import resolve_device
 from fedsub.dp import settings as dp_settings
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.execution import DTYPES, Compile, Execution, TablePlacement, TableSharding
+from fedsub.engine.execution import (
+    DTYPES,
+    Compile,
+    CudaGraphs,
+    Execution,
+    TablePlacement,
+    TableSharding,
+)
 from fedsub.engine.schedule import ClientStep, LrSchedule, Sampling, Schedule
+from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
@@ -114,8 +122,22 @@ def execution_of(config: Config) -> Execution:
         deterministic=x.deterministic,
         table_placement=cast(TablePlacement, x.table_placement),
         table_sharding=cast(TableSharding, x.table_sharding),
-        compile=Compile.for_device(device) if x.compile == "on" else None,
+        compile=_capture(x.compile, device),
     )
+
+
+def _capture(compile: str, device: torch.device) -> Compile | CudaGraphs | None:
+    """``execution.compile`` on ``device``: how the batched local steps are captured."""
+    if compile == "on":
+        return Compile.for_device(device)
+    if compile != "cuda-graphs":
+        return None
+    if device.type != "cuda":
+        raise ConfigError(
+            f'execution.compile = "cuda-graphs" needs a CUDA device (execution.device is '
+            f'{str(device)!r} here); use "on" (torch.compile) or "off" elsewhere'
+        )
+    return CudaGraphs()
 
 
 def schedule_of(config: Config, num_clients: int | None = None) -> Schedule:
