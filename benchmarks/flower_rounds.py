@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -79,7 +80,28 @@ def environment(folder: Path, link: int) -> dict[str, str]:
     }
 
 
-def measure(nodes: int, rounds: int, level: str, warm: bool, folder: Path) -> dict:
+def flwr(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [str(BIN / "flwr"), *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    return done.stdout
+
+
+def run_ended(env: dict[str, str], run_id: int) -> bool:
+    """Whether Flower records the run as finished (succeeded or failed)."""
+    listed = flwr(env, "ls", "bench", "--run-id", str(run_id), "--format", "json")
+    with contextlib.suppress(ValueError, KeyError):
+        return str(json.loads(listed)["runs"][0]["status"]).startswith("finished")
+    return False
+
+
+def run_log(env: dict[str, str], run_id: int) -> str:
+    return flwr(env, "log", str(run_id), "bench", "--show")
+
+
+def measure(
+    nodes: int, rounds: int, level: str, warm: bool, folder: Path, more: tuple[str, ...] = ()
+) -> dict:
     link, *node_ports = free_ports(nodes + 1)
     env = environment(folder, link)
     started: list[subprocess.Popen] = []
@@ -137,6 +159,9 @@ def measure(nodes: int, rounds: int, level: str, warm: bool, folder: Path) -> di
             f"data.num_users={nodes}; train.rounds={rounds}; train.clients_per_round={nodes}; "
             f"train.algorithms=['fedsubavg']; privacy.level='{level}'"
         )
+        if level != "none":  # one secure-sum group of every node
+            overrides += f"; privacy.secagg_group={nodes}"
+        overrides = "; ".join([overrides, *more])
         run_config = f'set="{overrides}" out-dir="{out}" round-timeout=600.0 eval-every=0'
         submitted = time.monotonic()
         submit = [str(BIN / "flwr"), "run", str(EXAMPLE), "bench", "--format", "json"]
@@ -149,9 +174,13 @@ def measure(nodes: int, rounds: int, level: str, warm: bool, folder: Path) -> di
         )
         if result.returncode != 0:
             raise RuntimeError(result.stdout + result.stderr)
-        wait_for(lambda: (out / "progress.jsonl").exists(), 900, "round 1")
+        run_id = int(json.loads(result.stdout)["run-id"])
+        ended = lambda: run_ended(env, run_id)  # noqa: E731
+        wait_for(lambda: (out / "progress.jsonl").exists() or ended(), 900, "round 1")
         first_sent = time.monotonic() - submitted
-        wait_for(lambda: (out / "flower-result.json").exists(), 1800, "the run to finish")
+        wait_for(lambda: (out / "flower-result.json").exists() or ended(), 1800, "the end")
+        if not (out / "flower-result.json").exists():  # the ServerApp failed: its log says why
+            raise RuntimeError(run_log(env, run_id)[-3000:])
         total = time.monotonic() - submitted
     finally:
         for process in started:
@@ -172,7 +201,9 @@ def measure(nodes: int, rounds: int, level: str, warm: bool, folder: Path) -> di
                 "overhead_seconds": round(costs["round_seconds"] - work, 3),
             }
         )
+    model = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     return {
+        "model_sha256": model[:16],  # the same model, cold or warm
         "nodes": nodes,
         "rounds": rounds,
         "level": level,
@@ -191,11 +222,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--level", default="none", choices=["none", "heat", "download", "full"])
     parser.add_argument("--warm", action="store_true")
+    parser.add_argument("--set", action="append", default=[], help="a further config override")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fedsub-flower-rounds-") as folder:
         print(
             json.dumps(
-                measure(args.nodes, args.rounds, args.level, args.warm, Path(folder)), indent=1
+                measure(
+                    args.nodes, args.rounds, args.level, args.warm, Path(folder), tuple(args.set)
+                ),
+                indent=1,
             )
         )
 

@@ -113,3 +113,33 @@ def test_meanwhile_runs_while_replies_are_missing_and_may_give_up_on_nodes(clock
     start = clock.now
     exchange(grid, messages(1, 2), timeout=600.0, meanwhile=lambda: {2})
     assert clock.now - start < 1.0  # nobody left to wait for
+
+
+def test_an_error_flower_wrote_for_a_node_is_named_as_that_nodes_and_flowers():
+    """The SuperLink answers for a node that cannot (sender id 1): the reply is given the
+    node the message went to, its reason says the SuperLink wrote it; an error the ServerApp's
+    grid wrote (another sender) says Flower; the node's own error and replies stay as sent."""
+    from flwr.app import Error
+    from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+    from fedsub.flower.exchange import attributed
+
+    from .flower_rounds import wide
+
+    node = wide(100)
+    asked = Message(RecordDict(), node, MessageType.QUERY)
+
+    def reply(error: Error | None, sender: int) -> Message:
+        answer = Message(error, reply_to=asked) if error else Message(RecordDict(), reply_to=asked)
+        answer.metadata.__dict__["_src_node_id"] = sender
+        return answer
+
+    gone = attributed(reply(Error(ErrorCode.MESSAGE_UNAVAILABLE, "Error: ..."), 1), node)
+    assert gone.metadata.src_node_id == node and SUPERLINK_NODE_ID == 1
+    assert gone.error.reason == "the SuperLink: message unavailable (the node left, or it expired)"
+    pulled = attributed(reply(Error(ErrorCode.MESSAGE_UNAVAILABLE, "objects missing"), 0), node)
+    assert (pulled.metadata.src_node_id, pulled.error.reason) == (node, "Flower: objects missing")
+    own = attributed(reply(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, "mine"), node), node)
+    assert own.error.reason == "mine"
+    fine = attributed(reply(None, node), node)
+    assert not fine.has_error() and fine.metadata.src_node_id == node

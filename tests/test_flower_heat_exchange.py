@@ -7,6 +7,7 @@ naming the node."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -27,7 +28,7 @@ from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
 from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
-from .flower_rounds import private_runtime, recorded, wide
+from .flower_rounds import narrow, private_runtime, recorded, wide
 
 Handler = Callable[[Message, Context], Message]
 
@@ -95,7 +96,8 @@ class LoopbackGrid(AnsweredAtOnce):
 
 
 def node_handlers(dataset, index, privacy, kind) -> dict[int, Handler]:
-    """Node ids 101.. for clients 0..N-1, each answering with its own S(k) and count."""
+    """Node ids ``wide(101 + k)`` (across the uint64 range, not in client order) for clients
+    0..N-1, each answering with its own S(k) and count."""
     counts = dataset.sample_counts()
 
     def handler(k: int) -> Handler:
@@ -104,7 +106,7 @@ def node_handlers(dataset, index, privacy, kind) -> dict[int, Handler]:
             m, c, privacy, kind, dataset.table_rows, rows, int(counts[k])
         )
 
-    return {101 + k: handler(k) for k in range(dataset.num_clients)}
+    return {wide(101 + k): handler(k) for k in range(dataset.num_clients)}
 
 
 @pytest.mark.parametrize("source", ["secagg", "sketch"])
@@ -129,8 +131,9 @@ def test_secure_heat_over_messages_equals_the_in_process_source(federation, sour
         np.testing.assert_array_equal(report.measured.heat[table], heat)
     assert report.measured.total_samples == dataset.sample_counts().sum()
     assert report.measured.num_clients == dataset.num_clients == len(report.contributors)
-    # groups of 2 over 5 nodes: [101, 102], [103, 104, 105] (a lone tail joins the last group)
-    assert received.count((105, "unmask")) == 1 and len(received) == 4 * 5
+    # groups of 2 over 5 nodes, by node id: a lone tail joins the last group
+    assert received.count((wide(105), "unmask")) == 1 and len(received) == 4 * 5
+    assert set(report.contributors) == set(grid.handlers)
     assert all(hx.STATE not in c.state for c in grid.contexts.values())  # keys forgotten
 
 
@@ -138,13 +141,14 @@ def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, cap
     dataset, index = federation
     privacy = HeatPrivacy("secagg", group_size=5)
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
-    grid.tamper = lambda node, stage, m: None if (node, stage) == (103, "mask") else m
+    grid.tamper = lambda node, stage, m: None if (node, stage) == (wide(103), "mask") else m
     with caplog.at_level(logging.WARNING, logger="fedsub"):  # waits 0.5 s for node 103
         report = hx.collect_heat(
             grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 0.5
         )
-    assert "stage mask: no reply from node 103" in caplog.text
-    assert report.contributors == (101, 102, 104, 105)
+    assert f"stage mask: no reply from node {wide(103)}" in caplog.text
+    assert sorted(report.contributors) == sorted(wide(n) for n in (101, 102, 104, 105))
+    assert max(report.contributors) >= 2**63
     without = [k for k in range(dataset.num_clients) if k != 2]
     for table in dataset.table_rows:
         expected = np.zeros(dataset.table_rows[table])
@@ -154,10 +158,9 @@ def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, cap
     assert report.measured.num_clients == 4
     # three of five drop before masking: fewer than t = 3 remain
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
-    grid.tamper = lambda node, stage, m: None if node > 102 and stage == "mask" else m
-    with pytest.raises(
-        SecAggError, match=r"group of nodes \[101, 102, 103, 104, 105\]: only 2 clients left.*t = 3"
-    ):
+    grid.tamper = lambda node, stage, m: None if narrow(node) > 102 and stage == "mask" else m
+    group = re.escape(str(sorted(grid.handlers)))
+    with pytest.raises(SecAggError, match=rf"group of nodes {group}: only 2 clients left.*t = 3"):
         hx.collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 0.5)
 
 
@@ -174,8 +177,8 @@ def test_foreign_replies_are_left_out_naming_the_node(federation, caplog):
     privacy = HeatPrivacy("secagg", group_size=5)
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
     bad: dict[tuple[int, str], dict[str, bytes | int]] = {
-        (101, "advertise"): {"session": b"another session!"},
-        (102, "share"): {"sender": 3},  # claims to be another node's client
+        (wide(101), "advertise"): {"session": b"another session!"},
+        (wide(102), "share"): {"sender": 3},  # claims to be another node's client
     }
     grid.tamper = lambda node, stage, m: (
         _reply_with(m, **bad[node, stage]) if (node, stage) in bad else m
@@ -184,9 +187,12 @@ def test_foreign_replies_are_left_out_naming_the_node(federation, caplog):
         report = hx.collect_heat(
             grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0
         )
-    assert "node 101: heat message from another session; left out" in caplog.text
-    assert "node 102: claims to be client 3 of its group, it is client 1" in caplog.text
-    assert report.contributors == (103, 104, 105)
+    client = sorted(grid.handlers).index(wide(102))  # its place in the group, by node id
+    assert f"node {wide(101)}: heat message from another session; left out" in caplog.text
+    assert f"node {wide(102)}: claims to be client 3 of its group, it is client {client}" in (
+        caplog.text
+    )
+    assert sorted(report.contributors) == sorted(wide(n) for n in (103, 104, 105))
     expected = np.zeros(dataset.table_rows["features"])
     for k in (2, 3, 4):
         expected[index.client_rows("features", k)] += 1
@@ -219,12 +225,13 @@ def test_a_node_answers_only_for_its_own_heat_source(federation):
     dataset, index = federation
     grid = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("sketch"), "clients"))
     request = records.advertise_request(b"s" * 16, 0, 3, "secagg")
-    message = Message(RecordDict({"heat": ConfigRecord(request)}), 101, hx.MESSAGE_TYPE)
+    node = wide(101)
+    message = Message(RecordDict({"heat": ConfigRecord(request)}), node, hx.MESSAGE_TYPE)
     with pytest.raises(hx.HeatMessageError, match=r"asks for heat source 'secagg'.*'sketch'"):
-        grid.handlers[101](message, grid.contexts[101])
+        grid.handlers[node](message, grid.contexts[node])
     exact = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("exact"), "clients"))
     with pytest.raises(hx.HeatMessageError, match=r"privacy\.heat_source = 'exact'"):
-        exact.handlers[101](message, exact.contexts[101])
+        exact.handlers[node](message, exact.contexts[node])
 
 
 @pytest.mark.parametrize("kind", ["clients", "samples"])
@@ -300,11 +307,12 @@ def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
     dataset, index = federation
     privacy = HeatPrivacy("secagg")
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
-    handler, context = grid.handlers[101], grid.contexts[101]
+    node = wide(101)
+    handler, context = grid.handlers[node], grid.contexts[node]
 
     def ask(fields: dict) -> Message:
         return handler(
-            Message(RecordDict({"heat": ConfigRecord(fields)}), 101, hx.MESSAGE_TYPE), context
+            Message(RecordDict({"heat": ConfigRecord(fields)}), node, hx.MESSAGE_TYPE), context
         )
 
     session = b"s" * 16

@@ -46,14 +46,20 @@ def from_superlink(reply: Message) -> bool:
 
 
 def attributed(reply: Message, node: int) -> Message:
-    """``reply`` to a message sent to ``node``: an error the SuperLink wrote in the node's
-    place (``from_superlink``) is given ``node`` as its sender and the reason "the SuperLink:
-    <what>"; any other reply is returned as it is."""
-    if from_superlink(reply) and node != SUPERLINK_NODE_ID:
+    """``reply`` to a message sent to ``node``: an error Flower wrote in the node's place (its
+    sender the SuperLink, ``from_superlink``, or the ServerApp's own grid, e.g. a reply whose
+    objects could not be pulled) is given ``node`` as its sender and the reason "the
+    SuperLink: <what>" (or "Flower: <reason>"); any other reply is returned as it is."""
+    sender = reply.metadata.src_node_id
+    if reply.has_error() and sender != node:
         error = reply.error
-        what = SUPERLINK_ERRORS.get(error.code, f"error {error.code}: {error.reason}")
+        if sender == SUPERLINK_NODE_ID:
+            what = SUPERLINK_ERRORS.get(error.code, f"error {error.code}: {error.reason}")
+            reason = f"the SuperLink: {what}"
+        else:
+            reason = f"Flower: {error.reason}"
         reply.metadata.__dict__["_src_node_id"] = node
-        error.__dict__["_reason"] = f"the SuperLink: {what}"
+        error.__dict__["_reason"] = reason
     return reply
 
 

@@ -237,12 +237,14 @@ class FlowerRuntime:
                 f"node {node} registered partition {k}, a new client: counted and sampled "
                 f"from round {refresh} (heat-refresh-every = {every})"
             )
-        counted = k in self.membership.counted  # not: its data changed since they were counted
-        when = f"from round {r}" if counted else f"from round {refresh}, with its new data"
-        if counted or not fixed:
-            when = when if counted or refresh <= last else "not again in this run"
-        else:
+        if k in self.membership.counted:  # same data: it trains in this very round
+            when = f"from round {r}"
+        elif fixed:  # its data changed since round 1 counted them
             when = "not again in this run: its data differ from those counted at round 1"
+        elif refresh <= last:
+            when = f"from round {refresh}, with its new data"
+        else:
+            when = "not again in this run"
         if before.node != node:
             return f"partition {k}: node {node} takes over from node {before.node}, sampled {when}"
         return f"node {node} (partition {k}) answered again: sampled {when}"
