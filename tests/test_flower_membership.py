@@ -430,3 +430,44 @@ def test_membership_changes_are_logged_once_each_naming_the_node_and_the_round(m
         lines.count(x) - 1 for x in set(lines) if "left out" in x or "answered again" in x
     )
     assert s.rounds[3]["nodes"] == [wide(100), wide(202), wide(300)]
+
+
+def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model(tmp_path):
+    """[dp] with secret randomness on Flower: the ServerApp crashed in round 4 and resumed
+    reads its secret back from the checkpoint (the resumed process draws another, which must
+    not be used) and ends with the model and every round's epsilon of the uninterrupted run
+    that drew the same secret; a run with another secret ends elsewhere."""
+    from fedsub.dp import randomness
+    from fedsub.numerics.seeding import Secret
+
+    from .test_dp import settings as dp_settings
+
+    accounting = dataclasses.replace(
+        dp_settings().accounting, num_clients=4, clients_per_round=3, rounds=5, delta=1e-3
+    )
+    dp = dp_settings(
+        clip=0.5, noise_multiplier=0.5, rows="all", accounting=accounting, randomness="secret"
+    )
+
+    def dp_run(folder, grid: StandInGrid, secret: Secret, resume: bool = False) -> FlowerRuntime:
+        control = RunControl(folder / "checkpoints", 1, run=stamp("dp").as_json())
+        if resume:
+            control.resume = latest(folder / "checkpoints", stamp("dp"))
+        s = runtime(grid, 5, algorithm="fedavg", round_timeout=1.0)
+        s.schedule = dataclasses.replace(s.schedule, dp=dp)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(randomness, "draw_secret", lambda: secret)
+            start(s, control)
+        return s
+
+    nodes = {100: 0, 101: 1, 102: 2, 2**64 - 7: 3}
+    pinned = Secret.fresh()
+    whole = dp_run(tmp_path / "whole", StandInGrid(dict(nodes)), pinned)
+    with pytest.raises(RuntimeError, match="crashed"):
+        dp_run(tmp_path / "cut", StandInGrid(dict(nodes), fail_on_round=4), pinned)
+    resumed = dp_run(tmp_path / "cut", StandInGrid(dict(nodes)), Secret.fresh(), resume=True)
+    torch.testing.assert_close(resumed.params.tables["w"], whole.params.tables["w"], rtol=0, atol=0)
+    assert [r["epsilon"] for r in resumed.rounds] == [r["epsilon"] for r in whole.rounds]
+    assert [r["clients"] for r in resumed.rounds] == [r["clients"] for r in whole.rounds]
+    other = dp_run(tmp_path / "other", StandInGrid(dict(nodes)), Secret.fresh())
+    assert not torch.equal(other.params.tables["w"], whole.params.tables["w"])
