@@ -564,6 +564,7 @@ DP_KEYS = {  # a value away from each [dp] key's default
     "selection_bound": "2.0",
     "weight_cap": "5.0",
     "weight_mean": "0.5",
+    "public_test": "true",
     "epsilon_budget": "3.0",
     "adaptive_clip": "true",
     "target_quantile": "0.3",
@@ -845,3 +846,21 @@ def test_a_dp_runs_files_say_what_epsilon_covers_and_withhold_per_client_costs(t
     privacy = json.loads((tmp_path / "fedavg" / "privacy.json").read_text())
     assert "bytes_up_per_client_round" not in privacy and "clipped_values" not in privacy
     assert privacy["costs"].startswith("withheld under [dp]")
+    assert record["public_test"] is False
+
+
+def test_a_test_split_declared_public_puts_the_test_metrics_under_epsilon(tmp_path):
+    """dp.public_test = true: the test metrics, their best and the rounds to target are
+    post-processing of the released models on public data, so summary.* lists them as covered;
+    the train metrics and a divergence stop (the users' training data) stay uncovered."""
+    c = config(*DP, "train.algorithms=['fedavg']", "dp.public_test=true")
+    experiment.compare(c, tmp_path)
+    record = json.loads((tmp_path / "summary.json").read_text())["algorithms"]["fedavg"]["dp"]
+    assert record["public_test"] is True
+    covered, uncovered = " ".join(record["covered_by_epsilon"]), " ".join(record["not_covered"])
+    assert "test metrics" in covered and "rounds_to_target" in covered
+    assert "test" not in uncovered and "held-out" not in uncovered
+    assert "train metrics" in uncovered and "diverged" in uncovered
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "declared public (dp.public_test = true: your declaration, not checked)" in markdown
+    assert "epsilon covers the released models only" not in markdown

@@ -344,6 +344,12 @@ class DpConfig:
     epsilon_budget: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     """Stop before the round that would spend more than this epsilon (default: `target_epsilon`
     when given, else no budget)."""
+    public_test: bool = False
+    """true: you declare the test split public (data of no user the guarantee protects, e.g. a
+    released benchmark's test set): the test metrics, their best and the rounds to target are
+    then post-processing of the released models, covered by epsilon, and summary.* says so.
+    false: they are computed on the users' held-out data, not covered. fedsub cannot check the
+    declaration: it is yours."""
     adaptive_clipping: DpAdaptiveClipConfig = field(default_factory=DpAdaptiveClipConfig)
     """adaptive_clip, target_quantile, clip_lr, count_share (keys of [dp])."""
     min_survivors: int = field(default=0, metadata={"min": 0})

@@ -569,8 +569,10 @@ def _summary(
     markdown = summary_markdown(result, target, setup.schedule.rounds)
     if setup.schedule.dp is not None:
         for name, history in histories.items():
-            result["algorithms"][name]["dp"] = dp_record(setup.schedule.dp, history)
-        markdown += "\n" + DP_SCOPE_MARKDOWN
+            result["algorithms"][name]["dp"] = dp_record(
+                setup.schedule.dp, history, config.dp.public_test
+            )
+        markdown += "\n" + dp_scope_markdown(config.dp.public_test)
     if setup.schedule.dp is not None and setup.schedule.dp.randomness == "seeded":
         markdown += f"\n**The epsilon above is not a guarantee.** {NOT_A_GUARANTEE}.\n"
     return result, markdown
@@ -591,19 +593,51 @@ DP_SCOPE_MARKDOWN = (
     "target and a divergence stop are not covered: they are the operator's, not for "
     "publication as private (docs: the run folder).\n"
 )
+# dp.public_test = true: the test split is declared public, so what is computed from the
+# released models on it alone is post-processing, covered by the same epsilon
+DP_COVERED_PUBLIC_TEST = [
+    *DP_COVERED,
+    "test metrics, their best and rounds_to_target (on the test split declared public: "
+    "dp.public_test)",
+]
+DP_NOT_COVERED_PUBLIC_TEST = [
+    "train metrics and their best (computed in the clear on the users' training data)",
+    "diverged (a stop decided from the train loss in the clear)",
+]
+DP_SCOPE_MARKDOWN_PUBLIC_TEST = (
+    "Differential privacy: epsilon covers the released models and, the test split being "
+    "declared public (dp.public_test = true: your declaration, not checked), the test metrics, "
+    "their best and the rounds to target. The train metrics and a divergence stop (computed "
+    "in the clear on the users' training data) are not covered (docs: the run folder).\n"
+)
 
 
-def dp_record(settings: DpSettings, history: list[Evaluation]) -> dict:
+def dp_scope_markdown(public_test: bool) -> str:
+    """summary.md's sentence on what epsilon covers."""
+    return DP_SCOPE_MARKDOWN_PUBLIC_TEST if public_test else DP_SCOPE_MARKDOWN
+
+
+def dp_record(settings: DpSettings, history: list[Evaluation], public_test: bool = False) -> dict:
     """summary.json's ``dp`` of an algorithm: the epsilon its last evaluation had spent, the
-    round it stopped at, and the settings that epsilon is of (seeded randomness: a note that it
-    is not a guarantee)."""
+    round it stopped at, the settings that epsilon is of (seeded randomness: a note that it
+    is not a guarantee), and what it covers (``public_test``: the test split declared public)."""
     last = history[-1] if history else None
     spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
     rounds = last.round if last is not None else 0
     record = {"epsilon": spent, "rounds": rounds, **settings.as_json()}
     if settings.randomness == "seeded":
         record["not_a_guarantee"] = NOT_A_GUARANTEE
-    return {**record, "covered_by_epsilon": DP_COVERED, "not_covered": DP_NOT_COVERED}
+    covered, not_covered = (
+        (DP_COVERED_PUBLIC_TEST, DP_NOT_COVERED_PUBLIC_TEST)
+        if public_test
+        else (DP_COVERED, DP_NOT_COVERED)
+    )
+    return {
+        **record,
+        "public_test": public_test,
+        "covered_by_epsilon": covered,
+        "not_covered": not_covered,
+    }
 
 
 def _write_summary(
@@ -936,8 +970,11 @@ def _sweep_markdown(
     privacy = _privacy_markdown(key, outcomes)
     if privacy:
         lines += ["", *privacy]
-    if any("dp" in e for o in outcomes.values() for e in o.summary["algorithms"].values()):
-        lines += ["", DP_SCOPE_MARKDOWN.rstrip("\n")]  # what epsilon covers
+    records = [e["dp"] for o in outcomes.values() for e in o.summary["algorithms"].values()
+               if "dp" in e]  # fmt: skip
+    if records:  # what epsilon covers (the test split public only if every run declares it)
+        public = all(r.get("public_test", False) for r in records)
+        lines += ["", dp_scope_markdown(public).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
