@@ -11,7 +11,6 @@ adds exact zeros). ``tests/test_cuda.py`` runs the real capture on a GPU.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 
 import numpy as np
 import pytest
@@ -34,6 +33,7 @@ from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_backends import setup, shared_table_dataset, two_tables_with_dense
+from .test_captured_step import COMPOSED, RULES  # the client rules the captured step is tested on
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, dataset_for
 
 ON_CPU = CudaGraphs(capture=cuda_graphs.capture_eagerly)
@@ -88,21 +88,6 @@ def test_din_packed_histories_replay_with_the_phantom_member(algorithm, tmp_path
         torch.testing.assert_close(graphed.state_dict()[name], value, rtol=1e-10, atol=1e-12)
     assert max(float(v.abs().max()) for v in eager.state_dict().values()) > 1e-3
     assert cuda_graphs._ROUNDS
-
-
-RULES = {  # the client transforms: proximal term, clipping, decay, momentum, SCAFFOLD, Adam
-    "fedprox": ("fedprox", {}),
-    "clip-decay-momentum": (
-        "fedsubavg",
-        {"clip_norm": 0.05, "weight_decay": 0.01, "momentum": 0.5},
-    ),
-    "scaffold": ("scaffold", {}),
-    "client-adam": ("sub-adam", {}),
-}
-COMPOSED = tomllib.loads(
-    '[algorithms.sub-adam]\naggregation = "fedsubavg"\nclient = ["adam", "prox"]\nmu = 0.1\n'
-    "[algorithms.fedprox]\nmu = 0.5\n"
-)
 
 
 @pytest.mark.parametrize("rule", sorted(RULES))
