@@ -50,7 +50,6 @@ from fedsub.engine.execution import CudaGraphs
 from fedsub.models.base import Model, cohort_features, packed_names
 
 Tensors = dict[str, torch.Tensor]
-Ids = dict[str, tuple[torch.Tensor, torch.Tensor]]
 HeadFn = Callable[[Tensors, dict[str, torch.Tensor], torch.Tensor | None], torch.Tensor]
 
 
@@ -64,9 +63,10 @@ Capture = Callable[[Callable[[], None]], Replayable]
 def capture_cuda(fn: Callable[[], None]) -> Replayable:
     """``fn`` captured as a CUDA graph, after the warm-up runs on a side stream that
     ``torch.cuda.graph`` asks for (lazy initialisation of cuBLAS and friends must not happen
-    inside a capture). ``fn`` must be idempotent: it reads static inputs and writes static
-    outputs. The graph shares the memory pool of a graph still cached (a pool whose graphs
-    are all freed is gone: torch asserts when it is named again)."""
+    inside a capture). The warm-up runs move ``fn``'s static buffers: the caller fills them
+    again before the first replay (``graphed_steps``). The graph shares the memory pool of a
+    graph still cached (a pool whose graphs are all freed is gone: torch asserts when it is
+    named again)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
