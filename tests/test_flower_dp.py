@@ -426,5 +426,5 @@ def test_seeded_noise_needs_seeded_randomness():
     secret = tuple(o for o in DISTRIBUTED if "randomness" not in o)
     with pytest.raises(ConfigError, match="dp-seeded-noise = true draws the nodes' noise"):
         FlowerSettings(overrides=secret, dp_seeded_noise=True).fedsub_config()
-    assert FlowerSettings(overrides=secret).fedsub_config().dp.randomness == "secret"
+    assert FlowerSettings(overrides=secret).fedsub_config().dp.trust.randomness == "secret"
     assert FlowerSettings(overrides=DISTRIBUTED, dp_seeded_noise=True).fedsub_config()

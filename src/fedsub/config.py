@@ -292,6 +292,42 @@ class DpRowSelectionConfig:
 
 
 @dataclass(frozen=True)
+class DpWeightsConfig:
+    """[dp]'s keys of the clients' weights and the fixed denominator (a group: the keys stay in
+    [dp])."""
+
+    weight_cap: float = field(default=0.0, metadata={"min": 0.0})
+    """0: every sampled client weighs 1; else w_k = min(1, n_k / weight_cap) (McMahan et al.'s
+    capped weights), the fixed denominator K times `weight_mean`."""
+    weight_mean: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1.0})
+    """weight_cap > 0: the mean capped weight the fixed denominator D = K * weight_mean assumes,
+    a public number you choose (never computed from the users' sample counts, which are
+    private); 1 (D = K) never adds less noise than stated, and scales the average down by the
+    true mean weight."""
+
+
+@dataclass(frozen=True)
+class DpTrustConfig:
+    """[dp]'s keys of what the guarantee trusts: where its random choices come from and which
+    data you declare public (a group: the keys stay in [dp])."""
+
+    randomness: str = field(default="secret", metadata={"choices": lambda: ["secret", "seeded"]})
+    """Where the random choices the guarantee relies on come from (the noise, the cohorts, the
+    row selection's false positives, adaptive clipping's count noise): `secret`, drawn from the
+    operating system's entropy when the run starts and kept only in its checkpoints (a resumed
+    run continues it; two runs of one config differ); `seeded`, from `train.seed`, so a run
+    repeats bit for bit, but anyone who reads the seed in config.toml can redraw and subtract
+    the noise: its epsilon is NOT a guarantee (tests and reproductions only)."""
+
+    public_test: bool = False
+    """true: you declare the test split public (data of no user the guarantee protects, e.g. a
+    released benchmark's test set): the test metrics, their best and the rounds to target are
+    then post-processing of the released models, covered by epsilon, and summary.* says so.
+    false: they are computed on the users' held-out data, not covered. fedsub cannot check the
+    declaration: it is yours."""
+
+
+@dataclass(frozen=True)
 class DpAdaptiveClipConfig:
     """[dp]'s keys of adaptive clipping (a group: the keys stay in [dp])."""
 
@@ -333,23 +369,11 @@ class DpConfig:
     no sampled-without-replacement event)."""
     row_selection: DpRowSelectionConfig = field(default_factory=DpRowSelectionConfig)
     """rows, selection_share, selection_threshold, selection_bound (keys of [dp])."""
-    weight_cap: float = field(default=0.0, metadata={"min": 0.0})
-    """0: every sampled client weighs 1; else w_k = min(1, n_k / weight_cap) (McMahan et al.'s
-    capped weights), the fixed denominator K times `weight_mean`."""
-    weight_mean: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1.0})
-    """weight_cap > 0: the mean capped weight the fixed denominator D = K * weight_mean assumes,
-    a public number you choose (never computed from the users' sample counts, which are
-    private); 1 (D = K) never adds less noise than stated, and scales the average down by the
-    true mean weight."""
+    weights: DpWeightsConfig = field(default_factory=DpWeightsConfig)
+    """weight_cap, weight_mean (keys of [dp])."""
     epsilon_budget: float | None = field(default=None, metadata={"min_exclusive": 0.0})
     """Stop before the round that would spend more than this epsilon (default: `target_epsilon`
     when given, else no budget)."""
-    public_test: bool = False
-    """true: you declare the test split public (data of no user the guarantee protects, e.g. a
-    released benchmark's test set): the test metrics, their best and the rounds to target are
-    then post-processing of the released models, covered by epsilon, and summary.* says so.
-    false: they are computed on the users' held-out data, not covered. fedsub cannot check the
-    declaration: it is yours."""
     adaptive_clipping: DpAdaptiveClipConfig = field(default_factory=DpAdaptiveClipConfig)
     """adaptive_clip, target_quantile, clip_lr, count_share (keys of [dp])."""
     min_survivors: int = field(default=0, metadata={"min": 0})
@@ -357,13 +381,8 @@ class DpConfig:
     decoded from; each client's discrete noise share is calibrated so that K_min shares reach
     the accounted noise, and secure aggregation's threshold is raised to K_min (fewer survivors
     cannot be unmasked). 0: the whole cohort (any dropout aborts the round)."""
-    randomness: str = field(default="secret", metadata={"choices": lambda: ["secret", "seeded"]})
-    """Where the random choices the guarantee relies on come from (the noise, the cohorts, the
-    row selection's false positives, adaptive clipping's count noise): `secret`, drawn from the
-    operating system's entropy when the run starts and kept only in its checkpoints (a resumed
-    run continues it; two runs of one config differ); `seeded`, from `train.seed`, so a run
-    repeats bit for bit, but anyone who reads the seed in config.toml can redraw and subtract
-    the noise: its epsilon is NOT a guarantee (tests and reproductions only)."""
+    trust: DpTrustConfig = field(default_factory=DpTrustConfig)
+    """randomness, public_test (keys of [dp])."""
 
 
 @dataclass(frozen=True)
@@ -719,9 +738,9 @@ def clip_refusals(config: Config) -> list[tuple[bool, str]]:
             "release no epsilon covers; dp.clip bounds every update's norm: set it to 0",
         ),
         (
-            d.weight_cap == 0 and d.weight_mean != 1.0,
-            f"dp.weight_mean = {d.weight_mean:g} is the mean of capped weights; it applies with "
-            "dp.weight_cap > 0 only (uniform weights: D = K)",
+            d.weights.weight_cap == 0 and d.weights.weight_mean != 1.0,
+            f"dp.weight_mean = {d.weights.weight_mean:g} is the mean of capped weights; it "
+            "applies with dp.weight_cap > 0 only (uniform weights: D = K)",
         ),
     ]
     growth = adaptive.clip_lr * (t.rounds - 1) if adaptive.adaptive_clip else 0.0
@@ -765,7 +784,7 @@ def distributed_refusals(config: Config) -> list[tuple[bool, str]]:
             "dp.adaptive_clip = false",
         ),
         (
-            d.weight_cap > 0,
+            d.weights.weight_cap > 0,
             why + "the denominator of capped weights needs every client's sample count, which "
             "no client sends at this level; set dp.weight_cap = 0 (uniform weights)",
         ),

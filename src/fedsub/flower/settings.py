@@ -180,7 +180,7 @@ class FlowerSettings:
             FLOWER.require("devices", f"execution.device = {config.execution.device!r}")
         if config.dp.mechanism != "none":  # never run without the DP the config asks for
             FLOWER.require("differential-privacy", f"[dp] mechanism = {config.dp.mechanism!r}")
-            if self.dp_seeded_noise and config.dp.randomness != "seeded":
+            if self.dp_seeded_noise and config.dp.trust.randomness != "seeded":
                 raise ConfigError(
                     f"{WHERE}: dp-seeded-noise = true draws the nodes' noise shares from "
                     "train.seed, which anyone holding the config can redraw; it needs "

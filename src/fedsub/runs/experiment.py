@@ -225,7 +225,7 @@ class AlgorithmRun:
     def seeded_dp(self) -> bool:
         """[dp] with dp.randomness = "seeded": its epsilon is not a guarantee."""
         d = self.config.dp
-        return d.mechanism != "none" and d.randomness == "seeded"
+        return d.mechanism != "none" and d.trust.randomness == "seeded"
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
@@ -570,9 +570,9 @@ def _summary(
     if setup.schedule.dp is not None:
         for name, history in histories.items():
             result["algorithms"][name]["dp"] = dp_record(
-                setup.schedule.dp, history, config.dp.public_test
+                setup.schedule.dp, history, config.dp.trust.public_test
             )
-        markdown += "\n" + dp_scope_markdown(config.dp.public_test)
+        markdown += "\n" + dp_scope_markdown(config.dp.trust.public_test)
     if setup.schedule.dp is not None and setup.schedule.dp.randomness == "seeded":
         markdown += f"\n**The epsilon above is not a guarantee.** {NOT_A_GUARANTEE}.\n"
     return result, markdown

@@ -220,12 +220,12 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
             rows.selection_share, rows.selection_threshold, rows.selection_bound
         ),
         adaptive=adaptive if a.adaptive_clip else None,
-        weight_cap=d.weight_cap,
-        weight_mean=d.weight_mean,
+        weight_cap=d.weights.weight_cap,
+        weight_mean=d.weights.weight_mean,
         seed=t.seed,
         distributed=distributed,
         min_survivors=d.min_survivors,
-        randomness=cast(dp_settings.Randomness, d.randomness),
+        randomness=cast(dp_settings.Randomness, d.trust.randomness),
     )
     for reason in dp_settings.refusals(settings):
         raise ConfigError(f"[dp] mechanism = 'gaussian' cannot train here: {reason}")
