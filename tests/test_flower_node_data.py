@@ -38,6 +38,7 @@ OVERRIDES = (
 PRIVATE = f"{OVERRIDES}; privacy.heat_source='secagg'; privacy.secagg_group=3"
 
 
+@pytest.mark.deployment  # a SuperLink and three SuperNodes for 85 s: make test-deployment
 def test_supernodes_with_their_own_files_train_the_in_process_model(tmp_path):
     federation = write_federation(tmp_path / "data")
     link, *node_ports = free_ports(4)
@@ -200,7 +201,13 @@ def test_fedsub_run_on_the_nodes_files_is_the_in_process_reference_of_the_deploy
     from fedsub.flower.settings import Deployment, FlowerSettings, Output
 
     federation = write_federation(tmp_path / "data")
-    dp = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5")
+    # seeded: the two runs must draw the same noise (a secret run draws its own)
+    dp = (
+        "dp.mechanism='gaussian'",
+        "dp.noise_multiplier=0.8",
+        "dp.clip=0.5",
+        "dp.randomness='seeded'",
+    )
     overrides = (*(o.strip() for o in OVERRIDES.split(";")), "train.rounds=2", *dp)
     settings = FlowerSettings(
         overrides=overrides,
