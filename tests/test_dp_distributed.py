@@ -295,6 +295,6 @@ def test_min_survivors_is_refused_below_full():
 def test_the_refusals_boundaries_at_full_are_accepted():
     # the whole cohort as K_min, and a weight cap just below any count (0: uniform) pass
     assert config(*FULL, "dp.min_survivors=20").dp.min_survivors == 20
-    assert config(*FULL, "dp.weight_cap=0").dp.weight_cap == 0
+    assert config(*FULL, "dp.weight_cap=0").dp.weights.weight_cap == 0
     with pytest.raises(ConfigError, match="uniform weights"):
         config(*FULL, "dp.weight_cap=0.5")
