@@ -146,9 +146,9 @@ COMPOSED = tomllib.loads(
 )
 
 
-@needs_compile
-@pytest.mark.parametrize("rule", sorted(RULES))
-def test_the_captured_step_gives_the_eager_model_with_every_client_rule(rule):
+def rule_case(rule: str, rounds: int, lr_schedule: str = "constant") -> tuple:
+    """(model, algorithm, dataset, index, schedule) of one of ``RULES`` on two tables with
+    dense inputs and ragged ids (empty lists included), float64."""
     name, extra = RULES[rule]
     dataset = two_tables_with_dense(0)
     index = SubmodelIndex.build(dataset)
@@ -156,14 +156,13 @@ def test_the_captured_step_gives_the_eager_model_with_every_client_rule(rule):
     config = config_lib.parse({"train": {"algorithms": [name]}, **COMPOSED})
     context = AlgorithmContext(dataset, index, "samples", 5)
     algorithm = build_algorithm(name, context, config.algorithm_options(name))
-    step = ClientStep(lr=0.3, **extra)
-    schedule = Schedule(3, 5, 2, 4, step, seed=1, execution=Execution(dtype=torch.float64))
-    eager, captured = run_both(model, algorithm, dataset, index, schedule)
-    assert_same_model(eager, captured, torch.float64)
+    step = ClientStep(lr=0.3, lr_schedule=lr_schedule, **extra)
+    schedule = Schedule(rounds, 5, 2, 4, step, seed=1, execution=Execution(dtype=torch.float64))
+    return model, algorithm, dataset, index, schedule
 
 
-@needs_compile
-def test_fields_sharing_a_table_pad_into_that_table():
+def shared_table_case() -> tuple:
+    """(model, algorithm, dataset, index, schedule): two fields reading one table, float64."""
     dataset = shared_table_dataset()
     index = SubmodelIndex.build(dataset)
     model = EmbeddingLogisticRegression(
@@ -176,7 +175,19 @@ def test_fields_sharing_a_table_pad_into_that_table():
     schedule = Schedule(
         3, 3, 2, 3, client_step=ClientStep(lr=0.3), seed=0, execution=Execution(dtype=torch.float64)
     )
-    eager, captured = run_both(model, fedsubavg(dataset, index, 3), dataset, index, schedule)
+    return model, fedsubavg(dataset, index, 3), dataset, index, schedule
+
+
+@needs_compile
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_the_captured_step_gives_the_eager_model_with_every_client_rule(rule):
+    eager, captured = run_both(*rule_case(rule, rounds=3))
+    assert_same_model(eager, captured, torch.float64)
+
+
+@needs_compile
+def test_fields_sharing_a_table_pad_into_that_table():
+    eager, captured = run_both(*shared_table_case())
     assert_same_model(eager, captured, torch.float64)
 
 

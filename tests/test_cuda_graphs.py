@@ -25,15 +25,14 @@ from fedsub.engine.execution import CudaGraphs, Execution
 from fedsub.engine.loop import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
-from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.pooling import sum_pool
 from fedsub.models.registry import build_model
 from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.device_data import DeviceData
 from fedsub.submodel.index import SubmodelIndex
 
-from .test_backends import setup, shared_table_dataset, two_tables_with_dense
-from .test_captured_step import COMPOSED, RULES  # the client rules the captured step is tested on
+from .test_backends import setup, two_tables_with_dense
+from .test_captured_step import RULES, rule_case, shared_table_case
 from .test_resume_matrix import OPTIONS, SMALL_WIDTHS, dataset_for
 
 ON_CPU = CudaGraphs(capture=cuda_graphs.capture_eagerly)
@@ -93,33 +92,14 @@ def test_din_packed_histories_replay_with_the_phantom_member(algorithm, tmp_path
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_replayed_rounds_give_the_eager_model_with_every_client_rule(rule):
     """Dense inputs, two tables, ragged ids with empty lists, every transform's state inside
-    the recorded round, learning rates and corrections refilled each round."""
-    name, extra = RULES[rule]
-    dataset = two_tables_with_dense(0)
-    index = SubmodelIndex.build(dataset)
-    model = EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
-    config = config_lib.parse({"train": {"algorithms": [name]}, **COMPOSED})
-    algorithm = build_algorithm(
-        name, AlgorithmContext(dataset, index, "samples", 5), config.algorithm_options(name)
-    )
-    step = ClientStep(lr=0.3, lr_schedule="inverse-round", **extra)
-    schedule = Schedule(4, 5, 2, 4, step, seed=1, execution=Execution(dtype=torch.float64))
-    eager, graphed = run_both(model, algorithm, dataset, index, schedule)
+    the recorded round, learning rates (a decaying schedule) and corrections refilled each
+    round."""
+    eager, graphed = run_both(*rule_case(rule, rounds=4, lr_schedule="inverse-round"))
     assert_identical(eager, graphed)
 
 
 def test_fields_sharing_a_table_pad_into_that_table():
-    dataset = shared_table_dataset()
-    index = SubmodelIndex.build(dataset)
-    model = EmbeddingLogisticRegression(
-        dict(dataset.table_rows),
-        embedding_dim=3,
-        init_std=0.3,
-        fields=tuple(dataset.train.ids),
-        field_tables=dict(dataset.field_tables),
-    )
-    schedule = Schedule(3, 3, 2, 3, ClientStep(lr=0.3), 0, execution=Execution(dtype=torch.float64))
-    eager, graphed = run_both(model, fedsubavg(dataset, index, 3), dataset, index, schedule)
+    eager, graphed = run_both(*shared_table_case())
     assert_identical(eager, graphed)
 
 
