@@ -2,7 +2,8 @@
 
 The Python API (``fedsub.library``): ``load_dataset``, ``train``, ``compare``, ``run``,
 ``sweep`` and ``Config``; datasets from Python objects (``samples``, ``from_clients``,
-``from_dataframe``, ``from_partitioner``). Those names are imported on first use (PEP 562),
+``from_dataframe``, ``from_partitioner``); after-round hooks (``RunCallback``,
+``TensorBoardWriter``, ``MlflowWriter``). Those names are imported on first use (PEP 562),
 so ``import fedsub`` and ``fedsub --help`` stay fast: torch is imported only when an API
 name is used.
 """
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         sweep,
         train,
     )
+    from fedsub.runs.tracking import MlflowWriter, RunCallback, TensorBoardWriter, TrackedRun
 
 __all__ = [
     "ArgumentError",
@@ -37,8 +39,12 @@ __all__ = [
     "DataError",
     "FederatedDataset",
     "FedsubError",
+    "MlflowWriter",
+    "RunCallback",
     "SampleSet",
     "Sweep",
+    "TensorBoardWriter",
+    "TrackedRun",
     "TrainResult",
     "compare",
     "from_clients",
@@ -64,6 +70,7 @@ _LIBRARY = {
 }
 _FROM_PYTHON = {"from_clients", "from_dataframe", "from_partitioner", "samples"}
 _DATASETS = {"FederatedDataset", "SampleSet"}
+_TRACKING = {"MlflowWriter", "RunCallback", "TensorBoardWriter", "TrackedRun"}
 
 
 def __getattr__(name: str) -> Any:
@@ -81,6 +88,10 @@ def __getattr__(name: str) -> Any:
         from fedsub.data import federated
 
         module = federated
+    elif name in _TRACKING:
+        from fedsub.runs import tracking
+
+        module = tracking
     elif name == "Config":
         from fedsub import config
 

@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fedsub import moved_keys
@@ -22,6 +22,7 @@ from fedsub.data.registry import DATASETS
 from fedsub.errors import ArgumentError
 from fedsub.keys import key_names
 from fedsub.models.registry import model_names, model_spec
+from fedsub.runs.tracking import RunCallback
 from fedsub.vocabulary import RUN_FLAGS, section_terms
 
 
@@ -196,3 +197,27 @@ def run_callbacks(stop_requested: Any, on_round: Any) -> tuple[Callable[[], bool
     stop = callback(stop_requested, "stop_requested", "() -> bool", 0)
     callback(on_round, "on_round", "(algorithm, round) -> None", 2)
     return stop or (lambda: False), on_round
+
+
+def tracking_callbacks(callbacks: Any) -> tuple[RunCallback, ...]:
+    """``callbacks=[...]``, checked: after-round hooks (``fedsub.RunCallback`` objects:
+    ``TensorBoardWriter``, ``MlflowWriter`` or your subclass); None: none."""
+    if callbacks is None:
+        return ()
+    if isinstance(callbacks, RunCallback):
+        raise ArgumentError(
+            "callbacks must be a list of fedsub.RunCallback objects: give "
+            f"[{type(callbacks).__name__}(...)]"
+        )
+    if isinstance(callbacks, (str, bytes, Mapping)) or not isinstance(callbacks, Sequence):
+        raise ArgumentError(
+            "callbacks must be a list of fedsub.RunCallback objects (fedsub.TensorBoardWriter, "
+            f"fedsub.MlflowWriter or your subclass), got {described(callbacks)}"
+        )
+    for index, entry in enumerate(callbacks):
+        if not isinstance(entry, RunCallback):
+            raise ArgumentError(
+                f"callbacks[{index}] must be a fedsub.RunCallback (fedsub.TensorBoardWriter, "
+                f"fedsub.MlflowWriter or your subclass), got {described(entry)}"
+            )
+    return tuple(callbacks)

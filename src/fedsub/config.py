@@ -1,5 +1,6 @@
 """Configuration: a TOML file with sections [data], [model], [train], [execution], [privacy],
-[masking], [eval], [dp] and [algorithms.<name>], validated on load.
+[masking], [eval], [dp], [tracking] and
+[algorithms.<name>], validated on load.
 
 Every key has a type and an allowed range; an unknown key, a wrong type or an out-of-range value
 raises ``ConfigError`` naming the key and what is allowed. ``--set section.key=value`` overrides
@@ -244,6 +245,29 @@ class MaskingConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    """Experiment tracking (runs/tracking.py): every round's metrics and the config written to
+    TensorBoard and MLflow by the libraries themselves (`pip install 'fedsub[tracking]'`). Not
+    part of what a run computes: every number is the same with it on or off."""
+
+    tensorboard: bool = False
+    """true: TensorBoard event files, one folder per algorithm (`tensorboard --logdir` it)."""
+    tensorboard_dir: str = ""
+    """Where the event files go (one subfolder per algorithm); "" = the run folder's
+    `<algorithm>/tensorboard/` (a run without a folder must set it)."""
+    mlflow: bool = False
+    """true: one MLflow run per algorithm, its metrics by round and the config as parameters."""
+    mlflow_uri: str = ""
+    """The MLflow tracking URI (`sqlite:///mlflow.db`, `http://host:5000`); "" = a SQLite store
+    in the run folder, `sqlite:///<out>/mlflow.db` (a run without a folder must set it)."""
+    mlflow_experiment: str = "fedsub"
+    """The MLflow experiment the runs go to (made when missing)."""
+    run_name: str = ""
+    """The runs' name prefix: each run is named `<run_name><algorithm>`; "" = the algorithm (a
+    sweep's value before it: `train.lr=0.1: fedavg`)."""
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     every: int = field(default=5, metadata={"min": 1})
     """Evaluate every this many rounds (and at round 0 and the last)."""
@@ -396,6 +420,7 @@ class Config:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @classmethod
     def from_toml(
@@ -471,6 +496,7 @@ SECTIONS: dict[str, type | None] = {
     "masking": MaskingConfig,
     "eval": EvalConfig,
     "dp": DpConfig,
+    "tracking": TrackingConfig,
     "algorithms": None,  # [algorithms.<name>] tables, validated by each algorithm's options
 }
 
@@ -511,6 +537,7 @@ def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.note) -> Confi
         execution=parse_section(ExecutionConfig, "execution", raw.get("execution", {})),
         privacy=parse_section(PrivacyConfig, "privacy", raw.get("privacy", {})),
         masking=parse_section(MaskingConfig, "masking", raw.get("masking", {})),
+        tracking=parse_section(TrackingConfig, "tracking", raw.get("tracking", {})),
     )
     check_inert(config)
     check_masking(config)

@@ -35,6 +35,7 @@ from fedsub.models.module_tables import TableSpec
 from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
 from fedsub.runs import experiment, run_setup
 from fedsub.runs.initial_model import StartFile
+from fedsub.runs.tracking import RunCallback
 from fedsub.sharding.model_file import WrittenModel
 from fedsub.submodel.params import Params
 from fedsub.vocabulary import RUN_FLAGS, spoken_as
@@ -200,6 +201,7 @@ def train(
     loss: Loss | None = None,
     task: Task | None = None,
     initial_model: str | os.PathLike[str] | None = None,
+    callbacks: Sequence[RunCallback] | None = None,
     **train_options: Any,
 ) -> TrainResult:
     """Train ``model`` on ``data`` with one algorithm and return its ``TrainResult``.
@@ -230,7 +232,11 @@ def train(
       defaults otherwise, checked by the rules a config file's keys are; an
       error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
       value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
-      ``dp={...}``: the ``[dp]`` table (differential privacy).
+      ``dp={...}``: the ``[dp]`` table (differential privacy); ``tracking={...}``: the
+      ``[tracking]`` table (TensorBoard, MLflow);
+    - ``callbacks``: after-round hooks, ``fedsub.RunCallback`` objects
+      (``fedsub.TensorBoardWriter(log_dir)``, ``fedsub.MlflowWriter(uri)`` or your
+      subclass): each sees the run begin, every round's metrics and the run end.
 
     Examples:
         >>> import fedsub
@@ -262,6 +268,7 @@ def train(
         initial_model,
         train_options,
         arguments.train_terms("algorithm"),
+        callbacks,
     )
     return results[algorithm]
 
@@ -277,6 +284,7 @@ def compare(
     loss: Loss | None = None,
     task: Task | None = None,
     initial_model: str | os.PathLike[str] | None = None,
+    callbacks: Sequence[RunCallback] | None = None,
     **train_options: Any,
 ) -> Comparison:
     """Train ``model`` on ``data`` with each of ``algorithms``, from the same initial model
@@ -307,6 +315,7 @@ def compare(
         initial_model,
         train_options,
         arguments.train_terms(),
+        callbacks,
     )
 
 
@@ -322,10 +331,12 @@ def _compare(
     initial_model: Any,
     train_options: Mapping[str, Any],
     terms: Mapping[str, str],
+    callbacks: Any = None,
 ) -> Comparison:
     """``compare``'s work for ``train`` and ``compare``: the arguments checked, the config
     built and checked by config.py, errors in the caller's ``terms``."""
     options = arguments.mapping(model_options, "model_options", "{'embedding_dim': 4}")
+    hooks = arguments.tracking_callbacks(callbacks)
     start = _start_file(initial_model)
     per_algorithm = arguments.tables_of(algorithm_options)
     trained = {name.split("@")[0] for name in algorithms}  # fedavg@scheme2 reads fedavg's
@@ -345,7 +356,7 @@ def _compare(
         given = _model_of(model, dataset, tables, options, loss, task, dtype)
         config = config_of(train_options, algorithms, per_algorithm, given, model_table)
         outcome = experiment.compare(
-            config, None, dataset=dataset, model=given, initial_model=start
+            config, None, dataset=dataset, model=given, initial_model=start, callbacks=hooks
         )
     return Comparison.of(outcome)
 
@@ -367,6 +378,7 @@ def run(
     stop_requested: Callable[[], bool] | None = None,
     on_round: Callable[[str, int], None] | None = None,
     initial_model: str | os.PathLike[str] | None = None,
+    callbacks: Sequence[RunCallback] | None = None,
 ) -> Comparison:
     """Run a config as ``fedsub compare`` does (``fedsub run`` is the one-algorithm case):
     every algorithm of ``train.algorithms`` on the config's data, model and schedule.
@@ -383,7 +395,8 @@ def run(
       (``engine.loop.Interrupted`` is raised; resume it later);
     - ``on_round(algorithm, round)``: called after every round;
     - ``initial_model``: start every algorithm from this model file (``train``'s
-      ``initial_model``); a resume gives the same file (its bytes) again.
+      ``initial_model``); a resume gives the same file (its bytes) again;
+    - ``callbacks``: after-round hooks (``train``'s), beside the config's ``[tracking]``.
 
     Examples:
         >>> import fedsub
@@ -403,6 +416,7 @@ def run(
             stop_requested=stop_requested,
             on_round=on_round,
             initial_model=initial_model,
+            callbacks=callbacks,
         )
 
 
@@ -416,6 +430,7 @@ def run_config(
     stop_requested: Callable[[], bool] | None = None,
     on_round: Callable[[str, int], None] | None = None,
     initial_model: str | os.PathLike[str] | None = None,
+    callbacks: Sequence[RunCallback] | None = None,
 ) -> Comparison:
     """``run`` with the run-folder errors in the command line's terms (``--overwrite``,
     ``--resume DIR``, ``--out``): what ``fedsub run`` / ``fedsub compare`` call."""
@@ -424,6 +439,7 @@ def run_config(
     for name, value in (("resume", resume), ("overwrite", overwrite), ("profile", profile)):
         arguments.flag(value, name)
     stop, on_round = arguments.run_callbacks(stop_requested, on_round)
+    hooks = arguments.tracking_callbacks(callbacks)
     start = _start_file(initial_model)
     folder = None
     if text is not None:
@@ -433,7 +449,15 @@ def run_config(
         flag = "resume" if resume else "overwrite"
         raise ArgumentError(f"{flag}=True acts on a run folder: give it as out=")
     outcome = experiment.compare(
-        config, folder, on_round, resume, stop, overwrite, profile=profile, initial_model=start
+        config,
+        folder,
+        on_round,
+        resume,
+        stop,
+        overwrite,
+        profile=profile,
+        initial_model=start,
+        callbacks=hooks,
     )
     return Comparison.of(outcome)
 
@@ -623,12 +647,13 @@ def config_of(
     for key, value in options.items():
         if key == "algorithms":
             raise ArgumentError("give the algorithms as compare(..., algorithms=[...])")
-        if key == "dp":  # the [dp] table as a mapping (differential privacy, fedsub/dp)
+        if key in ("dp", "tracking"):  # [dp] (differential privacy), [tracking]: mappings
             if not isinstance(value, Mapping):
+                example = "clip=1.0" if key == "dp" else "tensorboard=True"
                 raise ArgumentError(
-                    f"dp must be a dict of [dp] keys (e.g. clip=1.0), got {value!r}"
+                    f"{key} must be a dict of [{key}] keys (e.g. {example}), got {value!r}"
                 )
-            sections["dp"] = dict(value)
+            sections[key] = dict(value)
         elif (place := moved_keys.keyword_place(key)) is not None:
             sections.setdefault(place[0], {})[place[1]] = value
         elif key in execution_keys:
@@ -642,7 +667,7 @@ def config_of(
                 f"unknown option {key!r}: expected a [train] key or an [execution] / [privacy] / "
                 f"[masking] key by its former [train] name ({', '.join(sorted(train_keys))})"
                 f", an [execution] key ({', '.join(sorted(execution_keys))}), an [eval] key "
-                f"({', '.join(sorted(eval_keys))}) or dp"
+                f"({', '.join(sorted(eval_keys))}), dp or tracking"
             )
     masking = sections.get("masking", {}).get("scheme", "none")
     masked = isinstance(masking, str) and masking != "none"  # a non-string: config.py refuses

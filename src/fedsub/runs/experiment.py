@@ -10,7 +10,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +80,16 @@ from fedsub.runs.run_setup import (
     prepare,
     resolve_path,
     with_resolved_paths,
+)
+from fedsub.runs.tracking import (
+    RoundFeed,
+    RunCallback,
+    TrackedRun,
+    flat_params,
+    numbers,
+    status_of,
+    tracking_outputs,
+    writers_of,
 )
 from fedsub.sharding.model_file import WrittenModel, write_final_model
 from fedsub.sharding.rounds import ShardParams
@@ -220,6 +230,7 @@ class AlgorithmRun:
     profile: RoundProfile | None = None
     label: str = ""  # the progress bar's prefix of this run's name (a sweep's value)
     start: WrittenModel | None = None  # round 0's model from a file (a warm start), or drawn
+    callbacks: tuple[RunCallback, ...] = ()  # after-round hooks (runs/tracking.py)
 
     @property
     def seeded_dp(self) -> bool:
@@ -267,7 +278,8 @@ class AlgorithmRun:
         every = self.config.train.checkpoint_every
         control = checkpointed(guards, folder, every, self.identity, saved)
         stages: list[PrivateRounds] = []
-        on_round = self.on_round
+        feed = self._feed(earlier)
+        ended: BaseException | None = None
         try:
             final = train(
                 model,
@@ -276,16 +288,22 @@ class AlgorithmRun:
                 index,
                 schedule,
                 evaluator,
-                on_evaluation=lambda evaluation: self._record(log, evaluation),
-                on_round=lambda r: self._round_done(on_round, schedule, r),
+                on_evaluation=lambda evaluation: self._record(log, evaluation, feed),
+                on_round=lambda r: self._round_done(schedule, r, feed, stages),
                 control=control,
                 start=self.start,
             )
         except Diverged as error:
             LOG.warning("%s", error)
+            ended = error
             return log.history, error, None
+        except BaseException as error:
+            ended = error
+            raise
         finally:
             log.close()
+            if feed is not None:
+                feed.end(status_of(ended))
             if folder is not None:  # process 0 writes
                 self._write_privacy(folder, stages)
         if isinstance(final, ShardParams):  # every process writes its rows into one file
@@ -296,19 +314,53 @@ class AlgorithmRun:
             write_atomic(folder / DONE, done_record(folder, self.identity))
         return log.history, None, written if isinstance(final, ShardParams) else final
 
-    def _round_done(
-        self, on_round: Callable[[str, int], None] | None, schedule: Schedule, r: int
-    ) -> None:
-        """After round ``r``: the caller's hook, and under [dp] the progress line's epsilon
-        spent so far, evaluated or not (in process a function of the settings and r)."""
-        if on_round is not None:
-            on_round(self.name, r)
-        if schedule.dp is not None:
-            self._note_epsilon(schedule.dp.epsilon(r))
+    def _feed(self, earlier: list[Evaluation]) -> RoundFeed | None:
+        """The run's after-round hooks (None without callbacks), begun: a resumed run's
+        trackers continue after its checkpoint's round."""
+        if not self.callbacks:
+            return None
+        tracking = self.config.tracking
+        run = TrackedRun(
+            self.name,
+            f"{tracking.run_name}{self.label}{self.name}",
+            flat_params(self.config),
+            self.folder,
+            self.saved.round if self.saved is not None else 0,
+        )
+        feed = RoundFeed(self.callbacks, run)
+        feed.begin(earlier)
+        return feed
 
-    def _record(self, log: MetricsLog | _Evaluations, evaluation: Evaluation) -> None:
-        """Log an evaluation; under [dp] the progress line shows the epsilon spent so far."""
+    def _round_done(
+        self,
+        schedule: Schedule,
+        r: int,
+        feed: RoundFeed | None,
+        stages: list[PrivateRounds],
+    ) -> None:
+        """After round ``r``: the caller's hook, under [dp] the progress line's epsilon
+        spent so far, evaluated or not (in process a function of the settings and r), and the
+        round's metrics to the trackers (with a private level's costs so far, withheld
+        under [dp] as in privacy.json)."""
+        if self.on_round is not None:
+            self.on_round(self.name, r)
+        extra: dict[str, float] = {}
+        if schedule.dp is not None:
+            extra["epsilon"] = schedule.dp.epsilon(r)
+            self._note_epsilon(extra["epsilon"])
+        elif stages:
+            extra.update(numbers(stages[0].costs.as_json(), "privacy/"))
+        if feed is not None:
+            feed.round_done(r, extra)
+
+    def _record(
+        self, log: MetricsLog | _Evaluations, evaluation: Evaluation, feed: RoundFeed | None
+    ) -> None:
+        """Log an evaluation (to the trackers too); under [dp] the progress line shows the
+        epsilon spent so far."""
         log(evaluation)
+        if feed is not None:
+            feed.evaluation(evaluation)
         if "epsilon" in evaluation.metrics:
             self._note_epsilon(evaluation.metrics["epsilon"])
 
@@ -352,6 +404,7 @@ def compare(
     dataset: FederatedDataset | None = None,
     model: Model | None = None,
     initial_model: StartFile | None = None,
+    callbacks: Sequence[RunCallback] = (),
 ) -> Outcome:
     """Train every algorithm of the comparison and write the run's outputs (``out_dir``
     None: write nothing, e.g. from Python, where ``dataset`` and ``model`` may be given in
@@ -380,13 +433,16 @@ def compare(
     config = with_resolved_paths(config)
     if initial_model is not None:
         initial_model.opened()  # a missing or unreadable file, before the folder is claimed
+    writes = distributed.from_environment().writes
+    # the trackers, process 0's only: a missing library is refused before the folder is claimed
+    trackers = (*writers_of(config.tracking), *callbacks) if writes else ()
     if out_dir is None:
         if resume:
             raise ConfigError("resume continues a run in its folder: give the folder")
         with _fits_in_memory(dataset):
             return _compare_in(
                 config, None, None, on_round, False, stop_requested, label, profile,
-                dataset=dataset, model=model, initial_model=initial_model,
+                dataset=dataset, model=model, initial_model=initial_model, callbacks=trackers,
             )  # fmt: skip
     if dataset is not None or model is not None:
         raise ConfigError(
@@ -395,12 +451,11 @@ def compare(
         )
     if initial_model is not None and overwrite and not resume:
         initial_model.outside(out_dir, "--overwrite")
-    writes = distributed.from_environment().writes
     claim = claim_folder(out_dir, resume, overwrite) if writes else None
     with holding(claim), _fits_in_memory(None):
         return _compare_in(
             config, out_dir, claim, on_round, resume, stop_requested, label, profile,
-            initial_model=initial_model,
+            initial_model=initial_model, callbacks=trackers,
         )  # fmt: skip
 
 
@@ -457,6 +512,7 @@ def _compare_in(
     dataset: FederatedDataset | None = None,
     model: Model | None = None,
     initial_model: StartFile | None = None,
+    callbacks: Sequence[RunCallback] = (),
 ) -> Outcome:
     """``compare`` in its folder, held by ``claim`` (None: a process that writes nothing;
     ``out_dir`` None: no folder at all)."""
@@ -478,7 +534,7 @@ def _compare_in(
         setup = dataclasses.replace(setup, context=setup.context.sharded(processes))
     distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
-        identity = _new_run(claim, config_text, names, initial_model)
+        identity = _new_run(claim, config, names, initial_model)
         points = {n: ResumePoint() for n in names}
     if claim is not None:
         _write_data_records(setup, claim.folder)
@@ -509,6 +565,7 @@ def _compare_in(
             RoundProfile(synchronizer(setup.schedule.execution.device)) if profile else None,
             label,
             start,
+            tuple(callbacks),
         )
         histories[name], divergence, final = _train_algorithm(run, setup, config)
         if divergence is not None:
@@ -525,12 +582,13 @@ def _compare_in(
 
 
 def _new_run(
-    claim: Claim | None, config_text: str, names: list[str], initial_model: StartFile | None
+    claim: Claim | None, config: Config, names: list[str], initial_model: StartFile | None
 ) -> RunIdentity:
     """A new run's identity, written to its folder's run.json (``claim``; with the model
     file it starts from, when it does); a process that writes nothing only stamps with it."""
-    started = IN_CONFIG_FILE
-    manifest: dict[str, object] = {"outputs": comparison_outputs(names)}
+    started, config_text = IN_CONFIG_FILE, config_lib.to_toml(config)
+    outputs = [*comparison_outputs(names), *tracking_outputs(config.tracking, names)]
+    manifest: dict[str, object] = {"outputs": outputs}
     if initial_model is not None:
         started = initial_model.started_with()
         manifest[RECORD] = initial_model.record()
