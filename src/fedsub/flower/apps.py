@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -29,10 +30,11 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
+from fedsub.config import Config
 from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
-from fedsub.engine.loop import Progress, RunControl, drive
+from fedsub.engine.loop import Evaluation, Progress, RunControl, drive, evaluations_of
 from fedsub.engine.round_records import RoundsFailed, run_costs
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.errors import FedsubError
@@ -67,6 +69,15 @@ from fedsub.runs.run_identity import (
 )
 from fedsub.runs.run_session import MODEL_FILE, checkpointed, holding, start_fresh, write_model
 from fedsub.runs.run_setup import heat_privacy_of
+from fedsub.runs.tracking import (
+    RoundFeed,
+    RunCallback,
+    TrackedRun,
+    flat_params,
+    status_of,
+    tracking_outputs,
+    writers_of,
+)
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.params import Params
 
@@ -89,13 +100,17 @@ FLOWER_OUTPUTS = [
 ]
 
 
-def make_server_app(fixed: FlowerSettings | None = None) -> ServerApp:
+def make_server_app(
+    fixed: FlowerSettings | None = None, callbacks: Sequence[RunCallback] = ()
+) -> ServerApp:
+    """The ServerApp (``fixed``: its settings in code, else the run config's); ``callbacks``:
+    after-round hooks (runs/tracking.py) beside the config's ``[tracking]``."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         one_line_errors()
-        _serve(grid, settings_of(fixed, context))
+        _serve(grid, settings_of(fixed, context), tuple(callbacks))
 
     return app
 
@@ -120,7 +135,7 @@ def one_line_errors() -> None:
         FLOWER_LOGGER.addFilter(OneLineErrors())
 
 
-def _serve(grid: Grid, settings: FlowerSettings) -> None:
+def _serve(grid: Grid, settings: FlowerSettings, callbacks: tuple[RunCallback, ...] = ()) -> None:
     """The ServerApp's run: the model's sizes (the server reads no client's samples) and the
     algorithm from the run config, the out-dir claimed, the engine's round loop over the
     Flower runtime, then the result (a run that fails before it has a result leaves the
@@ -132,26 +147,32 @@ def _serve(grid: Grid, settings: FlowerSettings) -> None:
         run.model, run.schedule, settings.deployment.initial_model, INITIAL_MODEL
     )
     output, claim = settings.output, None  # the out-dir, held for the run (run_folder's rules)
+    trackers = (*writers_of(run.config.tracking, bool(output.out_dir)), *callbacks)
     if output.out_dir:
         claim = claim_folder(Path(output.out_dir), output.resume, output.overwrite, OUT_DIR_FLAGS)
     with holding(claim):
-        stamp = run_stamp(settings, claim, config_lib.to_toml(run.config), name)
+        stamp = run_stamp(settings, claim, config_lib.to_toml(run.config), name, run.config)
         control = run_control(settings, run, stamp)
-        runtime = _runtime(grid, settings, run, start, name)
+        feed = _feed(trackers, run, name, settings, control)
+        runtime = _runtime(grid, settings, run, start, name, feed)
         failure: Diverged | RoundsFailed | None = None
         progress, rounds = None, None
         # after its first round a run keeps what it wrote whatever happens next (run.json,
         # progress.jsonl, checkpoints), as `fedsub run` does: files/run_folder.py's Claim
-        trained = (lambda r: claim.training_started()) if claim is not None else None
+        hooks = _loop_hooks(claim, feed)
         try:
             rounds = runtime.open(control)
-            progress = drive(rounds, runtime, runtime.schedule, control, on_round=trained)
+            progress = drive(rounds, runtime, runtime.schedule, control, *hooks)
         except (Diverged, RoundsFailed) as error:  # the run fails; the result says why
             failure = error
         except Exception as error:
+            if feed is not None:
+                feed.end(status_of(error))
             if claim is not None and claim.trained:
                 LOG.error("%s", stopped_line(error, settings, runtime, rounds))
             raise
+        if feed is not None:
+            feed.end("failed" if isinstance(failure, RoundsFailed) else status_of(failure))
         if claim is not None:  # a result to keep, even a failure's
             claim.training_started()
         if out := settings.output.out_dir:
@@ -160,6 +181,47 @@ def _serve(grid: Grid, settings: FlowerSettings) -> None:
             # nodes that failed may be back: a resume retries; a diverged run would again
             hint = resume_hint(settings, rounds) if isinstance(failure, RoundsFailed) else ""
             raise FedsubError(f"Flower: {failure}{hint}") from failure
+
+
+def _feed(
+    trackers: Sequence[RunCallback],
+    run: RunModel,
+    name: str,
+    settings: FlowerSettings,
+    control: RunControl,
+) -> RoundFeed | None:
+    """The run's after-round hooks (None without trackers), begun."""
+    if not trackers:
+        return None
+    out = Path(settings.output.out_dir) if settings.output.out_dir else None
+    saved = control.resume
+    tracked = TrackedRun(
+        name,
+        f"{run.config.tracking.run_name}{name}",
+        flat_params(run.config),
+        out,
+        out,
+        saved.round if saved is not None else 0,
+        "flower",
+    )
+    feed = RoundFeed(trackers, tracked)
+    feed.begin(evaluations_of(saved.history) if saved is not None else [])
+    return feed
+
+
+def _loop_hooks(
+    claim: Claim | None, feed: RoundFeed | None
+) -> tuple[Callable[[Evaluation], None] | None, Callable[[int], None] | None]:
+    """The loop's ``on_evaluation`` and ``on_round``: the trackers fed, and the out-dir
+    marked as holding training after a round."""
+
+    def on_round(r: int) -> None:
+        if claim is not None:
+            claim.training_started()
+        if feed is not None:
+            feed.round_done(r)
+
+    return (None if feed is None else feed.evaluation), on_round
 
 
 def resume_hint(settings: FlowerSettings, rounds: ServerRound | None) -> str:
@@ -192,15 +254,21 @@ def stopped_line(
 
 
 def _runtime(
-    grid: Grid, settings: FlowerSettings, run: RunModel, start: Params, name: str
+    grid: Grid,
+    settings: FlowerSettings,
+    run: RunModel,
+    start: Params,
+    name: str,
+    feed: RoundFeed | None = None,
 ) -> FlowerRuntime:
     """The run's Flower runtime of algorithm ``name`` from round 0's model ``start``: its nodes
-    through ``grid``, measured (flower/costs.py)."""
+    through ``grid``, measured (flower/costs.py); its round records to progress.jsonl and
+    ``feed``'s trackers."""
     privacy = heat_privacy_of(run.config)
     transcripts = settings.output.heat_transcript and privacy.source != "exact"
     out = settings.output.out_dir
     observers = Observers(
-        on_progress=JsonLines(Path(out) / FLOWER_PROGRESS) if out else None,
+        on_progress=_progress_of(JsonLines(Path(out) / FLOWER_PROGRESS) if out else None, feed),
         transcript=Transcript() if transcripts else None,
         meter=MeteredGrid(grid),
     )
@@ -227,6 +295,19 @@ def _runtime(
     )
 
 
+def _progress_of(lines: JsonLines | None, feed: RoundFeed | None) -> Callable[[dict], None] | None:
+    """Where the runtime's round records go: progress.jsonl and the trackers."""
+    if feed is None:
+        return lines
+
+    def report(record: dict) -> None:
+        if lines is not None:
+            lines(record)
+        feed.record(record)
+
+    return report
+
+
 def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:
     """How an out-dir keeps the config its run was started with: in run.json, its identity
     the hash of the config's description with the Flower settings that decide the model."""
@@ -241,17 +322,26 @@ def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:
     )
 
 
-def run_stamp(settings: FlowerSettings, claim: Claim | None, text: str, name: str) -> RunIdentity:
+def run_stamp(
+    settings: FlowerSettings,
+    claim: Claim | None,
+    text: str,
+    name: str,
+    config: Config | None = None,
+) -> RunIdentity:
     """The stamp of the run's checkpoints: its config hash (runs/run_identity.py; ``text``, the
     fedsub config as written), a resumed run's after checking that the config given is that
-    run's, a new run's written to its out-dir (``claim``)."""
+    run's, a new run's written to its out-dir (``claim``; with what ``config``'s trackers
+    write there)."""
     started = started_with(settings, name)
     if claim is None:
         return RunIdentity(RUN_ID, hash_config(started.describe(text)))
     if settings.output.resume:
         identity = resumed_identity(claim.folder, text, started)
     else:
-        identity = start_run(claim, text, {"kind": "flower", "outputs": FLOWER_OUTPUTS}, started)
+        tracked = [] if config is None else tracking_outputs(config.tracking, [""])
+        record = {"kind": "flower", "outputs": [*FLOWER_OUTPUTS, *tracked]}
+        identity = start_run(claim, text, record, started)
     return RunIdentity(RUN_ID, identity.config_hash)
 
 

@@ -325,6 +325,7 @@ class AlgorithmRun:
             f"{tracking.run_name}{self.label}{self.name}",
             flat_params(self.config),
             self.folder,
+            None if self.folder is None else self.folder.parent,
             self.saved.round if self.saved is not None else 0,
         )
         feed = RoundFeed(self.callbacks, run)
@@ -435,7 +436,7 @@ def compare(
         initial_model.opened()  # a missing or unreadable file, before the folder is claimed
     writes = distributed.from_environment().writes
     # the trackers, process 0's only: a missing library is refused before the folder is claimed
-    trackers = (*writers_of(config.tracking), *callbacks) if writes else ()
+    trackers = (*writers_of(config.tracking, out_dir is not None), *callbacks) if writes else ()
     if out_dir is None:
         if resume:
             raise ConfigError("resume continues a run in its folder: give the folder")

@@ -31,22 +31,35 @@ EXTRA = "pip install 'fedsub[tracking]'"
 TENSORBOARD_FOLDER = "tensorboard"  # in an algorithm's folder, by default
 MLFLOW_FILE = "mlflow.db"  # at the top of the run folder, by default
 MLFLOW_MAX_PARAM = 6000  # MLflow's longest parameter value (characters)
-
-Scalar = float | int | bool
+# a writer whose default place is the run folder, in a run without one
+NO_FOLDER = {
+    "tensorboard": (
+        "tracking.tensorboard = true writes into the run folder (<algorithm>/tensorboard/, a "
+        "Flower out-dir's tensorboard/), and this run has none: set tracking.tensorboard_dir, "
+        "or give the run a folder (out=, --out, out-dir)"
+    ),
+    "mlflow": (
+        "tracking.mlflow = true keeps its store in the run folder (mlflow.db), and this run has "
+        "none: set tracking.mlflow_uri (e.g. 'sqlite:///mlflow.db'), or give the run a folder "
+        "(out=, --out, out-dir)"
+    ),
+}
 
 
 @dataclass(frozen=True)
 class TrackedRun:
     """One algorithm's run as the trackers see it: ``algorithm``; ``name`` (the run's name:
     ``[tracking] run_name`` + a sweep's value + the algorithm); ``params``, the config as flat
-    ``section.key`` parameters; ``folder``, the algorithm's folder in the run folder (None: a
-    run without one); ``resumed_after``, the round a resumed run continues after (0: a new
+    ``section.key`` parameters; ``folder``, where the run's own files go in the run folder
+    (an algorithm's folder; a Flower out-dir) and ``run_folder`` the run folder itself (None:
+    a run without one); ``resumed_after``, the round a resumed run continues after (0: a new
     run); ``runtime``: ``"in-process"`` or ``"flower"``."""
 
     algorithm: str
     name: str
     params: dict[str, Any] = field(default_factory=dict)
     folder: Path | None = None
+    run_folder: Path | None = None
     resumed_after: int = 0
     runtime: str = "in-process"
 
@@ -104,10 +117,7 @@ class TensorBoardWriter(RunCallback):
         if self.log_dir is not None:
             return self.log_dir / run.name.replace("/", "%2F")
         if run.folder is None:
-            raise ConfigError(
-                "tracking.tensorboard = true writes into the run folder's <algorithm>/tensorboard/"
-                ", and this run has no folder: set tracking.tensorboard_dir (or give out=)"
-            )
+            raise ConfigError(NO_FOLDER["tensorboard"])
         return run.folder / TENSORBOARD_FOLDER
 
     def on_train_begin(self, run: TrackedRun) -> None:
@@ -149,13 +159,9 @@ class MlflowWriter(RunCallback):
         """The tracking URI ``run`` writes to."""
         if self.tracking_uri:
             return self.tracking_uri
-        if run.folder is None:
-            raise ConfigError(
-                "tracking.mlflow = true keeps its store in the run folder (mlflow.db), and this "
-                "run has no folder: set tracking.mlflow_uri (e.g. 'sqlite:///mlflow.db') or give "
-                "out="
-            )
-        return f"sqlite:///{(run.folder.parent / MLFLOW_FILE).resolve()}"
+        if run.run_folder is None:
+            raise ConfigError(NO_FOLDER["mlflow"])
+        return f"sqlite:///{(run.run_folder / MLFLOW_FILE).resolve()}"
 
     def on_train_begin(self, run: TrackedRun) -> None:
         from mlflow.entities import Param
@@ -190,8 +196,14 @@ class MlflowWriter(RunCallback):
         client.set_terminated(run_id, ended)
 
 
-def writers_of(tracking: TrackingConfig) -> list[RunCallback]:
-    """The writers ``[tracking]`` chooses (a missing library: an error naming the extra)."""
+def writers_of(tracking: TrackingConfig, has_folder: bool = True) -> list[RunCallback]:
+    """The writers ``[tracking]`` chooses (a missing library: an error naming the extra; a
+    writer whose default place is the run folder, in a run without one: an error naming the
+    key to set)."""
+    if not has_folder and tracking.tensorboard and not tracking.tensorboard_dir:
+        raise ConfigError(NO_FOLDER["tensorboard"])
+    if not has_folder and tracking.mlflow and not tracking.mlflow_uri:
+        raise ConfigError(NO_FOLDER["mlflow"])
     writers: list[RunCallback] = []
     if tracking.tensorboard:
         writers.append(TensorBoardWriter(tracking.tensorboard_dir or None))
@@ -200,12 +212,14 @@ def writers_of(tracking: TrackingConfig) -> list[RunCallback]:
     return writers
 
 
-def tracking_outputs(tracking: TrackingConfig, algorithms: Sequence[str]) -> list[str]:
-    """What the writers put in the run folder (its run.json manifest's entries)."""
+def tracking_outputs(tracking: TrackingConfig, folders: Sequence[str]) -> list[str]:
+    """What the writers put in the run folder (its run.json manifest's entries); ``folders``:
+    the runs' own folders in it (an algorithm's; "" the run folder itself, Flower's)."""
     outputs: list[str] = []
     if tracking.tensorboard and not tracking.tensorboard_dir:
-        for name in algorithms:
-            outputs += [f"{name}/{TENSORBOARD_FOLDER}/events.*", f"{name}/{TENSORBOARD_FOLDER}/"]
+        for name in folders:
+            where = f"{name}/{TENSORBOARD_FOLDER}" if name else TENSORBOARD_FOLDER
+            outputs += [f"{where}/events.*", f"{where}/"]
     if tracking.mlflow and not tracking.mlflow_uri:
         outputs.append(MLFLOW_FILE)
     return outputs
