@@ -17,8 +17,8 @@ from fedsub.errors import ArgumentError, ConfigError, FedsubError
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")
 
-from mlflow.tracking import MlflowClient  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 SMALL = {"rounds": 3, "every": 2, "clients_per_round": 5}
 
@@ -34,9 +34,7 @@ def scalars(folder: Path) -> dict[str, dict[int, float]]:
     """Every scalar TensorBoard reads from ``folder``: tag -> step -> value."""
     events = EventAccumulator(str(folder))
     events.Reload()
-    return {
-        tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]
-    }
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
 
 
 def runs_of(uri: str, experiment: str) -> list:
@@ -111,7 +109,7 @@ def test_the_config_tracking_section_writes_into_the_run_folder(tmp_path):
     assert {"mlflow.db", "fedsubavg/tensorboard/", "fedsubavg/tensorboard/events.*"} <= set(
         manifest
     )
-    assert 'tensorboard = true' in (out / "config.toml").read_text()
+    assert "tensorboard = true" in (out / "config.toml").read_text()
 
 
 class Recorder(fedsub.RunCallback):
@@ -246,3 +244,47 @@ def test_bad_tracking_input_is_refused_naming_it(tmp_path):
         fedsub.train("sparse-lr", "synthetic-sparse", callbacks=[Recorder(), print], **SMALL)
     with pytest.raises(ArgumentError, match=r"give \[Recorder\(...\)\]"):
         fedsub.train("sparse-lr", "synthetic-sparse", callbacks=Recorder(), **SMALL)
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_flowers_server_app_feeds_the_trackers_its_rounds_and_evaluations(tmp_path):
+    """The ServerApp over in-process nodes, with ``[tracking] tensorboard`` in its out-dir and a
+    callback: every round's record (replies, bytes sent) and the federated evaluations, the
+    numbers of progress.jsonl and flower-result.json."""
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from fedsub.flower.apps import make_client_app, make_server_app
+    from fedsub.flower.settings import FlowerSettings, Output, Replies
+
+    from .test_flower_heat_exchange import AppGrid
+
+    out = tmp_path / "out"
+    settings = FlowerSettings(
+        overrides=("data.num_users=4", "train.clients_per_round=2", "train.rounds=2",
+                   "train.algorithms=['fedsubavg']", "tracking.tensorboard=true"),
+        eval_every=1,
+        output=Output(out_dir=str(out)),
+        replies=Replies(round_timeout=30.0),
+    )  # fmt: skip
+    recorder = Recorder()
+    grid = AppGrid(make_client_app(settings), 4)
+    make_server_app(settings, [recorder])(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    result = json.loads((out / "flower-result.json").read_text())
+    rounds = {r: m for kind, r, m in (c for c in recorder.calls if c[0] == "round")}
+    assert sorted(rounds) == [1, 2]
+    for record in result["rounds"]:
+        metrics = rounds[record["round"]]
+        assert metrics["replies"] == record["replies"]
+        assert metrics["train_arrays_bytes_sent"] == record["train_arrays_bytes_sent"]
+    board = scalars(out / "tensorboard")
+    assert sorted(result["evaluations"]) == ["1", "2"]
+    for r, evaluation in result["evaluations"].items():
+        for key, value in evaluation.items():
+            if value is not None and not math.isnan(value):
+                assert rounds[int(r)][key] == value
+                assert board[key][int(r)] == pytest.approx(value, rel=1e-6)
+    assert recorder.calls[0] == ("begin", "fedsubavg", 0)
+    assert recorder.calls[-1] == ("end", "finished")
+    manifest = json.loads((out / "run.json").read_text())["outputs"]
+    assert {"tensorboard/", "tensorboard/events.*"} <= set(manifest)

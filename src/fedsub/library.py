@@ -232,11 +232,9 @@ def train(
       defaults otherwise, checked by the rules a config file's keys are; an
       error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
       value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
-      ``dp={...}``: the ``[dp]`` table (differential privacy); ``tracking={...}``: the
-      ``[tracking]`` table (TensorBoard, MLflow);
-    - ``callbacks``: after-round hooks, ``fedsub.RunCallback`` objects
-      (``fedsub.TensorBoardWriter(log_dir)``, ``fedsub.MlflowWriter(uri)`` or your
-      subclass): each sees the run begin, every round's metrics and the run end.
+      ``dp={...}``, ``tracking={...}``: the ``[dp]`` and ``[tracking]`` tables;
+    - ``callbacks``: after-round hooks (``fedsub.TensorBoardWriter``, ``MlflowWriter`` or
+      your ``RunCallback``): each sees the run begin, every round's metrics, its end.
 
     Examples:
         >>> import fedsub
