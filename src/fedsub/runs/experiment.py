@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,14 +31,11 @@ from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
-    CHECKPOINTS,
     DONE,
     RUN_FILE,
     Claim,
     RunIdentity,
-    check_done,
     comparison_outputs,
-    done_record,
     hash_config,
     identity_of,
     new_identity,
@@ -55,7 +51,6 @@ from fedsub.progress import phase
 from fedsub.runs.initial_model import RECORD, StartFile, check_resumed_start
 from fedsub.runs.report import (
     JsonLines,
-    MetricsLog,
     Target,
     metrics_table,
     outcome_cell,
@@ -67,12 +62,15 @@ from fedsub.runs.report import (
 )
 from fedsub.runs.run_identity import (
     IN_CONFIG_FILE,
-    claim_folder,
-    newest_checkpoint,
-    resumed_identity,
-    start_run,
 )
-from fedsub.runs.run_session import checkpointed, holding, start_fresh, write_model
+from fedsub.runs.run_session import (
+    Attempt,
+    Keeps,
+    ResumePoint,
+    RunSession,
+    Tracked,
+    check_free_space,
+)
 from fedsub.runs.run_setup import (
     Setup,
     checked_model,
@@ -82,12 +80,10 @@ from fedsub.runs.run_setup import (
     with_resolved_paths,
 )
 from fedsub.runs.tracking import (
-    RoundFeed,
     RunCallback,
     TrackedRun,
     flat_params,
     numbers,
-    status_of,
     tracking_outputs,
     writers_of,
 )
@@ -123,39 +119,6 @@ class Outcome:
         return "; ".join(
             f"{name} diverged at round {d.round} ({d.reason})" for name, d in self.diverged.items()
         )
-
-
-def check_free_space(out_dir: Path, needed: int = 64 * 2**20) -> None:
-    """Fail before training when the output folder's disk is (nearly) full."""
-    free = shutil.disk_usage(out_dir).free
-    if free < needed:
-        raise FedsubError(
-            f"output folder {out_dir} has {free / 2**20:.1f} MiB free; "
-            f"need at least {needed / 2**20:.0f} MiB for metrics and checkpoints"
-        )
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """What a resume picks up for one algorithm: finished (read back), a checkpoint to
-    continue from, or nothing (start from round 1)."""
-
-    done: bool = False
-    checkpoint: checkpoint_lib.Checkpoint | None = None
-
-
-def resume_point(name: str, folder: Path, identity: RunIdentity) -> ResumePoint:
-    """Check every piece a resume reads back belongs to this run, and say what it picked up."""
-    if (folder / DONE).exists():
-        check_done(folder, identity)
-        LOG.info("resume: %s finished earlier; its results are read back from %s", name, folder)
-        return ResumePoint(done=True)
-    saved = newest_checkpoint(folder / CHECKPOINTS, identity)
-    if saved is None:
-        LOG.info("resume: %s has no intact checkpoint; it starts from round 1", name)
-        return ResumePoint()
-    LOG.info("resume: %s continues after round %d from %s", name, saved.round, saved.path)
-    return ResumePoint(checkpoint=saved)
 
 
 DP_WITHHELD = (
@@ -198,31 +161,17 @@ def target_of(config: Config, histories: dict[str, list[Evaluation]]) -> Target:
     return Target(loss, config.eval.target_test_auc)
 
 
-class _Evaluations:
-    """The evaluations of a process that writes nothing (torchrun's processes other than 0):
-    ``MetricsLog``'s interface without a file."""
-
-    def __init__(self, earlier: list[Evaluation]) -> None:
-        self.history = list(earlier)
-
-    def __call__(self, evaluation: Evaluation) -> None:
-        self.history.append(evaluation)
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
 @dataclass(frozen=True)
 class AlgorithmRun:
-    """One algorithm of a comparison in its folder: metrics log, rejections, checkpoints,
-    resume point, final model and completion marker (all written only when it has a
-    ``folder``: under torchrun, process 0 writes and the others train silently alongside;
-    from Python, a run without a folder writes nothing)."""
+    """One algorithm of a comparison in its folder (its ``Attempt`` in the comparison's
+    session, runs/run_session.py: metrics log, checkpoints, resume point, final model and
+    completion marker) with its rejections, privacy record and profile (all written only by
+    a process that writes: under torchrun, process 0 writes and the others train silently
+    alongside; from Python, a run without a folder writes nothing)."""
 
     name: str
-    folder: Path | None
+    session: RunSession  # the comparison's folder: this algorithm's is its subfolder ``name``
     config: Config
-    identity: RunIdentity
     saved: checkpoint_lib.Checkpoint | None
     stop_requested: Callable[[], bool]
     on_round: Callable[[str, int], None] | None
@@ -248,22 +197,19 @@ class AlgorithmRun:
             try:
                 return self._train(model, algorithm, dataset, index, schedule, evaluator)
             finally:
-                if self.profile is not None and self.folder is not None:
+                folder = self.session.place(self.name)
+                if self.profile is not None and folder is not None:
                     text = dumps(self.profile.as_json(), indent=2) + "\n"
-                    write_atomic(self.folder / PROFILE, text)
+                    write_atomic(folder / PROFILE, text)
 
     def _train(
         self, model, algorithm, dataset, index, schedule, evaluator
     ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
-        saved, folder = self.saved, self.folder
-        if saved is None and folder is not None:  # forget a previous run's, and completion
-            start_fresh(folder, DONE, REJECTIONS)
-        earlier = [] if saved is None else [Evaluation.from_record(e) for e in saved.history]
-        log: MetricsLog | _Evaluations = (
-            MetricsLog(folder / "metrics.jsonl", earlier)
-            if folder is not None
-            else _Evaluations(earlier)
+        every = self.config.train.checkpoint_every
+        attempt = self.session.attempt(
+            self.name, self.saved, every, Keeps(fresh=(DONE, REJECTIONS)), self._tracked()
         )
+        folder = attempt.folder
         on_reject = None
         if folder is not None:
             rejections = JsonLines(folder / REJECTIONS)
@@ -275,10 +221,7 @@ class AlgorithmRun:
             divergence_factor=self.config.eval.divergence_factor,
             on_private_rounds=lambda private: stages.append(private),
         )
-        every = self.config.train.checkpoint_every
-        control = checkpointed(guards, folder, every, self.identity, saved)
         stages: list[PrivateRounds] = []
-        feed = self._feed(earlier)
         ended: BaseException | None = None
         try:
             final = train(
@@ -288,56 +231,38 @@ class AlgorithmRun:
                 index,
                 schedule,
                 evaluator,
-                on_evaluation=lambda evaluation: self._record(log, evaluation, feed),
-                on_round=lambda r: self._round_done(schedule, r, feed, stages),
-                control=control,
+                on_evaluation=lambda evaluation: self._record(attempt, evaluation),
+                on_round=lambda r: self._round_done(schedule, r, attempt, stages),
+                control=attempt.control(guards),
                 start=self.start,
             )
         except Diverged as error:
             LOG.warning("%s", error)
             ended = error
-            return log.history, error, None
+            return attempt.history, error, None
         except BaseException as error:
             ended = error
             raise
         finally:
-            log.close()
-            if feed is not None:
-                feed.end(status_of(ended))
+            attempt.end(ended)
             if folder is not None:  # process 0 writes
                 self._write_privacy(folder, stages)
         if isinstance(final, ShardParams):  # every process writes its rows into one file
             written = write_final_model(folder, final)
-        elif folder is not None:
-            write_model(folder, final)
-        if folder is not None:
-            write_atomic(folder / DONE, done_record(folder, self.identity))
-        return log.history, None, written if isinstance(final, ShardParams) else final
+        else:
+            attempt.write_model(final)
+        attempt.mark_done()
+        return attempt.history, None, written if isinstance(final, ShardParams) else final
 
-    def _feed(self, earlier: list[Evaluation]) -> RoundFeed | None:
-        """The run's after-round hooks (None without callbacks), begun: a resumed run's
-        trackers continue after its checkpoint's round."""
-        if not self.callbacks:
-            return None
-        tracking = self.config.tracking
-        run = TrackedRun(
-            self.name,
-            f"{tracking.run_name}{self.label}{self.name}",
-            flat_params(self.config),
-            self.folder,
-            None if self.folder is None else self.folder.parent,
-            self.saved.round if self.saved is not None else 0,
-        )
-        feed = RoundFeed(self.callbacks, run)
-        feed.begin(earlier)
-        return feed
+    def _tracked(self) -> Tracked:
+        """How the trackers name this algorithm's run: ``[tracking] run_name``, the sweep's
+        value, the algorithm; the config as parameters."""
+        run_name = f"{self.config.tracking.run_name}{self.label}{self.name}"
+        run = TrackedRun(self.name, run_name, flat_params(self.config) if self.callbacks else {})
+        return Tracked(self.callbacks, run)
 
     def _round_done(
-        self,
-        schedule: Schedule,
-        r: int,
-        feed: RoundFeed | None,
-        stages: list[PrivateRounds],
+        self, schedule: Schedule, r: int, attempt: Attempt, stages: list[PrivateRounds]
     ) -> None:
         """After round ``r``: the caller's hook, under [dp] the progress line's epsilon
         spent so far, evaluated or not (in process a function of the settings and r), and the
@@ -351,17 +276,12 @@ class AlgorithmRun:
             self._note_epsilon(extra["epsilon"])
         elif stages:
             extra.update(numbers(stages[0].costs.as_json(), "privacy/"))
-        if feed is not None:
-            feed.round_done(r, extra)
+        attempt.on_round(r, extra)
 
-    def _record(
-        self, log: MetricsLog | _Evaluations, evaluation: Evaluation, feed: RoundFeed | None
-    ) -> None:
+    def _record(self, attempt: Attempt, evaluation: Evaluation) -> None:
         """Log an evaluation (to the trackers too); under [dp] the progress line shows the
         epsilon spent so far."""
-        log(evaluation)
-        if feed is not None:
-            feed.evaluation(evaluation)
+        attempt.on_evaluation(evaluation)
         if "epsilon" in evaluation.metrics:
             self._note_epsilon(evaluation.metrics["epsilon"])
 
@@ -442,7 +362,7 @@ def compare(
             raise ConfigError("resume continues a run in its folder: give the folder")
         with _fits_in_memory(dataset):
             return _compare_in(
-                config, None, None, on_round, False, stop_requested, label, profile,
+                config, RunSession(), on_round, stop_requested, label, profile,
                 dataset=dataset, model=model, initial_model=initial_model, callbacks=trackers,
             )  # fmt: skip
     if dataset is not None or model is not None:
@@ -452,10 +372,10 @@ def compare(
         )
     if initial_model is not None and overwrite and not resume:
         initial_model.outside(out_dir, "--overwrite")
-    claim = claim_folder(out_dir, resume, overwrite) if writes else None
-    with holding(claim), _fits_in_memory(None):
+    opened = RunSession.opened(out_dir, resume, overwrite, writes=writes)
+    with opened as session, _fits_in_memory(None):
         return _compare_in(
-            config, out_dir, claim, on_round, resume, stop_requested, label, profile,
+            config, session, on_round, stop_requested, label, profile,
             initial_model=initial_model, callbacks=trackers,
         )  # fmt: skip
 
@@ -479,11 +399,13 @@ def _fits_in_memory(dataset: FederatedDataset | None) -> Iterator[None]:
 
 
 def _trained(
-    claim: Claim | None, on_round: Callable[[str, int], None] | None, name: str, round_index: int
+    session: RunSession,
+    on_round: Callable[[str, int], None] | None,
+    name: str,
+    round_index: int,
 ) -> None:
     """After a round of ``name``: the folder has training in it, and the caller is told."""
-    if claim is not None:
-        claim.training_started()
+    session.training_started()
     if on_round is not None:
         on_round(name, round_index)
 
@@ -502,10 +424,8 @@ def _train_algorithm(
 
 def _compare_in(
     config: Config,
-    out_dir: Path | None,
-    claim: Claim | None,
+    session: RunSession,
     on_round: Callable[[str, int], None] | None,
-    resume: bool,
     stop_requested: Callable[[], bool],
     label: str,
     profile: bool = False,
@@ -515,15 +435,16 @@ def _compare_in(
     initial_model: StartFile | None = None,
     callbacks: Sequence[RunCallback] = (),
 ) -> Outcome:
-    """``compare`` in its folder, held by ``claim`` (None: a process that writes nothing;
-    ``out_dir`` None: no folder at all)."""
+    """``compare`` in its folder, held by ``session`` (its claim None: a process that writes
+    nothing; its folder None: no folder at all)."""
     config_text = config_lib.to_toml(config)
     started = IN_CONFIG_FILE if initial_model is None else initial_model.started_with()
     names = algorithms_to_run(config)
+    out_dir, claim, resume = session.folder, session.claim, session.resume
     if resume and out_dir is not None:
         check_resumed_start(out_dir, initial_model)
-        identity = resumed_identity(out_dir, config_text, started)
-        points = {n: resume_point(n, out_dir / n, identity) for n in names}
+        session.resumed(config_text, started)
+        points = {n: session.resume_point(n) for n in names}
     if claim is not None:
         check_free_space(claim.folder)
     setup = prepare(config, dataset, model)
@@ -535,14 +456,14 @@ def _compare_in(
         setup = dataclasses.replace(setup, context=setup.context.sharded(processes))
     distributed.barrier("starting the run")  # all have read the folder: 0 may write
     if not resume:
-        identity = _new_run(claim, config, names, initial_model)
+        _new_run(session, config, names, initial_model)
         points = {n: ResumePoint() for n in names}
     if claim is not None:
         _write_data_records(setup, claim.folder)
     if distributed.joined() is not None:
         stop_requested = distributed.agreed(stop_requested)
 
-    trained = functools.partial(_trained, claim, on_round)
+    trained = functools.partial(_trained, session, on_round)
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
     profiles: dict[str, dict] = {}
@@ -557,9 +478,8 @@ def _compare_in(
         saved = points[name].checkpoint
         run = AlgorithmRun(
             name,
-            claim.folder / name if claim is not None else None,
+            session,
             config,
-            identity,
             saved,
             stop_requested,
             _reported(label, trained),
@@ -583,19 +503,18 @@ def _compare_in(
 
 
 def _new_run(
-    claim: Claim | None, config: Config, names: list[str], initial_model: StartFile | None
+    session: RunSession, config: Config, names: list[str], initial_model: StartFile | None
 ) -> RunIdentity:
-    """A new run's identity, written to its folder's run.json (``claim``; with the model
-    file it starts from, when it does); a process that writes nothing only stamps with it."""
+    """A new run's identity, written to its folder's run.json (when ``session`` writes; with
+    the model file it starts from, when it does); a process that writes nothing only stamps
+    with it."""
     started, config_text = IN_CONFIG_FILE, config_lib.to_toml(config)
     outputs = [*comparison_outputs(names), *tracking_outputs(config.tracking, names)]
     manifest: dict[str, object] = {"outputs": outputs}
     if initial_model is not None:
         started = initial_model.started_with()
         manifest[RECORD] = initial_model.record()
-    if claim is None:
-        return new_identity(started.describe(config_text))
-    return start_run(claim, config_text, manifest, started)
+    return session.started(config_text, started, manifest)
 
 
 def synchronizer(device: torch.device) -> Callable[[], None] | None:
@@ -820,12 +739,11 @@ def sweep(
     configs = {v: sweep_config(base, key, v, where) for v in values}  # all valid before training
     _check_every_value(key, configs)
     writes = distributed.from_environment().writes
-    claim = claim_folder(out_dir, resume, overwrite) if writes else None
-    with holding(claim):
-        if claim is not None:
-            _open_sweep_folder(claim, key, values, base, resume)
+    with RunSession.opened(out_dir, resume, overwrite, writes=writes) as session:
+        if session.claim is not None:
+            _open_sweep_folder(session.claim, key, values, base, resume)
         outcomes = _sweep_values(
-            key, values, configs, out_dir, claim, on_round, resume, stop_requested, profile
+            key, values, configs, out_dir, session, on_round, resume, stop_requested, profile
         )
         return _sweep_summary(key, values, configs, outcomes, out_dir, writes)
 
@@ -866,7 +784,7 @@ def _sweep_values(
     values: list[str],
     configs: dict[str, Config],
     out_dir: Path,
-    claim: Claim | None,
+    session: RunSession,
     on_round: Callable[[str, int], None] | None,
     resume: bool,
     stop_requested: Callable[[], bool],
@@ -874,7 +792,7 @@ def _sweep_values(
 ) -> dict[str, Outcome]:
     """Each value's comparison in its folder (``out_dir/<key>=<value>``), one after another."""
 
-    trained = functools.partial(_trained, claim, on_round)
+    trained = functools.partial(_trained, session, on_round)
     outcomes: dict[str, Outcome] = {}
     for v in values:
         folder = out_dir / value_folder(key, v)
