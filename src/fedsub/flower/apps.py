@@ -34,7 +34,7 @@ from fedsub.config import Config
 from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
-from fedsub.engine.loop import Evaluation, Progress, RunControl, drive, evaluations_of
+from fedsub.engine.loop import Progress, RunControl
 from fedsub.engine.round_records import RoundsFailed, run_costs
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.errors import FedsubError
@@ -45,10 +45,8 @@ from fedsub.files.run_folder import (
     FLOWER_PROGRESS,
     FLOWER_RESULT,
     RUN_FILE,
-    Claim,
     RunIdentity,
     checkpoint_outputs,
-    hash_config,
 )
 from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.client_app import make_client_app, settings_of
@@ -62,19 +60,14 @@ from fedsub.runs.initial_model import starting_params
 from fedsub.runs.report import JsonLines, write_atomic
 from fedsub.runs.run_identity import (
     StartedWith,
-    claim_folder,
     newest_checkpoint,
-    resumed_identity,
-    start_run,
 )
-from fedsub.runs.run_session import MODEL_FILE, checkpointed, holding, start_fresh, write_model
+from fedsub.runs.run_session import MODEL_FILE, Attempt, Keeps, RunSession, Tracked, write_model
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.runs.tracking import (
-    RoundFeed,
     RunCallback,
     TrackedRun,
     flat_params,
-    status_of,
     tracking_outputs,
     writers_of,
 )
@@ -138,90 +131,72 @@ def one_line_errors() -> None:
 def _serve(grid: Grid, settings: FlowerSettings, callbacks: tuple[RunCallback, ...] = ()) -> None:
     """The ServerApp's run: the model's sizes (the server reads no client's samples) and the
     algorithm from the run config, the out-dir claimed, the engine's round loop over the
-    Flower runtime, then the result (a run that fails before it has a result leaves the
-    out-dir as it found it)."""
+    Flower runtime in the run's session (runs/run_session.py), then the result (a run that
+    fails before it has a result leaves the out-dir as it found it)."""
     run = run_model(settings)
     name = settings.algorithm_name(run.config)
     # round 0's model, a model file checked before the out-dir is touched
     start = starting_params(
         run.model, run.schedule, settings.deployment.initial_model, INITIAL_MODEL
     )
-    output, claim = settings.output, None  # the out-dir, held for the run (run_folder's rules)
+    output = settings.output  # the out-dir, held for the run (run_folder's rules)
     trackers = (*writers_of(run.config.tracking, bool(output.out_dir)), *callbacks)
-    if output.out_dir:
-        claim = claim_folder(Path(output.out_dir), output.resume, output.overwrite, OUT_DIR_FLAGS)
-    with holding(claim):
-        stamp = run_stamp(settings, claim, config_lib.to_toml(run.config), name, run.config)
-        control = run_control(settings, run, stamp)
-        feed = _feed(trackers, run, name, settings, control)
-        runtime = _runtime(grid, settings, run, start, name, feed)
+    out = Path(output.out_dir) if output.out_dir else None
+    opened = RunSession.opened(out, output.resume, output.overwrite, OUT_DIR_FLAGS)
+    with opened as session:
+        run_stamp(settings, session, config_lib.to_toml(run.config), name, run.config)
+        attempt = open_attempt(settings, session, run, trackers, name)
+        runtime = _runtime(grid, settings, run, start, name, attempt)
+        guards = RunControl(max_update_norm=run.config.train.max_update_norm, divergence_factor=0.0)
         failure: Diverged | RoundsFailed | None = None
-        progress, rounds = None, None
+        progress = None
         # after its first round a run keeps what it wrote whatever happens next (run.json,
         # progress.jsonl, checkpoints), as `fedsub run` does: files/run_folder.py's Claim
-        hooks = _loop_hooks(claim, feed)
         try:
-            rounds = runtime.open(control)
-            progress = drive(rounds, runtime, runtime.schedule, control, *hooks)
+            progress = attempt.drive(runtime.open, runtime, runtime.schedule, guards)
         except (Diverged, RoundsFailed) as error:  # the run fails; the result says why
             failure = error
         except Exception as error:
-            if feed is not None:
-                feed.end(status_of(error))
-            if claim is not None and claim.trained:
-                LOG.error("%s", stopped_line(error, settings, runtime, rounds))
+            attempt.end(error)
+            if session.trained:
+                LOG.error("%s", stopped_line(error, settings, runtime, attempt.rounds))
             raise
-        if feed is not None:
-            feed.end("failed" if isinstance(failure, RoundsFailed) else status_of(failure))
-        if claim is not None:  # a result to keep, even a failure's
-            claim.training_started()
-        if out := settings.output.out_dir:
-            write_result(Path(out), runtime, progress, failure)
+        attempt.end(failure)
+        session.training_started()  # a result to keep, even a failure's
+        if out is not None:
+            write_result(out, runtime, progress, failure)
         if failure is not None:  # the ServerApp exits with an error: the run did not succeed
             # nodes that failed may be back: a resume retries; a diverged run would again
-            hint = resume_hint(settings, rounds) if isinstance(failure, RoundsFailed) else ""
+            failed = isinstance(failure, RoundsFailed)
+            hint = resume_hint(settings, attempt.rounds) if failed else ""
             raise FedsubError(f"Flower: {failure}{hint}") from failure
 
 
-def _feed(
-    trackers: Sequence[RunCallback],
-    run: RunModel,
-    name: str,
+def open_attempt(
     settings: FlowerSettings,
-    control: RunControl,
-) -> RoundFeed | None:
-    """The run's after-round hooks (None without trackers), begun."""
-    if not trackers:
-        return None
-    out = Path(settings.output.out_dir) if settings.output.out_dir else None
-    saved = control.resume
+    session: RunSession,
+    run: RunModel,
+    trackers: Sequence[RunCallback],
+    name: str,
+) -> Attempt:
+    """The run's rounds in its out-dir (``session``): checkpoints every checkpoint-every
+    rounds, the newest of them continued with ``resume`` (refused without one: ``latest``);
+    a new run forgets an earlier progress.jsonl (its claim moved a replaced run's
+    checkpoints aside). Evaluations are kept in flower-result.json, not metrics.jsonl.
+    Divergence is a non-finite train loss only: a Flower run has no round-0 evaluation (no
+    node has registered yet) for the rising-loss rule."""
+    output = settings.output
+    saved = None
+    if output.out_dir and output.resume:
+        assert session.identity is not None
+        saved = latest(Path(output.out_dir) / CHECKPOINTS, session.identity)
+        LOG.info("resuming after round %d from %s", saved.round, saved.path)
+    every = output.checkpoint_every if output.out_dir else 0
+    keeps = Keeps(metrics=False, fresh=(FLOWER_PROGRESS,), fresh_checkpoints=False)
     tracked = TrackedRun(
-        name,
-        f"{run.config.tracking.run_name}{name}",
-        flat_params(run.config),
-        out,
-        out,
-        saved.round if saved is not None else 0,
-        "flower",
+        name, f"{run.config.tracking.run_name}{name}", flat_params(run.config), runtime="flower"
     )
-    feed = RoundFeed(trackers, tracked)
-    feed.begin(evaluations_of(saved.history) if saved is not None else [])
-    return feed
-
-
-def _loop_hooks(
-    claim: Claim | None, feed: RoundFeed | None
-) -> tuple[Callable[[Evaluation], None] | None, Callable[[int], None] | None]:
-    """The loop's ``on_evaluation`` and ``on_round``: the trackers fed, and the out-dir
-    marked as holding training after a round."""
-
-    def on_round(r: int) -> None:
-        if claim is not None:
-            claim.training_started()
-        if feed is not None:
-            feed.round_done(r)
-
-    return (None if feed is None else feed.evaluation), on_round
+    return session.attempt("", saved, every, keeps, Tracked(tuple(trackers), tracked))
 
 
 def resume_hint(settings: FlowerSettings, rounds: ServerRound | None) -> str:
@@ -259,16 +234,16 @@ def _runtime(
     run: RunModel,
     start: Params,
     name: str,
-    feed: RoundFeed | None = None,
+    attempt: Attempt | None = None,
 ) -> FlowerRuntime:
     """The run's Flower runtime of algorithm ``name`` from round 0's model ``start``: its nodes
     through ``grid``, measured (flower/costs.py); its round records to progress.jsonl and
-    ``feed``'s trackers."""
+    ``attempt``'s trackers."""
     privacy = heat_privacy_of(run.config)
     transcripts = settings.output.heat_transcript and privacy.source != "exact"
     out = settings.output.out_dir
     observers = Observers(
-        on_progress=_progress_of(JsonLines(Path(out) / FLOWER_PROGRESS) if out else None, feed),
+        on_progress=_progress_of(JsonLines(Path(out) / FLOWER_PROGRESS) if out else None, attempt),
         transcript=Transcript() if transcripts else None,
         meter=MeteredGrid(grid),
     )
@@ -295,15 +270,15 @@ def _runtime(
     )
 
 
-def _progress_of(lines: JsonLines | None, feed: RoundFeed | None) -> Callable[[dict], None] | None:
+def _progress_of(lines: JsonLines | None, attempt: Attempt | None) -> Callable[[dict], None] | None:
     """Where the runtime's round records go: progress.jsonl and the trackers."""
-    if feed is None:
+    if attempt is None or attempt.feed is None:
         return lines
 
     def report(record: dict) -> None:
         if lines is not None:
             lines(record)
-        feed.record(record)
+        attempt.record(record)
 
     return report
 
@@ -324,43 +299,20 @@ def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:
 
 def run_stamp(
     settings: FlowerSettings,
-    claim: Claim | None,
+    session: RunSession,
     text: str,
     name: str,
     config: Config | None = None,
 ) -> RunIdentity:
     """The stamp of the run's checkpoints: its config hash (runs/run_identity.py; ``text``, the
     fedsub config as written), a resumed run's after checking that the config given is that
-    run's, a new run's written to its out-dir (``claim``; with what ``config``'s trackers
-    write there)."""
+    run's, a new run's written to its out-dir (``session``; with what ``config``'s trackers
+    write there); its run id Flower's one (``RUN_ID``)."""
     started = started_with(settings, name)
-    if claim is None:
-        return RunIdentity(RUN_ID, hash_config(started.describe(text)))
-    if settings.output.resume:
-        identity = resumed_identity(claim.folder, text, started)
-    else:
-        tracked = [] if config is None else tracking_outputs(config.tracking, [""])
-        record = {"kind": "flower", "outputs": [*FLOWER_OUTPUTS, *tracked]}
-        identity = start_run(claim, text, record, started)
-    return RunIdentity(RUN_ID, identity.config_hash)
-
-
-def run_control(settings: FlowerSettings, run: RunModel, stamp: RunIdentity) -> RunControl:
-    """How the loop keeps a Flower run safe: checkpoints in out-dir every checkpoint-every
-    rounds (stamped ``stamp``), the newest of them continued with ``resume``. Divergence is a
-    non-finite train loss only: a Flower run has no round-0 evaluation (no node has
-    registered yet) for the rising-loss rule."""
-    guards = RunControl(max_update_norm=run.config.train.max_update_norm, divergence_factor=0.0)
-    output = settings.output
-    if not output.out_dir:
-        return checkpointed(guards, None, 0, stamp)
-    out = Path(output.out_dir)
-    if not output.resume:  # a new run: its claim moved a replaced run's checkpoints aside
-        start_fresh(out, FLOWER_PROGRESS, checkpoints=False)
-        return checkpointed(guards, out, output.checkpoint_every, stamp)
-    saved = latest(out / CHECKPOINTS, stamp)
-    LOG.info("resuming after round %d from %s", saved.round, saved.path)
-    return checkpointed(guards, out, output.checkpoint_every, stamp, saved)
+    tracked = [] if config is None else tracking_outputs(config.tracking, [""])
+    record = {"kind": "flower", "outputs": [*FLOWER_OUTPUTS, *tracked]}
+    session.begin(text, started, record)
+    return session.stamped(RUN_ID)
 
 
 def latest(folder: Path, stamp: RunIdentity) -> Checkpoint:
