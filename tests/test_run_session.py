@@ -1,15 +1,38 @@
-"""runs/run_session.py: the run folder's session both runtimes share (``fedsub compare`` and
-the Flower ServerApp's out-dir)."""
+"""runs/run_session.py: the run folder's session every runtime shares (``fedsub compare``,
+the Flower ServerApp's out-dir, and a third runtime written here, ``HalfOffline``)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.files.run_folder import RUN_FILE, RunIdentity, claim_new
-from fedsub.runs.run_session import checkpointed, holding, start_fresh, write_model
+from fedsub.algorithms.registry import build_algorithm
+from fedsub.config import Config
+from fedsub.engine.loop import (
+    InProcess,
+    Interrupted,
+    RunControl,
+    build_server_round,
+    initial_params,
+    round_stages,
+)
+from fedsub.files.run_folder import RUN_FILE, RunIdentity, checkpoint_outputs, claim_new
+from fedsub.runs.run_identity import IN_CONFIG_FILE
+from fedsub.runs.run_session import (
+    RunSession,
+    Tracked,
+    checkpointed,
+    holding,
+    start_fresh,
+    write_model,
+)
+from fedsub.runs.run_setup import prepare
+from fedsub.runs.tracking import RunCallback, TrackedRun
 from fedsub.submodel.params import Params
 
 
@@ -79,3 +102,114 @@ def test_the_model_is_written_as_model_safetensors_with_its_flat_names(tmp_path)
     assert torch.equal(written["table.user"], torch.arange(6.0).reshape(3, 2))
     assert torch.equal(written["dense.bias"], torch.tensor([0.5]))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+# --- a third runtime on the session ----------------------------------------------------------
+
+
+@dataclass
+class HalfOffline:
+    """A runtime written for this test: the in-process engine, but on odd rounds only the
+    even-numbered clients are reachable. It writes nothing of its own: folder, identity,
+    checkpoints, resume, metrics, trackers and model are the session's."""
+
+    engine: InProcess
+
+    def available(self, round_index, rounds):
+        n = self.engine.dataset.num_clients
+        return np.arange(0, n, 2) if round_index % 2 else None
+
+    def run_cohort(self, plan, params):
+        return self.engine.run_cohort(plan, params)
+
+    def close_round(self, round_index, updated, diverged):
+        return None
+
+    def evaluate(self, round_index, params):
+        return self.engine.evaluate(round_index, params)
+
+    def history(self):
+        return []
+
+    def restore_history(self, history):
+        return None
+
+
+TOY_CONFIG = {
+    "train": {"rounds": 4, "clients_per_round": 5, "checkpoint_every": 1,
+              "algorithms": ["fedavg"]},
+    "eval": {"every": 1},
+}  # fmt: skip
+TOY_OUTPUTS = [RUN_FILE, "config.toml", "metrics.jsonl", "model.safetensors", "done",
+               *checkpoint_outputs("checkpoints")]  # fmt: skip
+
+
+def run_half_offline(folder, resume=False, stop_after=0, callbacks=()):
+    """The toy runtime's run in ``folder``, as a runtime's author writes it: its setup and its
+    ``RoundRuntime``; everything about the folder from ``RunSession``."""
+    config = Config.from_dict(TOY_CONFIG)
+    setup = prepare(config)
+    algorithm = build_algorithm("fedavg", setup.context, config.algorithm_options("fedavg"))
+    done: list[int] = []
+    with RunSession.opened(folder, resume) as session:
+        session.begin(config.to_toml(), IN_CONFIG_FILE, {"kind": "toy", "outputs": TOY_OUTPUTS})
+        saved = session.newest() if resume else None
+        run = TrackedRun("fedavg", "toy-fedavg", runtime="half-offline")
+        attempt = session.attempt("", saved, 1, tracked=Tracked(tuple(callbacks), run))
+        params = initial_params(setup.model, setup.schedule)
+        run_cohort, combine = round_stages(setup.model, algorithm, setup.schedule, params)
+        engine = InProcess(setup.model, setup.dataset, setup.index, setup.schedule, run_cohort,
+                           setup.evaluator)  # fmt: skip
+
+        def open_rounds(control):
+            return build_server_round(
+                algorithm, setup.dataset, setup.index, setup.schedule, params, combine, control
+            )
+
+        def stop() -> bool:  # asked after every round
+            done.append(1)
+            return len(done) == stop_after
+
+        guards = RunControl(stop_requested=stop)
+        ended = None
+        try:
+            attempt.drive(open_rounds, HalfOffline(engine), setup.schedule, guards)
+        except BaseException as error:
+            ended = error
+            raise
+        finally:
+            attempt.end(ended)
+        attempt.write_model(params)
+        attempt.mark_done()
+    return attempt
+
+
+def test_a_third_runtime_gets_its_folder_and_resume_from_the_session(tmp_path):
+    """The toy runtime, stopped after round 2 and resumed, ends with the uninterrupted run's
+    model (bytes) and metrics.jsonl (elapsed aside), its run.json, checkpoints and completion
+    marker written by the session, and the trackers told of every round."""
+    whole = tmp_path / "whole"
+    run_half_offline(whole)
+    split = tmp_path / "split"
+    with pytest.raises(Interrupted):
+        run_half_offline(split, stop_after=2)
+    assert not (split / "done").exists() and (split / "checkpoints" / "round-000002").exists()
+
+    seen: list[tuple[int, int]] = []
+
+    class Rounds(RunCallback):
+        def after_round(self, run, round_index, metrics):
+            seen.append((run.resumed_after, round_index))
+
+    run_half_offline(split, resume=True, callbacks=[Rounds()])
+    assert seen == [(2, 0), (2, 1), (2, 2), (2, 3), (2, 4)]
+    assert (whole / "model.safetensors").read_bytes() == (split / "model.safetensors").read_bytes()
+
+    def metrics(folder):
+        lines = (folder / "metrics.jsonl").read_text().splitlines()
+        return [{**json.loads(x), "elapsed": 0} for x in lines]
+
+    assert metrics(whole) == metrics(split) and len(metrics(whole)) == 5
+    record = json.loads((split / RUN_FILE).read_text())
+    assert record["kind"] == "toy" and (split / "config.toml").exists()
+    assert json.loads((split / "done").read_text())["run_id"] == record["run_id"]
