@@ -186,8 +186,9 @@ class RunSession:
     def begin(
         self, config_text: str, started: StartedWith, record: Mapping[str, object]
     ) -> RunIdentity:
-        """The run's identity: a resumed run's (``resumed``), or a new run's (``started``)."""
-        if self.resume:
+        """The run's identity: a resumed run's (``resumed``), or a new run's (``started``; a
+        run without a folder has nothing to resume)."""
+        if self.resume and self.folder is not None:
             return self.resumed(config_text, started)
         return self.started(config_text, started, record)
 
