@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -66,8 +66,6 @@ from fedsub.runs.run_session import MODEL_FILE, Attempt, Keeps, RunSession, Trac
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.runs.tracking import (
     RunCallback,
-    TrackedRun,
-    flat_params,
     tracking_outputs,
     writers_of,
 )
@@ -193,10 +191,8 @@ def open_attempt(
         LOG.info("resuming after round %d from %s", saved.round, saved.path)
     every = output.checkpoint_every if output.out_dir else 0
     keeps = Keeps(metrics=False, fresh=(FLOWER_PROGRESS,), fresh_checkpoints=False)
-    tracked = TrackedRun(
-        name, f"{run.config.tracking.run_name}{name}", flat_params(run.config), runtime="flower"
-    )
-    return session.attempt("", saved, every, keeps, Tracked(tuple(trackers), tracked))
+    tracked = Tracked.of(trackers, run.config, name, name, "flower")
+    return session.attempt("", saved, every, keeps, tracked)
 
 
 def resume_hint(settings: FlowerSettings, rounds: ServerRound | None) -> str:
@@ -234,7 +230,7 @@ def _runtime(
     run: RunModel,
     start: Params,
     name: str,
-    attempt: Attempt | None = None,
+    attempt: Attempt,
 ) -> FlowerRuntime:
     """The run's Flower runtime of algorithm ``name`` from round 0's model ``start``: its nodes
     through ``grid``, measured (flower/costs.py); its round records to progress.jsonl and
@@ -243,7 +239,7 @@ def _runtime(
     transcripts = settings.output.heat_transcript and privacy.source != "exact"
     out = settings.output.out_dir
     observers = Observers(
-        on_progress=_progress_of(JsonLines(Path(out) / FLOWER_PROGRESS) if out else None, attempt),
+        on_progress=attempt.reporting(JsonLines(Path(out) / FLOWER_PROGRESS) if out else None),
         transcript=Transcript() if transcripts else None,
         meter=MeteredGrid(grid),
     )
@@ -268,19 +264,6 @@ def _runtime(
         server_test,
         partitions=run.num_clients,
     )
-
-
-def _progress_of(lines: JsonLines | None, attempt: Attempt | None) -> Callable[[dict], None] | None:
-    """Where the runtime's round records go: progress.jsonl and the trackers."""
-    if attempt is None or attempt.feed is None:
-        return lines
-
-    def report(record: dict) -> None:
-        if lines is not None:
-            lines(record)
-        attempt.record(record)
-
-    return report
 
 
 def started_with(settings: FlowerSettings, algorithm: str) -> StartedWith:

@@ -81,8 +81,6 @@ from fedsub.runs.run_setup import (
 )
 from fedsub.runs.tracking import (
     RunCallback,
-    TrackedRun,
-    flat_params,
     numbers,
     tracking_outputs,
     writers_of,
@@ -255,11 +253,10 @@ class AlgorithmRun:
         return attempt.history, None, written if isinstance(final, ShardParams) else final
 
     def _tracked(self) -> Tracked:
-        """How the trackers name this algorithm's run: ``[tracking] run_name``, the sweep's
-        value, the algorithm; the config as parameters."""
-        run_name = f"{self.config.tracking.run_name}{self.label}{self.name}"
-        run = TrackedRun(self.name, run_name, flat_params(self.config) if self.callbacks else {})
-        return Tracked(self.callbacks, run)
+        """How the trackers name this algorithm's run: the sweep's value, the algorithm."""
+        return Tracked.of(
+            self.callbacks, self.config, self.name, self.label + self.name, "in-process"
+        )
 
     def _round_done(
         self, schedule: Schedule, r: int, attempt: Attempt, stages: list[PrivateRounds]

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedsub.config import Config
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.loop import Evaluation, Interrupted, Progress, RunControl, drive, evaluations_of
 from fedsub.engine.round_runtime import RoundRuntime
@@ -54,7 +55,7 @@ from fedsub.runs.run_identity import (
     resumed_identity,
     start_run,
 )
-from fedsub.runs.tracking import RoundFeed, RunCallback, TrackedRun, status_of
+from fedsub.runs.tracking import RoundFeed, RunCallback, TrackedRun, flat_params, status_of
 from fedsub.submodel.params import Params
 
 MODEL_FILE = "model.safetensors"
@@ -312,6 +313,16 @@ class Tracked:
     callbacks: tuple[RunCallback, ...]
     run: TrackedRun
 
+    @staticmethod
+    def of(
+        callbacks: Sequence[RunCallback], config: Config, algorithm: str, name: str, runtime: str
+    ) -> Tracked:
+        """``callbacks`` tracking ``algorithm``'s run of ``config``, named ``[tracking]
+        run_name`` + ``name``, with the config as parameters (flattened only when tracked)."""
+        params = flat_params(config) if callbacks else {}
+        run_name = f"{config.tracking.run_name}{name}"
+        return Tracked(tuple(callbacks), TrackedRun(algorithm, run_name, params, runtime=runtime))
+
 
 @dataclass
 class Attempt:
@@ -350,10 +361,19 @@ class Attempt:
         if self.feed is not None:
             self.feed.round_done(round_index, extra)
 
-    def record(self, record: Mapping[str, object]) -> None:
-        """A runtime's record of a round (Flower's progress lines), for the trackers."""
-        if self.feed is not None:
-            self.feed.record(record)
+    def reporting(self, lines: Callable[[dict], None] | None) -> Callable[[dict], None] | None:
+        """Where a runtime's round records go (Flower's progress lines): ``lines`` (None:
+        nowhere) and the trackers."""
+        feed = self.feed
+        if feed is None:
+            return lines
+
+        def report(record: dict) -> None:
+            if lines is not None:
+                lines(record)
+            feed.record(record)
+
+        return report
 
     def drive(
         self,
