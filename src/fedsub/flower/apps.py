@@ -145,6 +145,8 @@ def _serve(grid: Grid, settings: FlowerSettings, callbacks: tuple[RunCallback, .
         run_stamp(settings, session, config_lib.to_toml(run.config), name, run.config)
         attempt = open_attempt(settings, session, run, trackers, name)
         runtime = _runtime(grid, settings, run, start, name, attempt)
+        # divergence is a non-finite train loss only: a Flower run has no round-0 evaluation
+        # (no node has registered yet) for the rising-loss rule
         guards = RunControl(max_update_norm=run.config.train.max_update_norm, divergence_factor=0.0)
         failure: Diverged | RoundsFailed | None = None
         progress = None
@@ -180,9 +182,7 @@ def open_attempt(
     """The run's rounds in its out-dir (``session``): checkpoints every checkpoint-every
     rounds, the newest of them continued with ``resume`` (refused without one: ``latest``);
     a new run forgets an earlier progress.jsonl (its claim moved a replaced run's
-    checkpoints aside). Evaluations are kept in flower-result.json, not metrics.jsonl.
-    Divergence is a non-finite train loss only: a Flower run has no round-0 evaluation (no
-    node has registered yet) for the rising-loss rule."""
+    checkpoints aside). Evaluations are kept in flower-result.json, not metrics.jsonl."""
     output = settings.output
     saved = None
     if output.out_dir and output.resume:
