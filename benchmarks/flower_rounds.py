@@ -99,8 +99,11 @@ def run_log(env: dict[str, str], run_id: int) -> str:
     return flwr(env, "log", str(run_id), "bench", "--show")
 
 
+NODES = ("fedsub", "flower", "flower-warm")  # how each SuperNode is started (the docstring)
+
+
 def measure(
-    nodes: int, rounds: int, level: str, warm: bool, folder: Path, more: tuple[str, ...] = ()
+    nodes: int, rounds: int, level: str, node: str, folder: Path, more: tuple[str, ...] = ()
 ) -> dict:
     link, *node_ports = free_ports(nodes + 1)
     env = environment(folder, link)
@@ -113,7 +116,7 @@ def measure(
                 list(args),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**env, **(extra or {})},
+                env={k: v for k, v in {**env, **(extra or {})}.items() if v is not None},
                 cwd=folder,
                 start_new_session=True,
             )
@@ -129,9 +132,11 @@ def measure(
             f"--database={folder / 'state.db'}",
         )
         for i, port in enumerate(node_ports):
-            command = [str(BIN / "flower-supernode")]
-            extra = None
-            if warm:  # fedsub's launcher in front of flwr-clientapp (its docstring)
+            command, extra = [str(BIN / "flower-supernode")], None
+            if node == "fedsub":  # fedsub's SuperNode: short polls, warm ClientApps
+                command = [sys.executable, "-m", "fedsub.flower.supernode", "--"]
+                extra = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": None}  # woken, not polled
+            if node == "flower-warm":  # fedsub's launcher in front of flwr-clientapp (its docstring)
                 shim = folder / f"warm{i}"
                 start(
                     f"warm{i}",
@@ -207,7 +212,7 @@ def measure(
         "nodes": nodes,
         "rounds": rounds,
         "level": level,
-        "warm": warm,
+        "node": node,
         "seconds_to_round_1": round(first_sent, 2),
         "run_seconds": round(total, 2),
         "round_seconds_median": statistics.median(r["round_seconds"] for r in per_round),
@@ -221,14 +226,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--level", default="none", choices=["none", "heat", "download", "full"])
-    parser.add_argument("--warm", action="store_true")
+    parser.add_argument("--node", default="fedsub", choices=NODES, help="how nodes start")
     parser.add_argument("--set", action="append", default=[], help="a further config override")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fedsub-flower-rounds-") as folder:
         print(
             json.dumps(
                 measure(
-                    args.nodes, args.rounds, args.level, args.warm, Path(folder), tuple(args.set)
+                    args.nodes, args.rounds, args.level, args.node, Path(folder), tuple(args.set)
                 ),
                 indent=1,
             )
