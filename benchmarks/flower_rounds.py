@@ -136,7 +136,7 @@ def measure(
             if node == "fedsub":  # fedsub's SuperNode: short polls, warm ClientApps
                 command = [sys.executable, "-m", "fedsub.flower.supernode", "--"]
                 extra = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": None}  # woken, not polled
-            if node == "flower-warm":  # fedsub's launcher in front of flwr-clientapp (its docstring)
+            if node == "flower-warm":  # the launcher before flwr-clientapp (its docstring)
                 shim = folder / f"warm{i}"
                 start(
                     f"warm{i}",

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 # fedsub's SuperNode (fedsub.flower.supernode: Flower's, with short polls and warm ClientApps),
 # as ``Processes.start`` runs it from the environment's bin folder; flower-supernode's
 # arguments follow

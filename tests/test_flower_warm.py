@@ -158,11 +158,10 @@ def test_fedsubs_supernode_runs_flowers_with_its_stand_ins_first_on_the_path(mon
     SuperNode with its arguments, fedsub's flower-superexec stand-in first on the PATH (Flower's
     own SuperExec behind it, here asked for --help), Flower's SuperExec poll left as
     Flower's; a bad --idle-poll refused naming it."""
+    from flwr.supercore.inflatable import inflatable_utils as objects
     from flwr.supernode import start_client_internal as loop
 
     from fedsub.flower import supernode
-
-    from flwr.supercore.inflatable import inflatable_utils as objects
 
     for name in ("time", "subprocess", "_pull_and_store_message"):
         monkeypatch.setattr(loop, name, getattr(loop, name))

@@ -62,7 +62,7 @@ def superexec() -> None:
     if not wakeable_task_polls(run_superexec):
         log(30, "fedsub: this Flower's SuperExec loop changed; it polls as Flower's does")
     sys.argv[0] = SUPEREXEC
-    sys.exit(flower_superexec())
+    flower_superexec()
 
 
 def start_launcher(folder: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None, run: Callable[[], object] | None = None)
         start_launcher(folder, dict(os.environ))
     os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
     if run is None:
-        from flwr.supernode.cli.flower_supernode import flower_supernode as run
+        from flwr.supernode.cli.flower_supernode import flower_supernode
+
+        run = flower_supernode
     sys.argv = ["flower-supernode", *rest]
     run()
 
