@@ -7,11 +7,15 @@ Per round, from ``flower-result.json``: the round's wall time at the ServerApp
 the round's messages: training, and at ``full`` the secure sum's stages), and what is left
 (``overhead``: Flower's polling, the ``flwr-clientapp`` process each message starts, its
 imports and data load, the wire); plus the time from ``flwr run`` to round 1 (the ServerApp's
-start and the registration wave). ``--warm`` starts each SuperNode with fedsub's warm
-ClientApp launcher (``fedsub.flower.warm_clientapp``: ClientApp processes forked from one
-that has flwr, torch and fedsub imported) instead of a fresh ``flwr-clientapp`` per message.
+start and the registration wave). ``--node`` says how each SuperNode starts: ``fedsub``
+(default: ``python -m fedsub.flower.supernode``, the docs' deployment path: fast pulls during a
+run, a woken SuperExec, warm ClientApps), ``flower-warm`` (Flower's ``flower-supernode`` with
+fedsub's warm ClientApp launcher on its PATH) or ``flower`` (``flower-supernode`` alone: a
+fresh ``flwr-clientapp`` per message); Flower's SuperExecs poll every 0.25 s in both
+``flower`` modes (the earlier recommendation).
 
-    python benchmarks/flower_rounds.py [--nodes 3] [--rounds 3] [--level none|full] [--warm]
+    python benchmarks/flower_rounds.py [--nodes 3] [--rounds 3] [--level none|full]
+        [--node fedsub|flower|flower-warm]
 """
 
 from __future__ import annotations
