@@ -7,11 +7,15 @@ Per round, from ``flower-result.json``: the round's wall time at the ServerApp
 the round's messages: training, and at ``full`` the secure sum's stages), and what is left
 (``overhead``: Flower's polling, the ``flwr-clientapp`` process each message starts, its
 imports and data load, the wire); plus the time from ``flwr run`` to round 1 (the ServerApp's
-start and the registration wave). ``--warm`` starts each SuperNode with fedsub's warm
-ClientApp launcher (``fedsub.flower.warm_clientapp``: ClientApp processes forked from one
-that has flwr, torch and fedsub imported) instead of a fresh ``flwr-clientapp`` per message.
+start and the registration wave). ``--node`` says how each SuperNode starts: ``fedsub``
+(default: ``python -m fedsub.flower.supernode``, the docs' deployment path: fast pulls during a
+run, a woken SuperExec, warm ClientApps), ``flower-warm`` (Flower's ``flower-supernode`` with
+fedsub's warm ClientApp launcher on its PATH) or ``flower`` (``flower-supernode`` alone: a
+fresh ``flwr-clientapp`` per message); Flower's SuperExecs poll every 0.25 s in both
+``flower`` modes (the earlier recommendation).
 
-    python benchmarks/flower_rounds.py [--nodes 3] [--rounds 3] [--level none|full] [--warm]
+    python benchmarks/flower_rounds.py [--nodes 3] [--rounds 3] [--level none|full]
+        [--node fedsub|flower|flower-warm]
 """
 
 from __future__ import annotations
@@ -99,8 +103,11 @@ def run_log(env: dict[str, str], run_id: int) -> str:
     return flwr(env, "log", str(run_id), "bench", "--show")
 
 
+NODES = ("fedsub", "flower", "flower-warm")  # how each SuperNode is started (the docstring)
+
+
 def measure(
-    nodes: int, rounds: int, level: str, warm: bool, folder: Path, more: tuple[str, ...] = ()
+    nodes: int, rounds: int, level: str, node: str, folder: Path, more: tuple[str, ...] = ()
 ) -> dict:
     link, *node_ports = free_ports(nodes + 1)
     env = environment(folder, link)
@@ -113,7 +120,7 @@ def measure(
                 list(args),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**env, **(extra or {})},
+                env={k: v for k, v in {**env, **(extra or {})}.items() if v is not None},
                 cwd=folder,
                 start_new_session=True,
             )
@@ -129,9 +136,11 @@ def measure(
             f"--database={folder / 'state.db'}",
         )
         for i, port in enumerate(node_ports):
-            command = [str(BIN / "flower-supernode")]
-            extra = None
-            if warm:  # fedsub's launcher in front of flwr-clientapp (its docstring)
+            command, extra = [str(BIN / "flower-supernode")], None
+            if node == "fedsub":  # fedsub's SuperNode: short polls, warm ClientApps
+                command = [sys.executable, "-m", "fedsub.flower.supernode", "--"]
+                extra = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": None}  # woken, not polled
+            if node == "flower-warm":  # the launcher before flwr-clientapp (its docstring)
                 shim = folder / f"warm{i}"
                 start(
                     f"warm{i}",
@@ -207,7 +216,7 @@ def measure(
         "nodes": nodes,
         "rounds": rounds,
         "level": level,
-        "warm": warm,
+        "node": node,
         "seconds_to_round_1": round(first_sent, 2),
         "run_seconds": round(total, 2),
         "round_seconds_median": statistics.median(r["round_seconds"] for r in per_round),
@@ -221,14 +230,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--level", default="none", choices=["none", "heat", "download", "full"])
-    parser.add_argument("--warm", action="store_true")
+    parser.add_argument("--node", default="fedsub", choices=NODES, help="how nodes start")
     parser.add_argument("--set", action="append", default=[], help="a further config override")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fedsub-flower-rounds-") as folder:
         print(
             json.dumps(
                 measure(
-                    args.nodes, args.rounds, args.level, args.warm, Path(folder), tuple(args.set)
+                    args.nodes, args.rounds, args.level, args.node, Path(folder), tuple(args.set)
                 ),
                 indent=1,
             )

@@ -13,6 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# fedsub's SuperNode (fedsub.flower.supernode: Flower's, with short polls and warm ClientApps),
+# as ``Processes.start`` runs it from the environment's bin folder; flower-supernode's
+# arguments follow
+FEDSUB_SUPERNODE = ("python", "-m", "fedsub.flower.supernode", "--")
+
 
 def free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]

@@ -30,7 +30,15 @@ from fedsub.runs.run_setup import load_data, model_of, schedule_of
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
-from .processes import Processes, descendants, flower_env, free_ports, port_open, wait_for
+from .processes import (
+    FEDSUB_SUPERNODE,
+    Processes,
+    descendants,
+    flower_env,
+    free_ports,
+    port_open,
+    wait_for,
+)
 from .torch_modules import ANY_DATA
 
 ROOT = Path(__file__).parents[1]
@@ -149,7 +157,9 @@ def start_insecure_federation(
     node_configs: list[str] | None = None,
 ) -> list[subprocess.Popen]:
     """A plain-text SuperLink on ``link`` and one SuperNode per port (partition i of them, or
-    the ``node_configs`` given); returns the SuperNodes once the SuperLink listens."""
+    the ``node_configs`` given): fedsub's SuperNode (fedsub.flower.supernode, as the docs
+    recommend: Flower's, with short polls and warm ClientApps); returns the SuperNodes once
+    the SuperLink listens."""
     processes.start(
         "superlink",
         "flower-superlink",
@@ -161,7 +171,7 @@ def start_insecure_federation(
     nodes = [
         processes.start(
             f"supernode{i}",
-            "flower-supernode",
+            *FEDSUB_SUPERNODE,
             "--insecure",
             f"--superlink=127.0.0.1:{link}",
             f"--port={port}",
@@ -279,7 +289,7 @@ class Federation:
         (port,) = free_ports(1)
         return self.processes.start(
             name,
-            "flower-supernode",
+            *FEDSUB_SUPERNODE,
             "--insecure",
             f"--superlink=127.0.0.1:{self.link}",
             f"--port={port}",
@@ -336,6 +346,10 @@ def test_a_real_run_builds_a_users_module_from_its_import_path(three_nodes, tmp_
     for name, value in expected.state_dict().items():
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
     assert any(not torch.equal(flower[k], v) for k, v in initial.state_dict().items())  # trained
+    for log in sorted(three_nodes.folder.glob("supernode*.log")):  # fedsub's SuperNodes
+        text = log.read_text(errors="replace")
+        forked = text.count("fedsub warm ClientApp launcher: ClientApp process")
+        assert forked == text.count("Receiving:") > 0, log.name  # every message's ClientApp
 
 
 def test_a_real_run_starts_from_the_model_file_of_fedsub_run(three_nodes, tmp_path, monkeypatch):
@@ -429,7 +443,7 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
 
 
 def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_nodes, tmp_path):
-    """Node 2 is killed in round 2 (as the round is sent: a node replies seconds later) and a
+    """Node 2 is killed in round 2 (as the round is sent: a node replies 2 s later) and a
     new SuperNode with partition 2 is started: round 2 goes on without it (its wait ends
     once the replacement has registered, at most the round timeout), and round 3, the next
     round, samples the replacement. The ServerApp's log (in the SuperLink's) names the
@@ -438,6 +452,7 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     out = tmp_path / "out"
     overrides = "data.num_users=3; train.rounds=3; train.clients_per_round=3"
     run_config = f'set="{overrides}" out-dir="{out}" round-timeout=60.0 eval-every=0'
+    run_config += " train-delay=2.0"  # each reply 2 s late: node 2 dies before it answers
 
     run_id = submit_example(three_nodes.env, run_config)
     wait_for(

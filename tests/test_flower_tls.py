@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .processes import Processes, flower_env, free_ports, port_open, wait_for
+from .processes import FEDSUB_SUPERNODE, Processes, flower_env, free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
 SCRIPT = EXAMPLE / "scripts" / "make_certificates.sh"
@@ -101,10 +101,11 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
             [str(BIN / "flwr"), *args], env=env, capture_output=True, text=True, timeout=120
         )
 
-    def supernode(i: int, port: int, *extra: str) -> subprocess.Popen:
+    def supernode(i: int, port: int, *extra: str, fedsubs: bool = True) -> subprocess.Popen:
+        """fedsub's SuperNode (Flower's own with ``fedsubs=False``) with TLS and its key."""
         return start(
             f"supernode{i}",
-            "flower-supernode",
+            *(FEDSUB_SUPERNODE if fedsubs else ("flower-supernode",)),
             f"--root-certificates={certs / 'ca.crt'}",
             f"--superlink=127.0.0.1:{link}",
             f"--port={port}",
@@ -146,7 +147,8 @@ def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistere
             assert registering_one.returncode == 0, output
         supernode(1, node_ports[0])
         supernode(2, node_ports[1])
-        stranger = supernode(3, node_ports[2], "--max-retries=1")  # its key was never registered
+        # its key was never registered (Flower's SuperNode: it never gets to start a ClientApp)
+        stranger = supernode(3, node_ports[2], "--max-retries=1", fedsubs=False)
         overrides = "data.num_users=2; train.rounds=1; train.clients_per_round=2"
         submitted = flwr(
             "run",

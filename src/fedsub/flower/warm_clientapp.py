@@ -28,6 +28,8 @@ import shutil
 import signal
 import socket
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -68,10 +70,20 @@ def _entry(spec: str) -> Callable[[], object]:
     return getattr(importlib.import_module(module), name)
 
 
-def serve(folder: Path, entry: str = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp") -> None:
+def serve(
+    folder: Path,
+    entry: str = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp",
+    parent: int | None = None,
+) -> None:
     """Import what a ClientApp needs, then fork a child running ``entry`` (Flower's
-    ``flwr-clientapp``) with each set of arguments the stand-in sends."""
+    ``flwr-clientapp``) with each set of arguments the stand-in sends; ``parent``: exit
+    when that process does (fedsub.flower.supernode starts the launcher so)."""
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent, folder), daemon=True).start()
     run = _entry(entry)
+    from fedsub.flower.polls import quick_object_pulls
+
+    quick_object_pulls()  # a child pulls its message's objects as its SuperNode stores them
     import torch  # noqa: F401  (the point: imported once, in every child already)
 
     import fedsub.flower.client_app  # noqa: F401  (fedsub's ClientApp and its imports)
@@ -94,11 +106,27 @@ def serve(folder: Path, entry: str = "flwr.supernode.cli.flwr_clientapp:flwr_cli
             arguments = _read_arguments(connection)
             if arguments is None:
                 continue
-            if os.fork() == 0:  # the child: Flower's flwr-clientapp, already warm
+            child = os.fork()
+            if child == 0:  # the child: Flower's flwr-clientapp, already warm
                 listener.close()
                 connection.close()
                 os._exit(_child(run, arguments))
+            print(f"fedsub warm ClientApp launcher: ClientApp process {child}", flush=True)
             connection.sendall(b"started")
+
+
+def _exit_with(parent: int, folder: Path) -> None:
+    """Exit (the stand-in then falls back to Flower's flwr-clientapp) once ``parent`` is
+    gone."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            (folder / SOCKET).unlink(missing_ok=True)
+            os._exit(0)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def _read_arguments(connection: socket.socket) -> list[str] | None:
@@ -143,8 +171,9 @@ def main(argv: list[str] | None = None) -> None:
         default="flwr.supernode.cli.flwr_clientapp:flwr_clientapp",
         help="what each child runs (module:function); Flower's flwr-clientapp",
     )
+    serving.add_argument("--parent-pid", type=int, help="exit when this process does")
     args = parser.parse_args(argv)
-    serve(args.folder.expanduser().absolute(), args.entry)
+    serve(args.folder.expanduser().absolute(), args.entry, args.parent_pid)
 
 
 if __name__ == "__main__":
