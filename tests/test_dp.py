@@ -24,7 +24,9 @@ from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism
 from fedsub.dp.settings import Accounting, AdaptiveClip, DpSettings, RowSelection
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.errors import ConfigError
 from fedsub.flower.runtime import FLOWER
 from fedsub.runs import experiment

@@ -23,7 +23,8 @@ import fedsub
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine import loop
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.flower.settings import FlowerSettings, Output, Replies
 from fedsub.models.registry import build_model
 from fedsub.runs.run_setup import load_data, model_of, schedule_of

@@ -29,7 +29,7 @@ def in_process_model(overrides: tuple[str, ...], name: str) -> dict[str, torch.T
 
     from fedsub import config as config_lib
     from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-    from fedsub.engine.loop import train
+    from fedsub.engine.in_process import train
     from fedsub.models.registry import build_model
     from fedsub.runs.run_setup import dp_of, load_data, schedule_of
     from fedsub.submodel.index import SubmodelIndex

@@ -45,8 +45,7 @@ from fedsub.dp import clipping, selection
 from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings
 from fedsub.numerics import seeding, segment_sum
-from fedsub.submodel.params import Params
-from fedsub.submodel.transfer import CohortUpdate
+from fedsub.submodel.transfer import CohortUpdate, empty_update  # noqa: F401 (re-exported)
 
 
 def round_generator(seed: seeding.Seed, round_index: int) -> torch.Generator:
@@ -61,21 +60,6 @@ def round_generator(seed: seeding.Seed, round_index: int) -> torch.Generator:
 def gaussian(shape: tuple[int, ...], std: float, generator: torch.Generator) -> torch.Tensor:
     """N(0, std^2) entries, float64 on the host."""
     return std * torch.randn(shape, dtype=torch.float64, generator=generator)
-
-
-def empty_update(params: Params) -> CohortUpdate:
-    """A cohort of nobody (an empty Poisson draw): the round still adds its noise."""
-    device = next(iter([*params.tables.values(), *params.dense.values()])).device
-    none = torch.zeros(0, dtype=torch.int64, device=device)
-    return CohortUpdate(
-        clients=none,
-        weights=torch.zeros(0, dtype=torch.float64, device=device),
-        multiplicity=none,
-        rows={t: none for t in params.tables},
-        row_owner={t: none for t in params.tables},
-        table_deltas={t: v.new_zeros((0, v.shape[1])) for t, v in params.tables.items()},
-        dense_deltas={n: v.new_zeros((0, *v.shape)) for n, v in params.dense.items()},
-    )
 
 
 @dataclass
