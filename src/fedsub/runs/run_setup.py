@@ -39,7 +39,7 @@ from fedsub.engine.schedule import ClientStep, LrSchedule, Sampling, Schedule
 from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
-from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
+from fedsub.masking.schemes import AverageOver, Masking
 from fedsub.models.base import Model
 from fedsub.models.registry import build_checked_model
 from fedsub.models.torch_module import TorchModuleModel, check_runs_in
@@ -176,7 +176,7 @@ def _schedule_without_dp(config: Config) -> Schedule:
         execution=execution_of(config),
         eval_every=config.eval.every,
         masking=Masking(
-            cast(MaskingScheme, m.scheme),
+            m.scheme,
             Capacities(
                 tuple(m.capacities),
                 tuple(m.capacity_proportions),
