@@ -103,7 +103,8 @@ class DpMechanism:
         if self.streams is None:
             self.streams = DpStreams(self.settings.randomness, self.settings.seed)
         self.clip = self.clip or self.settings.clip
-        mean = self.settings.weight_mean if self.settings.weight_cap > 0 else 1.0
+        weights = self.settings.weights
+        mean = weights.mean if weights.cap > 0 else 1.0
         self.denominator = self.settings.accounting.clients_per_round * mean
 
     def current_clip(self, round_index: int) -> float:
@@ -146,7 +147,7 @@ class DpMechanism:
             self.adapt(squared.sqrt(), clip, round_index, generator)
         factors = clipping.clip_factors(squared, clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
-        weights = clipping.capped_weights(update.weights, s.weight_cap).to(factors.device)
+        weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
         clipped = clipping.scaled(update, factors * weights)
         contribution = selection.contributions(update, s.selection.bound)
         tables = {

@@ -220,15 +220,15 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
             rows.selection_share, rows.selection_threshold, rows.selection_bound
         ),
         adaptive=adaptive if a.adaptive_clip else None,
-        weight_cap=d.weights.weight_cap,
-        weight_mean=d.weights.weight_mean,
+        weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
         seed=t.seed,
         distributed=distributed,
         min_survivors=d.min_survivors,
         randomness=cast(dp_settings.Randomness, d.trust.randomness),
+        mechanism=d.mechanism,
     )
     for reason in dp_settings.refusals(settings):
-        raise ConfigError(f"[dp] mechanism = 'gaussian' cannot train here: {reason}")
+        raise ConfigError(f"[dp] mechanism = {d.mechanism!r} cannot train here: {reason}")
     return settings
 
 

@@ -1,13 +1,14 @@
 """Differential privacy ([dp]) as a feature of the round.
 
 Its pieces (engine/contribution.py): the run's random streams (dp/randomness.py: a secret, or
-train.seed in seeded mode) key the cohort's draw; the central mechanism (dp/mechanism.py)
-overrides the round's combine, and a round with no member left still adds its noise; the
-ledger (dp/ledger.py) composes each round, stops the run before a round the budget cannot pay
-for, and adds the epsilon spent so far to each evaluation; the ledger, adaptive clipping's C
-and the secret are checkpoint stages. At ``privacy.level = "full"`` the clients add the noise
-(distributed DP, engine/private_rounds.py reads the streams from this feature's ``DpRound``),
-and there is no central mechanism.
+train.seed in seeded mode) key the cohort's draw; the central mechanism (``dp.mechanism``, from
+dp/mechanisms.py's registry: the Gaussian one is dp/mechanism.py) overrides the round's
+combine, and a round with no member left still adds its noise; the ledger (dp/ledger.py)
+composes each round, stops the run before a round the budget cannot pay for, and adds the
+epsilon spent so far to each evaluation; the ledger, the mechanism's own stages (adaptive
+clipping's C) and the secret are checkpoint stages. At ``privacy.level = "full"`` the clients
+add the noise (distributed DP: engine/features/private.py gives the private rounds the streams
+of this feature's ``DpRound``), and there is no central mechanism.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 from dataclasses import dataclass
 
 from fedsub.dp.ledger import Ledger
-from fedsub.dp.mechanism import DpMechanism
+from fedsub.dp.mechanisms import MECHANISMS, CentralMechanism, MechanismInputs, MechanismSpec
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams, streams_of
 from fedsub.engine.contribution import (
@@ -42,7 +43,8 @@ class DpRound:
 
     ledger: Ledger
     streams: DpStreams
-    mechanism: DpMechanism | None
+    mechanism: CentralMechanism | None
+    spec: MechanismSpec | None = None
 
     def stop_before(self, round_index: int) -> bool:
         """Whether round ``round_index``'s mechanism would spend more than the budget (then
@@ -64,8 +66,8 @@ class DpRound:
 
     def stages(self) -> dict[str, Stateful]:
         stages: dict[str, Stateful] = {"dp_ledger": self.ledger}
-        if self.mechanism is not None and self.mechanism.settings.adaptive is not None:
-            stages["dp_clip"] = self.mechanism  # adaptive clipping's C
+        if self.mechanism is not None and self.spec is not None:
+            stages.update(self.spec.stages(self.mechanism))  # e.g. adaptive clipping's C
         if self.streams.guaranteed:
             stages[DP_SECRET] = self.streams  # the secret: only checkpoints keep it
         return stages
@@ -85,14 +87,16 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     streams = dp_streams(schedule)
     if schedule.dp is None or streams is None or params is None:
         return None
-    mechanism = None
+    mechanism, spec = None, None
     distributed = schedule.privacy is not None and schedule.privacy.secure_aggregation
-    if not distributed:  # the central Gaussian mechanism
+    if not distributed:  # the central mechanism (dp.mechanism, dp/mechanisms.py)
+        spec = MECHANISMS.get_or_refuse(schedule.dp.mechanism)
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = setup.algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
         keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
-        mechanism = DpMechanism(schedule.dp, table_rows, setup.counts, heat, keep, streams=streams)
-    dp = DpRound(Ledger(schedule.dp), streams, mechanism)
+        inputs = MechanismInputs(schedule.dp, table_rows, setup.counts, heat, keep, streams)
+        mechanism = spec.build(inputs)
+    dp = DpRound(Ledger(schedule.dp), streams, mechanism, spec)
     return RoundContribution(
         NAME,
         combining=Combining(
