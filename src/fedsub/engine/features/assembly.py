@@ -38,6 +38,7 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.initial import initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import ServerRound
+from fedsub.errors import ConfigError
 from fedsub.models.base import Model
 from fedsub.sharding.model_file import WrittenModel
 from fedsub.stateful import Stateful
@@ -53,6 +54,20 @@ FEATURES: tuple[Feature, ...] = (
     row_sharding.FEATURE,
 )
 """Every feature of the round, in the one order they are asked and composed in."""
+
+EXCLUSIVE: dict[tuple[str, str], str] = {
+    (masking.NAME, private.NAME): "the private rounds aggregate whole rows, not width slices",
+    (private.NAME, host_tables.NAME): "the private round aggregates on the device",
+    (dp.NAME, host_tables.NAME): "the mechanism adds noise on the device",
+    (masking.NAME, dp.NAME): "the mechanism clips whole updates, not width slices",
+    (masking.NAME, row_sharding.NAME): "row sharding splits the cohort its own way",
+    (private.NAME, row_sharding.NAME): "row sharding routes whole row updates to their owners",
+    (dp.NAME, row_sharding.NAME): "the mechanism needs every row in one process",
+    (host_tables.NAME, row_sharding.NAME): "row sharding keeps its rows on the device",
+    (torchrun_split.NAME, row_sharding.NAME): "row sharding splits the cohort its own way",
+}
+"""Pairs of features the assembler never composes (the later one's stage would not see what
+the earlier one's assumes); config.py refuses each pair (tests/test_contribution.py)."""
 
 SERVER_FEATURES: tuple[Feature, ...] = (dp.FEATURE,)
 """The features of a runtime that runs its own client work and aggregation (Flower)."""
@@ -78,13 +93,13 @@ class Assembled:
 
 
 def placed(
-    setup: RoundSetup, start: WrittenModel | None, features: Sequence[Feature] = FEATURES
+    setup: RoundSetup, start: WrittenModel | None, features: Sequence[Feature] | None = None
 ) -> tuple[Params, dict[str, object]]:
     """Round 0's model where the run keeps it (the first feature that places it, else whole on
     the device) and the placing feature's handle by name: the seeded draw, its values replaced
     by the model file ``start``'s (copied in place: each tensor stays where it is kept)."""
     params, handles = None, {}
-    for feature in features:
+    for feature in FEATURES if features is None else features:
         where = None if feature.place is None else feature.place(setup)
         if where is not None:
             params, handles = where.params, {feature.name: where.handle}
@@ -98,16 +113,26 @@ def placed(
 
 
 def contributions(
-    setup: RoundSetup, features: Sequence[Feature] = FEATURES
+    setup: RoundSetup, features: Sequence[Feature] | None = None
 ) -> tuple[RoundContribution, ...]:
-    """Each feature's contribution in order, each seeing the handles of those before it."""
+    """Each feature's contribution in order (default ``FEATURES``), each seeing the handles of
+    those before it; a combination ``EXCLUSIVE`` names is refused."""
     earlier, given = dict(setup.earlier), []
-    for feature in features:
+    for feature in FEATURES if features is None else features:
         contribution = feature.contribute(dataclasses.replace(setup, earlier=dict(earlier)))
         if contribution is not None:
             given.append(contribution)
             earlier[contribution.name] = contribution.handle
+    check_combination([c.name for c in given])
     return tuple(given)
+
+
+def check_combination(names: Sequence[str]) -> None:
+    """Refuse two features ``EXCLUSIVE`` names together (config.py refuses them first, with
+    the keys to change; this says which assumption of the order broke if it ever did not)."""
+    for (first, second), why in EXCLUSIVE.items():
+        if first in names and second in names:
+            raise ConfigError(f"features {first!r} and {second!r} cannot run together: {why}")
 
 
 def folded(given: Sequence[RoundContribution], assembly: Assembly) -> RoundFeatures:
