@@ -23,7 +23,7 @@ from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.contribution import Evaluate
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.features.assembly import Assembly, assemble
-from fedsub.engine.initial import init_generator, initial_params  # noqa: F401 (their home)
+from fedsub.engine.initial import ModelStart
 from fedsub.engine.loop import Evaluation, RunControl, drive
 from fedsub.engine.round_runtime import RoundFailed
 from fedsub.engine.schedule import Schedule
@@ -31,7 +31,6 @@ from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.models.base import Model
 from fedsub.numerics import segment_sum
 from fedsub.numerics.float32 import ieee_float32
-from fedsub.sharding.model_file import WrittenModel
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -70,7 +69,7 @@ def run_rounds(
     on_evaluation: Callable[[Evaluation], None] | None = None,
     on_round: Callable[[int], None] | None = None,
     control: RunControl | None = None,
-    start: WrittenModel | None = None,
+    start: ModelStart | None = None,
 ) -> Params:
     """Run ``schedule.rounds`` rounds of ``algorithm`` in process; evaluate at round 0, every
     ``eval_every`` rounds and at the last round. Returns the final global model.

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from fedsub.engine.schedule import Schedule
 from fedsub.models.base import Model
 from fedsub.numerics import seeding
 from fedsub.submodel.params import Params
+
+
+class ModelStart(Protocol):
+    """A model file a run starts from (``sharding/model_file.WrittenModel``): it copies its
+    values into round 0's model as drawn, in place."""
+
+    def read_into(self, params: Params) -> Params: ...
 
 
 def init_generator(seed: int) -> torch.Generator:

@@ -35,12 +35,11 @@ from fedsub.engine.contribution import (
 )
 from fedsub.engine.features import dp, host_tables, masking, private, row_sharding, torchrun_split
 from fedsub.engine.guards import Rejection
-from fedsub.engine.initial import initial_params
+from fedsub.engine.initial import ModelStart, initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import ConfigError
 from fedsub.models.base import Model
-from fedsub.sharding.model_file import WrittenModel
 from fedsub.stateful import Stateful
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -93,7 +92,7 @@ class Assembled:
 
 
 def placed(
-    setup: RoundSetup, start: WrittenModel | None, features: Sequence[Feature] | None = None
+    setup: RoundSetup, start: ModelStart | None, features: Sequence[Feature] | None = None
 ) -> tuple[Params, dict[str, object]]:
     """Round 0's model where the run keeps it (the first feature that places it, else whole on
     the device) and the placing feature's handle by name: the seeded draw, its values replaced
@@ -212,7 +211,7 @@ def assemble(
     index: SubmodelIndex,
     schedule: Schedule,
     assembly: Assembly,
-    start: WrittenModel | None = None,
+    start: ModelStart | None = None,
 ) -> Assembled:
     """The in-process run's server round and client work, every feature in ``FEATURES``'s
     order."""

@@ -94,6 +94,7 @@ class ShardSaver:
     sharded: ShardedTables
 
     def writes(self, due: bool) -> bool:
+        """Process 0's answer, for every process: it holds the folder."""
         return bool(distributed.all_gather(due, "agreeing where checkpoints go")[0])
 
     def save(self, folder: Path | None, checkpoint: checkpoint_lib.Checkpoint) -> Path:
