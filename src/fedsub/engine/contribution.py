@@ -8,28 +8,23 @@ of the pieces it needs, or None when the run does not use it. One assembler
 (``engine/features/assembly.py``) asks the adapters in one explicit order (``FEATURES``) and
 folds their contributions into what the loop runs:
 
-=========================  ===================================================================
-piece                      how the assembler combines the contributions (``FEATURES`` order)
-=========================  ===================================================================
-``client_stage``           wraps the backend's cohort work, innermost first (``composed``)
-``combining.aggregation``  adjusts the algorithm's aggregation before the combine is built
-``combining.combine``      builds the round's combine from it: the last one given wins
-``combining.received``     applied to the combined server update, in order (host rows)
-``combining.override``     the round's combine replaced, given the round (a DP mechanism)
-``combining.combines_      whether a round with no member left still combines (its noise
-empty``                    is added all the same)
-``hooks.before_finish``    called at the start of each server step (a privacy ledger's round)
-``hooks.stop_before``      asked before each round: True stops the run there (a budget)
-``hooks.after_round``      told each finished round (traffic logs)
-``hooks.metrics``          added to each evaluation (epsilon so far)
-``stages``                 named checkpoint state (``Stateful``), saved and restored by name
-``sampling_key``           the key the cohort is drawn with (default ``train.seed``)
-``agreement``              how processes agree on a round's checks (row-sharded tables)
-``saver``                  how a checkpoint is written (one shard per process)
-``evaluator``              how the central evaluator evaluates (on the host, by shares)
-``checks``                 checks of the built server round (a row-local server optimizer)
-``handle``                 the feature's own object, for whoever must read it (``handle_of``)
-=========================  ===================================================================
+- ``client_stage``: wraps the backend's cohort work, innermost first (``composed``);
+- ``combining``: how the round's update becomes the server's: ``aggregation`` adjusts the
+  algorithm's aggregation, ``combine`` builds the round's combine from it (the last one given
+  wins), ``received`` is applied to the combined update in order (host rows), ``override``
+  replaces the combine given the round (a DP mechanism), ``combines_empty``: a round with no
+  member left still combines (its noise is added all the same);
+- ``hooks``: ``before_finish`` at the start of each server step (a privacy ledger's round),
+  ``stop_before`` before each round (True stops the run there: a spent budget),
+  ``after_round`` after each round (traffic logs), ``metrics`` added to each evaluation
+  (epsilon so far);
+- ``stages``: named checkpoint state (``Stateful``), saved and restored by name;
+- ``sampling_key``: the key the cohort is drawn with (default ``train.seed``);
+- ``agreement`` and ``saver``: how processes agree on a round's checks and write one
+  checkpoint (row-sharded tables);
+- ``evaluator``: how the central evaluator evaluates (on the host, by shares);
+- ``checks``: checks of the built server optimizer (row-local steps);
+- ``handle``: the feature's own object, for whoever must read it (``handle_of``).
 
 Before them, an adapter may *place* round 0's model (``Feature.place``: the tables kept on the
 host, or each process's rows): the first adapter in order that places it wins, and its handle
@@ -37,7 +32,10 @@ is seen by the adapters after it (``RoundSetup.earlier``).
 
 A new feature writes its adapter (a ``Feature``: a name, ``contribute`` and maybe ``place``),
 adds it to ``FEATURES`` at its place, and nothing else: docs/develop/extending.md, "A feature
-of the round".
+of the round". What is not a feature: a new central DP mechanism is an entry of
+dp/mechanisms.py's registry ([dp]'s adapter builds whichever ``dp.mechanism`` names); a new
+place where the client work runs (Flower, a simulated clock) is a ``RoundRuntime``
+(engine/round_runtime.py), which may also add hooks of its own through a feature.
 """
 
 from __future__ import annotations
