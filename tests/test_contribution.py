@@ -153,7 +153,7 @@ def test_the_folding_rules():
         )
     )
     override = features.override()
-    assert override is not None and override(None, 1) is second  # the last given wins
+    assert override is not None and override(None, 1) is first  # the first given wins
     assert features.sampling_key(7) == 42 and RoundFeatures().sampling_key(7) == 7
     assert not features.combines_empty() and [features.stop_before(r) for r in (3, 4)] == [
         False,

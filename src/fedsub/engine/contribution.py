@@ -12,7 +12,8 @@ folds their contributions into what the loop runs:
 - ``combining``: how the round's update becomes the server's: ``aggregation`` adjusts the
   algorithm's aggregation, ``combine`` builds the round's combine from it (the last one given
   wins), ``received`` is applied to the combined update in order (host rows), ``override``
-  replaces the combine given the round (a DP mechanism), ``combines_empty``: a round with no
+  replaces all of that, given the round (the first one given wins: a central DP mechanism,
+  then the private rounds' aggregation), ``combines_empty``: a round with no
   member left still combines (its noise is added all the same);
 - ``hooks``: ``before_finish`` at the start of each server step (a privacy ledger's round),
   ``stop_before`` before each round (True stops the run there: a spent budget),
@@ -181,9 +182,9 @@ class RoundFeatures:
         return next((c for c in self.contributions if c.name == name), None)
 
     def override(self) -> Callable[[Any, int], ServerUpdate] | None:
+        """The round's combine override: the first feature's in order that gives one."""
         given = [c.combining.override for c in self.contributions]
-        given = [override for override in given if override is not None]
-        return given[-1] if given else None
+        return next((override for override in given if override is not None), None)
 
     def combines_empty(self) -> bool:
         return any(c.combining.combines_empty for c in self.contributions)

@@ -56,7 +56,6 @@ FEATURES: tuple[Feature, ...] = (
 
 EXCLUSIVE: dict[tuple[str, str], str] = {
     (masking.NAME, private.NAME): "the private rounds aggregate whole rows, not width slices",
-    (private.NAME, host_tables.NAME): "the private round aggregates on the device",
     (dp.NAME, host_tables.NAME): "the mechanism adds noise on the device",
     (masking.NAME, dp.NAME): "the mechanism clips whole updates, not width slices",
     (masking.NAME, row_sharding.NAME): "row sharding splits the cohort its own way",

@@ -41,7 +41,9 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     return RoundContribution(
         NAME,
         client_stage=private.wrap,
-        combining=Combining(combine=lambda aggregation: private.combine),
+        # the private aggregation is the round's whole combine (no other feature's received
+        # pieces apply; a central DP mechanism, earlier in FEATURES, overrides it in turn)
+        combining=Combining(override=lambda update, round_index: private.combine(update)),
         handle=private,
     )
 
