@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.din import DIN
 from fedsub.submodel.index import SubmodelIndex

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fedsub import distributed
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.submodel.index import SubmodelIndex

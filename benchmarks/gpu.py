@@ -50,7 +50,8 @@ from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.device import resolve_device
 from fedsub.engine import server_round
 from fedsub.engine.execution import Compile, CudaGraphs, Execution
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.din import DIN

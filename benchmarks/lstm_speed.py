@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.cohort_ops import single_client
 from fedsub.models.lstm import LSTMClassifier

@@ -56,7 +56,8 @@ from engine_speed import LR, ROUNDS, SEED, STEPS, B, K, flower_run
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.sparse_lr import SparseLogisticRegression

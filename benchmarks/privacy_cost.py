@@ -23,7 +23,8 @@ import torch
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
-from fedsub.engine.loop import RunControl, train
+from fedsub.engine.in_process import train
+from fedsub.engine.loop import RunControl
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.registry import build_model
@@ -73,7 +74,7 @@ def main() -> None:
         schedule = Schedule(
             args.rounds, args.clients, 10, 5, ClientStep(0.1), seed=0, privacy=privacy
         )
-        control = RunControl(on_private_rounds=stages.append)
+        control = RunControl(watch={"private_rounds": stages.append})
         started = time.perf_counter()
         train(model, algorithm, dataset, index, schedule, control=control)
         wall = (time.perf_counter() - started) / args.rounds

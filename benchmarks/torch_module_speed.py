@@ -33,7 +33,7 @@ from two_tower import TwoTower, clicks
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.base import Model
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression

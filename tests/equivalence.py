@@ -10,7 +10,8 @@ import torch
 
 from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algorithm
 from fedsub.engine.backends import REFERENCE, backend_names
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.submodel.params import Params
 

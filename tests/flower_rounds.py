@@ -61,7 +61,7 @@ def private_runtime(settings, grid) -> Stepped:
     """The ServerApp's runtime for ``settings`` (a fedsub config's dataset partitioned over
     its nodes, every one of them registered before round 1; [dp] resolved for them, as
     flower/run_model.py resolves it) over ``grid``."""
-    from fedsub.engine.loop import initial_params
+    from fedsub.engine.initial import initial_params
     from fedsub.flower.run_model import federation
     from fedsub.runs.run_setup import dp_of, heat_privacy_of
 

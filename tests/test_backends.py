@@ -25,7 +25,7 @@ from fedsub.engine import backends, sequential
 from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backend
 from fedsub.engine.cohort_job import CohortJob, composed
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models import sparse_lr_closed_form as closed_form

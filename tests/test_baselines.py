@@ -11,7 +11,7 @@ from fedsub.client.work import CohortWork, round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import central_setup, train
+from fedsub.engine.in_process import central_setup, train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.sequential import client_round
 from fedsub.engine.shuffle import cohort_schedules

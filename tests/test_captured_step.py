@@ -27,7 +27,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine import captured_step
 from fedsub.engine.captured_step import PaddedCohort, size_class
 from fedsub.engine.execution import Compile, Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression

@@ -22,8 +22,8 @@ from fedsub.client.transforms import (
 from fedsub.client.work import round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.execution import Execution
+from fedsub.engine.in_process import train
 from fedsub.engine.local_sgd import local_sgd
-from fedsub.engine.loop import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.mlp import MLP

@@ -26,7 +26,7 @@ from fedsub.algorithms.sampling import sample_cohort
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params

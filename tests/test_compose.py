@@ -17,7 +17,7 @@ from fedsub.algorithms.registry import (
 )
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.flower.settings import FlowerSettings

@@ -20,7 +20,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine import cuda_graphs
 from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.execution import Compile, CudaGraphs, Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking

@@ -22,7 +22,7 @@ from fedsub.engine import cuda_graphs
 from fedsub.engine.captured_step import PaddedCohort
 from fedsub.engine.cohort_batches import cohort_batches
 from fedsub.engine.execution import CudaGraphs, Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.pooling import sum_pool

@@ -14,7 +14,7 @@ from fedsub.data.torch_ragged import TorchRagged
 from fedsub.device import resolve_device
 from fedsub.engine.cohort_batches import cohort_batches
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.shuffle import numpy_schedules, torch_schedules
 from fedsub.errors import ConfigError

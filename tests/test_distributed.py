@@ -23,15 +23,17 @@ from safetensors.torch import load_file
 
 from fedsub.cli import commands as cli
 from fedsub.distributed import Processes, from_environment, process_device
-from fedsub.engine import loop, split_cohort
+from fedsub.engine import split_cohort
 from fedsub.engine.cohort_job import CohortJob
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.features import torchrun_split
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
 from fedsub.models.base import ClosedFormGradients
+from fedsub.submodel.index import SubmodelIndex
 
 from .equivalence import algorithm_for
 from .test_backends import DATASETS, model_for
@@ -97,8 +99,8 @@ def in_shares(world: int):
 def train_split(monkeypatch, world, *args):
     """``train`` with its rounds split across ``world`` processes (emulated in this one)."""
     with monkeypatch.context() as patch:
-        patch.setattr(loop.distributed, "joined", lambda: Processes(0, world))
-        patch.setattr(loop, "split_cohort", in_shares(world))
+        patch.setattr(torchrun_split.distributed, "joined", lambda: Processes(0, world))
+        patch.setattr(torchrun_split, "split_cohort", in_shares(world))
         return train(*args)
 
 
@@ -123,7 +125,7 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 @pytest.mark.parametrize("data", ["synthetic", "two-tables-dense"])
 def test_split_rounds_give_the_one_process_model(monkeypatch, backend, dtype, algorithm, data):
     dataset = DATASETS[data]()
-    index = loop.SubmodelIndex.build(dataset)
+    index = SubmodelIndex.build(dataset)
     model = model_for(dataset)
     schedule = Schedule(
         2,
@@ -144,7 +146,7 @@ def test_split_rounds_give_the_one_process_model(monkeypatch, backend, dtype, al
 
 def test_a_cohort_smaller_than_the_processes_leaves_some_idle_and_the_same_model(monkeypatch):
     dataset = DATASETS["synthetic"]()
-    index = loop.SubmodelIndex.build(dataset)
+    index = SubmodelIndex.build(dataset)
     schedule = Schedule(
         2,
         2,

@@ -12,7 +12,8 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.cli import main
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.loop import Diverged, RunControl, train
+from fedsub.engine.in_process import train
+from fedsub.engine.loop import Diverged, RunControl
 from fedsub.models.mlp import MLP
 from fedsub.submodel.index import SubmodelIndex
 from tests.test_masking import _schedule, dense_dataset

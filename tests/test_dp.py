@@ -22,9 +22,11 @@ from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism
-from fedsub.dp.settings import Accounting, AdaptiveClip, DpSettings, RowSelection
+from fedsub.dp.settings import Accounting, AdaptiveClip, DpSettings, DpWeights, RowSelection
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.errors import ConfigError
 from fedsub.flower.runtime import FLOWER
 from fedsub.runs import experiment
@@ -233,8 +235,7 @@ def test_capped_weights_and_the_fixed_denominator(weight_mean):
     s = settings(
         rows="all",
         noise_multiplier=1e-12,
-        weight_cap=10.0,
-        weight_mean=weight_mean,
+        weights=DpWeights(cap=10.0, mean=weight_mean),
         clip=100.0,
         clients_per_round=2,
     )

@@ -25,7 +25,9 @@ from fedsub.dp import randomness
 from fedsub.dp.mechanism import DpMechanism, gaussian, round_generator
 from fedsub.dp.randomness import NOT_A_GUARANTEE, DpStreams
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.server_round import ServerRound
 from fedsub.numerics.seeding import Secret
 from fedsub.runs import experiment
@@ -282,13 +284,14 @@ import torch
 from fedsub import distributed
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
-from fedsub.engine import loop
+from fedsub.engine import in_process
+from fedsub.engine.features import dp as dp_feature
 from fedsub.runs.run_setup import prepare
 
 processes = distributed.join(torch.device("cpu"))
 setup = prepare(Config.from_toml(None, json.loads(sys.argv[2])))
 algorithm = build_algorithm("fedavg", setup.context)
-secrets, original = [], loop.streams_of
+secrets, original = [], dp_feature.streams_of
 
 def recording(mode, seed):
     streams = original(mode, seed)
@@ -296,11 +299,11 @@ def recording(mode, seed):
     return streams
 
 def digest():
-    params = loop.train(setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
+    params = in_process.train(setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
     state = sorted(params.state_dict().items())
     return hashlib.sha256(b"".join(v.numpy().tobytes() for _, v in state)).hexdigest()
 
-loop.streams_of = recording
+dp_feature.streams_of = recording
 shared = digest()
 distributed.from_first = lambda value, what: value  # planted: each process its own secret
 own = digest()
@@ -392,18 +395,21 @@ def test_the_server_round_shares_one_secret_with_the_mechanism_it_builds(
     """build_server_round: the cohort's key is the mechanism's (one secret, checkpointed once);
     the central mechanism reads the rule's heat and the download's p, and at "full" there is
     none (the clients add the noise)."""
-    from fedsub.engine.loop import build_server_round
+    from fedsub.engine.features.assembly import Assembly, build_server_round
+    from fedsub.engine.features.dp import dp_round_of
 
     setup = prepare(config(f"train.algorithms=['{name}']", *extra))
     algorithm = build_algorithm(name, setup.context)
     params = initial_params(setup.model, setup.schedule)
     rounds = build_server_round(
-        algorithm, setup.dataset, setup.index, setup.schedule, params, lambda u: u, RunControl()
+        algorithm, setup.dataset, setup.index, setup.schedule, params, lambda u: u, Assembly()
     )
-    assert rounds.ledger is not None and rounds.streams is not None and rounds.streams.guaranteed
-    assert rounds.stages()["dp_secret"] is rounds.streams
+    dp = dp_round_of(rounds.features)
+    assert dp is not None and dp.streams.guaranteed
+    assert rounds.features.sampling_key(setup.schedule.seed) is dp.streams.key
+    assert rounds.stages()["dp_secret"] is dp.streams
     if central:
-        assert rounds.dp is not None and rounds.dp.streams is rounds.streams
-        assert rounds.dp.heat is heat and rounds.dp.keep == keep
+        assert dp.mechanism is not None and dp.mechanism.streams is dp.streams
+        assert dp.mechanism.heat is heat and dp.mechanism.keep == keep
     else:
-        assert rounds.dp is None
+        assert dp.mechanism is None

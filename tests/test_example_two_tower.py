@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.torch_module import wrap
 from fedsub.submodel.index import SubmodelIndex

@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 from fedsub.data.feature_spec import dataset_of_nodes
 from fedsub.engine.binned_auc import binned_auc, score_histograms
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.loop import initial_params
+from fedsub.engine.initial import initial_params
 from fedsub.errors import ConfigError, DataError
 from fedsub.flower.federated_eval import FederatedEvaluation, node_report
 from fedsub.flower.node_data import node_config_items, node_data

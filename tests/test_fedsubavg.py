@@ -18,7 +18,7 @@ from fedsub.client.work import CohortWork, round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.sequential import client_round
 from fedsub.models.sparse_lr import SparseLogisticRegression

@@ -22,8 +22,9 @@ from safetensors.torch import load_file
 import fedsub
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-from fedsub.engine import loop
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.features import assembly
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.flower.settings import FlowerSettings, Output, Replies
 from fedsub.models.registry import build_model
 from fedsub.runs.run_setup import load_data, model_of, schedule_of
@@ -371,7 +372,7 @@ def test_a_real_run_starts_from_the_model_file_of_fedsub_run(three_nodes, tmp_pa
     )
     tensors = load_file(start)
     monkeypatch.setattr(  # meanwhile, the in-process run from the file's model
-        loop,
+        assembly,
         "initial_params",
         lambda model, schedule: Params.from_state_dict({n: v.clone() for n, v in tensors.items()}),
     )

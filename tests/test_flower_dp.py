@@ -29,7 +29,7 @@ def in_process_model(overrides: tuple[str, ...], name: str) -> dict[str, torch.T
 
     from fedsub import config as config_lib
     from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-    from fedsub.engine.loop import train
+    from fedsub.engine.in_process import train
     from fedsub.models.registry import build_model
     from fedsub.runs.run_setup import dp_of, load_data, schedule_of
     from fedsub.submodel.index import SubmodelIndex
@@ -216,10 +216,14 @@ def test_the_server_decodes_the_clipped_sum_plus_noise_of_the_stated_variance(mo
     assert len(e) > 400
     assert abs(e.mean()) < 4 * np.sqrt(3 / len(e))
     assert 0.9 * 3 < e.var() < 1.1 * 3  # 3 shares of variance sigma_share^2 each
+    from fedsub.engine.features.dp import dp_round_of
+
     config = FlowerSettings(overrides=DISTRIBUTED).fedsub_config()
     settings = dp_of(config, 4)
-    assert stepped.server.ledger.rounds == 2
-    assert stepped.server.ledger.epsilon() == settings.epsilon(2) > settings.epsilon(1) > 0
+    dp = dp_round_of(stepped.server.features)
+    assert dp is not None and dp.mechanism is None  # the nodes add the noise
+    assert dp.ledger.rounds == 2
+    assert dp.ledger.epsilon() == settings.epsilon(2) > settings.epsilon(1) > 0
 
 
 def _dropping(stage: str, nodes: set[int]):

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from fedsub.engine import loop
+from fedsub.engine import initial as initial_lib
+from fedsub.engine.features import assembly
 from fedsub.errors import FedsubError
 from fedsub.flower.settings import INITIAL_MODEL, Deployment, FlowerSettings, Output, Replies
 from fedsub.submodel.params import Params
@@ -38,7 +39,7 @@ def drawn_tensors() -> dict[str, torch.Tensor]:
     from fedsub.flower.run_model import federation
 
     fed = federation(settings())
-    return loop.initial_params(fed.model, fed.schedule).state_dict()
+    return initial_lib.initial_params(fed.model, fed.schedule).state_dict()
 
 
 def test_a_run_from_a_model_file_continues_it_as_the_in_process_engine_would(tmp_path, monkeypatch):
@@ -54,7 +55,7 @@ def test_a_run_from_a_model_file_continues_it_as_the_in_process_engine_would(tmp
     def from_the_file(model, schedule) -> Params:
         return Params.from_state_dict({n: v.clone() for n, v in start.items()})
 
-    monkeypatch.setattr(loop, "initial_params", from_the_file)
+    monkeypatch.setattr(assembly, "initial_params", from_the_file)
     expected = in_process_model(OVERRIDES)
     monkeypatch.undo()
     assert set(flower) == set(expected)
@@ -129,7 +130,7 @@ def test_the_file_a_row_sharded_run_writes_is_the_start(tmp_path):
     from fedsub.sharding.rounds import shard
 
     fed = federation(settings())
-    drawn = loop.initial_params(fed.model, fed.schedule)
+    drawn = initial_lib.initial_params(fed.model, fed.schedule)
     trained = Params.from_state_dict({n: v + 0.25 for n, v in drawn.state_dict().items()})
     path = tmp_path / "model.safetensors"
     write_model(path, shard(trained, Processes(0, 1)))

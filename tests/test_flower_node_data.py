@@ -19,7 +19,7 @@ from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.feature_spec import dataset_of_nodes
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.metrics import roc_auc
 from fedsub.runs.run_setup import model_of, schedule_of
 from fedsub.submodel import heat as heat_lib

@@ -144,7 +144,7 @@ def test_held_rows_left_out_of_a_request_are_skipped_with_either_payload(payload
     """A node's model over S(k): requested rows as received; a held row not requested reads
     as zero (it is skipped: the node trains without it), whether its current value came
     (payload full) or not (submodel), and whatever it received in earlier rounds."""
-    from fedsub.engine.loop import initial_params
+    from fedsub.engine.initial import initial_params
     from fedsub.flower.node_data import node_config_items, node_data
     from fedsub.privacy.requested_rows import local_submodel
     from fedsub.submodel.params import Params

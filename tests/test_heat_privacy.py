@@ -11,7 +11,7 @@ import torch
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.privacy import randomized_response as rr

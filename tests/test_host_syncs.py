@@ -18,7 +18,9 @@ from fedsub.algorithms.aggregation import PendingUnion
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import RunControl, initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
+from fedsub.engine.loop import RunControl
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.server_round import HOST_READS_PER_ROUND
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression

@@ -20,7 +20,7 @@ import fedsub
 from fedsub import config as config_lib
 from fedsub.cli import main
 from fedsub.distributed import Processes
-from fedsub.engine import loop
+from fedsub.engine.features import assembly
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import ArgumentError, FedsubError
 from fedsub.sharding import initial
@@ -76,7 +76,7 @@ def test_a_warm_start_is_the_run_whose_round_0_model_is_the_file(
     def from_the_file(model, schedule) -> Params:
         return Params.from_state_dict({n: v.clone() for n, v in start.items()})
 
-    monkeypatch.setattr(loop, "initial_params", from_the_file)
+    monkeypatch.setattr(assembly, "initial_params", from_the_file)
     expected = fedsub.train("sparse-lr", data, every=1, **OPTIONS)
     monkeypatch.undo()
     assert without_seconds(warm.history) == without_seconds(expected.history)

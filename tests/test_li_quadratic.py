@@ -16,7 +16,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data import li_quadratic
 from fedsub.data.li_quadratic import LiQuadraticOptions
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule, lr_at
 from fedsub.models.linear_regression import LinearRegression
 from fedsub.submodel.index import SubmodelIndex

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedsub.engine.evaluate import Evaluator
-from fedsub.engine.loop import train as engine_train
+from fedsub.engine.in_process import train as engine_train
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.library import compare, train
 from fedsub.models.torch_module import wrap

@@ -14,8 +14,9 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.client.work import round_chain
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.execution import Execution
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.local_sgd import local_sgd
-from fedsub.engine.loop import initial_params, train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, aggregate_slices
 from fedsub.masking.capacity import Capacities
@@ -433,16 +434,16 @@ def test_bernoulli_clients_change_only_masked_coordinates(monkeypatch):
     """One round of 4 clients at capacity 0.05: every member's delta is zero off its mask,
     the model changes by exactly the per-entry average of the members' masked deltas (by
     hand), and entries outside every mask keep their value bit for bit."""
-    from fedsub.engine import loop
+    from fedsub.engine.features import masking as masking_feature
 
     seen = []
-    real = loop.aggregate_slices
+    real = masking_feature.aggregate_slices
 
     def recording(update, weights, like, average_over):
         seen.append((update, weights, average_over))
         return real(update, weights, like, average_over)
 
-    monkeypatch.setattr(loop, "aggregate_slices", recording)
+    monkeypatch.setattr(masking_feature, "aggregate_slices", recording)
     dataset = dense_dataset()
     model = MLP(inputs=16, classes=3, hidden=(12,))
     before = initial_params(model, _schedule("bernoulli"))
@@ -577,16 +578,16 @@ def test_each_scheme_aggregates_as_its_paper_by_default(monkeypatch, scheme, pap
     where it trained nothing, then averaged over ALL the round's clients,
     w' = sum_j a_j (m_j * w_j + (1 - m_j) * w) / sum_j a_j; HeteroFL / FedRolex: each entry
     averaged over the clients that trained it, w' = w + sum_j a_j m_j d_j / sum_j a_j m_j."""
-    from fedsub.engine import loop
+    from fedsub.engine.features import masking as masking_feature
 
     seen = []
-    real = loop.aggregate_slices
+    real = masking_feature.aggregate_slices
 
     def recording(update, weights, like, average_over):
         seen.append((update, weights))
         return real(update, weights, like, average_over)
 
-    monkeypatch.setattr(loop, "aggregate_slices", recording)
+    monkeypatch.setattr(masking_feature, "aggregate_slices", recording)
     dataset = dense_dataset()
     model = MLP(inputs=16, classes=3, hidden=(12,))
     capacities = Capacities((0.5, 0.25))

@@ -11,7 +11,8 @@ import torch
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
-from fedsub.engine.loop import initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.submodel.index import SubmodelIndex

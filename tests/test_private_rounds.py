@@ -12,7 +12,9 @@ import torch
 
 from fedsub import config as config_lib
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import RunControl, initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
+from fedsub.engine.loop import RunControl
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
@@ -55,7 +57,7 @@ def run(
         stages.append(private)
 
     built = algorithm_for(algorithm, dataset, index, CLIENTS)
-    control = dataclasses.replace(control or RunControl(), on_private_rounds=keep)
+    control = dataclasses.replace(control or RunControl(), watch={"private_rounds": keep})
     params = train(model, built, dataset, index, schedule, on_round=on_round, control=control)
     return params, (stages[0] if stages else None), model, schedule
 

@@ -14,7 +14,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.cli import main
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.registry import build_model
 from fedsub.profiling import ROUND, RoundProfile, timed

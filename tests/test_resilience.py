@@ -21,7 +21,8 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import Diverged, RunControl, train
+from fedsub.engine.in_process import train
+from fedsub.engine.loop import Diverged, RunControl
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import hash_config

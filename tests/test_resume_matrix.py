@@ -21,7 +21,8 @@ from fedsub.data.synthetic_li import SyntheticLiOptions
 from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import Interrupted, RunControl, train
+from fedsub.engine.in_process import train
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.registry import build_model, model_names
 from fedsub.submodel.index import SubmodelIndex

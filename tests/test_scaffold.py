@@ -17,7 +17,9 @@ from fedsub.algorithms.registry import AlgorithmContext, ServerLrOptions, build_
 from fedsub.algorithms.sampling import Cohort, uniform_cohort
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import RunControl, initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
+from fedsub.engine.loop import RunControl
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward

@@ -230,7 +230,8 @@ def test_scaffold_approximation_is_equation_47(lr):
 
 def first_round(name: str, dataset, options=None):
     from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
-    from fedsub.engine.loop import initial_params, train
+    from fedsub.engine.in_process import train
+    from fedsub.engine.initial import initial_params
     from fedsub.models.sparse_lr import SparseLogisticRegression
     from fedsub.submodel.index import SubmodelIndex
 

@@ -12,6 +12,7 @@ from fedsub.algorithms.aggregation import aggregate
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
+from fedsub.engine.contribution import RoundFeatures, Safety
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.submodel.index import SubmodelIndex
@@ -48,7 +49,7 @@ def server_round(params: Params, rejections: list) -> ServerRound:
         params,
         algorithm.make_server(params),
         lambda update: aggregate(update, algorithm.aggregation),
-        on_reject=rejections.append,
+        features=RoundFeatures(safety=Safety(on_reject=rejections.append)),
     )
 
 
@@ -78,7 +79,7 @@ def test_an_aggregate_that_is_not_finite_is_named_before_any_server_step():
 def test_finish_raises_diverged_naming_the_round_when_the_model_overflows(tmp_path):
     params = Params({"w": torch.full((1, 1), BIG)}, {})
     rounds = server_round(params, [])
-    rounds.last_checkpoint = tmp_path / "round-000002"
+    rounds.checkpointed(tmp_path / "round-000002")
     plan = rounds.begin(3)
     assert len(plan.cohort) == 3 and plan.work.lr.shape == (3,)
     with pytest.raises(Diverged) as error:

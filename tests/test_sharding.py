@@ -25,7 +25,7 @@ import fedsub
 from fedsub import cli
 from fedsub import config as config_lib
 from fedsub.distributed import Processes
-from fedsub.engine import evaluate, loop
+from fedsub.engine import evaluate, in_process
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
 from fedsub.engine.schedule import ClientStep, Schedule
@@ -36,6 +36,7 @@ from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.model_file import write_model
 from fedsub.sharding.partition import RowPartition
 from fedsub.sharding.rounds import shard
+from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
 from .equivalence import algorithm_for
@@ -81,13 +82,13 @@ def test_the_shards_of_a_model_are_its_row_ranges():
 
 def test_one_process_is_refused_naming_torchrun():
     dataset = DATASETS["synthetic"]()
-    index = loop.SubmodelIndex.build(dataset)
+    index = SubmodelIndex.build(dataset)
     schedule = Schedule(
         1, 4, 1, 2, ClientStep(0.1), seed=1, execution=Execution(table_sharding="rows")
     )
     algorithm = algorithm_for("fedavg", dataset, index)
     with pytest.raises(ConfigError, match="torchrun --nproc-per-node P"):
-        loop.train(model_for(dataset), algorithm, dataset, index, schedule)
+        in_process.train(model_for(dataset), algorithm, dataset, index, schedule)
 
 
 BASE = """

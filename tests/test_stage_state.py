@@ -5,6 +5,7 @@ that does not fit the run is refused with a message naming the stage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,20 +13,22 @@ import torch
 from safetensors.torch import save_file
 
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.backends import backend_for
 from fedsub.engine.cohort_job import CohortJob
+from fedsub.engine.contribution import RoundContribution
 from fedsub.engine.execution import Execution
+from fedsub.engine.features.assembly import Assembly, build_server_round, combine_of
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import (
     Interrupted,
     Progress,
     RunControl,
-    build_server_round,
-    initial_params,
     resume,
-    round_stages,
     save_checkpoint,
-    train,
 )
 from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.server_round import ServerRound
 from fedsub.errors import FedsubError
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.stateful import Stateful
@@ -74,10 +77,20 @@ def setup(algorithm: str):
 def fresh_round(model, dataset, index, algorithm: str, log: RoundLog):
     built = algorithm_for(algorithm, dataset, index, SCHEDULE.clients_per_round)
     params = initial_params(model, SCHEDULE)
-    run_cohort, combine = round_stages(model, built, SCHEDULE, params)
-    rounds = build_server_round(built, dataset, index, SCHEDULE, params, combine, RunControl())
-    rounds.more_stages["round-log"] = log
+    run_cohort = backend_for(SCHEDULE.execution.backend, model, built.name).run_cohort
+    combine = combine_of((), built, SCHEDULE)
+    rounds = build_server_round(
+        built, dataset, index, SCHEDULE, params, combine, Assembly(), stages={"round-log": log}
+    )
     return rounds, run_cohort
+
+
+def with_stage(rounds: ServerRound, name: str, stage: Stateful) -> ServerRound:
+    """``rounds`` with one more contributed stage."""
+    more = RoundContribution("test", stages={name: stage})
+    features = rounds.features
+    features = dataclasses.replace(features, contributions=(*features.contributions, more))
+    return dataclasses.replace(rounds, features=features)
 
 
 def play(rounds, run_cohort, model, dataset, index, log: RoundLog, round_index: int) -> None:
@@ -123,7 +136,7 @@ def test_a_new_stateful_stage_is_saved_and_restored_with_no_checkpoint_code(tmp_
 def test_a_stage_may_not_take_a_built_in_stages_name():
     model, dataset, index, algorithm = setup("fedavg")
     rounds, _ = fresh_round(model, dataset, index, algorithm, RoundLog())
-    rounds.more_stages["server"] = RoundLog()
+    rounds = with_stage(rounds, "server", RoundLog())
     with pytest.raises(ValueError, match="stage name 'server' is taken"):
         rounds.stages()
 
@@ -212,7 +225,7 @@ def test_saved_parameters_of_another_shape_are_refused(tmp_path):
 def test_stage_names_must_be_file_names(tmp_path):
     model, dataset, index, algorithm = setup("fedavg")
     rounds, _ = fresh_round(model, dataset, index, algorithm, RoundLog())
-    rounds.more_stages["../log"] = RoundLog()
+    rounds = with_stage(rounds, "../log", RoundLog())
     with pytest.raises(ValueError, match=r"stage name '\.\./log' is not"):
         save_checkpoint(tmp_path, rounds, Progress(round=1), {})
     assert list(tmp_path.iterdir()) == []  # nothing half-written

@@ -7,7 +7,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.synthetic_li import SyntheticLiOptions, generate
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import train
+from fedsub.engine.in_process import train
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.submodel.index import SubmodelIndex

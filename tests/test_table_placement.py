@@ -21,7 +21,8 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import placement
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import Interrupted, RunControl, train
+from fedsub.engine.in_process import train
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.runs.run_setup import schedule_of

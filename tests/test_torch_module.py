@@ -18,7 +18,9 @@ from fedsub.data.synthetic_li import SyntheticLiOptions
 from fedsub.data.synthetic_li import generate as generate_li
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.execution import Compile, Execution
-from fedsub.engine.loop import Interrupted, RunControl, initial_params, train
+from fedsub.engine.in_process import train
+from fedsub.engine.initial import initial_params
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import ClientStep, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.base import Batch, forward, is_batchable

@@ -33,6 +33,7 @@ from fedsub.algorithms.registry import (
 )
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
+from fedsub.dp.mechanisms import MECHANISMS
 from fedsub.engine.backends import backend_names
 from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.runtime import IN_PROCESS
@@ -373,7 +374,7 @@ class DpConfig:
     budget; the row selection and adaptive clipping keys grouped (``row_selection``,
     ``adaptive_clipping``)."""
 
-    mechanism: str = field(default="none", metadata={"choices": lambda: ["none", "gaussian"]})
+    mechanism: str = field(default="none", metadata={"choices": lambda: ["none", *MECHANISMS]})
     """User-level differential privacy (fedsub.dp; docs: Differential privacy): `none` (no noise,
     today's numbers bit for bit) or `gaussian` (each client's whole update clipped to `clip`,
     Gaussian noise on the sum, a fixed denominator, epsilon from dp-accounting on every

@@ -45,8 +45,7 @@ from fedsub.dp import clipping, selection
 from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings
 from fedsub.numerics import seeding, segment_sum
-from fedsub.submodel.params import Params
-from fedsub.submodel.transfer import CohortUpdate
+from fedsub.submodel.transfer import CohortUpdate, empty_update  # noqa: F401 (re-exported)
 
 
 def round_generator(seed: seeding.Seed, round_index: int) -> torch.Generator:
@@ -61,21 +60,6 @@ def round_generator(seed: seeding.Seed, round_index: int) -> torch.Generator:
 def gaussian(shape: tuple[int, ...], std: float, generator: torch.Generator) -> torch.Tensor:
     """N(0, std^2) entries, float64 on the host."""
     return std * torch.randn(shape, dtype=torch.float64, generator=generator)
-
-
-def empty_update(params: Params) -> CohortUpdate:
-    """A cohort of nobody (an empty Poisson draw): the round still adds its noise."""
-    device = next(iter([*params.tables.values(), *params.dense.values()])).device
-    none = torch.zeros(0, dtype=torch.int64, device=device)
-    return CohortUpdate(
-        clients=none,
-        weights=torch.zeros(0, dtype=torch.float64, device=device),
-        multiplicity=none,
-        rows={t: none for t in params.tables},
-        row_owner={t: none for t in params.tables},
-        table_deltas={t: v.new_zeros((0, v.shape[1])) for t, v in params.tables.items()},
-        dense_deltas={n: v.new_zeros((0, *v.shape)) for n, v in params.dense.items()},
-    )
 
 
 @dataclass
@@ -119,7 +103,8 @@ class DpMechanism:
         if self.streams is None:
             self.streams = DpStreams(self.settings.randomness, self.settings.seed)
         self.clip = self.clip or self.settings.clip
-        mean = self.settings.weight_mean if self.settings.weight_cap > 0 else 1.0
+        weights = self.settings.weights
+        mean = weights.mean if weights.cap > 0 else 1.0
         self.denominator = self.settings.accounting.clients_per_round * mean
 
     def current_clip(self, round_index: int) -> float:
@@ -162,7 +147,7 @@ class DpMechanism:
             self.adapt(squared.sqrt(), clip, round_index, generator)
         factors = clipping.clip_factors(squared, clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
-        weights = clipping.capped_weights(update.weights, s.weight_cap).to(factors.device)
+        weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
         clipped = clipping.scaled(update, factors * weights)
         contribution = selection.contributions(update, s.selection.bound)
         tables = {

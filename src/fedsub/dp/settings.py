@@ -86,6 +86,15 @@ class AdaptiveClip:
 
 
 @dataclass(frozen=True)
+class DpWeights:
+    """[dp]'s client weights: uniform (``cap`` 0), or capped w_k = min(1, n_k / cap), and the
+    public mean weight of the denominator D = K * ``mean``."""
+
+    cap: float = 0.0
+    mean: float = 1.0
+
+
+@dataclass(frozen=True)
 class DpSettings:
     """What the mechanism and the accountant of a run need (all public numbers)."""
 
@@ -95,8 +104,7 @@ class DpSettings:
     rows: Rows = "private"
     selection: RowSelection = field(default_factory=RowSelection)  # read when rows = "private"
     adaptive: AdaptiveClip | None = None  # None: C stays `clip`
-    weight_cap: float = 0.0  # 0: uniform weights; else w_k = min(1, n_k / cap)
-    weight_mean: float = 1.0  # the public mean weight of the denominator D = K * weight_mean
+    weights: DpWeights = field(default_factory=DpWeights)
     seed: int = 0
     # privacy.level = "full": distributed DP over secure aggregation (dp/distributed.py), each
     # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them
@@ -105,6 +113,8 @@ class DpSettings:
     # dp.randomness: the streams' key, a secret from the OS (the default) or train.seed
     # (reproducible, no guarantee; dp/randomness.py)
     randomness: Randomness = "secret"
+    # dp.mechanism: the central mechanism's name in dp/mechanisms.py's MECHANISMS
+    mechanism: str = "gaussian"
 
     @property
     def survivors_needed(self) -> int:

@@ -16,7 +16,7 @@ checkpoints, resume and stops. A runtime answers, each round:
 - ``evaluate``: the model's metrics after a round, or None when it has none to give then.
 
 ``history`` and ``restore_history`` carry the runtime's own per-round records through a
-checkpoint; its stateful pieces go into ``ServerRound.more_stages``. Which pieces of fedsub a
+checkpoint; its stateful pieces go to ``build_server_round(..., stages=)``. Which pieces of fedsub a
 runtime can run is declared apart (``algorithms/runtimes.py``): ``engine/runtime.py`` for the
 in-process engine, ``flower/runtime.py`` for Flower.
 """

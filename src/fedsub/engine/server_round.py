@@ -11,7 +11,6 @@ server optimizer and updates the control variates.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,16 +24,14 @@ from fedsub.algorithms.sampling import Cohort, poisson_cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
-from fedsub.dp.ledger import Ledger
-from fedsub.dp.mechanism import DpMechanism, empty_update
-from fedsub.dp.randomness import STAGE as DP_SECRET
-from fedsub.dp.randomness import DpStreams
-from fedsub.engine.guards import Rejection, needs_screening, screen
+from fedsub.engine.contribution import Combine, RoundFeatures
+from fedsub.engine.guards import needs_screening, screen
 from fedsub.engine.schedule import Schedule, lr_at
 from fedsub.numerics.finite import any_nonfinite
 from fedsub.profiling import timed
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import empty_update
 
 # How often a round of the batched backend's torch kernels (a GPU's) reads the device from the
 # host, with server SGD (FedAvg, FedSubAvg; adaptive server optimizers may add their own):
@@ -91,70 +88,49 @@ class RoundPlan:
     work: CohortWork
 
 
-def as_they_are(flags: list[bool]) -> list[bool]:
-    """One process's checks: each holds as it holds here."""
-    return flags
-
-
 @dataclass
 class ServerRound:
     """Cohort sampling, client work and the checked application of a round's updates.
 
     ``combine`` turns the (screened) cohort update into the server's update (plain aggregation,
-    or width-slice aggregation when masking); a model-average update (Scheme II) becomes the
-    change of the whole model here (``as_model_delta``), for every runtime.
-    ``last_checkpoint`` is named by ``Diverged``; the caller keeps it current."""
+    or what a feature built: engine/contribution.py); a model-average update (Scheme II)
+    becomes the change of the whole model here (``as_model_delta``), for every runtime.
+    ``features``: what the run's features contributed (a combine override, stages, the
+    cohort's key, how processes agree) and its ``Safety`` (screening, the last checkpoint
+    ``Diverged`` names, kept current through ``checkpointed``)."""
 
     algorithm: Algorithm
     schedule: Schedule
     counts: np.ndarray
     params: Params
     server: ServerOptimizer  # the algorithm's (make_server)
-    combine: Callable[[Any], ServerUpdate]
+    combine: Combine
     variates: ControlVariates | None = None
-    max_update_norm: float = 0.0
-    on_reject: Callable[[Rejection], None] | None = None
-    last_checkpoint: Path | None = field(default=None, init=False)  # the caller keeps it
-    more_stages: dict[str, Stateful] = field(default_factory=dict)  # e.g. a stateful transform
-    # [dp]: the round's Gaussian mechanism replaces ``combine`` and the ledger counts its rounds
-    dp: DpMechanism | None = None
-    ledger: Ledger | None = None
-    # [dp]: the key of the cohort's draw (and the mechanism's noise): the run's secret, or
-    # train.seed in seeded mode (dp/randomness.py); None: train.seed, as without [dp]
-    streams: DpStreams | None = field(default=None, init=False)
-    # under row-sharded tables (fedsub/sharding): each check true when it holds in any
-    # process, so every process takes the same branch; one process: the checks as they are
-    agree: Callable[[list[bool]], list[bool]] = field(
-        default_factory=lambda: as_they_are, init=False
-    )
-    # the members rejected in every process, in member order (row-sharded tables: each
-    # process screens the members it trained); one process: its own
-    all_rejected: Callable[[list[Rejection]], list[Rejection]] = field(
-        default_factory=lambda: list, init=False
-    )
+    features: RoundFeatures = field(default_factory=RoundFeatures)
+
+    @property
+    def last_checkpoint(self) -> Path | None:
+        return self.features.safety.last_checkpoint
+
+    def checkpointed(self, path: Path | None) -> None:
+        """``path`` is the last good checkpoint (written, or resumed from)."""
+        self.features.safety.last_checkpoint = path
 
     def stages(self) -> dict[str, Stateful]:
         """Every stateful stage of the round by name: what a checkpoint saves and a resume
         restores (engine/checkpoint.py), each through ``state_tensors`` /
-        ``load_state_tensors``. A new stateful piece is listed here or in ``more_stages``."""
+        ``load_state_tensors``: the model, the server optimizer, the control variates, then
+        each feature's (``RoundContribution.stages``)."""
         stages: dict[str, Stateful] = {"model": self.params, "server": self.server}
         if self.variates is not None:
             stages["variates"] = self.variates
-        if self.ledger is not None:
-            stages["dp_ledger"] = self.ledger
-        if self.dp is not None and self.dp.settings.adaptive is not None:
-            stages["dp_clip"] = self.dp  # adaptive clipping's C
-        if self.streams is not None and self.streams.guaranteed:
-            stages[DP_SECRET] = self.streams  # the secret: only checkpoints keep it
-        for name, stage in self.more_stages.items():
+        for name, stage in self.features.stages().items():
             if name in stages:
                 raise ValueError(f"stage name {name!r} is taken by a built-in stage")
             stages[name] = stage
         return stages
 
-    def repopulate(
-        self, algorithm: Algorithm, counts: np.ndarray, combine: Callable[[Any], ServerUpdate]
-    ) -> None:
+    def repopulate(self, algorithm: Algorithm, counts: np.ndarray, combine: Combine) -> None:
         """The population changed (Flower's elastic membership): the algorithm built over it,
         its sample counts and combine replace the old ones; the server optimizer keeps its
         state (a fresh one of the new algorithm, loaded with the running one's)."""
@@ -168,13 +144,13 @@ class ServerRound:
         ``among``: the clients that can take part (sorted positions; default all), e.g. the
         Flower nodes connected now; the sampler draws from them with the same key, so with
         every client present the cohort is the in-process engine's. The key is train.seed, or
-        under [dp] the run's secret (``streams``): a cohort nobody outside can redraw, as
-        sampling amplification assumes."""
+        a feature's (``RoundContribution.sampling_key``: a secret nobody outside can redraw
+        the cohort from)."""
         counts = self.counts if among is None else self.counts[among]
         if len(counts) == 0:  # nobody can take part: an empty round (the caller decides)
             nobody = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
             return RoundPlan(round_index, nobody, self._work(nobody, round_index))
-        seed = self.schedule.seed if self.streams is None else self.streams.key
+        seed = self.features.sampling_key(self.schedule.seed)
         if self.schedule.sampling == "poisson":
             k, n = self.schedule.clients_per_round, len(counts)
             cohort = poisson_cohort(seed, round_index, n, k)
@@ -197,11 +173,18 @@ class ServerRound:
         return work
 
     def _combined(self, update: Any, round_index: int) -> ServerUpdate:
-        """The round's aggregate: the DP mechanism's (clipped, noised, fixed denominator)
-        when [dp] is on, else ``combine``'s."""
-        if self.dp is not None:
-            return self.dp.combine(update, round_index)
+        """The round's aggregate: a feature's override (given the round), else ``combine``'s."""
+        override = self.features.override()
+        if override is not None:
+            return override(update, round_index)
         return self.combine(update)
+
+    def fail(self, plan: RoundPlan) -> bool:
+        """The round's work did not come back: the model stays unchanged (False), unless a
+        feature combines an empty round all the same (``RoundFeatures.combines_empty``)."""
+        if not self.features.combines_empty():
+            return False
+        return self.finish(plan, empty_update(self.params))
 
     def finish(self, plan: RoundPlan, update: Any) -> bool:
         """Screen, combine and apply the cohort's update; whether the model changed (False when
@@ -214,33 +197,34 @@ class ServerRound:
         is known, and combined again in the rare round that rejects a member) and once after
         it (did the model overflow?)."""
         r, work, last = plan.round, plan.work, self.last_checkpoint
-        if self.ledger is not None:
-            self.ledger.compose_round()
+        features, safety = self.features, self.features.safety
+        features.before_finish(r)
+        agree = features.agreement.agree
         with timed("aggregation"):
-            suspect = needs_screening(update, self.max_update_norm)
+            suspect = needs_screening(update, safety.max_update_norm)
             server_update = as_model_delta(self._combined(update, r), self.params)
             checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
-            to_screen, aggregate_bad = self.agree(checks.tolist())  # host read 1
+            to_screen, aggregate_bad = agree(checks.tolist())  # host read 1
         if to_screen:
-            kept, rejected = screen(update, r, self.max_update_norm)
-            for rejection in self.all_rejected(rejected):
-                if self.on_reject is not None:
-                    self.on_reject(rejection)
-            if not self.agree([bool(kept)])[0] and self.dp is None:
+            kept, rejected = screen(update, r, safety.max_update_norm)
+            for rejection in features.agreement.all_rejected(rejected):
+                if safety.on_reject is not None:
+                    safety.on_reject(rejection)
+            if not agree([bool(kept)])[0] and not features.combines_empty():
                 return False
-            # under DP a round without members still adds its noise (an unchanged model
-            # would tell that every member was rejected)
+            # a round without members may still combine (a mechanism's noise: an unchanged
+            # model would tell that every member was rejected)
             update = update.select(kept) if kept else empty_update(self.params)
             if self.variates is not None:  # only the variates read the members' work
                 work = work.select(kept)
             server_update = as_model_delta(self._combined(update, r), self.params)
-            aggregate_bad = self.agree([bool(server_update.nonfinite())])[0]
+            aggregate_bad = agree([bool(server_update.nonfinite())])[0]
         if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)
         with timed("server step"):
             self.server.apply(self.params, server_update)
             overflowed = bool(touched_nonfinite(self.params, server_update))  # host read 2
-            overflowed = self.agree([overflowed])[0]
+            overflowed = agree([overflowed])[0]
             if not overflowed and self.variates is not None:
                 self.variates.update(update, work, self.schedule.local_steps)
         if overflowed:

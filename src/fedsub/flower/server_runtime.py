@@ -23,8 +23,10 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes, Population
 from fedsub.dp.ledger import Ledger
+from fedsub.engine.features.assembly import Assembly, build_server_round
+from fedsub.engine.features.dp import dp_round_of
 from fedsub.engine.guards import Rejection
-from fedsub.engine.loop import RunControl, build_server_round
+from fedsub.engine.loop import RunControl
 from fedsub.engine.membership import Membership, PositionNodes, Registration
 from fedsub.engine.round_records import RoundRecords, round_line
 from fedsub.engine.round_runtime import RoundFailed
@@ -44,6 +46,7 @@ from fedsub.flower.train_round import ReplyReader, train_messages
 from fedsub.privacy.heat_report import PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.privacy.heat_vectors import MeasuredHeat
+from fedsub.stateful import Stateful
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -131,6 +134,7 @@ class FlowerRuntime:
         self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
         self._available = 0  # clients that could be sampled this round
         self.ledger: Ledger | None = None  # [dp]'s, once the run's server round is open
+        self.central_dp = False  # [dp]'s central mechanism combines the rounds
         self._online: set[int] | None = None  # [dp]: this round's reachable clients
 
     # --- the population ----------------------------------------------------------------
@@ -152,15 +156,18 @@ class FlowerRuntime:
                 self.heat.load_state_tensors(saved.stages[PRIVATE_HEAT])
         algorithm, sizes = self._algorithm()
         combine = self._combine(algorithm)
-        rounds = build_server_round(
-            algorithm, sizes, self.index, self.schedule, self.params, combine, control
-        )
-        rounds.on_reject = self._log_rejection
-        rounds.more_stages[POPULATION] = self.membership
-        self.ledger = rounds.ledger
-        self._check_accounted_population()
+        stages: dict[str, Stateful] = {POPULATION: self.membership}
         if self.private:
-            rounds.more_stages[PRIVATE_HEAT] = self.heat
+            stages[PRIVATE_HEAT] = self.heat
+        screening = Assembly(control.max_update_norm, self._log_rejection)
+        rounds = build_server_round(
+            algorithm, sizes, self.index, self.schedule, self.params, combine, screening,
+            stages=stages,
+        )  # fmt: skip
+        dp = dp_round_of(rounds.features)
+        self.ledger = None if dp is None else dp.ledger
+        self.central_dp = dp is not None and dp.mechanism is not None
+        self._check_accounted_population()
         return rounds
 
     def available(self, round_index: int, rounds: ServerRound) -> np.ndarray:
@@ -171,7 +178,7 @@ class FlowerRuntime:
         due = (round_index - 1) % self.settings.nodes.heat_refresh_every == 0
         # under [dp] the population counted at round 1 stays (the accountant's sampling rate
         # and the mechanism's fixed denominator are over it): a later client is not sampled
-        fixed = rounds.dp is not None or self.private
+        fixed = self.central_dp or self.private
         if self.membership.stale() and due and not fixed:
             self.membership.refresh()
             algorithm, sizes = self._algorithm()

@@ -14,11 +14,17 @@ For a channel group of C channels a sub-model keeps L = ceil(beta * C):
 
 Clients of equal capacity get the same slice under static, rolling and shuffled masking (the
 engine then trains them together); random and Bernoulli slices are per client.
+
+The schemes are a registry (``SCHEMES``, a ``plugins.Registry`` of ``MaskingSchemeSpec``): each
+is a name, its paper's aggregation rule and how it plans a client's slice; a channel scheme
+gives only its channel choice (``channel_scheme``). A new scheme is one entry here (or a
+plugin's): docs/develop/extending.md, "A masking scheme".
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,23 +34,26 @@ import torch
 from fedsub.masking.capacity import Capacities
 from fedsub.models.width import ChannelSlice, CoordinateMask, Slicing, SubmodelSlice, full_slice
 from fedsub.numerics import seeding
+from fedsub.plugins import Registry
 
-MaskingScheme = Literal["none", "static", "rolling", "shuffled", "random", "bernoulli"]
-SCHEMES: tuple[str, ...] = ("none", "static", "rolling", "shuffled", "random", "bernoulli")
+MaskingScheme = str  # a name in ``SCHEMES``
 SHUFFLE, RANDOM, BERNOULLI = 7, 8, 9  # seeding purposes
 AverageOver = Literal["trainers", "all"]
-# Each scheme's own paper's aggregation: seed 003's Algorithms 1 (Bernoulli) and 2 (shuffled)
-# fill a client's untrained entries with the old value and average over all the round's
-# clients; HeteroFL (static) and FedRolex (rolling), and fedsub's channel-level random masking,
-# average each entry over the clients that trained it (their public code).
-PAPER_AVERAGE: dict[str, AverageOver] = {
-    "none": "trainers",
-    "static": "trainers",
-    "rolling": "trainers",
-    "random": "trainers",
-    "shuffled": "all",
-    "bernoulli": "all",
-}
+
+PlanSlice = Callable[[Slicing, dict[str, torch.Size], float, int, int, int], SubmodelSlice]
+"""A scheme's slice for a client of capacity < 1: (slicing, the dense parameters' shapes,
+capacity, round, seed, client) -> the slice it trains."""
+
+
+@dataclass(frozen=True)
+class MaskingSchemeSpec:
+    """A masking scheme: its name, how its own paper averages the slices (``average``: over
+    the clients that trained an entry, ``"trainers"``, or over all the round's clients with the
+    untrained entries at their old value, ``"all"``), and how it plans a client's slice."""
+
+    name: str
+    average: AverageOver
+    plan: PlanSlice
 
 
 @dataclass(frozen=True)
@@ -59,13 +68,65 @@ class Masking:
     @property
     def aggregation(self) -> AverageOver:
         """How the round's slices are averaged: the one chosen, else the scheme's paper's."""
-        return self.average_over or PAPER_AVERAGE[self.scheme]
+        return self.average_over or SCHEMES[self.scheme].average
 
 
 def shuffled_piece(seed: int, round_index: int, pieces: int) -> int:
     """The piece trained in round ``round_index`` when an epoch is ``pieces`` rounds long."""
     epoch, position = divmod(round_index - 1, pieces)
     return int(seeding.rng(seed, SHUFFLE, epoch, pieces).permutation(pieces)[position])
+
+
+ChooseChannels = Callable[[int, int, int, int, int, int], np.ndarray]
+"""A channel scheme's choice: (channels in the group, kept L < C, round, seed, client, the
+group's number) -> the sorted kept channels."""
+
+
+def static_channels(count: int, kept: int, round_index: int, seed: int, client: int, group: int):
+    return np.arange(kept)
+
+
+def rolling_channels(count: int, kept: int, round_index: int, seed: int, client: int, group: int):
+    return np.sort((round_index - 1 + np.arange(kept)) % count)
+
+
+def shuffled_channels(
+    count: int, kept: int, round_index: int, seed: int, client: int, group: int
+) -> np.ndarray:
+    pieces = math.ceil(count / kept)
+    start = shuffled_piece(seed, round_index, pieces) * kept
+    return np.sort((start + np.arange(kept)) % count)
+
+
+def random_channels(count: int, kept: int, round_index: int, seed: int, client: int, group: int):
+    generator = seeding.rng(seed, RANDOM, round_index, client, group)
+    return np.sort(generator.choice(count, size=kept, replace=False))
+
+
+def channel_scheme(name: str, average: AverageOver, choose: ChooseChannels) -> MaskingSchemeSpec:
+    """A scheme that keeps L = ceil(beta * C) channels of each group, chosen by ``choose``
+    (every channel when L = C)."""
+
+    def plan_channels(
+        slicing: Slicing,
+        shapes: dict[str, torch.Size],
+        capacity: float,
+        round_index: int,
+        seed: int,
+        client: int,
+    ) -> SubmodelSlice:
+        kept = slicing.kept(capacity)
+        selected = {
+            name: torch.from_numpy(
+                np.arange(kept[name])
+                if kept[name] == count
+                else choose(count, kept[name], round_index, seed, client, position)
+            )
+            for position, (name, count) in enumerate(slicing.groups.items())
+        }
+        return ChannelSlice(slicing, selected, capacity)
+
+    return MaskingSchemeSpec(name, average, plan_channels)
 
 
 def channels(
@@ -78,18 +139,12 @@ def channels(
     group: int,
 ) -> np.ndarray:
     """Sorted channel indices of one group (``group`` numbers the group, for ``random``)."""
-    if scheme == "static" or kept == channel_count:
+    choose = CHANNEL_CHOICES.get(scheme)
+    if choose is None:
+        raise ValueError(f"masking {scheme!r} does not select channels")
+    if kept == channel_count:
         return np.arange(kept)
-    if scheme == "rolling":
-        return np.sort((round_index - 1 + np.arange(kept)) % channel_count)
-    if scheme == "shuffled":
-        pieces = math.ceil(channel_count / kept)
-        start = shuffled_piece(seed, round_index, pieces) * kept
-        return np.sort((start + np.arange(kept)) % channel_count)
-    if scheme == "random":
-        generator = seeding.rng(seed, RANDOM, round_index, client, group)
-        return np.sort(generator.choice(channel_count, size=kept, replace=False))
-    raise ValueError(f"masking {scheme!r} does not select channels")
+    return choose(channel_count, kept, round_index, seed, client, group)
 
 
 def bernoulli_mask(
@@ -98,6 +153,54 @@ def bernoulli_mask(
     generator = seeding.rng(seed, BERNOULLI, round_index, client)
     masks = {n: torch.from_numpy(generator.random(tuple(s)) < p) for n, s in shapes.items()}
     return CoordinateMask(masks, p)
+
+
+def full_model(
+    slicing: Slicing,
+    shapes: dict[str, torch.Size],
+    capacity: float,
+    round_index: int,
+    seed: int,
+    client: int,
+) -> SubmodelSlice:
+    return full_slice(slicing)
+
+
+def bernoulli_plan(
+    slicing: Slicing,
+    shapes: dict[str, torch.Size],
+    capacity: float,
+    round_index: int,
+    seed: int,
+    client: int,
+) -> SubmodelSlice:
+    return bernoulli_mask(shapes, capacity, seed, round_index, client)
+
+
+# Each scheme's own paper's aggregation: seed 003's Algorithms 1 (Bernoulli) and 2 (shuffled)
+# fill a client's untrained entries with the old value and average over all the round's
+# clients; HeteroFL (static) and FedRolex (rolling), and fedsub's channel-level random masking,
+# average each entry over the clients that trained it (their public code).
+CHANNEL_CHOICES: dict[str, ChooseChannels] = {
+    "static": static_channels,
+    "rolling": rolling_channels,
+    "shuffled": shuffled_channels,
+    "random": random_channels,
+}
+SCHEMES: Registry[MaskingSchemeSpec] = Registry(
+    "masking scheme",
+    {
+        "none": MaskingSchemeSpec("none", "trainers", full_model),
+        "static": channel_scheme("static", "trainers", static_channels),
+        "rolling": channel_scheme("rolling", "trainers", rolling_channels),
+        "shuffled": channel_scheme("shuffled", "all", shuffled_channels),
+        "random": channel_scheme("random", "trainers", random_channels),
+        "bernoulli": MaskingSchemeSpec("bernoulli", "all", bernoulli_plan),
+    },
+    MaskingSchemeSpec,
+    lambda spec: spec.name,
+)
+"""Every masking scheme by name (``masking.scheme``): the built-in ones, then plugins'."""
 
 
 def plan(
@@ -110,15 +213,7 @@ def plan(
     client: int,
 ) -> SubmodelSlice:
     """The slice client ``client`` of capacity ``capacity`` trains in round ``round_index``."""
-    if scheme == "none" or capacity >= 1.0:
+    if capacity >= 1.0:
         return full_slice(slicing)
-    if scheme == "bernoulli":
-        return bernoulli_mask(shapes, capacity, seed, round_index, client)
-    kept = slicing.kept(capacity)
-    selected = {
-        name: torch.from_numpy(
-            channels(scheme, count, kept[name], round_index, seed, client, position)
-        )
-        for position, (name, count) in enumerate(slicing.groups.items())
-    }
-    return ChannelSlice(slicing, selected, capacity)
+    spec = SCHEMES.get_or_refuse(scheme)
+    return spec.plan(slicing, shapes, capacity, round_index, seed, client)

@@ -26,7 +26,8 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
-from fedsub.engine.loop import Evaluation, train
+from fedsub.engine.in_process import train
+from fedsub.engine.loop import Evaluation
 from fedsub.engine.schedule import ClientStep, LrSchedule, Schedule, lr_at
 from fedsub.models.base import Features, Ids, Model, Task
 from fedsub.models.linear_regression import LinearRegression

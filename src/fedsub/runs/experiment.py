@@ -25,7 +25,8 @@ from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.guards import Rejection
-from fedsub.engine.loop import Diverged, Evaluation, RunControl, train
+from fedsub.engine.in_process import train
+from fedsub.engine.loop import Diverged, Evaluation, RunControl
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
@@ -217,7 +218,7 @@ class AlgorithmRun:
             stop_requested=self.stop_requested,
             on_reject=on_reject,
             divergence_factor=self.config.eval.divergence_factor,
-            on_private_rounds=lambda private: stages.append(private),
+            watch={"private_rounds": lambda private: stages.append(private)},
         )
         stages: list[PrivateRounds] = []
         ended: BaseException | None = None

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from fedsub.engine.loop import init_generator, initial_params
+from fedsub.engine.initial import init_generator, initial_params
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import RUN_FILE, file_digest, read_run_file

@@ -39,7 +39,7 @@ from fedsub.engine.schedule import ClientStep, LrSchedule, Sampling, Schedule
 from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
-from fedsub.masking.schemes import AverageOver, Masking, MaskingScheme
+from fedsub.masking.schemes import AverageOver, Masking
 from fedsub.models.base import Model
 from fedsub.models.registry import build_checked_model
 from fedsub.models.torch_module import TorchModuleModel, check_runs_in
@@ -176,7 +176,7 @@ def _schedule_without_dp(config: Config) -> Schedule:
         execution=execution_of(config),
         eval_every=config.eval.every,
         masking=Masking(
-            cast(MaskingScheme, m.scheme),
+            m.scheme,
             Capacities(
                 tuple(m.capacities),
                 tuple(m.capacity_proportions),
@@ -220,15 +220,15 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
             rows.selection_share, rows.selection_threshold, rows.selection_bound
         ),
         adaptive=adaptive if a.adaptive_clip else None,
-        weight_cap=d.weights.weight_cap,
-        weight_mean=d.weights.weight_mean,
+        weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
         seed=t.seed,
         distributed=distributed,
         min_survivors=d.min_survivors,
         randomness=cast(dp_settings.Randomness, d.trust.randomness),
+        mechanism=d.mechanism,
     )
     for reason in dp_settings.refusals(settings):
-        raise ConfigError(f"[dp] mechanism = 'gaussian' cannot train here: {reason}")
+        raise ConfigError(f"[dp] mechanism = {d.mechanism!r} cannot train here: {reason}")
     return settings
 
 

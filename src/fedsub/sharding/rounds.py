@@ -39,13 +39,12 @@ from fedsub.algorithms.aggregation import (
 )
 from fedsub.algorithms.sampling import Cohort
 from fedsub.distributed import Processes
-from fedsub.dp.mechanism import empty_update
 from fedsub.numerics import segment_sum
 from fedsub.sharding.exchange import Route, Traffic, sent_bytes
 from fedsub.sharding.partition import RowPartition
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
-from fedsub.submodel.transfer import CohortUpdate
+from fedsub.submodel.transfer import CohortUpdate, empty_update
 
 RunCohort = Callable[..., CohortUpdate]
 Member = TypeVar("Member")

@@ -166,3 +166,19 @@ class CohortUpdate:
 def _squared_norms(rows: torch.Tensor) -> torch.Tensor:
     """[n]: each row's squared L2 norm, accumulated in float64."""
     return torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).square()
+
+
+def empty_update(params: Params) -> CohortUpdate:
+    """A cohort of nobody (an empty Poisson draw, every member rejected): what a round
+    that combines all the same (a mechanism adding noise) combines."""
+    device = next(iter([*params.tables.values(), *params.dense.values()])).device
+    none = torch.zeros(0, dtype=torch.int64, device=device)
+    return CohortUpdate(
+        clients=none,
+        weights=torch.zeros(0, dtype=torch.float64, device=device),
+        multiplicity=none,
+        rows={t: none for t in params.tables},
+        row_owner={t: none for t in params.tables},
+        table_deltas={t: v.new_zeros((0, v.shape[1])) for t, v in params.tables.items()},
+        dense_deltas={n: v.new_zeros((0, *v.shape)) for n, v in params.dense.items()},
+    )

@@ -1,0 +1,56 @@
+"""Private rounds (``privacy.level``) as a feature: the members' download requests around the
+client work and the private aggregation (engine/private_rounds.py), with [dp]'s streams at
+"full" (distributed DP: the clients add the noise). Not with width slices (config.py refuses
+private levels with masking), row-sharded tables, or CentralSGD (the pooled reference has no
+clients to protect)."""
+
+from __future__ import annotations
+
+from fedsub.engine.contribution import (
+    Combining,
+    Feature,
+    RoundContribution,
+    RoundFeatures,
+    RoundSetup,
+    handle_of,
+)
+from fedsub.engine.features.dp import NAME as DP
+from fedsub.engine.features.dp import DpRound
+from fedsub.engine.features.row_sharding import NAME as ROW_SHARDING
+from fedsub.engine.private_rounds import PrivateRounds
+
+NAME = "private_rounds"
+
+
+def contribute(setup: RoundSetup) -> RoundContribution | None:
+    schedule, algorithm, params = setup.schedule, setup.algorithm, setup.params
+    masked_run = schedule.masking is not None and schedule.masking.scheme != "none"
+    if schedule.privacy is None or algorithm.central or masked_run or params is None:
+        return None
+    if ROW_SHARDING in setup.earlier:
+        return None
+    table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
+    aggregation = algorithm.aggregation.to(schedule.execution.device)
+    dp = setup.earlier.get(DP)
+    streams = dp.streams if isinstance(dp, DpRound) else None
+    # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
+    settings = schedule.dp if schedule.privacy.secure_aggregation else None
+    private = PrivateRounds(
+        schedule.privacy, aggregation, table_rows, schedule.seed, dp=settings, streams=streams
+    )
+    return RoundContribution(
+        NAME,
+        client_stage=private.wrap,
+        # the private aggregation is the round's whole combine (no other feature's received
+        # pieces apply; a central DP mechanism, earlier in FEATURES, overrides it in turn)
+        combining=Combining(override=lambda update, round_index: private.combine(update)),
+        handle=private,
+    )
+
+
+def private_rounds_of(features: RoundFeatures) -> PrivateRounds | None:
+    """The run's ``PrivateRounds``, or None when it has no private level."""
+    return handle_of(features, NAME, PrivateRounds)
+
+
+FEATURE = Feature(NAME, contribute)
