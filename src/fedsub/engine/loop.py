@@ -34,7 +34,7 @@ from fedsub.engine.cohort_job import CohortJob, RunCohort, composed
 from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator, eval_chunks
 from fedsub.engine.guards import Rejection
-from fedsub.engine.private_rounds import PrivateRounds
+from fedsub.engine.private_rounds import PrivateRounds, request_stages
 from fedsub.engine.round_runtime import RoundFailed, RoundRuntime
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import Diverged, RoundPlan, ServerRound
@@ -45,6 +45,7 @@ from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 from fedsub.models.base import Model
 from fedsub.numerics import seeding, segment_sum
 from fedsub.numerics.float32 import ieee_float32
+from fedsub.privacy.randomness import streams_of as privacy_streams_of
 from fedsub.profiling import ROUND, timed
 from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.initial import sharded_init
@@ -134,9 +135,13 @@ def private_rounds(
     aggregation = algorithm.aggregation.to(schedule.execution.device)
     # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
     dp = schedule.dp if schedule.privacy.secure_aggregation else None
+    requests = None  # the download requests' coins and decoys (privacy/randomness.py)
+    if schedule.privacy.private_download:
+        requests = privacy_streams_of(schedule.privacy.randomness, schedule.seed)
     return PrivateRounds(
-        schedule.privacy, aggregation, table_rows, schedule.seed, dp=dp, streams=streams
-    )
+        schedule.privacy, aggregation, table_rows, schedule.seed, dp=dp, streams=streams,
+        requests_key=requests,
+    )  # fmt: skip
 
 
 def round_stages(
@@ -514,6 +519,8 @@ def run_rounds(
     rounds = build_server_round(
         algorithm, dataset, index, schedule, params, stages[1], control, streams
     )
+    saved = None if control.resume is None else control.resume.stages
+    rounds.more_stages.update(request_stages(private, saved))  # only checkpoints keep a secret
     run_cohort = stages[0]
     if host is not None:
         placement.check_row_local(algorithm, rounds.server)

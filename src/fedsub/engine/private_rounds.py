@@ -28,8 +28,9 @@ privacy work in seconds) and can keep a transcript of everything the server rece
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,8 @@ from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.randomness import NOT_PRIVATE, PrivacyStreams
+from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
 from fedsub.privacy.sparse_secagg import (
@@ -57,8 +60,11 @@ from fedsub.privacy.sparse_secagg import (
     secure_row_sum,
     union_of,
 )
+from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
+
+LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,9 @@ class PrivateRounds:
     dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_secure``)
     # [dp]: the key of the members' noise shares (the run's secret; seeded: train.seed)
     streams: DpStreams | None = None
+    # the key of the download requests: the clients' secret (privacy/randomness.py); None:
+    # train.seed
+    requests_key: PrivacyStreams | None = None
     costs: Costs = field(default_factory=Costs)
     _round: int = 0
     _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
@@ -159,7 +168,8 @@ class PrivateRounds:
         self, rows: dict[str, np.ndarray], client: int, round_index: int
     ) -> dict[str, np.ndarray]:
         """Client ``client``'s download request in round ``round_index`` (table -> rows)."""
-        return client_request(self.privacy, rows, self.table_rows, self.seed, round_index, client)
+        key = self.seed if self.requests_key is None else self.requests_key.key
+        return client_request(self.privacy, rows, self.table_rows, key, round_index, client)
 
     def wrap(self, run_cohort: RunCohort) -> RunCohort:
         """The backend's ``run_cohort``, followed by the members' requests: each update keeps
@@ -460,3 +470,21 @@ def unbias(update: ServerUpdate, keep: float) -> ServerUpdate:
         return update
     tables = {t: RowUpdate(u.rows, u.values / keep) for t, u in update.tables.items()}
     return dataclasses.replace(update, tables=tables)
+
+
+def request_stages(
+    private: PrivateRounds | None, saved: Collection[str] | None
+) -> dict[str, Stateful]:
+    """The checkpoint stage of the requests' secret (privacy/randomness.py), if the run has
+    one. ``saved``: the stages of the checkpoint a resumed run starts from; one written
+    before the secret existed (no such stage) drew its requests from train.seed, so the run
+    continues seeded, as it started, and says so (in the log and its privacy.json)."""
+    streams = None if private is None else private.requests_key
+    if private is None or streams is None or not streams.guaranteed:
+        return {}
+    if saved is not None and PRIVACY_SECRET not in saved:
+        LOG.warning("%s (the checkpoint resumed has no request secret)", NOT_PRIVATE)
+        private.requests_key = PrivacyStreams("seeded", private.seed)
+        private.privacy = dataclasses.replace(private.privacy, randomness="seeded")
+        return {}
+    return {PRIVACY_SECRET: streams}
