@@ -120,6 +120,7 @@ DISTRIBUTED = (
     "privacy.download_keep=0.8",
     "dp.mechanism='gaussian'",
     "dp.randomness='seeded'",  # the server's cohorts are the in-process run's
+    "privacy.randomness='seeded'",  # the nodes' requests too
     "dp.noise_multiplier=1.5",
     "dp.clip=0.5",
     "dp.rows='all'",

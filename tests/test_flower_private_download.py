@@ -36,6 +36,7 @@ BASE = (
     "train.heat='samples'",
     "privacy.secagg_group=2",
     "privacy.level='download'",
+    "privacy.randomness='seeded'",  # the nodes draw the simulator's requests (compared below)
 )
 FULL = ("privacy.level='full'",)  # overrides BASE's download
 RANDOMIZED = ("privacy.download='randomized-response'", "privacy.download_keep=0.6")

@@ -215,6 +215,10 @@ class PrivacyConfig:
     """Buckets: requests are padded to download_bucket, 2x, 4x, ... rows."""
     secagg_clip: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1e6})
     """`full`: the fixed-point range [-clip, clip] of a weighted delta value."""
+    randomness: str = field(default="secret", metadata={"choices": lambda: ["secret", "seeded"]})
+    """Private download's coins and decoys: `secret` (each client's own; in process one run
+    secret kept only in checkpoints) or `seeded` (from `train.seed`: repeatable, and the
+    download then hides nothing)."""
 
 
 @dataclass(frozen=True)
@@ -885,7 +889,7 @@ def inert_keys(config: Config) -> list[tuple[str, str]]:
         ) if m.scheme == "none" else (),
         f"privacy.level = {p.level!r} (private download starts at 'download')": (
             ("privacy", k) for k in ("download", "download_epsilon", "download_keep",
-                                     "download_bucket")
+                                     "download_bucket", "randomness")
         ) if not reaches(p.level, "download") else (),
         f"privacy.download = {p.download!r}": (
             [("privacy", "download_epsilon"), ("privacy", "download_keep")]

@@ -43,6 +43,7 @@ from fedsub.masking.schemes import AverageOver, Masking
 from fedsub.models.base import Model
 from fedsub.models.registry import build_checked_model
 from fedsub.models.torch_module import TorchModuleModel, check_runs_in
+from fedsub.numerics.secret_streams import Randomness
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.progress import phase
@@ -110,6 +111,7 @@ def privacy_of(config: Config) -> privacy_levels.Privacy:
         p.download_keep,
         p.download_bucket,
         p.secagg_clip,
+        cast(Randomness, p.randomness),
     )
 
 
