@@ -249,11 +249,13 @@ needs_grouped_mm = pytest.mark.skipif(
 
 
 @needs_grouped_mm
-@pytest.mark.parametrize("fan_out", [3, 8], ids=["a dot per row", "grouped matmul"])
+@pytest.mark.parametrize(
+    "fan_out", [1, 3, 8], ids=["a dot per row", "a product per row", "grouped matmul"]
+)
 def test_client_groups_apply_each_clients_weights_to_its_rows(fan_out):
     """Float32, against a loop of one float64 matmul per client (an empty client, one client
     with a single row): outputs and the gradients of rows, weights, biases and the per-row
-    addend; 3 outputs are not 16-byte rows, so they take the dot per row."""
+    addend; 1 and 3 outputs are not 16-byte rows, so they take a product per row."""
     generator = torch.Generator().manual_seed(1)
     counts = torch.tensor([37, 0, 1, 20])
     rows = torch.randn(int(counts.sum()), 8, generator=generator, dtype=torch.float64)

@@ -163,7 +163,10 @@ class ClientGroups:
         fan_in, fan_out = weight.shape[1:]
         if _aligned(fan_in) and _aligned(fan_out):
             out = _GroupedLinear.apply(x.contiguous(), weight.contiguous(), self.ends)
-        else:  # the grouped kernel wants 16-byte strides: a dot per row (e.g. one output)
+        elif fan_out == 1:  # one output (the grouped kernel wants 16-byte rows): a dot per row
+            rows_weight = weight.squeeze(2).index_select(0, self.row_owner)
+            out = (x * rows_weight).sum(1, keepdim=True)
+        else:  # other widths that are not 16-byte rows: a product per row
             rows_weight = weight.index_select(0, self.row_owner)
             out = torch.bmm(x.unsqueeze(1), rows_weight).squeeze(1)
         if bias is not None:
