@@ -274,12 +274,17 @@ def test_client_groups_apply_each_clients_weights_to_its_rows(fan_out):
         assert isinstance(groups, ClientGroups)
         return groups.from_slots(groups.linear(groups.to_slots(rows), weight, bias, added))
 
-    results = []
-    for function, dtype in ((expected_of, torch.float64), (grouped_of, torch.float32)):
-        leaves = [t.to(dtype).requires_grad_(True) for t in inputs]
-        out = function(*leaves)
-        grads = torch.autograd.grad((out * probe.to(dtype)).sum(), leaves)
-        results.append([out, *grads])
+    results, threads = [], torch.get_num_threads()
+    torch.set_num_threads(2)  # the grouped kernel runs on one thread and gives them back
+    try:
+        for function, dtype in ((expected_of, torch.float64), (grouped_of, torch.float32)):
+            leaves = [t.to(dtype).requires_grad_(True) for t in inputs]
+            out = function(*leaves)
+            grads = torch.autograd.grad((out * probe.to(dtype)).sum(), leaves)
+            results.append([out, *grads])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     for reference, got in zip(*results, strict=True):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5)

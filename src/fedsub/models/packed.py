@@ -178,13 +178,28 @@ def _aligned(features: int) -> bool:
     return features % 4 == 0  # float32 rows of 16 bytes
 
 
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm`` on one thread: its CPU kernel loops over the groups, one small
+    matmul each, and with several intra-op threads each of them would open (and wait at) a
+    parallel region of its own: slower than one thread on an idle machine, and seconds a call
+    on a loaded one (measured: 0.6 s against 0.7 ms, 2 threads, load 10)."""
+    assert _GROUPED_MM is not None
+    threads = torch.get_num_threads()
+    if threads == 1:
+        return _GROUPED_MM(a, b, offs=ends)
+    torch.set_num_threads(1)
+    try:
+        return _GROUPED_MM(a, b, offs=ends)
+    finally:
+        torch.set_num_threads(threads)
+
+
 class _GroupedLinear(torch.autograd.Function):
     """``x @ weight[k]`` for each client k's rows (``ends``: where each client's rows end)."""
 
     @staticmethod
     def forward(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-        assert _GROUPED_MM is not None
-        return _GROUPED_MM(x, weight, offs=ends)
+        return _grouped_mm(x, weight, ends)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
@@ -194,12 +209,11 @@ class _GroupedLinear(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        assert _GROUPED_MM is not None
         x, weight, ends = ctx.saved_tensors
         grad = grad.contiguous()
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_x = _GROUPED_MM(grad, weight.transpose(1, 2), offs=ends)
+            grad_x = _grouped_mm(grad, weight.transpose(1, 2), ends)
         if ctx.needs_input_grad[1]:  # [K, in, out]: each client's rows, one matmul
-            grad_weight = _GROUPED_MM(x.T, grad, offs=ends)
+            grad_weight = _grouped_mm(x.T, grad, ends)
         return grad_x, grad_weight, None
