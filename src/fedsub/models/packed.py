@@ -170,8 +170,8 @@ class ClientGroups:
             rows_weight = weight.index_select(0, self.row_owner)
             out = torch.bmm(x.unsqueeze(1), rows_weight).squeeze(1)
         if bias is not None:
-            out = out + bias.index_select(0, self.row_owner)
-        return out if per_slot is None else out + per_slot
+            out = out.add_(bias.index_select(0, self.row_owner))  # in place: a fresh output
+        return out if per_slot is None else out.add_(per_slot)
 
 
 def _aligned(features: int) -> bool:
