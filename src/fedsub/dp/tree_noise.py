@@ -1,0 +1,133 @@
+"""Tree-aggregation noise for DP-FTRL, per row and without O(V) state (dp/ftrl.py uses it).
+
+Kairouz et al. 2021 ("Practical and Private (Deep) Learning without Sampling or Shuffling",
+ICML, arXiv 2103.00039) release the prefix sums s_t = sum_{i <= t} x_i of a stream through a
+binary tree: every complete dyadic interval [i 2^l, (i + 1) 2^l) of the rounds (a node at level
+l) gets its own Gaussian noise n(l, i) ~ N(0, sigma^2 I), and the prefix of t rounds is the sum
+of the nodes of t's binary decomposition. Their experiments (and TF Privacy's / TFF's
+``EfficientTreeAggregator``, which the DP-FTRL code uses) take Honaker's (2015) online,
+bottom-up estimate of each node instead of its raw noisy value:
+
+    b(0, i) = n(0, i),   b(l, i) = n(l, i) + (b(l - 1, 2i) + b(l - 1, 2i + 1)) / 2,
+    estimate(l, i) = b(l, i) / (2 - 2^-l),
+
+unbiased with variance sigma^2 / (2 - 2^-l) (the estimate of a node is a fixed linear function
+of the released noisy nodes of its subtree, so the privacy is the tree's). The noise of the
+prefix of t rounds is ``N(t) = sum over the nodes (l, i) of t's decomposition of
+estimate(l, i)``, and ``b(l, i) = sum_{m <= l} 2^-(l - m) sum of n(m, j) over the level-m nodes
+j under (l, i)``.
+
+Every node's noise is a function of (key, table, row, level, node index) only: a counter-based
+generator, Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3";
+the generator of Random123, cuRAND and JAX), keyed by 64 bits derived from the run's secret
+(``dp.randomness = "secret"``; the same key width as the torch generators of
+dp/mechanism.py) and the table, with the counter (pair, node index, level, row). So a row's
+noise at any round is computable on its own: the private rows (``rows = "private"``) draw
+only the rows selected, a round stays O(touched + selected), and the dense tree over every
+row is the same numbers (tests/test_dp_ftrl.py checks both).
+
+Gaussians by Box-Muller from two 53-bit uniforms (as numpy's doubles are built from two
+32-bit words): the tail beyond 8.5 standard deviations is not reached, as for every
+floating-point Gaussian sampler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedsub.numerics import seeding
+
+__all__ = [
+    "FTRL_PURPOSE",
+    "decomposition",
+    "honaker_prefix",
+    "node_noise",
+    "philox4x32",
+    "subtree_sum",
+    "table_key",
+]
+
+FTRL_PURPOSE = 7  # the spawn key of the tree's streams under seeding.DP
+
+_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+_W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+_LOW = np.uint64(0xFFFFFFFF)
+_SHIFT = np.uint64(32)
+
+
+def philox4x32(counter: np.ndarray, key: tuple[int, int], rounds: int = 10) -> np.ndarray:
+    """Philox4x32-``rounds`` (Salmon et al. 2011) of each row of ``counter`` (n, 4) uint32
+    words under ``key`` (two uint32 words): (n, 4) uint32."""
+    c = [counter[:, i].astype(np.uint64) for i in range(4)]
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + _W0) & _LOW, (k1 + _W1) & _LOW
+        p0, p1 = _M0 * c[0], _M1 * c[2]  # 32 x 32 -> 64 bits, exact in uint64
+        hi0, lo0, hi1, lo1 = p0 >> _SHIFT, p0 & _LOW, p1 >> _SHIFT, p1 & _LOW
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+    return np.stack(c, axis=1).astype(np.uint32)
+
+
+def table_key(seed: seeding.Seed, table: int) -> tuple[int, int]:
+    """The Philox key of table number ``table``'s tree: 64 bits of the SeedSequence of (seed,
+    DP, FTRL_PURPOSE, table); the seed is the run's secret (or train.seed when seeded)."""
+    words = seeding.seed_sequence(seed, seeding.DP, FTRL_PURPOSE, table).generate_state(2)
+    return int(words[0]), int(words[1])
+
+
+def node_noise(
+    key: tuple[int, int], rows: np.ndarray, level: int, nodes: np.ndarray, dim: int
+) -> np.ndarray:
+    """Standard normal noise of the tree nodes (``level``, each of ``nodes``) of each of
+    ``rows``: (len(rows), len(nodes), dim) float64, every entry a function of (key, row,
+    level, node, its position) only."""
+    pairs = (dim + 1) // 2
+    r, n, p = np.meshgrid(
+        rows.astype(np.uint32), nodes.astype(np.uint32), np.arange(pairs, dtype=np.uint32),
+        indexing="ij",
+    )
+    counter = np.stack(
+        [p.ravel(), n.ravel(), np.full(p.size, level, dtype=np.uint32), r.ravel()], axis=1
+    )
+    words = philox4x32(counter, key).astype(np.uint64)
+    scale = 1.0 / 2.0**53
+    u1 = ((words[:, 0] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 1] >> np.uint64(6)))
+    u2 = ((words[:, 2] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 3] >> np.uint64(6)))
+    radius = np.sqrt(-2.0 * np.log1p(-u1.astype(np.float64) * scale))
+    angle = 2.0 * np.pi * u2.astype(np.float64) * scale
+    normals = np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1)
+    return normals.reshape(len(rows), len(nodes), 2 * pairs)[:, :, :dim]
+
+
+def decomposition(t: int) -> list[tuple[int, int]]:
+    """The complete dyadic nodes (level, index) whose union is the first ``t`` rounds, the
+    highest first (one per bit of t)."""
+    nodes, start = [], 0
+    for level in reversed(range(max(t.bit_length(), 1))):
+        if t >> level & 1:
+            nodes.append((level, start >> level))
+            start += 1 << level
+    return nodes
+
+
+def subtree_sum(
+    key: tuple[int, int], rows: np.ndarray, level: int, index: int, dim: int
+) -> np.ndarray:
+    """Honaker's b(level, index) of each row (module docstring): (len(rows), dim), from the
+    2^(level + 1) - 1 node noises of its subtree."""
+    total = np.zeros((len(rows), dim))
+    for m in range(level + 1):
+        width = 1 << (level - m)
+        nodes = np.arange(index * width, (index + 1) * width)
+        total += node_noise(key, rows, m, nodes, dim).sum(axis=1) * 2.0 ** -(level - m)
+    return total
+
+
+def honaker_prefix(key: tuple[int, int], rows: np.ndarray, t: int, dim: int) -> np.ndarray:
+    """N(t) / sigma for each row: the sum of Honaker's estimates of the nodes of t's
+    decomposition (module docstring); zeros for t = 0. O(t) node draws per row."""
+    total = np.zeros((len(rows), dim))
+    for level, index in decomposition(t):
+        total += subtree_sum(key, rows, level, index, dim) / (2.0 - 2.0**-level)
+    return total
