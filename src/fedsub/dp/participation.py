@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+STAGE = "dp_participation"  # the checkpoint stage
 NEVER = -(2**40)  # the last round of a user who has not taken part
 
 

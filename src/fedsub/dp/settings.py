@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fedsub.dp import accountant as accounting
+from fedsub.dp import ftrl_accounting
 from fedsub.dp.accountant import Accountant, Sampling
+from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import Randomness
 from fedsub.errors import ConfigError
 from fedsub.progress import phase
@@ -39,6 +41,7 @@ __all__ = [
     "default_delta",
     "refusals",
     "resolve",
+    "resolve_ftrl",
 ]
 
 Rows = Literal["private", "all"]
@@ -63,6 +66,9 @@ class Accounting:
     clients_per_round: int  # K (Poisson: the expected cohort, q = K / N)
     rounds: int  # the configured rounds (a target epsilon was calibrated for them)
     epsilon_budget: float | None = None  # stop before a round that would spend more
+    # dp.mechanism = "ftrl-tree" (dp/ftrl.py): the participation pattern epsilon is accounted
+    # for, with no sampling assumption; None: the sampled Gaussian mechanism of every round
+    ftrl: Pattern | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,10 @@ class DpSettings:
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``delta`` after ``rounds`` rounds (dp-accounting)."""
         a = self.accounting
+        if a.ftrl is not None:  # DP-FTRL: the tree over the rounds so far, one Gaussian
+            return ftrl_accounting.gaussian_epsilon(
+                self.ftrl_multiplier(rounds), a.delta, a.accountant
+            )
         return accounting.epsilon(
             self.noise_multiplier,
             rounds,
@@ -153,6 +163,16 @@ class DpSettings:
             a.num_clients,
             a.clients_per_round,
             self.distributed,
+        )
+
+    def ftrl_multiplier(self, rounds: int) -> float:
+        """DP-FTRL: the effective noise multiplier of ``rounds`` rounds under the pattern
+        (dp/ftrl_accounting.py)."""
+        pattern = self.accounting.ftrl
+        assert pattern is not None, "DP-FTRL's multiplier"
+        selection = self.selection_multiplier if self.rows == "private" else None
+        return ftrl_accounting.effective_multiplier(
+            self.update_multiplier, selection, rounds, pattern
         )
 
     @property
@@ -173,7 +193,15 @@ class DpSettings:
             "selection_share": self.selection.share if private else None,
             "selection_threshold": self.histogram_threshold if private else None,
             "adaptive_clip": self.adaptive is not None,
-            "noise": "distributed-discrete-gaussian" if self.distributed else "central-gaussian",
+            "noise": (
+                "distributed-discrete-gaussian"
+                if self.distributed
+                else "ftrl-tree"
+                if self.accounting.ftrl is not None
+                else "central-gaussian"
+            ),
+            # DP-FTRL: the participation pattern enforced and accounted (no sampling assumed)
+            "participation": self.accounting.ftrl.as_json() if self.accounting.ftrl else None,
             "min_survivors": self.survivors_needed if self.distributed else None,
             # seeded: the noise and cohorts derive from the published train.seed
             "randomness": self.randomness,
@@ -238,6 +266,49 @@ def resolve(
             )
     return noise_multiplier, Accounting(
         delta, accountant, sampling, num_clients, clients_per_round, rounds, epsilon_budget
+    )
+
+
+def resolve_ftrl(
+    *,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    delta: float | None,
+    accountant: Accountant,
+    num_clients: int,
+    clients_per_round: int,
+    rounds: int,
+    epsilon_budget: float | None,
+    pattern: Pattern,
+    selection_share: float,
+) -> tuple[float, Accounting]:
+    """DP-FTRL's z and accounting (``dp.mechanism = "ftrl-tree"``, dp/ftrl_accounting.py):
+    the run is one Gaussian mechanism of multiplier z_eff = z / sqrt(k_max s + sens^2 (1 -
+    s)) (``selection_share`` s: 0 with rows = "all"), so a target epsilon is met by
+    dp-accounting's calibration of z_eff for one Gaussian, scaled back to z."""
+    delta = default_delta(num_clients) if delta is None else delta
+    if delta >= 1.0 / num_clients:
+        raise ConfigError(
+            f"dp.delta = {delta:g} is not below 1/N = {1.0 / num_clients:.3g} (N = "
+            f"{num_clients} clients); leave dp.delta unset (1/N^1.1) or lower it"
+        )
+    sens = ftrl_accounting.tree_sensitivity(rounds, pattern)
+    scale = math.sqrt(pattern.most(rounds) * selection_share + sens**2 * (1 - selection_share))
+    if noise_multiplier is None:
+        if target_epsilon is None:
+            raise ValueError("give dp.noise_multiplier or dp.target_epsilon")
+        effective = ftrl_accounting.calibrate_gaussian(target_epsilon, delta, accountant)
+        noise_multiplier = effective * scale
+        epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
+    return noise_multiplier, Accounting(
+        delta,
+        accountant,
+        "fixed",
+        num_clients,
+        clients_per_round,
+        rounds,
+        epsilon_budget,
+        ftrl=pattern,
     )
 
 

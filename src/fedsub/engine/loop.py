@@ -25,7 +25,9 @@ from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset, Population
 from fedsub.dp.ledger import Ledger
+from fedsub.dp.ftrl import FtrlMechanism
 from fedsub.dp.mechanism import DpMechanism, empty_update
+from fedsub.dp.participation import ParticipationBound
 from fedsub.dp.randomness import DpStreams, streams_of
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import masked, placement
@@ -261,7 +263,8 @@ def build_server_round(
         heat = algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
         keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
         counts = dataset.sample_counts()
-        mechanism = DpMechanism(schedule.dp, table_rows, counts, heat, keep, streams=streams)
+        kind = FtrlMechanism if schedule.dp.accounting.ftrl is not None else DpMechanism
+        mechanism = kind(schedule.dp, table_rows, counts, heat, keep, streams=streams)
     rounds = ServerRound(
         algorithm,
         schedule,
@@ -276,6 +279,8 @@ def build_server_round(
         ledger=ledger,
     )
     rounds.streams = streams
+    if schedule.dp is not None and schedule.dp.accounting.ftrl is not None:  # issue 50
+        rounds.participation = ParticipationBound(schedule.dp.accounting.ftrl, dataset.num_clients)
     return rounds
 
 

@@ -25,7 +25,11 @@ from fedsub.algorithms.sampling import Cohort, poisson_cohort, sample_cohort
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortWork, round_chain
+from fedsub.dp.ftrl import STAGE as FTRL_STAGE
+from fedsub.dp.ftrl import FtrlMechanism
 from fedsub.dp.ledger import Ledger
+from fedsub.dp.participation import STAGE as PARTICIPATION
+from fedsub.dp.participation import ParticipationBound
 from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams
@@ -122,6 +126,9 @@ class ServerRound:
     # [dp]: the key of the cohort's draw (and the mechanism's noise): the run's secret, or
     # train.seed in seeded mode (dp/randomness.py); None: train.seed, as without [dp]
     streams: DpStreams | None = field(default=None, init=False)
+    # [dp] mechanism "ftrl-tree": the participation pattern the cohort draw enforces (issue 50,
+    # dp/participation.py); None: every client may be drawn in every round
+    participation: ParticipationBound | None = field(default=None, init=False)
     # under row-sharded tables (fedsub/sharding): each check true when it holds in any
     # process, so every process takes the same branch; one process: the checks as they are
     agree: Callable[[list[bool]], list[bool]] = field(
@@ -146,6 +153,11 @@ class ServerRound:
             stages["dp_clip"] = self.dp  # adaptive clipping's C
         if self.streams is not None and self.streams.guaranteed:
             stages[DP_SECRET] = self.streams  # the secret: only checkpoints keep it
+        # --- DP-FTRL (issue 50): the pattern's state and the private rows' last rounds ---
+        if self.participation is not None:
+            stages[PARTICIPATION] = self.participation
+        if isinstance(self.dp, FtrlMechanism) and self.dp.settings.rows == "private":
+            stages[FTRL_STAGE] = self.dp
         for name, stage in self.more_stages.items():
             if name in stages:
                 raise ValueError(f"stage name {name!r} is taken by a built-in stage")
@@ -170,6 +182,8 @@ class ServerRound:
         every client present the cohort is the in-process engine's. The key is train.seed, or
         under [dp] the run's secret (``streams``): a cohort nobody outside can redraw, as
         sampling amplification assumes."""
+        if self.participation is not None:  # DP-FTRL: only users the pattern still allows
+            among = self.participation.eligible(round_index, among)
         counts = self.counts if among is None else self.counts[among]
         if len(counts) == 0:  # nobody can take part: an empty round (the caller decides)
             nobody = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
@@ -188,6 +202,8 @@ class ServerRound:
             )
         if among is not None:
             cohort = Cohort(among[cohort.clients], cohort.multiplicity)
+        if self.participation is not None:
+            self.participation.record(round_index, cohort.clients)
         return RoundPlan(round_index, cohort, self._work(cohort, round_index))
 
     def _work(self, cohort: Cohort, round_index: int) -> CohortWork:
