@@ -138,7 +138,10 @@ class FtrlMechanism(DpMechanism):
             keep = ~np.isin(old_rows, rows)
             merged = np.concatenate([old_rows[keep], rows])
             order = np.argsort(merged, kind="stable")
-            self.selected[table] = (merged[order], np.concatenate([old_rounds[keep], rounds])[order])
+            self.selected[table] = (
+                merged[order],
+                np.concatenate([old_rounds[keep], rounds])[order],
+            )
         self.pending_rows = None
 
     def last_rounds(self, table: str, rows: np.ndarray) -> np.ndarray:
@@ -224,11 +227,11 @@ class FtrlMechanism(DpMechanism):
         fresh = position < 0
         index = torch.from_numpy(np.where(fresh, len(distinct), position)).to(device)
         padded = torch.cat([sums, sums.new_zeros((1, dim))])
-        rows = chosen.rows.numpy().astype(np.int64)
-        noise = torch.from_numpy(self.sparse_noise(table, rows, round_index, dim))
+        picked = chosen.rows.numpy().astype(np.int64)
+        noise = torch.from_numpy(self.sparse_noise(table, picked, round_index, dim))
         values = padded.index_select(0, index) + noise.to(device, dtype)
-        chosen_rows[table] = (rows, np.full(len(rows), round_index, dtype=np.int64))
-        self.last.rows_changed += len(rows)
+        chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
+        self.last.rows_changed += len(picked)
         self.last.false_positives += int(fresh.sum())
         if self.heat:
             divisor = chosen.noisy_heat.to(device, torch.float64)

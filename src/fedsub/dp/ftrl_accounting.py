@@ -92,9 +92,8 @@ def tree_sensitivity(rounds: int, pattern: Pattern) -> float:
     def table(level: int, index: int) -> np.ndarray:
         start, end = index << level, (index + 1) << level
         inside = end <= rounds
-        if inside or start >= rounds:
-            if (level, inside) in alike:
-                return alike[(level, inside)]
+        if (inside or start >= rounds) and (level, inside) in alike:
+            return alike[(level, inside)]
         if level == 0:
             value = _leaf(inside, k, far)
         else:

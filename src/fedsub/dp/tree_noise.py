@@ -84,7 +84,9 @@ def node_noise(
     level, node, its position) only."""
     pairs = (dim + 1) // 2
     r, n, p = np.meshgrid(
-        rows.astype(np.uint32), nodes.astype(np.uint32), np.arange(pairs, dtype=np.uint32),
+        rows.astype(np.uint32),
+        nodes.astype(np.uint32),
+        np.arange(pairs, dtype=np.uint32),
         indexing="ij",
     )
     counter = np.stack(
@@ -92,8 +94,8 @@ def node_noise(
     )
     words = philox4x32(counter, key).astype(np.uint64)
     scale = 1.0 / 2.0**53
-    u1 = ((words[:, 0] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 1] >> np.uint64(6)))
-    u2 = ((words[:, 2] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 3] >> np.uint64(6)))
+    u1 = (words[:, 0] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 1] >> np.uint64(6))
+    u2 = (words[:, 2] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 3] >> np.uint64(6))
     radius = np.sqrt(-2.0 * np.log1p(-u1.astype(np.float64) * scale))
     angle = 2.0 * np.pi * u2.astype(np.float64) * scale
     normals = np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1)

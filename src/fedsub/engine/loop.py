@@ -24,8 +24,8 @@ from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_w
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.data.federated import FederatedDataset, Population
-from fedsub.dp.ledger import Ledger
 from fedsub.dp.ftrl import FtrlMechanism
+from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.dp.participation import ParticipationBound
 from fedsub.dp.randomness import DpStreams, streams_of

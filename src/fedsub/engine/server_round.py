@@ -28,9 +28,9 @@ from fedsub.client.work import CohortWork, round_chain
 from fedsub.dp.ftrl import STAGE as FTRL_STAGE
 from fedsub.dp.ftrl import FtrlMechanism
 from fedsub.dp.ledger import Ledger
+from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.dp.participation import STAGE as PARTICIPATION
 from fedsub.dp.participation import ParticipationBound
-from fedsub.dp.mechanism import DpMechanism, empty_update
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams
 from fedsub.engine.guards import Rejection, needs_screening, screen

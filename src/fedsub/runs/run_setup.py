@@ -194,10 +194,9 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     """``[dp]`` resolved for a population of ``num_clients`` (delta's default, the noise
     multiplier calibrated for train.rounds when a target epsilon is given); None when the
     mechanism is "none". The casts: config.py checked the choices."""
-    d, t = config.dp, config.train
+    d = config.dp
     if d.mechanism == "none":
         return None
-    distributed = config.privacy.level == "full"
     if d.mechanism == "ftrl-tree":  # DP-FTRL (fedsub/dp/ftrl.py): no sampling assumed
         noise_multiplier, accounting = ftrl_resolved(config, num_clients)
     else:
