@@ -11,6 +11,7 @@ import math
 
 import dp_accounting
 import numpy as np
+import torch
 import pytest
 from dp_accounting import rdp
 
@@ -229,3 +230,58 @@ def test_pattern_keys_refused_beside_the_sampled_gaussian() -> None:
             None,
             ["dp.mechanism='ftrl-tree'", "dp.noise_multiplier=1.0", "dp.adaptive_clip=true"],
         )
+
+
+FTRL_SEEDED = (
+    "dp.mechanism='ftrl-tree'",
+    "dp.noise_multiplier=0.8",
+    "dp.clip=0.5",
+    "dp.randomness='seeded'",
+    "dp.min_separation=2",
+)
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+@pytest.mark.parametrize(("name", "rows"), [("fedavg", "all"), ("fedsubavg", "private")])
+def test_a_flower_run_with_ftrl_is_the_in_process_run(tmp_path, name, rows) -> None:
+    """The Flower ServerApp draws its cohorts through the same ``ServerRound.begin``, so
+    the pattern is enforced there too: with 6 users, 3 a round and min_separation 2 the
+    seeded run's model is the in-process one, whose cohorts alternate."""
+    from safetensors.torch import load_file
+
+    from .test_flower import OVERRIDES
+    from .test_flower_dp import flower_run, in_process_model
+
+    overrides = (*OVERRIDES, *FTRL_SEEDED, f"dp.rows='{rows}'", f"train.algorithms=['{name}']")
+    result = flower_run(tmp_path, overrides, eval_every=1)
+    flower = load_file(tmp_path / "model.safetensors")
+    expected = in_process_model(overrides, name)
+    for key, value in expected.items():
+        torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-5)
+    epsilons = [result["evaluations"][r]["epsilon"] for r in ("1", "2", "3")]
+    assert 0 < epsilons[0] <= epsilons[1] <= epsilons[2]
+
+
+def test_settings_split_the_runs_budget_and_epsilon_is_the_target() -> None:
+    """z is the whole run's multiplier: k_max / z_sel^2 + sens^2 / z_tree^2 = 1 / z^2, and
+    the epsilon after the configured rounds is the target."""
+    from fedsub.runs.run_setup import dp_of
+
+    config = Config.from_toml(
+        None,
+        [
+            "train.rounds=40",
+            "dp.mechanism='ftrl-tree'",
+            "dp.target_epsilon=3.0",
+            "dp.min_separation=8",
+            "dp.rows='private'",
+        ],
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None
+    pattern = Pattern(8, 0)
+    k, tree = pattern.most(40), ftrl_accounting.tree_sensitivity(40, pattern)
+    inverse = k / settings.selection_multiplier**2 + tree**2 / settings.update_multiplier**2
+    assert inverse == pytest.approx(1 / settings.noise_multiplier**2)
+    assert settings.epsilon(40) == pytest.approx(3.0, rel=1e-3)
+    assert settings.epsilon(10) < settings.epsilon(20) < settings.epsilon(40)

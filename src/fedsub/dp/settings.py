@@ -119,16 +119,32 @@ class DpSettings:
 
     @property
     def selection_multiplier(self) -> float:
-        """z_sel = z / sqrt(s) (rows = "private")."""
+        """z_sel = z / sqrt(s) (rows = "private"); DP-FTRL: z sqrt(k_max / s), the run's
+        budget share s over the k_max rounds a user can take part in (``ftrl_scales``)."""
+        if self.accounting.ftrl is not None:
+            return self.noise_multiplier * self.ftrl_scales[0] / math.sqrt(self.selection.share)
         return self.noise_multiplier / math.sqrt(self.selection.share)
 
     @property
     def update_multiplier(self) -> float:
         """z_grad = z / sqrt(1 - s - a): what the row selection (s, private rows) and the
-        adaptive clip's count (a) leave of the budget; z when neither is used."""
+        adaptive clip's count (a) leave of the budget; z when neither is used. DP-FTRL: the
+        tree's node noise z sens / sqrt(1 - s) (``ftrl_scales``)."""
         share = self.selection.share if self.rows == "private" else 0.0
         share += self.adaptive.count_share if self.adaptive is not None else 0.0
-        return self.noise_multiplier / math.sqrt(1.0 - share)
+        scale = self.ftrl_scales[1] if self.accounting.ftrl is not None else 1.0
+        return self.noise_multiplier * scale / math.sqrt(1.0 - share)
+
+    @property
+    def ftrl_scales(self) -> tuple[float, float]:
+        """DP-FTRL (dp/ftrl_accounting.py): z is the multiplier of the whole run as one
+        Gaussian mechanism, 1 / z^2 = k_max / z_sel^2 + sens^2 / z_tree^2, split by the share s:
+        k_max / z_sel^2 = s / z^2 and sens^2 / z_tree^2 = (1 - s) / z^2 (s = 0 with rows =
+        "all"). (sqrt(k_max), sens) over the configured rounds."""
+        pattern, rounds = self.accounting.ftrl, self.accounting.rounds
+        assert pattern is not None, "DP-FTRL's scales"
+        sens = ftrl_accounting.tree_sensitivity(rounds, pattern)
+        return math.sqrt(pattern.most(rounds)), sens
 
     @property
     def count_std(self) -> float:
@@ -280,25 +296,21 @@ def resolve_ftrl(
     rounds: int,
     epsilon_budget: float | None,
     pattern: Pattern,
-    selection_share: float,
 ) -> tuple[float, Accounting]:
     """DP-FTRL's z and accounting (``dp.mechanism = "ftrl-tree"``, dp/ftrl_accounting.py):
-    the run is one Gaussian mechanism of multiplier z_eff = z / sqrt(k_max s + sens^2 (1 -
-    s)) (``selection_share`` s: 0 with rows = "all"), so a target epsilon is met by
-    dp-accounting's calibration of z_eff for one Gaussian, scaled back to z."""
+    z is the multiplier of the whole run as one Gaussian mechanism (``DpSettings.ftrl_scales``
+    turns it into the selection's and the tree's noise), so a target epsilon is met by
+    dp-accounting's calibration of one Gaussian."""
     delta = default_delta(num_clients) if delta is None else delta
     if delta >= 1.0 / num_clients:
         raise ConfigError(
             f"dp.delta = {delta:g} is not below 1/N = {1.0 / num_clients:.3g} (N = "
             f"{num_clients} clients); leave dp.delta unset (1/N^1.1) or lower it"
         )
-    sens = ftrl_accounting.tree_sensitivity(rounds, pattern)
-    scale = math.sqrt(pattern.most(rounds) * selection_share + sens**2 * (1 - selection_share))
     if noise_multiplier is None:
         if target_epsilon is None:
             raise ValueError("give dp.noise_multiplier or dp.target_epsilon")
-        effective = ftrl_accounting.calibrate_gaussian(target_epsilon, delta, accountant)
-        noise_multiplier = effective * scale
+        noise_multiplier = ftrl_accounting.calibrate_gaussian(target_epsilon, delta, accountant)
         epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
     return noise_multiplier, Accounting(
         delta,

@@ -208,7 +208,7 @@ def ftrl_resolved(config: Config, num_clients: int) -> tuple[float, dp_settings.
     """DP-FTRL's z and accounting for the participation pattern of [dp] (dp/settings.py
     ``resolve_ftrl``); a population too small for the separation is refused."""
     d, t = config.dp, config.train
-    part, rows = d.participation, d.row_selection
+    part = d.participation
     pattern = Pattern(max(part.min_separation, 1), part.max_participations)
     if t.clients_per_round * pattern.min_separation > num_clients:
         raise ConfigError(
@@ -227,7 +227,6 @@ def ftrl_resolved(config: Config, num_clients: int) -> tuple[float, dp_settings.
         rounds=t.rounds,
         epsilon_budget=d.epsilon_budget,
         pattern=pattern,
-        selection_share=rows.selection_share if rows.rows == "private" else 0.0,
     )
 
 
