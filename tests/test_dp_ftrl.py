@@ -11,8 +11,8 @@ import math
 
 import dp_accounting
 import numpy as np
-import torch
 import pytest
+import torch
 from dp_accounting import rdp
 
 from fedsub.config import Config
@@ -285,3 +285,16 @@ def test_settings_split_the_runs_budget_and_epsilon_is_the_target() -> None:
     assert inverse == pytest.approx(1 / settings.noise_multiplier**2)
     assert settings.epsilon(40) == pytest.approx(3.0, rel=1e-3)
     assert settings.epsilon(10) < settings.epsilon(20) < settings.epsilon(40)
+
+
+def test_the_vectorized_difference_is_the_estimators() -> None:
+    """The one-draw difference a round uses equals the estimator's prefixes subtracted."""
+    key, rows = (8, 9), np.array([2, 40, 41, 1000])
+    since = np.array([0, 3, 12, 12])
+    got = tree_noise.prefix_difference(key, rows, 13, since, 3)
+    for i, row in enumerate(rows):
+        expected = tree_noise.honaker_prefix(key, rows[i : i + 1], 13, 3)
+        if since[i]:
+            expected = expected - tree_noise.honaker_prefix(key, rows[i : i + 1], int(since[i]), 3)
+        np.testing.assert_allclose(got[i], expected[0], atol=1e-12)
+        assert row == rows[i]

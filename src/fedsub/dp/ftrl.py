@@ -48,7 +48,13 @@ import torch
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism, RoundStats, round_generator
-from fedsub.dp.tree_noise import decomposition, honaker_prefix, node_noise, subtree_sum, table_key
+from fedsub.dp.tree_noise import (
+    decomposition,
+    node_noise,
+    prefix_difference,
+    subtree_sum,
+    table_key,
+)
 from fedsub.submodel.transfer import CohortUpdate
 
 STAGE = "dp_ftrl"  # the checkpoint stage of the selected rows' last rounds
@@ -157,12 +163,7 @@ class FtrlMechanism(DpMechanism):
         """sigma (N_r(t) - N_r(t_r)) for the selected ``rows`` (module docstring)."""
         key = self.key(sorted(self.table_rows).index(table))
         since = self.last_rounds(table, rows)
-        noise = honaker_prefix(key, rows, t, dim)
-        for before in np.unique(since):
-            if before > 0:
-                group = since == before
-                noise[group] -= honaker_prefix(key, rows[group], int(before), dim)
-        return self.sigma * noise
+        return self.sigma * prefix_difference(key, rows, t, since, dim)
 
     def combine(self, update: CohortUpdate, round_index: int) -> ServerUpdate:
         s = self.settings

@@ -33,6 +33,8 @@ floating-point Gaussian sampler.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from fedsub.numerics import seeding
@@ -40,9 +42,12 @@ from fedsub.numerics import seeding
 __all__ = [
     "FTRL_PURPOSE",
     "decomposition",
+    "entry_noise",
     "honaker_prefix",
     "node_noise",
     "philox4x32",
+    "prefix_difference",
+    "prefix_terms",
     "subtree_sum",
     "table_key",
 ]
@@ -92,14 +97,74 @@ def node_noise(
     counter = np.stack(
         [p.ravel(), n.ravel(), np.full(p.size, level, dtype=np.uint32), r.ravel()], axis=1
     )
-    words = philox4x32(counter, key).astype(np.uint64)
+    normals = _normals(philox4x32(counter, key))
+    return normals.reshape(len(rows), len(nodes), 2 * pairs)[:, :, :dim]
+
+
+def entry_noise(
+    key: tuple[int, int], rows: np.ndarray, levels: np.ndarray, nodes: np.ndarray, dim: int
+) -> np.ndarray:
+    """``node_noise`` of the nodes (levels[i], nodes[i]) of rows[i], one entry each:
+    (len(rows), dim), the same numbers as ``node_noise`` draws for that (row, level, node)."""
+    pairs = (dim + 1) // 2
+    count = len(rows)
+    counter = np.empty((count * pairs, 4), dtype=np.uint32)
+    counter[:, 0] = np.tile(np.arange(pairs, dtype=np.uint32), count)
+    counter[:, 1] = np.repeat(nodes.astype(np.uint32), pairs)
+    counter[:, 2] = np.repeat(levels.astype(np.uint32), pairs)
+    counter[:, 3] = np.repeat(rows.astype(np.uint32), pairs)
+    return _normals(philox4x32(counter, key)).reshape(count, 2 * pairs)[:, :dim]
+
+
+def _normals(words32: np.ndarray) -> np.ndarray:
+    """Two standard normals from each Philox output (Box-Muller on two 53-bit uniforms):
+    (n, 2)."""
+    words = words32.astype(np.uint64)
     scale = 1.0 / 2.0**53
     u1 = (words[:, 0] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 1] >> np.uint64(6))
     u2 = (words[:, 2] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 3] >> np.uint64(6))
     radius = np.sqrt(-2.0 * np.log1p(-u1.astype(np.float64) * scale))
     angle = 2.0 * np.pi * u2.astype(np.float64) * scale
-    normals = np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1)
-    return normals.reshape(len(rows), len(nodes), 2 * pairs)[:, :, :dim]
+    return np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1)
+
+
+@functools.lru_cache(maxsize=4096)
+def prefix_terms(t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every node noise N(t) reads, with its weight (levels, nodes, weights): N(t) = sum of
+    weights[i] n(levels[i], nodes[i]) (module docstring; about 2t entries)."""
+    levels, nodes, weights = [], [], []
+    for level, index in decomposition(t):
+        for m in range(level + 1):
+            width = 1 << (level - m)
+            levels.append(np.full(width, m))
+            nodes.append(np.arange(index * width, (index + 1) * width))
+            weights.append(np.full(width, 2.0 ** -(level - m) / (2.0 - 2.0**-level)))
+    if not levels:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return np.concatenate(levels), np.concatenate(nodes), np.concatenate(weights)
+
+
+def prefix_difference(
+    key: tuple[int, int], rows: np.ndarray, t: int, since: np.ndarray, dim: int
+) -> np.ndarray:
+    """(N_r(t) - N_r(since_r)) / sigma for each of ``rows`` in one vectorized draw (the same
+    numbers as ``honaker_prefix``'s; since_r = 0: N_r(t)). O(t) entries per row."""
+    out = np.zeros((len(rows), dim))
+    parts = []
+    for at in range(len(rows)):
+        for when, sign in ((t, 1.0), (int(since[at]), -1.0)):
+            levels, nodes, weights = prefix_terms(when)
+            parts.append((np.full(len(levels), at), levels, nodes, sign * weights))
+    if not parts:
+        return out
+    owner = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    levels = np.concatenate([p[1] for p in parts])
+    nodes = np.concatenate([p[2] for p in parts])
+    weights = np.concatenate([p[3] for p in parts])
+    if len(owner):
+        noise = entry_noise(key, rows[owner], levels, nodes, dim) * weights[:, None]
+        np.add.at(out, owner, noise)
+    return out
 
 
 def decomposition(t: int) -> list[tuple[int, int]]:
