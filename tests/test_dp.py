@@ -571,6 +571,7 @@ DP_KEYS = {  # a value away from each [dp] key's default
     "clip_lr": "0.1",
     "count_share": "0.2",
     "min_survivors": "2",
+    "selection_window": "4",
     "min_separation": "5",
     "max_participations": "3",
     "randomness": "'seeded'",

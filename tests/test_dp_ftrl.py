@@ -289,8 +289,8 @@ def test_settings_split_the_runs_budget_and_epsilon_is_the_target() -> None:
 
 def test_the_vectorized_difference_is_the_estimators() -> None:
     """The one-draw difference a round uses equals the estimator's prefixes subtracted."""
-    key, rows = (8, 9), np.array([2, 40, 41, 1000])
-    since = np.array([0, 3, 12, 12])
+    key, rows = (8, 9), np.array([2, 40, 41, 1000, 7])
+    since = np.array([0, 3, 12, 12, 8])
     got = tree_noise.prefix_difference(key, rows, 13, since, 3)
     for i, row in enumerate(rows):
         expected = tree_noise.honaker_prefix(key, rows[i : i + 1], 13, 3)

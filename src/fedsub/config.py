@@ -289,6 +289,11 @@ class DpRowSelectionConfig:
     selection_bound: float = field(default=1.0, metadata={"min_exclusive": 0.0})
     """rows = private: B, each client's contribution to the histogram is min(1, B /
     sqrt(|S(k)|)) on each row it touched (L2 norm <= B)."""
+    selection_window: int = field(default=1, metadata={"min": 1})
+    """mechanism = "ftrl-tree", rows = private: select the rows once every w rounds from the
+    noisy histogram of the last window's w cohorts (each user at most once in it, so it costs
+    what one round's selection costs; w <= min_separation), and update those rows in every
+    round of the next window (fedsub's windowed selection); 1: a selection every round."""
 
 
 @dataclass(frozen=True)
@@ -740,10 +745,15 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
     if d.mechanism != "ftrl-tree":
         return [
             (
+                d.row_selection.selection_window > 1,
+                "dp.selection_window applies to mechanism = 'ftrl-tree' only (the sampled "
+                "Gaussian's accounting charges one selection per round)",
+            ),
+            (
                 part.min_separation > 0 or part.max_participations > 0,
                 "dp.min_separation and dp.max_participations bound the participation DP-FTRL "
                 "is accounted for; they apply to mechanism = 'ftrl-tree' only",
-            )
+            ),
         ]
     return [
         (
@@ -754,6 +764,12 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
             config.privacy.level == "full",
             "privacy.level = 'full' (distributed DP over secure aggregation): the tree's noise "
             "is added by the server (central DP); use mechanism = 'gaussian' there",
+        ),
+        (
+            d.row_selection.selection_window > max(part.min_separation, 1),
+            f"dp.selection_window = {d.row_selection.selection_window} exceeds "
+            f"dp.min_separation = {part.min_separation}: a user could then add to one window's "
+            "histogram twice, which the accounting does not charge; keep the window <= b",
         ),
         (
             config.train.sampling == "poisson",

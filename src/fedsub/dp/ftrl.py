@@ -116,6 +116,13 @@ class FtrlMechanism(DpMechanism):
     # rows = "private": per table, each selected row's last round (sorted rows, rounds)
     selected: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     pending_rows: tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]] | None = None
+    # dp.selection_window > 1: per table, this window's rounds' (touched rows, histogram), and
+    # the selection of the current window by (table, window); not checkpointed (a resumed run
+    # selects again from the rounds it saw: fewer counts, never more privacy spent)
+    window_parts: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(
+        default_factory=dict
+    )
+    window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -221,6 +228,9 @@ class FtrlMechanism(DpMechanism):
         heat = selection.histogram(
             inverse, update.row_owner[table], contribution.to(device), len(distinct)
         )
+        if s.selection.window > 1:
+            window = self._window_rows(table, distinct, heat, round_index, generator)
+            return self._window_update(table, window, distinct, sums, round_index, chosen_rows)
         chosen = selection.select(
             distinct.cpu(), heat.cpu(), num_rows, s.selection_std, s.histogram_threshold, generator
         )
@@ -241,6 +251,79 @@ class FtrlMechanism(DpMechanism):
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
             return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
         return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
+
+    def _window_rows(
+        self,
+        table: str,
+        distinct: torch.Tensor,
+        heat: torch.Tensor,
+        round_index: int,
+        generator: torch.Generator,
+    ) -> selection.Selection:
+        """The windowed selection (fedsub's): the rows of round ``round_index``'s window, chosen
+        once at its first round from the noisy histogram of the previous window's cohorts (a
+        user at most once in it: w <= min_separation), with their noisy heat per round."""
+        s, w = self.settings, self.settings.selection.window
+        window = (round_index - 1) // w
+        parts = self.window_parts.setdefault(table, {})
+        parts[round_index] = (distinct.cpu(), heat.cpu())  # a round combined twice: replaced
+        key = (table, window)
+        if key not in self.window_selected:
+            before = [parts.pop(r) for r in sorted(parts) if (r - 1) // w == window - 1]
+            for r in [r for r in parts if (r - 1) // w < window - 1]:
+                del parts[r]  # older than the previous window (a resumed run)
+            rows = torch.cat([b[0] for b in before]) if before else distinct.cpu()[:0]
+            values = torch.cat([b[1] for b in before]) if before else heat.cpu()[:0]
+            union, inverse = torch.unique(rows, return_inverse=True)
+            summed = torch.zeros(len(union), dtype=torch.float64)
+            summed.index_add_(0, inverse, values.to(torch.float64))
+            if window == 0:  # the first window: nothing to select from yet
+                empty = torch.zeros(0, dtype=torch.int64)
+                chosen = selection.Selection(empty, empty, torch.zeros(0, dtype=torch.float64))
+            else:
+                chosen = selection.select(
+                    union,
+                    summed,
+                    self.table_rows[table],
+                    s.selection_std,
+                    s.histogram_threshold,
+                    generator,
+                )
+            self.window_selected = {k: v for k, v in self.window_selected.items() if k[0] != table}
+            self.window_selected[key] = chosen
+        return self.window_selected[key]
+
+    def _window_update(
+        self,
+        table: str,
+        chosen: selection.Selection,
+        distinct: torch.Tensor,
+        sums: torch.Tensor,
+        round_index: int,
+        chosen_rows: dict[str, tuple[np.ndarray, np.ndarray]],
+    ) -> RowUpdate:
+        """Every row of the window's selection: its sum this round (0 if untouched) plus the
+        tree's noise since its last update; FedSubAvg divides by the noisy heat per round."""
+        device, dim, dtype = sums.device, sums.shape[1], sums.dtype
+        picked = chosen.rows.numpy().astype(np.int64)
+        touched = distinct.cpu().numpy()
+        at = np.searchsorted(touched, picked)
+        hit = (at < len(touched)) & (touched[np.minimum(at, max(len(touched) - 1, 0))] == picked)
+        index = torch.from_numpy(np.where(hit, at, len(touched))).to(device)
+        padded = torch.cat([sums, sums.new_zeros((1, dim))])
+        noise = torch.from_numpy(self.sparse_noise(table, picked, round_index, dim))
+        values = padded.index_select(0, index) + noise.to(device, dtype)
+        chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
+        self.last.rows_changed += len(picked)
+        self.last.false_positives += int((chosen.touched_position < 0).sum())
+        rows = torch.from_numpy(picked).to(device)
+        if self.heat:  # the window's noisy heat, per round
+            divisor = chosen.noisy_heat.to(device, torch.float64) / self.settings.selection.window
+            if len(divisor):
+                coefficient = float(self.denominator / divisor.min())
+                self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
+            return RowUpdate(rows, values / divisor.to(dtype).unsqueeze(1))
+        return RowUpdate(rows, values / (self.denominator * self.keep))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Each table's selected rows and their last rounds, the pending round's included."""

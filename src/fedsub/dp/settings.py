@@ -79,6 +79,9 @@ class RowSelection:
     share: float = 0.5  # s: the budget share of the row selection
     threshold: float = 3.0  # tau, in units of the selection noise's std
     bound: float = 1.0  # B: each client's contribution vector has L2 norm <= B
+    # DP-FTRL only: the rows are selected once every `window` rounds from the histogram of
+    # the window's cohorts (dp/ftrl.py, fedsub's windowed selection); 1: every round
+    window: int = 1
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,13 @@ from fedsub.numerics import seeding
 __all__ = [
     "FTRL_PURPOSE",
     "decomposition",
+    "difference_terms",
     "entry_noise",
     "honaker_prefix",
     "node_noise",
+    "node_terms",
     "philox4x32",
     "prefix_difference",
-    "prefix_terms",
     "subtree_sum",
     "table_key",
 ]
@@ -129,32 +130,46 @@ def _normals(words32: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def prefix_terms(t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every node noise N(t) reads, with its weight (levels, nodes, weights): N(t) = sum of
-    weights[i] n(levels[i], nodes[i]) (module docstring; about 2t entries)."""
+def node_terms(level: int, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Honaker's estimate of node (level, index) as (levels, nodes, weights): the estimate is
+    sum of weights[i] n(levels[i], nodes[i]) over its 2^(level + 1) - 1 subtree nodes."""
     levels, nodes, weights = [], [], []
-    for level, index in decomposition(t):
-        for m in range(level + 1):
-            width = 1 << (level - m)
-            levels.append(np.full(width, m))
-            nodes.append(np.arange(index * width, (index + 1) * width))
-            weights.append(np.full(width, 2.0 ** -(level - m) / (2.0 - 2.0**-level)))
-    if not levels:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    for m in range(level + 1):
+        width = 1 << (level - m)
+        levels.append(np.full(width, m))
+        nodes.append(np.arange(index * width, (index + 1) * width))
+        weights.append(np.full(width, 2.0 ** -(level - m) / (2.0 - 2.0**-level)))
     return np.concatenate(levels), np.concatenate(nodes), np.concatenate(weights)
+
+
+@functools.lru_cache(maxsize=4096)
+def difference_terms(t: int, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """N(t) - N(since) as (levels, nodes, weights), the nodes both decompositions share left
+    out (they cancel): for since = t - 1 only the nodes that round t completes remain."""
+    now, before = decomposition(t), decomposition(since)
+    signed = [(n, 1.0) for n in now if n not in before]
+    signed += [(n, -1.0) for n in before if n not in now]
+    if not signed:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    terms = [node_terms(*node) for node, _ in signed]
+    return (
+        np.concatenate([t[0] for t in terms]),
+        np.concatenate([t[1] for t in terms]),
+        np.concatenate([sign * t[2] for t, (_, sign) in zip(terms, signed, strict=True)]),
+    )
 
 
 def prefix_difference(
     key: tuple[int, int], rows: np.ndarray, t: int, since: np.ndarray, dim: int
 ) -> np.ndarray:
     """(N_r(t) - N_r(since_r)) / sigma for each of ``rows`` in one vectorized draw (the same
-    numbers as ``honaker_prefix``'s; since_r = 0: N_r(t)). O(t) entries per row."""
+    numbers as ``honaker_prefix``'s; since_r = 0: N_r(t)). A row updated in the previous
+    round draws only the nodes round t completes (O(1) amortized); O(t) otherwise."""
     out = np.zeros((len(rows), dim))
     parts = []
     for at in range(len(rows)):
-        for when, sign in ((t, 1.0), (int(since[at]), -1.0)):
-            levels, nodes, weights = prefix_terms(when)
-            parts.append((np.full(len(levels), at), levels, nodes, sign * weights))
+        levels, nodes, weights = difference_terms(t, int(since[at]))
+        parts.append((np.full(len(levels), at), levels, nodes, weights))
     if not parts:
         return out
     owner = np.concatenate([p[0] for p in parts]).astype(np.int64)

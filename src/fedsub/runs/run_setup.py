@@ -262,7 +262,10 @@ def checked_settings(
         accounting=accounting,
         rows=cast(dp_settings.Rows, rows.rows),
         selection=dp_settings.RowSelection(
-            rows.selection_share, rows.selection_threshold, rows.selection_bound
+            rows.selection_share,
+            rows.selection_threshold,
+            rows.selection_bound,
+            rows.selection_window,
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weight_cap=d.weights.weight_cap,
