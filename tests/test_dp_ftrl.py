@@ -298,3 +298,51 @@ def test_the_vectorized_difference_is_the_estimators() -> None:
             expected = expected - tree_noise.honaker_prefix(key, rows[i : i + 1], int(since[i]), 3)
         np.testing.assert_allclose(got[i], expected[0], atol=1e-12)
         assert row == rows[i]
+
+
+def test_windowed_selection_keeps_one_row_set_per_window(monkeypatch) -> None:
+    """dp.selection_window = w: the first window updates no table row; each later window
+    updates one set of rows in every one of its rounds, chosen at its first round."""
+    from fedsub.dp import ftrl
+
+    updated: dict[int, set[int]] = {}
+    combine = ftrl.FtrlMechanism.combine
+
+    def recorded(self, update, round_index):
+        out = combine(self, update, round_index)
+        updated[round_index] = {int(r) for u in out.tables.values() for r in u.rows.tolist()}
+        return out
+
+    monkeypatch.setattr(ftrl.FtrlMechanism, "combine", recorded)
+    run_ftrl(
+        [
+            "train.rounds=12",
+            "eval.every=12",
+            "dp.min_separation=4",
+            "dp.selection_window=4",
+            "dp.selection_threshold=1.0",
+            "dp.randomness='seeded'",
+        ]
+    )
+    assert [updated[r] for r in (1, 2, 3, 4)] == [set()] * 4
+    for first in (5, 9):
+        assert updated[first]  # threshold 1: some rows pass
+        assert all(updated[r] == updated[first] for r in range(first, first + 4))
+    assert updated[5] != updated[9]
+
+
+def test_a_window_longer_than_the_separation_is_refused() -> None:
+    with pytest.raises(ConfigError, match="selection_window = 8 exceeds dp.min_separation = 4"):
+        Config.from_toml(
+            None,
+            [
+                "dp.mechanism='ftrl-tree'",
+                "dp.noise_multiplier=1.0",
+                "dp.min_separation=4",
+                "dp.selection_window=8",
+            ],
+        )
+    with pytest.raises(ConfigError, match="selection_window applies to mechanism = 'ftrl-tree'"):
+        Config.from_toml(
+            None, ["dp.mechanism='gaussian'", "dp.noise_multiplier=1.0", "dp.selection_window=2"]
+        )

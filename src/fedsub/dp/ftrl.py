@@ -95,16 +95,17 @@ class DenseTree:
             )
         level, index = 0, t - 1
         b = node_noise(self.key, every, 0, np.array([index]), self.dim)[:, 0]
+        step = np.zeros((self.rows, self.dim))
         while self.stack and self.stack[-1][0] == level:
-            _, _, left = self.stack.pop()
+            _, _, left = self.stack.pop()  # leaves the decomposition: its estimate goes
+            step -= left * weight(level)
             index >>= 1
             level += 1
             fresh = node_noise(self.key, every, level, np.array([index]), self.dim)[:, 0]
             b = fresh + 0.5 * (left + b)
         self.stack.append((level, index, b))
-        now = sum((b * weight(lv) for lv, _, b in self.stack), np.zeros((self.rows, self.dim)))
-        step = now - self.previous
-        self.previous, self.done, self.last = now, t, (t, step)
+        step += b * weight(level)
+        self.previous, self.done, self.last = self.previous + step, t, (t, step)
         return step
 
 
