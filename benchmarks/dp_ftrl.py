@@ -3,14 +3,16 @@ the amplified Gaussian mechanism (``"gaussian"``, epsilon resting on secret unif
 dense (DP-FedAvg, rows = "all") and sparse (DP-FedSubAvg, rows = "private").
 
     python benchmarks/dp_ftrl.py [--rounds 150] [--clients-per-round 50] [--clip 0.5]
-                                 [--epsilons 2,8] [--separation 50] [--timing-rounds 40]
+                                 [--epsilons 1,2,4,8] [--separation 50] [--window 25]
+                                 [--bound 6] [--heat-cap 4] [--timing-rounds 40]
 
 On the embedded default (synthetic-sparse, 3,000 users, 20,009 rows, sparse LR), the same
 schedule for every run, z calibrated for the run (dp.target_epsilon): final test AUC, the
 epsilon reached, rows noised per round (and false positives), and the per-round training
 time against the same algorithm without DP (the lowest of ``--repeats`` alternating runs,
 measured side by side in this process). DP-FTRL runs with dp.min_separation = b (each user
-at most once every b rounds, enforced by the cohort draw), accounted with no sampling.
+at most once every b rounds, enforced by the cohort draw), accounted with no sampling; the
+windowed variant is fedsub's design (dp.selection_window, dp.heat_cap: dp/ftrl.py).
 
 Ends with ``RESULT {json}``.
 """
@@ -77,6 +79,17 @@ def methods(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
         ),
         ("DP-FTRL-FedAvg rows=all", "fedavg", [*ftrl, "dp.rows='all'"]),
         ("DP-FTRL-FedSubAvg rows=private", "fedsubavg", [*ftrl, "dp.rows='private'"]),
+        (
+            f"DP-FTRL-FedSubAvg windowed w={args.window}",
+            "fedsubavg",
+            [
+                *ftrl,
+                "dp.rows='private'",
+                f"dp.selection_window={args.window}",
+                f"dp.selection_bound={args.bound}",
+                f"dp.heat_cap={args.heat_cap}",
+            ],
+        ),
     ]
 
 
@@ -117,9 +130,12 @@ def main() -> None:
     parser.add_argument("--clients-per-round", type=int, default=50)
     parser.add_argument("--clip", type=float, default=0.5)
     parser.add_argument(
-        "--epsilons", type=lambda t: [float(x) for x in t.split(",")], default=[2.0, 8.0]
+        "--epsilons", type=lambda t: [float(x) for x in t.split(",")], default=[1.0, 2.0, 4.0, 8.0]
     )
     parser.add_argument("--separation", type=int, default=50)
+    parser.add_argument("--window", type=int, default=25, help="dp.selection_window")
+    parser.add_argument("--bound", type=float, default=6.0, help="dp.selection_bound (windowed)")
+    parser.add_argument("--heat-cap", type=float, default=4.0, help="dp.heat_cap (windowed)")
     parser.add_argument("--timing-rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["utility", "cost"])

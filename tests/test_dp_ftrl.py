@@ -332,7 +332,7 @@ def test_windowed_selection_keeps_one_row_set_per_window(monkeypatch) -> None:
 
 
 def test_a_window_longer_than_the_separation_is_refused() -> None:
-    with pytest.raises(ConfigError, match="selection_window = 8 exceeds dp.min_separation = 4"):
+    with pytest.raises(ConfigError, match=r"selection_window = 8 exceeds dp\.min_separation = 4"):
         Config.from_toml(
             None,
             [

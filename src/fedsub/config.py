@@ -289,6 +289,10 @@ class DpRowSelectionConfig:
     selection_bound: float = field(default=1.0, metadata={"min_exclusive": 0.0})
     """rows = private: B, each client's contribution to the histogram is min(1, B /
     sqrt(|S(k)|)) on each row it touched (L2 norm <= B)."""
+    heat_cap: float = field(default=0.0, metadata={"min": 0.0})
+    """mechanism = "ftrl-tree", FedSubAvg: cap the private heat coefficient D / h_m at this many
+    times FedAvg's 1 (h_m <- max(h_m, D / heat_cap)), bounding how much it amplifies a cold
+    row's noise (fedsub's); 0: no cap (the threshold bounds it by D / threshold)."""
     selection_window: int = field(default=1, metadata={"min": 1})
     """mechanism = "ftrl-tree", rows = private: select the rows once every w rounds from the
     noisy histogram of the last window's w cohorts (each user at most once in it, so it costs
@@ -744,6 +748,10 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
     part = d.participation
     if d.mechanism != "ftrl-tree":
         return [
+            (
+                d.row_selection.heat_cap > 0,
+                "dp.heat_cap applies to mechanism = 'ftrl-tree' only",
+            ),
             (
                 d.row_selection.selection_window > 1,
                 "dp.selection_window applies to mechanism = 'ftrl-tree' only (the sampled "

@@ -31,6 +31,16 @@ fixed denominator D (dp/mechanism.py steps 1, 2 and 4 unchanged):
   scaled differently and no longer telescopes exactly (fedsub's variant; the privacy, a
   post-processing of the tree's release, is unchanged).
 
+Windowed selection (``dp.selection_window`` = w > 1, fedsub's design, not the paper's): the
+rows are selected once every w rounds, at a window's first round, from the noisy histogram of
+the previous window's w cohorts (the first window updates no table row), and every selected
+row is updated in every round of the window (so its noise telescopes, t_r = t - 1). With w <=
+min_separation a user is in at most one cohort of a window, so a window's histogram has the
+sensitivity B of one round's and a user reaches at most k_max of them: the accounting is
+unchanged, while a row's count gathers w cohorts (w K users) against one selection noise.
+FedSubAvg's coefficient is then D / (h_m / w), capped at ``dp.heat_cap`` (h_m >= D /
+heat_cap) when set, which bounds how much it amplifies a cold row's noise.
+
 Privacy: the tree releases each complete node's noisy sum once (Honaker's estimates and the
 differences are post-processing), so the run is one Gaussian mechanism of sensitivity
 ``ftrl_accounting.tree_sensitivity`` C. The noise streams are keyed by the run's secret
@@ -246,12 +256,18 @@ class FtrlMechanism(DpMechanism):
         self.last.rows_changed += len(picked)
         self.last.false_positives += int(fresh.sum())
         if self.heat:
-            divisor = chosen.noisy_heat.to(device, torch.float64)
+            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64))
             if len(divisor):
                 coefficient = float(self.denominator / divisor.min())
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
             return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
         return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
+
+    def capped(self, heat: torch.Tensor) -> torch.Tensor:
+        """h_m, raised to D / heat_cap when a cap is set (dp.heat_cap: the coefficient D / h_m
+        at most heat_cap)."""
+        cap = self.settings.selection.heat_cap
+        return heat.clamp(min=self.denominator / cap) if cap > 0 else heat
 
     def _window_rows(
         self,
@@ -319,7 +335,8 @@ class FtrlMechanism(DpMechanism):
         self.last.false_positives += int((chosen.touched_position < 0).sum())
         rows = torch.from_numpy(picked).to(device)
         if self.heat:  # the window's noisy heat, per round
-            divisor = chosen.noisy_heat.to(device, torch.float64) / self.settings.selection.window
+            window = self.settings.selection.window
+            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64) / window)
             if len(divisor):
                 coefficient = float(self.denominator / divisor.min())
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)

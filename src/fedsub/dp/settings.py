@@ -82,6 +82,7 @@ class RowSelection:
     # DP-FTRL only: the rows are selected once every `window` rounds from the histogram of
     # the window's cohorts (dp/ftrl.py, fedsub's windowed selection); 1: every round
     window: int = 1
+    heat_cap: float = 0.0  # DP-FTRL, FedSubAvg: D / h_m <= heat_cap (0: no cap)
 
 
 @dataclass(frozen=True)

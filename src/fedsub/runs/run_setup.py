@@ -266,6 +266,7 @@ def checked_settings(
             rows.selection_threshold,
             rows.selection_bound,
             rows.selection_window,
+            rows.heat_cap,
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weight_cap=d.weights.weight_cap,
