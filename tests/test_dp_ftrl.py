@@ -346,3 +346,30 @@ def test_a_window_longer_than_the_separation_is_refused() -> None:
         Config.from_toml(
             None, ["dp.mechanism='gaussian'", "dp.noise_multiplier=1.0", "dp.selection_window=2"]
         )
+
+
+def test_the_pattern_and_the_rows_last_rounds_survive_a_checkpoint() -> None:
+    """The stages a resumed run reads back: the participation bound (so it keeps refusing the
+    same users) and the selected rows' last rounds (so their noise continues the tree)."""
+    bound = ParticipationBound(Pattern(3, 2), 5)
+    bound.record(1, np.array([0, 4]))
+    again = ParticipationBound(Pattern(3, 2), 5)
+    again.load_state_tensors(bound.state_tensors())
+    assert list(again.eligible(2, None)) == list(bound.eligible(2, None)) == [1, 2, 3]
+    with pytest.raises(ValueError, match="participation bound"):
+        ParticipationBound(Pattern(3, 2), 6).load_state_tensors(bound.state_tensors())
+
+    from fedsub.dp.ftrl import FtrlMechanism
+    from fedsub.runs.run_setup import dp_of
+
+    config = Config.from_toml(
+        None, ["dp.mechanism='ftrl-tree'", "dp.noise_multiplier=1.0", "dp.randomness='seeded'"]
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None
+    mechanism = FtrlMechanism(settings, {"w": 100}, np.ones(3000))
+    mechanism.pending_rows = (4, {"w": (np.array([7, 9]), np.array([4, 4]))})
+    saved = mechanism.state_tensors()
+    resumed = FtrlMechanism(settings, {"w": 100}, np.ones(3000))
+    resumed.load_state_tensors(saved)
+    assert list(resumed.last_rounds("w", np.array([7, 8, 9]))) == [4, 0, 4]

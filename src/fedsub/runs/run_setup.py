@@ -297,6 +297,14 @@ def dp_plan(config: Config) -> list[str]:
         f"delta = {accounting.delta:.3g}, accountant {accounting.accountant}, "
         f"rows {settings.rows}",
     ]
+    if accounting.ftrl is not None:  # DP-FTRL (issue 50)
+        pattern = accounting.ftrl
+        lines.append(
+            f"DP-FTRL tree aggregation, no sampling assumed: each user at most "
+            f"{pattern.most(rounds)} rounds, >= {pattern.min_separation} apart (enforced at the "
+            f"cohort draw); z is the whole run's, node noise z_tree = "
+            f"{settings.update_multiplier:.4g}, sensitivity {settings.ftrl_scales[1]:.4g} C"
+        )
     if settings.distributed:
         lines.append(
             "distributed: each client adds discrete Gaussian noise over secure aggregation, "
