@@ -87,19 +87,12 @@ def node_noise(
 ) -> np.ndarray:
     """Standard normal noise of the tree nodes (``level``, each of ``nodes``) of each of
     ``rows``: (len(rows), len(nodes), dim) float64, every entry a function of (key, row,
-    level, node, its position) only."""
-    pairs = (dim + 1) // 2
-    r, n, p = np.meshgrid(
-        rows.astype(np.uint32),
-        nodes.astype(np.uint32),
-        np.arange(pairs, dtype=np.uint32),
-        indexing="ij",
-    )
-    counter = np.stack(
-        [p.ravel(), n.ravel(), np.full(p.size, level, dtype=np.uint32), r.ravel()], axis=1
-    )
-    normals = _normals(philox4x32(counter, key))
-    return normals.reshape(len(rows), len(nodes), 2 * pairs)[:, :, :dim]
+    level, node, its position) only (``entry_noise`` of every pair)."""
+    every_row = np.repeat(rows, len(nodes))
+    every_node = np.tile(nodes, len(rows))
+    levels = np.full(len(every_row), level, dtype=np.int64)
+    flat = entry_noise(key, every_row, levels, every_node, dim)
+    return flat.reshape(len(rows), len(nodes), dim)
 
 
 def entry_noise(
