@@ -373,3 +373,53 @@ def test_the_pattern_and_the_rows_last_rounds_survive_a_checkpoint() -> None:
     resumed = FtrlMechanism(settings, {"w": 100}, np.ones(3000))
     resumed.load_state_tensors(saved)
     assert list(resumed.last_rounds("w", np.array([7, 8, 9]))) == [4, 0, 4]
+
+
+def server_round_of(overrides: list[str], monkeypatch):
+    """The server round a short run drew its cohorts with."""
+    from fedsub.engine import server_round
+
+    seen = []
+    begin = server_round.ServerRound.begin
+
+    def recorded(self, round_index, among=None):
+        seen.append(self)
+        return begin(self, round_index, among)
+
+    monkeypatch.setattr(server_round.ServerRound, "begin", recorded)
+    config = Config.from_toml(
+        None,
+        [
+            "train.rounds=1",
+            "train.clients_per_round=50",
+            "eval.every=1",
+            "dp.noise_multiplier=1.0",
+            "train.algorithms=['fedsubavg']",
+            *overrides,
+        ],
+    )
+    from fedsub.runs.experiment import compare
+
+    compare(config, None)
+    return seen[0]
+
+
+def test_the_pattern_is_dps_cohort_filter_and_both_states_are_checkpoint_stages(
+    monkeypatch,
+) -> None:
+    """[dp]'s contribution under DP-FTRL: the participation bound is its cohort filter (the
+    spine asks it at every draw), and the bound and the selected rows' last rounds are
+    checkpoint stages; the sampled Gaussian has neither."""
+    from fedsub.engine.features.dp import dp_round_of
+
+    rounds = server_round_of(["dp.mechanism='ftrl-tree'", "dp.min_separation=2"], monkeypatch)
+    dp = dp_round_of(rounds.features)
+    contribution = rounds.features.of("dp")
+    assert dp is not None and isinstance(dp.participation, ParticipationBound)
+    assert contribution is not None and contribution.cohort_filter is dp.participation
+    assert int((dp.participation.count == 1).sum()) == 50  # round 1's cohort was recorded
+    assert {"dp_participation", "dp_ftrl"} <= set(rounds.stages())
+    plain = server_round_of(["dp.mechanism='gaussian'"], monkeypatch)
+    assert not {"dp_participation", "dp_ftrl"} & set(plain.stages())
+    gaussian = plain.features.of("dp")
+    assert gaussian is not None and gaussian.cohort_filter is None

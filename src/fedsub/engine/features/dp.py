@@ -20,9 +20,9 @@ import logging
 from dataclasses import dataclass
 
 from fedsub.dp.ledger import Ledger
+from fedsub.dp.mechanisms import MECHANISMS, CentralMechanism, MechanismInputs, MechanismSpec
 from fedsub.dp.participation import STAGE as PARTICIPATION
 from fedsub.dp.participation import ParticipationBound
-from fedsub.dp.mechanisms import MECHANISMS, CentralMechanism, MechanismInputs, MechanismSpec
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams, streams_of
 from fedsub.engine.contribution import (
