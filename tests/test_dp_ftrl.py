@@ -22,33 +22,39 @@ from fedsub.dp.participation import ParticipationBound, Pattern
 from fedsub.errors import ConfigError
 
 
-def test_philox_matches_random123_known_answers() -> None:
-    """Random123's kat_vectors for philox4x32-10."""
-    cases = [
-        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-        (
-            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
-            (0xA4093822, 0x299F31D0),
-            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
-        ),
-    ]
-    for counter, key, expected in cases:
-        got = tree_noise.philox4x32(np.array([counter], dtype=np.uint32), key)[0]
-        assert tuple(int(x) for x in got) == expected
+def k(*words: int) -> bytes:
+    """A test key: 32 bytes from a few small numbers."""
+    return bytes(words) + bytes(32 - len(words))
+
+
+def test_the_keystream_is_aes_256_of_the_counter_blocks() -> None:
+    """FIPS-197 appendix C.3 (AES-256), and CTR mode's keystream at those counters."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    key = bytes(range(32))
+    block = np.frombuffer(bytes.fromhex("00112233445566778899aabbccddeeff"), dtype="<u4")
+    got = tree_noise.keystream_words(block.reshape(1, 4), key)
+    assert got.astype("<u4").tobytes().hex() == "8ea2b7ca516745bfeafc49904b496089"
+    counters = np.array([[5, 0, 0, 0], [6, 0, 0, 0], [9, 1, 2, 3]], dtype=np.uint32)
+    for counter, words in zip(counters, tree_noise.keystream_words(counters, key), strict=True):
+        ctr = Cipher(algorithms.AES(key), modes.CTR(counter.astype("<u4").tobytes())).encryptor()
+        assert words.astype("<u4").tobytes() == ctr.update(bytes(16))
+    assert len(tree_noise.table_key(7, 0)) == 32 and tree_noise.table_key(7, 0) != (
+        tree_noise.table_key(7, 1)
+    )
 
 
 def test_node_noise_is_standard_normal_and_keyed() -> None:
-    z = tree_noise.node_noise((5, 9), np.arange(300), 2, np.arange(100), 4)
+    z = tree_noise.node_noise(k(5, 9), np.arange(300), 2, np.arange(100), 4)
     assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
-    other = tree_noise.node_noise((5, 10), np.arange(300), 2, np.arange(100), 4)
+    other = tree_noise.node_noise(k(5, 10), np.arange(300), 2, np.arange(100), 4)
     assert not np.allclose(z, other)
     # one row's noise is the same drawn alone or among others
-    alone = tree_noise.node_noise((5, 9), np.array([17]), 2, np.array([40]), 4)
+    alone = tree_noise.node_noise(k(5, 9), np.array([17]), 2, np.array([40]), 4)
     np.testing.assert_array_equal(alone[0, 0], z[17, 40])
 
 
-def written_out_prefix(key: tuple[int, int], rows: np.ndarray, t: int, dim: int) -> np.ndarray:
+def written_out_prefix(key: bytes, rows: np.ndarray, t: int, dim: int) -> np.ndarray:
     """Kairouz et al. 2021's tree with Honaker's online estimate, written out from TF
     Privacy's EfficientTreeAggregator recursion: b(leaf) = n, b(parent) = n + (b(left) +
     b(right)) / 2, the cumulative noise the sum of b / (2 - 2^-level) over the nodes of t's
@@ -69,7 +75,7 @@ def written_out_prefix(key: tuple[int, int], rows: np.ndarray, t: int, dim: int)
 
 
 def test_prefix_noise_is_the_written_out_estimator() -> None:
-    key, rows = (3, 4), np.array([0, 7, 123])
+    key, rows = k(3, 4), np.array([0, 7, 123])
     for t in (1, 2, 3, 6, 8, 11, 16, 21):
         np.testing.assert_allclose(
             tree_noise.honaker_prefix(key, rows, t, 3), written_out_prefix(key, rows, t, 3)
@@ -80,14 +86,14 @@ def test_honaker_estimate_variance() -> None:
     """A node estimate at level l has variance 1 / (2 - 2^-l) (Honaker's bottom-up bound)."""
     rows = np.arange(4000)
     for level in (1, 3):
-        est = tree_noise.subtree_sum((1, 2), rows, level, 0, 1) / (2 - 2.0**-level)
+        est = tree_noise.subtree_sum(k(1, 2), rows, level, 0, 1) / (2 - 2.0**-level)
         assert est.var() == pytest.approx(1 / (2 - 2.0**-level), rel=0.06)
 
 
 def test_dense_tree_increments_telescope_to_the_prefix() -> None:
     """The buffered dense tree's increments sum to N(t), and a tree started at a later round
     (a resumed run) continues with the same numbers."""
-    key, rows = (11, 12), 5
+    key, rows = k(11, 12), 5
     tree = DenseTree(key, rows, 2)
     total = np.zeros((rows, 2))
     for t in range(1, 14):
@@ -103,7 +109,7 @@ def test_sparse_rows_get_the_dense_trees_noise() -> None:
     """The per-row noise a selected row gets between its selections equals the dense tree's
     noise on that row summed over the same rounds (the sparse form is the dense tree
     restricted to the rows, no O(V) state)."""
-    key, num_rows = (21, 22), 40
+    key, num_rows = k(21, 22), 40
     dense = DenseTree(key, num_rows, 3)
     increments = {t: dense.increment(t) for t in range(1, 20)}
     rows = np.array([3, 17, 31])
@@ -289,7 +295,7 @@ def test_settings_split_the_runs_budget_and_epsilon_is_the_target() -> None:
 
 def test_the_vectorized_difference_is_the_estimators() -> None:
     """The one-draw difference a round uses equals the estimator's prefixes subtracted."""
-    key, rows = (8, 9), np.array([2, 40, 41, 1000, 7])
+    key, rows = k(8, 9), np.array([2, 40, 41, 1000, 7])
     since = np.array([0, 3, 12, 12, 8])
     got = tree_noise.prefix_difference(key, rows, 13, since, 3)
     for i, row in enumerate(rows):

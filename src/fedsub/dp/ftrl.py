@@ -59,6 +59,7 @@ from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism, RoundStats, round_generator
 from fedsub.dp.tree_noise import (
+    Key,
     decomposition,
     node_noise,
     prefix_difference,
@@ -82,7 +83,7 @@ class DenseTree:
     (TF Privacy's ``EfficientTreeAggregator`` buffer), O(log t) arrays. A fresh or resumed
     tree rebuilds its buffer from the streams (``honaker_prefix``'s formula)."""
 
-    key: tuple[int, int]
+    key: Key
     rows: int
     dim: int
     done: int = 0  # rounds folded in
@@ -140,7 +141,7 @@ class FtrlMechanism(DpMechanism):
         if self.settings.adaptive is not None:
             raise ValueError("DP-FTRL runs with a fixed clip (adaptive clipping is refused)")
 
-    def key(self, stream: int) -> tuple[int, int]:
+    def key(self, stream: int) -> Key:
         assert self.streams is not None
         return table_key(self.streams.key, stream)
 

@@ -17,14 +17,14 @@ prefix of t rounds is ``N(t) = sum over the nodes (l, i) of t's decomposition of
 estimate(l, i)``, and ``b(l, i) = sum_{m <= l} 2^-(l - m) sum of n(m, j) over the level-m nodes
 j under (l, i)``.
 
-Every node's noise is a function of (key, table, row, level, node index) only: a counter-based
-generator, Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3";
-the generator of Random123, cuRAND and JAX), keyed by 64 bits derived from the run's secret
-(``dp.randomness = "secret"``; the same key width as the torch generators of
-dp/mechanism.py) and the table, with the counter (pair, node index, level, row). So a row's
-noise at any round is computable on its own: the private rows (``rows = "private"``) draw
-only the rows selected, a round stays O(touched + selected), and the dense tree over every
-row is the same numbers (tests/test_dp_ftrl.py checks both).
+Every node's noise is a function of (key, table, row, level, node index) only: a keyed
+pseudo-random function, AES-256 (FIPS-197, through the ``cryptography`` library, as the
+secure-aggregation masks use ChaCha20) of the 16-byte counter block (pair, node index, level,
+row), i.e. AES-CTR's keystream at chosen counters, computed for every block in one call. The
+256-bit key is derived from the run's secret (``dp.randomness = "secret"``) and the table. So a
+row's noise at any round is computable on its own: the private rows (``rows = "private"``)
+draw only the rows selected, a round stays O(touched + selected), and the dense tree over
+every row is the same numbers (tests/test_dp_ftrl.py checks both).
 
 Gaussians by Box-Muller from two 53-bit uniforms (as numpy's doubles are built from two
 32-bit words): the tail beyond 8.5 standard deviations is not reached, as for every
@@ -36,18 +36,20 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from fedsub.numerics import seeding
 
 __all__ = [
     "FTRL_PURPOSE",
+    "Key",
     "decomposition",
     "difference_terms",
     "entry_noise",
     "honaker_prefix",
+    "keystream_words",
     "node_noise",
     "node_terms",
-    "philox4x32",
     "prefix_difference",
     "subtree_sum",
     "table_key",
@@ -55,36 +57,29 @@ __all__ = [
 
 FTRL_PURPOSE = 7  # the spawn key of the tree's streams under seeding.DP
 
-_M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
-_W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
-_LOW = np.uint64(0xFFFFFFFF)
-_SHIFT = np.uint64(32)
+Key = bytes
+"""A tree's 32-byte AES-256 key (``table_key``)."""
 
 
-def philox4x32(counter: np.ndarray, key: tuple[int, int], rounds: int = 10) -> np.ndarray:
-    """Philox4x32-``rounds`` (Salmon et al. 2011) of each row of ``counter`` (n, 4) uint32
-    words under ``key`` (two uint32 words): (n, 4) uint32."""
-    c = [counter[:, i].astype(np.uint64) for i in range(4)]
-    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
-    for r in range(rounds):
-        if r:
-            k0, k1 = (k0 + _W0) & _LOW, (k1 + _W1) & _LOW
-        p0, p1 = _M0 * c[0], _M1 * c[2]  # 32 x 32 -> 64 bits, exact in uint64
-        hi0, lo0, hi1, lo1 = p0 >> _SHIFT, p0 & _LOW, p1 >> _SHIFT, p1 & _LOW
-        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
-    return np.stack(c, axis=1).astype(np.uint32)
+def keystream_words(counter: np.ndarray, key: Key) -> np.ndarray:
+    """AES-256 under ``key`` of each row of ``counter`` ((n, 4) uint32 words, little-endian,
+    one 16-byte block each): (n, 4) uint32. ECB over distinct counter blocks is CTR mode's
+    keystream at those counters: a pseudo-random function of (key, block)."""
+    blocks = np.ascontiguousarray(counter, dtype="<u4").tobytes()
+    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+    out = encryptor.update(blocks) + encryptor.finalize()
+    return np.frombuffer(out, dtype="<u4").reshape(-1, 4).astype(np.uint32)
 
 
-def table_key(seed: seeding.Seed, table: int) -> tuple[int, int]:
-    """The Philox key of table number ``table``'s tree: 64 bits of the SeedSequence of (seed,
-    DP, FTRL_PURPOSE, table); the seed is the run's secret (or train.seed when seeded)."""
-    words = seeding.seed_sequence(seed, seeding.DP, FTRL_PURPOSE, table).generate_state(2)
-    return int(words[0]), int(words[1])
+def table_key(seed: seeding.Seed, table: int) -> Key:
+    """The AES-256 key of table number ``table``'s tree: 256 bits of the SeedSequence of
+    (seed, DP, FTRL_PURPOSE, table); the seed is the run's secret (or train.seed when
+    seeded)."""
+    words = seeding.seed_sequence(seed, seeding.DP, FTRL_PURPOSE, table).generate_state(8)
+    return np.asarray(words, dtype="<u4").tobytes()
 
 
-def node_noise(
-    key: tuple[int, int], rows: np.ndarray, level: int, nodes: np.ndarray, dim: int
-) -> np.ndarray:
+def node_noise(key: Key, rows: np.ndarray, level: int, nodes: np.ndarray, dim: int) -> np.ndarray:
     """Standard normal noise of the tree nodes (``level``, each of ``nodes``) of each of
     ``rows``: (len(rows), len(nodes), dim) float64, every entry a function of (key, row,
     level, node, its position) only (``entry_noise`` of every pair)."""
@@ -96,7 +91,7 @@ def node_noise(
 
 
 def entry_noise(
-    key: tuple[int, int], rows: np.ndarray, levels: np.ndarray, nodes: np.ndarray, dim: int
+    key: Key, rows: np.ndarray, levels: np.ndarray, nodes: np.ndarray, dim: int
 ) -> np.ndarray:
     """``node_noise`` of the nodes (levels[i], nodes[i]) of rows[i], one entry each:
     (len(rows), dim), the same numbers as ``node_noise`` draws for that (row, level, node)."""
@@ -107,11 +102,11 @@ def entry_noise(
     counter[:, 1] = np.repeat(nodes.astype(np.uint32), pairs)
     counter[:, 2] = np.repeat(levels.astype(np.uint32), pairs)
     counter[:, 3] = np.repeat(rows.astype(np.uint32), pairs)
-    return _normals(philox4x32(counter, key)).reshape(count, 2 * pairs)[:, :dim]
+    return _normals(keystream_words(counter, key)).reshape(count, 2 * pairs)[:, :dim]
 
 
 def _normals(words32: np.ndarray) -> np.ndarray:
-    """Two standard normals from each Philox output (Box-Muller on two 53-bit uniforms):
+    """Two standard normals from each block (Box-Muller on two 53-bit uniforms):
     (n, 2)."""
     words = words32.astype(np.uint64)
     scale = 1.0 / 2.0**53
@@ -153,7 +148,7 @@ def difference_terms(t: int, since: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def prefix_difference(
-    key: tuple[int, int], rows: np.ndarray, t: int, since: np.ndarray, dim: int
+    key: Key, rows: np.ndarray, t: int, since: np.ndarray, dim: int
 ) -> np.ndarray:
     """(N_r(t) - N_r(since_r)) / sigma for each of ``rows`` in one vectorized draw (the same
     numbers as ``honaker_prefix``'s; since_r = 0: N_r(t)). A row updated in the previous
@@ -186,9 +181,7 @@ def decomposition(t: int) -> list[tuple[int, int]]:
     return nodes
 
 
-def subtree_sum(
-    key: tuple[int, int], rows: np.ndarray, level: int, index: int, dim: int
-) -> np.ndarray:
+def subtree_sum(key: Key, rows: np.ndarray, level: int, index: int, dim: int) -> np.ndarray:
     """Honaker's b(level, index) of each row (module docstring): (len(rows), dim), from the
     2^(level + 1) - 1 node noises of its subtree."""
     total = np.zeros((len(rows), dim))
@@ -199,7 +192,7 @@ def subtree_sum(
     return total
 
 
-def honaker_prefix(key: tuple[int, int], rows: np.ndarray, t: int, dim: int) -> np.ndarray:
+def honaker_prefix(key: Key, rows: np.ndarray, t: int, dim: int) -> np.ndarray:
     """N(t) / sigma for each row: the sum of Honaker's estimates of the nodes of t's
     decomposition (module docstring); zeros for t = 0. O(t) node draws per row."""
     total = np.zeros((len(rows), dim))
