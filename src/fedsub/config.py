@@ -1,5 +1,5 @@
 """Configuration: a TOML file with sections [data], [model], [train], [execution], [privacy],
-[masking], [eval], [dp] and [algorithms.<name>], validated on load.
+[masking], [eval], [dp], [clock] and [algorithms.<name>], validated on load.
 
 Every key has a type and an allowed range; an unknown key, a wrong type or an out-of-range value
 raises ``ConfigError`` naming the key and what is allowed. ``--set section.key=value`` overrides
@@ -30,6 +30,8 @@ from fedsub.algorithms.registry import (
     options_class,
     split_name,
 )
+from fedsub.clock.hooks import config_refusals as clock_refusals
+from fedsub.clock.settings import ClockConfig
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
@@ -396,6 +398,7 @@ class Config:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)  # the virtual clock (fedsub/clock)
 
     @classmethod
     def from_toml(
@@ -471,6 +474,7 @@ SECTIONS: dict[str, type | None] = {
     "masking": MaskingConfig,
     "eval": EvalConfig,
     "dp": DpConfig,
+    "clock": ClockConfig,
     "algorithms": None,  # [algorithms.<name>] tables, validated by each algorithm's options
 }
 
@@ -511,8 +515,10 @@ def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.note) -> Confi
         execution=parse_section(ExecutionConfig, "execution", raw.get("execution", {})),
         privacy=parse_section(PrivacyConfig, "privacy", raw.get("privacy", {})),
         masking=parse_section(MaskingConfig, "masking", raw.get("masking", {})),
+        clock=parse_section(ClockConfig, "clock", raw.get("clock", {})),
     )
     check_inert(config)
+    check_clock(config)
     check_masking(config)
     check_algorithms(config)
     check_privacy(config)
@@ -824,6 +830,22 @@ def check_algorithms(config: Config) -> None:
             name, config.algorithm_options(name), config.execution.table_placement
         )
         check_table_sharding(name, config.algorithm_options(name), config.execution.table_sharding)
+
+
+def check_clock(config: Config) -> None:
+    """``[clock]``'s refusals (fedsub/clock/hooks.py says why each combination is refused)."""
+    c = config.clock
+    refusals = clock_refusals(
+        c,
+        dp_on=config.dp.mechanism != "none",
+        private_level=config.privacy.level != "none",
+        masking=config.masking.scheme != "none",
+    )
+    if c.on and config.execution.table_sharding != "none":
+        refusals.append((True, "[clock] cannot be combined with execution.table_sharding"))
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(why)
 
 
 def check_masking(config: Config) -> None:

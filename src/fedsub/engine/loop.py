@@ -23,6 +23,8 @@ from fedsub import distributed
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
+from fedsub.clock.hooks import clocked
+from fedsub.clock.settings import ClockConfig
 from fedsub.data.federated import FederatedDataset, Population
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanism import DpMechanism, empty_update
@@ -224,6 +226,8 @@ class RunControl:
     on_private_rounds: Callable[[PrivateRounds], None] | None = None
     # row-sharded tables (set by run_rounds): every process writes its shard of a checkpoint
     sharded: ShardedTables | None = None
+    # [clock]: the virtual clock (fedsub/clock; issue 51); None or mode "off": rounds cost no time
+    clock: ClockConfig | None = None
 
 
 @dataclass
@@ -523,7 +527,12 @@ def run_rounds(
         )
         rounds.agree, rounds.all_rejected = agree, all_rejected
         control = dataclasses.replace(control, sharded=sharded)
-    runtime = InProcess(model, dataset, index, schedule, run_cohort, evaluator, host, sharded)
+    runtime: RoundRuntime = InProcess(
+        model, dataset, index, schedule, run_cohort, evaluator, host, sharded
+    )
+    # --- virtual clock hook (fedsub/clock, issue 51): wraps the runtime, may adjust rounds ---
+    runtime = clocked(runtime, rounds, dataset, index, control.clock)
+    # --- end of the clock hook ---
     drive(rounds, runtime, schedule, control, on_evaluation, on_round)
     return params
 

@@ -263,6 +263,7 @@ class AlgorithmRun:
             on_reject=on_reject,
             divergence_factor=self.config.eval.divergence_factor,
             on_private_rounds=lambda private: stages.append(private),
+            clock=self.config.clock,  # [clock] (fedsub/clock, issue 51)
         )
         every = self.config.train.checkpoint_every
         control = checkpointed(guards, folder, every, self.identity, saved)
