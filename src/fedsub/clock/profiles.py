@@ -210,20 +210,21 @@ def _from_entries(
     n = len(drawn)
     columns = {}
     for key in ("compute", "download", "upload", "memory"):
-        given = [e for e in entries if isinstance(e, dict) and e.get(key) not in (None, "")]
-        if key == "compute" and len(given) != len(entries):
+        if not all(isinstance(e, dict) for e in entries):
+            raise ConfigError(f"{where}: every client entry must be an object")
+        given = [e.get(key) not in (None, "") for e in entries]
+        if key == "compute" and not all(given):
             raise ConfigError(f"{where}: every client needs a compute speed (samples/s)")
-        if given and len(given) != len(entries):
-            raise ConfigError(f"{where}: {key} is given for some clients only")
-        if given:
-            columns[key] = _spread(
-                [_number(e, key, f"{where}, client {i}") for i, e in enumerate(entries)], n
-            )
+        values = [
+            _number(e, key, f"{where}, client {i}") if g else math.nan
+            for i, (e, g) in enumerate(zip(entries, given, strict=True))
+        ]
+        columns[key] = _spread(values, n)  # missing (NaN): drawn, below
     profiles = Profiles(
         columns["compute"],
-        columns.get("download", drawn.download),
-        columns.get("upload", drawn.upload),
-        columns.get("memory", drawn.memory),
+        np.where(np.isnan(columns["download"]), drawn.download, columns["download"]),
+        np.where(np.isnan(columns["upload"]), drawn.upload, columns["upload"]),
+        np.where(np.isnan(columns["memory"]), drawn.memory, columns["memory"]),
     )
     if not any(isinstance(e, dict) and "online" in e for e in entries):
         return profiles, trace
