@@ -5,6 +5,7 @@ heat (each checked against its formula written out here), determinism and resume
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 
@@ -84,8 +85,12 @@ def test_fedsub_json_csv_and_fedscale_trace_files(tmp_path):
     fedsub_json = tmp_path / "t.json"
     fedsub_json.write_text(
         json.dumps(
-            {"clients": [{"compute": 10, "upload": 5, "online": [[0, 10]], "period": 20},
-                         {"compute": 30}]}  # fmt: skip
+            {
+                "clients": [
+                    {"compute": 10, "upload": 5, "online": [[0, 10]], "period": 20},
+                    {"compute": 30},
+                ]
+            }
         )
     )
     profiles, trace = read_trace(fedsub_json, drawn, Trace.always(n))
@@ -154,8 +159,16 @@ def test_bytes_and_seconds_follow_the_written_formula():
     sub = submodel_bytes(index, params, n)
     whole = whole_model_bytes(params, n)
     for k in range(n):  # an independent count: the rows each client's samples read
-        rows_a = {i for s in range(int(dataset.client_offsets[k]), int(dataset.client_offsets[k + 1])) for i in _ids(dataset, "a", s)}
-        rows_b = {i for s in range(int(dataset.client_offsets[k]), int(dataset.client_offsets[k + 1])) for i in _ids(dataset, "b", s)}
+        rows_a = {
+            i
+            for s in range(int(dataset.client_offsets[k]), int(dataset.client_offsets[k + 1]))
+            for i in _ids(dataset, "a", s)
+        }
+        rows_b = {
+            i
+            for s in range(int(dataset.client_offsets[k]), int(dataset.client_offsets[k + 1]))
+            for i in _ids(dataset, "b", s)
+        }
         dim_a, dim_b = params.tables["a"].shape[1], params.tables["b"].shape[1]
         dense = sum(v.numel() for v in params.dense.values())
         assert sub[k] == 8 * (len(rows_a) * dim_a + len(rows_b) * dim_b + dense)
@@ -196,7 +209,7 @@ def run_with(clock: ClockConfig | None, name="fedsubavg", control=None, rounds=4
     dataset, index, model = small_setup()
     algorithm = build_algorithm(name, AlgorithmContext(dataset, index, "samples"))
     control = control or RunControl()
-    control = dataclasses.replace(control, clock=clock)
+    control = dataclasses.replace(control, wrap_runtime=clock and hooks.wrapper(clock))
     history = []
     params = train(model, algorithm, dataset, index, schedule_of(rounds), control=control,
                    on_evaluation=history.append, **kw)  # fmt: skip
@@ -206,7 +219,7 @@ def run_with(clock: ClockConfig | None, name="fedsubavg", control=None, rounds=4
 def test_clock_off_and_a_clock_that_drops_nobody_leave_every_number_unchanged():
     plain, _ = run_with(None)
     off, _ = run_with(ClockConfig())
-    timed, history = run_with(ClockConfig(mode="synchronous"))
+    timed, _history = run_with(ClockConfig(mode="synchronous"))
     for key, value in plain.state_dict().items():
         assert torch.equal(off.state_dict()[key], value), key
         assert torch.equal(timed.state_dict()[key], value), key
@@ -233,7 +246,7 @@ def test_a_comparison_records_virtual_time_and_time_to_target(mode):
     outcome = compare(Config.from_dict({**SMALL, "clock": {"mode": mode}}), None)
     for name, history in outcome.histories.items():
         times = [e.metrics["virtual_time"] for e in history]
-        assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:], strict=False))
+        assert times[0] == 0.0 and all(b > a for a, b in itertools.pairwise(times))
         entry = outcome.summary["algorithms"][name]
         reached = next(e for e in history if e.round == entry["rounds_to_target"])
         assert entry["time_to_target"] == reached.metrics["virtual_time"]
@@ -364,8 +377,10 @@ def test_fedbuff_resumed_between_steps_with_clients_in_flight_is_bit_identical(n
     ("sets", "message"),
     [
         ({"clock": {"mode": "fedbuff"}, "dp": {"mechanism": "gaussian"}}, r"\[dp\]"),
-        ({"clock": {"mode": "synchronous", "deadline": 5.0},
-          "privacy": {"level": "heat"}}, "privacy.level"),  # fmt: skip
+        (
+            {"clock": {"mode": "synchronous", "deadline": 5.0}, "privacy": {"level": "heat"}},
+            "privacy.level",
+        ),
         ({"clock": {"mode": "sometimes"}}, "clock.mode"),
         ({"clock": {"deadline": -1.0}}, "clock.deadline"),
         ({"clock": {"speed": 1}}, "unknown key 'speed'"),

@@ -30,8 +30,8 @@ from fedsub.algorithms.registry import (
     options_class,
     split_name,
 )
-from fedsub.clock.hooks import config_refusals as clock_refusals
 from fedsub.clock.settings import ClockConfig
+from fedsub.clock.settings import config_refusals as clock_refusals
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names

@@ -183,9 +183,9 @@ class BufferState:
         tensors = {
             "now": torch.tensor([self.now], dtype=torch.float64),
             "draws": torch.tensor([self.draws], dtype=torch.int64),
-            "flying": torch.tensor(
-                [t.row() for t in self.flying], dtype=torch.float64
-            ).reshape(-1, TASK_COLUMNS),
+            "flying": torch.tensor([t.row() for t in self.flying], dtype=torch.float64).reshape(
+                -1, TASK_COLUMNS
+            ),
             "pulled": torch.tensor(sorted(self.pulled), dtype=torch.int64),
         }
         for version, (update, ids) in self.kept.items():
@@ -275,7 +275,9 @@ class FedBuffClock:
         )
         finish = state.now + seconds
         offline = self.trace.online_until(client, state.now)
-        task = Task(state.draws, client, version, state.now, min(finish, offline), finish <= offline)
+        task = Task(
+            state.draws, client, version, state.now, min(finish, offline), finish <= offline
+        )
         state.flying.append(task)
         state.pulled.add(client)
         return True

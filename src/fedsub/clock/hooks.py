@@ -1,21 +1,23 @@
-"""The clock's one entry from the round loop (engine/loop.py's ``run_rounds``): the in-process
-runtime wrapped on the virtual clock, and the ServerRound adjusted (over-selection's larger
-draw; FedBuff's combine), with the clock's state a checkpoint stage.
-
-``clocked`` refuses, with the reason, what the clock does not combine with; the config-level
-refusals ([dp], privacy levels, masking) are ``config_refusals`` (config.py calls it)."""
+"""The clock's one entry into the round loop: engine/loop.py's ``run_rounds`` calls
+``RunControl.wrap_runtime``, which runs/experiment.py sets to ``wrapper(config.clock)`` (the
+engine never imports the clock). ``clocked`` wraps the in-process runtime on the virtual clock
+and adjusts the ServerRound (over-selection's larger draw; FedBuff's combine), with the clock's
+state a checkpoint stage. It refuses, with the reason, what the clock does not combine with;
+the config-level refusals ([dp], privacy levels, masking) are clock/settings.py's
+``config_refusals``."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedsub.clock.fedbuff import FedBuffClock, fedbuff_combine
-from fedsub.clock.profiles import clock_inputs
+from fedsub.clock.profiles import Profiles, Trace, clock_inputs
 from fedsub.clock.settings import ClockConfig
 from fedsub.clock.synchronous import SynchronousClock
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
@@ -29,52 +31,10 @@ if TYPE_CHECKING:
 
 STAGE = "clock"  # the checkpoint stage of the clock's state
 
-DP_REASON = (
-    "[dp]'s accounting assumes the configured cohort sampling: FedBuff's buffers mix model "
-    "versions and a deadline, over-selection or dropouts choose members by device speed and "
-    "availability, which the accountant does not model"
-)
-PRIVACY_REASON = (
-    "privacy levels' secure aggregation sums one round's cohort, and FedBuff's buffer or a "
-    "round's dropouts change who is summed after the cohort is set up"
-)
 
-
-def drops_clients(clock: ClockConfig) -> bool:
-    """Whether synchronous rounds may drop members (deadline, over-selection, availability)."""
-    sync = clock.synchronous
-    return (
-        sync.deadline > 0
-        or sync.over_selection > 0
-        or clock.online.availability != "always"
-        or clock.trace is not None
-    )
-
-
-def config_refusals(
-    clock: ClockConfig, dp_on: bool, private_level: bool, masking: bool
-) -> list[tuple[bool, str]]:
-    """(refused?, why) for each combination of ``[clock]`` the config cannot run."""
-    fedbuff = clock.mode == "fedbuff"
-    dropping = clock.mode == "synchronous" and drops_clients(clock)
-    return [
-        (fedbuff and dp_on, f'clock.mode = "fedbuff" cannot be combined with [dp]: {DP_REASON}'),
-        (
-            dropping and dp_on,
-            "clock.mode = \"synchronous\" with a deadline, over-selection or an availability "
-            f"trace cannot be combined with [dp]: {DP_REASON}",
-        ),
-        (
-            (fedbuff or dropping) and private_level,
-            f"[clock] (FedBuff, or rounds that drop members) cannot be combined with "
-            f"privacy.level other than 'none': {PRIVACY_REASON}",
-        ),
-        (
-            fedbuff and masking,
-            'clock.mode = "fedbuff" cannot be combined with masking: width slices are '
-            "aggregated per synchronous round",
-        ),
-    ]
+def wrapper(clock: ClockConfig) -> Callable[..., RoundRuntime] | None:
+    """What the round loop's ``RunControl.wrap_runtime`` takes for ``clock`` (None: off)."""
+    return functools.partial(clocked, clock=clock) if clock.on else None
 
 
 def clocked(
@@ -114,7 +74,16 @@ def clocked(
     return clocked_runtime
 
 
-def _fedbuff(runtime, rounds, clock, profiles, trace, exchanged, samples, name) -> RoundRuntime:  # type: ignore[no-untyped-def]
+def _fedbuff(
+    runtime: RoundRuntime,
+    rounds: ServerRound,
+    clock: ClockConfig,
+    profiles: Profiles,
+    trace: Trace,
+    exchanged: np.ndarray,
+    samples: float,
+    name: str,
+) -> RoundRuntime:
     weighting = rounds.algorithm.aggregation.weighting
     if weighting not in ("samples", "uniform") or rounds.algorithm.aggregation.combine_step:
         raise ConfigError(
@@ -133,4 +102,4 @@ def _fedbuff(runtime, rounds, clock, profiles, trace, exchanged, samples, name) 
     return buffered
 
 
-__all__ = ["STAGE", "clocked", "config_refusals", "np"]
+__all__ = ["STAGE", "clocked", "wrapper"]

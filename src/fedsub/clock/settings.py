@@ -99,3 +99,51 @@ class ClockConfig:
     @property
     def on(self) -> bool:
         return self.mode != "off"
+
+
+DP_REASON = (
+    "[dp]'s accounting assumes the configured cohort sampling: FedBuff's buffers mix model "
+    "versions and a deadline, over-selection or dropouts choose members by device speed and "
+    "availability, which the accountant does not model"
+)
+PRIVACY_REASON = (
+    "privacy levels' secure aggregation sums one round's cohort, and FedBuff's buffer or a "
+    "round's dropouts change who is summed after the cohort is set up"
+)
+
+
+def drops_clients(clock: ClockConfig) -> bool:
+    """Whether synchronous rounds may drop members (deadline, over-selection, availability)."""
+    sync = clock.synchronous
+    return (
+        sync.deadline > 0
+        or sync.over_selection > 0
+        or clock.online.availability != "always"
+        or clock.trace is not None
+    )
+
+
+def config_refusals(
+    clock: ClockConfig, dp_on: bool, private_level: bool, masking: bool
+) -> list[tuple[bool, str]]:
+    """(refused?, why) for each combination of ``[clock]`` the config cannot run."""
+    fedbuff = clock.mode == "fedbuff"
+    dropping = clock.mode == "synchronous" and drops_clients(clock)
+    return [
+        (fedbuff and dp_on, f'clock.mode = "fedbuff" cannot be combined with [dp]: {DP_REASON}'),
+        (
+            dropping and dp_on,
+            'clock.mode = "synchronous" with a deadline, over-selection or an availability '
+            f"trace cannot be combined with [dp]: {DP_REASON}",
+        ),
+        (
+            (fedbuff or dropping) and private_level,
+            f"[clock] (FedBuff, or rounds that drop members) cannot be combined with "
+            f"privacy.level other than 'none': {PRIVACY_REASON}",
+        ),
+        (
+            fedbuff and masking,
+            'clock.mode = "fedbuff" cannot be combined with masking: width slices are '
+            "aggregated per synchronous round",
+        ),
+    ]

@@ -23,8 +23,6 @@ from fedsub import distributed
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate, aggregation_weights
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.scaffold import ControlVariates
-from fedsub.clock.hooks import clocked
-from fedsub.clock.settings import ClockConfig
 from fedsub.data.federated import FederatedDataset, Population
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanism import DpMechanism, empty_update
@@ -226,8 +224,9 @@ class RunControl:
     on_private_rounds: Callable[[PrivateRounds], None] | None = None
     # row-sharded tables (set by run_rounds): every process writes its shard of a checkpoint
     sharded: ShardedTables | None = None
-    # [clock]: the virtual clock (fedsub/clock; issue 51); None or mode "off": rounds cost no time
-    clock: ClockConfig | None = None
+    # wraps the in-process runtime before round 1, given (runtime, rounds, dataset, index):
+    # [clock]'s virtual clock (fedsub/clock/hooks.py ``wrapper``; issue 51); None: as it is
+    wrap_runtime: Callable[..., RoundRuntime] | None = None
 
 
 @dataclass
@@ -530,9 +529,10 @@ def run_rounds(
     runtime: RoundRuntime = InProcess(
         model, dataset, index, schedule, run_cohort, evaluator, host, sharded
     )
-    # --- virtual clock hook (fedsub/clock, issue 51): wraps the runtime, may adjust rounds ---
-    runtime = clocked(runtime, rounds, dataset, index, control.clock)
-    # --- end of the clock hook ---
+    # --- runtime hook (fedsub/clock's virtual clock, issue 51): wraps it, may adjust rounds ---
+    if control.wrap_runtime is not None:
+        runtime = control.wrap_runtime(runtime, rounds, dataset, index)
+    # --- end of the runtime hook ---
     drive(rounds, runtime, schedule, control, on_evaluation, on_round)
     return params
 

@@ -20,6 +20,7 @@ import torch
 from fedsub import config as config_lib
 from fedsub import distributed
 from fedsub.algorithms.registry import build_algorithm
+from fedsub.clock.hooks import wrapper as clock_wrapper
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.dp.randomness import NOT_A_GUARANTEE
@@ -263,7 +264,7 @@ class AlgorithmRun:
             on_reject=on_reject,
             divergence_factor=self.config.eval.divergence_factor,
             on_private_rounds=lambda private: stages.append(private),
-            clock=self.config.clock,  # [clock] (fedsub/clock, issue 51)
+            wrap_runtime=clock_wrapper(self.config.clock),  # [clock] (fedsub/clock, issue 51)
         )
         every = self.config.train.checkpoint_every
         control = checkpointed(guards, folder, every, self.identity, saved)

@@ -139,7 +139,7 @@ def summary(
     """summary.json: per algorithm its rounds to target (null when not reached, when no
     target is set, or when it diverged), final and best metrics, and its divergence."""
     diverged = diverged or {}
-    result = {
+    result: dict = {
         "target": target.as_json(),
         "algorithms": {
             name: {
@@ -296,10 +296,10 @@ def curves_figure(
     x: str = "round",
 ):
     """The matplotlib figure of ``plot_curves`` (``x``: "round", or [clock]'s
-    "virtual_time": the curves against simulated seconds, written to curves_time.png): each line's finite values (a marker on each
-    when there are few), the target, when set, as a dashed horizontal line labelled with its
-    value on its metric's panel, a diverged run's round as a dotted vertical line in its
-    colour, and whole rounds on the x axis."""
+    "virtual_time": the curves against simulated seconds, written to curves_time.png): each
+    line's finite values (a marker on each when there are few), the target, when set, as a
+    dashed horizontal line labelled with its value on its metric's panel, a diverged run's
+    round as a dotted vertical line in its colour, and whole rounds on the x axis."""
     import matplotlib
 
     matplotlib.use("Agg")
