@@ -5,7 +5,9 @@ lognormal defaults, markov availability). Virtual seconds are simulated, so the 
 exact functions of the seed (no timing noise); ``--speed`` also times the batched engine
 against the per-client loop (execution.backend = "sequential") on a short FedBuff run.
 
-    PYTHONPATH=src python benchmarks/clock_time_to_target.py [--rounds 150] [--speed]
+    .venv/bin/python benchmarks/clock_time_to_target.py [--rounds 150] [--speed]
+
+Ends with ``RESULT {json}``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def main() -> None:
     if args.speed:
         results["speed"] = speed(buff_sets)
     print(json.dumps(results, indent=2))
+    print("RESULT " + json.dumps(results))
 
 
 def speed(buff_sets: list[str]) -> dict:
