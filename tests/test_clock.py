@@ -395,3 +395,39 @@ def test_clock_inputs_read_the_settings():
     clock = ClockConfig(online=Availability("markov"))
     profiles, trace = clock_inputs(clock, 0, 10)
     assert len(profiles) == 10 and trace.toggles.shape[0] == 10
+
+
+# ---- masking's capacities from the profiles' memory ----
+
+
+def test_memory_assignment_deals_the_largest_levels_to_the_most_memory():
+    from fedsub.masking.capacity import Capacities
+
+    memory = (5.0, 1.0, 9.0, 3.0, 7.0, 2.0)
+    capacities = Capacities((1.0, 0.5, 0.25), (), "memory", memory)
+    levels = capacities.of(0, 1, np.arange(6), 6)
+    # two clients per level: 9 and 7 get 1.0, 5 and 3 get 0.5, 2 and 1 get 0.25
+    assert levels.tolist() == [0.5, 0.25, 1.0, 0.5, 1.0, 0.25]
+    assert capacities.of(0, 7, np.arange(6), 6).tolist() == levels.tolist()  # for the run
+
+
+def test_memory_assignment_reads_the_clock_and_scales_a_members_time():
+    from fedsub.clock.synchronous import capacity_share
+    from fedsub.runs.run_setup import schedule_of
+
+    raw = {"model": {"name": "mlp"}, "masking": {"scheme": "rolling"}}
+    with pytest.raises(ConfigError, match=r"clock\.mode"):
+        Config.from_dict({**raw, "masking": {**raw["masking"], "capacity_assignment": "memory"}})
+    config = Config.from_dict(
+        {**raw, "masking": {"scheme": "rolling", "capacity_assignment": "memory",
+                            "capacities": [1.0, 0.5]},
+         "clock": {"mode": "synchronous"}}
+    )  # fmt: skip
+    schedule = schedule_of(config, 10)
+    assert schedule.masking is not None
+    memory = np.array(schedule.masking.capacities.memory)
+    drawn = drawn_profiles(config.clock.devices, config.train.seed, 10).memory
+    assert memory.tolist() == drawn.tolist()
+    share = capacity_share(schedule.masking, config.train.seed, 10)(1, np.arange(10))
+    assert sorted(share.tolist()) == [0.25] * 5 + [1.0] * 5  # beta^2 for channel slices
+    assert share[np.argmax(memory)] == 1.0 and share[np.argmin(memory)] == 0.25

@@ -233,9 +233,11 @@ class MaskingConfig:
     capacity_proportions: list[float] = field(default_factory=list, metadata={"min_exclusive": 0.0})
     """Shares of the capacities; [] = equal."""
     capacity_assignment: str = field(
-        default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
+        default="fixed", metadata={"choices": lambda: ["fixed", "per-round", "memory"]}
     )
-    """`fixed` (dealt once in those proportions) or `per-round` (redrawn)."""
+    """`fixed` (dealt once in those proportions), `per-round` (redrawn) or `memory` (dealt once,
+    the largest levels to the clients with the most memory in [clock]'s device profiles; needs
+    clock.mode other than `off`)."""
     average: str = field(
         default="scheme", metadata={"choices": lambda: ["scheme", "trainers", "all"]}
     )
@@ -841,6 +843,14 @@ def check_clock(config: Config) -> None:
         private_level=config.privacy.level != "none",
         masking=config.masking.scheme != "none",
     )
+    if config.masking.capacity_assignment == "memory" and not c.on:
+        refusals.append(
+            (
+                True,
+                "masking.capacity_assignment = 'memory' reads the clients' memory from "
+                "[clock]'s device profiles: set clock.mode",
+            )
+        )
     if c.on and config.execution.table_sharding != "none":
         refusals.append((True, "[clock] cannot be combined with execution.table_sharding"))
     for refused, why in refusals:

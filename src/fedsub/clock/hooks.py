@@ -19,7 +19,7 @@ import numpy as np
 from fedsub.clock.fedbuff import FedBuffClock, fedbuff_combine
 from fedsub.clock.profiles import Profiles, Trace, clock_inputs
 from fedsub.clock.settings import ClockConfig
-from fedsub.clock.synchronous import SynchronousClock
+from fedsub.clock.synchronous import SynchronousClock, capacity_share
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
 from fedsub.engine.round_runtime import RoundRuntime
 from fedsub.engine.server_round import ServerRound
@@ -67,8 +67,12 @@ def clocked(
     k = schedule.clients_per_round
     selected = min(n, math.ceil(k * (1 + clock.synchronous.over_selection)))
     rounds.schedule = dataclasses.replace(schedule, clients_per_round=selected)
+    masking = schedule.masking
+    share = None
+    if masking is not None and masking.scheme != "none":
+        share = capacity_share(masking, schedule.seed, n)
     clocked_runtime = SynchronousClock(
-        runtime, profiles, trace, exchanged, samples, clock.synchronous, k
+        runtime, profiles, trace, exchanged, samples, clock.synchronous, k, share
     )
     rounds.more_stages[STAGE] = clocked_runtime.time
     return clocked_runtime
