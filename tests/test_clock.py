@@ -431,3 +431,12 @@ def test_memory_assignment_reads_the_clock_and_scales_a_members_time():
     share = capacity_share(schedule.masking, config.train.seed, 10)(1, np.arange(10))
     assert sorted(share.tolist()) == [0.25] * 5 + [1.0] * 5  # beta^2 for channel slices
     assert share[np.argmax(memory)] == 1.0 and share[np.argmin(memory)] == 0.25
+
+
+def test_flower_refuses_the_clock_with_the_reason():
+    from fedsub.flower.settings import FlowerSettings
+
+    settings = FlowerSettings(overrides=("clock.mode=fedbuff",))
+    with pytest.raises(ConfigError, match="in-process only"):
+        settings.fedsub_config()
+    assert FlowerSettings(overrides=("clock.mode=off",)).fedsub_config().clock.mode == "off"
