@@ -382,8 +382,12 @@ def test_fedbuff_resumed_between_steps_with_clients_in_flight_is_bit_identical(n
             "privacy.level",
         ),
         ({"clock": {"mode": "sometimes"}}, "clock.mode"),
-        ({"clock": {"deadline": -1.0}}, "clock.deadline"),
+        ({"clock": {"mode": "fedbuff"}, "execution": {"table_placement": "host"}}, "host"),
+        ({"clock": {"mode": "synchronous", "deadline": -1.0}}, "clock.deadline"),
         ({"clock": {"speed": 1}}, "unknown key 'speed'"),
+        ({"clock": {"deadline": 5.0}}, r"clock\.deadline does nothing here"),
+        ({"clock": {"mode": "fedbuff", "over_selection": 0.5}}, "clock.over_selection"),
+        ({"clock": {"mode": "synchronous", "buffer_size": 5}}, "clock.buffer_size"),
     ],
 )
 def test_config_refuses_what_the_clock_cannot_combine_with(sets, message):

@@ -32,6 +32,7 @@ from fedsub.algorithms.registry import (
 )
 from fedsub.clock.settings import ClockConfig
 from fedsub.clock.settings import config_refusals as clock_refusals
+from fedsub.clock.settings import inert_keys as clock_inert_keys
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.engine.backends import backend_names
@@ -851,11 +852,21 @@ def check_clock(config: Config) -> None:
                 "[clock]'s device profiles: set clock.mode",
             )
         )
+    if c.mode == "fedbuff" and config.execution.table_placement == "host":
+        refusals.append(
+            (
+                True,
+                'clock.mode = "fedbuff" cannot be combined with execution.table_placement = '
+                '"host": its buffer is aggregated on the device',
+            )
+        )
     if c.on and config.execution.table_sharding != "none":
         refusals.append((True, "[clock] cannot be combined with execution.table_sharding"))
     for refused, why in refusals:
         if refused:
             raise ConfigError(why)
+    for key, why in clock_inert_keys(c):
+        raise ConfigError(f"{key} does nothing here: {why} leaves it unused; remove {key}")
 
 
 def check_masking(config: Config) -> None:

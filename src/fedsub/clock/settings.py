@@ -6,6 +6,7 @@ docs live here, grouped by concern (each group's keys are written flat in ``[clo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 MODES = ("off", "synchronous", "fedbuff")
@@ -147,3 +148,31 @@ def config_refusals(
             "aggregated per synchronous round",
         ),
     ]
+
+
+def inert_keys(clock: ClockConfig) -> list[tuple[str, str]]:
+    """``[clock]`` keys set to a value other than their default where ``clock.mode`` leaves
+    them unused, each with why (config.py refuses them, as it refuses inert [masking] keys)."""
+    default = ClockConfig()
+    groups: dict[str, object] = {
+        "devices": clock.devices,
+        "online": clock.online,
+        "synchronous": clock.synchronous,
+        "buffered": clock.buffered,
+    }
+    unused = {
+        "off": ("devices", "online", "synchronous", "buffered"),
+        "synchronous": ("buffered",),
+        "fedbuff": ("synchronous",),
+    }[clock.mode]
+    found = []
+    if clock.mode == "off":
+        for key in ("trace", "transfer"):
+            if getattr(clock, key) != getattr(default, key):
+                found.append((f"clock.{key}", 'clock.mode = "off"'))
+    for group in unused:
+        values, defaults = groups[group], getattr(default, group)
+        for f in dataclasses.fields(defaults):
+            if getattr(values, f.name) != getattr(defaults, f.name):
+                found.append((f"clock.{f.name}", f"clock.mode = {clock.mode!r}"))
+    return found
