@@ -444,3 +444,16 @@ def test_flower_refuses_the_clock_with_the_reason():
     with pytest.raises(ConfigError, match="in-process only"):
         settings.fedsub_config()
     assert FlowerSettings(overrides=("clock.mode=off",)).fedsub_config().clock.mode == "off"
+
+
+def test_a_sweep_reports_each_values_time_to_target(tmp_path):
+    from fedsub.runs.experiment import sweep
+
+    base = {**SMALL, "train": {**SMALL["train"], "algorithms": ["fedsubavg"]}}
+    outcome = sweep("clock.mode", ["synchronous", "fedbuff"], base, tmp_path / "s")
+    times = outcome.summary["time_to_target"]["fedsubavg"]
+    for value in ("synchronous", "fedbuff"):
+        folder = tmp_path / "s" / f"clock.mode={value}"
+        summary = json.loads((folder / "summary.json").read_text())
+        assert times[value] == summary["algorithms"]["fedsubavg"]["time_to_target"] is not None
+        assert (folder / "curves_time.png").exists()

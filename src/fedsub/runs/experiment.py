@@ -895,6 +895,21 @@ def _sweep_result(key: str, values: list[str], outcomes: dict[str, Outcome]) -> 
             n: {v: o.summary["algorithms"][n]["diverged"] for v, o in outcomes.items()}
             for n in names
         },
+        # [clock] (fedsub/clock): each value's virtual seconds to target, when on the clock
+        **_sweep_times(names, outcomes),
+    }
+
+
+def _sweep_times(names: list[str], outcomes: dict[str, Outcome]) -> dict:
+    """sweep.json's ``time_to_target`` per algorithm and value, when the runs had [clock]."""
+    entries = [o.summary["algorithms"][n] for o in outcomes.values() for n in names]
+    if not any("time_to_target" in e for e in entries):
+        return {}
+    return {
+        "time_to_target": {
+            n: {v: o.summary["algorithms"][n].get("time_to_target") for v, o in outcomes.items()}
+            for n in names
+        }
     }
 
 
