@@ -356,6 +356,26 @@ def test_fedbuff_batches_each_versions_clients_and_is_reproducible(monkeypatch):
     assert any(not torch.equal(first.state_dict()[k], v) for k, v in plain.state_dict().items())
 
 
+SYNCHRONOUS = ClockConfig(
+    mode="synchronous",
+    online=Availability("markov", online_mean=20.0, offline_mean=10.0),
+    synchronous=SynchronousRounds(deadline=8.0, over_selection=0.5),
+)
+
+
+def test_a_resumed_synchronous_clock_continues_its_time_and_model(tmp_path):
+    straight, _ = run_with(SYNCHRONOUS, rounds=6)
+    done: list[int] = []
+    stop = RunControl(checkpoints=tmp_path, stop_requested=lambda: done[-1] >= 3)
+    with pytest.raises(Interrupted) as stopped:
+        run_with(SYNCHRONOUS, control=stop, rounds=6, on_round=done.append)
+    saved = checkpoint_lib.load(stopped.value.checkpoint)
+    assert float(saved.stages[hooks.STAGE]["now"][0]) > 0
+    resumed, _ = run_with(SYNCHRONOUS, control=RunControl(resume=saved), rounds=6)
+    for key, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
+
+
 @pytest.mark.parametrize("name", ["fedavg", "fedsubavg"])
 def test_fedbuff_resumed_between_steps_with_clients_in_flight_is_bit_identical(name, tmp_path):
     straight, _ = run_with(FEDBUFF, name, rounds=6)
