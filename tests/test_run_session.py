@@ -13,14 +13,9 @@ from safetensors.torch import load_file
 
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
-from fedsub.engine.loop import (
-    InProcess,
-    Interrupted,
-    RunControl,
-    build_server_round,
-    initial_params,
-    round_stages,
-)
+from fedsub.engine.features.assembly import Assembly, assemble
+from fedsub.engine.in_process import InProcess
+from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.files.run_folder import RUN_FILE, RunIdentity, checkpoint_outputs, claim_new
 from fedsub.runs.run_identity import IN_CONFIG_FILE
 from fedsub.runs.run_session import (
@@ -156,15 +151,15 @@ def run_half_offline(folder, resume=False, stop_after=0, callbacks=()):
         saved = session.newest() if resume else None
         run = TrackedRun("fedavg", "toy-fedavg", runtime="half-offline")
         attempt = session.attempt("", saved, 1, tracked=Tracked(tuple(callbacks), run))
-        params = initial_params(setup.model, setup.schedule)
-        run_cohort, combine = round_stages(setup.model, algorithm, setup.schedule, params)
-        engine = InProcess(setup.model, setup.dataset, setup.index, setup.schedule, run_cohort,
-                           setup.evaluator)  # fmt: skip
+        assembled = assemble(
+            setup.model, algorithm, setup.dataset, setup.index, setup.schedule, Assembly()
+        )
+        params = assembled.rounds.params
+        engine = InProcess(setup.model, setup.dataset, setup.index, setup.schedule,
+                           assembled.run_cohort, setup.evaluator.evaluate)  # fmt: skip
 
         def open_rounds(control):
-            return build_server_round(
-                algorithm, setup.dataset, setup.index, setup.schedule, params, combine, control
-            )
+            return assembled.rounds
 
         def stop() -> bool:  # asked after every round
             done.append(1)
