@@ -381,6 +381,25 @@ def test_fedbuff_batches_each_versions_clients_and_is_reproducible(monkeypatch):
     assert any(not torch.equal(first.state_dict()[k], v) for k, v in plain.state_dict().items())
 
 
+def test_every_fedbuff_step_combines_its_buffer_by_fedbuffs_rule(monkeypatch):
+    """Each server step is ``fedbuff_combine`` of a buffer of B updates (not another
+    feature's combine, e.g. the private rounds' in-the-clear aggregation at level none)."""
+    buffers: list[list[int]] = []
+
+    def recording(update, aggregation, exponent):
+        buffers.append(update.staleness.tolist())
+        return fedbuff_combine(update, aggregation=aggregation, exponent=exponent)
+
+    from fedsub.runs.experiment import compare
+
+    monkeypatch.setattr(hooks, "fedbuff_combine", recording)
+    clock = {"mode": "fedbuff", "concurrency": 8, "buffer_size": 3}
+    compare(Config.from_dict({**SMALL, "clock": clock}), None)  # as `fedsub compare` runs it
+    algorithms = len(Config.from_dict(SMALL).train.algorithms)
+    assert [len(b) for b in buffers] == [3] * (4 * algorithms)
+    assert any(tau > 0 for b in buffers for tau in b)  # stale updates reached the rule
+
+
 SYNCHRONOUS = ClockConfig(
     mode="synchronous",
     online=Availability("markov", online_mean=20.0, offline_mean=10.0),

@@ -22,7 +22,7 @@ from fedsub.clock.profiles import Profiles, Trace, clock_inputs
 from fedsub.clock.settings import ClockConfig
 from fedsub.clock.synchronous import SynchronousClock, capacity_share
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
-from fedsub.engine.contribution import RoundContribution
+from fedsub.engine.contribution import Combining, RoundContribution
 from fedsub.engine.round_runtime import RoundRuntime
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import ConfigError
@@ -78,7 +78,7 @@ def clocked(
     clocked_runtime = SynchronousClock(
         runtime, profiles, trace, exchanged, samples, clock.synchronous, k, share
     )
-    _checkpointed(rounds, clocked_runtime.time)
+    _contribute(rounds, clocked_runtime.time)
     return clocked_runtime
 
 
@@ -104,17 +104,22 @@ def _fedbuff(
         )
     aggregation = rounds.algorithm.aggregation.to(rounds.params.device)
     exponent = clock.buffered.staleness_exponent
-    rounds.combine = functools.partial(fedbuff_combine, aggregation=aggregation, exponent=exponent)
+    combine = functools.partial(fedbuff_combine, aggregation=aggregation, exponent=exponent)
+    rounds.combine = combine
     buffered = FedBuffClock(runtime, rounds, profiles, trace, exchanged, samples, clock.buffered)
-    _checkpointed(rounds, buffered.state)
+    # FedBuff's rule is the round's whole combine: an override, ahead of the private rounds'
+    # in-the-clear aggregation at privacy.level = "none" (the only level FedBuff takes)
+    override = Combining(override=lambda update, round_index: combine(update))
+    _contribute(rounds, buffered.state, override)
     return buffered
 
 
-def _checkpointed(rounds: ServerRound, stage: Stateful) -> None:
-    """The clock's state, saved and restored as the ``clock`` stage after the features'."""
-    mine = RoundContribution(STAGE, stages={STAGE: stage})
+def _contribute(rounds: ServerRound, stage: Stateful, combining: Combining | None = None) -> None:
+    """The clock's part of the round (engine/contribution.py), first in order: its state, the
+    ``clock`` checkpoint stage, and (FedBuff) its combine, which wins over later overrides."""
+    mine = RoundContribution(STAGE, combining=combining or Combining(), stages={STAGE: stage})
     features = rounds.features
-    rounds.features = dataclasses.replace(features, contributions=(*features.contributions, mine))
+    rounds.features = dataclasses.replace(features, contributions=(mine, *features.contributions))
 
 
 __all__ = ["STAGE", "clocked", "wrapper"]
