@@ -15,10 +15,11 @@ from fedsub.data.amazon import (
 )
 from fedsub.errors import DataError
 from fedsub.models import din as din_module
+from fedsub.models import packed as packed_module
 from fedsub.models.base import Batch, cohort_features, forward
 from fedsub.models.cohort_ops import linear
 from fedsub.models.din import ATTENTION, DIN, HIDDEN
-from fedsub.models.packed import BLOCK, ClientBlocks
+from fedsub.models.packed import BLOCK, ClientBlocks, ClientGroups, client_rows
 from fedsub.models.pooling import attention_pool, padded, sum_pool
 from fedsub.submodel.index import SubmodelIndex
 
@@ -240,6 +241,106 @@ def test_client_blocks_apply_each_clients_weights_to_its_rows(fast_paths, monkey
     )
     one = ClientBlocks.of(counts[:1], int(counts[0]))
     torch.testing.assert_close(one.linear(parts[0], weight[:1]), parts[0] @ weight[0])
+
+
+needs_grouped_mm = pytest.mark.skipif(
+    packed_module._GROUPED_MM is None, reason="this torch has no grouped matmul"
+)
+
+
+@needs_grouped_mm
+@pytest.mark.parametrize(
+    "fan_out", [1, 3, 8], ids=["a dot per row", "a product per row", "grouped matmul"]
+)
+def test_client_groups_apply_each_clients_weights_to_its_rows(fan_out):
+    """Float32, against a loop of one float64 matmul per client (an empty client, one client
+    with a single row): outputs and the gradients of rows, weights, biases and the per-row
+    addend; 1 and 3 outputs are not 16-byte rows, so they take a product per row."""
+    generator = torch.Generator().manual_seed(1)
+    counts = torch.tensor([37, 0, 1, 20])
+    rows = torch.randn(int(counts.sum()), 8, generator=generator, dtype=torch.float64)
+    weight = torch.randn(4, 8, fan_out, generator=generator, dtype=torch.float64)
+    bias = torch.randn(4, fan_out, generator=generator, dtype=torch.float64)
+    added = torch.randn(len(rows), fan_out, generator=generator, dtype=torch.float64)
+    probe = torch.randn(len(rows), fan_out, generator=generator, dtype=torch.float64)
+    inputs = [rows, weight, bias, added]
+
+    def expected_of(rows, weight, bias, added):
+        parts = rows.split(counts.tolist())
+        return torch.cat([p @ weight[c] + bias[c] for c, p in enumerate(parts)]) + added
+
+    def grouped_of(rows, weight, bias, added):
+        groups = client_rows(counts, rows)
+        assert isinstance(groups, ClientGroups)
+        return groups.from_slots(groups.linear(groups.to_slots(rows), weight, bias, added))
+
+    results, threads = [], torch.get_num_threads()
+    torch.set_num_threads(2)  # the grouped kernel runs on one thread and gives them back
+    try:
+        for function, dtype in ((expected_of, torch.float64), (grouped_of, torch.float32)):
+            leaves = [t.to(dtype).requires_grad_(True) for t in inputs]
+            out = function(*leaves)
+            grads = torch.autograd.grad((out * probe.to(dtype)).sum(), leaves)
+            results.append([out, *grads])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    for reference, got in zip(*results, strict=True):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5)
+    assert not results[1][2][1].any()  # the empty client's weight gradient
+
+
+def test_client_rows_groups_on_the_cpu_in_float32_only(monkeypatch):
+    counts = torch.tensor([2, 3])
+    rows32 = torch.zeros(5, 4)
+    if packed_module._GROUPED_MM is not None:
+        assert isinstance(client_rows(counts, rows32), ClientGroups)
+    assert isinstance(client_rows(counts, rows32.double()), ClientBlocks)
+    assert isinstance(client_rows(counts[:1], rows32[:2]), ClientBlocks)
+    monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", False)  # as on a GPU
+    assert isinstance(client_rows(counts, rows32), ClientBlocks)
+
+
+@needs_grouped_mm
+def test_din_float32_rounds_on_client_groups_agree_with_client_blocks(amazon, monkeypatch):
+    """Batched float32 rounds on the grouped layout (checked: it was used) train the model the
+    block layout trains, up to float32 rounding (the weight gradients' sums are ordered
+    differently), both within float32 rounding of the sequential per-client loop's."""
+    from fedsub.engine.execution import Execution
+    from fedsub.engine.loop import train
+    from fedsub.engine.schedule import ClientStep, Schedule
+
+    from .equivalence import algorithm_for
+
+    dataset, index = amazon
+    model = DIN(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
+    used, layout_of = [], packed_module.client_rows
+
+    def spy(*args):
+        used.append(type(layout := layout_of(*args)))
+        return layout
+
+    monkeypatch.setattr(din_module, "client_rows", spy)
+
+    def run(backend, dtype):
+        execution = Execution(backend=backend, dtype=dtype)
+        schedule = Schedule(2, 4, 2, 4, ClientStep(0.2, clip_norm=5.0), 2, execution=execution)
+        algorithm = algorithm_for("fedsubavg", dataset, index, 4)
+        trained = train(model, algorithm, dataset, index, schedule)
+        return {n: v.double() for n, v in trained.state_dict().items()}
+
+    grouped = run("batched", torch.float32)
+    assert used and set(used) == {ClientGroups}
+    monkeypatch.setattr(packed_module, "_GROUPED_MM", None)
+    blocks = run("batched", torch.float32)
+    assert set(used) == {ClientGroups, ClientBlocks}
+    reference = run("sequential", torch.float32)
+    for name, value in reference.items():
+        scale = max(float(value.abs().max()), 1.0)
+        for other in (grouped, blocks):
+            assert float((other[name] - value).abs().max() / scale) < 1e-5, name
+    assert any(not torch.equal(grouped[n], blocks[n]) for n in grouped)  # two computations
 
 
 def test_attention_pool_is_a_softmax_over_each_samples_rows_only():

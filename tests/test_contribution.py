@@ -11,6 +11,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,6 +170,44 @@ def test_the_folding_rules():
         twice.stages()
     with pytest.raises(ConfigError, match="'dp' and 'row_sharding'"):
         check_combination(["dp", "torchrun_split", "row_sharding"])
+
+
+@dataclasses.dataclass
+class EveryOther:
+    """A toy cohort filter: only clients of parity ``parity`` (or above ``above``), and the
+    cohorts it was told of."""
+
+    parity: int | None = None
+    above: int = -1
+    told: list[tuple[int, list[int]]] = dataclasses.field(default_factory=list)
+
+    def eligible(self, round_index: int, among):
+        candidates = np.arange(10) if among is None else among
+        keep = candidates > self.above
+        if self.parity is not None:
+            keep &= candidates % 2 == self.parity
+        return candidates[keep]
+
+    def record(self, round_index: int, clients) -> None:
+        self.told.append((round_index, clients.tolist()))
+
+
+def test_cohort_filters_narrow_the_draw_in_order_and_are_told_the_cohort():
+    """``cohort_filter``: each filter narrows the clients in the features' order (none:
+    ``among`` as it is), and each is told the cohort drawn."""
+    even, high = EveryOther(parity=0), EveryOther(above=5)
+    features = RoundFeatures(
+        (
+            RoundContribution("a", cohort_filter=even),
+            RoundContribution("b"),
+            RoundContribution("c", cohort_filter=high),
+        )
+    )
+    assert RoundFeatures().eligible(3, None) is None
+    assert features.eligible(3, None).tolist() == [6, 8]
+    assert features.eligible(3, np.array([1, 2, 7, 8])).tolist() == [8]
+    features.drawn(3, np.array([8]))
+    assert even.told == high.told == [(3, [8])]
 
 
 def test_the_features_are_asked_in_the_documented_order():

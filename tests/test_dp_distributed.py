@@ -248,7 +248,7 @@ def test_kairouz_tau_is_negligible_at_the_share_floor():
 
 
 def test_a_run_at_full_reports_the_distributed_epsilon_and_repeats_when_seeded():
-    c = config(*FULL, "dp.randomness='seeded'")
+    c = config(*FULL, "dp.randomness='seeded'", "privacy.randomness='seeded'")
     first, second = experiment.compare(c, None), experiment.compare(c, None)
     settings = dp_of(c, 200)
     assert settings is not None

@@ -21,14 +21,14 @@ from safetensors.torch import load_file
 
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
-from fedsub.dp import randomness
 from fedsub.dp.mechanism import DpMechanism, gaussian, round_generator
-from fedsub.dp.randomness import NOT_A_GUARANTEE, DpStreams
+from fedsub.dp.randomness import NOT_A_GUARANTEE, DpStreams, streams_of
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.server_round import ServerRound
+from fedsub.numerics import secret_streams
 from fedsub.numerics.seeding import Secret
 from fedsub.runs import experiment
 from fedsub.runs.run_setup import prepare
@@ -137,7 +137,7 @@ def published(tmp_path_factory) -> dict[str, Path]:
     """Two-round fedavg runs with noise on every row, secret and seeded, in run folders with
     a checkpoint (after round 1), the secret the secret run drew and the runs' log."""
     folders, drawn = {}, []
-    fresh = randomness.draw_secret
+    fresh = secret_streams.draw_secret
 
     def recorded() -> Secret:
         drawn.append(fresh())
@@ -150,7 +150,7 @@ def published(tmp_path_factory) -> dict[str, Path]:
     level = logger.level
     logger.setLevel(logging.DEBUG)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(randomness, "draw_secret", recorded)
+        patch.setattr(secret_streams, "draw_secret", recorded)
         for mode in ("secret", "seeded"):
             folder = tmp_path_factory.mktemp(mode)
             c = config(
@@ -215,7 +215,7 @@ def test_a_seeded_run_warns_at_the_start(caplog):
     with caplog.at_level(logging.WARNING, logger="fedsub"):
         DpStreams("seeded", 0)  # the object alone says nothing: the run's start does
         assert NOT_A_GUARANTEE not in caplog.text
-        randomness.streams_of("seeded", 0)
+        streams_of("seeded", 0)
     assert NOT_A_GUARANTEE in caplog.text
 
 
@@ -230,7 +230,7 @@ def test_a_resumed_secret_run_continues_the_same_streams_bit_for_bit(tmp_path, e
     args = (setup.model, algorithm, setup.dataset, setup.index, setup.schedule, setup.evaluator)
     pinned = Secret.fresh()
     with pytest.MonkeyPatch.context() as patch:  # the same secret for both, as one run has
-        patch.setattr(randomness, "draw_secret", lambda: pinned)
+        patch.setattr(secret_streams, "draw_secret", lambda: pinned)
         straight: list = []
         final = train(*args, on_evaluation=straight.append)
         done: list[int] = []
@@ -363,7 +363,7 @@ def test_a_stopped_secret_run_folder_resumes_to_the_uninterrupted_files_byte_for
         stop["after"] = round_index == 2
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(randomness, "draw_secret", lambda: pinned)
+        patch.setattr(secret_streams, "draw_secret", lambda: pinned)
         experiment.compare(c, tmp_path / "straight")
         with pytest.raises(Interrupted):
             experiment.compare(

@@ -118,6 +118,7 @@ DISTRIBUTED = (
     "privacy.secagg_group=2",
     "privacy.download='randomized-response'",
     "privacy.download_keep=0.8",
+    "privacy.randomness='seeded'",  # the nodes' requests are the in-process run's
     "dp.mechanism='gaussian'",
     "dp.randomness='seeded'",  # the server's cohorts are the in-process run's
     "dp.noise_multiplier=1.5",

@@ -437,7 +437,7 @@ def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model
     reads its secret back from the checkpoint (the resumed process draws another, which must
     not be used) and ends with the model and every round's epsilon of the uninterrupted run
     that drew the same secret; a run with another secret ends elsewhere."""
-    from fedsub.dp import randomness
+    from fedsub.numerics import secret_streams
     from fedsub.numerics.seeding import Secret
 
     from .test_dp import settings as dp_settings
@@ -456,7 +456,7 @@ def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model
         s = runtime(grid, 5, algorithm="fedavg", round_timeout=1.0)
         s.schedule = dataclasses.replace(s.schedule, dp=dp)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(randomness, "draw_secret", lambda: secret)
+            patch.setattr(secret_streams, "draw_secret", lambda: secret)
             start(s, control)
         return s
 

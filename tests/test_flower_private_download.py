@@ -36,6 +36,7 @@ BASE = (
     "train.heat='samples'",
     "privacy.secagg_group=2",
     "privacy.level='download'",
+    "privacy.randomness='seeded'",  # the nodes draw the simulator's requests (compared below)
 )
 FULL = ("privacy.level='full'",)  # overrides BASE's download
 RANDOMIZED = ("privacy.download='randomized-response'", "privacy.download_keep=0.6")
@@ -342,7 +343,8 @@ def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
     up = {}
     for level in ("heat", "download", "full"):
         download = RANDOMIZED if level != "heat" else ()  # below download: a no-op, refused
-        overrides = (*BASE, *download, f"privacy.level='{level}'", "train.rounds=2")
+        base = BASE if level != "heat" else tuple(o for o in BASE if "randomness" not in o)
+        overrides = (*base, *download, f"privacy.level='{level}'", "train.rounds=2")
         out = tmp_path / level
         settings = FlowerSettings(
             overrides=overrides,

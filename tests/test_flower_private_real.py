@@ -43,7 +43,8 @@ def test_real_run_at_privacy_full_trains_the_in_process_model_and_the_server_see
     overrides = (
         "data.num_users=3; train.rounds=1; train.clients_per_round=3; "
         "train.algorithms=['fedsubavg']; train.heat='samples'; privacy.level='full'; "
-        "privacy.download='randomized-response'; privacy.download_keep=0.6; privacy.secagg_group=3"
+        "privacy.download='randomized-response'; privacy.download_keep=0.6; "
+        "privacy.secagg_group=3; privacy.randomness='seeded'"
     )
     out = tmp_path / "out"
     run_config = (
@@ -95,7 +96,8 @@ def test_real_run_with_distributed_dp_is_the_in_process_run(full_nodes, tmp_path
         "train.algorithms=['fedavg']; train.heat='samples'; privacy.level='full'; "
         "privacy.download='randomized-response'; privacy.download_keep=0.6; "
         "privacy.secagg_group=3; dp.mechanism='gaussian'; dp.noise_multiplier=1.5; "
-        "dp.clip=0.5; dp.rows='all'; dp.min_survivors=2; dp.randomness='seeded'"
+        "dp.clip=0.5; dp.rows='all'; dp.min_survivors=2; dp.randomness='seeded'; "
+        "privacy.randomness='seeded'"
     )
     out = tmp_path / "out"
     run_config = (

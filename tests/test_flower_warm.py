@@ -124,8 +124,8 @@ def test_a_woken_superexec_looks_for_a_task_at_once_and_object_pulls_retry_quick
 
     for function in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         defaults = function.__kwdefaults__
-        monkeypatch.setitem(defaults, "initial_backoff", defaults["initial_backoff"])
-        assert defaults["initial_backoff"] == 1  # Flower's
+        # Flower's default (an earlier ServerApp in this process may have sped it up already)
+        monkeypatch.setitem(defaults, "initial_backoff", 1)
     assert quick_object_pulls()
     assert objects.pull_objects.__kwdefaults__["initial_backoff"] == FIRST_BACKOFF
     assert (

@@ -401,6 +401,8 @@ def _inert_cases() -> list[tuple[str, Any]]:
     keyword = {moved_keys.new_name(old): old for old in MOVED}
     cases = []
     for dotted, _ in inert_keys(default):
+        if dotted not in keyword:  # no keyword argument of its own (privacy.randomness: config=)
+            continue
         section, key = dotted.split(".")
         value = getattr(getattr(default, section), key)
         field = config_lib.SECTIONS[section].__dataclass_fields__[key]  # type: ignore[union-attr]

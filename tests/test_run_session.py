@@ -108,7 +108,11 @@ class HalfOffline:
     even-numbered clients are reachable. It writes nothing of its own: folder, identity,
     checkpoints, resume, metrics, trackers and model are the session's."""
 
-    engine: InProcess
+    engines: dict[str, InProcess]  # the run's engine, once its rounds are assembled
+
+    @property
+    def engine(self) -> InProcess:
+        return self.engines["in-process"]
 
     def available(self, round_index, rounds):
         n = self.engine.dataset.num_clients
@@ -151,15 +155,18 @@ def run_half_offline(folder, resume=False, stop_after=0, callbacks=()):
         saved = session.newest() if resume else None
         run = TrackedRun("fedavg", "toy-fedavg", runtime="half-offline")
         attempt = session.attempt("", saved, 1, tracked=Tracked(tuple(callbacks), run))
-        assembled = assemble(
-            setup.model, algorithm, setup.dataset, setup.index, setup.schedule, Assembly()
-        )
-        params = assembled.rounds.params
-        engine = InProcess(setup.model, setup.dataset, setup.index, setup.schedule,
-                           assembled.run_cohort, setup.evaluator.evaluate)  # fmt: skip
+        engines: dict[str, InProcess] = {}
 
         def open_rounds(control):
-            return assembled.rounds
+            assembly = Assembly(control.max_update_norm, control.on_reject)
+            run = assemble(
+                setup.model, algorithm, setup.dataset, setup.index, setup.schedule, assembly
+            )
+            evaluate = run.rounds.features.evaluate(setup.evaluator)
+            engines["in-process"] = InProcess(
+                setup.model, setup.dataset, setup.index, setup.schedule, run.run_cohort, evaluate
+            )
+            return run.rounds
 
         def stop() -> bool:  # asked after every round
             done.append(1)
@@ -168,13 +175,13 @@ def run_half_offline(folder, resume=False, stop_after=0, callbacks=()):
         guards = RunControl(stop_requested=stop)
         ended = None
         try:
-            attempt.drive(open_rounds, HalfOffline(engine), setup.schedule, guards)
+            attempt.drive(open_rounds, HalfOffline(engines), setup.schedule, guards)
         except BaseException as error:
             ended = error
             raise
         finally:
             attempt.end(ended)
-        attempt.write_model(params)
+        attempt.write_model(attempt.rounds.params)
         attempt.mark_done()
     return attempt
 

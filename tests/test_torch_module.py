@@ -383,7 +383,12 @@ def test_algorithms_agree_across_backends_and_resume(name, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "privacy", [Privacy("download", download_keep=0.6), Privacy("full")], ids=lambda p: p.level
+    "privacy",
+    [
+        Privacy("download", download_keep=0.6, randomness="seeded"),
+        Privacy("full", randomness="seeded"),
+    ],
+    ids=lambda p: p.level,
 )
 def test_privacy_levels_agree_across_backends(privacy):
     _, model, dataset = case("two-bags")

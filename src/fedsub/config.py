@@ -218,6 +218,10 @@ class PrivacyConfig:
     """Buckets: requests are padded to download_bucket, 2x, 4x, ... rows."""
     secagg_clip: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1e6})
     """`full`: the fixed-point range [-clip, clip] of a weighted delta value."""
+    randomness: str = field(default="secret", metadata={"choices": lambda: ["secret", "seeded"]})
+    """Private download's coins and decoys: `secret` (each client's own; in process one run
+    secret kept only in checkpoints) or `seeded` (from `train.seed`: repeatable, and the
+    download then hides nothing)."""
 
 
 @dataclass(frozen=True)
@@ -319,6 +323,15 @@ class DpRowSelectionConfig:
     selection_bound: float = field(default=1.0, metadata={"min_exclusive": 0.0})
     """rows = private: B, each client's contribution to the histogram is min(1, B /
     sqrt(|S(k)|)) on each row it touched (L2 norm <= B)."""
+    heat_cap: float = field(default=0.0, metadata={"min": 0.0})
+    """mechanism = "ftrl-tree", FedSubAvg: cap the private heat coefficient D / h_m at this many
+    times FedAvg's 1 (h_m <- max(h_m, D / heat_cap)), bounding how much it amplifies a cold
+    row's noise (fedsub's); 0: no cap (the threshold bounds it by D / threshold)."""
+    selection_window: int = field(default=1, metadata={"min": 1})
+    """mechanism = "ftrl-tree", rows = private: select the rows once every w rounds from the
+    noisy histogram of the last window's w cohorts (each user at most once in it, so it costs
+    what one round's selection costs; w <= min_separation), and update those rows in every
+    round of the next window (fedsub's windowed selection); 1: a selection every round."""
 
 
 @dataclass(frozen=True)
@@ -358,6 +371,25 @@ class DpTrustConfig:
 
 
 @dataclass(frozen=True)
+class DpParticipationConfig:
+    """[dp]'s keys of who takes part (a group: the keys stay in [dp])."""
+
+    min_survivors: int = field(default=0, metadata={"min": 0})
+    """privacy.level = "full" (distributed DP): K_min, the fewest clients a secure sum may be
+    decoded from; each client's discrete noise share is calibrated so that K_min shares reach
+    the accounted noise, and secure aggregation's threshold is raised to K_min (fewer survivors
+    cannot be unmasked). 0: the whole cohort (any dropout aborts the round)."""
+    min_separation: int = field(default=0, metadata={"min": 0})
+    """mechanism = "ftrl-tree": b, each user takes part at most once every b rounds (two of its
+    rounds r < r' have r' - r >= b); the cohort draw skips a user inside its window, on every
+    runtime, and epsilon is accounted for exactly this pattern (no sampling assumed). 0 or 1:
+    no separation."""
+    max_participations: int = field(default=0, metadata={"min": 0})
+    """mechanism = "ftrl-tree": k, each user takes part in at most k rounds of the run (the
+    cohort draw skips it afterwards); 0: as many as min_separation allows."""
+
+
+@dataclass(frozen=True)
 class DpAdaptiveClipConfig:
     """[dp]'s keys of adaptive clipping (a group: the keys stay in [dp])."""
 
@@ -383,7 +415,11 @@ class DpConfig:
     """User-level differential privacy (fedsub.dp; docs: Differential privacy): `none` (no noise,
     today's numbers bit for bit) or `gaussian` (each client's whole update clipped to `clip`,
     Gaussian noise on the sum, a fixed denominator, epsilon from dp-accounting on every
-    evaluated round)."""
+    evaluated round); or `ftrl-tree`, DP-FTRL (Kairouz et al. 2021): the same clip and fixed
+    denominator, correlated noise from tree aggregation (Honaker's online estimate) so the model
+    carries the noisy prefix sum of the updates, epsilon accounted for the participation pattern
+    `min_separation` / `max_participations` that the cohort draw enforces, with no sampling
+    assumption."""
     clip: float = field(default=1.0, metadata={"min_exclusive": 0.0})
     """C: the L2 bound of each client's whole update (row deltas and dense deltas together)."""
     noise_multiplier: float | None = field(default=None, metadata={"min_exclusive": 0.0})
@@ -406,13 +442,15 @@ class DpConfig:
     when given, else no budget)."""
     adaptive_clipping: DpAdaptiveClipConfig = field(default_factory=DpAdaptiveClipConfig)
     """adaptive_clip, target_quantile, clip_lr, count_share (keys of [dp])."""
-    min_survivors: int = field(default=0, metadata={"min": 0})
-    """privacy.level = "full" (distributed DP): K_min, the fewest clients a secure sum may be
-    decoded from; each client's discrete noise share is calibrated so that K_min shares reach
-    the accounted noise, and secure aggregation's threshold is raised to K_min (fewer survivors
-    cannot be unmasked). 0: the whole cohort (any dropout aborts the round)."""
+    participation: DpParticipationConfig = field(default_factory=DpParticipationConfig)
+    """min_survivors, min_separation, max_participations (keys of [dp])."""
     trust: DpTrustConfig = field(default_factory=DpTrustConfig)
     """randomness, public_test (keys of [dp])."""
+
+    @property
+    def min_survivors(self) -> int:
+        """dp.min_survivors (kept in the ``participation`` group)."""
+        return self.participation.min_survivors
 
 
 @dataclass(frozen=True)
@@ -689,7 +727,7 @@ def check_dp(config: Config) -> None:
             f"dp.target_epsilon (z calibrated for train.rounds); got noise_multiplier = "
             f"{d.noise_multiplier}, target_epsilon = {d.target_epsilon}"
         )
-    if d.accountant == "pld" and t.sampling != "poisson":
+    if d.accountant == "pld" and t.sampling != "poisson" and d.mechanism != "ftrl-tree":
         raise ConfigError(
             "dp.accountant = 'pld' needs train.sampling = 'poisson': dp-accounting's PLD "
             "accountant has no event for fixed-size cohorts (sampled without replacement); "
@@ -736,9 +774,56 @@ def check_dp(config: Config) -> None:
             "lets FedSubAvg's private heat coefficient D / h_m grow without bound; use > 0",
         ),
     ]
+    refusals += ftrl_refusals(config)
     for condition, reason in refusals:
         if condition:
-            raise ConfigError(f"[dp] mechanism = 'gaussian' cannot be used here: {reason}")
+            raise ConfigError(f"[dp] mechanism = {d.mechanism!r} cannot be used here: {reason}")
+
+
+def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
+    """What DP-FTRL (mechanism "ftrl-tree") cannot run with, and its pattern's keys beside
+    the sampled Gaussian (they would be silently ignored)."""
+    d = config.dp
+    part = d.participation
+    if d.mechanism != "ftrl-tree":
+        return [
+            (
+                d.row_selection.heat_cap > 0,
+                "dp.heat_cap applies to mechanism = 'ftrl-tree' only",
+            ),
+            (
+                d.row_selection.selection_window > 1,
+                "dp.selection_window applies to mechanism = 'ftrl-tree' only (the sampled "
+                "Gaussian's accounting charges one selection per round)",
+            ),
+            (
+                part.min_separation > 0 or part.max_participations > 0,
+                "dp.min_separation and dp.max_participations bound the participation DP-FTRL "
+                "is accounted for; they apply to mechanism = 'ftrl-tree' only",
+            ),
+        ]
+    return [
+        (
+            d.adaptive_clipping.adaptive_clip,
+            "dp.adaptive_clip = true: DP-FTRL runs with a fixed clip; set it to false",
+        ),
+        (
+            config.privacy.level == "full",
+            "privacy.level = 'full' (distributed DP over secure aggregation): the tree's noise "
+            "is added by the server (central DP); use mechanism = 'gaussian' there",
+        ),
+        (
+            d.row_selection.selection_window > max(part.min_separation, 1),
+            f"dp.selection_window = {d.row_selection.selection_window} exceeds "
+            f"dp.min_separation = {part.min_separation}: a user could then add to one window's "
+            "histogram twice, which the accounting does not charge; keep the window <= b",
+        ),
+        (
+            config.train.sampling == "poisson",
+            "train.sampling = 'poisson': DP-FTRL assumes no sampling and draws fixed-size "
+            "cohorts among the eligible users; use train.sampling = 'fixed'",
+        ),
+    ]
 
 
 DTYPE_EPSILON = {"float32": 2.0**-23, "float64": 2.0**-52}  # execution.dtype's eps at 1.0
@@ -928,7 +1013,7 @@ def inert_keys(config: Config) -> list[tuple[str, str]]:
         ) if m.scheme == "none" else (),
         f"privacy.level = {p.level!r} (private download starts at 'download')": (
             ("privacy", k) for k in ("download", "download_epsilon", "download_keep",
-                                     "download_bucket")
+                                     "download_bucket", "randomness")
         ) if not reaches(p.level, "download") else (),
         f"privacy.download = {p.download!r}": (
             [("privacy", "download_epsilon"), ("privacy", "download_keep")]

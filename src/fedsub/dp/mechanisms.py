@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from fedsub.algorithms.aggregation import ServerUpdate
+from fedsub.dp import ftrl
 from fedsub.dp.mechanism import DpMechanism
 from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings
@@ -81,6 +82,23 @@ def gaussian_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
     return {"dp_clip": mechanism} if adaptive else {}  # type: ignore[dict-item]
 
 
+def ftrl_tree(inputs: MechanismInputs) -> ftrl.FtrlMechanism:
+    return ftrl.FtrlMechanism(
+        inputs.settings,
+        inputs.table_rows,
+        inputs.counts,
+        inputs.heat,
+        inputs.keep,
+        streams=inputs.streams,
+    )
+
+
+def ftrl_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
+    """The selected rows' last rounds (``dp_ftrl``), with rows = "private"."""
+    sparse = isinstance(mechanism, ftrl.FtrlMechanism) and mechanism.settings.rows == "private"
+    return {ftrl.STAGE: mechanism} if sparse else {}  # type: ignore[dict-item]
+
+
 MECHANISMS: Registry[MechanismSpec] = Registry(
     "dp mechanism",
     {
@@ -90,7 +108,15 @@ MECHANISMS: Registry[MechanismSpec] = Registry(
             gaussian_stages,
             "each client's update clipped, Gaussian noise on the sum, a fixed denominator "
             "(McMahan et al. 2018; dp/mechanism.py)",
-        )
+        ),
+        "ftrl-tree": MechanismSpec(
+            "ftrl-tree",
+            ftrl_tree,
+            ftrl_stages,
+            "DP-FTRL: the same clip and denominator, correlated tree-aggregation noise, "
+            "accounted for the enforced participation pattern with no sampling (Kairouz et al. "
+            "2021; dp/ftrl.py)",
+        ),
     },
     MechanismSpec,
     lambda spec: spec.name,

@@ -23,17 +23,13 @@ epsilon is NOT a guarantee, and every output of the run says so (``NOT_A_GUARANT
 from __future__ import annotations
 
 import logging
-from typing import Literal
 
-import torch
-
-from fedsub import distributed
-from fedsub.numerics.seeding import Secret, Seed
+from fedsub.numerics.secret_streams import RANDOMNESS, Randomness, SecretStreams
 
 LOG = logging.getLogger("fedsub")
 
-Randomness = Literal["secret", "seeded"]
-RANDOMNESS: tuple[Randomness, ...] = ("secret", "seeded")
+__all__ = ["NOT_A_GUARANTEE", "RANDOMNESS", "STAGE", "DpStreams", "Randomness", "streams_of"]
+
 STAGE = "dp_secret"  # the checkpoint stage holding the secret
 
 NOT_A_GUARANTEE = (
@@ -43,46 +39,10 @@ NOT_A_GUARANTEE = (
 )
 
 
-def draw_secret() -> Secret:
-    """A fresh secret from the operating system (one place, so a test can pin it)."""
-    return Secret.fresh()
+class DpStreams(SecretStreams):
+    """The key of [dp]'s random streams (module docstring; ``numerics/secret_streams.py``)."""
 
-
-class DpStreams:
-    """The key of [dp]'s random streams (module docstring); a checkpoint stage (``Stateful``)
-    in secret mode, whose one tensor is the secret's bytes."""
-
-    def __init__(self, randomness: Randomness, seed: int) -> None:
-        if randomness not in RANDOMNESS:
-            raise ValueError(f"dp.randomness must be one of {RANDOMNESS}, got {randomness!r}")
-        self.randomness = randomness
-        self.seed = seed
-        self.secret: Secret | None = None
-        if randomness == "secret":  # process 0's, in every process
-            self.secret = distributed.from_first(draw_secret(), "sharing [dp]'s secret")
-
-    @property
-    def key(self) -> Seed:
-        """What the streams are keyed by: the secret, or the public seed."""
-        return self.secret if self.secret is not None else self.seed
-
-    @property
-    def guaranteed(self) -> bool:
-        """Whether the reported epsilon is a guarantee (the streams are secret)."""
-        return self.secret is not None
-
-    def __repr__(self) -> str:
-        return f"DpStreams({self.randomness!r})"
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        assert self.secret is not None, "only a secret is checkpointed (seeded: train.seed)"
-        data = bytearray(self.secret.to_bytes())
-        return {"secret": torch.frombuffer(data, dtype=torch.uint8).clone()}
-
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        if set(tensors) != {"secret"} or tensors["secret"].dtype != torch.uint8:
-            raise ValueError(f"[dp]'s secret is one uint8 'secret', got {sorted(tensors)}")
-        self.secret = Secret.from_bytes(tensors["secret"].cpu().numpy().tobytes())
+    CONFIG_KEY = "dp.randomness"
 
 
 def streams_of(randomness: Randomness, seed: int) -> DpStreams:

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fedsub.dp import accountant as accounting
+from fedsub.dp import ftrl_accounting
 from fedsub.dp.accountant import Accountant, Sampling
+from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import Randomness
 from fedsub.errors import ConfigError
 from fedsub.progress import phase
@@ -39,6 +41,7 @@ __all__ = [
     "default_delta",
     "refusals",
     "resolve",
+    "resolve_ftrl",
 ]
 
 Rows = Literal["private", "all"]
@@ -63,6 +66,9 @@ class Accounting:
     clients_per_round: int  # K (Poisson: the expected cohort, q = K / N)
     rounds: int  # the configured rounds (a target epsilon was calibrated for them)
     epsilon_budget: float | None = None  # stop before a round that would spend more
+    # dp.mechanism = "ftrl-tree" (dp/ftrl.py): the participation pattern epsilon is accounted
+    # for, with no sampling assumption; None: the sampled Gaussian mechanism of every round
+    ftrl: Pattern | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,10 @@ class RowSelection:
     share: float = 0.5  # s: the budget share of the row selection
     threshold: float = 3.0  # tau, in units of the selection noise's std
     bound: float = 1.0  # B: each client's contribution vector has L2 norm <= B
+    # DP-FTRL only: the rows are selected once every `window` rounds from the histogram of
+    # the window's cohorts (dp/ftrl.py, fedsub's windowed selection); 1: every round
+    window: int = 1
+    heat_cap: float = 0.0  # DP-FTRL, FedSubAvg: D / h_m <= heat_cap (0: no cap)
 
 
 @dataclass(frozen=True)
@@ -123,16 +133,32 @@ class DpSettings:
 
     @property
     def selection_multiplier(self) -> float:
-        """z_sel = z / sqrt(s) (rows = "private")."""
+        """z_sel = z / sqrt(s) (rows = "private"); DP-FTRL: z sqrt(k_max / s), the run's
+        budget share s over the k_max rounds a user can take part in (``ftrl_scales``)."""
+        if self.accounting.ftrl is not None:
+            return self.noise_multiplier * self.ftrl_scales[0] / math.sqrt(self.selection.share)
         return self.noise_multiplier / math.sqrt(self.selection.share)
 
     @property
     def update_multiplier(self) -> float:
         """z_grad = z / sqrt(1 - s - a): what the row selection (s, private rows) and the
-        adaptive clip's count (a) leave of the budget; z when neither is used."""
+        adaptive clip's count (a) leave of the budget; z when neither is used. DP-FTRL: the
+        tree's node noise z sens / sqrt(1 - s) (``ftrl_scales``)."""
         share = self.selection.share if self.rows == "private" else 0.0
         share += self.adaptive.count_share if self.adaptive is not None else 0.0
-        return self.noise_multiplier / math.sqrt(1.0 - share)
+        scale = self.ftrl_scales[1] if self.accounting.ftrl is not None else 1.0
+        return self.noise_multiplier * scale / math.sqrt(1.0 - share)
+
+    @property
+    def ftrl_scales(self) -> tuple[float, float]:
+        """DP-FTRL (dp/ftrl_accounting.py): z is the multiplier of the whole run as one
+        Gaussian mechanism, 1 / z^2 = k_max / z_sel^2 + sens^2 / z_tree^2, split by the share s:
+        k_max / z_sel^2 = s / z^2 and sens^2 / z_tree^2 = (1 - s) / z^2 (s = 0 with rows =
+        "all"). (sqrt(k_max), sens) over the configured rounds."""
+        pattern, rounds = self.accounting.ftrl, self.accounting.rounds
+        assert pattern is not None, "DP-FTRL's scales"
+        sens = ftrl_accounting.tree_sensitivity(rounds, pattern)
+        return math.sqrt(pattern.most(rounds)), sens
 
     @property
     def count_std(self) -> float:
@@ -154,6 +180,10 @@ class DpSettings:
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``delta`` after ``rounds`` rounds (dp-accounting)."""
         a = self.accounting
+        if a.ftrl is not None:  # DP-FTRL: the tree over the rounds so far, one Gaussian
+            return ftrl_accounting.gaussian_epsilon(
+                self.ftrl_multiplier(rounds), a.delta, a.accountant
+            )
         return accounting.epsilon(
             self.noise_multiplier,
             rounds,
@@ -163,6 +193,16 @@ class DpSettings:
             a.num_clients,
             a.clients_per_round,
             self.distributed,
+        )
+
+    def ftrl_multiplier(self, rounds: int) -> float:
+        """DP-FTRL: the effective noise multiplier of ``rounds`` rounds under the pattern
+        (dp/ftrl_accounting.py)."""
+        pattern = self.accounting.ftrl
+        assert pattern is not None, "DP-FTRL's multiplier"
+        selection = self.selection_multiplier if self.rows == "private" else None
+        return ftrl_accounting.effective_multiplier(
+            self.update_multiplier, selection, rounds, pattern
         )
 
     @property
@@ -183,7 +223,15 @@ class DpSettings:
             "selection_share": self.selection.share if private else None,
             "selection_threshold": self.histogram_threshold if private else None,
             "adaptive_clip": self.adaptive is not None,
-            "noise": "distributed-discrete-gaussian" if self.distributed else "central-gaussian",
+            "noise": (
+                "distributed-discrete-gaussian"
+                if self.distributed
+                else "ftrl-tree"
+                if self.accounting.ftrl is not None
+                else "central-gaussian"
+            ),
+            # DP-FTRL: the participation pattern enforced and accounted (no sampling assumed)
+            "participation": self.accounting.ftrl.as_json() if self.accounting.ftrl else None,
             "min_survivors": self.survivors_needed if self.distributed else None,
             # seeded: the noise and cohorts derive from the published train.seed
             "randomness": self.randomness,
@@ -248,6 +296,45 @@ def resolve(
             )
     return noise_multiplier, Accounting(
         delta, accountant, sampling, num_clients, clients_per_round, rounds, epsilon_budget
+    )
+
+
+def resolve_ftrl(
+    *,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    delta: float | None,
+    accountant: Accountant,
+    num_clients: int,
+    clients_per_round: int,
+    rounds: int,
+    epsilon_budget: float | None,
+    pattern: Pattern,
+) -> tuple[float, Accounting]:
+    """DP-FTRL's z and accounting (``dp.mechanism = "ftrl-tree"``, dp/ftrl_accounting.py):
+    z is the multiplier of the whole run as one Gaussian mechanism (``DpSettings.ftrl_scales``
+    turns it into the selection's and the tree's noise), so a target epsilon is met by
+    dp-accounting's calibration of one Gaussian."""
+    delta = default_delta(num_clients) if delta is None else delta
+    if delta >= 1.0 / num_clients:
+        raise ConfigError(
+            f"dp.delta = {delta:g} is not below 1/N = {1.0 / num_clients:.3g} (N = "
+            f"{num_clients} clients); leave dp.delta unset (1/N^1.1) or lower it"
+        )
+    if noise_multiplier is None:
+        if target_epsilon is None:
+            raise ValueError("give dp.noise_multiplier or dp.target_epsilon")
+        noise_multiplier = ftrl_accounting.calibrate_gaussian(target_epsilon, delta, accountant)
+        epsilon_budget = target_epsilon if epsilon_budget is None else epsilon_budget
+    return noise_multiplier, Accounting(
+        delta,
+        accountant,
+        "fixed",
+        num_clients,
+        clients_per_round,
+        rounds,
+        epsilon_budget,
+        ftrl=pattern,
     )
 
 

@@ -83,9 +83,14 @@ def restore(
     stages: Mapping[str, Stateful], checkpoint: Checkpoint, device: torch.device | None = None
 ) -> None:
     """Load every stage's saved state into ``stages``, on ``device`` (the model's; files load
-    on the CPU). The checkpoint must hold each of them; a saved stage this run lacks is refused
-    when it holds state (that state would be lost)."""
+    on the CPU). The checkpoint must hold each of them, but for a stage newer than the
+    checkpoint that says what its absence means (``load_absent``: privacy/randomness.py); a
+    saved stage this run lacks is refused when it holds state (that state would be lost)."""
     where = checkpoint.path or "the checkpoint"
+    absent = [n for n in stages if n not in checkpoint.stages and hasattr(stages[n], "load_absent")]
+    for name in absent:  # a stage newer than the checkpoint, with a defined meaning of none
+        stages[name].load_absent()  # type: ignore[attr-defined]
+    stages = {n: s for n, s in stages.items() if n not in absent}
     missing = sorted(set(stages) - set(checkpoint.stages))
     unused = sorted(n for n, t in checkpoint.stages.items() if n not in stages and t)
     if missing or unused:

@@ -21,6 +21,10 @@ folds their contributions into what the loop runs:
   (epsilon so far);
 - ``stages``: named checkpoint state (``Stateful``), saved and restored by name;
 - ``sampling_key``: the key the cohort is drawn with (default ``train.seed``);
+- ``cohort_filter``: who may be drawn in a round and what a drawn cohort leaves behind
+  (``CohortFilter``: ``eligible`` narrows the clients before the draw, ``record`` is told the
+  cohort after it; each filter in order): DP-FTRL's participation pattern, enforced on every
+  runtime;
 - ``agreement`` and ``saver``: how processes agree on a round's checks and write one
   checkpoint (row-sharded tables);
 - ``evaluator``: how the central evaluator evaluates (on the host, by shares);
@@ -106,6 +110,20 @@ class Saver(Protocol):
     def save(self, folder: Path | None, checkpoint: Checkpoint) -> Path: ...
 
 
+class CohortFilter(Protocol):
+    """Who may take part in a round (e.g. DP-FTRL's participation pattern, dp/participation.py):
+    asked before each cohort draw and told the cohort drawn, on every runtime."""
+
+    def eligible(self, round_index: int, among: np.ndarray | None) -> np.ndarray:
+        """The clients of ``among`` (sorted positions; None: all) that may take part in round
+        ``round_index``."""
+        ...
+
+    def record(self, round_index: int, clients: np.ndarray) -> None:
+        """Round ``round_index``'s cohort was drawn (once per round)."""
+        ...
+
+
 @dataclass(frozen=True)
 class OneProcess:
     """One process's agreement: each check holds as it holds here."""
@@ -148,6 +166,7 @@ class RoundContribution:
     hooks: RoundHooks = field(default_factory=RoundHooks)
     stages: Mapping[str, Stateful] = field(default_factory=dict)
     sampling_key: Callable[[], Seed] | None = None
+    cohort_filter: CohortFilter | None = None
     agreement: Agreement | None = None
     saver: Saver | None = None
     evaluator: Callable[[Evaluator], Evaluate] | None = None
@@ -193,6 +212,20 @@ class RoundFeatures:
         """The key of round r's cohort: the last contribution's, or ``seed``."""
         keys = [c.sampling_key for c in self.contributions if c.sampling_key is not None]
         return keys[-1]() if keys else seed
+
+    def eligible(self, round_index: int, among: np.ndarray | None) -> np.ndarray | None:
+        """The clients of ``among`` (None: all) that every contributed ``cohort_filter`` lets
+        take part in round ``round_index``; ``among`` as it is without one."""
+        for contribution in self.contributions:
+            if contribution.cohort_filter is not None:
+                among = contribution.cohort_filter.eligible(round_index, among)
+        return among
+
+    def drawn(self, round_index: int, clients: np.ndarray) -> None:
+        """Round ``round_index``'s cohort, told to each contributed ``cohort_filter``."""
+        for contribution in self.contributions:
+            if contribution.cohort_filter is not None:
+                contribution.cohort_filter.record(round_index, clients)
 
     def stages(self) -> dict[str, Stateful]:
         """Every contributed stage by name, in order; a name given twice is refused."""

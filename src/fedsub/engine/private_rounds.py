@@ -28,6 +28,7 @@ privacy work in seconds) and can keep a transcript of everything the server rece
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.randomness import PrivacyStreams
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
 from fedsub.privacy.sparse_secagg import (
@@ -59,6 +61,8 @@ from fedsub.privacy.sparse_secagg import (
 )
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
+
+LOG = logging.getLogger("fedsub")
 
 
 @dataclass(frozen=True)
@@ -151,15 +155,27 @@ class PrivateRounds:
     dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_secure``)
     # [dp]: the key of the members' noise shares (the run's secret; seeded: train.seed)
     streams: DpStreams | None = None
+    # the key of the download requests: the clients' secret (privacy/randomness.py); None:
+    # train.seed
+    requests_key: PrivacyStreams | None = None
     costs: Costs = field(default_factory=Costs)
     _round: int = 0
     _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def drawn_privacy(self) -> Privacy:
+        """The level as its requests were drawn: seeded when a resumed run's checkpoint had no
+        secret (``PrivacyStreams.load_absent``), for its privacy.json."""
+        if self.requests_key is None:
+            return self.privacy
+        return dataclasses.replace(self.privacy, randomness=self.requests_key.randomness)
 
     def request(
         self, rows: dict[str, np.ndarray], client: int, round_index: int
     ) -> dict[str, np.ndarray]:
         """Client ``client``'s download request in round ``round_index`` (table -> rows)."""
-        return client_request(self.privacy, rows, self.table_rows, self.seed, round_index, client)
+        key = self.seed if self.requests_key is None else self.requests_key.key
+        return client_request(self.privacy, rows, self.table_rows, key, round_index, client)
 
     def wrap(self, run_cohort: RunCohort) -> RunCohort:
         """The backend's ``run_cohort``, followed by the members' requests: each update keeps

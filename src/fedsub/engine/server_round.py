@@ -145,7 +145,9 @@ class ServerRound:
         Flower nodes connected now; the sampler draws from them with the same key, so with
         every client present the cohort is the in-process engine's. The key is train.seed, or
         a feature's (``RoundContribution.sampling_key``: a secret nobody outside can redraw
-        the cohort from)."""
+        the cohort from). A feature's ``cohort_filter`` narrows ``among`` first (who may take
+        part this round) and is told the cohort drawn."""
+        among = self.features.eligible(round_index, among)
         counts = self.counts if among is None else self.counts[among]
         if len(counts) == 0:  # nobody can take part: an empty round (the caller decides)
             nobody = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
@@ -164,6 +166,7 @@ class ServerRound:
             )
         if among is not None:
             cohort = Cohort(among[cohort.clients], cohort.multiplicity)
+        self.features.drawn(round_index, cohort.clients)
         return RoundPlan(round_index, cohort, self._work(cohort, round_index))
 
     def _work(self, cohort: Cohort, round_index: int) -> CohortWork:

@@ -22,7 +22,7 @@ from fedsub.flower.costs import with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, node_report
 from fedsub.flower.heat_exchange import answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
-from fedsub.flower.private_download import downloads_privately, node_request
+from fedsub.flower.private_download import downloads_privately, node_key, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, keep_deltas
 from fedsub.flower.settings import FlowerSettings
@@ -104,7 +104,8 @@ def answer_query(fixed: FlowerSettings | None, message: Message, context: Contex
     if what in ("index", "rows"):
         content["index"] = rows_record(node.rows)
     if what == "request":  # privacy download: its request for the round, never S(k)
-        content["index"] = rows_record(node_request(node, int(number_of(query, "round"))))
+        round_index = int(number_of(query, "round"))
+        content["index"] = rows_record(node_request(node, round_index, node_key(node, context)))
     if what == "index":
         metrics["num-examples"] = len(node.train)
         content[EVAL_INDEX] = rows_record(node.eval_rows())
@@ -122,7 +123,7 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     round_index = int(number_of(c, "round"))
     downloading = downloads_privately(node.schedule.privacy)
     full = not rows
-    request = node_request(node, round_index) if downloading else {}
+    request = node_request(node, round_index, node_key(node, context)) if downloading else {}
     if downloading:  # requested rows received, the other held rows skipped (zero)
         pulled = local_submodel(node.rows, node.client, rows, received, request)
     elif full:  # the whole model came: take S(k) locally

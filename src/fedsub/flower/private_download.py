@@ -12,29 +12,50 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import ConfigRecord, Context, Message
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregate
 from fedsub.engine.private_rounds import unbias
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
-from fedsub.flower.records import reply_row_ids
+from fedsub.flower.records import record_of, reply_row_ids
+from fedsub.numerics import secret_streams
+from fedsub.numerics.seeding import Secret, Seed
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.submodel.transfer import CohortUpdate
+
+SECRET = "fedsub.request-secret"  # the node's request secret in its run state
 
 
 def downloads_privately(privacy: Privacy | None) -> bool:
     return privacy is not None and privacy.private_download
 
 
-def node_request(node: NodeData, round_index: int) -> dict[str, np.ndarray]:
-    """The rows this node requests in round ``round_index`` (table -> sorted row ids)."""
+def node_key(node: NodeData, context: Context) -> Seed:
+    """The key of this node's requests (privacy/randomness.py): its own secret, drawn from the
+    operating system the first time and kept in its SuperNode's run state (``context.state``,
+    which never leaves the node), so the request and train messages of a round draw the same
+    request; with ``privacy.randomness = "seeded"``, ``train.seed``."""
+    privacy = node.schedule.privacy
+    if privacy is None or privacy.randomness == "seeded":
+        return node.schedule.seed
+    if SECRET not in context.state:
+        context.state[SECRET] = ConfigRecord({"secret": secret_streams.draw_secret().to_bytes()})
+    record = record_of(context.state, SECRET, ConfigRecord)
+    data = record.get("secret")
+    if not isinstance(data, bytes):
+        raise FedsubError(f"partition {node.client}: its request secret is not bytes")
+    return Secret.from_bytes(data)
+
+
+def node_request(node: NodeData, round_index: int, key: Seed) -> dict[str, np.ndarray]:
+    """The rows this node requests in round ``round_index`` (table -> sorted row ids), drawn
+    from ``key`` (``node_key``)."""
     privacy = node.schedule.privacy
     if privacy is None:
         raise FedsubError(f"partition {node.client}: no privacy.level to draw a request with")
-    seed = node.schedule.seed
-    return client_request(privacy, node.rows, node.table_rows, seed, round_index, node.client)
+    return client_request(privacy, node.rows, node.table_rows, key, round_index, node.client)
 
 
 def reply_rows(

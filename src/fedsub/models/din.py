@@ -13,14 +13,15 @@ score depends only on the fixed batch of 1,024 it falls in.
 
 The history is packed, not padded (``PackedFeatures``): the attention MLP runs on the real
 history items only, O(sum of the lengths) rather than O(B x the longest), with each client's
-weights through ``packed.ClientBlocks``, and the softmax and sums are per-sample segment
-operations (``pooling.attention_pool``, ``segment_sum.run_sums``). Its first layer is
-regrouped by linearity, ``[q, k, q - k, q * k] @ W = [k, q * k] @ [W_k - W_d; W_p] + q @ (W_q +
-W_d)``: 36 inputs per history item instead of 72, and the query's part once per sample. Every
-shape comes from the host (the number of history rows), so a step reads nothing back from the
-device. In the batched engine the output MLP's weights see one row per sample
-(``LowRankWeights``): under a scaling-only client rule they stay the global weight plus each
-client's low-rank change over the round (models/low_rank.py).
+weights through ``packed.ClientBlocks`` (``packed.ClientGroups`` on the CPU in float32), and
+the softmax and sums are per-sample segment operations (``pooling.attention_pool``,
+``segment_sum.run_sums``). Its first layer is regrouped by linearity, ``[q, k, q - k, q * k]
+@ W = [k, q * k] @ [W_k - W_d; W_p] + q @ (W_q + W_d)``: 36 inputs per history item instead
+of 72, and the query's part once per sample. Every shape comes from the host (the number of
+history rows), so a step reads nothing back from the device. In the batched engine the output
+MLP's weights see one row per sample (``LowRankWeights``): under a scaling-only client rule
+they stay the global weight plus each client's low-rank change over the round
+(models/low_rank.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 
 from fedsub.models.base import Features, Ids, Task
 from fedsub.models.cohort_ops import linear, single_client
-from fedsub.models.packed import ClientBlocks
+from fedsub.models.packed import client_rows
 from fedsub.models.pooling import attention_pool, sum_pool
 from fedsub.numerics import segment_sum
 from fedsub.submodel.params import Params
@@ -151,7 +152,7 @@ class DIN:
         sample = torch.repeat_interleave(
             torch.arange(samples, device=item.device), flat_lengths, output_size=total
         )
-        blocks = ClientBlocks.of(lengths.sum(1), total)
+        blocks = client_rows(lengths.sum(1), history)
         queries = item.reshape(samples, d)
         weight = dense["att0.weight"]
         w_query, w_key, w_difference, w_product = weight.split(d, dim=1)

@@ -14,13 +14,22 @@ known on the host), and the blocks past the last client's are idle. On the CPU, 
 the counts costs nothing (``device.on_host``), the number of blocks is exact. The slots the
 rows do not fill hold a copy of row 0; their outputs are never read back (``from_slots``), so
 they get zero gradients and change no number.
+
+On the CPU in float32, ``ClientGroups`` takes the rows as they are instead (no slots, no
+padding): each client's rows are one contiguous group and each layer is one
+``torch._grouped_mm`` (a matmul per client, looped in C++): no gathered copy of the weights
+per block, no slot gathers, and each client's weight gradient is one matmul over its rows
+rather than a sum of per-block products (the same numbers up to float32 rounding: the sums
+are ordered differently). ``client_rows`` picks the layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from fedsub import device as device_lib
 
@@ -98,3 +107,113 @@ class ClientBlocks:
             added = slots if added is None else slots + added
         out = torch.bmm(blocks, weights) if added is None else torch.baddbmm(added, blocks, weights)
         return out.reshape(-1, weight.shape[-1])
+
+
+_GROUPED_MM = getattr(torch, "_grouped_mm", None)  # torch >= 2.8; its CPU kernel: float32
+
+
+def client_rows(rows_per_client: torch.Tensor, rows: torch.Tensor) -> ClientBlocks | ClientGroups:
+    """The layout of ``rows`` [T, ...] (packed client after client, ``rows_per_client`` [K]
+    of them each): ``ClientGroups`` on the CPU in float32 when torch has a grouped matmul,
+    else ``ClientBlocks`` (a GPU, float64, one client)."""
+    total = rows.shape[0]
+    if (
+        _GROUPED_MM is not None
+        and len(rows_per_client) > 1
+        and rows.dtype == torch.float32
+        and device_lib.on_host(rows)
+        and not torch.compiler.is_compiling()
+    ):
+        return ClientGroups.of(rows_per_client, total)
+    return ClientBlocks.of(rows_per_client, total)
+
+
+@dataclass(frozen=True)
+class ClientGroups:
+    """T packed rows of ``clients`` clients used in place: client k's rows are the k-th
+    contiguous group (``ends`` [K], int32, where each group ends). The slots are the rows."""
+
+    clients: int
+    ends: torch.Tensor  # [K] int32: the end of each client's rows (torch._grouped_mm's offs)
+    row_owner: torch.Tensor  # [T] the client of each row
+
+    @staticmethod
+    def of(rows_per_client: torch.Tensor, total: int) -> ClientGroups:
+        k = len(rows_per_client)
+        owner = torch.repeat_interleave(
+            torch.arange(k, device=rows_per_client.device), rows_per_client, output_size=total
+        )
+        return ClientGroups(k, rows_per_client.cumsum(0).to(torch.int32), owner)
+
+    def to_slots(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows
+
+    def from_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        return slots
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        per_slot: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Rows [T, in] -> [T, out], each row by its client's ``weight`` [K, in, out] and
+        ``bias`` [K, out]; ``per_slot`` [T, out] is added too."""
+        fan_in, fan_out = weight.shape[1:]
+        if _aligned(fan_in) and _aligned(fan_out):
+            out = _GroupedLinear.apply(x.contiguous(), weight.contiguous(), self.ends)
+        elif fan_out == 1:  # one output (the grouped kernel wants 16-byte rows): a dot per row
+            rows_weight = weight.squeeze(2).index_select(0, self.row_owner)
+            out = (x * rows_weight).sum(1, keepdim=True)
+        else:  # other widths that are not 16-byte rows: a product per row
+            rows_weight = weight.index_select(0, self.row_owner)
+            out = torch.bmm(x.unsqueeze(1), rows_weight).squeeze(1)
+        if bias is not None:
+            out = out.add_(bias.index_select(0, self.row_owner))  # in place: a fresh output
+        return out if per_slot is None else out.add_(per_slot)
+
+
+def _aligned(features: int) -> bool:
+    return features % 4 == 0  # float32 rows of 16 bytes
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``torch._grouped_mm`` on one thread: its CPU kernel loops over the groups, one small
+    matmul each, and with several intra-op threads each of them would open (and wait at) a
+    parallel region of its own: slower than one thread on an idle machine, and seconds a call
+    on a loaded one (measured: 0.6 s against 0.7 ms, 2 threads, load 10)."""
+    assert _GROUPED_MM is not None
+    threads = torch.get_num_threads()
+    if threads == 1:
+        return _GROUPED_MM(a, b, offs=ends)
+    torch.set_num_threads(1)
+    try:
+        return _GROUPED_MM(a, b, offs=ends)
+    finally:
+        torch.set_num_threads(threads)
+
+
+class _GroupedLinear(torch.autograd.Function):
+    """``x @ weight[k]`` for each client k's rows (``ends``: where each client's rows end)."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        return _grouped_mm(x, weight, ends)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        x, weight, ends = inputs
+        ctx.save_for_backward(x, weight, ends)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        x, weight, ends = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _grouped_mm(grad, weight.transpose(1, 2), ends)
+        if ctx.needs_input_grad[1]:  # [K, in, out]: each client's rows, one matmul
+            grad_weight = _grouped_mm(x.T, grad, ends)
+        return grad_x, grad_weight, None

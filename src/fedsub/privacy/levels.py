@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from fedsub.numerics.secret_streams import Randomness
 from fedsub.privacy import private_download
+from fedsub.privacy.randomness import NOT_PRIVATE
 
 LEVELS = ("none", "heat", "download", "full")
 DOWNLOADS = ("randomized-response", "buckets")
@@ -32,6 +34,9 @@ class Privacy:
     download_keep: float = 0.9  # p: probability that a held row is requested
     download_bucket: int = 64  # buckets: the smallest size class
     secagg_clip: float = 1.0  # fixed-point range [-clip, clip] of a weighted delta value
+    # the download requests' coins and decoys: each client's secret, or train.seed
+    # (privacy/randomness.py)
+    randomness: Randomness = "secret"
 
     @property
     def private_download(self) -> bool:
@@ -44,6 +49,11 @@ class Privacy:
     @property
     def randomized(self) -> bool:
         return self.private_download and self.download == "randomized-response"
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the level draws requests from the public seed (its protection fails)."""
+        return self.private_download and self.randomness == "seeded"
 
     @property
     def keep(self) -> float:
@@ -81,6 +91,9 @@ def describe(privacy: Privacy) -> dict:
             )
         else:
             info["smallest_size_class"] = privacy.download_bucket
+        info["randomness"] = privacy.randomness  # privacy/randomness.py
+        if privacy.randomness == "seeded":
+            info["not_private"] = NOT_PRIVATE
     if privacy.secure_aggregation:
         info.update(secagg_clip=privacy.secagg_clip, threshold="floor(cohort / 2) + 1")
         info["fixed_point"] = "scale = largest 2^b with cohort * clip * 2^b < 2^31"

@@ -1,8 +1,10 @@
-"""A client's download request in one round, drawn from the client's own seeded stream.
+"""A client's download request in one round, drawn from the client's own stream.
 
 The in-process engine (``engine/private_rounds.py``) and a Flower node
-(``flower/private_download.py``) call this one function with the same key (seed, round,
-client), so a node draws the very request the simulator draws for its client.
+(``flower/private_download.py``) call this one function with the key (seed, round, client):
+the seed is the client's secret (``privacy.randomness = "secret"``, privacy/randomness.py), or
+``train.seed`` (``"seeded"``), with which a node draws the very request the simulator draws
+for its client.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def client_request(
     privacy: Privacy,
     rows: dict[str, np.ndarray],
     table_rows: dict[str, int],
-    seed: int,
+    seed: seeding.Seed,
     round_index: int,
     client: int,
 ) -> dict[str, np.ndarray]:

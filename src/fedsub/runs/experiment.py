@@ -298,7 +298,7 @@ class AlgorithmRun:
             costs: dict = private.costs.as_json()
             if self.config.dp.mechanism != "none":
                 costs = {"costs": DP_WITHHELD}
-            record = {**privacy_levels.describe(private.privacy), **costs}
+            record = {**privacy_levels.describe(private.drawn_privacy), **costs}
             if self.seeded_dp:  # [dp] with seeded randomness
                 record["dp_not_a_guarantee"] = NOT_A_GUARANTEE
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")

@@ -24,6 +24,7 @@ from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
 from fedsub.dp import accountant as dp_accountant
 from fedsub.dp import settings as dp_settings
+from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
@@ -43,6 +44,7 @@ from fedsub.masking.schemes import AverageOver, Masking
 from fedsub.models.base import Model
 from fedsub.models.registry import build_checked_model
 from fedsub.models.torch_module import TorchModuleModel, check_runs_in
+from fedsub.numerics.secret_streams import Randomness
 from fedsub.privacy import levels as privacy_levels
 from fedsub.privacy.heat_sources import HeatPrivacy, describe
 from fedsub.progress import phase
@@ -110,6 +112,7 @@ def privacy_of(config: Config) -> privacy_levels.Privacy:
         p.download_keep,
         p.download_bucket,
         p.secagg_clip,
+        cast(Randomness, p.randomness),
     )
 
 
@@ -210,11 +213,47 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     """``[dp]`` resolved for a population of ``num_clients`` (delta's default, the noise
     multiplier calibrated for train.rounds when a target epsilon is given); None when the
     mechanism is "none". The casts: config.py checked the choices."""
-    d, t = config.dp, config.train
+    d = config.dp
     if d.mechanism == "none":
         return None
+    if d.mechanism == "ftrl-tree":  # DP-FTRL (fedsub/dp/ftrl.py): no sampling assumed
+        noise_multiplier, accounting = ftrl_resolved(config, num_clients)
+    else:
+        noise_multiplier, accounting = gaussian_resolved(config, num_clients)
+    return checked_settings(config, noise_multiplier, accounting)
+
+
+def ftrl_resolved(config: Config, num_clients: int) -> tuple[float, dp_settings.Accounting]:
+    """DP-FTRL's z and accounting for the participation pattern of [dp] (dp/settings.py
+    ``resolve_ftrl``); a population too small for the separation is refused."""
+    d, t = config.dp, config.train
+    part = d.participation
+    pattern = Pattern(max(part.min_separation, 1), part.max_participations)
+    if t.clients_per_round * pattern.min_separation > num_clients:
+        raise ConfigError(
+            f"dp.min_separation = {pattern.min_separation} with train.clients_per_round = "
+            f"{t.clients_per_round} needs at least {t.clients_per_round * pattern.min_separation}"
+            f" clients (each cohort is drawn outside the previous b - 1 cohorts), got "
+            f"{num_clients}; lower dp.min_separation or the cohort"
+        )
+    return dp_settings.resolve_ftrl(
+        noise_multiplier=d.noise_multiplier,
+        target_epsilon=d.target_epsilon,
+        delta=d.delta,
+        accountant=cast(dp_settings.Accountant, d.accountant),
+        num_clients=num_clients,
+        clients_per_round=t.clients_per_round,
+        rounds=t.rounds,
+        epsilon_budget=d.epsilon_budget,
+        pattern=pattern,
+    )
+
+
+def gaussian_resolved(config: Config, num_clients: int) -> tuple[float, dp_settings.Accounting]:
+    """The sampled Gaussian mechanism's z and accounting (dp/settings.py ``resolve``)."""
+    d, t = config.dp, config.train
     distributed = config.privacy.level == "full"
-    noise_multiplier, accounting = dp_settings.resolve(
+    return dp_settings.resolve(
         noise_multiplier=d.noise_multiplier,
         target_epsilon=d.target_epsilon,
         delta=d.delta,
@@ -226,6 +265,14 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         epsilon_budget=d.epsilon_budget,
         distributed=distributed,
     )
+
+
+def checked_settings(
+    config: Config, noise_multiplier: float, accounting: dp_settings.Accounting
+) -> dp_settings.DpSettings:
+    """The resolved ``DpSettings``, refused when they cannot train (dp/settings.py)."""
+    d, t = config.dp, config.train
+    distributed = config.privacy.level == "full"
     a, rows = d.adaptive_clipping, d.row_selection
     adaptive = dp_settings.AdaptiveClip(a.target_quantile, a.clip_lr, a.count_share)
     settings = dp_settings.DpSettings(
@@ -234,7 +281,11 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
         accounting=accounting,
         rows=cast(dp_settings.Rows, rows.rows),
         selection=dp_settings.RowSelection(
-            rows.selection_share, rows.selection_threshold, rows.selection_bound
+            rows.selection_share,
+            rows.selection_threshold,
+            rows.selection_bound,
+            rows.selection_window,
+            rows.heat_cap,
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
@@ -265,6 +316,14 @@ def dp_plan(config: Config) -> list[str]:
         f"delta = {accounting.delta:.3g}, accountant {accounting.accountant}, "
         f"rows {settings.rows}",
     ]
+    if accounting.ftrl is not None:  # DP-FTRL (issue 50)
+        pattern = accounting.ftrl
+        lines.append(
+            f"DP-FTRL tree aggregation, no sampling assumed: each user at most "
+            f"{pattern.most(rounds)} rounds, >= {pattern.min_separation} apart (enforced at the "
+            f"cohort draw); z is the whole run's, node noise z_tree = "
+            f"{settings.update_multiplier:.4g}, sensitivity {settings.ftrl_scales[1]:.4g} C"
+        )
     if settings.distributed:
         lines.append(
             "distributed: each client adds discrete Gaussian noise over secure aggregation, "

@@ -6,7 +6,10 @@ dp/mechanisms.py's registry: the Gaussian one is dp/mechanism.py) overrides the 
 combine, and a round with no member left still adds its noise; the ledger (dp/ledger.py)
 composes each round, stops the run before a round the budget cannot pay for, and adds the
 epsilon spent so far to each evaluation; the ledger, the mechanism's own stages (adaptive
-clipping's C) and the secret are checkpoint stages. At ``privacy.level = "full"`` the clients
+clipping's C) and the secret are checkpoint stages. When the accounting assumes a participation
+pattern instead of sampling (DP-FTRL's, ``Accounting.ftrl``), the cohort draw enforces it
+(dp/participation.py, a ``cohort_filter``: on every runtime, Flower's ServerApp included), and
+its state is a checkpoint stage (``dp_participation``). At ``privacy.level = "full"`` the clients
 add the noise (distributed DP: engine/features/private.py gives the private rounds the streams
 of this feature's ``DpRound``), and there is no central mechanism.
 """
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanisms import MECHANISMS, CentralMechanism, MechanismInputs, MechanismSpec
+from fedsub.dp.participation import STAGE as PARTICIPATION
+from fedsub.dp.participation import ParticipationBound
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams, streams_of
 from fedsub.engine.contribution import (
@@ -45,6 +50,9 @@ class DpRound:
     streams: DpStreams
     mechanism: CentralMechanism | None
     spec: MechanismSpec | None = None
+    # the participation pattern the accounting assumes, enforced at the cohort draw (DP-FTRL);
+    # None: sampled cohorts, every client may be drawn in every round
+    participation: ParticipationBound | None = None
 
     def stop_before(self, round_index: int) -> bool:
         """Whether round ``round_index``'s mechanism would spend more than the budget (then
@@ -70,6 +78,8 @@ class DpRound:
             stages.update(self.spec.stages(self.mechanism))  # e.g. adaptive clipping's C
         if self.streams.guaranteed:
             stages[DP_SECRET] = self.streams  # the secret: only checkpoints keep it
+        if self.participation is not None:
+            stages[PARTICIPATION] = self.participation  # who is still inside its window
         return stages
 
 
@@ -96,7 +106,9 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
         keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
         inputs = MechanismInputs(schedule.dp, table_rows, setup.counts, heat, keep, streams)
         mechanism = spec.build(inputs)
-    dp = DpRound(Ledger(schedule.dp), streams, mechanism, spec)
+    pattern = schedule.dp.accounting.ftrl  # DP-FTRL: no sampling, an enforced pattern
+    bound = None if pattern is None else ParticipationBound(pattern, len(setup.counts))
+    dp = DpRound(Ledger(schedule.dp), streams, mechanism, spec, bound)
     return RoundContribution(
         NAME,
         combining=Combining(
@@ -110,6 +122,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
         ),
         stages=dp.stages(),
         sampling_key=lambda: streams.key,
+        cohort_filter=bound,
         handle=dp,
     )
 

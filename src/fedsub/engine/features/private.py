@@ -18,6 +18,8 @@ from fedsub.engine.features.dp import NAME as DP
 from fedsub.engine.features.dp import DpRound
 from fedsub.engine.features.row_sharding import NAME as ROW_SHARDING
 from fedsub.engine.private_rounds import PrivateRounds
+from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
+from fedsub.privacy.randomness import streams_of as privacy_streams_of
 
 NAME = "private_rounds"
 
@@ -35,9 +37,13 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     streams = dp.streams if isinstance(dp, DpRound) else None
     # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
     settings = schedule.dp if schedule.privacy.secure_aggregation else None
+    requests = None  # the download requests' coins and decoys (privacy/randomness.py)
+    if schedule.privacy.private_download:
+        requests = privacy_streams_of(schedule.privacy.randomness, schedule.seed)
     private = PrivateRounds(
-        schedule.privacy, aggregation, table_rows, schedule.seed, dp=settings, streams=streams
-    )
+        schedule.privacy, aggregation, table_rows, schedule.seed, dp=settings, streams=streams,
+        requests_key=requests,
+    )  # fmt: skip
     return RoundContribution(
         NAME,
         client_stage=private.wrap,
@@ -45,6 +51,8 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
         # pieces apply; a central DP mechanism, earlier in FEATURES, overrides it in turn)
         combining=Combining(override=lambda update, round_index: private.combine(update)),
         handle=private,
+        # the requests' secret: only checkpoints keep it
+        stages={PRIVACY_SECRET: requests} if requests is not None and requests.guaranteed else {},
     )
 
 

@@ -1,0 +1,361 @@
+"""DP-FTRL for federated training (``dp.mechanism = "ftrl-tree"``): Kairouz et al. 2021,
+"Practical and Private (Deep) Learning without Sampling or Shuffling" (ICML, arXiv
+2103.00039), with correlated noise from tree aggregation and Honaker's online estimator
+(dp/tree_noise.py), accounted for the participation pattern that runs, with no sampling
+assumption (dp/ftrl_accounting.py, enforced by dp/participation.py).
+
+The paper's server keeps the noisy prefix sums of the (clipped, summed) updates, and the
+model is the initial model plus the noisy prefix sum (FTRL with the squared-distance
+regulariser; fedsub's server optimizer applies it with its learning rate: with plain server
+SGD and no momentum the model after t rounds is exactly theta_0 + lr (s_t + N(t)) / D). The
+mechanism hands the server the difference of consecutive noisy prefix sums, so the noise
+added to the model telescopes: after t rounds it is N(t), the tree's noise (variance
+O(log t) node noises), not the sum of t fresh draws.
+
+Round t's update, with the settings' clip C, the tree's node noise sigma = z_grad C and the
+fixed denominator D (dp/mechanism.py steps 1, 2 and 4 unchanged):
+
+- rows = "all" (DP-FTRL-FedAvg), every row and dense parameter: (x_t + sigma (N(t) -
+  N(t - 1))) / D, N from a buffer of the O(log t) pending nodes per row (``DenseTree``,
+  O(V) state, like the dense update it noises);
+- rows = "private" (fedsub's sparse form, DP-FTRL-FedSubAvg): the rows selected from the
+  noisy contribution histogram (dp/selection.py, its own noise and budget share) get (x_t +
+  sigma (N_r(t) - N_r(t_r))) / D, t_r the last round row r was selected (0: never), so the
+  row's value holds the noisy prefix sum of its selected rounds' contributions; the other
+  rows are left unchanged. The leaves of a row's tree are its contributions in the rounds it
+  was selected (zero otherwise), which only lowers a user's contribution, so the sensitivity
+  is the dense tree's. N_r is computed from the row's own streams (O(t) node draws per
+  selected row, no O(V) state: only each selected row's last round is kept); the dense
+  parameters take the dense path. FedSubAvg's private heat divides the row's update by the
+  noisy h_m instead of D (dp/mechanism.py step 5): the noise of successive rounds is then
+  scaled differently and no longer telescopes exactly (fedsub's variant; the privacy, a
+  post-processing of the tree's release, is unchanged).
+
+Windowed selection (``dp.selection_window`` = w > 1, fedsub's design, not the paper's): the
+rows are selected once every w rounds, at a window's first round, from the noisy histogram of
+the previous window's w cohorts (the first window updates no table row), and every selected
+row is updated in every round of the window (so its noise telescopes, t_r = t - 1). With w <=
+min_separation a user is in at most one cohort of a window, so a window's histogram has the
+sensitivity B of one round's and a user reaches at most k_max of them: the accounting is
+unchanged, while a row's count gathers w cohorts (w K users) against one selection noise.
+FedSubAvg's coefficient is then D / (h_m / w), capped at ``dp.heat_cap`` (h_m >= D /
+heat_cap) when set, which bounds how much it amplifies a cold row's noise.
+
+Privacy: the tree releases each complete node's noisy sum once (Honaker's estimates and the
+differences are post-processing), so the run is one Gaussian mechanism of sensitivity
+``ftrl_accounting.tree_sensitivity`` C. The noise streams are keyed by the run's secret
+(dp/randomness.py); seeded runs say they guarantee nothing. Adaptive clipping and distributed
+DP are refused with it (config.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
+from fedsub.dp import clipping, selection
+from fedsub.dp.mechanism import DpMechanism, RoundStats, round_generator
+from fedsub.dp.tree_noise import (
+    decomposition,
+    node_noise,
+    prefix_difference,
+    subtree_sum,
+    table_key,
+)
+from fedsub.submodel.transfer import CohortUpdate
+
+STAGE = "dp_ftrl"  # the checkpoint stage of the selected rows' last rounds
+
+
+def weight(level: int) -> float:
+    """Honaker's 1 / (2 - 2^-l): a node estimate's weight on its b."""
+    return 1.0 / (2.0 - 2.0**-level)
+
+
+@dataclass
+class DenseTree:
+    """The tree noise of every row of one stream (a table, or a dense parameter flattened to
+    rows of one value), in units of sigma: the b of the nodes of the rounds' decomposition
+    (TF Privacy's ``EfficientTreeAggregator`` buffer), O(log t) arrays. A fresh or resumed
+    tree rebuilds its buffer from the streams (``honaker_prefix``'s formula)."""
+
+    key: tuple[int, int]
+    rows: int
+    dim: int
+    done: int = 0  # rounds folded in
+    stack: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
+    previous: np.ndarray | None = None  # N(done)
+    last: tuple[int, np.ndarray] | None = None  # (t, N(t) - N(t - 1)) of the latest round
+
+    def increment(self, t: int) -> np.ndarray:
+        """N(t) - N(t - 1), (rows, dim) float64."""
+        if self.last is not None and self.last[0] == t:  # a round combined twice
+            return self.last[1]
+        every = np.arange(self.rows)
+        if self.done != t - 1 or self.previous is None:
+            self.stack = [
+                (lv, i, subtree_sum(self.key, every, lv, i, self.dim))
+                for lv, i in decomposition(t - 1)
+            ]
+            self.previous = sum(
+                (b * weight(lv) for lv, _, b in self.stack), np.zeros((self.rows, self.dim))
+            )
+        level, index = 0, t - 1
+        b = node_noise(self.key, every, 0, np.array([index]), self.dim)[:, 0]
+        step = np.zeros((self.rows, self.dim))
+        while self.stack and self.stack[-1][0] == level:
+            _, _, left = self.stack.pop()  # leaves the decomposition: its estimate goes
+            step -= left * weight(level)
+            index >>= 1
+            level += 1
+            fresh = node_noise(self.key, every, level, np.array([index]), self.dim)[:, 0]
+            b = fresh + 0.5 * (left + b)
+        self.stack.append((level, index, b))
+        step += b * weight(level)
+        self.previous, self.done, self.last = self.previous + step, t, (t, step)
+        return step
+
+
+@dataclass
+class FtrlMechanism(DpMechanism):
+    """DP-FTRL's round (module docstring); ``combine`` as ``DpMechanism``'s."""
+
+    trees: dict[str, DenseTree] = field(default_factory=dict)
+    # rows = "private": per table, each selected row's last round (sorted rows, rounds)
+    selected: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    pending_rows: tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]] | None = None
+    # dp.selection_window > 1: per table, this window's rounds' (touched rows, histogram), and
+    # the selection of the current window by (table, window); not checkpointed (a resumed run
+    # selects again from the rounds it saw: fewer counts, never more privacy spent)
+    window_parts: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(
+        default_factory=dict
+    )
+    window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.settings.adaptive is not None:
+            raise ValueError("DP-FTRL runs with a fixed clip (adaptive clipping is refused)")
+
+    def key(self, stream: int) -> tuple[int, int]:
+        assert self.streams is not None
+        return table_key(self.streams.key, stream)
+
+    @property
+    def sigma(self) -> float:
+        return self.settings.update_multiplier * self.clip
+
+    def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> DenseTree:
+        if name not in self.trees:
+            self.trees[name] = DenseTree(self.key(stream), rows, dim)
+        return self.trees[name]
+
+    def _commit(self, round_index: int) -> None:
+        """The rows selected in an earlier round become their last rounds."""
+        if self.pending_rows is None or self.pending_rows[0] >= round_index:
+            return
+        for table, (rows, rounds) in self.pending_rows[1].items():
+            old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
+            keep = ~np.isin(old_rows, rows)
+            merged = np.concatenate([old_rows[keep], rows])
+            order = np.argsort(merged, kind="stable")
+            self.selected[table] = (
+                merged[order],
+                np.concatenate([old_rounds[keep], rounds])[order],
+            )
+        self.pending_rows = None
+
+    def last_rounds(self, table: str, rows: np.ndarray) -> np.ndarray:
+        """Each row's last selected round before now (0: never)."""
+        known, rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
+        if len(known) == 0:
+            return np.zeros(len(rows), dtype=np.int64)
+        at = np.searchsorted(known, rows)
+        hit = (at < len(known)) & (known[np.minimum(at, len(known) - 1)] == rows)
+        return np.where(hit, rounds[np.minimum(at, len(known) - 1)], 0)
+
+    def sparse_noise(self, table: str, rows: np.ndarray, t: int, dim: int) -> np.ndarray:
+        """sigma (N_r(t) - N_r(t_r)) for the selected ``rows`` (module docstring)."""
+        key = self.key(sorted(self.table_rows).index(table))
+        since = self.last_rounds(table, rows)
+        return self.sigma * prefix_difference(key, rows, t, since, dim)
+
+    def combine(self, update: CohortUpdate, round_index: int) -> ServerUpdate:
+        s = self.settings
+        assert self.streams is not None
+        self._commit(round_index)
+        # the selection's noise and false positives: the torch stream of dp/mechanism.py
+        generator = round_generator(self.streams.key, round_index)
+        clip = self.current_clip(round_index)
+        factors = clipping.clip_factors(update.squared_norms(), clip)
+        self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
+        weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
+        clipped = clipping.scaled(update, factors * weights)
+        contribution = selection.contributions(update, s.selection.bound)
+        chosen: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        tables = {
+            table: self._ftrl_table(clipped, table, contribution, round_index, generator, chosen)
+            for table in sorted(self.table_rows)
+        }
+        dense = {}
+        for position, name in enumerate(sorted(clipped.dense_deltas)):
+            stacked = clipped.dense_deltas[name]
+            shape = tuple(stacked.shape[1:])
+            size = int(np.prod(shape)) if shape else 1
+            tree = self._dense_tree(name, len(self.table_rows) + position, size, 1)
+            noise = torch.from_numpy(self.sigma * tree.increment(round_index)).reshape(shape)
+            dense[name] = (stacked.sum(0) + noise.to(stacked.device, stacked.dtype)) / (
+                self.denominator
+            )
+        if s.rows == "private":
+            self.pending_rows = (round_index, chosen)
+        return ServerUpdate(tables, dense)
+
+    def _ftrl_table(
+        self,
+        update: CohortUpdate,
+        table: str,
+        contribution: torch.Tensor,
+        round_index: int,
+        generator: torch.Generator,
+        chosen_rows: dict[str, tuple[np.ndarray, np.ndarray]],
+    ) -> RowUpdate:
+        s, num_rows = self.settings, self.table_rows[table]
+        distinct, inverse, sums = self._sums(update, table)
+        dim, device, dtype = sums.shape[1], sums.device, sums.dtype
+        self.last.touched_rows += len(distinct)
+        if s.rows == "all":
+            full = torch.zeros((num_rows, dim), dtype=dtype, device=device)
+            full.index_copy_(0, distinct.to(device), sums)
+            stream = sorted(self.table_rows).index(table)
+            tree = self._dense_tree(table, stream, num_rows, dim)
+            full += torch.from_numpy(self.sigma * tree.increment(round_index)).to(device, dtype)
+            self.last.rows_changed += num_rows
+            rows = torch.arange(num_rows, device=device)
+            return RowUpdate(rows, full / (self.denominator * self.keep))
+        heat = selection.histogram(
+            inverse, update.row_owner[table], contribution.to(device), len(distinct)
+        )
+        if s.selection.window > 1:
+            window = self._window_rows(table, distinct, heat, round_index, generator)
+            return self._window_update(table, window, distinct, sums, round_index, chosen_rows)
+        chosen = selection.select(
+            distinct.cpu(), heat.cpu(), num_rows, s.selection_std, s.histogram_threshold, generator
+        )
+        position = chosen.touched_position.numpy()
+        fresh = position < 0
+        index = torch.from_numpy(np.where(fresh, len(distinct), position)).to(device)
+        padded = torch.cat([sums, sums.new_zeros((1, dim))])
+        picked = chosen.rows.numpy().astype(np.int64)
+        noise = torch.from_numpy(self.sparse_noise(table, picked, round_index, dim))
+        values = padded.index_select(0, index) + noise.to(device, dtype)
+        chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
+        self.last.rows_changed += len(picked)
+        self.last.false_positives += int(fresh.sum())
+        if self.heat:
+            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64))
+            if len(divisor):
+                coefficient = float(self.denominator / divisor.min())
+                self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
+            return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
+        return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
+
+    def capped(self, heat: torch.Tensor) -> torch.Tensor:
+        """h_m, raised to D / heat_cap when a cap is set (dp.heat_cap: the coefficient D / h_m
+        at most heat_cap)."""
+        cap = self.settings.selection.heat_cap
+        return heat.clamp(min=self.denominator / cap) if cap > 0 else heat
+
+    def _window_rows(
+        self,
+        table: str,
+        distinct: torch.Tensor,
+        heat: torch.Tensor,
+        round_index: int,
+        generator: torch.Generator,
+    ) -> selection.Selection:
+        """The windowed selection (fedsub's): the rows of round ``round_index``'s window, chosen
+        once at its first round from the noisy histogram of the previous window's cohorts (a
+        user at most once in it: w <= min_separation), with their noisy heat per round."""
+        s, w = self.settings, self.settings.selection.window
+        window = (round_index - 1) // w
+        parts = self.window_parts.setdefault(table, {})
+        parts[round_index] = (distinct.cpu(), heat.cpu())  # a round combined twice: replaced
+        key = (table, window)
+        if key not in self.window_selected:
+            before = [parts.pop(r) for r in sorted(parts) if (r - 1) // w == window - 1]
+            for r in [r for r in parts if (r - 1) // w < window - 1]:
+                del parts[r]  # older than the previous window (a resumed run)
+            rows = torch.cat([b[0] for b in before]) if before else distinct.cpu()[:0]
+            values = torch.cat([b[1] for b in before]) if before else heat.cpu()[:0]
+            union, inverse = torch.unique(rows, return_inverse=True)
+            summed = torch.zeros(len(union), dtype=torch.float64)
+            summed.index_add_(0, inverse, values.to(torch.float64))
+            if window == 0:  # the first window: nothing to select from yet
+                empty = torch.zeros(0, dtype=torch.int64)
+                chosen = selection.Selection(empty, empty, torch.zeros(0, dtype=torch.float64))
+            else:
+                chosen = selection.select(
+                    union,
+                    summed,
+                    self.table_rows[table],
+                    s.selection_std,
+                    s.histogram_threshold,
+                    generator,
+                )
+            self.window_selected = {k: v for k, v in self.window_selected.items() if k[0] != table}
+            self.window_selected[key] = chosen
+        return self.window_selected[key]
+
+    def _window_update(
+        self,
+        table: str,
+        chosen: selection.Selection,
+        distinct: torch.Tensor,
+        sums: torch.Tensor,
+        round_index: int,
+        chosen_rows: dict[str, tuple[np.ndarray, np.ndarray]],
+    ) -> RowUpdate:
+        """Every row of the window's selection: its sum this round (0 if untouched) plus the
+        tree's noise since its last update; FedSubAvg divides by the noisy heat per round."""
+        device, dim, dtype = sums.device, sums.shape[1], sums.dtype
+        picked = chosen.rows.numpy().astype(np.int64)
+        touched = distinct.cpu().numpy()
+        at = np.searchsorted(touched, picked)
+        hit = (at < len(touched)) & (touched[np.minimum(at, max(len(touched) - 1, 0))] == picked)
+        index = torch.from_numpy(np.where(hit, at, len(touched))).to(device)
+        padded = torch.cat([sums, sums.new_zeros((1, dim))])
+        noise = torch.from_numpy(self.sparse_noise(table, picked, round_index, dim))
+        values = padded.index_select(0, index) + noise.to(device, dtype)
+        chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
+        self.last.rows_changed += len(picked)
+        self.last.false_positives += int((chosen.touched_position < 0).sum())
+        rows = torch.from_numpy(picked).to(device)
+        if self.heat:  # the window's noisy heat, per round
+            window = self.settings.selection.window
+            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64) / window)
+            if len(divisor):
+                coefficient = float(self.denominator / divisor.min())
+                self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
+            return RowUpdate(rows, values / divisor.to(dtype).unsqueeze(1))
+        return RowUpdate(rows, values / (self.denominator * self.keep))
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Each table's selected rows and their last rounds, the pending round's included."""
+        self._commit(2**40)
+        out = {}
+        for table, (rows, rounds) in self.selected.items():
+            out[f"{table}.rows"] = torch.from_numpy(rows.copy())
+            out[f"{table}.rounds"] = torch.from_numpy(rounds.copy())
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        tables = {name.rsplit(".", 1)[0] for name in tensors}
+        self.selected = {
+            t: (tensors[f"{t}.rows"].numpy().copy(), tensors[f"{t}.rounds"].numpy().copy())
+            for t in tables
+        }
+        self.pending_rows = None

@@ -1,0 +1,425 @@
+"""DP-FTRL (dp/ftrl.py, dp/tree_noise.py, dp/ftrl_accounting.py, dp/participation.py):
+the generator against published answers, the tree's estimator against the formula written out
+here, the sparse per-row noise against the dense tree, the sensitivity against an enumeration
+of the participation patterns, epsilon against dp-accounting's tree event, and the pattern
+enforced at the cohort draw."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+from dp_accounting import rdp
+
+from fedsub.config import Config
+from fedsub.dp import ftrl_accounting, tree_noise
+from fedsub.dp.ftrl import DenseTree
+from fedsub.dp.participation import ParticipationBound, Pattern
+from fedsub.errors import ConfigError
+
+
+def test_philox_matches_random123_known_answers() -> None:
+    """Random123's kat_vectors for philox4x32-10."""
+    cases = [
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        (
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+            (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+        ),
+    ]
+    for counter, key, expected in cases:
+        got = tree_noise.philox4x32(np.array([counter], dtype=np.uint32), key)[0]
+        assert tuple(int(x) for x in got) == expected
+
+
+def test_node_noise_is_standard_normal_and_keyed() -> None:
+    z = tree_noise.node_noise((5, 9), np.arange(300), 2, np.arange(100), 4)
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+    other = tree_noise.node_noise((5, 10), np.arange(300), 2, np.arange(100), 4)
+    assert not np.allclose(z, other)
+    # one row's noise is the same drawn alone or among others
+    alone = tree_noise.node_noise((5, 9), np.array([17]), 2, np.array([40]), 4)
+    np.testing.assert_array_equal(alone[0, 0], z[17, 40])
+
+
+def written_out_prefix(key: tuple[int, int], rows: np.ndarray, t: int, dim: int) -> np.ndarray:
+    """Kairouz et al. 2021's tree with Honaker's online estimate, written out from TF
+    Privacy's EfficientTreeAggregator recursion: b(leaf) = n, b(parent) = n + (b(left) +
+    b(right)) / 2, the cumulative noise the sum of b / (2 - 2^-level) over the nodes of t's
+    binary decomposition."""
+
+    def b(level: int, index: int) -> np.ndarray:
+        own = tree_noise.node_noise(key, rows, level, np.array([index]), dim)[:, 0]
+        if level == 0:
+            return own
+        return own + 0.5 * (b(level - 1, 2 * index) + b(level - 1, 2 * index + 1))
+
+    total, start = np.zeros((len(rows), dim)), 0
+    for level in range(10, -1, -1):
+        if t >> level & 1:
+            total += b(level, start >> level) / (2 - 0.5**level)
+            start += 1 << level
+    return total
+
+
+def test_prefix_noise_is_the_written_out_estimator() -> None:
+    key, rows = (3, 4), np.array([0, 7, 123])
+    for t in (1, 2, 3, 6, 8, 11, 16, 21):
+        np.testing.assert_allclose(
+            tree_noise.honaker_prefix(key, rows, t, 3), written_out_prefix(key, rows, t, 3)
+        )
+
+
+def test_honaker_estimate_variance() -> None:
+    """A node estimate at level l has variance 1 / (2 - 2^-l) (Honaker's bottom-up bound)."""
+    rows = np.arange(4000)
+    for level in (1, 3):
+        est = tree_noise.subtree_sum((1, 2), rows, level, 0, 1) / (2 - 2.0**-level)
+        assert est.var() == pytest.approx(1 / (2 - 2.0**-level), rel=0.06)
+
+
+def test_dense_tree_increments_telescope_to_the_prefix() -> None:
+    """The buffered dense tree's increments sum to N(t), and a tree started at a later round
+    (a resumed run) continues with the same numbers."""
+    key, rows = (11, 12), 5
+    tree = DenseTree(key, rows, 2)
+    total = np.zeros((rows, 2))
+    for t in range(1, 14):
+        total += tree.increment(t)
+        np.testing.assert_allclose(
+            total, tree_noise.honaker_prefix(key, np.arange(rows), t, 2), atol=1e-12
+        )
+    resumed = DenseTree(key, rows, 2)
+    np.testing.assert_allclose(resumed.increment(13), tree.last[1], atol=1e-12)
+
+
+def test_sparse_rows_get_the_dense_trees_noise() -> None:
+    """The per-row noise a selected row gets between its selections equals the dense tree's
+    noise on that row summed over the same rounds (the sparse form is the dense tree
+    restricted to the rows, no O(V) state)."""
+    key, num_rows = (21, 22), 40
+    dense = DenseTree(key, num_rows, 3)
+    increments = {t: dense.increment(t) for t in range(1, 20)}
+    rows = np.array([3, 17, 31])
+    for before, t in ((0, 5), (5, 9), (9, 19), (0, 19)):
+        sparse = tree_noise.honaker_prefix(key, rows, t, 3)
+        if before:
+            sparse = sparse - tree_noise.honaker_prefix(key, rows, before, 3)
+        expected = sum(increments[i][rows] for i in range(before + 1, t + 1))
+        np.testing.assert_allclose(sparse, expected, atol=1e-12)
+
+
+def enumerated_sensitivity(rounds: int, pattern: Pattern) -> float:
+    """Every participation set the pattern allows, every complete dyadic node counted."""
+    nodes = [
+        (s, s + (1 << lv))
+        for lv in range(12)
+        for s in range(0, rounds, 1 << lv)
+        if s + (1 << lv) <= rounds
+    ]
+    best = 0
+    for c in range(1, pattern.most(rounds) + 1):
+        for chosen in itertools.combinations(range(rounds), c):
+            if any(b - a < pattern.min_separation for a, b in itertools.pairwise(chosen)):
+                continue
+            best = max(best, sum(sum(a <= p < e for p in chosen) ** 2 for a, e in nodes))
+    return math.sqrt(best)
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 5, 8, 11, 16, 19])
+@pytest.mark.parametrize(("separation", "most"), [(1, 1), (1, 3), (2, 0), (3, 2), (4, 0)])
+def test_tree_sensitivity_is_the_enumerated_maximum(rounds, separation, most) -> None:
+    pattern = Pattern(separation, most)
+    if pattern.most(rounds) > 5:
+        pytest.skip("too many patterns to enumerate")
+    assert ftrl_accounting.tree_sensitivity(rounds, pattern) == pytest.approx(
+        enumerated_sensitivity(rounds, pattern), abs=1e-12
+    )
+
+
+def test_single_participation_epsilon_matches_dp_accountings_tree_event() -> None:
+    """One participation: epsilon of GaussianDpEvent(z / sens) equals dp-accounting's
+    SingleEpochTreeAggregationDpEvent(z, T) (Kairouz et al. appendix D) within 1%."""
+    for z, rounds in ((2.0, 150), (5.0, 1000), (1.0, 37)):
+        mine = ftrl_accounting.gaussian_epsilon(
+            ftrl_accounting.effective_multiplier(z, None, rounds, Pattern(rounds, 1)), 1e-6, "rdp"
+        )
+        relation = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+        event = dp_accounting.SingleEpochTreeAggregationDpEvent(z, rounds)
+        theirs = rdp.RdpAccountant(neighboring_relation=relation).compose(event).get_epsilon(1e-6)
+        assert mine == pytest.approx(theirs, rel=0.01)
+
+
+def test_more_participations_cost_more_and_calibration_meets_the_target() -> None:
+    one = ftrl_accounting.tree_sensitivity(150, Pattern(150, 1))
+    three = ftrl_accounting.tree_sensitivity(150, Pattern(50, 0))
+    assert one == pytest.approx(math.sqrt(8)) and three > math.sqrt(3) * one * 0.99
+    z = ftrl_accounting.calibrate_gaussian(2.0, 1e-5, "rdp")
+    assert ftrl_accounting.gaussian_epsilon(z, 1e-5, "rdp") == pytest.approx(2.0, rel=1e-3)
+
+
+def test_participation_bound_refuses_users_in_their_window() -> None:
+    bound = ParticipationBound(Pattern(3, 2), 6)
+    assert list(bound.eligible(1, None)) == [0, 1, 2, 3, 4, 5]
+    bound.record(1, np.array([0, 1]))
+    assert list(bound.eligible(2, None)) == [2, 3, 4, 5]
+    bound.record(2, np.array([2]))
+    assert list(bound.eligible(3, np.array([0, 2, 4]))) == [4]
+    assert list(bound.eligible(4, None)) == [0, 1, 3, 4, 5]
+    bound.record(4, np.array([0]))
+    assert 0 not in bound.eligible(9, None)  # k = 2 reached
+
+
+def run_ftrl(overrides: list[str]):
+    from fedsub.runs.experiment import compare
+
+    config = Config.from_toml(
+        None,
+        [
+            "train.rounds=6",
+            "train.clients_per_round=50",
+            "eval.every=6",
+            "dp.mechanism='ftrl-tree'",
+            "dp.noise_multiplier=1.0",
+            "train.algorithms=['fedsubavg']",
+            *overrides,
+        ],
+    )
+    return compare(config, None)
+
+
+def test_cohort_draw_enforces_the_separation(monkeypatch) -> None:
+    """In a run every user's rounds are at least min_separation apart (unenforced, about 12
+    users of 3,000 would be drawn twice within 5 of the 6 rounds of 50)."""
+    from fedsub.engine import server_round
+
+    seen: list[np.ndarray] = []
+    begin = server_round.ServerRound.begin
+
+    def recorded(self, round_index, among=None):
+        plan = begin(self, round_index, among)
+        seen.append(plan.cohort.clients.copy())
+        return plan
+
+    monkeypatch.setattr(server_round.ServerRound, "begin", recorded)
+    outcome = run_ftrl(["dp.min_separation=5", "dp.randomness='seeded'"])
+    assert len(seen) == 6
+    last: dict[int, int] = {}
+    for r, clients in enumerate(seen, start=1):
+        for c in clients.tolist():
+            assert r - last.get(c, -100) >= 5
+            last[c] = r
+    dp = outcome.summary["algorithms"]["fedsubavg"]["dp"]
+    assert dp["noise"] == "ftrl-tree" and dp["participation"]["min_separation"] == 5
+
+
+def test_pattern_keys_refused_beside_the_sampled_gaussian() -> None:
+    with pytest.raises(ConfigError, match="min_separation"):
+        Config.from_toml(
+            None,
+            ["dp.mechanism='gaussian'", "dp.noise_multiplier=1.0", "dp.min_separation=5"],
+        )
+    with pytest.raises(ConfigError, match="adaptive"):
+        Config.from_toml(
+            None,
+            ["dp.mechanism='ftrl-tree'", "dp.noise_multiplier=1.0", "dp.adaptive_clip=true"],
+        )
+
+
+FTRL_SEEDED = (
+    "dp.mechanism='ftrl-tree'",
+    "dp.noise_multiplier=0.8",
+    "dp.clip=0.5",
+    "dp.randomness='seeded'",
+    "dp.min_separation=2",
+)
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+@pytest.mark.parametrize(("name", "rows"), [("fedavg", "all"), ("fedsubavg", "private")])
+def test_a_flower_run_with_ftrl_is_the_in_process_run(tmp_path, name, rows) -> None:
+    """The Flower ServerApp draws its cohorts through the same ``ServerRound.begin``, so
+    the pattern is enforced there too: with 6 users, 3 a round and min_separation 2 the
+    seeded run's model is the in-process one, whose cohorts alternate."""
+    from safetensors.torch import load_file
+
+    from .test_flower import OVERRIDES
+    from .test_flower_dp import flower_run, in_process_model
+
+    overrides = (*OVERRIDES, *FTRL_SEEDED, f"dp.rows='{rows}'", f"train.algorithms=['{name}']")
+    result = flower_run(tmp_path, overrides, eval_every=1)
+    flower = load_file(tmp_path / "model.safetensors")
+    expected = in_process_model(overrides, name)
+    for key, value in expected.items():
+        torch.testing.assert_close(flower[key], value, rtol=0, atol=1e-5)
+    epsilons = [result["evaluations"][r]["epsilon"] for r in ("1", "2", "3")]
+    assert 0 < epsilons[0] <= epsilons[1] <= epsilons[2]
+
+
+def test_settings_split_the_runs_budget_and_epsilon_is_the_target() -> None:
+    """z is the whole run's multiplier: k_max / z_sel^2 + sens^2 / z_tree^2 = 1 / z^2, and
+    the epsilon after the configured rounds is the target."""
+    from fedsub.runs.run_setup import dp_of
+
+    config = Config.from_toml(
+        None,
+        [
+            "train.rounds=40",
+            "dp.mechanism='ftrl-tree'",
+            "dp.target_epsilon=3.0",
+            "dp.min_separation=8",
+            "dp.rows='private'",
+        ],
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None
+    pattern = Pattern(8, 0)
+    k, tree = pattern.most(40), ftrl_accounting.tree_sensitivity(40, pattern)
+    inverse = k / settings.selection_multiplier**2 + tree**2 / settings.update_multiplier**2
+    assert inverse == pytest.approx(1 / settings.noise_multiplier**2)
+    assert settings.epsilon(40) == pytest.approx(3.0, rel=1e-3)
+    assert settings.epsilon(10) < settings.epsilon(20) < settings.epsilon(40)
+
+
+def test_the_vectorized_difference_is_the_estimators() -> None:
+    """The one-draw difference a round uses equals the estimator's prefixes subtracted."""
+    key, rows = (8, 9), np.array([2, 40, 41, 1000, 7])
+    since = np.array([0, 3, 12, 12, 8])
+    got = tree_noise.prefix_difference(key, rows, 13, since, 3)
+    for i, row in enumerate(rows):
+        expected = tree_noise.honaker_prefix(key, rows[i : i + 1], 13, 3)
+        if since[i]:
+            expected = expected - tree_noise.honaker_prefix(key, rows[i : i + 1], int(since[i]), 3)
+        np.testing.assert_allclose(got[i], expected[0], atol=1e-12)
+        assert row == rows[i]
+
+
+def test_windowed_selection_keeps_one_row_set_per_window(monkeypatch) -> None:
+    """dp.selection_window = w: the first window updates no table row; each later window
+    updates one set of rows in every one of its rounds, chosen at its first round."""
+    from fedsub.dp import ftrl
+
+    updated: dict[int, set[int]] = {}
+    combine = ftrl.FtrlMechanism.combine
+
+    def recorded(self, update, round_index):
+        out = combine(self, update, round_index)
+        updated[round_index] = {int(r) for u in out.tables.values() for r in u.rows.tolist()}
+        return out
+
+    monkeypatch.setattr(ftrl.FtrlMechanism, "combine", recorded)
+    run_ftrl(
+        [
+            "train.rounds=12",
+            "eval.every=12",
+            "dp.min_separation=4",
+            "dp.selection_window=4",
+            "dp.selection_threshold=1.0",
+            "dp.randomness='seeded'",
+        ]
+    )
+    assert [updated[r] for r in (1, 2, 3, 4)] == [set()] * 4
+    for first in (5, 9):
+        assert updated[first]  # threshold 1: some rows pass
+        assert all(updated[r] == updated[first] for r in range(first, first + 4))
+    assert updated[5] != updated[9]
+
+
+def test_a_window_longer_than_the_separation_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"selection_window = 8 exceeds dp\.min_separation = 4"):
+        Config.from_toml(
+            None,
+            [
+                "dp.mechanism='ftrl-tree'",
+                "dp.noise_multiplier=1.0",
+                "dp.min_separation=4",
+                "dp.selection_window=8",
+            ],
+        )
+    with pytest.raises(ConfigError, match="selection_window applies to mechanism = 'ftrl-tree'"):
+        Config.from_toml(
+            None, ["dp.mechanism='gaussian'", "dp.noise_multiplier=1.0", "dp.selection_window=2"]
+        )
+
+
+def test_the_pattern_and_the_rows_last_rounds_survive_a_checkpoint() -> None:
+    """The stages a resumed run reads back: the participation bound (so it keeps refusing the
+    same users) and the selected rows' last rounds (so their noise continues the tree)."""
+    bound = ParticipationBound(Pattern(3, 2), 5)
+    bound.record(1, np.array([0, 4]))
+    again = ParticipationBound(Pattern(3, 2), 5)
+    again.load_state_tensors(bound.state_tensors())
+    assert list(again.eligible(2, None)) == list(bound.eligible(2, None)) == [1, 2, 3]
+    with pytest.raises(ValueError, match="participation bound"):
+        ParticipationBound(Pattern(3, 2), 6).load_state_tensors(bound.state_tensors())
+
+    from fedsub.dp.ftrl import FtrlMechanism
+    from fedsub.runs.run_setup import dp_of
+
+    config = Config.from_toml(
+        None, ["dp.mechanism='ftrl-tree'", "dp.noise_multiplier=1.0", "dp.randomness='seeded'"]
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None
+    mechanism = FtrlMechanism(settings, {"w": 100}, np.ones(3000))
+    mechanism.pending_rows = (4, {"w": (np.array([7, 9]), np.array([4, 4]))})
+    saved = mechanism.state_tensors()
+    resumed = FtrlMechanism(settings, {"w": 100}, np.ones(3000))
+    resumed.load_state_tensors(saved)
+    assert list(resumed.last_rounds("w", np.array([7, 8, 9]))) == [4, 0, 4]
+
+
+def server_round_of(overrides: list[str], monkeypatch):
+    """The server round a short run drew its cohorts with."""
+    from fedsub.engine import server_round
+
+    seen = []
+    begin = server_round.ServerRound.begin
+
+    def recorded(self, round_index, among=None):
+        seen.append(self)
+        return begin(self, round_index, among)
+
+    monkeypatch.setattr(server_round.ServerRound, "begin", recorded)
+    config = Config.from_toml(
+        None,
+        [
+            "train.rounds=1",
+            "train.clients_per_round=50",
+            "eval.every=1",
+            "dp.noise_multiplier=1.0",
+            "train.algorithms=['fedsubavg']",
+            *overrides,
+        ],
+    )
+    from fedsub.runs.experiment import compare
+
+    compare(config, None)
+    return seen[0]
+
+
+def test_the_pattern_is_dps_cohort_filter_and_both_states_are_checkpoint_stages(
+    monkeypatch,
+) -> None:
+    """[dp]'s contribution under DP-FTRL: the participation bound is its cohort filter (the
+    spine asks it at every draw), and the bound and the selected rows' last rounds are
+    checkpoint stages; the sampled Gaussian has neither."""
+    from fedsub.engine.features.dp import dp_round_of
+
+    rounds = server_round_of(["dp.mechanism='ftrl-tree'", "dp.min_separation=2"], monkeypatch)
+    dp = dp_round_of(rounds.features)
+    contribution = rounds.features.of("dp")
+    assert dp is not None and isinstance(dp.participation, ParticipationBound)
+    assert contribution is not None and contribution.cohort_filter is dp.participation
+    assert int((dp.participation.count == 1).sum()) == 50  # round 1's cohort was recorded
+    assert {"dp_participation", "dp_ftrl"} <= set(rounds.stages())
+    plain = server_round_of(["dp.mechanism='gaussian'"], monkeypatch)
+    assert not {"dp_participation", "dp_ftrl"} & set(plain.stages())
+    gaussian = plain.features.of("dp")
+    assert gaussian is not None and gaussian.cohort_filter is None
