@@ -47,7 +47,7 @@ LAYERS: list[set[str]] = [
     {"models", "client"},
     {"algorithms", "masking", "privacy", "dp"},
     {"sharding"},  # row-sharded tables under torchrun (the engine's loop uses it)
-    {"engine", "config"},
+    {"engine", "config", "clock"},  # clock: the virtual clock (issue 51), hooked into the loop
     {"runs"},  # a config checked, set up (data, model, schedule), run and reported
     # ``fedsub`` itself (the package's __init__) is the public API's facade: it imports the
     # library's names lazily (PEP 562), so it sits on top; its import-time imports are leaves

@@ -1,5 +1,5 @@
 """Configuration: a TOML file with sections [data], [model], [train], [execution], [privacy],
-[masking], [eval], [dp], [tracking] and
+[masking], [eval], [dp], [tracking], [clock] and
 [algorithms.<name>], validated on load.
 
 Every key has a type and an allowed range; an unknown key, a wrong type or an out-of-range value
@@ -31,6 +31,9 @@ from fedsub.algorithms.registry import (
     options_class,
     split_name,
 )
+from fedsub.clock.settings import ClockConfig
+from fedsub.clock.settings import config_refusals as clock_refusals
+from fedsub.clock.settings import inert_keys as clock_inert_keys
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.dp.mechanisms import MECHANISMS
@@ -237,9 +240,11 @@ class MaskingConfig:
     capacity_proportions: list[float] = field(default_factory=list, metadata={"min_exclusive": 0.0})
     """Shares of the capacities; [] = equal."""
     capacity_assignment: str = field(
-        default="fixed", metadata={"choices": lambda: ["fixed", "per-round"]}
+        default="fixed", metadata={"choices": lambda: ["fixed", "per-round", "memory"]}
     )
-    """`fixed` (dealt once in those proportions) or `per-round` (redrawn)."""
+    """`fixed` (dealt once in those proportions), `per-round` (redrawn) or `memory` (dealt once,
+    the largest levels to the clients with the most memory in [clock]'s device profiles; needs
+    clock.mode other than `off`)."""
     average: str = field(
         default="scheme", metadata={"choices": lambda: ["scheme", "trainers", "all"]}
     )
@@ -460,6 +465,7 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    clock: ClockConfig = field(default_factory=ClockConfig)  # the virtual clock (fedsub/clock)
 
     @classmethod
     def from_toml(
@@ -536,6 +542,7 @@ SECTIONS: dict[str, type | None] = {
     "eval": EvalConfig,
     "dp": DpConfig,
     "tracking": TrackingConfig,
+    "clock": ClockConfig,
     "algorithms": None,  # [algorithms.<name>] tables, validated by each algorithm's options
 }
 
@@ -577,8 +584,10 @@ def parse(raw: dict[str, Any], note: moved_keys.Note = moved_keys.note) -> Confi
         privacy=parse_section(PrivacyConfig, "privacy", raw.get("privacy", {})),
         masking=parse_section(MaskingConfig, "masking", raw.get("masking", {})),
         tracking=parse_section(TrackingConfig, "tracking", raw.get("tracking", {})),
+        clock=parse_section(ClockConfig, "clock", raw.get("clock", {})),
     )
     check_inert(config)
+    check_clock(config)
     check_masking(config)
     check_algorithms(config)
     check_privacy(config)
@@ -937,6 +946,40 @@ def check_algorithms(config: Config) -> None:
             name, config.algorithm_options(name), config.execution.table_placement
         )
         check_table_sharding(name, config.algorithm_options(name), config.execution.table_sharding)
+
+
+def check_clock(config: Config) -> None:
+    """``[clock]``'s refusals (fedsub/clock/hooks.py says why each combination is refused)."""
+    c = config.clock
+    refusals = clock_refusals(
+        c,
+        dp_on=config.dp.mechanism != "none",
+        private_level=config.privacy.level != "none",
+        masking=config.masking.scheme != "none",
+    )
+    if config.masking.capacity_assignment == "memory" and not c.on:
+        refusals.append(
+            (
+                True,
+                "masking.capacity_assignment = 'memory' reads the clients' memory from "
+                "[clock]'s device profiles: set clock.mode",
+            )
+        )
+    if c.mode == "fedbuff" and config.execution.table_placement == "host":
+        refusals.append(
+            (
+                True,
+                'clock.mode = "fedbuff" cannot be combined with execution.table_placement = '
+                '"host": its buffer is aggregated on the device',
+            )
+        )
+    if c.on and config.execution.table_sharding != "none":
+        refusals.append((True, "[clock] cannot be combined with execution.table_sharding"))
+    for refused, why in refusals:
+        if refused:
+            raise ConfigError(why)
+    for key, why in clock_inert_keys(c):
+        raise ConfigError(f"{key} does nothing here: {why} leaves it unused; remove {key}")
 
 
 def check_masking(config: Config) -> None:

@@ -21,6 +21,7 @@ Capability = Literal[
     "devices",  # training on a device other than the CPU (execution.device)
     "private-rounds",  # private download and secure aggregation (privacy.level)
     "differential-privacy",  # user-level DP: clipping, noise, accountant ([dp], fedsub.dp)
+    "virtual-clock",  # simulated time, availability, FedBuff ([clock], fedsub.clock)
 ]
 
 CAPABILITIES: dict[Capability, str] = {
@@ -30,6 +31,7 @@ CAPABILITIES: dict[Capability, str] = {
     "devices": "devices other than the CPU",
     "private-rounds": "private download and secure aggregation",
     "differential-privacy": "user-level differential privacy ([dp] mechanism = gaussian)",
+    "virtual-clock": "the virtual clock ([clock]: simulated device time, availability, FedBuff)",
 }
 
 

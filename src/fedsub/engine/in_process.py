@@ -25,7 +25,7 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.features.assembly import Assembly, assemble
 from fedsub.engine.initial import ModelStart
 from fedsub.engine.loop import Evaluation, RunControl, drive
-from fedsub.engine.round_runtime import RoundFailed
+from fedsub.engine.round_runtime import RoundFailed, RoundRuntime
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.models.base import Model
@@ -35,6 +35,11 @@ from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
 P = ParamSpec("P")
+
+WrapRuntime = Callable[[RoundRuntime, ServerRound, FederatedDataset, SubmodelIndex], RoundRuntime]
+"""A runtime around the in-process one, given (runtime, rounds, dataset, index) before round 1;
+it may adjust ``rounds`` (its schedule, combine, features): [clock]'s virtual clock
+(fedsub/clock/hooks.py ``wrapper``, issue 51)."""
 
 
 def pooled(dataset: FederatedDataset) -> FederatedDataset:
@@ -70,6 +75,7 @@ def run_rounds(
     on_round: Callable[[int], None] | None = None,
     control: RunControl | None = None,
     start: ModelStart | None = None,
+    wrap_runtime: WrapRuntime | None = None,
 ) -> Params:
     """Run ``schedule.rounds`` rounds of ``algorithm`` in process; evaluate at round 0, every
     ``eval_every`` rounds and at the last round. Returns the final global model.
@@ -79,7 +85,8 @@ def run_rounds(
     continues after the checkpoint's round and ends with the same model and evaluations as an
     uninterrupted run. Under torchrun with [dp] every process adds the same noise
     (dp/mechanism.py draws it on the host from a generator keyed by the run's secret, process
-    0's, and the round, after the gather), so the processes' models stay equal."""
+    0's, and the round, after the gather), so the processes' models stay equal.
+    ``wrap_runtime``: a runtime around the in-process one (the virtual clock), or None."""
     control = control or RunControl()
     if algorithm.central:
         dataset, index, schedule = central_setup(dataset, schedule)
@@ -89,9 +96,11 @@ def run_rounds(
     run = assemble(model, algorithm, dataset, index, schedule, assembly, start)
     features = run.rounds.features
     evaluate = None if evaluator is None else features.evaluate(evaluator)
-    runtime = InProcess(
+    runtime: RoundRuntime = InProcess(
         model, dataset, index, schedule, run.run_cohort, evaluate, features.after_round
     )
+    if wrap_runtime is not None:
+        runtime = wrap_runtime(runtime, run.rounds, dataset, index)
     drive(run.rounds, runtime, schedule, control, on_evaluation, on_round)
     return run.rounds.params
 

@@ -48,10 +48,11 @@ RUN_FILES = (
     "summary.json",
     "summary.md",
     "curves.png",
+    "curves_time.png",  # [clock]: the curves against virtual time (fedsub/clock)
     "heat_source.json",
     "feature_scaling.json",
 )
-SWEEP_FILES = (RUN_FILE, "sweep.json", "sweep.md", "curves.png")
+SWEEP_FILES = (RUN_FILE, "sweep.json", "sweep.md", "curves.png", "curves_time.png")
 ALGORITHM_FILES = (
     DONE,
     "metrics.jsonl",

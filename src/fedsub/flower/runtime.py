@@ -17,6 +17,10 @@ FLOWER = Runtime(
             "Sub-model masking runs in-process only (fedsub compare); on Flower use "
             "masking.scheme = 'none'"
         ),
+        "virtual-clock": (
+            "The virtual clock ([clock]) simulates time in-process only (fedsub compare); on "
+            "Flower time and availability are the nodes' own: use clock.mode = 'off'"
+        ),
         "devices": (
             "The Flower apps run on the CPU for now (their index sets are host arrays); "
             "on Flower use execution.device = 'cpu'"

@@ -176,6 +176,8 @@ class FlowerSettings:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
         if config.masking.scheme != "none":
             FLOWER.require("masking", f"masking.scheme = {config.masking.scheme!r}")
+        if config.clock.on:  # [clock] (fedsub/clock, issue 51): in-process only
+            FLOWER.require("virtual-clock", f"clock.mode = {config.clock.mode!r}")
         if config.execution.device != "cpu":
             FLOWER.require("devices", f"execution.device = {config.execution.device!r}")
         if config.dp.mechanism != "none":  # never run without the DP the config asks for

@@ -19,6 +19,7 @@ import torch
 from fedsub import config as config_lib
 from fedsub import distributed
 from fedsub.algorithms.registry import build_algorithm
+from fedsub.clock.hooks import wrapper as clock_wrapper
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.dp.randomness import NOT_A_GUARANTEE
@@ -234,6 +235,7 @@ class AlgorithmRun:
                 on_round=lambda r: self._round_done(schedule, r, attempt, stages),
                 control=attempt.control(guards),
                 start=self.start,
+                wrap_runtime=clock_wrapper(self.config.clock),  # [clock] (fedsub/clock, issue 51)
             )
         except Diverged as error:
             LOG.warning("%s", error)
@@ -868,6 +870,21 @@ def _sweep_result(key: str, values: list[str], outcomes: dict[str, Outcome]) -> 
             n: {v: o.summary["algorithms"][n]["diverged"] for v, o in outcomes.items()}
             for n in names
         },
+        # [clock] (fedsub/clock): each value's virtual seconds to target, when on the clock
+        **_sweep_times(names, outcomes),
+    }
+
+
+def _sweep_times(names: list[str], outcomes: dict[str, Outcome]) -> dict:
+    """sweep.json's ``time_to_target`` per algorithm and value, when the runs had [clock]."""
+    entries = [o.summary["algorithms"][n] for o in outcomes.values() for n in names]
+    if not any("time_to_target" in e for e in entries):
+        return {}
+    return {
+        "time_to_target": {
+            n: {v: o.summary["algorithms"][n].get("time_to_target") for v, o in outcomes.items()}
+            for n in names
+        }
     }
 
 

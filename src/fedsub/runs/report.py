@@ -24,8 +24,11 @@ TABLE_METRICS = (
     ("gap_loss", "gap loss (train - test)", False),
     ("gap_accuracy", "gap accuracy (train - test)", False),
     ("epsilon", "epsilon", False),  # [dp]: the privacy spent (fedsub/dp)
+    ("virtual_time", "virtual time (s)", False),  # [clock]: simulated seconds (fedsub/clock)
 )
-NOT_BEST = ("epsilon",)  # reported, never "best": the least epsilon is round 0's
+# reported, never "best": the least epsilon is round 0's, as is the least virtual time
+NOT_BEST = ("epsilon", "virtual_time")
+VIRTUAL_TIME = "virtual_time"  # [clock]'s metric (fedsub/clock/synchronous.py)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,18 @@ NO_TARGET = "no target set"
 def rounds_to_target(history: list[Evaluation], target: Target) -> int | None:
     """The first evaluated round at which the target is met, or None."""
     return next((e.round for e in history if target.met(e.metrics)), None)
+
+
+def time_to_target(history: list[Evaluation], target: Target) -> float | None:
+    """[clock]: the virtual time (seconds) of the first evaluation meeting the target, or None
+    (not reached, or a run without the clock)."""
+    met = next((e for e in history if target.met(e.metrics)), None)
+    return None if met is None else met.metrics.get(VIRTUAL_TIME)
+
+
+def clocked(histories: dict[str, list[Evaluation]]) -> bool:
+    """Whether the runs were on the virtual clock (their evaluations carry its time)."""
+    return any(h and VIRTUAL_TIME in h[0].metrics for h in histories.values())
 
 
 def best_metrics(history: list[Evaluation]) -> dict[str, float]:
@@ -124,7 +139,7 @@ def summary(
     """summary.json: per algorithm its rounds to target (null when not reached, when no
     target is set, or when it diverged), final and best metrics, and its divergence."""
     diverged = diverged or {}
-    return {
+    result: dict = {
         "target": target.as_json(),
         "algorithms": {
             name: {
@@ -140,6 +155,19 @@ def summary(
             for name, history in histories.items()
         },
     }
+    if clocked(histories):  # [clock]: the virtual seconds to target beside the rounds
+        for name, history in histories.items():
+            reached = None if name in diverged else time_to_target(history, target)
+            result["algorithms"][name]["time_to_target"] = reached
+    return result
+
+
+def time_cell(entry: dict, rounds: int) -> str:
+    """A time-to-target cell: virtual seconds, or 'not reached' / 'diverged'."""
+    if entry.get("diverged"):
+        return f"diverged at round {entry['diverged']['round']}"
+    seconds = entry.get("time_to_target")
+    return "not reached" if seconds is None else f"{seconds:.4g}"
 
 
 def rounds_cell(reached: int | None, rounds: int) -> str:
@@ -179,6 +207,12 @@ def summary_markdown(result: dict, target: Target, rounds: int) -> str:
         f"| | {' | '.join(names)} |",
         "|---|" + "---:|" * len(names),
         f"| rounds to target | {' | '.join(cells)} |",
+    ]
+    entries = [result["algorithms"][n] for n in names]
+    if any("time_to_target" in e for e in entries):  # [clock]
+        times = [time_cell(e, rounds) for e in entries]
+        lines.append(f"| time to target (virtual s) | {' | '.join(times)} |")
+    lines += [
         "",
     ]
     return "\n".join(lines + metrics_table(rows, ["algorithm"])) + "\n"
@@ -224,6 +258,10 @@ def plot_curves(
     like ``histories``: the round at which a line's run diverged (marked on its panels)."""
     fig = curves_figure(histories, title, target, diverged)
     save_figure_atomic(fig, path)
+    flat = [h for row in _panel_rows(histories).values() for h in row.values()]
+    if any(h and VIRTUAL_TIME in h[0].metrics for h in flat):  # [clock]: against time too
+        timed = curves_figure(histories, title, target, None, x=VIRTUAL_TIME)
+        save_figure_atomic(timed, path.with_name(f"{path.stem}_time{path.suffix}"))
 
 
 def _panel_rows(histories: Histories | Rounds) -> dict[str, dict]:
@@ -255,11 +293,13 @@ def curves_figure(
     title: str,
     target: Target | None = None,
     diverged: Rounds | None = None,
+    x: str = "round",
 ):
-    """The matplotlib figure of ``plot_curves``: each line's finite values (a marker on each
-    when there are few), the target, when set, as a dashed horizontal line labelled with its
-    value on its metric's panel, a diverged run's round as a dotted vertical line in its
-    colour, and whole rounds on the x axis."""
+    """The matplotlib figure of ``plot_curves`` (``x``: "round", or [clock]'s
+    "virtual_time": the curves against simulated seconds, written to curves_time.png): each
+    line's finite values (a marker on each when there are few), the target, when set, as a
+    dashed horizontal line labelled with its value on its metric's panel, a diverged run's
+    round as a dotted vertical line in its colour, and whole rounds on the x axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -278,11 +318,11 @@ def curves_figure(
     )
     for row_axes, (row_title, row) in zip(axes, rows.items(), strict=True):
         row_stopped = stopped.get(row_title, {})
-        last = max([1, *(e.round for h in row.values() for e in h), *row_stopped.values()])
+        last = max([1, *(_x(e, x) for h in row.values() for e in h), *row_stopped.values()])
         for ax, (metric, label) in zip(row_axes, metrics, strict=True):
             for name, history in row.items():
                 points = [
-                    (e.round, e.metrics[metric])
+                    (_x(e, x), e.metrics[metric])
                     for e in history
                     if metric in e.metrics and math.isfinite(e.metrics[metric])
                 ]
@@ -306,8 +346,9 @@ def curves_figure(
                     label=f"target {targets[metric]:g}",
                 )
             ax.set_xlim(0, last)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("round")
+            if x == "round":
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("round" if x == "round" else "virtual time (s)")
             ax.set_ylabel(label)
             if row_title:
                 ax.set_title(row_title)
@@ -316,6 +357,11 @@ def curves_figure(
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _x(evaluation: Evaluation, x: str) -> float:
+    """An evaluation's position on the x axis: its round, or a metric (virtual time)."""
+    return evaluation.round if x == "round" else evaluation.metrics.get(x, math.nan)
 
 
 def read_metrics(path: Path) -> list[Evaluation]:

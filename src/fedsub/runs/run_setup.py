@@ -155,7 +155,24 @@ def schedule_of(config: Config, num_clients: int | None = None) -> Schedule:
     schedule = _schedule_without_dp(config)
     if num_clients is None:
         return schedule
+    schedule = with_memory_capacities(config, schedule, num_clients)  # [clock] (issue 51)
     return dataclasses.replace(schedule, dp=dp_of(config, num_clients))
+
+
+def with_memory_capacities(config: Config, schedule: Schedule, num_clients: int) -> Schedule:
+    """``masking.capacity_assignment = "memory"``: the capacities dealt by the clients' memory
+    in [clock]'s device profiles (fedsub/clock/profiles.py); else ``schedule`` as it is."""
+    masking = schedule.masking
+    if masking is None or masking.capacities.assignment != "memory":
+        return schedule
+    from fedsub.clock.profiles import clock_inputs
+
+    profiles, _ = clock_inputs(config.clock, config.train.seed, num_clients)
+    memory = tuple(float(m) for m in profiles.memory)
+    capacities = dataclasses.replace(masking.capacities, memory=memory)
+    return dataclasses.replace(
+        schedule, masking=dataclasses.replace(masking, capacities=capacities)
+    )
 
 
 def _schedule_without_dp(config: Config) -> Schedule:

@@ -1,0 +1,125 @@
+"""The clock's one entry into a run: engine/in_process.py's ``run_rounds`` takes a
+``wrap_runtime``, which runs/experiment.py sets to ``wrapper(config.clock)`` (the engine never
+imports the clock; the round loop, engine/loop.py, names no feature). ``clocked`` wraps the
+in-process runtime (a ``RoundRuntime``) on the virtual clock and adjusts the ServerRound
+(over-selection's larger draw; FedBuff's combine), with the clock's state a checkpoint stage
+(a ``RoundContribution`` of its own, engine/contribution.py). It refuses, with the reason,
+what the clock does not combine with; the config-level refusals ([dp], privacy levels,
+masking) are clock/settings.py's ``config_refusals``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedsub.clock.fedbuff import FedBuffClock, fedbuff_combine
+from fedsub.clock.profiles import Profiles, Trace, clock_inputs
+from fedsub.clock.settings import ClockConfig
+from fedsub.clock.synchronous import SynchronousClock, capacity_share
+from fedsub.clock.timing import submodel_bytes, whole_model_bytes
+from fedsub.engine.contribution import Combining, RoundContribution
+from fedsub.engine.round_runtime import RoundRuntime
+from fedsub.engine.server_round import ServerRound
+from fedsub.errors import ConfigError
+from fedsub.stateful import Stateful
+
+if TYPE_CHECKING:
+    from fedsub.data.federated import FederatedDataset
+    from fedsub.submodel.index import SubmodelIndex
+
+STAGE = "clock"  # the checkpoint stage of the clock's state
+
+
+def wrapper(clock: ClockConfig) -> Callable[..., RoundRuntime] | None:
+    """What engine/in_process.py's ``run_rounds`` takes as ``wrap_runtime`` for ``clock``
+    (None: off)."""
+    return functools.partial(clocked, clock=clock) if clock.on else None
+
+
+def clocked(
+    runtime: RoundRuntime,
+    rounds: ServerRound,
+    dataset: FederatedDataset,
+    index: SubmodelIndex,
+    clock: ClockConfig | None,
+) -> RoundRuntime:
+    """``runtime`` on the virtual clock ``clock`` (unchanged when it is None or off, or for
+    CentralSGD, which has no clients)."""
+    schedule, algorithm = rounds.schedule, rounds.algorithm
+    if clock is None or not clock.on or algorithm.central:
+        return runtime
+    name = f"[clock] with algorithm {algorithm.name!r}"
+    if algorithm.control_variates:
+        raise ConfigError(f"{name}: control variates (SCAFFOLD) need every sampled member's work")
+    if algorithm.aggregation.model_average:
+        raise ConfigError(f"{name}: Scheme II's model average rescales by the round's cohort")
+    n = dataset.num_clients
+    profiles, trace = clock_inputs(clock, schedule.seed, n)
+    whole = clock.transfer == "whole-model" or (
+        clock.transfer == "auto" and algorithm.aggregation.coefficients is None
+    )
+    params = rounds.params
+    exchanged = whole_model_bytes(params, n) if whole else submodel_bytes(index, params, n)
+    samples = float(schedule.local_steps * schedule.batch_size)
+    if clock.mode == "fedbuff":
+        return _fedbuff(runtime, rounds, clock, profiles, trace, exchanged, samples, name)
+    k = schedule.clients_per_round
+    selected = min(n, math.ceil(k * (1 + clock.synchronous.over_selection)))
+    rounds.schedule = dataclasses.replace(schedule, clients_per_round=selected)
+    masking = schedule.masking
+    share = None
+    if masking is not None and masking.scheme != "none":
+        share = capacity_share(masking, schedule.seed, n)
+    clocked_runtime = SynchronousClock(
+        runtime, profiles, trace, exchanged, samples, clock.synchronous, k, share
+    )
+    _contribute(rounds, clocked_runtime.time)
+    return clocked_runtime
+
+
+def _fedbuff(
+    runtime: RoundRuntime,
+    rounds: ServerRound,
+    clock: ClockConfig,
+    profiles: Profiles,
+    trace: Trace,
+    exchanged: np.ndarray,
+    samples: float,
+    name: str,
+) -> RoundRuntime:
+    weighting = rounds.algorithm.aggregation.weighting
+    if weighting not in ("samples", "uniform") or rounds.algorithm.aggregation.combine_step:
+        raise ConfigError(
+            f'{name}: clock.mode = "fedbuff" takes the samples or uniform weighting and the '
+            f"weighted sum (its buffer's mean), got weighting {weighting!r}"
+        )
+    if rounds.features.safety.max_update_norm > 0:
+        raise ConfigError(
+            'clock.mode = "fedbuff" cannot screen updates (train.max_update_norm): set it to 0'
+        )
+    aggregation = rounds.algorithm.aggregation.to(rounds.params.device)
+    exponent = clock.buffered.staleness_exponent
+    combine = functools.partial(fedbuff_combine, aggregation=aggregation, exponent=exponent)
+    rounds.combine = combine
+    buffered = FedBuffClock(runtime, rounds, profiles, trace, exchanged, samples, clock.buffered)
+    # FedBuff's rule is the round's whole combine: an override, ahead of the private rounds'
+    # in-the-clear aggregation at privacy.level = "none" (the only level FedBuff takes)
+    override = Combining(override=lambda update, round_index: combine(update))
+    _contribute(rounds, buffered.state, override)
+    return buffered
+
+
+def _contribute(rounds: ServerRound, stage: Stateful, combining: Combining | None = None) -> None:
+    """The clock's part of the round (engine/contribution.py), first in order: its state, the
+    ``clock`` checkpoint stage, and (FedBuff) its combine, which wins over later overrides."""
+    mine = RoundContribution(STAGE, combining=combining or Combining(), stages={STAGE: stage})
+    features = rounds.features
+    rounds.features = dataclasses.replace(features, contributions=(mine, *features.contributions))
+
+
+__all__ = ["STAGE", "clocked", "wrapper"]
