@@ -308,7 +308,7 @@ def test_din_float32_rounds_on_client_groups_agree_with_client_blocks(amazon, mo
     block layout trains, up to float32 rounding (the weight gradients' sums are ordered
     differently), both within float32 rounding of the sequential per-client loop's."""
     from fedsub.engine.execution import Execution
-    from fedsub.engine.loop import train
+    from fedsub.engine.in_process import train
     from fedsub.engine.schedule import ClientStep, Schedule
 
     from .equivalence import algorithm_for

@@ -19,6 +19,8 @@ from fedsub.algorithms.registry import algorithm_names
 from fedsub.cli import commands as cli
 from fedsub.errors import ConfigError
 from fedsub.models.torch_module import wrap
+from fedsub.numerics import secret_streams
+from fedsub.numerics.seeding import Secret
 from fedsub.privacy.levels import LEVELS
 
 from .test_distributed import TOLERANCE, torchrun
@@ -115,9 +117,12 @@ def test_each_privacy_level_trains_the_module_named_in_a_config(privacy):
     private = {"privacy": privacy, "secagg_group": 6}  # secure sums over 6 of the 12 clients
     train = {**TRAIN, **private, "algorithms": ["fedsubavg"]}
     config = fedsub.Config.from_dict({"data": DATA, "model": MODEL, "train": train})
-    result = fedsub.run(config)["fedsubavg"]
-    data = dataset()
-    direct = fedsub.train(module_object(data), data, **private, **TRAIN)
+    pinned = Secret.fresh()  # the clients' request secret, the same for both runs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(secret_streams, "draw_secret", lambda: pinned)
+        result = fedsub.run(config)["fedsubavg"]
+        data = dataset()
+        direct = fedsub.train(module_object(data), data, **private, **TRAIN)
     assert result.params is not None and direct.params is not None
     for key, value in direct.params.state_dict().items():
         assert torch.equal(result.params.state_dict()[key], value), key
