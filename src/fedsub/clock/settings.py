@@ -138,6 +138,13 @@ def config_refusals(
             f"trace cannot be combined with [dp]: {DP_REASON}",
         ),
         (
+            clock.mode == "synchronous" and not dropping and dp_on,
+            'clock.mode = "synchronous" cannot be combined with [dp]: a round\'s virtual_time is '
+            "its slowest member's, and the members' times follow from device profiles drawn from "
+            "the public train.seed, so the published times would narrow down the secret cohort "
+            "(no epsilon covers them)",
+        ),
+        (
             (fedbuff or dropping) and private_level,
             f"[clock] (FedBuff, or rounds that drop members) cannot be combined with "
             f"privacy.level other than 'none': {PRIVACY_REASON}",
