@@ -387,6 +387,8 @@ def test_a_real_run_starts_from_the_model_file_of_fedsub_run(three_nodes, tmp_pa
     assert any(not torch.allclose(flower[n], v, atol=1e-4) for n, v in tensors.items())
 
 
+@pytest.mark.deployment  # 84 s of real processes: make test-deployment
+# (the in-process grid resumes the same way in test_flower_membership.py)
 def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrupted_model(
     three_nodes, tmp_path
 ):
