@@ -7,10 +7,12 @@ streams bit for bit."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -172,12 +174,9 @@ def test_a_checkpoint_written_before_the_secret_resumes_seeded_and_says_so(
     assert torch.equal(_tables(final), _tables(straight))
 
 
-def test_the_run_folder_publishes_no_secret_and_says_when_the_requests_are_seeded(tmp_path):
-    base = (
-        "data.num_users=40", "train.clients_per_round=8", "train.rounds=2",
-        "train.algorithms=['fedsubavg']", "privacy.level='download'",
-        "privacy.secagg_group=8", "train.checkpoint_every=1",
-    )  # fmt: skip
+@contextlib.contextmanager
+def _recording_secrets() -> Iterator[list[Secret]]:
+    """Every secret the run draws (``draw_secret``), kept to look for it in what is published."""
     drawn: list[Secret] = []
     fresh = secret_streams.draw_secret
 
@@ -187,6 +186,16 @@ def test_the_run_folder_publishes_no_secret_and_says_when_the_requests_are_seede
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(secret_streams, "draw_secret", recorded)
+        yield drawn
+
+
+def test_the_run_folder_publishes_no_secret_and_says_when_the_requests_are_seeded(tmp_path):
+    base = (
+        "data.num_users=40", "train.clients_per_round=8", "train.rounds=2",
+        "train.algorithms=['fedsubavg']", "privacy.level='download'",
+        "privacy.secagg_group=8", "train.checkpoint_every=1",
+    )  # fmt: skip
+    with _recording_secrets() as drawn:
         experiment.compare(config_lib.load(None, base), tmp_path / "secret")
     assert len(drawn) == 1
     secret = drawn[0].to_bytes()
@@ -217,15 +226,7 @@ def test_a_flower_node_draws_its_own_secret_and_the_server_never_receives_it():
     from .test_flower_private_download import BASE, RANDOMIZED, _run
 
     overrides = tuple(o for o in (*BASE, *RANDOMIZED) if "randomness" not in o)
-    drawn: list[Secret] = []
-    fresh = secret_streams.draw_secret
-
-    def recorded() -> Secret:
-        drawn.append(fresh())
-        return drawn[-1]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(secret_streams, "draw_secret", recorded)
+    with _recording_secrets() as drawn:
         strategy, grid = _run(overrides, "submodel", 2)
     assert [r["replies"] for r in strategy.rounds] == [2, 2]  # request and train waves agreed
     assert 1 <= len(drawn) <= 4  # one per node asked (the server draws none)

@@ -22,11 +22,7 @@ epsilon is NOT a guarantee, and every output of the run says so (``NOT_A_GUARANT
 
 from __future__ import annotations
 
-import logging
-
 from fedsub.numerics.secret_streams import RANDOMNESS, Randomness, SecretStreams
-
-LOG = logging.getLogger("fedsub")
 
 __all__ = ["NOT_A_GUARANTEE", "RANDOMNESS", "STAGE", "DpStreams", "Randomness", "streams_of"]
 
@@ -43,12 +39,7 @@ class DpStreams(SecretStreams):
     """The key of [dp]'s random streams (module docstring; ``numerics/secret_streams.py``)."""
 
     CONFIG_KEY = "dp.randomness"
+    NOT_GUARANTEED = NOT_A_GUARANTEE
 
 
-def streams_of(randomness: Randomness, seed: int) -> DpStreams:
-    """A run's ``DpStreams``; seeded mode says at the start that its epsilon guarantees
-    nothing."""
-    streams = DpStreams(randomness, seed)
-    if not streams.guaranteed:
-        LOG.warning(NOT_A_GUARANTEE)
-    return streams
+streams_of = DpStreams.started  # a run's streams, warning at the start when seeded

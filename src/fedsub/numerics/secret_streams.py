@@ -20,12 +20,15 @@ their draws apart even when two share one kind of key.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import logging
+from typing import ClassVar, Literal, Self
 
 import torch
 
 from fedsub import distributed
 from fedsub.numerics.seeding import Secret, Seed
+
+LOG = logging.getLogger("fedsub")
 
 Randomness = Literal["secret", "seeded"]
 RANDOMNESS: tuple[Randomness, ...] = ("secret", "seeded")
@@ -42,6 +45,16 @@ class SecretStreams:
     names the key that chose the mode, for errors."""
 
     CONFIG_KEY: ClassVar[str] = "randomness"
+    NOT_GUARANTEED: ClassVar[str] = "randomness = 'seeded': the guarantee does NOT hold"
+
+    @classmethod
+    def started(cls, randomness: Randomness, seed: int) -> Self:
+        """A run's streams; seeded mode says at the start, once, what the guarantee loses
+        (``NOT_GUARANTEED``)."""
+        streams = cls(randomness, seed)
+        if not streams.guaranteed:
+            LOG.warning(streams.NOT_GUARANTEED)
+        return streams
 
     def __init__(self, randomness: Randomness, seed: int) -> None:
         if randomness not in RANDOMNESS:

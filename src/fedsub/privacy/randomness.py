@@ -42,6 +42,7 @@ class PrivacyStreams(SecretStreams):
     """The key of the privacy levels' random streams (module docstring)."""
 
     CONFIG_KEY = "privacy.randomness"
+    NOT_GUARANTEED = NOT_PRIVATE
 
     def load_absent(self) -> None:
         """Resumed from a checkpoint without this stage: written by a fedsub that drew the
@@ -60,10 +61,4 @@ class PrivacyStreams(SecretStreams):
         super().load_state_tensors(tensors)
 
 
-def streams_of(randomness: Randomness, seed: int) -> PrivacyStreams:
-    """A run's ``PrivacyStreams``; seeded mode says at the start that the level hides
-    nothing."""
-    streams = PrivacyStreams(randomness, seed)
-    if not streams.guaranteed:
-        LOG.warning(NOT_PRIVATE)
-    return streams
+streams_of = PrivacyStreams.started  # a run's streams, warning at the start when seeded
