@@ -144,6 +144,20 @@ def test_keyword_arguments_keep_their_names_and_errors_speak_of_them():
         fedsub.train("sparse-lr", "synthetic-sparse", rounds=1, mask_average="most")
 
 
+def test_privacy_takes_the_whole_privacy_table_and_refuses_a_key_given_twice():
+    table = {"level": "download", "randomness": "seeded", "secagg_group": 8}
+    config = config_of({"privacy": table, "download_keep": 0.5}, ["fedsubavg"], None, None)
+    assert config.privacy.level == "download" and config.privacy.randomness == "seeded"
+    assert config.privacy.secagg_group == 8 and config.privacy.download_keep == 0.5
+    with pytest.raises(ArgumentError, match=r"\[privacy\] download_keep given twice"):
+        config_of(
+            {"privacy": {**table, "download_keep": 0.5}, "download_keep": 0.4},
+            ["fedsubavg"], None, None,
+        )  # fmt: skip
+    with pytest.raises(ArgumentError, match=r"privacy\.randomness"):
+        fedsub.train("sparse-lr", "synthetic-sparse", rounds=1, privacy={"randomness": "x"})
+
+
 def test_the_text_before_the_move_has_every_moved_key_in_train_in_its_old_order():
     """What a Flower run's checkpoints are stamped with (flower/settings.py): the config as
     fedsub wrote it before the move, so checkpoints written then still resume."""

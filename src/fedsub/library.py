@@ -233,6 +233,8 @@ def train(
       error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
       value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
       ``dp={...}``, ``tracking={...}``: the ``[dp]`` and ``[tracking]`` tables;
+      ``privacy`` the level (``"download"``) or the whole ``[privacy]`` table
+      (``privacy={"level": "download", "randomness": "seeded"}``);
     - ``callbacks``: after-round hooks (``fedsub.TensorBoardWriter``, ``MlflowWriter`` or
       your ``RunCallback``): each sees the run begin, every round's metrics, its end.
 
@@ -627,6 +629,21 @@ def _model_of(
     return model
 
 
+def _merge_section(
+    sections: dict[str, dict[str, Any]], name: str, keys: Mapping[str, Any], keyword: str
+) -> None:
+    """Add ``keys`` to the ``[name]`` table, refusing a key two keyword arguments give (the
+    ``privacy={...}`` table and a key's former ``[train]`` name, e.g. ``download=``)."""
+    section = sections.setdefault(name, {})
+    twice = sorted(set(section) & set(keys))
+    if twice:
+        raise ArgumentError(
+            f"{keyword}: [{name}] {', '.join(twice)} given twice (once in privacy={{...}}, "
+            "once by its own keyword); give each key once"
+        )
+    section.update(keys)
+
+
 def config_of(
     options: Mapping[str, Any],
     algorithms: list[str],
@@ -652,8 +669,10 @@ def config_of(
                     f"{key} must be a dict of [{key}] keys (e.g. {example}), got {value!r}"
                 )
             sections[key] = dict(value)
+        elif key == "privacy" and isinstance(value, Mapping):  # the whole [privacy] table
+            _merge_section(sections, "privacy", value, key)
         elif (place := moved_keys.keyword_place(key)) is not None:
-            sections.setdefault(place[0], {})[place[1]] = value
+            _merge_section(sections, place[0], {place[1]: value}, key)
         elif key in execution_keys:
             sections.setdefault("execution", {})[key] = value
         elif key in train_keys:
