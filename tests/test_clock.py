@@ -24,7 +24,7 @@ from fedsub.clock.settings import (
     DeviceDistribution,
     SynchronousRounds,
 )
-from fedsub.clock.synchronous import kept_members
+from fedsub.clock.synchronous import first_online, kept_members
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes, work_seconds
 from fedsub.config import Config
 from fedsub.engine import checkpoint as checkpoint_lib
@@ -72,6 +72,10 @@ def test_trace_online_and_next_changes_with_a_period():
     assert trace.next_online(0, 22.0) == 30.0
     assert trace.next_online(0, 45.0) == 60.0  # wraps into the next period
     assert trace.online_until(1, 1e9) == math.inf
+    # the first time anyone (or anyone of ``among``) is online
+    offline_one = Trace(trace.toggles[:1], trace.period[:1], trace.starts_online[:1])
+    assert first_online(offline_one, 22.0) == 30.0
+    assert first_online(trace, 22.0) == 22.0 and first_online(trace, 22.0, np.array([0])) == 30.0
 
 
 def test_markov_trace_is_online_about_its_stationary_share():
@@ -204,6 +208,25 @@ def test_deadline_over_selection_and_dropouts_keep_the_written_members():
     # over-selection: keep the first 2 to finish (1 then 0), the round ends at the 2nd
     kept = kept_members(100.0, seconds, np.full(5, math.inf), 2, SynchronousRounds(0, 0.5))
     assert kept.members == [1, 4] and kept.ends == 102.0
+
+
+def test_a_deadline_round_waits_only_when_someone_it_waits_for_dropped():
+    seconds = np.array([5.0, 1.0, 9.0, 3.0, 2.0])
+    rules = SynchronousRounds(deadline=8.0, over_selection=0.5)
+    # over-selection reached K = 3 (1, 4, 3) although member 0 went offline: ends at the 3rd
+    offline = np.array([101.0, math.inf, math.inf, math.inf, math.inf])
+    kept = kept_members(100.0, seconds, offline, 3, rules)
+    assert kept.members == [1, 3, 4] and kept.ends == 103.0 and kept.dropped_late == 1
+    # K = 4 not reached (0 offline, 2 late): the server waits out the deadline
+    kept = kept_members(100.0, seconds, offline, 4, rules)
+    assert kept.members == [1, 3, 4] and kept.ends == 108.0
+    # a cohort drawn smaller than K (few online) that kept everybody ends with its last
+    kept = kept_members(100.0, seconds[:2], np.full(2, math.inf), 3, rules)
+    assert kept.members == [0, 1] and kept.ends == 105.0
+    # the boundaries: a member going offline at its finish, or taking the deadline exactly,
+    # is kept
+    kept = kept_members(100.0, np.array([8.0, 1.0]), np.array([108.0, math.inf]), 2, rules)
+    assert kept.members == [0, 1] and kept.ends == 108.0 and kept.dropped_offline == 0
 
 
 def run_with(clock: ClockConfig | None, name="fedsubavg", control=None, rounds=4, **kw):

@@ -10,8 +10,11 @@ over-selection x. Member k would finish at ``now + t_k`` (clock/timing.py); it i
 
 The kept members' work runs as one batched cohort (the backend's usual job, for those members
 only), and the round ends at the last kept member's finish time; when a deadline is set and a
-member was dropped or K were not reached, at the deadline (the server cannot know sooner that
-nobody else will come). A round that keeps nobody leaves the model unchanged (``RoundFailed``).
+member the server waits for was dropped (fewer kept than min(K, members drawn)), at the
+deadline (the server cannot know sooner that nobody else will come). Over-selection that
+still kept K ends when the K-th finished; a cohort drawn smaller than K (few online) that
+kept everybody ends when its last member finished. A round that keeps nobody leaves the model
+unchanged (``RoundFailed``).
 The clock's time is saved in checkpoints (the ``clock`` stage), so a resumed run continues it.
 """
 
@@ -83,7 +86,7 @@ def kept_members(
     alive = np.flatnonzero(~offline & ~late)
     order = alive[np.argsort(finish[alive], kind="stable")]
     kept = sorted(order[:target].tolist())
-    short = len(kept) < target or bool(offline.any() or late.any())
+    short = len(kept) < min(target, len(seconds))  # someone the server waits for dropped
     if kept and not (rules.deadline > 0 and short):
         ends = float(finish[kept].max())
     elif rules.deadline > 0:
