@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import signal
 import socket
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +99,21 @@ def run_ended(env: dict[str, str], run_id: int) -> bool:
     with contextlib.suppress(ValueError, KeyError):
         return str(json.loads(listed)["runs"][0]["status"]).startswith("finished")
     return False
+
+
+def seldom(check: Callable[[], bool], seconds: float) -> Callable[[], bool]:
+    """``check``, asked at most once per ``seconds`` (False in between): ``flwr ls`` starts
+    a Python that imports Flower, a second of CPU taken from the deployment it measures."""
+    last = -math.inf
+
+    def seldom_check() -> bool:
+        nonlocal last
+        if time.monotonic() - last < seconds:
+            return False
+        last = time.monotonic()
+        return check()
+
+    return seldom_check
 
 
 def run_log(env: dict[str, str], run_id: int) -> str:
@@ -184,7 +201,7 @@ def measure(
         if result.returncode != 0:
             raise RuntimeError(result.stdout + result.stderr)
         run_id = int(json.loads(result.stdout)["run-id"])
-        ended = lambda: run_ended(env, run_id)  # noqa: E731
+        ended = seldom(lambda: run_ended(env, run_id), 20.0)
         wait_for(lambda: (out / "progress.jsonl").exists() or ended(), 900, "round 1")
         first_sent = time.monotonic() - submitted
         wait_for(lambda: (out / "flower-result.json").exists() or ended(), 1800, "the end")

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid, exchange
-from fedsub.flower.records import record_of
+from fedsub.flower.records import record_of, tensors_of
 from fedsub.privacy import secure_sum
 from fedsub.privacy.heat_report import HeatReport
 from fedsub.privacy.heat_sources import HeatPrivacy
@@ -119,7 +119,7 @@ class Transcript:
             if isinstance(record, ArrayRecord):
                 records[name] = {
                     key: {"dtype": str(array.dtype), "array": array.numpy().tolist()}
-                    for key, array in record.to_torch_state_dict().items()
+                    for key, array in tensors_of(record).items()
                 }
             else:
                 records[name] = {key: _plain(v) for key, v in dict(record).items()}

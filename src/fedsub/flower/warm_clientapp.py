@@ -81,9 +81,10 @@ def serve(
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent, folder), daemon=True).start()
     run = _entry(entry)
-    from fedsub.flower.polls import quick_object_pulls
+    from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
 
     quick_object_pulls()  # a child pulls its message's objects as its SuperNode stores them
+    wide_object_transfers()  # ... several at a time, and pushes its reply's so
     import torch  # noqa: F401  (the point: imported once, in every child already)
 
     import fedsub.flower.client_app  # noqa: F401  (fedsub's ClientApp and its imports)
