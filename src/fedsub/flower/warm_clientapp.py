@@ -87,7 +87,11 @@ def serve(
     wide_object_transfers()  # ... several at a time, and pushes its reply's so
     import torch  # noqa: F401  (the point: imported once, in every child already)
 
-    import fedsub.flower.client_app  # noqa: F401  (fedsub's ClientApp and its imports)
+    # fedsub's ClientApp and its imports, and fedsub.flower.apps (make_client_app: what an
+    # app's client module imports, e.g. examples/flower-fedsubavg's), whose server-side
+    # imports cost every child a quarter of a second of CPU when not imported here
+    import fedsub.flower.apps
+    import fedsub.flower.client_app  # noqa: F401
 
     elsewhere = [p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != folder]
     real = shutil.which(COMMAND, path=os.pathsep.join(elsewhere))
