@@ -67,18 +67,25 @@ def wide_object_transfers(workers: int = WORKERS) -> bool:
     flight (Flower: ``min(2, cores)``); False (nothing changed) if this Flower's differ."""
     from flwr.supercore.inflatable import inflatable_utils
 
-    pushes = (inflatable_utils.push_objects, inflatable_utils.push_object_contents_from_iterable)
-    pulls = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
-    functions = [(f, "max_concurrent_pushes") for f in pushes]
-    functions += [(f, "max_concurrent_pulls") for f in pulls]
+    functions: list[tuple[Callable[..., object], str]] = [
+        (inflatable_utils.push_objects, "max_concurrent_pushes"),
+        (inflatable_utils.push_object_contents_from_iterable, "max_concurrent_pushes"),
+        (inflatable_utils.pull_objects, "max_concurrent_pulls"),
+        (inflatable_utils.pull_and_inflate_object_from_tree, "max_concurrent_pulls"),
+    ]
     if not all(key in (f.__kwdefaults__ or {}) for f, key in functions):
         return False
     if not callable(getattr(inflatable_utils, "get_num_workers", None)):
         return False
     for f, key in functions:
         f.__kwdefaults__[key] = workers  # type: ignore[index]
-    inflatable_utils.get_num_workers = lambda most: max(1, int(most))
+    inflatable_utils.get_num_workers = _as_asked
     return True
+
+
+def _as_asked(max_concurrent: int) -> int:
+    """Flower's ``get_num_workers`` without its ``min(..., cores)``."""
+    return max(1, int(max_concurrent))
 
 
 def _with_sleep(sleep: Callable[[float], None]) -> types.SimpleNamespace:
