@@ -117,9 +117,14 @@ class Transcript:
         records: dict[str, dict] = {}
         for name, record in content.items():
             if isinstance(record, ArrayRecord):
+                try:  # a node's reply may hold any bytes: kept as what could not be read
+                    tensors = tensors_of(record)
+                except FedsubError as error:
+                    records[name] = {"unreadable": str(error)}
+                    continue
                 records[name] = {
                     key: {"dtype": str(array.dtype), "array": array.numpy().tolist()}
-                    for key, array in tensors_of(record).items()
+                    for key, array in tensors.items()
                 }
             else:
                 records[name] = {key: _plain(v) for key, v in dict(record).items()}
