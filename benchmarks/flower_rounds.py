@@ -14,8 +14,12 @@ fedsub's warm ClientApp launcher on its PATH) or ``flower`` (``flower-supernode`
 fresh ``flwr-clientapp`` per message); Flower's SuperExecs poll every 0.25 s in both
 ``flower`` modes (the earlier recommendation).
 
+The SuperLink keeps its state in memory, Flower's default and the docs' deployment
+(``--superlink-file``: in a SQLite file, as this benchmark did before 2026-11-28 13:30; each
+of a message's object requests then writes to it, and a plain round took about 0.6 s more).
+
     python benchmarks/flower_rounds.py [--nodes 3] [--rounds 3] [--level none|full]
-        [--node fedsub|flower|flower-warm]
+        [--node fedsub|flower|flower-warm] [--set "key=value"] [--superlink-file]
 """
 
 from __future__ import annotations
@@ -121,10 +125,17 @@ def run_log(env: dict[str, str], run_id: int) -> str:
 
 
 NODES = ("fedsub", "flower", "flower-warm")  # how each SuperNode is started (the docstring)
+IN_MEMORY = ":flwr-in-memory:"  # the SuperLink's state: Flower's default, the docs' deployment
 
 
 def measure(
-    nodes: int, rounds: int, level: str, node: str, folder: Path, more: tuple[str, ...] = ()
+    nodes: int,
+    rounds: int,
+    level: str,
+    node: str,
+    folder: Path,
+    more: tuple[str, ...] = (),
+    database: str = IN_MEMORY,
 ) -> dict:
     link, *node_ports = free_ports(nodes + 1)
     env = environment(folder, link)
@@ -150,7 +161,7 @@ def measure(
             "--insecure",
             "--disable-runtime-dependency-installation",
             f"--port={link}",
-            f"--database={folder / 'state.db'}",
+            f"--database={database}",
         )
         for i, port in enumerate(node_ports):
             command, extra = [str(BIN / "flower-supernode")], None
@@ -249,16 +260,18 @@ def main() -> None:
     parser.add_argument("--level", default="none", choices=["none", "heat", "download", "full"])
     parser.add_argument("--node", default="fedsub", choices=NODES, help="how nodes start")
     parser.add_argument("--set", action="append", default=[], help="a further config override")
+    parser.add_argument(
+        "--superlink-file",
+        action="store_true",
+        help="the SuperLink keeps its state in a SQLite file (Flower's default: in memory)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fedsub-flower-rounds-") as folder:
-        print(
-            json.dumps(
-                measure(
-                    args.nodes, args.rounds, args.level, args.node, Path(folder), tuple(args.set)
-                ),
-                indent=1,
-            )
+        database = str(Path(folder) / "state.db") if args.superlink_file else IN_MEMORY
+        measured = measure(
+            args.nodes, args.rounds, args.level, args.node, Path(folder), tuple(args.set), database
         )
+        print(json.dumps({**measured, "superlink_database": database}, indent=1))
 
 
 if __name__ == "__main__":
