@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedsub.flower.heat_exchange import Transcript
+from fedsub.flower.records import PACKED, packed
 from fedsub.flower.settings import FlowerSettings
 
 SETTINGS = (
@@ -83,6 +84,15 @@ def test_the_leak_check_finds_an_index_set_sent_in_the_clear():
     index = ArrayRecord({"rows.features": torch.tensor([3, 7, 11])})
     transcript(5, "query", RecordDict({"index": index, "metrics": MetricRecord({"p": 0})}))
     assert leaks(transcript.entries, rows, [4, 2]) == [(5, "query", "features", 0)]
+    # packed, as fedsub's nodes send records (flower/records.py): found alike
+    packed_index = packed({"rows.features": torch.tensor([3, 7, 11])})
+    transcript(6, "query", RecordDict({"index": packed_index}))
+    assert leaks(transcript.entries[1:], rows, [4, 2]) == [(6, "query", "features", 0)]
+    packed_index[PACKED].data = b"no safetensors"  # a node's garbage: kept as unreadable
+    transcript(7, "query", RecordDict({"index": packed_index}))
+    assert transcript.entries[-1]["records"]["index"] == {
+        "unreadable": "its arrays cannot be read (SafetensorError)"
+    }
     vector = np.zeros(14, dtype="<u4")  # client 0's w_k * indicator, then [w_k, 1]
     vector[[3, 7, 11, 12, 13]] = [4, 4, 4, 4, 1]
     masked = {"values": {"bytes": vector.tobytes().hex()}}

@@ -16,6 +16,7 @@ from fedsub import config as config_lib
 from fedsub.errors import FedsubError
 from fedsub.flower import secure_rows
 from fedsub.flower.apps import make_client_app
+from fedsub.flower.records import tensors_of
 from fedsub.flower.settings import FlowerSettings, Output, Payload, Replies
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
@@ -108,7 +109,7 @@ def _row_sets(message: Message) -> list[np.ndarray]:
         return []
     index = message.content["index"]
     assert isinstance(index, ArrayRecord)
-    return [v.numpy() for k, v in index.to_torch_state_dict().items() if k.startswith("rows.")]
+    return [v.numpy() for k, v in tensors_of(index).items() if k.startswith("rows.")]
 
 
 def test_the_server_receives_requests_never_a_nodes_rows():
@@ -188,7 +189,7 @@ def _float_arrays(message: Message) -> list[np.ndarray]:
     arrays = []
     for record in message.content.values():
         if isinstance(record, ArrayRecord):
-            for value in record.to_torch_state_dict().values():
+            for value in tensors_of(record).values():  # packed or not (flower/records.py)
                 if value.is_floating_point():
                     arrays.append(value.numpy())
     return arrays

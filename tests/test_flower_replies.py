@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedsub.engine.loop import RunControl, run_round
+from fedsub.flower.records import PACKED, packed, tensors_of
 
 from .flower_rounds import narrow, wide
 from .test_flower_membership import ROWS, StandInGrid, runtime
@@ -56,7 +57,10 @@ def tensors(draw) -> torch.Tensor:
 
 @st.composite
 def arrays(draw) -> ArrayRecord:
-    """Deltas of any names, shapes, dtypes and values; now and then bytes that are no array."""
+    """Deltas of any names, shapes, dtypes and values, packed as fedsub sends them or one
+    Array each as Flower does (flower/records.py); now and then bytes that are no array, or a
+    packed record that is not one (bytes that are no safetensors file, cut short, another
+    stype, other arrays beside it)."""
     names = draw(
         st.lists(
             st.sampled_from(["table.w", "dense.b", "table.other", "rows.w", "w", "table.w.x"]),
@@ -64,7 +68,21 @@ def arrays(draw) -> ArrayRecord:
             max_size=3,
         )
     )
-    record = ArrayRecord({name: draw(tensors()) for name in names})
+    tensors_drawn = {name: draw(tensors()) for name in names}
+    if draw(st.booleans()):  # packed: what fedsub's nodes send
+        record = packed(tensors_drawn)
+        array = record[PACKED]
+        spoil = draw(st.sampled_from(["no", "no", "bytes", "cut", "stype", "beside"]))
+        if spoil == "bytes":
+            array.data = draw(st.binary(max_size=64))
+        elif spoil == "cut":
+            array.data = array.data[: draw(st.integers(0, max(len(array.data) - 1, 0)))]
+        elif spoil == "stype":
+            array.stype = draw(st.sampled_from(["numpy.ndarray", "torch.Tensor", ""]))
+        elif spoil == "beside":
+            record["table.w"] = Array(torch.zeros(3, 1))
+        return record
+    record = ArrayRecord(tensors_drawn)
     if draw(st.booleans()) and draw(st.booleans()):
         record["table.w"] = Array(
             dtype="float32", shape=(ROWS, 1), stype="numpy.ndarray", data=b"x"
@@ -118,7 +136,7 @@ def test_a_garbage_train_reply_is_left_out_of_its_round_never_crashes_the_run(ba
     assert record["clients"] == [0, 1, 2] and record["replies"] in (2, 3)
     assert record["updated"] and bool(torch.isfinite(s.params.tables["w"]).all())
     if record["replies"] == 3:  # read as an update: it was one of the model's shape
-        deltas = bad["content"]["arrays"].to_torch_state_dict()
+        deltas = tensors_of(bad["content"]["arrays"])
         assert deltas["table.w"].shape == (3, 1) and deltas["table.w"].dtype == torch.float32
         assert bad["round"] == "1"
     else:
@@ -131,13 +149,11 @@ def train_reply(m: Message, **changed) -> Message:
         "deltas": {"table.w": torch.full((3, 1), 0.1), **changed.pop("deltas", {})},
         "metrics": {"partition-id": 1, "num-examples": 1, **changed.pop("metrics", {})},
     }
+    arrays = packed({k: v for k, v in fields["deltas"].items() if v is not None})
+    for key, value in changed.pop("packed", {}).items():  # the packed Array's fields
+        setattr(arrays[PACKED], key, value)
     reply = Message(
-        RecordDict(
-            {
-                "arrays": ArrayRecord({k: v for k, v in fields["deltas"].items() if v is not None}),
-                "metrics": MetricRecord(fields["metrics"]),
-            }
-        ),
+        RecordDict({"arrays": arrays, "metrics": MetricRecord(fields["metrics"])}),
         reply_to=m,
     )
     for key, value in changed.items():
@@ -158,6 +174,8 @@ def train_reply(m: Message, **changed) -> Message:
         ({"metrics": {"num-examples": 10**9}}, "num-examples 1000000000, but it registered 1"),
         ({"metrics": {"num-examples": -1}}, "'num-examples' is -1, expected a whole number"),
         ({"group_id": "0"}, "a reply for round '0', not round 1"),
+        ({"packed": {"data": b"\x08" + bytes(7) + b"{}"}}, "arrays cannot be read (Safetensor"),
+        ({"packed": {"stype": "numpy.ndarray"}}, "packed arrays are 'numpy.ndarray'"),
     ],
 )
 def test_each_kind_of_garbage_is_named_in_one_line(caplog, changed, line):

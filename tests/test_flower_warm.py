@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -153,6 +154,45 @@ def test_a_woken_superexec_looks_for_a_task_at_once_and_object_pulls_retry_quick
     assert int(done.stdout) < 15  # woken, not the 30 s asked
 
 
+def _flowers_transfers(monkeypatch) -> None:
+    """Flower's own object transfers for this test (min(2, cores) at a time), restored after."""
+    from flwr.supercore.inflatable import inflatable_utils as objects
+
+    monkeypatch.setattr(objects, "get_num_workers", objects.get_num_workers)
+    for function in (objects.push_objects, objects.push_object_contents_from_iterable):
+        monkeypatch.setitem(function.__kwdefaults__, "max_concurrent_pushes", 2)
+    for function in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
+        monkeypatch.setitem(function.__kwdefaults__, "max_concurrent_pulls", 2)
+
+
+def test_wide_object_transfers_keep_8_requests_in_flight_whatever_the_cores(monkeypatch):
+    """Flower pushes and pulls a message's objects min(2, cores) at a time; after
+    wide_object_transfers, WORKERS (8) at a time on a 2-core host too."""
+    from flwr.supercore.inflatable import inflatable_utils as objects
+
+    from fedsub.flower.polls import WORKERS, wide_object_transfers
+
+    _flowers_transfers(monkeypatch)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert objects.get_num_workers(objects.pull_objects.__kwdefaults__["max_concurrent_pulls"]) == 2
+    assert wide_object_transfers() and WORKERS == 8
+    for function in (objects.push_objects, objects.push_object_contents_from_iterable):
+        assert function.__kwdefaults__["max_concurrent_pushes"] == WORKERS
+    for function in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
+        assert function.__kwdefaults__["max_concurrent_pulls"] == WORKERS
+    assert objects.get_num_workers(WORKERS) == WORKERS
+    seen = []  # the pulls run 8 at a time: 8 of them wait for each other, none deadlocks
+    barrier = threading.Barrier(WORKERS, timeout=60)
+
+    def pull(object_id: str) -> bytes:
+        seen.append(object_id)
+        barrier.wait()
+        return object_id.encode()
+
+    pulled = objects.pull_objects([str(i) for i in range(WORKERS)], pull)
+    assert sorted(pulled) == sorted(str(i) for i in range(WORKERS)) and len(seen) == WORKERS
+
+
 def test_fedsubs_supernode_runs_flowers_with_its_stand_ins_first_on_the_path(monkeypatch, tmp_path):
     """``python -m fedsub.flower.supernode [--cold] -- <flower-supernode arguments>``: Flower's
     SuperNode with its arguments, fedsub's flower-superexec stand-in first on the PATH (Flower's
@@ -167,6 +207,7 @@ def test_fedsubs_supernode_runs_flowers_with_its_stand_ins_first_on_the_path(mon
         monkeypatch.setattr(loop, name, getattr(loop, name))
     for function in (objects.pull_objects, objects.pull_and_inflate_object_from_tree):
         monkeypatch.setitem(function.__kwdefaults__, "initial_backoff", 1)
+    _flowers_transfers(monkeypatch)
     monkeypatch.setattr(sys, "argv", sys.argv)
     monkeypatch.setenv("PATH", os.environ["PATH"])
     seen = {}

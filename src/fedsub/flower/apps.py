@@ -52,7 +52,7 @@ from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.client_app import make_client_app, settings_of
 from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.heat_exchange import HeatReport, Transcript
-from fedsub.flower.polls import quick_object_pulls
+from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import INITIAL_MODEL, OUT_DIR_FLAGS, FlowerSettings
@@ -103,6 +103,7 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         one_line_errors()
         quick_object_pulls()  # replies read as their objects arrive (flower/polls.py)
+        wide_object_transfers()  # a message's objects sent and read 8 at a time (polls.py)
         _serve(grid, settings_of(fixed, context), tuple(callbacks))
 
     return app

@@ -20,7 +20,7 @@ from fedsub.engine.binned_auc import BINS
 from fedsub.engine.federated_metrics import SUMS, client_sums, pooled_metrics
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
-from fedsub.flower.records import number_of, record_of, rows_in, submodel_record
+from fedsub.flower.records import number_of, packed, record_of, rows_in, submodel_record
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull
 
@@ -63,7 +63,7 @@ class FederatedEvaluation:
             if client not in node_of:  # its node is offline or left out: not asked
                 continue
             if (named := self.rows[client]) is None:  # no rows named: the node takes its own
-                submodel = whole = whole or ArrayRecord(params.state_dict())
+                submodel = whole = whole or packed(params.state_dict())
             else:
                 rows = {t: torch.from_numpy(r) for t, r in named.items()}
                 submodel = submodel_record(rows, pull(params, rows))

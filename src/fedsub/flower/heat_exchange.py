@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid, exchange
-from fedsub.flower.records import record_of
+from fedsub.flower.records import record_of, tensors_of
 from fedsub.privacy import secure_sum
 from fedsub.privacy.heat_report import HeatReport
 from fedsub.privacy.heat_sources import HeatPrivacy
@@ -117,9 +117,14 @@ class Transcript:
         records: dict[str, dict] = {}
         for name, record in content.items():
             if isinstance(record, ArrayRecord):
+                try:  # a node's reply may hold any bytes: kept as what could not be read
+                    tensors = tensors_of(record)
+                except FedsubError as error:
+                    records[name] = {"unreadable": str(error)}
+                    continue
                 records[name] = {
                     key: {"dtype": str(array.dtype), "array": array.numpy().tolist()}
-                    for key, array in record.to_torch_state_dict().items()
+                    for key, array in tensors.items()
                 }
             else:
                 records[name] = {key: _plain(v) for key, v in dict(record).items()}

@@ -9,6 +9,12 @@ replaces must be there) and, where it is not, left undone (the caller says so in
   ``pull_objects``): on real processes most waves paid one or more such seconds per hop. Here
   the first backoff is ``first`` (0.05 s), still doubling up to Flower's cap, with Flower's
   limits on tries and time.
+- ``wide_object_transfers``: Flower pushes and pulls a message's objects (a dozen for a train
+  message: each array and its chunk, each record, the message) one request each, at most
+  ``min(2, cores)`` at a time (``get_num_workers``): on a 2-core host a hop costs six round
+  trips one after the other, each through the other process's scheduler. Here ``workers``
+  (8) requests are in flight at once, whatever the cores: the requests mostly wait on the
+  other process, they use no core of their own.
 - ``NodePolls``: the SuperNode's loop (``flwr.supernode.start_client_internal``) sleeps 3 s
   whenever the SuperLink has no message for it, and 0.5 s between looks for the ClientApp's
   reply. With ``NodePolls`` it pulls every ``fast`` seconds for ``window`` seconds after its
@@ -51,6 +57,35 @@ def quick_object_pulls(first: float = FIRST_BACKOFF) -> bool:
     for d in defaults:
         d["initial_backoff"] = first
     return True
+
+
+WORKERS = 8  # object requests in flight at once, per push or pull
+
+
+def wide_object_transfers(workers: int = WORKERS) -> bool:
+    """Make Flower's object pushes and pulls in this process keep ``workers`` requests in
+    flight (Flower: ``min(2, cores)``); False (nothing changed) if this Flower's differ."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    functions: list[tuple[Callable[..., object], str]] = [
+        (inflatable_utils.push_objects, "max_concurrent_pushes"),
+        (inflatable_utils.push_object_contents_from_iterable, "max_concurrent_pushes"),
+        (inflatable_utils.pull_objects, "max_concurrent_pulls"),
+        (inflatable_utils.pull_and_inflate_object_from_tree, "max_concurrent_pulls"),
+    ]
+    if not all(key in (f.__kwdefaults__ or {}) for f, key in functions):
+        return False
+    if not callable(getattr(inflatable_utils, "get_num_workers", None)):
+        return False
+    for f, key in functions:
+        f.__kwdefaults__[key] = workers  # type: ignore[index]
+    inflatable_utils.get_num_workers = _as_asked
+    return True
+
+
+def _as_asked(max_concurrent: int) -> int:
+    """Flower's ``get_num_workers`` without its ``min(..., cores)``."""
+    return max(1, int(max_concurrent))
 
 
 def _with_sleep(sleep: Callable[[float], None]) -> types.SimpleNamespace:

@@ -1,5 +1,14 @@
 """Submodels and row deltas as Flower ``ArrayRecord``s (names ``rows.<table>``,
-``table.<table>``, ``dense.<name>``), and back as tensors."""
+``table.<table>``, ``dense.<name>``), and back as tensors.
+
+Every ArrayRecord fedsub sends is packed (``packed``): its tensors are one Flower ``Array``,
+the safetensors file of them (key ``fedsub.safetensors``, stype ``safetensors``). Flower moves
+a message as a tree of objects, one request per object per hop (each ``Array`` and its chunk
+are two): a train message of three tensors was ten objects, packed it is six, and a round's
+time on real processes is mostly those requests (benchmarks/flower_rounds.py). ``tensors_of``
+reads a packed record and Flower's one-Array-per-tensor records alike, so a node running an
+older fedsub is still understood; anything else a message holds is a ``FedsubError``.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +17,17 @@ from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
 import numpy as np
+import safetensors.torch
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.app.typing import ConfigRecordValues
 
 from fedsub.errors import FedsubError
@@ -18,12 +36,37 @@ from fedsub.submodel.params import Params
 AnyRecord = TypeVar("AnyRecord", ArrayRecord, MetricRecord, ConfigRecord)
 
 
+PACKED = "fedsub.safetensors"  # the one Array of a packed ArrayRecord
+PACKED_STYPE = "safetensors"  # its serialization (Flower's own arrays: "numpy.ndarray")
+
+
+def packed(tensors: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """``tensors`` as an ArrayRecord of one Array: their safetensors file (the values bit for
+    bit, each with its name, dtype and shape)."""
+    own = {
+        n: t.detach().cpu().clone(memory_format=torch.contiguous_format) for n, t in tensors.items()
+    }
+    data = safetensors.torch.save(own)
+    array = Array(dtype="uint8", shape=(len(data),), stype=PACKED_STYPE, data=data)
+    return ArrayRecord({PACKED: array})
+
+
 def tensors_of(record: ArrayRecord) -> dict[str, torch.Tensor]:
-    """``record``'s arrays as tensors; a ``FedsubError`` when they cannot be read (a message
-    from another node may hold any bytes)."""
+    """``record``'s tensors (a ``packed`` record's, or Flower's one Array per tensor); a
+    ``FedsubError`` when they cannot be read (a message from another node may hold any
+    bytes)."""
     try:
-        return dict(record.to_torch_state_dict())
-    except Exception as error:  # numpy's and torch's errors on bytes that are no array
+        if PACKED not in record:
+            return dict(record.to_torch_state_dict())
+        if len(record) != 1:
+            raise FedsubError(f"its packed arrays come with {len(record) - 1} other array(s)")
+        array = record[PACKED]
+        if array.stype != PACKED_STYPE:
+            raise FedsubError(f"its packed arrays are {array.stype[:40]!r}, not safetensors")
+        return dict(safetensors.torch.load(array.data))
+    except FedsubError:
+        raise
+    except Exception as error:  # numpy's, torch's, safetensors' errors on bytes that are no array
         raise FedsubError(f"its arrays cannot be read ({type(error).__name__})") from None
 
 
@@ -32,11 +75,11 @@ def submodel_record(rows: dict[str, torch.Tensor], submodel: Params) -> ArrayRec
     tensors = {f"rows.{t}": r for t, r in rows.items()}
     tensors.update({f"table.{t}": v for t, v in submodel.tables.items()})
     tensors.update({f"dense.{n}": v for n, v in submodel.dense.items()})
-    return ArrayRecord(tensors)
+    return packed(tensors)
 
 
 def read_submodel(record: ArrayRecord) -> tuple[dict[str, torch.Tensor], Params]:
-    flat = record.to_torch_state_dict()
+    flat = tensors_of(record)
     rows = {k[len("rows.") :]: v for k, v in flat.items() if k.startswith("rows.")}
     return rows, Params.from_state_dict(
         {k: v for k, v in flat.items() if not k.startswith("rows.")}
@@ -44,7 +87,7 @@ def read_submodel(record: ArrayRecord) -> tuple[dict[str, torch.Tensor], Params]
 
 
 def deltas_record(table_deltas: dict[str, torch.Tensor], dense_deltas: dict[str, torch.Tensor]):
-    return ArrayRecord(Params(table_deltas, dense_deltas).state_dict())
+    return packed(Params(table_deltas, dense_deltas).state_dict())
 
 
 def read_deltas(record: ArrayRecord) -> Params:
@@ -53,7 +96,7 @@ def read_deltas(record: ArrayRecord) -> Params:
 
 def rows_record(rows: Mapping[str, np.ndarray | torch.Tensor]) -> ArrayRecord:
     """Row ids per table (``rows.<table>``), e.g. a node's S(k) or its request."""
-    return ArrayRecord({f"rows.{t}": torch.as_tensor(r) for t, r in rows.items()})
+    return packed({f"rows.{t}": torch.as_tensor(r) for t, r in rows.items()})
 
 
 def rows_in(record: ArrayRecord, tables: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:

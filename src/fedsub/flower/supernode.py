@@ -40,7 +40,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedsub.flower.polls import WAKE, NodePolls, quick_object_pulls, wakeable_task_polls
+from fedsub.flower.polls import (
+    WAKE,
+    NodePolls,
+    quick_object_pulls,
+    wakeable_task_polls,
+    wide_object_transfers,
+)
 from fedsub.flower.warm_clientapp import COMMAND
 
 WINDOW = 60.0  # seconds of fast polls after a node's last message (a run's next wave)
@@ -99,6 +105,8 @@ def main(argv: list[str] | None = None, run: Callable[[], object] | None = None)
         log(30, "fedsub: this Flower's SuperNode loop changed; it polls as Flower's does")
     if not quick_object_pulls():
         log(30, "fedsub: this Flower's object pulls changed; they back off as Flower's do")
+    if not wide_object_transfers():
+        log(30, "fedsub: this Flower's object transfers changed; they go as Flower's do")
     folder = Path(tempfile.mkdtemp(prefix="fedsub-node-"))  # private (0700)
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     stand_in = folder / SUPEREXEC

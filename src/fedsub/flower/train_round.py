@@ -19,6 +19,7 @@ from fedsub.errors import FedsubError
 from fedsub.flower.private_download import reply_rows
 from fedsub.flower.records import (
     count_of,
+    packed,
     read_deltas,
     record_of,
     submodel_record,
@@ -42,7 +43,7 @@ def train_messages(
     messages, full, sent = [], None, 0
     for node, client in sent_to.items():
         if payload == "full":  # the same whole model for everyone, built once
-            arrays = full = full or ArrayRecord(params.state_dict())
+            arrays = full = full or packed(params.state_dict())
         else:
             rows = rows_of(client)
             arrays = submodel_record(rows, pull(params, rows))

@@ -81,13 +81,10 @@ def serve(
     if parent is not None:
         threading.Thread(target=_exit_with, args=(parent, folder), daemon=True).start()
     run = _entry(entry)
-    from fedsub.flower.polls import quick_object_pulls
+    from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
 
     quick_object_pulls()  # a child pulls its message's objects as its SuperNode stores them
-    import torch  # noqa: F401  (the point: imported once, in every child already)
-
-    import fedsub.flower.client_app  # noqa: F401  (fedsub's ClientApp and its imports)
-
+    wide_object_transfers()  # ... several at a time, and pushes its reply's so
     elsewhere = [p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != folder]
     real = shutil.which(COMMAND, path=os.pathsep.join(elsewhere))
     if real is None:
@@ -100,6 +97,16 @@ def serve(
     listener.listen(64)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
     print(f"fedsub warm ClientApp launcher: {stand_in(folder, real)}", flush=True)
+    # the imports every child shares, after the stand-in is there (its SuperNode starts
+    # meanwhile; a first ClientApp waits on the socket until they are done): torch, fedsub's
+    # ClientApp, and fedsub.flower.apps (make_client_app: what an app's client module imports,
+    # e.g. examples/flower-fedsubavg's; its server-side imports cost every child a quarter of
+    # a second of CPU when not imported here)
+    import torch  # noqa: F401
+
+    import fedsub.flower.apps
+    import fedsub.flower.client_app  # noqa: F401
+
     while True:
         connection, _ = listener.accept()
         with connection:
