@@ -12,7 +12,11 @@ epsilon reached, rows noised per round (and false positives), and the per-round 
 time against the same algorithm without DP (the lowest of ``--repeats`` alternating runs,
 measured side by side in this process). DP-FTRL runs with dp.min_separation = b (each user
 at most once every b rounds, enforced by the cohort draw), accounted with no sampling; the
-windowed variant is fedsub's design (dp.selection_window, dp.heat_cap: dp/ftrl.py).
+windowed variant is fedsub's design (dp.selection_window, dp.heat_cap: dp/ftrl.py), and so is
+the capped one (dp.selection_max_rows: at most ``--max-rows`` rows of each windowed
+selection, those of the largest noisy values; its own ``--capped-window``,
+``--capped-heat-cap``, ``--capped-share``). ``--methods`` runs only the methods whose labels
+start with one of its comma-separated prefixes; ``--no-plain`` skips the runs without DP.
 
 Ends with ``RESULT {json}``.
 """
@@ -70,7 +74,7 @@ def run(overrides: list[str], algorithm: str) -> dict:
 def methods(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
     """(label, algorithm, [dp] overrides) of the DP methods compared."""
     ftrl = ["dp.mechanism='ftrl-tree'", f"dp.min_separation={args.separation}"]
-    return [
+    methods_all = [
         ("DP-FedAvg gaussian rows=all", "fedavg", ["dp.mechanism='gaussian'", "dp.rows='all'"]),
         (
             "DP-FedSubAvg gaussian rows=private",
@@ -90,12 +94,32 @@ def methods(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
                 f"dp.heat_cap={args.heat_cap}",
             ],
         ),
+        (
+            f"DP-FTRL-FedSubAvg capped M={args.max_rows} w={args.capped_window} "
+            f"s={args.capped_share} heat_cap={args.capped_heat_cap}",
+            "fedsubavg",
+            [
+                *ftrl,
+                "dp.rows='private'",
+                f"dp.selection_window={args.capped_window}",
+                f"dp.selection_bound={args.bound}",
+                f"dp.heat_cap={args.capped_heat_cap}",
+                f"dp.selection_max_rows={args.max_rows}",
+                f"dp.selection_share={args.capped_share}",
+            ],
+        ),
     ]
+    if args.methods:
+        wanted = [m for m in methods_all if any(m[0].startswith(w) for w in args.methods)]
+        return wanted
+    return methods_all
 
 
 def utility(args: argparse.Namespace, base: list[str]) -> dict:
-    results: dict = {"no-dp": {a: run(base, a) for a in ("fedavg", "fedsubavg")}}
-    print("no dp", results["no-dp"], flush=True)
+    results: dict = {}
+    if not args.no_plain:
+        results["no-dp"] = {a: run(base, a) for a in ("fedavg", "fedsubavg")}
+        print("no dp", results["no-dp"], flush=True)
     for epsilon in args.epsilons:
         row = {}
         for label, algorithm, dp in methods(args):
@@ -136,6 +160,19 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=25, help="dp.selection_window")
     parser.add_argument("--bound", type=float, default=6.0, help="dp.selection_bound (windowed)")
     parser.add_argument("--heat-cap", type=float, default=4.0, help="dp.heat_cap (windowed)")
+    parser.add_argument("--max-rows", type=int, default=200, help="dp.selection_max_rows (capped)")
+    parser.add_argument("--capped-window", type=int, default=10, help="(capped)")
+    parser.add_argument("--capped-heat-cap", type=float, default=16.0, help="(capped)")
+    parser.add_argument(
+        "--capped-share", type=float, default=0.25, help="dp.selection_share (capped)"
+    )
+    parser.add_argument(
+        "--methods",
+        type=lambda t: t.split(","),
+        default=[],
+        help="only the methods whose labels start with one of these (comma-separated)",
+    )
+    parser.add_argument("--no-plain", action="store_true", help="skip the runs without DP")
     parser.add_argument("--timing-rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["utility", "cost"])

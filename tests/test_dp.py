@@ -574,6 +574,7 @@ DP_KEYS = {  # a value away from each [dp] key's default
     "min_survivors": "2",
     "selection_window": "4",
     "heat_cap": "4.0",
+    "selection_max_rows": "200",
     "min_separation": "5",
     "max_participations": "3",
     "randomness": "'seeded'",

@@ -332,6 +332,10 @@ class DpRowSelectionConfig:
     noisy histogram of the last window's w cohorts (each user at most once in it, so it costs
     what one round's selection costs; w <= min_separation), and update those rows in every
     round of the next window (fedsub's windowed selection); 1: a selection every round."""
+    selection_max_rows: int = field(default=0, metadata={"min": 0})
+    """mechanism = "ftrl-tree", rows = private: keep at most this many rows per table of each
+    selection, those of the largest noisy histogram values (fedsub's cap on the rows noised a
+    round; post-processing of the noisy histogram, so it costs no privacy); 0: no cap."""
 
 
 @dataclass(frozen=True)
@@ -797,6 +801,10 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
                 "Gaussian's accounting charges one selection per round)",
             ),
             (
+                d.row_selection.selection_max_rows > 0,
+                "dp.selection_max_rows applies to mechanism = 'ftrl-tree' only",
+            ),
+            (
                 part.min_separation > 0 or part.max_participations > 0,
                 "dp.min_separation and dp.max_participations bound the participation DP-FTRL "
                 "is accounted for; they apply to mechanism = 'ftrl-tree' only",
@@ -817,6 +825,12 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
             f"dp.selection_window = {d.row_selection.selection_window} exceeds "
             f"dp.min_separation = {part.min_separation}: a user could then add to one window's "
             "histogram twice, which the accounting does not charge; keep the window <= b",
+        ),
+        (
+            d.row_selection.selection_max_rows > 0 and d.row_selection.rows != "private",
+            f"dp.selection_max_rows = {d.row_selection.selection_max_rows} caps the privately "
+            f"selected rows; with dp.rows = {d.row_selection.rows!r} every row is noised (set "
+            "dp.rows = 'private' or dp.selection_max_rows = 0)",
         ),
         (
             config.train.sampling == "poisson",

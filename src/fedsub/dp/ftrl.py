@@ -41,6 +41,11 @@ unchanged, while a row's count gathers w cohorts (w K users) against one selecti
 FedSubAvg's coefficient is then D / (h_m / w), capped at ``dp.heat_cap`` (h_m >= D /
 heat_cap) when set, which bounds how much it amplifies a cold row's noise.
 
+Capped selection (``dp.selection_max_rows`` = M > 0, fedsub's, per-round or windowed): of a
+table's selected rows only the M of the largest noisy histogram values are kept
+(``selection.largest``), so at most M rows a table are noised a round. It reads only the
+released noisy histogram, so it is post-processing and the accounting is unchanged.
+
 Privacy: the tree releases each complete node's noisy sum once (Honaker's estimates and the
 differences are post-processing), so the run is one Gaussian mechanism of sensitivity
 ``ftrl_accounting.tree_sensitivity`` C. The noise streams are keyed by the run's secret
@@ -243,8 +248,16 @@ class FtrlMechanism(DpMechanism):
         if s.selection.window > 1:
             window = self._window_rows(table, distinct, heat, round_index, generator)
             return self._window_update(table, window, distinct, sums, round_index, chosen_rows)
-        chosen = selection.select(
-            distinct.cpu(), heat.cpu(), num_rows, s.selection_std, s.histogram_threshold, generator
+        chosen = selection.largest(
+            selection.select(
+                distinct.cpu(),
+                heat.cpu(),
+                num_rows,
+                s.selection_std,
+                s.histogram_threshold,
+                generator,
+            ),
+            s.selection.max_rows,
         )
         position = chosen.touched_position.numpy()
         fresh = position < 0
@@ -307,6 +320,7 @@ class FtrlMechanism(DpMechanism):
                     s.histogram_threshold,
                     generator,
                 )
+                chosen = selection.largest(chosen, s.selection.max_rows)
             self.window_selected = {k: v for k, v in self.window_selected.items() if k[0] != table}
             self.window_selected[key] = chosen
         return self.window_selected[key]

@@ -122,3 +122,20 @@ def select(
         torch.from_numpy(position[order]),
         torch.from_numpy(heat_values[order]),
     )
+
+
+def largest(chosen: Selection, limit: int) -> Selection:
+    """fedsub's cap on a selection (``dp.selection_max_rows``): its ``limit`` rows of the
+    largest noisy histogram values (ties: the lower row), sorted by row; all of them when there
+    are no more than ``limit`` (or ``limit`` is 0). It reads only the released noisy values, so
+    it is post-processing of the selection and spends no privacy."""
+    if limit <= 0 or len(chosen.rows) <= limit:
+        return chosen
+    heat, rows = chosen.noisy_heat.numpy(), chosen.rows.numpy()
+    order = np.lexsort((rows, -heat))[:limit]  # by heat, descending; then by row
+    keep = np.sort(order)  # the rows are sorted, so their positions sorted are the rows sorted
+    return Selection(
+        chosen.rows[torch.from_numpy(keep)],
+        chosen.touched_position[torch.from_numpy(keep)],
+        chosen.noisy_heat[torch.from_numpy(keep)],
+    )

@@ -83,6 +83,9 @@ class RowSelection:
     # the window's cohorts (dp/ftrl.py, fedsub's windowed selection); 1: every round
     window: int = 1
     heat_cap: float = 0.0  # DP-FTRL, FedSubAvg: D / h_m <= heat_cap (0: no cap)
+    # DP-FTRL only: at most this many rows per table of a selection, the largest noisy values
+    # (post-processing; dp/selection.py ``largest``); 0: no cap
+    max_rows: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,149 @@
+"""dp.selection_max_rows: fedsub's cap on the rows of a DP-FTRL selection (dp/selection.py
+``largest``, dp/ftrl.py), checked against its rule written out here: of the rows the noisy
+histogram selected, the M of the largest noisy values (ties: the lower row)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedsub.config import Config
+from fedsub.dp import selection
+from fedsub.errors import ConfigError
+
+
+def random_selection(size: int, seed: int) -> selection.Selection:
+    generator = np.random.default_rng(seed)
+    rows = np.sort(generator.choice(10_000, size=size, replace=False))
+    position = np.where(generator.random(size) < 0.3, -1, np.arange(size))
+    heat = np.round(generator.normal(5.0, 2.0, size), 1)  # rounded: ties happen
+    return selection.Selection(
+        torch.from_numpy(rows), torch.from_numpy(position), torch.from_numpy(heat)
+    )
+
+
+@pytest.mark.parametrize("limit", [1, 7, 40, 99])
+def test_largest_keeps_the_rows_of_the_largest_noisy_values(limit: int) -> None:
+    chosen = random_selection(100, limit)
+    triples = list(
+        zip(
+            chosen.rows.tolist(),
+            chosen.touched_position.tolist(),
+            chosen.noisy_heat.tolist(),
+            strict=True,
+        )
+    )
+    ranked = sorted(triples, key=lambda t: (-t[2], t[0]))  # heat descending, then the row
+    expected = sorted(ranked[:limit])  # by row
+    got = selection.largest(chosen, limit)
+    assert (
+        list(
+            zip(
+                got.rows.tolist(),
+                got.touched_position.tolist(),
+                got.noisy_heat.tolist(),
+                strict=True,
+            )
+        )
+        == expected
+    )
+    assert len(got.rows) == limit
+    # every dropped row's value is at most every kept row's
+    dropped = [t[2] for t in triples if t not in expected]
+    assert max(dropped) <= min(got.noisy_heat.tolist())
+
+
+def test_largest_leaves_a_small_selection_or_no_cap_alone() -> None:
+    chosen = random_selection(30, 0)
+    assert selection.largest(chosen, 30) is chosen
+    assert selection.largest(chosen, 31) is chosen
+    assert selection.largest(chosen, 0) is chosen
+
+
+def run_ftrl(overrides: list[str]):
+    from fedsub.runs.experiment import compare
+
+    config = Config.from_toml(
+        None,
+        [
+            "train.rounds=8",
+            "train.clients_per_round=50",
+            "eval.every=8",
+            "dp.mechanism='ftrl-tree'",
+            "dp.noise_multiplier=1.0",
+            "dp.min_separation=4",
+            "dp.selection_threshold=1.0",
+            "dp.randomness='seeded'",
+            "train.algorithms=['fedsubavg']",
+            *overrides,
+        ],
+    )
+    return compare(config, None)
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_a_capped_run_updates_the_top_rows_of_each_selection(monkeypatch, window: int) -> None:
+    """In a run, each round's updated rows are the M largest of the selection the noisy
+    histogram made (recorded from ``selection.select``), per round or per window."""
+    from fedsub.dp import ftrl
+
+    limit = 5
+    selections: list[selection.Selection] = []
+    select = selection.select
+
+    def recorded_select(*args, **kwargs):
+        out = select(*args, **kwargs)
+        selections.append(out)
+        return out
+
+    updated: dict[int, list[int]] = {}
+    combine = ftrl.FtrlMechanism.combine
+
+    def recorded(self, update, round_index):
+        out = combine(self, update, round_index)
+        updated[round_index] = sorted(r for u in out.tables.values() for r in u.rows.tolist())
+        return out
+
+    monkeypatch.setattr(selection, "select", recorded_select)
+    monkeypatch.setattr(ftrl.FtrlMechanism, "combine", recorded)
+    run_ftrl([f"dp.selection_window={window}", f"dp.selection_max_rows={limit}"])
+    assert selections and max(len(s.rows) for s in selections) > limit  # the cap bites
+    expected = []
+    for s in selections:
+        triples = zip(s.rows.tolist(), s.noisy_heat.tolist(), strict=True)
+        ranked = sorted(triples, key=lambda t: (-t[1], t[0]))
+        expected.append(sorted(row for row, _ in ranked[:limit]))
+    if window == 1:
+        assert [updated[r] for r in sorted(updated)] == expected
+    else:  # the first window updates nothing; each later one its selection, every round
+        assert [updated[r] for r in (1, 2, 3, 4)] == [[]] * 4
+        assert [updated[r] for r in (5, 6, 7, 8)] == [expected[0]] * 4
+
+
+def test_the_cap_spends_no_privacy() -> None:
+    """Post-processing: the epsilon reported with the cap is the one without it."""
+    plain = run_ftrl(["dp.selection_window=4"]).summary["algorithms"]["fedsubavg"]["dp"]
+    capped = run_ftrl(["dp.selection_window=4", "dp.selection_max_rows=3"])
+    assert capped.summary["algorithms"]["fedsubavg"]["dp"]["epsilon"] == plain["epsilon"]
+
+
+def test_the_cap_is_refused_where_it_would_be_ignored() -> None:
+    with pytest.raises(ConfigError, match="selection_max_rows applies to mechanism = 'ftrl-tree'"):
+        Config.from_toml(
+            None, ["dp.mechanism='gaussian'", "dp.noise_multiplier=1.0", "dp.selection_max_rows=9"]
+        )
+    with pytest.raises(ConfigError, match=r"selection_max_rows = 9 caps .* dp\.rows = 'all'"):
+        Config.from_toml(
+            None,
+            [
+                "dp.mechanism='ftrl-tree'",
+                "dp.noise_multiplier=1.0",
+                "dp.min_separation=4",
+                "dp.rows='all'",
+                "dp.selection_max_rows=9",
+                "train.algorithms=['fedavg']",
+            ],
+        )
+    with pytest.raises(ConfigError, match="selection_max_rows"):
+        Config.from_toml(None, ["dp.selection_max_rows=-1"])
