@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,flower,docs,datasets,tracking]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,flower,docs,datasets,tracking,blt]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -73,18 +73,30 @@ def run(overrides: list[str], algorithm: str) -> dict:
 
 def methods(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
     """(label, algorithm, [dp] overrides) of the DP methods compared."""
-    ftrl = ["dp.mechanism='ftrl-tree'", f"dp.min_separation={args.separation}"]
-    methods_all = [
+    out = [
         ("DP-FedAvg gaussian rows=all", "fedavg", ["dp.mechanism='gaussian'", "dp.rows='all'"]),
         (
             "DP-FedSubAvg gaussian rows=private",
             "fedsubavg",
             ["dp.mechanism='gaussian'", "dp.rows='private'"],
         ),
-        ("DP-FTRL-FedAvg rows=all", "fedavg", [*ftrl, "dp.rows='all'"]),
-        ("DP-FTRL-FedSubAvg rows=private", "fedsubavg", [*ftrl, "dp.rows='private'"]),
+    ]
+    for mechanism in args.ftrl_mechanisms:  # --ftrl-mechanisms: the tree, BLT noise or both
+        out += ftrl_methods(args, mechanism)
+    if args.methods:  # --methods: the labels starting with one of these
+        return [m for m in out if any(m[0].startswith(w) for w in args.methods)]
+    return out
+
+
+def ftrl_methods(args: argparse.Namespace, mechanism: str) -> list[tuple[str, str, list[str]]]:
+    """The DP-FTRL rows with ``mechanism``'s noise (labels of "ftrl-blt" say BLT)."""
+    ftrl = [f"dp.mechanism='{mechanism}'", f"dp.min_separation={args.separation}"]
+    name = "DP-FTRL" if mechanism == "ftrl-tree" else "DP-FTRL(BLT)"
+    return [
+        (f"{name}-FedAvg rows=all", "fedavg", [*ftrl, "dp.rows='all'"]),
+        (f"{name}-FedSubAvg rows=private", "fedsubavg", [*ftrl, "dp.rows='private'"]),
         (
-            f"DP-FTRL-FedSubAvg windowed w={args.window}",
+            f"{name}-FedSubAvg windowed w={args.window}",
             "fedsubavg",
             [
                 *ftrl,
@@ -95,7 +107,7 @@ def methods(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
             ],
         ),
         (
-            f"DP-FTRL-FedSubAvg capped M={args.max_rows} w={args.capped_window} "
+            f"{name}-FedSubAvg capped M={args.max_rows} w={args.capped_window} "
             f"s={args.capped_share} heat_cap={args.capped_heat_cap}",
             "fedsubavg",
             [
@@ -109,10 +121,6 @@ def methods(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
             ],
         ),
     ]
-    if args.methods:
-        wanted = [m for m in methods_all if any(m[0].startswith(w) for w in args.methods)]
-        return wanted
-    return methods_all
 
 
 def utility(args: argparse.Namespace, base: list[str]) -> dict:
@@ -176,6 +184,12 @@ def main() -> None:
     parser.add_argument("--timing-rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["utility", "cost"])
+    parser.add_argument(
+        "--ftrl-mechanisms",
+        type=lambda t: t.split(","),
+        default=["ftrl-tree"],
+        help="DP-FTRL's noise: ftrl-tree, ftrl-blt (BLT, jax-privacy) or both, comma-separated",
+    )
     parser.add_argument("--set", action="append", default=[], help="a config override")
     args = parser.parse_args()
     recording()

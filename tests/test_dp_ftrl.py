@@ -454,3 +454,24 @@ def test_the_pattern_is_dps_cohort_filter_and_both_states_are_checkpoint_stages(
     assert not {"dp_participation", "dp_ftrl"} & set(plain.stages())
     gaussian = plain.features.of("dp")
     assert gaussian is not None and gaussian.cohort_filter is None
+
+
+def test_entry_noise_is_box_muller_of_the_keystream_written_out() -> None:
+    """Each block's two normals, Box-Muller on two 53-bit uniforms built from its four AES
+    words (written out here with integer arithmetic as first implemented), at even and odd
+    positions, for odd and even dims, rows of one call or alone."""
+    key = k(13, 14)
+    rows, levels, nodes = np.array([0, 5, 2**31 - 1]), np.array([0, 3, 19]), np.array([7, 0, 9])
+    for dim in (1, 2, 5):
+        got = tree_noise.entry_noise(key, rows, levels, nodes, dim)
+        for i in range(len(rows)):
+            for j in range(dim):
+                counter = np.array([[j // 2, nodes[i], levels[i], rows[i]]], dtype=np.uint32)
+                w = [int(x) for x in tree_noise.keystream_words(counter, key)[0]]
+                u1 = ((w[0] >> 5) * (1 << 26) + (w[1] >> 6)) / 2.0**53
+                u2 = ((w[2] >> 5) * (1 << 26) + (w[3] >> 6)) / 2.0**53
+                radius = np.sqrt(-2.0 * np.log1p(np.float64(-u1)))
+                trig = np.cos if j % 2 == 0 else np.sin
+                assert got[i, j] == radius * trig(2.0 * np.pi * np.float64(u2))
+        alone = tree_noise.entry_noise(key, rows[1:2], levels[1:2], nodes[1:2], dim)
+        np.testing.assert_array_equal(alone[0], got[1])

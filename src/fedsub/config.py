@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import copy
 import dataclasses
+import importlib.util
 import math
 import os
 import tomllib
@@ -391,6 +392,12 @@ class DpParticipationConfig:
     max_participations: int = field(default=0, metadata={"min": 0})
     """mechanism = "ftrl-tree": k, each user takes part in at most k rounds of the run (the
     cohort draw skips it afterwards); 0: as many as min_separation allows."""
+    # --- ftrl-blt (dp/ftrl_blt.py) ---
+    blt_buffers: int = field(default=0, metadata={"min": 0, "max": 10})
+    """mechanism = "ftrl-blt": the number of buffers m of the BLT strategy jax-privacy optimises
+    for train.rounds and the pattern (each noised row keeps m values per coordinate); 0: the
+    number jax-privacy's optimiser chooses (up to 10)."""
+    # --- end ftrl-blt ---
 
 
 @dataclass(frozen=True)
@@ -423,7 +430,9 @@ class DpConfig:
     denominator, correlated noise from tree aggregation (Honaker's online estimate) so the model
     carries the noisy prefix sum of the updates, epsilon accounted for the participation pattern
     `min_separation` / `max_participations` that the cohort draw enforces, with no sampling
-    assumption."""
+    assumption; or `ftrl-blt`, the same DP-FTRL with a buffered-linear-Toeplitz noise strategy
+    (McMahan et al. 2024, "Don't use tree aggregation, use BLTs") optimised by jax-privacy for
+    the rounds and the pattern (`blt_buffers`; pip install 'fedsub[blt]')."""
     clip: float = field(default=1.0, metadata={"min_exclusive": 0.0})
     """C: the L2 bound of each client's whole update (row deltas and dense deltas together)."""
     noise_multiplier: float | None = field(default=None, metadata={"min_exclusive": 0.0})
@@ -731,7 +740,7 @@ def check_dp(config: Config) -> None:
             f"dp.target_epsilon (z calibrated for train.rounds); got noise_multiplier = "
             f"{d.noise_multiplier}, target_epsilon = {d.target_epsilon}"
         )
-    if d.accountant == "pld" and t.sampling != "poisson" and d.mechanism != "ftrl-tree":
+    if d.accountant == "pld" and t.sampling != "poisson" and d.mechanism not in FTRL:
         raise ConfigError(
             "dp.accountant = 'pld' needs train.sampling = 'poisson': dp-accounting's PLD "
             "accountant has no event for fixed-size cohorts (sampled without replacement); "
@@ -789,7 +798,7 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
     the sampled Gaussian (they would be silently ignored)."""
     d = config.dp
     part = d.participation
-    if d.mechanism != "ftrl-tree":
+    if d.mechanism not in FTRL:
         return [
             (
                 d.row_selection.heat_cap > 0,
@@ -809,7 +818,19 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
                 "dp.min_separation and dp.max_participations bound the participation DP-FTRL "
                 "is accounted for; they apply to mechanism = 'ftrl-tree' only",
             ),
+            (part.blt_buffers > 0, "dp.blt_buffers applies to mechanism = 'ftrl-blt' only"),
         ]
+    blt_refusals = [
+        (
+            d.mechanism == "ftrl-tree" and part.blt_buffers > 0,
+            "dp.blt_buffers applies to mechanism = 'ftrl-blt' only",
+        ),
+        (
+            d.mechanism == "ftrl-blt" and importlib.util.find_spec("jax_privacy") is None,
+            "its BLT strategy and sensitivity come from jax-privacy, which is not installed: "
+            "pip install 'fedsub[blt]'",
+        ),
+    ]
     return [
         (
             d.adaptive_clipping.adaptive_clip,
@@ -837,8 +858,11 @@ def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
             "train.sampling = 'poisson': DP-FTRL assumes no sampling and draws fixed-size "
             "cohorts among the eligible users; use train.sampling = 'fixed'",
         ),
+        *blt_refusals,
     ]
 
+
+FTRL = ("ftrl-tree", "ftrl-blt")  # DP-FTRL's mechanisms (dp/ftrl.py, dp/ftrl_blt.py)
 
 DTYPE_EPSILON = {"float32": 2.0**-23, "float64": 2.0**-52}  # execution.dtype's eps at 1.0
 

@@ -56,6 +56,7 @@ DP are refused with it (config.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -79,6 +80,15 @@ STAGE = "dp_ftrl"  # the checkpoint stage of the selected rows' last rounds
 def weight(level: int) -> float:
     """Honaker's 1 / (2 - 2^-l): a node estimate's weight on its b."""
     return 1.0 / (2.0 - 2.0**-level)
+
+
+class NoiseStream(Protocol):
+    """The correlated noise of every row of one stream (``DenseTree``; ``ftrl-blt``:
+    dp/blt_noise.py's ``DenseBlt``)."""
+
+    def increment(self, t: int) -> np.ndarray:
+        """The noise of round ``t`` of every row, in units of sigma: (rows, dim) float64."""
+        ...
 
 
 @dataclass
@@ -129,7 +139,7 @@ class DenseTree:
 class FtrlMechanism(DpMechanism):
     """DP-FTRL's round (module docstring); ``combine`` as ``DpMechanism``'s."""
 
-    trees: dict[str, DenseTree] = field(default_factory=dict)
+    trees: dict[str, NoiseStream] = field(default_factory=dict)
     # rows = "private": per table, each selected row's last round (sorted rows, rounds)
     selected: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     pending_rows: tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]] | None = None
@@ -140,6 +150,7 @@ class FtrlMechanism(DpMechanism):
         default_factory=dict
     )
     window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
+    keys: dict[int, Key] = field(default_factory=dict, repr=False)  # the streams' AES keys
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,13 +159,15 @@ class FtrlMechanism(DpMechanism):
 
     def key(self, stream: int) -> Key:
         assert self.streams is not None
-        return table_key(self.streams.key, stream)
+        if stream not in self.keys:  # derived once (a SeedSequence), then reused
+            self.keys[stream] = table_key(self.streams.key, stream)
+        return self.keys[stream]
 
     @property
     def sigma(self) -> float:
         return self.settings.update_multiplier * self.clip
 
-    def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> DenseTree:
+    def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> NoiseStream:
         if name not in self.trees:
             self.trees[name] = DenseTree(self.key(stream), rows, dim)
         return self.trees[name]
@@ -165,7 +178,7 @@ class FtrlMechanism(DpMechanism):
             return
         for table, (rows, rounds) in self.pending_rows[1].items():
             old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
-            keep = ~np.isin(old_rows, rows)
+            keep = ~np.isin(old_rows, rows, assume_unique=True)  # both sets of distinct rows
             merged = np.concatenate([old_rows[keep], rows])
             order = np.argsort(merged, kind="stable")
             self.selected[table] = (

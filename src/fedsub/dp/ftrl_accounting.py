@@ -114,11 +114,14 @@ def effective_multiplier(
     selection_multiplier: float | None,
     rounds: int,
     pattern: Pattern,
+    sensitivity: float | None = None,
 ) -> float:
     """z_eff of the whole run (module docstring): the tree's node noise z_tree =
-    ``update_multiplier`` over the sensitivity, and the row selection's (``rows =
-    "private"``: ``selection_multiplier``) over k_max participations."""
-    inverse = (tree_sensitivity(rounds, pattern) / update_multiplier) ** 2
+    ``update_multiplier`` over the sensitivity (the tree's, or ``sensitivity`` when given:
+    the BLT strategy's), and the row selection's (``rows = "private"``:
+    ``selection_multiplier``) over k_max participations."""
+    sens = tree_sensitivity(rounds, pattern) if sensitivity is None else sensitivity
+    inverse = (sens / update_multiplier) ** 2
     if selection_multiplier is not None:
         inverse += pattern.most(rounds) / selection_multiplier**2
     return math.inf if inverse == 0 else 1.0 / math.sqrt(inverse)

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from fedsub.algorithms.aggregation import ServerUpdate
-from fedsub.dp import ftrl
+from fedsub.dp import ftrl, ftrl_blt
 from fedsub.dp.mechanism import DpMechanism
 from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings
@@ -99,6 +99,17 @@ def ftrl_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
     return {ftrl.STAGE: mechanism} if sparse else {}  # type: ignore[dict-item]
 
 
+def ftrl_blt_build(inputs: MechanismInputs) -> ftrl_blt.BltMechanism:
+    return ftrl_blt.BltMechanism(
+        inputs.settings,
+        inputs.table_rows,
+        inputs.counts,
+        inputs.heat,
+        inputs.keep,
+        streams=inputs.streams,
+    )
+
+
 MECHANISMS: Registry[MechanismSpec] = Registry(
     "dp mechanism",
     {
@@ -116,6 +127,13 @@ MECHANISMS: Registry[MechanismSpec] = Registry(
             "DP-FTRL: the same clip and denominator, correlated tree-aggregation noise, "
             "accounted for the enforced participation pattern with no sampling (Kairouz et al. "
             "2021; dp/ftrl.py)",
+        ),
+        "ftrl-blt": MechanismSpec(
+            "ftrl-blt",
+            ftrl_blt_build,
+            ftrl_stages,
+            "DP-FTRL with a buffered-linear-Toeplitz noise strategy optimised by jax-privacy "
+            "for the rounds and the enforced pattern (McMahan et al. 2024; dp/ftrl_blt.py)",
         ),
     },
     MechanismSpec,

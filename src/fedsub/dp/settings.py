@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fedsub.dp import accountant as accounting
-from fedsub.dp import ftrl_accounting
+from fedsub.dp import blt_noise, ftrl_accounting
 from fedsub.dp.accountant import Accountant, Sampling
 from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import Randomness
@@ -69,6 +69,17 @@ class Accounting:
     # dp.mechanism = "ftrl-tree" (dp/ftrl.py): the participation pattern epsilon is accounted
     # for, with no sampling assumption; None: the sampled Gaussian mechanism of every round
     ftrl: Pattern | None = None
+    # dp.mechanism = "ftrl-blt" (dp/ftrl_blt.py): the BLT strategy (jax-privacy's) whose noise
+    # replaces the tree's; None: the tree
+    blt: blt_noise.BltStrategy | None = None
+
+    def ftrl_sensitivity(self, rounds: int) -> float:
+        """DP-FTRL's sensitivity over ``rounds`` rounds (units of C) for the pattern: the
+        tree's (dp/ftrl_accounting.py) or the BLT strategy's (jax-privacy's)."""
+        assert self.ftrl is not None, "DP-FTRL's sensitivity"
+        if self.blt is not None:
+            return blt_noise.sensitivity(self.blt, rounds, self.ftrl)
+        return ftrl_accounting.tree_sensitivity(rounds, self.ftrl)
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,7 @@ class DpSettings:
         "all"). (sqrt(k_max), sens) over the configured rounds."""
         pattern, rounds = self.accounting.ftrl, self.accounting.rounds
         assert pattern is not None, "DP-FTRL's scales"
-        sens = ftrl_accounting.tree_sensitivity(rounds, pattern)
+        sens = self.accounting.ftrl_sensitivity(rounds)
         return math.sqrt(pattern.most(rounds)), sens
 
     @property
@@ -205,7 +216,11 @@ class DpSettings:
         assert pattern is not None, "DP-FTRL's multiplier"
         selection = self.selection_multiplier if self.rows == "private" else None
         return ftrl_accounting.effective_multiplier(
-            self.update_multiplier, selection, rounds, pattern
+            self.update_multiplier,
+            selection,
+            rounds,
+            pattern,
+            self.accounting.ftrl_sensitivity(rounds),
         )
 
     @property
@@ -229,6 +244,8 @@ class DpSettings:
             "noise": (
                 "distributed-discrete-gaussian"
                 if self.distributed
+                else "ftrl-blt"
+                if self.accounting.blt is not None
                 else "ftrl-tree"
                 if self.accounting.ftrl is not None
                 else "central-gaussian"
@@ -238,6 +255,8 @@ class DpSettings:
             "min_survivors": self.survivors_needed if self.distributed else None,
             # seeded: the noise and cohorts derive from the published train.seed
             "randomness": self.randomness,
+            # ftrl-blt: the strategy's parameters (jax-privacy's), public like the pattern
+            **({"blt": self.accounting.blt.as_json()} if self.accounting.blt else {}),
         }
 
 

@@ -34,6 +34,7 @@ floating-point Gaussian sampler.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -65,10 +66,20 @@ def keystream_words(counter: np.ndarray, key: Key) -> np.ndarray:
     """AES-256 under ``key`` of each row of ``counter`` ((n, 4) uint32 words, little-endian,
     one 16-byte block each): (n, 4) uint32. ECB over distinct counter blocks is CTR mode's
     keystream at those counters: a pseudo-random function of (key, block)."""
-    blocks = np.ascontiguousarray(counter, dtype="<u4").tobytes()
-    encryptor = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    out = encryptor.update(blocks) + encryptor.finalize()
-    return np.frombuffer(out, dtype="<u4").reshape(-1, 4).astype(np.uint32)
+    blocks = np.ascontiguousarray(counter, dtype="<u4")
+    if not blocks.size:
+        return np.zeros((0, 4), dtype=np.uint32)
+    out = bytearray(blocks.nbytes + 15)  # update_into's room (a block of slack)
+    written = _encryptor(key, threading.get_ident()).update_into(blocks.data.cast("B"), out)
+    return np.frombuffer(out, dtype="<u4", count=written // 4).reshape(-1, 4)
+
+
+@functools.lru_cache(maxsize=64)
+def _encryptor(key: Key, thread: int):
+    """One AES-256-ECB encryptor per key and thread (an OpenSSL context is not shared across
+    threads), reused: ECB keeps no state between whole blocks, so each ``update_into`` is the
+    cipher of its blocks alone (never finalized)."""
+    return Cipher(algorithms.AES(key), modes.ECB()).encryptor()
 
 
 def table_key(seed: seeding.Seed, table: int) -> Key:
@@ -83,10 +94,13 @@ def node_noise(key: Key, rows: np.ndarray, level: int, nodes: np.ndarray, dim: i
     """Standard normal noise of the tree nodes (``level``, each of ``nodes``) of each of
     ``rows``: (len(rows), len(nodes), dim) float64, every entry a function of (key, row,
     level, node, its position) only (``entry_noise`` of every pair)."""
-    every_row = np.repeat(rows, len(nodes))
-    every_node = np.tile(nodes, len(rows))
-    levels = np.full(len(every_row), level, dtype=np.int64)
-    flat = entry_noise(key, every_row, levels, every_node, dim)
+    pairs = (dim + 1) // 2
+    counter = np.empty((len(rows), len(nodes), pairs, 4), dtype=np.uint32)
+    counter[..., 0] = np.arange(pairs, dtype=np.uint32)
+    counter[..., 1] = np.asarray(nodes, dtype=np.uint32)[None, :, None]
+    counter[..., 2] = level
+    counter[..., 3] = np.asarray(rows, dtype=np.uint32)[:, None, None]
+    flat = _entries(keystream_words(counter.reshape(-1, 4), key), len(rows) * len(nodes), dim)
     return flat.reshape(len(rows), len(nodes), dim)
 
 
@@ -97,24 +111,52 @@ def entry_noise(
     (len(rows), dim), the same numbers as ``node_noise`` draws for that (row, level, node)."""
     pairs = (dim + 1) // 2
     count = len(rows)
-    counter = np.empty((count * pairs, 4), dtype=np.uint32)
-    counter[:, 0] = np.tile(np.arange(pairs, dtype=np.uint32), count)
-    counter[:, 1] = np.repeat(nodes.astype(np.uint32), pairs)
-    counter[:, 2] = np.repeat(levels.astype(np.uint32), pairs)
-    counter[:, 3] = np.repeat(rows.astype(np.uint32), pairs)
-    return _normals(keystream_words(counter, key)).reshape(count, 2 * pairs)[:, :dim]
+    counter = np.empty((count, pairs, 4), dtype=np.uint32)
+    counter[..., 0] = np.arange(pairs, dtype=np.uint32)
+    counter[..., 1] = np.asarray(nodes, dtype=np.uint32)[:, None]
+    counter[..., 2] = np.asarray(levels, dtype=np.uint32)[:, None]
+    counter[..., 3] = np.asarray(rows, dtype=np.uint32)[:, None]
+    return _entries(keystream_words(counter.reshape(-1, 4), key), count, dim)
 
 
-def _normals(words32: np.ndarray) -> np.ndarray:
-    """Two standard normals from each block (Box-Muller on two 53-bit uniforms):
-    (n, 2)."""
-    words = words32.astype(np.uint64)
-    scale = 1.0 / 2.0**53
-    u1 = (words[:, 0] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 1] >> np.uint64(6))
-    u2 = (words[:, 2] >> np.uint64(5)) * np.uint64(1 << 26) + (words[:, 3] >> np.uint64(6))
-    radius = np.sqrt(-2.0 * np.log1p(-u1.astype(np.float64) * scale))
-    angle = 2.0 * np.pi * u2.astype(np.float64) * scale
-    return np.stack([radius * np.cos(angle), radius * np.sin(angle)], axis=1)
+SCALE = 1.0 / 2.0**53
+TWO_PI = 2.0 * np.pi
+
+
+def _uniform53(high: np.ndarray, low: np.ndarray) -> np.ndarray:
+    """(high >> 5) 2^26 + (low >> 6) of two uint32 word columns, as float64 (exact: the
+    integer is below 2^53)."""
+    out = (high >> 5).astype(np.float64)
+    out *= float(1 << 26)
+    out += low >> 6
+    return out
+
+
+def _entries(words: np.ndarray, count: int, dim: int) -> np.ndarray:
+    """``count`` rows of ``dim`` standard normals from (count * pairs, 4) keystream words:
+    Box-Muller on two 53-bit uniforms per block, the block's cosine normal at an even
+    position and its sine normal at the next (the sine of a block whose second normal falls
+    past ``dim`` is not computed)."""
+    pairs = (dim + 1) // 2
+    blocks = words.reshape(count, pairs, 4)
+    radius = _uniform53(blocks[..., 0], blocks[..., 1])
+    radius *= -SCALE
+    np.log1p(radius, out=radius)
+    radius *= -2.0
+    np.sqrt(radius, out=radius)
+    angle = _uniform53(blocks[..., 2], blocks[..., 3])
+    np.multiply(TWO_PI, angle, out=angle)
+    angle *= SCALE
+    out = np.empty((count, dim))
+    first = np.cos(angle)
+    first *= radius
+    out[:, 0::2] = first
+    second = dim // 2
+    if second:
+        sine = np.sin(angle[:, :second])
+        sine *= radius[:, :second]
+        out[:, 1::2] = sine
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
@@ -154,16 +196,20 @@ def prefix_difference(
     numbers as ``honaker_prefix``'s; since_r = 0: N_r(t)). A row updated in the previous
     round draws only the nodes round t completes (O(1) amortized); O(t) otherwise."""
     out = np.zeros((len(rows), dim))
-    parts = []
-    for at in range(len(rows)):
-        levels, nodes, weights = difference_terms(t, int(since[at]))
-        parts.append((np.full(len(levels), at), levels, nodes, weights))
-    if not parts:
+    if not len(rows):
         return out
-    owner = np.concatenate([p[0] for p in parts]).astype(np.int64)
-    levels = np.concatenate([p[1] for p in parts])
-    nodes = np.concatenate([p[2] for p in parts])
-    weights = np.concatenate([p[3] for p in parts])
+    # the terms of each distinct last round once; each row's terms in their order
+    values, inverse = np.unique(np.asarray(since, dtype=np.int64), return_inverse=True)
+    terms = [difference_terms(t, int(v)) for v in values]
+    counts = np.array([len(x[0]) for x in terms], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    per_row = counts[inverse]
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), per_row)
+    first = np.cumsum(per_row) - per_row  # each row's first term in the flat arrays
+    at = np.repeat(starts[inverse] - first, per_row) + np.arange(len(owner))
+    levels = np.concatenate([x[0] for x in terms])[at]
+    nodes = np.concatenate([x[1] for x in terms])[at]
+    weights = np.concatenate([x[2] for x in terms])[at]
     if len(owner):
         noise = entry_noise(key, rows[owner], levels, nodes, dim) * weights[:, None]
         np.add.at(out, owner, noise)

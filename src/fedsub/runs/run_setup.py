@@ -23,6 +23,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
 from fedsub.dp import accountant as dp_accountant
+from fedsub.dp import blt_noise
 from fedsub.dp import settings as dp_settings
 from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import NOT_A_GUARANTEE
@@ -216,8 +217,15 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     d = config.dp
     if d.mechanism == "none":
         return None
-    if d.mechanism == "ftrl-tree":  # DP-FTRL (fedsub/dp/ftrl.py): no sampling assumed
+    if d.mechanism in ("ftrl-tree", "ftrl-blt"):  # DP-FTRL (dp/ftrl.py): no sampling assumed
         noise_multiplier, accounting = ftrl_resolved(config, num_clients)
+        if d.mechanism == "ftrl-blt":  # the BLT strategy jax-privacy optimises (dp/ftrl_blt.py)
+            assert accounting.ftrl is not None
+            with phase("optimising the BLT strategy (jax-privacy)"):
+                strategy = blt_noise.optimized(
+                    config.train.rounds, accounting.ftrl, d.participation.blt_buffers
+                )
+            accounting = dataclasses.replace(accounting, blt=strategy)
     else:
         noise_multiplier, accounting = gaussian_resolved(config, num_clients)
     return checked_settings(config, noise_multiplier, accounting)

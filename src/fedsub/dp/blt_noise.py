@@ -1,0 +1,212 @@
+"""Buffered-linear-Toeplitz (BLT) correlated noise for DP-FTRL, per row and without O(V) state
+(``dp.mechanism = "ftrl-blt"``; dp/ftrl.py's ``BltMechanism`` uses it).
+
+McMahan, Xu and Zhang 2024, "A Hassle-free Algorithm for Private Learning in Practice: Don't
+Use Tree Aggregation, Use BLTs" (arXiv 2408.08868), after Dvijotham et al. 2024 ("Efficient
+and Near-Optimal Noise Generation for Streaming Differential Privacy", arXiv 2404.16706): the
+matrix mechanism releases C x + z (z ~ N(0, sigma^2) per round), and the model gets
+x_t + (C^-1 z)_t each round, so it carries the prefix sum A x plus A C^-1 z. The strategy C
+is lower-triangular Toeplitz with BLT parameters: buffer decays theta_j and output scales
+omega_j (j < m, m buffers),
+
+    C[t, t] = 1,   C[t, s] = sum_j omega_j theta_j^(t - s - 1)   (s < t),
+
+and its inverse is applied online with m buffers (2408.08868 Algorithm 3, jax-privacy's
+``StreamingMatrixBuilder.build_inverse``):
+
+    y_t = z_t - sum_j omega_j buf_j,   buf_j <- theta_j buf_j + y_t   (buf_j = 0 at t = 1).
+
+The strategy and its sensitivity come from jax-privacy (the maintained library of the paper's
+authors; an optional extra, ``pip install 'fedsub[blt]'``): ``buffered_toeplitz.optimize`` for
+the run's rounds and participation pattern (the paper's min-separation optimisation, Section
+3), and ``toeplitz.minsep_sensitivity_squared`` for its sensitivity under that pattern
+(Theorem 2 of arXiv 2405.13763: C's coefficients are non-negative and non-increasing, so the
+worst user takes part every b rounds; tests/test_dp_blt.py checks it against a brute force
+over every allowed participation set). The optimiser runs once per (rounds, pattern, buffers)
+in a process, on the CPU (tens of seconds).
+
+The noise: z_t of a row is ``tree_noise.entry_noise`` at (row, level 0, node t) under the
+table's own AES-256 key (purpose ``BLT_PURPOSE``, apart from the tree's), so a row's y_t needs
+only its z_1..z_t: a row's noise is computable on its own, and the private rows
+(``rows = "private"``) draw only the selected rows, replaying the recurrence from round 1
+(O(t) per row, batched in one AES call) or from the buffers kept for the rows of the previous
+selection. Every path does the same floating-point operations in the same order, so the dense
+stream over every row and the sparse rows are the same numbers, bit for bit
+(tests/test_dp_blt.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedsub.dp.participation import Pattern
+from fedsub.dp.tree_noise import Key, entry_noise
+from fedsub.numerics import seeding
+
+__all__ = [
+    "BLT_PURPOSE",
+    "BltStrategy",
+    "DenseBlt",
+    "RowBuffers",
+    "blt_key",
+    "optimized",
+    "replay",
+    "sensitivity",
+]
+
+BLT_PURPOSE = 8  # the spawn key of the BLT's streams under seeding.DP (the tree's is 7)
+INSTALL = "pip install 'fedsub[blt]' (jax-privacy, with jax on the CPU)"
+
+
+@dataclass(frozen=True)
+class BltStrategy:
+    """A BLT strategy C by its parameters (module docstring): theta_j (``decay``) and
+    omega_j (``scale``), as jax-privacy's ``BufferedToeplitz`` holds them."""
+
+    decay: tuple[float, ...]
+    scale: tuple[float, ...]
+
+    @property
+    def buffers(self) -> int:
+        return len(self.decay)
+
+    def coefficients(self, rounds: int) -> np.ndarray:
+        """C's first column (its Toeplitz coefficients) over ``rounds`` rounds: 1, then
+        sum_j omega_j theta_j^(i - 1)."""
+        out = np.ones(max(rounds, 0))
+        powers = np.arange(max(rounds - 1, 0))[:, None]
+        if rounds > 1 and self.buffers:
+            out[1:] = (np.asarray(self.decay) ** powers * np.asarray(self.scale)).sum(axis=1)
+        elif rounds > 1:
+            out[1:] = 0.0
+        return out
+
+    def as_json(self) -> dict:
+        return {"buf_decay": list(self.decay), "output_scale": list(self.scale)}
+
+
+def _jax_privacy():
+    """jax and jax-privacy's matrix factorisation modules (an optional extra)."""
+    try:
+        import jax
+        from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
+    except ImportError as error:
+        raise ImportError(
+            f"dp.mechanism = 'ftrl-blt' takes its strategy from jax-privacy: {INSTALL}"
+        ) from error
+    return jax, buffered_toeplitz, toeplitz
+
+
+@functools.lru_cache(maxsize=16)
+def optimized(rounds: int, pattern: Pattern, buffers: int = 0) -> BltStrategy:
+    """jax-privacy's BLT for ``rounds`` rounds under ``pattern`` (``buffered_toeplitz.optimize``
+    with its max-error loss, arXiv 2408.08868): ``buffers`` buffers, or (0) the number it
+    chooses (up to 10)."""
+    jax, buffered_toeplitz, _ = _jax_privacy()
+    count = {"min_buffers": buffers, "max_buffers": buffers} if buffers else {}
+    with jax.enable_x64(True):
+        blt = buffered_toeplitz.optimize(
+            n=rounds,
+            min_sep=max(pattern.min_separation, 1),
+            max_participations=pattern.max_participations or None,
+            **count,
+        )
+        decay = tuple(float(v) for v in np.asarray(blt.buf_decay))
+        scale = tuple(float(v) for v in np.asarray(blt.output_scale))
+    return BltStrategy(decay, scale)
+
+
+@functools.lru_cache(maxsize=256)
+def sensitivity(strategy: BltStrategy, rounds: int, pattern: Pattern) -> float:
+    """The L2 sensitivity (in units of the clip C) of C x over the first ``rounds`` rounds
+    for a user of ``pattern``: jax-privacy's ``toeplitz.minsep_sensitivity_squared``."""
+    if rounds <= 0:
+        return 0.0
+    jax, _, toeplitz = _jax_privacy()
+    with jax.enable_x64(True):
+        squared = toeplitz.minsep_sensitivity_squared(
+            strategy.coefficients(rounds),
+            max(pattern.min_separation, 1),
+            pattern.max_participations or None,
+        )
+        return math.sqrt(float(squared))
+
+
+def blt_key(seed: seeding.Seed, table: int) -> Key:
+    """The AES-256 key of stream number ``table``'s BLT noise (as ``tree_noise.table_key``,
+    purpose ``BLT_PURPOSE``)."""
+    words = seeding.seed_sequence(seed, seeding.DP, BLT_PURPOSE, table).generate_state(8)
+    return np.asarray(words, dtype="<u4").tobytes()
+
+
+@dataclass
+class RowBuffers:
+    """The recurrence's state of some rows after round ``done``: buf_j of each row,
+    (m, len(rows), dim)."""
+
+    rows: np.ndarray
+    done: int
+    buffers: np.ndarray
+
+
+def replay(
+    strategy: BltStrategy, key: Key, state: RowBuffers, t: int, since: np.ndarray, dim: int
+) -> np.ndarray:
+    """Step ``state`` (in place) through rounds state.done + 1 .. t and return, per row,
+    sum of y_i over state.done < since_r < i <= t (in units of sigma): (len(rows), dim). The
+    z of every round and row come from one AES call."""
+    rows, first = state.rows, state.done + 1
+    out = np.zeros((len(rows), dim))
+    if t < first or not len(rows):
+        return out
+    rounds = np.arange(first, t + 1)
+    every_row = np.repeat(rows, len(rounds))
+    every_round = np.tile(rounds, len(rows))
+    z = entry_noise(key, every_row, np.zeros(len(every_row), np.int64), every_round, dim)
+    z = z.reshape(len(rows), len(rounds), dim)
+    decay, scale = strategy.decay, strategy.scale
+    for at, i in enumerate(rounds):
+        y = z[:, at].copy()
+        for j in range(strategy.buffers):
+            y -= scale[j] * state.buffers[j]
+        for j in range(strategy.buffers):
+            state.buffers[j] *= decay[j]
+            state.buffers[j] += y
+        counted = since < i
+        out[counted] += y[counted]
+    state.done = t
+    return out
+
+
+def fresh(strategy: BltStrategy, rows: np.ndarray, dim: int) -> RowBuffers:
+    """The state before round 1 (every buffer 0)."""
+    return RowBuffers(rows, 0, np.zeros((strategy.buffers, len(rows), dim)))
+
+
+@dataclass
+class DenseBlt:
+    """The BLT noise of every row of one stream, in units of sigma: the m buffers of every
+    row (O(m V) state, like ``ftrl.DenseTree``'s O(log t)). A fresh or resumed stream replays
+    the rounds before from the keyed noise (the same numbers)."""
+
+    strategy: BltStrategy
+    key: Key
+    rows: int
+    dim: int
+    state: RowBuffers | None = None
+    last: tuple[int, np.ndarray] | None = field(default=None)
+
+    def increment(self, t: int) -> np.ndarray:
+        """y_t of every row, (rows, dim) float64."""
+        if self.last is not None and self.last[0] == t:  # a round combined twice
+            return self.last[1]
+        if self.state is None or self.state.done != t - 1:
+            self.state = fresh(self.strategy, np.arange(self.rows), self.dim)
+            replay(self.strategy, self.key, self.state, t - 1, np.full(self.rows, t), self.dim)
+        step = replay(self.strategy, self.key, self.state, t, np.full(self.rows, t - 1), self.dim)
+        self.last = (t, step)
+        return step

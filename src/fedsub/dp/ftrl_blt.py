@@ -1,0 +1,81 @@
+"""DP-FTRL with BLT correlated noise (``dp.mechanism = "ftrl-blt"``): dp/ftrl.py's round (the
+clip, the fixed denominator, the private rows, the windowed selection, the enforced
+participation pattern) with the tree's noise replaced by a buffered-linear-Toeplitz strategy's
+(McMahan, Xu and Zhang 2024, arXiv 2408.08868; dp/blt_noise.py).
+
+Round t adds sigma y_t to every noised row, y = C^-1 z (so the model carries A x + A C^-1 z):
+with rows = "all" every row's y_t from its m buffers (``DenseBlt``); with rows = "private" a
+selected row r gets sigma (y_{t_r + 1} + ... + y_t), t_r its last selected round, computed from
+its own keyed stream (the buffers of the previous selection's rows are kept, the others replay
+from round 1). Privacy: the release is post-processing of C x + z, one Gaussian mechanism of
+sensitivity ``blt_noise.sensitivity`` C for the enforced pattern (dp/settings.py), plus the
+row selection's histogram as for the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedsub.dp import blt_noise
+from fedsub.dp.blt_noise import BltStrategy, DenseBlt, RowBuffers
+from fedsub.dp.ftrl import FtrlMechanism, NoiseStream
+from fedsub.dp.tree_noise import Key
+
+
+@dataclass
+class BltMechanism(FtrlMechanism):
+    """DP-FTRL's round with BLT noise (module docstring)."""
+
+    # rows = "private": per table, the buffers of the rows computed last (a cache: a resumed
+    # run replays from round 1, the same numbers)
+    row_buffers: dict[str, RowBuffers] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> BltStrategy:
+        strategy = self.settings.accounting.blt
+        assert strategy is not None, "ftrl-blt's strategy is resolved with its accounting"
+        return strategy
+
+    def key(self, stream: int) -> Key:
+        assert self.streams is not None
+        if stream not in self.keys:
+            self.keys[stream] = blt_noise.blt_key(self.streams.key, stream)
+        return self.keys[stream]
+
+    def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> NoiseStream:
+        if name not in self.trees:
+            self.trees[name] = DenseBlt(self.strategy, self.key(stream), rows, dim)
+        return self.trees[name]
+
+    def sparse_noise(self, table: str, rows: np.ndarray, t: int, dim: int) -> np.ndarray:
+        """sigma (y_{t_r + 1} + ... + y_t) for the selected ``rows``."""
+        key = self.key(sorted(self.table_rows).index(table))
+        since = self.last_rounds(table, rows)
+        strategy, out = self.strategy, np.zeros((len(rows), dim))
+        cached = self.row_buffers.get(table)
+        kept = np.zeros(len(rows), dtype=bool)
+        if cached is not None and cached.buffers.shape[2] == dim:
+            at = np.searchsorted(cached.rows, rows)
+            inside = at < len(cached.rows)
+            hit = inside & (cached.rows[np.minimum(at, len(cached.rows) - 1)] == rows)
+            kept = hit & (since >= cached.done)
+        states = []
+        for group in (np.flatnonzero(kept), np.flatnonzero(~kept)):
+            if not len(group):
+                continue
+            if group is not None and kept[group[0]]:
+                assert cached is not None
+                where = np.searchsorted(cached.rows, rows[group])
+                state = RowBuffers(rows[group], cached.done, cached.buffers[:, where].copy())
+            else:
+                state = blt_noise.fresh(strategy, rows[group], dim)
+            out[group] = blt_noise.replay(strategy, key, state, t, since[group], dim)
+            states.append(state)
+        if states:
+            merged = np.concatenate([s.rows for s in states])
+            order = np.argsort(merged, kind="stable")
+            buffers = np.concatenate([s.buffers for s in states], axis=1)[:, order]
+            self.row_buffers[table] = RowBuffers(merged[order], t, buffers)
+        return self.sigma * out

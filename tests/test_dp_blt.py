@@ -1,0 +1,252 @@
+"""DP-FTRL with BLT noise (dp/blt_noise.py, dp/ftrl_blt.py, ``dp.mechanism = "ftrl-blt"``): the
+noise against the dense matrix formula C^-1 z written out here, the sparse rows against the
+dense stream bit for bit, jax-privacy's sensitivity against a brute force over every allowed
+participation set and sign, epsilon against dp-accounting from the brute force, a run, and the
+refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting import rdp
+
+from fedsub.config import Config
+from fedsub.dp import blt_noise, tree_noise
+from fedsub.dp.blt_noise import BltStrategy, DenseBlt
+from fedsub.dp.participation import Pattern
+from fedsub.errors import ConfigError
+
+pytest.importorskip("jax_privacy", reason="ftrl-blt's strategy is jax-privacy's (fedsub[blt])")
+
+STRATEGY = BltStrategy((0.9, 0.35), (0.4, 0.25))  # a BLT with positive, decreasing coefficients
+ROUNDS, PATTERN, BUFFERS = 8, Pattern(2, 0), 2  # the optimised strategy of the slow tests
+
+
+def key(*words: int) -> bytes:
+    return bytes(words) + bytes(32 - len(words))
+
+
+def written_out_matrix(strategy: BltStrategy, n: int) -> np.ndarray:
+    """C[t, t] = 1, C[t, s] = sum_j omega_j theta_j^(t - s - 1) for s < t (arXiv 2408.08868,
+    Section 2; jax-privacy's BufferedToeplitz docstring)."""
+    c = np.eye(n)
+    for t in range(n):
+        for s in range(t):
+            c[t, s] = sum(
+                w * d ** (t - s - 1) for d, w in zip(strategy.decay, strategy.scale, strict=True)
+            )
+    return c
+
+
+def test_dense_noise_is_c_inverse_of_the_keyed_draws() -> None:
+    """y = C^-1 z row by row, z_t of a row its keyed draw at (row, level 0, node t)."""
+    n, rows, dim = 12, 5, 3
+    c = written_out_matrix(STRATEGY, n)
+    dense = DenseBlt(STRATEGY, key(1, 2), rows, dim)
+    got = np.stack([dense.increment(t) for t in range(1, n + 1)], axis=1)  # (rows, n, dim)
+    for r in range(rows):
+        z = np.stack(
+            [
+                tree_noise.entry_noise(
+                    key(1, 2), np.array([r]), np.zeros(1, int), np.array([t]), dim
+                )[0]
+                for t in range(1, n + 1)
+            ]
+        )
+        np.testing.assert_allclose(got[r], np.linalg.solve(c, z), atol=1e-12)
+    assert abs(got.mean()) < 0.5
+
+
+def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> None:
+    """The dense stream replayed from round 1 (a resumed run) and the selected rows' sums
+    between their selections (fresh, or continued from the kept buffers) equal the dense
+    increments bit for bit."""
+    from fedsub.dp.ftrl_blt import BltMechanism
+
+    dense = DenseBlt(STRATEGY, key(4), 30, 2)
+    increments = {t: dense.increment(t) for t in range(1, 15)}
+    resumed = DenseBlt(STRATEGY, key(4), 30, 2)
+    np.testing.assert_array_equal(resumed.increment(9), increments[9])
+
+    class Probe(BltMechanism):
+        strategy = STRATEGY
+        sigma = 1.0
+
+        def key(self, stream: int) -> bytes:
+            return key(4)
+
+    mechanism = Probe.__new__(Probe)  # only sparse_noise's state is used
+    mechanism.row_buffers, mechanism.selected, mechanism.pending_rows = {}, {}, None
+    mechanism.table_rows = {"w": 30}
+    last = np.zeros(30, dtype=int)
+    for t, picked in ((3, [1, 4, 9]), (4, [1, 9, 20]), (5, [1, 4]), (11, [1, 4, 9, 20])):
+        rows = np.array(picked)
+        mechanism._commit(t)
+        got = mechanism.sparse_noise("w", rows, t, 2)
+        for at, r in enumerate(picked):
+            expected = np.zeros(2)
+            for i in range(last[r] + 1, t + 1):
+                expected = expected + increments[i][r]
+            np.testing.assert_array_equal(got[at], expected)
+            last[r] = t
+        mechanism.pending_rows = (t, {"w": (rows, np.full(len(rows), t))})
+
+
+def brute_sensitivity(c: np.ndarray, pattern: Pattern) -> float:
+    """max over every participation set P the pattern allows and every sign of the
+    contributions of ||sum_p s_p C[:, p]||: no assumption on C's signs."""
+    n, best = c.shape[0], 0.0
+    for size in range(1, pattern.most(n) + 1):
+        for chosen in itertools.combinations(range(n), size):
+            if any(b - a < pattern.min_separation for a, b in itertools.pairwise(chosen)):
+                continue
+            for signs in itertools.product((1.0, -1.0), repeat=size - 1):
+                column = c[:, chosen[0]] + c[:, list(chosen[1:])] @ np.array(signs)
+                best = max(best, float(column @ column))
+    return math.sqrt(best)
+
+
+@pytest.mark.parametrize(
+    ("n", "separation", "most"), [(9, 1, 0), (10, 2, 0), (11, 3, 2), (7, 1, 1)]
+)
+def test_jax_privacys_sensitivity_is_the_brute_force(n, separation, most) -> None:
+    pattern = Pattern(separation, most)
+    c = written_out_matrix(STRATEGY, n)
+    assert blt_noise.sensitivity(STRATEGY, n, pattern) == pytest.approx(
+        brute_sensitivity(c, pattern), rel=1e-9
+    )
+    np.testing.assert_allclose(STRATEGY.coefficients(n), c[:, 0], rtol=1e-12)
+
+
+def test_the_optimised_strategy_its_sensitivity_and_epsilon() -> None:
+    """jax-privacy's optimised BLT: its sensitivity is the brute force's, it beats no
+    correlation (the identity, sqrt(k)) and the tree, and the run's epsilon is dp-accounting's
+    Gaussian of the multiplier computed here from the brute force."""
+    from fedsub.dp import ftrl_accounting
+    from fedsub.runs.run_setup import dp_of
+
+    strategy = blt_noise.optimized(ROUNDS, PATTERN, BUFFERS)
+    assert strategy.buffers == BUFFERS and all(0 < d < 1 for d in strategy.decay)
+    c = written_out_matrix(strategy, ROUNDS)
+    brute = brute_sensitivity(c, PATTERN)
+    assert blt_noise.sensitivity(strategy, ROUNDS, PATTERN) == pytest.approx(brute, rel=1e-6)
+    config = Config.from_toml(
+        None,
+        [
+            f"train.rounds={ROUNDS}",
+            "dp.mechanism='ftrl-blt'",
+            "dp.noise_multiplier=2.0",
+            f"dp.min_separation={PATTERN.min_separation}",
+            f"dp.blt_buffers={BUFFERS}",
+            "dp.rows='all'",
+            "train.algorithms=['fedavg']",
+        ],
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None and settings.accounting.blt == strategy
+    assert settings.update_multiplier == pytest.approx(2.0 * brute, rel=1e-6)
+    z_eff = settings.update_multiplier / brute
+    expected = rdp.RdpAccountant().compose(dp_accounting.GaussianDpEvent(z_eff))
+    assert settings.epsilon(ROUNDS) == pytest.approx(
+        expected.get_epsilon(settings.accounting.delta), rel=1e-2
+    )
+    assert settings.as_json()["noise"] == "ftrl-blt"
+    assert settings.as_json()["blt"]["buf_decay"] == list(strategy.decay)
+    # the BLT's prefix-sum error (max over rounds of ||row of A C^-1||^2 times sens^2) is
+    # below the identity's (no correlation: k rounds' noise, sens sqrt(k))
+    a = np.tril(np.ones((ROUNDS, ROUNDS)))
+    error = (np.linalg.solve(c.T, a.T).T ** 2).sum(axis=1).max() * brute**2
+    identity = ROUNDS * PATTERN.most(ROUNDS)
+    assert error < identity
+    assert ftrl_accounting.tree_sensitivity(ROUNDS, PATTERN) > 0
+
+
+def run_blt(overrides: list[str]):
+    from fedsub.runs.experiment import compare
+
+    config = Config.from_toml(
+        None,
+        [
+            f"train.rounds={ROUNDS}",
+            "train.clients_per_round=50",
+            f"eval.every={ROUNDS}",
+            "dp.mechanism='ftrl-blt'",
+            "dp.noise_multiplier=1.0",
+            f"dp.min_separation={PATTERN.min_separation}",
+            f"dp.blt_buffers={BUFFERS}",
+            "dp.randomness='seeded'",
+            *overrides,
+        ],
+    )
+    return compare(config, None)
+
+
+@pytest.mark.parametrize(("name", "rows"), [("fedavg", "all"), ("fedsubavg", "private")])
+def test_a_run_with_blt_noise(name, rows) -> None:
+    outcome = run_blt([f"train.algorithms=['{name}']", f"dp.rows='{rows}'"])
+    dp = outcome.summary["algorithms"][name]["dp"]
+    assert dp["noise"] == "ftrl-blt" and dp["participation"]["min_separation"] == 2
+    assert len(dp["blt"]["buf_decay"]) == BUFFERS
+    assert 0 < outcome.summary["algorithms"][name]["dp"]["epsilon"] < math.inf
+
+
+def test_refusals(monkeypatch) -> None:
+    with pytest.raises(ConfigError, match="blt_buffers applies to mechanism = 'ftrl-blt'"):
+        Config.from_toml(
+            None, ["dp.mechanism='ftrl-tree'", "dp.noise_multiplier=1.0", "dp.blt_buffers=3"]
+        )
+    with pytest.raises(ConfigError, match="blt_buffers applies to mechanism = 'ftrl-blt'"):
+        Config.from_toml(
+            None, ["dp.mechanism='gaussian'", "dp.noise_multiplier=1.0", "dp.blt_buffers=3"]
+        )
+    with pytest.raises(ConfigError, match="adaptive_clip"):
+        Config.from_toml(
+            None, ["dp.mechanism='ftrl-blt'", "dp.noise_multiplier=1.0", "dp.adaptive_clip=true"]
+        )
+    with pytest.raises(ConfigError, match="poisson"):
+        Config.from_toml(
+            None, ["dp.mechanism='ftrl-blt'", "dp.noise_multiplier=1.0", "train.sampling='poisson'"]
+        )
+    with pytest.raises(ConfigError, match="blt_buffers"):
+        Config.from_toml(
+            None, ["dp.mechanism='ftrl-blt'", "dp.noise_multiplier=1.0", "dp.blt_buffers=11"]
+        )
+    find = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "jax_privacy" else find(name, *a),
+    )
+    with pytest.raises(ConfigError, match="jax-privacy, which is not installed"):
+        Config.from_toml(None, ["dp.mechanism='ftrl-blt'", "dp.noise_multiplier=1.0"])
+
+
+@pytest.mark.usefixtures("flower_task_identity")
+def test_a_flower_run_with_blt_noise_is_the_in_process_run(tmp_path) -> None:
+    """At the Flower ServerApp the same mechanism (the registry's) adds the same keyed BLT
+    noise: the seeded run's model is the in-process one."""
+    import torch
+    from safetensors.torch import load_file
+
+    from .test_flower import OVERRIDES
+    from .test_flower_dp import flower_run, in_process_model
+
+    overrides = (
+        *OVERRIDES,
+        f"train.rounds={ROUNDS}",
+        "dp.mechanism='ftrl-blt'",
+        "dp.noise_multiplier=0.8",
+        "dp.clip=0.5",
+        "dp.randomness='seeded'",
+        f"dp.min_separation={PATTERN.min_separation}",
+        f"dp.blt_buffers={BUFFERS}",
+    )
+    flower_run(tmp_path, overrides, eval_every=ROUNDS)
+    flower = load_file(tmp_path / "model.safetensors")
+    for name, value in in_process_model(overrides, "fedsubavg").items():
+        torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
