@@ -250,3 +250,38 @@ def test_a_flower_run_with_blt_noise_is_the_in_process_run(tmp_path) -> None:
     flower = load_file(tmp_path / "model.safetensors")
     for name, value in in_process_model(overrides, "fedsubavg").items():
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
+
+
+def test_a_resume_refuses_a_strategy_other_than_the_one_the_run_started_with(
+    tmp_path, monkeypatch
+) -> None:
+    """jax-privacy optimises the strategy anew at a resume; another platform or version could
+    give other parameters, and two strategies' noise would be mixed under one accounting."""
+    from fedsub.engine.loop import Interrupted
+    from fedsub.errors import FedsubError
+    from fedsub.runs.experiment import compare
+
+    sets = [f"train.rounds={ROUNDS}", "train.clients_per_round=50", f"eval.every={ROUNDS}",
+            "dp.mechanism='ftrl-blt'", "dp.noise_multiplier=1.0", "dp.randomness='seeded'",
+            f"dp.min_separation={PATTERN.min_separation}", f"dp.blt_buffers={BUFFERS}",
+            "train.checkpoint_every=2", "train.algorithms=['fedavg']"]  # fmt: skip
+    config = Config.from_toml(None, sets)
+    stop = {"after": False}
+
+    def stopped_after_round_4(algorithm: str, round_index: int) -> None:
+        stop["after"] = round_index == 4
+
+    with pytest.raises(Interrupted):  # as Ctrl-C stops it: a checkpoint, then Interrupted
+        compare(
+            config, tmp_path / "run", stopped_after_round_4, stop_requested=lambda: stop["after"]
+        )
+    compare(config, tmp_path / "same", resume=False)  # the same strategy resumes (below)
+    other = BltStrategy((0.9, 0.35), (0.4, 0.2500001))
+    monkeypatch.setattr(blt_noise, "optimized", lambda *args: other)
+    with pytest.raises((FedsubError, ValueError), match=r"started with the BLT strategy"):
+        compare(config, tmp_path / "run", resume=True)
+    monkeypatch.undo()
+    resumed = compare(config, tmp_path / "run", resume=True)
+    straight = (tmp_path / "same" / "fedavg" / "model.safetensors").read_bytes()
+    assert (tmp_path / "run" / "fedavg" / "model.safetensors").read_bytes() == straight
+    assert resumed.summary["algorithms"]["fedavg"]["dp"]["noise"] == "ftrl-blt"

@@ -17,11 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from fedsub.dp import blt_noise
 from fedsub.dp.blt_noise import BltStrategy, DenseBlt, RowBuffers
 from fedsub.dp.ftrl import FtrlMechanism, NoiseStream
 from fedsub.dp.tree_noise import Key
+
+STRATEGY_STAGE = "dp_blt_strategy"  # the checkpoint stage holding the strategy run so far
 
 
 @dataclass
@@ -79,3 +82,30 @@ class BltMechanism(FtrlMechanism):
             buffers = np.concatenate([s.buffers for s in states], axis=1)[:, order]
             self.row_buffers[table] = RowBuffers(merged[order], t, buffers)
         return self.sigma * out
+
+
+@dataclass
+class StrategyRecord:
+    """The BLT strategy a run started with, as a checkpoint stage: jax-privacy optimises it
+    anew when a run resumes, and a resume on another platform or jax-privacy version could
+    get other parameters, mixing two strategies' noise under one accounting. A resumed run
+    whose strategy differs is refused (the parameters are public, like the pattern)."""
+
+    strategy: BltStrategy
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        s = self.strategy
+        return {"decay": torch.tensor(s.decay, dtype=torch.float64),
+                "scale": torch.tensor(s.scale, dtype=torch.float64)}  # fmt: skip
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        saved = BltStrategy(
+            tuple(float(v) for v in tensors["decay"].tolist()),
+            tuple(float(v) for v in tensors["scale"].tolist()),
+        )
+        if saved != self.strategy:
+            raise ValueError(
+                f"the run started with the BLT strategy {saved.as_json()}, and jax-privacy "
+                f"optimised {self.strategy.as_json()} for this resume (another platform or "
+                "jax-privacy version): resume where the run started, with the same versions"
+            )

@@ -99,6 +99,13 @@ def ftrl_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
     return {ftrl.STAGE: mechanism} if sparse else {}  # type: ignore[dict-item]
 
 
+def ftrl_blt_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
+    """The tree's stages and the strategy the run started with (``dp_blt_strategy``)."""
+    assert isinstance(mechanism, ftrl_blt.BltMechanism)
+    record = ftrl_blt.StrategyRecord(mechanism.strategy)
+    return {**ftrl_stages(mechanism), ftrl_blt.STRATEGY_STAGE: record}
+
+
 def ftrl_blt_build(inputs: MechanismInputs) -> ftrl_blt.BltMechanism:
     return ftrl_blt.BltMechanism(
         inputs.settings,
@@ -131,7 +138,7 @@ MECHANISMS: Registry[MechanismSpec] = Registry(
         "ftrl-blt": MechanismSpec(
             "ftrl-blt",
             ftrl_blt_build,
-            ftrl_stages,
+            ftrl_blt_stages,
             "DP-FTRL with a buffered-linear-Toeplitz noise strategy optimised by jax-privacy "
             "for the rounds and the enforced pattern (McMahan et al. 2024; dp/ftrl_blt.py)",
         ),
