@@ -33,7 +33,15 @@ from fedsub.engine.contribution import (
     RoundSetup,
     Safety,
 )
-from fedsub.engine.features import dp, host_tables, masking, private, row_sharding, torchrun_split
+from fedsub.engine.features import (
+    dp,
+    heat_secret,
+    host_tables,
+    masking,
+    private,
+    row_sharding,
+    torchrun_split,
+)
 from fedsub.engine.guards import Rejection
 from fedsub.engine.initial import ModelStart, initial_params
 from fedsub.engine.schedule import Schedule
@@ -51,6 +59,7 @@ FEATURES: tuple[Feature, ...] = (
     private.FEATURE,
     host_tables.FEATURE,
     row_sharding.FEATURE,
+    heat_secret.FEATURE,  # only a checkpoint stage
 )
 """Every feature of the round, in the one order they are asked and composed in."""
 
