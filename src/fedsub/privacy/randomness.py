@@ -171,7 +171,7 @@ class HeatCoins(SecretStreams):
 def _saved_secret(resumed: Sequence[StageStates]) -> Secret | None:
     """The one heat secret of the resumed checkpoints (None: they hold none), refused when
     they disagree."""
-    secrets = set()
+    secrets: set[Secret | None] = set()
     for stages in resumed:
         tensors = stages.get(HEAT_STAGE) or {}
         if "secret" in tensors:
