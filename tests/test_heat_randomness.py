@@ -299,7 +299,7 @@ clients_per_round = 5
 local_steps = 2
 batch_size = 4
 lr = 0.2
-checkpoint_every = 3
+checkpoint_every = 2
 
 [privacy]
 heat_source = "randomized-response"
@@ -320,7 +320,7 @@ def test_row_sharded_processes_use_process_0s_secret(tmp_path, monkeypatch):
     toml.write_text(SHARDED)
     done = torchrun(tmp_path, "compare", str(toml), "--out", str(tmp_path / "two"), "--quiet")
     assert done.returncode == 0, done.stderr
-    checkpoint = tmp_path / "two" / "fedsubavg" / "checkpoints" / "round-000003"
+    checkpoint = tmp_path / "two" / "fedsubavg" / "checkpoints" / "round-000002"
     secrets = [
         load_file(checkpoint / f"shard-{r}-of-2" / f"{HEAT_STAGE}.safetensors")["secret"]
         for r in range(2)
