@@ -199,28 +199,24 @@ def test_a_resumed_secret_run_recomputes_the_same_heat_bit_for_bit(tmp_path):
 
 
 def test_an_algorithm_starting_after_a_finished_one_reads_its_secret(tmp_path):
-    """fedsubavg finished, fedavg not begun: the resume takes fedsubavg's secret from its
-    checkpoints, so fedavg's heat is the one fedsubavg was trained with (one release)."""
-    config, pinned = config_lib.load(None, BASE), Secret.fresh()
+    """fedavg finished, fedsubavg not begun: the resume takes fedavg's secret from its
+    checkpoints, so fedsubavg's heat is the one of the run uninterrupted (one release of the
+    clients' bits, not a second)."""
+    overrides = (*BASE, "train.rounds=2", "train.algorithms=['fedavg', 'fedsubavg']")
+    config, pinned = config_lib.load(None, overrides), Secret.fresh()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(secret_streams, "draw_secret", lambda: pinned)
         experiment.compare(config, tmp_path / "straight")
         experiment.compare(config, tmp_path / "stopped")
-    for leftover in ("done", "model.safetensors", "checkpoints"):  # fedavg as if never begun
-        path = tmp_path / "stopped" / "fedavg" / leftover
-        if path.is_dir():
-            for child in sorted(path.rglob("*"), reverse=True):
-                child.unlink() if child.is_file() else child.rmdir()
-            path.rmdir()
-        else:
-            path.unlink()
-    experiment.compare(config, tmp_path / "stopped", resume=True)
-    assert _model(tmp_path / "stopped", "fedavg") == _model(tmp_path / "straight", "fedavg")
-    captured = []
-    with pytest.MonkeyPatch.context() as patch:  # and a fresh draw would have differed
-        patch.setattr(secret_streams, "draw_secret", lambda: captured.append(1) or Secret.fresh())
+    begun = tmp_path / "stopped" / "fedsubavg"
+    for path in sorted(begun.rglob("*"), reverse=True):  # fedsubavg as if never begun
+        path.unlink() if path.is_file() else path.rmdir()
+    drawn: list[Secret] = []
+    with pytest.MonkeyPatch.context() as patch:  # a fresh draw would give another heat
+        patch.setattr(secret_streams, "draw_secret", lambda: drawn.append(Secret.fresh()))
         experiment.compare(config, tmp_path / "stopped", resume=True)
-    assert captured == []
+    assert drawn == []
+    assert _model(tmp_path / "stopped") == _model(tmp_path / "straight")
 
 
 def test_a_checkpoint_written_before_the_secret_resumes_seeded_and_says_so(
