@@ -218,6 +218,7 @@ def test_the_features_are_asked_in_the_documented_order():
         "private_rounds",
         "host_tables",
         "row_sharding",
+        "heat_secret",
     ]
 
 

@@ -220,9 +220,10 @@ class PrivacyConfig:
     secagg_clip: float = field(default=1.0, metadata={"min_exclusive": 0.0, "max": 1e6})
     """`full`: the fixed-point range [-clip, clip] of a weighted delta value."""
     randomness: str = field(default="secret", metadata={"choices": lambda: ["secret", "seeded"]})
-    """Private download's coins and decoys: `secret` (each client's own; in process one run
-    secret kept only in checkpoints) or `seeded` (from `train.seed`: repeatable, and the
-    download then hides nothing)."""
+    """The coins of private download (its coins and decoys) and of the `randomized-response`
+    heat source: `secret` (each client's own; in process one run secret kept only in
+    checkpoints) or `seeded` (from `train.seed`: repeatable, and the download then hides
+    nothing, the heat estimate decodes back into the exact counts)."""
 
 
 @dataclass(frozen=True)
@@ -1051,8 +1052,13 @@ def inert_keys(config: Config) -> list[tuple[str, str]]:
         ) if m.scheme == "none" else (),
         f"privacy.level = {p.level!r} (private download starts at 'download')": (
             ("privacy", k) for k in ("download", "download_epsilon", "download_keep",
-                                     "download_bucket", "randomness")
+                                     "download_bucket")
         ) if not reaches(p.level, "download") else (),
+        f"privacy.level = {p.level!r} and the heat source is {source!r} (privacy.randomness "
+        "keys the private download's coins and the randomized-response heat's)": (
+            [("privacy", "randomness")]
+            if not reaches(p.level, "download") and source != "randomized-response" else ()
+        ),
         f"privacy.download = {p.download!r}": (
             [("privacy", "download_epsilon"), ("privacy", "download_keep")]
             if p.download == "buckets" else [("privacy", "download_bucket")]

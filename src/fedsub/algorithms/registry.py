@@ -55,6 +55,7 @@ from fedsub.distributed import Processes
 from fedsub.errors import ConfigError
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import MeasuredHeat
+from fedsub.privacy.randomness import HeatCoins
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -96,6 +97,9 @@ class Algorithm:
     client: tuple[Any, ...] = ()  # client transforms (fedsub.client.transforms), e.g. Prox
     lr: float | None = None  # overrides train.lr for this algorithm
     central: bool = False
+    # the key of the randomized-response heat's coins its context's heat came from (a
+    # checkpoint stage in secret mode: engine/features/heat_secret.py); None: no such heat
+    heat_coins: HeatCoins | None = field(default=None, compare=False, repr=False)
 
     @property
     def control_variates(self) -> bool:
@@ -663,4 +667,5 @@ def build_algorithm(name: str, context: AlgorithmContext, options: Any = None) -
         client=tuple(_piece_options(TRANSFORMS[n], values, fixed) for n in recipe.client),
         lr=values.lr,
         central=rule.pools_data,
+        heat_coins=context.privacy.coins,
     )

@@ -6,18 +6,27 @@
   group); the server learns each group's sum and the exact heat, nothing about one client.
 - ``sketch``: each client's count-min sketch, summed by secure aggregation; the server gets
   an over-estimate within ``eps * total`` with probability ``1 - delta``.
-- ``randomized-response``: eps-LDP noisy indicator bits per row; an unbiased estimate.
+- ``randomized-response``: eps-LDP noisy indicator bits per row; an unbiased estimate. In
+  process the clients' coins are keyed by the run's secret (``HeatPrivacy.coins``,
+  privacy/randomness.py ``HeatCoins``), or by ``train.seed`` with ``privacy.randomness =
+  "seeded"`` (then the estimate decodes back into the exact counts: NOT private).
+
+The sketch's hash functions are drawn from ``train.seed`` on purpose: the server needs them to
+read the summed sketch, and a client's sketch stays hidden by secure aggregation (whose masks
+are OS entropy, privacy/secagg.py), not by the hashes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from fedsub.data.federated import Population
+from fedsub.numerics import seeding
 from fedsub.privacy import randomized_response as rr
+from fedsub.privacy.randomness import HEAT_NOT_PRIVATE, HeatCoins
 from fedsub.privacy.secagg import secure_sum
 from fedsub.privacy.sketch import CountMinSketch
 from fedsub.progress import phase
@@ -25,6 +34,7 @@ from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 
 SOURCES = ("exact", "secagg", "sketch", "randomized-response")
+RR_PURPOSE = 0x5151  # the randomized-response heat's stream (seeding.rng's purpose)
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,14 @@ class HeatPrivacy:
     sketch_delta: float = 0.01
     rr_epsilon: float = 2.0
     seed: int = 0
+    # randomized response's coins in process: the run's secret (None: keyed by ``seed``, the
+    # public train.seed: what ``privacy.randomness = "seeded"`` keeps)
+    coins: HeatCoins | None = field(default=None, compare=False)
+
+    @property
+    def rr_key(self) -> seeding.Seed:
+        """What randomized response's coins are keyed by: the run's secret, or the seed."""
+        return self.seed if self.coins is None else self.coins.key
 
 
 def _client_values(dataset: Population, kind: heat_lib.HeatKind) -> np.ndarray:
@@ -112,7 +130,7 @@ def _table_heat(
         kept = np.arange(keep.start, keep.stop)
         return sketch.estimate(table_sketch, kept).astype(np.float64)
     elif privacy.source == "randomized-response":
-        rng = np.random.default_rng([privacy.seed, 0x5151])
+        rng = seeding.rng(privacy.rr_key, RR_PURPOSE)  # seeded: default_rng([seed, 0x5151])
         weighted = np.zeros(len(keep))
         for own, w in zip(members, values, strict=True):
             weighted += w * rr.report(own, num_rows, privacy.rr_epsilon, rng, keep)
@@ -146,4 +164,16 @@ def describe(
         p = rr.keep_probability(privacy.rr_epsilon)
         info.update(epsilon=privacy.rr_epsilon, keep_probability=p)
         info["estimate_std"] = float(np.sqrt(p * (1 - p) * (values**2).sum()) / (2 * p - 1))
+        info.update(coins_record(privacy))
+    return info
+
+
+def coins_record(privacy: HeatPrivacy) -> dict:
+    """Where randomized response's coins came from, for ``heat_source.json`` (after the run
+    settled them: a resumed old checkpoint continues seeded)."""
+    if privacy.coins is None:
+        return {}
+    info: dict = {"randomness": privacy.coins.randomness}
+    if privacy.coins.randomness == "seeded":
+        info["not_private"] = HEAT_NOT_PRIVATE
     return info

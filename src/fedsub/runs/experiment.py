@@ -79,6 +79,7 @@ from fedsub.runs.run_setup import (
     load_data,
     prepare,
     resolve_path,
+    settle_heat_coins,
     with_resolved_paths,
 )
 from fedsub.runs.tracking import (
@@ -458,6 +459,8 @@ def _compare_in(
     if not resume:
         _new_run(session, config, names, initial_model)
         points = {n: ResumePoint() for n in names}
+    if setup.context.privacy.coins is not None:  # before any algorithm computes the heat
+        settle_heat_coins(setup, _heat_secret_holders(session, points))
     if claim is not None:
         _write_data_records(setup, claim.folder)
     if distributed.joined() is not None:
@@ -500,6 +503,19 @@ def _compare_in(
     if claim is not None:
         _write_summary(config, setup, histories, diverged, claim.folder, result, markdown)
     return Outcome(result, markdown, out_dir, diverged, profiles, histories, finals, setup.model)
+
+
+def _heat_secret_holders(
+    session: RunSession, points: dict[str, ResumePoint]
+) -> list[checkpoint_lib.StageStates]:
+    """The stages of the checkpoints that keep the run's randomized-response heat secret
+    (privacy/randomness.py ``HeatCoins``): those the run continues, or, when it continues none,
+    a finished algorithm's newest (so an algorithm that starts now computes the same heat)."""
+    resumed = [p.checkpoint.stages for p in points.values() if p.checkpoint is not None]
+    if resumed or session.folder is None:
+        return resumed
+    finished = (session.newest(name) for name, p in points.items() if p.done)
+    return [saved.stages for saved in finished if saved is not None][:1]
 
 
 def _new_run(

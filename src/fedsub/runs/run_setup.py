@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -47,7 +48,8 @@ from fedsub.models.registry import build_checked_model
 from fedsub.models.torch_module import TorchModuleModel, check_runs_in
 from fedsub.numerics.secret_streams import Randomness
 from fedsub.privacy import levels as privacy_levels
-from fedsub.privacy.heat_sources import HeatPrivacy, describe
+from fedsub.privacy.heat_sources import HeatPrivacy, coins_record, describe
+from fedsub.privacy.randomness import HeatCoins, StageStates
 from fedsub.progress import phase
 from fedsub.runs.checks import check_against_dataset
 from fedsub.submodel.heat import HeatKind
@@ -385,9 +387,11 @@ def algorithm_context(
     """What every algorithm is built from: the data, S(k), the heat kind, K and the heat's
     source."""
     heat = cast(HeatKind, config.train.heat)  # config.py has checked it against its choices
-    return AlgorithmContext(
-        dataset, index, heat, config.train.clients_per_round, heat_privacy_of(config)
-    )
+    privacy = heat_privacy_of(config)
+    if privacy.source == "randomized-response":  # the clients' coins: the run's secret
+        coins = HeatCoins(cast(Randomness, config.privacy.randomness), config.train.seed)
+        privacy = dataclasses.replace(privacy, coins=coins)  # settled once the processes join
+    return AlgorithmContext(dataset, index, heat, config.train.clients_per_round, privacy)
 
 
 @dataclass(frozen=True)
@@ -423,11 +427,26 @@ def prepare(
         LOG.info("heat source: %s", dumps(heat_source))
     extra = None
     if config.eval.gradient_norms:
-        coefficients = heat_coefficients(context)
-        extra = lambda params: gradient_norms(model, params, dataset.train, coefficients)  # noqa: E731
+        # computed at the first evaluation, once the heat's coins are settled (HeatCoins)
+        extra = lambda params: gradient_norms(  # noqa: E731
+            model, params, dataset.train, heat_coefficients(context)
+        )
     l2 = config.train.client_step.weight_decay / 2 if config.eval.regularized_loss else 0.0
     evaluator = Evaluator.build(
         model, dataset, config.eval.train_loss_samples, config.data.seed, extra, l2
     )
     schedule = schedule_of(config, dataset.num_clients)
     return Setup(dataset, index, model, context, evaluator, schedule, heat_source)
+
+
+def settle_heat_coins(setup: Setup, resumed: Sequence[StageStates]) -> None:
+    """The randomized-response heat's key settled once the processes have joined, before any
+    algorithm computes the heat (``HeatCoins.settle``: the secret of the checkpoints in
+    ``resumed``, or a fresh one), and the heat source's record told where its coins came from
+    (a resumed old checkpoint continues seeded). Nothing without such a heat."""
+    coins = setup.context.privacy.coins
+    if coins is None:
+        return
+    coins.settle(resumed)
+    if setup.heat_source is not None:
+        setup.heat_source.update(coins_record(setup.context.privacy))

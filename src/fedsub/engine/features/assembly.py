@@ -4,7 +4,8 @@ contributions (engine/contribution.py) folded into the server round and the clie
 The order is the order of the client stages, innermost first: the torchrun split, width-slice
 masking, [dp] (no stage: it comes before the private rounds, which read its random streams),
 the private rounds, host tables, row-sharded tables (alone: config.py refuses the others with
-it, ``check_combinations``). Round 0's model is placed by the first feature that places it
+it, ``check_combinations``), then the randomized-response heat's secret (a checkpoint stage
+only, with any of them). Round 0's model is placed by the first feature that places it
 (host tables, row sharding), else drawn whole on the device.
 
 A runtime that runs its own client work (Flower) gets only the server's features
@@ -33,7 +34,15 @@ from fedsub.engine.contribution import (
     RoundSetup,
     Safety,
 )
-from fedsub.engine.features import dp, host_tables, masking, private, row_sharding, torchrun_split
+from fedsub.engine.features import (
+    dp,
+    heat_secret,
+    host_tables,
+    masking,
+    private,
+    row_sharding,
+    torchrun_split,
+)
 from fedsub.engine.guards import Rejection
 from fedsub.engine.initial import ModelStart, initial_params
 from fedsub.engine.schedule import Schedule
@@ -51,6 +60,7 @@ FEATURES: tuple[Feature, ...] = (
     private.FEATURE,
     host_tables.FEATURE,
     row_sharding.FEATURE,
+    heat_secret.FEATURE,  # only a checkpoint stage
 )
 """Every feature of the round, in the one order they are asked and composed in."""
 
