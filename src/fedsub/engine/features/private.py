@@ -47,9 +47,12 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     return RoundContribution(
         NAME,
         client_stage=private.wrap,
-        # the private aggregation is the round's whole combine (no other feature's received
-        # pieces apply; a central DP mechanism, earlier in FEATURES, overrides it in turn)
-        combining=Combining(override=lambda update, round_index: private.combine(update)),
+        # the private aggregation builds the round's combine from the aggregation as the other
+        # features adjust it (host tables at level none: the coefficients on the host): no
+        # override at any level, so at level none the round combines as without the feature
+        # (its costs counted); a central DP mechanism's override, or a runtime's own combine
+        # (the clock's FedBuff), replaces it
+        combining=Combining(combine=private.combining),
         handle=private,
         # the requests' secret: only checkpoints keep it
         stages={PRIVACY_SECRET: requests} if requests is not None and requests.guaranteed else {},
