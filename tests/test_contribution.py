@@ -19,6 +19,7 @@ from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.config import Config
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.contribution import (
+    CohortDraw,
     Combining,
     Feature,
     RoundContribution,
@@ -149,7 +150,7 @@ def test_the_folding_rules():
             RoundContribution("a", combining=Combining(override=lambda u, r: first)),
             RoundContribution("b", combining=Combining(override=lambda u, r: second)),
             RoundContribution(
-                "c", sampling_key=lambda: 42, hooks=RoundHooks(stop_before=lambda r: r > 3)
+                "c", draw=CohortDraw(key=lambda: 42), hooks=RoundHooks(stop_before=lambda r: r > 3)
             ),
         )
     )
@@ -193,14 +194,14 @@ class EveryOther:
 
 
 def test_cohort_filters_narrow_the_draw_in_order_and_are_told_the_cohort():
-    """``cohort_filter``: each filter narrows the clients in the features' order (none:
+    """``draw.filter``: each filter narrows the clients in the features' order (none:
     ``among`` as it is), and each is told the cohort drawn."""
     even, high = EveryOther(parity=0), EveryOther(above=5)
     features = RoundFeatures(
         (
-            RoundContribution("a", cohort_filter=even),
+            RoundContribution("a", draw=CohortDraw(filter=even)),
             RoundContribution("b"),
-            RoundContribution("c", cohort_filter=high),
+            RoundContribution("c", draw=CohortDraw(filter=high)),
         )
     )
     assert RoundFeatures().eligible(3, None) is None

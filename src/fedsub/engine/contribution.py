@@ -20,13 +20,13 @@ folds their contributions into what the loop runs:
   ``after_round`` after each round (traffic logs), ``metrics`` added to each evaluation
   (epsilon so far);
 - ``stages``: named checkpoint state (``Stateful``), saved and restored by name;
-- ``sampling_key``: the key the cohort is drawn with (default ``train.seed``);
-- ``cohort_filter``: who may be drawn in a round and what a drawn cohort leaves behind
-  (``CohortFilter``: ``eligible`` narrows the clients before the draw, ``record`` is told the
-  cohort after it; each filter in order): DP-FTRL's participation pattern, enforced on every
-  runtime;
-- ``agreement`` and ``saver``: how processes agree on a round's checks and write one
-  checkpoint (row-sharded tables);
+- ``draw`` (a ``CohortDraw``): its ``key``, the key the cohort is drawn with (default
+  ``train.seed``), and its ``filter``, who may be drawn in a round and what a drawn cohort
+  leaves behind (``CohortFilter``: ``eligible`` narrows the clients before the draw, ``record``
+  is told the cohort after it; each filter in order): DP-FTRL's participation pattern,
+  enforced on every runtime;
+- ``processes`` (a ``Processes``): its ``agreement`` and ``saver``, how processes agree on a
+  round's checks and write one checkpoint (row-sharded tables);
 - ``evaluator``: how the central evaluator evaluates (on the host, by shares);
 - ``checks``: checks of the built server optimizer (row-local steps);
 - ``handle``: the feature's own object, for whoever must read it (``handle_of``).
@@ -157,6 +157,24 @@ class RoundHooks:
 
 
 @dataclass(frozen=True)
+class CohortDraw:
+    """A feature's part in drawing a round's cohort: the ``key`` it is drawn with (default
+    ``train.seed``; [dp]'s secret) and a ``filter`` of who may be drawn (DP-FTRL's pattern)."""
+
+    key: Callable[[], Seed] | None = None
+    filter: CohortFilter | None = None
+
+
+@dataclass(frozen=True)
+class Processes:
+    """How a run's processes act as one (row-sharded tables): how they ``agree`` on a round's
+    checks and how a checkpoint is written (``saver``: every process its shard)."""
+
+    agreement: Agreement | None = None
+    saver: Saver | None = None
+
+
+@dataclass(frozen=True)
 class RoundContribution:
     """One feature's pieces (module docstring's table); every piece is optional."""
 
@@ -165,10 +183,8 @@ class RoundContribution:
     combining: Combining = field(default_factory=Combining)
     hooks: RoundHooks = field(default_factory=RoundHooks)
     stages: Mapping[str, Stateful] = field(default_factory=dict)
-    sampling_key: Callable[[], Seed] | None = None
-    cohort_filter: CohortFilter | None = None
-    agreement: Agreement | None = None
-    saver: Saver | None = None
+    draw: CohortDraw = field(default_factory=CohortDraw)
+    processes: Processes = field(default_factory=Processes)
     evaluator: Callable[[Evaluator], Evaluate] | None = None
     checks: Callable[[ServerOptimizer], None] | None = None
     handle: object = None
@@ -210,22 +226,22 @@ class RoundFeatures:
 
     def sampling_key(self, seed: int) -> Seed:
         """The key of round r's cohort: the last contribution's, or ``seed``."""
-        keys = [c.sampling_key for c in self.contributions if c.sampling_key is not None]
+        keys = [c.draw.key for c in self.contributions if c.draw.key is not None]
         return keys[-1]() if keys else seed
 
     def eligible(self, round_index: int, among: np.ndarray | None) -> np.ndarray | None:
-        """The clients of ``among`` (None: all) that every contributed ``cohort_filter`` lets
+        """The clients of ``among`` (None: all) that every contributed ``draw.filter`` lets
         take part in round ``round_index``; ``among`` as it is without one."""
         for contribution in self.contributions:
-            if contribution.cohort_filter is not None:
-                among = contribution.cohort_filter.eligible(round_index, among)
+            if contribution.draw.filter is not None:
+                among = contribution.draw.filter.eligible(round_index, among)
         return among
 
     def drawn(self, round_index: int, clients: np.ndarray) -> None:
-        """Round ``round_index``'s cohort, told to each contributed ``cohort_filter``."""
+        """Round ``round_index``'s cohort, told to each contributed ``draw.filter``."""
         for contribution in self.contributions:
-            if contribution.cohort_filter is not None:
-                contribution.cohort_filter.record(round_index, clients)
+            if contribution.draw.filter is not None:
+                contribution.draw.filter.record(round_index, clients)
 
     def stages(self) -> dict[str, Stateful]:
         """Every contributed stage by name, in order; a name given twice is refused."""

@@ -144,8 +144,8 @@ class ServerRound:
         ``among``: the clients that can take part (sorted positions; default all), e.g. the
         Flower nodes connected now; the sampler draws from them with the same key, so with
         every client present the cohort is the in-process engine's. The key is train.seed, or
-        a feature's (``RoundContribution.sampling_key``: a secret nobody outside can redraw
-        the cohort from). A feature's ``cohort_filter`` narrows ``among`` first (who may take
+        a feature's (``RoundContribution.draw.key``: a secret nobody outside can redraw
+        the cohort from). A feature's ``draw.filter`` narrows ``among`` first (who may take
         part this round) and is told the cohort drawn."""
         among = self.features.eligible(round_index, among)
         counts = self.counts if among is None else self.counts[among]

@@ -136,8 +136,8 @@ def check_combination(names: Sequence[str]) -> None:
 def folded(given: Sequence[RoundContribution], assembly: Assembly) -> RoundFeatures:
     """The contributions as the server round and the loop run them (the last agreement and
     saver given win: row sharding's)."""
-    agreements = [c.agreement for c in given if c.agreement is not None]
-    savers = [c.saver for c in given if c.saver is not None]
+    agreements = [c.processes.agreement for c in given if c.processes.agreement is not None]
+    savers = [c.processes.saver for c in given if c.processes.saver is not None]
     return RoundFeatures(
         tuple(given),
         agreement=agreements[-1] if agreements else OneProcess(),

@@ -8,7 +8,7 @@ composes each round, stops the run before a round the budget cannot pay for, and
 epsilon spent so far to each evaluation; the ledger, the mechanism's own stages (adaptive
 clipping's C) and the secret are checkpoint stages. When the accounting assumes a participation
 pattern instead of sampling (DP-FTRL's, ``Accounting.ftrl``), the cohort draw enforces it
-(dp/participation.py, a ``cohort_filter``: on every runtime, Flower's ServerApp included), and
+(dp/participation.py, a ``draw.filter``: on every runtime, Flower's ServerApp included), and
 its state is a checkpoint stage (``dp_participation``). At ``privacy.level = "full"`` the clients
 add the noise (distributed DP: engine/features/private.py gives the private rounds the streams
 of this feature's ``DpRound``), and there is no central mechanism.
@@ -26,6 +26,7 @@ from fedsub.dp.participation import ParticipationBound
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams, streams_of
 from fedsub.engine.contribution import (
+    CohortDraw,
     Combining,
     Feature,
     RoundContribution,
@@ -121,8 +122,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
             metrics=lambda: {"epsilon": dp.ledger.epsilon()},
         ),
         stages=dp.stages(),
-        sampling_key=lambda: streams.key,
-        cohort_filter=bound,
+        draw=CohortDraw(key=lambda: streams.key, filter=bound),
         handle=dp,
     )
 

@@ -19,6 +19,7 @@ from fedsub.engine.contribution import (
     Evaluate,
     Feature,
     Placed,
+    Processes,
     RoundContribution,
     RoundHooks,
     RoundSetup,
@@ -130,8 +131,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
         client_stage=sharded.run,  # alone: the other stages are refused with it
         combining=Combining(aggregation=without_coefficients, combine=sharded.combine),
         hooks=RoundHooks(after_round=sharded.log_traffic),
-        agreement=ShardAgreement(),
-        saver=ShardSaver(sharded),
+        processes=Processes(ShardAgreement(), ShardSaver(sharded)),
         evaluator=evaluate,
         checks=check,
         handle=sharded,
