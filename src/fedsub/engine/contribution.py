@@ -48,13 +48,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
-from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
+from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, as_model_delta
 from fedsub.algorithms.registry import Algorithm
+from fedsub.algorithms.sampling import Cohort
 from fedsub.algorithms.server_optimizer import ServerOptimizer
+from fedsub.client.work import CohortTensors, CohortWork
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.cohort_job import Stage
 from fedsub.engine.evaluate import Evaluator
@@ -64,14 +66,41 @@ from fedsub.models.base import Model
 from fedsub.numerics.seeding import Seed
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import Updates
 
-Combine = Callable[[Any], ServerUpdate]
-"""A round's cohort update (a ``CohortUpdate``, a ``MaskedCohortUpdate``, private sums) in,
-the server's update out."""
+Combine = Callable[[Updates], ServerUpdate]
+"""A round's cohort update (a ``CohortUpdate``, a ``MaskedCohortUpdate``, the clock's buffer)
+in, the server's update out; a combine of one form is made one by ``taking``."""
+
+Override = Callable[[Updates, int], ServerUpdate]
+"""A combine given the round too (a central DP mechanism's noise is keyed by the round)."""
 
 Evaluate = Callable[[Params], dict[str, float]]
 """The central evaluation of a model: its metrics."""
+
+Stages = dict[str, Stateful]
+"""Named checkpoint state: what a checkpoint saves and a resume restores, by name."""
+
 T = TypeVar("T")
+
+
+def narrowed(value: object, kind: type[T]) -> T:
+    """``value`` (a round's update, a feature's handle) as the ``kind`` its reader reads;
+    another kind is refused by name."""
+    if not isinstance(value, kind):
+        raise TypeError(f"expected a {kind.__name__}, got a {type(value).__name__}")
+    return value
+
+
+def taking(kind: type[T], combine: Callable[[T], ServerUpdate]) -> Combine:
+    """``combine``, which reads updates of the form ``kind``, as a round's ``Combine``."""
+    return lambda update: combine(narrowed(update, kind))
+
+
+def watching(kind: type[T], watch: Callable[[T], None]) -> Callable[[object], None]:
+    """``watch`` as a watcher of a feature's handle (``RunControl.watch``), given the handle
+    when it is a ``kind``."""
+    return lambda handle: watch(narrowed(handle, kind))
 
 
 @dataclass(frozen=True)
@@ -86,6 +115,20 @@ class RoundSetup:
     counts: np.ndarray
     params: Params | None = None
     earlier: Mapping[str, object] = field(default_factory=dict)
+
+
+class Variates(Stateful, Protocol):
+    """What the server round asks of an algorithm's control variates (SCAFFOLD's,
+    algorithms/scaffold.py): each cohort's corrections, added to its work, and the finished
+    round folded in after the server step; a checkpoint stage (``variates``)."""
+
+    def corrections(self, cohort: Cohort) -> CohortTensors:
+        """``c - c_i`` for every member, in the cohort layout."""
+        ...
+
+    def update(self, update: Updates, work: CohortWork, local_steps: int) -> None:
+        """Fold the round's kept ``update`` and ``work`` into the variates."""
+        ...
 
 
 class Agreement(Protocol):
@@ -142,7 +185,7 @@ class Combining:
     aggregation: Callable[[Aggregation], Aggregation] | None = None
     combine: Callable[[Aggregation], Combine] | None = None
     received: Callable[[ServerUpdate], ServerUpdate] | None = None
-    override: Callable[[Any, int], ServerUpdate] | None = None
+    override: Override | None = None
     combines_empty: bool = False
 
 
@@ -216,10 +259,20 @@ class RoundFeatures:
         """The contribution of the feature ``name``, or None when the run does not use it."""
         return next((c for c in self.contributions if c.name == name), None)
 
-    def override(self) -> Callable[[Any, int], ServerUpdate] | None:
+    def override(self) -> Override | None:
         """The round's combine override: the first feature's in order that gives one."""
         given = [c.combining.override for c in self.contributions]
         return next((override for override in given if override is not None), None)
+
+    def combined(
+        self, combine: Combine, update: Updates, round_index: int, params: Params
+    ) -> ServerUpdate:
+        """Round ``round_index``'s aggregate: a feature's override (given the round), else
+        ``combine``'s; a model-average update (Scheme II) as the change of the whole model
+        ``params`` (``as_model_delta``), for every runtime."""
+        override = self.override()
+        combined = combine(update) if override is None else override(update, round_index)
+        return as_model_delta(combined, params)
 
     def combines_empty(self) -> bool:
         return any(c.combining.combines_empty for c in self.contributions)
@@ -243,13 +296,15 @@ class RoundFeatures:
             if contribution.draw.filter is not None:
                 contribution.draw.filter.record(round_index, clients)
 
-    def stages(self) -> dict[str, Stateful]:
-        """Every contributed stage by name, in order; a name given twice is refused."""
-        stages: dict[str, Stateful] = {}
+    def stages(self, built_in: Stages | None = None) -> Stages:
+        """The ``built_in`` stages (the server round's), then every contributed stage by name,
+        in order; a name given twice is refused."""
+        stages: Stages = dict(built_in or {})
         for contribution in self.contributions:
             for name, stage in contribution.stages.items():
                 if name in stages:
-                    raise ValueError(f"stage name {name!r} is taken by another stage")
+                    taken = "a built-in stage" if name in (built_in or {}) else "another stage"
+                    raise ValueError(f"stage name {name!r} is taken by {taken}")
                 stages[name] = stage
         return stages
 

@@ -29,14 +29,17 @@ from fedsub.engine.contribution import (
     CohortDraw,
     Combining,
     Feature,
+    Override,
     RoundContribution,
     RoundFeatures,
     RoundHooks,
     RoundSetup,
     handle_of,
+    narrowed,
 )
 from fedsub.engine.schedule import Schedule
 from fedsub.stateful import Stateful
+from fedsub.submodel.transfer import CohortUpdate
 
 LOG = logging.getLogger("fedsub")
 NAME = "dp"
@@ -93,6 +96,14 @@ def dp_streams(schedule: Schedule) -> DpStreams | None:
     return streams_of(schedule.dp.randomness, schedule.seed)
 
 
+def overriding(mechanism: CentralMechanism) -> Override:
+    """The central mechanism's combine as the round's override: it reads the members' whole
+    ``CohortUpdate`` (masking's slices are refused with [dp] by config.py)."""
+    return lambda update, round_index: mechanism.combine(
+        narrowed(update, CohortUpdate), round_index
+    )
+
+
 def contribute(setup: RoundSetup) -> RoundContribution | None:
     schedule, params = setup.schedule, setup.params
     streams = dp_streams(schedule)
@@ -113,7 +124,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     return RoundContribution(
         NAME,
         combining=Combining(
-            override=None if mechanism is None else mechanism.combine,
+            override=None if mechanism is None else overriding(mechanism),
             combines_empty=mechanism is not None,  # the noise is added all the same
         ),
         hooks=RoundHooks(
