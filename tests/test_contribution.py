@@ -275,3 +275,23 @@ def test_the_spine_names_no_feature():
             for m in imported
             if m.split(".")[1:2] in (["dp"], ["sharding"], ["masking"], ["privacy"])
         ]
+
+
+@pytest.mark.parametrize("level", ["none", "heat", "download", "full"])
+def test_the_private_rounds_build_the_combine_and_override_nothing(level):
+    """The private rounds' feature overrides no combine at any level: it builds the round's
+    combine (so a runtime's own combine, the clock's FedBuff, replaces it without an override
+    of its own, and a DP mechanism's override wins); that the model at level none is the plain
+    run's is test_private_rounds.py's."""
+    from fedsub.engine.features import private
+    from fedsub.engine.initial import initial_params
+    from fedsub.privacy.levels import Privacy
+
+    model, dataset, _, algorithm = toy_run()
+    schedule = dataclasses.replace(SCHEDULE, privacy=Privacy(level))
+    params = initial_params(model, schedule)
+    setup = RoundSetup(model, algorithm, schedule, dataset.sample_counts(), params)
+    contribution = private.contribute(setup)
+    assert contribution is not None and contribution.name == private.NAME
+    assert contribution.combining.override is None and contribution.combining.combine is not None
+    assert RoundFeatures((contribution,)).override() is None
