@@ -11,10 +11,11 @@ folds their contributions into what the loop runs:
 - ``client_stage``: wraps the backend's cohort work, innermost first (``composed``);
 - ``combining``: how the round's update becomes the server's: ``aggregation`` adjusts the
   algorithm's aggregation, ``combine`` builds the round's combine from it (the last one given
-  wins), ``received`` is applied to the combined update in order (host rows), ``override``
-  replaces all of that, given the round (the first one given wins: a central DP mechanism,
-  then the private rounds' aggregation), ``combines_empty``: a round with no
-  member left still combines (its noise is added all the same);
+  wins: width slices, the private rounds' aggregation), ``received`` is applied to the
+  combined update in order (host rows), ``override`` replaces all of that, given the round
+  (the first one given wins: a central DP mechanism), ``combines_empty``: a round with no
+  member left still combines (its noise is added all the same); each takes the round's
+  ``Updates`` (a combine of one form is made one with ``taking``);
 - ``hooks``: ``before_finish`` at the start of each server step (a privacy ledger's round),
   ``stop_before`` before each round (True stops the run there: a spent budget),
   ``after_round`` after each round (traffic logs), ``metrics`` added to each evaluation
