@@ -19,6 +19,7 @@ from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.config import Config
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.contribution import (
+    CohortDraw,
     Combining,
     Feature,
     RoundContribution,
@@ -149,7 +150,7 @@ def test_the_folding_rules():
             RoundContribution("a", combining=Combining(override=lambda u, r: first)),
             RoundContribution("b", combining=Combining(override=lambda u, r: second)),
             RoundContribution(
-                "c", sampling_key=lambda: 42, hooks=RoundHooks(stop_before=lambda r: r > 3)
+                "c", draw=CohortDraw(key=lambda: 42), hooks=RoundHooks(stop_before=lambda r: r > 3)
             ),
         )
     )
@@ -193,14 +194,14 @@ class EveryOther:
 
 
 def test_cohort_filters_narrow_the_draw_in_order_and_are_told_the_cohort():
-    """``cohort_filter``: each filter narrows the clients in the features' order (none:
+    """``draw.filter``: each filter narrows the clients in the features' order (none:
     ``among`` as it is), and each is told the cohort drawn."""
     even, high = EveryOther(parity=0), EveryOther(above=5)
     features = RoundFeatures(
         (
-            RoundContribution("a", cohort_filter=even),
+            RoundContribution("a", draw=CohortDraw(filter=even)),
             RoundContribution("b"),
-            RoundContribution("c", cohort_filter=high),
+            RoundContribution("c", draw=CohortDraw(filter=high)),
         )
     )
     assert RoundFeatures().eligible(3, None) is None
@@ -275,3 +276,23 @@ def test_the_spine_names_no_feature():
             for m in imported
             if m.split(".")[1:2] in (["dp"], ["sharding"], ["masking"], ["privacy"])
         ]
+
+
+@pytest.mark.parametrize("level", ["none", "heat", "download", "full"])
+def test_the_private_rounds_build_the_combine_and_override_nothing(level):
+    """The private rounds' feature overrides no combine at any level: it builds the round's
+    combine (so a runtime's own combine, the clock's FedBuff, replaces it without an override
+    of its own, and a DP mechanism's override wins); that the model at level none is the plain
+    run's is test_private_rounds.py's."""
+    from fedsub.engine.features import private
+    from fedsub.engine.initial import initial_params
+    from fedsub.privacy.levels import Privacy
+
+    model, dataset, _, algorithm = toy_run()
+    schedule = dataclasses.replace(SCHEDULE, privacy=Privacy(level))
+    params = initial_params(model, schedule)
+    setup = RoundSetup(model, algorithm, schedule, dataset.sample_counts(), params)
+    contribution = private.contribute(setup)
+    assert contribution is not None and contribution.name == private.NAME
+    assert contribution.combining.override is None and contribution.combining.combine is not None
+    assert RoundFeatures((contribution,)).override() is None

@@ -447,13 +447,13 @@ def test_the_pattern_is_dps_cohort_filter_and_both_states_are_checkpoint_stages(
     dp = dp_round_of(rounds.features)
     contribution = rounds.features.of("dp")
     assert dp is not None and isinstance(dp.participation, ParticipationBound)
-    assert contribution is not None and contribution.cohort_filter is dp.participation
+    assert contribution is not None and contribution.draw.filter is dp.participation
     assert int((dp.participation.count == 1).sum()) == 50  # round 1's cohort was recorded
     assert {"dp_participation", "dp_ftrl"} <= set(rounds.stages())
     plain = server_round_of(["dp.mechanism='gaussian'"], monkeypatch)
     assert not {"dp_participation", "dp_ftrl"} & set(plain.stages())
     gaussian = plain.features.of("dp")
-    assert gaussian is not None and gaussian.cohort_filter is None
+    assert gaussian is not None and gaussian.draw.filter is None
 
 
 def test_entry_noise_is_box_muller_of_the_keystream_written_out() -> None:

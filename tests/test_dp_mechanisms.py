@@ -6,6 +6,8 @@ naming the choices."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from fedsub.dp.mechanisms import (
     MechanismInputs,
     MechanismSpec,
     gaussian,
+    sampled_accounting,
 )
 from fedsub.engine.features.assembly import Assembly, assemble
 from fedsub.engine.in_process import train
@@ -67,10 +70,15 @@ def recorded():
     MECHANISMS._entries = None
 
 
-def setup_of(mechanism: str):
-    config = Config.from_toml(
-        None, [*SMALL, f"dp.mechanism='{mechanism}'", *SEEDED, "train.algorithms=['fedavg']"]
+def config_of(mechanism: str, *extra: str) -> Config:
+    return Config.from_toml(
+        None,
+        [*SMALL, f"dp.mechanism='{mechanism}'", *SEEDED, "train.algorithms=['fedavg']", *extra],
     )
+
+
+def setup_of(mechanism: str, *extra: str):
+    config = config_of(mechanism, *extra)
     setup = prepare(config)
     return setup, build_algorithm("fedavg", setup.context)
 
@@ -103,3 +111,50 @@ def test_the_mechanism_combines_every_round(recorded):
 def test_an_unknown_mechanism_is_refused_naming_the_choices():
     with pytest.raises(ConfigError, match="gaussian"):
         Config.from_toml(None, [*SMALL, "dp.mechanism='laplace'", *SEEDED])
+
+
+@pytest.fixture
+def patterned():
+    """A toy mechanism (the Gaussian one) whose spec alone says how it is accounted for (the
+    sampled Gaussian's accounting, recording what it was asked), what it refuses (over 100
+    rounds) and which optional [dp] key it reads (dp.min_separation); yields the accounting's
+    calls."""
+    asked = []
+
+    def accounting(dp_asked, num_clients: int):
+        asked.append((dp_asked, num_clients))
+        return sampled_accounting(dp_asked, num_clients)
+
+    def refusals(dp_asked):
+        return [(dp_asked.rounds > 100, "it runs at most 100 rounds")]
+
+    spec = MechanismSpec(
+        "patterned",
+        gaussian,
+        summary="a toy",
+        accounting=accounting,
+        refusals=refusals,
+        keys=frozenset({"dp.min_separation"}),
+    )
+    MECHANISMS.add_built_in("patterned", spec)
+    yield asked
+    del MECHANISMS._built_in["patterned"]
+    MECHANISMS._entries = None
+
+
+def test_a_mechanisms_spec_carries_its_accounting_refusals_and_keys(patterned):
+    """A new mechanism touches only its own files: config.py and runs/run_setup.py name no
+    mechanism, they ask its spec."""
+    setup, _ = setup_of("patterned", "dp.min_separation=3")
+    dp_asked, num_clients = patterned[-1]
+    assert dp_asked.min_separation == 3 and num_clients == setup.dataset.num_clients
+    assert dp_asked.calibration.noise_multiplier == 0.8
+    expected, _ = sampled_accounting(dp_asked, num_clients)
+    assert setup.schedule.dp is not None and setup.schedule.dp.noise_multiplier == expected
+    with pytest.raises(ConfigError, match="'patterned' cannot be used here: it runs at most 100"):
+        config_of("patterned", "train.rounds=101")
+    with pytest.raises(ConfigError, match=r"dp\.max_participations applies to mechanism = 'ftrl"):
+        config_of("patterned", "dp.max_participations=2")
+    readers = "mechanism = 'ftrl-tree' or 'patterned' only"
+    with pytest.raises(ConfigError, match=re.escape(f"dp.min_separation applies to {readers}")):
+        config_of("gaussian", "dp.min_separation=3")

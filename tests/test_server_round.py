@@ -237,7 +237,7 @@ def test_the_overflow_check_reads_only_the_touched_rows_and_dense_parameters():
     """touched_nonfinite: a NaN in a row the round changed (or in a dense parameter) is found,
     one in a row it left alone is not, and a round that changed nothing is finite."""
     from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
-    from fedsub.engine.server_round import touched_nonfinite
+    from fedsub.engine.guards import touched_nonfinite
 
     table = torch.zeros(4, 2)
     table[3] = float("nan")

@@ -196,3 +196,21 @@ def test_cuda_host_placement_keeps_the_tables_pinned_on_the_host_and_equals_the_
         torch.testing.assert_close(
             on_host.state_dict()[name].cpu(), expected.cpu(), rtol=0, atol=1e-12
         )
+
+
+@pytest.mark.parametrize("algorithm", ["fedsubavg", "fedavg"])
+def test_host_placement_at_privacy_level_none_equals_the_device_run_without_privacy(algorithm):
+    """Every run from a config has a privacy level; at ``none`` the private rounds' feature
+    builds the round's combine from the aggregation host tables adjust (no override), so the
+    host's coefficients are applied once, on the host: the model is the plain device run's."""
+    from fedsub.privacy.levels import Privacy
+
+    schedule = Schedule(
+        3, 6, 3, 2, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)
+    )
+    on_device = run("synthetic", algorithm, schedule)
+    private_none = dataclasses.replace(schedule, privacy=Privacy("none"))
+    on_host = run("synthetic", algorithm, with_execution(private_none, table_placement="host"))
+    for name, expected in on_device.state_dict().items():
+        assert expected.abs().max() > 1e-3, name
+        assert torch.equal(on_host.state_dict()[name], expected), name

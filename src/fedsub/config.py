@@ -12,14 +12,14 @@ from __future__ import annotations
 import codecs
 import copy
 import dataclasses
-import importlib.util
 import math
 import os
 import tomllib
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fedsub import moved_keys
 from fedsub.algorithms.compose import RECIPE_KEYS, composed_table, parse_composed, recipe_of
@@ -37,7 +37,9 @@ from fedsub.clock.settings import config_refusals as clock_refusals
 from fedsub.clock.settings import inert_keys as clock_inert_keys
 from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
-from fedsub.dp.mechanisms import MECHANISMS
+from fedsub.dp.accountant import Accountant
+from fedsub.dp.accountant import Sampling as DpSampling
+from fedsub.dp.mechanisms import MECHANISMS, Calibration, DpAsked
 from fedsub.engine.backends import backend_names
 from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.runtime import IN_PROCESS
@@ -741,7 +743,8 @@ def check_dp(config: Config) -> None:
             f"dp.target_epsilon (z calibrated for train.rounds); got noise_multiplier = "
             f"{d.noise_multiplier}, target_epsilon = {d.target_epsilon}"
         )
-    if d.accountant == "pld" and t.sampling != "poisson" and d.mechanism not in FTRL:
+    sampled = MECHANISMS.get_or_refuse(d.mechanism).sampled  # its accounting counts on it
+    if d.accountant == "pld" and t.sampling != "poisson" and sampled:
         raise ConfigError(
             "dp.accountant = 'pld' needs train.sampling = 'poisson': dp-accounting's PLD "
             "accountant has no event for fixed-size cohorts (sampled without replacement); "
@@ -788,82 +791,76 @@ def check_dp(config: Config) -> None:
             "lets FedSubAvg's private heat coefficient D / h_m grow without bound; use > 0",
         ),
     ]
-    refusals += ftrl_refusals(config)
+    refusals += mechanism_refusals(config)
     for condition, reason in refusals:
         if condition:
             raise ConfigError(f"[dp] mechanism = {d.mechanism!r} cannot be used here: {reason}")
 
 
-def ftrl_refusals(config: Config) -> list[tuple[bool, str]]:
-    """What DP-FTRL (mechanism "ftrl-tree") cannot run with, and its pattern's keys beside
-    the sampled Gaussian (they would be silently ignored)."""
-    d = config.dp
-    part = d.participation
-    if d.mechanism not in FTRL:
-        return [
-            (
-                d.row_selection.heat_cap > 0,
-                "dp.heat_cap applies to mechanism = 'ftrl-tree' only",
-            ),
-            (
-                d.row_selection.selection_window > 1,
-                "dp.selection_window applies to mechanism = 'ftrl-tree' only (the sampled "
-                "Gaussian's accounting charges one selection per round)",
-            ),
-            (
-                d.row_selection.selection_max_rows > 0,
-                "dp.selection_max_rows applies to mechanism = 'ftrl-tree' only",
-            ),
-            (
-                part.min_separation > 0 or part.max_participations > 0,
-                "dp.min_separation and dp.max_participations bound the participation DP-FTRL "
-                "is accounted for; they apply to mechanism = 'ftrl-tree' only",
-            ),
-            (part.blt_buffers > 0, "dp.blt_buffers applies to mechanism = 'ftrl-blt' only"),
-        ]
-    blt_refusals = [
-        (
-            d.mechanism == "ftrl-tree" and part.blt_buffers > 0,
-            "dp.blt_buffers applies to mechanism = 'ftrl-blt' only",
-        ),
-        (
-            d.mechanism == "ftrl-blt" and importlib.util.find_spec("jax_privacy") is None,
-            "its BLT strategy and sensitivity come from jax-privacy, which is not installed: "
-            "pip install 'fedsub[blt]'",
-        ),
-    ]
-    return [
-        (
-            d.adaptive_clipping.adaptive_clip,
-            "dp.adaptive_clip = true: DP-FTRL runs with a fixed clip; set it to false",
-        ),
-        (
-            config.privacy.level == "full",
-            "privacy.level = 'full' (distributed DP over secure aggregation): the tree's noise "
-            "is added by the server (central DP); use mechanism = 'gaussian' there",
-        ),
-        (
-            d.row_selection.selection_window > max(part.min_separation, 1),
-            f"dp.selection_window = {d.row_selection.selection_window} exceeds "
-            f"dp.min_separation = {part.min_separation}: a user could then add to one window's "
-            "histogram twice, which the accounting does not charge; keep the window <= b",
-        ),
-        (
-            d.row_selection.selection_max_rows > 0 and d.row_selection.rows != "private",
-            f"dp.selection_max_rows = {d.row_selection.selection_max_rows} caps the privately "
-            f"selected rows; with dp.rows = {d.row_selection.rows!r} every row is noised (set "
-            "dp.rows = 'private' or dp.selection_max_rows = 0)",
-        ),
-        (
-            config.train.sampling == "poisson",
-            "train.sampling = 'poisson': DP-FTRL assumes no sampling and draws fixed-size "
-            "cohorts among the eligible users; use train.sampling = 'fixed'",
-        ),
-        *blt_refusals,
-    ]
+def dp_asked(config: Config) -> DpAsked:
+    """What the config asks of [dp] and of the rounds around it, as a mechanism's accounting
+    and refusals read it (dp/mechanisms.py). The casts: ``check_dp`` checked the choices."""
+    d, t = config.dp, config.train
+    calibration = Calibration(
+        d.noise_multiplier,
+        d.target_epsilon,
+        d.delta,
+        cast(Accountant, d.accountant),
+        d.epsilon_budget,
+    )
+    return DpAsked(
+        calibration,
+        cast(DpSampling, t.sampling),
+        t.clients_per_round,
+        t.rounds,
+        config.privacy.level == "full",
+        d.adaptive_clipping.adaptive_clip,
+        d.row_selection.selection_window,
+        d.participation.min_separation,
+        d.participation.max_participations,
+        d.row_selection.rows,
+        d.row_selection.selection_max_rows,
+        d.participation.blt_buffers,
+    )
 
 
-FTRL = ("ftrl-tree", "ftrl-blt")  # DP-FTRL's mechanisms (dp/ftrl.py, dp/ftrl_blt.py)
+OPTIONAL_DP_KEYS: dict[str, tuple[Callable[[DpConfig], bool], str]] = {
+    "dp.heat_cap": (lambda d: d.row_selection.heat_cap > 0, ""),
+    "dp.selection_window": (
+        lambda d: d.row_selection.selection_window > 1,
+        " (the sampled Gaussian's accounting charges one selection per round)",
+    ),
+    "dp.min_separation": (
+        lambda d: d.participation.min_separation > 0,
+        " (it bounds the participation the mechanism is accounted for)",
+    ),
+    "dp.max_participations": (
+        lambda d: d.participation.max_participations > 0,
+        " (it bounds the participation the mechanism is accounted for)",
+    ),
+    "dp.selection_max_rows": (lambda d: d.row_selection.selection_max_rows > 0, ""),
+    "dp.blt_buffers": (lambda d: d.participation.blt_buffers > 0, ""),
+}
+"""[dp] keys only some mechanisms read (``MechanismSpec.keys``): when set, and why one that
+does not read them refuses them (they would be silently ignored)."""
+
+
+def mechanism_refusals(config: Config) -> list[tuple[bool, str]]:
+    """What the chosen mechanism cannot run with (its spec's ``refusals``), and the optional
+    [dp] keys set that it does not read (``OPTIONAL_DP_KEYS``)."""
+    spec = MECHANISMS.get_or_refuse(config.dp.mechanism)
+    refusals = []
+    for key, (is_set, why) in OPTIONAL_DP_KEYS.items():
+        readers = [repr(name) for name, other in MECHANISMS.items() if key in other.keys]
+        where = " or ".join(readers) if readers else "none"
+        refusals.append(
+            (
+                key not in spec.keys and is_set(config.dp),
+                f"{key} applies to mechanism = {where} only{why}",
+            )
+        )
+    return [*refusals, *spec.refusals(dp_asked(config))]
+
 
 DTYPE_EPSILON = {"float32": 2.0**-23, "float64": 2.0**-52}  # execution.dtype's eps at 1.0
 

@@ -24,7 +24,7 @@ from fedsub.data.torch_ragged import TorchRagged
 from fedsub.numerics import segment_sum
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
-from fedsub.submodel.transfer import CohortUpdate
+from fedsub.submodel.transfer import CohortUpdate, Updates
 
 
 class ControlVariates:
@@ -66,9 +66,15 @@ class ControlVariates:
         }
         return CohortTensors(row_offsets, tables, dense)
 
-    def update(self, update: CohortUpdate, work: CohortWork, local_steps: int) -> None:
+    def update(self, update: Updates, work: CohortWork, local_steps: int) -> None:
         """Fold a finished round into c_i and c (``work`` is the round's, corrections included;
-        ``c`` may change here because the corrections already hold its old value)."""
+        ``c`` may change here because the corrections already hold its old value). The round's
+        update is the members' whole ``CohortUpdate`` (SCAFFOLD reads each member's rows)."""
+        if not isinstance(update, CohortUpdate):
+            raise TypeError(
+                f"SCAFFOLD's control variates need the members' CohortUpdate, got "
+                f"{type(update).__name__}"
+            )
         if work.corrections is None:
             raise ValueError("SCAFFOLD needs the round's corrections to update its variates")
         lr = torch.from_numpy(np.asarray(work.lr, dtype=np.float64))

@@ -67,7 +67,8 @@ from fedsub.clock.settings import Buffered
 from fedsub.clock.synchronous import VIRTUAL_TIME, first_online
 from fedsub.clock.timing import work_seconds
 from fedsub.engine.round_runtime import RoundRuntime
-from fedsub.engine.server_round import RoundPlan, ServerRound, round_work
+from fedsub.engine.schedule import round_work
+from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.numerics import seeding, segment_sum
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate

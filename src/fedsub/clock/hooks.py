@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedsub.clock.fedbuff import FedBuffClock, fedbuff_combine
+from fedsub.clock.fedbuff import BufferedUpdate, FedBuffClock, fedbuff_combine
 from fedsub.clock.profiles import Profiles, Trace, clock_inputs
 from fedsub.clock.settings import ClockConfig
 from fedsub.clock.synchronous import SynchronousClock, capacity_share
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
-from fedsub.engine.contribution import Combining, RoundContribution
+from fedsub.engine.contribution import Combining, RoundContribution, taking
 from fedsub.engine.round_runtime import RoundRuntime
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import ConfigError
@@ -104,7 +104,10 @@ def _fedbuff(
         )
     aggregation = rounds.algorithm.aggregation.to(rounds.params.device)
     exponent = clock.buffered.staleness_exponent
-    combine = functools.partial(fedbuff_combine, aggregation=aggregation, exponent=exponent)
+    combine = taking(
+        BufferedUpdate,
+        functools.partial(fedbuff_combine, aggregation=aggregation, exponent=exponent),
+    )
     rounds.combine = combine
     buffered = FedBuffClock(runtime, rounds, profiles, trace, exchanged, samples, clock.buffered)
     # FedBuff's rule is the round's whole combine: an override, ahead of the private rounds'

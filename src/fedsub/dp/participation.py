@@ -4,7 +4,7 @@ DP-FTRL (dp/ftrl.py) claims no sampling amplification: epsilon holds for *any* c
 respect the pattern, each user taking part at most ``max_participations`` times (k) and at
 least ``min_separation`` rounds apart (b: rounds r < r' of one user have r' - r >= b). The
 cohort draw enforces it on every runtime ([dp]'s contribution gives the bound as its
-``cohort_filter``, engine/features/dp.py, which engine/server_round.py's ``begin`` asks; the
+``draw.filter``, engine/features/dp.py, which engine/server_round.py's ``begin`` asks; the
 in-process engine and the Flower ServerApp both call it): a user inside its separation window
 or past k participations is not eligible, and the cohort is drawn among the others. A
 Flower client drawn while its node is offline counts as a participation (it could have

@@ -11,22 +11,23 @@ folds their contributions into what the loop runs:
 - ``client_stage``: wraps the backend's cohort work, innermost first (``composed``);
 - ``combining``: how the round's update becomes the server's: ``aggregation`` adjusts the
   algorithm's aggregation, ``combine`` builds the round's combine from it (the last one given
-  wins), ``received`` is applied to the combined update in order (host rows), ``override``
-  replaces all of that, given the round (the first one given wins: a central DP mechanism,
-  then the private rounds' aggregation), ``combines_empty``: a round with no
-  member left still combines (its noise is added all the same);
+  wins: width slices, the private rounds' aggregation), ``received`` is applied to the
+  combined update in order (host rows), ``override`` replaces all of that, given the round
+  (the first one given wins: a central DP mechanism), ``combines_empty``: a round with no
+  member left still combines (its noise is added all the same); each takes the round's
+  ``Updates`` (a combine of one form is made one with ``taking``);
 - ``hooks``: ``before_finish`` at the start of each server step (a privacy ledger's round),
   ``stop_before`` before each round (True stops the run there: a spent budget),
   ``after_round`` after each round (traffic logs), ``metrics`` added to each evaluation
   (epsilon so far);
 - ``stages``: named checkpoint state (``Stateful``), saved and restored by name;
-- ``sampling_key``: the key the cohort is drawn with (default ``train.seed``);
-- ``cohort_filter``: who may be drawn in a round and what a drawn cohort leaves behind
-  (``CohortFilter``: ``eligible`` narrows the clients before the draw, ``record`` is told the
-  cohort after it; each filter in order): DP-FTRL's participation pattern, enforced on every
-  runtime;
-- ``agreement`` and ``saver``: how processes agree on a round's checks and write one
-  checkpoint (row-sharded tables);
+- ``draw`` (a ``CohortDraw``): its ``key``, the key the cohort is drawn with (default
+  ``train.seed``), and its ``filter``, who may be drawn in a round and what a drawn cohort
+  leaves behind (``CohortFilter``: ``eligible`` narrows the clients before the draw, ``record``
+  is told the cohort after it; each filter in order): DP-FTRL's participation pattern,
+  enforced on every runtime;
+- ``processes`` (a ``Processes``): its ``agreement`` and ``saver``, how processes agree on a
+  round's checks and write one checkpoint (row-sharded tables);
 - ``evaluator``: how the central evaluator evaluates (on the host, by shares);
 - ``checks``: checks of the built server optimizer (row-local steps);
 - ``handle``: the feature's own object, for whoever must read it (``handle_of``).
@@ -48,13 +49,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
-from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
+from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, as_model_delta
 from fedsub.algorithms.registry import Algorithm
+from fedsub.algorithms.sampling import Cohort
 from fedsub.algorithms.server_optimizer import ServerOptimizer
+from fedsub.client.work import CohortTensors, CohortWork
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.cohort_job import Stage
 from fedsub.engine.evaluate import Evaluator
@@ -64,14 +67,41 @@ from fedsub.models.base import Model
 from fedsub.numerics.seeding import Seed
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import Updates
 
-Combine = Callable[[Any], ServerUpdate]
-"""A round's cohort update (a ``CohortUpdate``, a ``MaskedCohortUpdate``, private sums) in,
-the server's update out."""
+Combine = Callable[[Updates], ServerUpdate]
+"""A round's cohort update (a ``CohortUpdate``, a ``MaskedCohortUpdate``, the clock's buffer)
+in, the server's update out; a combine of one form is made one by ``taking``."""
+
+Override = Callable[[Updates, int], ServerUpdate]
+"""A combine given the round too (a central DP mechanism's noise is keyed by the round)."""
 
 Evaluate = Callable[[Params], dict[str, float]]
 """The central evaluation of a model: its metrics."""
+
+Stages = dict[str, Stateful]
+"""Named checkpoint state: what a checkpoint saves and a resume restores, by name."""
+
 T = TypeVar("T")
+
+
+def narrowed(value: object, kind: type[T]) -> T:
+    """``value`` (a round's update, a feature's handle) as the ``kind`` its reader reads;
+    another kind is refused by name."""
+    if not isinstance(value, kind):
+        raise TypeError(f"expected a {kind.__name__}, got a {type(value).__name__}")
+    return value
+
+
+def taking(kind: type[T], combine: Callable[[T], ServerUpdate]) -> Combine:
+    """``combine``, which reads updates of the form ``kind``, as a round's ``Combine``."""
+    return lambda update: combine(narrowed(update, kind))
+
+
+def watching(kind: type[T], watch: Callable[[T], None]) -> Callable[[object], None]:
+    """``watch`` as a watcher of a feature's handle (``RunControl.watch``), given the handle
+    when it is a ``kind``."""
+    return lambda handle: watch(narrowed(handle, kind))
 
 
 @dataclass(frozen=True)
@@ -86,6 +116,20 @@ class RoundSetup:
     counts: np.ndarray
     params: Params | None = None
     earlier: Mapping[str, object] = field(default_factory=dict)
+
+
+class Variates(Stateful, Protocol):
+    """What the server round asks of an algorithm's control variates (SCAFFOLD's,
+    algorithms/scaffold.py): each cohort's corrections, added to its work, and the finished
+    round folded in after the server step; a checkpoint stage (``variates``)."""
+
+    def corrections(self, cohort: Cohort) -> CohortTensors:
+        """``c - c_i`` for every member, in the cohort layout."""
+        ...
+
+    def update(self, update: Updates, work: CohortWork, local_steps: int) -> None:
+        """Fold the round's kept ``update`` and ``work`` into the variates."""
+        ...
 
 
 class Agreement(Protocol):
@@ -142,7 +186,7 @@ class Combining:
     aggregation: Callable[[Aggregation], Aggregation] | None = None
     combine: Callable[[Aggregation], Combine] | None = None
     received: Callable[[ServerUpdate], ServerUpdate] | None = None
-    override: Callable[[Any, int], ServerUpdate] | None = None
+    override: Override | None = None
     combines_empty: bool = False
 
 
@@ -157,6 +201,24 @@ class RoundHooks:
 
 
 @dataclass(frozen=True)
+class CohortDraw:
+    """A feature's part in drawing a round's cohort: the ``key`` it is drawn with (default
+    ``train.seed``; [dp]'s secret) and a ``filter`` of who may be drawn (DP-FTRL's pattern)."""
+
+    key: Callable[[], Seed] | None = None
+    filter: CohortFilter | None = None
+
+
+@dataclass(frozen=True)
+class Processes:
+    """How a run's processes act as one (row-sharded tables): how they ``agree`` on a round's
+    checks and how a checkpoint is written (``saver``: every process its shard)."""
+
+    agreement: Agreement | None = None
+    saver: Saver | None = None
+
+
+@dataclass(frozen=True)
 class RoundContribution:
     """One feature's pieces (module docstring's table); every piece is optional."""
 
@@ -165,10 +227,8 @@ class RoundContribution:
     combining: Combining = field(default_factory=Combining)
     hooks: RoundHooks = field(default_factory=RoundHooks)
     stages: Mapping[str, Stateful] = field(default_factory=dict)
-    sampling_key: Callable[[], Seed] | None = None
-    cohort_filter: CohortFilter | None = None
-    agreement: Agreement | None = None
-    saver: Saver | None = None
+    draw: CohortDraw = field(default_factory=CohortDraw)
+    processes: Processes = field(default_factory=Processes)
     evaluator: Callable[[Evaluator], Evaluate] | None = None
     checks: Callable[[ServerOptimizer], None] | None = None
     handle: object = None
@@ -200,40 +260,52 @@ class RoundFeatures:
         """The contribution of the feature ``name``, or None when the run does not use it."""
         return next((c for c in self.contributions if c.name == name), None)
 
-    def override(self) -> Callable[[Any, int], ServerUpdate] | None:
+    def override(self) -> Override | None:
         """The round's combine override: the first feature's in order that gives one."""
         given = [c.combining.override for c in self.contributions]
         return next((override for override in given if override is not None), None)
+
+    def combined(
+        self, combine: Combine, update: Updates, round_index: int, params: Params
+    ) -> ServerUpdate:
+        """Round ``round_index``'s aggregate: a feature's override (given the round), else
+        ``combine``'s; a model-average update (Scheme II) as the change of the whole model
+        ``params`` (``as_model_delta``), for every runtime."""
+        override = self.override()
+        combined = combine(update) if override is None else override(update, round_index)
+        return as_model_delta(combined, params)
 
     def combines_empty(self) -> bool:
         return any(c.combining.combines_empty for c in self.contributions)
 
     def sampling_key(self, seed: int) -> Seed:
         """The key of round r's cohort: the last contribution's, or ``seed``."""
-        keys = [c.sampling_key for c in self.contributions if c.sampling_key is not None]
+        keys = [c.draw.key for c in self.contributions if c.draw.key is not None]
         return keys[-1]() if keys else seed
 
     def eligible(self, round_index: int, among: np.ndarray | None) -> np.ndarray | None:
-        """The clients of ``among`` (None: all) that every contributed ``cohort_filter`` lets
+        """The clients of ``among`` (None: all) that every contributed ``draw.filter`` lets
         take part in round ``round_index``; ``among`` as it is without one."""
         for contribution in self.contributions:
-            if contribution.cohort_filter is not None:
-                among = contribution.cohort_filter.eligible(round_index, among)
+            if contribution.draw.filter is not None:
+                among = contribution.draw.filter.eligible(round_index, among)
         return among
 
     def drawn(self, round_index: int, clients: np.ndarray) -> None:
-        """Round ``round_index``'s cohort, told to each contributed ``cohort_filter``."""
+        """Round ``round_index``'s cohort, told to each contributed ``draw.filter``."""
         for contribution in self.contributions:
-            if contribution.cohort_filter is not None:
-                contribution.cohort_filter.record(round_index, clients)
+            if contribution.draw.filter is not None:
+                contribution.draw.filter.record(round_index, clients)
 
-    def stages(self) -> dict[str, Stateful]:
-        """Every contributed stage by name, in order; a name given twice is refused."""
-        stages: dict[str, Stateful] = {}
+    def stages(self, built_in: Stages | None = None) -> Stages:
+        """The ``built_in`` stages (the server round's), then every contributed stage by name,
+        in order; a name given twice is refused."""
+        stages: Stages = dict(built_in or {})
         for contribution in self.contributions:
             for name, stage in contribution.stages.items():
                 if name in stages:
-                    raise ValueError(f"stage name {name!r} is taken by another stage")
+                    taken = "a built-in stage" if name in (built_in or {}) else "another stage"
+                    raise ValueError(f"stage name {name!r} is taken by {taken}")
                 stages[name] = stage
         return stages
 

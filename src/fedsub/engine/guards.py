@@ -1,7 +1,8 @@
 """Screening of client updates before aggregation: a bad client must not poison the model.
 
 A member whose update holds NaN or Inf, or whose norm exceeds ``max_update_norm`` (when set),
-is dropped from the round; the round goes on with the rest.
+is dropped from the round; the round goes on with the rest (``kept``: their update, or the
+empty one). After the server step, ``touched_nonfinite`` checks the rows it changed.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.numerics.finite import any_nonfinite
-from fedsub.submodel.transfer import CohortUpdate
+from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import Updates, empty_update
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class Rejection:
         return {"round": self.round, "client": self.client, "reason": self.reason}
 
 
-def needs_screening(update: CohortUpdate, max_update_norm: float) -> torch.Tensor:
+def needs_screening(update: Updates, max_update_norm: float) -> torch.Tensor:
     """A 0-d bool tensor on the update's device: whether ``screen`` would reject a member
     (an update with NaN or Inf, or a norm over ``max_update_norm``), computed without a host
     read so a round can read it together with its other checks."""
@@ -36,7 +39,7 @@ def needs_screening(update: CohortUpdate, max_update_norm: float) -> torch.Tenso
 
 
 def screen(
-    update: CohortUpdate, round_index: int, max_update_norm: float
+    update: Updates, round_index: int, max_update_norm: float
 ) -> tuple[list[int], list[Rejection]]:
     """Cohort positions to keep, and why the others were rejected."""
     if not bool(needs_screening(update, max_update_norm)):
@@ -53,3 +56,21 @@ def screen(
         else:
             kept.append(j)
     return kept, rejected
+
+
+def kept(update: Updates, members: list[int], params: Params) -> Updates:
+    """The update of the ``members`` kept by screening, or (none kept) the empty update of
+    the model ``params``: a round without members may still combine (a mechanism's noise)."""
+    return update.select(members) if members else nobody(params)
+
+
+def nobody(params: Params) -> Updates:
+    """The update of a round none of whose members' work is there."""
+    return empty_update(params)
+
+
+def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
+    """A 0-d bool tensor on the model's device: whether a row this round changed, or a dense
+    parameter, is NaN or Inf. O(touched), no host read."""
+    touched = [params.tables[t].index_select(0, u.rows) for t, u in update.tables.items()]
+    return any_nonfinite([*touched, *params.dense.values()])

@@ -13,7 +13,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ParamSpec
+from typing import ParamSpec
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from fedsub.numerics import segment_sum
 from fedsub.numerics.float32 import ieee_float32
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import Updates
 
 P = ParamSpec("P")
 
@@ -127,7 +128,7 @@ class InProcess:
     def available(self, round_index: int, rounds: ServerRound) -> np.ndarray | None:
         return None
 
-    def run_cohort(self, plan: RoundPlan, params: Params) -> Any:
+    def run_cohort(self, plan: RoundPlan, params: Params) -> Updates | RoundFailed:
         if len(plan.cohort) == 0:
             return RoundFailed("an empty Poisson draw")
         job = CohortJob(

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.divergence import divergence_reason
@@ -71,7 +70,7 @@ class RunControl:
     run: dict[str, str] = dataclasses.field(default_factory=dict)  # stamped on checkpoints
     # by feature name, given its handle before round 1 (engine/features/assembly.py: e.g. to
     # keep a transcript and read the costs)
-    watch: Mapping[str, Callable[[Any], None]] = dataclasses.field(default_factory=dict)
+    watch: Mapping[str, Callable[[object], None]] = dataclasses.field(default_factory=dict)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -234,6 +234,13 @@ class PrivateRounds:
             self.costs.bytes_down += widths + _dense_bytes(update)
         self.costs.member_rounds += len(self._requests)
         self.costs.rounds += 1
+
+    def combining(self, aggregation: Aggregation) -> Callable[[CohortUpdate], ServerUpdate]:
+        """The round's combine over ``aggregation``: the algorithm's as the run's other features
+        adjust it (host tables, at level none: the coefficients applied on the host), on the
+        run's device; it replaces the one this was built with."""
+        self.aggregation = aggregation
+        return self.combine
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """The round's server update from its (restricted) cohort update."""

@@ -24,12 +24,13 @@ in-process engine, ``flower/runtime.py`` for Flower.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import Updates
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class RoundRuntime(Protocol):
         """The clients (sorted positions) that can take part in round ``round_index``."""
         ...
 
-    def run_cohort(self, plan: RoundPlan, params: Params) -> Any:
+    def run_cohort(self, plan: RoundPlan, params: Params) -> Updates | RoundFailed:
         """The cohort's update for ``plan`` on the global model ``params``, or a
         ``RoundFailed``."""
         ...

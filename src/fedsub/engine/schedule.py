@@ -1,14 +1,22 @@
 """The training schedule shared by every algorithm of a comparison, in records by concern as
-the config's sections are (``runs/run_setup.py``'s ``schedule_of`` builds it)."""
+the config's sections are (``runs/run_setup.py``'s ``schedule_of`` builds it), and what it makes
+of round r: its learning rate (``lr_at``), its cohort (``draw_cohort``) and the cohort's work
+(``round_work``), which engine/server_round.py's ``begin`` puts in a ``RoundPlan``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
+from fedsub.algorithms.registry import Algorithm
+from fedsub.algorithms.sampling import Cohort, poisson_cohort, sample_cohort
+from fedsub.client.work import CohortWork, round_chain
 from fedsub.dp.settings import DpSettings
 from fedsub.engine.execution import Execution
 from fedsub.masking.schemes import Masking
+from fedsub.numerics.seeding import Seed
 from fedsub.privacy.levels import Privacy
 
 LrSchedule = Literal["constant", "inverse-round", "inverse-time", "exponential"]
@@ -68,3 +76,50 @@ def lr_at(base: float, step: ClientStep, round_index: int) -> float:
     if step.lr_schedule == "exponential":
         return base * step.lr_decay**t
     raise ValueError(f"unknown lr schedule {step.lr_schedule!r}")
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What ``ServerRound.begin`` decided for one round: who trains, and how."""
+
+    round: int
+    cohort: Cohort
+    work: CohortWork
+
+
+def draw_cohort(
+    algorithm: Algorithm,
+    schedule: Schedule,
+    counts: np.ndarray,
+    seed: Seed,
+    round_index: int,
+    among: np.ndarray | None = None,
+) -> Cohort:
+    """Round ``round_index``'s cohort among the clients ``among`` (sorted positions into the
+    sample ``counts``; None: all), keyed by ``seed`` and the round, so every runtime draws the
+    same one: train.sampling's Poisson draw, or the algorithm's scheme's; empty when nobody can
+    take part."""
+    pool = counts if among is None else counts[among]
+    if len(pool) == 0:
+        return Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    k = schedule.clients_per_round
+    if schedule.sampling == "poisson":
+        cohort = poisson_cohort(seed, round_index, len(pool), k)
+    else:
+        cohort = sample_cohort(algorithm.scheme.sampling, seed, round_index, pool, k)
+    return cohort if among is None else Cohort(among[cohort.clients], cohort.multiplicity)
+
+
+def round_work(
+    algorithm: Algorithm, schedule: Schedule, counts: np.ndarray, cohort: Cohort, round_index: int
+) -> CohortWork:
+    """The round's chain of client transforms (the algorithm's client pieces with
+    train.clip_norm / weight_decay / momentum) and each member's learning rate (transformed
+    Scheme II scales it by p_k N); SCAFFOLD's corrections are added by ``ServerRound.begin``."""
+    lr_scale = np.ones(len(cohort))
+    if algorithm.scheme.scale_lr_by_pn:
+        lr_scale = counts[cohort.clients] / counts.sum() * len(counts)
+    step = schedule.client_step
+    base_lr = algorithm.lr if algorithm.lr is not None else step.lr
+    chain = round_chain(algorithm.client, step.weight_decay, step.clip_norm, step.momentum)
+    return CohortWork(chain, lr_scale * lr_at(base_lr, step, round_index))

@@ -2,10 +2,11 @@
 every runtime (in process, Flower), so every run screens updates, checks finiteness and stops
 with ``Diverged`` the same way.
 
-``begin(r)`` samples round r's cohort and describes its client work (the chain of client
-transforms, learning rates, SCAFFOLD's corrections); ``finish(plan, update)`` screens the
-clients' updates, combines them, checks the aggregate and the model stay finite, applies the
-server optimizer and updates the control variates.
+``begin(r)`` samples round r's cohort and describes its client work (engine/schedule.py's
+``draw_cohort`` and ``round_work``, SCAFFOLD's corrections); ``finish(plan, update)`` screens
+the clients' updates (engine/guards.py), combines them (``RoundFeatures.combined``), checks the
+aggregate and the model stay finite, applies the server optimizer and updates the control
+variates. What a feature adds comes in ``features`` (engine/contribution.py).
 """
 
 from __future__ import annotations
@@ -13,25 +14,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from fedsub.algorithms.aggregation import ServerUpdate, as_model_delta
 from fedsub.algorithms.registry import Algorithm
-from fedsub.algorithms.sampling import Cohort, poisson_cohort, sample_cohort
-from fedsub.algorithms.scaffold import ControlVariates
 from fedsub.algorithms.server_optimizer import ServerOptimizer
-from fedsub.client.work import CohortWork, round_chain
-from fedsub.engine.contribution import Combine, RoundFeatures
-from fedsub.engine.guards import needs_screening, screen
-from fedsub.engine.schedule import Schedule, lr_at
-from fedsub.numerics.finite import any_nonfinite
+from fedsub.engine.contribution import Combine, RoundFeatures, Stages, Variates
+from fedsub.engine.guards import kept, needs_screening, nobody, screen, touched_nonfinite
+from fedsub.engine.schedule import RoundPlan, Schedule, draw_cohort, round_work
 from fedsub.profiling import timed
-from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
-from fedsub.submodel.transfer import empty_update
+from fedsub.submodel.transfer import Updates
+
+__all__ = ["HOST_READS_PER_ROUND", "Diverged", "RoundPlan", "ServerRound"]
 
 # How often a round of the batched backend's torch kernels (a GPU's) reads the device from the
 # host, with server SGD (FedAvg, FedSubAvg; adaptive server optimizers may add their own):
@@ -57,44 +53,14 @@ class Diverged(Exception):
         self.checkpoint = last
 
 
-def round_work(
-    algorithm: Algorithm, schedule: Schedule, counts: np.ndarray, cohort: Cohort, round_index: int
-) -> CohortWork:
-    """The round's chain of client transforms (the algorithm's client pieces with
-    train.clip_norm / weight_decay / momentum) and each member's learning rate (transformed
-    Scheme II scales it by p_k N); SCAFFOLD's corrections are added by ``ServerRound.begin``."""
-    lr_scale = np.ones(len(cohort))
-    if algorithm.scheme.scale_lr_by_pn:
-        lr_scale = counts[cohort.clients] / counts.sum() * len(counts)
-    step = schedule.client_step
-    base_lr = algorithm.lr if algorithm.lr is not None else step.lr
-    chain = round_chain(algorithm.client, step.weight_decay, step.clip_norm, step.momentum)
-    return CohortWork(chain, lr_scale * lr_at(base_lr, step, round_index))
-
-
-def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
-    """A 0-d bool tensor on the model's device: whether a row this round changed, or a dense
-    parameter, is NaN or Inf. O(touched), no host read."""
-    touched = [params.tables[t].index_select(0, u.rows) for t, u in update.tables.items()]
-    return any_nonfinite([*touched, *params.dense.values()])
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """What ``begin`` decided for one round: who trains, and how."""
-
-    round: int
-    cohort: Cohort
-    work: CohortWork
-
-
 @dataclass
 class ServerRound:
     """Cohort sampling, client work and the checked application of a round's updates.
 
     ``combine`` turns the (screened) cohort update into the server's update (plain aggregation,
     or what a feature built: engine/contribution.py); a model-average update (Scheme II)
-    becomes the change of the whole model here (``as_model_delta``), for every runtime.
+    becomes the change of the whole model (``RoundFeatures.combined``), for every runtime.
+    ``variates``: the algorithm's control variates (SCAFFOLD), None without.
     ``features``: what the run's features contributed (a combine override, stages, the
     cohort's key, how processes agree) and its ``Safety`` (screening, the last checkpoint
     ``Diverged`` names, kept current through ``checkpointed``)."""
@@ -105,7 +71,7 @@ class ServerRound:
     params: Params
     server: ServerOptimizer  # the algorithm's (make_server)
     combine: Combine
-    variates: ControlVariates | None = None
+    variates: Variates | None = None
     features: RoundFeatures = field(default_factory=RoundFeatures)
 
     @property
@@ -116,19 +82,15 @@ class ServerRound:
         """``path`` is the last good checkpoint (written, or resumed from)."""
         self.features.safety.last_checkpoint = path
 
-    def stages(self) -> dict[str, Stateful]:
+    def stages(self) -> Stages:
         """Every stateful stage of the round by name: what a checkpoint saves and a resume
         restores (engine/checkpoint.py), each through ``state_tensors`` /
         ``load_state_tensors``: the model, the server optimizer, the control variates, then
         each feature's (``RoundContribution.stages``)."""
-        stages: dict[str, Stateful] = {"model": self.params, "server": self.server}
+        stages: Stages = {"model": self.params, "server": self.server}
         if self.variates is not None:
             stages["variates"] = self.variates
-        for name, stage in self.features.stages().items():
-            if name in stages:
-                raise ValueError(f"stage name {name!r} is taken by a built-in stage")
-            stages[name] = stage
-        return stages
+        return self.features.stages(stages)
 
     def repopulate(self, algorithm: Algorithm, counts: np.ndarray, combine: Combine) -> None:
         """The population changed (Flower's elastic membership): the algorithm built over it,
@@ -144,52 +106,27 @@ class ServerRound:
         ``among``: the clients that can take part (sorted positions; default all), e.g. the
         Flower nodes connected now; the sampler draws from them with the same key, so with
         every client present the cohort is the in-process engine's. The key is train.seed, or
-        a feature's (``RoundContribution.sampling_key``: a secret nobody outside can redraw
-        the cohort from). A feature's ``cohort_filter`` narrows ``among`` first (who may take
+        a feature's (``RoundContribution.draw.key``: a secret nobody outside can redraw
+        the cohort from). A feature's ``draw.filter`` narrows ``among`` first (who may take
         part this round) and is told the cohort drawn."""
         among = self.features.eligible(round_index, among)
-        counts = self.counts if among is None else self.counts[among]
-        if len(counts) == 0:  # nobody can take part: an empty round (the caller decides)
-            nobody = Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-            return RoundPlan(round_index, nobody, self._work(nobody, round_index))
         seed = self.features.sampling_key(self.schedule.seed)
-        if self.schedule.sampling == "poisson":
-            k, n = self.schedule.clients_per_round, len(counts)
-            cohort = poisson_cohort(seed, round_index, n, k)
-        else:
-            cohort = sample_cohort(
-                self.algorithm.scheme.sampling,
-                seed,
-                round_index,
-                counts,
-                self.schedule.clients_per_round,
-            )
-        if among is not None:
-            cohort = Cohort(among[cohort.clients], cohort.multiplicity)
-        self.features.drawn(round_index, cohort.clients)
-        return RoundPlan(round_index, cohort, self._work(cohort, round_index))
-
-    def _work(self, cohort: Cohort, round_index: int) -> CohortWork:
+        cohort = draw_cohort(self.algorithm, self.schedule, self.counts, seed, round_index, among)
+        if len(self.counts if among is None else among):  # else an empty round (the caller's)
+            self.features.drawn(round_index, cohort.clients)
         work = round_work(self.algorithm, self.schedule, self.counts, cohort, round_index)
         if self.variates is not None:
             work = dataclasses.replace(work, corrections=self.variates.corrections(cohort))
-        return work
-
-    def _combined(self, update: Any, round_index: int) -> ServerUpdate:
-        """The round's aggregate: a feature's override (given the round), else ``combine``'s."""
-        override = self.features.override()
-        if override is not None:
-            return override(update, round_index)
-        return self.combine(update)
+        return RoundPlan(round_index, cohort, work)
 
     def fail(self, plan: RoundPlan) -> bool:
         """The round's work did not come back: the model stays unchanged (False), unless a
         feature combines an empty round all the same (``RoundFeatures.combines_empty``)."""
         if not self.features.combines_empty():
             return False
-        return self.finish(plan, empty_update(self.params))
+        return self.finish(plan, nobody(self.params))
 
-    def finish(self, plan: RoundPlan, update: Any) -> bool:
+    def finish(self, plan: RoundPlan, update: Updates) -> bool:
         """Screen, combine and apply the cohort's update; whether the model changed (False when
         every update was rejected). Raises ``Diverged`` if the aggregate or the model is not
         finite.
@@ -200,33 +137,33 @@ class ServerRound:
         is known, and combined again in the rare round that rejects a member) and once after
         it (did the model overflow?)."""
         r, work, last = plan.round, plan.work, self.last_checkpoint
-        features, safety = self.features, self.features.safety
+        features, safety, params = self.features, self.features.safety, self.params
         features.before_finish(r)
         agree = features.agreement.agree
         with timed("aggregation"):
             suspect = needs_screening(update, safety.max_update_norm)
-            server_update = as_model_delta(self._combined(update, r), self.params)
+            server_update = features.combined(self.combine, update, r, params)
             checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
             to_screen, aggregate_bad = agree(checks.tolist())  # host read 1
         if to_screen:
-            kept, rejected = screen(update, r, safety.max_update_norm)
+            members, rejected = screen(update, r, safety.max_update_norm)
             for rejection in features.agreement.all_rejected(rejected):
                 if safety.on_reject is not None:
                     safety.on_reject(rejection)
-            if not agree([bool(kept)])[0] and not features.combines_empty():
+            if not agree([bool(members)])[0] and not features.combines_empty():
                 return False
             # a round without members may still combine (a mechanism's noise: an unchanged
             # model would tell that every member was rejected)
-            update = update.select(kept) if kept else empty_update(self.params)
+            update = kept(update, members, params)
             if self.variates is not None:  # only the variates read the members' work
-                work = work.select(kept)
-            server_update = as_model_delta(self._combined(update, r), self.params)
+                work = work.select(members)
+            server_update = features.combined(self.combine, update, r, params)
             aggregate_bad = agree([bool(server_update.nonfinite())])[0]
         if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)
         with timed("server step"):
-            self.server.apply(self.params, server_update)
-            overflowed = bool(touched_nonfinite(self.params, server_update))  # host read 2
+            self.server.apply(params, server_update)
+            overflowed = bool(touched_nonfinite(params, server_update))  # host read 2
             overflowed = agree([overflowed])[0]
             if not overflowed and self.variates is not None:
                 self.variates.update(update, work, self.schedule.local_steps)

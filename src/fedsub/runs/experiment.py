@@ -25,6 +25,7 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine.contribution import watching
 from fedsub.engine.guards import Rejection
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Diverged, Evaluation, RunControl
@@ -215,14 +216,14 @@ class AlgorithmRun:
         if folder is not None:
             rejections = JsonLines(folder / REJECTIONS)
             on_reject = lambda rejection: _log_rejection(self.name, rejection, rejections)  # noqa: E731
+        stages: list[PrivateRounds] = []
         guards = RunControl(
             max_update_norm=self.config.train.max_update_norm,
             stop_requested=self.stop_requested,
             on_reject=on_reject,
             divergence_factor=self.config.eval.divergence_factor,
-            watch={"private_rounds": lambda private: stages.append(private)},
+            watch={"private_rounds": watching(PrivateRounds, stages.append)},
         )
-        stages: list[PrivateRounds] = []
         ended: BaseException | None = None
         try:
             final = train(

@@ -19,14 +19,13 @@ import torch
 
 from fedsub import distributed
 from fedsub.algorithms.registry import AlgorithmContext, heat_coefficients
-from fedsub.config import Config
+from fedsub.config import Config, dp_asked
 from fedsub.data.federated import FederatedDataset
 from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
 from fedsub.dp import accountant as dp_accountant
-from fedsub.dp import blt_noise
 from fedsub.dp import settings as dp_settings
-from fedsub.dp.participation import Pattern
+from fedsub.dp.mechanisms import MECHANISMS
 from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.diagnostics import gradient_norms
 from fedsub.engine.evaluate import Evaluator
@@ -219,62 +218,9 @@ def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     d = config.dp
     if d.mechanism == "none":
         return None
-    if d.mechanism in ("ftrl-tree", "ftrl-blt"):  # DP-FTRL (dp/ftrl.py): no sampling assumed
-        noise_multiplier, accounting = ftrl_resolved(config, num_clients)
-        if d.mechanism == "ftrl-blt":  # the BLT strategy jax-privacy optimises (dp/ftrl_blt.py)
-            assert accounting.ftrl is not None
-            with phase("optimising the BLT strategy (jax-privacy)"):
-                strategy = blt_noise.optimized(
-                    config.train.rounds, accounting.ftrl, d.participation.blt_buffers
-                )
-            accounting = dataclasses.replace(accounting, blt=strategy)
-    else:
-        noise_multiplier, accounting = gaussian_resolved(config, num_clients)
+    spec = MECHANISMS.get_or_refuse(d.mechanism)  # its accounting (dp/mechanisms.py)
+    noise_multiplier, accounting = spec.accounting(dp_asked(config), num_clients)
     return checked_settings(config, noise_multiplier, accounting)
-
-
-def ftrl_resolved(config: Config, num_clients: int) -> tuple[float, dp_settings.Accounting]:
-    """DP-FTRL's z and accounting for the participation pattern of [dp] (dp/settings.py
-    ``resolve_ftrl``); a population too small for the separation is refused."""
-    d, t = config.dp, config.train
-    part = d.participation
-    pattern = Pattern(max(part.min_separation, 1), part.max_participations)
-    if t.clients_per_round * pattern.min_separation > num_clients:
-        raise ConfigError(
-            f"dp.min_separation = {pattern.min_separation} with train.clients_per_round = "
-            f"{t.clients_per_round} needs at least {t.clients_per_round * pattern.min_separation}"
-            f" clients (each cohort is drawn outside the previous b - 1 cohorts), got "
-            f"{num_clients}; lower dp.min_separation or the cohort"
-        )
-    return dp_settings.resolve_ftrl(
-        noise_multiplier=d.noise_multiplier,
-        target_epsilon=d.target_epsilon,
-        delta=d.delta,
-        accountant=cast(dp_settings.Accountant, d.accountant),
-        num_clients=num_clients,
-        clients_per_round=t.clients_per_round,
-        rounds=t.rounds,
-        epsilon_budget=d.epsilon_budget,
-        pattern=pattern,
-    )
-
-
-def gaussian_resolved(config: Config, num_clients: int) -> tuple[float, dp_settings.Accounting]:
-    """The sampled Gaussian mechanism's z and accounting (dp/settings.py ``resolve``)."""
-    d, t = config.dp, config.train
-    distributed = config.privacy.level == "full"
-    return dp_settings.resolve(
-        noise_multiplier=d.noise_multiplier,
-        target_epsilon=d.target_epsilon,
-        delta=d.delta,
-        accountant=cast(dp_settings.Accountant, d.accountant),
-        sampling=cast(dp_settings.Sampling, t.sampling),
-        num_clients=num_clients,
-        clients_per_round=t.clients_per_round,
-        rounds=t.rounds,
-        epsilon_budget=d.epsilon_budget,
-        distributed=distributed,
-    )
 
 
 def checked_settings(
@@ -330,7 +276,8 @@ def dp_plan(config: Config) -> list[str]:
     if accounting.ftrl is not None:  # DP-FTRL (issue 50)
         pattern = accounting.ftrl
         lines.append(
-            f"DP-FTRL tree aggregation, no sampling assumed: each user at most "
+            f"DP-FTRL {'BLT' if accounting.blt else 'tree'} noise, no sampling assumed: each "
+            f"user at most "
             f"{pattern.most(rounds)} rounds, >= {pattern.min_separation} apart (enforced at the "
             f"cohort draw); z is the whole run's, node noise z_tree = "
             f"{settings.update_multiplier:.4g}, sensitivity {settings.ftrl_scales[1]:.4g} C"

@@ -8,6 +8,7 @@ row outside ``S(k)``, so a round costs O(sum_k |S(k)|), never O(table rows).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, Self
 
 import torch
 
@@ -55,6 +56,32 @@ def push(
 def scatter_add_rows(table: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
     """``table[rows] += values`` in place; rows may repeat (their values add up)."""
     segment_sum.index_add_(table, rows, values)
+
+
+class Updates(Protocol):
+    """What the round reads of a cohort's updates, whatever their form (a ``CohortUpdate``;
+    width slices' ``MaskedCohortUpdate``; the clock's buffer): who the members are, the checks
+    that screen them (engine/guards.py), and the updates of a subset of them. A combine that
+    reads one form narrows to it by name (engine/contribution.py's ``taking``)."""
+
+    @property
+    def clients(self) -> torch.Tensor:
+        """The members' client ids, in cohort order."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def squared_norms(self) -> torch.Tensor:
+        """Each member's squared update norm."""
+        ...
+
+    def nonfinite(self) -> torch.Tensor:
+        """A 0-d bool tensor: whether any member's update holds NaN or Inf."""
+        ...
+
+    def select(self, members: list[int]) -> Self:
+        """The updates of a subset of the members, renumbered in the given order."""
+        ...
 
 
 @dataclass

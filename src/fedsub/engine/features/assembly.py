@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from fedsub.algorithms.aggregation import ServerUpdate, aggregate
 from fedsub.algorithms.registry import Algorithm
@@ -33,6 +32,7 @@ from fedsub.engine.contribution import (
     RoundFeatures,
     RoundSetup,
     Safety,
+    taking,
 )
 from fedsub.engine.features import (
     dp,
@@ -52,6 +52,7 @@ from fedsub.models.base import Model
 from fedsub.stateful import Stateful
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
+from fedsub.submodel.transfer import CohortUpdate, Updates
 
 FEATURES: tuple[Feature, ...] = (
     torchrun_split.FEATURE,
@@ -89,7 +90,7 @@ class Assembly:
 
     max_update_norm: float = 0.0
     on_reject: Callable[[Rejection], None] | None = None
-    watch: Mapping[str, Callable[[Any], None]] = field(default_factory=dict)
+    watch: Mapping[str, Callable[[object], None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,8 @@ def check_combination(names: Sequence[str]) -> None:
 def folded(given: Sequence[RoundContribution], assembly: Assembly) -> RoundFeatures:
     """The contributions as the server round and the loop run them (the last agreement and
     saver given win: row sharding's)."""
-    agreements = [c.agreement for c in given if c.agreement is not None]
-    savers = [c.saver for c in given if c.saver is not None]
+    agreements = [c.processes.agreement for c in given if c.processes.agreement is not None]
+    savers = [c.processes.saver for c in given if c.processes.saver is not None]
     return RoundFeatures(
         tuple(given),
         agreement=agreements[-1] if agreements else OneProcess(),
@@ -169,14 +170,16 @@ def combine_of(
             aggregation = part.aggregation(aggregation)
     aggregation = aggregation.to(schedule.execution.device)
     builders = [p.combine for p in parts if p.combine is not None]
-    combine: Combine = (
-        builders[-1](aggregation) if builders else lambda update: aggregate(update, aggregation)
-    )
+
+    def plain(update: CohortUpdate) -> ServerUpdate:
+        return aggregate(update, aggregation)
+
+    combine = builders[-1](aggregation) if builders else taking(CohortUpdate, plain)
     received = [p.received for p in parts if p.received is not None]
     if not received:
         return combine
 
-    def combined(update: Any) -> ServerUpdate:
+    def combined(update: Updates) -> ServerUpdate:
         server_update = combine(update)
         for receive in received:
             server_update = receive(server_update)

@@ -8,7 +8,7 @@ composes each round, stops the run before a round the budget cannot pay for, and
 epsilon spent so far to each evaluation; the ledger, the mechanism's own stages (adaptive
 clipping's C) and the secret are checkpoint stages. When the accounting assumes a participation
 pattern instead of sampling (DP-FTRL's, ``Accounting.ftrl``), the cohort draw enforces it
-(dp/participation.py, a ``cohort_filter``: on every runtime, Flower's ServerApp included), and
+(dp/participation.py, a ``draw.filter``: on every runtime, Flower's ServerApp included), and
 its state is a checkpoint stage (``dp_participation``). At ``privacy.level = "full"`` the clients
 add the noise (distributed DP: engine/features/private.py gives the private rounds the streams
 of this feature's ``DpRound``), and there is no central mechanism.
@@ -26,16 +26,20 @@ from fedsub.dp.participation import ParticipationBound
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams, streams_of
 from fedsub.engine.contribution import (
+    CohortDraw,
     Combining,
     Feature,
+    Override,
     RoundContribution,
     RoundFeatures,
     RoundHooks,
     RoundSetup,
     handle_of,
+    narrowed,
 )
 from fedsub.engine.schedule import Schedule
 from fedsub.stateful import Stateful
+from fedsub.submodel.transfer import CohortUpdate
 
 LOG = logging.getLogger("fedsub")
 NAME = "dp"
@@ -92,6 +96,14 @@ def dp_streams(schedule: Schedule) -> DpStreams | None:
     return streams_of(schedule.dp.randomness, schedule.seed)
 
 
+def overriding(mechanism: CentralMechanism) -> Override:
+    """The central mechanism's combine as the round's override: it reads the members' whole
+    ``CohortUpdate`` (masking's slices are refused with [dp] by config.py)."""
+    return lambda update, round_index: mechanism.combine(
+        narrowed(update, CohortUpdate), round_index
+    )
+
+
 def contribute(setup: RoundSetup) -> RoundContribution | None:
     schedule, params = setup.schedule, setup.params
     streams = dp_streams(schedule)
@@ -112,7 +124,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     return RoundContribution(
         NAME,
         combining=Combining(
-            override=None if mechanism is None else mechanism.combine,
+            override=None if mechanism is None else overriding(mechanism),
             combines_empty=mechanism is not None,  # the noise is added all the same
         ),
         hooks=RoundHooks(
@@ -121,8 +133,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
             metrics=lambda: {"epsilon": dp.ledger.epsilon()},
         ),
         stages=dp.stages(),
-        sampling_key=lambda: streams.key,
-        cohort_filter=bound,
+        draw=CohortDraw(key=lambda: streams.key, filter=bound),
         handle=dp,
     )
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregation_weights
 from fedsub.engine import masked
-from fedsub.engine.contribution import Combine, Combining, Feature, RoundContribution, RoundSetup
+from fedsub.engine.contribution import (
+    Combine,
+    Combining,
+    Feature,
+    RoundContribution,
+    RoundSetup,
+    taking,
+)
 from fedsub.masking.aggregate import MaskedCohortUpdate, aggregate_slices
 
 NAME = "masking"
@@ -23,7 +30,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
             weights = aggregation_weights(update, aggregation)
             return aggregate_slices(update, weights, dense, masking.aggregation)
 
-        return combined
+        return taking(MaskedCohortUpdate, combined)
 
     return RoundContribution(NAME, client_stage=stage, combining=Combining(combine=combine))
 

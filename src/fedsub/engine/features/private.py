@@ -13,6 +13,7 @@ from fedsub.engine.contribution import (
     RoundFeatures,
     RoundSetup,
     handle_of,
+    taking,
 )
 from fedsub.engine.features.dp import NAME as DP
 from fedsub.engine.features.dp import DpRound
@@ -20,6 +21,7 @@ from fedsub.engine.features.row_sharding import NAME as ROW_SHARDING
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
 from fedsub.privacy.randomness import streams_of as privacy_streams_of
+from fedsub.submodel.transfer import CohortUpdate
 
 NAME = "private_rounds"
 
@@ -47,9 +49,14 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     return RoundContribution(
         NAME,
         client_stage=private.wrap,
-        # the private aggregation is the round's whole combine (no other feature's received
-        # pieces apply; a central DP mechanism, earlier in FEATURES, overrides it in turn)
-        combining=Combining(override=lambda update, round_index: private.combine(update)),
+        # the private aggregation builds the round's combine from the aggregation as the other
+        # features adjust it (host tables at level none: the coefficients on the host): no
+        # override at any level, so at level none the round combines as without the feature
+        # (its costs counted); a central DP mechanism's override, or a runtime's own combine
+        # (the clock's FedBuff), replaces it
+        combining=Combining(
+            combine=lambda aggregation: taking(CohortUpdate, private.combining(aggregation))
+        ),
         handle=private,
         # the requests' secret: only checkpoints keep it
         stages={PRIVACY_SECRET: requests} if requests is not None and requests.guaranteed else {},

@@ -11,17 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsub import distributed
+from fedsub.algorithms.aggregation import Aggregation
 from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import placement
 from fedsub.engine.contribution import (
+    Combine,
     Combining,
     Evaluate,
     Feature,
     Placed,
+    Processes,
     RoundContribution,
     RoundHooks,
     RoundSetup,
+    taking,
 )
 from fedsub.engine.evaluate import Evaluator, eval_chunks
 from fedsub.engine.features.host_tables import without_coefficients
@@ -31,6 +35,7 @@ from fedsub.errors import ConfigError
 from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.initial import sharded_init
 from fedsub.sharding.rounds import ShardedTables, ShardParams, agree, all_rejected
+from fedsub.submodel.transfer import CohortUpdate
 
 NAME = "row_sharding"
 SETTING = 'execution.table_sharding = "rows"'
@@ -125,13 +130,15 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     def check(server: ServerOptimizer) -> None:
         placement.check_row_local(algorithm, server, "execution.table_sharding", ("rows", "none"))
 
+    def combine(aggregation: Aggregation) -> Combine:
+        return taking(CohortUpdate, sharded.combine(aggregation))
+
     return RoundContribution(
         NAME,
         client_stage=sharded.run,  # alone: the other stages are refused with it
-        combining=Combining(aggregation=without_coefficients, combine=sharded.combine),
+        combining=Combining(aggregation=without_coefficients, combine=combine),
         hooks=RoundHooks(after_round=sharded.log_traffic),
-        agreement=ShardAgreement(),
-        saver=ShardSaver(sharded),
+        processes=Processes(ShardAgreement(), ShardSaver(sharded)),
         evaluator=evaluate,
         checks=check,
         handle=sharded,
