@@ -7,11 +7,11 @@ features, step-major (step i is samples ``i * K * B : (i + 1) * K * B``). Only t
 clients come from the host (the seeded draw); the rest reads ``DeviceData``.
 
 Host syncs: the sizes of the schedules and of the members' rows are known on the host from
-the clients' ids (``DeviceData.host_counts`` / ``host_row_counts``); how many ids the round's
-visited samples hold is not, nor how many distinct rows the members share, so each field's
-per-step id counts and each table's union size (``PendingUnion``, for the aggregation) are
-computed on the device and read together: the one host read of ``cohort_batches`` (on the
-CPU the step bounds come from the taken ids' offsets, and RowUnion finds the unions later).
+the clients' ids (``DeviceData.host``); how many ids the round's visited samples hold is not,
+nor how many distinct rows the members share, so each field's per-step id counts and each
+table's union size (``PendingUnion``, for the aggregation) are computed on the device and read
+together: the one host read of ``cohort_batches`` (on the CPU the step bounds come from the
+taken ids' offsets, and RowUnion finds the unions later).
 """
 
 from __future__ import annotations
@@ -101,10 +101,10 @@ def cohort_batches(
     counts = data.counts.index_select(0, clients)
     rows, row_owner = {}, {}
     for table, all_rows in data.rows.items():
-        total_rows = int(data.host_row_counts[table][host_clients].sum())
+        total_rows = int(data.host.rows[table][host_clients].sum())
         rows[table], row_owner[table] = all_rows.take_with_owners(clients, total_rows)
     local_order = cohort_schedules(
-        seed, round_index, clients, counts, steps, batch, data.host_counts[host_clients]
+        seed, round_index, clients, counts, steps, batch, data.host.samples[host_clients]
     )
     visits = local_order + data.client_offsets.index_select(0, clients)[:, None, None]
     visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]

@@ -290,8 +290,7 @@ def checked_settings(
         adaptive=adaptive if a.adaptive_clip else None,
         weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
         seed=t.seed,
-        distributed=distributed,
-        min_survivors=d.min_survivors,
+        distributed=dp_settings.Distributed(d.min_survivors) if distributed else None,
         randomness=cast(dp_settings.Randomness, d.trust.randomness),
         mechanism=d.mechanism,
     )
@@ -324,7 +323,7 @@ def dp_plan(config: Config) -> list[str]:
             f"cohort draw); z is the whole run's, node noise z_tree = "
             f"{settings.update_multiplier:.4g}, sensitivity {settings.ftrl_scales[1]:.4g} C"
         )
-    if settings.distributed:
+    if settings.distributed is not None:
         lines.append(
             "distributed: each client adds discrete Gaussian noise over secure aggregation, "
             f"calibrated for {settings.survivors_needed} surviving clients; accounted as zCDP "
