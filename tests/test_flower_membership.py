@@ -437,6 +437,7 @@ def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model
     reads its secret back from the checkpoint (the resumed process draws another, which must
     not be used) and ends with the model and every round's epsilon of the uninterrupted run
     that drew the same secret; a run with another secret ends elsewhere."""
+    from fedsub.dp.settings import NoiseKey
     from fedsub.numerics import secret_streams
     from fedsub.numerics.seeding import Secret
 
@@ -446,7 +447,7 @@ def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model
         dp_settings().accounting, num_clients=4, clients_per_round=3, rounds=5, delta=1e-3
     )
     dp = dp_settings(
-        clip=0.5, noise_multiplier=0.5, rows="all", accounting=accounting, randomness="secret"
+        clip=0.5, noise_multiplier=0.5, rows="all", accounting=accounting, key=NoiseKey("secret")
     )
 
     def dp_run(folder, grid: StandInGrid, secret: Secret, resume: bool = False) -> FlowerRuntime:

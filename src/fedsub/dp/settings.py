@@ -35,6 +35,7 @@ __all__ = [
     "AdaptiveClip",
     "Distributed",
     "DpSettings",
+    "NoiseKey",
     "Randomness",
     "RowSelection",
     "Rows",
@@ -115,6 +116,15 @@ class Distributed:
 
 
 @dataclass(frozen=True)
+class NoiseKey:
+    """dp.randomness: where the noise streams' key comes from, a secret from the OS (the
+    default) or ``seed`` (train.seed: reproducible, and then no guarantee; dp/randomness.py)."""
+
+    randomness: Randomness = "secret"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class DpSettings:
     """What the mechanism and the accountant of a run need (all public numbers)."""
 
@@ -125,13 +135,15 @@ class DpSettings:
     selection: RowSelection = field(default_factory=RowSelection)  # read when rows = "private"
     adaptive: AdaptiveClip | None = None  # None: C stays `clip`
     weights: DpWeights = field(default_factory=DpWeights)
-    seed: int = 0
     distributed: Distributed | None = None  # privacy.level = "full"; None: central noise
-    # dp.randomness: the streams' key, a secret from the OS (the default) or train.seed
-    # (reproducible, no guarantee; dp/randomness.py)
-    randomness: Randomness = "secret"
+    key: NoiseKey = field(default_factory=NoiseKey)
     # dp.mechanism: the central mechanism's name in dp/mechanisms.py's MECHANISMS
     mechanism: str = "gaussian"
+
+    @property
+    def randomness(self) -> Randomness:
+        """dp.randomness (kept in ``key``): "seeded" publishes the noise's key."""
+        return self.key.randomness
 
     @property
     def survivors_needed(self) -> int:

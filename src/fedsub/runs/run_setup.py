@@ -289,9 +289,8 @@ def checked_settings(
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
-        seed=t.seed,
         distributed=dp_settings.Distributed(d.min_survivors) if distributed else None,
-        randomness=cast(dp_settings.Randomness, d.trust.randomness),
+        key=dp_settings.NoiseKey(cast(dp_settings.Randomness, d.trust.randomness), t.seed),
         mechanism=d.mechanism,
     )
     for reason in dp_settings.refusals(settings):
