@@ -69,7 +69,7 @@ def shape_of(source: Path = SOURCE) -> tuple[dict[str, int], dict[str, int]]:
 def test_no_constructor_takes_more_than_ten_parameters_but_the_config_sections():
     constructors, _ = shape_of()
     assert constructors["engine/schedule.py:Schedule"] > 6  # the count sees dataclass fields
-    assert CONFIG_SECTIONS <= set(constructors)  # each exemption names a class that exists
+    assert set(constructors) >= CONFIG_SECTIONS  # each exemption names a class that exists
     over = {
         name: n
         for name, n in constructors.items()
