@@ -16,7 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsub.engine.loop import Progress, RunControl, drive, run_round
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import RunIdentity, hash_config
@@ -111,7 +111,7 @@ def runtime(grid: StandInGrid, rounds: int = 8, **kw) -> FlowerRuntime:
         grid,  # type: ignore[arg-type]
         Params({"w": torch.zeros(ROWS, 1)}, {}),
         Served(name, None, "clients"),
-        Schedule(rounds, 3, 1, 1, ClientStep(0.5), seed=0),
+        Schedule(rounds, 3, LocalWork(1, 1, ClientStep(0.5)), seed=0),
         FlowerSettings(nodes=Nodes(**groups[Nodes]), replies=Replies(**groups[Replies])),
     )
 

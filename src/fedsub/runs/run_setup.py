@@ -36,7 +36,7 @@ from fedsub.engine.execution import (
     TablePlacement,
     TableSharding,
 )
-from fedsub.engine.schedule import ClientStep, LrSchedule, Sampling, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Sampling, Schedule
 from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -182,15 +182,17 @@ def _schedule_without_dp(config: Config) -> Schedule:
     return Schedule(
         rounds=t.rounds,
         clients_per_round=t.clients_per_round,
-        local_steps=t.local_steps,
-        batch_size=t.batch_size,
-        client_step=ClientStep(
-            lr=t.client_step.lr,
-            lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
-            lr_decay=t.client_step.lr_decay,
-            weight_decay=t.client_step.weight_decay,
-            clip_norm=t.client_step.clip_norm,
-            momentum=t.client_step.momentum,
+        local=LocalWork(
+            t.local_steps,
+            t.batch_size,
+            ClientStep(
+                lr=t.client_step.lr,
+                lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
+                lr_decay=t.client_step.lr_decay,
+                weight_decay=t.client_step.weight_decay,
+                clip_norm=t.client_step.clip_norm,
+                momentum=t.client_step.momentum,
+            ),
         ),
         seed=t.seed,
         execution=execution_of(config),
