@@ -1,6 +1,6 @@
 """Issue 37's measures of a readable house, lowered by issue 49: no class constructor in
 ``src/fedsub`` takes more than 10 parameters (group fields by concern into records, as
-``Schedule`` holds ``Execution`` and ``ClientStep``) and no function is longer than 60 lines,
+``Schedule`` holds ``LocalWork`` and ``Execution``) and no function is longer than 60 lines,
 the argument parser aside (one ``add_argument`` after another). The config's section records
 are exempt from the parameter count: each mirrors its TOML section one field per key, so
 grouping their fields would move the documented ``config.<section>.<key>`` attribute paths."""
