@@ -46,7 +46,7 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.din import DIN
 from fedsub.submodel.index import SubmodelIndex
 from workloads import amazon_files
@@ -61,9 +61,7 @@ def round_times(dataset, index, model, backend: str, rounds: int) -> dict:
     schedule = Schedule(
         rounds,
         K,
-        STEPS,
-        B,
-        ClientStep(LR, lr_schedule="exponential", clip_norm=CLIP),
+        LocalWork(STEPS, B, ClientStep(LR, lr_schedule="exponential", clip_norm=CLIP)),
         0,
         execution=Execution(backend=backend),
     )
@@ -104,7 +102,7 @@ def rounds_figure(dataset, index, model, runs: int) -> dict:
 
 def eval_figure(dataset, index, model, runs: int) -> dict:
     """One evaluation's wall and CPU seconds, against the batched round measured around it."""
-    params = initial_params(model, Schedule(1, K, STEPS, B, ClientStep(LR), 0))
+    params = initial_params(model, Schedule(1, K, LocalWork(STEPS, B, ClientStep(LR)), 0))
     evaluator = Evaluator.build(model, dataset, 10_000, 0)
     evaluator.evaluate(params)  # builds the cached evaluation batches, as a run's first does
     wall, cpu, rounds = [], [], []

@@ -35,7 +35,7 @@ from fedsub import distributed
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 from workloads import zipf_clicks
@@ -56,9 +56,7 @@ def one_run(rounds: int, k: int, device: str, out: Path) -> None:
     schedule = Schedule(
         rounds,
         k,
-        STEPS,
-        B,
-        ClientStep(LR),
+        LocalWork(STEPS, B, ClientStep(LR)),
         SEED,
         execution=Execution(backend="batched", device=place),
     )

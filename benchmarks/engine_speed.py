@@ -35,7 +35,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
@@ -50,7 +50,7 @@ def fedsub_run(dataset, model, backend: str, rounds: int = ROUNDS, k: int = K, b
     index = SubmodelIndex.build(dataset)
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", k))
     on = Execution(backend=backend)
-    schedule = Schedule(rounds, k, STEPS, b, ClientStep(LR), SEED, execution=on)
+    schedule = Schedule(rounds, k, LocalWork(STEPS, b, ClientStep(LR)), SEED, execution=on)
     stamps = [time.perf_counter()]
     params = train(
         model,

@@ -52,7 +52,7 @@ from fedsub.engine import server_round
 from fedsub.engine.execution import Compile, CudaGraphs, Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import FedsubError
 from fedsub.models.din import DIN
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
@@ -127,9 +127,7 @@ def schedule(device: torch.device, k: int, rounds: int, batch: int = BATCH) -> S
     return Schedule(
         rounds,
         k,
-        STEPS,
-        batch,
-        ClientStep(LR),
+        LocalWork(STEPS, batch, ClientStep(LR)),
         SEED,
         execution=Execution(device=device),
         eval_every=10**9,

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.cohort_ops import single_client
 from fedsub.models.lstm import LSTMClassifier
 from fedsub.submodel.index import SubmodelIndex
@@ -54,7 +54,7 @@ class PackedPerClient(LSTMClassifier):
 def one_run(dataset, index, model, backend: str, rounds: int) -> dict:
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", K))
     schedule = Schedule(
-        rounds, K, STEPS, B, ClientStep(LR), SEED, execution=Execution(backend=backend)
+        rounds, K, LocalWork(STEPS, B, ClientStep(LR)), SEED, execution=Execution(backend=backend)
     )
     wall, cpu = [time.perf_counter()], [time.process_time()]
 

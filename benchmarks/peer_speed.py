@@ -58,7 +58,7 @@ from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
@@ -93,7 +93,7 @@ def fedsub_run(dataset, backend: str, rounds: int) -> tuple[dict[str, float], di
     index = SubmodelIndex.build(dataset)
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", K))
     schedule = Schedule(
-        rounds, K, STEPS, B, ClientStep(LR), SEED, execution=Execution(backend=backend)
+        rounds, K, LocalWork(STEPS, B, ClientStep(LR)), SEED, execution=Execution(backend=backend)
     )
     clock = RoundTimes()
     params = train(model, algorithm, dataset, index, schedule, on_round=clock.stamp)
@@ -122,7 +122,7 @@ def write_pfl_inputs(dataset, rounds: int, path: Path) -> None:
             rows.append(offsets[client] + order.reshape(-1))
     start = initial_params(
         SparseLogisticRegression(dict(dataset.table_rows)),
-        Schedule(1, K, STEPS, B, ClientStep(LR), SEED),
+        Schedule(1, K, LocalWork(STEPS, B, ClientStep(LR)), SEED),
     )
     every = np.concatenate(rows)
     np.savez(

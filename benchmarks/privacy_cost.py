@@ -26,7 +26,7 @@ from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import RunControl
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.registry import build_model
 from fedsub.privacy import private_download
 from fedsub.privacy.levels import Privacy
@@ -66,13 +66,15 @@ def main() -> None:
         "full-buckets": Privacy("full", download="buckets"),
         "full-rr": Privacy("full", download_epsilon=args.rr_epsilon),
     }
-    warm_up = Schedule(1, args.clients, 10, 5, ClientStep(0.1), seed=0, privacy=Privacy("none"))
+    warm_up = Schedule(
+        1, args.clients, LocalWork(10, 5, ClientStep(0.1)), seed=0, privacy=Privacy("none")
+    )
     train(model, algorithm, dataset, index, warm_up)
     levels = {}
     for name, privacy in runs.items():
         stages: list[PrivateRounds] = []
         schedule = Schedule(
-            args.rounds, args.clients, 10, 5, ClientStep(0.1), seed=0, privacy=privacy
+            args.rounds, args.clients, LocalWork(10, 5, ClientStep(0.1)), seed=0, privacy=privacy
         )
         control = RunControl(watch={"private_rounds": stages.append})
         started = time.perf_counter()

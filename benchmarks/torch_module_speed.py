@@ -34,7 +34,7 @@ from two_tower import TwoTower, clicks
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.base import Model
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.torch_module import wrap
@@ -102,7 +102,11 @@ def embedding_lr(runs: int, rounds: int) -> dict:
         for name, model in models.items():
             for backend in ("batched", "sequential"):
                 schedule = Schedule(
-                    rounds, 50, 10, 5, ClientStep(0.1), 0, execution=Execution(backend=backend)
+                    rounds,
+                    50,
+                    LocalWork(10, 5, ClientStep(0.1)),
+                    0,
+                    execution=Execution(backend=backend),
                 )
                 seconds, finals[name, backend] = per_round(
                     model, dataset, index, schedule, "fedavg"
@@ -144,7 +148,11 @@ def two_tower(runs: int, rounds: int) -> dict:
     for _ in range(runs):
         for backend in ("batched", "sequential"):
             schedule = Schedule(
-                rounds, 20, 5, 8, ClientStep(0.3), 0, execution=Execution(backend=backend)
+                rounds,
+                20,
+                LocalWork(5, 8, ClientStep(0.3)),
+                0,
+                execution=Execution(backend=backend),
             )
             seconds, finals[backend] = per_round(model, dataset, index, schedule, "fedsubavg")
             times.setdefault(backend, []).append(seconds)

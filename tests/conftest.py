@@ -123,14 +123,15 @@ def assert_backends_agree(
 ):
     """Every backend trains ``algorithm`` to the reference's global model (float64, 1e-10)."""
     from fedsub.engine.execution import Execution
-    from fedsub.engine.schedule import ClientStep, Schedule
+    from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 
     from .equivalence import algorithm_for, assert_backends_match_reference
 
     settings = {"rounds": 3, "local_steps": 2, "batch_size": 4, "seed": 0, **schedule}
+    local = {k: settings.pop(k) for k in ("local_steps", "batch_size")}
     run = Schedule(
         clients_per_round=clients,
-        client_step=ClientStep(lr, clip_norm=clip_norm),
+        local=LocalWork(**local, client_step=ClientStep(lr, clip_norm=clip_norm)),
         execution=Execution(dtype=torch.float64),
         **settings,
     )

@@ -309,7 +309,7 @@ def test_din_float32_rounds_on_client_groups_agree_with_client_blocks(amazon, mo
     differently), both within float32 rounding of the sequential per-client loop's."""
     from fedsub.engine.execution import Execution
     from fedsub.engine.in_process import train
-    from fedsub.engine.schedule import ClientStep, Schedule
+    from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 
     from .equivalence import algorithm_for
 
@@ -325,7 +325,9 @@ def test_din_float32_rounds_on_client_groups_agree_with_client_blocks(amazon, mo
 
     def run(backend, dtype):
         execution = Execution(backend=backend, dtype=dtype)
-        schedule = Schedule(2, 4, 2, 4, ClientStep(0.2, clip_norm=5.0), 2, execution=execution)
+        schedule = Schedule(
+            2, 4, LocalWork(2, 4, ClientStep(0.2, clip_norm=5.0)), 2, execution=execution
+        )
         algorithm = algorithm_for("fedsubavg", dataset, index, 4)
         trained = train(model, algorithm, dataset, index, schedule)
         return {n: v.double() for n, v in trained.state_dict().items()}

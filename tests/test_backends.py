@@ -26,7 +26,7 @@ from fedsub.engine.backends import REFERENCE, Backend, backend_names, get_backen
 from fedsub.engine.cohort_job import CohortJob, composed
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models import sparse_lr_closed_form as closed_form
 from fedsub.models.base import CohortHead
@@ -96,13 +96,7 @@ def test_every_backend_equals_the_reference(backend, algorithm, data, dtype, tol
     dataset = DATASETS[data]()
     index = SubmodelIndex.build(dataset)
     schedule = Schedule(
-        5,
-        7,
-        local_steps=4,
-        batch_size=3,
-        client_step=ClientStep(lr=0.3),
-        seed=2,
-        execution=Execution(dtype=dtype),
+        5, 7, local=LocalWork(4, 3, ClientStep(lr=0.3)), seed=2, execution=Execution(dtype=dtype)
     )
     results = assert_backends_match_reference(
         model_for(dataset),
@@ -130,9 +124,7 @@ def test_clients_with_fewer_samples_than_a_batch(backend):
         Schedule(
             3,
             3,
-            local_steps=5,
-            batch_size=4,
-            client_step=ClientStep(lr=0.5),
+            local=LocalWork(5, 4, ClientStep(lr=0.5)),
             seed=0,
             execution=Execution(dtype=torch.float64),
         ),
@@ -169,9 +161,7 @@ def test_rule_and_scheme_variants(backend, variant):
     schedule = Schedule(
         4,
         12,
-        local_steps=3,
-        batch_size=4,
-        client_step=ClientStep(lr=0.3, **step_extra),
+        local=LocalWork(3, 4, ClientStep(lr=0.3, **step_extra)),
         seed=5,
         execution=Execution(dtype=torch.float64),
     )
@@ -202,7 +192,9 @@ def test_models_without_a_cohort_head_are_vmapped_and_agree(backend):
         algorithm_for("fedsubavg", dataset, index, 4, heat="clients"),
         dataset,
         index,
-        Schedule(4, 4, 3, 2, ClientStep(0.1), seed=0, execution=Execution(dtype=torch.float64)),
+        Schedule(
+            4, 4, LocalWork(3, 2, ClientStep(0.1)), seed=0, execution=Execution(dtype=torch.float64)
+        ),
         [backend],
         atol=1e-12,
     )
@@ -259,7 +251,9 @@ def test_fields_sharing_a_table_train_alike_on_every_backend(backend):
         algorithm_for("fedsubavg", dataset, index, 5),
         dataset,
         index,
-        Schedule(4, 5, 3, 3, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)),
+        Schedule(
+            4, 5, LocalWork(3, 3, ClientStep(0.3)), seed=1, execution=Execution(dtype=torch.float64)
+        ),
         [backend],
     )
 
@@ -278,7 +272,13 @@ def test_a_model_that_cannot_be_batched_runs_sequentially_and_says_so(backend, c
             algorithm_for("fedavg", dataset, index, 3, heat="clients"),
             dataset,
             index,
-            Schedule(2, 3, 1, 1, ClientStep(0.1), seed=0, execution=Execution(dtype=torch.float64)),
+            Schedule(
+                2,
+                3,
+                LocalWork(1, 1, ClientStep(0.1)),
+                seed=0,
+                execution=Execution(dtype=torch.float64),
+            ),
             [backend],
             atol=0,
         )
@@ -318,9 +318,7 @@ def test_a_new_backend_is_one_registration(monkeypatch):
         Schedule(
             3,
             5,
-            local_steps=2,
-            batch_size=3,
-            client_step=ClientStep(lr=0.3),
+            local=LocalWork(2, 3, ClientStep(lr=0.3)),
             seed=0,
             execution=Execution(dtype=torch.float64),
         ),

@@ -12,7 +12,7 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import central_setup, train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.sequential import client_round
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
@@ -29,7 +29,7 @@ def test_fedprox_with_mu_zero_is_fedavg(small_synthetic):
     model = SparseLogisticRegression(dict(ds.table_rows))
     context = AlgorithmContext(ds, index, "samples", 8)
     schedule = Schedule(
-        5, 8, 4, 3, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)
+        5, 8, LocalWork(4, 3, ClientStep(0.3)), seed=1, execution=Execution(dtype=torch.float64)
     )
     fedavg = train(model, build_algorithm("fedavg", context), ds, index, schedule)
     prox0 = train(
@@ -63,9 +63,7 @@ def run_quadratic(name: str, rounds: int, lr: float, lr_schedule: str = "constan
     schedule = Schedule(
         rounds,
         dataset.num_clients,
-        local_steps=5,
-        batch_size=1,
-        client_step=ClientStep(lr=lr, lr_schedule=lr_schedule),
+        local=LocalWork(5, 1, ClientStep(lr=lr, lr_schedule=lr_schedule)),
         seed=0,
         execution=Execution(dtype=torch.float64),
     )
@@ -98,9 +96,7 @@ def fixed_round_updates(ds, index, model):
     schedule = Schedule(
         1,
         1,
-        local_steps=3,
-        batch_size=4,
-        client_step=ClientStep(lr=0.5),
+        local=LocalWork(3, 4, ClientStep(lr=0.5)),
         seed=0,
         execution=Execution(dtype=torch.float64),
     )
@@ -160,7 +156,7 @@ def test_central_sgd_takes_batches_of_k_times_b_from_the_pooled_data(small_synth
     index = SubmodelIndex.build(ds)
     k, b, steps, lr = 6, 4, 3, 0.2
     schedule = Schedule(
-        1, k, steps, b, ClientStep(lr), seed=3, execution=Execution(dtype=torch.float64)
+        1, k, LocalWork(steps, b, ClientStep(lr)), seed=3, execution=Execution(dtype=torch.float64)
     )
     pooled, _, central_schedule = central_setup(ds, schedule)
     assert pooled.num_clients == 1 and len(pooled.train) == len(ds.train)

@@ -28,7 +28,7 @@ from fedsub.engine import captured_step
 from fedsub.engine.captured_step import PaddedCohort, size_class
 from fedsub.engine.execution import Compile, Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.pooling import sum_pool
@@ -119,13 +119,7 @@ def test_the_captured_step_gives_the_eager_model_on_every_capturable_model(
     options = {**OPTIONS, "widths": SMALL_WIDTHS.get(name, [])}
     model = build_model(name, dataset, options)
     schedule = Schedule(
-        3,
-        3,
-        local_steps=2,
-        batch_size=3,
-        client_step=ClientStep(lr=0.3),
-        seed=4,
-        execution=Execution(dtype=dtype),
+        3, 3, local=LocalWork(2, 3, ClientStep(lr=0.3)), seed=4, execution=Execution(dtype=dtype)
     )
     eager, captured = run_both(model, fedsubavg(dataset, index, 3), dataset, index, schedule)
     assert_same_model(eager, captured, dtype)
@@ -157,7 +151,9 @@ def rule_case(rule: str, rounds: int, lr_schedule: str = "constant") -> tuple:
     context = AlgorithmContext(dataset, index, "samples", 5)
     algorithm = build_algorithm(name, context, config.algorithm_options(name))
     step = ClientStep(lr=0.3, lr_schedule=lr_schedule, **extra)
-    schedule = Schedule(rounds, 5, 2, 4, step, seed=1, execution=Execution(dtype=torch.float64))
+    schedule = Schedule(
+        rounds, 5, LocalWork(2, 4, step), seed=1, execution=Execution(dtype=torch.float64)
+    )
     return model, algorithm, dataset, index, schedule
 
 
@@ -173,7 +169,11 @@ def shared_table_case() -> tuple:
         field_tables=dict(dataset.field_tables),
     )
     schedule = Schedule(
-        3, 3, 2, 3, client_step=ClientStep(lr=0.3), seed=0, execution=Execution(dtype=torch.float64)
+        3,
+        3,
+        local=LocalWork(2, 3, ClientStep(lr=0.3)),
+        seed=0,
+        execution=Execution(dtype=torch.float64),
     )
     return model, fedsubavg(dataset, index, 3), dataset, index, schedule
 
@@ -207,9 +207,7 @@ def test_the_cuda_graph_loop_keeps_copies_and_gives_the_eager_model(monkeypatch)
     schedule = Schedule(
         3,
         4,
-        3,
-        3,
-        client_step=ClientStep(lr=0.3, momentum=0.5),
+        local=LocalWork(3, 3, ClientStep(lr=0.3, momentum=0.5)),
         seed=1,
         execution=Execution(dtype=torch.float64),
     )
@@ -240,9 +238,7 @@ def test_a_run_compiles_at_most_one_program_per_size_class(monkeypatch):
     schedule = Schedule(
         10,
         7,
-        4,
-        3,
-        client_step=ClientStep(lr=0.3),
+        local=LocalWork(4, 3, ClientStep(lr=0.3)),
         seed=2,
         execution=Execution(dtype=torch.float64, compile=Compile(counter)),
     )
@@ -264,7 +260,11 @@ def test_a_model_with_value_dependent_shapes_runs_eagerly_and_says_so(caplog):
     model = ValueShaped(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
     counter = CompileCounterWithBackend("eager")
     schedule = Schedule(
-        2, 4, 2, 3, client_step=ClientStep(lr=0.3), seed=0, execution=Execution(dtype=torch.float64)
+        2,
+        4,
+        local=LocalWork(2, 3, ClientStep(lr=0.3)),
+        seed=0,
+        execution=Execution(dtype=torch.float64),
     )
     captured_step._TOLD.discard("ValueShaped")
     with caplog.at_level(logging.WARNING, logger="fedsub"):
@@ -358,7 +358,11 @@ def test_inductor_gives_the_eager_model():
     """The backend ``execution.compile = "on"`` uses on the CPU: generated C++ kernels."""
     dataset, index, model = setup("synthetic")
     schedule = Schedule(
-        2, 4, 2, 3, client_step=ClientStep(lr=0.3), seed=2, execution=Execution(dtype=torch.float64)
+        2,
+        4,
+        local=LocalWork(2, 3, ClientStep(lr=0.3)),
+        seed=2,
+        execution=Execution(dtype=torch.float64),
     )
     eager, captured = run_both(
         model, fedsubavg(dataset, index, 4), dataset, index, schedule, Compile("inductor")

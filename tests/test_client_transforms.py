@@ -24,7 +24,7 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.local_sgd import local_sgd
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.mlp import MLP
 from fedsub.submodel.index import SubmodelIndex
@@ -85,7 +85,7 @@ def test_client_adam_batched_equals_sequential(scheme):
     for backend in ("sequential", "batched"):
         step = ClientStep(lr=0.05, clip_norm=0.5, weight_decay=0.01)
         execution = Execution(dtype=torch.float64, backend=backend)
-        schedule = Schedule(3, 6, 4, 3, step, seed=2, execution=execution)
+        schedule = Schedule(3, 6, LocalWork(4, 3, step), seed=2, execution=execution)
         results[backend] = train(model, algorithm, dataset, index, schedule)
     plain = train(
         model,
@@ -95,9 +95,7 @@ def test_client_adam_batched_equals_sequential(scheme):
         Schedule(
             3,
             6,
-            local_steps=4,
-            batch_size=3,
-            client_step=ClientStep(lr=0.05),
+            local=LocalWork(4, 3, ClientStep(lr=0.05)),
             seed=2,
             execution=Execution(dtype=torch.float64),
         ),

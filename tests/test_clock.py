@@ -32,7 +32,7 @@ from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.registry import build_model
 from fedsub.submodel.index import SubmodelIndex
@@ -152,7 +152,7 @@ def small_setup():
 
 def schedule_of(rounds: int = 4, k: int = 4) -> Schedule:
     return Schedule(
-        rounds, k, 2, 3, client_step=ClientStep(lr=0.1), seed=3,
+        rounds, k, LocalWork(2, 3, ClientStep(lr=0.1)), seed=3,
         execution=Execution(dtype=torch.float64),
     )  # fmt: skip
 

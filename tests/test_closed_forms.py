@@ -27,7 +27,7 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
 
@@ -161,9 +161,7 @@ def engine(
     schedule = Schedule(
         rounds,
         k,
-        STEPS,
-        batch_size=1,
-        client_step=ClientStep(lr=LR),
+        local=LocalWork(STEPS, 1, ClientStep(lr=LR)),
         seed=SEED,
         execution=Execution(dtype=torch.float64, backend=backend),
     )

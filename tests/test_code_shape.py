@@ -1,7 +1,9 @@
-"""Issue 37's measures of a readable house, kept: no class constructor in ``src/fedsub`` takes
-more than 12 parameters (group fields by concern into records, as ``Schedule`` holds
-``Execution`` and ``ClientStep``) and no function is longer than 80 lines, the argument parser
-aside (one ``add_argument`` after another)."""
+"""Issue 37's measures of a readable house, lowered by issue 49: no class constructor in
+``src/fedsub`` takes more than 10 parameters (group fields by concern into records, as
+``Schedule`` holds ``LocalWork`` and ``Execution``) and no function is longer than 60 lines,
+the argument parser aside (one ``add_argument`` after another). The config's section records
+are exempt from the parameter count: each mirrors its TOML section one field per key, so
+grouping their fields would move the documented ``config.<section>.<key>`` attribute paths."""
 
 from __future__ import annotations
 
@@ -9,9 +11,17 @@ import ast
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "fedsub"
-MOST_PARAMETERS = 12
-LONGEST_FUNCTION = 80
+MOST_PARAMETERS = 10
+LONGEST_FUNCTION = 60
 LONG_ON_PURPOSE = {"cli/commands.py:build_parser"}
+# one field per TOML key (or, for Config, per section): the public config's shape
+CONFIG_SECTIONS = {
+    "config.py:Config",
+    "config.py:TrainConfig",
+    "config.py:PrivacyConfig",
+    "config.py:DpConfig",
+    "data/table.py:TableOptions",  # [data]'s keys for dataset "table", fedsub.from_partitioner's
+}
 
 
 def _is_dataclass(node: ast.ClassDef) -> bool:
@@ -56,14 +66,19 @@ def shape_of(source: Path = SOURCE) -> tuple[dict[str, int], dict[str, int]]:
     return constructors, functions
 
 
-def test_no_constructor_takes_more_than_twelve_parameters():
+def test_no_constructor_takes_more_than_ten_parameters_but_the_config_sections():
     constructors, _ = shape_of()
     assert constructors["engine/schedule.py:Schedule"] > 6  # the count sees dataclass fields
-    over = {name: n for name, n in constructors.items() if n > MOST_PARAMETERS}
+    assert set(constructors) >= CONFIG_SECTIONS  # each exemption names a class that exists
+    over = {
+        name: n
+        for name, n in constructors.items()
+        if n > MOST_PARAMETERS and name not in CONFIG_SECTIONS
+    }
     assert not over, f"group these constructors' parameters into records: {over}"
 
 
-def test_no_function_is_longer_than_eighty_lines_but_the_parser():
+def test_no_function_is_longer_than_sixty_lines_but_the_parser():
     _, functions = shape_of()
     assert functions["cli/commands.py:build_parser"] > LONGEST_FUNCTION  # the count sees it
     over = {

@@ -18,7 +18,7 @@ from fedsub.algorithms.registry import (
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.flower.settings import FlowerSettings
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -37,7 +37,7 @@ def run(config: config_lib.Config, name: str, dataset, rounds: int = 3):
     algorithm = build_algorithm(name, context, config.algorithm_options(name))
     model = SparseLogisticRegression(dict(dataset.table_rows))
     float64 = Execution(dtype=torch.float64)
-    schedule = Schedule(rounds, 4, 3, 4, ClientStep(0.3), seed=1, execution=float64)
+    schedule = Schedule(rounds, 4, LocalWork(3, 4, ClientStep(0.3)), seed=1, execution=float64)
     return train(model, algorithm, dataset, index, schedule)
 
 

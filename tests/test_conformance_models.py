@@ -125,17 +125,16 @@ def test_a_cohort_head_equals_the_vmapped_single_client_head(name, tmp_path_fact
 
 def one_round(name: str, masking: Masking | None = None):
     from fedsub.engine.execution import Execution
-    from fedsub.engine.schedule import ClientStep, Schedule
+    from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 
     settings = {"local_steps": 2, "batch_size": 3, **ROUND.get(name, {})}
     return Schedule(
         1,
         3,
-        client_step=ClientStep(lr=0.1),
+        LocalWork(**settings, client_step=ClientStep(lr=0.1)),
         seed=4,
         execution=Execution(dtype=torch.float64),
         masking=masking,
-        **settings,
     )
 
 

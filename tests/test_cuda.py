@@ -21,7 +21,7 @@ from fedsub.engine import cuda_graphs
 from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.execution import Compile, CudaGraphs, Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
 from fedsub.models.base import SliceableModel
@@ -84,7 +84,9 @@ def schedule_for(
     """``execution``: the [execution] settings besides the dtype (backend, device, ...)."""
     steps, batch = STEPS.get(name, (2, 3))
     on = Execution(dtype=dtype, **execution)
-    return Schedule(rounds, 3, steps, batch, ClientStep(0.1), 5, execution=on, masking=masking)
+    return Schedule(
+        rounds, 3, LocalWork(steps, batch, ClientStep(0.1)), 5, execution=on, masking=masking
+    )
 
 
 def run(model, algorithm: str, dataset, index, schedule: Schedule) -> Params:

@@ -23,7 +23,7 @@ from fedsub.engine.captured_step import PaddedCohort
 from fedsub.engine.cohort_batches import cohort_batches
 from fedsub.engine.execution import CudaGraphs, Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.pooling import sum_pool
 from fedsub.models.registry import build_model
@@ -62,7 +62,7 @@ def test_replayed_rounds_give_the_eager_model_bit_for_bit(name, tmp_path_factory
     dataset, index = dataset_for(name, str(tmp_path_factory.getbasetemp()))
     model = build_model(name, dataset, {**OPTIONS, "widths": SMALL_WIDTHS.get(name, [])})
     schedule = Schedule(
-        4, 3, 2, 3, ClientStep(lr=0.3), seed=4, execution=Execution(dtype=torch.float64)
+        4, 3, LocalWork(2, 3, ClientStep(lr=0.3)), seed=4, execution=Execution(dtype=torch.float64)
     )
     eager, graphed = run_both(model, fedsubavg(dataset, index, 3), dataset, index, schedule)
     assert_identical(eager, graphed)
@@ -79,7 +79,7 @@ def test_din_packed_histories_replay_with_the_phantom_member(algorithm, tmp_path
     dataset, index = dataset_for("din", str(tmp_path_factory.getbasetemp()))
     model = build_model("din", dataset, OPTIONS)
     schedule = Schedule(
-        3, 3, 2, 3, ClientStep(lr=0.3), seed=4, execution=Execution(dtype=torch.float64)
+        3, 3, LocalWork(2, 3, ClientStep(lr=0.3)), seed=4, execution=Execution(dtype=torch.float64)
     )
     algo = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 3))
     eager, graphed = run_both(model, algo, dataset, index, schedule)
@@ -117,9 +117,7 @@ def test_one_round_is_recorded_per_size_class_combination(monkeypatch):
     schedule = Schedule(
         12,
         4,
-        3,
-        3,
-        ClientStep(lr=0.3),
+        LocalWork(3, 3, ClientStep(lr=0.3)),
         seed=1,
         execution=Execution(dtype=torch.float64, compile=CudaGraphs(capture=counting)),
     )

@@ -19,7 +19,7 @@ from fedsub import device as device_lib
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.execution import Execution
 from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.numerics import segment_sum
 from fedsub.runs.run_setup import schedule_of
 
@@ -120,7 +120,7 @@ def test_a_deterministic_run_equals_the_fast_run_and_repeats_bit_for_bit(
     and embedding LR's autograd (sum pooling), every stateful server step."""
     monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", False)
     schedule = Schedule(
-        3, 6, 3, 2, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)
+        3, 6, LocalWork(3, 2, ClientStep(0.3)), seed=1, execution=Execution(dtype=torch.float64)
     )
     modes: list[bool] = []
     record = lambda _round: modes.append(torch.are_deterministic_algorithms_enabled())  # noqa: E731
@@ -128,9 +128,7 @@ def test_a_deterministic_run_equals_the_fast_run_and_repeats_bit_for_bit(
     sure = Schedule(
         3,
         6,
-        3,
-        2,
-        ClientStep(0.3),
+        LocalWork(3, 2, ClientStep(0.3)),
         seed=1,
         execution=Execution(dtype=torch.float64, deterministic=True),
     )
@@ -160,7 +158,11 @@ def test_a_deterministic_run_killed_and_resumed_equals_an_uninterrupted_one_bit_
 ):
     monkeypatch.setattr(device_lib, "CPU_FAST_PATHS", False)
     schedule = Schedule(
-        3, 6, 3, 2, ClientStep(0.3), seed=2, execution=Execution(dtype=dtype, deterministic=True)
+        3,
+        6,
+        LocalWork(3, 2, ClientStep(0.3)),
+        seed=2,
+        execution=Execution(dtype=dtype, deterministic=True),
     )
     straight = run("synthetic", algorithm, schedule)
     resumed = interrupted_then_resumed("synthetic", algorithm, schedule, tmp_path)
@@ -191,7 +193,11 @@ def test_cuda_sorted_segment_sums_equal_the_in_order_reference_and_index_add():
 def test_cuda_deterministic_runs_repeat_and_resume_bit_for_bit(tmp_path, algorithm, data):
     cuda = torch.device("cuda")
     schedule = Schedule(
-        3, 6, 3, 2, ClientStep(0.3), seed=2, execution=Execution(device=cuda, deterministic=True)
+        3,
+        6,
+        LocalWork(3, 2, ClientStep(0.3)),
+        seed=2,
+        execution=Execution(device=cuda, deterministic=True),
     )
     straight = run(data, algorithm, schedule)
     again = run(data, algorithm, schedule)
@@ -199,7 +205,13 @@ def test_cuda_deterministic_runs_repeat_and_resume_bit_for_bit(tmp_path, algorit
     reference = run(
         data,
         algorithm,
-        Schedule(3, 6, 3, 2, ClientStep(0.3), seed=2, execution=Execution(backend="sequential")),
+        Schedule(
+            3,
+            6,
+            LocalWork(3, 2, ClientStep(0.3)),
+            seed=2,
+            execution=Execution(backend="sequential"),
+        ),
     )
     for name, expected in straight.state_dict().items():
         assert expected.is_cuda

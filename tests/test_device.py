@@ -15,7 +15,7 @@ from fedsub.device import resolve_device
 from fedsub.engine.cohort_batches import cohort_batches
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.shuffle import numpy_schedules, torch_schedules
 from fedsub.errors import ConfigError
 from fedsub.models import sparse_lr_closed_form as closed_form
@@ -71,7 +71,7 @@ def test_a_run_with_device_cpu_set_explicitly_is_the_default_run():
     for device in (None, torch.device("cpu")):
         extra = {} if device is None else {"device": device}
         execution = Execution(dtype=torch.float64, **extra)
-        schedule = Schedule(3, 6, 3, 2, ClientStep(0.3), seed=4, execution=execution)
+        schedule = Schedule(3, 6, LocalWork(3, 2, ClientStep(0.3)), seed=4, execution=execution)
         runs[device] = train(model, build_algorithm("fedsubavg", context), dataset, index, schedule)
     for name, value in runs[None].state_dict().items():
         assert value.device.type == "cpu"
@@ -202,9 +202,7 @@ def test_the_device_generic_kernels_run_end_to_end_on_the_cpu(monkeypatch, algor
             schedule = Schedule(
                 3,
                 6,
-                4,
-                3,
-                ClientStep(0.3),
+                LocalWork(4, 3, ClientStep(0.3)),
                 seed=1,
                 execution=Execution(dtype=torch.float64, backend=backend),
             )
@@ -237,9 +235,7 @@ def test_cuda_batched_equals_the_cpu_sequential_reference(algorithm, data, dtype
         schedule = Schedule(
             5,
             7,
-            4,
-            3,
-            ClientStep(0.3),
+            LocalWork(4, 3, ClientStep(0.3)),
             seed=2,
             execution=Execution(dtype=dtype, backend=backend, device=torch.device(device)),
         )
@@ -292,7 +288,11 @@ def test_cuda_run_keeps_every_round_tensor_on_the_gpu():
     model = EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=4, init_std=0.3)
     context = AlgorithmContext(dataset, index, "samples", 5)
     schedule = Schedule(
-        2, 5, 2, 2, ClientStep(0.1), seed=0, execution=Execution(device=torch.device("cuda"))
+        2,
+        5,
+        LocalWork(2, 2, ClientStep(0.1)),
+        seed=0,
+        execution=Execution(device=torch.device("cuda")),
     )
     view = DeviceData.of(dataset, index, schedule.execution.device, schedule.execution.dtype)
     assert view.labels.is_cuda and all(r.values.is_cuda for r in view.rows.values())

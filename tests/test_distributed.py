@@ -28,7 +28,7 @@ from fedsub.engine.cohort_job import CohortJob
 from fedsub.engine.execution import Execution
 from fedsub.engine.features import torchrun_split
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking
@@ -130,9 +130,7 @@ def test_split_rounds_give_the_one_process_model(monkeypatch, backend, dtype, al
     schedule = Schedule(
         2,
         7,
-        local_steps=2,
-        batch_size=3,
-        client_step=ClientStep(lr=0.3),
+        local=LocalWork(2, 3, ClientStep(lr=0.3)),
         seed=2,
         execution=Execution(dtype=dtype, backend=backend),
     )
@@ -150,9 +148,7 @@ def test_a_cohort_smaller_than_the_processes_leaves_some_idle_and_the_same_model
     schedule = Schedule(
         2,
         2,
-        local_steps=2,
-        batch_size=3,
-        client_step=ClientStep(lr=0.3),
+        local=LocalWork(2, 3, ClientStep(lr=0.3)),
         seed=2,
         execution=Execution(dtype=torch.float64),
     )
@@ -168,9 +164,7 @@ def test_split_masked_rounds_give_exactly_the_one_process_model(monkeypatch, tmp
     schedule = Schedule(
         2,
         5,
-        2,
-        3,
-        client_step=ClientStep(lr=0.1),
+        local=LocalWork(2, 3, ClientStep(lr=0.1)),
         seed=4,
         execution=Execution(dtype=torch.float64),
         masking=masking,

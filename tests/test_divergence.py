@@ -83,7 +83,8 @@ def test_masked_mlp_blow_up_stops_naming_algorithm_round_loss_and_rule():
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", 4))
     masked = _schedule("static", rounds=4)
     too_fast = dataclasses.replace(masked.client_step, lr=50.0)
-    schedule = dataclasses.replace(masked, client_step=too_fast, eval_every=1)
+    local = dataclasses.replace(masked.local, client_step=too_fast)
+    schedule = dataclasses.replace(masked, local=local, eval_every=1)
     evaluator = Evaluator.build(model, dataset, 1000, 0)
     with pytest.raises(Diverged) as error:
         train(

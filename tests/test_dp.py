@@ -22,7 +22,14 @@ from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism
-from fedsub.dp.settings import Accounting, AdaptiveClip, DpSettings, DpWeights, RowSelection
+from fedsub.dp.settings import (
+    Accounting,
+    AdaptiveClip,
+    DpSettings,
+    DpWeights,
+    NoiseKey,
+    RowSelection,
+)
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
@@ -185,7 +192,7 @@ def settings(clients_per_round: int = 10, **changes) -> DpSettings:
         accounting=accounting,
         rows="private",
         selection=RowSelection(share=0.3, threshold=2.0),
-        randomness="seeded",  # two mechanisms of one round draw the same noise
+        key=NoiseKey("seeded"),  # two mechanisms of one round draw the same noise
     )
     return dataclasses.replace(base, **changes)
 

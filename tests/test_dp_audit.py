@@ -27,7 +27,7 @@ from scipy import stats
 from fedsub.algorithms.sampling import poisson_cohort
 from fedsub.dp.mechanism import DpMechanism, gaussian, round_generator
 from fedsub.dp.randomness import DpStreams
-from fedsub.dp.settings import Accounting, DpSettings
+from fedsub.dp.settings import Accounting, DpSettings, NoiseKey
 from fedsub.numerics.seeding import Seed
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -44,8 +44,7 @@ def settings_of(z: float, clients: int, expected: int, randomness: str) -> DpSet
         noise_multiplier=z,
         accounting=accounting,
         rows="all",
-        seed=PUBLIC_SEED,
-        randomness=randomness,  # type: ignore[arg-type]  (a Randomness literal)
+        key=NoiseKey(randomness, PUBLIC_SEED),  # type: ignore[arg-type]  (a Randomness literal)
     )
 
 

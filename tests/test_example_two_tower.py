@@ -17,7 +17,7 @@ import torch
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.torch_module import wrap
 from fedsub.submodel.index import SubmodelIndex
 
@@ -59,9 +59,7 @@ def test_fedsubavg_moves_each_row_by_its_heat_coefficient_times_fedavgs_move(exa
     schedule = Schedule(
         1,
         10,
-        3,
-        4,
-        client_step=ClientStep(lr=0.2),
+        local=LocalWork(3, 4, ClientStep(lr=0.2)),
         seed=0,
         execution=Execution(dtype=torch.float64),
     )

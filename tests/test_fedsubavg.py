@@ -19,7 +19,7 @@ from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.sequential import client_round
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
@@ -43,9 +43,7 @@ def test_example1_closed_form(n, lr, rounds):
     schedule = Schedule(
         rounds,
         n,
-        local_steps=1,
-        batch_size=1,
-        client_step=ClientStep(lr=lr),
+        local=LocalWork(1, 1, ClientStep(lr=lr)),
         seed=0,
         execution=Execution(dtype=torch.float64),
     )
@@ -69,9 +67,7 @@ def test_equation3_expected_update_is_mean_over_involved_clients(small_synthetic
     schedule = Schedule(
         1,
         10,
-        local_steps=3,
-        batch_size=4,
-        client_step=ClientStep(lr=0.5),
+        local=LocalWork(3, 4, ClientStep(lr=0.5)),
         seed=0,
         execution=Execution(dtype=torch.float64),
     )
@@ -134,9 +130,7 @@ def test_fedsubavg_equals_fedavg_when_every_client_touches_every_row():
     schedule = Schedule(
         6,
         5,
-        local_steps=4,
-        batch_size=3,
-        client_step=ClientStep(lr=0.2),
+        local=LocalWork(4, 3, ClientStep(lr=0.2)),
         seed=1,
         execution=Execution(dtype=torch.float64),
     )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedsub.engine.execution import Execution
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.numerics import float32
 from fedsub.numerics.float32 import ieee_float32
 
@@ -53,7 +53,7 @@ def test_a_training_run_computes_in_ieee_float32_and_gives_the_settings_back():
     inside: list[list] = []
     try:
         execution = Execution(dtype=torch.float64)
-        schedule = Schedule(2, 3, 1, 2, ClientStep(0.1), seed=0, execution=execution)
+        schedule = Schedule(2, 3, LocalWork(1, 2, ClientStep(0.1)), seed=0, execution=execution)
         run("synthetic", "fedavg", schedule, on_round=lambda r: inside.append(settings()))
         after = settings()
     finally:

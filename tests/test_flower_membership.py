@@ -16,7 +16,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fedsub.engine.loop import Progress, RunControl, drive, run_round
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import RunIdentity, hash_config
@@ -111,7 +111,7 @@ def runtime(grid: StandInGrid, rounds: int = 8, **kw) -> FlowerRuntime:
         grid,  # type: ignore[arg-type]
         Params({"w": torch.zeros(ROWS, 1)}, {}),
         Served(name, None, "clients"),
-        Schedule(rounds, 3, 1, 1, ClientStep(0.5), seed=0),
+        Schedule(rounds, 3, LocalWork(1, 1, ClientStep(0.5)), seed=0),
         FlowerSettings(nodes=Nodes(**groups[Nodes]), replies=Replies(**groups[Replies])),
     )
 
@@ -437,6 +437,7 @@ def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model
     reads its secret back from the checkpoint (the resumed process draws another, which must
     not be used) and ends with the model and every round's epsilon of the uninterrupted run
     that drew the same secret; a run with another secret ends elsewhere."""
+    from fedsub.dp.settings import NoiseKey
     from fedsub.numerics import secret_streams
     from fedsub.numerics.seeding import Secret
 
@@ -446,7 +447,7 @@ def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model
         dp_settings().accounting, num_clients=4, clients_per_round=3, rounds=5, delta=1e-3
     )
     dp = dp_settings(
-        clip=0.5, noise_multiplier=0.5, rows="all", accounting=accounting, randomness="secret"
+        clip=0.5, noise_multiplier=0.5, rows="all", accounting=accounting, key=NoiseKey("secret")
     )
 
     def dp_run(folder, grid: StandInGrid, secret: Secret, resume: bool = False) -> FlowerRuntime:

@@ -12,7 +12,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_c
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.sparse_lr import SparseLogisticRegression
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy.heat_sources import HeatPrivacy, describe, estimate_heat
@@ -116,7 +116,7 @@ def test_secagg_heat_equals_exact_and_so_does_the_model(small, kind):
 
     model = SparseLogisticRegression(dict(dataset.table_rows))
     schedule = Schedule(
-        3, 10, 3, 4, ClientStep(0.2), seed=0, execution=Execution(dtype=torch.float64)
+        3, 10, LocalWork(3, 4, ClientStep(0.2)), seed=0, execution=Execution(dtype=torch.float64)
     )
     results = []
     for source in ("exact", "secagg"):

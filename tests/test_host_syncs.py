@@ -21,7 +21,7 @@ from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.server_round import HOST_READS_PER_ROUND
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.models.registry import build_model
@@ -45,7 +45,9 @@ def reads_per_round(data, model, algorithm: str, device, **control) -> list[dict
     """The host reads of rounds 2..ROUNDS (round 1 also builds the run's cached views)."""
     dataset, index = data
     built = build_algorithm(algorithm, AlgorithmContext(dataset, index, "samples", 6))
-    schedule = Schedule(ROUNDS, 6, 3, 2, ClientStep(0.05), 0, execution=Execution(device=device))
+    schedule = Schedule(
+        ROUNDS, 6, LocalWork(3, 2, ClientStep(0.05)), 0, execution=Execution(device=device)
+    )
     marks = []
     with HostReads() as reads:
         train(
@@ -135,7 +137,7 @@ def test_a_member_screened_out_still_works_with_the_deferred_checks(monkeypatch,
     dataset, index = data
     model = EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=4)
     built = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", 6))
-    schedule = Schedule(2, 6, 3, 2, ClientStep(0.05), 0)
+    schedule = Schedule(2, 6, LocalWork(3, 2, ClientStep(0.05)), 0)
     rejected = []
     unscreened = train(model, built, dataset, index, schedule)
     screened = train(
@@ -159,7 +161,11 @@ def test_a_cuda_round_synchronises_at_most_the_documented_times(data):
     dataset, index = data
     built = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", 6))
     schedule = Schedule(
-        ROUNDS, 6, 3, 2, ClientStep(0.05), 0, execution=Execution(device=torch.device("cuda"))
+        ROUNDS,
+        6,
+        LocalWork(3, 2, ClientStep(0.05)),
+        0,
+        execution=Execution(device=torch.device("cuda")),
     )
     per_round: list[int] = []
     with warnings.catch_warnings(record=True) as caught:

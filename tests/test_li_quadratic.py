@@ -17,7 +17,7 @@ from fedsub.data import li_quadratic
 from fedsub.data.li_quadratic import LiQuadraticOptions
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule, lr_at
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule, lr_at
 from fedsub.models.linear_regression import LinearRegression
 from fedsub.submodel.index import SubmodelIndex
 
@@ -61,9 +61,7 @@ def fedsub_fedavg(lr: float, steps: int, rounds: int, n: int = N, p: int = P) ->
     schedule = Schedule(
         rounds,
         n,
-        local_steps=steps,
-        batch_size=p + 1,
-        client_step=ClientStep(lr=lr, weight_decay=MU),
+        local=LocalWork(steps, p + 1, ClientStep(lr=lr, weight_decay=MU)),
         seed=0,
         execution=Execution(dtype=torch.float64),
         eval_every=rounds,

@@ -17,7 +17,7 @@ from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.local_sgd import local_sgd
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.masking.aggregate import MaskedCohortUpdate, SliceGroup, aggregate_slices
 from fedsub.masking.capacity import Capacities
 from fedsub.masking.schemes import Masking, channels, plan, shuffled_piece
@@ -341,9 +341,7 @@ def _schedule(scheme, backend="sequential", rounds=3, **masking) -> Schedule:
     return Schedule(
         rounds=rounds,
         clients_per_round=4,
-        local_steps=3,
-        batch_size=5,
-        client_step=ClientStep(lr=0.05, momentum=0.5),
+        local=LocalWork(3, 5, ClientStep(lr=0.05, momentum=0.5)),
         seed=0,
         execution=Execution(dtype=torch.float64, backend=backend),
         masking=Masking(scheme, **masking),

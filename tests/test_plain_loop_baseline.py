@@ -13,7 +13,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.algorithms.sampling import uniform_cohort
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
 from fedsub.submodel.index import SubmodelIndex
 
@@ -29,7 +29,7 @@ def test_the_plain_per_client_loop_equals_fedsub_batched_fedsubavg():
     index = SubmodelIndex.build(dataset)
     model = EmbeddingLogisticRegression(dict(dataset.table_rows), embedding_dim=3)
     algorithm = build_algorithm("fedsubavg", AlgorithmContext(dataset, index, "samples", K))
-    schedule = Schedule(ROUNDS, K, STEPS, BATCH, ClientStep(LR), SEED)
+    schedule = Schedule(ROUNDS, K, LocalWork(STEPS, BATCH, ClientStep(LR)), SEED)
     fedsub_model = train(model, algorithm, dataset, index, schedule)
 
     start = initial_params(model, schedule)

@@ -25,7 +25,7 @@ from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.flower.private_download import SECRET
 from fedsub.models.registry import build_model
@@ -94,7 +94,7 @@ def _schedule(dataset, randomness: str, rounds: int = 4) -> tuple:
     model = build_model("sparse-lr", dataset, {"init_std": 0.0})
     privacy = Privacy("download", download_keep=0.6, randomness=randomness)  # type: ignore[arg-type]
     schedule = Schedule(
-        rounds, CLIENTS, 2, 4, ClientStep(0.5), seed=1,
+        rounds, CLIENTS, LocalWork(2, 4, ClientStep(0.5)), seed=1,
         execution=Execution(dtype=torch.float64), privacy=privacy,
     )  # fmt: skip
     built = algorithm_for("fedsubavg", dataset, index, CLIENTS)

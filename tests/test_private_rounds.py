@@ -16,7 +16,7 @@ from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import RunControl
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.registry import build_model
 from fedsub.privacy.fixed_point import FixedPoint
@@ -47,9 +47,7 @@ def run(
     schedule = Schedule(
         rounds,
         CLIENTS,
-        2,
-        4,
-        ClientStep(0.5),
+        LocalWork(2, 4, ClientStep(0.5)),
         seed=1,
         execution=Execution(dtype=torch.float64, backend=backend),
         privacy=privacy,

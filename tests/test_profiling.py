@@ -15,7 +15,7 @@ from fedsub.cli import main
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.registry import build_model
 from fedsub.profiling import ROUND, RoundProfile, timed
 from fedsub.profiling import profiling as recording
@@ -58,9 +58,7 @@ def test_a_profiled_runs_phases_cover_its_rounds(backend, tmp_path):
     schedule = Schedule(
         4,
         3,
-        2,
-        2,
-        ClientStep(0.1, clip_norm=1.0),
+        LocalWork(2, 2, ClientStep(0.1, clip_norm=1.0)),
         0,
         execution=Execution(backend=backend),
         eval_every=2,

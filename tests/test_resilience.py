@@ -23,7 +23,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Diverged, RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import FedsubError
 from fedsub.files.run_folder import hash_config
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -250,7 +250,7 @@ def test_nan_update_and_oversized_update_are_rejected_and_the_round_goes_on():
     rejections = []
     control = RunControl(max_update_norm=1e6, on_reject=rejections.append)
     schedule = Schedule(
-        3, 6, 2, 4, ClientStep(0.5), seed=0, execution=Execution(dtype=torch.float64)
+        3, 6, LocalWork(2, 4, ClientStep(0.5)), seed=0, execution=Execution(dtype=torch.float64)
     )
     params = train(model, algorithm, dataset, index, schedule, control=control)
     assert all(torch.isfinite(t).all() for t in params.tensors())
@@ -276,7 +276,7 @@ def test_divergence_stops_with_the_round_and_last_checkpoint(tmp_path):
     index = SubmodelIndex.build(dataset)
     context = AlgorithmContext(dataset, index, "samples", 6)
     algorithm = build_algorithm("scaffold-approx", context, ServerLrOptions(server_lr=1e30))
-    schedule = Schedule(10, 6, 1, 1, ClientStep(0.1), seed=0)
+    schedule = Schedule(10, 6, LocalWork(1, 1, ClientStep(0.1)), seed=0)
     control = RunControl(checkpoints=tmp_path, checkpoint_every=1)
     with pytest.raises(Diverged) as error:
         train(SquaredDistance(rows=1, w0=0.0), algorithm, dataset, index, schedule, control=control)

@@ -23,7 +23,7 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.registry import build_model, model_names
 from fedsub.submodel.index import SubmodelIndex
 
@@ -96,9 +96,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(name, model_name, tmp
     schedule = Schedule(
         ROUNDS,
         2,
-        2,
-        3,
-        client_step=ClientStep(lr=0.1),
+        local=LocalWork(2, 3, ClientStep(lr=0.1)),
         seed=3,
         execution=Execution(dtype=torch.float64, backend=backend),
     )

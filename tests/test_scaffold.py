@@ -20,7 +20,7 @@ from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.shuffle import cohort_schedules
 from fedsub.models.base import Batch, forward
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -60,7 +60,11 @@ def by_hand(
     dataset, model = dataset_and_model()
     clip, decay, momentum = (chain.get(k, 0.0) for k in ("clip_norm", "weight_decay", "momentum"))
     schedule = Schedule(
-        1, K, STEPS, BATCH, ClientStep(LR), seed=SEED, execution=Execution(dtype=torch.float64)
+        1,
+        K,
+        LocalWork(STEPS, BATCH, ClientStep(LR)),
+        seed=SEED,
+        execution=Execution(dtype=torch.float64),
     )
     start = initial_params(model, schedule)
     x = {"t": start.tables["t"].clone(), "bias": start.dense["bias"].clone()}
@@ -123,9 +127,7 @@ def engine(name: str, rounds: int, server_lr: float, backend: str, max_norm=0.0,
     schedule = Schedule(
         rounds,
         K,
-        STEPS,
-        BATCH,
-        ClientStep(LR, **chain),
+        LocalWork(STEPS, BATCH, ClientStep(LR, **chain)),
         seed=SEED,
         execution=Execution(dtype=torch.float64, backend=backend),
     )

@@ -9,7 +9,7 @@ from fedsub.algorithms.adaptive import AdaptiveRule, AdaptiveServer
 from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.algorithms.server_optimizer import ServerMomentum
 from fedsub.engine.execution import Execution
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.submodel.params import Params
 
 ROWS, DIM = 6, 2
@@ -240,9 +240,7 @@ def first_round(name: str, dataset, options=None):
     schedule = Schedule(
         1,
         5,
-        local_steps=3,
-        batch_size=2,
-        client_step=ClientStep(lr=0.3),
+        local=LocalWork(3, 2, ClientStep(lr=0.3)),
         seed=1,
         execution=Execution(dtype=torch.float64),
     )

@@ -13,7 +13,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.federated import FederatedDataset, SampleSet
 from fedsub.data.ragged import Ragged
 from fedsub.engine.contribution import RoundFeatures, Safety
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.server_round import Diverged, ServerRound
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
@@ -44,7 +44,7 @@ def server_round(params: Params, rejections: list) -> ServerRound:
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", 3))
     return ServerRound(
         algorithm,
-        Schedule(5, 3, 1, 1, ClientStep(0.1), seed=0),
+        Schedule(5, 3, LocalWork(1, 1, ClientStep(0.1)), seed=0),
         dataset.sample_counts(),
         params,
         algorithm.make_server(params),
@@ -222,7 +222,7 @@ def test_flower_runtime_raises_diverged_naming_the_round_and_records_it():
         OverflowingGrid(),  # type: ignore[arg-type]
         params,
         Served("fedavg", None, "samples"),
-        Schedule(5, 3, 1, 1, ClientStep(0.1), seed=0),
+        Schedule(5, 3, LocalWork(1, 1, ClientStep(0.1)), seed=0),
         FlowerSettings(nodes=Nodes(min_nodes=1)),
     )
     rounds = runtime.open(RunControl())

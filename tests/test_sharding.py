@@ -28,7 +28,7 @@ from fedsub.distributed import Processes
 from fedsub.engine import evaluate, in_process
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.sharding import evaluation as sharded_evaluation
 from fedsub.sharding import initial
@@ -84,7 +84,7 @@ def test_one_process_is_refused_naming_torchrun():
     dataset = DATASETS["synthetic"]()
     index = SubmodelIndex.build(dataset)
     schedule = Schedule(
-        1, 4, 1, 2, ClientStep(0.1), seed=1, execution=Execution(table_sharding="rows")
+        1, 4, LocalWork(1, 2, ClientStep(0.1)), seed=1, execution=Execution(table_sharding="rows")
     )
     algorithm = algorithm_for("fedavg", dataset, index)
     with pytest.raises(ConfigError, match="torchrun --nproc-per-node P"):

@@ -27,7 +27,7 @@ from fedsub.engine.loop import (
     resume,
     save_checkpoint,
 )
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import FedsubError
 from fedsub.models.sparse_lr import SparseLogisticRegression
@@ -40,9 +40,7 @@ from .equivalence import algorithm_for
 SCHEDULE = Schedule(
     3,
     3,
-    2,
-    2,
-    ClientStep(0.5),
+    LocalWork(2, 2, ClientStep(0.5)),
     seed=1,
     execution=Execution(dtype=torch.float64, backend="sequential"),
 )

@@ -8,7 +8,7 @@ from fedsub.data.synthetic_li import SyntheticLiOptions, generate
 from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.softmax_regression import SoftmaxRegression
 from fedsub.submodel.index import SubmodelIndex
 
@@ -42,7 +42,7 @@ def test_softmax_regression_learns_on_synthetic_li():
     model = SoftmaxRegression(60, 10)
     evaluator = Evaluator.build(model, dataset, 2000, 0)
     schedule = Schedule(
-        15, 5, 10, 24, ClientStep(0.1), seed=0, execution=Execution(dtype=torch.float64)
+        15, 5, LocalWork(10, 24, ClientStep(0.1)), seed=0, execution=Execution(dtype=torch.float64)
     )
     algorithm = build_algorithm("fedavg", AlgorithmContext(dataset, index, "samples", 5))
     history = []

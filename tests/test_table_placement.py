@@ -23,7 +23,7 @@ from fedsub.engine import placement
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.runs.run_setup import schedule_of
 from fedsub.submodel.index import SubmodelIndex
@@ -64,9 +64,7 @@ def test_host_placement_equals_device_placement_bit_for_bit(
     schedule = Schedule(
         3,
         6,
-        3,
-        2,
-        ClientStep(0.3),
+        LocalWork(3, 2, ClientStep(0.3)),
         seed=1,
         execution=Execution(dtype=torch.float64, backend=backend),
     )
@@ -97,9 +95,7 @@ def test_only_the_union_of_the_cohorts_rows_travels(monkeypatch, data):
     schedule = Schedule(
         3,
         4,
-        2,
-        2,
-        ClientStep(0.3),
+        LocalWork(2, 2, ClientStep(0.3)),
         seed=2,
         execution=Execution(dtype=torch.float32, table_placement="host"),
     )
@@ -144,7 +140,7 @@ def test_the_config_refuses_a_server_step_that_is_not_row_local(algorithm, tmp_p
 @pytest.mark.parametrize("algorithm", ["fedadam", "fedyogi", "scaffold-approx", "scaffold"])
 def test_a_server_step_that_is_not_row_local_is_refused_naming_the_key(algorithm):
     schedule = Schedule(
-        2, 6, 2, 2, ClientStep(0.3), seed=1, execution=Execution(table_placement="host")
+        2, 6, LocalWork(2, 2, ClientStep(0.3)), seed=1, execution=Execution(table_placement="host")
     )
     with pytest.raises(ConfigError) as error:
         run("synthetic", algorithm, schedule)
@@ -157,9 +153,7 @@ def test_a_host_placed_run_killed_and_resumed_equals_an_uninterrupted_one(tmp_pa
     schedule = Schedule(
         3,
         6,
-        3,
-        2,
-        ClientStep(0.3),
+        LocalWork(3, 2, ClientStep(0.3)),
         seed=2,
         execution=Execution(dtype=torch.float64, table_placement="host"),
     )
@@ -185,7 +179,11 @@ def test_cuda_host_placement_keeps_the_tables_pinned_on_the_host_and_equals_the_
 ):
     cuda = torch.device("cuda")
     schedule = Schedule(
-        3, 6, 3, 2, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64, device=cuda)
+        3,
+        6,
+        LocalWork(3, 2, ClientStep(0.3)),
+        seed=1,
+        execution=Execution(dtype=torch.float64, device=cuda),
     )
     on_device = run(data, algorithm, schedule)
     on_host = run(data, algorithm, with_execution(schedule, table_placement="host"))

@@ -21,7 +21,7 @@ from fedsub.engine.execution import Compile, Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.engine.schedule import ClientStep, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.base import Batch, forward, is_batchable
 from fedsub.models.embedding_lr import EmbeddingLogisticRegression
@@ -92,9 +92,7 @@ def test_both_backends_give_the_reference_model(name):
     schedule = Schedule(
         2,
         3,
-        local_steps=2,
-        batch_size=3,
-        client_step=ClientStep(lr=0.1),
+        local=LocalWork(2, 3, ClientStep(lr=0.1)),
         seed=4,
         execution=Execution(dtype=torch.float64),
     )
@@ -121,7 +119,11 @@ def test_init_is_the_modules_own_weights_and_to_module_writes_trained_ones_back(
     assert set(params.dense) == {"mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}
     index = SubmodelIndex.build(dataset)
     schedule = Schedule(
-        2, 3, 2, 3, client_step=ClientStep(lr=0.5), seed=1, execution=Execution(dtype=torch.float64)
+        2,
+        3,
+        local=LocalWork(2, 3, ClientStep(lr=0.5)),
+        seed=1,
+        execution=Execution(dtype=torch.float64),
     )
     trained = train(model, algorithm_for("fedsubavg", dataset, index, 3), dataset, index, schedule)
     back = model.to_module(trained)
@@ -293,7 +295,11 @@ def test_a_forward_computing_with_the_ids_runs_whole_and_sequentially(caplog):
         )
     index = SubmodelIndex.build(dataset)
     schedule = Schedule(
-        2, 3, 2, 3, client_step=ClientStep(lr=0.1), seed=4, execution=Execution(dtype=torch.float64)
+        2,
+        3,
+        local=LocalWork(2, 3, ClientStep(lr=0.1)),
+        seed=4,
+        execution=Execution(dtype=torch.float64),
     )
     assert_backends_match_reference(
         model, algorithm_for("fedavg", dataset, index), dataset, index, schedule
@@ -308,7 +314,11 @@ def test_a_forward_vmap_cannot_run_is_split_but_sequential(caplog):
     assert model.lookups is not None and not is_batchable(model)
     index = SubmodelIndex.build(dataset)
     schedule = Schedule(
-        2, 3, 2, 3, client_step=ClientStep(lr=0.1), seed=4, execution=Execution(dtype=torch.float64)
+        2,
+        3,
+        local=LocalWork(2, 3, ClientStep(lr=0.1)),
+        seed=4,
+        execution=Execution(dtype=torch.float64),
     )
     with caplog.at_level(logging.WARNING, logger="fedsub"):
         assert_backends_match_reference(
@@ -358,7 +368,7 @@ def test_dropout_is_inactive_and_said_so(caplog):
 def small_run(rounds: int = 3, privacy: Privacy | None = None, **execution) -> Schedule:
     """``execution``: the [execution] settings besides the dtype (backend, compile)."""
     on = Execution(dtype=torch.float64, **execution)
-    return Schedule(rounds, 3, 2, 3, ClientStep(0.1), 3, execution=on, privacy=privacy)
+    return Schedule(rounds, 3, LocalWork(2, 3, ClientStep(0.1)), 3, execution=on, privacy=privacy)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedsubavg", "scaffold", "fedadam", "fedprox"])
@@ -456,7 +466,11 @@ def test_fedsubavg_scales_the_modules_rows_as_the_built_in_models():
 
     same = SameStart(**{f.name: getattr(built_in, f.name) for f in dataclasses.fields(built_in)})
     schedule = Schedule(
-        1, 6, 3, 4, client_step=ClientStep(lr=0.5), seed=2, execution=Execution(dtype=torch.float64)
+        1,
+        6,
+        local=LocalWork(3, 4, ClientStep(lr=0.5)),
+        seed=2,
+        execution=Execution(dtype=torch.float64),
     )
     rows = {}
     for name in ("fedsubavg", "fedavg"):

@@ -723,17 +723,8 @@ def check_dp(config: Config) -> None:
     """``[dp]``: a noise multiplier or a target epsilon (one), and nothing beside the Gaussian
     mechanism that shows the server a client's data or that this runtime has not been made
     private yet (the algorithms themselves: ``check_algorithms``)."""
-    d, t, p = config.dp, config.train, config.privacy
-    rows, adaptive = d.row_selection, d.adaptive_clipping
-    if t.sampling == "poisson":
-        schemes = [
-            n for n in t.algorithms if split_name(n, config.composed_names())[1] != "default"
-        ]
-        if schemes:
-            raise ConfigError(
-                f'train.sampling = "poisson" cannot be combined with algorithm {schemes[0]!r}: '
-                "its scheme draws its own cohort; use the default scheme"
-            )
+    d, t = config.dp, config.train
+    check_poisson_schemes(config)
     if d.mechanism == "none":
         check_no_dp_keys(d)
         return
@@ -750,6 +741,32 @@ def check_dp(config: Config) -> None:
             "accountant has no event for fixed-size cohorts (sampled without replacement); "
             "use accountant 'rdp' or sampling 'poisson'"
         )
+    for condition, reason in dp_refusals(config):
+        if condition:
+            raise ConfigError(f"[dp] mechanism = {d.mechanism!r} cannot be used here: {reason}")
+
+
+def check_poisson_schemes(config: Config) -> None:
+    """``train.sampling = "poisson"`` draws the cohort itself: no algorithm's scheme may draw
+    its own (checked beside [dp], whose accountant reads the sampling)."""
+    t = config.train
+    if t.sampling == "poisson":
+        schemes = [
+            n for n in t.algorithms if split_name(n, config.composed_names())[1] != "default"
+        ]
+        if schemes:
+            raise ConfigError(
+                f'train.sampling = "poisson" cannot be combined with algorithm {schemes[0]!r}: '
+                "its scheme draws its own cohort; use the default scheme"
+            )
+
+
+def dp_refusals(config: Config) -> list[tuple[bool, str]]:
+    """What a DP mechanism cannot run with, in the order they are reported: what would show
+    the server a client's data beside the noise, what this runtime has not made private yet,
+    budget shares that leave nothing for the update, the clip's and DP-FTRL's own."""
+    d, p = config.dp, config.privacy
+    rows, adaptive = d.row_selection, d.adaptive_clipping
     refusals = [
         *distributed_refusals(config),
         (
@@ -791,10 +808,7 @@ def check_dp(config: Config) -> None:
             "lets FedSubAvg's private heat coefficient D / h_m grow without bound; use > 0",
         ),
     ]
-    refusals += mechanism_refusals(config)
-    for condition, reason in refusals:
-        if condition:
-            raise ConfigError(f"[dp] mechanism = {d.mechanism!r} cannot be used here: {reason}")
+    return refusals + mechanism_refusals(config)
 
 
 def dp_asked(config: Config) -> DpAsked:

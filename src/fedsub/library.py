@@ -246,6 +246,16 @@ def train(
         >>> result.summary["diverged"] is None
         True
     """
+    _check_one_algorithm(algorithm, train_options)
+    given = _Given(
+        model, data, tables, model_options, algorithm_options, loss, task, initial_model, callbacks
+    )
+    terms = arguments.train_terms("algorithm")
+    return _compare(given, [algorithm], train_options, terms)[algorithm]
+
+
+def _check_one_algorithm(algorithm: Any, train_options: Mapping[str, Any]) -> None:
+    """``train`` trains one algorithm, given by its name (``compare`` takes several)."""
     if "algorithms" in train_options:
         raise ArgumentError(
             "train() trains one algorithm: give it as algorithm='fedavg' (fedsub.compare "
@@ -256,21 +266,6 @@ def train(
             "algorithm must be an algorithm's name (fedsub list algorithms), got "
             f"{arguments.described(algorithm)}"
         )
-    results = _compare(
-        model,
-        data,
-        [algorithm],
-        tables,
-        model_options,
-        algorithm_options,
-        loss,
-        task,
-        initial_model,
-        train_options,
-        arguments.train_terms("algorithm"),
-        callbacks,
-    )
-    return results[algorithm]
 
 
 def compare(
@@ -303,42 +298,38 @@ def compare(
         True
     """
     names = arguments.names(algorithms, "algorithms")
-    return _compare(
-        model,
-        data,
-        names,
-        tables,
-        model_options,
-        algorithm_options,
-        loss,
-        task,
-        initial_model,
-        train_options,
-        arguments.train_terms(),
-        callbacks,
+    given = _Given(
+        model, data, tables, model_options, algorithm_options, loss, task, initial_model, callbacks
     )
+    return _compare(given, names, train_options, arguments.train_terms())
+
+
+@dataclass(frozen=True)
+class _Given:
+    """What ``train`` and ``compare`` were given beside the algorithms and the ``[train]``
+    keys, as given (checked by ``_compare``)."""
+
+    model: Any
+    data: Any
+    tables: Any
+    model_options: Any
+    algorithm_options: Any
+    loss: Any
+    task: Any
+    initial_model: Any
+    callbacks: Any
 
 
 def _compare(
-    model: Any,
-    data: Any,
-    algorithms: list[str],
-    tables: Any,
-    model_options: Any,
-    algorithm_options: Any,
-    loss: Any,
-    task: Any,
-    initial_model: Any,
-    train_options: Mapping[str, Any],
-    terms: Mapping[str, str],
-    callbacks: Any = None,
+    given: _Given, algorithms: list[str], train_options: Mapping[str, Any], terms: Mapping[str, str]
 ) -> Comparison:
     """``compare``'s work for ``train`` and ``compare``: the arguments checked, the config
     built and checked by config.py, errors in the caller's ``terms``."""
-    options = arguments.mapping(model_options, "model_options", "{'embedding_dim': 4}")
-    hooks = arguments.tracking_callbacks(callbacks)
-    start = _start_file(initial_model)
-    per_algorithm = arguments.tables_of(algorithm_options)
+    model, tables, loss, task = given.model, given.tables, given.loss, given.task
+    options = arguments.mapping(given.model_options, "model_options", "{'embedding_dim': 4}")
+    hooks = arguments.tracking_callbacks(given.callbacks)
+    start = _start_file(given.initial_model)
+    per_algorithm = arguments.tables_of(given.algorithm_options)
     trained = {name.split("@")[0] for name in algorithms}  # fedavg@scheme2 reads fedavg's
     unused = [name for name in per_algorithm if name not in trained]
     if unused:
@@ -350,13 +341,13 @@ def _compare(
         arguments.model_options_of(model, options)
     model_table = {**options, "name": model} if isinstance(model, str) else dict(options)
     with spoken_as(terms, arguments=True), moved_keys.notes_once():
-        dataset = _dataset_of(data)
+        dataset = _dataset_of(given.data)
         dtype = train_options.get("dtype", "float32")  # checked by config_of when not one
         dtype = dtype if isinstance(dtype, str) and dtype in ("float32", "float64") else None
-        given = _model_of(model, dataset, tables, options, loss, task, dtype)
-        config = config_of(train_options, algorithms, per_algorithm, given, model_table)
+        built = _model_of(model, dataset, tables, options, loss, task, dtype)
+        config = config_of(train_options, algorithms, per_algorithm, built, model_table)
         outcome = experiment.compare(
-            config, None, dataset=dataset, model=given, initial_model=start, callbacks=hooks
+            config, None, dataset=dataset, model=built, initial_model=start, callbacks=hooks
         )
     return Comparison.of(outcome)
 
@@ -518,21 +509,7 @@ def sweep(
         >>> result.summary["values"]
         ['5', '10']
     """
-    if not isinstance(key, str):
-        raise ArgumentError(
-            f"key must be a config key such as 'train.lr', got {arguments.described(key)}"
-        )
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
-        raise ArgumentError(
-            f"values must be a list of the values of {key!r} to sweep, e.g. [5, 10], got "
-            f"{arguments.described(values)}"
-        )
-    texts = [v if isinstance(v, str) else config_lib.toml_value(v) for v in values]
-    if not texts:
-        raise ArgumentError(f"sweep of {key!r}: give at least one value")
-    twice = experiment.repeated_value(texts)
-    if twice is not None:
-        raise ArgumentError(f"sweep of {key!r}: value {twice!r} is given twice")
+    texts = _sweep_values(key, values)
     folder = arguments.folder(out, "out")
     if folder is None:
         raise ArgumentError("out must be the sweep's folder (a str or pathlib.Path), got None")
@@ -540,18 +517,7 @@ def sweep(
     for name, value in (("resume", resume), ("overwrite", overwrite), ("profile", profile)):
         arguments.flag(value, name)
     stop, on_round = arguments.run_callbacks(stop_requested, on_round)
-    if isinstance(config, Config):
-        base, where = tomllib.loads(config.to_toml()), "the config"
-    elif isinstance(config, Mapping):
-        base, where = copy.deepcopy(dict(config)), "the config"
-    elif config is None or isinstance(config, (str, os.PathLike)):
-        path = config_lib.default_config_path() if config is None else Path(config)
-        base, where = config_lib.read_toml(path), str(path)
-    else:
-        raise ArgumentError(
-            "config must be a TOML file's path, a dict of TOML tables, a fedsub.Config or "
-            f"None, got {arguments.described(config)}"
-        )
+    base, where = _sweep_base(config)
     with spoken_as(RUN_FLAGS), moved_keys.notes_once():
         outcome = experiment.sweep(
             key,
@@ -567,6 +533,43 @@ def sweep(
         )
     diverged = {name: str(d) for name, d in outcome.diverged.items()}
     return Sweep(outcome.summary, outcome.markdown, Path(folder), diverged)
+
+
+def _sweep_values(key: Any, values: Any) -> list[str]:
+    """``sweep``'s values as ``--sweep`` texts (a non-text value as TOML), refused unless
+    ``key`` is text and the values a non-empty list without repeats."""
+    if not isinstance(key, str):
+        raise ArgumentError(
+            f"key must be a config key such as 'train.lr', got {arguments.described(key)}"
+        )
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise ArgumentError(
+            f"values must be a list of the values of {key!r} to sweep, e.g. [5, 10], got "
+            f"{arguments.described(values)}"
+        )
+    texts = [v if isinstance(v, str) else config_lib.toml_value(v) for v in values]
+    if not texts:
+        raise ArgumentError(f"sweep of {key!r}: give at least one value")
+    twice = experiment.repeated_value(texts)
+    if twice is not None:
+        raise ArgumentError(f"sweep of {key!r}: value {twice!r} is given twice")
+    return texts
+
+
+def _sweep_base(config: Any) -> tuple[dict[str, Any], str]:
+    """``sweep``'s config as TOML tables (each value is applied to them before they are
+    checked) and where an error says they come from."""
+    if isinstance(config, Config):
+        return tomllib.loads(config.to_toml()), "the config"
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config)), "the config"
+    if config is None or isinstance(config, (str, os.PathLike)):
+        path = config_lib.default_config_path() if config is None else Path(config)
+        return config_lib.read_toml(path), str(path)
+    raise ArgumentError(
+        "config must be a TOML file's path, a dict of TOML tables, a fedsub.Config or "
+        f"None, got {arguments.described(config)}"
+    )
 
 
 def _dataset_of(data: FederatedDataset | str) -> FederatedDataset:

@@ -206,6 +206,27 @@ def from_partitioner(
     """
     if not isinstance(name, str):
         raise ArgumentError(f"from_partitioner(): name must be a string, got {name!r}")
+    count = _partition_count(partitioner, name, options)
+    frames = _partition_frames(partitioner, count, name)
+    if test is not None:
+        if options.get("split_column"):
+            raise DataError(f"{name}: give either test= or split_column, not both")
+        frames = [f.assign(**{_SPLIT_COLUMN: "train"}) for f in frames]
+        held_out = _frame_of(test, f"{name} test").assign(
+            **{PARTITION_COLUMN: "test", _SPLIT_COLUMN: "test"}
+        )
+        frames.append(held_out)
+        options = {**options, "split_column": _SPLIT_COLUMN}
+    _check_same_columns(name, frames, test is not None)
+    import pandas as pd
+
+    merged = pd.concat(frames, ignore_index=True)
+    return from_dataframe(merged, name=name, seed=seed, client_column=PARTITION_COLUMN, **options)
+
+
+def _partition_count(partitioner: Partitions, name: str, options: dict[str, Any]) -> int:
+    """The partitioner's number of partitions (clients), refused unless it is a loaded
+    flwr_datasets partitioner of at least 2, and the options name no client column."""
     count = getattr(partitioner, "num_partitions", None)
     if (
         not callable(getattr(partitioner, "load_partition", None))
@@ -227,7 +248,13 @@ def from_partitioner(
             f"{name}: client_column is not an option here; each partition is a client "
             f"(its rows get the column {PARTITION_COLUMN!r})"
         )
-    width = len(str(max(count - 1, 0)))  # zero-padded: clients in partition order
+    return count
+
+
+def _partition_frames(partitioner: Partitions, count: int, name: str) -> list[Any]:
+    """Each partition as a DataFrame with its client id (zero-padded, so clients keep the
+    partitions' order) in ``PARTITION_COLUMN``."""
+    width = len(str(max(count - 1, 0)))
     frames = []
     for partition in range(count):
         where = f"{name} partition {partition}"
@@ -242,20 +269,7 @@ def from_partitioner(
         if PARTITION_COLUMN in frame.columns:
             raise DataError(f"{where}: it already has a column {PARTITION_COLUMN!r}")
         frames.append(frame.assign(**{PARTITION_COLUMN: f"{partition:0{width}d}"}))
-    if test is not None:
-        if options.get("split_column"):
-            raise DataError(f"{name}: give either test= or split_column, not both")
-        frames = [f.assign(**{_SPLIT_COLUMN: "train"}) for f in frames]
-        held_out = _frame_of(test, f"{name} test").assign(
-            **{PARTITION_COLUMN: "test", _SPLIT_COLUMN: "test"}
-        )
-        frames.append(held_out)
-        options = {**options, "split_column": _SPLIT_COLUMN}
-    _check_same_columns(name, frames, test is not None)
-    import pandas as pd
-
-    merged = pd.concat(frames, ignore_index=True)
-    return from_dataframe(merged, name=name, seed=seed, client_column=PARTITION_COLUMN, **options)
+    return frames
 
 
 def _check_same_columns(name: str, frames: list[Any], with_test: bool) -> None:

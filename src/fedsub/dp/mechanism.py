@@ -101,7 +101,7 @@ class DpMechanism:
 
     def __post_init__(self) -> None:
         if self.streams is None:
-            self.streams = DpStreams(self.settings.randomness, self.settings.seed)
+            self.streams = DpStreams(self.settings.key.randomness, self.settings.key.seed)
         self.clip = self.clip or self.settings.clip
         weights = self.settings.weights
         mean = weights.mean if weights.cap > 0 else 1.0

@@ -33,7 +33,9 @@ __all__ = [
     "Accountant",
     "Accounting",
     "AdaptiveClip",
+    "Distributed",
     "DpSettings",
+    "NoiseKey",
     "Randomness",
     "RowSelection",
     "Rows",
@@ -119,6 +121,24 @@ class DpWeights:
 
 
 @dataclass(frozen=True)
+class Distributed:
+    """privacy.level = "full": distributed DP over secure aggregation (dp/distributed.py), each
+    client's discrete noise share calibrated for ``min_survivors`` (0: the whole cohort) of
+    them."""
+
+    min_survivors: int = 0
+
+
+@dataclass(frozen=True)
+class NoiseKey:
+    """dp.randomness: where the noise streams' key comes from, a secret from the OS (the
+    default) or ``seed`` (train.seed: reproducible, and then no guarantee; dp/randomness.py)."""
+
+    randomness: Randomness = "secret"
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class DpSettings:
     """What the mechanism and the accountant of a run need (all public numbers)."""
 
@@ -129,21 +149,21 @@ class DpSettings:
     selection: RowSelection = field(default_factory=RowSelection)  # read when rows = "private"
     adaptive: AdaptiveClip | None = None  # None: C stays `clip`
     weights: DpWeights = field(default_factory=DpWeights)
-    seed: int = 0
-    # privacy.level = "full": distributed DP over secure aggregation (dp/distributed.py), each
-    # client's discrete noise share calibrated for min_survivors (0: the whole cohort) of them
-    distributed: bool = False
-    min_survivors: int = 0
-    # dp.randomness: the streams' key, a secret from the OS (the default) or train.seed
-    # (reproducible, no guarantee; dp/randomness.py)
-    randomness: Randomness = "secret"
+    distributed: Distributed | None = None  # privacy.level = "full"; None: central noise
+    key: NoiseKey = field(default_factory=NoiseKey)
     # dp.mechanism: the central mechanism's name in dp/mechanisms.py's MECHANISMS
     mechanism: str = "gaussian"
 
     @property
+    def randomness(self) -> Randomness:
+        """dp.randomness (kept in ``key``): "seeded" publishes the noise's key."""
+        return self.key.randomness
+
+    @property
     def survivors_needed(self) -> int:
         """K_min: the fewest clients whose shares a secure sum may be decoded from."""
-        return self.min_survivors or self.accounting.clients_per_round
+        least = self.distributed.min_survivors if self.distributed is not None else 0
+        return least or self.accounting.clients_per_round
 
     @property
     def selection_multiplier(self) -> float:
@@ -206,7 +226,7 @@ class DpSettings:
             a.sampling,
             a.num_clients,
             a.clients_per_round,
-            self.distributed,
+            self.distributed is not None,
         )
 
     def ftrl_multiplier(self, rounds: int) -> float:
@@ -243,7 +263,7 @@ class DpSettings:
             "adaptive_clip": self.adaptive is not None,
             "noise": (
                 "distributed-discrete-gaussian"
-                if self.distributed
+                if self.distributed is not None
                 else "ftrl-blt"
                 if self.accounting.blt is not None
                 else "ftrl-tree"
@@ -252,7 +272,7 @@ class DpSettings:
             ),
             # DP-FTRL: the participation pattern enforced and accounted (no sampling assumed)
             "participation": self.accounting.ftrl.as_json() if self.accounting.ftrl else None,
-            "min_survivors": self.survivors_needed if self.distributed else None,
+            "min_survivors": self.survivors_needed if self.distributed is not None else None,
             # seeded: the noise and cohorts derive from the published train.seed
             "randomness": self.randomness,
             # ftrl-blt: the strategy's parameters (jax-privacy's), public like the pattern
@@ -367,7 +387,7 @@ def refusals(settings: DpSettings) -> list[str]:
     standard deviations of its size); a threshold that this value misses by more than
     ``UNREACHABLE`` selection-noise standard deviations selects the best row with probability
     below 1e-6 a round: the update's rows are then noise's false positives only."""
-    if settings.rows != "private" or settings.distributed:
+    if settings.rows != "private" or settings.distributed is not None:
         return []
     a, bound = settings.accounting, settings.selection.bound
     cohort = float(a.clients_per_round)

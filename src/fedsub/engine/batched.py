@@ -17,7 +17,8 @@ the run's device.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import cast
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch.func import vmap
@@ -54,70 +55,86 @@ Tensors = dict[str, torch.Tensor]
 
 
 def run_cohort(job: CohortJob) -> CohortUpdate:
-    model, global_params, dataset, index = job.model, job.params, job.dataset, job.index
-    members, round_index, schedule, work = job.cohort, job.round, job.schedule, job.work
-    k, batch = len(members), schedule.batch_size
+    """The cohort's local steps, all members at once: pull their rows and dense parameters,
+    train them (eagerly, captured or as a CUDA graph) and push back their changes."""
+    model, members, schedule = job.model, job.cohort, job.schedule
     # A model may give its cohort gradients in closed form (``cohort_gradients``); otherwise
     # autograd differentiates embed -> head -> loss.
     closed_form = model.cohort_gradients if has_capability(model, ClosedFormGradients) else None
     with timed("pull"):
         clients, batches, pulled_tables, pulled_dense = _pull(
-            global_params, dataset, index, members, round_index, schedule, closed_form is not None
+            job.params,
+            job.dataset,
+            job.index,
+            members,
+            job.round,
+            schedule,
+            closed_form is not None,
         )
     row_tensors = {t: r.values for t, r in batches.rows.items()}
-    dense_inputs = batches.dense
-
-    # A model may provide ``cohort_head`` (dense [K, ...], features [K, B, ...]) written with
-    # batched matmuls; otherwise its per-client head is vmapped over the client axis.
-    if has_capability(model, CohortHead):
-        head = model.cohort_head
-    else:
-        head = vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
-    row_owner = batches.row_owner
-    capture = captured_step.capture_for(model, closed_form is not None, schedule.execution.compile)
-    dense: Mapping[str, torch.Tensor | LowRankWeight]
-    if isinstance(capture, CudaGraphs):  # the round's steps replayed as one CUDA graph
-        padding = captured_step.PaddedCohort.of(
-            {t: len(v) for t, v in pulled_tables.items()},
-            data_of(dataset, index, schedule).field_tables,
-        )
-        with timed("local steps (graph)"):
-            tables, dense = cuda_graphs.graphed_steps(
-                model, head, pulled_tables, pulled_dense, batches, work, padding, capture
-            )
-    elif capture is not None:  # execution.compile: the steps as one captured program
-        step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
-        field_tables = data_of(dataset, index, schedule).field_tables
-        padding = captured_step.PaddedCohort.of(
-            {t: len(v) for t, v in pulled_tables.items()}, field_tables
-        )
-        with timed("local steps (captured)"):
-            tables, dense = captured_step.run_steps(
-                step,
-                padding,
-                pulled_tables,
-                {n: v.clone() for n, v in pulled_dense.items()},
-                row_owner,
-                batches,
-                work,
-                cuda_graphs=capture.mode == "reduce-overhead",
-            )
-    else:
-        tables, dense = _eager_steps(
-            model, head, closed_form, pulled_tables, pulled_dense, row_owner, batches, work
-        )
-
+    tables, dense = _local_steps(job, closed_form, batches, pulled_tables, pulled_dense)
     with torch.no_grad(), timed("push"):
         return CohortUpdate(
             clients=clients,
             weights=batches.counts.to(torch.float64),
             multiplicity=device_lib.from_host(members.multiplicity, schedule.execution.device),
             rows=row_tensors,
-            row_owner=row_owner,
+            row_owner=batches.row_owner,
             table_deltas={t: tables[t].detach() - pulled_tables[t] for t in tables},
             dense_deltas={n: _change(dense[n], pulled_dense[n]) for n in dense},
             unions=batches.unions,
         )
+
+
+def _local_steps(
+    job: CohortJob,
+    closed_form: Callable[..., tuple[Tensors, Tensors]] | None,
+    batches: CohortBatches,
+    pulled_tables: Tensors,
+    pulled_dense: Tensors,
+) -> tuple[Tensors, Mapping[str, torch.Tensor | LowRankWeight]]:
+    """The members' tables and dense parameters after the round's local steps, run the way
+    ``execution.compile`` asks: replayed as a CUDA graph, as one captured program, or op by
+    op."""
+    model, schedule, work = job.model, job.schedule, job.work
+    head = _cohort_head(model, batches.dense)
+    capture = captured_step.capture_for(model, closed_form is not None, schedule.execution.compile)
+    if capture is None:
+        return _eager_steps(
+            model, head, closed_form, pulled_tables, pulled_dense, batches.row_owner, batches, work
+        )
+    field_tables = data_of(job.dataset, job.index, schedule).field_tables
+    padding = captured_step.PaddedCohort.of(
+        {t: len(v) for t, v in pulled_tables.items()}, field_tables
+    )
+    if isinstance(capture, CudaGraphs):  # the round's steps replayed as one CUDA graph
+        with timed("local steps (graph)"):
+            return cuda_graphs.graphed_steps(
+                model, head, pulled_tables, pulled_dense, batches, work, padding, capture
+            )
+    # execution.compile: the steps as one captured program
+    k, batch = len(job.cohort), schedule.batch_size
+    step = captured_step.captured_step(model, head, work.chain, k, batch, capture)
+    with timed("local steps (captured)"):
+        return captured_step.run_steps(
+            step,
+            padding,
+            pulled_tables,
+            {n: v.clone() for n, v in pulled_dense.items()},
+            batches.row_owner,
+            batches,
+            work,
+            cuda_graphs=capture.mode == "reduce-overhead",
+        )
+
+
+def _cohort_head(model: Model, dense_inputs: torch.Tensor | None) -> Callable[..., torch.Tensor]:
+    """The head over the whole cohort: the model's ``cohort_head`` (dense [K, ...], features
+    [K, B, ...], written with batched matmuls) when it has one, else its per-client head
+    vmapped over the client axis."""
+    if has_capability(model, CohortHead):
+        return model.cohort_head
+    return vmap(model.head, in_dims=(0, 0, None if dense_inputs is None else 0))
 
 
 def _change(final: torch.Tensor | LowRankWeight, pulled: torch.Tensor) -> torch.Tensor:
@@ -165,6 +182,19 @@ def _pull(
     return clients, batches, pulled_tables, pulled_dense
 
 
+@dataclass
+class _Trainees:
+    """What the eager local steps train: the members' tables and dense parameters (a low-rank
+    weight kept as the global weight plus factors), all of them in the client rule's order
+    (``params``), the rule's per-member inputs and its state."""
+
+    tables: Tensors
+    dense: dict[str, torch.Tensor | LowRankWeight]
+    params: list[torch.Tensor]
+    rule_inputs: Members
+    state: Any
+
+
 def _eager_steps(
     model: Model,
     head: Callable[..., torch.Tensor],
@@ -177,8 +207,25 @@ def _eager_steps(
 ) -> tuple[Tensors, dict[str, torch.Tensor | LowRankWeight]]:
     """The local steps op by op (autograd, or the model's closed-form gradients): the
     members' tables and dense parameters after the last step."""
+    trainees = _trainees(model, closed_form, pulled_tables, pulled_dense, row_owner, batches, work)
+    if closed_form is not None:
+        _closed_form_steps(closed_form, trainees, batches, work)
+    else:
+        _autograd_steps(model, head, trainees, batches, work)
+    return trainees.tables, trainees.dense
+
+
+def _trainees(
+    model: Model,
+    closed_form: Callable[..., tuple[Tensors, Tensors]] | None,
+    pulled_tables: Tensors,
+    pulled_dense: Tensors,
+    row_owner: Tensors,
+    batches: CohortBatches,
+    work: CohortWork,
+) -> _Trainees:
+    """Copies of the pulled parameters to train, and the client rule set up on them."""
     steps, k, batch = batches.labels.shape
-    labels, dense_inputs = batches.labels, batches.dense
     tables = {t: v.clone().requires_grad_(True) for t, v in pulled_tables.items()}
     low_rank = (
         frozenset() if closed_form else low_rank_names(model, work, pulled_dense, steps * batch)
@@ -199,19 +246,44 @@ def _eager_steps(
     rule_inputs = Members(layout, work.lr, corrections)
     with torch.no_grad():
         state = work.chain.init(params, rule_inputs)
-    if closed_form is not None:
-        with torch.no_grad():  # the gradients, in closed form: no autograd anywhere
-            values, samples = batches.by_step(batches.ids_values()), batches.samples_by_step()
-            for step in range(steps):
-                with timed("backward"):
-                    step_inputs = None if dense_inputs is None else dense_inputs[step]
-                    table_grads, dense_grads = closed_form(
-                        tables, dense, values[step], samples[step], step_inputs, labels[step]
-                    )
-                grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
-                with timed("client rule"):
-                    state = work.chain.step(grads, state, params, rule_inputs)
-        return tables, dense
+    return _Trainees(tables, dense, params, rule_inputs, state)
+
+
+def _closed_form_steps(
+    closed_form: Callable[..., tuple[Tensors, Tensors]],
+    trainees: _Trainees,
+    batches: CohortBatches,
+    work: CohortWork,
+) -> None:
+    """The steps with the model's closed-form cohort gradients: no autograd anywhere."""
+    tables, dense, params = trainees.tables, trainees.dense, trainees.params
+    labels, dense_inputs = batches.labels, batches.dense
+    with torch.no_grad():
+        values, samples = batches.by_step(batches.ids_values()), batches.samples_by_step()
+        for step in range(labels.shape[0]):
+            with timed("backward"):
+                step_inputs = None if dense_inputs is None else dense_inputs[step]
+                table_grads, dense_grads = closed_form(
+                    tables, dense, values[step], samples[step], step_inputs, labels[step]
+                )
+            grads = [*(table_grads[t] for t in tables), *(dense_grads[n] for n in dense)]
+            with timed("client rule"):
+                trainees.state = work.chain.step(
+                    grads, trainees.state, params, trainees.rule_inputs
+                )
+
+
+def _autograd_steps(
+    model: Model,
+    head: Callable[..., torch.Tensor],
+    trainees: _Trainees,
+    batches: CohortBatches,
+    work: CohortWork,
+) -> None:
+    """The steps differentiated by autograd: embed, head and loss over the whole cohort."""
+    tables, dense, params = trainees.tables, trainees.dense, trainees.params
+    steps, k, batch = batches.labels.shape
+    labels, dense_inputs = batches.labels, batches.dense
     # a low-rank weight's place among the leaves is its probe (its gradient comes as factors)
     leaves = [*tables.values(), *(_leaf(v) for v in dense.values())]
     packed = packed_names(model)  # features passed without a client axis
@@ -231,8 +303,7 @@ def _eager_steps(
                 if isinstance(weight, LowRankWeight):
                     grads[position] = cast(torch.Tensor, weight.take_gradient())
         with torch.no_grad(), timed("client rule"):
-            state = work.chain.step(grads, state, params, rule_inputs)
-    return tables, dense
+            trainees.state = work.chain.step(grads, trainees.state, params, trainees.rule_inputs)
 
 
 def low_rank_names(

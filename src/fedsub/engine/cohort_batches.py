@@ -7,11 +7,11 @@ features, step-major (step i is samples ``i * K * B : (i + 1) * K * B``). Only t
 clients come from the host (the seeded draw); the rest reads ``DeviceData``.
 
 Host syncs: the sizes of the schedules and of the members' rows are known on the host from
-the clients' ids (``DeviceData.host_counts`` / ``host_row_counts``); how many ids the round's
-visited samples hold is not, nor how many distinct rows the members share, so each field's
-per-step id counts and each table's union size (``PendingUnion``, for the aggregation) are
-computed on the device and read together: the one host read of ``cohort_batches`` (on the
-CPU the step bounds come from the taken ids' offsets, and RowUnion finds the unions later).
+the clients' ids (``DeviceData.host``); how many ids the round's visited samples hold is not,
+nor how many distinct rows the members share, so each field's per-step id counts and each
+table's union size (``PendingUnion``, for the aggregation) are computed on the device and read
+together: the one host read of ``cohort_batches`` (on the CPU the step bounds come from the
+taken ids' offsets, and RowUnion finds the unions later).
 """
 
 from __future__ import annotations
@@ -99,15 +99,8 @@ def cohort_batches(
     if host_clients is None:
         host_clients = clients.cpu().numpy()
     counts = data.counts.index_select(0, clients)
-    rows, row_owner = {}, {}
-    for table, all_rows in data.rows.items():
-        total_rows = int(data.host_row_counts[table][host_clients].sum())
-        rows[table], row_owner[table] = all_rows.take_with_owners(clients, total_rows)
-    local_order = cohort_schedules(
-        seed, round_index, clients, counts, steps, batch, data.host_counts[host_clients]
-    )
-    visits = local_order + data.client_offsets.index_select(0, clients)[:, None, None]
-    visits = visits.transpose(0, 1).reshape(-1)  # step-major: [steps, K, B]
+    rows, row_owner = _member_rows(data, clients, host_clients)
+    visits = _visits(data, clients, counts, host_clients, (seed, round_index), steps, batch)
     per_step = k * batch
     member_of_visit, in_step = _visit_layout(k, steps, batch, data.device)
     on_host = device_lib.on_host(clients)
@@ -115,13 +108,10 @@ def cohort_batches(
     # faster), and the steps' id bounds read before the take (which then needs no read). On
     # the CPU the take computes the ids' offsets anyway: each step starts at every
     # ``per_step``-th of them.
-    pending: dict[str, PendingUnion] = {}
     step_bounds: dict[str, list[int]] = {}
     unions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     if not on_host:
-        pending = {t: PendingUnion(r.values) for t, r in rows.items()}
-        step_bounds, union_sizes = _read_sizes(data, visits, steps, per_step, pending)
-        unions = {t: u.finish(union_sizes[t]) for t, u in pending.items()}
+        step_bounds, unions = _bounds_and_unions(data, rows, visits, steps, per_step)
     ids, samples = {}, {}
     for name, local_ids in data.local_ids.items():
         total = None if on_host else step_bounds[name][-1]
@@ -134,10 +124,7 @@ def cohort_batches(
         )
         if sample_of_id:
             samples[name] = in_step.index_select(0, visit_of_id)
-    labels = data.labels.index_select(0, visits).reshape(steps, k, batch)
-    dense = None
-    if data.dense is not None:
-        dense = data.dense.index_select(0, visits).reshape(steps, k, batch, -1)
+    labels, dense = _labels_and_dense(data, visits, steps, k, batch)
     return CohortBatches(
         clients=clients,
         counts=counts,
@@ -150,6 +137,62 @@ def cohort_batches(
         sample_of_id=samples if sample_of_id else None,
         unions=unions or None,
     )
+
+
+def _visits(
+    data: DeviceData,
+    clients: torch.Tensor,
+    counts: torch.Tensor,
+    host_clients: np.ndarray,
+    draw: tuple[int, int],
+    steps: int,
+    batch: int,
+) -> torch.Tensor:
+    """The samples the members visit, as positions among all training samples, step-major
+    ([steps, K, B] flattened); each member's order is ``cohort_schedules`` of (seed, round,
+    client), ``draw`` the (seed, round)."""
+    seed, round_index = draw
+    local_order = cohort_schedules(
+        seed, round_index, clients, counts, steps, batch, data.host.samples[host_clients]
+    )
+    visits = local_order + data.client_offsets.index_select(0, clients)[:, None, None]
+    return visits.transpose(0, 1).reshape(-1)
+
+
+def _labels_and_dense(
+    data: DeviceData, visits: torch.Tensor, steps: int, k: int, batch: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The visited samples' labels [steps, K, B] and dense features [steps, K, B, d]."""
+    labels = data.labels.index_select(0, visits).reshape(steps, k, batch)
+    if data.dense is None:
+        return labels, None
+    return labels, data.dense.index_select(0, visits).reshape(steps, k, batch, -1)
+
+
+def _member_rows(
+    data: DeviceData, clients: torch.Tensor, host_clients: np.ndarray
+) -> tuple[dict[str, TorchRagged], dict[str, torch.Tensor]]:
+    """Per table the members' S(k) rows, member after member, and each row's member; sized
+    from the host's |S(k)| (no device read)."""
+    rows, row_owner = {}, {}
+    for table, all_rows in data.rows.items():
+        total_rows = int(data.host.rows[table][host_clients].sum())
+        rows[table], row_owner[table] = all_rows.take_with_owners(clients, total_rows)
+    return rows, row_owner
+
+
+def _bounds_and_unions(
+    data: DeviceData,
+    rows: dict[str, TorchRagged],
+    visits: torch.Tensor,
+    steps: int,
+    per_step: int,
+) -> tuple[dict[str, list[int]], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Off the CPU: each field's step bounds and each table's union of the members' rows,
+    their sizes read from the device together (the round's one host read)."""
+    pending = {t: PendingUnion(r.values) for t, r in rows.items()}
+    step_bounds, union_sizes = _read_sizes(data, visits, steps, per_step, pending)
+    return step_bounds, {t: u.finish(union_sizes[t]) for t, u in pending.items()}
 
 
 def _step_starts(offsets: torch.Tensor, steps: int, per_step: int) -> list[int]:

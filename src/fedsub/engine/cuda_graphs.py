@@ -130,19 +130,27 @@ class StaticRates:
 
 
 @dataclass(frozen=True)
+class SizeClasses:
+    """The padded sizes a captured round's buffers take: rows per table, ids per field, the
+    dense parameters' and inputs' shapes."""
+
+    rows: tuple[tuple[str, int], ...]
+    ids: tuple[tuple[str, int], ...]
+    dense: tuple[tuple[str, tuple[int, ...]], ...]
+    dense_inputs: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
 class RoundKey:
-    """What fixes a captured round's shapes: the model and rule, the cohort's shape, the size
-    classes of rows (per table) and ids (per field), the dense shapes and dtype."""
+    """What fixes a captured round's shapes: the model and rule, the cohort's shape, its
+    ``SizeClasses``, the dtype and device."""
 
     model: int  # id(model): the cache keeps the model alive (``_Round.model``)
     chain: Chain
     k: int
     batch: int
     steps: int
-    rows: tuple[tuple[str, int], ...]
-    ids: tuple[tuple[str, int], ...]
-    dense: tuple[tuple[str, tuple[int, ...]], ...]
-    dense_inputs: tuple[int, ...] | None
+    sizes: SizeClasses
     corrections: bool
     dtype: torch.dtype
     device: torch.device
@@ -217,10 +225,12 @@ def _key(
         k=k,
         batch=batch,
         steps=steps,
-        rows=tuple(padding.padded_rows.items()),
-        ids=tuple((n, v.shape[1]) for n, (v, _) in ids.items()),
-        dense=tuple((n, tuple(v.shape)) for n, v in pulled_dense.items()),
-        dense_inputs=None if batches.dense is None else tuple(batches.dense.shape),
+        sizes=SizeClasses(
+            rows=tuple(padding.padded_rows.items()),
+            ids=tuple((n, v.shape[1]) for n, (v, _) in ids.items()),
+            dense=tuple((n, tuple(v.shape)) for n, v in pulled_dense.items()),
+            dense_inputs=None if batches.dense is None else tuple(batches.dense.shape),
+        ),
         corrections=work.corrections is not None,
         dtype=[*pulled_tables.values(), *pulled_dense.values()][0].dtype,
         device=batches.labels.device,
@@ -244,7 +254,7 @@ def _static_round(
     work: CohortWork,
 ) -> _Round:
     """Zeroed static buffers of ``key``'s shapes, with the phantom member's places."""
-    rows = dict(key.rows)
+    rows = dict(key.sizes.rows)
     device = key.device
     corrections = None
     if work.corrections is not None:

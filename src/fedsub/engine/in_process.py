@@ -60,7 +60,9 @@ def central_setup(
         dataclasses.replace(
             schedule,
             clients_per_round=1,
-            batch_size=schedule.clients_per_round * schedule.batch_size,
+            local=dataclasses.replace(
+                schedule.local, batch_size=schedule.clients_per_round * schedule.batch_size
+            ),
         ),
     )
 

@@ -151,16 +151,18 @@ class PrivateRounds:
     table_rows: dict[str, int]
     seed: int
     keep_transcript: bool = False
-    transcript: list[RoundRecord] = field(default_factory=list)
     dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_secure``)
     # [dp]: the key of the members' noise shares (the run's secret; seeded: train.seed)
     streams: DpStreams | None = None
     # the key of the download requests: the clients' secret (privacy/randomness.py); None:
     # train.seed
     requests_key: PrivacyStreams | None = None
-    costs: Costs = field(default_factory=Costs)
-    _round: int = 0
-    _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    # what the rounds accumulate, not what they are given: the transcript (kept when
+    # keep_transcript), the costs, and the round and requests ``wrap`` drew for ``combine``
+    transcript: list[RoundRecord] = field(default_factory=list, init=False)
+    costs: Costs = field(default_factory=Costs, init=False)
+    _round: int = field(default=0, init=False)
+    _requests: dict[int, dict[str, np.ndarray]] = field(default_factory=dict, init=False)
 
     @property
     def drawn_privacy(self) -> Privacy:

@@ -39,15 +39,23 @@ class ClientStep:
 
 
 @dataclass(frozen=True)
+class LocalWork:
+    """Each member's work in a round ([train]'s local_steps, batch_size and its step rule):
+    I local steps of B samples, each moved by ``client_step``."""
+
+    local_steps: int  # I
+    batch_size: int  # B
+    client_step: ClientStep
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """A run's rounds, cohorts and local work ([train]), with the client step rule, how the
-    run executes ([execution]) and what protects the clients (masking, privacy, [dp])."""
+    """A run's rounds, cohorts and each member's ``LocalWork`` ([train]), how the run executes
+    ([execution]) and what protects the clients (masking, privacy, [dp])."""
 
     rounds: int
     clients_per_round: int
-    local_steps: int
-    batch_size: int
-    client_step: ClientStep
+    local: LocalWork
     seed: int
     eval_every: int = 1
     # train.sampling: "poisson" draws each client with probability K / N (algorithms/sampling.py)
@@ -57,6 +65,21 @@ class Schedule:
     privacy: Privacy | None = None  # privacy.level (engine/private_rounds.py); None: none
     # [dp]: user-level differential privacy (fedsub/dp); None: mechanism "none"
     dp: DpSettings | None = None
+
+    @property
+    def local_steps(self) -> int:
+        """I (``local.local_steps``)."""
+        return self.local.local_steps
+
+    @property
+    def batch_size(self) -> int:
+        """B (``local.batch_size``)."""
+        return self.local.batch_size
+
+    @property
+    def client_step(self) -> ClientStep:
+        """The client step rule (``local.client_step``)."""
+        return self.local.client_step
 
 
 def lr_at(base: float, step: ClientStep, round_index: int) -> float:

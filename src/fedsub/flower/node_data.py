@@ -45,7 +45,6 @@ class NodeData:
     client: int
     config: Config  # the run's fedsub config, as this node reads it
     model: Model
-    schedule: Schedule
     table_rows: dict[str, int]  # every table's size (from the spec or the dataset)
     rows: dict[str, np.ndarray]  # S(k) per table: sorted unique global rows
     samples: SampleSet  # training samples, ids local to S(k)
@@ -53,6 +52,11 @@ class NodeData:
     held_out: SampleSet  # global ids
     field_tables: dict[str, str]
     spec: FeatureSpec | None
+    # the run's schedule as this node's config gives it: derived, so never out of step with it
+    schedule: Schedule = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schedule", schedule_of(self.config))
 
     def table_of(self, field: str) -> str:
         return self.field_tables.get(field, field)
@@ -102,7 +106,6 @@ def node_data(settings: FlowerSettings, node_config: NodeConfigItems) -> NodeDat
         given.partition_id,
         config,
         model,
-        schedule_of(config),
         dict(local.table_rows),
         {t: index.client_rows(t, 0) for t in local.table_rows},
         index.client_samples(local, 0),

@@ -301,6 +301,28 @@ def wrap(
     _check_tensors(module)
     paths = table_paths(module, dataset, tables)
     template = _copied(module).cpu().eval()
+    batch, traced = _traced(template, paths, dataset)
+    outputs = traced.outputs
+    _check_outputs(outputs, len(batch.labels), traced.unsplittable)
+    _check_fields(traced, dataset)
+    labels = torch.from_numpy(np.asarray(dataset.train.labels, dtype=np.float64))
+    task = task or _task_of(outputs, labels)
+    _check_labels(task, outputs, labels)
+    loss = _loss_for(template, task, loss, outputs)
+    _check_mean_loss(loss, outputs, batch.labels)
+    model, reason = _split(template, paths, dataset, traced, task, loss, batch)
+    _leave_out_unused(model, batch)
+    if dtype is not None:
+        check_runs_in(model, dataset, dtype)
+    _say_how_it_runs(model, type(module).__name__, reason, batch)
+    return model
+
+
+def _traced(
+    template: nn.Module, paths: dict[str, str], dataset: FederatedDataset
+) -> tuple[Batch, Trace]:
+    """The probe (the first few training samples, an even number of them, in float64) and
+    the module's forward traced on it, its bags' offsets held for the embedding hooks."""
     probe = dataset.train.slice(0, min(PROBE_SAMPLES, len(dataset.train) // 2 * 2))
     batch = Batch.from_samples(probe, torch.float64)
     ids = {f: (v.clone(), o.clone()) for f, (v, o) in batch.ids.items()}
@@ -310,14 +332,20 @@ def wrap(
     traced = _dry_run(
         probe_module, paths, ids, batch.dense, f"{len(probe)} samples of {dataset.name}"
     )
-    outputs = traced.outputs
-    _check_outputs(outputs, len(probe), traced.unsplittable)
-    _check_fields(traced, dataset)
-    labels = torch.from_numpy(np.asarray(dataset.train.labels, dtype=np.float64))
-    task = task or _task_of(outputs, labels)
-    _check_labels(task, outputs, labels)
-    loss = _loss_for(template, task, loss, outputs)
-    _check_mean_loss(loss, outputs, batch.labels)
+    return batch, traced
+
+
+def _split(
+    template: nn.Module,
+    paths: dict[str, str],
+    dataset: FederatedDataset,
+    traced: Trace,
+    task: Task,
+    loss: Loss,
+    batch: Batch,
+) -> tuple[TorchModuleModel, str | None]:
+    """The model split at its tables' lookups when the trace allows it and the split forward
+    gives the whole one's outputs; else the model that runs whole, with the reason."""
     reason = traced.unsplittable or _single_id_fields(traced, dataset)
     fields = tuple(dataset.train.ids)
     model = TorchModuleModel(
@@ -325,13 +353,16 @@ def wrap(
     )
     params = model.init(torch.Generator(), torch.float64)
     if reason is None:
-        reason = _split_differs(model, params, batch, outputs)
+        reason = _split_differs(model, params, batch, traced.outputs)
         if reason is not None:
             model = TorchModuleModel(template, paths, fields, None, task, loss)
-    _leave_out_unused(model, batch)
-    if dtype is not None:
-        check_runs_in(model, dataset, dtype)
-    name = type(module).__name__
+    return model, reason
+
+
+def _say_how_it_runs(model: TorchModuleModel, name: str, reason: str | None, batch: Batch) -> None:
+    """Warn when the module runs one client at a time: its forward does not split at the
+    tables (``reason``), or does but cannot run for a whole cohort under vmap (then it is
+    marked not ``batchable``)."""
     if reason is not None:
         LOG.warning(
             "module %s: fedsub cannot split its forward at the tables (%s); it runs whole, "
@@ -339,7 +370,7 @@ def wrap(
             name,
             reason,
         )
-        return model
+        return
     why = _not_vmappable(model, model.init(torch.Generator(), torch.float64), batch)
     if why is not None:
         model.batchable = False
@@ -349,7 +380,6 @@ def wrap(
             name,
             why,
         )
-    return model
 
 
 TASKS = ("binary", "multiclass", "regression")

@@ -235,6 +235,13 @@ def group_sum(
             lambda r, who: decode_unmask(r, session, who),
         ),
     )
+    _log_rejections(server, node_of)
+    return total, tuple(node_of[u] for u in request.survivors)
+
+
+def _log_rejections(server: SecAggServer, node_of: Mapping[int, int]) -> None:
+    """Warn of each node the server rejected (named by its node id, not its secagg id): the
+    sum goes on without it, so the log is where an operator sees why."""
     for rejection in server.rejections:
         LOG.warning(
             "heat exchange, step %d: node %d rejected: %s",
@@ -242,7 +249,6 @@ def group_sum(
             node_of.get(rejection.client, -1),
             rejection.reason,
         )
-    return total, tuple(node_of[u] for u in request.survivors)
 
 
 def groups_of(nodes: Sequence[int], size: int) -> list[list[int]]:

@@ -28,7 +28,7 @@ import numpy as np
 
 from fedsub.privacy import shamir
 from fedsub.privacy.fixed_point import FixedPoint
-from fedsub.privacy.secagg import MaskedInput, SecAggClient, SecAggServer
+from fedsub.privacy.secagg import EncryptedShares, MaskedInput, SecAggClient, SecAggServer
 
 T = TypeVar("T")
 
@@ -204,18 +204,9 @@ def secure_row_sum(
     watch = _Stopwatch()
     clients = {u: SecAggClient(u, t, session) for u in values}
     server = SecAggServer(t, slots.length, session)
-    adverts = watch.run("client", lambda: [c.advertise() for c in clients.values()])
-    keys = watch.run("server", lambda: server.collect_keys(adverts))
-    shared = watch.run("client", lambda: [c.share_keys(keys) for c in clients.values()])
-    inboxes = watch.run("server", lambda: server.route_shares(shared))
+    inboxes = _share_keys(clients, server, watch)
     before, after = set(drop_before_masking), set(drop_after_masking)
-
-    units = weight_units or {}
-
-    def encoded(u: int) -> np.ndarray:
-        if encode is not None:
-            return encode(u, values[u])
-        return encode_client(slots, coding, values[u], units.get(u, 0), n)
+    encoded = _encoder(slots, coding, values, weight_units or {}, encode)
 
     def mask_inputs() -> list[MaskedInput]:
         return [clients[u].masked_input(inboxes[u], encoded(u)) for u in inboxes if u not in before]
@@ -239,6 +230,36 @@ def secure_row_sum(
         watch.spent["client"],
         watch.spent["server"],
     )
+
+
+def _share_keys(
+    clients: Mapping[int, SecAggClient], server: SecAggServer, watch: _Stopwatch
+) -> dict[int, list[EncryptedShares]]:
+    """Secagg's first two steps: every client advertises its keys and shares its secrets; the
+    server routes each client its inbox of shares (timed as client and server work)."""
+    adverts = watch.run("client", lambda: [c.advertise() for c in clients.values()])
+    keys = watch.run("server", lambda: server.collect_keys(adverts))
+    shared = watch.run("client", lambda: [c.share_keys(keys) for c in clients.values()])
+    return watch.run("server", lambda: server.route_shares(shared))
+
+
+def _encoder(
+    slots: RowSlots,
+    coding: FixedPoint,
+    values: Mapping[int, np.ndarray],
+    units: Mapping[int, int],
+    encode: Callable[[int, np.ndarray], np.ndarray] | None,
+) -> Callable[[int], np.ndarray]:
+    """Client u's uint32 input: ``encode``'s when given (distributed DP's noisy shares), else
+    its values and integer weight in fixed point scaled for the n clients that start."""
+    n = len(values)
+
+    def encoded(u: int) -> np.ndarray:
+        if encode is not None:
+            return encode(u, values[u])
+        return encode_client(slots, coding, values[u], units.get(u, 0), n)
+
+    return encoded
 
 
 # ---- message sizes (bytes), from secagg's message layouts --------------------------------

@@ -28,7 +28,7 @@ from fedsub.engine.evaluate import Evaluator
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Evaluation
-from fedsub.engine.schedule import ClientStep, LrSchedule, Schedule, lr_at
+from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Schedule, lr_at
 from fedsub.models.base import Features, Ids, Model, Task
 from fedsub.models.linear_regression import LinearRegression
 from fedsub.submodel.index import SubmodelIndex
@@ -111,9 +111,7 @@ def example_1(out: Path, smoke: bool) -> ClosedFormResult:
     schedule = Schedule(
         rounds,
         clients,
-        local_steps=1,
-        batch_size=1,
-        client_step=ClientStep(lr=lr),
+        local=LocalWork(1, 1, ClientStep(lr=lr)),
         seed=0,
         execution=Execution(dtype=torch.float64),
     )
@@ -230,10 +228,12 @@ def theorem_4(out: Path, smoke: bool, decayed: bool) -> ClosedFormResult:
         schedule = Schedule(
             rounds,
             options.num_devices,
-            local_steps=steps,
-            batch_size=options.block + 1,
-            client_step=ClientStep(
-                lr=CONSTANT_LR, weight_decay=MU, lr_schedule=_schedule(decayed), lr_decay=DECAY
+            local=LocalWork(
+                steps,
+                options.block + 1,
+                ClientStep(
+                    lr=CONSTANT_LR, weight_decay=MU, lr_schedule=_schedule(decayed), lr_decay=DECAY
+                ),
             ),
             seed=0,
             execution=Execution(dtype=torch.float64),

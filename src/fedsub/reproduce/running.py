@@ -189,33 +189,16 @@ def run_part(
         kind = "needs data" if status.startswith("needs") else "cannot run"
         return PartResult(e.id, part.name, kind, status, where, _paper_only_rows(numbers))
     started = time.perf_counter()
-    folder = out / part.name
     paper = numbers.values if numbers else {}
-    action = part.action
     data_sets = data_overrides(part.data, data_path)
-    setting: dict[str, Any] = {}
-    checks: list[str] = []
     try:
-        if isinstance(action, ClosedForm):
-            folder.mkdir(parents=True, exist_ok=True)
-            rows, verdict, plots = _closed_form(action, folder, smoke)
-        elif isinstance(action, Settings):
-            rows, plots = _settings(configs / action.config, paper), []
-            verdict = settings_verdict(rows)
-        elif isinstance(action, Stats):
-            sets = [*action.overrides, *(action.smoke if smoke else ()), *data_sets, *overrides]
-            rows, plots, config = _stats(configs / action.config, sets, folder, paper)
-            setting = setting_of(part, config_setting(config, sets), overrides)
-            verdict = numbers_verdict(rows)
-        else:
-            assert isinstance(action, Run)
-            runs = Runs(action, configs, smoke, data_sets, overrides, folders)
-            rows, verdict, checks, plots, ran = runs.judged(part.name, out, paper, seeds)
-            setting = setting_of(part, ran, overrides)
+        rows, verdict, checks, plots, setting = _act(
+            part, out, paper, smoke, data_sets, overrides, configs, folders, seeds
+        )
     except DataError as error:  # the data are there but not what the loader expects
         return PartResult(e.id, part.name, "cannot run", f"data error: {error}", where)
     seconds = time.perf_counter() - started
-    smoke = smoke and not isinstance(action, Settings)  # a config's settings have no size
+    smoke = smoke and not isinstance(part.action, Settings)  # a config's settings have no size
     if smoke:
         verdict = f"smoke size, not comparable: {verdict}"
     return PartResult(
@@ -230,6 +213,38 @@ def run_part(
         setting,
         checks,
     )
+
+
+def _act(
+    part: Part,
+    out: Path,
+    paper: dict[str, Any],
+    smoke: bool,
+    data_sets: list[str],
+    overrides: list[str],
+    configs: Path,
+    folders: Folders,
+    seeds: int,
+) -> tuple[list[tuple[str, str, str]], str, list[str], list[Path], dict[str, Any]]:
+    """What the part's action does (a closed form, a config's settings, the data's statistics
+    or training runs): its rows, verdict, checks, plots and setting."""
+    action, folder = part.action, out / part.name
+    if isinstance(action, ClosedForm):
+        folder.mkdir(parents=True, exist_ok=True)
+        rows, verdict, plots = _closed_form(action, folder, smoke)
+        return rows, verdict, [], plots, {}
+    if isinstance(action, Settings):
+        rows = _settings(configs / action.config, paper)
+        return rows, settings_verdict(rows), [], [], {}
+    if isinstance(action, Stats):
+        sets = [*action.overrides, *(action.smoke if smoke else ()), *data_sets, *overrides]
+        rows, plots, config = _stats(configs / action.config, sets, folder, paper)
+        setting = setting_of(part, config_setting(config, sets), overrides)
+        return rows, numbers_verdict(rows), [], plots, setting
+    assert isinstance(action, Run)
+    runs = Runs(action, configs, smoke, data_sets, overrides, folders)
+    rows, verdict, checks, plots, ran = runs.judged(part.name, out, paper, seeds)
+    return rows, verdict, checks, plots, setting_of(part, ran, overrides)
 
 
 @dataclass(frozen=True)
@@ -366,37 +381,60 @@ def _train(
     folders: Folders,
 ) -> Trained:
     """Train the part (a comparison or a sweep)."""
-    from fedsub.runs.experiment import compare, recorded_key, sweep
-
     path = configs / run.config
     sets = _run_overrides(run, smoke, data_sets, user, path, folder if folders.resume else None)
     setting = config_setting(config_lib.load(path, sets), sets)
     if run.sweep is None:
-        config = config_lib.load(path, sets)
-        resume = folders.resume and (folder / "run.json").exists()
-        outcome = compare(
-            config,
-            folder,
-            resume=resume,
-            stop_requested=folders.stop_requested,
-            overwrite=folders.overwrite and not resume,
-        )
-        return Trained(
-            dict(outcome.summary["algorithms"]),
-            config.train.rounds,
-            dict(outcome.summary["target"]),
-            [folder / "curves.png"],
-            setting,
-        )
+        return _train_comparison(path, sets, folder, folders, setting)
     key, values = run.sweep
     if smoke and run.smoke_values is not None:
         values = run.smoke_values
+    return _train_sweep(key, list(values), path, sets, folder, folders, setting)
+
+
+def _train_comparison(
+    path: Path, sets: list[str], folder: Path, folders: Folders, setting: dict[str, Any]
+) -> Trained:
+    """One comparison of the config's algorithms (runs/experiment.py ``compare``)."""
+    from fedsub.runs.experiment import compare
+
+    config = config_lib.load(path, sets)
+    resume = folders.resume and (folder / "run.json").exists()
+    outcome = compare(
+        config,
+        folder,
+        resume=resume,
+        stop_requested=folders.stop_requested,
+        overwrite=folders.overwrite and not resume,
+    )
+    return Trained(
+        dict(outcome.summary["algorithms"]),
+        config.train.rounds,
+        dict(outcome.summary["target"]),
+        [folder / "curves.png"],
+        setting,
+    )
+
+
+def _train_sweep(
+    key: str,
+    values: list[str],
+    path: Path,
+    sets: list[str],
+    folder: Path,
+    folders: Folders,
+    setting: dict[str, Any],
+) -> Trained:
+    """A sweep of ``key`` over ``values`` (runs/experiment.py ``sweep``), its results read
+    back from each value's summary.json."""
+    from fedsub.runs.experiment import recorded_key, sweep
+
     base = config_lib.apply_overrides(config_lib.read_toml(path), sets)
     config_lib.load(path, sets)  # a bad override is named before any training
     resume = folders.resume and (folder / "run.json").exists()
     sweep(
         key,
-        list(values),
+        values,
         base,
         folder,
         resume=resume,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Cell = int | str | None  # rounds to target: a round, "R+" (not reached in R rounds), None (no run)
@@ -254,22 +254,7 @@ def rounds_checks(
     present = [n for n in paper if n not in missing]
     p = {n: parse_cell(paper[n]) for n in paper}
     o = {n: parse_cell(ours[n]) for n in present}
-    checks: list[Check] = []
-    reasons: list[str] = []
-    reversed_, tied = ranking(
-        {n: rank_value(paper[n]) for n in present}, {n: rank_value(ours[n]) for n in present}
-    )
-    if reversed_:
-        reasons.append(_first_of(reversed_))
-    checks += [Check("differs", f"order: {r}", "order") for r in reversed_]
-    if len(present) > 1 and not reversed_:
-        checks.append(
-            Check(
-                "holds",
-                "order of " + ", ".join(present) + (f" ({tied[0]})" if tied else ""),
-                "order",
-            )
-        )
+    reasons, checks, tied = _order_checks(paper, ours, present)
     if (
         not missing
         and any(r.reached for r in p.values())
@@ -285,17 +270,7 @@ def rounds_checks(
     checks += own.values()
     reasons += [c.text for n, c in own.items() if c.outcome == "differs" and n not in one_side]
     outcomes = _speedup_outcomes(paper, ours, by_value)
-    for label, ps, os, outcome in outcomes:
-        got = os.text() if os else "unknown (neither reached here, or not run)"
-        checks.append(Check(outcome, f"{label} {got} vs the paper's {ps.text()}", label))
-    off = [(label, ps, os) for label, ps, os, outcome in outcomes if os and outcome == "differs"]
-    if off:
-        label, ps, os = off[0]
-        more = f" and {len(off) - 1} more" if len(off) > 1 else ""
-        reasons.append(
-            f"{label} {os.text()} vs the paper's {ps.text()} (its size beyond "
-            f"{SPEEDUP_FACTOR:g}x){more}"
-        )
+    checks += _speedup_checks(outcomes, reasons)
     not_run = f"fedsub ran no {', '.join(missing)}"
     if missing:
         checks.append(Check("not checked", f"{', '.join(missing)}: not run here"))
@@ -310,6 +285,47 @@ def rounds_checks(
 
 
 Outcomes = list[tuple[str, Speedup, Speedup | None, str]]
+
+
+def _order_checks(
+    paper: dict[str, Cell], ours: dict[str, Cell], present: list[str]
+) -> tuple[list[str], list[Check], list[str]]:
+    """The algorithms' order, ours against the paper's: the reason it differs (if it does),
+    its checks and the ties ``ranking`` found."""
+    reasons: list[str] = []
+    reversed_, tied = ranking(
+        {n: rank_value(paper[n]) for n in present}, {n: rank_value(ours[n]) for n in present}
+    )
+    if reversed_:
+        reasons.append(_first_of(reversed_))
+    checks = [Check("differs", f"order: {r}", "order") for r in reversed_]
+    if len(present) > 1 and not reversed_:
+        checks.append(
+            Check(
+                "holds",
+                "order of " + ", ".join(present) + (f" ({tied[0]})" if tied else ""),
+                "order",
+            )
+        )
+    return reasons, checks, tied
+
+
+def _speedup_checks(outcomes: Outcomes, reasons: list[str]) -> list[Check]:
+    """One check per speed-up; the first that differs beyond ``SPEEDUP_FACTOR`` (and how many
+    more do) joins ``reasons``."""
+    checks = []
+    for label, ps, os, outcome in outcomes:
+        got = os.text() if os else "unknown (neither reached here, or not run)"
+        checks.append(Check(outcome, f"{label} {got} vs the paper's {ps.text()}", label))
+    off = [(label, ps, os) for label, ps, os, outcome in outcomes if os and outcome == "differs"]
+    if off:
+        label, ps, os = off[0]
+        more = f" and {len(off) - 1} more" if len(off) > 1 else ""
+        reasons.append(
+            f"{label} {os.text()} vs the paper's {ps.text()} (its size beyond "
+            f"{SPEEDUP_FACTOR:g}x){more}"
+        )
+    return checks
 
 
 def _speedup_outcomes(paper: dict[str, Cell], ours: dict[str, Cell], by_value: bool) -> Outcomes:
@@ -498,36 +514,10 @@ def values_checks(
         reasons.append(f"{size}, beyond {tolerance_text(metric)}")
     margin_note = ""
     if absolute_scale(metric):
-        theirs, mine = margins(paper, metric), margins(known, metric)
-        pairs = [(n, theirs[n], mine[n]) for n in theirs if n in mine]
-        off = [(n, t, m) for n, t, m in pairs if beyond(abs(m - t) / POINTS)]
-        checks += [
-            Check(
-                "differs" if (n, t, m) in off else "holds",
-                f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}",
-                f"margin over {n}",
-            )
-            for n, t, m in pairs
-        ]
-        if off:
-            n, t, m = max(off, key=lambda x: abs(x[2] - x[1]))
-            reasons.append(f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}")
-        elif pairs:
-            margin_note = f"margins within {100 * POINTS:g} points"
+        margin_checks, margin_note = _margin_checks(paper, known, metric, reasons)
+        checks += margin_checks
     if target is not None:
-        reached = [n for n in known if _reaches(paper[n], target, metric)]
-        missed = [n for n in reached if not _reaches(known[n], target, metric)]
-        checks += [
-            Check(
-                "differs" if n in missed else "holds", f"{n} reaches the target {metric} {target:g}"
-            )
-            for n in reached
-        ]
-        if missed:
-            reasons.append(
-                f"{', '.join(missed)} miss{'es' if len(missed) == 1 else ''} the paper's "
-                f"target {metric} {target:g}"
-            )
+        checks += _target_checks(paper, known, metric, target, reasons)
     absent = f"fedsub has no {', '.join(missing)} {metric} (not run, or not finite)"
     if reasons:
         return "differs: " + "; ".join(reasons) + (
@@ -539,6 +529,53 @@ def values_checks(
     if len(known) == 1:
         return f"{within}, a single number (nothing ranked)", checks
     return ", ".join(x for x in (head, within, margin_note) if x), checks
+
+
+def _margin_checks(
+    paper: dict[str, float], known: dict[str, float], metric: str, reasons: list[str]
+) -> tuple[list[Check], str]:
+    """On an absolute scale, the best algorithm's margin over each other one, ours against
+    the paper's: one check per margin, the largest miss joins ``reasons``; and the note
+    when every margin agrees."""
+    theirs, mine = margins(paper, metric), margins(known, metric)
+    pairs = [(n, theirs[n], mine[n]) for n in theirs if n in mine]
+    off = [(n, t, m) for n, t, m in pairs if beyond(abs(m - t) / POINTS)]
+    checks = [
+        Check(
+            "differs" if (n, t, m) in off else "holds",
+            f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}",
+            f"margin over {n}",
+        )
+        for n, t, m in pairs
+    ]
+    if off:
+        n, t, m = max(off, key=lambda x: abs(x[2] - x[1]))
+        reasons.append(f"margin over {n} {m:+.3f} vs the paper's {t:+.3f}")
+    elif pairs:
+        return checks, f"margins within {100 * POINTS:g} points"
+    return checks, ""
+
+
+def _target_checks(
+    paper: dict[str, float],
+    known: dict[str, float],
+    metric: str,
+    target: float,
+    reasons: list[str],
+) -> list[Check]:
+    """Each algorithm that reaches the target in the paper reaches it here too; those that
+    miss join ``reasons``."""
+    reached = [n for n in known if _reaches(paper[n], target, metric)]
+    missed = [n for n in reached if not _reaches(known[n], target, metric)]
+    if missed:
+        reasons.append(
+            f"{', '.join(missed)} miss{'es' if len(missed) == 1 else ''} the paper's "
+            f"target {metric} {target:g}"
+        )
+    return [
+        Check("differs" if n in missed else "holds", f"{n} reaches the target {metric} {target:g}")
+        for n in reached
+    ]
 
 
 def values_verdict(
@@ -709,33 +746,80 @@ def judge(paper: dict[str, Any], table: dict[str, dict], horizon: int) -> tuple[
     return rows, verdict
 
 
+@dataclass
+class _Judgement:
+    """What ``judge_all`` gathers claim by claim: the report's rows, a verdict per kind of
+    claim and the checks."""
+
+    rows: list[ROW] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+
 def judge_all(
     paper: dict[str, Any], table: dict[str, dict], horizon: int
 ) -> tuple[list[ROW], str, list[Check]]:
     """``judge`` with its checks: every claim of the paper, one line each, saying whether it
     holds, differs, or cannot be checked on these runs."""
-    rows: list[ROW] = []
-    verdicts: list[str] = []
-    checks: list[Check] = []
+    judged = _Judgement()
+    _judge_rounds(paper, table, horizon, judged)
+    _judge_values(paper, table, judged)
+    for metric, value in paper.get("lowest", {}).items():
+        values = [metric_value(entry, "best", metric) for entry in table.values()]
+        lowest = min((v for v in values if v is not None), default=None)
+        judged.rows.append((f"lowest {metric} over the runs", number(value), number(lowest)))
+        verdict, found = values_checks({"lowest": value}, {"lowest": lowest}, metric, None)
+        judged.verdicts.append(verdict)
+        judged.checks += found
+    shape = paper.get("rounds_shape")
+    if shape is not None:
+        cells = {n: fedsub_cell(entry, horizon) for n, entry in table.items()}
+        judged.rows += [(f"rounds to target at {n}", "", str(c)) for n, c in cells.items()]
+        verdict = shape_verdict(shape, cells)
+        judged.verdicts.append(verdict)
+        judged.checks.append(
+            Check(_outcome(verdict), f"shape {shape!r}: {verdict}", f"shape {shape!r}")
+        )
+    claims = paper.get("claims")
+    if claims:
+        results = [claim_result(c, table, horizon) for c in claims]
+        judged.rows += [(text, "holds", outcome) for text, outcome in results]
+        judged.verdicts.append(claims_verdict(results))
+        judged.checks += [
+            Check(_claim_outcome(outcome), f"{text}: {outcome}", text) for text, outcome in results
+        ]
+    return judged.rows, combine(judged.verdicts), judged.checks
+
+
+def _judge_rounds(
+    paper: dict[str, Any], table: dict[str, dict], horizon: int, judged: _Judgement
+) -> None:
+    """The rounds to the target, algorithm by algorithm (or value by value, a sweep's), and
+    the speed-ups between them."""
     for kind in ("rounds_to_target", "rounds_by_value"):
         if kind in paper:
             by_value = kind == "rounds_by_value"
             cells = {n: fedsub_cell(table.get(n), horizon) for n in paper[kind]}
-            rows += [
+            judged.rows += [
                 (f"rounds to target: {n}", str(p), str(cells[n])) for n, p in paper[kind].items()
             ]
-            rows += [
+            judged.rows += [
                 (label, p.text() if p else "?", o.text() if o else "?")
                 for label, p, o in speedup_rows(paper[kind], cells, by_value)
             ]
             verdict, found = rounds_checks(paper[kind], cells, by_value)
-            verdicts.append(verdict)
-            checks += found
+            judged.verdicts.append(verdict)
+            judged.checks += found
+
+
+def _judge_values(paper: dict[str, Any], table: dict[str, dict], judged: _Judgement) -> None:
+    """The best and final metrics, algorithm by algorithm, with the margins between them on
+    an absolute scale and the target."""
     targets = paper.get("target", {})
     for at in ("best", "final"):
         for metric, by_name in paper.get(at, {}).items():
             ours = {n: metric_value(table.get(n), at, metric) for n in by_name}
-            rows += [
+            judged.rows += [
                 (f"{at} {metric}: {n}", number(p), number(ours[n])) for n, p in by_name.items()
             ]
             if absolute_scale(metric):
@@ -743,37 +827,14 @@ def judge_all(
                     margins(by_name, metric),
                     margins({n: v for n, v in ours.items() if v is not None}, metric),
                 )
-                rows += [
+                judged.rows += [
                     (f"{at} {metric}: margin over {n}", f"{t:+.4g}", number(mine.get(n)))
                     for n, t in theirs.items()
                 ]
             target = targets.get(metric) if at == "best" else None
             verdict, found = values_checks(by_name, ours, metric, target)
-            verdicts.append(verdict)
-            checks += [Check(c.outcome, f"{at} {c.text}", f"{at} {c.key}") for c in found]
-    for metric, value in paper.get("lowest", {}).items():
-        values = [metric_value(entry, "best", metric) for entry in table.values()]
-        lowest = min((v for v in values if v is not None), default=None)
-        rows.append((f"lowest {metric} over the runs", number(value), number(lowest)))
-        verdict, found = values_checks({"lowest": value}, {"lowest": lowest}, metric, None)
-        verdicts.append(verdict)
-        checks += found
-    shape = paper.get("rounds_shape")
-    if shape is not None:
-        cells = {n: fedsub_cell(entry, horizon) for n, entry in table.items()}
-        rows += [(f"rounds to target at {n}", "", str(c)) for n, c in cells.items()]
-        verdict = shape_verdict(shape, cells)
-        verdicts.append(verdict)
-        checks.append(Check(_outcome(verdict), f"shape {shape!r}: {verdict}", f"shape {shape!r}"))
-    claims = paper.get("claims")
-    if claims:
-        results = [claim_result(c, table, horizon) for c in claims]
-        rows += [(text, "holds", outcome) for text, outcome in results]
-        verdicts.append(claims_verdict(results))
-        checks += [
-            Check(_claim_outcome(outcome), f"{text}: {outcome}", text) for text, outcome in results
-        ]
-    return rows, combine(verdicts), checks
+            judged.verdicts.append(verdict)
+            judged.checks += [Check(c.outcome, f"{at} {c.text}", f"{at} {c.key}") for c in found]
 
 
 def _claim_outcome(result: str) -> str:

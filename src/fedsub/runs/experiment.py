@@ -354,11 +354,7 @@ def compare(
     Under torchrun every process runs this (each reads the folder when resuming), trains its
     share of each cohort, and only process 0 checks and writes the folder."""
     config = with_resolved_paths(config)
-    if initial_model is not None:
-        initial_model.opened()  # a missing or unreadable file, before the folder is claimed
-    writes = distributed.from_environment().writes
-    # the trackers, process 0's only: a missing library is refused before the folder is claimed
-    trackers = (*writers_of(config.tracking, out_dir is not None), *callbacks) if writes else ()
+    writes, trackers = _before_claiming(config, out_dir is not None, initial_model, callbacks)
     if out_dir is None:
         if resume:
             raise ConfigError("resume continues a run in its folder: give the folder")
@@ -367,19 +363,46 @@ def compare(
                 config, RunSession(), on_round, stop_requested, label, profile,
                 dataset=dataset, model=model, initial_model=initial_model, callbacks=trackers,
             )  # fmt: skip
-    if dataset is not None or model is not None:
-        raise ConfigError(
-            "a run folder records the config that made the run, so a run written to "
-            f"{out_dir} reads its data and model from the config, not from memory"
-        )
-    if initial_model is not None and overwrite and not resume:
-        initial_model.outside(out_dir, "--overwrite")
+    _check_folder_run(
+        out_dir, dataset is not None or model is not None, initial_model, overwrite and not resume
+    )
     opened = RunSession.opened(out_dir, resume, overwrite, writes=writes)
     with opened as session, _fits_in_memory(None):
         return _compare_in(
             config, session, on_round, stop_requested, label, profile,
             initial_model=initial_model, callbacks=trackers,
         )  # fmt: skip
+
+
+def _before_claiming(
+    config: Config,
+    to_folder: bool,
+    initial_model: StartFile | None,
+    callbacks: Sequence[RunCallback],
+) -> tuple[bool, tuple[RunCallback, ...]]:
+    """What is refused before the folder is claimed (a start file missing or unreadable, a
+    tracker's library missing); whether this process writes, and its trackers (process 0's
+    only: the config's writers, then ``callbacks``)."""
+    if initial_model is not None:
+        initial_model.opened()
+    writes = distributed.from_environment().writes
+    trackers = (*writers_of(config.tracking, to_folder), *callbacks) if writes else ()
+    return writes, trackers
+
+
+def _check_folder_run(
+    out_dir: Path, in_memory: bool, initial_model: StartFile | None, replacing: bool
+) -> None:
+    """Refuse a run to a folder that cannot be recorded: data or a model given in memory (the
+    folder's config would not make the run), or a start file inside the folder a new run
+    replaces (``--overwrite`` would delete it)."""
+    if in_memory:
+        raise ConfigError(
+            "a run folder records the config that made the run, so a run written to "
+            f"{out_dir} reads its data and model from the config, not from memory"
+        )
+    if initial_model is not None and replacing:
+        initial_model.outside(out_dir, "--overwrite")
 
 
 @contextmanager
@@ -439,31 +462,9 @@ def _compare_in(
 ) -> Outcome:
     """``compare`` in its folder, held by ``session`` (its claim None: a process that writes
     nothing; its folder None: no folder at all)."""
-    config_text = config_lib.to_toml(config)
-    started = IN_CONFIG_FILE if initial_model is None else initial_model.started_with()
     names = algorithms_to_run(config)
-    out_dir, claim, resume = session.folder, session.claim, session.resume
-    if resume and out_dir is not None:
-        check_resumed_start(out_dir, initial_model)
-        session.resumed(config_text, started)
-        points = {n: session.resume_point(n) for n in names}
-    if claim is not None:
-        check_free_space(claim.folder)
-    setup = prepare(config, dataset, model)
-    start = None if initial_model is None else initial_model.check(setup.model, setup.schedule)
-    processes = distributed.join(setup.schedule.execution.device)
-    if (
-        setup.schedule.execution.table_sharding == "rows" and processes.split
-    ):  # this process's rows' heat
-        setup = dataclasses.replace(setup, context=setup.context.sharded(processes))
-    distributed.barrier("starting the run")  # all have read the folder: 0 may write
-    if not resume:
-        _new_run(session, config, names, initial_model)
-        points = {n: ResumePoint() for n in names}
-    if setup.context.privacy.coins is not None:  # before any algorithm computes the heat
-        settle_heat_coins(setup, _heat_secret_holders(session, points))
-    if claim is not None:
-        _write_data_records(setup, claim.folder)
+    out_dir, claim = session.folder, session.claim
+    setup, points, start = _started(config, session, names, dataset, model, initial_model)
     if distributed.joined() is not None:
         stop_requested = distributed.agreed(stop_requested)
 
@@ -517,6 +518,46 @@ def _heat_secret_holders(
         return resumed
     finished = (session.newest(name) for name, p in points.items() if p.done)
     return [saved.stages for saved in finished if saved is not None][:1]
+
+
+def _started(
+    config: Config,
+    session: RunSession,
+    names: list[str],
+    dataset: FederatedDataset | None,
+    model: Model | None,
+    initial_model: StartFile | None,
+) -> tuple[Setup, dict[str, ResumePoint], WrittenModel | None]:
+    """The run made ready to train, in the order the folder's rules need: a resumed run
+    checked against its folder (its algorithms' resume points read) before anything is
+    prepared, the data, model and start file prepared and checked, this process joined to
+    the others, and only then a new run's identity and the data records written. The setup,
+    each algorithm's resume point and the checked start file."""
+    config_text = config_lib.to_toml(config)
+    started = IN_CONFIG_FILE if initial_model is None else initial_model.started_with()
+    out_dir, claim, resume = session.folder, session.claim, session.resume
+    if resume and out_dir is not None:
+        check_resumed_start(out_dir, initial_model)
+        session.resumed(config_text, started)
+        points = {n: session.resume_point(n) for n in names}
+    if claim is not None:
+        check_free_space(claim.folder)
+    setup = prepare(config, dataset, model)
+    start = None if initial_model is None else initial_model.check(setup.model, setup.schedule)
+    processes = distributed.join(setup.schedule.execution.device)
+    if (
+        setup.schedule.execution.table_sharding == "rows" and processes.split
+    ):  # this process's rows' heat
+        setup = dataclasses.replace(setup, context=setup.context.sharded(processes))
+    distributed.barrier("starting the run")  # all have read the folder: 0 may write
+    if not resume:
+        _new_run(session, config, names, initial_model)
+        points = {n: ResumePoint() for n in names}
+    if setup.context.privacy.coins is not None:  # before any algorithm computes the heat
+        settle_heat_coins(setup, _heat_secret_holders(session, points))
+    if claim is not None:
+        _write_data_records(setup, claim.folder)
+    return setup, points, start
 
 
 def _new_run(

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedsub.engine.loop import Evaluation
 from fedsub.files.atomic_files import save_figure_atomic
@@ -320,23 +321,7 @@ def curves_figure(
         row_stopped = stopped.get(row_title, {})
         last = max([1, *(_x(e, x) for h in row.values() for e in h), *row_stopped.values()])
         for ax, (metric, label) in zip(row_axes, metrics, strict=True):
-            for name, history in row.items():
-                points = [
-                    (_x(e, x), e.metrics[metric])
-                    for e in history
-                    if metric in e.metrics and math.isfinite(e.metrics[metric])
-                ]
-                marker = "o" if len(points) < 8 else None
-                (line,) = ax.plot(
-                    [p[0] for p in points], [p[1] for p in points], marker=marker, label=name
-                )
-                if name in row_stopped:
-                    ax.axvline(
-                        row_stopped[name],
-                        color=line.get_color(),
-                        linestyle=":",
-                        label=f"{name} diverged at round {row_stopped[name]}",
-                    )
+            _plot_lines(ax, row, metric, row_stopped, x)
             if metric in targets:
                 ax.axhline(
                     targets[metric],
@@ -357,6 +342,28 @@ def curves_figure(
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _plot_lines(
+    ax: Any, row: dict[str, list[Evaluation]], metric: str, stopped: dict[str, int], x: str
+) -> None:
+    """One panel's curves: each run's finite values of ``metric`` (a marker on each when
+    there are few) and, for a run that diverged, its round as a dotted line in its colour."""
+    for name, history in row.items():
+        points = [
+            (_x(e, x), e.metrics[metric])
+            for e in history
+            if metric in e.metrics and math.isfinite(e.metrics[metric])
+        ]
+        marker = "o" if len(points) < 8 else None
+        (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker=marker, label=name)
+        if name in stopped:
+            ax.axvline(
+                stopped[name],
+                color=line.get_color(),
+                linestyle=":",
+                label=f"{name} diverged at round {stopped[name]}",
+            )
 
 
 def _x(evaluation: Evaluation, x: str) -> float:

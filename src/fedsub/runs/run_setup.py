@@ -37,7 +37,7 @@ from fedsub.engine.execution import (
     TablePlacement,
     TableSharding,
 )
-from fedsub.engine.schedule import ClientStep, LrSchedule, Sampling, Schedule
+from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Sampling, Schedule
 from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
@@ -184,15 +184,17 @@ def _schedule_without_dp(config: Config) -> Schedule:
     return Schedule(
         rounds=t.rounds,
         clients_per_round=t.clients_per_round,
-        local_steps=t.local_steps,
-        batch_size=t.batch_size,
-        client_step=ClientStep(
-            lr=t.client_step.lr,
-            lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
-            lr_decay=t.client_step.lr_decay,
-            weight_decay=t.client_step.weight_decay,
-            clip_norm=t.client_step.clip_norm,
-            momentum=t.client_step.momentum,
+        local=LocalWork(
+            t.local_steps,
+            t.batch_size,
+            ClientStep(
+                lr=t.client_step.lr,
+                lr_schedule=cast(LrSchedule, t.client_step.lr_schedule),
+                lr_decay=t.client_step.lr_decay,
+                weight_decay=t.client_step.weight_decay,
+                clip_norm=t.client_step.clip_norm,
+                momentum=t.client_step.momentum,
+            ),
         ),
         seed=t.seed,
         execution=execution_of(config),
@@ -246,10 +248,8 @@ def checked_settings(
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
-        seed=t.seed,
-        distributed=distributed,
-        min_survivors=d.min_survivors,
-        randomness=cast(dp_settings.Randomness, d.trust.randomness),
+        distributed=dp_settings.Distributed(d.min_survivors) if distributed else None,
+        key=dp_settings.NoiseKey(cast(dp_settings.Randomness, d.trust.randomness), t.seed),
         mechanism=d.mechanism,
     )
     for reason in dp_settings.refusals(settings):
@@ -282,7 +282,7 @@ def dp_plan(config: Config) -> list[str]:
             f"cohort draw); z is the whole run's, node noise z_tree = "
             f"{settings.update_multiplier:.4g}, sensitivity {settings.ftrl_scales[1]:.4g} C"
         )
-    if settings.distributed:
+    if settings.distributed is not None:
         lines.append(
             "distributed: each client adds discrete Gaussian noise over secure aggregation, "
             f"calibrated for {settings.survivors_needed} surviving clients; accounted as zCDP "

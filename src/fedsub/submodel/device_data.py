@@ -23,6 +23,15 @@ from fedsub.submodel.index import SubmodelIndex
 
 
 @dataclass(frozen=True)
+class HostSizes:
+    """The per-client sizes as host numbers: a round sizes its tensors from them and the
+    cohort's client ids without reading the device (no host sync)."""
+
+    samples: np.ndarray  # [N] the sample counts
+    rows: dict[str, np.ndarray]  # per table, [N] |S(k)|
+
+
+@dataclass(frozen=True)
 class DeviceData:
     device: torch.device
     dtype: torch.dtype
@@ -33,8 +42,7 @@ class DeviceData:
     counts: torch.Tensor  # [N] sample counts w_k (int64)
     rows: dict[str, TorchRagged]  # per table, over clients: S(k)
     field_tables: dict[str, str]  # every field -> the table it reads
-    host_counts: np.ndarray  # [N] the sample counts, on the host
-    host_row_counts: dict[str, np.ndarray]  # per table, [N] |S(k)|, on the host
+    host: HostSizes  # the sample counts and |S(k)| again, on the host
 
     @staticmethod
     def build(
@@ -55,8 +63,10 @@ class DeviceData:
             counts=offsets[1:] - offsets[:-1],
             rows={t: TorchRagged.of(r, device) for t, r in index.rows.items()},
             field_tables={f: dataset.table_of(f) for f in train.ids},
-            host_counts=dataset.sample_counts(),
-            host_row_counts={t: np.diff(r.offsets) for t, r in index.rows.items()},
+            host=HostSizes(
+                samples=dataset.sample_counts(),
+                rows={t: np.diff(r.offsets) for t, r in index.rows.items()},
+            ),
         )
 
     @staticmethod
