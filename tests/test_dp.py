@@ -584,6 +584,7 @@ DP_KEYS = {  # a value away from each [dp] key's default
     "selection_max_rows": "200",
     "min_separation": "5",
     "max_participations": "3",
+    "blt_buffers": "2",
     "randomness": "'seeded'",
 }
 

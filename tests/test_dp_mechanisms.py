@@ -155,6 +155,6 @@ def test_a_mechanisms_spec_carries_its_accounting_refusals_and_keys(patterned):
         config_of("patterned", "train.rounds=101")
     with pytest.raises(ConfigError, match=r"dp\.max_participations applies to mechanism = 'ftrl"):
         config_of("patterned", "dp.max_participations=2")
-    readers = "mechanism = 'ftrl-tree' or 'patterned' only"
+    readers = "mechanism = 'ftrl-tree' or 'ftrl-blt' or 'patterned' only"
     with pytest.raises(ConfigError, match=re.escape(f"dp.min_separation applies to {readers}")):
         config_of("gaussian", "dp.min_separation=3")
