@@ -63,7 +63,6 @@ from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import ClientUpdate, CohortUpdate
 
 LOG = logging.getLogger("fedsub")
-STAGE = "fedbuff"  # the checkpoint stage: the number of client draws
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ class Flight:
 
 
 @dataclass(frozen=True)
-class Buffered1:
+class InBuffer:
     """An update in the buffer, the version its client was sent, and its node."""
 
     update: ClientUpdate
@@ -86,7 +85,7 @@ class Buffered1:
 
 @dataclass
 class Draws:
-    """The number of client draws so far (the ``fedbuff`` checkpoint stage)."""
+    """The number of client draws so far (the ``clock`` checkpoint stage on Flower)."""
 
     count: int = 0
 
@@ -95,7 +94,7 @@ class Draws:
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         if set(tensors) != {"draws"}:
-            raise ValueError(f"the fedbuff stage holds 'draws', got {sorted(tensors)}")
+            raise ValueError(f"the Flower FedBuff stage holds 'draws', got {sorted(tensors)}")
         self.count = int(tensors["draws"][0])
 
 
@@ -119,7 +118,7 @@ class FlowerFedBuff:
         self.draws = Draws()
         self.flying: dict[str, Flight] = {}  # by message id
         self.pulled: set[int] = set()  # clients sent the current version
-        self.buffer: list[Buffered1] = []
+        self.buffer: list[InBuffer] = []
         self.arrived: list[tuple[Message, Flight]] = []  # pulled, not read yet (in order)
         self.available_now = np.zeros(0, dtype=np.int64)
         self.log = StepLog()
@@ -269,7 +268,7 @@ class FlowerFedBuff:
             self._leave_out(node, client, str(error))
             return
         self.log.received_bytes += size
-        self.buffer.append(Buffered1(update, flight.version, node))
+        self.buffer.append(InBuffer(update, flight.version, node))
 
     def _leave_out(self, node: int, client: int, why: str) -> None:
         partition = self.inner.membership.counted[client]
@@ -294,7 +293,7 @@ class FlowerFedBuff:
             "updated": False,
         }
 
-    def _record(self, r: int, taken: list[Buffered1], version: int) -> None:
+    def _record(self, r: int, taken: list[InBuffer], version: int) -> None:
         counted = self.inner.membership.counted
         record = self._base_record(
             r, [counted[b.update.client] for b in taken], [b.node for b in taken]
