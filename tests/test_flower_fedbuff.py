@@ -110,10 +110,62 @@ def test_virtual_time_keys_are_refused_on_flower(extra, key):
 
 def test_synchronous_clock_is_refused_on_flower():
     settings = FlowerSettings(overrides=(*OVERRIDES, "clock.mode='synchronous'"))
-    with pytest.raises(ConfigError, match="synchronous rounds .* in-process only"):
+    with pytest.raises(ConfigError, match=r"synchronous rounds .* in-process only"):
         settings.fedsub_config()
 
 
 def test_fedbuff_keys_are_accepted_on_flower():
     config = FlowerSettings(overrides=(*OVERRIDES, *FEDBUFF)).fedsub_config()
     assert config.clock.buffered.buffer_size == 2
+
+
+class _Lost(Exception):
+    pass
+
+
+def test_a_resumed_fedbuff_run_sends_afresh_and_continues_the_draws(tmp_path):
+    """A FedBuff ServerApp that loses its SuperLink as step 3 sends its first message keeps
+    its checkpoints (after steps 1 and 2); resumed, it finishes, its step 3 combines only
+    fresh work (the updates in flight when it stopped are not waited for: staleness 0), and
+    its first send is the draw that follows the checkpoint's count."""
+    from flwr.app import Context, MessageType, RecordDict
+
+    from fedsub.clock.fedbuff import draw_client
+    from fedsub.flower.apps import make_client_app, make_server_app
+
+    out = tmp_path / "out"
+    overrides = (*OVERRIDES, "train.rounds=4", *FEDBUFF)
+
+    class LosesItsSuperLink(OneByOne):
+        def push_messages(self, messages):
+            messages = list(messages)
+            if any(
+                m.metadata.message_type == MessageType.TRAIN and m.metadata.group_id == "3"
+                for m in messages
+            ):
+                raise _Lost("connection to the SuperLink lost")
+            return super().push_messages(messages)
+
+    def serve(grid_type, resume: bool = False) -> None:
+        settings = FlowerSettings(
+            overrides=overrides,
+            output=Output(out_dir=str(out), checkpoint_every=1, resume=resume),
+            replies=Replies(round_timeout=30.0),
+        )
+        grid = grid_type(make_client_app(settings), 6)
+        make_server_app(settings)(grid, Context(1, 0, {}, RecordDict(), {}))  # type: ignore[arg-type]
+
+    with pytest.raises(_Lost):
+        serve(LosesItsSuperLink)
+    progress = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+    closed = [p for p in progress if "staleness" in p]
+    assert [p["round"] for p in closed] == [1, 2]
+    draws = sum(len(p["sent_to"]) for p in closed)
+    serve(OneByOne, True)
+    result = json.loads((out / "flower-result.json").read_text())
+    assert result["succeeded"] and [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+    step3 = result["rounds"][2]
+    assert step3["staleness"] == [0, 0]
+    seed = fedsub.Config.from_toml(None, overrides).train.seed
+    first = draw_client(seed, draws, torch.arange(6).numpy())  # nothing in flight: all 6 free
+    assert step3["sent_to"][0] == first
