@@ -528,10 +528,12 @@ def test_memory_assignment_reads_the_clock_and_scales_a_members_time():
     assert share[np.argmax(memory)] == 1.0 and share[np.argmin(memory)] == 0.25
 
 
-def test_flower_refuses_the_clock_with_the_reason():
+def test_flower_refuses_the_synchronous_clock_with_the_reason():
+    """Synchronous rounds on the virtual clock are in-process only; FedBuff runs on Flower in
+    real time (tests/test_flower_fedbuff.py)."""
     from fedsub.flower.settings import FlowerSettings
 
-    settings = FlowerSettings(overrides=("clock.mode=fedbuff",))
+    settings = FlowerSettings(overrides=("clock.mode=synchronous",))
     with pytest.raises(ConfigError, match="in-process only"):
         settings.fedsub_config()
     assert FlowerSettings(overrides=("clock.mode=off",)).fedsub_config().clock.mode == "off"

@@ -147,7 +147,7 @@ def test_a_mechanisms_spec_carries_its_accounting_refusals_and_keys(patterned):
     mechanism, they ask its spec."""
     setup, _ = setup_of("patterned", "dp.min_separation=3")
     dp_asked, num_clients = patterned[-1]
-    assert dp_asked.min_separation == 3 and num_clients == setup.dataset.num_clients
+    assert dp_asked.participation.min_separation == 3 and num_clients == setup.dataset.num_clients
     assert dp_asked.calibration.noise_multiplier == 0.8
     expected, _ = sampled_accounting(dp_asked, num_clients)
     assert setup.schedule.dp is not None and setup.schedule.dp.noise_multiplier == expected

@@ -39,7 +39,13 @@ from fedsub.data.registry import DATASETS, dataset_names
 from fedsub.device import resolve_device
 from fedsub.dp.accountant import Accountant
 from fedsub.dp.accountant import Sampling as DpSampling
-from fedsub.dp.mechanisms import MECHANISMS, Calibration, DpAsked
+from fedsub.dp.mechanisms import (
+    MECHANISMS,
+    Calibration,
+    DpAsked,
+    ParticipationAsked,
+    SelectionAsked,
+)
 from fedsub.engine.backends import backend_names
 from fedsub.engine.captured_step import compile_unavailable
 from fedsub.engine.runtime import IN_PROCESS
@@ -829,12 +835,16 @@ def dp_asked(config: Config) -> DpAsked:
         t.rounds,
         config.privacy.level == "full",
         d.adaptive_clipping.adaptive_clip,
-        d.row_selection.selection_window,
-        d.participation.min_separation,
-        d.participation.max_participations,
-        d.row_selection.rows,
-        d.row_selection.selection_max_rows,
-        d.participation.blt_buffers,
+        SelectionAsked(
+            d.row_selection.rows,
+            d.row_selection.selection_window,
+            d.row_selection.selection_max_rows,
+        ),
+        ParticipationAsked(
+            d.participation.min_separation,
+            d.participation.max_participations,
+            d.participation.blt_buffers,
+        ),
     )
 
 

@@ -229,12 +229,10 @@ def train(
       ``[execution]`` / ``[privacy]`` / ``[masking]`` keys by their former ``[train]`` names
       (moved_keys.py: ``device``, ``backend``, ``privacy``, ``masking``, ...) and
       ``table_sharding`` (``[execution]``, row-sharded tables under torchrun); built-in
-      defaults otherwise, checked by the rules a config file's keys are; an
-      error names the keyword argument (``lr``, ``model_options['embedding_dim']``), its
-      value and what is allowed, as an ``ArgumentError`` / ``ConfigError``;
-      ``dp={...}``, ``tracking={...}``: the ``[dp]`` and ``[tracking]`` tables;
-      ``privacy`` the level (``"download"``) or the whole ``[privacy]`` table
-      (``privacy={"level": "download", "randomness": "seeded"}``);
+      defaults otherwise, checked by the rules a config file's keys are (an error names the
+      keyword, its value and what is allowed: ``ArgumentError`` / ``ConfigError``);
+      ``dp={...}``, ``tracking={...}``, ``privacy={...}``: the ``[dp]``, ``[tracking]`` and
+      ``[privacy]`` tables (``privacy="download"``: the level alone);
     - ``callbacks``: after-round hooks (``fedsub.TensorBoardWriter``, ``MlflowWriter`` or
       your ``RunCallback``): each sees the run begin, every round's metrics, its end.
 

@@ -94,6 +94,21 @@ def staleness_weight(tau: torch.Tensor, exponent: float) -> torch.Tensor:
     return (1.0 + tau.to(torch.float64)) ** (-exponent)
 
 
+def draw_client(seed: int, draw: int, candidates: np.ndarray) -> int:
+    """FedBuff's client draw number ``draw`` (0-based): one of ``candidates`` (the clients
+    online, idle and not yet started on the current version), uniformly, keyed by ``seed``
+    and the draw's number (no state to keep). The virtual clock's and Flower's asynchronous
+    server (flower/fedbuff_server.py) draw by it."""
+    rng = seeding.rng(seed, CLOCK, CLIENT_DRAW, draw)
+    return int(candidates[rng.integers(len(candidates))])
+
+
+def with_staleness(update: CohortUpdate, staleness: list[int]) -> BufferedUpdate:
+    """A buffer's updates (``update``, in buffer order) with each one's staleness tau_i."""
+    tau = torch.tensor(staleness, dtype=torch.int64)
+    return BufferedUpdate(**vars(update), staleness=tau)
+
+
 def fedbuff_combine(
     update: BufferedUpdate, aggregation: Aggregation, exponent: float
 ) -> ServerUpdate:
@@ -268,8 +283,7 @@ class FedBuffClock:
         candidates = np.flatnonzero(free)
         if len(candidates) == 0:
             return False
-        rng = seeding.rng(self.rounds.schedule.seed, CLOCK, CLIENT_DRAW, state.draws)
-        client = int(candidates[rng.integers(len(candidates))])
+        client = draw_client(self.rounds.schedule.seed, state.draws, candidates)
         state.draws += 1
         seconds = float(
             work_seconds(self.profiles, self.exchanged, self.samples, np.array([client]))[0]
@@ -346,9 +360,7 @@ class FedBuffClock:
 
     def _buffered(self, buffer: list[Task], version: int) -> BufferedUpdate:
         parts = [self._take(t) for t in buffer]
-        joined = concatenated(parts)
-        tau = torch.tensor([version - t.version for t in buffer], dtype=torch.int64)
-        return BufferedUpdate(**vars(joined), staleness=tau)
+        return with_staleness(concatenated(parts), [version - t.version for t in buffer])
 
     def close_round(self, round_index: int, updated: bool, diverged: str | None) -> None:
         self.inner.close_round(round_index, updated, diverged)
@@ -366,4 +378,12 @@ class FedBuffClock:
         self.inner.restore_history(history)
 
 
-__all__ = ["INF", "BufferedUpdate", "FedBuffClock", "fedbuff_combine", "staleness_weight"]
+__all__ = [
+    "INF",
+    "BufferedUpdate",
+    "FedBuffClock",
+    "draw_client",
+    "fedbuff_combine",
+    "staleness_weight",
+    "with_staleness",
+]

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.clock.fedbuff import BufferedUpdate, FedBuffClock, fedbuff_combine
 from fedsub.clock.profiles import Profiles, Trace, clock_inputs
-from fedsub.clock.settings import ClockConfig
+from fedsub.clock.settings import Buffered, ClockConfig
 from fedsub.clock.synchronous import SynchronousClock, capacity_share
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
 from fedsub.engine.contribution import Combining, RoundContribution, taking
@@ -92,8 +93,23 @@ def _fedbuff(
     samples: float,
     name: str,
 ) -> RoundRuntime:
-    weighting = rounds.algorithm.aggregation.weighting
-    if weighting not in ("samples", "uniform") or rounds.algorithm.aggregation.combine_step:
+    buffered = FedBuffClock(runtime, rounds, profiles, trace, exchanged, samples, clock.buffered)
+    buffered_rounds(rounds, clock.buffered, name, buffered.state)
+    return buffered
+
+
+def buffered_rounds(rounds: ServerRound, rules: Buffered, name: str, stage: Stateful) -> None:
+    """Make ``rounds`` FedBuff's server (the virtual clock's, and Flower's asynchronous
+    server, flower/fedbuff_server.py): refused, naming ``name``, for what FedBuff's step does
+    not combine with; its combine ``fedbuff_combine`` (over the algorithm's aggregation, again
+    when Flower's membership rebuilds the algorithm), with ``stage`` its checkpoint stage."""
+    algorithm = rounds.algorithm
+    if algorithm.control_variates:
+        raise ConfigError(f"{name}: control variates (SCAFFOLD) need every sampled member's work")
+    if algorithm.aggregation.model_average:
+        raise ConfigError(f"{name}: Scheme II's model average rescales by the round's cohort")
+    weighting = algorithm.aggregation.weighting
+    if weighting not in ("samples", "uniform") or algorithm.aggregation.combine_step:
         raise ConfigError(
             f'{name}: clock.mode = "fedbuff" takes the samples or uniform weighting and the '
             f"weighted sum (its buffer's mean), got weighting {weighting!r}"
@@ -102,19 +118,20 @@ def _fedbuff(
         raise ConfigError(
             'clock.mode = "fedbuff" cannot screen updates (train.max_update_norm): set it to 0'
         )
-    aggregation = rounds.algorithm.aggregation.to(rounds.params.device)
-    exponent = clock.buffered.staleness_exponent
-    combine = taking(
-        BufferedUpdate,
-        functools.partial(fedbuff_combine, aggregation=aggregation, exponent=exponent),
-    )
+    exponent = rules.staleness_exponent
+    built: list = [None, None]  # the algorithm the aggregation below is of, and it
+
+    def buffered_combine(update: BufferedUpdate) -> ServerUpdate:
+        if built[0] is not rounds.algorithm:  # built again after Flower's repopulate
+            built[:] = [rounds.algorithm, rounds.algorithm.aggregation.to(rounds.params.device)]
+        return fedbuff_combine(update, built[1], exponent)
+
+    combine = taking(BufferedUpdate, buffered_combine)
     rounds.combine = combine
-    buffered = FedBuffClock(runtime, rounds, profiles, trace, exchanged, samples, clock.buffered)
     # FedBuff's rule is the round's whole combine: an override, ahead of the private rounds'
     # in-the-clear aggregation at privacy.level = "none" (the only level FedBuff takes)
     override = Combining(override=lambda update, round_index: combine(update))
-    _contribute(rounds, buffered.state, override)
-    return buffered
+    _contribute(rounds, stage, override)
 
 
 def _contribute(rounds: ServerRound, stage: Stateful, combining: Combining | None = None) -> None:
@@ -125,4 +142,4 @@ def _contribute(rounds: ServerRound, stage: Stateful, combining: Combining | Non
     rounds.features = dataclasses.replace(features, contributions=(mine, *features.contributions))
 
 
-__all__ = ["STAGE", "clocked", "wrapper"]
+__all__ = ["STAGE", "buffered_rounds", "clocked", "wrapper"]

@@ -183,3 +183,27 @@ def inert_keys(clock: ClockConfig) -> list[tuple[str, str]]:
             if getattr(values, f.name) != getattr(defaults, f.name):
                 found.append((f"clock.{f.name}", f"clock.mode = {clock.mode!r}"))
     return found
+
+
+REAL_TIME = (
+    "on Flower FedBuff runs in real time: time and availability are the nodes' own, so the "
+    "virtual clock's device profiles, availability and trace do not apply"
+)
+
+
+def real_time_refusals(clock: ClockConfig) -> list[str]:
+    """The ``[clock]`` keys a FedBuff run on Flower (real time, real nodes) cannot honour:
+    those of the virtual clock's time model set to a value other than their default (only
+    ``mode``, ``concurrency``, ``buffer_size`` and ``staleness_exponent`` apply there)."""
+    default = ClockConfig()
+    found = [
+        f"clock.{key}"
+        for key in ("trace", "transfer")
+        if getattr(clock, key) != getattr(default, key)
+    ]
+    for group in ("devices", "online"):
+        values, defaults = getattr(clock, group), getattr(default, group)
+        for f in dataclasses.fields(defaults):
+            if getattr(values, f.name) != getattr(defaults, f.name):
+                found.append(f"clock.{f.name}")
+    return found

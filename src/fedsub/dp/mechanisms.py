@@ -73,6 +73,25 @@ class Calibration:
 
 
 @dataclass(frozen=True)
+class SelectionAsked:
+    """The private row selection asked: dp.rows, dp.selection_window, dp.selection_max_rows."""
+
+    rows: str = "all"
+    window: int = 1
+    max_rows: int = 0
+
+
+@dataclass(frozen=True)
+class ParticipationAsked:
+    """The participation pattern asked (0: unset) and the BLT's buffers (0: jax-privacy's
+    choice)."""
+
+    min_separation: int = 0
+    max_participations: int = 0
+    blt_buffers: int = 0
+
+
+@dataclass(frozen=True)
 class DpAsked:
     """What a config asks of [dp] and of the rounds around it, as a mechanism's
     ``accounting`` and ``refusals`` read it (config.py's ``dp_asked`` builds it)."""
@@ -83,12 +102,8 @@ class DpAsked:
     rounds: int
     distributed: bool  # privacy.level = "full": the clients add the noise
     adaptive_clip: bool
-    selection_window: int
-    min_separation: int  # dp.min_separation as given (0: unset)
-    max_participations: int
-    rows: str = "all"  # dp.rows
-    selection_max_rows: int = 0
-    blt_buffers: int = 0  # dp.blt_buffers (0: jax-privacy chooses)
+    selection: SelectionAsked
+    participation: ParticipationAsked
 
 
 def no_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
@@ -177,7 +192,9 @@ def ftrl_accounting(asked: DpAsked, num_clients: int) -> tuple[float, Accounting
     ``resolve_ftrl``): no sampling assumed; a population too small for the separation is
     refused."""
     c, k = asked.calibration, asked.clients_per_round
-    pattern = Pattern(max(asked.min_separation, 1), asked.max_participations)
+    pattern = Pattern(
+        max(asked.participation.min_separation, 1), asked.participation.max_participations
+    )
     if k * pattern.min_separation > num_clients:
         raise ConfigError(
             f"dp.min_separation = {pattern.min_separation} with train.clients_per_round = "
@@ -211,16 +228,17 @@ def ftrl_refusals(asked: DpAsked) -> list[tuple[bool, str]]:
             "is added by the server (central DP); use mechanism = 'gaussian' there",
         ),
         (
-            asked.selection_window > max(asked.min_separation, 1),
-            f"dp.selection_window = {asked.selection_window} exceeds "
-            f"dp.min_separation = {asked.min_separation}: a user could then add to one window's "
-            "histogram twice, which the accounting does not charge; keep the window <= b",
+            asked.selection.window > max(asked.participation.min_separation, 1),
+            f"dp.selection_window = {asked.selection.window} exceeds "
+            f"dp.min_separation = {asked.participation.min_separation}: a user could then add "
+            "to one window's histogram twice, which the accounting does not charge; keep the "
+            "window <= b",
         ),
         (
-            asked.selection_max_rows > 0 and asked.rows != "private",
-            f"dp.selection_max_rows = {asked.selection_max_rows} caps the privately selected "
-            f"rows; with dp.rows = {asked.rows!r} every row is noised (set dp.rows = 'private' "
-            "or dp.selection_max_rows = 0)",
+            asked.selection.max_rows > 0 and asked.selection.rows != "private",
+            f"dp.selection_max_rows = {asked.selection.max_rows} caps the privately selected "
+            f"rows; with dp.rows = {asked.selection.rows!r} every row is noised (set "
+            "dp.rows = 'private' or dp.selection_max_rows = 0)",
         ),
         (
             asked.sampling == "poisson",
@@ -248,7 +266,9 @@ def ftrl_blt_accounting(asked: DpAsked, num_clients: int) -> tuple[float, Accoun
     noise_multiplier, accounting = ftrl_accounting(asked, num_clients)
     assert accounting.ftrl is not None
     with phase("optimising the BLT strategy (jax-privacy)"):
-        strategy = blt_noise.optimized(asked.rounds, accounting.ftrl, asked.blt_buffers)
+        strategy = blt_noise.optimized(
+            asked.rounds, accounting.ftrl, asked.participation.blt_buffers
+        )
     return noise_multiplier, dataclasses.replace(accounting, blt=strategy)
 
 

@@ -51,6 +51,7 @@ from fedsub.files.run_folder import (
 from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.client_app import make_client_app, settings_of
 from fedsub.flower.costs import MeteredGrid
+from fedsub.flower.fedbuff_server import asynchronous
 from fedsub.flower.heat_exchange import HeatReport, Transcript
 from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
 from fedsub.flower.run_model import RunModel, run_model
@@ -156,7 +157,8 @@ def _serve(grid: Grid, settings: FlowerSettings, callbacks: tuple[RunCallback, .
         # after its first round a run keeps what it wrote whatever happens next (run.json,
         # progress.jsonl, checkpoints), as `fedsub run` does: files/run_folder.py's Claim
         try:
-            progress = attempt.drive(runtime.open, runtime, runtime.schedule, guards)
+            driven = asynchronous(runtime, run.config.clock)  # FedBuff: fedbuff_server.py
+            progress = attempt.drive(driven.open, driven, runtime.schedule, guards)
         except (Diverged, RoundsFailed) as error:  # the run fails; the result says why
             failure = error
         except Exception as error:

@@ -18,8 +18,9 @@ FLOWER = Runtime(
             "masking.scheme = 'none'"
         ),
         "virtual-clock": (
-            "The virtual clock ([clock]) simulates time in-process only (fedsub compare); on "
-            "Flower time and availability are the nodes' own: use clock.mode = 'off'"
+            "The virtual clock's synchronous rounds ([clock]) simulate time in-process only "
+            "(fedsub compare); on Flower time and availability are the nodes' own: use "
+            "clock.mode = 'off', or 'fedbuff' (FedBuff over the real nodes, in real time)"
         ),
         "devices": (
             "The Flower apps run on the CPU for now (their index sets are host arrays); "

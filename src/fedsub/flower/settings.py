@@ -12,6 +12,7 @@ from fedsub import config as config_lib
 from fedsub.algorithms.compose import recipe_of
 from fedsub.algorithms.registry import check_combination, split_name
 from fedsub.algorithms.schemes import SCHEMES
+from fedsub.clock.settings import REAL_TIME, real_time_refusals
 from fedsub.config import Config
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
@@ -176,8 +177,11 @@ class FlowerSettings:
         config = config_lib.load(Path(self.config) if self.config else None, self.overrides)
         if config.masking.scheme != "none":
             FLOWER.require("masking", f"masking.scheme = {config.masking.scheme!r}")
-        if config.clock.on:  # [clock] (fedsub/clock, issue 51): in-process only
-            FLOWER.require("virtual-clock", f"clock.mode = {config.clock.mode!r}")
+        if config.clock.on:  # [clock] (issue 51): FedBuff in real time only (fedbuff_server.py)
+            if config.clock.mode != "fedbuff":
+                FLOWER.require("virtual-clock", f"clock.mode = {config.clock.mode!r}")
+            for key in real_time_refusals(config.clock):
+                raise ConfigError(f'{key} with clock.mode = "fedbuff" on Flower: {REAL_TIME}')
         if config.execution.device != "cpu":
             FLOWER.require("devices", f"execution.device = {config.execution.device!r}")
         if config.dp.mechanism != "none":  # never run without the DP the config asks for
