@@ -475,3 +475,24 @@ def test_entry_noise_is_box_muller_of_the_keystream_written_out() -> None:
                 assert got[i, j] == radius * trig(2.0 * np.pi * np.float64(u2))
         alone = tree_noise.entry_noise(key, rows[1:2], levels[1:2], nodes[1:2], dim)
         np.testing.assert_array_equal(alone[0], got[1])
+
+
+def test_the_most_participations_are_the_enumerated_maximum() -> None:
+    """``Pattern.most``: the largest set of rounds 1..n pairwise >= b apart, at most k of them,
+    by enumeration; and the bound's edges (b = 1 allows consecutive rounds, one record per
+    round)."""
+    for n, b, most in itertools.product(range(0, 9), range(1, 4), range(0, 3)):
+        best = 0
+        for size in range(n + 1):
+            for rounds in itertools.combinations(range(1, n + 1), size):
+                if all(y - x >= b for x, y in itertools.pairwise(rounds)):
+                    best = max(best, size)
+        expected = min(best, most) if most else best
+        assert Pattern(b, most).most(n) == expected, (n, b, most)
+    bound = ParticipationBound(Pattern(1, 0), 4)
+    bound.record(3, np.array([0, 2]))
+    assert bound.eligible(4, None).tolist() == [0, 1, 2, 3]  # b = 1: the next round is fine
+    with pytest.raises(ValueError, match="recorded already"):
+        bound.record(3, np.array([0]))  # client 0 took part in round 3 once
+    assert Pattern(2, 0).as_json() == {"min_separation": 2, "max_participations": None}
+    assert Pattern(2, 3).as_json() == {"min_separation": 2, "max_participations": 3}
