@@ -6,6 +6,8 @@ exact functions of the seed (no timing noise); ``--speed`` also times the batche
 against the per-client loop (execution.backend = "sequential") on a short FedBuff run.
 
     .venv/bin/python benchmarks/clock_time_to_target.py [--rounds 150] [--speed]
+        [--set KEY=VALUE ...]   (another workload, e.g. --set data.name='movielens-1m'
+                                 --set eval.target_test_auc=0.75: the same traces)
 
 Ends with ``RESULT {json}``.
 """
@@ -46,11 +48,16 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--buffer", type=int, default=10)
     parser.add_argument("--speed", action="store_true", help="batched vs per-client loop")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a config override for every run (the workload: data.name, model, eval.target_test_auc)",
+    )  # fmt: skip
     args = parser.parse_args()
-    sync_sets = [f"train.rounds={args.rounds}", "clock.mode=synchronous", *TRACE]
+    sync_sets = [*args.set, f"train.rounds={args.rounds}", "clock.mode=synchronous", *TRACE]
     # FedBuff: as many client updates as the synchronous run (K per round, B per step)
     steps = args.rounds * 50 // args.buffer
     buff_sets = [
+        *args.set,
         f"train.rounds={steps}",
         f"eval.every={5 * 50 // args.buffer}",
         "clock.mode=fedbuff",
