@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--speed", action="store_true", help="batched vs per-client loop")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a config override for every run (the workload: data.name, model, eval.target_test_auc)",
+        help="a config override for every run (data.name, model, eval.target_test_auc)",
     )  # fmt: skip
     args = parser.parse_args()
     sync_sets = [*args.set, f"train.rounds={args.rounds}", "clock.mode=synchronous", *TRACE]
