@@ -21,7 +21,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -46,6 +46,9 @@ class CentralMechanism(Protocol):
     def combine(self, update: CohortUpdate, round_index: int) -> ServerUpdate:
         """The server's update of round ``round_index`` from the cohort's updates."""
         ...
+
+
+Ftrl = TypeVar("Ftrl", bound=ftrl.FtrlMechanism)
 
 
 @dataclass(frozen=True)
@@ -170,15 +173,20 @@ def gaussian_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
     return {"dp_clip": mechanism} if adaptive else {}  # type: ignore[dict-item]
 
 
-def ftrl_tree(inputs: MechanismInputs) -> ftrl.FtrlMechanism:
-    return ftrl.FtrlMechanism(
-        inputs.settings,
-        inputs.table_rows,
-        inputs.counts,
-        inputs.heat,
-        inputs.keep,
-        streams=inputs.streams,
-    )
+def ftrl_built(kind: type[Ftrl]) -> Callable[[MechanismInputs], Ftrl]:
+    """How a DP-FTRL mechanism of class ``kind`` (the tree's, BLT's) is built."""
+
+    def build(inputs: MechanismInputs) -> Ftrl:
+        return kind(
+            inputs.settings,
+            inputs.table_rows,
+            inputs.counts,
+            inputs.heat,
+            inputs.keep,
+            streams=inputs.streams,
+        )
+
+    return build
 
 
 def ftrl_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
@@ -286,17 +294,6 @@ def ftrl_blt_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
     return {**ftrl_stages(mechanism), ftrl_blt.STRATEGY_STAGE: record}
 
 
-def ftrl_blt_build(inputs: MechanismInputs) -> ftrl_blt.BltMechanism:
-    return ftrl_blt.BltMechanism(
-        inputs.settings,
-        inputs.table_rows,
-        inputs.counts,
-        inputs.heat,
-        inputs.keep,
-        streams=inputs.streams,
-    )
-
-
 MECHANISMS: Registry[MechanismSpec] = Registry(
     "dp mechanism",
     {
@@ -309,7 +306,7 @@ MECHANISMS: Registry[MechanismSpec] = Registry(
         ),
         "ftrl-tree": MechanismSpec(
             "ftrl-tree",
-            ftrl_tree,
+            ftrl_built(ftrl.FtrlMechanism),
             ftrl_stages,
             "DP-FTRL: the same clip and denominator, correlated tree-aggregation noise, "
             "accounted for the enforced participation pattern with no sampling (Kairouz et al. "
@@ -321,7 +318,7 @@ MECHANISMS: Registry[MechanismSpec] = Registry(
         ),
         "ftrl-blt": MechanismSpec(
             "ftrl-blt",
-            ftrl_blt_build,
+            ftrl_built(ftrl_blt.BltMechanism),
             ftrl_blt_stages,
             "DP-FTRL with a buffered-linear-Toeplitz noise strategy optimised by jax-privacy "
             "for the rounds and the enforced pattern (McMahan et al. 2024; dp/ftrl_blt.py)",
