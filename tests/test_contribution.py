@@ -31,6 +31,7 @@ from fedsub.engine.features import assembly
 from fedsub.engine.features.assembly import EXCLUSIVE, FEATURES, check_combination
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Evaluation, Interrupted, RunControl
+from fedsub.engine.server_round import ServerRound
 from fedsub.errors import ConfigError
 
 from .conftest import make_dataset
@@ -296,3 +297,29 @@ def test_the_private_rounds_build_the_combine_and_override_nothing(level):
     assert contribution is not None and contribution.name == private.NAME
     assert contribution.combining.override is None and contribution.combining.combine is not None
     assert RoundFeatures((contribution,)).override() is None
+
+
+def test_no_module_but_the_server_round_assigns_a_server_rounds_fields():
+    """A runtime wrapped around the rounds (the virtual clock) takes part through
+    ``ServerRound.wrapped`` / ``repopulate``, never by setting the round's fields: every
+    assignment to ``<x>.<field>`` where ``x`` is a name the code gives a ``ServerRound``
+    (``rounds``, ``server_round``) lives in engine/server_round.py."""
+    import ast
+
+    source = Path(__file__).parents[1] / "src" / "fedsub"
+    fields = {f.name for f in dataclasses.fields(ServerRound)}
+    found = []
+    for path in source.rglob("*.py"):
+        if path.name == "server_round.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id in ("rounds", "server_round")
+                    and target.attr in fields
+                ):
+                    found.append(f"{path.relative_to(source)}:{node.lineno}")
+    assert not found, found

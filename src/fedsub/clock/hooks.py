@@ -23,7 +23,7 @@ from fedsub.clock.profiles import Profiles, Trace, clock_inputs
 from fedsub.clock.settings import Buffered, ClockConfig
 from fedsub.clock.synchronous import SynchronousClock, capacity_share
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
-from fedsub.engine.contribution import Combining, RoundContribution, taking
+from fedsub.engine.contribution import Combine, Combining, RoundContribution, taking
 from fedsub.engine.round_runtime import RoundRuntime
 from fedsub.engine.server_round import ServerRound
 from fedsub.errors import ConfigError
@@ -31,6 +31,7 @@ from fedsub.stateful import Stateful
 
 if TYPE_CHECKING:
     from fedsub.data.federated import FederatedDataset
+    from fedsub.engine.schedule import Schedule
     from fedsub.submodel.index import SubmodelIndex
 
 STAGE = "clock"  # the checkpoint stage of the clock's state
@@ -71,7 +72,7 @@ def clocked(
         return _fedbuff(runtime, rounds, clock, profiles, trace, exchanged, samples, name)
     k = schedule.clients_per_round
     selected = min(n, math.ceil(k * (1 + clock.synchronous.over_selection)))
-    rounds.schedule = dataclasses.replace(schedule, clients_per_round=selected)
+    over_selecting = dataclasses.replace(schedule, clients_per_round=selected)
     masking = schedule.masking
     share = None
     if masking is not None and masking.scheme != "none":
@@ -79,7 +80,7 @@ def clocked(
     clocked_runtime = SynchronousClock(
         runtime, profiles, trace, exchanged, samples, clock.synchronous, k, share
     )
-    _contribute(rounds, clocked_runtime.time)
+    _contribute(rounds, clocked_runtime.time, schedule=over_selecting)
     return clocked_runtime
 
 
@@ -127,19 +128,23 @@ def buffered_rounds(rounds: ServerRound, rules: Buffered, name: str, stage: Stat
         return fedbuff_combine(update, built[1], exponent)
 
     combine = taking(BufferedUpdate, buffered_combine)
-    rounds.combine = combine
-    # FedBuff's rule is the round's whole combine: an override, ahead of the private rounds'
-    # in-the-clear aggregation at privacy.level = "none" (the only level FedBuff takes)
+    # FedBuff's rule is the round's whole combine: an override, ahead of any later one
     override = Combining(override=lambda update, round_index: combine(update))
-    _contribute(rounds, stage, override)
+    _contribute(rounds, stage, override, combine=combine)
 
 
-def _contribute(rounds: ServerRound, stage: Stateful, combining: Combining | None = None) -> None:
+def _contribute(
+    rounds: ServerRound,
+    stage: Stateful,
+    combining: Combining | None = None,
+    schedule: Schedule | None = None,
+    combine: Combine | None = None,
+) -> None:
     """The clock's part of the round (engine/contribution.py), first in order: its state, the
-    ``clock`` checkpoint stage, and (FedBuff) its combine, which wins over later overrides."""
+    ``clock`` checkpoint stage, and (FedBuff) its combine, which wins over later overrides;
+    its own schedule (over-selection) or combine (FedBuff) (``ServerRound.wrapped``)."""
     mine = RoundContribution(STAGE, combining=combining or Combining(), stages={STAGE: stage})
-    features = rounds.features
-    rounds.features = dataclasses.replace(features, contributions=(mine, *features.contributions))
+    rounds.wrapped(mine, schedule, combine)
 
 
 __all__ = ["STAGE", "buffered_rounds", "clocked", "wrapper"]

@@ -20,7 +20,7 @@ import torch
 
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.server_optimizer import ServerOptimizer
-from fedsub.engine.contribution import Combine, RoundFeatures, Stages, Variates
+from fedsub.engine.contribution import Combine, RoundContribution, RoundFeatures, Stages, Variates
 from fedsub.engine.guards import kept, needs_screening, nobody, screen, touched_nonfinite
 from fedsub.engine.schedule import RoundPlan, Schedule, draw_cohort, round_work
 from fedsub.profiling import timed
@@ -99,6 +99,20 @@ class ServerRound:
         server = algorithm.make_server(self.params)
         server.load_state_tensors(self.server.state_tensors())
         self.algorithm, self.counts, self.server, self.combine = algorithm, counts, server, combine
+
+    def wrapped(
+        self,
+        contribution: RoundContribution,
+        schedule: Schedule | None = None,
+        combine: Combine | None = None,
+    ) -> None:
+        """A runtime wrapped around these rounds (the virtual clock, clock/hooks.py) takes
+        part: its contribution first in order (its stages, its override winning), and its own
+        schedule (over-selection draws more) or combine (FedBuff's step) when it has them."""
+        contributions = (contribution, *self.features.contributions)
+        self.features = dataclasses.replace(self.features, contributions=contributions)
+        self.schedule = schedule or self.schedule
+        self.combine = combine or self.combine
 
     def begin(self, round_index: int, among: np.ndarray | None = None) -> RoundPlan:
         """Round r's cohort (the same for every runtime: keyed by round) and its work.
