@@ -445,6 +445,8 @@ def test_real_run_resumed_after_its_serverapp_is_killed_ends_with_the_uninterrup
         torch.testing.assert_close(flower[name], value, rtol=0, atol=1e-5)
 
 
+@pytest.mark.deployment  # 23 s of real processes: make test-deployment (membership changes
+# in process: test_flower_membership.py)
 def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_nodes, tmp_path):
     """Node 2 is killed in round 2 (as the round is sent: a node replies 2 s later) and a
     new SuperNode with partition 2 is started: round 2 goes on without it (its wait ends

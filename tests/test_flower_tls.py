@@ -82,6 +82,7 @@ def test_certificate_script_failing_after_making_its_folder_removes_it(tmp_path)
     shutil.rmtree(tools)
 
 
+@pytest.mark.deployment  # 25 s of real TLS processes: make test-deployment
 def test_tls_and_supernode_auth_train_registered_nodes_and_refuse_an_unregistered_one(tmp_path):
     certs = tmp_path / "certs"
     assert make_certificates(certs, 3).returncode == 0

@@ -204,7 +204,7 @@ def test_host_placement_at_privacy_level_none_equals_the_device_run_without_priv
     from fedsub.privacy.levels import Privacy
 
     schedule = Schedule(
-        3, 6, 3, 2, ClientStep(0.3), seed=1, execution=Execution(dtype=torch.float64)
+        3, 6, LocalWork(3, 2, ClientStep(0.3)), seed=1, execution=Execution(dtype=torch.float64)
     )
     on_device = run("synthetic", algorithm, schedule)
     private_none = dataclasses.replace(schedule, privacy=Privacy("none"))
