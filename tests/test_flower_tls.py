@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .processes import FEDSUB_SUPERNODE, Processes, flower_env, free_ports, port_open, wait_for
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "flower-fedsubavg"
