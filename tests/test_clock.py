@@ -550,3 +550,61 @@ def test_a_sweep_reports_each_values_time_to_target(tmp_path):
         summary = json.loads((folder / "summary.json").read_text())
         assert times[value] == summary["algorithms"]["fedsubavg"]["time_to_target"] is not None
         assert (folder / "curves_time.png").exists()
+
+
+def test_the_synchronous_clock_scales_by_the_share_counts_dropouts_and_waits_for_the_online():
+    """``SynchronousClock`` around a runtime that records what it is asked: a masked member's
+    time is its work times its share (the slowest kept member ends the round), dropouts are
+    counted by kind across rounds, and with nobody of ``among`` online the clock waits for the
+    first of them."""
+    from fedsub.algorithms.sampling import Cohort
+    from fedsub.client.work import CohortWork
+    from fedsub.clock.profiles import Profiles
+    from fedsub.clock.synchronous import SynchronousClock
+    from fedsub.engine.schedule import RoundPlan
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.plans: list[RoundPlan] = []
+
+        def available(self, round_index, rounds):
+            return None
+
+        def run_cohort(self, plan, params):
+            self.plans.append(plan)
+            return plan
+
+    ones = np.ones(3)
+    profiles = Profiles(compute=np.array([10.0, 20.0, 5.0]), download=ones * 100,
+                        upload=ones * 100, memory=ones)  # fmt: skip
+    # client 2 is offline from t = 3 on; clients 0 and 1 always online
+    trace = Trace(
+        np.array([[math.inf] * 2, [math.inf] * 2, [3.0, math.inf]]),
+        np.full(3, math.inf),
+        np.array([True, True, True]),
+    )
+    exchanged = np.full(3, 50.0)  # 0.5 s down + 0.5 s up each
+    inner = Recorder()
+
+    def share(round_index: int, clients: np.ndarray) -> np.ndarray:
+        return np.array([0.25, 1.0, 1.0])[clients]  # client 0 holds a quarter of the model
+
+    clock = SynchronousClock(
+        inner, profiles, trace, exchanged, 20.0, SynchronousRounds(), 3, share=share
+    )
+    work = CohortWork(chain=None, lr=np.ones(3))  # type: ignore[arg-type]
+    plan = RoundPlan(1, Cohort(np.array([0, 1, 2]), np.ones(3, dtype=np.int64)), work)
+    clock.run_cohort(plan, {})  # type: ignore[arg-type]
+    # t_k = (1 + 20 / compute_k) * share_k: 0 -> 0.75, 1 -> 2.0, 2 -> 5.0 but offline at 3
+    assert clock.time.now == 2.0 and clock.dropped == [1, 0]
+    assert inner.plans[-1].cohort.clients.tolist() == [0, 1]
+    clock.run_cohort(RoundPlan(2, Cohort(np.array([2]), np.ones(1, dtype=np.int64)), work), {})  # type: ignore[arg-type]
+    assert clock.dropped == [2, 0]  # offline again: counted across rounds
+    # client 2 only, offline now (t = 2 -> after the failed round): the clock waits for it
+    late = Trace(np.array([[math.inf] * 2, [math.inf] * 2, [50.0, math.inf]]),
+                 np.full(3, math.inf), np.array([True, True, False]))  # fmt: skip
+    waiting = SynchronousClock(Recorder(), profiles, late, exchanged, 20.0, SynchronousRounds(), 3)
+    waiting.inner.available = lambda r, rounds: np.array([2])  # type: ignore[method-assign]
+    assert waiting.available(1, None).tolist() == [2]  # type: ignore[arg-type]
+    assert waiting.time.now == 50.0
+    assert waiting.available(2, None).tolist() == [2]  # type: ignore[arg-type]
