@@ -48,7 +48,7 @@ class CentralMechanism(Protocol):
         ...
 
 
-Ftrl = TypeVar("Ftrl", bound=ftrl.FtrlMechanism)
+Mechanism = TypeVar("Mechanism", bound=DpMechanism)
 
 
 @dataclass(frozen=True)
@@ -156,27 +156,11 @@ class MechanismSpec:
     sampled: bool = True
 
 
-def gaussian(inputs: MechanismInputs) -> DpMechanism:
-    return DpMechanism(
-        inputs.settings,
-        inputs.table_rows,
-        inputs.counts,
-        inputs.heat,
-        inputs.keep,
-        streams=inputs.streams,
-    )
+def built(kind: type[Mechanism]) -> Callable[[MechanismInputs], Mechanism]:
+    """How a mechanism of class ``kind`` (the Gaussian's ``DpMechanism`` or a DP-FTRL
+    subclass: the tree's, BLT's) is built from what the run knows."""
 
-
-def gaussian_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
-    """Adaptive clipping's C (``dp_clip``), when it adapts."""
-    adaptive = isinstance(mechanism, DpMechanism) and mechanism.settings.adaptive is not None
-    return {"dp_clip": mechanism} if adaptive else {}  # type: ignore[dict-item]
-
-
-def ftrl_built(kind: type[Ftrl]) -> Callable[[MechanismInputs], Ftrl]:
-    """How a DP-FTRL mechanism of class ``kind`` (the tree's, BLT's) is built."""
-
-    def build(inputs: MechanismInputs) -> Ftrl:
+    def build(inputs: MechanismInputs) -> Mechanism:
         return kind(
             inputs.settings,
             inputs.table_rows,
@@ -187,6 +171,15 @@ def ftrl_built(kind: type[Ftrl]) -> Callable[[MechanismInputs], Ftrl]:
         )
 
     return build
+
+
+gaussian = built(DpMechanism)  # the Gaussian mechanism's builder (a plugin may wrap it)
+
+
+def gaussian_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
+    """Adaptive clipping's C (``dp_clip``), when it adapts."""
+    adaptive = isinstance(mechanism, DpMechanism) and mechanism.settings.adaptive is not None
+    return {"dp_clip": mechanism} if adaptive else {}  # type: ignore[dict-item]
 
 
 def ftrl_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
@@ -306,7 +299,7 @@ MECHANISMS: Registry[MechanismSpec] = Registry(
         ),
         "ftrl-tree": MechanismSpec(
             "ftrl-tree",
-            ftrl_built(ftrl.FtrlMechanism),
+            built(ftrl.FtrlMechanism),
             ftrl_stages,
             "DP-FTRL: the same clip and denominator, correlated tree-aggregation noise, "
             "accounted for the enforced participation pattern with no sampling (Kairouz et al. "
@@ -318,7 +311,7 @@ MECHANISMS: Registry[MechanismSpec] = Registry(
         ),
         "ftrl-blt": MechanismSpec(
             "ftrl-blt",
-            ftrl_built(ftrl_blt.BltMechanism),
+            built(ftrl_blt.BltMechanism),
             ftrl_blt_stages,
             "DP-FTRL with a buffered-linear-Toeplitz noise strategy optimised by jax-privacy "
             "for the rounds and the enforced pattern (McMahan et al. 2024; dp/ftrl_blt.py)",
