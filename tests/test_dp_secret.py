@@ -24,6 +24,7 @@ from fedsub.config import Config
 from fedsub.dp.mechanism import DpMechanism, gaussian, round_generator
 from fedsub.dp.randomness import NOT_A_GUARANTEE, DpStreams, streams_of
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine import loop
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import Interrupted, RunControl
@@ -378,6 +379,38 @@ def test_a_stopped_secret_run_folder_resumes_to_the_uninterrupted_files_byte_for
         return [json.dumps({k: v for k, v in r.items() if k != "elapsed"}) for r in records]
 
     assert lines(a) == lines(b) and len(lines(b)) == 5  # rounds 0 to 4, epsilon on each
+
+
+def test_a_run_that_dies_before_its_first_checkpoint_resumes_on_the_same_secret(tmp_path):
+    """A [dp] run killed in round 3 with no checkpoint due yet (every 10) has published rounds 0
+    to 2's epsilon and metrics; its secret was checkpointed before round 1, so the resume reads it
+    back and releases rounds 1 and 2 again identical (the same noise), not a second time under
+    fresh noise (a release the accounting would not count)."""
+    c = config("train.algorithms=['fedsubavg']", "eval.every=1", "train.checkpoint_every=10")
+    folder = tmp_path / "run"
+    run_round = loop.run_round
+
+    def dying_in_round_3(rounds, runtime, round_index):
+        if round_index == 3:
+            raise RuntimeError("killed")
+        run_round(rounds, runtime, round_index)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "run_round", dying_in_round_3)
+        with pytest.raises(RuntimeError, match="killed"):
+            experiment.compare(c, folder)
+    saved = sorted((folder / "fedsubavg/checkpoints").iterdir())
+    assert [checkpoint_lib.load(p).round for p in saved] == [0]
+    assert "dp_secret" in checkpoint_lib.load(saved[0]).stages
+    published = (folder / "fedsubavg/metrics.jsonl").read_text().splitlines()
+    experiment.compare(c, folder, resume=True)  # draws a fresh secret, reads the saved one
+
+    def without_elapsed(lines: list[str]) -> list[dict]:
+        return [{k: v for k, v in json.loads(x).items() if k != "elapsed"} for x in lines]
+
+    again = (folder / "fedsubavg/metrics.jsonl").read_text().splitlines()
+    assert len(published) == 3 and len(again) == 5  # rounds 0-2, then 0-4
+    assert without_elapsed(again[:3]) == without_elapsed(published)
 
 
 @pytest.mark.parametrize(

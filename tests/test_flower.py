@@ -576,6 +576,20 @@ def test_flower_settings_refuse_a_device_other_than_the_cpu(monkeypatch):
     assert FlowerSettings.from_run_config({"set": "execution.device='cpu'"}).fedsub_config()
 
 
+def test_flower_settings_refuse_a_seeded_randomized_response_heat():
+    """Each node draws its randomized-response bits from OS entropy: a seeded heat (the
+    simulator's one stream) cannot be honoured on Flower, so it is refused, not ignored."""
+    from fedsub.errors import ConfigError
+
+    rr = ("privacy.heat_source='randomized-response'", "privacy.rr_epsilon=2.0")
+    seeded = FlowerSettings(overrides=(*rr, "privacy.randomness='seeded'"))
+    with pytest.raises(ConfigError, match=r"privacy\.randomness = 'seeded'.*own OS entropy"):
+        seeded.fedsub_config()
+    assert FlowerSettings(overrides=rr).fedsub_config().privacy.randomness == "secret"
+    download = ("privacy.level='download'", "privacy.randomness='seeded'")
+    assert FlowerSettings(overrides=download).fedsub_config().privacy.randomness == "seeded"
+
+
 def test_flower_settings_read_the_run_config_and_refuse_what_flower_cannot_run():
     from fedsub.errors import ConfigError
 

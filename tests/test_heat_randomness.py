@@ -23,6 +23,7 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_c
 from fedsub.data.federated import ClientSizes
 from fedsub.data.ragged import Ragged
 from fedsub.engine import checkpoint as checkpoint_lib
+from fedsub.engine import loop
 from fedsub.engine.loop import Interrupted
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.numerics import secret_streams
@@ -217,6 +218,35 @@ def test_an_algorithm_starting_after_a_finished_one_reads_its_secret(tmp_path):
         experiment.compare(config, tmp_path / "stopped", resume=True)
     assert drawn == []
     assert _model(tmp_path / "stopped") == _model(tmp_path / "straight")
+
+
+def test_a_run_that_dies_before_its_first_checkpoint_resumes_on_the_same_heat(tmp_path):
+    """fedsubavg killed in round 3 with no checkpoint due yet (every 10), fedavg not begun: the
+    heat's secret was checkpointed before round 1, so the resume draws none and both models are
+    the uninterrupted run's (one release of the clients' bits, not a second)."""
+    overrides = (*BASE, "train.checkpoint_every=10")
+    config, pinned = config_lib.load(None, overrides), Secret.fresh()
+    run_round = loop.run_round
+
+    def dying_in_round_3(rounds, runtime, round_index):
+        if round_index == 3:
+            raise RuntimeError("killed")
+        run_round(rounds, runtime, round_index)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(secret_streams, "draw_secret", lambda: pinned)
+        experiment.compare(config, tmp_path / "straight")
+        patch.setattr(loop, "run_round", dying_in_round_3)
+        with pytest.raises(RuntimeError, match="killed"):
+            experiment.compare(config, tmp_path / "died")
+    assert not (tmp_path / "died" / "fedavg" / "checkpoints").exists()
+    drawn: list[Secret] = []
+    with pytest.MonkeyPatch.context() as patch:  # a fresh draw would give another heat
+        patch.setattr(secret_streams, "draw_secret", lambda: drawn.append(Secret.fresh()))
+        experiment.compare(config, tmp_path / "died", resume=True)
+    assert drawn == []
+    for name in ("fedsubavg", "fedavg"):
+        assert _model(tmp_path / "died", name) == _model(tmp_path / "straight", name)
 
 
 def test_a_checkpoint_written_before_the_secret_resumes_seeded_and_says_so(

@@ -21,3 +21,12 @@ class Stateful(Protocol):
         """Restore what ``state_tensors`` returned; raise ``ValueError`` (or ``FedsubError``)
         naming what does not fit when the tensors are not this piece's."""
         ...
+
+
+def kept_from_the_start(stage: object) -> bool:
+    """Whether ``stage`` holds what a restart must reuse to repeat the run's releases (a
+    guarantee's secret key: numerics/secret_streams.py): a run checkpoints it before round 1,
+    so that an attempt stopped before its first checkpoint does not restart on a fresh secret
+    and release the same rounds again under other noise. A stage says so by its class
+    attribute ``KEPT_FROM_THE_START = True``."""
+    return bool(getattr(stage, "KEPT_FROM_THE_START", False))

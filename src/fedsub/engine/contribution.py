@@ -65,7 +65,7 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.schedule import Schedule
 from fedsub.models.base import Model
 from fedsub.numerics.seeding import Seed
-from fedsub.stateful import Stateful
+from fedsub.stateful import Stateful, kept_from_the_start
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import Updates
 
@@ -296,6 +296,11 @@ class RoundFeatures:
         for contribution in self.contributions:
             if contribution.draw.filter is not None:
                 contribution.draw.filter.record(round_index, clients)
+
+    def keep_from_the_start(self) -> bool:
+        """Whether a contributed stage must be checkpointed before round 1 (a secret key:
+        fedsub/stateful.py's ``kept_from_the_start``)."""
+        return any(kept_from_the_start(s) for c in self.contributions for s in c.stages.values())
 
     def stages(self, built_in: Stages | None = None) -> Stages:
         """The ``built_in`` stages (the server round's), then every contributed stage by name,

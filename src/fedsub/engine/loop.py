@@ -162,10 +162,11 @@ def keep_safe(
     records: Callable[[], list[dict]] = list,
 ) -> None:
     """After a round: checkpoint when due or when a stop is requested, then stop if asked
-    (``Interrupted``). Nothing is saved after the last round: the run is complete.
+    (``Interrupted``); at round 0 (a run holding a secret, ``drive``) only checkpoint when the
+    run does. Nothing is saved after the last round: the run is complete.
     ``records``: the runtime's own records, saved in the checkpoint's history. The features'
     saver decides whether this process writes (e.g. as the process holding the folder says)."""
-    stop = control.stop_requested()
+    stop = progress.round > 0 and control.stop_requested()
     if progress.round >= last:
         return
     due = control.checkpoint_every and progress.round % control.checkpoint_every == 0
@@ -227,6 +228,8 @@ def drive(
 
     if control.resume is None:
         evaluate_and_check()
+        if rounds.features.keep_from_the_start():  # a restart redraws no secret stream
+            keep_safe(rounds, progress, control, schedule.rounds, runtime.history)
     for r in range(progress.round + 1, schedule.rounds + 1):
         if rounds.features.stop_before(r):  # the feature says why
             if progress.round % schedule.eval_every != 0:  # the model the run ends with

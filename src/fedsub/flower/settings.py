@@ -184,6 +184,15 @@ class FlowerSettings:
                 raise ConfigError(f'{key} with clock.mode = "fedbuff" on Flower: {REAL_TIME}')
         if config.execution.device != "cpu":
             FLOWER.require("devices", f"execution.device = {config.execution.device!r}")
+        heat = heat_source_for(config.privacy.level, config.privacy.heat_source)
+        if config.privacy.randomness == "seeded" and heat == "randomized-response":
+            raise ConfigError(
+                "privacy.randomness = 'seeded' with the 'randomized-response' heat on "
+                "Flower: each node draws its randomized-response bits from its own OS entropy "
+                "(the simulator's seeded coins are one stream across all clients, with no "
+                "per-node form), so this heat cannot be seeded; set privacy.randomness = "
+                "'secret', or privacy.heat_source = 'secagg' for an exact private heat"
+            )
         if config.dp.mechanism != "none":  # never run without the DP the config asks for
             FLOWER.require("differential-privacy", f"[dp] mechanism = {config.dp.mechanism!r}")
             if self.dp_seeded_noise and config.dp.trust.randomness != "seeded":

@@ -45,6 +45,7 @@ class SecretStreams:
     names the key that chose the mode, for errors."""
 
     CONFIG_KEY: ClassVar[str] = "randomness"
+    KEPT_FROM_THE_START: ClassVar[bool] = True  # fedsub/stateful.py's kept_from_the_start
     NOT_GUARANTEED: ClassVar[str] = "randomness = 'seeded': the guarantee does NOT hold"
 
     @classmethod
