@@ -12,6 +12,7 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -381,6 +382,19 @@ def test_a_stopped_secret_run_folder_resumes_to_the_uninterrupted_files_byte_for
     assert lines(a) == lines(b) and len(lines(b)) == 5  # rounds 0 to 4, epsilon on each
 
 
+def dying_in_round(killed: int) -> Callable:
+    """``loop.run_round`` that raises (a killed process, no checkpoint written) in round
+    ``killed``."""
+    run_round = loop.run_round
+
+    def dying(rounds: ServerRound, runtime: object, round_index: int) -> None:
+        if round_index == killed:
+            raise RuntimeError("killed")
+        run_round(rounds, runtime, round_index)  # type: ignore[arg-type]
+
+    return dying
+
+
 def test_a_run_that_dies_before_its_first_checkpoint_resumes_on_the_same_secret(tmp_path):
     """A [dp] run killed in round 3 with no checkpoint due yet (every 10) has published rounds 0
     to 2's epsilon and metrics; its secret was checkpointed before round 1, so the resume reads it
@@ -388,15 +402,8 @@ def test_a_run_that_dies_before_its_first_checkpoint_resumes_on_the_same_secret(
     fresh noise (a release the accounting would not count)."""
     c = config("train.algorithms=['fedsubavg']", "eval.every=1", "train.checkpoint_every=10")
     folder = tmp_path / "run"
-    run_round = loop.run_round
-
-    def dying_in_round_3(rounds, runtime, round_index):
-        if round_index == 3:
-            raise RuntimeError("killed")
-        run_round(rounds, runtime, round_index)
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "run_round", dying_in_round_3)
+        patch.setattr(loop, "run_round", dying_in_round(3))
         with pytest.raises(RuntimeError, match="killed"):
             experiment.compare(c, folder)
     saved = sorted((folder / "fedsubavg/checkpoints").iterdir())

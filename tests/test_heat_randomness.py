@@ -34,6 +34,7 @@ from fedsub.runs import experiment, run_setup
 from fedsub.submodel.index import SubmodelIndex
 
 from .test_distributed import torchrun
+from .test_dp_secret import dying_in_round
 
 ROWS = 48
 
@@ -226,17 +227,10 @@ def test_a_run_that_dies_before_its_first_checkpoint_resumes_on_the_same_heat(tm
     the uninterrupted run's (one release of the clients' bits, not a second)."""
     overrides = (*BASE, "train.checkpoint_every=10")
     config, pinned = config_lib.load(None, overrides), Secret.fresh()
-    run_round = loop.run_round
-
-    def dying_in_round_3(rounds, runtime, round_index):
-        if round_index == 3:
-            raise RuntimeError("killed")
-        run_round(rounds, runtime, round_index)
-
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(secret_streams, "draw_secret", lambda: pinned)
         experiment.compare(config, tmp_path / "straight")
-        patch.setattr(loop, "run_round", dying_in_round_3)
+        patch.setattr(loop, "run_round", dying_in_round(3))
         with pytest.raises(RuntimeError, match="killed"):
             experiment.compare(config, tmp_path / "died")
     assert not (tmp_path / "died" / "fedavg" / "checkpoints").exists()
