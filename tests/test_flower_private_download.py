@@ -214,14 +214,23 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
     if level == "full":
         assert floats and not nonzero
         assert counted == []  # no node's sample count: it weights the deltas inside the sum
-        secure = [r for r in grid.received if r.metadata.message_type == secure_rows.MESSAGE_TYPE]
-        assert {str(r.content["heat"]["stage"]) for r in secure} == {
-            "advertise",
-            "share",
-            "mask",
-            "unmask",
-        }
-        assert len(secure) == 2 * 4 * 2  # 2 rounds, 4 stages, 2 nodes
+        # the secure sum's four stages, two riding with the request query and the training
+        # (2 rounds, 2 nodes): 4 waves a round, not 6 (query.heat: the heat, before round 1)
+        stages = [
+            (r.metadata.message_type, str(r.content["heat"]["stage"]))
+            for r in grid.received
+            if "heat" in r.content and r.metadata.message_type != "query.heat"
+        ]
+        secure = secure_rows.MESSAGE_TYPE
+        assert sorted(set(stages)) == [
+            ("query", "advertise"),
+            (secure, "mask"),
+            (secure, "unmask"),
+            ("train", "share"),
+        ]
+        assert len(stages) == 2 * 4 * 2
+        kinds = {m.metadata.message_type for m in grid.sent} - {"query.heat"}
+        assert kinds == {"query", "train", secure}
         assert bool(strategy.params.tables["features"].abs().max() > 0)  # it trained
     else:
         assert nonzero
