@@ -2,9 +2,11 @@
 no node's S(k), delta or sample count reaches the server.
 
 A trained node keeps its deltas in its ``Context.state`` and replies none of them; the server
-then runs the secure sum with the nodes that replied, as ``query.secure_rows`` Messages over
-the heat exchange's transport, and each node weights (with ``[dp]``: clips and noises) its own
-deltas with the in-process code, so the decoded step is the in-process one. What each side
+runs the secure sum over the heat exchange's transport: its keys ride with the round's request
+query, its shares with the train messages (``SecureRows.open``: who is in the sum, its
+threshold), and its last two stages, with the nodes that replied, are ``query.secure_rows``
+Messages; each node weights (with ``[dp]``: clips and noises) its own deltas with the
+in-process code, so the decoded step is the in-process one. What each side
 sends and learns, and how dropouts end: docs/tutorials/flower.md, "Private submodel learning
 on Flower"; with ``[dp]``, docs/tutorials/differential-privacy.md.
 """
