@@ -64,11 +64,10 @@ def with_seconds(handler: Callable[[Message, Context], Message]) -> Callable:
 
 def wave_kind(message: Message) -> str:
     """A message's type, and the secure sum's stage it asks for (``type:stage``)."""
-    kind, stage = message.metadata.message_type, None
+    kind = message.metadata.message_type
     heat = message.content.get("heat") if not message.has_error() else None
-    if isinstance(heat, ConfigRecord):
-        stage = heat.get("stage")
-    return kind if stage is None else f"{kind}:{stage}"
+    stage = heat.get("stage") if isinstance(heat, ConfigRecord) else None
+    return f"{kind}:{stage}" if isinstance(stage, str) else kind
 
 
 class MeteredGrid:
