@@ -429,11 +429,24 @@ def _bytes_by_type(messages: list[Message]) -> dict[str, int]:
     return totals
 
 
+WAVES = {  # a round's waves of messages (2 sampled nodes; at heat, rows asked once)
+    "heat": ["query", "train"],
+    "download": ["query", "train"],
+    "full": [
+        "query:advertise",
+        "train:share",
+        "query.secure_rows:mask",
+        "query.secure_rows:unmask",
+    ],
+}
+
+
 def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
     """flower-result.json's ``costs``: per round and sampled node the bytes each way and the
     node's seconds of work, the server's CPU seconds, the run's means and the bytes by message
-    type (equal to the bytes of every message the grid carried, counted here); the bytes a
-    node sends grow with the level (secure sums at ``full``), as in process."""
+    type (equal to the bytes of every message the grid carried, counted here) and the round's
+    waves (at ``full`` two of the secure sum's stages ride with the query and the training);
+    the bytes a node sends grow with the level (secure sums at ``full``), as in process."""
     from flwr.app import Context
 
     from fedsub.flower.apps import make_server_app
@@ -461,6 +474,9 @@ def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
                 assert node["bytes_down"] > 0 and node["bytes_up"] > 0
                 assert node["client_seconds"] > 0
             assert record["costs"]["server_cpu_seconds"] > 0
+        waves = result["rounds"][-1]["costs"]["waves"]  # round 1's has the setup's too
+        assert all(w["seconds"] >= 0 and 1 <= w["messages"] <= 2 for w in waves), waves
+        assert [w["what"] for w in waves] == WAVES[level]
         by_type = costs["bytes_by_message_type"]
         assert {t: v["down"] for t, v in by_type.items()} == _bytes_by_type(grid.sent)
         assert {t: v["up"] for t, v in by_type.items()} == _bytes_by_type(grid.received)
