@@ -373,16 +373,25 @@ def test_a_failed_training_counts_against_the_threshold_fixed_over_the_nodes_ask
     """t is fixed when the keys ride with the request query: the majority of the nodes asked
     (3 of 4: t = 2). One failing training and one dropping before its masked vector leave 1,
     and the sum is refused naming t; with 4 asked (t = 3) one failing training and one
-    dropping leave 2, also refused, though 2 would be a majority of the 3 that trained."""
+    dropping leave 2, also refused, though 2 would be a majority of the 3 that trained. Two
+    failing training leave 2 sharing, fewer than t before any vector is masked: the sum's
+    four stages run anew after the training, over the 2 that replied (t = 2), and the round
+    updates the model."""
     overrides = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=3")
     members = _first_round(overrides, set()).open().begin(1).cohort.clients.tolist()
     first, second = wide(100 + members[0]), wide(100 + members[1])
     with pytest.raises(SecAggError, match=r"only 1 clients left.*t = 2"):
         _first_round(overrides, {second}, fails=frozenset({first}))
     everyone = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=4")
-    assert _first_round(everyone, set(), fails=frozenset({first})).rounds[0]["updated"]
+    one_failed = _first_round(everyone, set(), fails=frozenset({first}))
+    assert one_failed.rounds[0]["updated"]
+    assert "advertise" not in {_stage_of(m) for m in one_failed.grid.sent}  # it rode
     with pytest.raises(SecAggError, match=r"only 2 clients left.*t = 3"):
         _first_round(everyone, {second}, fails=frozenset({first}))
+    two_failed = _first_round(everyone, set(), fails=frozenset({first, second}))
+    assert two_failed.rounds[0]["updated"] and len(two_failed.rounds[0]["left_out"]) == 2
+    alone = [_stage_of(m) for m in two_failed.grid.sent if _stage_of(m)]
+    assert sorted(set(alone)) == ["advertise", "mask", "share", "unmask"]  # run anew
 
 
 def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):

@@ -196,7 +196,8 @@ def answer_secure_rows(
 class SecureRows:
     """The server's half: the round's combine at level ``full``. Its secure sum's first two
     stages ride with the round's earlier waves (``open``, ``take_keys``, ``take_shares``);
-    a combine with no sum opened runs all four stages itself."""
+    a combine with no sum opened (or too few nodes in a riding stage) runs all four stages
+    itself, over the nodes that replied to train, as before they rode."""
 
     grid: PushPullGrid
     node_of: Mapping[int, int]
@@ -207,7 +208,6 @@ class SecureRows:
     record: Recorder | None = None
     dp: DpSettings | None = None  # [dp] at full: distributed DP
     steps: GroupSum | None = field(default=None, init=False)  # this round's, once opened
-    failure: SecAggError | None = field(default=None, init=False)  # its early stages'
 
     def open(self, nodes: Sequence[int]) -> dict[int, dict]:
         """This round's secure sum over ``nodes`` (those asked for their download requests):
@@ -218,7 +218,7 @@ class SecureRows:
         threshold = majority_threshold(len(nodes))
         if self.dp is not None:
             threshold = max(threshold, self.dp.survivors_needed)
-        self.steps, self.failure = GroupSum(list(nodes), SOURCE, threshold), None
+        self.steps = GroupSum(list(nodes), SOURCE, threshold)
         return self.steps.advertise()
 
     def _riding(self, replies: Sequence[Message], stage: str) -> dict[int, ConfigRecord]:
@@ -233,29 +233,39 @@ class SecureRows:
             )
         return heat_records(replies, self.steps.ids, stage, kept, alone=False)
 
+    def _restart(self, error: SecAggError) -> None:
+        """Fewer than t nodes took part in a riding stage (no vector was masked yet): the
+        combine runs the sum's four stages anew, over the nodes that replied to train."""
+        LOG.warning(
+            "secure row sum: %s; its four stages run after the training instead, with the "
+            "nodes that replied",
+            error,
+        )
+        self.steps = None
+
     def take_keys(self, replies: Sequence[Message], sent_to: Collection[int]) -> dict[int, dict]:
         """The keys advertised with the request query's ``replies`` by the nodes sent a train
         message (any other's keys left out, as if never advertised); the "share" requests to
-        ride with those train messages (none once the sum has failed: fewer than t)."""
+        ride with those train messages."""
         if self.steps is None:
             return {}
         riding = self._riding(replies, "advertise")
         try:
             self.steps.take_keys({n: r for n, r in riding.items() if n in sent_to})
-        except SecAggError as error:  # said at the combine, where the sum ends
-            self.failure = error
+        except SecAggError as error:
+            self._restart(error)
             return {}
         return self.steps.share()
 
     def take_shares(self, replies: Sequence[Message]) -> None:
         """The shares riding with the train ``replies``: a node that failed training sends
         none, and is outside the sum."""
-        if self.steps is None or self.failure is not None:
+        if self.steps is None:
             return
         try:
             self.steps.take_shares(self._riding(replies, "share"))
         except SecAggError as error:
-            self.failure = error
+            self._restart(error)
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sum of the members' weighted deltas and weight units (with [dp]: their
@@ -265,7 +275,7 @@ class SecureRows:
         K_min, so fewer survivors abort the round (``SecAggError``). A node that shared
         its keys but is not a member (its reply left out) is a dropout the unmasking
         recovers."""
-        steps, failure, self.steps, self.failure = self.steps, self.failure, None, None
+        steps, self.steps = self.steps, None
         members = [int(k) for k in update.clients.tolist()]
         nodes = [self.node_of[k] for k in members]
         if self.dp is not None and len(members) < self.dp.survivors_needed:
@@ -281,9 +291,7 @@ class SecureRows:
         ask = asker(self.grid, self.timeout, self.record, MESSAGE_TYPE)
         length = plan.slots.length
         try:
-            if failure is not None:
-                raise failure
-            if steps is None:  # no round opened it: the four stages here
+            if steps is None:  # none opened (or restarted): the four stages here
                 total, survivors = secure_sum.group_sum(
                     ask, nodes, SOURCE, length, fields, plan.threshold
                 )
