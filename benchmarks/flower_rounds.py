@@ -6,13 +6,15 @@ Per round, from ``flower-result.json``: the round's wall time at the ServerApp
 (``round_seconds``), the seconds the nodes' handlers worked (``client_seconds``, summed over
 the round's messages: training, and at ``full`` the secure sum's stages), and what is left
 (``overhead``: Flower's polling, the ``flwr-clientapp`` process each message starts, its
-imports and data load, the wire); plus the time from ``flwr run`` to round 1 (the ServerApp's
-start and the registration wave). ``--node`` says how each SuperNode starts: ``fedsub``
-(default: ``python -m fedsub.flower.supernode``, the docs' deployment path: fast pulls during a
-run, a woken SuperExec, warm ClientApps), ``flower-warm`` (Flower's ``flower-supernode`` with
-fedsub's warm ClientApp launcher on its PATH) or ``flower`` (``flower-supernode`` alone: a
-fresh ``flwr-clientapp`` per message); Flower's SuperExecs poll every 0.25 s in both
-``flower`` modes (the earlier recommendation).
+imports and data load, the wire), and each wave of messages the round sent (its types, a secure
+sum's stage riding with them after a colon, and the seconds from its push to its last reply;
+``wave_seconds_median`` over rounds 2 on); plus the time from ``flwr run`` to round 1 (the
+ServerApp's start and the registration wave). ``--node`` says how each SuperNode starts:
+``fedsub`` (default: ``python -m fedsub.flower.supernode``, the docs' deployment path: fast
+pulls during a run, a woken SuperExec, warm ClientApps), ``flower-warm`` (Flower's
+``flower-supernode`` with fedsub's warm ClientApp launcher on its PATH) or ``flower``
+(``flower-supernode`` alone: a fresh ``flwr-clientapp`` per message); Flower's SuperExecs poll
+every 0.25 s in both ``flower`` modes (the earlier recommendation).
 
 The SuperLink keeps its state in memory, Flower's default and the docs' deployment
 (``--superlink-file``: in a SQLite file, as this benchmark did before 2026-11-28 13:30; each
@@ -236,8 +238,15 @@ def measure(
                 "round_seconds": round(costs["round_seconds"], 3),
                 "slowest_node_work_seconds": round(work, 3),
                 "overhead_seconds": round(costs["round_seconds"] - work, 3),
+                # each wave of messages: its types (a secure sum's stage riding after a
+                # colon) and the seconds from its push to its last reply
+                "waves": [f"{w['what']} {w['seconds']:.2f}" for w in costs.get("waves", [])],
             }
         )
+    by_wave: dict[str, list[float]] = {}
+    for record in outcome["rounds"][1:]:  # round 1 starts the warm ClientApps
+        for w in record["costs"].get("waves", []):
+            by_wave.setdefault(w["what"], []).append(w["seconds"])
     model = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     return {
         "model_sha256": model[:16],  # the same model, cold or warm
@@ -249,6 +258,8 @@ def measure(
         "run_seconds": round(total, 2),
         "round_seconds_median": statistics.median(r["round_seconds"] for r in per_round),
         "overhead_seconds_median": statistics.median(r["overhead_seconds"] for r in per_round),
+        "waves_per_round": statistics.median(len(r["waves"]) for r in per_round),
+        "wave_seconds_median": {k: round(statistics.median(v), 3) for k, v in by_wave.items()},
         "per_round": per_round,
     }
 

@@ -214,14 +214,23 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
     if level == "full":
         assert floats and not nonzero
         assert counted == []  # no node's sample count: it weights the deltas inside the sum
-        secure = [r for r in grid.received if r.metadata.message_type == secure_rows.MESSAGE_TYPE]
-        assert {str(r.content["heat"]["stage"]) for r in secure} == {
-            "advertise",
-            "share",
-            "mask",
-            "unmask",
-        }
-        assert len(secure) == 2 * 4 * 2  # 2 rounds, 4 stages, 2 nodes
+        # the secure sum's four stages, two riding with the request query and the training
+        # (2 rounds, 2 nodes): 4 waves a round, not 6 (query.heat: the heat, before round 1)
+        stages = [
+            (r.metadata.message_type, str(r.content["heat"]["stage"]))
+            for r in grid.received
+            if "heat" in r.content and r.metadata.message_type != "query.heat"
+        ]
+        secure = secure_rows.MESSAGE_TYPE
+        assert sorted(set(stages)) == [
+            ("query", "advertise"),
+            (secure, "mask"),
+            (secure, "unmask"),
+            ("train", "share"),
+        ]
+        assert len(stages) == 2 * 4 * 2
+        kinds = {m.metadata.message_type for m in grid.sent} - {"query.heat"}
+        assert kinds == {"query", "train", secure}
         assert bool(strategy.params.tables["features"].abs().max() > 0)  # it trained
     else:
         assert nonzero
@@ -237,11 +246,29 @@ def _names_a_count(message: Message) -> bool:
     )
 
 
-def _first_round(overrides: tuple[str, ...], dropped: set[int]):
+def _first_round(
+    overrides: tuple[str, ...],
+    dropped: set[int],
+    fails: frozenset[int] = frozenset(),
+    garbled: frozenset[int] = frozenset(),
+):
     """Round 1 at ``full`` with 3 of 4 nodes; the nodes in ``dropped`` vanish before their
-    masked vector (after training and sharing keys)."""
+    masked vector (after training and sharing keys), those in ``fails`` raise in training
+    (after advertising their keys with the request query), those in ``garbled`` train and
+    share their keys but reply another partition's id (the server leaves the reply out)."""
     settings = FlowerSettings(overrides=(*overrides, "train.rounds=1"))
-    grid = AppGrid(make_client_app(settings), 4)
+    app = make_client_app(settings)
+
+    def node_app(message: Message, context) -> Message:
+        training = message.metadata.message_type == MessageType.TRAIN
+        if training and context.node_id in fails:
+            raise RuntimeError("training failed on this node")
+        reply = app(message, context)
+        if training and context.node_id in garbled:
+            reply.content["metrics"]["partition-id"] = 99
+        return reply
+
+    grid = Recording(node_app, 4)
 
     def drop(node: int, message: Message) -> bool:
         heat = message.content.get("heat")
@@ -255,6 +282,7 @@ def _first_round(overrides: tuple[str, ...], dropped: set[int]):
     grid.drop = drop
     strategy = private_runtime(settings, grid)
     strategy.step(1)
+    strategy.grid = grid
     return strategy
 
 
@@ -286,6 +314,84 @@ def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
     failed = r"secure row sum over nodes \[.*\]: only 1 clients left.*t = 2"
     with pytest.raises(SecAggError, match=failed):
         _first_round(overrides, {wide(100 + members[0]), wide(100 + members[1])})
+
+
+def _stage_of(message: Message) -> str | None:
+    """The secure row sum's stage a message the server sent asks for alone (None: another)."""
+    heat = message.content.get("heat")
+    if message.metadata.message_type != secure_rows.MESSAGE_TYPE:
+        return None
+    return str(heat["stage"]) if isinstance(heat, ConfigRecord) else None
+
+
+def _unmasked(strategy) -> list[list[int]]:
+    """The dropped nodes (secagg ids) of each secure row sum's unmask request the server sent
+    (one request, sent to every survivor)."""
+    dropped = {
+        tuple(heat["dropped"])
+        for m in strategy.grid.sent
+        if m.metadata.message_type == secure_rows.MESSAGE_TYPE
+        and isinstance(heat := m.content.get("heat"), ConfigRecord)
+        and heat["stage"] == "unmask"
+    }
+    return [list(d) for d in sorted(dropped)]
+
+
+def test_a_node_failing_training_at_full_is_outside_the_secure_sum():
+    """The secure sum's keys ride with the request query and its shares with the training: a
+    node that advertised keys and then fails training sends no shares, so no mask of it is
+    added and the round updates the model with the others' sum, left_out naming it; as when
+    it drops after sharing (the existing dropout, its plan counting 3 members: the same
+    step up to the fixed point's rounding). A node that trains and shares but whose reply
+    the server leaves out is a dropout the unmasking recovers (its mask key from the
+    survivors' Shamir shares): the same model as the failed one, bit for bit."""
+    overrides = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=3")
+    start = private_runtime(FlowerSettings(overrides=overrides), None).params.tables["features"]
+    everyone = _first_round(overrides, set())
+    members = everyone.open().begin(1).cohort.clients.tolist()
+    gone = wide(100 + members[0])
+    failed = _first_round(overrides, set(), fails=frozenset({gone}))
+    assert failed.rounds[0]["updated"] and failed.rounds[0]["left_out"] == [members[0]]
+    assert _unmasked(failed) == [[]]  # outside the sum: no dropout to recover
+    garbled = _first_round(overrides, set(), garbled=frozenset({gone}))
+    assert garbled.rounds[0]["left_out"] == [members[0]]
+    assert [len(dropped) for dropped in _unmasked(garbled)] == [1]  # recovered by unmasking
+    masking = [m for m in garbled.grid.sent if _stage_of(m) == "mask"]
+    assert gone not in {m.metadata.dst_node_id for m in masking} and len(masking) == 2
+    after_sharing = _first_round(overrides, {gone})
+    step = {
+        name: run.params.tables["features"] - start
+        for name, run in (("all", everyone), ("failed", failed), ("garbled", garbled))
+    }
+    assert torch.equal(step["failed"], step["garbled"])
+    assert not torch.allclose(step["failed"], step["all"], atol=1e-6)  # it is not in the sum
+    shared = after_sharing.params.tables["features"] - start
+    torch.testing.assert_close(step["failed"], shared, rtol=0, atol=1e-6)
+
+
+def test_a_failed_training_counts_against_the_threshold_fixed_over_the_nodes_asked():
+    """t is fixed when the keys ride with the request query: the majority of the nodes asked
+    (3 of 4: t = 2). One failing training and one dropping before its masked vector leave 1,
+    and the sum is refused naming t; with 4 asked (t = 3) one failing training and one
+    dropping leave 2, also refused, though 2 would be a majority of the 3 that trained. Two
+    failing training leave 2 sharing, fewer than t before any vector is masked: the sum's
+    four stages run anew after the training, over the 2 that replied (t = 2), and the round
+    updates the model."""
+    overrides = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=3")
+    members = _first_round(overrides, set()).open().begin(1).cohort.clients.tolist()
+    first, second = wide(100 + members[0]), wide(100 + members[1])
+    with pytest.raises(SecAggError, match=r"only 1 clients left.*t = 2"):
+        _first_round(overrides, {second}, fails=frozenset({first}))
+    everyone = (*BASE, *FULL, *BUCKETS, "train.clients_per_round=4")
+    one_failed = _first_round(everyone, set(), fails=frozenset({first}))
+    assert one_failed.rounds[0]["updated"]
+    assert "advertise" not in {_stage_of(m) for m in one_failed.grid.sent}  # it rode
+    with pytest.raises(SecAggError, match=r"only 2 clients left.*t = 3"):
+        _first_round(everyone, {second}, fails=frozenset({first}))
+    two_failed = _first_round(everyone, set(), fails=frozenset({first, second}))
+    assert two_failed.rounds[0]["updated"] and len(two_failed.rounds[0]["left_out"]) == 2
+    alone = [_stage_of(m) for m in two_failed.grid.sent if _stage_of(m)]
+    assert sorted(set(alone)) == ["advertise", "mask", "share", "unmask"]  # run anew
 
 
 def test_the_server_app_at_full_writes_the_in_process_model(tmp_path):
@@ -332,11 +438,24 @@ def _bytes_by_type(messages: list[Message]) -> dict[str, int]:
     return totals
 
 
+WAVES = {  # a round's waves of messages (2 sampled nodes; at heat, rows asked once)
+    "heat": ["query", "train"],
+    "download": ["query", "train"],
+    "full": [
+        "query:advertise",
+        "train:share",
+        "query.secure_rows:mask",
+        "query.secure_rows:unmask",
+    ],
+}
+
+
 def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
     """flower-result.json's ``costs``: per round and sampled node the bytes each way and the
     node's seconds of work, the server's CPU seconds, the run's means and the bytes by message
-    type (equal to the bytes of every message the grid carried, counted here); the bytes a
-    node sends grow with the level (secure sums at ``full``), as in process."""
+    type (equal to the bytes of every message the grid carried, counted here) and the round's
+    waves (at ``full`` two of the secure sum's stages ride with the query and the training);
+    the bytes a node sends grow with the level (secure sums at ``full``), as in process."""
     from flwr.app import Context
 
     from fedsub.flower.apps import make_server_app
@@ -364,6 +483,9 @@ def test_the_server_app_records_each_levels_costs_per_round_and_node(tmp_path):
                 assert node["bytes_down"] > 0 and node["bytes_up"] > 0
                 assert node["client_seconds"] > 0
             assert record["costs"]["server_cpu_seconds"] > 0
+        waves = result["rounds"][-1]["costs"]["waves"]  # round 1's has the setup's too
+        assert all(w["seconds"] >= 0 and 1 <= w["messages"] <= 2 for w in waves), waves
+        assert [w["what"] for w in waves] == WAVES[level]
         by_type = costs["bytes_by_message_type"]
         assert {t: v["down"] for t, v in by_type.items()} == _bytes_by_type(grid.sent)
         assert {t: v["up"] for t, v in by_type.items()} == _bytes_by_type(grid.received)

@@ -20,7 +20,7 @@ from fedsub.engine.sequential import train_submodel
 from fedsub.errors import FedsubError
 from fedsub.flower.costs import with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, node_report
-from fedsub.flower.heat_exchange import answer_heat
+from fedsub.flower.heat_exchange import RECORD, answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
 from fedsub.flower.private_download import downloads_privately, node_key, node_request
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
@@ -163,6 +163,20 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     return Message(content, reply_to=message)
 
 
+def with_riders(
+    fixed: FlowerSettings | None, message: Message, context: Context, reply: Message
+) -> Message:
+    """``reply`` with the answer to a secure row sum's stage riding with ``message`` (at
+    privacy full, "advertise" rides with a round's request query and "share" with its train
+    message: flower/secure_rows.py), answered after the message itself: a node whose
+    training fails sends no shares."""
+    if RECORD in message.content:
+        seeded = settings_of(fixed, context).dp_seeded_noise
+        answer = answer_secure_rows(message, context, _own_data(fixed, context), seeded)
+        reply.content[RECORD] = answer.content[RECORD]
+    return reply
+
+
 def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     app = ClientApp()
 
@@ -170,7 +184,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     @with_seconds
     def report_index(message: Message, context: Context) -> Message:
         """The node's registration or row query answer (``answer_query``)."""
-        return answer_query(fixed, message, context)
+        return with_riders(fixed, message, context, answer_query(fixed, message, context))
 
     @app.query("heat")
     def exchange_heat(message: Message, context: Context) -> Message:
@@ -198,7 +212,7 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
     @with_seconds
     def train(message: Message, context: Context) -> Message:
         """Local steps on the submodel received (``answer_train``)."""
-        return answer_train(fixed, message, context)
+        return with_riders(fixed, message, context, answer_train(fixed, message, context))
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:

@@ -62,6 +62,14 @@ def with_seconds(handler: Callable[[Message, Context], Message]) -> Callable:
     return timed
 
 
+def wave_kind(message: Message) -> str:
+    """A message's type, and the secure sum's stage it asks for (``type:stage``)."""
+    kind = message.metadata.message_type
+    heat = message.content.get("heat") if not message.has_error() else None
+    stage = heat.get("stage") if isinstance(heat, ConfigRecord) else None
+    return f"{kind}:{stage}" if isinstance(stage, str) else kind
+
+
 class MeteredGrid:
     """A Flower ``Grid`` (or a test's stand-in) that measures every message it carries."""
 
@@ -79,6 +87,7 @@ class MeteredGrid:
             "seconds": defaultdict(float),
             "cpu": time.process_time(),
             "wall": time.monotonic(),
+            "waves": [],  # each push: what it sent, when, its message ids, its last reply
         }
 
     def get_node_ids(self) -> Iterable[int]:
@@ -109,10 +118,35 @@ class MeteredGrid:
         return replies
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages(self._sent(messages))
+        messages, started = self._sent(messages), time.monotonic()
+        ids = list(self.grid.push_messages(messages))
+        kinds = sorted({wave_kind(m) for m in messages})
+        wave = {"what": "+".join(kinds), "messages": len(messages), "started": started}
+        self._round["waves"].append({**wave, "ids": set(ids), "replied": started})
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self._received(self.grid.pull_messages(message_ids))
+        replies = self._received(self.grid.pull_messages(message_ids))
+        now = time.monotonic()
+        for reply in replies:
+            asked = reply.metadata.reply_to_message_id
+            for wave in self._round["waves"]:
+                if asked in wave["ids"]:
+                    wave["replied"] = now
+        return replies
+
+    def _waves(self, measured: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each wave of the round: what it sent (message types, a secure sum's stage riding
+        with them after a colon), how many messages, and the seconds from its push to its
+        last reply's pull."""
+        return [
+            {
+                "what": w["what"],
+                "messages": w["messages"],
+                "seconds": round(w["replied"] - w["started"], 4),
+            }
+            for w in measured["waves"]
+        ]
 
     def take(self, nodes: Iterable[int]) -> dict[str, Any]:
         """The costs since the last call: per node of ``nodes`` (the round's sampled nodes)
@@ -135,5 +169,6 @@ class MeteredGrid:
             "client_seconds_per_client": sum(measured["seconds"][n] for n in nodes) / count,
             "server_cpu_seconds": time.process_time() - measured["cpu"],
             "round_seconds": time.monotonic() - measured["wall"],
+            "waves": self._waves(measured),
             "nodes": per_node,
         }

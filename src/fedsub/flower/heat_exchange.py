@@ -11,7 +11,7 @@ docs/tutorials/flower.md, "Private heat on Flower".
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
@@ -147,24 +147,48 @@ def _ask(
         Message(RecordDict({RECORD: ConfigRecord(fields)}), node, message_type)
         for node, fields in requests.items()
     ]
-    replies: dict[int, ConfigRecord] = {}
-    for reply in exchange(grid, messages, timeout):
+    return heat_records(exchange(grid, messages, timeout), requests, stage, record)
+
+
+def ride(messages: Sequence[Message], requests: Mapping[int, dict]) -> None:
+    """A stage's requests riding with other messages (a round's request query, its train
+    messages): each message to a node of ``requests`` also carries its heat record."""
+    for message in messages:
+        fields = requests.get(message.metadata.dst_node_id)
+        if fields is not None:
+            message.content[RECORD] = ConfigRecord(fields)
+
+
+def heat_records(
+    replies: Sequence[Message],
+    asked: Collection[int],
+    stage: str,
+    record: Recorder | None,
+    alone: bool = True,
+) -> dict[int, ConfigRecord]:
+    """The valid heat records of ``replies`` from the nodes ``asked`` for ``stage``, by node;
+    a reply that failed, came twice, from a node not asked, or without a valid record is left
+    out, logged (a stage riding with other messages, ``alone`` False: failed and missing
+    replies are their carrier's to log)."""
+    replied: dict[int, ConfigRecord] = {}
+    for reply in replies:
         node = reply.metadata.src_node_id
         if reply.has_error():
-            LOG.warning("heat exchange, stage %s: node %d failed: %s", stage, node, reply.error)
+            if alone:
+                LOG.warning("heat exchange, stage %s: node %d failed: %s", stage, node, reply.error)
             continue
         if record is not None:
             record(node, stage, reply.content)
-        if node not in requests or node in replies:
+        if node not in asked or node in replied:
             LOG.warning("heat exchange, stage %s: unexpected reply from node %d", stage, node)
             continue
         try:
-            replies[node] = _heat_record(reply.content, f"node {node}")
+            replied[node] = _heat_record(reply.content, f"node {node}")
         except HeatMessageError as error:
             LOG.warning("heat exchange, stage %s: %s; left out", stage, error)
-    for node in sorted(set(requests) - set(replies)):
+    for node in sorted(set(asked) - set(replied)) if alone else ():
         LOG.warning("heat exchange, stage %s: no reply from node %d; left out", stage, node)
-    return replies
+    return replied
 
 
 def asker(

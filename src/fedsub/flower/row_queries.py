@@ -15,6 +15,7 @@ from flwr.serverapp import Grid
 from fedsub.engine.membership import Membership
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import exchange
+from fedsub.flower.heat_exchange import ride
 from fedsub.flower.records import query_message, reply_row_ids
 
 LOG = logging.getLogger("fedsub")
@@ -52,20 +53,29 @@ class SampledRows:
         if partition in self.membership.counted:
             self.rows.pop(self.membership.counted.index(partition), None)
 
-    def ask(self, grid: Grid, clients: list[int], server_round: int) -> None:
+    def ask(
+        self,
+        grid: Grid,
+        clients: list[int],
+        server_round: int,
+        riders: Mapping[int, dict] | None = None,
+    ) -> list[Message]:
         """The rows of the round's sampled ``clients`` not known yet; with private download
-        a new request from every sampled client, every round."""
+        a new request from every sampled client, every round. ``riders``: a secure sum's
+        stage riding with the query (by node, flower/secure_rows.py); the replies, for it."""
         asked: dict[str, ConfigRecordValues] = {"what": "rows", **self.query}
         if self.downloading:
             self.rows = {}
             asked = {"what": "request", "round": server_round, **self.query}
         unknown = [j for j in clients if j not in self.rows]
         if not unknown:
-            return
+            return []
         counted = self.membership.counted
         position = {self.membership.node_of(counted[j]): j for j in unknown}  # node -> j
         query = [query_message(node, asked, server_round) for node in position]
-        for reply in exchange(grid, query, self.timeout):
+        ride(query, riders or {})
+        replies = exchange(grid, query, self.timeout)
+        for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error() or node not in position:
                 LOG.warning("round %d: no rows from node %d", server_round, node)
@@ -74,3 +84,4 @@ class SampledRows:
                 self.rows[position[node]] = row_ids(reply, self.membership.tables)
             except FedsubError as error:  # left out of the round, like a node that failed
                 LOG.warning("round %d: node %d: %s", server_round, node, error)
+        return replies

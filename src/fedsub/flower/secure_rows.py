@@ -2,9 +2,11 @@
 no node's S(k), delta or sample count reaches the server.
 
 A trained node keeps its deltas in its ``Context.state`` and replies none of them; the server
-then runs the secure sum with the nodes that replied, as ``query.secure_rows`` Messages over
-the heat exchange's transport, and each node weights (with ``[dp]``: clips and noises) its own
-deltas with the in-process code, so the decoded step is the in-process one. What each side
+runs the secure sum over the heat exchange's transport: its keys ride with the round's request
+query, its shares with the train messages (``SecureRows.open``: who is in the sum, its
+threshold), and its last two stages, with the nodes that replied, are ``query.secure_rows``
+Messages; each node weights (with ``[dp]``: clips and noises) its own deltas with the
+in-process code, so the decoded step is the in-process one. What each side
 sends and learns, and how dropouts end: docs/tutorials/flower.md, "Private submodel learning
 on Flower"; with ``[dp]``, docs/tutorials/differential-privacy.md.
 """
@@ -12,12 +14,12 @@ on Flower"; with ``[dp]``, docs/tutorials/differential-privacy.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
 from fedsub.algorithms.weighting import SecureWeighting
@@ -32,6 +34,7 @@ from fedsub.flower.heat_exchange import (
     Recorder,
     answer_secagg,
     asker,
+    heat_records,
     int_list_field,
     number_field,
 )
@@ -41,7 +44,8 @@ from fedsub.privacy import secure_sum
 from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.secagg import SecAggError
-from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, decode_sums
+from fedsub.privacy.secure_sum import GroupSum
+from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, decode_sums, majority_threshold
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -190,7 +194,10 @@ def answer_secure_rows(
 
 @dataclass
 class SecureRows:
-    """The server's half: the round's combine at level ``full``."""
+    """The server's half: the round's combine at level ``full``. Its secure sum's first two
+    stages ride with the round's earlier waves (``open``, ``take_keys``, ``take_shares``);
+    a combine with no sum opened (or too few nodes in a riding stage) runs all four stages
+    itself, over the nodes that replied to train, as before they rode."""
 
     grid: PushPullGrid
     node_of: Mapping[int, int]
@@ -200,13 +207,75 @@ class SecureRows:
     timeout: float
     record: Recorder | None = None
     dp: DpSettings | None = None  # [dp] at full: distributed DP
+    steps: GroupSum | None = field(default=None, init=False)  # this round's, once opened
+
+    def open(self, nodes: Sequence[int]) -> dict[int, dict]:
+        """This round's secure sum over ``nodes`` (those asked for their download requests):
+        its "advertise" requests, to ride with that query. Its threshold t is fixed here, for
+        every node's Shamir shares: the majority of ``nodes`` (with [dp] raised to K_min), at
+        least the majority of the members the sum ends with (docs/tutorials/flower.md,
+        "Private submodel learning on Flower")."""
+        threshold = majority_threshold(len(nodes))
+        if self.dp is not None:
+            threshold = max(threshold, self.dp.survivors_needed)
+        self.steps = GroupSum(list(nodes), SOURCE, threshold)
+        return self.steps.advertise()
+
+    def _riding(self, replies: Sequence[Message], stage: str) -> dict[int, ConfigRecord]:
+        """The valid heat records riding with ``replies``; what the transcript keeps of them
+        is the heat record alone (the carrier's reader keeps the rest)."""
+        assert self.steps is not None
+        record = self.record
+        kept: Recorder | None = None
+        if record is not None:
+            kept = lambda node, stage, content: record(  # noqa: E731
+                node, stage, RecordDict({RECORD: content[RECORD]}) if RECORD in content else content
+            )
+        return heat_records(replies, self.steps.ids, stage, kept, alone=False)
+
+    def _restart(self, error: SecAggError) -> None:
+        """Fewer than t nodes took part in a riding stage (no vector was masked yet): the
+        combine runs the sum's four stages anew, over the nodes that replied to train."""
+        LOG.warning(
+            "secure row sum: %s; its four stages run after the training instead, with the "
+            "nodes that replied",
+            error,
+        )
+        self.steps = None
+
+    def take_keys(self, replies: Sequence[Message], sent_to: Collection[int]) -> dict[int, dict]:
+        """The keys advertised with the request query's ``replies`` by the nodes sent a train
+        message (any other's keys left out, as if never advertised); the "share" requests to
+        ride with those train messages."""
+        if self.steps is None:
+            return {}
+        riding = self._riding(replies, "advertise")
+        try:
+            self.steps.take_keys({n: r for n, r in riding.items() if n in sent_to})
+        except SecAggError as error:
+            self._restart(error)
+            return {}
+        return self.steps.share()
+
+    def take_shares(self, replies: Sequence[Message]) -> None:
+        """The shares riding with the train ``replies``: a node that failed training sends
+        none, and is outside the sum."""
+        if self.steps is None:
+            return
+        try:
+            self.steps.take_shares(self._riding(replies, "share"))
+        except SecAggError as error:
+            self._restart(error)
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sum of the members' weighted deltas and weight units (with [dp]: their
         noisy shares, engine/private_rounds.py's ``SecureRound`` as in process) over the
         union of their requests; ``update`` holds who replied, how often each was drawn and
         the deltas' shapes (no rows, no sample counts). With [dp] the sum's threshold is
-        K_min, so fewer survivors abort the round (``SecAggError``)."""
+        K_min, so fewer survivors abort the round (``SecAggError``). A node that shared
+        its keys but is not a member (its reply left out) is a dropout the unmasking
+        recovers."""
+        steps, self.steps = self.steps, None
         members = [int(k) for k in update.clients.tolist()]
         nodes = [self.node_of[k] for k in members]
         if self.dp is not None and len(members) < self.dp.survivors_needed:
@@ -219,11 +288,15 @@ class SecureRows:
         plan = SecureRound.plan(update, requests, self.aggregation, self.privacy, self.dp)
         union = {f"union.{t}": r.tolist() for t, r in plan.slots.rows.items()}
         fields = {node: {**_told(plan, self.dp, j), **union} for j, node in enumerate(nodes)}
+        ask = asker(self.grid, self.timeout, self.record, MESSAGE_TYPE)
+        length = plan.slots.length
         try:
-            ask = asker(self.grid, self.timeout, self.record, MESSAGE_TYPE)
-            total, survivors = secure_sum.group_sum(
-                ask, nodes, SOURCE, plan.slots.length, fields, plan.threshold
-            )
+            if steps is None:  # none opened (or restarted): the four stages here
+                total, survivors = secure_sum.group_sum(
+                    ask, nodes, SOURCE, length, fields, plan.threshold
+                )
+            else:
+                total, survivors = steps.finish(ask, length, fields, nodes)
         except SecAggError as error:  # name the nodes: the operator's next step
             raise SecAggError(f"secure row sum over nodes {nodes}: {error}") from None
         decoded = decode_sums(plan.slots, plan.coding, total, len(survivors))

@@ -36,7 +36,7 @@ from fedsub.errors import FedsubError
 from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
-from fedsub.flower.heat_exchange import Transcript, collect_heat
+from fedsub.flower.heat_exchange import Transcript, collect_heat, ride
 from fedsub.flower.joining import Joining
 from fedsub.flower.private_download import download_combine, downloads_privately
 from fedsub.flower.row_queries import SampledRows
@@ -136,6 +136,7 @@ class FlowerRuntime:
         self.ledger: Ledger | None = None  # [dp]'s, once the run's server round is open
         self.central_dp = False  # [dp]'s central mechanism combines the rounds
         self._online: set[int] | None = None  # [dp]: this round's reachable clients
+        self.secure: SecureRows | None = None  # privacy full: the round's secure row sum
 
     # --- the population ----------------------------------------------------------------
     def open(self, control: RunControl) -> ServerRound:
@@ -312,7 +313,7 @@ class FlowerRuntime:
             return download_combine(aggregation, privacy)
         nodes, on_reply = PositionNodes(self.membership), self.observers.transcript
         requests = lambda: self.sampled.rows  # noqa: E731  (this round's, when it combines)
-        secure = SecureRows(
+        self.secure = secure = SecureRows(
             self.grid,
             nodes,
             aggregation,
@@ -347,10 +348,16 @@ class FlowerRuntime:
         r, clients = plan.round, plan.cohort.clients.tolist()
         online = self._online
         reachable = [j for j in clients if online is None or j in online]  # [dp]: dropouts
-        if self.asks_rows:  # the sampled nodes' rows (or download requests), for their download
-            self.sampled.ask(self.grid, reachable, r)
         partitions = [self.membership.counted[j] for j in clients]
         nodes = [self.membership.node_of(k) for k in partitions]
+        # privacy full (which always asks requests): the secure sum's keys ride with the
+        # request query, its shares with the train messages (two waves fewer; who is in the
+        # sum and its threshold: secure_rows.SecureRows.open)
+        secure, cohort = self.secure, zip(clients, nodes, strict=True)
+        advertise = {} if secure is None else secure.open([n for j, n in cohort if j in reachable])
+        queried: list[Message] = []
+        if self.asks_rows:  # the sampled nodes' rows (or download requests), for their download
+            queried = self.sampled.ask(self.grid, reachable, r, advertise)
         sent_to = {
             node: j
             for j, node in zip(clients, nodes, strict=True)
@@ -360,12 +367,16 @@ class FlowerRuntime:
         if self.observers.on_progress is not None:
             self.observers.on_progress({"round": r, "sent_to": partitions, "nodes": nodes})
         messages, sent = train_messages(plan, params, sent_to, self._rows_of, self.settings.payload)
+        if secure is not None:
+            ride(messages, secure.take_keys(queried, sent_to))
         replies = exchange(
             self.grid,
             messages,
             self.timeout,
             lambda: self.joining.ask_newcomers(self.grid),
         )
+        if secure is not None:
+            secure.take_shares(replies)
         updates, received = self._read(r, replies, sent_to, params)
         return self._cohort_update(plan, updates, nodes, sent, received)
 

@@ -193,50 +193,77 @@ def group_sum(
     ``mask_fields`` adds per-node fields to the "mask" request (what a node needs to build
     its vector); ``threshold``: secagg's t (default the majority; distributed DP raises it to
     K_min, so no sum with less noise than accounted is decoded)."""
-    session = secrets.token_bytes(16)
-    threshold = threshold or len(group) // 2 + 1
-    ids = {node: i for i, node in enumerate(group)}
-    node_of = dict(enumerate(group))
-    server = SecAggServer(threshold, length, session)
-    extra = mask_fields or {}
+    steps = GroupSum(group, source, threshold)
+    steps.take_keys(ask(steps.advertise(), "advertise"))
+    steps.take_shares(ask(steps.share(), "share"))
+    return steps.finish(ask, length, mask_fields or {})
 
-    def stage(requests: Mapping[int, dict], name: str, decode: Callable) -> list:
-        return _decoded(ask(requests, name), decode, name, ids)
 
-    keys = server.collect_keys(
-        stage(
-            {n: advertise_request(session, ids[n], threshold, source) for n in group},
-            "advertise",
-            lambda r, who: decode_advertise(r, session, who),
-        )
-    )
-    routed = server.route_shares(
-        stage(
-            {node_of[k.sender]: share_request(session, keys) for k in keys},
-            "share",
-            lambda r, who: decode_share_keys(r, session, who),
-        )
-    )
-    request = server.collect_masked(
-        stage(
-            {
-                node_of[u]: {**mask_request(session, inbox), **extra.get(node_of[u], {})}
-                for u, inbox in routed.items()
-            },
-            "mask",
-            lambda r, who: decode_masked(r, session, length, who),
-        )
-    )
-    total = server.finish(
-        request,
-        stage(
-            {node_of[u]: unmask_request(request) for u in request.survivors},
-            "unmask",
-            lambda r, who: decode_unmask(r, session, who),
-        ),
-    )
-    _log_rejections(server, node_of)
-    return total, tuple(node_of[u] for u in request.survivors)
+class GroupSum:
+    """One group's secure sum stage by stage, for a carrier that sends its first two stages
+    with other messages (flower/secure_rows.py: "advertise" rides with a round's request
+    query, "share" with its train messages); ``group_sum`` runs the four in a row. The
+    threshold t is fixed when the keys are advertised (each node's Shamir shares are drawn
+    for it); a node that advertised and sends no shares is outside the sum (no mask of it
+    is ever added), one that shared and sends no masked vector is a dropout the unmasking
+    recovers, and fewer than t left at any stage ends the sum with ``SecAggError``."""
+
+    def __init__(self, group: Sequence[int], source: str, threshold: int | None = None) -> None:
+        self.session = secrets.token_bytes(16)
+        self.source = source
+        self.threshold = threshold or len(group) // 2 + 1
+        self.ids = {node: i for i, node in enumerate(group)}
+        self.node_of = dict(enumerate(group))
+        self.server = SecAggServer(self.threshold, 0, self.session)  # length: at "mask"
+        self.keys: list = []
+        self.routed: dict[int, list] = {}
+
+    def _stage(self, replies: Mapping[int, Record], name: str, decode: Callable) -> list:
+        return _decoded(replies, decode, name, self.ids)
+
+    def advertise(self) -> dict[int, dict]:
+        """Stage "advertise": every node's request."""
+        t, session = self.threshold, self.session
+        return {n: advertise_request(session, i, t, self.source) for n, i in self.ids.items()}
+
+    def take_keys(self, replies: Mapping[int, Record]) -> None:
+        """The advertised keys of ``replies`` (by node); the others are outside the sum."""
+        decode = lambda r, who: decode_advertise(r, self.session, who)  # noqa: E731
+        self.keys = self.server.collect_keys(self._stage(replies, "advertise", decode))
+
+    def share(self) -> dict[int, dict]:
+        """Stage "share": a request to every node that advertised keys."""
+        request = share_request(self.session, self.keys)
+        return {self.node_of[k.sender]: request for k in self.keys}
+
+    def take_shares(self, replies: Mapping[int, Record]) -> None:
+        decode = lambda r, who: decode_share_keys(r, self.session, who)  # noqa: E731
+        self.routed = self.server.route_shares(self._stage(replies, "share", decode))
+
+    def finish(
+        self,
+        ask: Ask,
+        length: int,
+        mask_fields: Mapping[int, dict],
+        among: Sequence[int] | None = None,
+    ) -> tuple[np.ndarray, tuple[int, ...]]:
+        """Stages "mask" and "unmask" over ``ask``: the sum of the ``length`` values of the
+        nodes that shared (of ``among`` only: any other that shared is a dropout the
+        unmasking recovers), and the nodes whose vectors it holds."""
+        session, node_of = self.session, self.node_of
+        self.server.length = length
+        requests = {
+            node_of[u]: {**mask_request(session, inbox), **mask_fields.get(node_of[u], {})}
+            for u, inbox in self.routed.items()
+            if among is None or node_of[u] in among
+        }
+        decode = lambda r, who: decode_masked(r, session, length, who)  # noqa: E731
+        request = self.server.collect_masked(self._stage(ask(requests, "mask"), "mask", decode))
+        unmasking = {node_of[u]: unmask_request(request) for u in request.survivors}
+        shares = lambda r, who: decode_unmask(r, session, who)  # noqa: E731
+        total = self.server.finish(request, self._stage(ask(unmasking, "unmask"), "unmask", shares))
+        _log_rejections(self.server, node_of)
+        return total, tuple(node_of[u] for u in request.survivors)
 
 
 def _log_rejections(server: SecAggServer, node_of: Mapping[int, int]) -> None:
