@@ -21,7 +21,7 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.clock.fedbuff import BufferedUpdate, FedBuffClock, fedbuff_combine
 from fedsub.clock.profiles import Profiles, Trace, clock_inputs
 from fedsub.clock.settings import Buffered, ClockConfig
-from fedsub.clock.synchronous import SynchronousClock, capacity_share
+from fedsub.clock.synchronous import SynchronousClock
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
 from fedsub.engine.contribution import Combine, Combining, RoundContribution, taking
 from fedsub.engine.round_runtime import RoundRuntime
@@ -74,9 +74,7 @@ def clocked(
     selected = min(n, math.ceil(k * (1 + clock.synchronous.over_selection)))
     over_selecting = dataclasses.replace(schedule, clients_per_round=selected)
     masking = schedule.masking
-    share = None
-    if masking is not None and masking.scheme != "none":
-        share = capacity_share(masking, schedule.seed, n)
+    share = None if masking is None else masking.work_share(schedule.seed, n)
     clocked_runtime = SynchronousClock(
         runtime, profiles, trace, exchanged, samples, clock.synchronous, k, share
     )
