@@ -34,6 +34,7 @@ from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
+from fedsub.masking.schemes import Masking
 from fedsub.models.registry import build_model
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.transfer import CohortUpdate
@@ -518,11 +519,12 @@ def test_memory_assignment_reads_the_clock_and_scales_a_members_time():
          "clock": {"mode": "synchronous"}}
     )  # fmt: skip
     schedule = schedule_of(config, 10)
-    assert schedule.masking is not None
-    memory = np.array(schedule.masking.capacities.memory)
+    masking = schedule.setting(Masking)
+    assert masking is not None
+    memory = np.array(masking.capacities.memory)
     drawn = drawn_profiles(config.clock.devices, config.train.seed, 10).memory
     assert memory.tolist() == drawn.tolist()
-    work_share = schedule.masking.work_share(config.train.seed, 10)
+    work_share = masking.work_share(config.train.seed, 10)
     assert work_share is not None
     share = work_share(1, np.arange(10))
     assert sorted(share.tolist()) == [0.25] * 5 + [1.0] * 5  # beta^2 for channel slices

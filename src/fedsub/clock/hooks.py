@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -73,13 +73,33 @@ def clocked(
     k = schedule.clients_per_round
     selected = min(n, math.ceil(k * (1 + clock.synchronous.over_selection)))
     over_selecting = dataclasses.replace(schedule, clients_per_round=selected)
-    masking = schedule.masking
-    share = None if masking is None else masking.work_share(schedule.seed, n)
+    share = work_share(schedule, n)
     clocked_runtime = SynchronousClock(
         runtime, profiles, trace, exchanged, samples, clock.synchronous, k, share
     )
     _contribute(rounds, clocked_runtime.time, schedule=over_selecting)
     return clocked_runtime
+
+
+@runtime_checkable
+class ScalesWork(Protocol):
+    """A feature's settings that shrink each member's work and bytes (width-slice masking's
+    ``Masking``): its share of the full model's, (round, members) -> shares, or None."""
+
+    def work_share(
+        self, seed: int, num_clients: int
+    ) -> Callable[[int, np.ndarray], np.ndarray] | None: ...
+
+
+def work_share(schedule: Schedule, num_clients: int) -> Callable | None:
+    """Each member's share of the full model's work in a round, by the first of the run's
+    feature settings that scales it (None: every member does the full model's)."""
+    for settings in schedule.settings:
+        if isinstance(settings, ScalesWork):
+            share = settings.work_share(schedule.seed, num_clients)
+            if share is not None:
+                return share
+    return None
 
 
 def _fedbuff(

@@ -5,22 +5,20 @@ of round r: its learning rate (``lr_at``), its cohort (``draw_cohort``) and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, TypeVar
 
 import numpy as np
 
 from fedsub.algorithms.registry import Algorithm
 from fedsub.algorithms.sampling import Cohort, poisson_cohort, sample_cohort
 from fedsub.client.work import CohortWork, round_chain
-from fedsub.dp.settings import DpSettings
 from fedsub.engine.execution import Execution
-from fedsub.masking.schemes import Masking
 from fedsub.numerics.seeding import Seed
-from fedsub.privacy.levels import Privacy
 
 LrSchedule = Literal["constant", "inverse-round", "inverse-time", "exponential"]
 Sampling = Literal["fixed", "poisson"]  # train.sampling
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,7 +49,9 @@ class LocalWork:
 @dataclass(frozen=True)
 class Schedule:
     """A run's rounds, cohorts and each member's ``LocalWork`` ([train]), how the run executes
-    ([execution]) and what protects the clients (masking, privacy, [dp])."""
+    ([execution]) and the settings of its cross-cutting features (``settings``: width-slice
+    masking, privacy levels, [dp]), one record of each type, each read by its own feature's
+    adapter (``setting``): the schedule names none of them."""
 
     rounds: int
     clients_per_round: int
@@ -61,10 +61,22 @@ class Schedule:
     # train.sampling: "poisson" draws each client with probability K / N (algorithms/sampling.py)
     sampling: Sampling = "fixed"
     execution: Execution = field(default_factory=Execution)
-    masking: Masking | None = None  # width-sliced sub-model training (seed 003)
-    privacy: Privacy | None = None  # privacy.level (engine/private_rounds.py); None: none
-    # [dp]: user-level differential privacy (fedsub/dp); None: mechanism "none"
-    dp: DpSettings | None = None
+    # the features' settings (runs/run_setup.py's ``schedule_of`` gives masking.Masking,
+    # privacy.Privacy and dp.DpSettings); a feature without a record here is off
+    settings: tuple[object, ...] = ()
+
+    def setting(self, kind: type[T]) -> T | None:
+        """The run's settings record of type ``kind`` (a feature's), or None: the feature is
+        off."""
+        return next((s for s in self.settings if isinstance(s, kind)), None)
+
+    def with_setting(self, kind: type[T], record: T | None) -> Schedule:
+        """This schedule with ``record`` as its settings of type ``kind`` (in the place of the
+        one it replaces), or without any (None)."""
+        kept = [r if not isinstance(r, kind) else record for r in self.settings]
+        if record is not None and self.setting(kind) is None:
+            kept.append(record)
+        return replace(self, settings=tuple(r for r in kept if r is not None))
 
     @property
     def local_steps(self) -> int:

@@ -273,8 +273,9 @@ class AlgorithmRun:
         if self.on_round is not None:
             self.on_round(self.name, r)
         extra: dict[str, float] = {}
-        if schedule.dp is not None:
-            extra["epsilon"] = schedule.dp.epsilon(r)
+        dp = schedule.setting(DpSettings)
+        if dp is not None:
+            extra["epsilon"] = dp.epsilon(r)
             self._note_epsilon(extra["epsilon"])
         elif stages:
             extra.update(numbers(stages[0].costs.as_json(), "privacy/"))
@@ -603,13 +604,12 @@ def _summary(
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
     markdown = summary_markdown(result, target, setup.schedule.rounds)
-    if setup.schedule.dp is not None:
+    dp = setup.schedule.setting(DpSettings)
+    if dp is not None:
         for name, history in histories.items():
-            result["algorithms"][name]["dp"] = dp_record(
-                setup.schedule.dp, history, config.dp.trust.public_test
-            )
+            result["algorithms"][name]["dp"] = dp_record(dp, history, config.dp.trust.public_test)
         markdown += "\n" + dp_scope_markdown(config.dp.trust.public_test)
-    if setup.schedule.dp is not None and setup.schedule.dp.randomness == "seeded":
+    if dp is not None and dp.randomness == "seeded":
         markdown += f"\n**The epsilon above is not a guarantee.** {NOT_A_GUARANTEE}.\n"
     return result, markdown
 

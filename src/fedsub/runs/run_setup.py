@@ -158,13 +158,13 @@ def schedule_of(config: Config, num_clients: int | None = None) -> Schedule:
     if num_clients is None:
         return schedule
     schedule = with_memory_capacities(config, schedule, num_clients)  # [clock] (issue 51)
-    return dataclasses.replace(schedule, dp=dp_of(config, num_clients))
+    return schedule.with_setting(dp_settings.DpSettings, dp_of(config, num_clients))
 
 
 def with_memory_capacities(config: Config, schedule: Schedule, num_clients: int) -> Schedule:
     """``masking.capacity_assignment = "memory"``: the capacities dealt by the clients' memory
     in [clock]'s device profiles (fedsub/clock/profiles.py); else ``schedule`` as it is."""
-    masking = schedule.masking
+    masking = schedule.setting(Masking)
     if masking is None or masking.capacities.assignment != "memory":
         return schedule
     from fedsub.clock.profiles import clock_inputs
@@ -172,9 +172,7 @@ def with_memory_capacities(config: Config, schedule: Schedule, num_clients: int)
     profiles, _ = clock_inputs(config.clock, config.train.seed, num_clients)
     memory = tuple(float(m) for m in profiles.memory)
     capacities = dataclasses.replace(masking.capacities, memory=memory)
-    return dataclasses.replace(
-        schedule, masking=dataclasses.replace(masking, capacities=capacities)
-    )
+    return schedule.with_setting(Masking, dataclasses.replace(masking, capacities=capacities))
 
 
 def _schedule_without_dp(config: Config) -> Schedule:
@@ -199,16 +197,18 @@ def _schedule_without_dp(config: Config) -> Schedule:
         seed=t.seed,
         execution=execution_of(config),
         eval_every=config.eval.every,
-        masking=Masking(
-            m.scheme,
-            Capacities(
-                tuple(m.capacities),
-                tuple(m.capacity_proportions),
-                cast(Assignment, m.capacity_assignment),
+        settings=(
+            Masking(
+                m.scheme,
+                Capacities(
+                    tuple(m.capacities),
+                    tuple(m.capacity_proportions),
+                    cast(Assignment, m.capacity_assignment),
+                ),
+                None if m.average == "scheme" else cast(AverageOver, m.average),
             ),
-            None if m.average == "scheme" else cast(AverageOver, m.average),
+            privacy_of(config),
         ),
-        privacy=privacy_of(config),
         sampling=cast(Sampling, t.sampling),
     )
 

@@ -25,6 +25,7 @@ from fedsub.dp.participation import STAGE as PARTICIPATION
 from fedsub.dp.participation import ParticipationBound
 from fedsub.dp.randomness import STAGE as DP_SECRET
 from fedsub.dp.randomness import DpStreams, streams_of
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.contribution import (
     CohortDraw,
     Combining,
@@ -38,6 +39,7 @@ from fedsub.engine.contribution import (
     narrowed,
 )
 from fedsub.engine.schedule import Schedule
+from fedsub.privacy.levels import Privacy
 from fedsub.stateful import Stateful
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -91,9 +93,8 @@ def dp_streams(schedule: Schedule) -> DpStreams | None:
     """[dp]'s random streams for this run (dp/randomness.py): a fresh secret (process 0's in
     every process), or train.seed in seeded mode; None without [dp]. A resumed run's secret
     is read back from its checkpoint (the ``dp_secret`` stage)."""
-    if schedule.dp is None:
-        return None
-    return streams_of(schedule.dp.randomness, schedule.seed)
+    settings = schedule.setting(DpSettings)
+    return None if settings is None else streams_of(settings.randomness, schedule.seed)
 
 
 def overriding(mechanism: CentralMechanism) -> Override:
@@ -106,21 +107,22 @@ def overriding(mechanism: CentralMechanism) -> Override:
 
 def contribute(setup: RoundSetup) -> RoundContribution | None:
     schedule, params = setup.schedule, setup.params
+    settings, privacy = schedule.setting(DpSettings), schedule.setting(Privacy)
     streams = dp_streams(schedule)
-    if schedule.dp is None or streams is None or params is None:
+    if settings is None or streams is None or params is None:
         return None
     mechanism, spec = None, None
-    distributed = schedule.privacy is not None and schedule.privacy.secure_aggregation
+    distributed = privacy is not None and privacy.secure_aggregation
     if not distributed:  # the central mechanism (dp.mechanism, dp/mechanisms.py)
-        spec = MECHANISMS.get_or_refuse(schedule.dp.mechanism)
+        spec = MECHANISMS.get_or_refuse(settings.mechanism)
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = setup.algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
-        keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
-        inputs = MechanismInputs(schedule.dp, table_rows, setup.counts, heat, keep, streams)
+        keep = privacy.keep if privacy is not None else 1.0
+        inputs = MechanismInputs(settings, table_rows, setup.counts, heat, keep, streams)
         mechanism = spec.build(inputs)
-    pattern = schedule.dp.accounting.ftrl  # DP-FTRL: no sampling, an enforced pattern
+    pattern = settings.accounting.ftrl  # DP-FTRL: no sampling, an enforced pattern
     bound = None if pattern is None else ParticipationBound(pattern, len(setup.counts))
-    dp = DpRound(Ledger(schedule.dp), streams, mechanism, spec, bound)
+    dp = DpRound(Ledger(settings), streams, mechanism, spec, bound)
     return RoundContribution(
         NAME,
         combining=Combining(

@@ -45,7 +45,7 @@ NAME = "masking"
 
 
 def contribute(setup: RoundSetup) -> RoundContribution | None:
-    masking, params = setup.schedule.masking, setup.params
+    masking, params = setup.schedule.setting(Masking), setup.params
     stage = on_slices(masking)
     if stage is None or masking is None or params is None:
         return None

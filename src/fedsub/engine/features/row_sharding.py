@@ -60,11 +60,6 @@ def place(setup: RoundSetup) -> Placed | None:
             f"{SETTING} cannot run algorithm {algorithm.name!r}: it pools every sample in one "
             "client or averages models (Scheme II), rescaling every row every round"
         )
-    if schedule.masking is not None and schedule.masking.scheme != "none":
-        raise ConfigError(f"{SETTING} cannot be combined with masking (width slices)")
-    private_level = schedule.privacy is not None and schedule.privacy.level != "none"
-    if private_level or schedule.dp is not None:
-        raise ConfigError(f"{SETTING} cannot be combined with privacy.level levels or [dp]")
     dtype, device = schedule.execution.dtype, schedule.execution.device
     drawn = sharded_init(
         lambda generator: model.init(generator, dtype),
