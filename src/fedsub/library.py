@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
@@ -36,11 +36,20 @@ from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
 from fedsub.runs import experiment, run_setup
 from fedsub.runs.initial_model import StartFile
 from fedsub.runs.tracking import RunCallback
-from fedsub.sharding.model_file import WrittenModel
 from fedsub.submodel.params import Params
 from fedsub.vocabulary import RUN_FLAGS, spoken_as
 
 DEFAULT_ALGORITHMS = ("fedavg", "fedsubavg")
+
+
+class ModelFile(Protocol):
+    """A trained model kept in a file instead of memory (a row-sharded run's, written by its
+    processes together: sharding/model_file.py's ``WrittenModel``), read when asked for."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def load(self) -> Params: ...
 
 
 @dataclass(frozen=True)
@@ -66,23 +75,25 @@ class TrainResult:
     algorithm: str
     history: list[dict[str, Any]]
     summary: dict[str, Any]
-    trained: Params | WrittenModel | None  # row-sharded: the file, read when asked for
+    trained: Params | ModelFile | None  # row-sharded: the file, read when asked for
     fedsub_model: Model | None
 
     @cached_property
     def params(self) -> Params | None:
         """The trained ``Params`` (read from ``model_file`` on first use when the tables were
         row-sharded)."""
-        if isinstance(self.trained, WrittenModel):
-            return self.trained.load()
-        return self.trained
+        if self.trained is None or isinstance(self.trained, Params):
+            return self.trained
+        return self.trained.load()
 
     @property
     def model_file(self) -> Path | None:
         """A row-sharded run's model file (its run folder's ``model.safetensors``, or, for a
         run without a folder, this process's temporary link to it, removed when its Python
         exits); None when the model is in memory."""
-        return self.trained.path if isinstance(self.trained, WrittenModel) else None
+        if self.trained is None or isinstance(self.trained, Params):
+            return None
+        return self.trained.path
 
     @property
     def diverged(self) -> str | None:
