@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 
@@ -37,6 +37,8 @@ from fedsub.engine.execution import (
     TablePlacement,
     TableSharding,
 )
+from fedsub.engine.features.dp import DpReport
+from fedsub.engine.loop import Evaluation
 from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Sampling, Schedule
 from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
@@ -339,6 +341,29 @@ def algorithm_context(
         coins = HeatCoins(cast(Randomness, config.privacy.randomness), config.train.seed)
         privacy = dataclasses.replace(privacy, coins=coins)  # settled once the processes join
     return AlgorithmContext(dataset, index, heat, config.train.clients_per_round, privacy)
+
+
+class RunReport(Protocol):
+    """A feature's part of a run's reports (engine/features/dp.py's ``DpReport``): metrics
+    after each round (the progress line, the trackers), each algorithm's summary.json record
+    (by key), summary.md's text and notes for privacy.json."""
+
+    def round_metrics(self, round_index: int) -> dict[str, float]: ...
+
+    def summary(self, history: Sequence[Evaluation]) -> dict[str, object]: ...
+
+    def markdown(self) -> str: ...
+
+    def notes(self) -> dict[str, str]: ...
+
+
+Reports = tuple[RunReport, ...]
+
+
+def reports_of(config: Config, schedule: Schedule) -> Reports:
+    """What the run's features add to its reports, in order: [dp]'s epsilon (none without)."""
+    settings = schedule.setting(dp_settings.DpSettings)
+    return () if settings is None else (DpReport(settings, config.dp.trust.public_test),)
 
 
 @dataclass(frozen=True)
