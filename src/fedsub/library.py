@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from torch import nn
 
@@ -27,6 +27,7 @@ from fedsub import config as config_lib
 from fedsub import moved_keys
 from fedsub.config import Config, EvalConfig, ExecutionConfig, TrainConfig
 from fedsub.data.federated import FederatedDataset
+from fedsub.engine.initial import ModelFile
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.files.run_folder import check_folder_text
 from fedsub.keys import key_names
@@ -40,16 +41,6 @@ from fedsub.submodel.params import Params
 from fedsub.vocabulary import RUN_FLAGS, spoken_as
 
 DEFAULT_ALGORITHMS = ("fedavg", "fedsubavg")
-
-
-class ModelFile(Protocol):
-    """A trained model kept in a file instead of memory (a row-sharded run's, written by its
-    processes together: sharding/model_file.py's ``WrittenModel``), read when asked for."""
-
-    @property
-    def path(self) -> Path: ...
-
-    def load(self) -> Params: ...
 
 
 @dataclass(frozen=True)

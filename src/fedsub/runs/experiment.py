@@ -25,8 +25,10 @@ from fedsub.data.federated import FederatedDataset
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.contribution import watching
 from fedsub.engine.features.dp import dp_scope_markdown  # a sweep's summary of [dp] runs
+from fedsub.engine.features.row_sharding import written_model
 from fedsub.engine.guards import Rejection
 from fedsub.engine.in_process import train
+from fedsub.engine.initial import ModelFile
 from fedsub.engine.loop import Diverged, Evaluation, RunControl
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
@@ -89,8 +91,6 @@ from fedsub.runs.tracking import (
     tracking_outputs,
     writers_of,
 )
-from fedsub.sharding.model_file import WrittenModel, write_final_model
-from fedsub.sharding.rounds import ShardParams
 from fedsub.submodel.params import Params
 
 CENTRAL = "central-sgd"
@@ -113,7 +113,7 @@ class Outcome:
     profiles: dict[str, dict] = dataclasses.field(default_factory=dict)
     histories: dict[str, list[Evaluation]] = dataclasses.field(default_factory=dict)
     # row-sharded runs (fedsub/sharding): the model file instead, read when asked for
-    params: dict[str, Params | WrittenModel] = dataclasses.field(default_factory=dict)
+    params: dict[str, Params | ModelFile] = dataclasses.field(default_factory=dict)
     model: Model | None = None  # the model every algorithm trained (a comparison's)
 
     def divergence_message(self) -> str:
@@ -180,7 +180,7 @@ class AlgorithmRun:
     # where the time of each round goes (per phase), written to profile.json (``--profile``)
     profile: RoundProfile | None = None
     label: str = ""  # the progress bar's prefix of this run's name (a sweep's value)
-    start: WrittenModel | None = None  # round 0's model from a file (a warm start), or drawn
+    start: ModelFile | None = None  # round 0's model from a file (a warm start), or drawn
     callbacks: tuple[RunCallback, ...] = ()  # after-round hooks (runs/tracking.py)
 
     @property
@@ -191,7 +191,7 @@ class AlgorithmRun:
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
+    ) -> tuple[list[Evaluation], Diverged | None, Params | ModelFile | None]:
         """The algorithm's evaluations, its divergence when it diverged (then no final
         model or completion marker is written; the other algorithms still run) and its final
         parameters (None when it diverged)."""
@@ -206,7 +206,7 @@ class AlgorithmRun:
 
     def _train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
+    ) -> tuple[list[Evaluation], Diverged | None, Params | ModelFile | None]:
         every = self.config.train.checkpoint_every
         attempt = self.session.attempt(
             self.name, self.saved, every, Keeps(fresh=(DONE, REJECTIONS)), self._tracked()
@@ -250,12 +250,11 @@ class AlgorithmRun:
             attempt.end(ended)
             if folder is not None:  # process 0 writes
                 self._write_privacy(folder, stages, reports)
-        if isinstance(final, ShardParams):  # every process writes its rows into one file
-            written = write_final_model(folder, final)
-        else:
+        written = written_model(folder, final)  # row-sharded: every process writes its rows
+        if written is None:
             attempt.write_model(final)
         attempt.mark_done()
-        return attempt.history, None, written if isinstance(final, ShardParams) else final
+        return attempt.history, None, final if written is None else written
 
     def _tracked(self) -> Tracked:
         """How the trackers name this algorithm's run: the sweep's value, the algorithm."""
@@ -438,7 +437,7 @@ def _trained(
 
 def _train_algorithm(
     run: AlgorithmRun, setup: Setup, config: Config
-) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
+) -> tuple[list[Evaluation], Diverged | None, Params | ModelFile | None]:
     """``run``'s algorithm built for ``setup`` and trained: its evaluations, why it diverged
     (or None) and its final model."""
     with phase(f"{run.label}{run.name}: preparing"):
@@ -473,7 +472,7 @@ def _compare_in(
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
     profiles: dict[str, dict] = {}
-    finals: dict[str, Params | WrittenModel] = {}
+    finals: dict[str, Params | ModelFile] = {}
     reporter = current_reporter()
     reporter.training([(label + name, setup.schedule.rounds) for name in names])
     for name in names:
@@ -528,7 +527,7 @@ def _started(
     dataset: FederatedDataset | None,
     model: Model | None,
     initial_model: StartFile | None,
-) -> tuple[Setup, dict[str, ResumePoint], WrittenModel | None]:
+) -> tuple[Setup, dict[str, ResumePoint], ModelFile | None]:
     """The run made ready to train, in the order the folder's rules need: a resumed run
     checked against its folder (its algorithms' resume points read) before anything is
     prepared, the data, model and start file prepared and checked, this process joined to
