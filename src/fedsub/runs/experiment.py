@@ -47,7 +47,6 @@ from fedsub.files.run_folder import (
 )
 from fedsub.models.base import Model
 from fedsub.moved_keys import current_name, in_sections
-from fedsub.privacy import levels as privacy_levels
 from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
@@ -300,7 +299,7 @@ class AlgorithmRun:
             costs: dict = private.costs.as_json()
             if self.config.dp.mechanism != "none":
                 costs = {"costs": DP_WITHHELD}
-            record = {**privacy_levels.describe(private.drawn_privacy), **costs}
+            record = {**private.described(), **costs}
             for report in reports:  # [dp] with seeded randomness: not a guarantee
                 record.update(report.notes())
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
