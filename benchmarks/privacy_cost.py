@@ -67,14 +67,18 @@ def main() -> None:
         "full-rr": Privacy("full", download_epsilon=args.rr_epsilon),
     }
     warm_up = Schedule(
-        1, args.clients, LocalWork(10, 5, ClientStep(0.1)), seed=0, privacy=Privacy("none")
+        1, args.clients, LocalWork(10, 5, ClientStep(0.1)), seed=0, settings=(Privacy("none"),)
     )
     train(model, algorithm, dataset, index, warm_up)
     levels = {}
     for name, privacy in runs.items():
         stages: list[PrivateRounds] = []
         schedule = Schedule(
-            args.rounds, args.clients, LocalWork(10, 5, ClientStep(0.1)), seed=0, privacy=privacy
+            args.rounds,
+            args.clients,
+            LocalWork(10, 5, ClientStep(0.1)),
+            seed=0,
+            settings=(privacy,),
         )
         control = RunControl(watch={"private_rounds": stages.append})
         started = time.perf_counter()

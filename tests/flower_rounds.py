@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.loop import RunControl, run_round
 from fedsub.engine.server_round import ServerRound
 from fedsub.flower.server_runtime import FlowerRuntime, Served
@@ -66,7 +67,8 @@ def private_runtime(settings, grid) -> Stepped:
     from fedsub.runs.run_setup import dp_of, heat_privacy_of
 
     fed = federation(settings)
-    schedule = replace(fed.schedule, dp=dp_of(fed.config, fed.dataset.num_clients))  # as the app
+    dp = dp_of(fed.config, fed.dataset.num_clients)
+    schedule = fed.schedule.with_setting(DpSettings, dp)  # as the app
     name = settings.algorithm_name(fed.config)
     served = Served(name, fed.config.algorithm_options(name), fed.config.train.heat)
     return Stepped(

@@ -34,6 +34,7 @@ from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
+from fedsub.masking.schemes import Masking
 from fedsub.models.registry import build_model
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.transfer import CohortUpdate
@@ -507,7 +508,6 @@ def test_memory_assignment_deals_the_largest_levels_to_the_most_memory():
 
 
 def test_memory_assignment_reads_the_clock_and_scales_a_members_time():
-    from fedsub.clock.synchronous import capacity_share
     from fedsub.runs.run_setup import schedule_of
 
     raw = {"model": {"name": "mlp"}, "masking": {"scheme": "rolling"}}
@@ -519,11 +519,14 @@ def test_memory_assignment_reads_the_clock_and_scales_a_members_time():
          "clock": {"mode": "synchronous"}}
     )  # fmt: skip
     schedule = schedule_of(config, 10)
-    assert schedule.masking is not None
-    memory = np.array(schedule.masking.capacities.memory)
+    masking = schedule.setting(Masking)
+    assert masking is not None
+    memory = np.array(masking.capacities.memory)
     drawn = drawn_profiles(config.clock.devices, config.train.seed, 10).memory
     assert memory.tolist() == drawn.tolist()
-    share = capacity_share(schedule.masking, config.train.seed, 10)(1, np.arange(10))
+    work_share = masking.work_share(config.train.seed, 10)
+    assert work_share is not None
+    share = work_share(1, np.arange(10))
     assert sorted(share.tolist()) == [0.25] * 5 + [1.0] * 5  # beta^2 for channel slices
     assert share[np.argmax(memory)] == 1.0 and share[np.argmin(memory)] == 0.25
 

@@ -134,7 +134,7 @@ def one_round(name: str, masking: Masking | None = None):
         LocalWork(**settings, client_step=ClientStep(lr=0.1)),
         seed=4,
         execution=Execution(dtype=torch.float64),
-        masking=masking,
+        settings=() if masking is None else (masking,),
     )
 
 

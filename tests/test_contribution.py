@@ -290,7 +290,7 @@ def test_the_private_rounds_build_the_combine_and_override_nothing(level):
     from fedsub.privacy.levels import Privacy
 
     model, dataset, _, algorithm = toy_run()
-    schedule = dataclasses.replace(SCHEDULE, privacy=Privacy(level))
+    schedule = SCHEDULE.with_setting(Privacy, Privacy(level))
     params = initial_params(model, schedule)
     setup = RoundSetup(model, algorithm, schedule, dataset.sample_counts(), params)
     contribution = private.contribute(setup)

@@ -85,8 +85,9 @@ def schedule_for(
     steps, batch = STEPS.get(name, (2, 3))
     on = Execution(dtype=dtype, **execution)
     return Schedule(
-        rounds, 3, LocalWork(steps, batch, ClientStep(0.1)), 5, execution=on, masking=masking
-    )
+        rounds, 3, LocalWork(steps, batch, ClientStep(0.1)), 5, execution=on,
+        settings=() if masking is None else (masking,),
+    )  # fmt: skip
 
 
 def run(model, algorithm: str, dataset, index, schedule: Schedule) -> Params:

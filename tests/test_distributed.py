@@ -167,7 +167,7 @@ def test_split_masked_rounds_give_exactly_the_one_process_model(monkeypatch, tmp
         local=LocalWork(2, 3, ClientStep(lr=0.1)),
         seed=4,
         execution=Execution(dtype=torch.float64),
-        masking=masking,
+        settings=(masking,),
     )
     args = (model, algorithm_for("fedavg", dataset, index, 5), dataset, index, schedule)
     assert_same_model(train_split(monkeypatch, 2, *args), train(*args))

@@ -10,8 +10,8 @@ import pytest
 
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.cli import main
-from fedsub.engine.divergence import divergence_reason
 from fedsub.engine.evaluate import Evaluator
+from fedsub.engine.guards import divergence_reason
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Diverged, RunControl
 from fedsub.models.mlp import MLP

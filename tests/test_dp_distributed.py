@@ -19,6 +19,7 @@ from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp import discrete_gaussian
 from fedsub.dp.distributed import SHARE_STD_FLOOR, DiscreteNoise, clipped_integers, noisy_share
+from fedsub.dp.settings import DpSettings
 from fedsub.engine import private_rounds
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError
@@ -169,7 +170,7 @@ def test_a_round_without_movement_changes_every_union_value_by_the_noise_over_k(
     # 6 members, shares calibrated for K_min = 5 survivors: 6 shares hold (z Delta)^2 6 / 5
     c = config(*FULL, "train.clients_per_round=6", "dp.min_survivors=5")
     setup = prepare(c)
-    settings = setup.schedule.dp
+    settings = setup.schedule.setting(DpSettings)
     assert settings is not None and settings.distributed
     thresholds = []
 

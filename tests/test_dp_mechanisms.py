@@ -22,6 +22,7 @@ from fedsub.dp.mechanisms import (
     gaussian,
     sampled_accounting,
 )
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.features.assembly import Assembly, assemble
 from fedsub.engine.in_process import train
 from fedsub.errors import ConfigError
@@ -85,7 +86,8 @@ def setup_of(mechanism: str, *extra: str):
 
 def test_a_registered_mechanism_trains_the_run_that_names_it(recorded):
     setup, algorithm = setup_of("recorded")
-    assert setup.schedule.dp is not None and setup.schedule.dp.mechanism == "recorded"
+    dp = setup.schedule.setting(DpSettings)
+    assert dp is not None and dp.mechanism == "recorded"
     run = assemble(setup.model, algorithm, setup.dataset, setup.index, setup.schedule, Assembly())
     assert "dp_recorded" in run.rounds.stages()
     args = (setup.model, algorithm, setup.dataset, setup.index, setup.schedule)
@@ -150,7 +152,8 @@ def test_a_mechanisms_spec_carries_its_accounting_refusals_and_keys(patterned):
     assert dp_asked.participation.min_separation == 3 and num_clients == setup.dataset.num_clients
     assert dp_asked.calibration.noise_multiplier == 0.8
     expected, _ = sampled_accounting(dp_asked, num_clients)
-    assert setup.schedule.dp is not None and setup.schedule.dp.noise_multiplier == expected
+    dp = setup.schedule.setting(DpSettings)
+    assert dp is not None and dp.noise_multiplier == expected
     with pytest.raises(ConfigError, match="'patterned' cannot be used here: it runs at most 100"):
         config_of("patterned", "train.rounds=101")
     with pytest.raises(ConfigError, match=r"dp\.max_participations applies to mechanism = 'ftrl"):

@@ -24,6 +24,7 @@ from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp.mechanism import DpMechanism, gaussian, round_generator
 from fedsub.dp.randomness import NOT_A_GUARANTEE, DpStreams, streams_of
+from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine import loop
 from fedsub.engine.in_process import train
@@ -111,7 +112,7 @@ def residual_std(folder: Path) -> float:
     setup = prepare(published)
     start = initial_params(setup.model, setup.schedule).tables
     released = load_file(folder / "fedavg" / "model.safetensors")
-    settings = setup.schedule.dp
+    settings = setup.schedule.setting(DpSettings)
     assert settings is not None
     std = settings.update_multiplier * settings.clip
     residuals = []

@@ -12,6 +12,7 @@ import torch
 from flwr.app import Context, RecordDict
 from safetensors.torch import load_file
 
+from fedsub.dp.settings import DpSettings
 from fedsub.flower.settings import FlowerSettings, Output, Replies
 
 from .flower_rounds import wide
@@ -25,7 +26,6 @@ DP = ("dp.mechanism='gaussian'", "dp.noise_multiplier=0.8", "dp.clip=0.5", "dp.r
 def in_process_model(overrides: tuple[str, ...], name: str) -> dict[str, torch.Tensor]:
     """The run on fedsub's own engine, with [dp] resolved as ``fedsub compare`` resolves it
     (tests/test_flower.py's reference, plus the schedule's dp)."""
-    from dataclasses import replace
 
     from fedsub import config as config_lib
     from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
@@ -38,7 +38,7 @@ def in_process_model(overrides: tuple[str, ...], name: str) -> dict[str, torch.T
     dataset = load_data(config)
     index = SubmodelIndex.build(dataset)
     model = build_model("sparse-lr", dataset, {"init_std": 0.0})
-    schedule = replace(schedule_of(config), dp=dp_of(config, dataset.num_clients))
+    schedule = schedule_of(config).with_setting(DpSettings, dp_of(config, dataset.num_clients))
     context = AlgorithmContext(dataset, index, config.train.heat, schedule.clients_per_round)
     algorithm = build_algorithm(name, context, config.algorithm_options(name))
     return train(model, algorithm, dataset, index, schedule).state_dict()
@@ -157,7 +157,6 @@ def test_a_flower_run_with_distributed_dp_is_the_in_process_run(tmp_path):
 
 def _stepped(grid_of, overrides=DISTRIBUTED):
     """The ServerApp's runtime (its schedule with [dp] resolved, as run_model resolves it)."""
-    from dataclasses import replace
 
     from fedsub.flower.apps import make_client_app
     from fedsub.runs.run_setup import dp_of
@@ -171,7 +170,7 @@ def _stepped(grid_of, overrides=DISTRIBUTED):
     stepped = private_runtime(settings, grid)
     config = settings.fedsub_config()
     schedule = stepped.runtime.schedule
-    stepped.runtime.schedule = replace(schedule, dp=dp_of(config, 4))
+    stepped.runtime.schedule = schedule.with_setting(DpSettings, dp_of(config, 4))
     return stepped, grid
 
 

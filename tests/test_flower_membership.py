@@ -15,6 +15,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.loop import Progress, RunControl, drive, run_round
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.engine.server_round import ServerRound
@@ -455,7 +456,7 @@ def test_a_secret_dp_run_resumed_after_a_crash_ends_with_the_uninterrupted_model
         if resume:
             control.resume = latest(folder / "checkpoints", stamp("dp"))
         s = runtime(grid, 5, algorithm="fedavg", round_timeout=1.0)
-        s.schedule = dataclasses.replace(s.schedule, dp=dp)
+        s.schedule = s.schedule.with_setting(DpSettings, dp)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(secret_streams, "draw_secret", lambda: secret)
             start(s, control)

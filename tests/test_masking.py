@@ -344,7 +344,7 @@ def _schedule(scheme, backend="sequential", rounds=3, **masking) -> Schedule:
         local=LocalWork(3, 5, ClientStep(lr=0.05, momentum=0.5)),
         seed=0,
         execution=Execution(dtype=torch.float64, backend=backend),
-        masking=Masking(scheme, **masking),
+        settings=(Masking(scheme, **masking),),
     )
 
 

@@ -122,8 +122,8 @@ def test_batchable_unless_a_model_declares_otherwise():
 
 
 def test_masked_training_of_a_model_that_cannot_be_sliced_says_so(tmp_path_factory):
-    from fedsub.engine import masked
     from fedsub.engine.cohort_job import CohortJob
+    from fedsub.engine.features import masking as masked
 
     model, _ = built("sparse-lr", str(tmp_path_factory.getbasetemp()))
     with pytest.raises(TypeError, match="SparseLogisticRegression is not one"):

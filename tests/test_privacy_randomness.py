@@ -95,7 +95,7 @@ def _schedule(dataset, randomness: str, rounds: int = 4) -> tuple:
     privacy = Privacy("download", download_keep=0.6, randomness=randomness)  # type: ignore[arg-type]
     schedule = Schedule(
         rounds, CLIENTS, LocalWork(2, 4, ClientStep(0.5)), seed=1,
-        execution=Execution(dtype=torch.float64), privacy=privacy,
+        execution=Execution(dtype=torch.float64), settings=(privacy,),
     )  # fmt: skip
     built = algorithm_for("fedsubavg", dataset, index, CLIENTS)
     return model, built, dataset, index, schedule
@@ -253,9 +253,9 @@ def test_a_node_keeps_one_secret_for_the_run():
     class Node:  # the parts node_key reads
         client = 0
 
-        class schedule:
-            seed = 5
-            privacy = Privacy("download")
+        schedule = Schedule(
+            1, 1, LocalWork(1, 1, ClientStep(0.1)), 5, settings=(Privacy("download"),)
+        )
 
     context = Context(1, 0, {}, RecordDict(), {})
     first = node_key(Node(), context)  # type: ignore[arg-type]
@@ -264,5 +264,5 @@ def test_a_node_keeps_one_secret_for_the_run():
     assert node_key(Node(), context) == first  # type: ignore[arg-type]  # one per run
     other = node_key(Node(), Context(1, 1, {}, RecordDict(), {}))  # type: ignore[arg-type]
     assert other != first  # another node: another secret
-    Node.schedule.privacy = Privacy("download", randomness="seeded")
+    Node.schedule = Node.schedule.with_setting(Privacy, Privacy("download", randomness="seeded"))
     assert node_key(Node(), Context(1, 0, {}, RecordDict(), {})) == 5  # type: ignore[arg-type]

@@ -50,7 +50,7 @@ def run(
         LocalWork(2, 4, ClientStep(0.5)),
         seed=1,
         execution=Execution(dtype=torch.float64, backend=backend),
-        privacy=privacy,
+        settings=() if privacy is None else (privacy,),
     )
     stages: list[PrivateRounds] = []
 
@@ -424,7 +424,8 @@ class _Reached(Exception):
 
 def rounds_to_auc(setup, algorithm, privacy: Privacy | None, target: float, limit: int) -> int:
     """The first round whose test AUC is >= target (evaluated every round), or limit + 1."""
-    schedule = dataclasses.replace(setup.schedule, rounds=limit, eval_every=1, privacy=privacy)
+    schedule = dataclasses.replace(setup.schedule, rounds=limit, eval_every=1)
+    schedule = schedule.with_setting(Privacy, privacy)
     reached: list[int] = []
 
     def check(evaluation) -> None:

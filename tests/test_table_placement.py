@@ -207,7 +207,7 @@ def test_host_placement_at_privacy_level_none_equals_the_device_run_without_priv
         3, 6, LocalWork(3, 2, ClientStep(0.3)), seed=1, execution=Execution(dtype=torch.float64)
     )
     on_device = run("synthetic", algorithm, schedule)
-    private_none = dataclasses.replace(schedule, privacy=Privacy("none"))
+    private_none = schedule.with_setting(Privacy, Privacy("none"))
     on_host = run("synthetic", algorithm, with_execution(private_none, table_placement="host"))
     for name, expected in on_device.state_dict().items():
         assert expected.abs().max() > 1e-3, name

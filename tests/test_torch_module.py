@@ -368,7 +368,14 @@ def test_dropout_is_inactive_and_said_so(caplog):
 def small_run(rounds: int = 3, privacy: Privacy | None = None, **execution) -> Schedule:
     """``execution``: the [execution] settings besides the dtype (backend, compile)."""
     on = Execution(dtype=torch.float64, **execution)
-    return Schedule(rounds, 3, LocalWork(2, 3, ClientStep(0.1)), 3, execution=on, privacy=privacy)
+    return Schedule(
+        rounds,
+        3,
+        LocalWork(2, 3, ClientStep(0.1)),
+        3,
+        execution=on,
+        settings=(privacy,) if privacy else (),
+    )
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedsubavg", "scaffold", "fedadam", "fedprox"])

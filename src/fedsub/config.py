@@ -310,7 +310,7 @@ class EvalConfig:
     """Log ||grad f||^2 and grad f^T D grad f (D = the heat coefficients) at each evaluation."""
     divergence_factor: float = field(default=10.0, metadata={"min": 0.0})
     """A run diverges at an evaluation whose train loss is NaN, Inf or above this many times the
-    round-0 train loss (engine/divergence.py); 0 = NaN / Inf only."""
+    round-0 train loss (engine/guards.py: divergence_reason); 0 = NaN / Inf only."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from fedsub import config as config_lib
 from fedsub import moved_keys
 from fedsub.config import Config, EvalConfig, ExecutionConfig, TrainConfig
 from fedsub.data.federated import FederatedDataset
+from fedsub.engine.initial import ModelFile
 from fedsub.errors import ArgumentError, ConfigError
 from fedsub.files.run_folder import check_folder_text
 from fedsub.keys import key_names
@@ -36,7 +37,6 @@ from fedsub.models.torch_module import Loss, TorchModuleModel, wrap
 from fedsub.runs import experiment, run_setup
 from fedsub.runs.initial_model import StartFile
 from fedsub.runs.tracking import RunCallback
-from fedsub.sharding.model_file import WrittenModel
 from fedsub.submodel.params import Params
 from fedsub.vocabulary import RUN_FLAGS, spoken_as
 
@@ -66,23 +66,25 @@ class TrainResult:
     algorithm: str
     history: list[dict[str, Any]]
     summary: dict[str, Any]
-    trained: Params | WrittenModel | None  # row-sharded: the file, read when asked for
+    trained: Params | ModelFile | None  # row-sharded: the file, read when asked for
     fedsub_model: Model | None
 
     @cached_property
     def params(self) -> Params | None:
         """The trained ``Params`` (read from ``model_file`` on first use when the tables were
         row-sharded)."""
-        if isinstance(self.trained, WrittenModel):
-            return self.trained.load()
-        return self.trained
+        if self.trained is None or isinstance(self.trained, Params):
+            return self.trained
+        return self.trained.load()
 
     @property
     def model_file(self) -> Path | None:
         """A row-sharded run's model file (its run folder's ``model.safetensors``, or, for a
         run without a folder, this process's temporary link to it, removed when its Python
         exits); None when the model is in memory."""
-        return self.trained.path if isinstance(self.trained, WrittenModel) else None
+        if self.trained is None or isinstance(self.trained, Params):
+            return None
+        return self.trained.path
 
     @property
     def diverged(self) -> str | None:

@@ -9,7 +9,8 @@ import numpy as np
 
 from fedsub.numerics import seeding
 
-SamplingKind = Literal["uniform", "proportional-with-replacement"]
+SamplingKind = Literal["uniform", "proportional-with-replacement"]  # an algorithm's scheme's
+Sampling = Literal["fixed", "poisson"]  # train.sampling
 
 
 @dataclass(frozen=True)
@@ -53,3 +54,26 @@ def sample_cohort(
         clients, multiplicity = np.unique(draws, return_counts=True)
         return Cohort(clients, multiplicity.astype(np.int64))
     raise ValueError(f"unknown sampling {kind!r}")
+
+
+def draw_cohort(
+    kind: SamplingKind,
+    sampling: Sampling,
+    k: int,
+    counts: np.ndarray,
+    seed: seeding.Seed,
+    round_index: int,
+    among: np.ndarray | None = None,
+) -> Cohort:
+    """Round ``round_index``'s cohort of ``k`` clients among the clients ``among`` (sorted
+    positions into the sample ``counts``; None: all), keyed by ``seed`` and the round, so every
+    runtime draws the same one: train.sampling's Poisson draw, or the algorithm's scheme's
+    ``kind``; empty when nobody can take part."""
+    pool = counts if among is None else counts[among]
+    if len(pool) == 0:
+        return Cohort(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    if sampling == "poisson":
+        cohort = poisson_cohort(seed, round_index, len(pool), k)
+    else:
+        cohort = sample_cohort(kind, seed, round_index, pool, k)
+    return cohort if among is None else Cohort(among[cohort.clients], cohort.multiplicity)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -20,6 +20,8 @@ from fedsub.client.transforms import (
     WeightDecay,
 )
 from fedsub.submodel.params import Params
+
+LrSchedule = Literal["constant", "inverse-round", "inverse-time", "exponential"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +99,58 @@ def round_chain(
     if repeated:
         raise ValueError(f"client piece {repeated[0]!r} is named twice")
     return Chain(tuple(sorted(chosen, key=lambda p: STAGES.index(p.stage))))
+
+
+@dataclass(frozen=True)
+class ClientStep:
+    """How a client's local step moves its parameters ([train]'s lr, lr_schedule, lr_decay,
+    weight_decay, clip_norm, momentum): the base learning rate and its schedule over rounds
+    (``lr_at``), and the transforms ``client/work.py``'s ``round_chain`` adds to the
+    algorithm's client pieces (0: none)."""
+
+    lr: float
+    lr_schedule: LrSchedule = "constant"
+    lr_decay: float = 0.999
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    momentum: float = 0.0
+
+
+def lr_at(base: float, step: ClientStep, round_index: int) -> float:
+    """The client learning rate of round ``round_index`` (1-based), constant inside a round.
+
+    ``inverse-round``: base / (1 + t) with t = round_index - 1 (seed 004);
+    ``inverse-time``: base / (1 + lr_decay * t) (seed 004's appendix C.2 anneals
+    (1/5) / (5 + t a) = (1/25) / (1 + t a / 5): base 0.04, lr_decay a / 5);
+    ``exponential``: base * lr_decay^t (the FedSubAvg authors' x0.999 per round)."""
+    t = round_index - 1
+    if step.lr_schedule == "constant":
+        return base
+    if step.lr_schedule == "inverse-round":
+        return base / (1 + t)
+    if step.lr_schedule == "inverse-time":
+        return base / (1 + step.lr_decay * t)
+    if step.lr_schedule == "exponential":
+        return base * step.lr_decay**t
+    raise ValueError(f"unknown lr schedule {step.lr_schedule!r}")
+
+
+def round_work(
+    pieces: Sequence[Any],
+    step: ClientStep,
+    lr: float | None,
+    counts: np.ndarray,
+    clients: np.ndarray,
+    round_index: int,
+    scale_lr_by_pn: bool = False,
+) -> CohortWork:
+    """A round's work for the cohort ``clients`` (positions into the sample ``counts``): the
+    chain of client transforms (the algorithm's client ``pieces`` with train.clip_norm /
+    weight_decay / momentum) and each member's learning rate, the algorithm's ``lr`` (None:
+    train.lr) at the round, scaled by p_k N under transformed Scheme II (``scale_lr_by_pn``);
+    SCAFFOLD's corrections are added by ``ServerRound.begin``."""
+    lr_scale = np.ones(len(clients))
+    if scale_lr_by_pn:
+        lr_scale = counts[clients] / counts.sum() * len(counts)
+    rates = lr_scale * lr_at(step.lr if lr is None else lr, step, round_index)
+    return CohortWork(round_chain(pieces, step.weight_decay, step.clip_norm, step.momentum), rates)

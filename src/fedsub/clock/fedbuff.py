@@ -62,12 +62,12 @@ from fedsub.algorithms.aggregation import (
     aggregation_weights,
 )
 from fedsub.algorithms.sampling import Cohort
+from fedsub.client.work import round_work
 from fedsub.clock.profiles import CLOCK, INF, Profiles, Trace
 from fedsub.clock.settings import Buffered
 from fedsub.clock.synchronous import VIRTUAL_TIME, first_online
 from fedsub.clock.timing import work_seconds
 from fedsub.engine.round_runtime import RoundRuntime
-from fedsub.engine.schedule import round_work
 from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.numerics import seeding, segment_sum
 from fedsub.submodel.params import Params
@@ -335,8 +335,10 @@ class FedBuffClock:
             return
         clients = np.array([t.client for t in tasks], dtype=np.int64)
         cohort = Cohort(clients, np.ones(len(clients), dtype=np.int64))
+        a, counts = self.rounds.algorithm, self.rounds.counts
+        step = self.rounds.schedule.client_step
         work = round_work(
-            self.rounds.algorithm, self.rounds.schedule, self.rounds.counts, cohort, version + 1
+            a.client, step, a.lr, counts, clients, version + 1, a.scheme.scale_lr_by_pn
         )
         update = self.inner.run_cohort(RoundPlan(version + 1, cohort, work), params)
         if not isinstance(update, CohortUpdate):

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.clock.fedbuff import BufferedUpdate, FedBuffClock, fedbuff_combine
 from fedsub.clock.profiles import Profiles, Trace, clock_inputs
 from fedsub.clock.settings import Buffered, ClockConfig
-from fedsub.clock.synchronous import SynchronousClock, capacity_share
+from fedsub.clock.synchronous import SynchronousClock
 from fedsub.clock.timing import submodel_bytes, whole_model_bytes
 from fedsub.engine.contribution import Combine, Combining, RoundContribution, taking
 from fedsub.engine.round_runtime import RoundRuntime
@@ -73,15 +73,33 @@ def clocked(
     k = schedule.clients_per_round
     selected = min(n, math.ceil(k * (1 + clock.synchronous.over_selection)))
     over_selecting = dataclasses.replace(schedule, clients_per_round=selected)
-    masking = schedule.masking
-    share = None
-    if masking is not None and masking.scheme != "none":
-        share = capacity_share(masking, schedule.seed, n)
+    share = work_share(schedule, n)
     clocked_runtime = SynchronousClock(
         runtime, profiles, trace, exchanged, samples, clock.synchronous, k, share
     )
     _contribute(rounds, clocked_runtime.time, schedule=over_selecting)
     return clocked_runtime
+
+
+@runtime_checkable
+class ScalesWork(Protocol):
+    """A feature's settings that shrink each member's work and bytes (width-slice masking's
+    ``Masking``): its share of the full model's, (round, members) -> shares, or None."""
+
+    def work_share(
+        self, seed: int, num_clients: int
+    ) -> Callable[[int, np.ndarray], np.ndarray] | None: ...
+
+
+def work_share(schedule: Schedule, num_clients: int) -> Callable | None:
+    """Each member's share of the full model's work in a round, by the first of the run's
+    feature settings that scales it (None: every member does the full model's)."""
+    for settings in schedule.settings:
+        if isinstance(settings, ScalesWork):
+            share = settings.work_share(schedule.seed, num_clients)
+            if share is not None:
+                return share
+    return None
 
 
 def _fedbuff(

@@ -34,7 +34,6 @@ from fedsub.clock.settings import SynchronousRounds
 from fedsub.clock.timing import work_seconds
 from fedsub.engine.round_runtime import RoundFailed, RoundRuntime
 from fedsub.engine.server_round import RoundPlan, ServerRound
-from fedsub.masking.schemes import Masking
 from fedsub.submodel.params import Params
 
 VIRTUAL_TIME = "virtual_time"  # the metric metrics.jsonl records (seconds since round 0)
@@ -96,20 +95,6 @@ def kept_members(
     return Kept(kept, ends, int(offline.sum()), int(late.sum()))
 
 
-def capacity_share(masking: Masking, seed: int, num_clients: int) -> Callable:
-    """Under masking, the share of the full model's work and bytes of a member of capacity
-    beta in round r: beta^2 for channel slices (a width-beta slice keeps about beta^2 of a
-    layer's weights, and of its multiply-adds), beta for ``bernoulli``'s coordinate masks
-    (fedsub's approximation: first and last layers shrink by beta only)."""
-    power = 1.0 if masking.scheme == "bernoulli" else 2.0
-
-    def share(round_index: int, clients: np.ndarray) -> np.ndarray:
-        beta = masking.capacities.of(seed, round_index, clients, num_clients)
-        return np.asarray(beta, dtype=np.float64) ** power
-
-    return share
-
-
 @dataclass
 class SynchronousClock:
     """``inner`` (the in-process runtime) with rounds on the virtual clock."""
@@ -121,7 +106,7 @@ class SynchronousClock:
     samples: float  # samples a client trains per round
     rules: SynchronousRounds
     target: int  # K, the members a round keeps at most
-    # masking: each member's share of the full model's work and bytes (``capacity_share``)
+    # masking: each member's share of the full model's work and bytes (``Masking.work_share``)
     share: Callable[[int, np.ndarray], np.ndarray] | None = None
     time: ClockTime = field(default_factory=ClockTime)
     dropped: list[int] = field(default_factory=lambda: [0, 0])  # offline, late (this process)

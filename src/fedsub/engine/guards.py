@@ -1,4 +1,5 @@
-"""Screening of client updates before aggregation: a bad client must not poison the model.
+"""What keeps a run safe: screening of client updates before aggregation (a bad client must
+not poison the model), and the rule that stops a run that diverged (``Diverged``).
 
 A member whose update holds NaN or Inf, or whose norm exceeds ``max_update_norm`` (when set),
 is dropped from the round; the round goes on with the rest (``kept``: their update, or the
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -74,3 +76,38 @@ def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
     parameter, is NaN or Inf. O(touched), no host read."""
     touched = [params.tables[t].index_select(0, u.rows) for t, u in update.tables.items()]
     return any_nonfinite([*touched, *params.dense.values()])
+
+
+def divergence_reason(train_loss: float, initial_loss: float | None, factor: float) -> str | None:
+    """Why a train loss of ``train_loss`` means the run diverged, or None when it does not: the
+    rule checked at every evaluation. A run diverges at the first evaluation whose train loss
+    is not finite (NaN or Inf), or, with ``factor`` > 0, is more than ``factor`` times the
+    round-0 train loss ``initial_loss`` (the initial model's, when that is positive). A
+    diverged curve never yields rounds-to-target."""
+    if math.isnan(train_loss):
+        return "the train loss became NaN"
+    if math.isinf(train_loss):
+        return "the train loss became infinite"
+    rising = factor > 0 and initial_loss is not None and initial_loss > 0
+    if rising and initial_loss is not None and train_loss > factor * initial_loss:
+        return (
+            f"train loss {train_loss:.4g} > {factor:g} x the round-0 train loss "
+            f"{initial_loss:.4g} (eval.divergence_factor)"
+        )
+    return None
+
+
+class Diverged(Exception):
+    """The run diverged (``divergence_reason``'s rule, or a model that stopped being finite);
+    names the algorithm, the round, why, and the last good checkpoint."""
+
+    def __init__(self, algorithm: str, round_index: int, what: str, last: Path | None) -> None:
+        where = f"; last good checkpoint: {last}" if last else "; no checkpoint was written yet"
+        super().__init__(
+            f"{algorithm}: {what} at round {round_index}{where}. Try a smaller learning rate "
+            "or set train.max_update_norm."
+        )
+        self.algorithm = algorithm
+        self.round = round_index
+        self.reason = what
+        self.checkpoint = last

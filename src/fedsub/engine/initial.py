@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -17,6 +18,17 @@ class ModelStart(Protocol):
     values into round 0's model as drawn, in place."""
 
     def read_into(self, params: Params) -> Params: ...
+
+
+class ModelFile(ModelStart, Protocol):
+    """A model kept in a file instead of memory (``sharding/model_file.WrittenModel``: a warm
+    start's, or a row-sharded run's final model, written by its processes together), read
+    whole when asked for."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def load(self) -> Params: ...
 
 
 def init_generator(seed: int) -> torch.Generator:

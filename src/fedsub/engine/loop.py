@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.divergence import divergence_reason
-from fedsub.engine.guards import Rejection
+from fedsub.engine.guards import Diverged, Rejection, divergence_reason
 from fedsub.engine.round_runtime import RoundFailed, RoundRuntime
 from fedsub.engine.schedule import Schedule
-from fedsub.engine.server_round import Diverged, ServerRound
+from fedsub.engine.server_round import ServerRound
 from fedsub.files.json_values import metrics_from_json, nulled
 from fedsub.profiling import ROUND, timed
 
@@ -66,7 +65,7 @@ class RunControl:
     resume: checkpoint_lib.Checkpoint | None = None
     stop_requested: Callable[[], bool] = lambda: False
     on_reject: Callable[[Rejection], None] | None = None
-    divergence_factor: float = 0.0  # engine/divergence.py; 0: only non-finite losses diverge
+    divergence_factor: float = 0.0  # guards.divergence_reason's; 0: only NaN / Inf diverge
     run: dict[str, str] = dataclasses.field(default_factory=dict)  # stamped on checkpoints
     # by feature name, given its handle before round 1 (engine/features/assembly.py: e.g. to
     # keep a transcript and read the costs)

@@ -44,7 +44,7 @@ from fedsub.dp.settings import DpSettings
 from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.fixed_point import FixedPoint
-from fedsub.privacy.levels import Privacy
+from fedsub.privacy.levels import Privacy, describe
 from fedsub.privacy.randomness import PrivacyStreams
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggServer
@@ -171,6 +171,10 @@ class PrivateRounds:
         if self.requests_key is None:
             return self.privacy
         return dataclasses.replace(self.privacy, randomness=self.requests_key.randomness)
+
+    def described(self) -> dict:
+        """privacy.json's record of the level (``drawn_privacy``): its guarantees."""
+        return describe(self.drawn_privacy)
 
     def request(
         self, rows: dict[str, np.ndarray], client: int, round_index: int

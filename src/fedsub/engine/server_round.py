@@ -2,11 +2,12 @@
 every runtime (in process, Flower), so every run screens updates, checks finiteness and stops
 with ``Diverged`` the same way.
 
-``begin(r)`` samples round r's cohort and describes its client work (engine/schedule.py's
-``draw_cohort`` and ``round_work``, SCAFFOLD's corrections); ``finish(plan, update)`` screens
-the clients' updates (engine/guards.py), combines them (``RoundFeatures.combined``), checks the
-aggregate and the model stay finite, applies the server optimizer and updates the control
-variates. What a feature adds comes in ``features`` (engine/contribution.py).
+``begin(r)`` samples round r's cohort and describes its client work (algorithms/sampling.py's
+``draw_cohort``, client/work.py's ``round_work``, SCAFFOLD's corrections); ``finish(plan,
+update)`` screens the clients' updates (engine/guards.py), combines them
+(``RoundFeatures.combined``), checks the aggregate and the model stay finite, applies the
+server optimizer and updates the control variates. What a feature adds comes in
+``features`` (engine/contribution.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,19 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.registry import Algorithm
+from fedsub.algorithms.sampling import draw_cohort
 from fedsub.algorithms.server_optimizer import ServerOptimizer
+from fedsub.client.work import round_work
 from fedsub.engine.contribution import Combine, RoundContribution, RoundFeatures, Stages, Variates
-from fedsub.engine.guards import kept, needs_screening, nobody, screen, touched_nonfinite
-from fedsub.engine.schedule import RoundPlan, Schedule, draw_cohort, round_work
+from fedsub.engine.guards import (
+    Diverged,
+    kept,
+    needs_screening,
+    nobody,
+    screen,
+    touched_nonfinite,
+)
+from fedsub.engine.schedule import RoundPlan, Schedule
 from fedsub.profiling import timed
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import Updates
@@ -35,22 +45,6 @@ __all__ = ["HOST_READS_PER_ROUND", "Diverged", "RoundPlan", "ServerRound"]
 # ``finish`` reads its checks twice; no op waits for a value-dependent size. Evaluations,
 # progress and checkpoints read more; tests/test_host_syncs.py counts them.
 HOST_READS_PER_ROUND = 3
-
-
-class Diverged(Exception):
-    """The run diverged (engine/divergence.py's rule, or a model that stopped being finite);
-    names the algorithm, the round, why, and the last good checkpoint."""
-
-    def __init__(self, algorithm: str, round_index: int, what: str, last: Path | None) -> None:
-        where = f"; last good checkpoint: {last}" if last else "; no checkpoint was written yet"
-        super().__init__(
-            f"{algorithm}: {what} at round {round_index}{where}. Try a smaller learning rate "
-            "or set train.max_update_norm."
-        )
-        self.algorithm = algorithm
-        self.round = round_index
-        self.reason = what
-        self.checkpoint = last
 
 
 @dataclass
@@ -125,10 +119,22 @@ class ServerRound:
         part this round) and is told the cohort drawn."""
         among = self.features.eligible(round_index, among)
         seed = self.features.sampling_key(self.schedule.seed)
-        cohort = draw_cohort(self.algorithm, self.schedule, self.counts, seed, round_index, among)
+        kind, schedule = self.algorithm.scheme.sampling, self.schedule
+        cohort = draw_cohort(
+            kind,
+            schedule.sampling,
+            schedule.clients_per_round,
+            self.counts,
+            seed,
+            round_index,
+            among,
+        )
         if len(self.counts if among is None else among):  # else an empty round (the caller's)
             self.features.drawn(round_index, cohort.clients)
-        work = round_work(self.algorithm, self.schedule, self.counts, cohort, round_index)
+        a, step = self.algorithm, schedule.client_step
+        work = round_work(
+            a.client, step, a.lr, self.counts, cohort.clients, round_index, a.scheme.scale_lr_by_pn
+        )
         if self.variates is not None:
             work = dataclasses.replace(work, corrections=self.variates.corrections(cohort))
         return RoundPlan(round_index, cohort, work)

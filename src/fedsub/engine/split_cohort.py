@@ -8,8 +8,8 @@ process would have computed. Screening, aggregation, the server step and the con
 then run identically everywhere (``ServerRound.finish``), so the processes' models stay equal
 without a broadcast, and the combination order never depends on timing.
 
-Masked rounds work the same way: ``engine/masked.py`` calls the split backend once per slice
-group, and each group is split in turn.
+Masked rounds work the same way: ``engine/features/masking.py`` calls the split backend once
+per slice group, and each group is split in turn.
 """
 
 from __future__ import annotations

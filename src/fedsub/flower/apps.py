@@ -32,6 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedsub import config as config_lib
 from fedsub.config import Config
 from fedsub.dp.randomness import NOT_A_GUARANTEE
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl
@@ -333,7 +334,7 @@ def write_result(
         "succeeded": failure is None,
         "rounds": runtime.rounds,
         "costs": {
-            **describe(runtime.schedule.privacy or Privacy()),
+            **describe(runtime.schedule.setting(Privacy) or Privacy()),
             **run_costs(runtime.rounds, observers.meter.totals),
         },
     }
@@ -344,7 +345,7 @@ def write_result(
             "rounds": ledger.rounds,
             **ledger.settings.as_json(),
         }
-    dp = runtime.schedule.dp
+    dp = runtime.schedule.setting(DpSettings)
     if dp is not None:  # where the noise and the cohorts came from (dp/randomness.py)
         result["dp_randomness"] = dp.randomness
         if dp.randomness == "seeded":

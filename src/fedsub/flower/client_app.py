@@ -27,6 +27,7 @@ from fedsub.flower.records import deltas_record, number_of, read_submodel, recor
 from fedsub.flower.secure_rows import ACTION, answer_secure_rows, keep_deltas
 from fedsub.flower.settings import FlowerSettings
 from fedsub.numerics.float32 import ieee_float32
+from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
@@ -83,7 +84,7 @@ def answer_query(fixed: FlowerSettings | None, message: Message, context: Contex
     private = heat_privacy_of(node.config).source != "exact"
     if what not in ("index", "rows", "partition", "request"):
         raise FedsubError(f"partition {k}: unknown query {what!r}")
-    downloading = downloads_privately(node.schedule.privacy)
+    downloading = downloads_privately(node.schedule.setting(Privacy))
     if what == "rows" and downloading:
         raise FedsubError(
             f"partition {k}: privacy.level = {node.config.privacy.level!r}, so this node "
@@ -121,7 +122,7 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
     c = record_of(message.content, "config", ConfigRecord)
     round_index = int(number_of(c, "round"))
-    downloading = downloads_privately(node.schedule.privacy)
+    downloading = downloads_privately(node.schedule.setting(Privacy))
     full = not rows
     request = node_request(node, round_index, node_key(node, context)) if downloading else {}
     if downloading:  # requested rows received, the other held rows skipped (zero)
@@ -143,7 +144,7 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
     if downloading:  # the held rows it requested, with their ids (the others skipped)
         kept, table_deltas = reply_record(node.rows, request, table_deltas)
-        privacy = node.schedule.privacy
+        privacy = node.schedule.setting(Privacy)
         if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
             kept, table_deltas, dense_deltas = keep_deltas(
                 context, kept, table_deltas, dense_deltas, round_index

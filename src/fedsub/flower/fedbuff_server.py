@@ -49,12 +49,13 @@ import torch
 from flwr.app import Message
 
 from fedsub.algorithms.sampling import Cohort
+from fedsub.client.work import round_work
 from fedsub.clock.fedbuff import BufferedUpdate, draw_client, with_staleness
 from fedsub.clock.hooks import buffered_rounds
 from fedsub.clock.settings import Buffered, ClockConfig
 from fedsub.engine.loop import RunControl
 from fedsub.engine.round_runtime import RoundFailed
-from fedsub.engine.server_round import RoundPlan, ServerRound, round_work
+from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import FIRST_POLL, GROWTH, MAX_POLL, attributed
 from fedsub.flower.server_runtime import FlowerRuntime
@@ -201,7 +202,9 @@ class FlowerFedBuff:
         assert rounds is not None
         membership = inner.membership
         cohort = Cohort(np.array(clients, dtype=np.int64), np.ones(len(clients), dtype=np.int64))
-        work = round_work(rounds.algorithm, rounds.schedule, rounds.counts, cohort, version + 1)
+        a, step = rounds.algorithm, rounds.schedule.client_step
+        scale = a.scheme.scale_lr_by_pn
+        work = round_work(a.client, step, a.lr, rounds.counts, cohort.clients, version + 1, scale)
         node_of = {j: membership.node_of(membership.counted[j]) for j in clients}
         sent_to = {node_of[j]: j for j in clients}
         plan = RoundPlan(version + 1, cohort, work)

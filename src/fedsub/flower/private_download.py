@@ -37,7 +37,7 @@ def node_key(node: NodeData, context: Context) -> Seed:
     operating system the first time and kept in its SuperNode's run state (``context.state``,
     which never leaves the node), so the request and train messages of a round draw the same
     request; with ``privacy.randomness = "seeded"``, ``train.seed``."""
-    privacy = node.schedule.privacy
+    privacy = node.schedule.setting(Privacy)
     if privacy is None or privacy.randomness == "seeded":
         return node.schedule.seed
     if SECRET not in context.state:
@@ -52,7 +52,7 @@ def node_key(node: NodeData, context: Context) -> Seed:
 def node_request(node: NodeData, round_index: int, key: Seed) -> dict[str, np.ndarray]:
     """The rows this node requests in round ``round_index`` (table -> sorted row ids), drawn
     from ``key`` (``node_key``)."""
-    privacy = node.schedule.privacy
+    privacy = node.schedule.setting(Privacy)
     if privacy is None:
         raise FedsubError(f"partition {node.client}: no privacy.level to draw a request with")
     return client_request(privacy, node.rows, node.table_rows, key, round_index, node.client)

@@ -150,7 +150,7 @@ def answer_secure_rows(
     sample count weights its deltas inside the sum; with [dp] at full (``NodeNoise``, its
     shares ``seeded`` or not) its unweighted deltas go in as its noisy share instead."""
     who = "secure row sum (this node)"
-    privacy, count = node.schedule.privacy, len(node.samples)
+    privacy, count = node.schedule.setting(Privacy), len(node.samples)
     if privacy is None or not privacy.secure_aggregation:
         level = node.config.privacy.level
         raise FedsubError(f"{who}: privacy.level = {level!r}, not 'full'; refusing")

@@ -23,6 +23,7 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes, Population
 from fedsub.dp.ledger import Ledger
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.features.assembly import Assembly, build_server_round
 from fedsub.engine.features.dp import dp_round_of
 from fedsub.engine.guards import Rejection
@@ -46,6 +47,7 @@ from fedsub.flower.train_round import ReplyReader, train_messages
 from fedsub.privacy.heat_report import PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.privacy.heat_vectors import MeasuredHeat
+from fedsub.privacy.levels import Privacy
 from fedsub.stateful import Stateful
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
@@ -121,7 +123,8 @@ class FlowerRuntime:
         # the partitions the run expects (0: min-nodes of them): a registration naming
         # another is refused, and round 1's wait names those missing
         self.joining.partitions = partitions
-        downloading = downloads_privately(schedule.privacy)
+        level = schedule.setting(Privacy)
+        downloading = downloads_privately(level)
         # a round asks its sampled nodes for their rows: a private heat source (no S(k)
         # registered), or a private download (their requests; exact heat under [dp] at levels
         # download and full registers S(k) all the same, run_setup.heat_privacy_of)
@@ -130,7 +133,7 @@ class FlowerRuntime:
         # exact heat: the counted clients' S(k), from their registrations (private: none)
         self.index = SubmodelIndex({}, {})
         # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
-        self.counts_secret = bool(schedule.privacy and schedule.privacy.secure_aggregation)
+        self.counts_secret = bool(level and level.secure_aggregation)
         self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
         self._available = 0  # clients that could be sampled this round
         self.ledger: Ledger | None = None  # [dp]'s, once the run's server round is open
@@ -224,14 +227,15 @@ class FlowerRuntime:
         from which round it counts (the heat coefficients' policy: docs/tutorials/flower.md,
         "Elastic membership")."""
         node, k, r = registration.node, registration.partition, self.joining.round
-        fixed = self.private or self.schedule.dp is not None  # the population of round 1 stays
+        dp = self.schedule.setting(DpSettings) is not None
+        fixed = self.private or dp  # the population of round 1 stays
         every, last = self.settings.nodes.heat_refresh_every, self.schedule.rounds
         refresh = r + (-(r - 1)) % every  # the first refresh at or after round r
         if not self.joining.joined:  # before round 1: everyone counts from round 1 (or resumed)
             return f"node {node} registered partition {k}"
         if before is None or (k not in self.membership.counted and before.node == node):
             if fixed:
-                why = "[dp]" if self.schedule.dp is not None else "a private heat source"
+                why = "[dp]" if dp else "a private heat source"
                 return (
                     f"node {node} registered partition {k}, a new client: not sampled in this "
                     f"run (under {why} the population counted at round 1 stays)"
@@ -308,7 +312,7 @@ class FlowerRuntime:
         """The round's aggregation: secure row sums at ``full`` (noised by the nodes under
         [dp]: distributed DP), else the algorithm's (divided by p under randomized response;
         [dp]'s central mechanism is the loop's)."""
-        privacy, aggregation = self.schedule.privacy, algorithm.aggregation
+        privacy, aggregation = self.schedule.setting(Privacy), algorithm.aggregation
         if privacy is None or not privacy.secure_aggregation:
             return download_combine(aggregation, privacy)
         nodes, on_reply = PositionNodes(self.membership), self.observers.transcript
@@ -321,7 +325,7 @@ class FlowerRuntime:
             requests,
             self.timeout,
             on_reply,
-            self.schedule.dp,
+            self.schedule.setting(DpSettings),
         )
         return secure.combine
 

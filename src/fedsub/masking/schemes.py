@@ -40,6 +40,9 @@ MaskingScheme = str  # a name in ``SCHEMES``
 SHUFFLE, RANDOM, BERNOULLI = 7, 8, 9  # seeding purposes
 AverageOver = Literal["trainers", "all"]
 
+WorkShare = Callable[[int, np.ndarray], np.ndarray]
+"""(round, the members' client numbers) -> each member's share of the full model's work."""
+
 PlanSlice = Callable[[Slicing, dict[str, torch.Size], float, int, int, int], SubmodelSlice]
 """A scheme's slice for a client of capacity < 1: (slicing, the dense parameters' shapes,
 capacity, round, seed, client) -> the slice it trains."""
@@ -69,6 +72,22 @@ class Masking:
     def aggregation(self) -> AverageOver:
         """How the round's slices are averaged: the one chosen, else the scheme's paper's."""
         return self.average_over or SCHEMES[self.scheme].average
+
+    def work_share(self, seed: int, num_clients: int) -> WorkShare | None:
+        """The share of the full model's work and bytes of a member of capacity beta in round
+        r (the virtual clock scales its time by it; None: the full model, scheme ``none``):
+        beta^2 for channel slices (a width-beta slice keeps about beta^2 of a layer's weights,
+        and of its multiply-adds), beta for ``bernoulli``'s coordinate masks (fedsub's
+        approximation: first and last layers shrink by beta only)."""
+        if self.scheme == "none":
+            return None
+        power = 1.0 if self.scheme == "bernoulli" else 2.0
+
+        def share(round_index: int, clients: np.ndarray) -> np.ndarray:
+            beta = self.capacities.of(seed, round_index, clients, num_clients)
+            return np.asarray(beta, dtype=np.float64) ** power
+
+        return share
 
 
 def shuffled_piece(seed: int, round_index: int, pieces: int) -> int:

@@ -22,15 +22,15 @@ from fedsub.algorithms.registry import build_algorithm
 from fedsub.clock.hooks import wrapper as clock_wrapper
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
-from fedsub.dp.randomness import NOT_A_GUARANTEE
-from fedsub.dp.settings import DpSettings
 from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.contribution import watching
+from fedsub.engine.features.dp import dp_scope_markdown  # a sweep's summary of [dp] runs
+from fedsub.engine.features.row_sharding import written_model
 from fedsub.engine.guards import Rejection
 from fedsub.engine.in_process import train
+from fedsub.engine.initial import ModelFile
 from fedsub.engine.loop import Diverged, Evaluation, RunControl
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.engine.schedule import Schedule
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
@@ -47,7 +47,6 @@ from fedsub.files.run_folder import (
 )
 from fedsub.models.base import Model
 from fedsub.moved_keys import current_name, in_sections
-from fedsub.privacy import levels as privacy_levels
 from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
@@ -75,10 +74,12 @@ from fedsub.runs.run_session import (
     check_free_space,
 )
 from fedsub.runs.run_setup import (
+    Reports,
     Setup,
     checked_model,
     load_data,
     prepare,
+    reports_of,
     resolve_path,
     settle_heat_coins,
     with_resolved_paths,
@@ -89,8 +90,6 @@ from fedsub.runs.tracking import (
     tracking_outputs,
     writers_of,
 )
-from fedsub.sharding.model_file import WrittenModel, write_final_model
-from fedsub.sharding.rounds import ShardParams
 from fedsub.submodel.params import Params
 
 CENTRAL = "central-sgd"
@@ -113,7 +112,7 @@ class Outcome:
     profiles: dict[str, dict] = dataclasses.field(default_factory=dict)
     histories: dict[str, list[Evaluation]] = dataclasses.field(default_factory=dict)
     # row-sharded runs (fedsub/sharding): the model file instead, read when asked for
-    params: dict[str, Params | WrittenModel] = dataclasses.field(default_factory=dict)
+    params: dict[str, Params | ModelFile] = dataclasses.field(default_factory=dict)
     model: Model | None = None  # the model every algorithm trained (a comparison's)
 
     def divergence_message(self) -> str:
@@ -180,7 +179,7 @@ class AlgorithmRun:
     # where the time of each round goes (per phase), written to profile.json (``--profile``)
     profile: RoundProfile | None = None
     label: str = ""  # the progress bar's prefix of this run's name (a sweep's value)
-    start: WrittenModel | None = None  # round 0's model from a file (a warm start), or drawn
+    start: ModelFile | None = None  # round 0's model from a file (a warm start), or drawn
     callbacks: tuple[RunCallback, ...] = ()  # after-round hooks (runs/tracking.py)
 
     @property
@@ -191,7 +190,7 @@ class AlgorithmRun:
 
     def train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
+    ) -> tuple[list[Evaluation], Diverged | None, Params | ModelFile | None]:
         """The algorithm's evaluations, its divergence when it diverged (then no final
         model or completion marker is written; the other algorithms still run) and its final
         parameters (None when it diverged)."""
@@ -206,12 +205,12 @@ class AlgorithmRun:
 
     def _train(
         self, model, algorithm, dataset, index, schedule, evaluator
-    ) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
+    ) -> tuple[list[Evaluation], Diverged | None, Params | ModelFile | None]:
         every = self.config.train.checkpoint_every
         attempt = self.session.attempt(
             self.name, self.saved, every, Keeps(fresh=(DONE, REJECTIONS)), self._tracked()
         )
-        folder = attempt.folder
+        folder, reports = attempt.folder, reports_of(self.config, schedule)
         on_reject = None
         if folder is not None:
             rejections = JsonLines(folder / REJECTIONS)
@@ -234,7 +233,7 @@ class AlgorithmRun:
                 schedule,
                 evaluator,
                 on_evaluation=lambda evaluation: self._record(attempt, evaluation),
-                on_round=lambda r: self._round_done(schedule, r, attempt, stages),
+                on_round=lambda r: self._round_done(reports, r, attempt, stages),
                 control=attempt.control(guards),
                 start=self.start,
                 wrap_runtime=clock_wrapper(self.config.clock),  # [clock] (fedsub/clock, issue 51)
@@ -249,13 +248,12 @@ class AlgorithmRun:
         finally:
             attempt.end(ended)
             if folder is not None:  # process 0 writes
-                self._write_privacy(folder, stages)
-        if isinstance(final, ShardParams):  # every process writes its rows into one file
-            written = write_final_model(folder, final)
-        else:
+                self._write_privacy(folder, stages, reports)
+        written = written_model(folder, final)  # row-sharded: every process writes its rows
+        if written is None:
             attempt.write_model(final)
         attempt.mark_done()
-        return attempt.history, None, written if isinstance(final, ShardParams) else final
+        return attempt.history, None, final if written is None else written
 
     def _tracked(self) -> Tracked:
         """How the trackers name this algorithm's run: the sweep's value, the algorithm."""
@@ -264,7 +262,7 @@ class AlgorithmRun:
         )
 
     def _round_done(
-        self, schedule: Schedule, r: int, attempt: Attempt, stages: list[PrivateRounds]
+        self, reports: Reports, r: int, attempt: Attempt, stages: list[PrivateRounds]
     ) -> None:
         """After round ``r``: the caller's hook, under [dp] the progress line's epsilon
         spent so far, evaluated or not (in process a function of the settings and r), and the
@@ -273,8 +271,9 @@ class AlgorithmRun:
         if self.on_round is not None:
             self.on_round(self.name, r)
         extra: dict[str, float] = {}
-        if schedule.dp is not None:
-            extra["epsilon"] = schedule.dp.epsilon(r)
+        for report in reports:  # the features' (engine/features/: [dp]'s epsilon)
+            extra.update(report.round_metrics(r))
+        if "epsilon" in extra:
             self._note_epsilon(extra["epsilon"])
         elif stages:
             extra.update(numbers(stages[0].costs.as_json(), "privacy/"))
@@ -292,7 +291,7 @@ class AlgorithmRun:
         text = f"epsilon {spent:.3g}" + (" (seeded: not a guarantee)" if self.seeded_dp else "")
         current_reporter().note(self.label + self.name, text)
 
-    def _write_privacy(self, folder: Path, stages: list[PrivateRounds]) -> None:
+    def _write_privacy(self, folder: Path, stages: list[PrivateRounds], reports: Reports) -> None:
         """privacy.json: the privacy level's guarantees and what it cost; under [dp] without
         its costs (the means of the sampled clients' bytes, the clipped values: statistics of
         the clients' data that no epsilon covers, so not in a file meant for publication)."""
@@ -300,9 +299,9 @@ class AlgorithmRun:
             costs: dict = private.costs.as_json()
             if self.config.dp.mechanism != "none":
                 costs = {"costs": DP_WITHHELD}
-            record = {**privacy_levels.describe(private.drawn_privacy), **costs}
-            if self.seeded_dp:  # [dp] with seeded randomness
-                record["dp_not_a_guarantee"] = NOT_A_GUARANTEE
+            record = {**private.described(), **costs}
+            for report in reports:  # [dp] with seeded randomness: not a guarantee
+                record.update(report.notes())
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
             if private.costs.clipped:
                 LOG.warning(
@@ -437,7 +436,7 @@ def _trained(
 
 def _train_algorithm(
     run: AlgorithmRun, setup: Setup, config: Config
-) -> tuple[list[Evaluation], Diverged | None, Params | WrittenModel | None]:
+) -> tuple[list[Evaluation], Diverged | None, Params | ModelFile | None]:
     """``run``'s algorithm built for ``setup`` and trained: its evaluations, why it diverged
     (or None) and its final model."""
     with phase(f"{run.label}{run.name}: preparing"):
@@ -472,7 +471,7 @@ def _compare_in(
     histories: dict[str, list[Evaluation]] = {}
     diverged: dict[str, Diverged] = {}
     profiles: dict[str, dict] = {}
-    finals: dict[str, Params | WrittenModel] = {}
+    finals: dict[str, Params | ModelFile] = {}
     reporter = current_reporter()
     reporter.training([(label + name, setup.schedule.rounds) for name in names])
     for name in names:
@@ -527,7 +526,7 @@ def _started(
     dataset: FederatedDataset | None,
     model: Model | None,
     initial_model: StartFile | None,
-) -> tuple[Setup, dict[str, ResumePoint], WrittenModel | None]:
+) -> tuple[Setup, dict[str, ResumePoint], ModelFile | None]:
     """The run made ready to train, in the order the folder's rules need: a resumed run
     checked against its folder (its algorithms' resume points read) before anything is
     prepared, the data, model and start file prepared and checked, this process joined to
@@ -603,77 +602,11 @@ def _summary(
     target = target_of(config, histories)
     result = summary(histories, target, {n: (d.round, d.reason) for n, d in diverged.items()})
     markdown = summary_markdown(result, target, setup.schedule.rounds)
-    if setup.schedule.dp is not None:
+    for report in reports_of(config, setup.schedule):  # the features' ([dp]'s epsilon)
         for name, history in histories.items():
-            result["algorithms"][name]["dp"] = dp_record(
-                setup.schedule.dp, history, config.dp.trust.public_test
-            )
-        markdown += "\n" + dp_scope_markdown(config.dp.trust.public_test)
-    if setup.schedule.dp is not None and setup.schedule.dp.randomness == "seeded":
-        markdown += f"\n**The epsilon above is not a guarantee.** {NOT_A_GUARANTEE}.\n"
+            result["algorithms"][name].update(report.summary(history))
+        markdown += report.markdown()
     return result, markdown
-
-
-# what a [dp] run's epsilon covers and what it does not (summary.json's dp records, summary.md;
-# docs/getting-started/run-folder.md lists every file)
-DP_COVERED = ["model.safetensors (the released model of every round, checkpoints too)", "epsilon"]
-DP_NOT_COVERED = [
-    "train and test metrics (computed in the clear on the users' training and held-out data)",
-    "best",
-    "rounds_to_target",
-    "diverged (a stop decided from the train loss in the clear)",
-]
-DP_SCOPE_MARKDOWN = (
-    "Differential privacy: epsilon covers the released models only. The metrics above (final "
-    "and best, computed in the clear on the users' training and held-out data), the rounds to "
-    "target and a divergence stop are not covered: they are the operator's, not for "
-    "publication as private (docs: the run folder).\n"
-)
-# dp.public_test = true: the test split is declared public, so what is computed from the
-# released models on it alone is post-processing, covered by the same epsilon
-DP_COVERED_PUBLIC_TEST = [
-    *DP_COVERED,
-    "test metrics, their best and rounds_to_target (on the test split declared public: "
-    "dp.public_test)",
-]
-DP_NOT_COVERED_PUBLIC_TEST = [
-    "train metrics and their best (computed in the clear on the users' training data)",
-    "diverged (a stop decided from the train loss in the clear)",
-]
-DP_SCOPE_MARKDOWN_PUBLIC_TEST = (
-    "Differential privacy: epsilon covers the released models and, the test split being "
-    "declared public (dp.public_test = true: your declaration, not checked), the test metrics, "
-    "their best and the rounds to target. The train metrics and a divergence stop (computed "
-    "in the clear on the users' training data) are not covered (docs: the run folder).\n"
-)
-
-
-def dp_scope_markdown(public_test: bool) -> str:
-    """summary.md's sentence on what epsilon covers."""
-    return DP_SCOPE_MARKDOWN_PUBLIC_TEST if public_test else DP_SCOPE_MARKDOWN
-
-
-def dp_record(settings: DpSettings, history: list[Evaluation], public_test: bool = False) -> dict:
-    """summary.json's ``dp`` of an algorithm: the epsilon its last evaluation had spent, the
-    round it stopped at, the settings that epsilon is of (seeded randomness: a note that it
-    is not a guarantee), and what it covers (``public_test``: the test split declared public)."""
-    last = history[-1] if history else None
-    spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
-    rounds = last.round if last is not None else 0
-    record = {"epsilon": spent, "rounds": rounds, **settings.as_json()}
-    if settings.randomness == "seeded":
-        record["not_a_guarantee"] = NOT_A_GUARANTEE
-    covered, not_covered = (
-        (DP_COVERED_PUBLIC_TEST, DP_NOT_COVERED_PUBLIC_TEST)
-        if public_test
-        else (DP_COVERED, DP_NOT_COVERED)
-    )
-    return {
-        **record,
-        "public_test": public_test,
-        "covered_by_epsilon": covered,
-        "not_covered": not_covered,
-    }
 
 
 def _write_summary(

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 
@@ -37,6 +37,8 @@ from fedsub.engine.execution import (
     TablePlacement,
     TableSharding,
 )
+from fedsub.engine.features.dp import DpReport
+from fedsub.engine.loop import Evaluation
 from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Sampling, Schedule
 from fedsub.errors import ConfigError
 from fedsub.files.json_values import dumps
@@ -158,13 +160,13 @@ def schedule_of(config: Config, num_clients: int | None = None) -> Schedule:
     if num_clients is None:
         return schedule
     schedule = with_memory_capacities(config, schedule, num_clients)  # [clock] (issue 51)
-    return dataclasses.replace(schedule, dp=dp_of(config, num_clients))
+    return schedule.with_setting(dp_settings.DpSettings, dp_of(config, num_clients))
 
 
 def with_memory_capacities(config: Config, schedule: Schedule, num_clients: int) -> Schedule:
     """``masking.capacity_assignment = "memory"``: the capacities dealt by the clients' memory
     in [clock]'s device profiles (fedsub/clock/profiles.py); else ``schedule`` as it is."""
-    masking = schedule.masking
+    masking = schedule.setting(Masking)
     if masking is None or masking.capacities.assignment != "memory":
         return schedule
     from fedsub.clock.profiles import clock_inputs
@@ -172,9 +174,7 @@ def with_memory_capacities(config: Config, schedule: Schedule, num_clients: int)
     profiles, _ = clock_inputs(config.clock, config.train.seed, num_clients)
     memory = tuple(float(m) for m in profiles.memory)
     capacities = dataclasses.replace(masking.capacities, memory=memory)
-    return dataclasses.replace(
-        schedule, masking=dataclasses.replace(masking, capacities=capacities)
-    )
+    return schedule.with_setting(Masking, dataclasses.replace(masking, capacities=capacities))
 
 
 def _schedule_without_dp(config: Config) -> Schedule:
@@ -199,16 +199,18 @@ def _schedule_without_dp(config: Config) -> Schedule:
         seed=t.seed,
         execution=execution_of(config),
         eval_every=config.eval.every,
-        masking=Masking(
-            m.scheme,
-            Capacities(
-                tuple(m.capacities),
-                tuple(m.capacity_proportions),
-                cast(Assignment, m.capacity_assignment),
+        settings=(
+            Masking(
+                m.scheme,
+                Capacities(
+                    tuple(m.capacities),
+                    tuple(m.capacity_proportions),
+                    cast(Assignment, m.capacity_assignment),
+                ),
+                None if m.average == "scheme" else cast(AverageOver, m.average),
             ),
-            None if m.average == "scheme" else cast(AverageOver, m.average),
+            privacy_of(config),
         ),
-        privacy=privacy_of(config),
         sampling=cast(Sampling, t.sampling),
     )
 
@@ -339,6 +341,29 @@ def algorithm_context(
         coins = HeatCoins(cast(Randomness, config.privacy.randomness), config.train.seed)
         privacy = dataclasses.replace(privacy, coins=coins)  # settled once the processes join
     return AlgorithmContext(dataset, index, heat, config.train.clients_per_round, privacy)
+
+
+class RunReport(Protocol):
+    """A feature's part of a run's reports (engine/features/dp.py's ``DpReport``): metrics
+    after each round (the progress line, the trackers), each algorithm's summary.json record
+    (by key), summary.md's text and notes for privacy.json."""
+
+    def round_metrics(self, round_index: int) -> dict[str, float]: ...
+
+    def summary(self, history: Sequence[Evaluation]) -> dict[str, object]: ...
+
+    def markdown(self) -> str: ...
+
+    def notes(self) -> dict[str, str]: ...
+
+
+Reports = tuple[RunReport, ...]
+
+
+def reports_of(config: Config, schedule: Schedule) -> Reports:
+    """What the run's features add to its reports, in order: [dp]'s epsilon (none without)."""
+    settings = schedule.setting(dp_settings.DpSettings)
+    return () if settings is None else (DpReport(settings, config.dp.trust.public_test),)
 
 
 @dataclass(frozen=True)

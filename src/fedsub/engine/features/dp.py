@@ -17,14 +17,17 @@ of this feature's ``DpRound``), and there is no central mechanism.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanisms import MECHANISMS, CentralMechanism, MechanismInputs, MechanismSpec
 from fedsub.dp.participation import STAGE as PARTICIPATION
 from fedsub.dp.participation import ParticipationBound
+from fedsub.dp.randomness import NOT_A_GUARANTEE, DpStreams, streams_of
 from fedsub.dp.randomness import STAGE as DP_SECRET
-from fedsub.dp.randomness import DpStreams, streams_of
+from fedsub.dp.settings import DpSettings
 from fedsub.engine.contribution import (
     CohortDraw,
     Combining,
@@ -38,8 +41,12 @@ from fedsub.engine.contribution import (
     narrowed,
 )
 from fedsub.engine.schedule import Schedule
+from fedsub.privacy.levels import Privacy
 from fedsub.stateful import Stateful
 from fedsub.submodel.transfer import CohortUpdate
+
+if TYPE_CHECKING:
+    from fedsub.engine.loop import Evaluation
 
 LOG = logging.getLogger("fedsub")
 NAME = "dp"
@@ -91,9 +98,8 @@ def dp_streams(schedule: Schedule) -> DpStreams | None:
     """[dp]'s random streams for this run (dp/randomness.py): a fresh secret (process 0's in
     every process), or train.seed in seeded mode; None without [dp]. A resumed run's secret
     is read back from its checkpoint (the ``dp_secret`` stage)."""
-    if schedule.dp is None:
-        return None
-    return streams_of(schedule.dp.randomness, schedule.seed)
+    settings = schedule.setting(DpSettings)
+    return None if settings is None else streams_of(settings.randomness, schedule.seed)
 
 
 def overriding(mechanism: CentralMechanism) -> Override:
@@ -106,21 +112,22 @@ def overriding(mechanism: CentralMechanism) -> Override:
 
 def contribute(setup: RoundSetup) -> RoundContribution | None:
     schedule, params = setup.schedule, setup.params
+    settings, privacy = schedule.setting(DpSettings), schedule.setting(Privacy)
     streams = dp_streams(schedule)
-    if schedule.dp is None or streams is None or params is None:
+    if settings is None or streams is None or params is None:
         return None
     mechanism, spec = None, None
-    distributed = schedule.privacy is not None and schedule.privacy.secure_aggregation
+    distributed = privacy is not None and privacy.secure_aggregation
     if not distributed:  # the central mechanism (dp.mechanism, dp/mechanisms.py)
-        spec = MECHANISMS.get_or_refuse(schedule.dp.mechanism)
+        spec = MECHANISMS.get_or_refuse(settings.mechanism)
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = setup.algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
-        keep = schedule.privacy.keep if schedule.privacy is not None else 1.0
-        inputs = MechanismInputs(schedule.dp, table_rows, setup.counts, heat, keep, streams)
+        keep = privacy.keep if privacy is not None else 1.0
+        inputs = MechanismInputs(settings, table_rows, setup.counts, heat, keep, streams)
         mechanism = spec.build(inputs)
-    pattern = schedule.dp.accounting.ftrl  # DP-FTRL: no sampling, an enforced pattern
+    pattern = settings.accounting.ftrl  # DP-FTRL: no sampling, an enforced pattern
     bound = None if pattern is None else ParticipationBound(pattern, len(setup.counts))
-    dp = DpRound(Ledger(schedule.dp), streams, mechanism, spec, bound)
+    dp = DpRound(Ledger(settings), streams, mechanism, spec, bound)
     return RoundContribution(
         NAME,
         combining=Combining(
@@ -144,3 +151,94 @@ def dp_round_of(features: RoundFeatures) -> DpRound | None:
 
 
 FEATURE = Feature(NAME, contribute)
+
+
+# what a [dp] run's epsilon covers and what it does not (summary.json's dp records, summary.md;
+# docs/getting-started/run-folder.md lists every file)
+DP_COVERED = ["model.safetensors (the released model of every round, checkpoints too)", "epsilon"]
+DP_NOT_COVERED = [
+    "train and test metrics (computed in the clear on the users' training and held-out data)",
+    "best",
+    "rounds_to_target",
+    "diverged (a stop decided from the train loss in the clear)",
+]
+DP_SCOPE_MARKDOWN = (
+    "Differential privacy: epsilon covers the released models only. The metrics above (final "
+    "and best, computed in the clear on the users' training and held-out data), the rounds to "
+    "target and a divergence stop are not covered: they are the operator's, not for "
+    "publication as private (docs: the run folder).\n"
+)
+# dp.public_test = true: the test split is declared public, so what is computed from the
+# released models on it alone is post-processing, covered by the same epsilon
+DP_COVERED_PUBLIC_TEST = [
+    *DP_COVERED,
+    "test metrics, their best and rounds_to_target (on the test split declared public: "
+    "dp.public_test)",
+]
+DP_NOT_COVERED_PUBLIC_TEST = [
+    "train metrics and their best (computed in the clear on the users' training data)",
+    "diverged (a stop decided from the train loss in the clear)",
+]
+DP_SCOPE_MARKDOWN_PUBLIC_TEST = (
+    "Differential privacy: epsilon covers the released models and, the test split being "
+    "declared public (dp.public_test = true: your declaration, not checked), the test metrics, "
+    "their best and the rounds to target. The train metrics and a divergence stop (computed "
+    "in the clear on the users' training data) are not covered (docs: the run folder).\n"
+)
+
+
+def dp_scope_markdown(public_test: bool) -> str:
+    """summary.md's sentence on what epsilon covers."""
+    return DP_SCOPE_MARKDOWN_PUBLIC_TEST if public_test else DP_SCOPE_MARKDOWN
+
+
+def dp_record(
+    settings: DpSettings, history: Sequence[Evaluation], public_test: bool = False
+) -> dict:
+    """summary.json's ``dp`` of an algorithm: the epsilon its last evaluation had spent, the
+    round it stopped at, the settings that epsilon is of (seeded randomness: a note that it
+    is not a guarantee), and what it covers (``public_test``: the test split declared public)."""
+    last = history[-1] if history else None
+    spent = last.metrics.get("epsilon", 0.0) if last is not None else 0.0
+    rounds = last.round if last is not None else 0
+    record = {"epsilon": spent, "rounds": rounds, **settings.as_json()}
+    if settings.randomness == "seeded":
+        record["not_a_guarantee"] = NOT_A_GUARANTEE
+    covered, not_covered = (
+        (DP_COVERED_PUBLIC_TEST, DP_NOT_COVERED_PUBLIC_TEST)
+        if public_test
+        else (DP_COVERED, DP_NOT_COVERED)
+    )
+    return {
+        **record,
+        "public_test": public_test,
+        "covered_by_epsilon": covered,
+        "not_covered": not_covered,
+    }
+
+
+@dataclass(frozen=True)
+class DpReport:
+    """[dp]'s part of a run's reports (runs/run_setup.py's ``reports_of``): the epsilon spent
+    after each round (in process a function of the settings and the round), summary.json's
+    ``dp`` record of each algorithm, summary.md's sentences on what epsilon covers, and the
+    note that seeded randomness is not a guarantee (privacy.json)."""
+
+    settings: DpSettings
+    public_test: bool = False  # dp.public_test: the test split declared public
+
+    def round_metrics(self, round_index: int) -> dict[str, float]:
+        return {"epsilon": self.settings.epsilon(round_index)}
+
+    def summary(self, history: Sequence[Evaluation]) -> dict[str, object]:
+        return {"dp": dp_record(self.settings, history, self.public_test)}
+
+    def markdown(self) -> str:
+        text = "\n" + dp_scope_markdown(self.public_test)
+        if self.settings.randomness == "seeded":
+            text += f"\n**The epsilon above is not a guarantee.** {NOT_A_GUARANTEE}.\n"
+        return text
+
+    def notes(self) -> dict[str, str]:
+        seeded = self.settings.randomness == "seeded"
+        return {"dp_not_a_guarantee": NOT_A_GUARANTEE} if seeded else {}

@@ -17,8 +17,12 @@ from fedsub.engine.contribution import (
 )
 from fedsub.engine.features.dp import NAME as DP
 from fedsub.engine.features.dp import DpRound
+from fedsub.engine.features.masking import NAME as MASKING
 from fedsub.engine.features.row_sharding import NAME as ROW_SHARDING
+from fedsub.engine.features.row_sharding import SETTING as ROW_SHARDING_SETTING
 from fedsub.engine.private_rounds import PrivateRounds
+from fedsub.errors import ConfigError
+from fedsub.privacy.levels import Privacy
 from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
 from fedsub.privacy.randomness import streams_of as privacy_streams_of
 from fedsub.submodel.transfer import CohortUpdate
@@ -28,22 +32,26 @@ NAME = "private_rounds"
 
 def contribute(setup: RoundSetup) -> RoundContribution | None:
     schedule, algorithm, params = setup.schedule, setup.algorithm, setup.params
-    masked_run = schedule.masking is not None and schedule.masking.scheme != "none"
-    if schedule.privacy is None or algorithm.central or masked_run or params is None:
+    privacy = schedule.setting(Privacy)
+    if privacy is None or algorithm.central or MASKING in setup.earlier or params is None:
         return None
     if ROW_SHARDING in setup.earlier:
+        if privacy.level != "none":
+            raise ConfigError(f"{ROW_SHARDING_SETTING} cannot be combined with privacy levels")
         return None
     table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
     aggregation = algorithm.aggregation.to(schedule.execution.device)
     dp = setup.earlier.get(DP)
-    streams = dp.streams if isinstance(dp, DpRound) else None
-    # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
-    settings = schedule.dp if schedule.privacy.secure_aggregation else None
+    streams, settings = None, None
+    if isinstance(dp, DpRound):
+        streams = dp.streams
+        # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
+        settings = dp.ledger.settings if privacy.secure_aggregation else None
     requests = None  # the download requests' coins and decoys (privacy/randomness.py)
-    if schedule.privacy.private_download:
-        requests = privacy_streams_of(schedule.privacy.randomness, schedule.seed)
+    if privacy.private_download:
+        requests = privacy_streams_of(privacy.randomness, schedule.seed)
     private = PrivateRounds(
-        schedule.privacy, aggregation, table_rows, schedule.seed, dp=settings, streams=streams,
+        privacy, aggregation, table_rows, schedule.seed, dp=settings, streams=streams,
         requests_key=requests,
     )  # fmt: skip
     return RoundContribution(

@@ -30,11 +30,13 @@ from fedsub.engine.contribution import (
 from fedsub.engine.evaluate import Evaluator, eval_chunks
 from fedsub.engine.features.host_tables import without_coefficients
 from fedsub.engine.guards import Rejection
-from fedsub.engine.initial import init_generator
+from fedsub.engine.initial import ModelFile, init_generator
 from fedsub.errors import ConfigError
 from fedsub.sharding.evaluation import ShardedScoring
 from fedsub.sharding.initial import sharded_init
+from fedsub.sharding.model_file import write_final_model
 from fedsub.sharding.rounds import ShardedTables, ShardParams, agree, all_rejected
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 NAME = "row_sharding"
@@ -60,11 +62,6 @@ def place(setup: RoundSetup) -> Placed | None:
             f"{SETTING} cannot run algorithm {algorithm.name!r}: it pools every sample in one "
             "client or averages models (Scheme II), rescaling every row every round"
         )
-    if schedule.masking is not None and schedule.masking.scheme != "none":
-        raise ConfigError(f"{SETTING} cannot be combined with masking (width slices)")
-    private_level = schedule.privacy is not None and schedule.privacy.level != "none"
-    if private_level or schedule.dp is not None:
-        raise ConfigError(f"{SETTING} cannot be combined with privacy.level levels or [dp]")
     dtype, device = schedule.execution.dtype, schedule.execution.device
     drawn = sharded_init(
         lambda generator: model.init(generator, dtype),
@@ -146,3 +143,10 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
 
 
 FEATURE = Feature(NAME, contribute, place)
+
+
+def written_model(folder: Path | None, final: Params) -> ModelFile | None:
+    """A row-sharded run's final model written as ``folder``'s one model.safetensors by every
+    process together, each its own rows (a collective; sharding/model_file.py), or None: the
+    model ``final`` is whole in this process (the run session writes it)."""
+    return write_final_model(folder, final) if isinstance(final, ShardParams) else None
