@@ -50,12 +50,12 @@ from fedsub.dp.ftrl import FtrlMechanism
 from fedsub.dp.mechanisms import MECHANISMS, MechanismInputs
 from fedsub.dp.participation import ParticipationBound, Pattern
 from fedsub.dp.randomness import DpStreams
-from fedsub.dp.settings import DpSettings, NoiseKey, RowSelection, resolve_ftrl
+from fedsub.dp.settings import DpSettings, NoiseKey, Randomness, Rows, RowSelection, resolve_ftrl
 from tests.test_dp_audit import DELTA, PUBLIC_SEED, THRESHOLDS, canary_update, epsilon_lower_bound
 
 ROUNDS, PATTERN, BUFFERS = 8, Pattern(2, 0), 2  # test_dp_blt.py's strategy (one optimisation)
 CANARIES = 20_000  # T trials of each world per run
-Z = 2.0  # the run's effective multiplier: reported epsilon ~ 2.1 (rows = "all")
+Z = 2.0  # the whole run's multiplier (dp/ftrl_accounting.py): reported epsilon 2.25
 LIKELIHOOD_THRESHOLDS = (0.5, 1.0, 2.0, 4.0, 6.0)  # on the log-likelihood ratio
 SHADOW_ROWS = 20_000  # the attacker's own run, for the noise covariance
 
@@ -71,10 +71,11 @@ CASES = [
 ]
 
 
-def ftrl_settings(mechanism: str, rows: str, randomness: str) -> DpSettings:
+def ftrl_settings(mechanism: str, rows: Rows, randomness: Randomness) -> DpSettings:
     """The run's settings: ROUNDS rounds of cohorts of T, the pattern PATTERN; rows =
-    "private" with the selection threshold at 0 (half the untouched rows are false positives,
-    a canary's row is selected a little more often), so that most canaries are released."""
+    "private" with a low selection threshold (0.25 selection-noise stds: 40% of the untouched
+    rows are false positives, a canary's row is selected with probability 47%), so that most
+    canaries are released at least once."""
     _, accounting = resolve_ftrl(
         noise_multiplier=Z,
         target_epsilon=None,
@@ -93,9 +94,9 @@ def ftrl_settings(mechanism: str, rows: str, randomness: str) -> DpSettings:
         clip=1.0,
         noise_multiplier=Z,
         accounting=accounting,
-        rows=rows,  # type: ignore[arg-type]  (a Rows literal)
-        selection=RowSelection(share=0.5, threshold=0.0, bound=1.0),
-        key=NoiseKey(randomness, PUBLIC_SEED),  # type: ignore[arg-type]  (a Randomness literal)
+        rows=rows,
+        selection=RowSelection(share=0.5, threshold=0.25, bound=1.0),
+        key=NoiseKey(randomness, PUBLIC_SEED),
         mechanism=mechanism,
     )
 
@@ -138,7 +139,7 @@ def run(mechanism: FtrlMechanism, canaries: int) -> Release:
 
 
 @functools.cache
-def noise_covariance(mechanism: str, rows: str) -> np.ndarray:
+def noise_covariance(mechanism: str, rows: Rows) -> np.ndarray:
     """The covariance of the noisy prefix sums s_t + sigma N(t) over the rounds, measured as an
     attacker can: the public mechanism of the published settings run with the attacker's own
     secret and no canary. With rows = "private" a row's prefix sum is seen only at the rounds
@@ -199,7 +200,7 @@ def redrawn(release: Release, settings: DpSettings) -> np.ndarray:
     return noise
 
 
-def audit(mechanism: str, rows: str, randomness: str) -> tuple[dict[str, float], float]:
+def audit(mechanism: str, rows: Rows, randomness: Randomness) -> tuple[dict[str, float], float]:
     """eps_lb of each attack over T trials of each world, and the epsilon fedsub reports."""
     settings = ftrl_settings(mechanism, rows, randomness)
     release = run(built(settings, 2 * CANARIES, DpStreams(randomness, PUBLIC_SEED)), CANARIES)
@@ -219,9 +220,9 @@ def audit(mechanism: str, rows: str, randomness: str) -> tuple[dict[str, float],
 @pytest.mark.parametrize(("mechanism", "rows"), CASES)
 def test_the_ftrl_audit_stays_below_the_reported_epsilon(mechanism, rows) -> None:
     bounds, reported = audit(mechanism, rows, "secret")
-    print(mechanism, rows, "secret", bounds, reported)
     assert max(bounds.values()) <= reported, (bounds, reported)
-    assert bounds["likelihood"] > 0.3  # the attack has power: the Gaussian's ideal is ~0.8
+    assert bounds["likelihood"] > 0.2  # the attack has power (measured 0.4-1.1; the ideal ~0.8)
+    assert reported == pytest.approx(2.25, abs=0.01)  # PLD: one Gaussian of z = 2, delta 1e-6
 
 
 @pytest.mark.parametrize(("mechanism", "rows"), CASES)
@@ -242,6 +243,5 @@ def test_the_canary_is_seen_at_the_sensitivity_the_accounting_charges(mechanism,
 @pytest.mark.parametrize(("mechanism", "rows"), CASES)
 def test_the_ftrl_audit_catches_noise_drawn_from_the_published_seed(mechanism, rows) -> None:
     bounds, reported = audit(mechanism, rows, "seeded")
-    print(mechanism, rows, "seeded", bounds, reported)
     assert bounds["redrawn"] > reported + 3, (bounds, reported)
     assert bounds["likelihood"] <= reported, (bounds, reported)
