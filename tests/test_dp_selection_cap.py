@@ -152,14 +152,16 @@ def test_the_cap_is_refused_where_it_would_be_ignored() -> None:
 @pytest.mark.parametrize(
     ("epsilon", "k", "rounds", "separation", "num_rows"),
     [(1.0, 50, 150, 50, 20_009), (2.0, 50, 150, 50, 20_009), (0.5, 1000, 150, 30, 20_009),
-     (3.0, 10, 30, 2, 99), (8.0, 50, 600, 50, 1_000_000), (4.0, 5, 3, 1, 50)],
+     (3.0, 10, 30, 2, 99), (8.0, 50, 600, 50, 1_000_000), (4.0, 5, 3, 1, 50),
+     (2.0, 50, 60, 50, 20_009), (1.0, 50, 2, 5, 20_009), (1.5, 7, 900, 400, 20_009)],
 )  # fmt: skip
 def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation, num_rows) -> None:
-    """capped_rule against its rule written out: BLT, w = min(b, max(1, T // 6)), M = 1% of V
+    """capped_rule against its rule written out: BLT, w = min(b, ceil(2000 / K), T // 3) (at
+    least 1), M = 1% of V
     (at least 1), heat cap min(4, max(1, epsilon)), threshold 2, share 0.5, B = 6."""
     rule = selection.capped_rule(epsilon, k, rounds, separation, num_rows)
-    window = rounds // 6 if rounds // 6 >= 1 else 1
-    window = separation if separation < window else window
+    window = min(separation, -(-2000 // k), rounds // 3)  # -(-a // b): a / b rounded up
+    window = window if window >= 1 else 1
     cap = 1.0 if epsilon < 1 else (4.0 if epsilon > 4 else epsilon)
     assert rule == selection.CappedRule(
         mechanism="ftrl-blt",
