@@ -5,7 +5,7 @@ AUC scored by fedsub.
 
     python benchmarks/pfl_ftrl.py [--epsilons 0,1,2,4,8] [--clients-per-round 50]
         [--separation 50] [--rounds 150] [--clip 0.5] [--set data.num_users=30000]
-        [--pfl-python .venv-pfl/bin/python]
+        [--pfl-python .venv-pfl/bin/python] [--fedsub-runs 2] [--skip-pfl]
 
 This process (fedsub's environment) loads the dataset fedsub's config names (the embedded
 default, ``--set`` overrides as in dp_ftrl.py), draws the cohorts under the participation bound
@@ -41,7 +41,7 @@ ftrl_rule_grid.py), its cohorts drawn by fedsub under ``dp.min_separation`` = b 
 randomness; the final test AUC of each run and their mean, and the rows noised a round.
 ``--skip-pfl`` runs fedsub's row only.
 
-Ends with ``RESULT {json}``.
+Ends with ``RESULT {json}``: per epsilon, ``pfl`` (pfl's run) and ``fedsub`` (fedsub's row).
 """
 
 from __future__ import annotations
