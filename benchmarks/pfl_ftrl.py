@@ -5,7 +5,7 @@ AUC scored by fedsub.
 
     python benchmarks/pfl_ftrl.py [--epsilons 0,1,2,4,8] [--clients-per-round 50]
         [--separation 50] [--rounds 150] [--clip 0.5] [--set data.num_users=30000]
-        [--pfl-python .venv-pfl/bin/python]
+        [--pfl-python .venv-pfl/bin/python] [--fedsub-runs 2] [--skip-pfl]
 
 This process (fedsub's environment) loads the dataset fedsub's config names (the embedded
 default, ``--set`` overrides as in dp_ftrl.py), draws the cohorts under the participation bound
@@ -32,7 +32,16 @@ rows, not columns, have norm 1), so its reported epsilon understates the run's;
 the run is the mechanism pfl's accountant charges (fedsub's correction, not pfl's).
 ``--epsilons`` 0 is a run without DP (pfl's FedAvg against fedsub's: the pipelines' check).
 
-Ends with ``RESULT {json}``.
+fedsub's row (``--fedsub-runs`` runs a cell, 2 by default; 0: none): the same config's
+FedSubAvg with fedsub's sparse DP-FTRL at the same epsilon and delta, its settings from
+fedsub's rule for the capped form (``dp/selection.py`` ``capped_rule``: the noise, the window,
+the selection's share, the heat cap and at most 1% of the table's rows a round, from epsilon,
+K, the rounds, b and the table only; chosen on another workload by benchmarks/
+ftrl_rule_grid.py), its cohorts drawn by fedsub under ``dp.min_separation`` = b with secret
+randomness; the final test AUC of each run and their mean, and the rows noised a round.
+``--skip-pfl`` runs fedsub's row only.
+
+Ends with ``RESULT {json}``: per epsilon, ``pfl`` (pfl's run) and ``fedsub`` (fedsub's row).
 """
 
 from __future__ import annotations
@@ -47,8 +56,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dp_ftrl import recording, run  # benchmarks/dp_ftrl.py: one fedsub run and its DP stats
 from fedsub.config import Config
-from fedsub.dp import ftrl_accounting
+from fedsub.dp import ftrl_accounting, selection
 from fedsub.dp.participation import ParticipationBound, Pattern
 from fedsub.dp.settings import default_delta
 from fedsub.engine.initial import initial_params
@@ -146,6 +156,49 @@ def one(config: Config, dataset, args: argparse.Namespace, epsilon: float, folde
     return result
 
 
+def rule_overrides(config: Config, dataset, args: argparse.Namespace, epsilon: float) -> list[str]:
+    """fedsub's capped sparse DP-FTRL at ``epsilon`` as config overrides (``capped_rule``)."""
+    model = model_of(config, dataset)
+    (table,) = initial_params(model, schedule_of(config)).tables.values()
+    rule = selection.capped_rule(
+        epsilon, args.clients_per_round, args.rounds, args.separation, int(table.shape[0])
+    )
+    return [
+        f"dp.mechanism='{rule.mechanism}'",
+        f"dp.min_separation={args.separation}",
+        "dp.rows='private'",
+        f"dp.selection_window={rule.window}",
+        f"dp.selection_share={rule.share}",
+        f"dp.heat_cap={rule.heat_cap}",
+        f"dp.selection_threshold={rule.threshold}",
+        f"dp.selection_bound={rule.bound}",
+        f"dp.selection_max_rows={rule.max_rows}",
+        f"dp.target_epsilon={epsilon}",
+        f"dp.clip={args.clip}",
+    ]
+
+
+def fedsub_row(config: Config, dataset, args: argparse.Namespace, epsilon: float) -> dict:
+    """fedsub's sparse DP-FTRL-FedSubAvg at ``epsilon``, ``--fedsub-runs`` times."""
+    base = [
+        f"train.rounds={args.rounds}",
+        f"train.clients_per_round={args.clients_per_round}",
+        "execution.threads=1",
+        f"eval.every={args.rounds}",
+        *args.set,
+    ]
+    dp = rule_overrides(config, dataset, args, epsilon)
+    runs = [run([*base, *dp], "fedsubavg") for _ in range(args.fedsub_runs)]
+    aucs = [r["final_test_auc"] for r in runs]
+    return {
+        "overrides": dp,
+        "final_test_auc": aucs,
+        "mean_final_test_auc": float(np.mean(aucs)),
+        "epsilon": [r["epsilon"] for r in runs],
+        "rows_noised_per_round": [r["rows_noised_per_round"] for r in runs],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -167,6 +220,8 @@ def main() -> None:
         help="scale pfl's noise by its factorization's true sensitivity over sqrt(k) (fedsub's "
         "correction: the epsilon pfl reports then holds)",
     )
+    parser.add_argument("--fedsub-runs", type=int, default=2, help="fedsub's row: runs a cell")
+    parser.add_argument("--skip-pfl", action="store_true", help="fedsub's row only")
     args = parser.parse_args()
     config = Config.from_toml(
         None,
@@ -179,10 +234,17 @@ def main() -> None:
     )
     dataset = load_data(config)
     results: dict = {"settings": vars(args)}
+    if args.fedsub_runs:
+        recording()  # the rows noised a round, for fedsub's row
     with tempfile.TemporaryDirectory() as folder:
         for epsilon in args.epsilons:
-            results[f"epsilon={epsilon:g}"] = one(config, dataset, args, epsilon, folder)
-            print(f"eps {epsilon:g}", results[f"epsilon={epsilon:g}"], flush=True)
+            cell: dict = {}
+            if not args.skip_pfl:
+                cell["pfl"] = one(config, dataset, args, epsilon, folder)
+            if args.fedsub_runs and epsilon > 0:
+                cell["fedsub"] = fedsub_row(config, dataset, args, epsilon)
+            results[f"epsilon={epsilon:g}"] = cell
+            print(f"eps {epsilon:g}", cell, flush=True)
     print("RESULT " + json.dumps(results))
 
 

@@ -147,3 +147,80 @@ def test_the_cap_is_refused_where_it_would_be_ignored() -> None:
         )
     with pytest.raises(ConfigError, match="selection_max_rows"):
         Config.from_toml(None, ["dp.selection_max_rows=-1"])
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "k", "rounds", "separation", "num_rows"),
+    [(1.0, 50, 150, 50, 20_009), (2.0, 50, 150, 50, 20_009), (0.5, 1000, 150, 30, 20_009),
+     (3.0, 10, 30, 2, 99), (8.0, 50, 600, 50, 1_000_000), (4.0, 5, 3, 1, 50),
+     (2.0, 50, 60, 50, 20_009), (1.0, 50, 2, 5, 20_009), (1.5, 7, 900, 400, 20_009)],
+)  # fmt: skip
+def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation, num_rows) -> None:
+    """capped_rule against its rule written out: BLT, w = min(b, ceil(2000 / K), T // 3) (at
+    least 1), M = 1% of V
+    (at least 1), heat cap min(4, max(1, epsilon)), threshold 2, share 0.5, B = 6."""
+    rule = selection.capped_rule(epsilon, k, rounds, separation, num_rows)
+    window = min(separation, -(-2000 // k), rounds // 3)  # -(-a // b): a / b rounded up
+    window = window if window >= 1 else 1
+    cap = 1.0 if epsilon < 1 else (4.0 if epsilon > 4 else epsilon)
+    assert rule == selection.CappedRule(
+        mechanism="ftrl-blt",
+        window=window,
+        share=0.5,
+        threshold=2.0,
+        heat_cap=cap,
+        bound=6.0,
+        max_rows=num_rows // 100 if num_rows >= 100 else 1,
+    )
+    assert rule.window <= separation  # the windowed selection's accounting needs w <= b
+    assert rule.max_rows <= max(1, num_rows / 100)
+
+
+def test_the_capped_rule_refuses_what_it_cannot_use() -> None:
+    with pytest.raises(ValueError, match="capped_rule needs epsilon > 0"):
+        selection.capped_rule(0.0, 50, 150, 50, 20_009)
+    with pytest.raises(ValueError, match="min_separation, num_rows >= 1"):
+        selection.capped_rule(1.0, 50, 150, 0, 20_009)
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 2.0])
+def test_the_capped_rules_run_spends_the_target_epsilon(epsilon: float) -> None:
+    """The rule picks only public settings: the epsilon a run with them is calibrated to and
+    accounts is the target, and the budget is split as DP-FTRL's accounting writes it
+    (k_max / z_sel^2 + sens^2 / z_blt^2 = 1 / z^2, sens the BLT strategy's)."""
+    pytest.importorskip("jax_privacy", reason="the rule's noise is ftrl-blt (fedsub[blt])")
+    from fedsub.dp import blt_noise
+    from fedsub.dp.participation import Pattern
+    from fedsub.runs.run_setup import dp_of
+
+    rounds, separation = 12, 3
+    rule = selection.capped_rule(epsilon, 50, rounds, separation, 20_009)
+    config = Config.from_toml(
+        None,
+        [
+            f"train.rounds={rounds}",
+            f"dp.mechanism='{rule.mechanism}'",
+            f"dp.target_epsilon={epsilon}",
+            f"dp.min_separation={separation}",
+            "dp.blt_buffers=2",
+            "dp.rows='private'",
+            f"dp.selection_window={rule.window}",
+            f"dp.selection_share={rule.share}",
+            f"dp.selection_threshold={rule.threshold}",
+            f"dp.heat_cap={rule.heat_cap}",
+            f"dp.selection_bound={rule.bound}",
+            f"dp.selection_max_rows={rule.max_rows}",
+            "train.algorithms=['fedsubavg']",
+        ],
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None and settings.mechanism == "ftrl-blt"
+    pattern = Pattern(separation, 0)
+    sens = blt_noise.sensitivity(blt_noise.optimized(rounds, pattern, 2), rounds, pattern)
+    k = pattern.most(rounds)
+    inverse = k / settings.selection_multiplier**2 + sens**2 / settings.update_multiplier**2
+    assert inverse == pytest.approx(1 / settings.noise_multiplier**2, rel=1e-9)
+    assert settings.selection_multiplier**2 == pytest.approx(
+        k * settings.noise_multiplier**2 / rule.share
+    )
+    assert settings.epsilon(rounds) == pytest.approx(epsilon, rel=1e-3)

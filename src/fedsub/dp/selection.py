@@ -124,6 +124,64 @@ def select(
     )
 
 
+WINDOW_USERS = 2000  # capped_rule: the participations a window's histogram should count
+
+
+@dataclass(frozen=True)
+class CappedRule:
+    """fedsub's settings of the capped sparse DP-FTRL-FedSubAvg (``capped_rule``): the
+    ``dp.mechanism``, ``dp.selection_window``, ``dp.selection_share``,
+    ``dp.selection_threshold``, ``dp.heat_cap``, ``dp.selection_bound`` and
+    ``dp.selection_max_rows`` to run it with."""
+
+    mechanism: str
+    window: int
+    share: float
+    threshold: float
+    heat_cap: float
+    bound: float
+    max_rows: int
+
+
+def capped_rule(
+    epsilon: float, clients_per_round: int, rounds: int, min_separation: int, num_rows: int
+) -> CappedRule:
+    """fedsub's rule for the capped sparse DP-FTRL-FedSubAvg (issue 50; fedsub's, not a
+    paper's), from public numbers only (the target epsilon, K, the rounds, the separation b
+    and the table's rows V), so it spends no privacy and leaves epsilon as calibrated:
+
+    - BLT noise (``ftrl-blt``);
+    - the window w = max(1, min(b, ceil(2000 / K), rounds // 3)): a window's histogram counts
+      w K >= 2,000 users' participations where b allows it (w <= b keeps its sensitivity a
+      round's), and the run has at least three windows (the first updates no table row);
+    - at most M = max(1, V // 100) rows a round (1% of the table);
+    - the heat cap min(4, max(1, epsilon)): FedSubAvg's coefficient D / h_m multiplies a
+      row's noise too, so the cap is lowered with epsilon (at epsilon <= 1 the coefficient
+      is at most 1: the selected rows take FedAvg's step);
+    - the threshold 2 selection-noise standard deviations (the cap, not the threshold,
+      keeps the rows within M), the selection's share 0.5 of the budget and B = 6.
+
+    The constants were chosen on a validation workload (the embedded default generated from
+    data.seed 1, benchmarks/ftrl_rule_grid.py), never on the reported one, at K = 50, b = 50
+    and 150 rounds only: how the window scales with K is the rule's assumption."""
+    if epsilon <= 0 or clients_per_round < 1 or rounds < 1 or min_separation < 1 or num_rows < 1:
+        raise ValueError(
+            f"capped_rule needs epsilon > 0 and K, rounds, min_separation, num_rows >= 1; got "
+            f"{epsilon}, {clients_per_round}, {rounds}, {min_separation}, {num_rows}"
+        )
+    return CappedRule(
+        mechanism="ftrl-blt",
+        window=max(
+            1, min(min_separation, math.ceil(WINDOW_USERS / clients_per_round), rounds // 3)
+        ),
+        share=0.5,
+        threshold=2.0,
+        heat_cap=min(4.0, max(1.0, epsilon)),
+        bound=6.0,
+        max_rows=max(1, num_rows // 100),
+    )
+
+
 def largest(chosen: Selection, limit: int) -> Selection:
     """fedsub's cap on a selection (``dp.selection_max_rows``): its ``limit`` rows of the
     largest noisy histogram values (ties: the lower row), sorted by row; all of them when there
