@@ -252,7 +252,9 @@ def test_the_ftrl_audit_stays_below_the_reported_epsilon(mechanism, rows) -> Non
     assert max(bounds.values()) <= reported, (bounds, reported)
     assert bounds["likelihood"] > 0.2  # the attack has power (measured 0.4-1.1; the ideal ~0.8)
     assert reported == pytest.approx(2.25, abs=0.01)  # PLD: one Gaussian of z = 2, delta 1e-6
-    assert outcome.contribution == pytest.approx(1.0, abs=0.1)  # the canary clipped to C
+    # the canary clipped to C: 0.91-1.10 over 25 secret runs of tree-private (the widest case;
+    # its std about 0.05), 1.99 with the clipping removed
+    assert outcome.contribution == pytest.approx(1.0, abs=0.3)
 
 
 @pytest.mark.parametrize(("mechanism", "rows"), CASES)
