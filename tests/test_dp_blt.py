@@ -285,3 +285,42 @@ def test_a_resume_refuses_a_strategy_other_than_the_one_the_run_started_with(
     straight = (tmp_path / "same" / "fedavg" / "model.safetensors").read_bytes()
     assert (tmp_path / "run" / "fedavg" / "model.safetensors").read_bytes() == straight
     assert resumed.summary["algorithms"]["fedavg"]["dp"]["noise"] == "ftrl-blt"
+
+
+def test_an_optimised_strategy_is_kept_for_its_request_and_versions(monkeypatch, tmp_path):
+    """The optimiser's tens of seconds are paid once per (rounds, pattern, buffers, versions):
+    a process that asks again reads the strategy back from fedsub's cache folder, the same
+    numbers; a file that does not read back, or was written for other versions, is optimised
+    again."""
+    monkeypatch.setenv("FEDSUB_CACHE", str(tmp_path))
+    calls: list[tuple] = []
+
+    def optimize(rounds: int, pattern: Pattern, buffers: int) -> BltStrategy:
+        calls.append((rounds, pattern, buffers))
+        return BltStrategy((0.9 - 0.01 * len(calls), 1 / 3), (0.4, 0.1))
+
+    monkeypatch.setattr(blt_noise, "_optimize", optimize)
+    blt_noise.optimized.cache_clear()
+    first = blt_noise.optimized(12, Pattern(3), 2)
+    blt_noise.optimized.cache_clear()  # another process
+    assert blt_noise.optimized(12, Pattern(3), 2) == first and len(calls) == 1
+    (kept,) = (tmp_path / "blt").iterdir()
+    blt_noise.optimized(13, Pattern(3), 2)  # another request: optimised
+    assert len(calls) == 2
+    kept.write_text("{not json")
+    blt_noise.optimized.cache_clear()
+    assert blt_noise.optimized(12, Pattern(3), 2) != first and len(calls) == 3
+    monkeypatch.setattr(blt_noise, "_versions", lambda: {"jax": "0", "jax-privacy": "0"})
+    blt_noise.optimized.cache_clear()
+    blt_noise.optimized(12, Pattern(3), 2)
+    assert len(calls) == 4
+    blt_noise.optimized.cache_clear()
+
+
+def test_the_sensitivity_refuses_coefficients_jax_privacy_does_not_cover():
+    """jax-privacy's min-separation sensitivity holds for non-negative, non-increasing
+    coefficients; its own checks are skipped in the compiled call, so fedsub's make them."""
+    rising = BltStrategy((0.5,), (2.0,))  # C's column 1, 2, 1, 0.5: rises
+    with pytest.raises(ValueError, match="non-increasing"):
+        blt_noise.sensitivity(rising, 4, Pattern(1))
+    assert blt_noise.sensitivity(STRATEGY, 4, Pattern(2)) > 1.0

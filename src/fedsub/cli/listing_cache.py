@@ -8,8 +8,8 @@ hashes fedsub's version, the path, size and modification time of every module of
 package (an edit in a checkout changes it), Python's and torch's versions and the kind
 listed. With a plugin installed (entry points of group ``fedsub.plugins``) nothing is
 cached: a plugin's code can change without anything here seeing it. The file lives in
-``$FEDSUB_CACHE`` or ``$XDG_CACHE_HOME/fedsub`` (default ``~/.cache/fedsub``), written
-atomically; a cache that cannot be read or written is simply not used.
+fedsub's cache folder (files/cache_folder.py), written atomically; a cache that cannot be
+read or written is simply not used.
 """
 
 from __future__ import annotations
@@ -25,17 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedsub import __version__
+from fedsub.files.cache_folder import cache_folder  # where listings are kept
 
 PLUGIN_GROUP = "fedsub.plugins"  # plugins.GROUP (plugins.py is not imported here: it is light,
 # but its registries' users are not)
-
-
-def cache_folder() -> Path:
-    """Where listings are kept."""
-    if os.environ.get("FEDSUB_CACHE"):
-        return Path(os.environ["FEDSUB_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fedsub"
 
 
 def listing_key(kind: str) -> str | None:
