@@ -41,18 +41,15 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
         return None
     table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
     aggregation = algorithm.aggregation.to(schedule.execution.device)
-    dp = setup.earlier.get(DP)
-    streams, settings = None, None
-    if isinstance(dp, DpRound):
-        streams = dp.streams
+    dp, noisy = setup.earlier.get(DP), None
+    if isinstance(dp, DpRound) and privacy.secure_aggregation:
         # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
-        settings = dp.ledger.settings if privacy.secure_aggregation else None
+        noisy = dp.distributed(schedule.seed)
     requests = None  # the download requests' coins and decoys (privacy/randomness.py)
     if privacy.private_download:
         requests = privacy_streams_of(privacy.randomness, schedule.seed)
     private = PrivateRounds(
-        privacy, aggregation, table_rows, schedule.seed, dp=settings, streams=streams,
-        requests_key=requests,
+        privacy, aggregation, table_rows, schedule.seed, dp=noisy, requests_key=requests,
     )  # fmt: skip
     return RoundContribution(
         NAME,
