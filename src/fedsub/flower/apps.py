@@ -56,7 +56,6 @@ from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import INITIAL_MODEL, OUT_DIR_FLAGS, FlowerSettings
-from fedsub.privacy.levels import Privacy, describe
 from fedsub.runs.initial_model import starting_params
 from fedsub.runs.report import JsonLines, write_atomic
 from fedsub.runs.run_identity import (
@@ -332,7 +331,7 @@ def write_result(
         "succeeded": failure is None,
         "rounds": runtime.rounds,
         "costs": {
-            **describe(runtime.schedule.setting(Privacy) or Privacy()),
+            **runtime.privacy_described(),
             **run_costs(runtime.rounds, observers.meter.totals),
         },
     }

@@ -51,7 +51,7 @@ from fedsub.flower.train_round import ReplyReader, train_messages
 from fedsub.privacy.heat_report import PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.privacy.heat_vectors import MeasuredHeat
-from fedsub.privacy.levels import Privacy
+from fedsub.privacy.levels import Privacy, describe
 from fedsub.stateful import Stateful
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
@@ -200,6 +200,11 @@ class FlowerRuntime:
         # so epsilon is that of the sampling that happened (docs: Differential privacy)
         self._online = set(available.tolist())
         return np.arange(len(self.membership.counted), dtype=np.int64)
+
+    def privacy_described(self) -> dict:
+        """The run's privacy level and its guarantees (``describe``; level none without
+        [privacy]), for its result's costs."""
+        return describe(self.schedule.setting(Privacy) or Privacy())
 
     def dp_result(self) -> dict[str, object]:
         """[dp]'s part of the run's result (none without [dp]): the model's epsilon after the

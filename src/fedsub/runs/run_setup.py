@@ -333,7 +333,7 @@ def heat_privacy_of(config: Config) -> HeatPrivacy:
     release ε covers, and the exact heat the simulator computes for the algorithm's
     coefficients is never read (docs: Differential privacy, "privacy levels")."""
     p = config.privacy
-    source = privacy_levels.heat_source_for(p.level, p.heat_source)
+    source = p.effective_heat_source
     if config.dp.mechanism != "none":  # FedSubAvg's heat is the mechanism's noisy histogram
         source = p.heat_source  # (config.py keeps it "exact": computed here, never used)
     return HeatPrivacy(
