@@ -56,6 +56,12 @@ PENDING = "fedsub.secure-rows"  # a trained node's deltas in Context.state, unti
 PENDING_ROUND = "fedsub.secure-rows.round"  # the round they were trained in
 
 
+def sums_securely(node: NodeData) -> bool:
+    """Whether this node's deltas go into the secure row sum (its privacy.level: full)."""
+    privacy = node.schedule.setting(Privacy)
+    return privacy is not None and privacy.secure_aggregation
+
+
 def keep_deltas(
     context: Context,
     rows: Mapping[str, torch.Tensor],
