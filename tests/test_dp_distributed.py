@@ -21,6 +21,7 @@ from fedsub.dp import discrete_gaussian
 from fedsub.dp.distributed import SHARE_STD_FLOOR, DiscreteNoise, clipped_integers, noisy_share
 from fedsub.dp.settings import DpSettings
 from fedsub.engine import private_rounds
+from fedsub.engine.features.dp import distributed_dp
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError
 from fedsub.privacy.levels import Privacy
@@ -181,7 +182,8 @@ def test_a_round_without_movement_changes_every_union_value_by_the_noise_over_k(
     monkeypatch.setattr(private_rounds, "secure_row_sum", recording)
     aggregation = build_algorithm("fedavg", setup.context).aggregation
     full = Privacy("full", download="buckets")  # p = 1: nothing divided
-    rounds = PrivateRounds(full, aggregation, {"t": 500}, 0, dp=settings)
+    noisy = distributed_dp(settings)  # the members' shares keyed by seed 0
+    rounds = PrivateRounds(full, aggregation, {"t": 500}, 0, dp=noisy)
     members, per = 6, 50
     rows = torch.arange(members * per) % 300
     update = CohortUpdate(
@@ -209,7 +211,7 @@ def test_a_round_without_movement_changes_every_union_value_by_the_noise_over_k(
     assert values.std() == pytest.approx(std, rel=0.06)
     assert stats.kstest(values / std, "norm").pvalue > 1e-3
     # randomized-response download (p = 0.8): the same shares, the rows' sums over K p
-    rr = PrivateRounds(Privacy("full", download_keep=0.8), aggregation, {"t": 500}, 0, dp=settings)
+    rr = PrivateRounds(Privacy("full", download_keep=0.8), aggregation, {"t": 500}, 0, dp=noisy)
     rr._requests, rr._round = rounds._requests, 1
     unbiased = rr.combine(update)
     expected = out.tables["t"].values / 0.8

@@ -182,20 +182,21 @@ def test_the_server_decodes_the_clipped_sum_plus_noise_of_the_stated_variance(mo
     import numpy as np
 
     import fedsub.flower.secure_rows as secure_rows
+    from fedsub.dp.distributed import DiscreteNoise
     from fedsub.runs.run_setup import dp_of
 
     shares, totals = [], []
-    member_share, decode_sums = secure_rows.member_share, secure_rows.decode_sums
+    member_share, decode_sums = DiscreteNoise.share, secure_rows.decode_sums
 
-    def node_share(values, noise, rng):
+    def node_share(noise, values, rng):
         shares.append((values.copy(), noise))
-        return member_share(values, noise, rng)
+        return member_share(noise, values, rng)
 
     def server_decode(slots, coding, total, clients):
         totals.append((total.copy(), clients))
         return decode_sums(slots, coding, total, clients)
 
-    monkeypatch.setattr(secure_rows, "member_share", node_share)
+    monkeypatch.setattr(DiscreteNoise, "share", node_share)
     monkeypatch.setattr(secure_rows, "decode_sums", server_decode)
     stepped, _ = _stepped(AppGrid)
     stepped.train(2)
@@ -288,14 +289,15 @@ def test_a_node_refuses_round_settings_with_less_noise_than_its_config(field, va
 
     from fedsub import config as config_lib
     from fedsub.errors import FedsubError
-    from fedsub.flower.secure_rows import NodeNoise
+    from fedsub.flower.secure_rows import round_noise
+    from fedsub.runs.run_setup import node_noise
 
-    noise = NodeNoise.of(config_lib.load(None, DISTRIBUTED), 0)
+    noise = node_noise(config_lib.load(None, DISTRIBUTED), 0)
     assert noise is not None
     fields = {"dp-clip": 0.5, "dp-noise-multiplier": 1.5, "dp-min-survivors": 2, "clients": 3}
-    assert noise.round_noise(ConfigRecord(fields), 500, "node").share_std > 0
+    assert round_noise(noise, ConfigRecord(fields), 500, "node").share_std > 0
     with pytest.raises(FedsubError, match=says):
-        noise.round_noise(ConfigRecord({**fields, field: value}), 500, "node")
+        round_noise(noise, ConfigRecord({**fields, field: value}), 500, "node")
 
 
 def test_central_dp_at_download_on_flower_is_the_in_process_run(tmp_path):

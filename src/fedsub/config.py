@@ -233,6 +233,12 @@ class PrivacyConfig:
     checkpoints) or `seeded` (from `train.seed`: repeatable, and the download then hides
     nothing, the heat estimate decodes back into the exact counts)."""
 
+    @property
+    def effective_heat_source(self) -> str:
+        """The heat source the level uses (fedsub.privacy.levels' ``heat_source_for``): from
+        `heat` up, exact heat becomes `secagg` (a private source the user chose is kept)."""
+        return heat_source_for(self.level, self.heat_source)
+
 
 @dataclass(frozen=True)
 class MaskingConfig:
@@ -1065,7 +1071,7 @@ def inert_keys(config: Config) -> list[tuple[str, str]]:
     """The ``[masking]`` / ``[privacy]`` keys that the rest of ``config`` leaves unused, each
     with the key that switches it off (a value other than the default there does nothing)."""
     m, p = config.masking, config.privacy
-    source = heat_source_for(p.level, p.heat_source)
+    source = p.effective_heat_source
     unused = {
         "masking.scheme = 'none'": (
             ("masking", k) for k in ("capacities", "capacity_proportions",

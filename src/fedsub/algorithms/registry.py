@@ -98,7 +98,8 @@ class Algorithm:
     lr: float | None = None  # overrides train.lr for this algorithm
     central: bool = False
     # the key of the randomized-response heat's coins its context's heat came from (a
-    # checkpoint stage in secret mode: engine/features/heat_secret.py); None: no such heat
+    # checkpoint stage in secret mode: engine/features/private.py's HEAT_SECRET); None: no
+    # such heat
     heat_coins: HeatCoins | None = field(default=None, compare=False, repr=False)
 
     @property

@@ -49,8 +49,10 @@ import dp_accounting
 import numpy as np
 
 from fedsub.dp import discrete_gaussian
+from fedsub.dp.randomness import DpStreams
 from fedsub.numerics import seeding
 from fedsub.privacy.fixed_point import MODULUS_BITS, SIGNED_LIMIT, FixedPoint
+from fedsub.privacy.sparse_secagg import INTEGER_SLOTS
 
 TAIL_STDS = 14.0  # the noise's wrap-around margin, in its standard deviations
 SHARE_STD_FLOOR = 16.0  # sigma_share >= this keeps Kairouz et al.'s tau below 1e-1000
@@ -89,6 +91,15 @@ class DiscreteNoise:
     def coding(self) -> FixedPoint:
         """The fixed point the server decodes the sum with (values in [-C, C] times s)."""
         return FixedPoint(self.clip, self.scale)
+
+    def share(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """A member's uint32 input to a secure row sum (privacy/sparse_secagg.py) under
+        distributed DP, from its vector over the round's slots (``RowSlots.client_values``,
+        unweighted): its noisy share of the real values (weight 1: uniform weights), zeros in
+        the integer slots (no units, no clipped count). In process and on a Flower node, on
+        the member's side."""
+        share = noisy_share(values[:-INTEGER_SLOTS], 1.0, self, rng)
+        return np.concatenate([share, np.zeros(INTEGER_SLOTS, dtype=np.uint32)])
 
     @staticmethod
     def for_round(
@@ -150,3 +161,86 @@ def member_rng(seed: seeding.Seed, round_index: int, client: int) -> np.random.G
     run's secret (``seed``; train.seed under dp.randomness = "seeded", so runs repeat); a
     deployed node uses its own."""
     return seeding.rng(seed, seeding.DP, round_index, 1 + client)
+
+
+@dataclass(frozen=True)
+class DistributedDp:
+    """[dp] at privacy.level "full": its part in a round's secure row sum, in process and on
+    Flower's server (engine/private_rounds.py's ``NoisySum``). The public settings: clip C,
+    noise multiplier z, the fewest survivors K_min a sum may be decoded from, the public
+    denominator K; and the key of the members' shares in process (``member_rng`` over
+    ``streams``' secret, or ``seed`` without streams; a Flower node draws its own)."""
+
+    clip: float
+    noise_multiplier: float
+    min_survivors: int  # K_min
+    denominator: int  # K: the decoded sum is divided by it
+    seed: int = 0
+    streams: DpStreams | None = None
+
+    def noise(self, members: int, length: int) -> DiscreteNoise:
+        """The round's public noise for a sum of ``members`` over ``length`` real values."""
+        z, k_min = self.noise_multiplier, self.min_survivors
+        return DiscreteNoise.for_round(self.clip, z, members, k_min, length)
+
+    def threshold(self, majority: int) -> int:
+        """A secure sum's threshold: the ``majority`` raised to K_min, so no sum with less
+        noise than accounted is ever decoded."""
+        return max(majority, self.min_survivors)
+
+    def generator(self, round_index: int, member: int) -> np.random.Generator:
+        """Member ``member``'s generator in round ``round_index`` (in process)."""
+        key = self.seed if self.streams is None else self.streams.key
+        return member_rng(key, round_index, member)
+
+
+@dataclass(frozen=True)
+class NodeNoise:
+    """Distributed DP as a Flower node's copy of the run config states it ([dp] at level
+    ``full``): the least noise it adds, the fewest survivors it lets a sum be unmasked from,
+    and where its shares come from: its own secret randomness, or (``seeded``, run config
+    ``dp-seeded-noise``) the in-process run's generator ``member_rng(seed, round, client)``,
+    so a Flower run repeats the in-process numbers, but whoever knows the seed can redraw the
+    shares (docs, Differential privacy, "Where it runs and whom you trust"). Its refusals
+    are ``ValueError``s; flower/secure_rows.py reads the server's requests and names the node."""
+
+    clip: float
+    noise_multiplier: float | None  # None: calibrated by the server for a target epsilon
+    min_survivors: int  # K_min
+    seed: int
+    client: int
+    seeded: bool = False
+
+    def generator(self, round_index: int) -> np.random.Generator:
+        """The generator of this node's share in round ``round_index``."""
+        if self.seeded:
+            return member_rng(self.seed, round_index, self.client)
+        return np.random.default_rng()  # fresh entropy from the operating system
+
+    def check_threshold(self, threshold: int) -> None:
+        """Refuse to take part in a secure sum whose threshold is below K_min: its sum could
+        be unmasked from fewer noise shares than the accounted noise needs."""
+        if threshold < self.min_survivors:
+            raise ValueError(
+                f"the server asks for a secure sum with threshold {threshold}, below "
+                f"dp.min_survivors K_min = {self.min_survivors}; refusing"
+            )
+
+    def round_noise(
+        self, clip: float, noise_multiplier: float, min_survivors: int, clients: int, length: int
+    ) -> DiscreteNoise:
+        """The round's public ``DiscreteNoise`` from the server's numbers, refused when they
+        ask for less noise than this node's config states."""
+        z, k_min = noise_multiplier, min_survivors
+        weaker = [
+            (clip != self.clip, f"dp.clip {clip:g}, this node's is {self.clip:g}"),
+            (
+                self.noise_multiplier is not None and z < self.noise_multiplier,
+                f"noise multiplier {z:g} below this node's {self.noise_multiplier}",
+            ),
+            (k_min < self.min_survivors, f"K_min {k_min} below this node's {self.min_survivors}"),
+        ]
+        for condition, what in weaker:
+            if condition:
+                raise ValueError(f"the server's round settings ask for {what}; refusing")
+        return DiscreteNoise.for_round(clip, z, clients, k_min, length)

@@ -32,15 +32,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.weighting import WEIGHTINGS, SecureWeighting
-from fedsub.dp.distributed import DiscreteNoise, member_rng, noisy_share
-from fedsub.dp.randomness import DpStreams
-from fedsub.dp.settings import DpSettings
 from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.privacy.fixed_point import FixedPoint
@@ -144,6 +142,41 @@ def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> Secur
     return dataclasses.replace(secure, model_average=aggregation.model_average)
 
 
+class RoundNoise(Protocol):
+    """A round's public noise under distributed DP (dp/distributed.py's ``DiscreteNoise``):
+    its clip C, the fixed point the sum is decoded with, and a member's noisy share."""
+
+    @property
+    def clip(self) -> float: ...
+
+    @property
+    def coding(self) -> FixedPoint: ...
+
+    def share(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray: ...
+
+
+class NoisySum(Protocol):
+    """[dp] at "full": distributed DP's part in a round's secure row sum (dp/distributed.py's
+    ``DistributedDp``, which the dp feature gives the private rounds): the round's noise, the
+    threshold raised to K_min, the public denominator K, and (in process) each member's
+    generator."""
+
+    @property
+    def noise_multiplier(self) -> float: ...
+
+    @property
+    def min_survivors(self) -> int: ...
+
+    @property
+    def denominator(self) -> int: ...
+
+    def noise(self, members: int, length: int) -> RoundNoise: ...
+
+    def threshold(self, majority: int) -> int: ...
+
+    def generator(self, round_index: int, member: int) -> np.random.Generator: ...
+
+
 @dataclass
 class PrivateRounds:
     privacy: Privacy
@@ -151,9 +184,9 @@ class PrivateRounds:
     table_rows: dict[str, int]
     seed: int
     keep_transcript: bool = False
-    dp: DpSettings | None = None  # [dp] at "full": distributed DP (``_secure``)
-    # [dp]: the key of the members' noise shares (the run's secret; seeded: train.seed)
-    streams: DpStreams | None = None
+    # [dp] at "full": distributed DP (``_secure``; dp/distributed.py's ``DistributedDp``, with
+    # the key of the members' noise shares: the run's secret, seeded: train.seed)
+    dp: NoisySum | None = None
     # the key of the download requests: the clients' secret (privacy/randomness.py); None:
     # train.seed
     requests_key: PrivacyStreams | None = None
@@ -276,8 +309,8 @@ class PrivateRounds:
     def _secure(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sparse aggregation over the union of the cohort's requests (``SecureRound``):
         each member's weighted deltas and weight units, or with [dp] its noisy share of its
-        clipped update (``member_share``, keyed by (the run's secret, round, client)). Building the
-        vectors is the clients' time; the protocol's steps are timed per side by
+        clipped update (``RoundNoise.share``, keyed by (the run's secret, round, client)).
+        Building the vectors is the clients' time; the protocol's steps are timed per side by
         ``secure_row_sum``. The server reads the public plan and the decoded sums only; each
         member's count (``weights``) is read on the member's side."""
         started = time.perf_counter()
@@ -289,9 +322,8 @@ class PrivateRounds:
 
         def encode(j: int, vector: np.ndarray) -> np.ndarray:
             if plan.noise is not None:
-                key = self.seed if self.streams is None else self.streams.key
-                rng = member_rng(key, self._round, members[j])
-                return member_share(vector, plan.noise, rng)
+                assert self.dp is not None  # the plan's noise is [dp]'s
+                return plan.noise.share(vector, self.dp.generator(self._round, members[j]))
             return weighted_input(plan, j, counts[j], vector)
 
         built = time.perf_counter()
@@ -328,7 +360,7 @@ class SecureRound:
     members: int
     keep: float  # p: row sums divided by it under randomized response
     weighting: SecureWeighting | None = None
-    noise: DiscreteNoise | None = None
+    noise: RoundNoise | None = None
     threshold: int | None = None
     denominator: int = 0  # K, with [dp]
 
@@ -338,7 +370,7 @@ class SecureRound:
         requests: Iterable[Mapping[str, np.ndarray]],
         aggregation: Aggregation,
         privacy: Privacy,
-        dp: DpSettings | None,
+        dp: NoisySum | None,
     ) -> SecureRound:
         """The round's plan from public numbers only: the members' ``requests``, their draws
         (``update.multiplicity``) and the deltas' shapes."""
@@ -349,10 +381,10 @@ class SecureRound:
             return SecureRound(slots, coding, n, privacy.keep, weighting)
         # the integer slots carry nothing under distributed DP: no units, no clipped count
         real = slots.length - INTEGER_SLOTS
-        noise = DiscreteNoise.for_round(dp.clip, dp.noise_multiplier, n, dp.survivors_needed, real)
+        noise = dp.noise(n, real)
         # the majority raised to K_min: no sum with less noise than accounted is ever decoded
-        threshold = max(majority_threshold(n), dp.survivors_needed)
-        k = dp.accounting.clients_per_round
+        threshold = dp.threshold(majority_threshold(n))
+        k = dp.denominator
         return SecureRound(slots, noise.coding, n, privacy.keep, None, noise, threshold, k)
 
     def server_update(
@@ -385,15 +417,6 @@ def round_slots(update: CohortUpdate, requests: Iterable[Mapping[str, np.ndarray
         {t: int(d.shape[1]) for t, d in update.table_deltas.items()},
         {n: tuple(v.shape[1:]) for n, v in update.dense_deltas.items()},
     )
-
-
-def member_share(values: np.ndarray, noise: DiscreteNoise, rng: np.random.Generator) -> np.ndarray:
-    """A member's uint32 input to the secure sum under distributed DP, from its vector over
-    the round's slots (``RowSlots.client_values``, unweighted): its noisy share of the real
-    values (weight 1: uniform weights), zeros in the integer slots (no units, no clipped
-    count). A Flower node calls it on its own side (flower/secure_rows.py)."""
-    share = noisy_share(values[:-INTEGER_SLOTS], 1.0, noise, rng)
-    return np.concatenate([share, np.zeros(INTEGER_SLOTS, dtype=np.uint32)])
 
 
 def noised_update(

@@ -31,8 +31,6 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
 from fedsub.config import Config
-from fedsub.dp.randomness import NOT_A_GUARANTEE
-from fedsub.dp.settings import DpSettings
 from fedsub.engine.checkpoint import Checkpoint
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl
@@ -58,7 +56,6 @@ from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import INITIAL_MODEL, OUT_DIR_FLAGS, FlowerSettings
-from fedsub.privacy.levels import Privacy, describe
 from fedsub.runs.initial_model import starting_params
 from fedsub.runs.report import JsonLines, write_atomic
 from fedsub.runs.run_identity import (
@@ -334,22 +331,12 @@ def write_result(
         "succeeded": failure is None,
         "rounds": runtime.rounds,
         "costs": {
-            **describe(runtime.schedule.setting(Privacy) or Privacy()),
+            **runtime.privacy_described(),
             **run_costs(runtime.rounds, observers.meter.totals),
         },
     }
-    if runtime.ledger is not None:  # [dp]: what the model's epsilon is, after the rounds run
-        ledger = runtime.ledger
-        result["dp"] = {
-            "epsilon": ledger.epsilon(),
-            "rounds": ledger.rounds,
-            **ledger.settings.as_json(),
-        }
-    dp = runtime.schedule.setting(DpSettings)
-    if dp is not None:  # where the noise and the cohorts came from (dp/randomness.py)
-        result["dp_randomness"] = dp.randomness
-        if dp.randomness == "seeded":
-            result["dp_not_a_guarantee"] = NOT_A_GUARANTEE
+    # [dp]: the model's epsilon after the rounds run, where the noise and cohorts came from
+    result.update(runtime.dp_result())
     if failure is None and progress is not None:
         write_model(out, runtime.params)
         result["evaluations"] = {str(e.round): e.metrics for e in progress.history}

@@ -22,13 +22,17 @@ from fedsub.flower.costs import with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, node_report
 from fedsub.flower.heat_exchange import RECORD, answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
-from fedsub.flower.private_download import downloads_privately, node_key, node_request
+from fedsub.flower.private_download import (
+    node_downloads,
+    node_key,
+    node_request,
+    requested_reply,
+    requested_submodel,
+)
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
-from fedsub.flower.secure_rows import ACTION, answer_secure_rows, keep_deltas
+from fedsub.flower.secure_rows import ACTION, answer_secure_rows, keep_deltas, sums_securely
 from fedsub.flower.settings import FlowerSettings
 from fedsub.numerics.float32 import ieee_float32
-from fedsub.privacy.levels import Privacy
-from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.runs.run_setup import heat_privacy_of
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import pull, push
@@ -84,7 +88,7 @@ def answer_query(fixed: FlowerSettings | None, message: Message, context: Contex
     private = heat_privacy_of(node.config).source != "exact"
     if what not in ("index", "rows", "partition", "request"):
         raise FedsubError(f"partition {k}: unknown query {what!r}")
-    downloading = downloads_privately(node.schedule.setting(Privacy))
+    downloading = node_downloads(node)
     if what == "rows" and downloading:
         raise FedsubError(
             f"partition {k}: privacy.level = {node.config.privacy.level!r}, so this node "
@@ -122,11 +126,11 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
     c = record_of(message.content, "config", ConfigRecord)
     round_index = int(number_of(c, "round"))
-    downloading = downloads_privately(node.schedule.setting(Privacy))
+    downloading = node_downloads(node)
     full = not rows
     request = node_request(node, round_index, node_key(node, context)) if downloading else {}
     if downloading:  # requested rows received, the other held rows skipped (zero)
-        pulled = local_submodel(node.rows, node.client, rows, received, request)
+        pulled = requested_submodel(node, rows, received, request)
     elif full:  # the whole model came: take S(k) locally
         pulled = pull(received, own)
     elif any(not torch.equal(rows[t], own[t]) for t in own):
@@ -143,9 +147,8 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     table_deltas, dense_deltas, index = update.table_deltas, update.dense_deltas, None
     metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
     if downloading:  # the held rows it requested, with their ids (the others skipped)
-        kept, table_deltas = reply_record(node.rows, request, table_deltas)
-        privacy = node.schedule.setting(Privacy)
-        if privacy is not None and privacy.secure_aggregation:  # kept for the secure sum
+        kept, table_deltas = requested_reply(node, request, table_deltas)
+        if sums_securely(node):  # kept for the secure sum
             kept, table_deltas, dense_deltas = keep_deltas(
                 context, kept, table_deltas, dense_deltas, round_index
             )

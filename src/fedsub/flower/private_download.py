@@ -22,7 +22,9 @@ from fedsub.flower.records import record_of, reply_row_ids
 from fedsub.numerics import secret_streams
 from fedsub.numerics.seeding import Secret, Seed
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.privacy.requests import client_request
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
 SECRET = "fedsub.request-secret"  # the node's request secret in its run state
@@ -30,6 +32,30 @@ SECRET = "fedsub.request-secret"  # the node's request secret in its run state
 
 def downloads_privately(privacy: Privacy | None) -> bool:
     return privacy is not None and privacy.private_download
+
+
+def node_downloads(node: NodeData) -> bool:
+    """Whether this node downloads privately (its config's privacy.level: download or full)."""
+    return downloads_privately(node.schedule.setting(Privacy))
+
+
+def requested_submodel(
+    node: NodeData,
+    rows: dict[str, torch.Tensor],
+    received: Params,
+    request: dict[str, np.ndarray],
+) -> Params:
+    """The submodel this node trains: the requested rows it ``received`` (``rows``), every
+    other held row skipped (privacy/requested_rows.py's ``local_submodel``)."""
+    return local_submodel(node.rows, node.client, rows, received, request)
+
+
+def requested_reply(
+    node: NodeData, request: dict[str, np.ndarray], table_deltas: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The held rows this node requested and their deltas: what it replies (the others
+    skipped; privacy/requested_rows.py's ``reply_record``)."""
+    return reply_record(node.rows, request, table_deltas)
 
 
 def node_key(node: NodeData, context: Context) -> Seed:

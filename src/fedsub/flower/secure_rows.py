@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -23,10 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
 from fedsub.algorithms.weighting import SecureWeighting
-from fedsub.config import Config
-from fedsub.dp.distributed import DiscreteNoise, member_rng
-from fedsub.dp.settings import DpSettings
-from fedsub.engine.private_rounds import SecureRound, member_share, weighted_input
+from fedsub.engine.private_rounds import NoisySum, RoundNoise, SecureRound, weighted_input
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid
 from fedsub.flower.heat_exchange import (
@@ -46,6 +44,7 @@ from fedsub.privacy.levels import Privacy
 from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.secure_sum import GroupSum
 from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, decode_sums, majority_threshold
+from fedsub.runs.run_setup import node_noise
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -55,6 +54,12 @@ MESSAGE_TYPE = f"{MessageType.QUERY}.{ACTION}"
 SOURCE = "secure-rows"  # what a node agrees to sum in this protocol
 PENDING = "fedsub.secure-rows"  # a trained node's deltas in Context.state, until masked
 PENDING_ROUND = "fedsub.secure-rows.round"  # the round they were trained in
+
+
+def sums_securely(node: NodeData) -> bool:
+    """Whether this node's deltas go into the secure row sum (its privacy.level: full)."""
+    privacy = node.schedule.setting(Privacy)
+    return privacy is not None and privacy.secure_aggregation
 
 
 def keep_deltas(
@@ -75,72 +80,45 @@ def keep_deltas(
     return no_rows, tables, {n: torch.zeros_like(d) for n, d in dense_deltas.items()}
 
 
-@dataclass(frozen=True)
-class NodeNoise:
-    """Distributed DP as this node's copy of the run config states it ([dp] at level
-    ``full``): the least noise it adds, the fewest survivors it lets a sum be unmasked from,
-    and where its shares come from: its own secret randomness, or (``seeded``, run config
-    ``dp-seeded-noise``) the in-process run's generator ``member_rng(seed, round, client)``,
-    so a Flower run repeats the in-process numbers, but whoever knows the seed can redraw the
-    shares (docs, Differential privacy, "Where it runs and whom you trust")."""
+class NodeShares(Protocol):
+    """A node's part in distributed DP ([dp] at level full) as its copy of the run config
+    states it (dp/distributed.py's ``NodeNoise``, from runs/run_setup.py's
+    ``node_noise``): where its shares come from, and the refusals of a sum with less noise."""
 
-    clip: float
-    noise_multiplier: float | None  # None: calibrated by the server for a target epsilon
-    min_survivors: int  # K_min
-    seed: int
-    client: int
-    seeded: bool = False
+    def generator(self, round_index: int) -> np.random.Generator: ...
 
-    @staticmethod
-    def of(config: Config, client: int, seeded: bool = False) -> NodeNoise | None:
-        """This node's part in distributed DP, or None (no [dp], or a level below full)."""
-        if config.dp.mechanism == "none" or config.privacy.level != "full":
-            return None
-        d = config.dp
-        k_min = d.min_survivors or config.train.clients_per_round
-        return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client, seeded)
+    def check_threshold(self, threshold: int) -> None: ...
 
-    def generator(self, round_index: int) -> np.random.Generator:
-        """The generator of this node's share in round ``round_index``."""
-        if self.seeded:
-            return member_rng(self.seed, round_index, self.client)
-        return np.random.default_rng()  # fresh entropy from the operating system
+    def round_noise(
+        self, clip: float, noise_multiplier: float, min_survivors: int, clients: int, length: int
+    ) -> RoundNoise: ...
 
-    def check_threshold(self, message: Message, who: str) -> None:
-        """Refuse to take part in a secure sum whose threshold is below K_min: its sum could
-        be unmasked from fewer noise shares than the accounted noise needs."""
-        request = record_of(message.content, RECORD, ConfigRecord)
-        if request.get("stage") != "advertise":
-            return
-        threshold = int(number_field(request, "threshold", int, who))
-        if threshold < self.min_survivors:
-            raise FedsubError(
-                f"{who}: the server asks for a secure sum with threshold {threshold}, below "
-                f"dp.min_survivors K_min = {self.min_survivors}; refusing"
-            )
 
-    def round_noise(self, request: ConfigRecord, length: int, who: str) -> DiscreteNoise:
-        """The round's public ``DiscreteNoise`` from the server's "mask" request, refused
-        when it asks for less noise than this node's config states."""
-        clip = float(number_field(request, "dp-clip", float, who))
-        z = float(number_field(request, "dp-noise-multiplier", float, who))
-        k_min = int(number_field(request, "dp-min-survivors", int, who))
-        clients = int(number_field(request, "clients", int, who))
-        weaker = [
-            (clip != self.clip, f"dp.clip {clip:g}, this node's is {self.clip:g}"),
-            (
-                self.noise_multiplier is not None and z < self.noise_multiplier,
-                f"noise multiplier {z:g} below this node's {self.noise_multiplier}",
-            ),
-            (k_min < self.min_survivors, f"K_min {k_min} below this node's {self.min_survivors}"),
-        ]
-        for condition, what in weaker:
-            if condition:
-                raise FedsubError(f"{who}: the server's round settings ask for {what}; refusing")
-        try:
-            return DiscreteNoise.for_round(clip, z, clients, k_min, length)
-        except ValueError as error:
-            raise FedsubError(f"{who}: {error}") from None
+def check_threshold(noise: NodeShares, message: Message, who: str) -> None:
+    """Refuse to take part in a secure sum whose threshold (the server's "advertise" request)
+    is below this node's K_min: its sum could be unmasked from fewer noise shares than the
+    accounted noise needs."""
+    request = record_of(message.content, RECORD, ConfigRecord)
+    if request.get("stage") != "advertise":
+        return
+    threshold = int(number_field(request, "threshold", int, who))
+    try:
+        noise.check_threshold(threshold)
+    except ValueError as error:
+        raise FedsubError(f"{who}: {error}") from None
+
+
+def round_noise(noise: NodeShares, request: ConfigRecord, length: int, who: str) -> RoundNoise:
+    """The round's public noise from the server's "mask" request, refused when it asks for
+    less noise than this node's config states (dp/distributed.py's ``NodeNoise``)."""
+    clip = float(number_field(request, "dp-clip", float, who))
+    z = float(number_field(request, "dp-noise-multiplier", float, who))
+    k_min = int(number_field(request, "dp-min-survivors", int, who))
+    clients = int(number_field(request, "clients", int, who))
+    try:
+        return noise.round_noise(clip, z, k_min, clients, length)
+    except ValueError as error:
+        raise FedsubError(f"{who}: {error}") from None
 
 
 def answer_secure_rows(
@@ -154,9 +132,9 @@ def answer_secure_rows(
     if privacy is None or not privacy.secure_aggregation:
         level = node.config.privacy.level
         raise FedsubError(f"{who}: privacy.level = {level!r}, not 'full'; refusing")
-    noise = NodeNoise.of(node.config, node.client, seeded)
+    noise = node_noise(node.config, node.client, seeded)
     if noise is not None:
-        noise.check_threshold(message, who)
+        check_threshold(noise, message, who)
 
     def vector(request: ConfigRecord) -> np.ndarray:
         if PENDING not in context.state:
@@ -177,8 +155,8 @@ def answer_secure_rows(
             {n: d.double().numpy() for n, d in dense.items()},
         )
         if noise is not None:  # its noisy share, drawn on its side (dp/distributed.py)
-            public = noise.round_noise(request, slots.length - INTEGER_SLOTS, who)
-            return member_share(values, public, noise.generator(trained_in))
+            public = round_noise(noise, request, slots.length - INTEGER_SLOTS, who)
+            return public.share(values, noise.generator(trained_in))
         clients = int(number_field(request, "clients", int, who))
         weighting = SecureWeighting(  # its part of the server's (correction is the server's)
             (int(number_field(request, "draws", int, who)),),
@@ -206,7 +184,7 @@ class SecureRows:
     requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]]  # the runtime's, by client
     timeout: float
     record: Recorder | None = None
-    dp: DpSettings | None = None  # [dp] at full: distributed DP
+    dp: NoisySum | None = None  # [dp] at full: distributed DP (dp/distributed.py's)
     steps: GroupSum | None = field(default=None, init=False)  # this round's, once opened
 
     def open(self, nodes: Sequence[int]) -> dict[int, dict]:
@@ -217,7 +195,7 @@ class SecureRows:
         "Private submodel learning on Flower")."""
         threshold = majority_threshold(len(nodes))
         if self.dp is not None:
-            threshold = max(threshold, self.dp.survivors_needed)
+            threshold = self.dp.threshold(threshold)
         self.steps = GroupSum(list(nodes), SOURCE, threshold)
         return self.steps.advertise()
 
@@ -278,10 +256,10 @@ class SecureRows:
         steps, self.steps = self.steps, None
         members = [int(k) for k in update.clients.tolist()]
         nodes = [self.node_of[k] for k in members]
-        if self.dp is not None and len(members) < self.dp.survivors_needed:
+        if self.dp is not None and len(members) < self.dp.min_survivors:
             raise SecAggError(
                 f"secure row sum: {len(members)} node(s) replied to train, fewer than "
-                f"dp.min_survivors K_min = {self.dp.survivors_needed}; the round's sum would "
+                f"dp.min_survivors K_min = {self.dp.min_survivors}; the round's sum would "
                 "hold less noise than accounted, so it is not run"
             )
         requests = [self.requests()[k] for k in members]
@@ -307,7 +285,7 @@ class SecureRows:
         return plan.server_update(self.aggregation, update, decoded)
 
 
-def _told(plan: SecureRound, dp: DpSettings | None, member: int) -> dict:
+def _told(plan: SecureRound, dp: NoisySum | None, member: int) -> dict:
     """What ``member`` is told of the round's plan besides the union: its part of the
     weighting, or distributed DP's public settings."""
     if plan.weighting is not None:
@@ -323,5 +301,5 @@ def _told(plan: SecureRound, dp: DpSettings | None, member: int) -> dict:
         "clients": plan.members,
         "dp-clip": plan.noise.clip,
         "dp-noise-multiplier": dp.noise_multiplier,
-        "dp-min-survivors": dp.survivors_needed,
+        "dp-min-survivors": dp.min_survivors,
     }

@@ -22,10 +22,14 @@ from flwr.serverapp import Grid
 from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algorithm
 from fedsub.data.federated import ClientSizes, Population
-from fedsub.dp.ledger import Ledger
-from fedsub.dp.settings import DpSettings
 from fedsub.engine.features.assembly import Assembly, build_server_round
-from fedsub.engine.features.dp import dp_round_of
+from fedsub.engine.features.dp import (
+    DpRound,
+    dp_round_of,
+    dp_settings,
+    flower_result,
+    server_noise,
+)
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import RunControl
 from fedsub.engine.membership import Membership, PositionNodes, Registration
@@ -47,7 +51,7 @@ from fedsub.flower.train_round import ReplyReader, train_messages
 from fedsub.privacy.heat_report import PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.privacy.heat_vectors import MeasuredHeat
-from fedsub.privacy.levels import Privacy
+from fedsub.privacy.levels import Privacy, describe
 from fedsub.stateful import Stateful
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
@@ -136,7 +140,7 @@ class FlowerRuntime:
         self.counts_secret = bool(level and level.secure_aggregation)
         self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
         self._available = 0  # clients that could be sampled this round
-        self.ledger: Ledger | None = None  # [dp]'s, once the run's server round is open
+        self.dp: DpRound | None = None  # [dp]'s pieces (its ledger), once the round is open
         self.central_dp = False  # [dp]'s central mechanism combines the rounds
         self._online: set[int] | None = None  # [dp]: this round's reachable clients
         self.secure: SecureRows | None = None  # privacy full: the round's secure row sum
@@ -168,8 +172,7 @@ class FlowerRuntime:
             algorithm, sizes, self.index, self.schedule, self.params, combine, screening,
             stages=stages,
         )  # fmt: skip
-        dp = dp_round_of(rounds.features)
-        self.ledger = None if dp is None else dp.ledger
+        self.dp = dp = dp_round_of(rounds.features)
         self.central_dp = dp is not None and dp.mechanism is not None
         self._check_accounted_population()
         return rounds
@@ -189,7 +192,7 @@ class FlowerRuntime:
             rounds.repopulate(algorithm, sizes.sample_counts(), self._combine(algorithm))
         available = self.membership.available(online)
         self._available = len(available)
-        if self.ledger is None:
+        if self.dp is None:
             return available
         # [dp]: the cohort is drawn from the whole counted population, the N the accountant's
         # rate q = K / N is over; a sampled client whose node is offline is a dropout (sent
@@ -198,13 +201,23 @@ class FlowerRuntime:
         self._online = set(available.tolist())
         return np.arange(len(self.membership.counted), dtype=np.int64)
 
+    def privacy_described(self) -> dict:
+        """The run's privacy level and its guarantees (``describe``; level none without
+        [privacy]), for its result's costs."""
+        return describe(self.schedule.setting(Privacy) or Privacy())
+
+    def dp_result(self) -> dict[str, object]:
+        """[dp]'s part of the run's result (none without [dp]): the model's epsilon after the
+        rounds run, and where the noise and the cohorts came from."""
+        return flower_result(self.dp, self.schedule)
+
     def _check_accounted_population(self) -> None:
         """Under [dp] the counted population is the N epsilon is accounted over: a run that
         counted another number of clients at round 1 (min-nodes below num-nodes) would sample
         at another rate than the one reported, so it is refused."""
-        if self.ledger is None:
+        if self.dp is None:
             return
-        accounted = self.ledger.settings.accounting.num_clients
+        accounted = self.dp.ledger.settings.accounting.num_clients
         if len(self.membership.counted) != accounted:
             raise FedsubError(
                 f"Flower [dp]: {len(self.membership.counted)} clients registered before round "
@@ -227,7 +240,7 @@ class FlowerRuntime:
         from which round it counts (the heat coefficients' policy: docs/tutorials/flower.md,
         "Elastic membership")."""
         node, k, r = registration.node, registration.partition, self.joining.round
-        dp = self.schedule.setting(DpSettings) is not None
+        dp = dp_settings(self.schedule) is not None
         fixed = self.private or dp  # the population of round 1 stays
         every, last = self.settings.nodes.heat_refresh_every, self.schedule.rounds
         refresh = r + (-(r - 1)) % every  # the first refresh at or after round r
@@ -325,7 +338,7 @@ class FlowerRuntime:
             requests,
             self.timeout,
             on_reply,
-            self.schedule.setting(DpSettings),
+            server_noise(self.schedule),
         )
         return secure.combine
 
@@ -471,8 +484,8 @@ class FlowerRuntime:
         meter = self.observers.meter
         costs = meter.take(self.records.current["nodes"]) if meter is not None else None
         record = self.records.close(updated, diverged, costs)
-        if self.ledger is not None:  # [dp]: epsilon after every round, evaluated or not
-            record["epsilon"] = self.ledger.epsilon()
+        if self.dp is not None:  # [dp]: epsilon after every round, evaluated or not
+            record["epsilon"] = self.dp.ledger.epsilon()
         if self.observers.on_progress is not None:
             self.observers.on_progress(record)
         flwr_log(INFO, "%s", round_line(record, self.schedule.rounds))

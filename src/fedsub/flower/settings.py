@@ -18,7 +18,6 @@ from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.run_folder import Flags, check_new_folder
 from fedsub.flower.runtime import FLOWER
 from fedsub.keys import check_spelled, parse_spelled
-from fedsub.privacy.levels import heat_source_for
 from fedsub.runs.initial_model import described
 
 Payload = Literal["submodel", "full"]
@@ -184,7 +183,7 @@ class FlowerSettings:
                 raise ConfigError(f'{key} with clock.mode = "fedbuff" on Flower: {REAL_TIME}')
         if config.execution.device != "cpu":
             FLOWER.require("devices", f"execution.device = {config.execution.device!r}")
-        heat = heat_source_for(config.privacy.level, config.privacy.heat_source)
+        heat = config.privacy.effective_heat_source
         if config.privacy.randomness == "seeded" and heat == "randomized-response":
             raise ConfigError(
                 "privacy.randomness = 'seeded' with the 'randomized-response' heat on "
@@ -221,10 +220,7 @@ class FlowerSettings:
             privacy=config.privacy.level,
         )
         needs_counts = SCHEMES[scheme].sampling != "uniform" or SCHEMES[scheme].scale_lr_by_pn
-        if (
-            heat_source_for(config.privacy.level, config.privacy.heat_source) != "exact"
-            and needs_counts
-        ):
+        if config.privacy.effective_heat_source != "exact" and needs_counts:
             raise ConfigError(
                 f"{WHERE}: algorithm = {name!r}: scheme {scheme!r} needs every "
                 "client's sample count on the server, which privacy.heat_source = "

@@ -13,7 +13,6 @@ from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.errors import ConfigError
 from fedsub.models.base import Model, SliceableModel
-from fedsub.privacy.levels import heat_source_for
 
 LOG = logging.getLogger("fedsub")
 GROUPED_HEAT_SOURCES = ("secagg", "sketch")  # heat summed by secure aggregation in groups
@@ -33,7 +32,7 @@ def check_against_dataset(config: Config, dataset: FederatedDataset, model: Mode
             f"{about}; set it to at most {n}"
         )
     p = config.privacy
-    source = heat_source_for(p.level, p.heat_source)  # privacy.level may make it secagg
+    source = p.effective_heat_source  # privacy.level may make it secagg
     if source in GROUPED_HEAT_SOURCES and p.secagg_group > n:
         why = f"privacy.heat_source = {source!r}"
         if source != p.heat_source:

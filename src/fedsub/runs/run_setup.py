@@ -25,6 +25,7 @@ from fedsub.data.registry import load_dataset
 from fedsub.device import resolve_device
 from fedsub.dp import accountant as dp_accountant
 from fedsub.dp import settings as dp_settings
+from fedsub.dp.distributed import NodeNoise
 from fedsub.dp.mechanisms import MECHANISMS
 from fedsub.dp.randomness import NOT_A_GUARANTEE
 from fedsub.engine.diagnostics import gradient_norms
@@ -215,6 +216,16 @@ def _schedule_without_dp(config: Config) -> Schedule:
     )
 
 
+def node_noise(config: Config, client: int, seeded: bool = False) -> NodeNoise | None:
+    """A Flower node's part in distributed DP as its copy of the run config states it
+    (dp/distributed.py's ``NodeNoise``), or None (no [dp], or a level below full)."""
+    if config.dp.mechanism == "none" or config.privacy.level != "full":
+        return None
+    d = config.dp
+    k_min = d.min_survivors or config.train.clients_per_round
+    return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client, seeded)
+
+
 def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
     """``[dp]`` resolved for a population of ``num_clients`` (delta's default, the noise
     multiplier calibrated for train.rounds when a target epsilon is given); None when the
@@ -322,7 +333,7 @@ def heat_privacy_of(config: Config) -> HeatPrivacy:
     release ε covers, and the exact heat the simulator computes for the algorithm's
     coefficients is never read (docs: Differential privacy, "privacy levels")."""
     p = config.privacy
-    source = privacy_levels.heat_source_for(p.level, p.heat_source)
+    source = p.effective_heat_source
     if config.dp.mechanism != "none":  # FedSubAvg's heat is the mechanism's noisy histogram
         source = p.heat_source  # (config.py keeps it "exact": computed here, never used)
     return HeatPrivacy(

@@ -36,7 +36,6 @@ from fedsub.engine.contribution import (
 )
 from fedsub.engine.features import (
     dp,
-    heat_secret,
     host_tables,
     masking,
     private,
@@ -61,7 +60,7 @@ FEATURES: tuple[Feature, ...] = (
     private.FEATURE,
     host_tables.FEATURE,
     row_sharding.FEATURE,
-    heat_secret.FEATURE,  # only a checkpoint stage
+    private.HEAT_SECRET,  # only a checkpoint stage: the randomized-response heat's secret
 )
 """Every feature of the round, in the one order they are asked and composed in."""
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedsub.dp.distributed import DistributedDp
 from fedsub.dp.ledger import Ledger
 from fedsub.dp.mechanisms import MECHANISMS, CentralMechanism, MechanismInputs, MechanismSpec
 from fedsub.dp.participation import STAGE as PARTICIPATION
@@ -92,6 +93,52 @@ class DpRound:
         if self.participation is not None:
             stages[PARTICIPATION] = self.participation  # who is still inside its window
         return stages
+
+    def distributed(self, seed: int) -> DistributedDp:
+        """Distributed DP's part in the private rounds' secure sums (privacy.level "full"),
+        its members' shares keyed by this run's streams."""
+        return distributed_dp(self.ledger.settings, seed, self.streams)
+
+
+def distributed_dp(
+    settings: DpSettings, seed: int = 0, streams: DpStreams | None = None
+) -> DistributedDp:
+    """[dp]'s public settings of a secure row sum's noise (dp/distributed.py), its members'
+    shares keyed by ``streams`` (None: by ``seed``)."""
+    z, k_min = settings.noise_multiplier, settings.survivors_needed
+    k = settings.accounting.clients_per_round
+    return DistributedDp(settings.clip, z, k_min, k, seed, streams)
+
+
+def dp_settings(schedule: Schedule) -> DpSettings | None:
+    """The run's [dp] settings, or None without [dp]."""
+    return schedule.setting(DpSettings)
+
+
+def server_noise(schedule: Schedule) -> DistributedDp | None:
+    """Distributed DP's public settings for a Flower server's secure row sums (the nodes draw
+    their shares), or None without [dp]."""
+    settings = schedule.setting(DpSettings)
+    return None if settings is None else distributed_dp(settings)
+
+
+def flower_result(dp: DpRound | None, schedule: Schedule) -> dict[str, object]:
+    """[dp]'s part of a Flower run's result: the model's epsilon after the rounds run (the
+    ledger's) and where the noise and the cohorts came from (dp/randomness.py)."""
+    result: dict[str, object] = {}
+    if dp is not None:
+        ledger = dp.ledger
+        result["dp"] = {
+            "epsilon": ledger.epsilon(),
+            "rounds": ledger.rounds,
+            **ledger.settings.as_json(),
+        }
+    settings = schedule.setting(DpSettings)
+    if settings is not None:
+        result["dp_randomness"] = settings.randomness
+        if settings.randomness == "seeded":
+            result["dp_not_a_guarantee"] = NOT_A_GUARANTEE
+    return result
 
 
 def dp_streams(schedule: Schedule) -> DpStreams | None:

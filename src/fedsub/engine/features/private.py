@@ -2,7 +2,14 @@
 client work and the private aggregation (engine/private_rounds.py), with [dp]'s streams at
 "full" (distributed DP: the clients add the noise). Not with width slices (config.py refuses
 private levels with masking), row-sharded tables, or CentralSGD (the pooled reference has no
-clients to protect)."""
+clients to protect).
+
+The randomized-response heat's secret is the privacy feature's too (``HEAT_SECRET``, a feature
+of its own, last in the assembly's order): its one piece is the checkpoint stage
+``heat_secret`` (privacy/randomness.py ``HeatCoins``), so that a resumed run reads back the key
+its heat was computed from, before it builds the algorithms (runs/experiment.py). Only in secret
+mode: a seeded run's coins are train.seed's, nothing to keep. The heat is computed in every
+process alike (row-sharded tables: each its rows'), so every process keeps the stage."""
 
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ from fedsub.engine.features.row_sharding import SETTING as ROW_SHARDING_SETTING
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.randomness import HEAT_STAGE
 from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
 from fedsub.privacy.randomness import streams_of as privacy_streams_of
 from fedsub.submodel.transfer import CohortUpdate
@@ -41,18 +49,15 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
         return None
     table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
     aggregation = algorithm.aggregation.to(schedule.execution.device)
-    dp = setup.earlier.get(DP)
-    streams, settings = None, None
-    if isinstance(dp, DpRound):
-        streams = dp.streams
+    dp, noisy = setup.earlier.get(DP), None
+    if isinstance(dp, DpRound) and privacy.secure_aggregation:
         # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
-        settings = dp.ledger.settings if privacy.secure_aggregation else None
+        noisy = dp.distributed(schedule.seed)
     requests = None  # the download requests' coins and decoys (privacy/randomness.py)
     if privacy.private_download:
         requests = privacy_streams_of(privacy.randomness, schedule.seed)
     private = PrivateRounds(
-        privacy, aggregation, table_rows, schedule.seed, dp=settings, streams=streams,
-        requests_key=requests,
+        privacy, aggregation, table_rows, schedule.seed, dp=noisy, requests_key=requests,
     )  # fmt: skip
     return RoundContribution(
         NAME,
@@ -77,3 +82,15 @@ def private_rounds_of(features: RoundFeatures) -> PrivateRounds | None:
 
 
 FEATURE = Feature(NAME, contribute)
+
+HEAT_SECRET_NAME = "heat_secret"
+
+
+def contribute_heat_secret(setup: RoundSetup) -> RoundContribution | None:
+    coins = setup.algorithm.heat_coins
+    if coins is None or not coins.guaranteed:
+        return None
+    return RoundContribution(HEAT_SECRET_NAME, stages={HEAT_STAGE: coins})
+
+
+HEAT_SECRET = Feature(HEAT_SECRET_NAME, contribute_heat_secret)
