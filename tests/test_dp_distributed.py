@@ -23,7 +23,7 @@ from fedsub.dp.settings import DpSettings
 from fedsub.engine import private_rounds
 from fedsub.engine.features.dp import distributed_dp
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.errors import ConfigError
+from fedsub.errors import ConfigError, FedsubError
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, secure_row_sum
@@ -263,6 +263,21 @@ def test_a_run_at_full_reports_the_distributed_epsilon_and_repeats_when_seeded()
     # the default: the members' noise (and the cohorts) from the run's secret, not the seed
     secret = experiment.compare(config(*FULL), None).params["fedavg"].state_dict()
     assert not all(torch.equal(a[k], secret[k]) for k in a)
+
+
+def test_a_secure_sum_never_runs_without_the_noise_dp_asks_for(monkeypatch):
+    """[dp] at full with no [dp] round before the private rounds (a feature order broken, a
+    dp adapter that contributes nothing) is refused, not trained without noise."""
+    from fedsub.engine.contribution import Feature
+    from fedsub.engine.features import assembly
+    from fedsub.engine.features import dp as dp_feature
+
+    silent = Feature(dp_feature.NAME, lambda setup: None)
+    replaced = tuple(silent if f is dp_feature.FEATURE else f for f in assembly.FEATURES)
+    assert replaced != assembly.FEATURES
+    monkeypatch.setattr(assembly, "FEATURES", replaced)
+    with pytest.raises(FedsubError, match=r"\[dp\] at privacy.level 'full'"):
+        experiment.compare(config(*FULL), None)
 
 
 def test_a_target_epsilon_at_full_calibrates_for_the_zcdp_event():

@@ -23,12 +23,12 @@ from fedsub.engine.contribution import (
     taking,
 )
 from fedsub.engine.features.dp import NAME as DP
-from fedsub.engine.features.dp import DpRound
+from fedsub.engine.features.dp import DpRound, dp_settings
 from fedsub.engine.features.masking import NAME as MASKING
 from fedsub.engine.features.row_sharding import NAME as ROW_SHARDING
 from fedsub.engine.features.row_sharding import SETTING as ROW_SHARDING_SETTING
 from fedsub.engine.private_rounds import PrivateRounds
-from fedsub.errors import ConfigError
+from fedsub.errors import ConfigError, FedsubError
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.randomness import HEAT_STAGE
 from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
@@ -50,8 +50,11 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
     aggregation = algorithm.aggregation.to(schedule.execution.device)
     dp, noisy = setup.earlier.get(DP), None
-    if isinstance(dp, DpRound) and privacy.secure_aggregation:
-        # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py)
+    if privacy.secure_aggregation and dp_settings(schedule) is not None:
+        # [dp] at "full": the clients add the noise (distributed DP, dp/distributed.py); never
+        # a secure sum without it when [dp] asks for it
+        if not isinstance(dp, DpRound):
+            raise FedsubError("[dp] at privacy.level 'full': no [dp] round before the secure sums")
         noisy = dp.distributed(schedule.seed)
     requests = None  # the download requests' coins and decoys (privacy/randomness.py)
     if privacy.private_download:
