@@ -177,3 +177,47 @@ def test_amazon_users_with_more_than_40_ratings_by_default(tmp_path):
     assert dataset.num_clients == 1 and len(dataset.train) == 41
     authors = load_ratings_csv(AmazonRatingsOptions(min_ratings=40), str(path), 0)
     assert authors.num_clients == 2
+
+
+# -- the round's cohort and learning rates (algorithms/sampling.py, client/work.py) ----------
+
+
+def test_transformed_scheme_ii_scales_each_members_rate_by_p_k_n():
+    """Seed 004's transformed Scheme II: member k steps with eta_t p_k N, p_k = n_k / n, over
+    all N clients' samples n; every other scheme with eta_t (here inverse-round: eta / t)."""
+    from fedsub.client.work import round_work
+
+    counts, clients = np.array([3, 1, 4, 2]), np.array([0, 2, 3])
+    step = ClientStep(lr=0.1, lr_schedule="inverse-round")
+    scaled = round_work([], step, None, counts, clients, 3, scale_lr_by_pn=True)
+    eta = 0.1 / 3  # round 3: eta / (1 + 2)
+    written_out = [eta * counts[k] / counts.sum() * len(counts) for k in clients]
+    assert np.allclose(scaled.lr, written_out, rtol=1e-12)
+    plain = round_work([], step, 0.5, counts, clients, 3)  # the algorithm's own lr
+    assert np.allclose(plain.lr, [0.5 / 3] * 3, rtol=1e-12)
+
+
+def test_nobody_eligible_is_an_empty_cohort_for_every_draw():
+    from fedsub.algorithms.sampling import draw_cohort
+
+    counts, nobody = np.array([3, 1, 4, 2]), np.zeros(0, dtype=np.int64)
+    for kind, sampling in [("uniform", "fixed"), ("proportional-with-replacement", "fixed"),
+                           ("uniform", "poisson")]:  # fmt: skip
+        cohort = draw_cohort(kind, sampling, 2, counts, 5, 1, nobody)
+        assert len(cohort.clients) == 0 and len(cohort.multiplicity) == 0
+
+
+def test_a_poisson_cohort_is_each_client_in_with_probability_k_over_n_on_its_stream():
+    """Each client in with probability q = K / N, independently, drawn from the round's
+    sampling stream: numpy's generator of [seed, SAMPLING, round, 2] for a public seed, so a
+    published seeded run redraws it (a secret key is what the DP runs use)."""
+    from fedsub.algorithms.sampling import poisson_cohort
+    from fedsub.numerics import seeding
+
+    n, k = 400, 40
+    for round_index in (1, 2, 7):
+        stream = np.random.default_rng([11, seeding.SAMPLING, round_index, 2])
+        written_out = np.nonzero(stream.random(n) < k / n)[0]
+        cohort = poisson_cohort(11, round_index, n, k)
+        assert np.array_equal(cohort.clients, written_out)
+        assert np.array_equal(cohort.multiplicity, np.ones(len(written_out), dtype=np.int64))
