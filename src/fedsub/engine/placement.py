@@ -2,9 +2,8 @@
 
 ``"device"`` (the default): every parameter and every piece of server state on
 ``execution.device``. ``"host"``: the tables, their per-row server state (a row-local server
-optimizer's moments) and FedSubAvg's per-row heat coefficients stay in host memory (pinned when
-the device is a GPU, so copies are asynchronous); the dense parameters and their state stay on
-the device. A round touches only the rows of its cohort, so only those travel:
+optimizer's moments) and FedSubAvg's per-row heat coefficients stay in host memory; the dense
+parameters and their state stay on the device. A round touches only the rows of its cohort, so only those travel:
 
 1. ``stage``: the union U of the cohort's S(k) per table (sorted, from the host index),
    ``X[U]`` gathered on the host and copied to the device (``non_blocking``), with U; the
@@ -55,11 +54,11 @@ class StagedParams(Params):
 
 
 def place(params: Params, device: torch.device) -> Params:
-    """The initial model (drawn on the host) with its tables left there, pinned when
-    ``device`` is a GPU, and its dense parameters on ``device``."""
+    """The initial model (drawn on the host) with its tables left there, and its dense
+    parameters on ``device``. The tables are not pinned: the rows that travel are gathered into
+    fresh pinned buffers each round (``stage``), and pinning a whole table would copy it, twice
+    its size in host memory at once (a 1e9 x 16 table: 128 GB)."""
     tables = {t: v.to(HOST) for t, v in params.tables.items()}
-    if device.type == "cuda":
-        tables = {t: v.pin_memory() for t, v in tables.items()}
     return Params(tables, {n: v.to(device) for n, v in params.dense.items()})
 
 
