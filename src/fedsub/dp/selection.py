@@ -127,6 +127,18 @@ def select(
 WINDOW_USERS = 2000  # capped_rule: the participations a window's histogram should count
 
 
+def windowed_selections(rounds: int, window: int, refresh: int) -> int:
+    """How many selections the windowed selection (dp/ftrl.py, ``dp.selection_window`` = w >
+    1) makes in rounds 1..``rounds``, each from one released window's histogram: one at the
+    first round of windows 1, 1 + r, 1 + 2r, ... (window j holds rounds j w + 1 .. (j + 1) w;
+    ``refresh`` r = ``dp.selection_refresh``), each reading the window before it (windows 0,
+    r, 2r, ...); the other windows' histograms are never read."""
+    if window < 1 or refresh < 1:
+        raise ValueError(f"window and refresh must be >= 1, got {window} and {refresh}")
+    current = (rounds - 1) // window if rounds > 0 else 0  # the window round ``rounds`` is in
+    return (current - 1) // refresh + 1 if current >= 1 else 0
+
+
 @dataclass(frozen=True)
 class CappedRule:
     """fedsub's settings of the capped sparse DP-FTRL-FedSubAvg (``capped_rule``): the
