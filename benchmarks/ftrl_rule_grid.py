@@ -48,7 +48,7 @@ def overrides(config: str, args: argparse.Namespace, epsilon: float) -> tuple[li
         )
         config = (
             f"{rule.mechanism.removeprefix('ftrl-')}:w{rule.window}:s{rule.share}"
-            f":hc{rule.heat_cap}:t{rule.threshold}:m{rule.max_rows}"
+            f":hc{rule.heat_cap}:t{rule.threshold}:m{rule.max_rows}:r{rule.refresh}"
         )
     mechanism, *parts = config.split(":")
     values = {p.rstrip("0123456789."): p[len(p.rstrip("0123456789.")) :] for p in parts}

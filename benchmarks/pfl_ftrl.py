@@ -173,6 +173,7 @@ def rule_overrides(config: Config, dataset, args: argparse.Namespace, epsilon: f
         f"dp.selection_threshold={rule.threshold}",
         f"dp.selection_bound={rule.bound}",
         f"dp.selection_max_rows={rule.max_rows}",
+        *([f"dp.selection_refresh={rule.refresh}"] if rule.refresh > 1 else []),
         f"dp.target_epsilon={epsilon}",
         f"dp.clip={args.clip}",
     ]
