@@ -29,7 +29,6 @@ import json
 import statistics
 
 from dp_ftrl import recording, run
-
 from fedsub.dp import selection
 
 TABLE_ROWS = 20009  # the embedded default's table (the rule's V)

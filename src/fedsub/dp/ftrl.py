@@ -320,7 +320,8 @@ class FtrlMechanism(DpMechanism):
         parts = self.window_parts.setdefault(table, {})
         if window % refresh == 0:  # only windows 0, r, 2r, ... are ever read (dp.selection_refresh)
             parts[round_index] = (distinct.cpu(), heat.cpu())  # a round combined twice: replaced
-        key = (table, (window + refresh - 1) // refresh)  # windows 1..r share a selection, r+1..2r the next
+        # the selection's key: windows 1..r share one, r + 1..2r the next, ...
+        key = (table, (window + refresh - 1) // refresh)
         if key not in self.window_selected:
             before = [parts.pop(r) for r in sorted(parts) if (r - 1) // w == window - 1]
             for r in [r for r in parts if (r - 1) // w < window - 1]:
