@@ -25,8 +25,10 @@ Gaussian mechanism of effective multiplier
 
     1 / z_eff^2 = k_max / z_sel^2 + sens^2 / z_tree^2,
 
-k_max the most participations the pattern allows, and epsilon is dp-accounting's for
-``GaussianDpEvent(z_eff)`` (RDP or PLD). Only dp-accounting computes an epsilon here.
+k_max the most participations the pattern allows (or, with fedsub's dp.selection_refresh,
+the fewer released selection histograms a user can add to: ``selections``), and epsilon is
+dp-accounting's for ``GaussianDpEvent(z_eff)`` (RDP or PLD). Only dp-accounting computes an
+epsilon here.
 """
 
 from __future__ import annotations
