@@ -3,7 +3,7 @@
 reported one (issue 50).
 
     python benchmarks/ftrl_rule_grid.py [--epsilons 1,2] [--runs 2] [--data-seed 1]
-        [--clients-per-round 50] [--separation 50]
+        [--clients-per-round 50] [--separation 50] [--set data.num_users=30000]
         [--configs blt:w25:s0.5:hc4:t3,...,rule,gaussian,dense]
 
 The validation workload is the embedded default generated from another ``data.seed`` (1: other
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--clients-per-round", type=int, default=50)
     parser.add_argument("--separation", type=int, default=50)
     parser.add_argument("--configs", type=lambda t: t.split(","), default=["blt:w25:s0.5:hc4:t3"])
+    parser.add_argument("--set", action="append", default=[], help="a config override")
     args = parser.parse_args()
     recording()
     base = [
@@ -84,6 +85,7 @@ def main() -> None:
         "eval.every=150",
         f"data.seed={args.data_seed}",
         "dp.clip=0.5",
+        *args.set,
     ]
     results: dict = {"settings": vars(args)}
     for config in args.configs:
