@@ -34,9 +34,9 @@ the run is the mechanism pfl's accountant charges (fedsub's correction, not pfl'
 
 fedsub's row (``--fedsub-runs`` runs a cell, 2 by default; 0: none): the same config's
 FedSubAvg with fedsub's sparse DP-FTRL at the same epsilon and delta, its settings from
-fedsub's rule for the capped form (``dp/selection.py`` ``capped_rule``: the noise, the window,
-the selection's share, the heat cap and at most 1% of the table's rows a round, from epsilon,
-K, the rounds, b and the table only; chosen on another workload by benchmarks/
+fedsub's rule for the capped form (``dp/selection.py`` ``capped_rule``: the noise, the window and
+its refresh, the selection's share, the heat cap and at most 1% of the table's rows a round, from
+epsilon, K, the rounds, b and the table only; chosen on another workload by benchmarks/
 ftrl_rule_grid.py), its cohorts drawn by fedsub under ``dp.min_separation`` = b with secret
 randomness; the final test AUC of each run and their mean, and the rows noised a round.
 ``--skip-pfl`` runs fedsub's row only.
@@ -173,6 +173,7 @@ def rule_overrides(config: Config, dataset, args: argparse.Namespace, epsilon: f
         f"dp.selection_threshold={rule.threshold}",
         f"dp.selection_bound={rule.bound}",
         f"dp.selection_max_rows={rule.max_rows}",
+        *([f"dp.selection_refresh={rule.refresh}"] if rule.refresh > 1 else []),
         f"dp.target_epsilon={epsilon}",
         f"dp.clip={args.clip}",
     ]

@@ -582,6 +582,7 @@ DP_KEYS = {  # a value away from each [dp] key's default
     "selection_window": "4",
     "heat_cap": "4.0",
     "selection_max_rows": "200",
+    "selection_refresh": "2",
     "min_separation": "5",
     "max_participations": "3",
     "blt_buffers": "2",

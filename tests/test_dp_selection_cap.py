@@ -153,16 +153,30 @@ def test_the_cap_is_refused_where_it_would_be_ignored() -> None:
     ("epsilon", "k", "rounds", "separation", "num_rows"),
     [(1.0, 50, 150, 50, 20_009), (2.0, 50, 150, 50, 20_009), (0.5, 1000, 150, 30, 20_009),
      (3.0, 10, 30, 2, 99), (8.0, 50, 600, 50, 1_000_000), (4.0, 5, 3, 1, 50),
-     (2.0, 50, 60, 50, 20_009), (1.0, 50, 2, 5, 20_009), (1.5, 7, 900, 400, 20_009)],
+     (2.0, 50, 60, 50, 20_009), (1.0, 50, 2, 5, 20_009), (1.5, 7, 900, 400, 20_009),
+     (1.0, 500, 150, 6, 20_009), (2.0, 500, 150, 6, 20_009), (1.0, 100, 150, 50, 20_009),
+     (1.0, 3000, 150, 1, 20_009), (1.0, 3000, 150, 20, 20_009), (2.0, 500, 20, 6, 20_009)],
 )  # fmt: skip
 def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation, num_rows) -> None:
     """capped_rule against its rule written out: BLT, w = min(b, ceil(2000 / K), T // 3) (at
-    least 1), M = 1% of V
-    (at least 1), heat cap min(4, max(1, epsilon)), threshold 2, share 0.5, B = 6."""
+    least 1) unless that makes more than 3 windowed selections (the windows after the first,
+    counted round by round here), then w = min(b, T // 3) (at least 1) and the refresh r =
+    ceil(S / 3) for the S selections of that window (r = 1 when w = 1); M = 1% of V (at
+    least 1), heat cap min(4, max(1, epsilon sqrt(K / 50))), threshold 2, share 0.5, B = 6."""
+
+    def made(window: int) -> int:  # selections at the first round of windows 1, 2, ...
+        return sum(1 for t in range(2, rounds + 1) if (t - 1) % window == 0)
+
     rule = selection.capped_rule(epsilon, k, rounds, separation, num_rows)
     window = min(separation, -(-2000 // k), rounds // 3)  # -(-a // b): a / b rounded up
     window = window if window >= 1 else 1
-    cap = 1.0 if epsilon < 1 else (4.0 if epsilon > 4 else epsilon)
+    refresh = 1
+    if made(window) > 3:
+        window = min(separation, rounds // 3)
+        window = window if window >= 1 else 1
+        refresh = -(-made(window) // 3) if window > 1 else 1
+    scaled = epsilon * (k / 50) ** 0.5
+    cap = 1.0 if scaled < 1 else (4.0 if scaled > 4 else scaled)
     assert rule == selection.CappedRule(
         mechanism="ftrl-blt",
         window=window,
@@ -171,9 +185,16 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
         heat_cap=cap,
         bound=6.0,
         max_rows=num_rows // 100 if num_rows >= 100 else 1,
+        refresh=refresh,
     )
     assert rule.window <= separation  # the windowed selection's accounting needs w <= b
     assert rule.max_rows <= max(1, num_rows / 100)
+    if rule.refresh > 1:  # a refreshed run makes at most 3 selections
+        assert selection.windowed_selections(rounds, rule.window, rule.refresh) <= 3
+    if (k, rounds, separation) == (500, 150, 6):  # the K = 500 validation case
+        assert (rule.window, rule.refresh) == (6, 8)
+    if (k, rounds, separation) == (50, 150, 50):  # K = 50: unchanged by the refresh
+        assert (rule.window, rule.refresh) == (40, 1)
 
 
 def test_the_capped_rule_refuses_what_it_cannot_use() -> None:
@@ -183,18 +204,20 @@ def test_the_capped_rule_refuses_what_it_cannot_use() -> None:
         selection.capped_rule(1.0, 50, 150, 0, 20_009)
 
 
-@pytest.mark.parametrize("epsilon", [1.0, 2.0])
-def test_the_capped_rules_run_spends_the_target_epsilon(epsilon: float) -> None:
+@pytest.mark.parametrize(("epsilon", "k", "rounds", "separation"), [(1.0, 50, 12, 3),
+                         (2.0, 50, 12, 3), (1.0, 500, 24, 2)])  # fmt: skip
+def test_the_capped_rules_run_spends_the_target_epsilon(epsilon, k, rounds, separation) -> None:
     """The rule picks only public settings: the epsilon a run with them is calibrated to and
     accounts is the target, and the budget is split as DP-FTRL's accounting writes it
-    (k_max / z_sel^2 + sens^2 / z_blt^2 = 1 / z^2, sens the BLT strategy's)."""
+    (k / z_sel^2 + sens^2 / z_blt^2 = 1 / z^2, sens the BLT strategy's, k = k_max or, with
+    the rule's refresh, the selections made)."""
     pytest.importorskip("jax_privacy", reason="the rule's noise is ftrl-blt (fedsub[blt])")
     from fedsub.dp import blt_noise
     from fedsub.dp.participation import Pattern
     from fedsub.runs.run_setup import dp_of
 
-    rounds, separation = 12, 3
-    rule = selection.capped_rule(epsilon, 50, rounds, separation, 20_009)
+    rule = selection.capped_rule(epsilon, k, rounds, separation, 20_009)
+    assert rule.refresh == (4 if k == 500 else 1)  # K = 500: w = 2, r = 4, 3 selections
     config = Config.from_toml(
         None,
         [
@@ -210,6 +233,7 @@ def test_the_capped_rules_run_spends_the_target_epsilon(epsilon: float) -> None:
             f"dp.heat_cap={rule.heat_cap}",
             f"dp.selection_bound={rule.bound}",
             f"dp.selection_max_rows={rule.max_rows}",
+            *([f"dp.selection_refresh={rule.refresh}"] if rule.refresh > 1 else []),
             "train.algorithms=['fedsubavg']",
         ],
     )
@@ -217,7 +241,12 @@ def test_the_capped_rules_run_spends_the_target_epsilon(epsilon: float) -> None:
     assert settings is not None and settings.mechanism == "ftrl-blt"
     pattern = Pattern(separation, 0)
     sens = blt_noise.sensitivity(blt_noise.optimized(rounds, pattern, 2), rounds, pattern)
-    k = pattern.most(rounds)
+    k = pattern.most(rounds)  # the selections a user adds to: k_max, or those made (refresh)
+    w, r = rule.window, rule.refresh
+    made = sum(
+        1 for t in range(w + 1, rounds + 1) if (t - 1) % w == 0 and ((t - 1) // w - 1) % r == 0
+    )
+    k = min(k, made) if r > 1 else k
     inverse = k / settings.selection_multiplier**2 + sens**2 / settings.update_multiplier**2
     assert inverse == pytest.approx(1 / settings.noise_multiplier**2, rel=1e-9)
     assert settings.selection_multiplier**2 == pytest.approx(

@@ -352,6 +352,12 @@ class DpRowSelectionConfig:
     """mechanism = "ftrl-tree", rows = private: keep at most this many rows per table of each
     selection, those of the largest noisy histogram values (fedsub's cap on the rows noised a
     round; post-processing of the noisy histogram, so it costs no privacy); 0: no cap."""
+    selection_refresh: int = field(default=1, metadata={"min": 1})
+    """mechanism = "ftrl-*", rows = private, selection_window > 1: one selection serves this
+    many windows (r), so only every r-th window's histogram is read and a user adds to at most
+    min(k_max, the selections made) of them, which the accounting charges instead of k_max
+    (fedsub's; it lets a large cohort, whose users come back often, spend less on the
+    selection); 1: a selection every window."""
 
 
 @dataclass(frozen=True)
@@ -845,6 +851,7 @@ def dp_asked(config: Config) -> DpAsked:
             d.row_selection.rows,
             d.row_selection.selection_window,
             d.row_selection.selection_max_rows,
+            d.row_selection.selection_refresh,
         ),
         ParticipationAsked(
             d.participation.min_separation,
@@ -869,6 +876,7 @@ OPTIONAL_DP_KEYS: dict[str, tuple[Callable[[DpConfig], bool], str]] = {
         " (it bounds the participation the mechanism is accounted for)",
     ),
     "dp.selection_max_rows": (lambda d: d.row_selection.selection_max_rows > 0, ""),
+    "dp.selection_refresh": (lambda d: d.row_selection.selection_refresh > 1, ""),
     "dp.blt_buffers": (lambda d: d.participation.blt_buffers > 0, ""),
 }
 """[dp] keys only some mechanisms read (``MechanismSpec.keys``): when set, and why one that

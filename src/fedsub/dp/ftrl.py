@@ -39,7 +39,12 @@ min_separation a user is in at most one cohort of a window, so a window's histog
 sensitivity B of one round's and a user reaches at most k_max of them: the accounting is
 unchanged, while a row's count gathers w cohorts (w K users) against one selection noise.
 FedSubAvg's coefficient is then D / (h_m / w), capped at ``dp.heat_cap`` (h_m >= D /
-heat_cap) when set, which bounds how much it amplifies a cold row's noise.
+heat_cap) when set, which bounds how much it amplifies a cold row's noise. With
+``dp.selection_refresh`` = r > 1 (fedsub's) a selection serves r windows and only the
+histograms of windows 0, r, 2r, ... are read, so a user adds to at most min(k_max, S) released
+histograms, S the selections made (``selection.windowed_selections``): the accounting charges
+that many instead of k_max (settings ``selection_count``), which lets a cohort that comes back
+often (large K) spend less of the budget on the selection.
 
 Capped selection (``dp.selection_max_rows`` = M > 0, fedsub's, per-round or windowed): of a
 table's selected rows only the M of the largest noisy histogram values are kept
@@ -306,12 +311,17 @@ class FtrlMechanism(DpMechanism):
     ) -> selection.Selection:
         """The windowed selection (fedsub's): the rows of round ``round_index``'s window, chosen
         once at its first round from the noisy histogram of the previous window's cohorts (a
-        user at most once in it: w <= min_separation), with their noisy heat per round."""
+        user at most once in it: w <= min_separation), with their noisy heat per round. With
+        ``dp.selection_refresh`` = r > 1 a selection serves r windows (windows 1..r read window
+        0, r + 1..2r read window r, ...; ``selection.windowed_selections``)."""
         s, w = self.settings, self.settings.selection.window
+        refresh = self.settings.selection.refresh
         window = (round_index - 1) // w
         parts = self.window_parts.setdefault(table, {})
-        parts[round_index] = (distinct.cpu(), heat.cpu())  # a round combined twice: replaced
-        key = (table, window)
+        if window % refresh == 0:  # only windows 0, r, 2r, ... are ever read (dp.selection_refresh)
+            parts[round_index] = (distinct.cpu(), heat.cpu())  # a round combined twice: replaced
+        # the selection's key: windows 1..r share one, r + 1..2r the next, ...
+        key = (table, (window + refresh - 1) // refresh)
         if key not in self.window_selected:
             before = [parts.pop(r) for r in sorted(parts) if (r - 1) // w == window - 1]
             for r in [r for r in parts if (r - 1) // w < window - 1]:

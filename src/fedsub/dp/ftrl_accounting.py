@@ -25,8 +25,10 @@ Gaussian mechanism of effective multiplier
 
     1 / z_eff^2 = k_max / z_sel^2 + sens^2 / z_tree^2,
 
-k_max the most participations the pattern allows, and epsilon is dp-accounting's for
-``GaussianDpEvent(z_eff)`` (RDP or PLD). Only dp-accounting computes an epsilon here.
+k_max the most participations the pattern allows (or, with fedsub's dp.selection_refresh,
+the fewer released selection histograms a user can add to: ``selections``), and epsilon is
+dp-accounting's for ``GaussianDpEvent(z_eff)`` (RDP or PLD). Only dp-accounting computes an
+epsilon here.
 """
 
 from __future__ import annotations
@@ -115,15 +117,18 @@ def effective_multiplier(
     rounds: int,
     pattern: Pattern,
     sensitivity: float | None = None,
+    selections: int | None = None,
 ) -> float:
     """z_eff of the whole run (module docstring): the tree's node noise z_tree =
     ``update_multiplier`` over the sensitivity (the tree's, or ``sensitivity`` when given:
     the BLT strategy's), and the row selection's (``rows = "private"``:
-    ``selection_multiplier``) over k_max participations."""
+    ``selection_multiplier``) over k_max participations (or ``selections`` released
+    histograms a user adds to, when given: dp.selection_refresh's count)."""
     sens = tree_sensitivity(rounds, pattern) if sensitivity is None else sensitivity
     inverse = (sens / update_multiplier) ** 2
     if selection_multiplier is not None:
-        inverse += pattern.most(rounds) / selection_multiplier**2
+        count = pattern.most(rounds) if selections is None else selections
+        inverse += count / selection_multiplier**2
     return math.inf if inverse == 0 else 1.0 / math.sqrt(inverse)
 
 

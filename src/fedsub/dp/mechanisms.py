@@ -77,11 +77,13 @@ class Calibration:
 
 @dataclass(frozen=True)
 class SelectionAsked:
-    """The private row selection asked: dp.rows, dp.selection_window, dp.selection_max_rows."""
+    """The private row selection asked: dp.rows, dp.selection_window, dp.selection_max_rows,
+    dp.selection_refresh."""
 
     rows: str = "all"
     window: int = 1
     max_rows: int = 0
+    refresh: int = 1
 
 
 @dataclass(frozen=True)
@@ -236,6 +238,13 @@ def ftrl_refusals(asked: DpAsked) -> list[tuple[bool, str]]:
             "window <= b",
         ),
         (
+            asked.selection.refresh > 1
+            and (asked.selection.window <= 1 or asked.selection.rows != "private"),
+            f"dp.selection_refresh = {asked.selection.refresh} reuses a windowed selection; it "
+            f"needs dp.rows = 'private' and dp.selection_window > 1 (got dp.rows = "
+            f"{asked.selection.rows!r}, dp.selection_window = {asked.selection.window})",
+        ),
+        (
             asked.selection.max_rows > 0 and asked.selection.rows != "private",
             f"dp.selection_max_rows = {asked.selection.max_rows} caps the privately selected "
             f"rows; with dp.rows = {asked.selection.rows!r} every row is noised (set "
@@ -254,6 +263,7 @@ FTRL_KEYS = frozenset(
         "dp.heat_cap",
         "dp.selection_window",
         "dp.selection_max_rows",
+        "dp.selection_refresh",
         "dp.min_separation",
         "dp.max_participations",
     }

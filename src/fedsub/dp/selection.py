@@ -127,12 +127,28 @@ def select(
 WINDOW_USERS = 2000  # capped_rule: the participations a window's histogram should count
 
 
+def windowed_selections(rounds: int, window: int, refresh: int) -> int:
+    """How many selections the windowed selection (dp/ftrl.py, ``dp.selection_window`` = w >
+    1) makes in rounds 1..``rounds``, each from one released window's histogram: one at the
+    first round of windows 1, 1 + r, 1 + 2r, ... (window j holds rounds j w + 1 .. (j + 1) w;
+    ``refresh`` r = ``dp.selection_refresh``), each reading the window before it (windows 0,
+    r, 2r, ...); the other windows' histograms are never read."""
+    if window < 1 or refresh < 1:
+        raise ValueError(f"window and refresh must be >= 1, got {window} and {refresh}")
+    current = (rounds - 1) // window if rounds > 0 else 0  # the window round ``rounds`` is in
+    return (current - 1) // refresh + 1 if current >= 1 else 0
+
+
+HEAT_CAP_COHORT = 50  # capped_rule: the heat cap grows as sqrt(K / 50) beyond epsilon's
+RULE_SELECTIONS = 3  # capped_rule: the most windowed selections a run makes (dp.selection_refresh)
+
+
 @dataclass(frozen=True)
 class CappedRule:
     """fedsub's settings of the capped sparse DP-FTRL-FedSubAvg (``capped_rule``): the
     ``dp.mechanism``, ``dp.selection_window``, ``dp.selection_share``,
-    ``dp.selection_threshold``, ``dp.heat_cap``, ``dp.selection_bound`` and
-    ``dp.selection_max_rows`` to run it with."""
+    ``dp.selection_threshold``, ``dp.heat_cap``, ``dp.selection_bound``,
+    ``dp.selection_max_rows`` and ``dp.selection_refresh`` to run it with."""
 
     mechanism: str
     window: int
@@ -141,6 +157,18 @@ class CappedRule:
     heat_cap: float
     bound: float
     max_rows: int
+    refresh: int = 1
+
+
+def rule_window(clients_per_round: int, rounds: int, min_separation: int) -> tuple[int, int]:
+    """``capped_rule``'s window w and refresh r (its docstring)."""
+    window = max(1, min(min_separation, math.ceil(WINDOW_USERS / clients_per_round), rounds // 3))
+    if windowed_selections(rounds, window, 1) <= RULE_SELECTIONS:
+        return window, 1
+    window = max(1, min(min_separation, rounds // 3))
+    if window == 1:
+        return 1, 1
+    return window, max(1, math.ceil(windowed_selections(rounds, window, 1) / RULE_SELECTIONS))
 
 
 def capped_rule(
@@ -154,31 +182,40 @@ def capped_rule(
     - the window w = max(1, min(b, ceil(2000 / K), rounds // 3)): a window's histogram counts
       w K >= 2,000 users' participations where b allows it (w <= b keeps its sensitivity a
       round's), and the run has at least three windows (the first updates no table row);
+    - when that window would make more than 3 selections (``windowed_selections``: a user
+      then adds to up to k_max of them, 25 at K = 500, b = 6), the run makes at most 3: the
+      window takes the whole separation, w = max(1, min(b, rounds // 3)), and each selection
+      serves r = ceil(S / 3) windows (``dp.selection_refresh``; S the selections with r = 1),
+      so the accounting charges at most 3 selections instead of k_max, and as a selection
+      then costs the same whatever w, the longest window counts the most users against it;
     - at most M = max(1, V // 100) rows a round (1% of the table);
-    - the heat cap min(4, max(1, epsilon)): FedSubAvg's coefficient D / h_m multiplies a
-      row's noise too, so the cap is lowered with epsilon (at epsilon <= 1 the coefficient
-      is at most 1: the selected rows take FedAvg's step);
+    - the heat cap min(4, max(1, epsilon sqrt(K / 50))): FedSubAvg's coefficient D / h_m
+      multiplies a row's noise too, so the cap is lowered with epsilon (at K = 50 and epsilon
+      <= 1 the coefficient is at most 1: the selected rows take FedAvg's step), and raised
+      with the cohort, whose sum holds more signal against the same noise (3.2 / 4 / 4 / 4
+      at K = 500 and epsilon 1 / 2 / 4 / 8);
     - the threshold 2 selection-noise standard deviations (the cap, not the threshold,
       keeps the rows within M), the selection's share 0.5 of the budget and B = 6.
 
     The constants were chosen on a validation workload (the embedded default generated from
-    data.seed 1, benchmarks/ftrl_rule_grid.py), never on the reported one, at K = 50, b = 50
-    and 150 rounds only: how the window scales with K is the rule's assumption."""
+    data.seed 1, benchmarks/ftrl_rule_grid.py), never on the reported one: at K = 50, b = 50
+    (the window, the cap, the threshold, the share) and at K = 500, b = 6 (the refresh and
+    the heat cap's growth with K), 150 rounds; elsewhere the rule is an assumption."""
     if epsilon <= 0 or clients_per_round < 1 or rounds < 1 or min_separation < 1 or num_rows < 1:
         raise ValueError(
             f"capped_rule needs epsilon > 0 and K, rounds, min_separation, num_rows >= 1; got "
             f"{epsilon}, {clients_per_round}, {rounds}, {min_separation}, {num_rows}"
         )
+    window, refresh = rule_window(clients_per_round, rounds, min_separation)
     return CappedRule(
         mechanism="ftrl-blt",
-        window=max(
-            1, min(min_separation, math.ceil(WINDOW_USERS / clients_per_round), rounds // 3)
-        ),
+        window=window,
         share=0.5,
         threshold=2.0,
-        heat_cap=min(4.0, max(1.0, epsilon)),
+        heat_cap=min(4.0, max(1.0, epsilon * math.sqrt(clients_per_round / HEAT_CAP_COHORT))),
         bound=6.0,
         max_rows=max(1, num_rows // 100),
+        refresh=refresh,
     )
 
 

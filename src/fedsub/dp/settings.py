@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fedsub.dp import accountant as accounting
-from fedsub.dp import blt_noise, ftrl_accounting
+from fedsub.dp import blt_noise, ftrl_accounting, selection
 from fedsub.dp.accountant import Accountant, Sampling
 from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import Randomness
@@ -99,6 +99,8 @@ class RowSelection:
     # DP-FTRL only: at most this many rows per table of a selection, the largest noisy values
     # (post-processing; dp/selection.py ``largest``); 0: no cap
     max_rows: int = 0
+    # DP-FTRL, windowed only: a selection serves this many windows (dp/ftrl.py); 1: each window
+    refresh: int = 1
 
 
 @dataclass(frozen=True)
@@ -188,11 +190,25 @@ class DpSettings:
         """DP-FTRL (dp/ftrl_accounting.py): z is the multiplier of the whole run as one
         Gaussian mechanism, 1 / z^2 = k_max / z_sel^2 + sens^2 / z_tree^2, split by the share s:
         k_max / z_sel^2 = s / z^2 and sens^2 / z_tree^2 = (1 - s) / z^2 (s = 0 with rows =
-        "all"). (sqrt(k_max), sens) over the configured rounds."""
+        "all"). (sqrt(k_max), sens) over the configured rounds; with dp.selection_refresh > 1
+        the selection's k_max is ``selection_count``'s."""
         pattern, rounds = self.accounting.ftrl, self.accounting.rounds
         assert pattern is not None, "DP-FTRL's scales"
         sens = self.accounting.ftrl_sensitivity(rounds)
-        return math.sqrt(pattern.most(rounds)), sens
+        return math.sqrt(self.selection_count(rounds)), sens
+
+    def selection_count(self, rounds: int) -> int:
+        """DP-FTRL: the most released selection histograms one user adds to in ``rounds``
+        rounds (sensitivity B each): k_max, one per participation; with dp.selection_refresh
+        r > 1 (windowed, fedsub's) also at most the selections made by then, each reading one
+        window a user is in at most once (w <= b): min(k_max, ``windowed_selections``)."""
+        pattern = self.accounting.ftrl
+        assert pattern is not None, "DP-FTRL's selection count"
+        most = pattern.most(rounds)
+        s = self.selection
+        if s.refresh <= 1 or s.window <= 1:
+            return most
+        return min(most, selection.windowed_selections(rounds, s.window, s.refresh))
 
     @property
     def count_std(self) -> float:
@@ -241,6 +257,7 @@ class DpSettings:
             rounds,
             pattern,
             self.accounting.ftrl_sensitivity(rounds),
+            self.selection_count(rounds),
         )
 
     @property

@@ -258,6 +258,7 @@ def checked_settings(
             rows.selection_window,
             rows.heat_cap,
             rows.selection_max_rows,
+            rows.selection_refresh,
         ),
         adaptive=adaptive if a.adaptive_clip else None,
         weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
