@@ -116,9 +116,7 @@ def ftrl_settings(
     )
 
 
-def built(
-    settings: DpSettings, rows: int, streams: DpStreams, heat: bool = False
-) -> FtrlMechanism:
+def built(settings: DpSettings, rows: int, streams: DpStreams, heat: bool = False) -> FtrlMechanism:
     """The mechanism as a run builds it (``MECHANISMS``), over a table "t" of ``rows`` rows;
     ``heat``: FedSubAvg's rule (the rows divided by their noisy heat)."""
     inputs = MechanismInputs(settings, {"t": rows}, np.ones(rows), heat, 1.0, streams)
