@@ -56,6 +56,7 @@ from tests.test_dp_ftrl_audit import (
     built,
     canary_distance,
     ftrl_settings,
+    noise_covariance,
     run,
     shadow_covariance,
 )
@@ -167,20 +168,23 @@ def test_the_windowed_selection_audit_stays_below_the_reported_epsilon() -> None
     bounds = {**outcome.bounds, "selection": selection_bound(settings, release)}
     assert outcome.reported == pytest.approx(REPORTED, abs=0.01)
     assert max(bounds.values()) <= outcome.reported, bounds
-    assert bounds["likelihood"] > 0.1, bounds  # the attack has power
+    assert bounds["likelihood"] > 0.2, bounds  # the attack has power (measured 0.37-0.51)
     assert outcome.contribution == pytest.approx(1.0, abs=0.3)  # each release adds C
 
 
 def test_the_windowed_selection_is_seen_at_the_distance_the_accounting_charges() -> None:
-    """The prefix sums' distance is at most the tree's share of 1 / z^2 (the first window's
-    participation is never released), the selection's is the canary's heat 1 over z_sel B
-    (a window's histogram counts a user once), and together they are at most 1 / z."""
+    """The prefix sums' distance is the per-round selection's tree noise's (the same pattern
+    and noise: test_dp_ftrl_audit's covariance) at the rounds the windows release, 3 to 8
+    (the first window's participation is never released: measured 0.268 of the tree's share
+    0.354 of 1 / z), the selection's is the canary's heat 1 over z_sel B (a window's
+    histogram counts a user once), and together they are at most 1 / z."""
     settings = settings_of("window", "secret")
     release = released(settings)
     gaussian = canary_distance(settings, covariance_of("window"))
-    share = settings.selection.share
-    assert gaussian <= 1.1 * np.sqrt(1 - share) / Z
-    assert gaussian > 0.5 * np.sqrt(1 - share) / Z  # the windows' releases do show it
+    mean = settings.clip * np.cumsum(release.part[2:])  # the canary at rounds 3, 5, 7
+    reference = noise_covariance("ftrl-tree", "private")[2:, 2:]
+    assert gaussian == pytest.approx(np.sqrt(mean @ np.linalg.solve(reference, mean)), rel=0.1)
+    assert gaussian <= np.sqrt(1 - settings.selection.share) / Z
     per_selection = selection_distance(settings, release)
     # its std from 60,000 trials of each world: about 0.007
     assert per_selection == pytest.approx(1 / settings.selection_std, abs=0.035)
@@ -290,7 +294,9 @@ def test_the_max_participations_audit_stays_below_the_reported_epsilon(rows: Row
 @pytest.mark.parametrize("rows", ["all", "private"])
 def test_the_max_participations_pattern_is_seen_at_the_distance_charged(rows: Rows) -> None:
     """Rounds 1 and 2, the tree's worst case for k = 2 (sens^2 = 14), are what the bound
-    lets in: the distance is the tree's share of 1 / z (test_dp_ftrl_audit's check)."""
+    lets in: the distance is the tree's share of 1 / z (test_dp_ftrl_audit's check;
+    measured 0.46 of 0.5 with rows = "all": Honaker's prefix sums lose a little of what the
+    nodes show of two adjacent participations)."""
     setup = f"k2-{rows}"
     settings = settings_of(setup, "secret")
     distance = canary_distance(settings, covariance_of(setup))
