@@ -46,6 +46,7 @@ from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings, Randomness, Rows
 from tests.test_dp_audit import PUBLIC_SEED, canary_update
+from tests.test_dp_ftrl import drawn_cohorts
 from tests.test_dp_ftrl_audit import (
     CANARIES,
     SELECTION,
@@ -319,3 +320,16 @@ def test_a_windowed_round_that_touches_none_of_the_tables_rows_releases_the_wind
     assert len(updates[2].rows) > 0  # the second window's rows, chosen from the first's
     assert torch.equal(updates[3].rows, updates[2].rows)
     assert torch.isfinite(updates[3].values).all() and (updates[3].values != 0).all()
+
+
+def test_a_run_lets_each_user_in_at_most_max_participations_times(monkeypatch) -> None:
+    """The bound the audit drives is the one a run's cohort draw asks (engine/server_round
+    .py's ``begin``): with k = 1 no user is drawn twice in the 6 rounds of 50 of 3,000
+    (unenforced, about 15 would be)."""
+    seen, outcome = drawn_cohorts(
+        monkeypatch, ["dp.max_participations=1", "dp.randomness='seeded'"]
+    )
+    assert len(seen) == 6 and sum(len(c) for c in seen) == 300
+    assert np.bincount(np.concatenate(seen)).max() == 1
+    dp = outcome.summary["algorithms"]["fedsubavg"]["dp"]
+    assert dp["participation"] == {"min_separation": 1, "max_participations": 1}
