@@ -48,6 +48,7 @@ from fedsub.dp.settings import DpSettings, Randomness, Rows
 from tests.test_dp_audit import PUBLIC_SEED, canary_update
 from tests.test_dp_ftrl import drawn_cohorts
 from tests.test_dp_ftrl_audit import (
+    BLT,
     CANARIES,
     SELECTION,
     Release,
@@ -75,11 +76,13 @@ REPORTED = 2.25  # every setup: one Gaussian of z = 2 over the whole run (PLD, d
 KS_ALPHA = 1e-4  # the distribution checks' false alarm
 
 
-def settings_of(setup: str, randomness: Randomness, heat_cap: float = 0.0) -> DpSettings:
+def settings_of(
+    setup: str, randomness: Randomness, heat_cap: float = 0.0, mechanism: str = "ftrl-tree"
+) -> DpSettings:
     rounds, pattern, chosen, rows = SETUPS[setup]
     chosen = dataclasses.replace(chosen, heat_cap=heat_cap)
     return ftrl_settings(
-        "ftrl-tree", rows, randomness, rounds=rounds, pattern=pattern, selection=chosen
+        mechanism, rows, randomness, rounds=rounds, pattern=pattern, selection=chosen
     )
 
 
@@ -90,8 +93,8 @@ def released(settings: DpSettings, heat: bool = False, streams: DpStreams | None
 
 
 @functools.cache
-def covariance_of(setup: str) -> np.ndarray:
-    return shadow_covariance(settings_of(setup, "secret"))
+def covariance_of(setup: str, mechanism: str = "ftrl-tree") -> np.ndarray:
+    return shadow_covariance(settings_of(setup, "secret", mechanism=mechanism))
 
 
 def selection_rounds(settings: DpSettings, part: np.ndarray) -> dict[int, bool]:
@@ -160,12 +163,19 @@ def selection_distance(settings: DpSettings, release: Release) -> float:
 # -- the windowed selection -------------------------------------------------------------------
 
 
-def test_the_windowed_selection_audit_stays_below_the_reported_epsilon() -> None:
-    settings = settings_of("window", "secret")
+WINDOWED_MECHANISMS = pytest.mark.parametrize(
+    "mechanism", ["ftrl-tree", pytest.param("ftrl-blt", marks=BLT)]
+)
+
+
+@WINDOWED_MECHANISMS
+def test_the_windowed_selection_audit_stays_below_the_reported_epsilon(mechanism) -> None:
+    settings = settings_of("window", "secret", mechanism=mechanism)
     release = released(settings)
     assert release.part.tolist() == [True, False] * 4  # rounds 1, 3, 5, 7 (b = 2)
     assert not release.released[:, :2].any()  # the first window updates no row
-    outcome = audited(release, settings, covariance_of("window"), decided(settings, release))
+    covariance = covariance_of("window", mechanism)
+    outcome = audited(release, settings, covariance, decided(settings, release))
     bounds = {**outcome.bounds, "selection": selection_bound(settings, release)}
     assert outcome.reported == pytest.approx(REPORTED, abs=0.01)
     assert max(bounds.values()) <= outcome.reported, bounds
@@ -173,17 +183,18 @@ def test_the_windowed_selection_audit_stays_below_the_reported_epsilon() -> None
     assert outcome.contribution == pytest.approx(1.0, abs=0.3)  # each release adds C
 
 
-def test_the_windowed_selection_is_seen_at_the_distance_the_accounting_charges() -> None:
+@WINDOWED_MECHANISMS
+def test_the_windowed_selection_is_seen_at_the_distance_the_accounting_charges(mechanism) -> None:
     """The prefix sums' distance is the per-round selection's tree noise's (the same pattern
     and noise: test_dp_ftrl_audit's covariance) at the rounds the windows release, 3 to 8
     (the first window's participation is never released: measured 0.268 of the tree's share
     0.354 of 1 / z), the selection's is the canary's heat 1 over z_sel B (a window's
     histogram counts a user once), and together they are at most 1 / z."""
-    settings = settings_of("window", "secret")
+    settings = settings_of("window", "secret", mechanism=mechanism)
     release = released(settings)
-    gaussian = canary_distance(settings, covariance_of("window"))
+    gaussian = canary_distance(settings, covariance_of("window", mechanism))
     mean = settings.clip * np.cumsum(release.part[2:])  # the canary at rounds 3, 5, 7
-    reference = noise_covariance("ftrl-tree", "private")[2:, 2:]
+    reference = noise_covariance(mechanism, "private")[2:, 2:]
     assert gaussian == pytest.approx(np.sqrt(mean @ np.linalg.solve(reference, mean)), rel=0.1)
     assert gaussian <= np.sqrt(1 - settings.selection.share) / Z
     per_selection = selection_distance(settings, release)
@@ -195,10 +206,12 @@ def test_the_windowed_selection_is_seen_at_the_distance_the_accounting_charges()
     assert total <= 1.05 / Z
 
 
-def test_the_windowed_audit_catches_noise_drawn_from_the_published_seed() -> None:
-    settings = settings_of("window", "seeded")
+@WINDOWED_MECHANISMS
+def test_the_windowed_audit_catches_noise_drawn_from_the_published_seed(mechanism) -> None:
+    settings = settings_of("window", "seeded", mechanism=mechanism)
     release = released(settings)
-    outcome = audited(release, settings, covariance_of("window"), decided(settings, release))
+    covariance = covariance_of("window", mechanism)
+    outcome = audited(release, settings, covariance, decided(settings, release))
     assert outcome.bounds["redrawn"] > outcome.reported + 3, outcome.bounds
     assert outcome.bounds["likelihood"] <= outcome.reported, outcome.bounds
 
