@@ -6,7 +6,7 @@ under the enforced ``ParticipationBound``, ``selection.select`` for the attacker
 test_dp_ftrl_audit's vectorised trials (T canary rows, T rows without), with its attacks
 (``likelihood``, ``redrawn``) and eps_lb (test_dp_audit's ``epsilon_lower_bound``).
 
-- **Windowed selection** (w = 2 <= b = 2): a window's rows are chosen at its first round from
+- **Windowed selection** (w = 2 <= b = 2; ftrl-tree and ftrl-blt): a window's rows are chosen at its first round from
   the previous window's histogram and then released every round of the window. The
   likelihood attack counts the selections that read a window the canary took part in; the
   distance check splits the attack's distance between the worlds into the prefix sums'
@@ -19,7 +19,8 @@ test_dp_ftrl_audit's vectorised trials (T canary rows, T rows without), with its
   the selection replayed from train.seed (the divisor is the selection's own noisy value
   over w, raised to D / heat_cap: dp/ftrl.py), in secret mode its distribution against the
   truncated Gaussian of std z_sel B above the threshold (the count's noise has the scale the
-  accounting charges), and the replay from the seed does not find it.
+  accounting charges), and the replay from the seed does not find it; the same for the
+  Gaussian mechanism's round with private rows (dp/mechanism.py step 5).
 - **max_participations** (k = 2, b = 1): every canary asks for every round; the bound lets
   it into rounds 1 and 2 only (the tree's worst case for k = 2), the attacks stay below the
   reported epsilon and the distance is the one the accounting charges for the pattern.
@@ -42,14 +43,17 @@ from scipy import stats
 
 from fedsub.dp import selection
 from fedsub.dp.mechanism import round_generator
+from fedsub.dp.mechanisms import MECHANISMS, MechanismInputs
 from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings, Randomness, Rows
 from tests.test_dp_audit import PUBLIC_SEED, canary_update
+from tests.test_dp_audit import settings_of as gaussian_settings
 from tests.test_dp_ftrl import drawn_cohorts
 from tests.test_dp_ftrl_audit import (
     BLT,
     CANARIES,
+    CLIP,
     SELECTION,
     Release,
     Z,
@@ -79,6 +83,9 @@ KS_ALPHA = 1e-4  # the distribution checks' false alarm
 def settings_of(
     setup: str, randomness: Randomness, heat_cap: float = 0.0, mechanism: str = "ftrl-tree"
 ) -> DpSettings:
+    if setup == "gaussian":  # dp/mechanism.py's round: every client (q = 1), private rows
+        base = gaussian_settings(Z, 2 * CANARIES, 2 * CANARIES, randomness)
+        return dataclasses.replace(base, clip=CLIP, rows="private", selection=SELECTION)
     rounds, pattern, chosen, rows = SETUPS[setup]
     chosen = dataclasses.replace(chosen, heat_cap=heat_cap)
     return ftrl_settings(
@@ -87,9 +94,21 @@ def settings_of(
 
 
 def released(settings: DpSettings, heat: bool = False, streams: DpStreams | None = None):
-    """A run of ``settings`` on the T canaries (``streams``: default a fresh key)."""
+    """A run of ``settings`` on the T canaries (``streams``: default a fresh key); the
+    Gaussian mechanism's: one round of the canaries (the other rows' clients absent)."""
     streams = streams or DpStreams(settings.randomness, PUBLIC_SEED)
-    return run(built(settings, 2 * CANARIES, streams, heat), CANARIES)
+    n = 2 * CANARIES
+    if settings.accounting.ftrl is not None:
+        return run(built(settings, n, streams, heat), CANARIES)
+    inputs = MechanismInputs(settings, {"t": n}, np.ones(n), heat, 1.0, streams)
+    mechanism = MECHANISMS["gaussian"].build(inputs)
+    update = mechanism.combine(canary_update(np.arange(CANARIES), CANARIES), 1).tables["t"]
+    values, shown = np.zeros((n, 1)), np.zeros((n, 1), dtype=bool)
+    values[update.rows.numpy(), 0] = (
+        update.values[:, 0].numpy() * settings.accounting.clients_per_round
+    )
+    shown[update.rows.numpy(), 0] = True
+    return Release(values, shown, np.ones(1, dtype=bool))
 
 
 @functools.cache
@@ -245,14 +264,24 @@ def divisors(settings: DpSettings) -> tuple[Release, np.ndarray]:
     return plain, denominator * ratio
 
 
-@pytest.mark.parametrize("setup", ["per-round", "window"])
-@pytest.mark.parametrize("heat_cap", [0.0, 4000.0])
+@pytest.mark.parametrize(
+    ("setup", "heat_cap"),
+    [
+        ("per-round", 0.0),
+        ("per-round", 4000.0),
+        ("window", 0.0),
+        ("window", 4000.0),
+        ("gaussian", 0.0),
+    ],
+)
 def test_the_heat_divides_by_the_selections_noisy_value(setup, heat_cap) -> None:
     """Seeded: the divisor of every released row is the replayed selection's noisy value of
-    the row over w, raised to D / heat_cap (dp/ftrl.py), for the w rounds it releases."""
+    the row over w, raised to D / heat_cap (dp/ftrl.py; the Gaussian mechanism's, dp/
+    mechanism.py step 5: the noisy value), for the w rounds it releases."""
     settings = settings_of(setup, "seeded", heat_cap)
     release, divisor = divisors(settings)
-    w, floor = settings.selection.window, CANARIES / heat_cap if heat_cap else 0.0
+    floor = settings.accounting.clients_per_round / heat_cap if heat_cap else 0.0
+    w = settings.selection.window
     for r, chosen in replayed(settings, release.part).items():
         rows = chosen.rows.numpy()
         expected = np.maximum(chosen.noisy_heat.numpy() / w, floor)
@@ -263,7 +292,7 @@ def test_the_heat_divides_by_the_selections_noisy_value(setup, heat_cap) -> None
         assert np.isclose(divisor[release.released], floor).mean() > 0.2  # it binds
 
 
-@pytest.mark.parametrize("setup", ["per-round", "window"])
+@pytest.mark.parametrize("setup", ["per-round", "window", "gaussian"])
 def test_the_heats_noise_is_secret_and_of_the_scale_charged(setup) -> None:
     """Secret: each selection's divisors times w, of the canary rows and of the others, are
     the heat (1, 0) plus Gaussian noise of std z_sel B given that it reached the threshold;
