@@ -225,9 +225,8 @@ def run_ftrl(overrides: list[str]):
     return compare(config, None)
 
 
-def test_cohort_draw_enforces_the_separation(monkeypatch) -> None:
-    """In a run every user's rounds are at least min_separation apart (unenforced, about 12
-    users of 3,000 would be drawn twice within 5 of the 6 rounds of 50)."""
+def drawn_cohorts(monkeypatch, overrides: list[str]):
+    """The cohorts a ``run_ftrl`` run of ``overrides`` drew, round by round, and its outcome."""
     from fedsub.engine import server_round
 
     seen: list[np.ndarray] = []
@@ -239,7 +238,13 @@ def test_cohort_draw_enforces_the_separation(monkeypatch) -> None:
         return plan
 
     monkeypatch.setattr(server_round.ServerRound, "begin", recorded)
-    outcome = run_ftrl(["dp.min_separation=5", "dp.randomness='seeded'"])
+    return seen, run_ftrl(overrides)
+
+
+def test_cohort_draw_enforces_the_separation(monkeypatch) -> None:
+    """In a run every user's rounds are at least min_separation apart (unenforced, about 12
+    users of 3,000 would be drawn twice within 5 of the 6 rounds of 50)."""
+    seen, outcome = drawn_cohorts(monkeypatch, ["dp.min_separation=5", "dp.randomness='seeded'"])
     assert len(seen) == 6
     last: dict[int, int] = {}
     for r, clients in enumerate(seen, start=1):

@@ -63,6 +63,10 @@ CLIP = 0.5  # C: the canary's update (1.0, test_dp_audit's) is clipped to half i
 Z = 2.0  # the whole run's multiplier (dp/ftrl_accounting.py): reported epsilon 2.25
 LIKELIHOOD_THRESHOLDS = (0.5, 1.0, 2.0, 4.0, 6.0)  # on the log-likelihood ratio
 SHADOW_ROWS = 20_000  # the attacker's own run, for the noise covariance
+# rows = "private": a low selection threshold (0.25 selection-noise stds: 40% of the untouched
+# rows are false positives, a canary's row is selected with probability 47%), so that most
+# canaries are released at least once
+SELECTION = RowSelection(share=0.5, threshold=0.25, bound=1.0)
 
 BLT = pytest.mark.skipif(
     importlib.util.find_spec("jax_privacy") is None,
@@ -76,11 +80,17 @@ CASES = [
 ]
 
 
-def ftrl_settings(mechanism: str, rows: Rows, randomness: Randomness) -> DpSettings:
-    """The run's settings: ROUNDS rounds of cohorts of T, the pattern PATTERN; rows =
-    "private" with a low selection threshold (0.25 selection-noise stds: 40% of the untouched
-    rows are false positives, a canary's row is selected with probability 47%), so that most
-    canaries are released at least once."""
+def ftrl_settings(
+    mechanism: str,
+    rows: Rows,
+    randomness: Randomness,
+    *,
+    rounds: int = ROUNDS,
+    pattern: Pattern = PATTERN,
+    selection: RowSelection = SELECTION,
+) -> DpSettings:
+    """The run's settings: ``rounds`` rounds of cohorts of T, the pattern ``pattern``; rows =
+    "private" with the ``selection`` (default SELECTION)."""
     _, accounting = resolve_ftrl(
         noise_multiplier=Z,
         target_epsilon=None,
@@ -88,27 +98,28 @@ def ftrl_settings(mechanism: str, rows: Rows, randomness: Randomness) -> DpSetti
         accountant="pld",
         num_clients=2 * CANARIES,
         clients_per_round=CANARIES,
-        rounds=ROUNDS,
+        rounds=rounds,
         epsilon_budget=None,
-        pattern=PATTERN,
+        pattern=pattern,
     )
     if mechanism == "ftrl-blt":
-        strategy = blt_noise.optimized(ROUNDS, PATTERN, BUFFERS)
+        strategy = blt_noise.optimized(rounds, pattern, BUFFERS)
         accounting = dataclasses.replace(accounting, blt=strategy)
     return DpSettings(
         clip=CLIP,
         noise_multiplier=Z,
         accounting=accounting,
         rows=rows,
-        selection=RowSelection(share=0.5, threshold=0.25, bound=1.0),
+        selection=selection,
         key=NoiseKey(randomness, PUBLIC_SEED),
         mechanism=mechanism,
     )
 
 
-def built(settings: DpSettings, rows: int, streams: DpStreams) -> FtrlMechanism:
-    """The mechanism as a run builds it (``MECHANISMS``), over a table "t" of ``rows`` rows."""
-    inputs = MechanismInputs(settings, {"t": rows}, np.ones(rows), False, 1.0, streams)
+def built(settings: DpSettings, rows: int, streams: DpStreams, heat: bool = False) -> FtrlMechanism:
+    """The mechanism as a run builds it (``MECHANISMS``), over a table "t" of ``rows`` rows;
+    ``heat``: FedSubAvg's rule (the rows divided by their noisy heat)."""
+    inputs = MechanismInputs(settings, {"t": rows}, np.ones(rows), heat, 1.0, streams)
     mechanism = MECHANISMS[settings.mechanism].build(inputs)
     assert isinstance(mechanism, FtrlMechanism)
     return mechanism
@@ -120,19 +131,21 @@ class Release:
     (``values``, 0 where not released), which rows each round released (``released``), and
     the rounds the canaries took part in (``part``)."""
 
-    values: np.ndarray  # (rows, ROUNDS)
-    released: np.ndarray  # (rows, ROUNDS) bool
-    part: np.ndarray  # (ROUNDS,) bool
+    values: np.ndarray  # (rows, rounds)
+    released: np.ndarray  # (rows, rounds) bool
+    part: np.ndarray  # (rounds,) bool
 
 
 def run(mechanism: FtrlMechanism, canaries: int) -> Release:
-    """ROUNDS rounds as fedsub runs them: each round's cohort the canaries the participation
-    bound lets in (the others are absent), combined by the mechanism."""
-    n = mechanism.table_rows["t"]
-    bound = ParticipationBound(PATTERN, n)
-    values, released = np.zeros((n, ROUNDS)), np.zeros((n, ROUNDS), dtype=bool)
-    part = np.zeros(ROUNDS, dtype=bool)
-    for r in range(1, ROUNDS + 1):
+    """The settings' rounds as fedsub runs them: each round's cohort the canaries the
+    participation bound of the settings' pattern lets in (the others are absent), combined
+    by the mechanism."""
+    n, accounting = mechanism.table_rows["t"], mechanism.settings.accounting
+    assert accounting.ftrl is not None
+    rounds, bound = accounting.rounds, ParticipationBound(accounting.ftrl, n)
+    values, released = np.zeros((n, rounds)), np.zeros((n, rounds), dtype=bool)
+    part = np.zeros(rounds, dtype=bool)
+    for r in range(1, rounds + 1):
         members = bound.eligible(r, np.arange(canaries))
         bound.record(r, members)
         part[r - 1] = len(members) > 0
@@ -145,12 +158,16 @@ def run(mechanism: FtrlMechanism, canaries: int) -> Release:
 
 @functools.cache
 def noise_covariance(mechanism: str, rows: Rows) -> np.ndarray:
+    """``shadow_covariance`` of the module's settings."""
+    return shadow_covariance(ftrl_settings(mechanism, rows, "secret"))
+
+
+def shadow_covariance(settings: DpSettings) -> np.ndarray:
     """The covariance of the noisy prefix sums s_t + sigma N(t) over the rounds, measured as an
-    attacker can: the public mechanism of the published settings run with the attacker's own
-    secret and no canary. With rows = "private" a row's prefix sum is seen only at the rounds
-    that selected it (independently of its noise): each entry is averaged over the rows seen
-    at both rounds."""
-    settings = ftrl_settings(mechanism, rows, "secret")
+    attacker can: the public mechanism of the published (secret-mode) ``settings`` run with
+    the attacker's own secret and no canary. With rows = "private" a row's prefix sum is seen
+    only at the rounds that selected it (independently of its noise): each entry is averaged
+    over the rows seen at both rounds (0 where no row is: a round that selects nothing)."""
     shadow = run(built(settings, SHADOW_ROWS, DpStreams("secret", PUBLIC_SEED)), 0)
     seen = shadow.released.astype(np.float64)
     prefix = np.cumsum(shadow.values, axis=1) * seen  # the sums at their releases
@@ -164,7 +181,7 @@ def projections(
     prefix sums there projected on w = Sigma_S^-1 m_S, and m_S . w (m_S: the canary's
     contributions counted at S, C per released round it took part in): (P . w, m . w)."""
     projected, expected = np.zeros(len(release.values)), np.zeros(len(release.values))
-    codes = release.released @ (1 << np.arange(ROUNDS))
+    codes = release.released @ (1 << np.arange(release.released.shape[1]))
     prefix = np.cumsum(release.values, axis=1)  # 0 where not released: the sums at release
     for code in np.unique(codes):
         at = np.flatnonzero(codes == code)
@@ -177,18 +194,24 @@ def projections(
     return projected, expected
 
 
-def likelihood(release: Release, settings: DpSettings, covariance: np.ndarray) -> np.ndarray:
+def likelihood(
+    release: Release,
+    settings: DpSettings,
+    covariance: np.ndarray,
+    decided: np.ndarray | None = None,
+) -> np.ndarray:
     """Each row's log-likelihood ratio of "canary in" against "out" (module docstring): the
-    selection's (rows = "private": in a round the canaries took part in, a canary's row passes
-    the threshold with the probability of heat min(1, B), any other row with the false
-    positives'), plus the Gaussian one of the prefix sums at the released rounds."""
+    selection's (rows = "private": at a round whose selection counted the canary, ``decided``,
+    default the rounds it took part in, a canary's row passes the threshold with the
+    probability of heat min(1, B), any other row with the false positives'), plus the
+    Gaussian one of the prefix sums at the released rounds."""
     projected, expected = projections(release, settings, covariance)
     score = projected - 0.5 * expected
     if settings.rows == "private":
         std, threshold = settings.selection_std, settings.histogram_threshold
         p_out = stats.norm.sf(threshold / std)
         p_in = stats.norm.sf((threshold - min(1.0, settings.selection.bound)) / std)
-        chosen = release.released[:, release.part]
+        chosen = release.released[:, release.part if decided is None else decided]
         passed, missed = np.log(p_in / p_out), np.log((1 - p_in) / (1 - p_out))
         score += np.where(chosen, passed, missed).sum(axis=1)
     return score
@@ -202,7 +225,7 @@ def redrawn(release: Release, settings: DpSettings) -> np.ndarray:
     seeded = dataclasses.replace(settings, key=NoiseKey("seeded", PUBLIC_SEED))
     mechanism = built(seeded, n, DpStreams("seeded", PUBLIC_SEED))
     noise, last = np.zeros_like(release.values), np.zeros(n, dtype=np.int64)
-    for r in range(1, ROUNDS + 1):
+    for r in range(1, release.values.shape[1] + 1):
         if settings.rows == "all":
             update = mechanism.combine(canary_update(np.zeros(0, np.int64), 0), r).tables["t"]
             noise[:, r - 1] = update.values[:, 0].numpy() * mechanism.denominator
@@ -230,19 +253,46 @@ class Audit:
 def audit(mechanism: str, rows: Rows, randomness: Randomness) -> Audit:
     settings = ftrl_settings(mechanism, rows, randomness)
     release = run(built(settings, 2 * CANARIES, DpStreams(randomness, PUBLIC_SEED)), CANARIES)
-    covariance = noise_covariance(mechanism, rows)
-    left = (release.values - redrawn(release, settings)) * release.part
-    scores = {
-        "likelihood": (likelihood(release, settings, covariance), LIKELIHOOD_THRESHOLDS),
-        "redrawn": (left.sum(axis=1) / settings.clip, THRESHOLDS),
-    }
+    return audited(release, settings, noise_covariance(mechanism, rows))
+
+
+def bounds_of(scores: dict[str, tuple[np.ndarray, tuple[float, ...]]]) -> dict[str, float]:
+    """eps_lb of each attack's (scores of the 2T rows, thresholds): canary rows first."""
     bounds = {}
     for attack, (score, thresholds) in scores.items():
         guess = score[None, :] > np.array(thresholds)[:, None]
         bounds[attack] = epsilon_lower_bound(guess[:, :CANARIES], guess[:, CANARIES:])
+    return bounds
+
+
+def audited(
+    release: Release,
+    settings: DpSettings,
+    covariance: np.ndarray,
+    decided: np.ndarray | None = None,
+) -> Audit:
+    """The two attacks on a run's ``release`` (``decided``: ``likelihood``'s)."""
+    left = (release.values - redrawn(release, settings)) * release.part
+    score = likelihood(release, settings, covariance, decided)
+    bounds = bounds_of(
+        {
+            "likelihood": (score, LIKELIHOOD_THRESHOLDS),
+            "redrawn": (left.sum(axis=1) / settings.clip, THRESHOLDS),
+        }
+    )
     projected, expected = projections(release, settings, covariance)
     contribution = projected[:CANARIES].sum() / expected[:CANARIES].sum()
-    return Audit(bounds, settings.epsilon(ROUNDS), float(contribution))
+    return Audit(bounds, settings.epsilon(settings.accounting.rounds), float(contribution))
+
+
+def canary_distance(settings: DpSettings, covariance: np.ndarray) -> float:
+    """The likelihood attack's distance between the worlds when every round that can release
+    a row does (``covariance``'s non-zero diagonal): Delta^2 = m^T Sigma^-1 m, m the canary's
+    contributions counted at those rounds under the enforced pattern."""
+    part = run(built(settings, 2, DpStreams("secret", PUBLIC_SEED)), 1).part
+    seen = np.diag(covariance) > 0
+    mean = settings.clip * np.cumsum(part & seen)[seen]
+    return float(np.sqrt(mean @ np.linalg.solve(covariance[np.ix_(seen, seen)], mean)))
 
 
 @pytest.mark.parametrize(("mechanism", "rows"), CASES)
@@ -265,9 +315,7 @@ def test_the_canary_is_seen_at_the_sensitivity_the_accounting_charges(mechanism,
     enforced pattern is the worst case the sensitivity counts (every b rounds from round 1),
     and the noise is as large as the accounting says, no larger and no smaller."""
     settings = ftrl_settings(mechanism, rows, "secret")
-    part = run(built(settings, 2, DpStreams("secret", PUBLIC_SEED)), 1).part
-    mean = settings.clip * np.cumsum(part)
-    distance = np.sqrt(mean @ np.linalg.solve(noise_covariance(mechanism, rows), mean))
+    distance = canary_distance(settings, noise_covariance(mechanism, rows))
     share = settings.selection.share if rows == "private" else 0.0
     assert distance == pytest.approx(np.sqrt(1 - share) / Z, rel=0.1)
 

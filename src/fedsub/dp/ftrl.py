@@ -363,7 +363,8 @@ class FtrlMechanism(DpMechanism):
         picked = chosen.rows.numpy().astype(np.int64)
         touched = distinct.cpu().numpy()
         at = np.searchsorted(touched, picked)
-        hit = (at < len(touched)) & (touched[np.minimum(at, max(len(touched) - 1, 0))] == picked)
+        hit = at < len(touched)  # a round that touches none of the table's rows: no hit
+        hit[hit] = touched[at[hit]] == picked[hit]
         index = torch.from_numpy(np.where(hit, at, len(touched))).to(device)
         padded = torch.cat([sums, sums.new_zeros((1, dim))])
         noise = torch.from_numpy(self.sparse_noise(table, picked, round_index, dim))
