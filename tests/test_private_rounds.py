@@ -19,7 +19,7 @@ from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.registry import build_model
-from fedsub.privacy.fixed_point import FixedPoint
+from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
 from fedsub.submodel.index import SubmodelIndex
 

@@ -153,6 +153,9 @@ class DpSettings:
     key: NoiseKey = field(default_factory=NoiseKey)
     # dp.mechanism: the central mechanism's name in dp/mechanisms.py's MECHANISMS
     mechanism: str = "gaussian"
+    # p: the private download's probability that a held row is requested (privacy.level's
+    # randomized download; 1 without one), which the central mechanism's row selection reads
+    download_keep: float = 1.0
 
     @property
     def randomness(self) -> Randomness:

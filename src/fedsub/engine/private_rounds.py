@@ -41,7 +41,7 @@ from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, 
 from fedsub.algorithms.weighting import WEIGHTINGS, SecureWeighting
 from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.split_cohort import concatenated, run_share
-from fedsub.privacy.fixed_point import FixedPoint
+from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.privacy.randomness import PrivacyStreams
 from fedsub.privacy.requests import client_request
@@ -53,6 +53,7 @@ from fedsub.privacy.sparse_secagg import (
     RowSums,
     encode_client,
     majority_threshold,
+    noised_input,
     secagg_bytes,
     secure_row_sum,
     union_of,
@@ -144,7 +145,8 @@ def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> Secur
 
 class RoundNoise(Protocol):
     """A round's public noise under distributed DP (dp/distributed.py's ``DiscreteNoise``):
-    its clip C, the fixed point the sum is decoded with, and a member's noisy share."""
+    its clip C, the fixed point the sum is decoded with, and a member's noisy share of its
+    real values."""
 
     @property
     def clip(self) -> float: ...
@@ -323,7 +325,8 @@ class PrivateRounds:
         def encode(j: int, vector: np.ndarray) -> np.ndarray:
             if plan.noise is not None:
                 assert self.dp is not None  # the plan's noise is [dp]'s
-                return plan.noise.share(vector, self.dp.generator(self._round, members[j]))
+                rng = self.dp.generator(self._round, members[j])
+                return noised_input(vector, plan.noise.share, rng)
             return weighted_input(plan, j, counts[j], vector)
 
         built = time.perf_counter()

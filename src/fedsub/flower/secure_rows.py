@@ -38,12 +38,18 @@ from fedsub.flower.heat_exchange import (
 )
 from fedsub.flower.node_data import NodeData
 from fedsub.flower.records import read_submodel, record_of, submodel_record
+from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy import secure_sum
-from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.secure_sum import GroupSum
-from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, decode_sums, majority_threshold
+from fedsub.privacy.sparse_secagg import (
+    INTEGER_SLOTS,
+    RowSlots,
+    decode_sums,
+    majority_threshold,
+    noised_input,
+)
 from fedsub.runs.run_setup import node_noise
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
@@ -156,7 +162,7 @@ def answer_secure_rows(
         )
         if noise is not None:  # its noisy share, drawn on its side (dp/distributed.py)
             public = round_noise(noise, request, slots.length - INTEGER_SLOTS, who)
-            return public.share(values, noise.generator(trained_in))
+            return noised_input(values, public.share, noise.generator(trained_in))
         clients = int(number_field(request, "clients", int, who))
         weighting = SecureWeighting(  # its part of the server's (correction is the server's)
             (int(number_field(request, "draws", int, who)),),

@@ -264,6 +264,7 @@ def checked_settings(
         distributed=dp_settings.Distributed(d.min_survivors) if distributed else None,
         key=dp_settings.NoiseKey(cast(dp_settings.Randomness, d.trust.randomness), t.seed),
         mechanism=d.mechanism,
+        download_keep=privacy_of(config).keep,
     )
     for reason in dp_settings.refusals(settings):
         raise ConfigError(f"[dp] mechanism = {d.mechanism!r} cannot train here: {reason}")
