@@ -167,7 +167,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
         spec = MECHANISMS.get_or_refuse(settings.mechanism)
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = setup.algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
-        keep = settings.download_keep  # the private download's p (1 without one)
+        keep = settings.weights.download_keep  # the private download's p (1 without one)
         inputs = MechanismInputs(settings, table_rows, setup.counts, heat, keep, streams)
         mechanism = spec.build(inputs)
     pattern = settings.accounting.ftrl  # DP-FTRL: no sampling, an enforced pattern

@@ -30,7 +30,7 @@ from fedsub.engine.features.row_sharding import SETTING as ROW_SHARDING_SETTING
 from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.privacy.levels import Privacy
-from fedsub.privacy.randomness import HEAT_STAGE
+from fedsub.privacy.randomness import HEAT_STAGE, HeatCoins
 from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
 from fedsub.privacy.randomness import streams_of as privacy_streams_of
 from fedsub.submodel.transfer import CohortUpdate
@@ -91,7 +91,7 @@ HEAT_SECRET_NAME = "heat_secret"
 
 def contribute_heat_secret(setup: RoundSetup) -> RoundContribution | None:
     coins = setup.algorithm.heat_coins
-    if coins is None or not coins.guaranteed:
+    if not isinstance(coins, HeatCoins) or not coins.guaranteed:
         return None
     return RoundContribution(HEAT_SECRET_NAME, stages={HEAT_STAGE: coins})
 
