@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
 from fedsub.algorithms.weighting import SecureWeighting
 from fedsub.engine.private_rounds import NoisySum, RoundNoise, SecureRound, weighted_input
+from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid
 from fedsub.flower.heat_exchange import (
@@ -62,9 +63,9 @@ PENDING = "fedsub.secure-rows"  # a trained node's deltas in Context.state, unti
 PENDING_ROUND = "fedsub.secure-rows.round"  # the round they were trained in
 
 
-def sums_securely(node: NodeData) -> bool:
-    """Whether this node's deltas go into the secure row sum (its privacy.level: full)."""
-    privacy = node.schedule.setting(Privacy)
+def sums_securely(schedule: Schedule) -> bool:
+    """Whether the run's deltas go into the secure row sum (its privacy.level: full)."""
+    privacy = schedule.setting(Privacy)
     return privacy is not None and privacy.secure_aggregation
 
 
@@ -289,6 +290,23 @@ class SecureRows:
             message = "secure row sum: %d values clipped to [-%g, %g] (privacy.secagg_clip)"
             LOG.warning(message, decoded.clipped, clip, clip)
         return plan.server_update(self.aggregation, update, decoded)
+
+
+def secure_rows_of(
+    schedule: Schedule,
+    grid: PushPullGrid,
+    node_of: Mapping[int, int],
+    aggregation: Aggregation,
+    requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
+    timeout: float,
+    record: Recorder | None = None,
+    dp: NoisySum | None = None,
+) -> SecureRows:
+    """The server's half for a run at privacy.level ``full`` (``sums_securely``)."""
+    privacy = schedule.setting(Privacy)
+    if privacy is None or not privacy.secure_aggregation:
+        raise FedsubError("a secure row sum needs privacy.level = 'full'")
+    return SecureRows(grid, node_of, aggregation, privacy, requests, timeout, record, dp)
 
 
 def _told(plan: SecureRound, dp: NoisySum | None, member: int) -> dict:
