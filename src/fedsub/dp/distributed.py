@@ -162,7 +162,7 @@ def member_rng(seed: seeding.Seed, round_index: int, client: int) -> np.random.G
 @dataclass(frozen=True)
 class DistributedDp:
     """[dp] at privacy.level "full": its part in a round's secure row sum, in process and on
-    Flower's server (engine/private_rounds.py's ``NoisySum``). The public settings: clip C,
+    Flower's server (privacy/private_rounds.py's ``NoisySum``). The public settings: clip C,
     noise multiplier z, the fewest survivors K_min a sum may be decoded from, the public
     denominator K; and the key of the members' shares in process (``member_rng`` over
     ``streams``' secret, or ``seed`` without streams; a Flower node draws its own)."""

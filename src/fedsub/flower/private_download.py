@@ -2,7 +2,7 @@
 (never its S(k)); the server sends the requested rows, the node skips every held row left out
 of them, replies the deltas of the rows it requested, and row sums are divided by p. Each step
 is the in-process code's (``privacy/requests.py``, ``privacy/requested_rows.py``,
-``engine/private_rounds.py``), so the two runs agree round by round and a node keeps no state
+``privacy/private_rounds.py``), so the two runs agree round by round and a node keeps no state
 across rounds. docs/tutorials/flower.md, "Private submodel learning on Flower".
 """
 
@@ -15,7 +15,6 @@ import torch
 from flwr.app import ConfigRecord, Context, Message
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregate
-from fedsub.engine.private_rounds import unbias
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
@@ -23,6 +22,7 @@ from fedsub.flower.records import record_of, reply_row_ids
 from fedsub.numerics import secret_streams
 from fedsub.numerics.seeding import Secret, Seed
 from fedsub.privacy.levels import Privacy, describe
+from fedsub.privacy.private_rounds import unbias
 from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.privacy.requests import client_request
 from fedsub.submodel.params import Params

@@ -24,7 +24,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
 from fedsub.algorithms.weighting import SecureWeighting
-from fedsub.engine.private_rounds import NoisySum, RoundNoise, SecureRound, weighted_input
 from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid
@@ -42,6 +41,7 @@ from fedsub.flower.records import read_submodel, record_of, submodel_record
 from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy import secure_sum
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.private_rounds import NoisySum, RoundNoise, SecureRound, weighted_input
 from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.secure_sum import GroupSum
 from fedsub.privacy.sparse_secagg import (
@@ -254,7 +254,7 @@ class SecureRows:
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sum of the members' weighted deltas and weight units (with [dp]: their
-        noisy shares, engine/private_rounds.py's ``SecureRound`` as in process) over the
+        noisy shares, privacy/private_rounds.py's ``SecureRound`` as in process) over the
         union of their requests; ``update`` holds who replied, how often each was drawn and
         the deltas' shapes (no rows, no sample counts). With [dp] the sum's threshold is
         K_min, so fewer survivors abort the round (``SecAggError``). A node that shared

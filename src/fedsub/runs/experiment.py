@@ -30,7 +30,6 @@ from fedsub.engine.guards import Rejection
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import ModelFile
 from fedsub.engine.loop import Diverged, Evaluation, RunControl
-from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
@@ -47,6 +46,7 @@ from fedsub.files.run_folder import (
 )
 from fedsub.models.base import Model
 from fedsub.moved_keys import current_name, in_sections
+from fedsub.privacy.private_rounds import PrivateRounds
 from fedsub.profiling import RoundProfile, profiling
 from fedsub.progress import current as current_reporter
 from fedsub.progress import phase
