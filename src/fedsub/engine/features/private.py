@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,6 +31,7 @@ from fedsub.engine.contribution import (
     RoundSetup,
     handle_of,
     taking,
+    watching,
 )
 from fedsub.engine.features.dp import NAME as DP
 from fedsub.engine.features.dp import DpRound, dp_settings
@@ -133,6 +136,39 @@ def run_members(
         assert part is not None  # one member: never an empty share
         parts.append(part)
     return concatenated(parts)
+
+
+@dataclass
+class PrivateReport:
+    """What a run's private rounds report (runs/experiment.py): their costs so far, a round's
+    metrics, and privacy.json's record of the level. The rounds come through
+    ``RunControl.watch`` (``watch``)."""
+
+    rounds: list[PrivateRounds] = field(default_factory=list)
+
+    def watch(self) -> dict[str, Callable[[object], None]]:
+        """``RunControl.watch``'s watcher of this feature's handle."""
+        return {NAME: watching(PrivateRounds, self.rounds.append)}
+
+    def costs(self) -> dict | None:
+        """The private rounds' costs so far (None: the run has none)."""
+        return self.rounds[0].costs.as_json() if self.rounds else None
+
+    def records(self, withheld: str | None = None) -> list[tuple[dict, int, float]]:
+        """privacy.json's record of each private rounds' level (its guarantees) and costs
+        (``withheld`` says why not, in their place), with how many values secure aggregation
+        clipped and to what (privacy.secagg_clip)."""
+        return [
+            (
+                {
+                    **p.described(),
+                    **(p.costs.as_json() if withheld is None else {"costs": withheld}),
+                },
+                p.costs.clipped,
+                p.privacy.secagg_clip,
+            )
+            for p in self.rounds
+        ]
 
 
 def private_rounds_of(features: RoundFeatures) -> PrivateRounds | None:
