@@ -68,7 +68,7 @@ class RoundLog:
 
 def finish(rounds, plan, update) -> bool:
     """The loop's checked server step (engine/loop.py ``run_round``): aggregate, then step."""
-    step = rounds.aggregate(plan, update)
+    step = rounds.server_step(plan, update)
     return step is not None and step()
 
 

@@ -193,7 +193,7 @@ def run_round(rounds: ServerRound, runtime: RoundRuntime, round_index: int) -> N
             if isinstance(update, RoundFailed):
                 step = rounds.fail(plan)
             else:
-                step = rounds.aggregate(plan, update)
+                step = rounds.server_step(plan, update)
         with timed("server step"):
             updated = step is not None and step()
     except Diverged as error:  # the runtime records it, then the run ends with it

@@ -4,7 +4,7 @@ with ``Diverged`` the same way.
 
 ``begin(r)`` samples round r's cohort and describes its client work (``RoundFeatures.draw``:
 algorithms/sampling.py's ``draw_cohort`` as the features take part; client/work.py's
-``round_work``; SCAFFOLD's corrections); ``aggregate(plan, update)`` screens the clients'
+``round_work``; SCAFFOLD's corrections); ``server_step(plan, update)`` screens the clients'
 updates (engine/guards.py), combines them (``RoundFeatures.combined``) and checks the
 aggregate is finite, and its ``ServerStep`` applies the server optimizer, checks the model
 stays finite and updates the control variates (the loop times the two apart). What a
@@ -40,7 +40,7 @@ from fedsub.submodel.transfer import Updates
 __all__ = ["HOST_READS_PER_ROUND", "Diverged", "RoundPlan", "ServerRound", "ServerStep"]
 
 ServerStep = Callable[[], bool]
-"""A round's server step, its aggregate checked (``ServerRound.aggregate``): applies it and
+"""A round's server step, its aggregate checked (``ServerRound.server_step``): applies it and
 says the model changed; raises ``Diverged`` if the model overflowed."""
 
 # How often a round of the batched backend's torch kernels (a GPU's) reads the device from the
@@ -137,9 +137,9 @@ class ServerRound:
         (``RoundFeatures.combines_empty``)."""
         if not self.features.combines_empty():
             return None
-        return self.aggregate(plan, nobody(self.params))
+        return self.server_step(plan, nobody(self.params))
 
-    def aggregate(self, plan: RoundPlan, update: Updates) -> ServerStep | None:
+    def server_step(self, plan: RoundPlan, update: Updates) -> ServerStep | None:
         """Screen and combine the cohort's update: the server step that applies it (the loop
         times the two apart: "aggregation", "server step"), or None when every update was
         rejected (the model unchanged). Raises ``Diverged`` if the aggregate is not finite;
