@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
+from fedsub.engine.membership import Membership
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid, exchange
 from fedsub.flower.records import record_of, tensors_of
@@ -233,17 +234,18 @@ class HeatExchange(PrivateHeatStage):
     def measured(
         self,
         grid: PushPullGrid,
-        nodes: Mapping[int, int],
+        membership: Membership,
         kind: HeatKind,
-        table_rows: Mapping[str, int],
         timeout: float,
         record: Recorder | None = None,
     ) -> MeasuredHeat:
-        """The heat of the exchange with ``nodes`` (partition -> node id), every one of which
+        """The heat of the exchange with every counted node of ``membership``, each of which
         must contribute (once: then, or after a resume, the report kept)."""
         if self.report is None:
+            nodes = {k: membership.node_of(k) for k in membership.counted}
+            tables = dict(membership.tables)
             report = collect_heat(
-                grid, list(nodes.values()), self.privacy, kind, table_rows, timeout, record
+                grid, list(nodes.values()), self.privacy, kind, tables, timeout, record
             )
             missing = sorted(k for k, n in nodes.items() if n not in report.contributors)
             if missing:

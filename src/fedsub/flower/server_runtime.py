@@ -299,13 +299,8 @@ class FlowerRuntime:
     def _measured_heat(self) -> MeasuredHeat:
         """The heat of the private exchange with every counted node (once: a resumed run's
         comes from its checkpoint)."""
-        nodes = {k: self.membership.node_of(k) for k in self.membership.counted}
-        tables, kind, record = (
-            dict(self.membership.tables),
-            self.served.heat,
-            self.observers.transcript,
-        )
-        return self.heat.measured(self.grid, nodes, kind, tables, self.timeout, record)
+        kind, record = self.served.heat, self.observers.transcript
+        return self.heat.measured(self.grid, self.membership, kind, self.timeout, record)
 
     def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
         """The round's aggregation: secure row sums at ``full`` (noised by the nodes under
