@@ -25,11 +25,11 @@ from fedsub.algorithms.registry import AlgorithmContext, build_algorithm
 from fedsub.data.synthetic_sparse import SyntheticSparseOptions, generate
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import RunControl
-from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.models.registry import build_model
 from fedsub.privacy import private_download
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.private_rounds import PrivateRounds
 from fedsub.privacy.sparse_secagg import secagg_bytes
 from fedsub.submodel.index import SubmodelIndex
 

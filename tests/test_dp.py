@@ -879,3 +879,29 @@ def test_a_test_split_declared_public_puts_the_test_metrics_under_epsilon(tmp_pa
     markdown = (tmp_path / "summary.md").read_text()
     assert "declared public (dp.public_test = true: your declaration, not checked)" in markdown
     assert "epsilon covers the released models only" not in markdown
+
+
+@pytest.mark.parametrize(
+    ("download", "keep"),
+    [([], 1.0), (["privacy.level='download'", "privacy.download_keep=0.8"], 0.8)],
+)
+def test_the_downloads_p_reaches_the_central_mechanism_through_the_dp_settings(download, keep):
+    """[dp]'s adapter reads p from ``DpSettings.weights`` (runs/run_setup.py's ``dp_of`` fills
+    it from [privacy]), not from the privacy settings: the mechanism it builds divides by it."""
+    from fedsub.engine.contribution import RoundSetup
+    from fedsub.engine.features import dp as dp_feature
+
+    c = config(*DP, *download)
+    setup = prepare(c)
+    dp = setup.schedule.setting(DpSettings)
+    assert dp is not None and dp.weights.download_keep == keep
+    assert dp_of(c, setup.dataset.num_clients) == dp
+    algorithm = build_algorithm("fedavg", setup.context)
+    params = initial_params(setup.model, setup.schedule)
+    round_setup = RoundSetup(
+        setup.model, algorithm, setup.schedule, setup.dataset.sample_counts(), params
+    )
+    contribution = dp_feature.contribute(round_setup)
+    assert contribution is not None
+    mechanism = dp_feature.narrowed(contribution.handle, dp_feature.DpRound).mechanism
+    assert mechanism is not None and mechanism.keep == keep

@@ -20,11 +20,11 @@ from fedsub.config import Config
 from fedsub.dp import discrete_gaussian
 from fedsub.dp.distributed import SHARE_STD_FLOOR, DiscreteNoise, clipped_integers, noisy_share
 from fedsub.dp.settings import DpSettings
-from fedsub.engine import private_rounds
 from fedsub.engine.features.dp import distributed_dp
-from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
+from fedsub.privacy import private_rounds
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.private_rounds import PrivateRounds
 from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, secure_row_sum
 from fedsub.runs import experiment

@@ -206,7 +206,7 @@ def test_the_server_decodes_the_clipped_sum_plus_noise_of_the_stated_variance(mo
         assert clients == 3
         plain = np.zeros(len(total) - 2, dtype=np.int64)
         for values, noise in shares[3 * r : 3 * r + 3]:
-            x = values[:-2]  # the real slots (the last two: weight units, clipped count)
+            x = values  # the real slots (privacy/sparse_secagg.noised_input zeroes the last two)
             factor = min(1.0, 0.5 / np.linalg.norm(x))  # dp.clip = 0.5, weight 1
             plain += np.rint(x * factor * noise.scale).astype(np.int64)
         signed = total[:-2].astype(np.int64)

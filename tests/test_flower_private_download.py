@@ -580,7 +580,7 @@ def test_each_node_is_told_its_own_part_of_the_rounds_weighting(weighting, units
     a member drawn twice (m = 2, 1; sample counts n = 4, 7; W = 11, N = 2)."""
     from fedsub.algorithms.aggregation import Aggregation
     from fedsub.algorithms.weighting import SecureWeighting
-    from fedsub.engine.private_rounds import SecureRound
+    from fedsub.privacy.private_rounds import SecureRound
     from fedsub.submodel.transfer import CohortUpdate
 
     update = CohortUpdate(

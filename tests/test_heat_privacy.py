@@ -222,12 +222,10 @@ def test_run_records_what_the_heat_source_guarantees(tmp_path):
 
 
 def test_coefficients_are_computed_once_per_context(small, monkeypatch):
-    import fedsub.algorithms.registry as registry
-
     dataset, index = small
     calls = []
-    real = registry.estimate_heat
-    monkeypatch.setattr(registry, "estimate_heat", lambda *a: calls.append(1) or real(*a))
+    real = HeatPrivacy.estimate  # the context's heat source's
+    monkeypatch.setattr(HeatPrivacy, "estimate", lambda *a: calls.append(1) or real(*a))
     context = AlgorithmContext(dataset, index, "clients", 10, HeatPrivacy("secagg", group_size=16))
     first = heat_coefficients(context)
     build_algorithm("fedsubavg", context)

@@ -24,7 +24,6 @@ from fedsub.engine import checkpoint as checkpoint_lib
 from fedsub.engine.execution import Execution
 from fedsub.engine.in_process import train
 from fedsub.engine.loop import Interrupted, RunControl
-from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.flower.private_download import SECRET
@@ -33,6 +32,7 @@ from fedsub.numerics import secret_streams
 from fedsub.numerics.seeding import Secret
 from fedsub.privacy import levels
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.private_rounds import PrivateRounds
 from fedsub.privacy.randomness import NOT_PRIVATE, STAGE
 from fedsub.privacy.requests import client_request
 from fedsub.runs import experiment

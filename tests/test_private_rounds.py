@@ -12,15 +12,16 @@ import torch
 
 from fedsub import config as config_lib
 from fedsub.engine.execution import Execution
+from fedsub.engine.features import private as private_feature
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import initial_params
 from fedsub.engine.loop import RunControl
-from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
 from fedsub.models.registry import build_model
-from fedsub.privacy.fixed_point import FixedPoint
+from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.private_rounds import PrivateRounds
 from fedsub.submodel.index import SubmodelIndex
 
 from .equivalence import algorithm_for
@@ -141,8 +142,8 @@ def test_randomized_download_trains_without_the_rows_it_skipped(small_synthetic,
     batched, _, _, _ = run(small_synthetic, privacy, backend="batched")
     sequential, _, _, _ = run(small_synthetic, privacy, backend="sequential")
     torch.testing.assert_close(table(batched), table(sequential), rtol=0, atol=1e-12)
-    monkeypatch.setattr(
-        PrivateRounds, "_run_members", lambda self, run_cohort, held, *args: run_cohort(*args)
+    monkeypatch.setattr(  # the members' views ignored: the whole cohort on the global model
+        private_feature, "run_members", lambda run_cohort, held, requests, job: run_cohort(job)
     )
     current, _, _, _ = run(small_synthetic, privacy, backend="batched")
     assert float((table(current) - table(batched)).abs().max()) > 1e-6
@@ -194,7 +195,7 @@ def test_secure_weighting_gives_the_plain_aggregation_weights(weighting):
     and the server corrects the decoded sums by the total units: the product is the plain
     aggregation's a_k (aggregation_weights, the reference) for every weighting."""
     from fedsub.algorithms.aggregation import Aggregation, aggregation_weights
-    from fedsub.engine.private_rounds import secure_weighting
+    from fedsub.privacy.private_rounds import secure_weighting
 
     counts = [7, 1, 30, 12]
     draws = [1, 2, 1, 3]
@@ -213,7 +214,7 @@ def test_secure_weighting_of_one_survivor_and_of_none():
     """One member left with one unit (uniform weighting) is its own mean; no units at all is
     an error, not a division by zero."""
     from fedsub.algorithms.aggregation import Aggregation
-    from fedsub.engine.private_rounds import secure_weighting
+    from fedsub.privacy.private_rounds import secure_weighting
 
     secure = secure_weighting(Aggregation("uniform"), [1])
     units = secure.units(0, 37)
@@ -226,7 +227,7 @@ def test_secure_weighting_of_one_survivor_and_of_none():
 def test_a_skipped_row_reads_as_zero_in_the_members_view():
     """WithoutRows: the held rows a request left out read as 0 (the feature absent), the
     others as the global model."""
-    from fedsub.engine.private_rounds import WithoutRows
+    from fedsub.privacy.private_rounds import WithoutRows
 
     table = torch.arange(1.0, 13.0).reshape(6, 2)
     view = WithoutRows({"t": table}, {}, {"t": torch.tensor([1, 4])})
@@ -242,7 +243,7 @@ def test_secure_weighting_gives_scheme2s_model_scale():
     """Scheme II rescales the old model by f = (N/K) sum p_k; at ``full`` the server gets it
     from the secure sum's total units only: f = scale * sum_k n_k."""
     from fedsub.algorithms.aggregation import Aggregation
-    from fedsub.engine.private_rounds import secure_weighting
+    from fedsub.privacy.private_rounds import secure_weighting
 
     counts, population, n = [7, 1, 30, 12], 400.0, 25
     for model_average in (True, False):
@@ -262,7 +263,7 @@ def test_secure_weighting_scales_and_corrects_as_written_out(population, num_cli
     W/N taken as 1 when the population is unknown. With member 2 dropped out, the corrected
     sums are the survivors' weighted mean sum_k units_k d_k / sum_k units_k."""
     from fedsub.algorithms.aggregation import Aggregation
-    from fedsub.engine.private_rounds import secure_weighting
+    from fedsub.privacy.private_rounds import secure_weighting
 
     draws, counts, deltas = [1, 2, 1], [7, 3, 30], [2.0, 1.0, 5.0]
     drawn, survivors = sum(draws), [0, 1]
@@ -291,7 +292,7 @@ def test_secure_weighting_scales_and_corrects_as_written_out(population, num_cli
 def test_restrict_keeps_only_the_rows_each_member_requested():
     """restrict, by hand: member 0 requested two of its rows, member 1 nothing (it keeps no
     row), member 2 a single row (below one it holds and equal to another)."""
-    from fedsub.engine.private_rounds import restrict
+    from fedsub.privacy.private_rounds import restrict
     from fedsub.submodel.transfer import CohortUpdate
 
     rows = torch.tensor([1, 4, 6, 2, 3, 0, 5, 7])
@@ -318,7 +319,7 @@ def test_restrict_keeps_only_the_rows_each_member_requested():
 
 def test_a_view_with_no_skipped_rows_of_a_table_reads_the_global_model():
     """WithoutRows without an entry for a table (no skipped rows given) reads it unchanged."""
-    from fedsub.engine.private_rounds import WithoutRows
+    from fedsub.privacy.private_rounds import WithoutRows
 
     table = torch.arange(1.0, 7.0).reshape(3, 2)
     rows = torch.tensor([2, 0])

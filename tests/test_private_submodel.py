@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from fedsub.numerics.fixed_point import SIGNED_LIMIT, FixedPoint
 from fedsub.privacy import private_download as pd
-from fedsub.privacy.fixed_point import SIGNED_LIMIT, FixedPoint
 from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.sparse_secagg import RowSlots, encode_client, secure_row_sum, union_of
 

@@ -23,6 +23,12 @@ BIG = 3e38  # finite in float32; twice it is not
 CLIENTS = 6
 
 
+def finish(rounds, plan, update) -> bool:
+    """The loop's checked server step (engine/loop.py ``run_round``): aggregate, then step."""
+    step = rounds.server_step(plan, update)
+    return step is not None and step()
+
+
 def quadratic() -> tuple[FederatedDataset, SubmodelIndex]:
     """Six clients, one sample each, all on the single row of table w."""
     parts = [
@@ -72,7 +78,7 @@ def test_an_aggregate_that_is_not_finite_is_named_before_any_server_step():
     )
     plan = rounds.begin(1)
     with pytest.raises(Diverged, match="the aggregate is not finite"):
-        rounds.finish(plan, cohort_update(plan.cohort.clients.tolist(), 0.5))
+        finish(rounds, plan, cohort_update(plan.cohort.clients.tolist(), 0.5))
     assert torch.equal(params.tables["w"], torch.zeros(1, 1))
 
 
@@ -83,7 +89,7 @@ def test_finish_raises_diverged_naming_the_round_when_the_model_overflows(tmp_pa
     plan = rounds.begin(3)
     assert len(plan.cohort) == 3 and plan.work.lr.shape == (3,)
     with pytest.raises(Diverged) as error:
-        rounds.finish(plan, cohort_update(plan.cohort.clients.tolist(), BIG))
+        finish(rounds, plan, cohort_update(plan.cohort.clients.tolist(), BIG))
     assert error.value.round == 3 and error.value.reason == "the model overflowed"
     assert str(error.value).startswith("fedavg: the model overflowed at round 3")
     assert f"last good checkpoint: {tmp_path / 'round-000002'}" in str(error.value)
@@ -97,12 +103,12 @@ def test_finish_screens_out_a_non_finite_client_update_and_applies_the_rest():
     clients = plan.cohort.clients.tolist()
     update = cohort_update(clients, 0.5)
     update.table_deltas["w"][0] = float("nan")  # the first member's only row
-    assert rounds.finish(plan, update) is True
+    assert finish(rounds, plan, update) is True
     assert [(r.client, r.round) for r in rejections] == [(clients[0], 1)]
     assert float(params.tables["w"][0, 0]) == pytest.approx(0.5)  # the mean of the others
 
     nothing_left = cohort_update(clients, float("inf"))
-    assert rounds.finish(rounds.begin(2), nothing_left) is False
+    assert finish(rounds, rounds.begin(2), nothing_left) is False
     assert float(params.tables["w"][0, 0]) == pytest.approx(0.5)  # unchanged
 
 

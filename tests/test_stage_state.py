@@ -66,6 +66,12 @@ class RoundLog:
         self.rounds, self.norms = tensors["rounds"].clone(), tensors["norms"].clone()
 
 
+def finish(rounds, plan, update) -> bool:
+    """The loop's checked server step (engine/loop.py ``run_round``): aggregate, then step."""
+    step = rounds.server_step(plan, update)
+    return step is not None and step()
+
+
 def setup(algorithm: str):
     dataset = make_dataset(CLIENTS, table_rows=5)
     index = SubmodelIndex.build(dataset)
@@ -97,7 +103,7 @@ def play(rounds, run_cohort, model, dataset, index, log: RoundLog, round_index: 
         model, rounds.params, dataset, index, plan.cohort, round_index, SCHEDULE, plan.work
     )
     update = run_cohort(job)
-    rounds.finish(plan, update)
+    finish(rounds, plan, update)
     log.record(float(sum(p.norm() for p in rounds.params.tensors())))
 
 

@@ -31,7 +31,7 @@ OLD_SECTION = "train"
 
 # keys of the new sections that never were in [train] -> their default, as to_toml writes it
 # (privacy.randomness: runs written before it drew their requests from train.seed; resumed,
-# their checkpoints lack the secret and continue seeded, engine/private_rounds.request_stages)
+# their checkpoints lack the secret and continue seeded, privacy/private_rounds.request_stages)
 ADDED_SINCE: dict[tuple[str, str], str] = {
     ("execution", "table_sharding"): '"none"',
     ("privacy", "randomness"): '"secret"',

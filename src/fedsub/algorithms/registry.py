@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -53,12 +53,73 @@ from fedsub.client.work import round_chain
 from fedsub.data.federated import Population
 from fedsub.distributed import Processes
 from fedsub.errors import ConfigError
-from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
-from fedsub.privacy.heat_vectors import MeasuredHeat
-from fedsub.privacy.randomness import HeatCoins
+from fedsub.stateful import Stateful
 from fedsub.submodel import heat as heat_lib
 from fedsub.submodel.index import SubmodelIndex
 from fedsub.submodel.params import Params
+
+
+class HeatSource(Protocol):
+    """Where FedSubAvg's heat comes from (``privacy.heat_source``: privacy/heat_sources.py's
+    ``HeatPrivacy``, which runs/run_setup.py gives; ``ExactHeat`` by default): its name, the
+    heat of every row as it reveals it (``keep``: of those rows of each table only), and the
+    coins it keeps as a checkpoint stage (randomized response's key; None: none)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def coins(self) -> Stateful | None: ...
+
+    def estimate(
+        self,
+        dataset: Population,
+        index: SubmodelIndex,
+        kind: heat_lib.HeatKind,
+        keep: Mapping[str, range] | None = None,
+    ) -> dict[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class ExactHeat:
+    """The heat in the clear (``privacy.heat_source = "exact"``: the server sees every S(k))."""
+
+    source: str = "exact"
+    coins: None = None
+
+    def estimate(
+        self,
+        dataset: Population,
+        index: SubmodelIndex,
+        kind: heat_lib.HeatKind,
+        keep: Mapping[str, range] | None = None,
+    ) -> dict[str, np.ndarray]:
+        counts, tables = dataset.sample_counts(), dataset.table_rows
+        kept = {t: range(n) if keep is None else keep[t] for t, n in tables.items()}
+        return {
+            t: heat_lib.heat(index.rows[t], n, counts, kind, kept[t]) for t, n in tables.items()
+        }
+
+
+class MeasuredHeat(Protocol):
+    """Heat measured by a private source over a network (privacy/heat_vectors.py's
+    ``MeasuredHeat``): per table the heat of every row (float64) as the source revealed it,
+    with the population's totals the aggregation needs."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def heat(self) -> dict[str, np.ndarray]: ...
+
+    @property
+    def total_samples(self) -> float: ...
+
+    @property
+    def num_clients(self) -> int: ...
+
+    @property
+    def lowest_weight(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +135,7 @@ class AlgorithmContext:
     index: SubmodelIndex
     heat: heat_lib.HeatKind
     clients_per_round: int = 1
-    privacy: HeatPrivacy = field(default_factory=HeatPrivacy)
+    privacy: HeatSource = field(default_factory=ExactHeat)
     measured: MeasuredHeat | None = None
     # row-sharded tables (fedsub/sharding): the heat coefficients are this process's rows'
     # (``Processes.share`` of each table's rows); None: every row's
@@ -100,7 +161,7 @@ class Algorithm:
     # the key of the randomized-response heat's coins its context's heat came from (a
     # checkpoint stage in secret mode: engine/features/private.py's HEAT_SECRET); None: no
     # such heat
-    heat_coins: HeatCoins | None = field(default=None, compare=False, repr=False)
+    heat_coins: Stateful | None = field(default=None, compare=False, repr=False)
 
     @property
     def control_variates(self) -> bool:
@@ -177,9 +238,7 @@ def heat_coefficients(context: AlgorithmContext) -> dict[str, torch.Tensor]:
         total = float(counts.sum()) if context.heat == "samples" else float(len(counts))
         lowest = float(counts.min()) if context.heat == "samples" else 1.0
         source = context.privacy.source
-        estimates = estimate_heat(
-            context.dataset, context.index, context.heat, context.privacy, keep
-        )
+        estimates = context.privacy.estimate(context.dataset, context.index, context.heat, keep)
     coefficients = {}
     for table, row_heat in estimates.items():
         if source in ("sketch", "randomized-response"):

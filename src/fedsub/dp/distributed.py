@@ -4,7 +4,7 @@ discrete Gaussian noise, so the server only ever decodes the noised sum (Kairouz
 Steinke 2021, "The distributed discrete Gaussian mechanism for federated learning with secure
 aggregation", in fedsub's form: no random rotation, a stated wrap-around bound instead).
 
-One round, in integers mod 2^32 (``privacy/fixed_point.py``'s two's complement):
+One round, in integers mod 2^32 (``numerics/fixed_point.py``'s two's complement):
 
 - the client's vector x (its row deltas over the round's public row slots and its dense deltas,
   length d) is clipped to L2 norm C and times its capped weight w <= 1, scaled by s (a power
@@ -51,8 +51,7 @@ import numpy as np
 from fedsub.dp import discrete_gaussian
 from fedsub.dp.randomness import DpStreams
 from fedsub.numerics import seeding
-from fedsub.privacy.fixed_point import MODULUS_BITS, SIGNED_LIMIT, FixedPoint
-from fedsub.privacy.sparse_secagg import INTEGER_SLOTS
+from fedsub.numerics.fixed_point import MODULUS_BITS, SIGNED_LIMIT, FixedPoint
 
 TAIL_STDS = 14.0  # the noise's wrap-around margin, in its standard deviations
 SHARE_STD_FLOOR = 16.0  # sigma_share >= this keeps Kairouz et al.'s tau below 1e-1000
@@ -93,13 +92,10 @@ class DiscreteNoise:
         return FixedPoint(self.clip, self.scale)
 
     def share(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """A member's uint32 input to a secure row sum (privacy/sparse_secagg.py) under
-        distributed DP, from its vector over the round's slots (``RowSlots.client_values``,
-        unweighted): its noisy share of the real values (weight 1: uniform weights), zeros in
-        the integer slots (no units, no clipped count). In process and on a Flower node, on
-        the member's side."""
-        share = noisy_share(values[:-INTEGER_SLOTS], 1.0, self, rng)
-        return np.concatenate([share, np.zeros(INTEGER_SLOTS, dtype=np.uint32)])
+        """A member's noisy share (uint32) of its real values (unweighted: weight 1, uniform
+        weights), what it puts in a secure sum's real slots (privacy/sparse_secagg.py's
+        ``noised_input``). In process and on a Flower node, on the member's side."""
+        return noisy_share(values, 1.0, self, rng)
 
     @staticmethod
     def for_round(
@@ -166,7 +162,7 @@ def member_rng(seed: seeding.Seed, round_index: int, client: int) -> np.random.G
 @dataclass(frozen=True)
 class DistributedDp:
     """[dp] at privacy.level "full": its part in a round's secure row sum, in process and on
-    Flower's server (engine/private_rounds.py's ``NoisySum``). The public settings: clip C,
+    Flower's server (privacy/private_rounds.py's ``NoisySum``). The public settings: clip C,
     noise multiplier z, the fewest survivors K_min a sum may be decoded from, the public
     denominator K; and the key of the members' shares in process (``member_rng`` over
     ``streams``' secret, or ``seed`` without streams; a Flower node draws its own)."""

@@ -21,7 +21,7 @@ and fedsub's sparsity-preserving form for submodels).
    noise by D / threshold. Post-processing of the mechanism's output: no extra budget.
 6. Private download with randomized response (``keep`` = p < 1, ``privacy.level =
    "download"``): a held row reaches the sum with probability p, so without heat the rows'
-   values are divided by p (the unbiasing ``engine/private_rounds.py`` applies without DP);
+   values are divided by p (the unbiasing ``privacy/private_rounds.py`` applies without DP);
    with the private heat the histogram counts the same requested rows, so (sum + noise) / h_m
    is already unbiased and nothing is divided. Post-processing: no extra budget.
 

@@ -4,7 +4,7 @@ Differential privacy holds only if whoever reads a run's published files cannot 
 random choices. Under [dp] every choice the guarantee relies on is drawn from ``DpStreams.key``:
 the central Gaussian noise, the row selection's histogram noise and false positives, adaptive
 clipping's count noise (dp/mechanism.py), distributed DP's member noise in simulation
-(engine/private_rounds.py), the cohort and Poisson membership (engine/server_round.py).
+(privacy/private_rounds.py), the cohort and Poisson membership (engine/server_round.py).
 
 ``dp.randomness = "secret"`` (the default): the key is a ``seeding.Secret``, 256 bits drawn
 from the operating system's entropy when the run starts. It lives only in the run's private

@@ -116,10 +116,13 @@ class AdaptiveClip:
 @dataclass(frozen=True)
 class DpWeights:
     """[dp]'s client weights: uniform (``cap`` 0), or capped w_k = min(1, n_k / cap), and the
-    public mean weight of the denominator D = K * ``mean``."""
+    public mean weight of the denominator D = K * ``mean``; a row's denominator is D times
+    ``download_keep``, p: the probability that a member holding the row requests it (the
+    private download's, privacy.level; 1 without a randomized download)."""
 
     cap: float = 0.0
     mean: float = 1.0
+    download_keep: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ import numpy as np
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, as_model_delta
 from fedsub.algorithms.registry import Algorithm
-from fedsub.algorithms.sampling import Cohort
+from fedsub.algorithms.sampling import Cohort, SamplingKind, draw_cohort
 from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import CohortTensors, CohortWork
 from fedsub.engine.checkpoint import Checkpoint
@@ -290,6 +290,26 @@ class RoundFeatures:
             if contribution.draw.filter is not None:
                 among = contribution.draw.filter.eligible(round_index, among)
         return among
+
+    def draw(
+        self,
+        kind: SamplingKind,
+        schedule: Schedule,
+        counts: np.ndarray,
+        round_index: int,
+        among: np.ndarray | None,
+    ) -> Cohort:
+        """Round ``round_index``'s cohort (algorithms/sampling.py's ``draw_cohort``, the
+        scheme's sampling ``kind``) as the features take part in it: ``among`` narrowed by
+        every ``draw.filter`` (``eligible``), drawn with the key ``sampling_key`` gives, then
+        told to each filter (``drawn``), unless nobody could take part (an empty round, the
+        caller's)."""
+        among = self.eligible(round_index, among)
+        seed, k = self.sampling_key(schedule.seed), schedule.clients_per_round
+        cohort = draw_cohort(kind, schedule.sampling, k, counts, seed, round_index, among)
+        if len(counts if among is None else among):
+            self.drawn(round_index, cohort.clients)
+        return cohort
 
     def drawn(self, round_index: int, clients: np.ndarray) -> None:
         """Round ``round_index``'s cohort, told to each contributed ``draw.filter``."""

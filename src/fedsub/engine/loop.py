@@ -185,16 +185,17 @@ def run_round(rounds: ServerRound, runtime: RoundRuntime, round_index: int) -> N
     """Round ``round_index``: who takes part, their work, and the checked server step. A round
     whose work did not come back (``RoundFailed``) leaves the model unchanged, except where a
     feature combines an empty round all the same (``ServerRound.fail``)."""
-    params = rounds.params
     with timed("cohort"):
         plan = rounds.begin(round_index, runtime.available(round_index, rounds))
-    update = runtime.run_cohort(plan, params)
-    updated = False
+    update = runtime.run_cohort(plan, rounds.params)
     try:
-        if not isinstance(update, RoundFailed):
-            updated = rounds.finish(plan, update)
-        else:
-            updated = rounds.fail(plan)
+        with timed("aggregation"):  # screened and combined; the step applies it
+            if isinstance(update, RoundFailed):
+                step = rounds.fail(plan)
+            else:
+                step = rounds.server_step(plan, update)
+        with timed("server step"):
+            updated = step is not None and step()
     except Diverged as error:  # the runtime records it, then the run ends with it
         runtime.close_round(round_index, False, error.reason)
         raise

@@ -3,7 +3,7 @@
 
 The loop (``loop.drive``) owns everything a round is on the server: sampling and the
 client work's description (``ServerRound.begin``), screening, combining and the checked
-server step (``ServerRound.finish``), [dp]'s ledger, evaluation cadence and divergence,
+server step (``ServerRound.server_step``), [dp]'s ledger, evaluation cadence and divergence,
 checkpoints, resume and stops. A runtime answers, each round:
 
 - ``available``: which clients can take part (None: every client); a runtime whose

@@ -2,17 +2,19 @@
 every runtime (in process, Flower), so every run screens updates, checks finiteness and stops
 with ``Diverged`` the same way.
 
-``begin(r)`` samples round r's cohort and describes its client work (algorithms/sampling.py's
-``draw_cohort``, client/work.py's ``round_work``, SCAFFOLD's corrections); ``finish(plan,
-update)`` screens the clients' updates (engine/guards.py), combines them
-(``RoundFeatures.combined``), checks the aggregate and the model stay finite, applies the
-server optimizer and updates the control variates. What a feature adds comes in
-``features`` (engine/contribution.py).
+``begin(r)`` samples round r's cohort and describes its client work (``RoundFeatures.draw``:
+algorithms/sampling.py's ``draw_cohort`` as the features take part; client/work.py's
+``round_work``; SCAFFOLD's corrections); ``server_step(plan, update)`` screens the clients'
+updates (engine/guards.py), combines them (``RoundFeatures.combined``) and checks the
+aggregate is finite, and its ``ServerStep`` applies the server optimizer, checks the model
+stays finite and updates the control variates (the loop times the two apart). What a
+feature adds comes in ``features`` (engine/contribution.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,6 @@ import numpy as np
 import torch
 
 from fedsub.algorithms.registry import Algorithm
-from fedsub.algorithms.sampling import draw_cohort
 from fedsub.algorithms.server_optimizer import ServerOptimizer
 from fedsub.client.work import round_work
 from fedsub.engine.contribution import Combine, RoundContribution, RoundFeatures, Stages, Variates
@@ -33,11 +34,14 @@ from fedsub.engine.guards import (
     touched_nonfinite,
 )
 from fedsub.engine.schedule import RoundPlan, Schedule
-from fedsub.profiling import timed
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import Updates
 
-__all__ = ["HOST_READS_PER_ROUND", "Diverged", "RoundPlan", "ServerRound"]
+__all__ = ["HOST_READS_PER_ROUND", "Diverged", "RoundPlan", "ServerRound", "ServerStep"]
+
+ServerStep = Callable[[], bool]
+"""A round's server step, its aggregate checked (``ServerRound.server_step``): applies it and
+says the model changed; raises ``Diverged`` if the model overflowed."""
 
 # How often a round of the batched backend's torch kernels (a GPU's) reads the device from the
 # host, with server SGD (FedAvg, FedSubAvg; adaptive server optimizers may add their own):
@@ -117,21 +121,9 @@ class ServerRound:
         a feature's (``RoundContribution.draw.key``: a secret nobody outside can redraw
         the cohort from). A feature's ``draw.filter`` narrows ``among`` first (who may take
         part this round) and is told the cohort drawn."""
-        among = self.features.eligible(round_index, among)
-        seed = self.features.sampling_key(self.schedule.seed)
-        kind, schedule = self.algorithm.scheme.sampling, self.schedule
-        cohort = draw_cohort(
-            kind,
-            schedule.sampling,
-            schedule.clients_per_round,
-            self.counts,
-            seed,
-            round_index,
-            among,
-        )
-        if len(self.counts if among is None else among):  # else an empty round (the caller's)
-            self.features.drawn(round_index, cohort.clients)
-        a, step = self.algorithm, schedule.client_step
+        a, schedule = self.algorithm, self.schedule
+        cohort = self.features.draw(a.scheme.sampling, schedule, self.counts, round_index, among)
+        step = schedule.client_step
         work = round_work(
             a.client, step, a.lr, self.counts, cohort.clients, round_index, a.scheme.scale_lr_by_pn
         )
@@ -139,17 +131,20 @@ class ServerRound:
             work = dataclasses.replace(work, corrections=self.variates.corrections(cohort))
         return RoundPlan(round_index, cohort, work)
 
-    def fail(self, plan: RoundPlan) -> bool:
-        """The round's work did not come back: the model stays unchanged (False), unless a
-        feature combines an empty round all the same (``RoundFeatures.combines_empty``)."""
+    def fail(self, plan: RoundPlan) -> ServerStep | None:
+        """The round's work did not come back: nothing to apply (None: the model stays
+        unchanged), unless a feature combines an empty round all the same
+        (``RoundFeatures.combines_empty``)."""
         if not self.features.combines_empty():
-            return False
-        return self.finish(plan, nobody(self.params))
+            return None
+        return self.server_step(plan, nobody(self.params))
 
-    def finish(self, plan: RoundPlan, update: Updates) -> bool:
-        """Screen, combine and apply the cohort's update; whether the model changed (False when
-        every update was rejected). Raises ``Diverged`` if the aggregate or the model is not
-        finite.
+    def server_step(self, plan: RoundPlan, update: Updates) -> ServerStep | None:
+        """Screen and combine the cohort's update: the server step that applies it (the loop
+        times the two apart: "aggregation", "server step"), or None when every update was
+        rejected (the model unchanged). Raises ``Diverged`` if the aggregate is not finite;
+        the step raises it if the model overflowed, else applies the server optimizer,
+        updates the control variates and returns True.
 
         Host syncs (``HOST_READS_PER_ROUND``): the checks are computed on the device and read
         twice, once before the server step (something to screen out? an aggregate that is not
@@ -160,18 +155,17 @@ class ServerRound:
         features, safety, params = self.features, self.features.safety, self.params
         features.before_finish(r)
         agree = features.agreement.agree
-        with timed("aggregation"):
-            suspect = needs_screening(update, safety.max_update_norm)
-            server_update = features.combined(self.combine, update, r, params)
-            checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
-            to_screen, aggregate_bad = agree(checks.tolist())  # host read 1
+        suspect = needs_screening(update, safety.max_update_norm)
+        server_update = features.combined(self.combine, update, r, params)
+        checks = torch.stack([suspect, server_update.nonfinite().to(suspect.device)])
+        to_screen, aggregate_bad = agree(checks.tolist())  # host read 1
         if to_screen:
             members, rejected = screen(update, r, safety.max_update_norm)
             for rejection in features.agreement.all_rejected(rejected):
                 if safety.on_reject is not None:
                     safety.on_reject(rejection)
             if not agree([bool(members)])[0] and not features.combines_empty():
-                return False
+                return None
             # a round without members may still combine (a mechanism's noise: an unchanged
             # model would tell that every member was rejected)
             update = kept(update, members, params)
@@ -181,12 +175,14 @@ class ServerRound:
             aggregate_bad = agree([bool(server_update.nonfinite())])[0]
         if aggregate_bad:
             raise Diverged(self.algorithm.name, r, "the aggregate is not finite", last)
-        with timed("server step"):
+
+        def step() -> bool:
             self.server.apply(params, server_update)
             overflowed = bool(touched_nonfinite(params, server_update))  # host read 2
-            overflowed = agree([overflowed])[0]
-            if not overflowed and self.variates is not None:
+            if agree([overflowed])[0]:
+                raise Diverged(self.algorithm.name, r, "the model overflowed", last)
+            if self.variates is not None:
                 self.variates.update(update, work, self.schedule.local_steps)
-        if overflowed:
-            raise Diverged(self.algorithm.name, r, "the model overflowed", last)
-        return True
+            return True
+
+        return step

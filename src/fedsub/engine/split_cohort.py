@@ -5,7 +5,7 @@ streams, never on the other members (tests/test_backends.py), so the cohort can 
 contiguous shares: process i runs its share through the configured backend, the shares are
 gathered and concatenated in member order, and every process holds the cohort update one
 process would have computed. Screening, aggregation, the server step and the control variates
-then run identically everywhere (``ServerRound.finish``), so the processes' models stay equal
+then run identically everywhere (``ServerRound.server_step``), so the processes' models stay equal
 without a broadcast, and the combination order never depends on timing.
 
 Masked rounds work the same way: ``engine/features/masking.py`` calls the split backend once

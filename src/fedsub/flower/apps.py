@@ -51,7 +51,7 @@ from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.client_app import make_client_app, settings_of
 from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.fedbuff_server import asynchronous
-from fedsub.flower.heat_exchange import HeatReport, Transcript
+from fedsub.flower.heat_exchange import HeatExchange, HeatReport, Transcript
 from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
@@ -261,7 +261,7 @@ def _runtime(
         Served(name, run.config.algorithm_options(name), heat),
         run.schedule,
         replace(settings, nodes=replace(settings.nodes, min_nodes=min_nodes)),
-        privacy,
+        HeatExchange(privacy),
         query,
         observers,
         server_test,

@@ -148,7 +148,7 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
     if downloading:  # the held rows it requested, with their ids (the others skipped)
         kept, table_deltas = requested_reply(node, request, table_deltas)
-        if sums_securely(node):  # kept for the secure sum
+        if sums_securely(node.schedule):  # kept for the secure sum
             kept, table_deltas, dense_deltas = keep_deltas(
                 context, kept, table_deltas, dense_deltas, round_index
             )

@@ -1,6 +1,6 @@
 """What a Flower run costs, per round and node: bytes each way, the nodes' and the server's time.
 
-The in-process engine models a privacy level's messages (``engine/private_rounds.Costs``); on
+The in-process engine models a privacy level's messages (``privacy/private_rounds.Costs``); on
 Flower they are real, so the ServerApp's ``MeteredGrid`` measures them as they pass, and each
 ClientApp handler reports its own seconds (``with_seconds``). What is counted and where it lands
 in ``flower-result.json``: docs/tutorials/flower.md, "Costs on Flower".

@@ -16,12 +16,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
+from fedsub.engine.membership import Membership
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid, exchange
 from fedsub.flower.records import record_of, tensors_of
 from fedsub.privacy import secure_sum
-from fedsub.privacy.heat_report import HeatReport
+from fedsub.privacy.heat_report import HeatReport, PrivateHeatStage
 from fedsub.privacy.heat_sources import HeatPrivacy
+from fedsub.privacy.heat_vectors import MeasuredHeat
 from fedsub.privacy.secagg_records import (  # noqa: F401  (flower/secure_rows.py's)
     HeatMessageError,
     int_list_field,
@@ -212,3 +214,45 @@ def collect_heat(
     """The heat of ``nodes``' rows by the private source ``privacy.source``, over Flower;
     ``record`` sees every reply the server receives (``secure_sum.measure_heat``)."""
     return secure_sum.measure_heat(asker(grid, timeout, record), nodes, privacy, kind, table_rows)
+
+
+class HeatExchange(PrivateHeatStage):
+    """Where a Flower run's heat comes from (``privacy.heat_source``): the registered S(k)
+    (exact), or the private exchange with the counted nodes (``private``), measured once and
+    kept as a checkpoint stage (the runtime's ``private_heat``: a resumed run's comes from its
+    checkpoint)."""
+
+    def __init__(self, privacy: HeatPrivacy | None = None) -> None:
+        self.privacy = privacy or HeatPrivacy()
+        super().__init__(self.privacy.source)
+
+    @property
+    def private(self) -> bool:
+        """Whether a private source measures the heat (no S(k) registered)."""
+        return self.privacy.source != "exact"
+
+    def measured(
+        self,
+        grid: PushPullGrid,
+        membership: Membership,
+        kind: HeatKind,
+        timeout: float,
+        record: Recorder | None = None,
+    ) -> MeasuredHeat:
+        """The heat of the exchange with every counted node of ``membership``, each of which
+        must contribute (once: then, or after a resume, the report kept)."""
+        if self.report is None:
+            nodes = {k: membership.node_of(k) for k in membership.counted}
+            tables = dict(membership.tables)
+            report = collect_heat(
+                grid, list(nodes.values()), self.privacy, kind, tables, timeout, record
+            )
+            missing = sorted(k for k, n in nodes.items() if n not in report.contributors)
+            if missing:
+                raise FedsubError(
+                    f"Flower: heat exchange ({self.privacy.source}): no contribution from "
+                    f"partition(s) {missing[:10]}; every registered partition must be in the "
+                    "heat"
+                )
+            self.report = report
+        return self.report.measured

@@ -2,7 +2,7 @@
 (never its S(k)); the server sends the requested rows, the node skips every held row left out
 of them, replies the deltas of the rows it requested, and row sums are divided by p. Each step
 is the in-process code's (``privacy/requests.py``, ``privacy/requested_rows.py``,
-``engine/private_rounds.py``), so the two runs agree round by round and a node keeps no state
+``privacy/private_rounds.py``), so the two runs agree round by round and a node keeps no state
 across rounds. docs/tutorials/flower.md, "Private submodel learning on Flower".
 """
 
@@ -15,13 +15,14 @@ import torch
 from flwr.app import ConfigRecord, Context, Message
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregate
-from fedsub.engine.private_rounds import unbias
+from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.flower.node_data import NodeData
 from fedsub.flower.records import record_of, reply_row_ids
 from fedsub.numerics import secret_streams
 from fedsub.numerics.seeding import Secret, Seed
-from fedsub.privacy.levels import Privacy
+from fedsub.privacy.levels import Privacy, describe
+from fedsub.privacy.private_rounds import unbias
 from fedsub.privacy.requested_rows import local_submodel, reply_record
 from fedsub.privacy.requests import client_request
 from fedsub.submodel.params import Params
@@ -30,13 +31,21 @@ from fedsub.submodel.transfer import CohortUpdate
 SECRET = "fedsub.request-secret"  # the node's request secret in its run state
 
 
-def downloads_privately(privacy: Privacy | None) -> bool:
+def downloads_privately(schedule: Schedule) -> bool:
+    """Whether the run's clients download privately (privacy.level: download or full)."""
+    privacy = schedule.setting(Privacy)
     return privacy is not None and privacy.private_download
 
 
 def node_downloads(node: NodeData) -> bool:
     """Whether this node downloads privately (its config's privacy.level: download or full)."""
-    return downloads_privately(node.schedule.setting(Privacy))
+    return downloads_privately(node.schedule)
+
+
+def privacy_described(schedule: Schedule) -> dict:
+    """The run's privacy level and its guarantees (privacy/levels.py's ``describe``; level
+    none without [privacy])."""
+    return describe(schedule.setting(Privacy) or Privacy())
 
 
 def requested_submodel(
@@ -98,9 +107,10 @@ def reply_rows(
 
 
 def download_combine(
-    aggregation: Aggregation, privacy: Privacy | None
+    aggregation: Aggregation, schedule: Schedule
 ) -> Callable[[CohortUpdate], ServerUpdate]:
     """The round's aggregation: the algorithm's, row sums divided by p under randomized
     response (each held row reaches the server from a fraction p of its clients)."""
+    privacy = schedule.setting(Privacy)
     keep = 1.0 if privacy is None else privacy.keep  # keep is 1 below level download
     return lambda update: unbias(aggregate(update, aggregation), keep)

@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 
 from fedsub.algorithms.aggregation import Aggregation, ServerUpdate
 from fedsub.algorithms.weighting import SecureWeighting
-from fedsub.engine.private_rounds import NoisySum, RoundNoise, SecureRound, weighted_input
+from fedsub.engine.schedule import Schedule
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import PushPullGrid
 from fedsub.flower.heat_exchange import (
@@ -38,12 +38,19 @@ from fedsub.flower.heat_exchange import (
 )
 from fedsub.flower.node_data import NodeData
 from fedsub.flower.records import read_submodel, record_of, submodel_record
+from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy import secure_sum
-from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy
+from fedsub.privacy.private_rounds import NoisySum, RoundNoise, SecureRound, weighted_input
 from fedsub.privacy.secagg import SecAggError
 from fedsub.privacy.secure_sum import GroupSum
-from fedsub.privacy.sparse_secagg import INTEGER_SLOTS, RowSlots, decode_sums, majority_threshold
+from fedsub.privacy.sparse_secagg import (
+    INTEGER_SLOTS,
+    RowSlots,
+    decode_sums,
+    majority_threshold,
+    noised_input,
+)
 from fedsub.runs.run_setup import node_noise
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import CohortUpdate
@@ -56,9 +63,9 @@ PENDING = "fedsub.secure-rows"  # a trained node's deltas in Context.state, unti
 PENDING_ROUND = "fedsub.secure-rows.round"  # the round they were trained in
 
 
-def sums_securely(node: NodeData) -> bool:
-    """Whether this node's deltas go into the secure row sum (its privacy.level: full)."""
-    privacy = node.schedule.setting(Privacy)
+def sums_securely(schedule: Schedule) -> bool:
+    """Whether the run's deltas go into the secure row sum (its privacy.level: full)."""
+    privacy = schedule.setting(Privacy)
     return privacy is not None and privacy.secure_aggregation
 
 
@@ -156,7 +163,7 @@ def answer_secure_rows(
         )
         if noise is not None:  # its noisy share, drawn on its side (dp/distributed.py)
             public = round_noise(noise, request, slots.length - INTEGER_SLOTS, who)
-            return public.share(values, noise.generator(trained_in))
+            return noised_input(values, public.share, noise.generator(trained_in))
         clients = int(number_field(request, "clients", int, who))
         weighting = SecureWeighting(  # its part of the server's (correction is the server's)
             (int(number_field(request, "draws", int, who)),),
@@ -247,7 +254,7 @@ class SecureRows:
 
     def combine(self, update: CohortUpdate) -> ServerUpdate:
         """Secure sum of the members' weighted deltas and weight units (with [dp]: their
-        noisy shares, engine/private_rounds.py's ``SecureRound`` as in process) over the
+        noisy shares, privacy/private_rounds.py's ``SecureRound`` as in process) over the
         union of their requests; ``update`` holds who replied, how often each was drawn and
         the deltas' shapes (no rows, no sample counts). With [dp] the sum's threshold is
         K_min, so fewer survivors abort the round (``SecAggError``). A node that shared
@@ -283,6 +290,23 @@ class SecureRows:
             message = "secure row sum: %d values clipped to [-%g, %g] (privacy.secagg_clip)"
             LOG.warning(message, decoded.clipped, clip, clip)
         return plan.server_update(self.aggregation, update, decoded)
+
+
+def secure_rows_of(
+    schedule: Schedule,
+    grid: PushPullGrid,
+    node_of: Mapping[int, int],
+    aggregation: Aggregation,
+    requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
+    timeout: float,
+    record: Recorder | None = None,
+    dp: NoisySum | None = None,
+) -> SecureRows:
+    """The server's half for a run at privacy.level ``full`` (``sums_securely``)."""
+    privacy = schedule.setting(Privacy)
+    if privacy is None or not privacy.secure_aggregation:
+        raise FedsubError("a secure row sum needs privacy.level = 'full'")
+    return SecureRows(grid, node_of, aggregation, privacy, requests, timeout, record, dp)
 
 
 def _told(plan: SecureRound, dp: NoisySum | None, member: int) -> dict:

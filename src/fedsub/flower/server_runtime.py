@@ -20,7 +20,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid
 
 from fedsub.algorithms.aggregation import ServerUpdate
-from fedsub.algorithms.registry import Algorithm, AlgorithmContext, build_algorithm
+from fedsub.algorithms.registry import Algorithm, AlgorithmContext, MeasuredHeat, build_algorithm
 from fedsub.data.federated import ClientSizes, Population
 from fedsub.engine.features.assembly import Assembly, build_server_round
 from fedsub.engine.features.dp import (
@@ -41,17 +41,17 @@ from fedsub.errors import FedsubError
 from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
-from fedsub.flower.heat_exchange import Transcript, collect_heat, ride
+from fedsub.flower.heat_exchange import HeatExchange, Transcript, ride
 from fedsub.flower.joining import Joining
-from fedsub.flower.private_download import download_combine, downloads_privately
+from fedsub.flower.private_download import (
+    download_combine,
+    downloads_privately,
+    privacy_described,
+)
 from fedsub.flower.row_queries import SampledRows
-from fedsub.flower.secure_rows import SecureRows
+from fedsub.flower.secure_rows import SecureRows, secure_rows_of, sums_securely
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.train_round import ReplyReader, train_messages
-from fedsub.privacy.heat_report import PrivateHeatStage
-from fedsub.privacy.heat_sources import HeatPrivacy
-from fedsub.privacy.heat_vectors import MeasuredHeat
-from fedsub.privacy.levels import Privacy, describe
 from fedsub.stateful import Stateful
 from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.index import SubmodelIndex
@@ -94,7 +94,7 @@ class FlowerRuntime:
         served: Served,
         schedule: Schedule,
         settings: FlowerSettings,
-        privacy: HeatPrivacy | None = None,
+        heat: HeatExchange | None = None,
         query: dict[str, int | str] | None = None,
         observers: Observers | None = None,
         server_test: Callable[[Params], dict[str, float]] | None = None,
@@ -104,7 +104,9 @@ class FlowerRuntime:
         # the loop evaluates every eval-every rounds (0: none, the last round asks, gets none)
         self.schedule = replace(schedule, eval_every=settings.eval_every or schedule.rounds)
         self.settings = settings
-        self.privacy = privacy or HeatPrivacy()
+        # where the heat comes from: the registrations, or a private exchange (then no S(k))
+        self.heat = heat or HeatExchange()
+        self.privacy, self.private = self.heat.privacy, self.heat.private
         self.query = dict(query or {})  # every message carries it: the run's feature spec
         self.evaluation = FederatedEvaluation()
         self.observers = observers or Observers()
@@ -112,9 +114,7 @@ class FlowerRuntime:
         replies = settings.replies
         self.timeout = replies.round_timeout  # every wave of Messages waits as long
         self.records = RoundRecords(replies.min_replies, replies.max_failed_rounds)
-        self.heat = PrivateHeatStage(self.privacy.source)  # what a private source measured
         self.membership = Membership({t: v.shape[0] for t, v in params.tables.items()})
-        self.private = self.privacy.source != "exact"  # no S(k) registered, a heat exchange
         query = {"what": "partition" if self.private else "index", **self.query}
         self.joining = Joining(
             self.membership,
@@ -127,8 +127,7 @@ class FlowerRuntime:
         # the partitions the run expects (0: min-nodes of them): a registration naming
         # another is refused, and round 1's wait names those missing
         self.joining.partitions = partitions
-        level = schedule.setting(Privacy)
-        downloading = downloads_privately(level)
+        downloading = downloads_privately(schedule)
         # a round asks its sampled nodes for their rows: a private heat source (no S(k)
         # registered), or a private download (their requests; exact heat under [dp] at levels
         # download and full registers S(k) all the same, run_setup.heat_privacy_of)
@@ -137,7 +136,7 @@ class FlowerRuntime:
         # exact heat: the counted clients' S(k), from their registrations (private: none)
         self.index = SubmodelIndex({}, {})
         # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
-        self.counts_secret = bool(level and level.secure_aggregation)
+        self.counts_secret = sums_securely(schedule)
         self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
         self._available = 0  # clients that could be sampled this round
         self.dp: DpRound | None = None  # [dp]'s pieces (its ledger), once the round is open
@@ -204,7 +203,7 @@ class FlowerRuntime:
     def privacy_described(self) -> dict:
         """The run's privacy level and its guarantees (``describe``; level none without
         [privacy]), for its result's costs."""
-        return describe(self.schedule.setting(Privacy) or Privacy())
+        return privacy_described(self.schedule)
 
     def dp_result(self) -> dict[str, object]:
         """[dp]'s part of the run's result (none without [dp]): the model's epsilon after the
@@ -300,41 +299,23 @@ class FlowerRuntime:
     def _measured_heat(self) -> MeasuredHeat:
         """The heat of the private exchange with every counted node (once: a resumed run's
         comes from its checkpoint)."""
-        if self.heat.report is None:
-            nodes = {k: self.membership.node_of(k) for k in self.membership.counted}
-            report = collect_heat(
-                self.grid,
-                list(nodes.values()),
-                self.privacy,
-                self.served.heat,
-                dict(self.membership.tables),
-                self.timeout,
-                self.observers.transcript,
-            )
-            missing = sorted(k for k, n in nodes.items() if n not in report.contributors)
-            if missing:
-                raise FedsubError(
-                    f"Flower: heat exchange ({self.privacy.source}): no contribution from "
-                    f"partition(s) {missing[:10]}; every registered partition must be in the "
-                    "heat"
-                )
-            self.heat.report = report
-        return self.heat.report.measured
+        kind, record = self.served.heat, self.observers.transcript
+        return self.heat.measured(self.grid, self.membership, kind, self.timeout, record)
 
     def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
         """The round's aggregation: secure row sums at ``full`` (noised by the nodes under
         [dp]: distributed DP), else the algorithm's (divided by p under randomized response;
         [dp]'s central mechanism is the loop's)."""
-        privacy, aggregation = self.schedule.setting(Privacy), algorithm.aggregation
-        if privacy is None or not privacy.secure_aggregation:
-            return download_combine(aggregation, privacy)
+        aggregation = algorithm.aggregation
+        if not sums_securely(self.schedule):
+            return download_combine(aggregation, self.schedule)
         nodes, on_reply = PositionNodes(self.membership), self.observers.transcript
         requests = lambda: self.sampled.rows  # noqa: E731  (this round's, when it combines)
-        self.secure = secure = SecureRows(
+        self.secure = secure = secure_rows_of(
+            self.schedule,
             self.grid,
             nodes,
             aggregation,
-            privacy,
             requests,
             self.timeout,
             on_reply,

@@ -49,6 +49,16 @@ class HeatPrivacy:
     # public train.seed: what ``privacy.randomness = "seeded"`` keeps)
     coins: HeatCoins | None = field(default=None, compare=False)
 
+    def estimate(
+        self,
+        dataset: Population,
+        index: SubmodelIndex,
+        kind: heat_lib.HeatKind,
+        keep: Mapping[str, range] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The heat of every row as this source reveals it (``estimate_heat``)."""
+        return estimate_heat(dataset, index, kind, self, keep)
+
     @property
     def rr_key(self) -> seeding.Seed:
         """What randomized response's coins are keyed by: the run's secret, or the seed."""
@@ -164,16 +174,16 @@ def describe(
         p = rr.keep_probability(privacy.rr_epsilon)
         info.update(epsilon=privacy.rr_epsilon, keep_probability=p)
         info["estimate_std"] = float(np.sqrt(p * (1 - p) * (values**2).sum()) / (2 * p - 1))
-        info.update(coins_record(privacy))
+        info.update(coins_record(privacy.coins))
     return info
 
 
-def coins_record(privacy: HeatPrivacy) -> dict:
+def coins_record(coins: HeatCoins | None) -> dict:
     """Where randomized response's coins came from, for ``heat_source.json`` (after the run
     settled them: a resumed old checkpoint continues seeded)."""
-    if privacy.coins is None:
+    if coins is None:
         return {}
-    info: dict = {"randomness": privacy.coins.randomness}
-    if privacy.coins.randomness == "seeded":
+    info: dict = {"randomness": coins.randomness}
+    if coins.randomness == "seeded":
         info["not_private"] = HEAT_NOT_PRIVATE
     return info

@@ -9,7 +9,7 @@ Two designs, both keyed by a seeded generator so a run is reproducible:
   ``epsilon = ln(p (1 - q) / (q (1 - p)))``. A real row left out of the request is *skipped*
   that round, as in Niu et al.'s design the client trains only with the real rows it
   downloaded: the row reads as zero in its local steps (the feature is absent from its
-  samples) and it sends no update for it (``engine/private_rounds.WithoutRows``; a Flower node
+  samples) and it sends no update for it (``privacy/private_rounds.WithoutRows``; a Flower node
   does the same). Each row thus gets an update from a fraction p of its clients, and the
   server, which knows p, divides a row's sum by p to keep its expected update unchanged.
 - **Size buckets**: the request is S(k) plus uniformly drawn decoy rows, padded to the

@@ -1,7 +1,7 @@
 """A client's held rows S(k) under a private download request (privacy/requests.py): the
 model it trains, where a held row left out of the request reads as zero (it is skipped that
-round, as ``engine/private_rounds.WithoutRows`` skips it in process), and the deltas it sends
-back, of the requested held rows only (``engine/private_rounds.restrict``). A Flower node runs
+round, as ``privacy/private_rounds.WithoutRows`` skips it in process), and the deltas it sends
+back, of the requested held rows only (``privacy/private_rounds.restrict``). A Flower node runs
 these (flower/private_download.py).
 """
 

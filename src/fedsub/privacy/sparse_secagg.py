@@ -26,8 +26,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy import shamir
-from fedsub.privacy.fixed_point import FixedPoint
 from fedsub.privacy.secagg import EncryptedShares, MaskedInput, SecAggClient, SecAggServer
 
 T = TypeVar("T")
@@ -125,6 +125,19 @@ def encode_client(
         )
     encoded, clipped = coding.encode(values[:-INTEGER_SLOTS])
     return np.concatenate([encoded, np.array([weight_units, clipped], dtype=np.uint32)])
+
+
+def noised_input(
+    values: np.ndarray,
+    share: Callable[[np.ndarray, np.random.Generator], np.ndarray],
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """A client's uint32 input to secure aggregation under distributed DP, from its vector
+    over the round's slots (``RowSlots.client_values``, unweighted): ``share`` of its real
+    values with ``rng`` (dp/distributed.py's ``DiscreteNoise.share``: its own noise share in
+    it), zeros in the integer slots (no units, no clipped count)."""
+    noised = share(values[:-INTEGER_SLOTS], rng)
+    return np.concatenate([noised, np.zeros(INTEGER_SLOTS, dtype=np.uint32)])
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,13 @@ from fedsub.clock.hooks import wrapper as clock_wrapper
 from fedsub.config import Config
 from fedsub.data.federated import FederatedDataset
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.contribution import watching
 from fedsub.engine.features.dp import dp_scope_markdown  # a sweep's summary of [dp] runs
+from fedsub.engine.features.private import PrivateReport  # privacy.json, the costs
 from fedsub.engine.features.row_sharding import written_model
 from fedsub.engine.guards import Rejection
 from fedsub.engine.in_process import train
 from fedsub.engine.initial import ModelFile
 from fedsub.engine.loop import Diverged, Evaluation, RunControl
-from fedsub.engine.private_rounds import PrivateRounds
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.files.json_values import dumps
 from fedsub.files.run_folder import (
@@ -215,13 +214,13 @@ class AlgorithmRun:
         if folder is not None:
             rejections = JsonLines(folder / REJECTIONS)
             on_reject = lambda rejection: _log_rejection(self.name, rejection, rejections)  # noqa: E731
-        stages: list[PrivateRounds] = []
+        private = PrivateReport()
         guards = RunControl(
             max_update_norm=self.config.train.max_update_norm,
             stop_requested=self.stop_requested,
             on_reject=on_reject,
             divergence_factor=self.config.eval.divergence_factor,
-            watch={"private_rounds": watching(PrivateRounds, stages.append)},
+            watch=private.watch(),
         )
         ended: BaseException | None = None
         try:
@@ -233,7 +232,7 @@ class AlgorithmRun:
                 schedule,
                 evaluator,
                 on_evaluation=lambda evaluation: self._record(attempt, evaluation),
-                on_round=lambda r: self._round_done(reports, r, attempt, stages),
+                on_round=lambda r: self._round_done(reports, r, attempt, private),
                 control=attempt.control(guards),
                 start=self.start,
                 wrap_runtime=clock_wrapper(self.config.clock),  # [clock] (fedsub/clock, issue 51)
@@ -248,7 +247,7 @@ class AlgorithmRun:
         finally:
             attempt.end(ended)
             if folder is not None:  # process 0 writes
-                self._write_privacy(folder, stages, reports)
+                self._write_privacy(folder, private, reports)
         written = written_model(folder, final)  # row-sharded: every process writes its rows
         if written is None:
             attempt.write_model(final)
@@ -262,7 +261,7 @@ class AlgorithmRun:
         )
 
     def _round_done(
-        self, reports: Reports, r: int, attempt: Attempt, stages: list[PrivateRounds]
+        self, reports: Reports, r: int, attempt: Attempt, private: PrivateReport
     ) -> None:
         """After round ``r``: the caller's hook, under [dp] the progress line's epsilon
         spent so far, evaluated or not (in process a function of the settings and r), and the
@@ -275,8 +274,8 @@ class AlgorithmRun:
             extra.update(report.round_metrics(r))
         if "epsilon" in extra:
             self._note_epsilon(extra["epsilon"])
-        elif stages:
-            extra.update(numbers(stages[0].costs.as_json(), "privacy/"))
+        elif (costs := private.costs()) is not None:
+            extra.update(numbers(costs, "privacy/"))
         attempt.on_round(r, extra)
 
     def _record(self, attempt: Attempt, evaluation: Evaluation) -> None:
@@ -291,25 +290,22 @@ class AlgorithmRun:
         text = f"epsilon {spent:.3g}" + (" (seeded: not a guarantee)" if self.seeded_dp else "")
         current_reporter().note(self.label + self.name, text)
 
-    def _write_privacy(self, folder: Path, stages: list[PrivateRounds], reports: Reports) -> None:
+    def _write_privacy(self, folder: Path, private: PrivateReport, reports: Reports) -> None:
         """privacy.json: the privacy level's guarantees and what it cost; under [dp] without
         its costs (the means of the sampled clients' bytes, the clipped values: statistics of
         the clients' data that no epsilon covers, so not in a file meant for publication)."""
-        for private in stages:
-            costs: dict = private.costs.as_json()
-            if self.config.dp.mechanism != "none":
-                costs = {"costs": DP_WITHHELD}
-            record = {**private.described(), **costs}
+        withheld = DP_WITHHELD if self.config.dp.mechanism != "none" else None
+        for record, clipped, clip in private.records(withheld):
             for report in reports:  # [dp] with seeded randomness: not a guarantee
                 record.update(report.notes())
             write_atomic(folder / "privacy.json", dumps(record, indent=2) + "\n")
-            if private.costs.clipped:
+            if clipped:
                 LOG.warning(
                     "%s: secure aggregation clipped %d values to privacy.secagg_clip = %g; "
                     "raise it if that is not intended",
                     self.name,
-                    private.costs.clipped,
-                    private.privacy.secagg_clip,
+                    clipped,
+                    clip,
                 )
 
 

@@ -261,7 +261,9 @@ def checked_settings(
             rows.selection_refresh,
         ),
         adaptive=adaptive if a.adaptive_clip else None,
-        weights=dp_settings.DpWeights(d.weights.weight_cap, d.weights.weight_mean),
+        weights=dp_settings.DpWeights(
+            d.weights.weight_cap, d.weights.weight_mean, privacy_of(config).keep
+        ),
         distributed=dp_settings.Distributed(d.min_survivors) if distributed else None,
         key=dp_settings.NoiseKey(cast(dp_settings.Randomness, d.trust.randomness), t.seed),
         mechanism=d.mechanism,
@@ -405,9 +407,9 @@ def prepare(
     with phase("indexing the clients' rows"):
         index = SubmodelIndex.build(dataset)
     context = algorithm_context(config, dataset, index)
-    heat_source = None
-    if context.privacy.source != "exact":
-        heat_source = describe(dataset, index, context.heat, context.privacy)
+    heat_source, privacy = None, context.privacy  # the HeatPrivacy algorithm_context gave
+    if isinstance(privacy, HeatPrivacy) and privacy.source != "exact":
+        heat_source = describe(dataset, index, context.heat, privacy)
         LOG.info("heat source: %s", dumps(heat_source))
     extra = None
     if config.eval.gradient_norms:
@@ -429,8 +431,8 @@ def settle_heat_coins(setup: Setup, resumed: Sequence[StageStates]) -> None:
     ``resumed``, or a fresh one), and the heat source's record told where its coins came from
     (a resumed old checkpoint continues seeded). Nothing without such a heat."""
     coins = setup.context.privacy.coins
-    if coins is None:
+    if not isinstance(coins, HeatCoins):
         return
     coins.settle(resumed)
     if setup.heat_source is not None:
-        setup.heat_source.update(coins_record(setup.context.privacy))
+        setup.heat_source.update(coins_record(coins))

@@ -42,7 +42,6 @@ from fedsub.engine.contribution import (
     narrowed,
 )
 from fedsub.engine.schedule import Schedule
-from fedsub.privacy.levels import Privacy
 from fedsub.stateful import Stateful
 from fedsub.submodel.transfer import CohortUpdate
 
@@ -159,17 +158,16 @@ def overriding(mechanism: CentralMechanism) -> Override:
 
 def contribute(setup: RoundSetup) -> RoundContribution | None:
     schedule, params = setup.schedule, setup.params
-    settings, privacy = schedule.setting(DpSettings), schedule.setting(Privacy)
+    settings = schedule.setting(DpSettings)
     streams = dp_streams(schedule)
     if settings is None or streams is None or params is None:
         return None
     mechanism, spec = None, None
-    distributed = privacy is not None and privacy.secure_aggregation
-    if not distributed:  # the central mechanism (dp.mechanism, dp/mechanisms.py)
+    if settings.distributed is None:  # the central mechanism (dp.mechanism, dp/mechanisms.py)
         spec = MECHANISMS.get_or_refuse(settings.mechanism)
         table_rows = {t: int(table.shape[0]) for t, table in params.tables.items()}
         heat = setup.algorithm.aggregation.coefficients is not None  # FedSubAvg: private heat
-        keep = privacy.keep if privacy is not None else 1.0
+        keep = settings.weights.download_keep  # the private download's p (1 without one)
         inputs = MechanismInputs(settings, table_rows, setup.counts, heat, keep, streams)
         mechanism = spec.build(inputs)
     pattern = settings.accounting.ftrl  # DP-FTRL: no sampling, an enforced pattern

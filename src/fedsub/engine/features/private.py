@@ -1,6 +1,7 @@
 """Private rounds (``privacy.level``) as a feature: the members' download requests around the
-client work and the private aggregation (engine/private_rounds.py), with [dp]'s streams at
-"full" (distributed DP: the clients add the noise). Not with width slices (config.py refuses
+client work (``client_stage``, which runs the backend between them) and the private
+aggregation (privacy/private_rounds.py), with [dp]'s streams at "full" (distributed DP: the
+clients add the noise). Not with width slices (config.py refuses
 private levels with masking), row-sharded tables, or CentralSGD (the pooled reference has no
 clients to protect).
 
@@ -13,6 +14,15 @@ process alike (row-sharded tables: each its rows'), so every process keeps the s
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.contribution import (
     Combining,
     Feature,
@@ -21,16 +31,18 @@ from fedsub.engine.contribution import (
     RoundSetup,
     handle_of,
     taking,
+    watching,
 )
 from fedsub.engine.features.dp import NAME as DP
 from fedsub.engine.features.dp import DpRound, dp_settings
 from fedsub.engine.features.masking import NAME as MASKING
 from fedsub.engine.features.row_sharding import NAME as ROW_SHARDING
 from fedsub.engine.features.row_sharding import SETTING as ROW_SHARDING_SETTING
-from fedsub.engine.private_rounds import PrivateRounds
+from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.errors import ConfigError, FedsubError
 from fedsub.privacy.levels import Privacy
-from fedsub.privacy.randomness import HEAT_STAGE
+from fedsub.privacy.private_rounds import PrivateRounds, WithoutRows, skipped_rows
+from fedsub.privacy.randomness import HEAT_STAGE, HeatCoins
 from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
 from fedsub.privacy.randomness import streams_of as privacy_streams_of
 from fedsub.submodel.transfer import CohortUpdate
@@ -64,7 +76,7 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     )  # fmt: skip
     return RoundContribution(
         NAME,
-        client_stage=private.wrap,
+        client_stage=lambda run_cohort: client_stage(private, run_cohort),
         # the private aggregation builds the round's combine from the aggregation as the other
         # features adjust it (host tables at level none: the coefficients on the host): no
         # override at any level, so at level none the round combines as without the feature
@@ -79,6 +91,86 @@ def contribute(setup: RoundSetup) -> RoundContribution | None:
     )
 
 
+def client_stage(private: PrivateRounds, run_cohort: RunCohort) -> RunCohort:
+    """The backend's ``run_cohort`` between the members' download requests (drawn first) and
+    what the server receives of their updates (``PrivateRounds.received``: each member's of
+    its requested rows)."""
+
+    def run(job: CohortJob) -> CohortUpdate:
+        started = time.perf_counter()
+        tables = list(job.index.rows)  # the tables clients hold rows of
+        held = {
+            int(k): {t: job.index.client_rows(t, int(k)) for t in tables}
+            for k in job.cohort.clients
+        }
+        requests = private.draw_requests(held, job.round)
+        private.costs.client_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        if private.privacy.keep < 1.0:  # rows skipped: each member trains on its own view
+            update = run_members(run_cohort, held, requests, job)
+        else:
+            update = run_cohort(job)
+        private.costs.training_seconds += time.perf_counter() - started
+        return private.received(update)
+
+    return run
+
+
+def run_members(
+    run_cohort: RunCohort,
+    held: dict[int, dict[str, np.ndarray]],
+    requests: dict[int, dict[str, np.ndarray]],
+    job: CohortJob,
+) -> CohortUpdate:
+    """The backend on each member alone, with the held rows its request left out reading
+    as zero (``WithoutRows``); the members' updates concatenated in cohort order."""
+    parts = []
+    tables, dense = job.params.tables, job.params.dense
+    device = next(iter(tables.values())).device
+    for j, k in enumerate(job.cohort.clients.tolist()):
+        skipped = skipped_rows(held[int(k)], requests[int(k)])
+        view = WithoutRows(
+            tables, dense, {t: torch.from_numpy(r).to(device) for t, r in skipped.items()}
+        )
+        part = run_share(run_cohort, range(j, j + 1), dataclasses.replace(job, params=view))
+        assert part is not None  # one member: never an empty share
+        parts.append(part)
+    return concatenated(parts)
+
+
+@dataclass
+class PrivateReport:
+    """What a run's private rounds report (runs/experiment.py): their costs so far, a round's
+    metrics, and privacy.json's record of the level. The rounds come through
+    ``RunControl.watch`` (``watch``)."""
+
+    rounds: list[PrivateRounds] = field(default_factory=list)
+
+    def watch(self) -> dict[str, Callable[[object], None]]:
+        """``RunControl.watch``'s watcher of this feature's handle."""
+        return {NAME: watching(PrivateRounds, self.rounds.append)}
+
+    def costs(self) -> dict | None:
+        """The private rounds' costs so far (None: the run has none)."""
+        return self.rounds[0].costs.as_json() if self.rounds else None
+
+    def records(self, withheld: str | None = None) -> list[tuple[dict, int, float]]:
+        """privacy.json's record of each private rounds' level (its guarantees) and costs
+        (``withheld`` says why not, in their place), with how many values secure aggregation
+        clipped and to what (privacy.secagg_clip)."""
+        return [
+            (
+                {
+                    **p.described(),
+                    **(p.costs.as_json() if withheld is None else {"costs": withheld}),
+                },
+                p.costs.clipped,
+                p.privacy.secagg_clip,
+            )
+            for p in self.rounds
+        ]
+
+
 def private_rounds_of(features: RoundFeatures) -> PrivateRounds | None:
     """The run's ``PrivateRounds``, or None when it has no private level."""
     return handle_of(features, NAME, PrivateRounds)
@@ -91,7 +183,7 @@ HEAT_SECRET_NAME = "heat_secret"
 
 def contribute_heat_secret(setup: RoundSetup) -> RoundContribution | None:
     coins = setup.algorithm.heat_coins
-    if coins is None or not coins.guaranteed:
+    if not isinstance(coins, HeatCoins) or not coins.guaranteed:
         return None
     return RoundContribution(HEAT_SECRET_NAME, stages={HEAT_STAGE: coins})
 

@@ -1,13 +1,14 @@
 """``privacy.level`` in the in-process engine, in one place: the cohort's requests and the
-round's aggregation.
+round's aggregation (its adapter, engine/features/private.py, runs the backend between them).
 
-``PrivateRounds.wrap`` draws each member's download request (``privacy/private_download.py``,
+Its adapter's client stage (engine/features/private.py ``client_stage``) has each member's
+download request drawn (``PrivateRounds.draw_requests``: ``privacy/private_download.py``,
 seeded by (seed, round, client)), runs the configured backend and keeps only the updates of
-requested rows. A held row that randomized response left out is *skipped* that round: the
-member never received it, so it trains without it (the row reads as zero in its local steps,
-as if the feature were absent from its samples: ``WithoutRows``) and sends no update for it;
-a Flower node does the same (``flower/private_download.py``), so both agree with either
-payload and keep no state across rounds.
+requested rows (``PrivateRounds.received``). A held row that randomized response left out is
+*skipped* that round: the member never received it, so it trains without it (the row reads as
+zero in its local steps, as if the feature were absent from its samples: ``WithoutRows``) and
+sends no update for it; a Flower node does the same (``flower/private_download.py``), so both
+agree with either payload and keep no state across rounds.
 ``PrivateRounds.combine`` aggregates: in the clear up to ``download`` (row sums divided by p
 under randomized response), by secure sparse aggregation at ``full``
 (``privacy/sparse_secagg.py``: each member's weighted deltas over the union of the cohort's
@@ -39,9 +40,7 @@ import torch
 
 from fedsub.algorithms.aggregation import Aggregation, RowUpdate, ServerUpdate, aggregate
 from fedsub.algorithms.weighting import WEIGHTINGS, SecureWeighting
-from fedsub.engine.cohort_job import CohortJob, RunCohort
-from fedsub.engine.split_cohort import concatenated, run_share
-from fedsub.privacy.fixed_point import FixedPoint
+from fedsub.numerics.fixed_point import FixedPoint
 from fedsub.privacy.levels import Privacy, describe
 from fedsub.privacy.randomness import PrivacyStreams
 from fedsub.privacy.requests import client_request
@@ -53,6 +52,7 @@ from fedsub.privacy.sparse_secagg import (
     RowSums,
     encode_client,
     majority_threshold,
+    noised_input,
     secagg_bytes,
     secure_row_sum,
     union_of,
@@ -144,7 +144,8 @@ def secure_weighting(aggregation: Aggregation, multiplicity: list[int]) -> Secur
 
 class RoundNoise(Protocol):
     """A round's public noise under distributed DP (dp/distributed.py's ``DiscreteNoise``):
-    its clip C, the fixed point the sum is decoded with, and a member's noisy share."""
+    its clip C, the fixed point the sum is decoded with, and a member's noisy share of its
+    real values."""
 
     @property
     def clip(self) -> float: ...
@@ -191,7 +192,8 @@ class PrivateRounds:
     # train.seed
     requests_key: PrivacyStreams | None = None
     # what the rounds accumulate, not what they are given: the transcript (kept when
-    # keep_transcript), the costs, and the round and requests ``wrap`` drew for ``combine``
+    # keep_transcript), the costs, and the round and requests ``draw_requests`` drew for
+    # ``combine``
     transcript: list[RoundRecord] = field(default_factory=list, init=False)
     costs: Costs = field(default_factory=Costs, init=False)
     _round: int = field(default=0, init=False)
@@ -216,50 +218,22 @@ class PrivateRounds:
         key = self.seed if self.requests_key is None else self.requests_key.key
         return client_request(self.privacy, rows, self.table_rows, key, round_index, client)
 
-    def wrap(self, run_cohort: RunCohort) -> RunCohort:
-        """The backend's ``run_cohort``, followed by the members' requests: each update keeps
-        only its requested rows."""
+    def draw_requests(
+        self, held: dict[int, dict[str, np.ndarray]], round_index: int
+    ) -> dict[int, dict[str, np.ndarray]]:
+        """The cohort's download requests in round ``round_index`` (``held``: each member's
+        rows, by client), kept for the round's ``received`` and ``combine``."""
+        self._requests = {k: self.request(rows, k, round_index) for k, rows in held.items()}
+        self._round = round_index
+        return self._requests
 
-        def run(job: CohortJob) -> CohortUpdate:
-            started = time.perf_counter()
-            tables = list(job.index.rows)  # the tables clients hold rows of
-            held = {
-                int(k): {t: job.index.client_rows(t, int(k)) for t in tables}
-                for k in job.cohort.clients
-            }
-            self._requests = {k: self.request(rows, k, job.round) for k, rows in held.items()}
-            self._round = job.round
-            self.costs.client_seconds += time.perf_counter() - started
-            started = time.perf_counter()
-            if self.privacy.keep < 1.0:  # rows skipped: each member trains on its own view
-                update = self._run_members(run_cohort, held, job)
-            else:
-                update = run_cohort(job)
-            self.costs.training_seconds += time.perf_counter() - started
-            self._count_download(update)
-            if not self.privacy.private_download:
-                return update
-            return restrict(update, self._requests)
-
-        return run
-
-    def _run_members(
-        self, run_cohort: RunCohort, held: dict[int, dict[str, np.ndarray]], job: CohortJob
-    ) -> CohortUpdate:
-        """The backend on each member alone, with the held rows its request left out reading
-        as zero (``WithoutRows``); the members' updates concatenated in cohort order."""
-        parts = []
-        tables, dense = job.params.tables, job.params.dense
-        device = next(iter(tables.values())).device
-        for j, k in enumerate(job.cohort.clients.tolist()):
-            skipped = skipped_rows(held[int(k)], self._requests[int(k)])
-            view = WithoutRows(
-                tables, dense, {t: torch.from_numpy(r).to(device) for t, r in skipped.items()}
-            )
-            part = run_share(run_cohort, range(j, j + 1), dataclasses.replace(job, params=view))
-            assert part is not None  # one member: never an empty share
-            parts.append(part)
-        return concatenated(parts)
+    def received(self, update: CohortUpdate) -> CohortUpdate:
+        """The cohort's update as the server receives it (the download counted): each
+        member's of its requested rows only, under a private download."""
+        self._count_download(update)
+        if not self.privacy.private_download:
+            return update
+        return restrict(update, self._requests)
 
     def _count_download(self, update: CohortUpdate) -> None:
         """Request ids up (8 bytes each), the requested rows and the dense model down."""
@@ -323,7 +297,8 @@ class PrivateRounds:
         def encode(j: int, vector: np.ndarray) -> np.ndarray:
             if plan.noise is not None:
                 assert self.dp is not None  # the plan's noise is [dp]'s
-                return plan.noise.share(vector, self.dp.generator(self._round, members[j]))
+                rng = self.dp.generator(self._round, members[j])
+                return noised_input(vector, plan.noise.share, rng)
             return weighted_input(plan, j, counts[j], vector)
 
         built = time.perf_counter()

@@ -7,6 +7,9 @@ mod 2^32). The sum of n encodings decodes exactly to the sum of the rounded valu
 largest power-of-two scale that fits. Each rounding is off by at most ``1 / (2 * scale)``, so
 a decoded sum of n clients is within ``n / (2 * scale)`` of the sum of their clipped values:
 ``error_bound(n)``. Values outside the range are clipped and counted, never wrapped.
+
+A numeric codec, not a protocol: secure aggregation (privacy/sparse_secagg.py) and distributed
+DP (dp/distributed.py) both encode in it.
 """
 
 from __future__ import annotations
