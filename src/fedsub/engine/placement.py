@@ -3,7 +3,8 @@
 ``"device"`` (the default): every parameter and every piece of server state on
 ``execution.device``. ``"host"``: the tables, their per-row server state (a row-local server
 optimizer's moments) and FedSubAvg's per-row heat coefficients stay in host memory; the dense
-parameters and their state stay on the device. A round touches only the rows of its cohort, so only those travel:
+parameters and their state stay on the device. A round touches only the rows of its cohort,
+so only those travel:
 
 1. ``stage``: the union U of the cohort's S(k) per table (sorted, from the host index),
    ``X[U]`` gathered on the host and copied to the device (``non_blocking``), with U; the
