@@ -350,7 +350,8 @@ def check_heat_noise(
 REFRESH_SELECTIONS = 2
 
 
-def test_the_refreshed_selection_is_seen_at_the_distance_the_accounting_charges() -> None:
+@WINDOWED_MECHANISMS
+def test_the_refreshed_selection_is_seen_at_the_distance_the_accounting_charges(mechanism) -> None:
     """w = 2, R = 2 over 8 rounds: the canary takes part in every window (rounds 1, 3, 5, 7);
     the selections of rounds 3 and 7 read windows 0 and 2 only and serve rounds 3-6 and 7-8.
     The accounting charges min(k_max = 4, S = 2) selections, z_sel = z sqrt(2 / s) (4, not
@@ -358,7 +359,7 @@ def test_the_refreshed_selection_is_seen_at_the_distance_the_accounting_charges(
     the noisy heat (the divisor times w: that std around the heat 1), 2 of them s / z^2 in
     all; with the prefix sums' at most 1 / z, and the attacks stay below the reported
     epsilon."""
-    settings = settings_of("refresh", "secret")
+    settings = settings_of("refresh", "secret", mechanism=mechanism)
     release, divisor = divisors(settings)
     assert release.part.tolist() == [True, False] * 4
     counted = decided(settings, release)
@@ -369,7 +370,7 @@ def test_the_refreshed_selection_is_seen_at_the_distance_the_accounting_charges(
     per_selection = selection_distance(settings, release)  # its std about 0.01
     assert per_selection == pytest.approx(1 / std, abs=0.035)
     check_heat_noise(settings, release, divisor, std)
-    covariance = covariance_of("refresh")
+    covariance = covariance_of("refresh", mechanism)
     gaussian = canary_distance(settings, covariance)
     assert gaussian <= np.sqrt(1 - settings.selection.share) / Z
     assert np.hypot(gaussian, np.sqrt(REFRESH_SELECTIONS) * per_selection) <= 1.05 / Z
