@@ -14,6 +14,12 @@ test_dp_ftrl_audit's vectorised trials (T canary rows, T rows without), with its
   measured from the trials: probit(p_out) - probit(p_in) per selection, the canary's heat 1
   over the selection noise's std, z_sel B as the accounting charges (a histogram counting
   the canary twice, or a smaller noise, moves it).
+- **The refreshed selection** (``dp.selection_refresh`` = R = 2, w = 2): one selection serves
+  R windows and reads only windows 0, R, ...; the canary takes part in every window, read or
+  not. The selection's distance per selection (and its noisy heat's std) is the one the
+  accounting charges for min(k_max, S) = 2 selections, written out here; the attacks stay
+  below the reported epsilon (the redrawn one passes it in seeded mode); a canary only in the
+  unread windows leaves the released rows and noisy heat the same bit for bit.
 - **Noisy heat** (FedSubAvg): a run with the rule's heat and one without, on one secret,
   give each released row's divisor D v_plain / v_heat: in seeded mode it is checked against
   the selection replayed from train.seed (the divisor is the selection's own noisy value
