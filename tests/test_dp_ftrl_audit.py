@@ -136,17 +136,17 @@ class Release:
     part: np.ndarray  # (rounds,) bool
 
 
-def run(mechanism: FtrlMechanism, canaries: int) -> Release:
+def run(mechanism: FtrlMechanism, canaries: int, absent: frozenset[int] = frozenset()) -> Release:
     """The settings' rounds as fedsub runs them: each round's cohort the canaries the
-    participation bound of the settings' pattern lets in (the others are absent), combined
-    by the mechanism."""
+    participation bound of the settings' pattern lets in (the others are absent; all of them
+    in the rounds ``absent``), combined by the mechanism."""
     n, accounting = mechanism.table_rows["t"], mechanism.settings.accounting
     assert accounting.ftrl is not None
     rounds, bound = accounting.rounds, ParticipationBound(accounting.ftrl, n)
     values, released = np.zeros((n, rounds)), np.zeros((n, rounds), dtype=bool)
     part = np.zeros(rounds, dtype=bool)
     for r in range(1, rounds + 1):
-        members = bound.eligible(r, np.arange(canaries))
+        members = bound.eligible(r, np.arange(0 if r in absent else canaries))
         bound.record(r, members)
         part[r - 1] = len(members) > 0
         update = mechanism.combine(canary_update(members, canaries), r).tables["t"]

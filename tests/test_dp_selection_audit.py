@@ -14,6 +14,12 @@ test_dp_ftrl_audit's vectorised trials (T canary rows, T rows without), with its
   measured from the trials: probit(p_out) - probit(p_in) per selection, the canary's heat 1
   over the selection noise's std, z_sel B as the accounting charges (a histogram counting
   the canary twice, or a smaller noise, moves it).
+- **The refreshed selection** (``dp.selection_refresh`` = R = 2, w = 2): one selection serves
+  R windows and reads only windows 0, R, ...; the canary takes part in every window, read or
+  not. The selection's distance per selection (and its noisy heat's std) is the one the
+  accounting charges for min(k_max, S) = 2 selections, written out here; the attacks stay
+  below the reported epsilon (the redrawn one passes it in seeded mode); a canary only in the
+  unread windows leaves the released rows and noisy heat the same bit for bit.
 - **Noisy heat** (FedSubAvg): a run with the rule's heat and one without, on one secret,
   give each released row's divisor D v_plain / v_heat: in seeded mode it is checked against
   the selection replayed from train.seed (the divisor is the selection's own noisy value
@@ -76,6 +82,8 @@ WINDOWED = dataclasses.replace(SELECTION, window=2)
 SETUPS = {
     "window": (8, Pattern(2, 0), WINDOWED, "private"),
     "window-long": (16, Pattern(2, 0), WINDOWED, "private"),  # 7 selections of a canary
+    # dp.selection_refresh = 2: selections at rounds 3 and 7 (reading windows 0 and 2)
+    "refresh": (8, Pattern(2, 0), dataclasses.replace(WINDOWED, refresh=2), "private"),
     "per-round": (8, Pattern(1, 0), SELECTION, "private"),  # 8 selections of a canary
     "k2-all": (8, Pattern(1, 2), SELECTION, "all"),
     "k2-private": (8, Pattern(1, 2), SELECTION, "private"),
@@ -104,13 +112,19 @@ def settings_of(
     )
 
 
-def released(settings: DpSettings, heat: bool = False, streams: DpStreams | None = None):
-    """A run of ``settings`` on the T canaries (``streams``: default a fresh key); the
-    Gaussian mechanism's: every round all the canaries (the other rows' clients absent)."""
+def released(
+    settings: DpSettings,
+    heat: bool = False,
+    streams: DpStreams | None = None,
+    absent: frozenset[int] = frozenset(),
+):
+    """A run of ``settings`` on the T canaries (``streams``: default a fresh key; DP-FTRL's
+    canaries stay out of the rounds ``absent``); the Gaussian mechanism's: every round all
+    the canaries (the other rows' clients absent)."""
     streams = streams or DpStreams(settings.randomness, PUBLIC_SEED)
     n, rounds = 2 * CANARIES, settings.accounting.rounds
     if settings.accounting.ftrl is not None:
-        return run(built(settings, n, streams, heat), CANARIES)
+        return run(built(settings, n, streams, heat), CANARIES, absent)
     inputs = MechanismInputs(settings, {"t": n}, np.ones(n), heat, 1.0, streams)
     mechanism = MECHANISMS["gaussian"].build(inputs)
     values, shown = np.zeros((n, rounds)), np.zeros((n, rounds), dtype=bool)
@@ -130,11 +144,13 @@ def covariance_of(setup: str, mechanism: str = "ftrl-tree") -> np.ndarray:
 def selection_rounds(settings: DpSettings, part: np.ndarray) -> dict[int, bool]:
     """Each round that draws a selection, and whether its histogram counted the canaries:
     every round (counted when they take part), or each window's first round after the first
-    window (counted when they took part in the previous window)."""
+    window (counted when they took part in the previous window); with dp.selection_refresh
+    = R only windows 1, 1 + R, 1 + 2R, ... draw one (reading windows 0, R, 2R, ...)."""
     w, rounds = settings.selection.window, len(part)
     if w == 1:
         return {r: bool(part[r - 1]) for r in range(1, rounds + 1)}
-    return {r: bool(part[r - 1 - w : r - 1].any()) for r in range(w + 1, rounds + 1, w)}
+    step = w * settings.selection.refresh
+    return {r: bool(part[r - 1 - w : r - 1].any()) for r in range(w + 1, rounds + 1, step)}
 
 
 def decided(settings: DpSettings, release: Release) -> np.ndarray:
@@ -284,21 +300,23 @@ def divisors(settings: DpSettings) -> tuple[Release, np.ndarray]:
         ("per-round", 4000.0),
         ("window", 0.0),
         ("window", 4000.0),
+        ("refresh", 0.0),
         ("gaussian", 0.0),
     ],
 )
 def test_the_heat_divides_by_the_selections_noisy_value(setup, heat_cap) -> None:
     """Seeded: the divisor of every released row is the replayed selection's noisy value of
     the row over w, raised to D / heat_cap (dp/ftrl.py; the Gaussian mechanism's, dp/
-    mechanism.py step 5: the noisy value), for the w rounds it releases."""
+    mechanism.py step 5: the noisy value), for the w R rounds it releases (R: dp.
+    selection_refresh)."""
     settings = settings_of(setup, "seeded", heat_cap)
     release, divisor = divisors(settings)
     floor = settings.accounting.clients_per_round / heat_cap if heat_cap else 0.0
-    w = settings.selection.window
+    w, served = settings.selection.window, settings.selection.window * settings.selection.refresh
     for r, chosen in replayed(settings, release.part).items():
         rows = chosen.rows.numpy()
         expected = np.maximum(chosen.noisy_heat.numpy() / w, floor)
-        for t in range(r, r + w):
+        for t in range(r, min(r + served, len(release.part) + 1)):
             assert np.array_equal(np.flatnonzero(release.released[:, t - 1]), rows)
             np.testing.assert_allclose(divisor[rows, t - 1], expected, rtol=1e-9)
     if heat_cap:
@@ -312,19 +330,93 @@ def test_the_heats_noise_is_secret_and_of_the_scale_charged(setup) -> None:
     the replay from train.seed finds neither the rows nor the values."""
     settings = settings_of(setup, "secret")
     release, divisor = divisors(settings)
-    std, threshold, w = (
-        settings.selection_std,
-        settings.histogram_threshold,
-        settings.selection.window,
-    )
     for r, chosen in replayed(settings, release.part).items():
         shown = release.released[:, r - 1]
         assert not np.array_equal(np.flatnonzero(shown), chosen.rows.numpy())
+    check_heat_noise(settings, release, divisor, settings.selection_std)
+
+
+def check_heat_noise(
+    settings: DpSettings, release: Release, divisor: np.ndarray, std: float
+) -> None:
+    """The divisors times w at the selections that counted the canaries, of the canary rows
+    and of the others: the heat (1, 0) plus Gaussian noise of std ``std`` (z_sel B) given
+    that it reached the threshold tau ``std`` (KS tests)."""
+    threshold, w = settings.selection.threshold * std, settings.selection.window
     counted = decided(settings, release)
     for heat, rows in ((1.0, slice(0, CANARIES)), (0.0, slice(CANARIES, None))):
         values = w * divisor[rows][:, counted][release.released[rows][:, counted]]
         tail = stats.truncnorm((threshold - heat) / std, np.inf, loc=heat, scale=std)
         assert stats.kstest(values, tail.cdf).pvalue > KS_ALPHA, (heat, len(values))
+
+
+# -- the refreshed selection (dp.selection_refresh) ---------------------------------------------
+
+# the refresh setup's selections: windows 1 and 3 (rounds 3 and 7), of 4 windows a canary is in
+REFRESH_SELECTIONS = 2
+
+
+@WINDOWED_MECHANISMS
+def test_the_refreshed_selection_is_seen_at_the_distance_the_accounting_charges(mechanism) -> None:
+    """w = 2, R = 2 over 8 rounds: the canary takes part in every window (rounds 1, 3, 5, 7);
+    the selections of rounds 3 and 7 read windows 0 and 2 only and serve rounds 3-6 and 7-8.
+    The accounting charges min(k_max = 4, S = 2) selections, z_sel = z sqrt(2 / s) (4, not
+    k_max's 5.66): per selection the worlds are 1 / z_sel apart, in the released rows and in
+    the noisy heat (the divisor times w: that std around the heat 1), 2 of them s / z^2 in
+    all; with the prefix sums' at most 1 / z, and the attacks stay below the reported
+    epsilon."""
+    settings = settings_of("refresh", "secret", mechanism=mechanism)
+    release, divisor = divisors(settings)
+    assert release.part.tolist() == [True, False] * 4
+    counted = decided(settings, release)
+    assert np.flatnonzero(counted).tolist() == [2, 6]  # rounds 3 and 7 counted the canary
+    for first, last in ((3, 6), (7, 8)):  # one selection serves R = 2 windows
+        assert (release.released[:, first - 1 : last] == release.released[:, [first - 1]]).all()
+    std = Z * np.sqrt(REFRESH_SELECTIONS / settings.selection.share)  # B = 1
+    per_selection = selection_distance(settings, release)  # its std about 0.01
+    assert per_selection == pytest.approx(1 / std, abs=0.035)
+    check_heat_noise(settings, release, divisor, std)
+    covariance = covariance_of("refresh", mechanism)
+    gaussian = canary_distance(settings, covariance)
+    assert gaussian <= np.sqrt(1 - settings.selection.share) / Z
+    assert np.hypot(gaussian, np.sqrt(REFRESH_SELECTIONS) * per_selection) <= 1.05 / Z
+    outcome = audited(release, settings, covariance, counted)
+    bounds = {**outcome.bounds, "selection": selection_bound(settings, release)}
+    assert outcome.reported == pytest.approx(REPORTED, abs=0.01)
+    assert max(bounds.values()) <= outcome.reported, bounds
+    assert bounds["likelihood"] > 0.2, bounds
+    assert outcome.contribution == pytest.approx(1.0, abs=0.3)
+    # the count the distances above measure is the accounting's, min(k_max, S)
+    assert settings.selection_count(8) == REFRESH_SELECTIONS < Pattern(2, 0).most(8)
+
+
+def test_a_canary_only_in_the_unread_windows_changes_no_selection_or_heat() -> None:
+    """Rounds 3 and 7 (windows 1 and 3, whose histograms R = 2 never reads) added to a
+    canary of rounds 1 and 5 (kept out of windows 1 and 3), on one secret and with the
+    heat: every round releases the same
+    rows, and every value outside rounds 3 and 7 (noise and sum over the row's noisy heat)
+    is the same bit for bit; rounds 3 and 7 differ only on the canary rows they release
+    (the canary's update, which the tree's noise covers)."""
+    settings = settings_of("refresh", "secret")
+    streams = DpStreams("secret", PUBLIC_SEED)
+    every = released(settings, True, streams)
+    read = released(settings, True, streams, absent=frozenset({3, 4, 7, 8}))
+    assert every.part.tolist() == [True, False] * 4
+    assert read.part.tolist() == [True, False, False, False] * 2
+    assert np.array_equal(every.released, read.released) and every.released.any()
+    unread = np.isin(np.arange(1, 9), [3, 7])
+    assert np.array_equal(every.values[:, ~unread], read.values[:, ~unread])
+    moved = every.values[:, unread] != read.values[:, unread]
+    assert moved[:CANARIES].any() and not moved[CANARIES:].any()
+    assert np.array_equal(moved[:CANARIES], every.released[:CANARIES][:, unread])
+
+
+def test_the_refresh_audit_catches_noise_drawn_from_the_published_seed() -> None:
+    settings = settings_of("refresh", "seeded")
+    release = released(settings)
+    outcome = audited(release, settings, covariance_of("refresh"), decided(settings, release))
+    assert outcome.bounds["redrawn"] > outcome.reported + 3, outcome.bounds
+    assert outcome.bounds["likelihood"] <= outcome.reported, outcome.bounds
 
 
 # -- max_participations -------------------------------------------------------------------------
