@@ -135,6 +135,16 @@ class DenseTree:
         return step
 
 
+def _member(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of ``rows`` (distinct): ``np.isin``'s answer, by
+    binary search in the sorted rows (a round's few selected rows)."""
+    if not len(rows) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    ordered = np.sort(rows)
+    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
+    return ordered[at] == values
+
+
 @dataclass
 class FtrlMechanism(DpMechanism):
     """DP-FTRL's round (module docstring); ``combine`` as ``DpMechanism``'s."""
@@ -178,7 +188,7 @@ class FtrlMechanism(DpMechanism):
             return
         for table, (rows, rounds) in self.pending_rows[1].items():
             old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
-            keep = ~np.isin(old_rows, rows, assume_unique=True)  # both sets of distinct rows
+            keep = ~_member(old_rows, rows)
             merged = np.concatenate([old_rows[keep], rows])
             order = np.argsort(merged, kind="stable")
             self.selected[table] = (
@@ -213,7 +223,7 @@ class FtrlMechanism(DpMechanism):
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
         weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
         clipped = clipping.scaled(update, factors * weights)
-        contribution = selection.contributions(update, s.selection.bound)
+        contribution = self.contributions(update)
         chosen: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         tables = {
             table: self._ftrl_table(clipped, table, contribution, round_index, generator, chosen)
@@ -243,18 +253,15 @@ class FtrlMechanism(DpMechanism):
         chosen_rows: dict[str, tuple[np.ndarray, np.ndarray]],
     ) -> RowUpdate:
         s, num_rows = self.settings, self.table_rows[table]
+        if s.rows == "all":
+            dim = update.table_deltas[table].shape[1]
+            stream = sorted(self.table_rows).index(table)
+            tree = self._dense_tree(table, stream, num_rows, dim)
+            noise = torch.from_numpy(self.sigma * tree.increment(round_index))
+            return self.every_row(update, table, noise)
         distinct, inverse, sums = self._sums(update, table)
         dim, device, dtype = sums.shape[1], sums.device, sums.dtype
         self.last.touched_rows += len(distinct)
-        if s.rows == "all":
-            full = torch.zeros((num_rows, dim), dtype=dtype, device=device)
-            full.index_copy_(0, distinct.to(device), sums)
-            stream = sorted(self.table_rows).index(table)
-            tree = self._dense_tree(table, stream, num_rows, dim)
-            full += torch.from_numpy(self.sigma * tree.increment(round_index)).to(device, dtype)
-            self.last.rows_changed += num_rows
-            rows = torch.arange(num_rows, device=device)
-            return RowUpdate(rows, full / (self.denominator * self.keep))
         heat = selection.histogram(
             inverse, update.row_owner[table], contribution.to(device), len(distinct)
         )
