@@ -221,8 +221,7 @@ class FtrlMechanism(DpMechanism):
         clip = self.current_clip(round_index)
         factors = clipping.clip_factors(update.squared_norms(), clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
-        weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
-        clipped = clipping.scaled(update, factors * weights)
+        clipped = self.scaled(update, factors)
         contribution = self.contributions(update)
         chosen: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         tables = {

@@ -147,8 +147,7 @@ class DpMechanism:
             self.adapt(squared.sqrt(), clip, round_index, generator)
         factors = clipping.clip_factors(squared, clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
-        weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
-        clipped = clipping.scaled(update, factors * weights)
+        clipped = self.scaled(update, factors)
         contribution = self.contributions(update)
         tables = {
             table: self._table(clipped, table, contribution, clip, generator)
@@ -161,6 +160,14 @@ class DpMechanism:
             summed = stacked.sum(0) + noise.to(stacked.device, stacked.dtype)
             dense[name] = summed / self.denominator
         return ServerUpdate(tables, dense)
+
+    def scaled(self, update: CohortUpdate, factors: torch.Tensor) -> CohortUpdate:
+        """Each member's update times its clip factor and its capped weight (step 1); without
+        a cap every weight is 1 and is not multiplied in (the same numbers)."""
+        cap = self.settings.weights.cap
+        if cap > 0:
+            factors = factors * clipping.capped_weights(update.weights, cap).to(factors.device)
+        return clipping.scaled(update, factors)
 
     def contributions(self, update: CohortUpdate) -> torch.Tensor:
         """Each member's histogram contribution c_k (dp/selection.py); rows = "all" selects
