@@ -103,7 +103,6 @@ class DenseTree:
     dim: int
     done: int = 0  # rounds folded in
     stack: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
-    previous: np.ndarray | None = None  # N(done)
     last: tuple[int, np.ndarray] | None = None  # (t, N(t) - N(t - 1)) of the latest round
 
     def increment(self, t: int) -> np.ndarray:
@@ -111,14 +110,11 @@ class DenseTree:
         if self.last is not None and self.last[0] == t:  # a round combined twice
             return self.last[1]
         every = np.arange(self.rows)
-        if self.done != t - 1 or self.previous is None:
+        if self.done != t - 1:  # fresh (t > 1) or resumed: the buffer of round t - 1
             self.stack = [
                 (lv, i, subtree_sum(self.key, every, lv, i, self.dim))
                 for lv, i in decomposition(t - 1)
             ]
-            self.previous = sum(
-                (b * weight(lv) for lv, _, b in self.stack), np.zeros((self.rows, self.dim))
-            )
         level, index = 0, t - 1
         b = node_noise(self.key, every, 0, np.array([index]), self.dim)[:, 0]
         step = np.zeros((self.rows, self.dim))
@@ -131,7 +127,7 @@ class DenseTree:
             b = fresh + 0.5 * (left + b)
         self.stack.append((level, index, b))
         step += b * weight(level)
-        self.previous, self.done, self.last = self.previous + step, t, (t, step)
+        self.done, self.last = t, (t, step)
         return step
 
 
