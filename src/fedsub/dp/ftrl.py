@@ -55,6 +55,7 @@ DP are refused with it (config.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -228,7 +229,7 @@ class FtrlMechanism(DpMechanism):
         for position, name in enumerate(sorted(clipped.dense_deltas)):
             stacked = clipped.dense_deltas[name]
             shape = tuple(stacked.shape[1:])
-            size = int(np.prod(shape)) if shape else 1
+            size = math.prod(shape)  # 1 for a scalar
             tree = self._dense_tree(name, len(self.table_rows) + position, size, 1)
             noise = torch.from_numpy(self.sigma * tree.increment(round_index)).reshape(shape)
             dense[name] = (stacked.sum(0) + noise.to(stacked.device, stacked.dtype)) / (
