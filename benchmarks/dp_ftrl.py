@@ -9,14 +9,15 @@ dense (DP-FedAvg, rows = "all") and sparse (DP-FedSubAvg, rows = "private").
 On the embedded default (synthetic-sparse, 3,000 users, 20,009 rows, sparse LR), the same
 schedule for every run, z calibrated for the run (dp.target_epsilon): final test AUC, the
 epsilon reached, rows noised per round (and false positives), and the per-round training
-time against the same algorithm without DP (the lowest of ``--repeats`` alternating runs,
-measured side by side in this process). DP-FTRL runs with dp.min_separation = b (each user
-at most once every b rounds, enforced by the cohort draw), accounted with no sampling; the
-windowed variant is fedsub's design (dp.selection_window, dp.heat_cap: dp/ftrl.py), and so is
-the capped one (dp.selection_max_rows: at most ``--max-rows`` rows of each windowed
-selection, those of the largest noisy values; its own ``--capped-window``,
-``--capped-heat-cap``, ``--capped-share``). ``--methods`` runs only the methods whose labels
-start with one of its comma-separated prefixes; ``--no-plain`` skips the runs without DP.
+time against the same algorithm without DP (``cost``: median rounds after a warm-up, wall and
+CPU seconds, ``--repeats`` alternating pairs of runs in this process). DP-FTRL runs with
+dp.min_separation = b (each user at most once every b rounds, enforced by the cohort draw),
+accounted with no sampling; the windowed variant is fedsub's design (dp.selection_window,
+dp.heat_cap: dp/ftrl.py), and so is the capped one (dp.selection_max_rows: at most
+``--max-rows`` rows of each windowed selection, those of the largest noisy values; its own
+``--capped-window``, ``--capped-heat-cap``, ``--capped-share``). ``--methods`` runs only the
+methods whose labels start with one of its comma-separated prefixes; ``--no-plain`` skips the
+runs without DP.
 
 Ends with ``RESULT {json}``.
 """
@@ -24,7 +25,9 @@ Ends with ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import statistics
 import time
 
@@ -138,19 +141,46 @@ def utility(args: argparse.Namespace, base: list[str]) -> dict:
     return results
 
 
+WARMUP_ROUNDS = 5  # cost: rounds left out of a run's per-round times (caches, first draws)
+
+
+def round_times(overrides: list[str], algorithm: str) -> tuple[float, float]:
+    """The median wall and CPU (``time.process_time``: this process's, so other processes on
+    the machine do not inflate it) seconds of a run's rounds after the first
+    ``WARMUP_ROUNDS``, each round timed from the end of the one before (its share of the
+    evaluation too: ``eval.every`` is the run's length, so only the last round has one)."""
+    config = Config.from_toml(None, [*overrides, f"train.algorithms=['{algorithm}']"])
+    stamps: list[tuple[float, float]] = []
+    experiment.compare(
+        config,
+        None,
+        on_round=lambda _, r: stamps.append((time.perf_counter(), time.process_time())),
+    )
+    kept = stamps[WARMUP_ROUNDS:-1]  # the last round's evaluation left out too
+    wall = [b[0] - a[0] for a, b in itertools.pairwise(kept)]
+    cpu = [b[1] - a[1] for a, b in itertools.pairwise(kept)]
+    return statistics.median(wall), statistics.median(cpu)
+
+
 def cost(args: argparse.Namespace, base: list[str]) -> dict:
+    """Per-round time with DP against the same algorithm and schedule without it: the runs
+    alternate (plain, private, plain, ...) ``--repeats`` times, each run's median round after
+    the warm-up (``round_times``), and the ratio is the median of the pairs' ratios, in wall
+    and in CPU seconds; the load average beside them (other processes slow the wall clock)."""
     timed = [*base, f"train.rounds={args.timing_rounds}", f"eval.every={args.timing_rounds}"]
     out = {}
     for label, algorithm, dp in methods(args):
-        plain, private = [], []
-        for _ in range(args.repeats):
-            plain.append(run(timed, algorithm)["train_seconds_per_round"])
-            noised = [*timed, *dp, "dp.noise_multiplier=1.0", f"dp.clip={args.clip}"]
-            private.append(run(noised, algorithm)["train_seconds_per_round"])
+        noised = [*timed, *dp, "dp.noise_multiplier=1.0", f"dp.clip={args.clip}"]
+        pairs = [(round_times(timed, algorithm), round_times(noised, algorithm))
+                 for _ in range(args.repeats)]  # fmt: skip
         out[label] = {
-            "plain_ms": 1e3 * min(plain),
-            "dp_ms": 1e3 * min(private),
-            "ratio": min(private) / min(plain),
+            "plain_ms": 1e3 * statistics.median(p[0][0] for p in pairs),
+            "dp_ms": 1e3 * statistics.median(p[1][0] for p in pairs),
+            "ratio": statistics.median(p[1][0] / p[0][0] for p in pairs),
+            "plain_cpu_ms": 1e3 * statistics.median(p[0][1] for p in pairs),
+            "dp_cpu_ms": 1e3 * statistics.median(p[1][1] for p in pairs),
+            "cpu_ratio": statistics.median(p[1][1] / p[0][1] for p in pairs),
+            "load_average": os.getloadavg()[0],
         }
         print("cost", label, out[label], flush=True)
     return out

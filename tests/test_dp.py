@@ -21,6 +21,7 @@ from scipy import optimize, stats
 from fedsub.algorithms.registry import build_algorithm
 from fedsub.config import Config
 from fedsub.dp import clipping, selection
+from fedsub.dp import mechanism as mechanism_lib
 from fedsub.dp.mechanism import DpMechanism
 from fedsub.dp.settings import (
     Accounting,
@@ -264,6 +265,32 @@ def test_dp_fedavgs_dense_form_noises_every_row():
     assert out.tables["t"].rows.tolist() == list(range(5000))
     values = out.tables["t"].values.flatten().numpy()
     assert stats.kstest(values / (0.9 * 0.7 / 10), "norm").pvalue > 1e-3
+
+
+def test_the_dense_forms_rows_are_the_clipped_sums_plus_the_rounds_noise_bit_for_bit():
+    """rows = "all": each row's value is (its clipped deltas summed in entry order, from 0,
+    in the deltas' dtype, plus the round's noise drawn for every row) / D, written out here
+    entry by entry against the same generator's draw; untouched rows hold the noise alone."""
+    s = settings(rows="all", noise_multiplier=0.9)
+    members = [{3: [0.25, -1.0], 7: [0.5, 0.125]}, {3: [1.5, 2.0]}, {0: [0.75, 0.5], 7: [1, 2]}]
+    update = cohort(members, [[0.0], [0.0], [0.0]])
+    out = DpMechanism(s, {"t": 9}, np.ones(1000)).combine(update, 4)
+    assert out.tables["t"].rows.tolist() == list(range(9))
+    factors = clipping.clip_factors(update.squared_norms(), 0.7)  # uniform weights: 1
+    generator = mechanism_lib.round_generator(s.key.seed, 4)
+    noise = mechanism_lib.gaussian((9, 2), s.update_multiplier * 0.7, generator)
+    expected = torch.zeros((9, 2), dtype=torch.float64)
+    for k, member in enumerate(members):
+        for row, delta in sorted(member.items()):  # the cohort's entry order
+            expected[row] += torch.tensor(delta, dtype=torch.float64) * factors[k]
+    expected = (expected + noise) / 10
+    assert torch.equal(out.tables["t"].values, expected)
+    assert (
+        DpMechanism(s, {"t": 9}, np.ones(1000))
+        .combine(update, 4)
+        .tables["t"]
+        .values.equal(expected)
+    )
 
 
 def test_false_positives_are_distributed_as_thresholded_noise_on_every_row():

@@ -97,6 +97,37 @@ def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> No
         mechanism.pending_rows = (t, {"w": (rows, np.full(len(rows), t))})
 
 
+@pytest.mark.parametrize("decay", [(), (0.8,), (0.9, 0.35), (0.99, 0.6, 0.2)])
+def test_replay_is_the_recurrence_written_out_buffer_by_buffer(decay) -> None:
+    """``replay`` against 2408.08868's Algorithm 3 written out here one buffer and one row at
+    a time, bit for bit: y = z_i - omega_0 buf_0 - omega_1 buf_1 - ..., buf_j <- theta_j
+    buf_j + y, and per row the sum of y_i over since_r < i <= t, from kept buffers."""
+    strategy = BltStrategy(decay, tuple(0.3 / (j + 1) for j in range(len(decay))))
+    rng = np.random.default_rng(len(decay))
+    rows, dim, done, t = np.array([2, 5, 11, 40]), 3, 4, 13
+    start = rng.standard_normal((len(decay), len(rows), dim))
+    since = np.array([4, 9, 13, 6])
+    state = blt_noise.RowBuffers(rows, done, start.copy())
+    got = blt_noise.replay(strategy, key(8), state, t, since, dim)
+    for at, row in enumerate(rows):
+        buffers = [start[j, at].copy() for j in range(len(decay))]
+        total = np.zeros(dim)
+        for i in range(done + 1, t + 1):
+            y = tree_noise.entry_noise(
+                key(8), np.array([row]), np.zeros(1, int), np.array([i]), dim
+            )[0]
+            for j in range(len(decay)):
+                y = y - strategy.scale[j] * buffers[j]
+            for j in range(len(decay)):
+                buffers[j] = buffers[j] * strategy.decay[j] + y
+            if since[at] < i:
+                total = total + y
+        assert got[at].tobytes() == total.tobytes()
+        for j in range(len(decay)):
+            assert state.buffers[j, at].tobytes() == buffers[j].tobytes()
+    assert state.done == t
+
+
 def brute_sensitivity(c: np.ndarray, pattern: Pattern) -> float:
     """max over every participation set P the pattern allows and every sign of the
     contributions of ||sum_p s_p C[:, p]||: no assumption on C's signs."""

@@ -501,3 +501,15 @@ def test_the_most_participations_are_the_enumerated_maximum() -> None:
         bound.record(3, np.array([0]))  # client 0 took part in round 3 once
     assert Pattern(2, 0).as_json() == {"min_separation": 2, "max_participations": None}
     assert Pattern(2, 3).as_json() == {"min_separation": 2, "max_participations": 3}
+
+
+def test_the_selected_rows_membership_is_numpys_isin() -> None:
+    """``_commit``'s binary search (which of the rows kept are selected again) gives
+    ``np.isin``'s answer, on empty, disjoint, overlapping and unsorted selections."""
+    from fedsub.dp.ftrl import _member
+
+    rng = np.random.default_rng(3)
+    for size, picked in itertools.product((0, 1, 7, 200), (0, 1, 5, 150)):
+        values = np.sort(rng.choice(400, size, replace=False))
+        rows = rng.choice(400, picked, replace=False)  # a selection, in any order
+        np.testing.assert_array_equal(_member(values, rows), np.isin(values, rows))

@@ -256,18 +256,46 @@ def replay(
     every_round = np.tile(rounds, len(rows))
     z = entry_noise(key, every_row, np.zeros(len(every_row), np.int64), every_round, dim)
     z = z.reshape(len(rows), len(rounds), dim)
-    decay, scale = strategy.decay, strategy.scale
-    for at, i in enumerate(rounds):
-        y = z[:, at].copy()
-        for j in range(strategy.buffers):
-            y -= scale[j] * state.buffers[j]
-        for j in range(strategy.buffers):
-            state.buffers[j] *= decay[j]
-            state.buffers[j] += y
-        counted = since < i
-        out[counted] += y[counted]
+    _recur(strategy, state.buffers, z, np.asarray(since), first, out)
     state.done = t
     return out
+
+
+def _recur(
+    strategy: BltStrategy,
+    buffers: np.ndarray,
+    z: np.ndarray,
+    since: np.ndarray,
+    first: int,
+    out: np.ndarray,
+) -> None:
+    """The recurrence of ``replay`` over z's rounds (first, first + 1, ...), in place on
+    ``buffers`` (m, rows, dim) and ``out``: per round y = z_i - omega_0 buf_0 - omega_1 buf_1
+    - ..., then buf_j <- theta_j buf_j + y, and y added to ``out`` for the rows with since_r <
+    i. Every entry sees the same floating-point operations in the same order as the
+    recurrence written buffer by buffer (the products of every buffer in one call, the
+    subtractions still in buffer order), so every path's numbers stay the same, bit for bit;
+    the loop is over rounds only, a few numpy calls each."""
+    decay = np.asarray(strategy.decay).reshape(-1, 1, 1)
+    scale = np.asarray(strategy.scale).reshape(-1, 1, 1)
+    products = np.empty_like(buffers)
+    latest = int(since.max()) if len(since) else 0  # from round latest + 1 on, every row counts
+    counted = np.empty((len(since), 1), dtype=bool)
+    for at in range(z.shape[1]):
+        i = first + at
+        y = z[:, at]
+        if strategy.buffers:
+            np.multiply(buffers, scale, out=products)
+            y = y - products[0]
+            for product in products[1:]:
+                y -= product
+            buffers *= decay
+            buffers += y
+        if i > latest:
+            out += y
+        else:  # adding 0 to the rows not counted would be the same numbers; skipped
+            np.less(since, i, out=counted[:, 0])
+            np.add(out, y, out=out, where=counted)
 
 
 def fresh(strategy: BltStrategy, rows: np.ndarray, dim: int) -> RowBuffers:

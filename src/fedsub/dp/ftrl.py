@@ -60,6 +60,7 @@ DP are refused with it (config.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -108,7 +109,6 @@ class DenseTree:
     dim: int
     done: int = 0  # rounds folded in
     stack: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
-    previous: np.ndarray | None = None  # N(done)
     last: tuple[int, np.ndarray] | None = None  # (t, N(t) - N(t - 1)) of the latest round
 
     def increment(self, t: int) -> np.ndarray:
@@ -116,14 +116,11 @@ class DenseTree:
         if self.last is not None and self.last[0] == t:  # a round combined twice
             return self.last[1]
         every = np.arange(self.rows)
-        if self.done != t - 1 or self.previous is None:
+        if self.done != t - 1:  # fresh (t > 1) or resumed: the buffer of round t - 1
             self.stack = [
                 (lv, i, subtree_sum(self.key, every, lv, i, self.dim))
                 for lv, i in decomposition(t - 1)
             ]
-            self.previous = sum(
-                (b * weight(lv) for lv, _, b in self.stack), np.zeros((self.rows, self.dim))
-            )
         level, index = 0, t - 1
         b = node_noise(self.key, every, 0, np.array([index]), self.dim)[:, 0]
         step = np.zeros((self.rows, self.dim))
@@ -136,8 +133,18 @@ class DenseTree:
             b = fresh + 0.5 * (left + b)
         self.stack.append((level, index, b))
         step += b * weight(level)
-        self.previous, self.done, self.last = self.previous + step, t, (t, step)
+        self.done, self.last = t, (t, step)
         return step
+
+
+def _member(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Whether each of ``values`` is one of ``rows`` (distinct): ``np.isin``'s answer, by
+    binary search in the sorted rows (a round's few selected rows)."""
+    if not len(rows) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    ordered = np.sort(rows)
+    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
+    return ordered[at] == values
 
 
 @dataclass
@@ -183,7 +190,7 @@ class FtrlMechanism(DpMechanism):
             return
         for table, (rows, rounds) in self.pending_rows[1].items():
             old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
-            keep = ~np.isin(old_rows, rows, assume_unique=True)  # both sets of distinct rows
+            keep = ~_member(old_rows, rows)
             merged = np.concatenate([old_rows[keep], rows])
             order = np.argsort(merged, kind="stable")
             self.selected[table] = (
@@ -216,9 +223,8 @@ class FtrlMechanism(DpMechanism):
         clip = self.current_clip(round_index)
         factors = clipping.clip_factors(update.squared_norms(), clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
-        weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
-        clipped = clipping.scaled(update, factors * weights)
-        contribution = selection.contributions(update, s.selection.bound)
+        clipped = self.scaled(update, factors)
+        contribution = self.contributions(update)
         chosen: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         tables = {
             table: self._ftrl_table(clipped, table, contribution, round_index, generator, chosen)
@@ -228,7 +234,7 @@ class FtrlMechanism(DpMechanism):
         for position, name in enumerate(sorted(clipped.dense_deltas)):
             stacked = clipped.dense_deltas[name]
             shape = tuple(stacked.shape[1:])
-            size = int(np.prod(shape)) if shape else 1
+            size = math.prod(shape)  # 1 for a scalar
             tree = self._dense_tree(name, len(self.table_rows) + position, size, 1)
             noise = torch.from_numpy(self.sigma * tree.increment(round_index)).reshape(shape)
             dense[name] = (stacked.sum(0) + noise.to(stacked.device, stacked.dtype)) / (
@@ -248,18 +254,15 @@ class FtrlMechanism(DpMechanism):
         chosen_rows: dict[str, tuple[np.ndarray, np.ndarray]],
     ) -> RowUpdate:
         s, num_rows = self.settings, self.table_rows[table]
+        if s.rows == "all":
+            dim = update.table_deltas[table].shape[1]
+            stream = sorted(self.table_rows).index(table)
+            tree = self._dense_tree(table, stream, num_rows, dim)
+            noise = torch.from_numpy(self.sigma * tree.increment(round_index))
+            return self.every_row(update, table, noise)
         distinct, inverse, sums = self._sums(update, table)
         dim, device, dtype = sums.shape[1], sums.device, sums.dtype
         self.last.touched_rows += len(distinct)
-        if s.rows == "all":
-            full = torch.zeros((num_rows, dim), dtype=dtype, device=device)
-            full.index_copy_(0, distinct.to(device), sums)
-            stream = sorted(self.table_rows).index(table)
-            tree = self._dense_tree(table, stream, num_rows, dim)
-            full += torch.from_numpy(self.sigma * tree.increment(round_index)).to(device, dtype)
-            self.last.rows_changed += num_rows
-            rows = torch.arange(num_rows, device=device)
-            return RowUpdate(rows, full / (self.denominator * self.keep))
         heat = selection.histogram(
             inverse, update.row_owner[table], contribution.to(device), len(distinct)
         )

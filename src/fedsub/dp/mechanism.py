@@ -147,9 +147,8 @@ class DpMechanism:
             self.adapt(squared.sqrt(), clip, round_index, generator)
         factors = clipping.clip_factors(squared, clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
-        weights = clipping.capped_weights(update.weights, s.weights.cap).to(factors.device)
-        clipped = clipping.scaled(update, factors * weights)
-        contribution = selection.contributions(update, s.selection.bound)
+        clipped = self.scaled(update, factors)
+        contribution = self.contributions(update)
         tables = {
             table: self._table(clipped, table, contribution, clip, generator)
             for table in sorted(self.table_rows)
@@ -161,6 +160,43 @@ class DpMechanism:
             summed = stacked.sum(0) + noise.to(stacked.device, stacked.dtype)
             dense[name] = summed / self.denominator
         return ServerUpdate(tables, dense)
+
+    def scaled(self, update: CohortUpdate, factors: torch.Tensor) -> CohortUpdate:
+        """Each member's update times its clip factor and its capped weight (step 1); without
+        a cap every weight is 1 and is not multiplied in (the same numbers)."""
+        cap = self.settings.weights.cap
+        if cap > 0:
+            factors = factors * clipping.capped_weights(update.weights, cap).to(factors.device)
+        return clipping.scaled(update, factors)
+
+    def contributions(self, update: CohortUpdate) -> torch.Tensor:
+        """Each member's histogram contribution c_k (dp/selection.py); rows = "all" selects
+        nothing, so it reads none (an empty tensor)."""
+        if self.settings.rows == "all":
+            return torch.zeros(0, dtype=torch.float64)
+        return selection.contributions(update, self.settings.selection.bound)
+
+    def every_row(self, update: CohortUpdate, table: str, noise: torch.Tensor) -> RowUpdate:
+        """rows = "all": every row of ``table``, its clipped deltas summed (zero when untouched)
+        plus ``noise`` (every row's, float64 on the host), over D p. The sums are the
+        per-row sums ``_sums`` gives, taken in the same entry order (so the same numbers) but
+        straight into the table-sized tensor the noise is added to, without the distinct
+        rows."""
+        rows, deltas = update.rows[table], update.table_deltas[table]
+        num_rows, device = self.table_rows[table], deltas.device
+        full = deltas.new_zeros((num_rows, deltas.shape[1]))
+        segment_sum.index_add_(full, rows, deltas)
+        known = update.unions.get(table) if update.unions else None
+        if known is not None:  # the backend's distinct rows (a GPU: no host read)
+            self.last.touched_rows += len(known[0])
+        else:
+            touched = torch.zeros(num_rows, dtype=torch.bool, device=device)
+            touched[rows] = True
+            self.last.touched_rows += int(touched.sum())
+        full += noise.to(device, deltas.dtype)
+        self.last.rows_changed += num_rows
+        rows = torch.arange(num_rows, device=device)
+        return RowUpdate(rows, full / (self.denominator * self.keep))
 
     def _sums(
         self, update: CohortUpdate, table: str
@@ -183,17 +219,13 @@ class DpMechanism:
         generator: torch.Generator,
     ) -> RowUpdate:
         s, num_rows = self.settings, self.table_rows[table]
+        if s.rows == "all":
+            dim = update.table_deltas[table].shape[1]
+            noise = gaussian((num_rows, dim), s.update_multiplier * clip, generator)
+            return self.every_row(update, table, noise)
         distinct, inverse, sums = self._sums(update, table)
         dim, device, dtype = sums.shape[1], sums.device, sums.dtype
         self.last.touched_rows += len(distinct)
-        if s.rows == "all":
-            full = torch.zeros((num_rows, dim), dtype=dtype, device=device)
-            full.index_copy_(0, distinct.to(device), sums)
-            noise = gaussian((num_rows, dim), s.update_multiplier * clip, generator)
-            full += noise.to(device, dtype)
-            self.last.rows_changed += num_rows
-            rows = torch.arange(num_rows, device=device)
-            return RowUpdate(rows, full / (self.denominator * self.keep))
         heat = selection.histogram(
             inverse, update.row_owner[table], contribution.to(device), len(distinct)
         )
