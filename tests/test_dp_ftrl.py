@@ -195,6 +195,23 @@ def test_more_participations_cost_more_and_calibration_meets_the_target() -> Non
     assert ftrl_accounting.gaussian_epsilon(z, 1e-5, "rdp") == pytest.approx(2.0, rel=1e-3)
 
 
+def test_kept_epsilons_are_dp_accountings_for_every_round() -> None:
+    """gaussian_epsilon keeps its answers (a run asks every round): each round's epsilon of a
+    150-round pattern is dp-accounting's GaussianDpEvent epsilon computed afresh, and rounds
+    with an unchanged multiplier are answered from what was kept."""
+    ftrl_accounting.gaussian_epsilon.cache_clear()
+    pattern = Pattern(50, 0)
+    multipliers = [
+        ftrl_accounting.effective_multiplier(1.0, 3.0, t, pattern, selections=None)
+        for t in range(1, 151)
+    ]
+    for z in multipliers:
+        fresh = rdp.RdpAccountant().compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(1e-6)
+        assert ftrl_accounting.gaussian_epsilon(z, 1e-6, "rdp") == fresh
+    info = ftrl_accounting.gaussian_epsilon.cache_info()
+    assert info.misses == len(set(multipliers)) < len(multipliers) == info.misses + info.hits
+
+
 def test_participation_bound_refuses_users_in_their_window() -> None:
     bound = ParticipationBound(Pattern(3, 2), 6)
     assert list(bound.eligible(1, None)) == [0, 1, 2, 3, 4, 5]

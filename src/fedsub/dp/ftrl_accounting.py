@@ -132,9 +132,13 @@ def effective_multiplier(
     return math.inf if inverse == 0 else 1.0 / math.sqrt(inverse)
 
 
+@functools.lru_cache(maxsize=4096)
 def gaussian_epsilon(multiplier: float, delta: float, accountant: str) -> float:
     """Epsilon at ``delta`` of one Gaussian mechanism of noise multiplier ``multiplier``
-    (zero-out neighbours: add-or-remove), from dp-accounting."""
+    (zero-out neighbours: add-or-remove), from dp-accounting. Kept per arguments: a run asks
+    every round, and the multiplier changes only when the pattern's sensitivity or count does
+    (15 distinct values in the embedded default's 150 rounds), while dp-accounting's RDP
+    takes about 0.25 ms a call, a tenth of a plain round."""
     if math.isinf(multiplier):
         return 0.0
     event = dp_accounting.GaussianDpEvent(multiplier)
