@@ -87,6 +87,9 @@ def test_a_windowed_run_stopped_mid_window_resumes_bit_for_bit(tmp_path, mechani
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert lines(a) == lines(b) and len(lines(b)) == 9  # rounds 0 to 8, epsilon on each
     assert all("epsilon" in json.loads(x) for x in lines(b)[1:])
+    # the un-noised window histograms are kept only in the checkpoints (private, as the secret)
+    kept = [p.relative_to(tmp_path) for p in tmp_path.rglob("dp_ftrl.safetensors")]
+    assert kept and all("checkpoints" in p.parts for p in kept)
 
 
 def mechanism() -> FtrlMechanism:

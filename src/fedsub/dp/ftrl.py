@@ -56,6 +56,12 @@ differences are post-processing), so the run is one Gaussian mechanism of sensit
 ``ftrl_accounting.tree_sensitivity`` C. The noise streams are keyed by the run's secret
 (dp/randomness.py); seeded runs say they guarantee nothing. Adaptive clipping and distributed
 DP are refused with it (config.py).
+
+Resume: the ``dp_ftrl`` checkpoint stage holds the selected rows' last rounds and, with a
+window, the rounds gathered of the window being read (touched rows, un-noised histograms) and
+the selection serving the current windows, so a run stopped mid-window resumes bit for bit.
+The histograms are computed in the clear: like the run's secret (``dp_secret``) they live only
+in the checkpoints, which the operator keeps private, never in a file a run publishes.
 """
 
 from __future__ import annotations
