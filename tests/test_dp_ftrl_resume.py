@@ -147,3 +147,38 @@ def test_the_window_state_round_trips_and_an_older_checkpoint_still_loads() -> N
     again.load_state_tensors(legacy)
     assert list(again.last_rounds("w.rows", np.array([3, 5, 7]))) == [2, 0, 4]
     assert again.window_parts == {} and again.window_selected == {}
+
+
+def test_a_checkpoint_without_the_window_state_still_resumes(tmp_path):
+    """A run folder whose checkpoint holds only the last rounds under their older names (as
+    fedsub wrote before it kept the window) resumes as it did then: it selects again from the
+    rounds it sees, so its model differs from the uninterrupted run's while every epsilon line
+    is the same (the selection's post-processing does not move the accounting)."""
+    from safetensors.torch import load_file, save_file
+
+    c = Config.from_toml(None, [*SMALL, *WINDOWED, *MECHANISMS["ftrl-tree"]])
+    pinned = Secret.fresh()
+    stop = {"after": False}
+
+    def stopped(algorithm: str, round_index: int) -> None:
+        stop["after"] = round_index == 5
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(secret_streams, "draw_secret", lambda: pinned)
+        experiment.compare(c, tmp_path / "straight")
+        with pytest.raises(Interrupted):
+            experiment.compare(
+                c, tmp_path / "stopped", stopped, stop_requested=lambda: stop["after"]
+            )
+    newest = checkpoint_lib.latest(tmp_path / "stopped" / "fedsubavg" / "checkpoints")
+    assert newest is not None
+    stage = newest / "dp_ftrl.safetensors"
+    held = load_file(str(stage))
+    older = {n.removeprefix("last."): v for n, v in held.items() if n.startswith("last.")}
+    assert older and len(older) < len(held)  # the window state dropped
+    save_file(older, str(stage))
+    experiment.compare(c, tmp_path / "stopped", resume=True)
+    a, b = (tmp_path / run / "fedsubavg" for run in ("straight", "stopped"))
+    assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
+    epsilons = [[json.loads(x).get("epsilon") for x in lines(f)] for f in (a, b)]
+    assert epsilons[0] == epsilons[1] and len(epsilons[1]) == 9
