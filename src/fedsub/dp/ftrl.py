@@ -56,6 +56,12 @@ differences are post-processing), so the run is one Gaussian mechanism of sensit
 ``ftrl_accounting.tree_sensitivity`` C. The noise streams are keyed by the run's secret
 (dp/randomness.py); seeded runs say they guarantee nothing. Adaptive clipping and distributed
 DP are refused with it (config.py).
+
+Resume: the ``dp_ftrl`` checkpoint stage holds the selected rows' last rounds and, with a
+window, the rounds gathered of the window being read (touched rows, un-noised histograms) and
+the selection serving the current windows, so a run stopped mid-window resumes bit for bit.
+The histograms are computed in the clear: like the run's secret (``dp_secret``) they live only
+in the checkpoints, which the operator keeps private, never in a file a run publishes.
 """
 
 from __future__ import annotations
@@ -156,8 +162,8 @@ class FtrlMechanism(DpMechanism):
     selected: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     pending_rows: tuple[int, dict[str, tuple[np.ndarray, np.ndarray]]] | None = None
     # dp.selection_window > 1: per table, this window's rounds' (touched rows, histogram), and
-    # the selection of the current window by (table, window); not checkpointed (a resumed run
-    # selects again from the rounds it saw: fewer counts, never more privacy spent)
+    # the selection of the current window by (table, selection key); both checkpointed (the
+    # dp_ftrl stage: a run resumed mid-window continues bit for bit)
     window_parts: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict
     )
@@ -386,18 +392,70 @@ class FtrlMechanism(DpMechanism):
         return RowUpdate(rows, values / (self.denominator * self.keep))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Each table's selected rows and their last rounds, the pending round's included."""
+        """Each table's selected rows and their last rounds, the pending round's included;
+        with a window, the rounds of the window being gathered (touched rows and their
+        un-noised histogram) and the selection serving the current windows, so a run resumed
+        mid-window continues bit for bit. The histograms are secret like the run's secret (in
+        the same checkpoint, never in a file a run publishes: module docstring)."""
         self._commit(2**40)
-        out = {}
+        out = {FORMAT_TENSOR: torch.tensor(STATE_FORMAT)}
         for table, (rows, rounds) in self.selected.items():
-            out[f"{table}.rows"] = torch.from_numpy(rows.copy())
-            out[f"{table}.rounds"] = torch.from_numpy(rounds.copy())
+            out[f"last.{table}.rows"] = torch.from_numpy(rows.copy())
+            out[f"last.{table}.rounds"] = torch.from_numpy(rounds.copy())
+        for table, parts in self.window_parts.items():
+            for r, (rows_, heat) in parts.items():
+                out[f"window.{table}.{r}.rows"] = rows_.clone()
+                out[f"window.{table}.{r}.heat"] = heat.clone()
+        for (table, key), chosen in self.window_selected.items():
+            for name in SELECTION_FIELDS:
+                out[f"selection.{table}.{key}.{name}"] = getattr(chosen, name).clone()
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        tables = {name.rsplit(".", 1)[0] for name in tensors}
-        self.selected = {
-            t: (tensors[f"{t}.rows"].numpy().copy(), tensors[f"{t}.rounds"].numpy().copy())
-            for t in tables
-        }
         self.pending_rows = None
+        self.window_parts, self.window_selected = {}, {}
+        if FORMAT_TENSOR not in tensors:  # written before the window was kept: last rounds
+            tables = {name.rsplit(".", 1)[0] for name in tensors}
+            self.selected = {t: _rows_rounds(tensors, f"{t}.") for t in tables}
+            return  # (a window resumed from it selects again from the rounds it sees)
+        if int(tensors[FORMAT_TENSOR]) != STATE_FORMAT:
+            raise ValueError(
+                f"the dp_ftrl stage's format is {int(tensors[FORMAT_TENSOR])}, this fedsub "
+                f"reads {STATE_FORMAT} (or the older one without {FORMAT_TENSOR!r})"
+            )
+        kinds = _by_kind(tensors)
+        self.selected = {t: _rows_rounds(g, "") for (t,), g in kinds["last"].items()}
+        for (table, r), g in kinds["window"].items():
+            self.window_parts.setdefault(table, {})[int(r)] = (g["rows"], g["heat"])
+        for (table, key), g in kinds["selection"].items():
+            fields = (g[name] for name in SELECTION_FIELDS)
+            self.window_selected[(table, int(key))] = selection.Selection(*fields)
+
+
+# the dp_ftrl stage: FORMAT_TENSOR (no dot, so never a name of the older stage, which held only
+# "{table}.rows" / "{table}.rounds") and names "{kind}.{table}[.{round or key}].{field}", parsed
+# from the right (a table's name may hold dots)
+FORMAT_TENSOR, STATE_FORMAT = "format", 2
+KIND_PARTS = {"last": 1, "window": 2, "selection": 2}  # the parts after the table
+SELECTION_FIELDS = ("rows", "touched_position", "noisy_heat")  # selection.Selection's
+
+
+def _by_kind(tensors: dict[str, torch.Tensor]) -> dict[str, dict[tuple[str, ...], dict]]:
+    """The stage's tensors by kind, then by (table[, round or key]), then by field; on the CPU
+    (a checkpoint restores each tensor where the model is)."""
+    out: dict[str, dict[tuple[str, ...], dict]] = {kind: {} for kind in KIND_PARTS}
+    for name, value in tensors.items():
+        if name == FORMAT_TENSOR:
+            continue
+        kind, _, rest = name.partition(".")
+        split = rest.rsplit(".", KIND_PARTS.get(kind, 0))
+        if kind not in KIND_PARTS or len(split) != KIND_PARTS[kind] + 1 or not split[0]:
+            raise ValueError(f"the dp_ftrl stage holds {name!r}, not a name it writes")
+        *group, field_name = split
+        out[kind].setdefault(tuple(group), {})[field_name] = value.cpu()
+    return out
+
+
+def _rows_rounds(tensors: dict[str, torch.Tensor], prefix: str) -> tuple[np.ndarray, np.ndarray]:
+    rows, rounds = tensors[f"{prefix}rows"], tensors[f"{prefix}rounds"]
+    return rows.cpu().numpy().copy(), rounds.cpu().numpy().copy()
