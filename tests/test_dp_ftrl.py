@@ -195,6 +195,16 @@ def test_more_participations_cost_more_and_calibration_meets_the_target() -> Non
     assert ftrl_accounting.gaussian_epsilon(z, 1e-5, "rdp") == pytest.approx(2.0, rel=1e-3)
 
 
+def test_the_effective_multiplier_is_the_written_out_sum_of_inverses() -> None:
+    """1 / z_eff^2 = count / z_sel^2 + sens^2 / z_tree^2, written out, at an inverse of 1
+    (z_eff = 1) and without any noise released (z_eff infinite)."""
+    pattern = Pattern(50, 0)
+    assert ftrl_accounting.effective_multiplier(2.0, None, 1, pattern, sensitivity=2.0) == 1.0
+    z = ftrl_accounting.effective_multiplier(2.0, 3.0, 150, pattern, 4.0, selections=2)
+    assert z == pytest.approx(1.0 / math.sqrt(2 / 3.0**2 + (4.0 / 2.0) ** 2), rel=1e-12)
+    assert ftrl_accounting.effective_multiplier(2.0, None, 1, pattern, 0.0) == math.inf
+
+
 def test_kept_epsilons_are_dp_accountings_for_every_round() -> None:
     """gaussian_epsilon keeps its answers (a run asks every round): each round's epsilon of a
     150-round pattern is dp-accounting's GaussianDpEvent epsilon computed afresh, and rounds

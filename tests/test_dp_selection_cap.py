@@ -155,7 +155,8 @@ def test_the_cap_is_refused_where_it_would_be_ignored() -> None:
      (3.0, 10, 30, 2, 99), (8.0, 50, 600, 50, 1_000_000), (4.0, 5, 3, 1, 50),
      (2.0, 50, 60, 50, 20_009), (1.0, 50, 2, 5, 20_009), (1.5, 7, 900, 400, 20_009),
      (1.0, 500, 150, 6, 20_009), (2.0, 500, 150, 6, 20_009), (1.0, 100, 150, 50, 20_009),
-     (1.0, 3000, 150, 1, 20_009), (1.0, 3000, 150, 20, 20_009), (2.0, 500, 20, 6, 20_009)],
+     (1.0, 3000, 150, 1, 20_009), (1.0, 3000, 150, 20, 20_009), (2.0, 500, 20, 6, 20_009),
+     (1.0, 50, 100, 50, 20_009), (1.0, 1000, 100, 50, 20_009)],
 )  # fmt: skip
 def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation, num_rows) -> None:
     """capped_rule against its rule written out: BLT, w = min(b, ceil(2000 / K), T // 3) (at
@@ -187,6 +188,7 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
         max_rows=num_rows // 100 if num_rows >= 100 else 1,
         refresh=refresh,
     )
+    assert type(rule.window) is int and type(rule.refresh) is int  # counts of rounds, windows
     assert rule.window <= separation  # the windowed selection's accounting needs w <= b
     assert rule.max_rows <= max(1, num_rows / 100)
     if rule.refresh > 1:  # a refreshed run makes at most 3 selections
@@ -198,6 +200,8 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
 
 
 def test_the_capped_rule_refuses_what_it_cannot_use() -> None:
+    smallest = selection.capped_rule(1e-9, 1, 1, 1, 1)  # every count at its least, accepted
+    assert (smallest.window, smallest.refresh, smallest.max_rows) == (1, 1, 1)
     with pytest.raises(ValueError, match="capped_rule needs epsilon > 0"):
         selection.capped_rule(0.0, 50, 150, 50, 20_009)
     with pytest.raises(ValueError, match="min_separation, num_rows >= 1"):
