@@ -52,6 +52,7 @@ import torch
 from scipy import stats
 
 from fedsub.dp import selection
+from fedsub.dp.ftrl import FtrlMechanism
 from fedsub.dp.mechanism import round_generator
 from fedsub.dp.mechanisms import MECHANISMS, MechanismInputs
 from fedsub.dp.participation import Pattern
@@ -480,3 +481,28 @@ def test_a_run_lets_each_user_in_at_most_max_participations_times(monkeypatch) -
     assert np.bincount(np.concatenate(seen)).max() == 1
     dp = outcome.summary["algorithms"]["fedsubavg"]["dp"]
     assert dp["participation"] == {"min_separation": 1, "max_participations": 1}
+
+
+def test_each_tables_window_selection_is_kept_beside_the_others() -> None:
+    """Two tables, windowed: the selection table "a" makes at its window's first round is
+    the one its later rounds of the window use, whatever table "b" selects in between (the
+    same selection as a mechanism holding "a" alone), and b's is its own."""
+    settings = ftrl_settings("ftrl-tree", "private", "seeded", selection=WINDOWED)
+    streams = DpStreams("seeded", PUBLIC_SEED)
+    inputs = MechanismInputs(settings, {"a": 50, "b": 50}, np.ones(50), False, 1.0, streams)
+    both, alone = (MECHANISMS["ftrl-tree"].build(inputs) for _ in range(2))
+    assert isinstance(both, FtrlMechanism) and isinstance(alone, FtrlMechanism)
+    touched = torch.arange(10, dtype=torch.int64)
+    heat = torch.full((10,), 40.0, dtype=torch.float64)  # far above the threshold
+
+    def select(mechanism: FtrlMechanism, table: str, r: int):
+        return mechanism._window_rows(table, touched, heat, r, torch.Generator().manual_seed(r))
+
+    for r in (1, 2):  # window 0: gathered, nothing selected
+        for table in ("a", "b"):
+            select(both, table, r)
+        select(alone, "a", r)
+    first_a, first_b = select(both, "a", 3), select(both, "b", 3)  # window 1: selected
+    assert len(first_a.rows) >= 10 and len(first_b.rows) >= 10
+    assert select(both, "a", 4) is first_a and select(both, "b", 4) is first_b
+    assert select(alone, "a", 3).rows.tolist() == first_a.rows.tolist()
