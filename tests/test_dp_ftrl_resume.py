@@ -149,6 +149,17 @@ def test_the_window_state_round_trips_and_an_older_checkpoint_still_loads() -> N
     assert again.window_parts == {} and again.window_selected == {}
 
 
+def test_the_checkpoint_holds_the_rows_selected_in_a_late_round() -> None:
+    """The rows selected in the round being checkpointed (pending until the next round) are
+    saved with their last round, however late that round is (here round 10,000)."""
+    before = mechanism()
+    before.selected = {"w.rows": (np.array([3]), np.array([2]))}
+    before.pending_rows = (10_000, {"w.rows": (np.array([5, 7]), np.array([10_000, 10_000]))})
+    after = mechanism()
+    after.load_state_tensors(before.state_tensors())
+    assert list(after.last_rounds("w.rows", np.array([3, 5, 7]))) == [2, 10_000, 10_000]
+
+
 def test_a_checkpoint_without_the_window_state_still_resumes(tmp_path):
     """A run folder whose checkpoint holds only the last rounds under their older names (as
     fedsub wrote before it kept the window) resumes as it did then: it selects again from the
