@@ -228,6 +228,8 @@ def assert_same_models(got: Path, expected: Path) -> None:
             assert torch.equal(a[key], b[key]), f"{name} {key}"
 
 
+@pytest.mark.deployment  # 49 s, three torchrun launches: make test-deployment (test_sharding.py
+# and test_reshard.py keep real torchrun process groups in make test)
 def test_torchrun_writes_one_process_outputs_once_and_resumes_and_stops_on_an_error(
     tmp_path, capsys
 ):

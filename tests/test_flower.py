@@ -495,6 +495,7 @@ def test_a_killed_node_costs_one_round_and_its_replacement_is_sampled(three_node
     assert any(not torch.equal(after[n], v) for n, v in before.items())
 
 
+@pytest.mark.deployment  # 14 s of real processes: make test-deployment
 def test_real_run_stops_with_an_error_when_rounds_cannot_reach_min_replies(three_nodes, tmp_path):
     """min-replies = 3, and every node takes longer than the round timeout (train-delay):
     no round can update the model; after max-failed-rounds = 1 such round the ServerApp
