@@ -160,6 +160,15 @@ def test_the_checkpoint_holds_the_rows_selected_in_a_late_round() -> None:
     assert list(after.last_rounds("w.rows", np.array([3, 5, 7]))) == [2, 10_000, 10_000]
 
 
+@pytest.mark.parametrize(
+    "name", ["bogus.w.rows", "window.w.rows", "last..rows", "selection.w.rows"]
+)  # an unknown kind, a window part without its round, no table, a selection without its key
+def test_a_stage_tensor_it_never_writes_is_refused_by_name(name: str) -> None:
+    tensors = {"format": torch.tensor(2), name: torch.zeros(1, dtype=torch.int64)}
+    with pytest.raises(ValueError, match=f"the dp_ftrl stage holds {name!r}"):
+        mechanism().load_state_tensors(tensors)
+
+
 def test_a_checkpoint_without_the_window_state_still_resumes(tmp_path):
     """A run folder whose checkpoint holds only the last rounds under their older names (as
     fedsub wrote before it kept the window) resumes as it did then: it selects again from the
