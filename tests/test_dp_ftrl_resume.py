@@ -18,13 +18,11 @@ from fedsub.config import Config
 from fedsub.dp import selection
 from fedsub.dp.ftrl import FtrlMechanism
 from fedsub.engine import checkpoint as checkpoint_lib
-from fedsub.engine.loop import Interrupted
-from fedsub.numerics import secret_streams
-from fedsub.numerics.seeding import Secret
 from fedsub.runs import experiment
 from fedsub.runs.run_setup import dp_of
 
 from .test_dp import SMALL
+from .test_dp_secret import straight_and_stopped
 
 # 8 rounds, windows of 2 (window 0: rounds 1-2, 1: 3-4, 2: 5-6, 3: 7-8); refresh 2: the
 # selection made at round 3 from window 0 serves windows 1 and 2, the one made at round 7 reads
@@ -63,19 +61,7 @@ def test_a_windowed_run_stopped_mid_window_resumes_bit_for_bit(tmp_path, mechani
     if mechanism == "ftrl-blt":
         pytest.importorskip("jax_privacy", reason="ftrl-blt's strategy is jax-privacy's")
     c = Config.from_toml(None, [*SMALL, *WINDOWED, *MECHANISMS[mechanism]])
-    pinned = Secret.fresh()
-    stop = {"after": False}
-
-    def stopped(algorithm: str, round_index: int) -> None:
-        stop["after"] = round_index == stop_after
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(secret_streams, "draw_secret", lambda: pinned)
-        experiment.compare(c, tmp_path / "straight")
-        with pytest.raises(Interrupted):
-            experiment.compare(
-                c, tmp_path / "stopped", stopped, stop_requested=lambda: stop["after"]
-            )
+    straight_and_stopped(c, tmp_path, stop_after)
     folder = tmp_path / "stopped" / "fedsubavg" / "checkpoints"
     saved = checkpoint_lib.load(checkpoint_lib.latest(folder))  # type: ignore[arg-type]
     assert saved.round == stop_after
@@ -177,19 +163,7 @@ def test_a_checkpoint_without_the_window_state_still_resumes(tmp_path):
     from safetensors.torch import load_file, save_file
 
     c = Config.from_toml(None, [*SMALL, *WINDOWED, *MECHANISMS["ftrl-tree"]])
-    pinned = Secret.fresh()
-    stop = {"after": False}
-
-    def stopped(algorithm: str, round_index: int) -> None:
-        stop["after"] = round_index == 5
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(secret_streams, "draw_secret", lambda: pinned)
-        experiment.compare(c, tmp_path / "straight")
-        with pytest.raises(Interrupted):
-            experiment.compare(
-                c, tmp_path / "stopped", stopped, stop_requested=lambda: stop["after"]
-            )
+    straight_and_stopped(c, tmp_path, 5)
     newest = checkpoint_lib.latest(tmp_path / "stopped" / "fedsubavg" / "checkpoints")
     assert newest is not None
     stage = newest / "dp_ftrl.safetensors"

@@ -353,25 +353,32 @@ def torchrun_script(folder: Path, script: Path, *args: str) -> subprocess.Comple
     )
 
 
-def test_a_stopped_secret_run_folder_resumes_to_the_uninterrupted_files_byte_for_byte(tmp_path):
-    """A [dp] run stopped after round 2 (as Ctrl-C stops it: a checkpoint, then Interrupted) and
-    resumed in its folder writes the model file and the epsilon lines of the same run (the same
-    secret) uninterrupted, byte for byte: the resume drew a fresh secret and read the
-    checkpoint's back."""
-    c = config("train.algorithms=['fedsubavg']", "eval.every=1", "train.checkpoint_every=0")
+def straight_and_stopped(c: Config, tmp_path: Path, stop_after: int) -> None:
+    """Under one pinned secret: ``c`` run uninterrupted into ``tmp_path / "straight"``, and
+    stopped after round ``stop_after`` (as Ctrl-C stops it: a checkpoint, then Interrupted)
+    into ``tmp_path / "stopped"``, left there to be resumed."""
     pinned = Secret.fresh()
     stop = {"after": False}
 
-    def stopped_after_round_2(algorithm: str, round_index: int) -> None:
-        stop["after"] = round_index == 2
+    def stopped(algorithm: str, round_index: int) -> None:
+        stop["after"] = round_index == stop_after
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(secret_streams, "draw_secret", lambda: pinned)
         experiment.compare(c, tmp_path / "straight")
         with pytest.raises(Interrupted):
             experiment.compare(
-                c, tmp_path / "stopped", stopped_after_round_2, stop_requested=lambda: stop["after"]
+                c, tmp_path / "stopped", stopped, stop_requested=lambda: stop["after"]
             )
+
+
+def test_a_stopped_secret_run_folder_resumes_to_the_uninterrupted_files_byte_for_byte(tmp_path):
+    """A [dp] run stopped after round 2 (as Ctrl-C stops it: a checkpoint, then Interrupted) and
+    resumed in its folder writes the model file and the epsilon lines of the same run (the same
+    secret) uninterrupted, byte for byte: the resume drew a fresh secret and read the
+    checkpoint's back."""
+    c = config("train.algorithms=['fedsubavg']", "eval.every=1", "train.checkpoint_every=0")
+    straight_and_stopped(c, tmp_path, 2)
     experiment.compare(c, tmp_path / "stopped", resume=True)
     a, b = (tmp_path / run / "fedsubavg" for run in ("straight", "stopped"))
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
