@@ -27,7 +27,7 @@ echo "== CUDA tests"
 timeout "${TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 \
     --junitxml="$OUT/cuda-tests.xml" \
     tests/test_cuda.py tests/test_deterministic.py tests/test_device.py tests/test_host_syncs.py \
-    tests/test_table_placement.py tests/test_captured_step.py tests/test_cuda_graphs.py tests/test_float32.py 2>&1 | tee "$OUT/cuda-tests.log"
+    tests/test_table_placement.py tests/test_captured_step.py tests/test_cuda_graphs.py tests/test_float32.py tests/test_dp_cuda.py 2>&1 | tee "$OUT/cuda-tests.log"
 
 echo "== backend equivalence on cuda"
 FEDSUB_TEST_DEVICE=cuda timeout "${BACKENDS_S:-90}" python3 -m pytest -q -p no:cacheprovider \
