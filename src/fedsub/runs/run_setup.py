@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
+import numpy as np
 import torch
 
 from fedsub import distributed
@@ -41,7 +42,8 @@ from fedsub.engine.execution import (
 from fedsub.engine.features.dp import DpReport
 from fedsub.engine.loop import Evaluation
 from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Sampling, Schedule
-from fedsub.errors import ConfigError
+from fedsub.errors import ConfigError, FedsubError
+from fedsub.feature_messages import Answer, Carried
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking
@@ -50,8 +52,10 @@ from fedsub.models.registry import build_checked_model
 from fedsub.models.torch_module import TorchModuleModel, check_runs_in
 from fedsub.numerics.secret_streams import Randomness
 from fedsub.privacy import levels as privacy_levels
+from fedsub.privacy.heat_protocol import HEAT, heat_answer
 from fedsub.privacy.heat_sources import HeatPrivacy, coins_record, describe
 from fedsub.privacy.randomness import HeatCoins, StageStates
+from fedsub.privacy.secure_rows_protocol import SECURE_ROWS, secure_rows_answer
 from fedsub.progress import phase
 from fedsub.runs.checks import check_against_dataset
 from fedsub.submodel.heat import HeatKind
@@ -224,6 +228,35 @@ def node_noise(config: Config, client: int, seeded: bool = False) -> NodeNoise |
     d = config.dp
     k_min = d.min_survivors or config.train.clients_per_round
     return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client, seeded)
+
+
+# the features' protocols a node answers itself, in their order (a Flower ClientApp carries
+# each by its action: fedsub/feature_messages.py, flower/protocols.py)
+CARRIED: tuple[Carried, ...] = (HEAT, SECURE_ROWS)
+
+
+def node_answer(
+    action: str,
+    config: Config,
+    client: int,
+    rows: dict[str, np.ndarray],
+    table_rows: dict[str, int],
+    num_samples: int,
+    seeded: bool = False,
+) -> Answer:
+    """The answer of a node (client ``client``, its rows S(k) of tables of ``table_rows``
+    rows, ``num_samples`` training samples) to the stages of the protocol ``action`` of
+    ``CARRIED``, as its copy of the run ``config`` states it: the private heat exchange by
+    its privacy.heat_source; the secure row sums, its count weighting its deltas (with [dp]
+    at level full its noisy share, ``node_noise``: ``seeded`` or not)."""
+    if action == HEAT.action:
+        kind = cast(HeatKind, config.train.heat)  # config.py has checked it
+        return heat_answer(heat_privacy_of(config), kind, table_rows, rows, num_samples)
+    if action == SECURE_ROWS.action:
+        noise = node_noise(config, client, seeded)
+        level = config.privacy.level
+        return secure_rows_answer(privacy_of(config), level, num_samples, noise)
+    raise FedsubError(f"no protocol {action!r}; expected one of {[c.action for c in CARRIED]}")
 
 
 def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:
