@@ -9,6 +9,7 @@ its protocol against these types alone, in its own package:
   keeps between messages, never sent) to the reply's fields;
 - the server's side: it asks through an ``Ask`` (the requests' fields by node, the stage's
   name) and gets the valid replies' fields by node;
+- ``NodeFacts``: what a node knows of itself that its answers may read;
 - ``Carried``: the protocol's name on the wire (its messages' action, the record its fields
   go under) and how the runtime carries it.
 
@@ -23,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 Fields = Mapping[str, object]  # one message's fields (a Flower ConfigRecord is one)
@@ -70,3 +72,15 @@ class Carried:
     title: str
     rides: bool = False
     timed: bool = False
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a node knows of itself that a protocol's answer may read: its client (partition)
+    id, its rows S(k) per table (sorted row ids), every table's size, and how many training
+    samples it holds."""
+
+    client: int
+    rows: Mapping[str, np.ndarray]
+    table_rows: Mapping[str, int]
+    num_samples: int

@@ -18,7 +18,7 @@ from fedsub.client.transforms import Chain
 from fedsub.engine.features.private import node_requests
 from fedsub.engine.sequential import train_submodel
 from fedsub.errors import FedsubError
-from fedsub.feature_messages import Answer, Carried
+from fedsub.feature_messages import Answer, NodeFacts
 from fedsub.flower.costs import with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, node_report
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
@@ -26,7 +26,7 @@ from fedsub.flower.protocols import ContextState, answer
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
 from fedsub.flower.settings import FlowerSettings
 from fedsub.numerics.float32 import ieee_float32
-from fedsub.runs.run_setup import CARRIED, heat_privacy_of, node_answer
+from fedsub.runs.run_setup import NODE_PROTOCOLS, NodeProtocol, heat_privacy_of
 from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull, push
 
@@ -160,14 +160,13 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     return Message(content, reply_to=message)
 
 
-def _answer_of(fixed: FlowerSettings | None, context: Context, action: str) -> Answer:
-    """This node's answer to the stages of the protocol ``action`` (runs/run_setup.py's
-    ``node_answer``, from its data and its copy of the run config)."""
+def _answer_of(fixed: FlowerSettings | None, context: Context, protocol: NodeProtocol) -> Answer:
+    """This node's answer to the stages of ``protocol`` (one of runs/run_setup.py's
+    ``NODE_PROTOCOLS``), from its data and its copy of the run config."""
     node = _own_data(fixed, context)
     seeded = settings_of(fixed, context).dp_seeded_noise
-    return node_answer(
-        action, node.config, node.client, node.rows, node.table_rows, len(node.train), seeded
-    )
+    facts = NodeFacts(node.client, node.rows, node.table_rows, len(node.train))
+    return protocol.answer(node.config, facts, seeded)
 
 
 def with_riders(
@@ -177,21 +176,22 @@ def with_riders(
     full, the secure row sum's "advertise" rides with a round's request query and "share"
     with its train message: privacy/secure_rows_protocol.py), answered after the message
     itself: a node whose training fails sends no shares."""
-    for carried in CARRIED:
+    for protocol in NODE_PROTOCOLS:
+        carried = protocol.carried
         if carried.rides and carried.record in message.content:
-            answer_of = _answer_of(fixed, context, carried.action)
-            answered = answer(message, context, carried, answer_of)
+            answered = answer(message, context, carried, _answer_of(fixed, context, protocol))
             reply.content[carried.record] = answered.content[carried.record]
     return reply
 
 
-def carry(app: ClientApp, fixed: FlowerSettings | None, carried: Carried) -> None:
-    """Answer ``carried``'s own messages (``query.<action>``) on ``app``: each a stage of a
+def carry(app: ClientApp, fixed: FlowerSettings | None, protocol: NodeProtocol) -> None:
+    """Answer ``protocol``'s own messages (``query.<action>``) on ``app``: each a stage of a
     feature's protocol (fedsub/feature_messages.py), answered by ``_answer_of``; a timed
     protocol's replies say how long the node worked."""
+    carried = protocol.carried
 
     def stage(message: Message, context: Context) -> Message:
-        return answer(message, context, carried, _answer_of(fixed, context, carried.action))
+        return answer(message, context, carried, _answer_of(fixed, context, protocol))
 
     stage.__name__ = stage.__qualname__ = carried.action
     stage.__doc__ = f"One stage of the {carried.title} ({carried.action} messages)."
@@ -207,8 +207,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         """The node's registration or row query answer (``answer_query``)."""
         return with_riders(fixed, message, context, answer_query(fixed, message, context))
 
-    for carried in CARRIED:  # the features' own protocols (privacy's heat, secure row sums)
-        carry(app, fixed, carried)
+    for protocol in NODE_PROTOCOLS:  # the features' own (privacy's heat, secure row sums)
+        carry(app, fixed, protocol)
 
     @app.train()
     @with_seconds

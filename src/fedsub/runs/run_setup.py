@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
 
-import numpy as np
 import torch
 
 from fedsub import distributed
@@ -42,8 +41,8 @@ from fedsub.engine.execution import (
 from fedsub.engine.features.dp import DpReport
 from fedsub.engine.loop import Evaluation
 from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Sampling, Schedule
-from fedsub.errors import ConfigError, FedsubError
-from fedsub.feature_messages import Answer, Carried
+from fedsub.errors import ConfigError
+from fedsub.feature_messages import Answer, Carried, NodeFacts
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking
@@ -230,33 +229,36 @@ def node_noise(config: Config, client: int, seeded: bool = False) -> NodeNoise |
     return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client, seeded)
 
 
+@dataclass(frozen=True)
+class NodeProtocol:
+    """A feature's protocol a node answers itself (fedsub/feature_messages.py): how it is
+    carried, and the node's ``Answer`` as its copy of the run config states it (``answer``:
+    the config, the node's facts, whether [dp]'s noise shares are seeded)."""
+
+    carried: Carried
+    answer: Callable[[Config, NodeFacts, bool], Answer]
+
+
+def _heat_answer(config: Config, node: NodeFacts, seeded: bool) -> Answer:
+    """The private heat exchange, by the node's privacy.heat_source (``heat_privacy_of``)."""
+    kind = cast(HeatKind, config.train.heat)  # config.py has checked it
+    return heat_answer(heat_privacy_of(config), kind, node.table_rows, node.rows, node.num_samples)
+
+
+def _secure_rows_answer(config: Config, node: NodeFacts, seeded: bool) -> Answer:
+    """The secure row sums: the node's count weights its deltas (with [dp] at level full its
+    noisy share, ``node_noise``: ``seeded`` or not)."""
+    noise = node_noise(config, node.client, seeded)
+    level = config.privacy.level
+    return secure_rows_answer(privacy_of(config), level, node.num_samples, noise)
+
+
 # the features' protocols a node answers itself, in their order (a Flower ClientApp carries
-# each by its action: fedsub/feature_messages.py, flower/protocols.py)
-CARRIED: tuple[Carried, ...] = (HEAT, SECURE_ROWS)
-
-
-def node_answer(
-    action: str,
-    config: Config,
-    client: int,
-    rows: dict[str, np.ndarray],
-    table_rows: dict[str, int],
-    num_samples: int,
-    seeded: bool = False,
-) -> Answer:
-    """The answer of a node (client ``client``, its rows S(k) of tables of ``table_rows``
-    rows, ``num_samples`` training samples) to the stages of the protocol ``action`` of
-    ``CARRIED``, as its copy of the run ``config`` states it: the private heat exchange by
-    its privacy.heat_source; the secure row sums, its count weighting its deltas (with [dp]
-    at level full its noisy share, ``node_noise``: ``seeded`` or not)."""
-    if action == HEAT.action:
-        kind = cast(HeatKind, config.train.heat)  # config.py has checked it
-        return heat_answer(heat_privacy_of(config), kind, table_rows, rows, num_samples)
-    if action == SECURE_ROWS.action:
-        noise = node_noise(config, client, seeded)
-        level = config.privacy.level
-        return secure_rows_answer(privacy_of(config), level, num_samples, noise)
-    raise FedsubError(f"no protocol {action!r}; expected one of {[c.action for c in CARRIED]}")
+# each by its action: flower/protocols.py)
+NODE_PROTOCOLS: tuple[NodeProtocol, ...] = (
+    NodeProtocol(HEAT, _heat_answer),
+    NodeProtocol(SECURE_ROWS, _secure_rows_answer),
+)
 
 
 def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:

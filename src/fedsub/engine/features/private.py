@@ -205,7 +205,7 @@ HEAT_SECRET = Feature(HEAT_SECRET_NAME, contribute_heat_secret)
 # ---- the private rounds on a runtime whose server talks to the nodes (Flower) -------------
 # The runtime reads the run's privacy through these, and gets privacy's own protocols
 # (privacy/*_protocol.py, in fedsub/feature_messages.py's terms) from here and from the
-# assembler (runs/run_setup.py's ``node_answers``): it never names the privacy package.
+# assembler (runs/run_setup.py's ``NODE_PROTOCOLS``): it never names the privacy package.
 
 
 def downloads_privately(schedule: Schedule) -> bool:
