@@ -62,8 +62,8 @@ def private_runtime(settings, grid) -> Stepped:
     """The ServerApp's runtime for ``settings`` (a fedsub config's dataset partitioned over
     its nodes, every one of them registered before round 1; [dp] resolved for them, as
     flower/run_model.py resolves it) over ``grid``."""
+    from fedsub.engine.features.private import server_heat
     from fedsub.engine.initial import initial_params
-    from fedsub.flower.heat_exchange import HeatExchange
     from fedsub.flower.run_model import federation
     from fedsub.runs.run_setup import dp_of, heat_privacy_of
 
@@ -79,7 +79,7 @@ def private_runtime(settings, grid) -> Stepped:
             served,
             schedule,
             replace(settings, nodes=replace(settings.nodes, min_nodes=fed.dataset.num_clients)),
-            HeatExchange(heat_privacy_of(fed.config)),
+            server_heat(heat_privacy_of(fed.config)),
             partitions=fed.dataset.num_clients,
         )
     )

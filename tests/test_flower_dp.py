@@ -181,7 +181,7 @@ def test_the_server_decodes_the_clipped_sum_plus_noise_of_the_stated_variance(mo
     as the in-process run's settings say."""
     import numpy as np
 
-    import fedsub.flower.secure_rows as secure_rows
+    import fedsub.privacy.secure_rows_protocol as secure_rows
     from fedsub.dp.distributed import DiscreteNoise
     from fedsub.runs.run_setup import dp_of
 
@@ -231,7 +231,8 @@ def _dropping(stage: str, nodes: set[int]):
     """An AppGrid whose ``nodes`` vanish at the secure row sum's ``stage``."""
     from flwr.app import ConfigRecord
 
-    import fedsub.flower.secure_rows as secure_rows
+    import fedsub.privacy.secure_rows_protocol as secure_rows
+    from fedsub.flower.protocols import message_type
 
     class Dropping(AppGrid):
         def __init__(self, app, num_nodes):
@@ -240,7 +241,7 @@ def _dropping(stage: str, nodes: set[int]):
             def drop(node, message):
                 heat = message.content.get("heat")
                 return (
-                    message.metadata.message_type == secure_rows.MESSAGE_TYPE
+                    message.metadata.message_type == message_type(secure_rows.SECURE_ROWS)
                     and isinstance(heat, ConfigRecord)
                     and heat["stage"] == stage
                     and node in nodes
@@ -256,7 +257,7 @@ def test_dropouts_under_distributed_dp_abort_the_round_below_k_min(monkeypatch):
     still counts, so the sum decoded holds 3 shares; with K_min = 3 one node dropping before
     its masked share leaves 2 survivors, below the threshold K_min (the majority would be 2),
     and the round stops with secagg's error: no sum of fewer than K_min shares is decoded."""
-    import fedsub.flower.secure_rows as secure_rows
+    import fedsub.privacy.secure_rows_protocol as secure_rows
     from fedsub.privacy.secagg import SecAggError
 
     decoded, decode_sums = [], secure_rows.decode_sums
@@ -289,7 +290,7 @@ def test_a_node_refuses_round_settings_with_less_noise_than_its_config(field, va
 
     from fedsub import config as config_lib
     from fedsub.errors import FedsubError
-    from fedsub.flower.secure_rows import round_noise
+    from fedsub.privacy.secure_rows_protocol import round_noise
     from fedsub.runs.run_setup import node_noise
 
     noise = node_noise(config_lib.load(None, DISTRIBUTED), 0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedsub.flower.heat_exchange import Transcript
+from fedsub.flower.protocols import Transcript
 from fedsub.flower.records import PACKED, packed
 from fedsub.flower.settings import FlowerSettings
 

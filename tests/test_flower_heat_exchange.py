@@ -1,5 +1,5 @@
-"""The private heat exchange over Flower Messages (fedsub.flower.heat_exchange, over
-fedsub.privacy.secure_sum and secagg_records), on a grid
+"""The private heat exchange over Flower Messages (fedsub.privacy.heat_protocol, over
+fedsub.privacy.secure_sum and secagg_records, carried by fedsub.flower.protocols), on a grid
 that hands each message to the node's real handler in process: its heat equals the in-process
 sources', dropouts are handled by the threshold, and foreign or malformed replies are left out
 naming the node."""
@@ -19,18 +19,40 @@ from flwr.common.constant import ErrorCode
 from fedsub import config as config_lib
 from fedsub.algorithms.registry import AlgorithmContext, build_algorithm, heat_coefficients
 from fedsub.data.federated import ClientSizes
-from fedsub.flower import heat_exchange as hx
+from fedsub.errors import FedsubError
+from fedsub.flower import protocols as carrier
+from fedsub.privacy import heat_protocol
 from fedsub.privacy import randomized_response as rr
 from fedsub.privacy import secagg_records as records
 from fedsub.privacy.heat_sources import HeatPrivacy, estimate_heat
 from fedsub.privacy.heat_vectors import heat_from_reports
 from fedsub.privacy.secagg import AdvertiseKeys, SecAggError, UnmaskRequest
+from fedsub.privacy.secagg_records import HeatMessageError
+from fedsub.privacy.secure_sum import measure_heat
 from fedsub.runs.run_setup import load_data
 from fedsub.submodel.index import SubmodelIndex
 
 from .flower_rounds import narrow, private_runtime, recorded, wide
 
 Handler = Callable[[Message, Context], Message]
+HEAT = heat_protocol.HEAT
+MESSAGE_TYPE = carrier.message_type(HEAT)  # "query.heat"
+
+
+def answer_heat(message, context, privacy, kind, table_rows, rows, num_samples) -> Message:
+    """A node's reply to one stage of the heat exchange, as its ClientApp gives it."""
+    answer = heat_protocol.heat_answer(privacy, kind, table_rows, rows, num_samples)
+    return carrier.answer(message, context, HEAT, answer)
+
+
+def collect_heat(grid, nodes, privacy, kind, table_rows, timeout, record=None):
+    """The heat of ``nodes`` by the exchange over ``grid``, as a Flower server runs it."""
+    ask = carrier.asker(grid, timeout, record, HEAT)
+    return measure_heat(ask, nodes, privacy, kind, table_rows)
+
+
+def heat_fields(content: RecordDict, who: str):
+    return carrier.fields_of(content, HEAT.record, who)
 
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
@@ -84,7 +106,7 @@ class LoopbackGrid(AnsweredAtOnce):
         for message in messages:
             node = message.metadata.dst_node_id
             stage = str(message.content["heat"]["stage"])
-            assert message.metadata.message_type == hx.MESSAGE_TYPE
+            assert message.metadata.message_type == MESSAGE_TYPE
             try:
                 reply = self.handlers[node](message, self.contexts[node])
             except Exception as error:  # a ClientApp's exception comes back as an error reply
@@ -102,7 +124,7 @@ def node_handlers(dataset, index, privacy, kind) -> dict[int, Handler]:
 
     def handler(k: int) -> Handler:
         rows = {t: index.client_rows(t, k) for t in dataset.table_rows}
-        return lambda m, c: hx.answer_heat(
+        return lambda m, c: answer_heat(
             m, c, privacy, kind, dataset.table_rows, rows, int(counts[k])
         )
 
@@ -116,7 +138,7 @@ def test_secure_heat_over_messages_equals_the_in_process_source(federation, sour
     privacy = HeatPrivacy(source, group_size=2, sketch_eps=0.05, sketch_delta=0.1)
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, kind))
     received: list[tuple[int, str]] = []
-    report = hx.collect_heat(
+    report = collect_heat(
         grid,
         sorted(grid.handlers),
         privacy,
@@ -134,7 +156,7 @@ def test_secure_heat_over_messages_equals_the_in_process_source(federation, sour
     # groups of 2 over 5 nodes, by node id: a lone tail joins the last group
     assert received.count((wide(105), "unmask")) == 1 and len(received) == 4 * 5
     assert set(report.contributors) == set(grid.handlers)
-    assert all(hx.STATE not in c.state for c in grid.contexts.values())  # keys forgotten
+    assert all(heat_protocol.STATE not in c.state for c in grid.contexts.values())  # keys forgotten
 
 
 def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, caplog):
@@ -143,7 +165,7 @@ def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, cap
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
     grid.tamper = lambda node, stage, m: None if (node, stage) == (wide(103), "mask") else m
     with caplog.at_level(logging.WARNING, logger="fedsub"):  # waits 0.5 s for node 103
-        report = hx.collect_heat(
+        report = collect_heat(
             grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 0.5
         )
     assert f"stage mask: no reply from node {wide(103)}" in caplog.text
@@ -161,13 +183,13 @@ def test_a_node_dropping_after_keys_is_left_out_and_too_few_fail(federation, cap
     grid.tamper = lambda node, stage, m: None if narrow(node) > 102 and stage == "mask" else m
     group = re.escape(str(sorted(grid.handlers)))
     with pytest.raises(SecAggError, match=rf"group of nodes {group}: only 2 clients left.*t = 3"):
-        hx.collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 0.5)
+        collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 0.5)
 
 
 def _reply_with(reply: Message, **changes) -> Message:
     """``reply`` with some of its heat fields replaced (a forged or broken reply)."""
-    fields = {**dict(hx._heat_record(reply.content, "test")), **changes}
-    request = Message(RecordDict(), reply.metadata.src_node_id, hx.MESSAGE_TYPE)
+    fields = {**dict(heat_fields(reply.content, "test")), **changes}
+    request = Message(RecordDict(), reply.metadata.src_node_id, MESSAGE_TYPE)
     request.metadata.__dict__["_message_id"] = reply.metadata.reply_to_message_id  # the same
     return Message(RecordDict({"heat": ConfigRecord(fields)}), reply_to=request)
 
@@ -184,7 +206,7 @@ def test_foreign_replies_are_left_out_naming_the_node(federation, caplog):
         _reply_with(m, **bad[node, stage]) if (node, stage) in bad else m
     )
     with caplog.at_level(logging.WARNING, logger="fedsub"):
-        report = hx.collect_heat(
+        report = collect_heat(
             grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0
         )
     client = sorted(grid.handlers).index(wide(102))  # its place in the group, by node id
@@ -202,22 +224,22 @@ def test_foreign_replies_are_left_out_naming_the_node(federation, caplog):
 def test_malformed_heat_records_are_refused_naming_node_and_field():
     session = b"s" * 16
     masked = ConfigRecord({"stage": "mask", "session": session, "sender": 0, "values": b"1234567"})
-    with pytest.raises(hx.HeatMessageError, match="node 7: masked input of 7 bytes, expected 2"):
+    with pytest.raises(HeatMessageError, match="node 7: masked input of 7 bytes, expected 2"):
         records.decode_masked(masked, session, 2, "node 7")
     keys = ConfigRecord({"stage": "advertise", "session": session, "sender": "0"})
-    with pytest.raises(hx.HeatMessageError, match="node 7: heat message's 'sender' is a str"):
+    with pytest.raises(HeatMessageError, match="node 7: heat message's 'sender' is a str"):
         records.decode_advertise(keys, session, "node 7")
-    with pytest.raises(hx.HeatMessageError, match="node 7: heat message of stage 'advertise', "):
+    with pytest.raises(HeatMessageError, match="node 7: heat message of stage 'advertise', "):
         records.decode_unmask(keys, session, "node 7")
-    with pytest.raises(hx.HeatMessageError, match="node 7: not a heat message"):
-        hx._heat_record(RecordDict({"metrics": ConfigRecord({"a": 1})}), "node 7")
+    with pytest.raises(FedsubError, match="node 7: not a heat message"):
+        heat_fields(RecordDict({"metrics": ConfigRecord({"a": 1})}), "node 7")
     shares = ConfigRecord(
         {"self-owners": [0, 1], "self-x": [1], "self-y": [b"x" * 66], "stage": "unmask"}
     )
-    with pytest.raises(hx.HeatMessageError, match="node 7: heat message's self shares do not"):
+    with pytest.raises(HeatMessageError, match="node 7: heat message's self shares do not"):
         records._shares_of(shares, "self", "node 7")
     report = ConfigRecord({"stage": "report", "num-examples": 3, "bits.features": b"\x00"})
-    with pytest.raises(hx.HeatMessageError, match="1 bytes of bits for table 'features', exp"):
+    with pytest.raises(HeatMessageError, match="1 bytes of bits for table 'features', exp"):
         records.decode_report(report, {"features": 100}, "node 7")
 
 
@@ -226,11 +248,11 @@ def test_a_node_answers_only_for_its_own_heat_source(federation):
     grid = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("sketch"), "clients"))
     request = records.advertise_request(b"s" * 16, 0, 3, "secagg")
     node = wide(101)
-    message = Message(RecordDict({"heat": ConfigRecord(request)}), node, hx.MESSAGE_TYPE)
-    with pytest.raises(hx.HeatMessageError, match=r"asks for heat source 'secagg'.*'sketch'"):
+    message = Message(RecordDict({"heat": ConfigRecord(request)}), node, MESSAGE_TYPE)
+    with pytest.raises(HeatMessageError, match=r"asks for heat source 'secagg'.*'sketch'"):
         grid.handlers[node](message, grid.contexts[node])
     exact = LoopbackGrid(node_handlers(dataset, index, HeatPrivacy("exact"), "clients"))
-    with pytest.raises(hx.HeatMessageError, match=r"privacy\.heat_source = 'exact'"):
+    with pytest.raises(HeatMessageError, match=r"privacy\.heat_source = 'exact'"):
         exact.handlers[node](message, exact.contexts[node])
 
 
@@ -265,9 +287,7 @@ def test_randomized_response_over_messages_is_unbiased_enough(federation):
     dataset, index = federation
     privacy = HeatPrivacy("randomized-response", rr_epsilon=4.0)
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, "clients"))
-    report = hx.collect_heat(
-        grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0
-    )
+    report = collect_heat(grid, sorted(grid.handlers), privacy, "clients", dataset.table_rows, 5.0)
     exact = estimate_heat(dataset, index, "clients", HeatPrivacy())
     p = rr.keep_probability(4.0)
     std = np.sqrt(p * (1 - p) * dataset.num_clients) / (2 * p - 1)
@@ -285,7 +305,7 @@ def test_measured_heat_gives_the_algorithm_the_coefficients_of_the_index_sets(fe
     dataset, index = federation
     privacy = HeatPrivacy("secagg", group_size=5)
     grid = LoopbackGrid(node_handlers(dataset, index, privacy, kind))
-    report = hx.collect_heat(grid, sorted(grid.handlers), privacy, kind, dataset.table_rows, 5.0)
+    report = collect_heat(grid, sorted(grid.handlers), privacy, kind, dataset.table_rows, 5.0)
     exact = AlgorithmContext(dataset, index, kind, 2)
     unknown = ClientSizes(dataset.table_rows, np.ones(dataset.num_clients, dtype=np.int64))
     measured = AlgorithmContext(
@@ -312,25 +332,25 @@ def test_a_node_refuses_groups_that_would_not_hide_its_vector(federation):
 
     def ask(fields: dict) -> Message:
         return handler(
-            Message(RecordDict({"heat": ConfigRecord(fields)}), node, hx.MESSAGE_TYPE), context
+            Message(RecordDict({"heat": ConfigRecord(fields)}), node, MESSAGE_TYPE), context
         )
 
     session = b"s" * 16
-    keys = hx._heat_record(ask(records.advertise_request(session, 0, 1, "secagg")).content, "test")
+    keys = heat_fields(ask(records.advertise_request(session, 0, 1, "secagg")).content, "test")
     own = records.decode_advertise(keys, session, "test")
-    with pytest.raises(hx.HeatMessageError, match="from another session than this node's"):
+    with pytest.raises(HeatMessageError, match="from another session than this node's"):
         ask(records.share_request(b"o" * 16, [own]))
-    with pytest.raises(hx.HeatMessageError, match="unknown heat stage 'sum'"):
+    with pytest.raises(HeatMessageError, match="unknown heat stage 'sum'"):
         ask({"stage": "sum", "session": session})
-    with pytest.raises(hx.HeatMessageError, match="a group of 1 with threshold t = 1"):
+    with pytest.raises(HeatMessageError, match="a group of 1 with threshold t = 1"):
         ask(records.share_request(session, [own]))
     peer = AdvertiseKeys(session, 1, own.channel_key, own.mask_key)
-    with pytest.raises(hx.HeatMessageError, match="a group of 2 with threshold t = 1"):
+    with pytest.raises(HeatMessageError, match="a group of 2 with threshold t = 1"):
         ask(records.share_request(session, [own, peer]))
     ask(records.advertise_request(session, 0, 2, "secagg"))
     ask(records.share_request(session, [own, peer]))
     request = UnmaskRequest(session, (0,), (1,))
-    with pytest.raises(hx.HeatMessageError, match="only 1 survivors, fewer than t = 2"):
+    with pytest.raises(HeatMessageError, match="only 1 survivors, fewer than t = 2"):
         ask(records.unmask_request(request))
 
 

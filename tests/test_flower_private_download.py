@@ -1,7 +1,8 @@
-"""``privacy.level = download | full`` on Flower (fedsub.flower.private_download,
-fedsub.flower.secure_rows): the strategy and the real ClientApp on an in-process grid
-(tests/test_flower_heat_exchange.py's AppGrid) train the in-process engine's model; the server
-never receives a node's S(k), and at ``full`` no delta; dropouts from the secure sum."""
+"""``privacy.level = download | full`` on Flower (fedsub.privacy.download_protocol,
+fedsub.privacy.secure_rows_protocol, carried by fedsub.flower.protocols): the strategy and
+the real ClientApp on an in-process grid (tests/test_flower_heat_exchange.py's AppGrid)
+train the in-process engine's model; the server never receives a node's S(k), and at
+``full`` no delta; dropouts from the secure sum."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedsub import config as config_lib
 from fedsub.errors import FedsubError
-from fedsub.flower import secure_rows
 from fedsub.flower.apps import make_client_app
+from fedsub.flower.protocols import message_type
 from fedsub.flower.records import tensors_of
 from fedsub.flower.settings import FlowerSettings, Output, Payload, Replies
+from fedsub.privacy import secure_rows_protocol as secure_rows
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.requests import client_request
 from fedsub.privacy.secagg import SecAggError
@@ -27,6 +29,8 @@ from fedsub.submodel.index import SubmodelIndex
 from .flower_rounds import private_runtime, recorded, wide
 from .test_flower import in_process_model
 from .test_flower_heat_exchange import AppGrid
+
+SECURE_ROWS_TYPE = message_type(secure_rows.SECURE_ROWS)  # "query.secure_rows"
 
 pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
@@ -221,7 +225,7 @@ def test_at_full_the_server_receives_no_rows_and_no_delta(level):
             for r in grid.received
             if "heat" in r.content and r.metadata.message_type != "query.heat"
         ]
-        secure = secure_rows.MESSAGE_TYPE
+        secure = SECURE_ROWS_TYPE
         assert sorted(set(stages)) == [
             ("query", "advertise"),
             (secure, "mask"),
@@ -273,7 +277,7 @@ def _first_round(
     def drop(node: int, message: Message) -> bool:
         heat = message.content.get("heat")
         return (
-            message.metadata.message_type == secure_rows.MESSAGE_TYPE
+            message.metadata.message_type == SECURE_ROWS_TYPE
             and isinstance(heat, ConfigRecord)
             and heat["stage"] == "mask"
             and node in dropped
@@ -319,7 +323,7 @@ def test_a_node_dropping_from_the_secure_sum_is_left_out_and_too_many_fail():
 def _stage_of(message: Message) -> str | None:
     """The secure row sum's stage a message the server sent asks for alone (None: another)."""
     heat = message.content.get("heat")
-    if message.metadata.message_type != secure_rows.MESSAGE_TYPE:
+    if message.metadata.message_type != SECURE_ROWS_TYPE:
         return None
     return str(heat["stage"]) if isinstance(heat, ConfigRecord) else None
 
@@ -330,7 +334,7 @@ def _unmasked(strategy) -> list[list[int]]:
     dropped = {
         tuple(heat["dropped"])
         for m in strategy.grid.sent
-        if m.metadata.message_type == secure_rows.MESSAGE_TYPE
+        if m.metadata.message_type == SECURE_ROWS_TYPE
         and isinstance(heat := m.content.get("heat"), ConfigRecord)
         and heat["stage"] == "unmask"
     }

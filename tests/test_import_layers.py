@@ -41,6 +41,7 @@ LAYERS: list[set[str]] = [
         "device",
         "distributed",
         "plugins",
+        "feature_messages",  # a feature's messages, in the terms a runtime carries them
     },
     {"data"},
     {"submodel"},

@@ -26,11 +26,11 @@ from fedsub.engine.in_process import train
 from fedsub.engine.loop import Interrupted, RunControl
 from fedsub.engine.schedule import ClientStep, LocalWork, Schedule
 from fedsub.errors import ConfigError
-from fedsub.flower.private_download import SECRET
 from fedsub.models.registry import build_model
 from fedsub.numerics import secret_streams
 from fedsub.numerics.seeding import Secret
 from fedsub.privacy import levels
+from fedsub.privacy.download_protocol import SECRET
 from fedsub.privacy.levels import Privacy
 from fedsub.privacy.private_rounds import PrivateRounds
 from fedsub.privacy.randomness import NOT_PRIVATE, STAGE
@@ -249,21 +249,19 @@ def test_a_flower_node_draws_its_own_secret_and_the_server_never_receives_it():
 def test_a_node_keeps_one_secret_for_the_run():
     from flwr.app import Context, RecordDict
 
-    from fedsub.flower.private_download import node_key
+    from fedsub.flower.protocols import ContextState
+    from fedsub.privacy.download_protocol import NodeRequests
 
-    class Node:  # the parts node_key reads
-        client = 0
-
-        schedule = Schedule(
-            1, 1, LocalWork(1, 1, ClientStep(0.1)), 5, settings=(Privacy("download"),)
-        )
+    def node_key(privacy: Privacy, context: Context) -> object:
+        requests = NodeRequests(privacy, 5, 0, {}, {})
+        return requests.key(ContextState(context))
 
     context = Context(1, 0, {}, RecordDict(), {})
-    first = node_key(Node(), context)  # type: ignore[arg-type]
+    first = node_key(Privacy("download"), context)
     assert isinstance(first, Secret)
     assert isinstance(context.state[SECRET], ConfigRecord)
-    assert node_key(Node(), context) == first  # type: ignore[arg-type]  # one per run
-    other = node_key(Node(), Context(1, 1, {}, RecordDict(), {}))  # type: ignore[arg-type]
+    assert node_key(Privacy("download"), context) == first  # one per run
+    other = node_key(Privacy("download"), Context(1, 1, {}, RecordDict(), {}))
     assert other != first  # another node: another secret
-    Node.schedule = Node.schedule.with_setting(Privacy, Privacy("download", randomness="seeded"))
-    assert node_key(Node(), Context(1, 0, {}, RecordDict(), {})) == 5  # type: ignore[arg-type]
+    seeded = Privacy("download", randomness="seeded")
+    assert node_key(seeded, Context(1, 0, {}, RecordDict(), {})) == 5

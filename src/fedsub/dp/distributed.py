@@ -198,7 +198,8 @@ class NodeNoise:
     ``dp-seeded-noise``) the in-process run's generator ``member_rng(seed, round, client)``,
     so a Flower run repeats the in-process numbers, but whoever knows the seed can redraw the
     shares (docs, Differential privacy, "Where it runs and whom you trust"). Its refusals
-    are ``ValueError``s; flower/secure_rows.py reads the server's requests and names the node."""
+    are ``ValueError``s; privacy/secure_rows_protocol.py reads the server's requests and
+    names the node."""
 
     clip: float
     noise_multiplier: float | None  # None: calibrated by the server for a target epsilon

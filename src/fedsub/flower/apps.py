@@ -30,8 +30,10 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import Grid, ServerApp
 
 from fedsub import config as config_lib
+from fedsub.algorithms.registry import MeasuredHeat
 from fedsub.config import Config
 from fedsub.engine.checkpoint import Checkpoint
+from fedsub.engine.features.private import server_heat
 from fedsub.engine.federated_metrics import server_test_metrics
 from fedsub.engine.loop import Progress, RunControl
 from fedsub.engine.round_records import RoundsFailed, run_costs
@@ -51,8 +53,8 @@ from fedsub.files.tensor_files import write_tensors_atomic
 from fedsub.flower.client_app import make_client_app, settings_of
 from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.fedbuff_server import asynchronous
-from fedsub.flower.heat_exchange import HeatExchange, HeatReport, Transcript
 from fedsub.flower.polls import quick_object_pulls, wide_object_transfers
+from fedsub.flower.protocols import Transcript
 from fedsub.flower.run_model import RunModel, run_model
 from fedsub.flower.server_runtime import FlowerRuntime, Observers, Served
 from fedsub.flower.settings import INITIAL_MODEL, OUT_DIR_FLAGS, FlowerSettings
@@ -261,7 +263,7 @@ def _runtime(
         Served(name, run.config.algorithm_options(name), heat),
         run.schedule,
         replace(settings, nodes=replace(settings.nodes, min_nodes=min_nodes)),
-        HeatExchange(privacy),
+        server_heat(privacy),
         query,
         observers,
         server_test,
@@ -323,7 +325,7 @@ def write_result(
     failed), the model, and what a private heat source measured."""
     observers = runtime.observers
     if runtime.heat.report is not None:
-        write_heat(out, runtime.heat.report, observers.transcript)
+        write_heat(out, runtime.heat.report.measured, observers.transcript)
     assert observers.meter is not None  # the ServerApp measures its grid
     result: dict[str, object] = {
         "algorithm": runtime.served.name,
@@ -346,12 +348,11 @@ def write_result(
     write_atomic(out / FLOWER_RESULT, dumps(result, indent=2) + "\n")
 
 
-def write_heat(out: Path, report: HeatReport, transcript: Transcript | None) -> None:
+def write_heat(out: Path, measured: MeasuredHeat, transcript: Transcript | None) -> None:
     """What the private heat exchange measured (``heat.safetensors``: per table the heat of
     every row) and, if recorded, everything the server received: in the queries, the heat
     exchange and the secure row sums (``replies``), and in the train replies
     (``train_replies``)."""
-    measured = report.measured
     tensors = {f"heat.{t}": torch.from_numpy(h) for t, h in measured.heat.items()}
     write_tensors_atomic(out / "heat.safetensors", tensors)
     if transcript is not None:

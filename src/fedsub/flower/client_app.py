@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 from logging import ERROR
-from typing import cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -16,25 +15,19 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log as flwr_log
 
 from fedsub.client.transforms import Chain
+from fedsub.engine.features.private import node_requests
 from fedsub.engine.sequential import train_submodel
 from fedsub.errors import FedsubError
+from fedsub.feature_messages import Answer, NodeFacts
 from fedsub.flower.costs import with_seconds
 from fedsub.flower.federated_eval import EVAL_INDEX, node_report
-from fedsub.flower.heat_exchange import RECORD, answer_heat
 from fedsub.flower.node_data import NodeData, node_config_items, node_data
-from fedsub.flower.private_download import (
-    node_downloads,
-    node_key,
-    node_request,
-    requested_reply,
-    requested_submodel,
-)
+from fedsub.flower.protocols import ContextState, answer
 from fedsub.flower.records import deltas_record, number_of, read_submodel, record_of, rows_record
-from fedsub.flower.secure_rows import ACTION, answer_secure_rows, keep_deltas, sums_securely
 from fedsub.flower.settings import FlowerSettings
 from fedsub.numerics.float32 import ieee_float32
-from fedsub.runs.run_setup import heat_privacy_of
-from fedsub.submodel.heat import HeatKind
+from fedsub.runs.run_setup import NODE_PROTOCOLS, NodeProtocol, heat_privacy_of
+from fedsub.submodel.params import Params
 from fedsub.submodel.transfer import pull, push
 
 
@@ -79,7 +72,7 @@ def answer_query(fixed: FlowerSettings | None, message: Message, context: Contex
     """The node's partition, and (query "index") its sample count, index sets S(k) and
     evaluation rows, or (query "rows") its S(k) only: what the download of X[S(k)] reveals
     anyway; at privacy.level download (query "request") its download request for the
-    round instead, never S(k) (flower/private_download.py). A node whose
+    round instead, never S(k) (privacy/download_protocol.py). A node whose
     privacy.heat_source is private refuses "index": its heat goes by query.heat."""
     node = _node(fixed, context, message)
     k = node.client
@@ -88,7 +81,8 @@ def answer_query(fixed: FlowerSettings | None, message: Message, context: Contex
     private = heat_privacy_of(node.config).source != "exact"
     if what not in ("index", "rows", "partition", "request"):
         raise FedsubError(f"partition {k}: unknown query {what!r}")
-    downloading = node_downloads(node)
+    requests = node_requests(node.schedule, k, node.rows, node.table_rows)
+    downloading = requests is not None
     if what == "rows" and downloading:
         raise FedsubError(
             f"partition {k}: privacy.level = {node.config.privacy.level!r}, so this node "
@@ -108,9 +102,9 @@ def answer_query(fixed: FlowerSettings | None, message: Message, context: Contex
     content = RecordDict({"metrics": metrics})
     if what in ("index", "rows"):
         content["index"] = rows_record(node.rows)
-    if what == "request":  # privacy download: its request for the round, never S(k)
+    if requests is not None and what == "request":  # its request for the round, never S(k)
         round_index = int(number_of(query, "round"))
-        content["index"] = rows_record(node_request(node, round_index, node_key(node, context)))
+        content["index"] = rows_record(requests.request(round_index, ContextState(context)))
     if what == "index":
         metrics["num-examples"] = len(node.train)
         content[EVAL_INDEX] = rows_record(node.eval_rows())
@@ -126,11 +120,12 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     own = {t: torch.from_numpy(r) for t, r in node.rows.items()}
     c = record_of(message.content, "config", ConfigRecord)
     round_index = int(number_of(c, "round"))
-    downloading = node_downloads(node)
+    requests = node_requests(node.schedule, k, node.rows, node.table_rows)
+    state = ContextState(context)
     full = not rows
-    request = node_request(node, round_index, node_key(node, context)) if downloading else {}
-    if downloading:  # requested rows received, the other held rows skipped (zero)
-        pulled = requested_submodel(node, rows, received, request)
+    request = requests.request(round_index, state) if requests is not None else {}
+    if requests is not None:  # requested rows received, the other held rows skipped (zero)
+        pulled = requests.submodel(rows, received, request)
     elif full:  # the whole model came: take S(k) locally
         pulled = pull(received, own)
     elif any(not torch.equal(rows[t], own[t]) for t in own):
@@ -146,13 +141,11 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     update = push(k, float(len(samples)), own, pulled, trained)
     table_deltas, dense_deltas, index = update.table_deltas, update.dense_deltas, None
     metrics = MetricRecord({"partition-id": k, "num-examples": len(samples)})
-    if downloading:  # the held rows it requested, with their ids (the others skipped)
-        kept, table_deltas = requested_reply(node, request, table_deltas)
-        if sums_securely(node.schedule):  # kept for the secure sum
-            kept, table_deltas, dense_deltas = keep_deltas(
-                context, kept, table_deltas, dense_deltas, round_index
-            )
-            del metrics["num-examples"]  # its count weights its deltas inside the sum
+    if requests is not None:  # the held rows it requested, with their ids (the others skipped)
+        deltas = Params(table_deltas, dense_deltas)
+        kept, table_deltas, dense_deltas = requests.reply(request, deltas, round_index, state)
+        if requests.counts_hidden:  # its count weights its deltas inside the secure sum
+            del metrics["num-examples"]
         index = rows_record(kept)
     elif full:  # reply as stock FedAvg would: the whole table
         table_deltas = {
@@ -167,18 +160,42 @@ def answer_train(fixed: FlowerSettings | None, message: Message, context: Contex
     return Message(content, reply_to=message)
 
 
+def _answer_of(fixed: FlowerSettings | None, context: Context, protocol: NodeProtocol) -> Answer:
+    """This node's answer to the stages of ``protocol`` (one of runs/run_setup.py's
+    ``NODE_PROTOCOLS``), from its data and its copy of the run config."""
+    node = _own_data(fixed, context)
+    seeded = settings_of(fixed, context).dp_seeded_noise
+    facts = NodeFacts(node.client, node.rows, node.table_rows, len(node.train))
+    return protocol.answer(node.config, facts, seeded)
+
+
 def with_riders(
     fixed: FlowerSettings | None, message: Message, context: Context, reply: Message
 ) -> Message:
-    """``reply`` with the answer to a secure row sum's stage riding with ``message`` (at
-    privacy full, "advertise" rides with a round's request query and "share" with its train
-    message: flower/secure_rows.py), answered after the message itself: a node whose
-    training fails sends no shares."""
-    if RECORD in message.content:
-        seeded = settings_of(fixed, context).dp_seeded_noise
-        answer = answer_secure_rows(message, context, _own_data(fixed, context), seeded)
-        reply.content[RECORD] = answer.content[RECORD]
+    """``reply`` with the answer to a protocol's stage riding with ``message`` (at privacy
+    full, the secure row sum's "advertise" rides with a round's request query and "share"
+    with its train message: privacy/secure_rows_protocol.py), answered after the message
+    itself: a node whose training fails sends no shares."""
+    for protocol in NODE_PROTOCOLS:
+        carried = protocol.carried
+        if carried.rides and carried.record in message.content:
+            answered = answer(message, context, carried, _answer_of(fixed, context, protocol))
+            reply.content[carried.record] = answered.content[carried.record]
     return reply
+
+
+def carry(app: ClientApp, fixed: FlowerSettings | None, protocol: NodeProtocol) -> None:
+    """Answer ``protocol``'s own messages (``query.<action>``) on ``app``: each a stage of a
+    feature's protocol (fedsub/feature_messages.py), answered by ``_answer_of``; a timed
+    protocol's replies say how long the node worked."""
+    carried = protocol.carried
+
+    def stage(message: Message, context: Context) -> Message:
+        return answer(message, context, carried, _answer_of(fixed, context, protocol))
+
+    stage.__name__ = stage.__qualname__ = carried.action
+    stage.__doc__ = f"One stage of the {carried.title} ({carried.action} messages)."
+    app.query(carried.action)(with_seconds(stage) if carried.timed else stage)
 
 
 def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
@@ -190,27 +207,8 @@ def make_client_app(fixed: FlowerSettings | None = None) -> ClientApp:
         """The node's registration or row query answer (``answer_query``)."""
         return with_riders(fixed, message, context, answer_query(fixed, message, context))
 
-    @app.query("heat")
-    def exchange_heat(message: Message, context: Context) -> Message:
-        """One stage of the private heat exchange (fedsub.flower.heat_exchange)."""
-        node = _own_data(fixed, context)
-        return answer_heat(
-            message,
-            context,
-            heat_privacy_of(node.config),
-            cast(HeatKind, node.config.train.heat),  # config.py has checked it
-            node.table_rows,
-            node.rows,
-            len(node.train),
-        )
-
-    @app.query(ACTION)
-    @with_seconds
-    def secure_rows(message: Message, context: Context) -> Message:
-        """One stage of the secure sum of row deltas (fedsub.flower.secure_rows); with [dp]
-        at level full this node adds its noisy share (distributed DP)."""
-        seeded = settings_of(fixed, context).dp_seeded_noise
-        return answer_secure_rows(message, context, _own_data(fixed, context), seeded)
+    for protocol in NODE_PROTOCOLS:  # the features' own (privacy's heat, secure row sums)
+        carry(app, fixed, protocol)
 
     @app.train()
     @with_seconds

@@ -7,7 +7,7 @@ more than its slowest node. ``exchange`` pulls at once, after 0.05 s, then at in
 growing to ``MAX_POLL``: a reply is seen within 0.2 s, and an idle wait costs the SuperLink
 five small requests a second. (A SuperNode's own 3-s idle poll, fixed in Flower, still
 delays the next wave's pickup on the nodes.)
-Every place fedsub waits for replies (flower/server_runtime.py, flower/heat_exchange.py and
+Every place fedsub waits for replies (flower/server_runtime.py, flower/protocols.py and
 what calls it) goes through it; flower/joining.py's registrations are pushed and pulled
 separately, as they must not hold a round up.
 

@@ -18,7 +18,7 @@ from fedsub.engine.membership import Membership, Registration
 from fedsub.errors import FedsubError
 from fedsub.flower.exchange import attributed
 from fedsub.flower.federated_eval import EVAL_INDEX
-from fedsub.flower.heat_exchange import Recorder
+from fedsub.flower.protocols import Recorder
 from fedsub.flower.records import count_of, query_message, record_of, rows_in
 
 LOG = logging.getLogger("fedsub")

@@ -1,6 +1,6 @@
 """With a private ``privacy.heat_source`` the server learns a node's S(k) only when it samples
 it, as the download of X[S(k)] names those rows: a "rows" query before the round (with private
-download, flower/private_download.py, the node's download request for the round instead)."""
+download, privacy/download_protocol.py, the node's download request for the round instead)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from flwr.serverapp import Grid
 
 from fedsub.engine.membership import Membership
 from fedsub.errors import FedsubError
+from fedsub.feature_messages import Carried
 from fedsub.flower.exchange import exchange
-from fedsub.flower.heat_exchange import ride
+from fedsub.flower.protocols import ride
 from fedsub.flower.records import query_message, reply_row_ids
 
 LOG = logging.getLogger("fedsub")
@@ -58,11 +59,12 @@ class SampledRows:
         grid: Grid,
         clients: list[int],
         server_round: int,
-        riders: Mapping[int, dict] | None = None,
+        riders: tuple[Carried, Mapping[int, dict]] | None = None,
     ) -> list[Message]:
         """The rows of the round's sampled ``clients`` not known yet; with private download
-        a new request from every sampled client, every round. ``riders``: a secure sum's
-        stage riding with the query (by node, flower/secure_rows.py); the replies, for it."""
+        a new request from every sampled client, every round. ``riders``: a protocol's
+        stage riding with the query (its requests by node: at privacy full the secure row
+        sum's, engine/features/private.py); the replies, for it."""
         asked: dict[str, ConfigRecordValues] = {"what": "rows", **self.query}
         if self.downloading:
             self.rows = {}
@@ -73,7 +75,8 @@ class SampledRows:
         counted = self.membership.counted
         position = {self.membership.node_of(counted[j]): j for j in unknown}  # node -> j
         query = [query_message(node, asked, server_round) for node in position]
-        ride(query, riders or {})
+        if riders is not None:
+            ride(query, riders[1], riders[0])
         replies = exchange(grid, query, self.timeout)
         for reply in replies:
             node = reply.metadata.src_node_id

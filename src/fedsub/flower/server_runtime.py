@@ -8,7 +8,7 @@ an in-process run does. Its pieces: docs/develop/architecture.md, "The Flower ru
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from logging import INFO
 from typing import Any
@@ -23,12 +23,16 @@ from fedsub.algorithms.aggregation import ServerUpdate
 from fedsub.algorithms.registry import Algorithm, AlgorithmContext, MeasuredHeat, build_algorithm
 from fedsub.data.federated import ClientSizes, Population
 from fedsub.engine.features.assembly import Assembly, build_server_round
-from fedsub.engine.features.dp import (
-    DpRound,
-    dp_round_of,
-    dp_settings,
-    flower_result,
-    server_noise,
+from fedsub.engine.features.dp import DpRound, dp_round_of, dp_settings, flower_result
+from fedsub.engine.features.private import (
+    SecureSum,
+    ServerHeat,
+    download_combine,
+    downloads_privately,
+    privacy_described,
+    secure_rows_of,
+    server_heat,
+    sums_securely,
 )
 from fedsub.engine.guards import Rejection
 from fedsub.engine.loop import RunControl
@@ -38,18 +42,13 @@ from fedsub.engine.round_runtime import RoundFailed
 from fedsub.engine.schedule import Schedule
 from fedsub.engine.server_round import RoundPlan, ServerRound
 from fedsub.errors import FedsubError
+from fedsub.feature_messages import Fields
 from fedsub.flower.costs import MeteredGrid
 from fedsub.flower.exchange import exchange
 from fedsub.flower.federated_eval import FederatedEvaluation
-from fedsub.flower.heat_exchange import HeatExchange, Transcript, ride
 from fedsub.flower.joining import Joining
-from fedsub.flower.private_download import (
-    download_combine,
-    downloads_privately,
-    privacy_described,
-)
+from fedsub.flower.protocols import Transcript, asker, ride, riding
 from fedsub.flower.row_queries import SampledRows
-from fedsub.flower.secure_rows import SecureRows, secure_rows_of, sums_securely
 from fedsub.flower.settings import FlowerSettings
 from fedsub.flower.train_round import ReplyReader, train_messages
 from fedsub.stateful import Stateful
@@ -94,7 +93,7 @@ class FlowerRuntime:
         served: Served,
         schedule: Schedule,
         settings: FlowerSettings,
-        heat: HeatExchange | None = None,
+        heat: ServerHeat | None = None,
         query: dict[str, int | str] | None = None,
         observers: Observers | None = None,
         server_test: Callable[[Params], dict[str, float]] | None = None,
@@ -105,7 +104,7 @@ class FlowerRuntime:
         self.schedule = replace(schedule, eval_every=settings.eval_every or schedule.rounds)
         self.settings = settings
         # where the heat comes from: the registrations, or a private exchange (then no S(k))
-        self.heat = heat or HeatExchange()
+        self.heat = heat or server_heat()
         self.privacy, self.private = self.heat.privacy, self.heat.private
         self.query = dict(query or {})  # every message carries it: the run's feature spec
         self.evaluation = FederatedEvaluation()
@@ -135,14 +134,14 @@ class FlowerRuntime:
         self.sampled = SampledRows(self.membership, downloading, self.query, self.timeout)
         # exact heat: the counted clients' S(k), from their registrations (private: none)
         self.index = SubmodelIndex({}, {})
-        # privacy full: a node's sample count stays inside the secure row sum (secure_rows.py)
+        # privacy full: a node's sample count stays inside the secure row sum
         self.counts_secret = sums_securely(schedule)
         self.reader = ReplyReader(self._rows_of, downloading, settings.payload, self.counts_secret)
         self._available = 0  # clients that could be sampled this round
         self.dp: DpRound | None = None  # [dp]'s pieces (its ledger), once the round is open
         self.central_dp = False  # [dp]'s central mechanism combines the rounds
         self._online: set[int] | None = None  # [dp]: this round's reachable clients
-        self.secure: SecureRows | None = None  # privacy full: the round's secure row sum
+        self.secure: SecureSum | None = None  # privacy full: the round's secure row sum
 
     # --- the population ----------------------------------------------------------------
     def open(self, control: RunControl) -> ServerRound:
@@ -299,8 +298,10 @@ class FlowerRuntime:
     def _measured_heat(self) -> MeasuredHeat:
         """The heat of the private exchange with every counted node (once: a resumed run's
         comes from its checkpoint)."""
-        kind, record = self.served.heat, self.observers.transcript
-        return self.heat.measured(self.grid, self.membership, kind, self.timeout, record)
+        heat, membership = self.heat, self.membership
+        ask = asker(self.grid, self.timeout, self.observers.transcript, heat.carried)
+        nodes = {k: membership.node_of(k) for k in membership.counted}
+        return heat.measured(ask, nodes, dict(membership.tables), self.served.heat)
 
     def _combine(self, algorithm: Algorithm) -> Callable[[Any], ServerUpdate]:
         """The round's aggregation: secure row sums at ``full`` (noised by the nodes under
@@ -313,13 +314,10 @@ class FlowerRuntime:
         requests = lambda: self.sampled.rows  # noqa: E731  (this round's, when it combines)
         self.secure = secure = secure_rows_of(
             self.schedule,
-            self.grid,
+            lambda carried: asker(self.grid, self.timeout, on_reply, carried),
             nodes,
             aggregation,
             requests,
-            self.timeout,
-            on_reply,
-            server_noise(self.schedule),
         )
         return secure.combine
 
@@ -350,12 +348,13 @@ class FlowerRuntime:
         nodes = [self.membership.node_of(k) for k in partitions]
         # privacy full (which always asks requests): the secure sum's keys ride with the
         # request query, its shares with the train messages (two waves fewer; who is in the
-        # sum and its threshold: secure_rows.SecureRows.open)
+        # sum and its threshold: privacy/secure_rows_protocol.py's SecureRows.open)
         secure, cohort = self.secure, zip(clients, nodes, strict=True)
         advertise = {} if secure is None else secure.open([n for j, n in cohort if j in reachable])
         queried: list[Message] = []
         if self.asks_rows:  # the sampled nodes' rows (or download requests), for their download
-            queried = self.sampled.ask(self.grid, reachable, r, advertise)
+            riders = None if secure is None else (secure.carried, advertise)
+            queried = self.sampled.ask(self.grid, reachable, r, riders)
         sent_to = {
             node: j
             for j, node in zip(clients, nodes, strict=True)
@@ -366,7 +365,9 @@ class FlowerRuntime:
             self.observers.on_progress({"round": r, "sent_to": partitions, "nodes": nodes})
         messages, sent = train_messages(plan, params, sent_to, self._rows_of, self.settings.payload)
         if secure is not None:
-            ride(messages, secure.take_keys(queried, sent_to))
+            keys = self._riding(secure, queried, "advertise")
+            sharing = secure.take_keys({n: f for n, f in keys.items() if n in sent_to})
+            ride(messages, sharing, secure.carried)
         replies = exchange(
             self.grid,
             messages,
@@ -374,9 +375,19 @@ class FlowerRuntime:
             lambda: self.joining.ask_newcomers(self.grid),
         )
         if secure is not None:
-            secure.take_shares(replies)
+            secure.take_shares(self._riding(secure, replies, "share"))
         updates, received = self._read(r, replies, sent_to, params)
         return self._cohort_update(plan, updates, nodes, sent, received)
+
+    def _riding(
+        self, secure: SecureSum, replies: list[Message], stage: str
+    ) -> Mapping[int, Fields]:
+        """The secure sum's ``stage`` riding with ``replies`` (to the round's other
+        messages), by node: none when no sum rides (not opened, or restarted)."""
+        group = secure.riding_with
+        if group is None:
+            return {}
+        return riding(replies, group, stage, secure.carried, self.observers.transcript)
 
     def _read(
         self, r: int, replies: Iterable[Message], sent_to: dict[int, int], params: Params

@@ -16,12 +16,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 
 from fedsub.engine.server_round import RoundPlan
 from fedsub.errors import FedsubError
-from fedsub.flower.private_download import reply_rows
 from fedsub.flower.records import (
     count_of,
     packed,
     read_deltas,
     record_of,
+    reply_row_ids,
     submodel_record,
     tensors_of,
 )
@@ -53,6 +53,20 @@ def train_messages(
         record = RecordDict({"arrays": arrays, "config": settings})
         messages.append(Message(record, node, MessageType.TRAIN, group_id=str(r)))
     return messages, sent
+
+
+def requested_rows(
+    reply: Message, request: dict[str, torch.Tensor], client: int
+) -> dict[str, torch.Tensor]:
+    """The row ids of a reply's deltas (a node that downloads privately replies its
+    requested held rows only), checked to be rows the node requested."""
+    try:
+        rows = reply_row_ids(reply, request)
+    except FedsubError as error:
+        raise FedsubError(f"partition {client}: {error}") from None
+    if not all(bool(torch.isin(r, request[t]).all()) for t, r in rows.items()):
+        raise FedsubError(f"partition {client}: its reply updates rows it did not request")
+    return rows
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,7 @@ class ReplyReader:
         deltas = read_deltas(deltas_in)
         rows = self.rows_of(client)
         if self.downloading:  # the held rows it requested
-            rows = reply_rows(reply, rows, client)
+            rows = requested_rows(reply, rows, client)
         full = self.payload == "full" and not self.downloading
         fits(deltas, rows, model, full)
         if full:  # full-size deltas: only S(k) can be non-zero

@@ -1,6 +1,6 @@
 """A node's private heat contribution, and the heat the server reads from their sum.
 
-On a network (fedsub.flower.heat_exchange) every node computes its own contribution from its
+On a network (fedsub.privacy.heat_protocol) every node computes its own contribution from its
 index sets S(k) and weight w_k (1 for heat = "clients", its sample count for "samples"):
 
 - ``secagg``: per table the indicator of S(k) times w_k, then ``[w_k, 1]``: one uint32 vector

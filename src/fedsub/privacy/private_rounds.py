@@ -7,7 +7,7 @@ seeded by (seed, round, client)), runs the configured backend and keeps only the
 requested rows (``PrivateRounds.received``). A held row that randomized response left out is
 *skipped* that round: the member never received it, so it trains without it (the row reads as
 zero in its local steps, as if the feature were absent from its samples: ``WithoutRows``) and
-sends no update for it; a Flower node does the same (``flower/private_download.py``), so both
+sends no update for it; a Flower node does the same (``privacy/download_protocol.py``), so both
 agree with either payload and keep no state across rounds.
 ``PrivateRounds.combine`` aggregates: in the clear up to ``download`` (row sums divided by p
 under randomized response), by secure sparse aggregation at ``full``

@@ -10,7 +10,7 @@ under p but over q means a held row), so they must be the client's secret:
   ``privacy_secret``), standing for the clients' own secrets: a published run folder redraws
   none of them, a resumed run continues them bit for bit;
 - on Flower each node draws its own secret the first time it needs one and keeps it in its
-  SuperNode's run state (``flower/private_download.node_key``): the server never holds it;
+  SuperNode's run state (``privacy/download_protocol.NodeRequests.key``): the server never holds it;
 - ``"seeded"`` keys the requests by ``train.seed`` (the streams fedsub always drew), so a
   deployment and the simulator draw the very same requests (tests, reproductions); whoever
   knows the seed decodes S(k), so every output says the level's protection does NOT hold.

@@ -2,7 +2,7 @@
 model it trains, where a held row left out of the request reads as zero (it is skipped that
 round, as ``privacy/private_rounds.WithoutRows`` skips it in process), and the deltas it sends
 back, of the requested held rows only (``privacy/private_rounds.restrict``). A Flower node runs
-these (flower/private_download.py).
+these (privacy/download_protocol.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A client's download request in one round, drawn from the client's own stream.
 
 The in-process engine (``privacy/private_rounds.py``) and a Flower node
-(``flower/private_download.py``) call this one function with the key (seed, round, client):
+(``privacy/download_protocol.py``) call this one function with the key (seed, round, client):
 the seed is the client's secret (``privacy.randomness = "secret"``, privacy/randomness.py), or
 ``train.seed`` (``"seeded"``), with which a node draws the very request the simulator draws
 for its client.

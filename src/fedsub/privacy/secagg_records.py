@@ -1,8 +1,8 @@
 """The secure aggregation protocol's messages (``fedsub.privacy.secagg``) as flat records of
-numbers, bytes, text and lists, and back, checked: whatever carries them (Flower Messages in
-flower/heat_exchange.py and flower/secure_rows.py), a reply that does not fit raises a
-``HeatMessageError`` naming the sender (``who``) and the field. Also a node's protocol state
-as such a record, and the randomized-response report."""
+numbers, bytes, text and lists, and back, checked: whatever carries them (privacy/heat_protocol.py
+and privacy/secure_rows_protocol.py, as Flower Messages by flower/protocols.py), a reply that
+does not fit raises a ``HeatMessageError`` naming the sender (``who``) and the field. Also
+a node's protocol state as such a record, and the randomized-response report."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _get(record: Record, key: str, kind: type, who: str) -> object:
 
 
 def number_field(record: Record, key: str, kind: type[int] | type[float], who: str) -> float:
-    """A numeric field of a protocol message, checked (for flower/secure_rows.py too)."""
+    """A numeric field of a protocol message, checked (for privacy/secure_rows_protocol.py too)."""
     return float(_get(record, key, kind, who))  # type: ignore[arg-type]  # checked number
 
 

@@ -1,7 +1,7 @@
 """fedsub's secure aggregation (``fedsub.privacy.secagg``: ``SecAggServer`` on the server,
 ``SecAggClient`` on each node) as a message exchange, whatever carries the messages: a node's
 reply to each stage, and the server's secure sum of a group and private heat measurement over
-an ``Ask`` (flower/heat_exchange.py carries them as Flower Messages). The stages:
+an ``Ask`` (flower/protocols.py carries them as Flower Messages). The stages:
 
     stage "advertise"  server -> node: session, the node's id in its group, threshold t
                        node -> server: its two X25519 public keys
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fedsub import feature_messages
 from fedsub.privacy.heat_report import HeatReport
 from fedsub.privacy.heat_sources import HeatPrivacy
 from fedsub.privacy.heat_vectors import (
@@ -72,7 +73,7 @@ LOG = logging.getLogger("fedsub")
 STAGES = ("advertise", "share", "mask", "unmask", "report")
 
 # (requests by node, stage) -> the replies' records by node: what carries the messages
-Ask = Callable[[Mapping[int, dict], str], Mapping[int, Record]]
+Ask = feature_messages.Ask
 
 
 # ---- the node's side ---------------------------------------------------------------------
@@ -201,7 +202,7 @@ def group_sum(
 
 class GroupSum:
     """One group's secure sum stage by stage, for a carrier that sends its first two stages
-    with other messages (flower/secure_rows.py: "advertise" rides with a round's request
+    with other messages (privacy/secure_rows_protocol.py: "advertise" rides with a round's request
     query, "share" with its train messages); ``group_sum`` runs the four in a row. The
     threshold t is fixed when the keys are advertised (each node's Shamir shares are drawn
     for it); a node that advertised and sends no shares is outside the sum (no mask of it

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, cast
@@ -42,6 +42,7 @@ from fedsub.engine.features.dp import DpReport
 from fedsub.engine.loop import Evaluation
 from fedsub.engine.schedule import ClientStep, LocalWork, LrSchedule, Sampling, Schedule
 from fedsub.errors import ConfigError
+from fedsub.feature_messages import Answer, Carried, NodeFacts
 from fedsub.files.json_values import dumps
 from fedsub.masking.capacity import Assignment, Capacities
 from fedsub.masking.schemes import AverageOver, Masking
@@ -50,8 +51,10 @@ from fedsub.models.registry import build_checked_model
 from fedsub.models.torch_module import TorchModuleModel, check_runs_in
 from fedsub.numerics.secret_streams import Randomness
 from fedsub.privacy import levels as privacy_levels
+from fedsub.privacy.heat_protocol import HEAT, heat_answer
 from fedsub.privacy.heat_sources import HeatPrivacy, coins_record, describe
 from fedsub.privacy.randomness import HeatCoins, StageStates
+from fedsub.privacy.secure_rows_protocol import SECURE_ROWS, secure_rows_answer
 from fedsub.progress import phase
 from fedsub.runs.checks import check_against_dataset
 from fedsub.submodel.heat import HeatKind
@@ -224,6 +227,38 @@ def node_noise(config: Config, client: int, seeded: bool = False) -> NodeNoise |
     d = config.dp
     k_min = d.min_survivors or config.train.clients_per_round
     return NodeNoise(d.clip, d.noise_multiplier, k_min, config.train.seed, client, seeded)
+
+
+@dataclass(frozen=True)
+class NodeProtocol:
+    """A feature's protocol a node answers itself (fedsub/feature_messages.py): how it is
+    carried, and the node's ``Answer`` as its copy of the run config states it (``answer``:
+    the config, the node's facts, whether [dp]'s noise shares are seeded)."""
+
+    carried: Carried
+    answer: Callable[[Config, NodeFacts, bool], Answer]
+
+
+def _heat_answer(config: Config, node: NodeFacts, seeded: bool) -> Answer:
+    """The private heat exchange, by the node's privacy.heat_source (``heat_privacy_of``)."""
+    kind = cast(HeatKind, config.train.heat)  # config.py has checked it
+    return heat_answer(heat_privacy_of(config), kind, node.table_rows, node.rows, node.num_samples)
+
+
+def _secure_rows_answer(config: Config, node: NodeFacts, seeded: bool) -> Answer:
+    """The secure row sums: the node's count weights its deltas (with [dp] at level full its
+    noisy share, ``node_noise``: ``seeded`` or not)."""
+    noise = node_noise(config, node.client, seeded)
+    level = config.privacy.level
+    return secure_rows_answer(privacy_of(config), level, node.num_samples, noise)
+
+
+# the features' protocols a node answers itself, in their order (a Flower ClientApp carries
+# each by its action: flower/protocols.py)
+NODE_PROTOCOLS: tuple[NodeProtocol, ...] = (
+    NodeProtocol(HEAT, _heat_answer),
+    NodeProtocol(SECURE_ROWS, _secure_rows_answer),
+)
 
 
 def dp_of(config: Config, num_clients: int) -> dp_settings.DpSettings | None:

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from fedsub.algorithms.aggregation import Aggregation, ServerUpdate, aggregate
+from fedsub.algorithms.registry import HeatSource, MeasuredHeat
 from fedsub.engine.cohort_job import CohortJob, RunCohort
 from fedsub.engine.contribution import (
     Combining,
@@ -34,17 +37,25 @@ from fedsub.engine.contribution import (
     watching,
 )
 from fedsub.engine.features.dp import NAME as DP
-from fedsub.engine.features.dp import DpRound, dp_settings
+from fedsub.engine.features.dp import DpRound, dp_settings, server_noise
 from fedsub.engine.features.masking import NAME as MASKING
 from fedsub.engine.features.row_sharding import NAME as ROW_SHARDING
 from fedsub.engine.features.row_sharding import SETTING as ROW_SHARDING_SETTING
+from fedsub.engine.schedule import Schedule
 from fedsub.engine.split_cohort import concatenated, run_share
 from fedsub.errors import ConfigError, FedsubError
-from fedsub.privacy.levels import Privacy
-from fedsub.privacy.private_rounds import PrivateRounds, WithoutRows, skipped_rows
+from fedsub.feature_messages import Ask, Carried, Fields
+from fedsub.privacy.download_protocol import NodeRequests
+from fedsub.privacy.heat_protocol import HeatExchange
+from fedsub.privacy.heat_report import HeatReport
+from fedsub.privacy.heat_sources import HeatPrivacy
+from fedsub.privacy.levels import Privacy, describe
+from fedsub.privacy.private_rounds import PrivateRounds, WithoutRows, skipped_rows, unbias
 from fedsub.privacy.randomness import HEAT_STAGE, HeatCoins
 from fedsub.privacy.randomness import STAGE as PRIVACY_SECRET
 from fedsub.privacy.randomness import streams_of as privacy_streams_of
+from fedsub.privacy.secure_rows_protocol import SecureRows
+from fedsub.submodel.heat import HeatKind
 from fedsub.submodel.transfer import CohortUpdate
 
 NAME = "private_rounds"
@@ -189,3 +200,117 @@ def contribute_heat_secret(setup: RoundSetup) -> RoundContribution | None:
 
 
 HEAT_SECRET = Feature(HEAT_SECRET_NAME, contribute_heat_secret)
+
+
+# ---- the private rounds on a runtime whose server talks to the nodes (Flower) -------------
+# The runtime reads the run's privacy through these, and gets privacy's own protocols
+# (privacy/*_protocol.py, in fedsub/feature_messages.py's terms) from here and from the
+# assembler (runs/run_setup.py's ``NODE_PROTOCOLS``): it never names the privacy package.
+
+
+def downloads_privately(schedule: Schedule) -> bool:
+    """Whether the run's clients download privately (privacy.level: download or full)."""
+    privacy = schedule.setting(Privacy)
+    return privacy is not None and privacy.private_download
+
+
+def sums_securely(schedule: Schedule) -> bool:
+    """Whether the run's deltas go into the secure row sum (its privacy.level: full)."""
+    privacy = schedule.setting(Privacy)
+    return privacy is not None and privacy.secure_aggregation
+
+
+def privacy_described(schedule: Schedule) -> dict:
+    """The run's privacy level and its guarantees (privacy/levels.py's ``describe``; level
+    none without [privacy])."""
+    return describe(schedule.setting(Privacy) or Privacy())
+
+
+def node_requests(
+    schedule: Schedule, client: int, rows: dict[str, np.ndarray], table_rows: dict[str, int]
+) -> NodeRequests | None:
+    """A node's private download requests (privacy/download_protocol.py): client
+    ``client``'s of its rows S(k); None below level download."""
+    privacy = schedule.setting(Privacy)
+    if privacy is None or not privacy.private_download:
+        return None
+    return NodeRequests(privacy, schedule.seed, client, rows, table_rows)
+
+
+def download_combine(
+    aggregation: Aggregation, schedule: Schedule
+) -> Callable[[CohortUpdate], ServerUpdate]:
+    """The round's aggregation: the algorithm's, row sums divided by p under randomized
+    response (each held row reaches the server from a fraction p of its clients)."""
+    privacy = schedule.setting(Privacy)
+    keep = 1.0 if privacy is None else privacy.keep  # keep is 1 below level download
+    return lambda update: unbias(aggregate(update, aggregation), keep)
+
+
+class ServerHeat(Protocol):
+    """Where a runtime's heat comes from when its server talks to the nodes
+    (privacy/heat_protocol.py's ``HeatExchange``): the registered S(k), or the private
+    exchange (``private``) over its protocol's messages (``carried``), kept as a checkpoint
+    stage."""
+
+    carried: Carried
+
+    @property
+    def privacy(self) -> HeatSource: ...
+
+    @property
+    def private(self) -> bool: ...
+
+    @property
+    def report(self) -> HeatReport | None: ...
+
+    def measured(
+        self, ask: Ask, nodes: Mapping[int, int], tables: Mapping[str, int], kind: HeatKind
+    ) -> MeasuredHeat: ...
+
+    def state_tensors(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None: ...
+
+
+def server_heat(privacy: HeatPrivacy | None = None) -> ServerHeat:
+    """The heat of a run whose server talks to the nodes, by ``privacy`` (runs/run_setup.py's
+    ``heat_privacy_of``; None: exact)."""
+    return HeatExchange(privacy)
+
+
+class SecureSum(Protocol):
+    """The server's half of the secure row sums a runtime runs (privacy/secure_rows_protocol.py's
+    ``SecureRows``): its first stages riding with the round's messages (``carried``), its
+    combine."""
+
+    carried: Carried
+
+    def open(self, nodes: Sequence[int]) -> dict[int, dict]: ...
+
+    @property
+    def riding_with(self) -> Collection[int] | None: ...
+
+    def take_keys(self, riding: Mapping[int, Fields]) -> dict[int, dict]: ...
+
+    def take_shares(self, riding: Mapping[int, Fields]) -> None: ...
+
+    def combine(self, update: CohortUpdate) -> ServerUpdate: ...
+
+
+def secure_rows_of(
+    schedule: Schedule,
+    carrier: Callable[[Carried], Ask],
+    node_of: Mapping[int, int],
+    aggregation: Aggregation,
+    requests: Callable[[], Mapping[int, Mapping[str, np.ndarray]]],
+) -> SecureSum:
+    """The server's half of the secure row sums (privacy/secure_rows_protocol.py) for a run
+    at privacy.level ``full`` (``sums_securely``), its stages carried by ``carrier`` (the
+    runtime's ``Ask`` for a protocol's own messages); with [dp]
+    the nodes add the noise (distributed DP)."""
+    privacy = schedule.setting(Privacy)
+    if privacy is None or not privacy.secure_aggregation:
+        raise FedsubError("a secure row sum needs privacy.level = 'full'")
+    ask = carrier(SecureRows.carried)
+    return SecureRows(ask, node_of, aggregation, privacy, requests, server_noise(schedule))
