@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from .processes import wait_for
 
 FEDSUB = Path(sys.executable).parent / "fedsub"
@@ -57,6 +59,8 @@ def lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+@pytest.mark.deployment  # 38 s of three real processes: make test-deployment (in make test: the
+# lock's refusal in tests/test_flower_out_dir.py, a real SIGTERM in tests/test_reproduce.py)
 def test_a_second_writer_is_refused_naming_the_holder_and_sigterm_checkpoints(tmp_path):
     out = tmp_path / "out"
     first = start("run", "--algorithm", "fedsubavg", "--out", str(out), *RUN)

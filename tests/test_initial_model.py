@@ -288,6 +288,8 @@ def test_a_resume_takes_the_same_bytes_and_refuses_another_file_or_none(tmp_path
     assert fedsub.run(CONFIG, out=drawn, resume=True)["fedsubavg"].history[-1]["round"] == 3
 
 
+@pytest.mark.deployment  # 15 s of a torchrun launch: make test-deployment (torchrun process
+# groups stay in make test through tests/test_sharding.py and tests/test_reshard.py)
 def test_a_row_sharded_run_starts_each_process_from_its_rows_of_the_file(tmp_path):
     """torchrun, 2 processes: each reads its rows of the file; the models are the one
     process's warm start, bit for bit."""
