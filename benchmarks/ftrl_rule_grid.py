@@ -23,7 +23,9 @@ baseline ran at the same epsilon, Welch's test of every other config against it.
 
 Ends with ``RESULT {json}``. ``--combine LOG ...`` runs nothing: it joins the runs of the
 ``RESULT`` lines of earlier invocations on one workload (several batches of one cell add up)
-and prints the same statistics, ending with ``STATS {json}``.
+and prints the same statistics, ending with ``STATS {json}``. ``--baselines`` names the configs
+the others are compared with (``gaussian,dense`` unless given; e.g. ``rule`` to compare a
+design with the rule).
 """
 
 from __future__ import annotations
@@ -84,9 +86,15 @@ def main() -> None:
     parser.add_argument(
         "--combine", nargs="+", metavar="LOG", help="run nothing: join these logs' RESULT lines"
     )
+    parser.add_argument(
+        "--baselines",
+        type=lambda t: t.split(","),
+        default=list(grid_stats.BASELINES),
+        help="the configs every other config is compared with (default gaussian,dense)",
+    )
     args = parser.parse_args()
     if args.combine:
-        statistics_of(grid_stats.combine(grid_stats.read(args.combine)))
+        statistics_of(grid_stats.combine(grid_stats.read(args.combine)), args.baselines)
         return
     recording()
     base = [
@@ -120,12 +128,12 @@ def main() -> None:
             )
     print("RESULT " + json.dumps(results))
     if args.runs > 1:
-        statistics_of(grid_stats.combine([results]))
+        statistics_of(grid_stats.combine([results]), args.baselines)
 
 
-def statistics_of(combined: dict) -> None:
+def statistics_of(combined: dict, baselines: list[str]) -> None:
     """Print the cells' statistics and comparisons (``grid_stats``) and ``STATS {json}``."""
-    report = grid_stats.table(combined)
+    report = grid_stats.table(combined, baselines)
     print(grid_stats.markdown(report))
     print("STATS " + json.dumps(report))
 

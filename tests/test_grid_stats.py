@@ -79,6 +79,11 @@ def test_logs_of_one_workload_join_and_the_table_compares_each_candidate(tmp_pat
     assert list(report["comparisons"]) == ["rule eps=1 vs dense"]  # no gaussian, no rule at 2
     assert report["comparisons"]["rule eps=1 vs dense"] == grid_stats.compare(RULE, DENSE)
     assert "| rule eps=1 vs dense | +0.0058 |" in grid_stats.markdown(report)
+    against_rule = grid_stats.table(grid_stats.combine(grid_stats.read(paths)), ["rule"])
+    assert list(against_rule["comparisons"]) == ["dense eps=1 vs rule"]
+    assert against_rule["comparisons"]["dense eps=1 vs rule"]["difference"] == pytest.approx(
+        -report["comparisons"]["rule eps=1 vs dense"]["difference"]
+    )
 
 
 def test_logs_of_different_workloads_or_without_a_result_are_refused(tmp_path):
