@@ -17,9 +17,15 @@ dense baselines are ``gaussian`` (DP-FedAvg, the amplified Gaussian mechanism, u
 cohorts) and ``dense`` (DP-FTRL-FedAvg, tree noise, rows = "all", under the separation). All
 cells run in one process (jax-privacy's BLT strategy and sensitivities are computed once),
 each ``--runs`` times with fresh secret noise; the final test AUC of the validation
-workload's test set and the rows noised a round are printed per run and as the mean.
+workload's test set and the rows noised a round are printed per run and as the mean, then
+(``grid_stats.py``) each cell's mean, standard deviation and standard error and, where a
+baseline ran at the same epsilon, Welch's test of every other config against it.
 
-Ends with ``RESULT {json}``.
+Ends with ``RESULT {json}``. ``--combine LOG ...`` runs nothing: it joins the runs of the
+``RESULT`` lines of earlier invocations on one workload (several batches of one cell add up)
+and prints the same statistics, ending with ``STATS {json}``. ``--baselines`` names the configs
+the others are compared with (``gaussian,dense`` unless given; e.g. ``rule`` to compare a
+design with the rule).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import argparse
 import json
 import statistics
 
+import grid_stats
 from dp_ftrl import recording, run
 from fedsub.dp import selection
 
@@ -76,7 +83,19 @@ def main() -> None:
     parser.add_argument("--separation", type=int, default=50)
     parser.add_argument("--configs", type=lambda t: t.split(","), default=["blt:w25:s0.5:hc4:t3"])
     parser.add_argument("--set", action="append", default=[], help="a config override")
+    parser.add_argument(
+        "--combine", nargs="+", metavar="LOG", help="run nothing: join these logs' RESULT lines"
+    )
+    parser.add_argument(
+        "--baselines",
+        type=lambda t: t.split(","),
+        default=list(grid_stats.BASELINES),
+        help="the configs every other config is compared with (default gaussian,dense)",
+    )
     args = parser.parse_args()
+    if args.combine:
+        statistics_of(grid_stats.combine(grid_stats.read(args.combine)), args.baselines)
+        return
     recording()
     base = [
         "train.rounds=150",
@@ -92,7 +111,11 @@ def main() -> None:
         for epsilon in args.epsilons:
             dp, algorithm = overrides(config, args, epsilon)
             dp = [*dp, f"dp.target_epsilon={epsilon}"]
-            cells = [run([*base, *dp], algorithm) for _ in range(args.runs)]
+            cells = []
+            for index in range(args.runs):
+                cells.append(run([*base, *dp], algorithm))
+                print(f"  {config} eps {epsilon:g} run {index + 1}: AUC "
+                      f"{cells[-1]['final_test_auc']:.4f}", flush=True)  # fmt: skip
             aucs = [c["final_test_auc"] for c in cells]
             rows = [c.get("rows_noised_per_round", TABLE_ROWS) for c in cells]
             seconds = [round(c["wall_seconds"]) for c in cells]
@@ -104,6 +127,15 @@ def main() -> None:
                 flush=True,
             )
     print("RESULT " + json.dumps(results))
+    if args.runs > 1:
+        statistics_of(grid_stats.combine([results]), args.baselines)
+
+
+def statistics_of(combined: dict, baselines: list[str]) -> None:
+    """Print the cells' statistics and comparisons (``grid_stats``) and ``STATS {json}``."""
+    report = grid_stats.table(combined, baselines)
+    print(grid_stats.markdown(report))
+    print("STATS " + json.dumps(report))
 
 
 if __name__ == "__main__":
