@@ -47,6 +47,7 @@ __all__ = [
     "decomposition",
     "difference_terms",
     "entry_noise",
+    "every_node_noise",
     "honaker_prefix",
     "keystream_words",
     "node_noise",
@@ -104,6 +105,22 @@ def node_noise(key: Key, rows: np.ndarray, level: int, nodes: np.ndarray, dim: i
     return flat.reshape(len(rows), len(nodes), dim)
 
 
+def every_node_noise(
+    key: Key, rows: np.ndarray, nodes: list[tuple[int, int]], dim: int
+) -> np.ndarray:
+    """``node_noise`` of each (level, index) of ``nodes`` for each of ``rows``, in one
+    keystream call: (len(nodes), len(rows), dim) float64, the same numbers as a
+    ``node_noise`` call per node."""
+    pairs = (dim + 1) // 2
+    counter = np.empty((len(nodes), len(rows), pairs, 4), dtype=np.uint32)
+    counter[..., 0] = np.arange(pairs, dtype=np.uint32)
+    counter[..., 1] = np.array([index for _, index in nodes], dtype=np.uint32)[:, None, None]
+    counter[..., 2] = np.array([level for level, _ in nodes], dtype=np.uint32)[:, None, None]
+    counter[..., 3] = np.asarray(rows, dtype=np.uint32)[:, None]
+    flat = _entries(keystream_words(counter.reshape(-1, 4), key), len(nodes) * len(rows), dim)
+    return flat.reshape(len(nodes), len(rows), dim)
+
+
 def entry_noise(
     key: Key, rows: np.ndarray, levels: np.ndarray, nodes: np.ndarray, dim: int
 ) -> np.ndarray:
@@ -147,6 +164,10 @@ def _entries(words: np.ndarray, count: int, dim: int) -> np.ndarray:
     angle = _uniform53(blocks[..., 2], blocks[..., 3])
     np.multiply(TWO_PI, angle, out=angle)
     angle *= SCALE
+    if dim == 1:  # one normal a block: the cosine's, computed in place (the same numbers)
+        np.cos(angle, out=angle)
+        angle *= radius
+        return angle.reshape(count, 1)
     out = np.empty((count, dim))
     first = np.cos(angle)
     first *= radius
