@@ -288,15 +288,14 @@ def _recur(
     the loop is over rounds only, a few numpy calls each."""
     products = np.empty_like(buffers)
     latest = int(since.max()) if len(since) else 0  # from round latest + 1 on, every row counts
-    counted = np.empty((len(since), 1), dtype=bool)
+    # whether each row counts each round (since_r < i), for every round at once
+    counted = (since[:, None] < np.arange(first, first + z.shape[1]))[:, :, None]
     for at in range(z.shape[1]):
-        i = first + at
         y = _advance(strategy, buffers, z[:, at], products)
-        if i > latest:
+        if first + at > latest:
             out += y
         else:  # adding 0 to the rows not counted would be the same numbers; skipped
-            np.less(since, i, out=counted[:, 0])
-            np.add(out, y, out=out, where=counted)
+            np.add(out, y, out=out, where=counted[:, at])
 
 
 def _advance(
