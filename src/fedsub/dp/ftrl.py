@@ -190,6 +190,7 @@ class FtrlMechanism(DpMechanism):
     )
     window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
     keys: dict[int, Key] = field(default_factory=dict, repr=False)  # the streams' AES keys
+    _sigma: tuple[float, float] = field(default=(-1.0, 0.0), repr=False)  # (clip, sigma)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -204,7 +205,11 @@ class FtrlMechanism(DpMechanism):
 
     @property
     def sigma(self) -> float:
-        return self.settings.update_multiplier * self.clip
+        """The tree's node noise z_grad C (the settings' accounting computed once per clip:
+        DP-FTRL's clip is fixed)."""
+        if self._sigma[0] != self.clip:
+            self._sigma = (self.clip, self.settings.update_multiplier * self.clip)
+        return self._sigma[1]
 
     def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> NoiseStream:
         if name not in self.trees:

@@ -233,7 +233,12 @@ def prefix_difference(
     weights = np.concatenate([x[2] for x in terms])[at]
     if len(owner):
         noise = entry_noise(key, rows[owner], levels, nodes, dim) * weights[:, None]
-        np.add.at(out, owner, noise)
+        # each row's terms added in their order, one entry column at a time: ``np.add.at`` on
+        # 1-d arrays (its fast path), the same sums as over the rows of ``out``
+        columns, terms = np.zeros((dim, len(rows))), np.ascontiguousarray(noise.T)
+        for j in range(dim):
+            np.add.at(columns[j], owner, terms[j])
+        out = np.ascontiguousarray(columns.T)
     return out
 
 
