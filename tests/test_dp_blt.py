@@ -64,8 +64,9 @@ def test_dense_noise_is_c_inverse_of_the_keyed_draws() -> None:
 
 def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> None:
     """The dense stream replayed from round 1 (a resumed run) and the selected rows' sums
-    between their selections (fresh, or continued from the kept buffers) equal the dense
-    increments bit for bit."""
+    between their selections (fresh, continued from the kept buffers, or the same rows as the
+    round before stepped in place, as a window's rounds) equal the dense increments bit for
+    bit."""
     from fedsub.dp.ftrl_blt import BltMechanism
 
     dense = DenseBlt(STRATEGY, key(4), 30, 2)
@@ -84,7 +85,9 @@ def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> No
     mechanism.row_buffers, mechanism.selected, mechanism.pending_rows = {}, {}, None
     mechanism.table_rows = {"w": 30}
     last = np.zeros(30, dtype=int)
-    for t, picked in ((3, [1, 4, 9]), (4, [1, 9, 20]), (5, [1, 4]), (11, [1, 4, 9, 20])):
+    schedule = [(3, [1, 4, 9]), (4, [1, 9, 20]), (5, [1, 9, 20]), (6, [1, 9, 20]), (7, [1, 4])]
+    schedule += [(11, [1, 4, 9, 20]), (12, [1, 4, 9, 20]), (14, [1, 4, 9, 20])]
+    for t, picked in schedule:
         rows = np.array(picked)
         mechanism._commit(t)
         got = mechanism.sparse_noise("w", rows, t, 2)

@@ -60,6 +60,7 @@ __all__ = [
     "BltStrategy",
     "DenseBlt",
     "RowBuffers",
+    "advance",
     "blt_key",
     "optimized",
     "replay",
@@ -291,14 +292,14 @@ def _recur(
     # whether each row counts each round (since_r < i), for every round at once
     counted = (since[:, None] < np.arange(first, first + z.shape[1]))[:, :, None]
     for at in range(z.shape[1]):
-        y = _advance(strategy, buffers, z[:, at], products)
+        y = advance(strategy, buffers, z[:, at], products)
         if first + at > latest:
             out += y
         else:  # adding 0 to the rows not counted would be the same numbers; skipped
             np.add(out, y, out=out, where=counted[:, at])
 
 
-def _advance(
+def advance(
     strategy: BltStrategy, buffers: np.ndarray, z: np.ndarray, products: np.ndarray
 ) -> np.ndarray:
     """One round of the recurrence (``_recur``), in place on ``buffers`` (m, rows, dim):
@@ -346,6 +347,6 @@ class DenseBlt:
         # (every row counts round t), the same operations on the same numbers
         z = node_noise(self.key, self.state.rows, 0, np.array([t]), self.dim)[:, 0]
         step = np.zeros((self.rows, self.dim))
-        step += _advance(self.strategy, self.state.buffers, z, self.products)
+        step += advance(self.strategy, self.state.buffers, z, self.products)
         self.state.done, self.last = t, (t, step)
         return step
