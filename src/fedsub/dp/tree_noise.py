@@ -197,17 +197,30 @@ def node_terms(level: int, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def difference_terms(t: int, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """N(t) - N(since) as (levels, nodes, weights), the nodes both decompositions share left
     out (they cancel): for since = t - 1 only the nodes that round t completes remain."""
-    now, before = decomposition(t), decomposition(since)
-    signed = [(n, 1.0) for n in now if n not in before]
-    signed += [(n, -1.0) for n in before if n not in now]
+    now, before = _decomposed(t), _decomposed(since)
+    signed = [(*n, 1.0) for n in now if n not in before]
+    signed += [(*n, -1.0) for n in before if n not in now]
     if not signed:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    terms = [node_terms(*node) for node, _ in signed]
+    terms = [_signed_terms(*node) for node in signed]
     return (
         np.concatenate([t[0] for t in terms]),
         np.concatenate([t[1] for t in terms]),
-        np.concatenate([sign * t[2] for t, (_, sign) in zip(terms, signed, strict=True)]),
+        np.concatenate([t[2] for t in terms]),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _decomposed(t: int) -> tuple[tuple[int, int], ...]:
+    """``decomposition(t)``, kept (a round's rows ask for the same few)."""
+    return tuple(decomposition(t))
+
+
+@functools.lru_cache(maxsize=4096)
+def _signed_terms(level: int, index: int, sign: float) -> tuple[np.ndarray, ...]:
+    """``node_terms`` with the weights times ``sign`` (+-1: exact), kept per node."""
+    levels, nodes, weights = node_terms(level, index)
+    return levels, nodes, sign * weights
 
 
 def prefix_difference(
