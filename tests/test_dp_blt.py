@@ -358,3 +358,32 @@ def test_the_sensitivity_refuses_coefficients_jax_privacy_does_not_cover():
     with pytest.raises(ValueError, match="non-increasing"):
         blt_noise.sensitivity(rising, 4, Pattern(1))
     assert blt_noise.sensitivity(STRATEGY, 4, Pattern(2)) > 1.0
+
+
+def test_a_sensitivity_is_kept_for_its_request_and_versions(monkeypatch, tmp_path):
+    """jax compiles the sensitivity's computation once per number of rounds (about 18 ms), and
+    a run asks for every round's epsilon: each value is kept in fedsub's cache folder, and a
+    process that asks again reads the same float back without jax; other rounds, another
+    strategy or other versions are computed again."""
+    monkeypatch.setenv("FEDSUB_CACHE", str(tmp_path))
+    blt_noise.sensitivity.cache_clear()
+    first = blt_noise.sensitivity(STRATEGY, 7, Pattern(2))
+    blt_noise.sensitivity.cache_clear()  # another process
+    compiled = blt_noise._compiled_sensitivity
+    monkeypatch.setattr(blt_noise, "_compiled_sensitivity", lambda pattern: pytest.fail("jax"))
+    assert blt_noise.sensitivity(STRATEGY, 7, Pattern(2)) == first
+    monkeypatch.setattr(blt_noise, "_compiled_sensitivity", compiled)
+    calls: list[Pattern] = []
+
+    def counted(pattern: Pattern):
+        calls.append(pattern)
+        return compiled(pattern)
+
+    monkeypatch.setattr(blt_noise, "_compiled_sensitivity", counted)
+    blt_noise.sensitivity(STRATEGY, 8, Pattern(2))
+    blt_noise.sensitivity(BltStrategy((0.8, 0.35), (0.4, 0.25)), 7, Pattern(2))
+    monkeypatch.setattr(blt_noise, "_versions", lambda: {"jax": "0", "jax-privacy": "0"})
+    blt_noise.sensitivity.cache_clear()
+    assert blt_noise.sensitivity(STRATEGY, 7, Pattern(2)) == first
+    assert len(calls) == 3
+    blt_noise.sensitivity.cache_clear()

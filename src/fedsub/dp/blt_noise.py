@@ -214,10 +214,43 @@ def sensitivity(strategy: BltStrategy, rounds: int, pattern: Pattern) -> float:
         raise ValueError(
             f"a BLT strategy's coefficients must be non-negative, non-increasing: {strategy}"
         )
+    request = {
+        "sensitivity_rounds": rounds,
+        "strategy": strategy.as_json(),
+        "min_separation": max(pattern.min_separation, 1),
+        "max_participations": pattern.max_participations or None,
+        "versions": _versions(),
+    }
+    kept = _stored_value(request)
+    if kept is not None:
+        return kept
     jax, _, _ = _jax_privacy()
     with jax.enable_x64(True):
         squared = _compiled_sensitivity(pattern)(coefficients)
-        return math.sqrt(float(squared))
+        value = math.sqrt(float(squared))
+    _store_value(request, value)
+    return value
+
+
+def _stored_value(request: dict) -> float | None:
+    """The sensitivity kept for ``request`` (``sensitivity``: jax compiles its computation
+    for each number of rounds, about 18 ms, and a run asks for every round's epsilon), or
+    None (none kept, or a file that does not read back as this very request's)."""
+    try:
+        kept = json.loads(_strategy_file(request).read_text())
+        if kept["request"] != request:
+            return None
+        return float(kept["value"])
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):  # RuntimeError: no home
+        return None
+
+
+def _store_value(request: dict, value: float) -> None:
+    """Keep ``value`` for ``request`` (as ``_store``; json keeps a float exactly)."""
+    if not request["versions"]:
+        return
+    with contextlib.suppress(OSError, RuntimeError):
+        write_atomic(_strategy_file(request), json.dumps({"request": request, "value": value}))
 
 
 @functools.lru_cache(maxsize=16)
