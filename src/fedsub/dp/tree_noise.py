@@ -248,9 +248,9 @@ def prefix_difference(
         noise = entry_noise(key, rows[owner], levels, nodes, dim) * weights[:, None]
         # each row's terms added in their order, one entry column at a time: ``np.add.at`` on
         # 1-d arrays (its fast path), the same sums as over the rows of ``out``
-        columns, terms = np.zeros((dim, len(rows))), np.ascontiguousarray(noise.T)
+        columns, by_entry = np.zeros((dim, len(rows))), np.ascontiguousarray(noise.T)
         for j in range(dim):
-            np.add.at(columns[j], owner, terms[j])
+            np.add.at(columns[j], owner, by_entry[j])
         out = np.ascontiguousarray(columns.T)
     return out
 
