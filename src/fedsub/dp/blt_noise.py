@@ -24,7 +24,9 @@ the run's rounds and participation pattern (the paper's min-separation optimisat
 worst user takes part every b rounds; tests/test_dp_blt.py checks it against a brute force
 over every allowed participation set). The optimiser runs once per (rounds, pattern, buffers)
 on the CPU (tens of seconds); its result is kept in fedsub's cache folder for the versions of
-jax and jax-privacy that computed it, and jax's compiled code there too.
+jax and jax-privacy that computed it, and jax's compiled code there too. So is each
+sensitivity (``sensitivity``: jax compiles it once per number of rounds, and a run reports
+every round's epsilon).
 
 The noise: z_t of a row is ``tree_noise.entry_noise`` at (row, level 0, node t) under the
 table's own AES-256 key (purpose ``BLT_PURPOSE``, apart from the tree's), so a row's y_t needs
