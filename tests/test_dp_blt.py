@@ -64,8 +64,9 @@ def test_dense_noise_is_c_inverse_of_the_keyed_draws() -> None:
 
 def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> None:
     """The dense stream replayed from round 1 (a resumed run) and the selected rows' sums
-    between their selections (fresh, or continued from the kept buffers) equal the dense
-    increments bit for bit."""
+    between their selections (fresh, continued from the kept buffers, or the same rows as the
+    round before stepped in place, as a window's rounds) equal the dense increments bit for
+    bit."""
     from fedsub.dp.ftrl_blt import BltMechanism
 
     dense = DenseBlt(STRATEGY, key(4), 30, 2)
@@ -84,7 +85,9 @@ def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> No
     mechanism.row_buffers, mechanism.selected, mechanism.pending_rows = {}, {}, None
     mechanism.table_rows = {"w": 30}
     last = np.zeros(30, dtype=int)
-    for t, picked in ((3, [1, 4, 9]), (4, [1, 9, 20]), (5, [1, 4]), (11, [1, 4, 9, 20])):
+    schedule = [(3, [1, 4, 9]), (4, [1, 9, 20]), (5, [1, 9, 20]), (6, [1, 9, 20]), (7, [1, 4])]
+    schedule += [(11, [1, 4, 9, 20]), (12, [1, 4, 9, 20]), (14, [1, 4, 9, 20])]
+    for t, picked in schedule:
         rows = np.array(picked)
         mechanism._commit(t)
         got = mechanism.sparse_noise("w", rows, t, 2)
@@ -355,3 +358,32 @@ def test_the_sensitivity_refuses_coefficients_jax_privacy_does_not_cover():
     with pytest.raises(ValueError, match="non-increasing"):
         blt_noise.sensitivity(rising, 4, Pattern(1))
     assert blt_noise.sensitivity(STRATEGY, 4, Pattern(2)) > 1.0
+
+
+def test_a_sensitivity_is_kept_for_its_request_and_versions(monkeypatch, tmp_path):
+    """jax compiles the sensitivity's computation once per number of rounds (about 18 ms), and
+    a run asks for every round's epsilon: each value is kept in fedsub's cache folder, and a
+    process that asks again reads the same float back without jax; other rounds, another
+    strategy or other versions are computed again."""
+    monkeypatch.setenv("FEDSUB_CACHE", str(tmp_path))
+    blt_noise.sensitivity.cache_clear()
+    first = blt_noise.sensitivity(STRATEGY, 7, Pattern(2))
+    blt_noise.sensitivity.cache_clear()  # another process
+    compiled = blt_noise._compiled_sensitivity
+    monkeypatch.setattr(blt_noise, "_compiled_sensitivity", lambda pattern: pytest.fail("jax"))
+    assert blt_noise.sensitivity(STRATEGY, 7, Pattern(2)) == first
+    monkeypatch.setattr(blt_noise, "_compiled_sensitivity", compiled)
+    calls: list[Pattern] = []
+
+    def counted(pattern: Pattern):
+        calls.append(pattern)
+        return compiled(pattern)
+
+    monkeypatch.setattr(blt_noise, "_compiled_sensitivity", counted)
+    blt_noise.sensitivity(STRATEGY, 8, Pattern(2))
+    blt_noise.sensitivity(BltStrategy((0.8, 0.35), (0.4, 0.25)), 7, Pattern(2))
+    monkeypatch.setattr(blt_noise, "_versions", lambda: {"jax": "0", "jax-privacy": "0"})
+    blt_noise.sensitivity.cache_clear()
+    assert blt_noise.sensitivity(STRATEGY, 7, Pattern(2)) == first
+    assert len(calls) == 3
+    blt_noise.sensitivity.cache_clear()

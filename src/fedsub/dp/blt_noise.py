@@ -24,7 +24,9 @@ the run's rounds and participation pattern (the paper's min-separation optimisat
 worst user takes part every b rounds; tests/test_dp_blt.py checks it against a brute force
 over every allowed participation set). The optimiser runs once per (rounds, pattern, buffers)
 on the CPU (tens of seconds); its result is kept in fedsub's cache folder for the versions of
-jax and jax-privacy that computed it, and jax's compiled code there too.
+jax and jax-privacy that computed it, and jax's compiled code there too. So is each
+sensitivity (``sensitivity``: jax compiles it once per number of rounds, and a run reports
+every round's epsilon).
 
 The noise: z_t of a row is ``tree_noise.entry_noise`` at (row, level 0, node t) under the
 table's own AES-256 key (purpose ``BLT_PURPOSE``, apart from the tree's), so a row's y_t needs
@@ -50,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsub.dp.participation import Pattern
-from fedsub.dp.tree_noise import Key, entry_noise
+from fedsub.dp.tree_noise import Key, entry_noise, node_noise
 from fedsub.files.atomic_files import write_atomic
 from fedsub.files.cache_folder import cache_folder
 from fedsub.numerics import seeding
@@ -60,6 +62,7 @@ __all__ = [
     "BltStrategy",
     "DenseBlt",
     "RowBuffers",
+    "advance",
     "blt_key",
     "optimized",
     "replay",
@@ -81,6 +84,16 @@ class BltStrategy:
     @property
     def buffers(self) -> int:
         return len(self.decay)
+
+    @functools.cached_property
+    def decay_column(self) -> np.ndarray:
+        """theta_j as an (m, 1, 1) array (the recurrence's broadcast; computed once)."""
+        return np.asarray(self.decay).reshape(-1, 1, 1)
+
+    @functools.cached_property
+    def scale_column(self) -> np.ndarray:
+        """omega_j as an (m, 1, 1) array."""
+        return np.asarray(self.scale).reshape(-1, 1, 1)
 
     def coefficients(self, rounds: int) -> np.ndarray:
         """C's first column (its Toeplitz coefficients) over ``rounds`` rounds: 1, then
@@ -203,10 +216,43 @@ def sensitivity(strategy: BltStrategy, rounds: int, pattern: Pattern) -> float:
         raise ValueError(
             f"a BLT strategy's coefficients must be non-negative, non-increasing: {strategy}"
         )
+    request = {
+        "sensitivity_rounds": rounds,
+        "strategy": strategy.as_json(),
+        "min_separation": max(pattern.min_separation, 1),
+        "max_participations": pattern.max_participations or None,
+        "versions": _versions(),
+    }
+    kept = _stored_value(request)
+    if kept is not None:
+        return kept
     jax, _, _ = _jax_privacy()
     with jax.enable_x64(True):
         squared = _compiled_sensitivity(pattern)(coefficients)
-        return math.sqrt(float(squared))
+        value = math.sqrt(float(squared))
+    _store_value(request, value)
+    return value
+
+
+def _stored_value(request: dict) -> float | None:
+    """The sensitivity kept for ``request`` (``sensitivity``: jax compiles its computation
+    for each number of rounds, about 18 ms, and a run asks for every round's epsilon), or
+    None (none kept, or a file that does not read back as this very request's)."""
+    try:
+        kept = json.loads(_strategy_file(request).read_text())
+        if kept["request"] != request:
+            return None
+        return float(kept["value"])
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):  # RuntimeError: no home
+        return None
+
+
+def _store_value(request: dict, value: float) -> None:
+    """Keep ``value`` for ``request`` (as ``_store``; json keeps a float exactly)."""
+    if not request["versions"]:
+        return
+    with contextlib.suppress(OSError, RuntimeError):
+        write_atomic(_strategy_file(request), json.dumps({"request": request, "value": value}))
 
 
 @functools.lru_cache(maxsize=16)
@@ -276,26 +322,33 @@ def _recur(
     recurrence written buffer by buffer (the products of every buffer in one call, the
     subtractions still in buffer order), so every path's numbers stay the same, bit for bit;
     the loop is over rounds only, a few numpy calls each."""
-    decay = np.asarray(strategy.decay).reshape(-1, 1, 1)
-    scale = np.asarray(strategy.scale).reshape(-1, 1, 1)
     products = np.empty_like(buffers)
     latest = int(since.max()) if len(since) else 0  # from round latest + 1 on, every row counts
-    counted = np.empty((len(since), 1), dtype=bool)
+    # whether each row counts each round (since_r < i), for every round at once
+    counted = (since[:, None] < np.arange(first, first + z.shape[1]))[:, :, None]
     for at in range(z.shape[1]):
-        i = first + at
-        y = z[:, at]
-        if strategy.buffers:
-            np.multiply(buffers, scale, out=products)
-            y = y - products[0]
-            for product in products[1:]:
-                y -= product
-            buffers *= decay
-            buffers += y
-        if i > latest:
+        y = advance(strategy, buffers, z[:, at], products)
+        if first + at > latest:
             out += y
         else:  # adding 0 to the rows not counted would be the same numbers; skipped
-            np.less(since, i, out=counted[:, 0])
-            np.add(out, y, out=out, where=counted)
+            np.add(out, y, out=out, where=counted[:, at])
+
+
+def advance(
+    strategy: BltStrategy, buffers: np.ndarray, z: np.ndarray, products: np.ndarray
+) -> np.ndarray:
+    """One round of the recurrence (``_recur``), in place on ``buffers`` (m, rows, dim):
+    y = z - omega_0 buf_0 - omega_1 buf_1 - ..., then buf_j <- theta_j buf_j + y; returns y
+    (``products``: scratch of the buffers' shape)."""
+    if not strategy.buffers:
+        return z
+    np.multiply(buffers, strategy.scale_column, out=products)
+    y = z - products[0]
+    for product in products[1:]:
+        y -= product
+    buffers *= strategy.decay_column
+    buffers += y
+    return y
 
 
 def fresh(strategy: BltStrategy, rows: np.ndarray, dim: int) -> RowBuffers:
@@ -315,6 +368,7 @@ class DenseBlt:
     dim: int
     state: RowBuffers | None = None
     last: tuple[int, np.ndarray] | None = field(default=None)
+    products: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)  # scratch
 
     def increment(self, t: int) -> np.ndarray:
         """y_t of every row, (rows, dim) float64."""
@@ -323,6 +377,11 @@ class DenseBlt:
         if self.state is None or self.state.done != t - 1:
             self.state = fresh(self.strategy, np.arange(self.rows), self.dim)
             replay(self.strategy, self.key, self.state, t - 1, np.full(self.rows, t), self.dim)
-        step = replay(self.strategy, self.key, self.state, t, np.full(self.rows, t - 1), self.dim)
-        self.last = (t, step)
+            self.products = np.empty_like(self.state.buffers)
+        # round t alone: replay's draw and step for every row, without its per-row bookkeeping
+        # (every row counts round t), the same operations on the same numbers
+        z = node_noise(self.key, self.state.rows, 0, np.array([t]), self.dim)[:, 0]
+        step = np.zeros((self.rows, self.dim))
+        step += advance(self.strategy, self.state.buffers, z, self.products)
+        self.state.done, self.last = t, (t, step)
         return step

@@ -67,6 +67,7 @@ in the checkpoints, which the operator keeps private, never in a file a run publ
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,6 +80,7 @@ from fedsub.dp.mechanism import DpMechanism, RoundStats, round_generator
 from fedsub.dp.tree_noise import (
     Key,
     decomposition,
+    every_node_noise,
     node_noise,
     prefix_difference,
     subtree_sum,
@@ -128,19 +130,38 @@ class DenseTree:
                 for lv, i in decomposition(t - 1)
             ]
         level, index = 0, t - 1
-        b = node_noise(self.key, every, 0, np.array([index]), self.dim)[:, 0]
+        noise = self._fresh_nodes(every, t)
+        b = noise(0)
         step = np.zeros((self.rows, self.dim))
         while self.stack and self.stack[-1][0] == level:
             _, _, left = self.stack.pop()  # leaves the decomposition: its estimate goes
             step -= left * weight(level)
             index >>= 1
             level += 1
-            fresh = node_noise(self.key, every, level, np.array([index]), self.dim)[:, 0]
-            b = fresh + 0.5 * (left + b)
+            b = noise(level) + 0.5 * (left + b)
         self.stack.append((level, index, b))
         step += b * weight(level)
         self.done, self.last = t, (t, step)
         return step
+
+    def _fresh_nodes(self, every: np.ndarray, t: int) -> Callable[[int], np.ndarray]:
+        """The noise of the node at each level that round ``t`` completes ((level, (t - 1) >>
+        level), level 0 its leaf), by level. A small stream (a dense parameter: a few rows)
+        draws them in one call, a table one call per node (arrays of one size a round,
+        which the allocator reuses); the same numbers."""
+        if self.rows * self.dim > SMALL_STREAM:
+            return lambda level: node_noise(
+                self.key, every, level, np.array([(t - 1) >> level]), self.dim
+            )[:, 0]
+        merged = 0  # the levels merged: the complete subtrees on top of the stack
+        while merged < len(self.stack) and self.stack[-1 - merged][0] == merged:
+            merged += 1
+        nodes = [(level, (t - 1) >> level) for level in range(merged + 1)]
+        drawn = every_node_noise(self.key, every, nodes, self.dim)
+        return lambda level: drawn[level]
+
+
+SMALL_STREAM = 4096  # DenseTree: the entries of a stream whose round draws in one call
 
 
 def _member(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -169,6 +190,7 @@ class FtrlMechanism(DpMechanism):
     )
     window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
     keys: dict[int, Key] = field(default_factory=dict, repr=False)  # the streams' AES keys
+    _sigma: tuple[float, float] = field(default=(-1.0, 0.0), repr=False)  # (clip, sigma)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,7 +205,11 @@ class FtrlMechanism(DpMechanism):
 
     @property
     def sigma(self) -> float:
-        return self.settings.update_multiplier * self.clip
+        """The tree's node noise z_grad C (the settings' accounting computed once per clip:
+        DP-FTRL's clip is fixed)."""
+        if self._sigma[0] != self.clip:
+            self._sigma = (self.clip, self.settings.update_multiplier * self.clip)
+        return self._sigma[1]
 
     def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> NoiseStream:
         if name not in self.trees:
@@ -197,11 +223,11 @@ class FtrlMechanism(DpMechanism):
         for table, (rows, rounds) in self.pending_rows[1].items():
             old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
             keep = ~_member(old_rows, rows)
-            merged = np.concatenate([old_rows[keep], rows])
-            order = np.argsort(merged, kind="stable")
+            kept_rows = old_rows[keep]
+            at = np.searchsorted(kept_rows, rows)  # both sorted and distinct: a merge
             self.selected[table] = (
-                merged[order],
-                np.concatenate([old_rounds[keep], rounds])[order],
+                np.insert(kept_rows, at, rows),
+                np.insert(old_rounds[keep], at, rounds),
             )
         self.pending_rows = None
 

@@ -78,6 +78,9 @@ def _merge(left: np.ndarray, right: np.ndarray, width: int, far: int) -> np.ndar
     return out
 
 
+_ALIKE: dict[tuple[int, int], dict[tuple[int, bool], np.ndarray]] = {}  # by (k, far)
+
+
 @functools.lru_cache(maxsize=256)
 def tree_sensitivity(rounds: int, pattern: Pattern) -> float:
     """sens = sqrt(max over the pattern's participations P of sum over the complete nodes n
@@ -89,7 +92,11 @@ def tree_sensitivity(rounds: int, pattern: Pattern) -> float:
     k = pattern.most(rounds)
     far = max(pattern.min_separation, 1) - 1
     squares = (np.arange(k + 1) ** 2).astype(float)[:, None, None]
-    alike: dict[tuple[int, bool], np.ndarray] = {}
+    # a node wholly inside (or after) the rounds has the table of every such node of its level,
+    # whatever the rounds: kept across calls (a run asks for every round's epsilon)
+    if len(_ALIKE) > 64:  # a process going through many patterns: start over
+        _ALIKE.clear()
+    alike = _ALIKE.setdefault((k, far), {})
 
     def table(level: int, index: int) -> np.ndarray:
         start, end = index << level, (index + 1) << level

@@ -7,7 +7,8 @@ Round t adds sigma y_t to every noised row, y = C^-1 z (so the model carries A x
 with rows = "all" every row's y_t from its m buffers (``DenseBlt``); with rows = "private" a
 selected row r gets sigma (y_{t_r + 1} + ... + y_t), t_r its last selected round, computed from
 its own keyed stream (the buffers of the previous selection's rows are kept, the others replay
-from round 1). Privacy: the release is post-processing of C x + z, one Gaussian mechanism of
+from round 1; a window's rounds after its first, the same rows again, step those buffers in
+place). Privacy: the release is post-processing of C x + z, one Gaussian mechanism of
 sensitivity ``blt_noise.sensitivity`` C for the enforced pattern (dp/settings.py), plus the
 row selection's histogram as for the tree.
 """
@@ -22,7 +23,7 @@ import torch
 from fedsub.dp import blt_noise
 from fedsub.dp.blt_noise import BltStrategy, DenseBlt, RowBuffers
 from fedsub.dp.ftrl import FtrlMechanism, NoiseStream
-from fedsub.dp.tree_noise import Key
+from fedsub.dp.tree_noise import Key, node_noise
 
 STRATEGY_STAGE = "dp_blt_strategy"  # the checkpoint stage holding the strategy run so far
 
@@ -58,6 +59,13 @@ class BltMechanism(FtrlMechanism):
         since = self.last_rounds(table, rows)
         strategy, out = self.strategy, np.zeros((len(rows), dim))
         cached = self.row_buffers.get(table)
+        if _same_rows_stepped(cached, rows, since, t, dim):  # a window's rounds after its first
+            assert cached is not None
+            z = node_noise(key, rows, 0, np.array([t]), dim)[:, 0]
+            products = np.empty_like(cached.buffers)
+            out += blt_noise.advance(strategy, cached.buffers, z, products)
+            cached.done = t  # the buffers stepped in place: the rows' state after round t
+            return self.sigma * out
         kept = np.zeros(len(rows), dtype=bool)
         if cached is not None and cached.buffers.shape[2] == dim:
             at = np.searchsorted(cached.rows, rows)
@@ -82,6 +90,22 @@ class BltMechanism(FtrlMechanism):
             buffers = np.concatenate([s.buffers for s in states], axis=1)[:, order]
             self.row_buffers[table] = RowBuffers(merged[order], t, buffers)
         return self.sigma * out
+
+
+def _same_rows_stepped(
+    cached: RowBuffers | None, rows: np.ndarray, since: np.ndarray, t: int, dim: int
+) -> bool:
+    """Whether ``rows`` are exactly the rows whose buffers were kept after round t - 1 and
+    each was selected then (the windowed selection's rounds after a window's first): round t
+    is then one step of those buffers, in place, the numbers ``replay`` gives."""
+    return (
+        cached is not None
+        and cached.done == t - 1
+        and cached.buffers.shape[2] == dim
+        and len(cached.rows) == len(rows)
+        and bool((cached.rows == rows).all())
+        and bool((since == t - 1).all())
+    )
 
 
 @dataclass

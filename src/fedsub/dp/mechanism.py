@@ -59,7 +59,7 @@ def round_generator(seed: seeding.Seed, round_index: int) -> torch.Generator:
 
 def gaussian(shape: tuple[int, ...], std: float, generator: torch.Generator) -> torch.Tensor:
     """N(0, std^2) entries, float64 on the host."""
-    return std * torch.randn(shape, dtype=torch.float64, generator=generator)
+    return torch.randn(shape, dtype=torch.float64, generator=generator).mul_(std)
 
 
 @dataclass
@@ -195,8 +195,8 @@ class DpMechanism:
             self.last.touched_rows += int(touched.sum())
         full += noise.to(device, deltas.dtype)
         self.last.rows_changed += num_rows
-        rows = torch.arange(num_rows, device=device)
-        return RowUpdate(rows, full / (self.denominator * self.keep))
+        rows = torch.arange(num_rows, device=device)  # divided in place: no second copy
+        return RowUpdate(rows, full.div_(self.denominator * self.keep))
 
     def _sums(
         self, update: CohortUpdate, table: str

@@ -47,6 +47,7 @@ __all__ = [
     "decomposition",
     "difference_terms",
     "entry_noise",
+    "every_node_noise",
     "honaker_prefix",
     "keystream_words",
     "node_noise",
@@ -104,6 +105,22 @@ def node_noise(key: Key, rows: np.ndarray, level: int, nodes: np.ndarray, dim: i
     return flat.reshape(len(rows), len(nodes), dim)
 
 
+def every_node_noise(
+    key: Key, rows: np.ndarray, nodes: list[tuple[int, int]], dim: int
+) -> np.ndarray:
+    """``node_noise`` of each (level, index) of ``nodes`` for each of ``rows``, in one
+    keystream call: (len(nodes), len(rows), dim) float64, the same numbers as a
+    ``node_noise`` call per node."""
+    pairs = (dim + 1) // 2
+    counter = np.empty((len(nodes), len(rows), pairs, 4), dtype=np.uint32)
+    counter[..., 0] = np.arange(pairs, dtype=np.uint32)
+    counter[..., 1] = np.array([index for _, index in nodes], dtype=np.uint32)[:, None, None]
+    counter[..., 2] = np.array([level for level, _ in nodes], dtype=np.uint32)[:, None, None]
+    counter[..., 3] = np.asarray(rows, dtype=np.uint32)[:, None]
+    flat = _entries(keystream_words(counter.reshape(-1, 4), key), len(nodes) * len(rows), dim)
+    return flat.reshape(len(nodes), len(rows), dim)
+
+
 def entry_noise(
     key: Key, rows: np.ndarray, levels: np.ndarray, nodes: np.ndarray, dim: int
 ) -> np.ndarray:
@@ -147,6 +164,10 @@ def _entries(words: np.ndarray, count: int, dim: int) -> np.ndarray:
     angle = _uniform53(blocks[..., 2], blocks[..., 3])
     np.multiply(TWO_PI, angle, out=angle)
     angle *= SCALE
+    if dim == 1:  # one normal a block: the cosine's, computed in place (the same numbers)
+        np.cos(angle, out=angle)
+        angle *= radius
+        return angle.reshape(count, 1)
     out = np.empty((count, dim))
     first = np.cos(angle)
     first *= radius
@@ -176,17 +197,30 @@ def node_terms(level: int, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def difference_terms(t: int, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """N(t) - N(since) as (levels, nodes, weights), the nodes both decompositions share left
     out (they cancel): for since = t - 1 only the nodes that round t completes remain."""
-    now, before = decomposition(t), decomposition(since)
-    signed = [(n, 1.0) for n in now if n not in before]
-    signed += [(n, -1.0) for n in before if n not in now]
+    now, before = _decomposed(t), _decomposed(since)
+    signed = [(*n, 1.0) for n in now if n not in before]
+    signed += [(*n, -1.0) for n in before if n not in now]
     if not signed:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    terms = [node_terms(*node) for node, _ in signed]
+    terms = [_signed_terms(*node) for node in signed]
     return (
         np.concatenate([t[0] for t in terms]),
         np.concatenate([t[1] for t in terms]),
-        np.concatenate([sign * t[2] for t, (_, sign) in zip(terms, signed, strict=True)]),
+        np.concatenate([t[2] for t in terms]),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _decomposed(t: int) -> tuple[tuple[int, int], ...]:
+    """``decomposition(t)``, kept (a round's rows ask for the same few)."""
+    return tuple(decomposition(t))
+
+
+@functools.lru_cache(maxsize=4096)
+def _signed_terms(level: int, index: int, sign: float) -> tuple[np.ndarray, ...]:
+    """``node_terms`` with the weights times ``sign`` (+-1: exact), kept per node."""
+    levels, nodes, weights = node_terms(level, index)
+    return levels, nodes, sign * weights
 
 
 def prefix_difference(
@@ -212,7 +246,12 @@ def prefix_difference(
     weights = np.concatenate([x[2] for x in terms])[at]
     if len(owner):
         noise = entry_noise(key, rows[owner], levels, nodes, dim) * weights[:, None]
-        np.add.at(out, owner, noise)
+        # each row's terms added in their order, one entry column at a time: ``np.add.at`` on
+        # 1-d arrays (its fast path), the same sums as over the rows of ``out``
+        columns, by_entry = np.zeros((dim, len(rows))), np.ascontiguousarray(noise.T)
+        for j in range(dim):
+            np.add.at(columns[j], owner, by_entry[j])
+        out = np.ascontiguousarray(columns.T)
     return out
 
 
