@@ -163,7 +163,7 @@ def enumerated_sensitivity(rounds: int, pattern: Pattern) -> float:
     return math.sqrt(best)
 
 
-@pytest.mark.parametrize("rounds", [1, 2, 5, 8, 11, 16, 19])
+@pytest.mark.parametrize("rounds", [0, 1, 2, 5, 7, 8, 11, 13, 16, 19])  # 0: no rounds, no noise
 @pytest.mark.parametrize(("separation", "most"), [(1, 1), (1, 3), (2, 0), (3, 2), (4, 0)])
 def test_tree_sensitivity_is_the_enumerated_maximum(rounds, separation, most) -> None:
     pattern = Pattern(separation, most)
@@ -351,9 +351,10 @@ def test_settings_split_the_runs_budget_and_epsilon_is_the_target() -> None:
 
 
 def test_the_vectorized_difference_is_the_estimators() -> None:
-    """The one-draw difference a round uses equals the estimator's prefixes subtracted."""
-    key, rows = k(8, 9), np.array([2, 40, 41, 1000, 7])
-    since = np.array([0, 3, 12, 12, 8])
+    """The one-draw difference a round uses equals the estimator's prefixes subtracted (a row
+    last noised in round t itself: nothing)."""
+    key, rows = k(8, 9), np.array([2, 40, 41, 1000, 7, 55])
+    since = np.array([0, 3, 12, 12, 8, 13])
     got = tree_noise.prefix_difference(key, rows, 13, since, 3)
     for i, row in enumerate(rows):
         expected = tree_noise.honaker_prefix(key, rows[i : i + 1], 13, 3)
