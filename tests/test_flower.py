@@ -320,6 +320,8 @@ def three_nodes(tmp_path_factory):
         yield federation
 
 
+@pytest.mark.deployment  # 16 s of a real run: make test-deployment (a real SuperLink and
+# SuperNodes stay in make test through the model-file run below)
 def test_a_real_run_builds_a_users_module_from_its_import_path(three_nodes, tmp_path):
     """``model.module`` names a module of tests/ (tests/torch_modules.py: AnyData): the
     ServerApp and every node's ClientApp process import it by that path (PYTHONPATH) and
