@@ -141,6 +141,7 @@ def windowed_selections(rounds: int, window: int, refresh: int) -> int:
 
 HEAT_CAP_COHORT = 50  # capped_rule: the heat cap grows as sqrt(K / 50) beyond epsilon's
 RULE_SELECTIONS = 3  # capped_rule: the most windowed selections a run makes (dp.selection_refresh)
+SELECTION_SIGNAL = 1500  # capped_rule: a selection's w K / sqrt(S) it keeps (rule_selections)
 
 
 @dataclass(frozen=True)
@@ -160,15 +161,28 @@ class CappedRule:
     refresh: int = 1
 
 
+def rule_selections(participations: int, selections: int) -> int:
+    """``capped_rule``'s number of selections S: the largest S <= min(3, ``selections``)
+    (``RULE_SELECTIONS``; ``selections`` the windowed selections the window makes with refresh
+    1) whose per-selection signal, the window's ``participations`` w K over sqrt(S), is at
+    least ``SELECTION_SIGNAL`` (1,500): each selection is charged, so the selection noise grows
+    as sqrt(S); 1 when even one selection falls short (its docstring says what this rests on)."""
+    most = max(1, min(RULE_SELECTIONS, selections))
+    # w K / sqrt(S) >= 1500 in integers: (w K)^2 >= 1500^2 S
+    kept = [s for s in range(1, most + 1) if participations**2 >= SELECTION_SIGNAL**2 * s]
+    return max(kept, default=1)
+
+
 def rule_window(clients_per_round: int, rounds: int, min_separation: int) -> tuple[int, int]:
     """``capped_rule``'s window w and refresh r (its docstring)."""
     window = max(1, min(min_separation, math.ceil(WINDOW_USERS / clients_per_round), rounds // 3))
-    if windowed_selections(rounds, window, 1) <= RULE_SELECTIONS:
-        return window, 1
-    window = max(1, min(min_separation, rounds // 3))
+    if windowed_selections(rounds, window, 1) > RULE_SELECTIONS:
+        window = max(1, min(min_separation, rounds // 3))
     if window == 1:
         return 1, 1
-    return window, max(1, math.ceil(windowed_selections(rounds, window, 1) / RULE_SELECTIONS))
+    every = windowed_selections(rounds, window, 1)
+    chosen = rule_selections(window * clients_per_round, every)
+    return window, max(1, math.ceil(every / chosen))
 
 
 def capped_rule(
@@ -183,11 +197,17 @@ def capped_rule(
       w K >= 2,000 users' participations where b allows it (w <= b keeps its sensitivity a
       round's), and the run has at least three windows (the first updates no table row);
     - when that window would make more than 3 selections (``windowed_selections``: a user
-      then adds to up to k_max of them, 25 at K = 500, b = 6), the run makes at most 3: the
-      window takes the whole separation, w = max(1, min(b, rounds // 3)), and each selection
-      serves r = ceil(S / 3) windows (``dp.selection_refresh``; S the selections with r = 1),
-      so the accounting charges at most 3 selections instead of k_max, and as a selection
-      then costs the same whatever w, the longest window counts the most users against it;
+      then adds to up to k_max of them, 25 at K = 500, b = 6), the window takes the whole
+      separation, w = max(1, min(b, rounds // 3)): as a selection then costs the same
+      whatever w, the longest window counts the most users against it;
+    - the run makes S selections (``rule_selections``): the largest S <= 3 (and <= S1, the
+      selections of that window with r = 1) whose per-selection signal w K / sqrt(S) is at
+      least 1,500 participations (each selection is charged, so its noise grows as sqrt(S));
+      S = 1 when none is; each selection serves r = ceil(S1 / S) windows
+      (``dp.selection_refresh``), so the accounting charges at most S selections, not k_max.
+      K = 50, b = 50: w 40, w K = 2,000, S = 1 (2,000 / sqrt(2) = 1,414 < 1,500), r = 3;
+      K = 500, b = 6: w 6, w K = 3,000, S = 3 (3,000 / sqrt(3) = 1,732), r = 8; K = 1,000, b =
+      30: w 30, S1 = 4, S = 3, r = 2 (2 selections made);
     - at most M = max(1, V // 100) rows a round (1% of the table);
     - the heat cap min(4, max(1, epsilon sqrt(K / 50))): FedSubAvg's coefficient D / h_m
       multiplies a row's noise too, so the cap is lowered with epsilon (at K = 50 and epsilon
@@ -199,8 +219,13 @@ def capped_rule(
 
     The constants were chosen on a validation workload (the embedded default generated from
     data.seed 1, benchmarks/ftrl_rule_grid.py), never on the reported one: at K = 50, b = 50
-    (the window, the cap, the threshold, the share) and at K = 500, b = 6 (the refresh and
-    the heat cap's growth with K), 150 rounds; elsewhere the rule is an assumption."""
+    (the window, the cap, the threshold, the share; one selection rather than three, 10 runs
+    a cell at epsilon 1, 2, 4, 8) and at K = 500, b = 6 (the refresh, three selections level
+    with one, and the heat cap's growth with K), 150 rounds. The two validated points place
+    the selection-signal threshold only between 1,414 and 1,732; 1,500 is a round number
+    between them, and the criterion counts participations, not the noise multiplier (which
+    grows with the participations per user). Between and beyond those points the rule is an
+    assumption."""
     if epsilon <= 0 or clients_per_round < 1 or rounds < 1 or min_separation < 1 or num_rows < 1:
         raise ValueError(
             f"capped_rule needs epsilon > 0 and K, rounds, min_separation, num_rows >= 1; got "
