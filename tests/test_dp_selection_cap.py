@@ -161,9 +161,10 @@ def test_the_cap_is_refused_where_it_would_be_ignored() -> None:
 def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation, num_rows) -> None:
     """capped_rule against its rule written out: BLT, w = min(b, ceil(2000 / K), T // 3) (at
     least 1) unless that makes more than 3 windowed selections (the windows after the first,
-    counted round by round here), then w = min(b, T // 3) (at least 1) and the refresh r =
-    ceil(S / 3) for the S selections of that window (r = 1 when w = 1); M = 1% of V (at
-    least 1), heat cap min(4, max(1, epsilon sqrt(K / 50))), threshold 2, share 0.5, B = 6."""
+    counted round by round here), then w = min(b, T // 3) (at least 1); of that window's S1
+    selections the run makes S, the largest of 3, 2 (S <= S1) with w K / sqrt(S) >= 1500,
+    else 1, by the refresh r = ceil(S1 / S) (r = 1 when w = 1); M = 1% of V (at least 1),
+    heat cap min(4, max(1, epsilon sqrt(K / 50))), threshold 2, share 0.5, B = 6."""
 
     def made(window: int) -> int:  # selections at the first round of windows 1, 2, ...
         return sum(1 for t in range(2, rounds + 1) if (t - 1) % window == 0)
@@ -171,11 +172,11 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
     rule = selection.capped_rule(epsilon, k, rounds, separation, num_rows)
     window = min(separation, -(-2000 // k), rounds // 3)  # -(-a // b): a / b rounded up
     window = window if window >= 1 else 1
-    refresh = 1
     if made(window) > 3:
         window = min(separation, rounds // 3)
         window = window if window >= 1 else 1
-        refresh = -(-made(window) // 3) if window > 1 else 1
+    count = next((s for s in (3, 2) if s <= made(window) and window * k / s**0.5 >= 1500), 1)
+    refresh = -(-made(window) // count) if window > 1 and made(window) > 0 else 1
     scaled = epsilon * (k / 50) ** 0.5
     cap = 1.0 if scaled < 1 else (4.0 if scaled > 4 else scaled)
     assert rule == selection.CappedRule(
@@ -191,12 +192,36 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
     assert type(rule.window) is int and type(rule.refresh) is int  # counts of rounds, windows
     assert rule.window <= separation  # the windowed selection's accounting needs w <= b
     assert rule.max_rows <= max(1, num_rows / 100)
-    if rule.refresh > 1:  # a refreshed run makes at most 3 selections
-        assert selection.windowed_selections(rounds, rule.window, rule.refresh) <= 3
-    if (k, rounds, separation) == (500, 150, 6):  # the K = 500 validation case
-        assert (rule.window, rule.refresh) == (6, 8)
-    if (k, rounds, separation) == (50, 150, 50):  # K = 50: unchanged by the refresh
-        assert (rule.window, rule.refresh) == (40, 1)
+    if rule.window > 1:  # a run makes at most S <= 3 selections
+        assert selection.windowed_selections(rounds, rule.window, rule.refresh) <= count <= 3
+
+
+@pytest.mark.parametrize(
+    ("k", "separation", "window", "refresh", "made"),
+    [(50, 50, 40, 3, 1), (500, 6, 6, 8, 3), (1000, 30, 30, 2, 2)],
+)
+def test_the_capped_rule_at_its_measured_settings(k, separation, window, refresh, made) -> None:
+    """The rule's settings at the points benchmarks/README.md measured, 150 rounds: K = 50, b
+    = 50 (w K = 2,000: one selection, 2,000 / sqrt(2) < 1,500), K = 500, b = 6 and 30,000
+    users' K = 1,000, b = 30 (three and two selections, as before the selection criterion)."""
+    for epsilon in (1.0, 2.0, 4.0, 8.0):
+        rule = selection.capped_rule(epsilon, k, 150, separation, 20_009)
+        cap = min(4.0, max(1.0, epsilon * (k / 50) ** 0.5))
+        assert rule == selection.CappedRule("ftrl-blt", window, 0.5, 2.0, cap, 6.0, 200, refresh)
+        assert selection.windowed_selections(150, rule.window, rule.refresh) == made
+    assert selection.capped_rule(1.0, 500, 150, 6, 20_009).heat_cap == pytest.approx(10**0.5)
+
+
+@pytest.mark.parametrize(
+    ("participations", "selections", "expected"),
+    [(1500, 3, 1), (1499, 3, 1), (2121, 3, 1), (2122, 3, 2), (2598, 3, 2), (2599, 3, 3),
+     (10**6, 3, 3), (10**6, 100, 3), (10**6, 2, 2), (10**6, 1, 1), (10**6, 0, 1), (0, 3, 1),
+     (2000, 3, 1), (3000, 24, 3), (30_000, 4, 3)],
+)  # fmt: skip
+def test_the_rules_selection_count_at_its_edges(participations, selections, expected) -> None:
+    """rule_selections: the largest S <= min(3, S1) with w K / sqrt(S) >= 1,500, else 1; the
+    edges 1,500 sqrt(2) = 2,121.3 and 1,500 sqrt(3) = 2,598.1 on either side."""
+    assert selection.rule_selections(participations, selections) == expected
 
 
 def test_the_capped_rule_refuses_what_it_cannot_use() -> None:
@@ -209,7 +234,7 @@ def test_the_capped_rule_refuses_what_it_cannot_use() -> None:
 
 
 @pytest.mark.parametrize(("epsilon", "k", "rounds", "separation"), [(1.0, 50, 12, 3),
-                         (2.0, 50, 12, 3), (1.0, 500, 24, 2)])  # fmt: skip
+                         (2.0, 50, 12, 3), (1.0, 500, 24, 2), (1.0, 1000, 12, 3)])  # fmt: skip
 def test_the_capped_rules_run_spends_the_target_epsilon(epsilon, k, rounds, separation) -> None:
     """The rule picks only public settings: the epsilon a run with them is calibrated to and
     accounts is the target, and the budget is split as DP-FTRL's accounting writes it
@@ -221,7 +246,9 @@ def test_the_capped_rules_run_spends_the_target_epsilon(epsilon, k, rounds, sepa
     from fedsub.runs.run_setup import dp_of
 
     rule = selection.capped_rule(epsilon, k, rounds, separation, 20_009)
-    assert rule.refresh == (4 if k == 500 else 1)  # K = 500: w = 2, r = 4, 3 selections
+    # K = 50, 500: w K = 150 / 1,000 < 1,500: one selection (w 3, r 3 / w 2, r 11); K = 1,000:
+    # w 3, w K = 3,000, S1 = 3 selections kept (r 1, k_max charged)
+    assert rule.refresh == {50: 3, 500: 11, 1000: 1}[k]
     config = Config.from_toml(
         None,
         [
