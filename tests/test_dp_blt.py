@@ -100,16 +100,29 @@ def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> No
         mechanism.pending_rows = (t, {"w": (rows, np.full(len(rows), t))})
 
 
+REPLAYS = [  # (rows, dim, t, since, chunk entries): one row of one entry over many rounds
+    # (numpy would sum a reduction over them pairwise), and chunks of one and of two rounds
+    (np.array([2, 5, 11, 40]), 3, 13, np.array([4, 9, 13, 6]), 1 << 18),
+    (np.array([7]), 1, 40, np.array([4]), 1 << 18),
+    (np.array([2, 5, 11, 40]), 1, 30, np.array([25, 4, 30, 12]), 1),
+    (np.array([2, 5, 11]), 2, 17, np.array([4, 16, 8]), 40),
+]
+
+
 @pytest.mark.parametrize("decay", [(), (0.8,), (0.9, 0.35), (0.99, 0.6, 0.2)])
-def test_replay_is_the_recurrence_written_out_buffer_by_buffer(decay) -> None:
+@pytest.mark.parametrize(("rows", "dim", "t", "since", "chunk"), REPLAYS)
+def test_replay_is_the_recurrence_written_out_buffer_by_buffer(
+    decay, rows, dim, t, since, chunk, monkeypatch
+) -> None:
     """``replay`` against 2408.08868's Algorithm 3 written out here one buffer and one row at
     a time, bit for bit: y = z_i - omega_0 buf_0 - omega_1 buf_1 - ..., buf_j <- theta_j
-    buf_j + y, and per row the sum of y_i over since_r < i <= t, from kept buffers."""
+    buf_j + y, and per row the sum of y_i over since_r < i <= t (added one round after
+    another), from kept buffers; in chunks of rounds too (``blt_noise.CHUNK_ENTRIES``)."""
+    monkeypatch.setattr(blt_noise, "CHUNK_ENTRIES", chunk)
     strategy = BltStrategy(decay, tuple(0.3 / (j + 1) for j in range(len(decay))))
     rng = np.random.default_rng(len(decay))
-    rows, dim, done, t = np.array([2, 5, 11, 40]), 3, 4, 13
+    done = 4
     start = rng.standard_normal((len(decay), len(rows), dim))
-    since = np.array([4, 9, 13, 6])
     state = blt_noise.RowBuffers(rows, done, start.copy())
     got = blt_noise.replay(strategy, key(8), state, t, since, dim)
     for at, row in enumerate(rows):

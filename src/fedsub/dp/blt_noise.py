@@ -319,19 +319,52 @@ def _recur(
     ``buffers`` (m, rows, dim) and ``out``: per round y = z_i - omega_0 buf_0 - omega_1 buf_1
     - ..., then buf_j <- theta_j buf_j + y, and y added to ``out`` for the rows with since_r <
     i. Every entry sees the same floating-point operations in the same order as the
-    recurrence written buffer by buffer (the products of every buffer in one call, the
-    subtractions still in buffer order), so every path's numbers stay the same, bit for bit;
-    the loop is over rounds only, a few numpy calls each."""
-    products = np.empty_like(buffers)
-    latest = int(since.max()) if len(since) else 0  # from round latest + 1 on, every row counts
-    # whether each row counts each round (since_r < i), for every round at once
-    counted = (since[:, None] < np.arange(first, first + z.shape[1]))[:, :, None]
-    for at in range(z.shape[1]):
-        y = advance(strategy, buffers, z[:, at], products)
-        if first + at > latest:
-            out += y
-        else:  # adding 0 to the rows not counted would be the same numbers; skipped
-            np.add(out, y, out=out, where=counted[:, at])
+    recurrence written buffer by buffer, so every path's numbers stay the same, bit for bit
+    (``_recur_rounds``, ``_add_counted``); rounds go in chunks of bounded memory."""
+    if not strategy.buffers:
+        _add_counted(out, z.transpose(1, 0, 2), since, first)
+        return
+    rows, rounds, dim = z.shape
+    chunk = max(1, CHUNK_ENTRIES // max(1, (strategy.buffers + 1) * rows * dim))
+    for start in range(0, rounds, chunk):
+        ys = _recur_rounds(strategy, buffers, z[:, start : start + chunk])
+        _add_counted(out, ys, since, first + start)
+
+
+CHUNK_ENTRIES = 1 << 18  # _recur: the float64 entries of a chunk's scratch (2 MiB)
+
+
+def _recur_rounds(strategy: BltStrategy, buffers: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """y of each of z's rounds ((rows, rounds, dim) -> (rounds, rows, dim)), stepping
+    ``buffers`` in place: four numpy calls a round. A round's z and the products omega_j
+    buf_j lie in one (m + 1, rows, dim) block, and ``np.subtract.reduce`` over its first
+    axis subtracts them in buffer order (z - p_0 - p_1 - ..., one after another: subtraction
+    is never reordered), ``advance``'s numbers."""
+    rounds = z.shape[1]
+    work = np.empty((rounds, strategy.buffers + 1, *buffers.shape[1:]))
+    work[:, 0] = z.transpose(1, 0, 2)
+    ys = np.empty((rounds, *buffers.shape[1:]))
+    for at in range(rounds):
+        np.multiply(buffers, strategy.scale_column, out=work[at, 1:])
+        np.subtract.reduce(work[at], axis=0, out=ys[at])
+        buffers *= strategy.decay_column
+        buffers += ys[at]
+    return ys
+
+
+def _add_counted(out: np.ndarray, ys: np.ndarray, since: np.ndarray, first: int) -> None:
+    """Add to ``out`` (rows, dim) each round's y ((rounds, rows, dim), rounds first, first +
+    1, ...) of the rows with since_r < round, in round order: ``np.add.accumulate`` over
+    ``out`` then the rounds (an accumulation is never reordered: the sums of ``out += y``
+    round after round), a row's uncounted rounds (before its since_r: it counts every round
+    after) adding +0.0 (what leaving them out gives, as ``out`` starts +0.0 and no sum of
+    these is -0.0 unless ``out`` is)."""
+    counted = since[:, None] < np.arange(first, first + len(ys))
+    stack = np.empty((len(ys) + 1, *out.shape))
+    stack[0] = out
+    np.copyto(stack[1:], ys)
+    stack[1:][~counted.T] = 0.0
+    out[...] = np.add.accumulate(stack, axis=0)[-1]
 
 
 def advance(
