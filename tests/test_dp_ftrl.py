@@ -364,6 +364,36 @@ def test_the_vectorized_difference_is_the_estimators() -> None:
         assert row == rows[i]
 
 
+@pytest.mark.parametrize(("t", "dim"), [(13, 3), (48, 1), (64, 2)])
+def test_the_difference_draws_each_entry_once_and_sums_every_term(t, dim, monkeypatch) -> None:
+    """Bit for bit the sum, term after term in ``difference_terms``' order, of each term's
+    weight times its entry's noise drawn alone, while each distinct (row, level, node) is
+    drawn once (a subtree under a node of the other decomposition comes in twice)."""
+    key, rows = k(3, 1), np.array([2, 40, 41, 1000, 7])
+    since = np.array([0, t - 1, t // 2, t - 1, t - 3])
+    drawn: list[int] = []
+    entry_noise = tree_noise.entry_noise
+
+    def counted(*args):
+        drawn.append(len(args[1]))
+        return entry_noise(*args)
+
+    monkeypatch.setattr(tree_noise, "entry_noise", counted)
+    got = tree_noise.prefix_difference(key, rows, t, since, dim)
+    distinct = 0
+    for i, row in enumerate(rows):
+        levels, nodes, weights = tree_noise.difference_terms(t, int(since[i]))
+        distinct += len(set(zip(levels.tolist(), nodes.tolist(), strict=True)))
+        total = np.zeros(dim)
+        for level, node, w in zip(levels, nodes, weights, strict=True):
+            one = entry_noise(key, np.array([row]), np.array([level]), np.array([node]), dim)
+            total = total + one[0] * w
+        assert got[i].tobytes() == total.tobytes()
+    assert (
+        sum(drawn) == distinct < sum(len(tree_noise.difference_terms(t, int(v))[0]) for v in since)
+    )
+
+
 def test_windowed_selection_keeps_one_row_set_per_window(monkeypatch) -> None:
     """dp.selection_window = w: the first window updates no table row; each later window
     updates one set of rows in every one of its rounds, chosen at its first round."""
