@@ -571,3 +571,24 @@ def test_the_selected_rows_membership_is_numpys_isin() -> None:
         values = np.sort(rng.choice(400, size, replace=False))
         rows = rng.choice(400, picked, replace=False)  # a selection, in any order
         np.testing.assert_array_equal(_member(values, rows), np.isin(values, rows))
+
+
+@pytest.mark.parametrize(
+    "rows", [[3, 9, 40], [3, 9, 40, 41], [0, 3], [3, 4], [41], [2], list(range(0, 50, 3))]
+)
+def test_a_commit_of_known_rows_in_place_is_the_merge(rows) -> None:
+    """``_commit``'s in-place renewal (every row already known: a window's later rounds)
+    gives the rows and rounds of the merge written out here (a dict of row -> last round),
+    and refuses (leaving them) when a row is new."""
+    from fedsub.dp import ftrl
+
+    known, rounds = np.array([0, 3, 9, 21, 40, 41]), np.array([1, 2, 2, 5, 5, 6])
+    new, at = np.array(rows), np.full(len(rows), 7)
+    merged = dict(zip(known.tolist(), rounds.tolist(), strict=True)) | dict.fromkeys(rows, 7)
+    before = rounds.copy()
+    renewed = ftrl._renew(known, rounds, new, at)
+    assert renewed == (set(rows) <= set(known.tolist()))
+    if renewed:
+        assert dict(zip(known.tolist(), rounds.tolist(), strict=True)) == merged
+    else:
+        assert (rounds == before).all()

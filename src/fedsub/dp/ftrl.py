@@ -174,6 +174,20 @@ def _member(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return ordered[at] == values
 
 
+def _renew(known: np.ndarray, rounds: np.ndarray, rows: np.ndarray, new_rounds: np.ndarray) -> bool:
+    """When every one of ``rows`` (sorted, distinct) is already among ``known`` (sorted), set
+    their ``rounds`` to ``new_rounds`` in place and say so: the merge ``_commit`` makes
+    otherwise gives the same rows with these rounds (the windowed selection's rounds after a
+    window's first select the same rows again)."""
+    if not len(rows) or len(rows) > len(known):
+        return False
+    at = np.searchsorted(known, rows)
+    if at[-1] >= len(known) or not np.array_equal(known[at], rows):
+        return False
+    rounds[at] = new_rounds
+    return True
+
+
 @dataclass
 class FtrlMechanism(DpMechanism):
     """DP-FTRL's round (module docstring); ``combine`` as ``DpMechanism``'s."""
@@ -222,6 +236,8 @@ class FtrlMechanism(DpMechanism):
             return
         for table, (rows, rounds) in self.pending_rows[1].items():
             old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
+            if _renew(old_rows, old_rounds, rows, rounds):  # a window's rows again: in place
+                continue
             keep = ~_member(old_rows, rows)
             kept_rows = old_rows[keep]
             at = np.searchsorted(kept_rows, rows)  # both sorted and distinct: a merge
