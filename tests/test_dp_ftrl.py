@@ -592,3 +592,27 @@ def test_a_commit_of_known_rows_in_place_is_the_merge(rows) -> None:
         assert dict(zip(known.tolist(), rounds.tolist(), strict=True)) == merged
     else:
         assert (rounds == before).all()
+
+
+@pytest.mark.parametrize("kind", ["tree", "blt"])
+@pytest.mark.parametrize(("rows", "dim"), [(1, 1), (3, 2), (70, 1)])
+def test_a_tiny_stream_drawn_ahead_is_the_round_by_round_stream(kind, rows, dim, monkeypatch):
+    """A dense stream of at most ``AHEAD_ENTRIES`` entries (a bias) draws the next rounds'
+    noise in one call; bit for bit the stream drawn a round at a time (``AHEAD_ENTRIES`` =
+    1), from round 1 and resumed at round 9, a round asked twice included."""
+    from fedsub.dp import blt_noise, ftrl
+    from fedsub.dp.blt_noise import BltStrategy, DenseBlt
+
+    def stream(start: int) -> ftrl.NoiseStream:
+        if kind == "tree":
+            return ftrl.DenseTree(k(5, 2), rows, dim)
+        return DenseBlt(BltStrategy((0.9, 0.35), (0.4, 0.25)), k(5, 3), rows, dim)
+
+    def increments(start: int, entries: int) -> list[bytes]:
+        monkeypatch.setattr(ftrl, "AHEAD_ENTRIES", entries)
+        monkeypatch.setattr(blt_noise, "AHEAD_ENTRIES", entries)
+        noise = stream(start)
+        return [noise.increment(t).tobytes() for t in [*range(start, 80), 79]]
+
+    for start in (1, 9):
+        assert increments(start, 64) == increments(start, 1)

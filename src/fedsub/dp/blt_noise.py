@@ -402,6 +402,10 @@ class DenseBlt:
     state: RowBuffers | None = None
     last: tuple[int, np.ndarray] | None = field(default=None)
     products: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)  # scratch
+    # (first round, z of rounds first, first + 1, ...: (rows, rounds, dim)) drawn ahead (_z)
+    ahead: tuple[int, np.ndarray] = field(
+        default_factory=lambda: (0, np.zeros((0, 0, 0))), repr=False
+    )
 
     def increment(self, t: int) -> np.ndarray:
         """y_t of every row, (rows, dim) float64."""
@@ -413,8 +417,24 @@ class DenseBlt:
             self.products = np.empty_like(self.state.buffers)
         # round t alone: replay's draw and step for every row, without its per-row bookkeeping
         # (every row counts round t), the same operations on the same numbers
-        z = node_noise(self.key, self.state.rows, 0, np.array([t]), self.dim)[:, 0]
+        z = self._z(t)
         step = np.zeros((self.rows, self.dim))
         step += advance(self.strategy, self.state.buffers, z, self.products)
         self.state.done, self.last = t, (t, step)
         return step
+
+    def _z(self, t: int) -> np.ndarray:
+        """z_t of every row, (rows, dim): a tiny stream (a bias) draws the next rounds' with
+        it in one call (``AHEAD_ENTRIES``) and keeps them, a call's fixed cost once every
+        few dozen rounds; each entry is its own (key, row, round), so the same numbers."""
+        assert self.state is not None
+        ahead = max(1, AHEAD_ENTRIES // (self.rows * self.dim))
+        first, drawn = self.ahead
+        if not first <= t < first + drawn.shape[1]:
+            rounds = np.arange(t, t + ahead)
+            self.ahead = (t, node_noise(self.key, self.state.rows, 0, rounds, self.dim))
+            first, drawn = self.ahead
+        return drawn[:, t - first]
+
+
+AHEAD_ENTRIES = 64  # DenseBlt: a tiny stream's entries drawn ahead in one call (ftrl's too)

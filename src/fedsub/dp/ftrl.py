@@ -118,6 +118,7 @@ class DenseTree:
     done: int = 0  # rounds folded in
     stack: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
     last: tuple[int, np.ndarray] | None = None  # (t, N(t) - N(t - 1)) of the latest round
+    kept: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # _ahead
 
     def increment(self, t: int) -> np.ndarray:
         """N(t) - N(t - 1), (rows, dim) float64."""
@@ -157,8 +158,30 @@ class DenseTree:
         while merged < len(self.stack) and self.stack[-1 - merged][0] == merged:
             merged += 1
         nodes = [(level, (t - 1) >> level) for level in range(merged + 1)]
-        drawn = every_node_noise(self.key, every, nodes, self.dim)
+        drawn = self._ahead(every, nodes, t)
         return lambda level: drawn[level]
+
+    def _ahead(self, every: np.ndarray, nodes: list[tuple[int, int]], t: int) -> list:
+        """The noise of ``nodes``, drawn with the nodes of the next rounds in one call when
+        the stream is tiny (a bias: ``AHEAD_ENTRIES``), then kept: a call's fixed cost once
+        every few dozen rounds instead of every round. Each node's noise is its own (a
+        function of the key, row, level and node only), so the same numbers."""
+        if any(n not in self.kept for n in nodes):
+            rounds = range(t, t + max(1, AHEAD_ENTRIES // (self.rows * self.dim)))
+            wanted = [(lv, (r - 1) >> lv) for r in rounds for lv in range(_completed(r))]
+            wanted = list(dict.fromkeys([*nodes, *wanted]))
+            drawn = every_node_noise(self.key, every, wanted, self.dim)
+            self.kept = dict(zip(wanted, drawn, strict=True))
+        return [self.kept[n] for n in nodes]
+
+
+AHEAD_ENTRIES = 64  # DenseTree / DenseBlt: a tiny stream's entries drawn ahead in one call
+
+
+def _completed(r: int) -> int:
+    """How many levels' nodes round ``r`` completes (its leaf and the merges above it: one
+    more than the trailing zeros of r)."""
+    return (r & -r).bit_length()
 
 
 SMALL_STREAM = 4096  # DenseTree: the entries of a stream whose round draws in one call
