@@ -616,3 +616,48 @@ def test_a_tiny_stream_drawn_ahead_is_the_round_by_round_stream(kind, rows, dim,
 
     for start in (1, 9):
         assert increments(start, 64) == increments(start, 1)
+
+
+@pytest.mark.parametrize("mechanism", ["ftrl-tree", "ftrl-blt"])
+def test_a_window_read_from_what_its_first_round_kept_is_the_window_recomputed(
+    mechanism, monkeypatch
+) -> None:
+    """A window's rows, false positives and FedSubAvg divisor are kept from the first round
+    that reads its selection (``_window_kept``): every round's update bit for bit what it
+    is when they are computed again each round."""
+    from fedsub.dp import ftrl
+
+    if mechanism == "ftrl-blt":
+        pytest.importorskip("jax_privacy", reason="ftrl-blt's strategy is jax-privacy's")
+    combine = ftrl.FtrlMechanism.combine
+
+    def updates(recompute: bool) -> list[bytes]:
+        out: list[bytes] = []
+
+        def recorded(self, update, round_index):
+            if recompute:
+                self.window_rows.clear()
+            got = combine(self, update, round_index)
+            out.extend(
+                u.rows.numpy().tobytes() + u.values.numpy().tobytes() for u in got.tables.values()
+            )
+            return got
+
+        monkeypatch.setattr(ftrl.FtrlMechanism, "combine", recorded)
+        run_ftrl(
+            [
+                "train.rounds=12",
+                "eval.every=12",
+                f"dp.mechanism='{mechanism}'",
+                "dp.min_separation=4",
+                "dp.selection_window=4",
+                "dp.selection_threshold=1.0",
+                "dp.heat_cap=4",
+                "dp.randomness='seeded'",
+            ]
+        )
+        return out
+
+    kept = updates(False)
+    assert kept == updates(True)
+    assert len(set(kept[4:8])) == 4  # the rounds of a window: the same rows, other values

@@ -211,6 +211,19 @@ def _renew(known: np.ndarray, rounds: np.ndarray, rows: np.ndarray, new_rounds: 
     return True
 
 
+@dataclass(frozen=True)
+class WindowRows:
+    """A window's selection as each of its rounds reads it: the rows (numpy and on the
+    device), its false positives, FedSubAvg's divisor (the capped noisy heat per round, in
+    the update's dtype, one per row; None without heat) and its largest coefficient."""
+
+    picked: np.ndarray
+    rows: torch.Tensor
+    false_positives: int
+    divisor: torch.Tensor | None
+    coefficient: float
+
+
 @dataclass
 class FtrlMechanism(DpMechanism):
     """DP-FTRL's round (module docstring); ``combine`` as ``DpMechanism``'s."""
@@ -227,6 +240,8 @@ class FtrlMechanism(DpMechanism):
     )
     window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
     keys: dict[int, Key] = field(default_factory=dict, repr=False)  # the streams' AES keys
+    # per table, the window's selection as its rounds read it (``_window_kept``)
+    window_rows: dict[str, tuple] = field(default_factory=dict, repr=False)
     _sigma: tuple[float, float] = field(default=(-1.0, 0.0), repr=False)  # (clip, sigma)
 
     def __post_init__(self) -> None:
@@ -434,7 +449,8 @@ class FtrlMechanism(DpMechanism):
         """Every row of the window's selection: its sum this round (0 if untouched) plus the
         tree's noise since its last update; FedSubAvg divides by the noisy heat per round."""
         device, dim, dtype = sums.device, sums.shape[1], sums.dtype
-        picked = chosen.rows.numpy().astype(np.int64)
+        kept = self._window_kept(table, chosen, device, dtype)
+        picked = kept.picked
         touched = distinct.cpu().numpy()
         at = np.searchsorted(touched, picked)
         hit = at < len(touched)  # a round that touches none of the table's rows: no hit
@@ -445,16 +461,33 @@ class FtrlMechanism(DpMechanism):
         values = padded.index_select(0, index) + noise.to(device, dtype)
         chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
         self.last.rows_changed += len(picked)
-        self.last.false_positives += int((chosen.touched_position < 0).sum())
-        rows = torch.from_numpy(picked).to(device)
-        if self.heat:  # the window's noisy heat, per round
+        self.last.false_positives += kept.false_positives
+        if kept.divisor is not None:  # the window's noisy heat, per round
+            self.last.largest_coefficient = max(self.last.largest_coefficient, kept.coefficient)
+            return RowUpdate(kept.rows, values / kept.divisor)
+        return RowUpdate(kept.rows, values / (self.denominator * self.keep))
+
+    def _window_kept(
+        self, table: str, chosen: selection.Selection, device: torch.device, dtype: torch.dtype
+    ) -> WindowRows:
+        """What every round of a window reads of its selection (``WindowRows``), computed at
+        the first round that reads it and kept while the selection serves (the same
+        operations on the same numbers)."""
+        cached = self.window_rows.get(table)
+        if cached is not None and cached[0] is chosen and cached[1] == (device, dtype):
+            return cached[2]
+        picked = chosen.rows.numpy().astype(np.int64)
+        divisor, coefficient = None, 0.0
+        if self.heat:
             window = self.settings.selection.window
-            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64) / window)
-            if len(divisor):
-                coefficient = float(self.denominator / divisor.min())
-                self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
-            return RowUpdate(rows, values / divisor.to(dtype).unsqueeze(1))
-        return RowUpdate(rows, values / (self.denominator * self.keep))
+            heat = self.capped(chosen.noisy_heat.to(device, torch.float64) / window)
+            if len(heat):
+                coefficient = float(self.denominator / heat.min())
+            divisor = heat.to(dtype).unsqueeze(1)
+        fresh = int((chosen.touched_position < 0).sum())
+        kept = WindowRows(picked, torch.from_numpy(picked).to(device), fresh, divisor, coefficient)
+        self.window_rows[table] = (chosen, (device, dtype), kept)
+        return kept
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Each table's selected rows and their last rounds, the pending round's included;
