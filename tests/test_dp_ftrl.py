@@ -623,9 +623,10 @@ def test_a_window_read_from_what_its_first_round_kept_is_the_window_recomputed(
     mechanism, monkeypatch
 ) -> None:
     """A window's rows, false positives and FedSubAvg divisor are kept from the first round
-    that reads its selection (``_window_kept``): every round's update bit for bit what it
-    is when they are computed again each round."""
-    from fedsub.dp import ftrl
+    that reads its selection (``_window_kept``), and BLT's z of the window's rows drawn for
+    its remaining rounds at once (``_window_z``): every round's update bit for bit what it
+    is when they are computed (drawn) again each round."""
+    from fedsub.dp import ftrl, ftrl_blt
 
     if mechanism == "ftrl-blt":
         pytest.importorskip("jax_privacy", reason="ftrl-blt's strategy is jax-privacy's")
@@ -644,6 +645,14 @@ def test_a_window_read_from_what_its_first_round_kept_is_the_window_recomputed(
             return got
 
         monkeypatch.setattr(ftrl.FtrlMechanism, "combine", recorded)
+        if recompute:  # BLT's z of round t alone, drawn when asked
+            monkeypatch.setattr(
+                ftrl_blt.BltMechanism,
+                "_window_z",
+                lambda self, table, key, rows, t, dim: tree_noise.node_noise(
+                    key, rows, 0, np.array([t]), dim
+                )[:, 0],
+            )
         run_ftrl(
             [
                 "train.rounds=12",
