@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import types
 
 import dp_accounting
 import numpy as np
@@ -83,6 +84,8 @@ def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> No
 
     mechanism = Probe.__new__(Probe)  # only sparse_noise's state is used
     mechanism.row_buffers, mechanism.selected, mechanism.pending_rows = {}, {}, None
+    mechanism.window_z = {}  # the same rows stepped in rounds 4-6 and 11-12: z drawn ahead
+    mechanism.settings = types.SimpleNamespace(selection=types.SimpleNamespace(window=4))
     mechanism.table_rows = {"w": 30}
     last = np.zeros(30, dtype=int)
     schedule = [(3, [1, 4, 9]), (4, [1, 9, 20]), (5, [1, 9, 20]), (6, [1, 9, 20]), (7, [1, 4])]
@@ -400,3 +403,17 @@ def test_a_sensitivity_is_kept_for_its_request_and_versions(monkeypatch, tmp_pat
     assert blt_noise.sensitivity(STRATEGY, 7, Pattern(2)) == first
     assert len(calls) == 3
     blt_noise.sensitivity.cache_clear()
+
+
+def test_the_versions_are_read_once_a_process(monkeypatch):
+    """A run asks for the versions at every round's epsilon; importlib.metadata is read once
+    (the same answer after)."""
+    import importlib.metadata
+
+    blt_noise._installed_versions.cache_clear()
+    calls: list[str] = []
+    version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda n: calls.append(n) or version(n))
+    first = blt_noise._versions()
+    assert first == {n: version(n) for n in ("jax", "jax-privacy")} == blt_noise._versions()
+    assert calls == ["jax", "jax-privacy"]

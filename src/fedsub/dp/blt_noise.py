@@ -151,10 +151,18 @@ def optimized(rounds: int, pattern: Pattern, buffers: int = 0) -> BltStrategy:
 
 
 def _versions() -> dict[str, str]:
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    """The installed jax and jax-privacy versions, read once a process: importlib.metadata
+    parses their metadata files (about 0.5 ms a call), and a run asks at every round's
+    epsilon (``sensitivity``'s request)."""
     try:
-        return {name: importlib.metadata.version(name) for name in ("jax", "jax-privacy")}
+        return tuple((name, importlib.metadata.version(name)) for name in ("jax", "jax-privacy"))
     except importlib.metadata.PackageNotFoundError:  # not installed: _optimize says how
-        return {}
+        return ()
 
 
 def _strategy_file(request: dict) -> Path:
