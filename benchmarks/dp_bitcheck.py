@@ -72,7 +72,7 @@ def main() -> None:
     defaults = dict(
         clients_per_round=50, separation=50, window=25, bound=6.0, heat_cap=4.0, max_rows=200,
         capped_window=10, capped_heat_cap=16.0, capped_share=0.25,
-        ftrl_mechanisms=["ftrl-tree", "ftrl-blt"],
+        ftrl_mechanisms=["ftrl-tree", "ftrl-blt"], rule_epsilon=0.0,
     )  # fmt: skip
     for key, value in defaults.items():
         setattr(args, key, value)
