@@ -417,3 +417,27 @@ def test_the_versions_are_read_once_a_process(monkeypatch):
     first = blt_noise._versions()
     assert first == {n: version(n) for n in ("jax", "jax-privacy")} == blt_noise._versions()
     assert calls == ["jax", "jax-privacy"]
+
+
+def test_replayed_groups_are_each_groups_replay_bit_for_bit():
+    """``replay_groups`` draws the z of several states (rows kept from different rounds, one
+    with no rows) in one call: bit for bit each state's own ``replay``, buffers included."""
+    rng = np.random.default_rng(3)
+    specs = [(np.array([2, 5, 11]), 9), (np.array([1, 40]), 0), (np.array([], dtype=int), 3)]
+    specs += [(np.array([7]), 12)]  # t itself: nothing to step
+    t, dim = 12, 2
+
+    def states() -> list[blt_noise.RowBuffers]:
+        start = np.random.default_rng(4)
+        return [
+            blt_noise.RowBuffers(r, d, start.standard_normal((STRATEGY.buffers, len(r), dim)))
+            for r, d in specs
+        ]
+
+    sinces = [rng.integers(d, t + 1, len(r)) for r, d in specs]
+    grouped, alone = states(), states()
+    got = blt_noise.replay_groups(STRATEGY, key(6), grouped, t, sinces, dim)
+    for state, own, since, values in zip(alone, grouped, sinces, got, strict=True):
+        expected = blt_noise.replay(STRATEGY, key(6), state, t, since, dim)
+        assert values.tobytes() == expected.tobytes()
+        assert own.buffers.tobytes() == state.buffers.tobytes() and own.done == state.done

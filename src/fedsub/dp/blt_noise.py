@@ -301,18 +301,45 @@ def replay(
     """Step ``state`` (in place) through rounds state.done + 1 .. t and return, per row,
     sum of y_i over state.done < since_r < i <= t (in units of sigma): (len(rows), dim). The
     z of every round and row come from one AES call."""
-    rows, first = state.rows, state.done + 1
-    out = np.zeros((len(rows), dim))
-    if t < first or not len(rows):
-        return out
-    rounds = np.arange(first, t + 1)
-    every_row = np.repeat(rows, len(rounds))
-    every_round = np.tile(rounds, len(rows))
-    z = entry_noise(key, every_row, np.zeros(len(every_row), np.int64), every_round, dim)
-    z = z.reshape(len(rows), len(rounds), dim)
-    _recur(strategy, state.buffers, z, np.asarray(since), first, out)
-    state.done = t
-    return out
+    return replay_groups(strategy, key, [state], t, [since], dim)[0]
+
+
+def replay_groups(
+    strategy: BltStrategy,
+    key: Key,
+    states: list[RowBuffers],
+    t: int,
+    sinces: list[np.ndarray],
+    dim: int,
+) -> list[np.ndarray]:
+    """``replay`` of each of ``states`` (rows from different rounds: those kept from the
+    previous selection, those from round 1) with the z of them all from one AES call (each
+    entry is its own: the same numbers as a call per state)."""
+    if not states:
+        return []
+    entries = [_replayed(state, t) for state in states]
+    flat_rows = np.concatenate(
+        [np.repeat(s.rows, len(r)) for s, r in zip(states, entries, strict=True)]
+    )
+    flat_rounds = np.concatenate(
+        [np.tile(r, len(s.rows)) for s, r in zip(states, entries, strict=True)]
+    )
+    drawn = entry_noise(key, flat_rows, np.zeros(len(flat_rows), np.int64), flat_rounds, dim)
+    outs, start = [], 0
+    for state, rounds, since in zip(states, entries, sinces, strict=True):
+        out, size = np.zeros((len(state.rows), dim)), len(state.rows) * len(rounds)
+        if size:
+            z = drawn[start : start + size].reshape(len(state.rows), len(rounds), dim)
+            _recur(strategy, state.buffers, z, np.asarray(since), state.done + 1, out)
+            state.done, start = t, start + size
+        outs.append(out)
+    return outs
+
+
+def _replayed(state: RowBuffers, t: int) -> np.ndarray:
+    """The rounds ``replay`` steps ``state`` through: state.done + 1 .. t (none without
+    rows)."""
+    return np.arange(state.done + 1, t + 1) if len(state.rows) else np.zeros(0, np.int64)
 
 
 def _recur(

@@ -277,11 +277,11 @@ class FtrlMechanism(DpMechanism):
             if _renew(old_rows, old_rounds, rows, rounds):  # a window's rows again: in place
                 continue
             keep = ~_member(old_rows, rows)
-            kept_rows = old_rows[keep]
-            at = np.searchsorted(kept_rows, rows)  # both sorted and distinct: a merge
+            merged = np.concatenate([old_rows[keep], rows])  # distinct: sorted, a merge
+            order = np.argsort(merged, kind="stable")
             self.selected[table] = (
-                np.insert(kept_rows, at, rows),
-                np.insert(old_rounds[keep], at, rounds),
+                merged[order],
+                np.concatenate([old_rounds[keep], rounds])[order],
             )
         self.pending_rows = None
 

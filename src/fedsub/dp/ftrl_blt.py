@@ -76,7 +76,7 @@ class BltMechanism(FtrlMechanism):
             inside = at < len(cached.rows)
             hit = inside & (cached.rows[np.minimum(at, len(cached.rows) - 1)] == rows)
             kept = hit & (since >= cached.done)
-        states = []
+        states, groups = [], []
         for group in (np.flatnonzero(kept), np.flatnonzero(~kept)):
             if not len(group):
                 continue
@@ -86,8 +86,12 @@ class BltMechanism(FtrlMechanism):
                 state = RowBuffers(rows[group], cached.done, cached.buffers[:, where].copy())
             else:
                 state = blt_noise.fresh(strategy, rows[group], dim)
-            out[group] = blt_noise.replay(strategy, key, state, t, since[group], dim)
             states.append(state)
+            groups.append(group)
+        sinces = [since[group] for group in groups]  # both groups' z from one AES call
+        replayed = blt_noise.replay_groups(strategy, key, states, t, sinces, dim)
+        for group, values in zip(groups, replayed, strict=True):
+            out[group] = values
         if states:
             merged = np.concatenate([s.rows for s in states])
             order = np.argsort(merged, kind="stable")
