@@ -205,7 +205,7 @@ def _renew(known: np.ndarray, rounds: np.ndarray, rows: np.ndarray, new_rounds: 
     if not len(rows) or len(rows) > len(known):
         return False
     at = np.searchsorted(known, rows)
-    if at[-1] >= len(known) or not np.array_equal(known[at], rows):
+    if (at >= len(known)).any() or not np.array_equal(known[at], rows):
         return False
     rounds[at] = new_rounds
     return True
