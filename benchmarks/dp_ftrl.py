@@ -17,7 +17,8 @@ dp.heat_cap: dp/ftrl.py), and so is the capped one (dp.selection_max_rows: at mo
 ``--max-rows`` rows of each windowed selection, those of the largest noisy values; its own
 ``--capped-window``, ``--capped-heat-cap``, ``--capped-share``). ``--methods`` runs only the
 methods whose labels start with one of its comma-separated prefixes; ``--no-plain`` skips the
-runs without DP.
+runs without DP; ``--rule-epsilon E`` adds the capped rule's form (``selection.capped_rule`` at
+epsilon E for the schedule: the form fedsub recommends).
 
 Ends with ``RESULT {json}``.
 """
@@ -32,6 +33,7 @@ import statistics
 import time
 
 from fedsub.config import Config
+from fedsub.dp import selection
 from fedsub.dp.ftrl import FtrlMechanism
 from fedsub.dp.mechanism import DpMechanism
 from fedsub.runs import experiment
@@ -86,6 +88,8 @@ def methods(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
     ]
     for mechanism in args.ftrl_mechanisms:  # --ftrl-mechanisms: the tree, BLT noise or both
         out += ftrl_methods(args, mechanism)
+    if args.rule_epsilon:  # --rule-epsilon: the capped rule's form (dp/selection.py)
+        out.append(rule_method(args, args.rule_epsilon))
     if args.methods:  # --methods: the labels starting with one of these
         return [m for m in out if any(m[0].startswith(w) for w in args.methods)]
     return out
@@ -124,6 +128,33 @@ def ftrl_methods(args: argparse.Namespace, mechanism: str) -> list[tuple[str, st
             ],
         ),
     ]
+
+
+def rule_method(args: argparse.Namespace, epsilon: float) -> tuple[str, str, list[str]]:
+    """The capped sparse DP-FTRL-FedSubAvg with ``selection.capped_rule``'s settings at
+    ``epsilon`` for this schedule (the form fedsub recommends; ftrl_rule_grid.py's ``rule``)."""
+    rule = selection.capped_rule(
+        epsilon, args.clients_per_round, args.rounds, args.separation, TABLE_ROWS
+    )
+    return (
+        f"rule eps={epsilon:g} ({rule.mechanism}, w={rule.window}, M={rule.max_rows})",
+        "fedsubavg",
+        [
+            f"dp.mechanism='{rule.mechanism}'",
+            f"dp.min_separation={args.separation}",
+            "dp.rows='private'",
+            f"dp.selection_window={rule.window}",
+            f"dp.selection_share={rule.share}",
+            f"dp.heat_cap={rule.heat_cap}",
+            f"dp.selection_threshold={rule.threshold}",
+            f"dp.selection_bound={rule.bound}",
+            f"dp.selection_max_rows={rule.max_rows}",
+            *([f"dp.selection_refresh={rule.refresh}"] if rule.refresh > 1 else []),
+        ],
+    )
+
+
+TABLE_ROWS = 20009  # the embedded default's table (the rule's V)
 
 
 def utility(args: argparse.Namespace, base: list[str]) -> dict:
@@ -211,6 +242,12 @@ def main() -> None:
         help="only the methods whose labels start with one of these (comma-separated)",
     )
     parser.add_argument("--no-plain", action="store_true", help="skip the runs without DP")
+    parser.add_argument(
+        "--rule-epsilon",
+        type=float,
+        default=0.0,
+        help="also run the capped rule's form (selection.capped_rule) at this epsilon",
+    )
     parser.add_argument("--timing-rounds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["utility", "cost"])

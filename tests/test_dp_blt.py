@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import math
+import types
 
 import dp_accounting
 import numpy as np
@@ -83,6 +84,8 @@ def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> No
 
     mechanism = Probe.__new__(Probe)  # only sparse_noise's state is used
     mechanism.row_buffers, mechanism.selected, mechanism.pending_rows = {}, {}, None
+    mechanism.window_z = {}  # the same rows stepped in rounds 4-6 and 11-12: z drawn ahead
+    mechanism.settings = types.SimpleNamespace(selection=types.SimpleNamespace(window=4))
     mechanism.table_rows = {"w": 30}
     last = np.zeros(30, dtype=int)
     schedule = [(3, [1, 4, 9]), (4, [1, 9, 20]), (5, [1, 9, 20]), (6, [1, 9, 20]), (7, [1, 4])]
@@ -100,16 +103,29 @@ def test_a_resumed_dense_stream_and_the_sparse_rows_are_the_same_numbers() -> No
         mechanism.pending_rows = (t, {"w": (rows, np.full(len(rows), t))})
 
 
+REPLAYS = [  # (rows, dim, t, since, chunk entries): one row of one entry over many rounds
+    # (numpy would sum a reduction over them pairwise), and chunks of one and of two rounds
+    (np.array([2, 5, 11, 40]), 3, 13, np.array([4, 9, 13, 6]), 1 << 18),
+    (np.array([7]), 1, 40, np.array([4]), 1 << 18),
+    (np.array([2, 5, 11, 40]), 1, 30, np.array([25, 4, 30, 12]), 1),
+    (np.array([2, 5, 11]), 2, 17, np.array([4, 16, 8]), 40),
+]
+
+
 @pytest.mark.parametrize("decay", [(), (0.8,), (0.9, 0.35), (0.99, 0.6, 0.2)])
-def test_replay_is_the_recurrence_written_out_buffer_by_buffer(decay) -> None:
+@pytest.mark.parametrize(("rows", "dim", "t", "since", "chunk"), REPLAYS)
+def test_replay_is_the_recurrence_written_out_buffer_by_buffer(
+    decay, rows, dim, t, since, chunk, monkeypatch
+) -> None:
     """``replay`` against 2408.08868's Algorithm 3 written out here one buffer and one row at
     a time, bit for bit: y = z_i - omega_0 buf_0 - omega_1 buf_1 - ..., buf_j <- theta_j
-    buf_j + y, and per row the sum of y_i over since_r < i <= t, from kept buffers."""
+    buf_j + y, and per row the sum of y_i over since_r < i <= t (added one round after
+    another), from kept buffers; in chunks of rounds too (``blt_noise.CHUNK_ENTRIES``)."""
+    monkeypatch.setattr(blt_noise, "CHUNK_ENTRIES", chunk)
     strategy = BltStrategy(decay, tuple(0.3 / (j + 1) for j in range(len(decay))))
     rng = np.random.default_rng(len(decay))
-    rows, dim, done, t = np.array([2, 5, 11, 40]), 3, 4, 13
+    done = 4
     start = rng.standard_normal((len(decay), len(rows), dim))
-    since = np.array([4, 9, 13, 6])
     state = blt_noise.RowBuffers(rows, done, start.copy())
     got = blt_noise.replay(strategy, key(8), state, t, since, dim)
     for at, row in enumerate(rows):
@@ -387,3 +403,41 @@ def test_a_sensitivity_is_kept_for_its_request_and_versions(monkeypatch, tmp_pat
     assert blt_noise.sensitivity(STRATEGY, 7, Pattern(2)) == first
     assert len(calls) == 3
     blt_noise.sensitivity.cache_clear()
+
+
+def test_the_versions_are_read_once_a_process(monkeypatch):
+    """A run asks for the versions at every round's epsilon; importlib.metadata is read once
+    (the same answer after)."""
+    import importlib.metadata
+
+    blt_noise._installed_versions.cache_clear()
+    calls: list[str] = []
+    version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda n: calls.append(n) or version(n))
+    first = blt_noise._versions()
+    assert first == {n: version(n) for n in ("jax", "jax-privacy")} == blt_noise._versions()
+    assert calls == ["jax", "jax-privacy"]
+
+
+def test_replayed_groups_are_each_groups_replay_bit_for_bit():
+    """``replay_groups`` draws the z of several states (rows kept from different rounds, one
+    with no rows) in one call: bit for bit each state's own ``replay``, buffers included."""
+    rng = np.random.default_rng(3)
+    specs = [(np.array([2, 5, 11]), 9), (np.array([1, 40]), 0), (np.array([], dtype=int), 3)]
+    specs += [(np.array([7]), 12)]  # t itself: nothing to step
+    t, dim = 12, 2
+
+    def states() -> list[blt_noise.RowBuffers]:
+        start = np.random.default_rng(4)
+        return [
+            blt_noise.RowBuffers(r, d, start.standard_normal((STRATEGY.buffers, len(r), dim)))
+            for r, d in specs
+        ]
+
+    sinces = [rng.integers(d, t + 1, len(r)) for r, d in specs]
+    grouped, alone = states(), states()
+    got = blt_noise.replay_groups(STRATEGY, key(6), grouped, t, sinces, dim)
+    for state, own, since, values in zip(alone, grouped, sinces, got, strict=True):
+        expected = blt_noise.replay(STRATEGY, key(6), state, t, since, dim)
+        assert values.tobytes() == expected.tobytes()
+        assert own.buffers.tobytes() == state.buffers.tobytes() and own.done == state.done

@@ -364,6 +364,36 @@ def test_the_vectorized_difference_is_the_estimators() -> None:
         assert row == rows[i]
 
 
+@pytest.mark.parametrize(("t", "dim"), [(13, 3), (48, 1), (64, 2)])
+def test_the_difference_draws_each_entry_once_and_sums_every_term(t, dim, monkeypatch) -> None:
+    """Bit for bit the sum, term after term in ``difference_terms``' order, of each term's
+    weight times its entry's noise drawn alone, while each distinct (row, level, node) is
+    drawn once (a subtree under a node of the other decomposition comes in twice)."""
+    key, rows = k(3, 1), np.array([2, 40, 41, 1000, 7])
+    since = np.array([0, t - 1, t // 2, t - 1, t - 3])
+    drawn: list[int] = []
+    entry_noise = tree_noise.entry_noise
+
+    def counted(*args):
+        drawn.append(len(args[1]))
+        return entry_noise(*args)
+
+    monkeypatch.setattr(tree_noise, "entry_noise", counted)
+    got = tree_noise.prefix_difference(key, rows, t, since, dim)
+    distinct = 0
+    for i, row in enumerate(rows):
+        levels, nodes, weights = tree_noise.difference_terms(t, int(since[i]))
+        distinct += len(set(zip(levels.tolist(), nodes.tolist(), strict=True)))
+        total = np.zeros(dim)
+        for level, node, w in zip(levels, nodes, weights, strict=True):
+            one = entry_noise(key, np.array([row]), np.array([level]), np.array([node]), dim)
+            total = total + one[0] * w
+        assert got[i].tobytes() == total.tobytes()
+    assert (
+        sum(drawn) == distinct < sum(len(tree_noise.difference_terms(t, int(v))[0]) for v in since)
+    )
+
+
 def test_windowed_selection_keeps_one_row_set_per_window(monkeypatch) -> None:
     """dp.selection_window = w: the first window updates no table row; each later window
     updates one set of rows in every one of its rounds, chosen at its first round."""
@@ -541,3 +571,102 @@ def test_the_selected_rows_membership_is_numpys_isin() -> None:
         values = np.sort(rng.choice(400, size, replace=False))
         rows = rng.choice(400, picked, replace=False)  # a selection, in any order
         np.testing.assert_array_equal(_member(values, rows), np.isin(values, rows))
+
+
+@pytest.mark.parametrize(
+    "rows", [[3, 9, 40], [3, 9, 40, 41], [0, 3], [3, 4], [41], [2], list(range(0, 50, 3))]
+)
+def test_a_commit_of_known_rows_in_place_is_the_merge(rows) -> None:
+    """``_commit``'s in-place renewal (every row already known: a window's later rounds)
+    gives the rows and rounds of the merge written out here (a dict of row -> last round),
+    and refuses (leaving them) when a row is new."""
+    from fedsub.dp import ftrl
+
+    known, rounds = np.array([0, 3, 9, 21, 40, 41]), np.array([1, 2, 2, 5, 5, 6])
+    new, at = np.array(rows), np.full(len(rows), 7)
+    merged = dict(zip(known.tolist(), rounds.tolist(), strict=True)) | dict.fromkeys(rows, 7)
+    before = rounds.copy()
+    renewed = ftrl._renew(known, rounds, new, at)
+    assert renewed == (set(rows) <= set(known.tolist()))
+    if renewed:
+        assert dict(zip(known.tolist(), rounds.tolist(), strict=True)) == merged
+    else:
+        assert (rounds == before).all()
+
+
+@pytest.mark.parametrize("kind", ["tree", "blt"])
+@pytest.mark.parametrize(("rows", "dim"), [(1, 1), (3, 2), (70, 1)])
+def test_a_tiny_stream_drawn_ahead_is_the_round_by_round_stream(kind, rows, dim, monkeypatch):
+    """A dense stream of at most ``AHEAD_ENTRIES`` entries (a bias) draws the next rounds'
+    noise in one call; bit for bit the stream drawn a round at a time (``AHEAD_ENTRIES`` =
+    1), from round 1 and resumed at round 9, a round asked twice included."""
+    from fedsub.dp import blt_noise, ftrl
+    from fedsub.dp.blt_noise import BltStrategy, DenseBlt
+
+    def stream(start: int) -> ftrl.NoiseStream:
+        if kind == "tree":
+            return ftrl.DenseTree(k(5, 2), rows, dim)
+        return DenseBlt(BltStrategy((0.9, 0.35), (0.4, 0.25)), k(5, 3), rows, dim)
+
+    def increments(start: int, entries: int) -> list[bytes]:
+        monkeypatch.setattr(ftrl, "AHEAD_ENTRIES", entries)
+        monkeypatch.setattr(blt_noise, "AHEAD_ENTRIES", entries)
+        noise = stream(start)
+        return [noise.increment(t).tobytes() for t in [*range(start, 80), 79]]
+
+    for start in (1, 9):
+        assert increments(start, 64) == increments(start, 1)
+
+
+@pytest.mark.parametrize("mechanism", ["ftrl-tree", "ftrl-blt"])
+def test_a_window_read_from_what_its_first_round_kept_is_the_window_recomputed(
+    mechanism, monkeypatch
+) -> None:
+    """A window's rows, false positives and FedSubAvg divisor are kept from the first round
+    that reads its selection (``_window_kept``), and BLT's z of the window's rows drawn for
+    its remaining rounds at once (``_window_z``): every round's update bit for bit what it
+    is when they are computed (drawn) again each round."""
+    from fedsub.dp import ftrl, ftrl_blt
+
+    if mechanism == "ftrl-blt":
+        pytest.importorskip("jax_privacy", reason="ftrl-blt's strategy is jax-privacy's")
+    combine = ftrl.FtrlMechanism.combine
+
+    def updates(recompute: bool) -> list[bytes]:
+        out: list[bytes] = []
+
+        def recorded(self, update, round_index):
+            if recompute:
+                self.window_rows.clear()
+            got = combine(self, update, round_index)
+            out.extend(
+                u.rows.numpy().tobytes() + u.values.numpy().tobytes() for u in got.tables.values()
+            )
+            return got
+
+        monkeypatch.setattr(ftrl.FtrlMechanism, "combine", recorded)
+        if recompute:  # BLT's z of round t alone, drawn when asked
+            monkeypatch.setattr(
+                ftrl_blt.BltMechanism,
+                "_window_z",
+                lambda self, table, key, rows, t, dim: tree_noise.node_noise(
+                    key, rows, 0, np.array([t]), dim
+                )[:, 0],
+            )
+        run_ftrl(
+            [
+                "train.rounds=12",
+                "eval.every=12",
+                f"dp.mechanism='{mechanism}'",
+                "dp.min_separation=4",
+                "dp.selection_window=4",
+                "dp.selection_threshold=1.0",
+                "dp.heat_cap=4",
+                "dp.randomness='seeded'",
+            ]
+        )
+        return out
+
+    kept = updates(False)
+    assert kept == updates(True)
+    assert len(set(kept[4:8])) == 4  # the rounds of a window: the same rows, other values

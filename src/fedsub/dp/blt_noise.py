@@ -151,10 +151,18 @@ def optimized(rounds: int, pattern: Pattern, buffers: int = 0) -> BltStrategy:
 
 
 def _versions() -> dict[str, str]:
+    return dict(_installed_versions())
+
+
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    """The installed jax and jax-privacy versions, read once a process: importlib.metadata
+    parses their metadata files (about 0.5 ms a call), and a run asks at every round's
+    epsilon (``sensitivity``'s request)."""
     try:
-        return {name: importlib.metadata.version(name) for name in ("jax", "jax-privacy")}
+        return tuple((name, importlib.metadata.version(name)) for name in ("jax", "jax-privacy"))
     except importlib.metadata.PackageNotFoundError:  # not installed: _optimize says how
-        return {}
+        return ()
 
 
 def _strategy_file(request: dict) -> Path:
@@ -293,18 +301,45 @@ def replay(
     """Step ``state`` (in place) through rounds state.done + 1 .. t and return, per row,
     sum of y_i over state.done < since_r < i <= t (in units of sigma): (len(rows), dim). The
     z of every round and row come from one AES call."""
-    rows, first = state.rows, state.done + 1
-    out = np.zeros((len(rows), dim))
-    if t < first or not len(rows):
-        return out
-    rounds = np.arange(first, t + 1)
-    every_row = np.repeat(rows, len(rounds))
-    every_round = np.tile(rounds, len(rows))
-    z = entry_noise(key, every_row, np.zeros(len(every_row), np.int64), every_round, dim)
-    z = z.reshape(len(rows), len(rounds), dim)
-    _recur(strategy, state.buffers, z, np.asarray(since), first, out)
-    state.done = t
-    return out
+    return replay_groups(strategy, key, [state], t, [since], dim)[0]
+
+
+def replay_groups(
+    strategy: BltStrategy,
+    key: Key,
+    states: list[RowBuffers],
+    t: int,
+    sinces: list[np.ndarray],
+    dim: int,
+) -> list[np.ndarray]:
+    """``replay`` of each of ``states`` (rows from different rounds: those kept from the
+    previous selection, those from round 1) with the z of them all from one AES call (each
+    entry is its own: the same numbers as a call per state)."""
+    if not states:
+        return []
+    entries = [_replayed(state, t) for state in states]
+    flat_rows = np.concatenate(
+        [np.repeat(s.rows, len(r)) for s, r in zip(states, entries, strict=True)]
+    )
+    flat_rounds = np.concatenate(
+        [np.tile(r, len(s.rows)) for s, r in zip(states, entries, strict=True)]
+    )
+    drawn = entry_noise(key, flat_rows, np.zeros(len(flat_rows), np.int64), flat_rounds, dim)
+    outs, start = [], 0
+    for state, rounds, since in zip(states, entries, sinces, strict=True):
+        out, size = np.zeros((len(state.rows), dim)), len(state.rows) * len(rounds)
+        if size:
+            z = drawn[start : start + size].reshape(len(state.rows), len(rounds), dim)
+            _recur(strategy, state.buffers, z, np.asarray(since), state.done + 1, out)
+            state.done, start = t, start + size
+        outs.append(out)
+    return outs
+
+
+def _replayed(state: RowBuffers, t: int) -> np.ndarray:
+    """The rounds ``replay`` steps ``state`` through: state.done + 1 .. t (none without
+    rows)."""
+    return np.arange(state.done + 1, t + 1) if len(state.rows) else np.zeros(0, np.int64)
 
 
 def _recur(
@@ -319,19 +354,52 @@ def _recur(
     ``buffers`` (m, rows, dim) and ``out``: per round y = z_i - omega_0 buf_0 - omega_1 buf_1
     - ..., then buf_j <- theta_j buf_j + y, and y added to ``out`` for the rows with since_r <
     i. Every entry sees the same floating-point operations in the same order as the
-    recurrence written buffer by buffer (the products of every buffer in one call, the
-    subtractions still in buffer order), so every path's numbers stay the same, bit for bit;
-    the loop is over rounds only, a few numpy calls each."""
-    products = np.empty_like(buffers)
-    latest = int(since.max()) if len(since) else 0  # from round latest + 1 on, every row counts
-    # whether each row counts each round (since_r < i), for every round at once
-    counted = (since[:, None] < np.arange(first, first + z.shape[1]))[:, :, None]
-    for at in range(z.shape[1]):
-        y = advance(strategy, buffers, z[:, at], products)
-        if first + at > latest:
-            out += y
-        else:  # adding 0 to the rows not counted would be the same numbers; skipped
-            np.add(out, y, out=out, where=counted[:, at])
+    recurrence written buffer by buffer, so every path's numbers stay the same, bit for bit
+    (``_recur_rounds``, ``_add_counted``); rounds go in chunks of bounded memory."""
+    if not strategy.buffers:
+        _add_counted(out, z.transpose(1, 0, 2), since, first)
+        return
+    rows, rounds, dim = z.shape
+    chunk = max(1, CHUNK_ENTRIES // max(1, (strategy.buffers + 1) * rows * dim))
+    for start in range(0, rounds, chunk):
+        ys = _recur_rounds(strategy, buffers, z[:, start : start + chunk])
+        _add_counted(out, ys, since, first + start)
+
+
+CHUNK_ENTRIES = 1 << 18  # _recur: the float64 entries of a chunk's scratch (2 MiB)
+
+
+def _recur_rounds(strategy: BltStrategy, buffers: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """y of each of z's rounds ((rows, rounds, dim) -> (rounds, rows, dim)), stepping
+    ``buffers`` in place: four numpy calls a round. A round's z and the products omega_j
+    buf_j lie in one (m + 1, rows, dim) block, and ``np.subtract.reduce`` over its first
+    axis subtracts them in buffer order (z - p_0 - p_1 - ..., one after another: subtraction
+    is never reordered), ``advance``'s numbers."""
+    rounds = z.shape[1]
+    work = np.empty((rounds, strategy.buffers + 1, *buffers.shape[1:]))
+    work[:, 0] = z.transpose(1, 0, 2)
+    ys = np.empty((rounds, *buffers.shape[1:]))
+    for at in range(rounds):
+        np.multiply(buffers, strategy.scale_column, out=work[at, 1:])
+        np.subtract.reduce(work[at], axis=0, out=ys[at])
+        buffers *= strategy.decay_column
+        buffers += ys[at]
+    return ys
+
+
+def _add_counted(out: np.ndarray, ys: np.ndarray, since: np.ndarray, first: int) -> None:
+    """Add to ``out`` (rows, dim) each round's y ((rounds, rows, dim), rounds first, first +
+    1, ...) of the rows with since_r < round, in round order: ``np.add.accumulate`` over
+    ``out`` then the rounds (an accumulation is never reordered: the sums of ``out += y``
+    round after round), a row's uncounted rounds (before its since_r: it counts every round
+    after) adding +0.0 (what leaving them out gives, as ``out`` starts +0.0 and no sum of
+    these is -0.0 unless ``out`` is)."""
+    counted = since[:, None] < np.arange(first, first + len(ys))
+    stack = np.empty((len(ys) + 1, *out.shape))
+    stack[0] = out
+    np.copyto(stack[1:], ys)
+    stack[1:][~counted.T] = 0.0
+    out[...] = np.add.accumulate(stack, axis=0)[-1]
 
 
 def advance(
@@ -369,6 +437,10 @@ class DenseBlt:
     state: RowBuffers | None = None
     last: tuple[int, np.ndarray] | None = field(default=None)
     products: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)  # scratch
+    # (first round, z of rounds first, first + 1, ...: (rows, rounds, dim)) drawn ahead (_z)
+    ahead: tuple[int, np.ndarray] = field(
+        default_factory=lambda: (0, np.zeros((0, 0, 0))), repr=False
+    )
 
     def increment(self, t: int) -> np.ndarray:
         """y_t of every row, (rows, dim) float64."""
@@ -380,8 +452,24 @@ class DenseBlt:
             self.products = np.empty_like(self.state.buffers)
         # round t alone: replay's draw and step for every row, without its per-row bookkeeping
         # (every row counts round t), the same operations on the same numbers
-        z = node_noise(self.key, self.state.rows, 0, np.array([t]), self.dim)[:, 0]
+        z = self._z(t)
         step = np.zeros((self.rows, self.dim))
         step += advance(self.strategy, self.state.buffers, z, self.products)
         self.state.done, self.last = t, (t, step)
         return step
+
+    def _z(self, t: int) -> np.ndarray:
+        """z_t of every row, (rows, dim): a tiny stream (a bias) draws the next rounds' with
+        it in one call (``AHEAD_ENTRIES``) and keeps them, a call's fixed cost once every
+        few dozen rounds; each entry is its own (key, row, round), so the same numbers."""
+        assert self.state is not None
+        ahead = max(1, AHEAD_ENTRIES // (self.rows * self.dim))
+        first, drawn = self.ahead
+        if not first <= t < first + drawn.shape[1]:
+            rounds = np.arange(t, t + ahead)
+            self.ahead = (t, node_noise(self.key, self.state.rows, 0, rounds, self.dim))
+            first, drawn = self.ahead
+        return drawn[:, t - first]
+
+
+AHEAD_ENTRIES = 64  # DenseBlt: a tiny stream's entries drawn ahead in one call (ftrl's too)

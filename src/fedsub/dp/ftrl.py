@@ -118,6 +118,7 @@ class DenseTree:
     done: int = 0  # rounds folded in
     stack: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
     last: tuple[int, np.ndarray] | None = None  # (t, N(t) - N(t - 1)) of the latest round
+    kept: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # _ahead
 
     def increment(self, t: int) -> np.ndarray:
         """N(t) - N(t - 1), (rows, dim) float64."""
@@ -157,8 +158,30 @@ class DenseTree:
         while merged < len(self.stack) and self.stack[-1 - merged][0] == merged:
             merged += 1
         nodes = [(level, (t - 1) >> level) for level in range(merged + 1)]
-        drawn = every_node_noise(self.key, every, nodes, self.dim)
+        drawn = self._ahead(every, nodes, t)
         return lambda level: drawn[level]
+
+    def _ahead(self, every: np.ndarray, nodes: list[tuple[int, int]], t: int) -> list:
+        """The noise of ``nodes``, drawn with the nodes of the next rounds in one call when
+        the stream is tiny (a bias: ``AHEAD_ENTRIES``), then kept: a call's fixed cost once
+        every few dozen rounds instead of every round. Each node's noise is its own (a
+        function of the key, row, level and node only), so the same numbers."""
+        if any(n not in self.kept for n in nodes):
+            rounds = range(t, t + max(1, AHEAD_ENTRIES // (self.rows * self.dim)))
+            wanted = [(lv, (r - 1) >> lv) for r in rounds for lv in range(_completed(r))]
+            wanted = list(dict.fromkeys([*nodes, *wanted]))
+            drawn = every_node_noise(self.key, every, wanted, self.dim)
+            self.kept = dict(zip(wanted, drawn, strict=True))
+        return [self.kept[n] for n in nodes]
+
+
+AHEAD_ENTRIES = 64  # DenseTree / DenseBlt: a tiny stream's entries drawn ahead in one call
+
+
+def _completed(r: int) -> int:
+    """How many levels' nodes round ``r`` completes (its leaf and the merges above it: one
+    more than the trailing zeros of r)."""
+    return (r & -r).bit_length()
 
 
 SMALL_STREAM = 4096  # DenseTree: the entries of a stream whose round draws in one call
@@ -172,6 +195,33 @@ def _member(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     ordered = np.sort(rows)
     at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
     return ordered[at] == values
+
+
+def _renew(known: np.ndarray, rounds: np.ndarray, rows: np.ndarray, new_rounds: np.ndarray) -> bool:
+    """When every one of ``rows`` (sorted, distinct) is already among ``known`` (sorted), set
+    their ``rounds`` to ``new_rounds`` in place and say so: the merge ``_commit`` makes
+    otherwise gives the same rows with these rounds (the windowed selection's rounds after a
+    window's first select the same rows again)."""
+    if not len(rows) or len(rows) > len(known):
+        return False
+    at = np.searchsorted(known, rows)
+    if (at >= len(known)).any() or not np.array_equal(known[at], rows):
+        return False
+    rounds[at] = new_rounds
+    return True
+
+
+@dataclass(frozen=True)
+class WindowRows:
+    """A window's selection as each of its rounds reads it: the rows (numpy and on the
+    device), its false positives, FedSubAvg's divisor (the capped noisy heat per round, in
+    the update's dtype, one per row; None without heat) and its largest coefficient."""
+
+    picked: np.ndarray
+    rows: torch.Tensor
+    false_positives: int
+    divisor: torch.Tensor | None
+    coefficient: float
 
 
 @dataclass
@@ -190,6 +240,8 @@ class FtrlMechanism(DpMechanism):
     )
     window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
     keys: dict[int, Key] = field(default_factory=dict, repr=False)  # the streams' AES keys
+    # per table, the window's selection as its rounds read it (``_window_kept``)
+    window_rows: dict[str, tuple] = field(default_factory=dict, repr=False)
     _sigma: tuple[float, float] = field(default=(-1.0, 0.0), repr=False)  # (clip, sigma)
 
     def __post_init__(self) -> None:
@@ -222,12 +274,14 @@ class FtrlMechanism(DpMechanism):
             return
         for table, (rows, rounds) in self.pending_rows[1].items():
             old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
+            if _renew(old_rows, old_rounds, rows, rounds):  # a window's rows again: in place
+                continue
             keep = ~_member(old_rows, rows)
-            kept_rows = old_rows[keep]
-            at = np.searchsorted(kept_rows, rows)  # both sorted and distinct: a merge
+            merged = np.concatenate([old_rows[keep], rows])  # distinct: sorted, a merge
+            order = np.argsort(merged, kind="stable")
             self.selected[table] = (
-                np.insert(kept_rows, at, rows),
-                np.insert(old_rounds[keep], at, rounds),
+                merged[order],
+                np.concatenate([old_rounds[keep], rounds])[order],
             )
         self.pending_rows = None
 
@@ -395,7 +449,8 @@ class FtrlMechanism(DpMechanism):
         """Every row of the window's selection: its sum this round (0 if untouched) plus the
         tree's noise since its last update; FedSubAvg divides by the noisy heat per round."""
         device, dim, dtype = sums.device, sums.shape[1], sums.dtype
-        picked = chosen.rows.numpy().astype(np.int64)
+        kept = self._window_kept(table, chosen, device, dtype)
+        picked = kept.picked
         touched = distinct.cpu().numpy()
         at = np.searchsorted(touched, picked)
         hit = at < len(touched)  # a round that touches none of the table's rows: no hit
@@ -406,16 +461,33 @@ class FtrlMechanism(DpMechanism):
         values = padded.index_select(0, index) + noise.to(device, dtype)
         chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
         self.last.rows_changed += len(picked)
-        self.last.false_positives += int((chosen.touched_position < 0).sum())
-        rows = torch.from_numpy(picked).to(device)
-        if self.heat:  # the window's noisy heat, per round
+        self.last.false_positives += kept.false_positives
+        if kept.divisor is not None:  # the window's noisy heat, per round
+            self.last.largest_coefficient = max(self.last.largest_coefficient, kept.coefficient)
+            return RowUpdate(kept.rows, values / kept.divisor)
+        return RowUpdate(kept.rows, values / (self.denominator * self.keep))
+
+    def _window_kept(
+        self, table: str, chosen: selection.Selection, device: torch.device, dtype: torch.dtype
+    ) -> WindowRows:
+        """What every round of a window reads of its selection (``WindowRows``), computed at
+        the first round that reads it and kept while the selection serves (the same
+        operations on the same numbers)."""
+        cached = self.window_rows.get(table)
+        if cached is not None and cached[0] is chosen and cached[1] == (device, dtype):
+            return cached[2]
+        picked = chosen.rows.numpy().astype(np.int64)
+        divisor, coefficient = None, 0.0
+        if self.heat:
             window = self.settings.selection.window
-            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64) / window)
-            if len(divisor):
-                coefficient = float(self.denominator / divisor.min())
-                self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
-            return RowUpdate(rows, values / divisor.to(dtype).unsqueeze(1))
-        return RowUpdate(rows, values / (self.denominator * self.keep))
+            heat = self.capped(chosen.noisy_heat.to(device, torch.float64) / window)
+            if len(heat):
+                coefficient = float(self.denominator / heat.min())
+            divisor = heat.to(dtype).unsqueeze(1)
+        fresh = int((chosen.touched_position < 0).sum())
+        kept = WindowRows(picked, torch.from_numpy(picked).to(device), fresh, divisor, coefficient)
+        self.window_rows[table] = (chosen, (device, dtype), kept)
+        return kept
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Each table's selected rows and their last rounds, the pending round's included;

@@ -35,6 +35,10 @@ class BltMechanism(FtrlMechanism):
     # rows = "private": per table, the buffers of the rows computed last (a cache: a resumed
     # run replays from round 1, the same numbers)
     row_buffers: dict[str, RowBuffers] = field(default_factory=dict)
+    # per table, (first round, rows, z of those rounds) drawn for a window's rounds (_window_z)
+    window_z: dict[str, tuple[int, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def strategy(self) -> BltStrategy:
@@ -61,7 +65,7 @@ class BltMechanism(FtrlMechanism):
         cached = self.row_buffers.get(table)
         if _same_rows_stepped(cached, rows, since, t, dim):  # a window's rounds after its first
             assert cached is not None
-            z = node_noise(key, rows, 0, np.array([t]), dim)[:, 0]
+            z = self._window_z(table, key, rows, t, dim)
             products = np.empty_like(cached.buffers)
             out += blt_noise.advance(strategy, cached.buffers, z, products)
             cached.done = t  # the buffers stepped in place: the rows' state after round t
@@ -72,7 +76,7 @@ class BltMechanism(FtrlMechanism):
             inside = at < len(cached.rows)
             hit = inside & (cached.rows[np.minimum(at, len(cached.rows) - 1)] == rows)
             kept = hit & (since >= cached.done)
-        states = []
+        states, groups = [], []
         for group in (np.flatnonzero(kept), np.flatnonzero(~kept)):
             if not len(group):
                 continue
@@ -82,14 +86,32 @@ class BltMechanism(FtrlMechanism):
                 state = RowBuffers(rows[group], cached.done, cached.buffers[:, where].copy())
             else:
                 state = blt_noise.fresh(strategy, rows[group], dim)
-            out[group] = blt_noise.replay(strategy, key, state, t, since[group], dim)
             states.append(state)
+            groups.append(group)
+        sinces = [since[group] for group in groups]  # both groups' z from one AES call
+        replayed = blt_noise.replay_groups(strategy, key, states, t, sinces, dim)
+        for group, values in zip(groups, replayed, strict=True):
+            out[group] = values
         if states:
             merged = np.concatenate([s.rows for s in states])
             order = np.argsort(merged, kind="stable")
             buffers = np.concatenate([s.buffers for s in states], axis=1)[:, order]
             self.row_buffers[table] = RowBuffers(merged[order], t, buffers)
         return self.sigma * out
+
+    def _window_z(self, table: str, key: Key, rows: np.ndarray, t: int, dim: int) -> np.ndarray:
+        """z_t of a window's ``rows`` (stepped in every round of the window): drawn for the
+        window's remaining rounds in one call and kept, a keystream call's fixed cost once a
+        window instead of every round; each entry is its own (key, row, round), so the same
+        numbers. The draw reaches the last round of the window holding t (a run stopped
+        mid-window drew the rest in vain: at most a window of the selected rows)."""
+        first, kept_rows, drawn = self.window_z.get(table, (0, rows[:0], np.zeros((0, 0, dim))))
+        if not (first <= t < first + drawn.shape[1] and np.array_equal(kept_rows, rows)):
+            w = max(self.settings.selection.window, 1)
+            rounds = np.arange(t, ((t - 1) // w + 1) * w + 1)
+            first, kept_rows, drawn = t, rows.copy(), node_noise(key, rows, 0, rounds, dim)
+            self.window_z[table] = (first, kept_rows, drawn)
+        return drawn[:, t - first]
 
 
 def _same_rows_stepped(

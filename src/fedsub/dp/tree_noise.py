@@ -223,29 +223,55 @@ def _signed_terms(level: int, index: int, sign: float) -> tuple[np.ndarray, ...]
     return levels, nodes, sign * weights
 
 
+@functools.lru_cache(maxsize=4096)
+def _distinct_terms(t: int, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (level, node) entries of ``difference_terms(t, since)`` and where each of
+    its terms is among them: a node both decompositions hold under a node of the other (a
+    subtree's estimate and the estimates under it) comes in twice, with either sign, and a
+    row's entry is one number however often it is read."""
+    levels, nodes, _ = difference_terms(t, since)
+    keys = levels.astype(np.int64) * (1 << 40) + nodes
+    _, first, where = np.unique(keys, return_index=True, return_inverse=True)
+    return levels[first], nodes[first], where.reshape(-1)
+
+
+def _spread(counts: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Row r takes list ``inverse[r]`` of lists of lengths ``counts``: each flat entry's row,
+    its position in the lists concatenated, and each row's first flat entry."""
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    per_row = counts[inverse]
+    owner = np.repeat(np.arange(len(inverse), dtype=np.int64), per_row)
+    first = np.cumsum(per_row) - per_row
+    at = np.repeat(starts[inverse] - first, per_row) + np.arange(len(owner))
+    return owner, at, first
+
+
 def prefix_difference(
     key: Key, rows: np.ndarray, t: int, since: np.ndarray, dim: int
 ) -> np.ndarray:
     """(N_r(t) - N_r(since_r)) / sigma for each of ``rows`` in one vectorized draw (the same
     numbers as ``honaker_prefix``'s; since_r = 0: N_r(t)). A row updated in the previous
-    round draws only the nodes round t completes (O(1) amortized); O(t) otherwise."""
+    round draws only the nodes round t completes (O(1) amortized); O(t) otherwise. Each
+    distinct entry of a row is drawn once (``_distinct_terms``) and read by each of its
+    terms: the same numbers as a draw per term."""
     out = np.zeros((len(rows), dim))
     if not len(rows):
         return out
     # the terms of each distinct last round once; each row's terms in their order
     values, inverse = np.unique(np.asarray(since, dtype=np.int64), return_inverse=True)
     terms = [difference_terms(t, int(v)) for v in values]
-    counts = np.array([len(x[0]) for x in terms], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    per_row = counts[inverse]
-    owner = np.repeat(np.arange(len(rows), dtype=np.int64), per_row)
-    first = np.cumsum(per_row) - per_row  # each row's first term in the flat arrays
-    at = np.repeat(starts[inverse] - first, per_row) + np.arange(len(owner))
-    levels = np.concatenate([x[0] for x in terms])[at]
-    nodes = np.concatenate([x[1] for x in terms])[at]
-    weights = np.concatenate([x[2] for x in terms])[at]
+    distinct = [_distinct_terms(t, int(v)) for v in values]
+    owner, at, _ = _spread(np.array([len(x[0]) for x in terms], dtype=np.int64), inverse)
     if len(owner):
-        noise = entry_noise(key, rows[owner], levels, nodes, dim) * weights[:, None]
+        drawn_owner, drawn_at, drawn_first = _spread(
+            np.array([len(d[0]) for d in distinct], dtype=np.int64), inverse
+        )
+        levels = np.concatenate([d[0] for d in distinct])[drawn_at]
+        nodes = np.concatenate([d[1] for d in distinct])[drawn_at]
+        drawn = entry_noise(key, rows[drawn_owner], levels, nodes, dim)
+        index = drawn_first[owner] + np.concatenate([d[2] for d in distinct])[at]
+        weights = np.concatenate([x[2] for x in terms])[at]
+        noise = drawn[index] * weights[:, None]
         # each row's terms added in their order, one entry column at a time: ``np.add.at`` on
         # 1-d arrays (its fast path), the same sums as over the rows of ``out``
         columns, by_entry = np.zeros((dim, len(rows))), np.ascontiguousarray(noise.T)
