@@ -78,6 +78,7 @@ from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism, RoundStats, round_generator
 from fedsub.dp.tree_noise import (
+    STREAM_VERSION,
     Key,
     decomposition,
     every_node_noise,
@@ -190,6 +191,7 @@ class FtrlMechanism(DpMechanism):
     )
     window_selected: dict[tuple[str, int], selection.Selection] = field(default_factory=dict)
     keys: dict[int, Key] = field(default_factory=dict, repr=False)  # the streams' AES keys
+    noise_version: int = STREAM_VERSION  # the keys' noise stream (tree_noise.StreamVersionRecord)
     _sigma: tuple[float, float] = field(default=(-1.0, 0.0), repr=False)  # (clip, sigma)
 
     def __post_init__(self) -> None:
@@ -200,7 +202,7 @@ class FtrlMechanism(DpMechanism):
     def key(self, stream: int) -> Key:
         assert self.streams is not None
         if stream not in self.keys:  # derived once (a SeedSequence), then reused
-            self.keys[stream] = table_key(self.streams.key, stream)
+            self.keys[stream] = table_key(self.streams.key, stream, self.noise_version)
         return self.keys[stream]
 
     @property

@@ -1,0 +1,180 @@
+"""Standard normals by the ziggurat method, one keyed word stream per entry (the Gaussian of
+dp/tree_noise.py's noise stream version 2).
+
+Marsaglia and Tsang 2000, "The Ziggurat Method for Generating Random Variables" (Journal of
+Statistical Software 5(8)): the half-density f(x) = exp(-x^2 / 2), x >= 0, is covered by
+``LAYERS`` = 256 regions of equal area v: a base strip [0, r] x [0, f(r)] together with the
+tail beyond r, and 255 rectangles stacked on it. With the paper's r = 3.6541528853610088 for
+256 regions, v = r f(r) + integral_r^inf f (the base's area), and the right edges from the
+paper's recurrence (its ``zigset``):
+
+    x[255] = r,   x[i] = f^-1(v / x[i + 1] + f(x[i + 1]))   (i = 254 .. 1),
+    x[0] = v / f(r)   (the base drawn as one rectangle of area v),
+
+so the top rectangle (layer 1) spans [0, x[1]] x [f(x[1]), 1]. One attempt picks a layer i
+and a uniform U in [0, 1): x = U x[i] is accepted at once when x < x[i - 1] (the part of the
+layer under the curve; x[0] reads r for the base and 0 for the top layer: ``INNER``). Else, in
+a layer i >= 1 (a wedge), x is accepted when f(x[i]) + U' (f(x[i - 1]) - f(x[i])) < f(x) for a
+fresh uniform U' (f(x[0]) reads 1), and a new attempt is made when not; in the base (the tail
+beyond r) the paper's tail method runs: x = -ln(U1) / r, y = -ln(U2) until 2 y > x^2, and
+r + x is returned. The sign is a separate bit. The result is exactly N(0, 1) in distribution,
+up to the floating-point grain of U (53 bits).
+
+fedsub's keyed form (not the paper's source of uniforms): each entry has its own stream of
+64-bit words W0, W1, W2, ... (dp/tree_noise.py derives them from AES-256 at the entry's own
+counters). An attempt is one word: its low 8 bits the layer, bit 8 the sign, its top 53 bits
+U (the paper's RNOR takes the layer and U from the same bits of one 32-bit integer, a
+correlation Doornik 2005 points out; here the bits are disjoint). The first attempt is W0;
+98.6% of entries are accepted there, with one table look-up, one multiplication and one
+comparison each (no transcendental function). The others read one block (two words) a step:
+after a wedge attempt the block's first word is U' and its second the next attempt (read
+only when U' rejects); in the tail its two words are U1 and U2 (a uniform of the auxiliary
+kind is (top 52 bits + 1/2) / 2^52, in (0, 1)). So an entry's value is a function of its own
+words only: the same drawn alone or among any other entries (every operation is elementwise;
+the rare steps use numpy's ``exp`` / ``log`` on float64 arrays, one implementation for every
+element of an array).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["INNER", "LAYERS", "PAPER_R", "PAPER_V", "R", "V", "X", "Y", "normals"]
+
+LAYERS = 256
+PAPER_R = 3.6541528853610088  # the paper's r for 256 regions
+PAPER_V = 0.00492867323399  # and its v (printed to 12 digits; V below is computed)
+R = PAPER_R
+
+
+def f(x: float) -> float:
+    """The unnormalised half-density exp(-x^2 / 2)."""
+    return math.exp(-0.5 * x * x)
+
+
+def tables(r: float = PAPER_R) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """(v, x, inner, y) of the ziggurat with base edge ``r`` (module docstring): ``x`` the
+    layers' right edges, ``inner`` the edge under which an attempt is accepted at once
+    (x[i - 1], r for the base, 0 for the top), ``y[i]`` = f(x[i]) (y[0] = 1, the top of the
+    top layer, which the wedge test of layer 1 reads)."""
+    v = r * f(r) + math.sqrt(math.pi / 2) * math.erfc(r / math.sqrt(2))
+    x = np.empty(LAYERS)
+    x[LAYERS - 1] = r
+    for i in range(LAYERS - 2, 0, -1):
+        x[i] = math.sqrt(-2.0 * math.log(v / x[i + 1] + f(x[i + 1])))
+    x[0] = v / f(r)
+    inner = np.concatenate([[r, 0.0], x[1 : LAYERS - 1]])
+    y = np.array([1.0] + [f(e) for e in x[1:]])
+    return v, x, inner, y
+
+
+V, X, INNER, Y = tables()
+SCALE = 2.0**-53
+AHEAD = 2  # the blocks of a pending entry read in one call (99.99% end within them)
+
+
+def _signed(table: np.ndarray) -> np.ndarray:
+    """``table`` by the 9 low bits of a word (the layer, then the sign bit): (512,)."""
+    return np.concatenate([table, -table])
+
+
+# by the word's 9 low bits: x = (U 2^53) (+-x[i] / 2^53), one rounding as the paper's wn
+# table (the sign exact: rounding is symmetric), and the fast path in integers, U 2^53 <
+# INNER / X 2^53 (U x[i] < x[i - 1] up to U's grain)
+_WIDTH = _signed(X * SCALE)
+_BOUND = np.tile(np.floor(INNER / X * 2.0**53).astype(np.int64), 2)
+_DROP = np.concatenate([[0.0], Y[:-1] - Y[1:]])  # f(x[i - 1]) - f(x[i]) of layer i
+_LOW = 511
+
+More = Callable[[np.ndarray, int, int], np.ndarray]
+"""``more(entries, step, count)``: blocks step .. step + count - 1 (step >= 1) of each of
+``entries``' streams, (len(entries), count, 2) uint64 (block k: the words W(2k - 1), W(2k))."""
+
+
+def normals(first: np.ndarray, more: More) -> np.ndarray:
+    """One standard normal per entry from its stream: ``first`` (n,) uint64 its W0, ``more``
+    its later blocks (read only for the ~1.5% not accepted at once): (n,) float64."""
+    low = np.bitwise_and(first.view(np.int64), _LOW)
+    high = (first >> np.uint64(11)).view(np.int64)
+    out = high.astype(np.float64)
+    out *= _WIDTH.take(low)
+    accepted = high < _BOUND.take(low)
+    if not accepted.all():
+        pending = np.flatnonzero(~accepted)
+        attempt = first[pending]
+        tail = np.bitwise_and(attempt, np.uint64(255)) == 0  # a base attempt: the tail
+        out[pending] = _slow(attempt, tail, attempt.copy(), pending, more, 1)
+    return out
+
+
+def _decode(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(layer, x, accepted at once) of attempt words: x = U x[layer] with the word's sign."""
+    low = np.bitwise_and(words.view(np.int64), _LOW)
+    high = (words >> np.uint64(11)).view(np.int64)
+    return low & 255, high.astype(np.float64) * _WIDTH[low], high < _BOUND[low]
+
+
+def _signed_value(value: np.ndarray, sign: np.ndarray) -> np.ndarray:
+    """``value`` (positive) with the sign bit of the words ``sign`` (bit 8), in place."""
+    bits = value.view(np.uint64)
+    bits |= (sign & np.uint64(256)) << np.uint64(55)
+    return value
+
+
+def _slow(
+    attempt: np.ndarray,
+    tail: np.ndarray,
+    sign: np.ndarray,
+    entries: np.ndarray,
+    more: More,
+    step: int,
+) -> np.ndarray:
+    """The paper's steps after the fast path for the pending ``entries`` (module docstring),
+    from block ``step`` of their streams: in a wedge (``tail`` false) with ``attempt``, or in
+    the tail with the sign bit of ``sign``. Two blocks (``AHEAD``) of every entry are read at
+    once and both steps' outcomes computed for each (a block's meaning depends only on the
+    state it is read in); each entry takes its first ending, and one not ended reads on."""
+    blocks = more(entries, step, AHEAD)  # block k: U' then the next attempt, or U1 and U2
+    aux, fresh = blocks[..., 0], blocks[..., 1]
+    tested = np.stack([attempt, fresh[:, 0]], axis=1)  # the attempt a wedge step tests
+    layer, x, _ = _decode(tested)
+    u = _open(aux)
+    wedge = Y[layer] + u * _DROP[layer] < np.exp(-0.5 * x * x)  # the wedge test accepts
+    fresh_layer, fresh_x, quick = _decode(fresh)  # a new attempt accepted at once
+    to_tail = (fresh_layer == 0) & ~quick  # a new attempt in the base: the tail from then
+    # from a wedge: step 1 ends in the wedge (x), a quick attempt, or the tail (read at step
+    # 2); else step 2 ends in the wedge or a quick attempt
+    out = np.where(wedge[:, 1], x[:, 1], fresh_x[:, 1])
+    np.copyto(out, fresh_x[:, 0], where=quick[:, 0])
+    np.copyto(out, x[:, 0], where=wedge[:, 0])
+    ended = wedge[:, 0] | quick[:, 0] | wedge[:, 1] | quick[:, 1]
+    enters = to_tail[:, 0] & ~wedge[:, 0]
+    in_tail = tail | enters
+    sign_2 = sign
+    if in_tail.any():  # rare (0.03% of the entries): the tail method, from step 1 or 2
+        sign_2 = np.where(tail, sign, fresh[:, 0])  # the tail's sign at step 2
+        tail_x = -np.log(u) / R
+        tail_y = -np.log(_open(fresh))
+        tail_ok = tail_y + tail_y > tail_x * tail_x  # the tail method accepts
+        tail_2 = _signed_value(R + tail_x[:, 1], sign_2)
+        np.copyto(out, tail_2, where=enters)
+        tail_1 = _signed_value(R + tail_x[:, 0], sign)
+        np.copyto(out, np.where(tail_ok[:, 0], tail_1, tail_2), where=tail)
+        ended = np.where(in_tail, tail_ok[:, 1] | (tail & tail_ok[:, 0]), ended)
+    if not ended.all():  # on to the next blocks, from each entry's state after these
+        left = np.flatnonzero(~ended)
+        later = (in_tail | to_tail[:, 1])[left]
+        sign_3 = np.where(in_tail[left], sign_2[left], fresh[left, 1])
+        out[left] = _slow(fresh[left, 1], later, sign_3, entries[left], more, step + AHEAD)
+    return out
+
+
+def _open(words: np.ndarray) -> np.ndarray:
+    """Uniforms in (0, 1) from the top 52 bits: (k + 1/2) / 2^52 (exact)."""
+    u = (words >> np.uint64(12)).astype(np.float64)
+    u += 0.5
+    u *= 2.0**-52
+    return u
