@@ -51,7 +51,7 @@ def test_the_tables_are_the_papers_recurrence_written_out() -> None:
     x = [v / f(r), *reversed(edges)]  # x[0] the base as a rectangle, x[255] = r
     assert abs(v / x[1] + f(x[1]) - 1) < 1e-12  # the recurrence closes at the top
     np.testing.assert_allclose(ziggurat.X, x, rtol=1e-15)
-    assert ziggurat.R == r and ziggurat.V == pytest.approx(v, rel=1e-15)
+    assert r == ziggurat.R and pytest.approx(v, rel=1e-15) == ziggurat.V
     np.testing.assert_allclose(ziggurat.INNER, [r, 0.0, *x[1:255]], rtol=1e-15)
     np.testing.assert_allclose(ziggurat.Y, [1.0, *(f(e) for e in x[1:])], rtol=1e-15)
     tops = [1.0, *(f(e) for e in x[1:])]
@@ -143,7 +143,7 @@ def test_values_are_the_papers_algorithm_over_each_entrys_words() -> None:
             around = np.array([row + 1, row, 5])
             drawn = tree_noise.entry_noise(KEY, around, np.full(3, level), np.full(3, node), dim)
             assert drawn[1, j] == pytest.approx(value, rel=1e-15, abs=0)
-            if not name == "tail":  # no logarithm on the way: exact
+            if name != "tail":  # no logarithm on the way: exact
                 assert drawn[1, j] == value
             alone = tree_noise.entry_noise(
                 KEY, np.array([row]), np.array([level]), np.array([node]), dim
@@ -246,9 +246,7 @@ def test_an_entrys_value_does_not_depend_on_what_else_is_drawn() -> None:
                 np.testing.assert_array_equal(got, dense[at][rows, :dim])
     wide = tree_noise.entry_noise(KEY, np.array(slow), np.zeros(3, int), np.zeros(3, int), 1)
     assert [written_out(KEY, r, 0, 0, 0)[2][-1] for r in slow] == ["w", "q", "t"]
-    np.testing.assert_array_equal(
-        wide[:, 0], [written_out(KEY, r, 0, 0, 0)[0] for r in slow]
-    )
+    np.testing.assert_array_equal(wide[:, 0], [written_out(KEY, r, 0, 0, 0)[0] for r in slow])
 
 
 def test_the_tree_and_blt_hold_their_identities_under_version_2(monkeypatch) -> None:
@@ -306,7 +304,7 @@ def test_the_version_stage_round_trips_and_refuses_what_it_does_not_know() -> No
     """The stage holds the version; a checkpoint without it (written before versions) loads
     as version 1 and drops what was derived with another; an unknown version or another
     tensor is refused, naming the file, the field and the versions known."""
-    mechanism, stage = record(2)
+    _, stage = record(2)
     saved = stage.state_tensors()
     assert {n: int(v) for n, v in saved.items()} == {"version": 2}
     other, loaded = record(1)
@@ -334,7 +332,11 @@ TREE = [
 ]
 MODES = {  # DP-FTRL-FedAvg, and DP-FTRL-FedSubAvg on the private rows
     "all": ["train.algorithms=['fedavg']", "dp.rows='all'"],
-    "private": ["train.algorithms=['fedsubavg']", "dp.rows='private'", "dp.selection_threshold=1.0"],
+    "private": [
+        "train.algorithms=['fedsubavg']",
+        "dp.rows='private'",
+        "dp.selection_threshold=1.0",
+    ],
 }
 
 

@@ -25,7 +25,7 @@ fedsub's keyed form (not the paper's source of uniforms): each entry has its own
 counters). An attempt is one word: its low 8 bits the layer, bit 8 the sign, its top 53 bits
 U (the paper's RNOR takes the layer and U from the same bits of one 32-bit integer, a
 correlation Doornik 2005 points out; here the bits are disjoint). The first attempt is W0;
-98.6% of entries are accepted there, with one table look-up, one multiplication and one
+98.5% of entries are accepted there, with one table look-up, one multiplication and one
 comparison each (no transcendental function). The others read one block (two words) a step:
 after a wedge attempt the block's first word is U' and its second the next attempt (read
 only when U' rejects); in the tail its two words are U1 and U2 (a uniform of the auxiliary
@@ -88,6 +88,11 @@ _WIDTH = _signed(X * SCALE)
 _BOUND = np.tile(np.floor(INNER / X * 2.0**53).astype(np.int64), 2)
 _DROP = np.concatenate([[0.0], Y[:-1] - Y[1:]])  # f(x[i - 1]) - f(x[i]) of layer i
 _LOW = 511
+SCALAR = 12  # pending entries up to which ``_rare`` takes them one at a time
+# the tables as Python floats and ints, for ``_one`` (the same values)
+_WIDTH_LIST, _BOUND_LIST = _WIDTH[:256].tolist(), _BOUND[:256].tolist()
+_Y_LIST, _DROP_LIST = Y.tolist(), _DROP.tolist()
+BAND = 2.0**-40  # ``_below_exp``: numpy's exp and the C library's agree far closer than this
 
 More = Callable[[np.ndarray, int, int], np.ndarray]
 """``more(entries, step, count)``: blocks step .. step + count - 1 (step >= 1) of each of
@@ -104,10 +109,58 @@ def normals(first: np.ndarray, more: More) -> np.ndarray:
     accepted = high < _BOUND.take(low)
     if not accepted.all():
         pending = np.flatnonzero(~accepted)
-        attempt = first[pending]
-        tail = np.bitwise_and(attempt, np.uint64(255)) == 0  # a base attempt: the tail
-        out[pending] = _slow(attempt, tail, attempt.copy(), pending, more, 1)
+        out[pending] = _rare(first[pending], pending, more)
     return out
+
+
+def _rare(attempt: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:
+    """The entries not accepted at once: one at a time in Python when they are few
+    (``_one``), else vectorised (``_slow``); the same numbers either way (module docstring:
+    the same IEEE operations in the same order, and the C library's exp and log)."""
+    if len(entries) > SCALAR:
+        tail = np.bitwise_and(attempt, np.uint64(255)) == 0  # a base attempt: the tail
+        return _slow(attempt, tail, attempt.copy(), entries, more, 1)
+    blocks = more(entries, 1, AHEAD).tolist()
+    return np.array(
+        [
+            _one(int(word), read, int(entry), more)
+            for word, read, entry in zip(attempt.tolist(), blocks, entries.tolist(), strict=True)
+        ]
+    )
+
+
+def _one(attempt: int, blocks: list[list[int]], entry: int, more: More) -> float:
+    """One entry's steps after its first attempt ``attempt``, over its blocks 1, 2, ...
+    (``blocks`` the first ones read; later ones from ``more``): the paper's nfix."""
+    step, word, tail = 0, attempt, (attempt & 255) == 0
+    while True:
+        if step == len(blocks):
+            blocks += more(np.array([entry]), step + 1, AHEAD).tolist()[0]
+        aux, fresh = blocks[step]
+        step += 1
+        if tail:  # x = -ln U1 / r, y = -ln U2 until 2 y > x^2; r + x
+            t = -math.log(_uniform(aux)) / R
+            y = -math.log(_uniform(fresh))
+            if y + y > t * t:
+                return _with_sign(R + t, word)
+            continue
+        layer = word & 255
+        x = float(word >> 11) * _WIDTH_LIST[layer]
+        if _Y_LIST[layer] + _uniform(aux) * _DROP_LIST[layer] < math.exp(-0.5 * x * x):
+            return _with_sign(x, word)
+        word, layer = fresh, fresh & 255
+        if fresh >> 11 < _BOUND_LIST[layer]:
+            return _with_sign(float(fresh >> 11) * _WIDTH_LIST[layer], fresh)
+        tail = layer == 0
+
+
+def _uniform(word: int) -> float:
+    """``_open`` of one word."""
+    return (float(word >> 12) + 0.5) * 2.0**-52
+
+
+def _with_sign(value: float, word: int) -> float:
+    return -value if word >> 8 & 1 else value
 
 
 def _decode(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -142,7 +195,7 @@ def _slow(
     tested = np.stack([attempt, fresh[:, 0]], axis=1)  # the attempt a wedge step tests
     layer, x, _ = _decode(tested)
     u = _open(aux)
-    wedge = Y[layer] + u * _DROP[layer] < np.exp(-0.5 * x * x)  # the wedge test accepts
+    wedge = _below_exp(Y[layer] + u * _DROP[layer], x)  # the wedge test accepts
     fresh_layer, fresh_x, quick = _decode(fresh)  # a new attempt accepted at once
     to_tail = (fresh_layer == 0) & ~quick  # a new attempt in the base: the tail from then
     # from a wedge: step 1 ends in the wedge (x), a quick attempt, or the tail (read at step
@@ -156,8 +209,9 @@ def _slow(
     sign_2 = sign
     if in_tail.any():  # rare (0.03% of the entries): the tail method, from step 1 or 2
         sign_2 = np.where(tail, sign, fresh[:, 0])  # the tail's sign at step 2
-        tail_x = -np.log(u) / R
-        tail_y = -np.log(_open(fresh))
+        tail_x, tail_y = np.ones_like(u), np.zeros_like(u)  # (entries not in the tail)
+        tail_x[in_tail] = -_log(u[in_tail]) / R
+        tail_y[in_tail] = -_log(_open(fresh[in_tail]))
         tail_ok = tail_y + tail_y > tail_x * tail_x  # the tail method accepts
         tail_2 = _signed_value(R + tail_x[:, 1], sign_2)
         np.copyto(out, tail_2, where=enters)
@@ -170,6 +224,23 @@ def _slow(
         sign_3 = np.where(in_tail[left], sign_2[left], fresh[left, 1])
         out[left] = _slow(fresh[left, 1], later, sign_3, entries[left], more, step + AHEAD)
     return out
+
+
+def _below_exp(value: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """value < exp(-x^2 / 2) elementwise, as the C library's exp decides it (``_one``'s):
+    numpy's exp, and the C library's where the two sides are within ``BAND`` (never seen)."""
+    bound = np.exp(-0.5 * x * x)
+    below = value < bound
+    close = np.abs(value - bound) <= BAND * bound
+    if close.any():
+        pairs = zip(value[close].tolist(), x[close].tolist(), strict=True)
+        below[close] = [v < math.exp(-0.5 * e * e) for v, e in pairs]
+    return below
+
+
+def _log(values: np.ndarray) -> np.ndarray:
+    """The C library's natural log of each of ``values`` (as ``_one`` takes it)."""
+    return np.array([math.log(v) for v in values.reshape(-1).tolist()]).reshape(values.shape)
 
 
 def _open(words: np.ndarray) -> np.ndarray:
