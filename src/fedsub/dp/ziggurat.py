@@ -106,38 +106,75 @@ def normals(first: np.ndarray, more: More) -> np.ndarray:
     high = (first >> np.uint64(11)).view(np.int64)
     out = high.astype(np.float64)
     out *= _WIDTH.take(low)
-    accepted = high < _BOUND.take(low)
-    if not accepted.all():
-        pending = np.flatnonzero(~accepted)
-        out[pending] = _rare(first[pending], pending, more)
+    pending = np.flatnonzero(high >= _BOUND.take(low))
+    if len(pending):
+        out[pending] = _rare(first[pending], out[pending], pending, more)
     return out
 
 
-def _rare(attempt: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:
-    """The entries not accepted at once: one at a time in Python when they are few
-    (``_one``), else vectorised (``_slow``); the same numbers either way (module docstring:
-    the same IEEE operations in the same order, and the C library's exp and log)."""
-    if len(entries) > SCALAR:
-        tail = np.bitwise_and(attempt, np.uint64(255)) == 0  # a base attempt: the tail
-        return _slow(attempt, tail, attempt.copy(), entries, more, 1)
-    blocks = more(entries, 1, AHEAD).tolist()
+def _rare(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:
+    """The entries not accepted at once (``attempt`` their first words, ``x`` its abscissae):
+    step 1 of the wedges vectorised when they are many (``_step``), the rest one entry at a
+    time in Python (``_one``); the same numbers either way (module docstring: the same IEEE
+    operations in the same order, and the C library's exp and log)."""
+    if len(entries) <= SCALAR:
+        return _each(attempt.tolist(), entries, more, 1)
+    return _step(attempt, x, entries, more)
+
+
+def _step(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:
+    """Step 1 of the pending entries, vectorised, from block 1: in a wedge its U' for the wedge
+    test and, when that rejects, its second word as the next attempt; in the tail its U1 and
+    U2. The entries it does not end go on one at a time, from block 2."""
+    block = more(entries, 1, 1)[:, 0]
+    layer = np.bitwise_and(attempt.view(np.int64), 255)
+    u = np.add(block[:, 0] >> np.uint64(12), 0.5)  # _open
+    u *= 2.0**-52
+    wedge = layer > 0
+    ends = _below_exp(Y.take(layer) + u * _DROP.take(layer), x) & wedge
+    fresh = block[:, 1]
+    low = np.bitwise_and(fresh.view(np.int64), _LOW)
+    high = (fresh >> np.uint64(11)).view(np.int64)
+    out = np.where(ends, x, high.astype(np.float64) * _WIDTH.take(low))
+    ends |= (high < _BOUND.take(low)) & wedge  # a new attempt accepted at once
+    if not wedge.all():  # the tail (0.03% of the entries): the C library's log, as _one's
+        tail = np.flatnonzero(~wedge)
+        t = -_log(u[tail]) / R
+        y = -_log(_open(fresh[tail]))
+        ok = y + y > t * t
+        value = R + t
+        value = np.where(attempt[tail] & np.uint64(256), -value, value)
+        out[tail[ok]] = value[ok]
+        ends[tail[ok]] = True
+    left = np.flatnonzero(~ends)
+    if len(left):  # the tail goes on with its sign, a wedge with its new attempt
+        words = np.where(wedge[left], fresh[left], attempt[left])
+        out[left] = _each(words.tolist(), entries[left], more, 2)
+    return out
+
+
+def _each(words: list[int], entries: np.ndarray, more: More, step: int) -> np.ndarray:
+    """``_one`` of each entry from its attempt ``words[i]`` at block ``step``, the entries'
+    blocks read in one call."""
+    blocks = more(entries, step, AHEAD).tolist()
     return np.array(
         [
-            _one(int(word), read, int(entry), more)
-            for word, read, entry in zip(attempt.tolist(), blocks, entries.tolist(), strict=True)
+            _one(word, read, step, entry, more)
+            for word, read, entry in zip(words, blocks, entries.tolist(), strict=True)
         ]
     )
 
 
-def _one(attempt: int, blocks: list[list[int]], entry: int, more: More) -> float:
-    """One entry's steps after its first attempt ``attempt``, over its blocks 1, 2, ...
-    (``blocks`` the first ones read; later ones from ``more``): the paper's nfix."""
-    step, word, tail = 0, attempt, (attempt & 255) == 0
+def _one(attempt: int, blocks: list[list[int]], step: int, entry: int, more: More) -> float:
+    """One entry's steps from block ``step`` on (``blocks`` its blocks step, step + 1, ...
+    read so far; later ones from ``more``), its attempt ``attempt`` not accepted at once:
+    the paper's nfix, a step a block."""
+    word, tail, at = attempt, (attempt & 255) == 0, 0
     while True:
-        if step == len(blocks):
-            blocks += more(np.array([entry]), step + 1, AHEAD).tolist()[0]
-        aux, fresh = blocks[step]
-        step += 1
+        if at == len(blocks):
+            blocks = blocks + more(np.array([entry]), step + at, AHEAD).tolist()[0]
+        aux, fresh = blocks[at]
+        at += 1
         if tail:  # x = -ln U1 / r, y = -ln U2 until 2 y > x^2; r + x
             t = -math.log(_uniform(aux)) / R
             y = -math.log(_uniform(fresh))
@@ -163,69 +200,6 @@ def _with_sign(value: float, word: int) -> float:
     return -value if word >> 8 & 1 else value
 
 
-def _decode(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(layer, x, accepted at once) of attempt words: x = U x[layer] with the word's sign."""
-    low = np.bitwise_and(words.view(np.int64), _LOW)
-    high = (words >> np.uint64(11)).view(np.int64)
-    return low & 255, high.astype(np.float64) * _WIDTH[low], high < _BOUND[low]
-
-
-def _signed_value(value: np.ndarray, sign: np.ndarray) -> np.ndarray:
-    """``value`` (positive) with the sign bit of the words ``sign`` (bit 8), in place."""
-    bits = value.view(np.uint64)
-    bits |= (sign & np.uint64(256)) << np.uint64(55)
-    return value
-
-
-def _slow(
-    attempt: np.ndarray,
-    tail: np.ndarray,
-    sign: np.ndarray,
-    entries: np.ndarray,
-    more: More,
-    step: int,
-) -> np.ndarray:
-    """The paper's steps after the fast path for the pending ``entries`` (module docstring),
-    from block ``step`` of their streams: in a wedge (``tail`` false) with ``attempt``, or in
-    the tail with the sign bit of ``sign``. Two blocks (``AHEAD``) of every entry are read at
-    once and both steps' outcomes computed for each (a block's meaning depends only on the
-    state it is read in); each entry takes its first ending, and one not ended reads on."""
-    blocks = more(entries, step, AHEAD)  # block k: U' then the next attempt, or U1 and U2
-    aux, fresh = blocks[..., 0], blocks[..., 1]
-    tested = np.stack([attempt, fresh[:, 0]], axis=1)  # the attempt a wedge step tests
-    layer, x, _ = _decode(tested)
-    u = _open(aux)
-    wedge = _below_exp(Y[layer] + u * _DROP[layer], x)  # the wedge test accepts
-    fresh_layer, fresh_x, quick = _decode(fresh)  # a new attempt accepted at once
-    to_tail = (fresh_layer == 0) & ~quick  # a new attempt in the base: the tail from then
-    # from a wedge: step 1 ends in the wedge (x), a quick attempt, or the tail (read at step
-    # 2); else step 2 ends in the wedge or a quick attempt
-    out = np.where(wedge[:, 1], x[:, 1], fresh_x[:, 1])
-    np.copyto(out, fresh_x[:, 0], where=quick[:, 0])
-    np.copyto(out, x[:, 0], where=wedge[:, 0])
-    ended = wedge[:, 0] | quick[:, 0] | wedge[:, 1] | quick[:, 1]
-    enters = to_tail[:, 0] & ~wedge[:, 0]
-    in_tail = tail | enters
-    sign_2 = sign
-    if in_tail.any():  # rare (0.03% of the entries): the tail method, from step 1 or 2
-        sign_2 = np.where(tail, sign, fresh[:, 0])  # the tail's sign at step 2
-        tail_x, tail_y = np.ones_like(u), np.zeros_like(u)  # (entries not in the tail)
-        tail_x[in_tail] = -_log(u[in_tail]) / R
-        tail_y[in_tail] = -_log(_open(fresh[in_tail]))
-        tail_ok = tail_y + tail_y > tail_x * tail_x  # the tail method accepts
-        tail_2 = _signed_value(R + tail_x[:, 1], sign_2)
-        np.copyto(out, tail_2, where=enters)
-        tail_1 = _signed_value(R + tail_x[:, 0], sign)
-        np.copyto(out, np.where(tail_ok[:, 0], tail_1, tail_2), where=tail)
-        ended = np.where(in_tail, tail_ok[:, 1] | (tail & tail_ok[:, 0]), ended)
-    if not ended.all():  # on to the next blocks, from each entry's state after these
-        left = np.flatnonzero(~ended)
-        later = (in_tail | to_tail[:, 1])[left]
-        sign_3 = np.where(in_tail[left], sign_2[left], fresh[left, 1])
-        out[left] = _slow(fresh[left, 1], later, sign_3, entries[left], more, step + AHEAD)
-    return out
-
-
 def _below_exp(value: np.ndarray, x: np.ndarray) -> np.ndarray:
     """value < exp(-x^2 / 2) elementwise, as the C library's exp decides it (``_one``'s):
     numpy's exp, and the C library's where the two sides are within ``BAND`` (never seen)."""
@@ -240,7 +214,7 @@ def _below_exp(value: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _log(values: np.ndarray) -> np.ndarray:
     """The C library's natural log of each of ``values`` (as ``_one`` takes it)."""
-    return np.array([math.log(v) for v in values.reshape(-1).tolist()]).reshape(values.shape)
+    return np.array([math.log(v) for v in values.tolist()])
 
 
 def _open(words: np.ndarray) -> np.ndarray:
