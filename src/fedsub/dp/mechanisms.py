@@ -189,9 +189,12 @@ def ftrl_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
     rows' last rounds (``dp_ftrl``)."""
     if not isinstance(mechanism, ftrl.FtrlMechanism):
         return {}
-    version = {tree_noise.VERSION_STAGE: tree_noise.StreamVersionRecord(mechanism)}
-    sparse = mechanism.settings.rows == "private"
-    return {**version, ftrl.STAGE: mechanism} if sparse else version  # type: ignore[dict-item]
+    stages: dict[str, Stateful] = {
+        tree_noise.VERSION_STAGE: tree_noise.StreamVersionRecord(mechanism)
+    }
+    if mechanism.settings.rows == "private":
+        stages[ftrl.STAGE] = mechanism
+    return stages
 
 
 def ftrl_accounting(asked: DpAsked, num_clients: int) -> tuple[float, Accounting]:
