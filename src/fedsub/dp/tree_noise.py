@@ -213,10 +213,29 @@ STEPS = 1 << (32 - PAIR_BITS - 1)  # steps a retry counter can name (more are ne
 
 def _entries_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray:
     """Version 2 (module docstring): the ziggurat over each entry's word stream, its first
-    word from the block of its pair and the few later ones from its own retry counters."""
+    word from the block of its pair and the few later ones from its own retry counters; a
+    large draw in pieces of about ``CHUNK`` entries (its arrays stay in the cache: the same
+    numbers, every entry's value being its own)."""
     pairs = (dim + 1) // 2
     if pairs > 1 << PAIR_BITS:
         raise ValueError(f"noise stream version 2 draws at most {2 << PAIR_BITS} values an entry")
+    piece = max(CHUNK // dim, 1)  # rows a piece
+    if count <= piece:
+        return _piece_v2(key, counter, count, dim)
+    out = np.empty((count, dim))
+    for start in range(0, count, piece):
+        stop = min(start + piece, count)
+        part = counter[start * pairs : stop * pairs]
+        out[start:stop] = _piece_v2(key, part, stop - start, dim)
+    return out
+
+
+CHUNK = 20480  # _entries_v2: the entries of a piece (its arrays in the CPU's cache)
+
+
+def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray:
+    """``_entries_v2`` of ``count`` rows at once."""
+    pairs = (dim + 1) // 2
     words = keystream_words(counter, key).view(np.uint64).reshape(count, 2 * pairs)
     first = words.reshape(-1) if dim == 2 * pairs else words[:, :dim].reshape(-1)
 

@@ -132,7 +132,8 @@ def _step(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -
     """Step 1 of the pending entries, vectorised, from block 1: in a wedge its U' for the wedge
     test and, when that rejects, its second word as the next attempt; in the tail its U1 and
     U2. The entries it does not end go on one at a time, from block 2."""
-    block = more(entries, 1, 1)[:, 0]
+    blocks = more(entries, 1, AHEAD)  # block 2 too: the entries step 1 does not end read it
+    block = blocks[:, 0]
     layer = np.bitwise_and(attempt.view(np.int64), 255)
     u = np.add(block[:, 0] >> np.uint64(12), 0.5)  # _open
     u *= 2.0**-52
@@ -155,18 +156,20 @@ def _step(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -
     left = np.flatnonzero(~ends)
     if len(left):  # the tail goes on with its sign, a wedge with its new attempt
         words = np.where(wedge[left], fresh[left], attempt[left])
-        out[left] = _each(words.tolist(), entries[left], more, 2)
+        out[left] = _each(words.tolist(), entries[left], more, 2, blocks[left, 1:].tolist())
     return out
 
 
-def _each(words: list[int], entries: np.ndarray, more: More, step: int) -> np.ndarray:
+def _each(
+    words: list[int], entries: np.ndarray, more: More, step: int, read: list | None = None
+) -> np.ndarray:
     """``_one`` of each entry from its attempt ``words[i]`` at block ``step``, the entries'
-    blocks read in one call."""
-    blocks = more(entries, step, AHEAD).tolist()
+    blocks read in one call (or ``read`` already)."""
+    blocks = more(entries, step, AHEAD).tolist() if read is None else read
     return np.array(
         [
-            _one(word, read, step, entry, more)
-            for word, read, entry in zip(words, blocks, entries.tolist(), strict=True)
+            _one(word, its, step, entry, more)
+            for word, its, entry in zip(words, blocks, entries.tolist(), strict=True)
         ]
     )
 
