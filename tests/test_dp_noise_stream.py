@@ -429,3 +429,12 @@ def test_the_vectorised_and_the_one_at_a_time_steps_give_the_same_numbers(monkey
     assert {"w", "t", "rq"} <= paths  # a wedge, a tail, a rejected wedge among them
     for r in pending:
         assert vectorised[r, 0] == written_out(KEY, int(r), 0, 0, 0)[0]
+
+
+def test_the_wedge_test_decides_as_the_c_librarys_exp_near_its_bound() -> None:
+    """Where the wedge test's two sides are within 2^-40 (numpy's exp and the C library's
+    could then disagree), the C library's exp decides it, as the one-at-a-time steps do."""
+    x = np.array([0.3, 1.7, 2.9, 0.3])
+    bound = np.array([math.exp(-0.5 * v * v) for v in x])
+    value = np.array([bound[0], np.nextafter(bound[1], 0), np.nextafter(bound[2], 1), 0.5])
+    assert ziggurat._below_exp(value, x).tolist() == [False, True, False, True]
