@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from fedsub.dp.participation import Pattern
-from fedsub.dp.tree_noise import Key, entry_noise, node_noise
+from fedsub.dp.tree_noise import STREAM_VERSION, Key, entry_noise, node_noise, stream_key
 from fedsub.files.atomic_files import write_atomic
 from fedsub.files.cache_folder import cache_folder
 from fedsub.numerics import seeding
@@ -278,11 +278,10 @@ def _compiled_sensitivity(pattern: Pattern):
     )
 
 
-def blt_key(seed: seeding.Seed, table: int) -> Key:
-    """The AES-256 key of stream number ``table``'s BLT noise (as ``tree_noise.table_key``,
-    purpose ``BLT_PURPOSE``)."""
-    words = seeding.seed_sequence(seed, seeding.DP, BLT_PURPOSE, table).generate_state(8)
-    return np.asarray(words, dtype="<u4").tobytes()
+def blt_key(seed: seeding.Seed, table: int, version: int = STREAM_VERSION) -> Key:
+    """The AES-256 key of stream number ``table``'s BLT noise for noise stream ``version``
+    (as ``tree_noise.table_key``, purpose ``BLT_PURPOSE``)."""
+    return stream_key(seed, BLT_PURPOSE, table, version)
 
 
 @dataclass

@@ -78,6 +78,7 @@ from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.dp import clipping, selection
 from fedsub.dp.mechanism import DpMechanism, RoundStats, round_generator
 from fedsub.dp.tree_noise import (
+    STREAM_VERSION,
     Key,
     decomposition,
     every_node_noise,
@@ -242,6 +243,7 @@ class FtrlMechanism(DpMechanism):
     keys: dict[int, Key] = field(default_factory=dict, repr=False)  # the streams' AES keys
     # per table, the window's selection as its rounds read it (``_window_kept``)
     window_rows: dict[str, tuple] = field(default_factory=dict, repr=False)
+    noise_version: int = STREAM_VERSION  # the keys' noise stream (tree_noise.StreamVersionRecord)
     _sigma: tuple[float, float] = field(default=(-1.0, 0.0), repr=False)  # (clip, sigma)
 
     def __post_init__(self) -> None:
@@ -252,7 +254,7 @@ class FtrlMechanism(DpMechanism):
     def key(self, stream: int) -> Key:
         assert self.streams is not None
         if stream not in self.keys:  # derived once (a SeedSequence), then reused
-            self.keys[stream] = table_key(self.streams.key, stream)
+            self.keys[stream] = table_key(self.streams.key, stream, self.noise_version)
         return self.keys[stream]
 
     @property

@@ -49,7 +49,7 @@ class BltMechanism(FtrlMechanism):
     def key(self, stream: int) -> Key:
         assert self.streams is not None
         if stream not in self.keys:
-            self.keys[stream] = blt_noise.blt_key(self.streams.key, stream)
+            self.keys[stream] = blt_noise.blt_key(self.streams.key, stream, self.noise_version)
         return self.keys[stream]
 
     def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> NoiseStream:

@@ -26,7 +26,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from fedsub.algorithms.aggregation import ServerUpdate
-from fedsub.dp import blt_noise, ftrl, ftrl_blt
+from fedsub.dp import blt_noise, ftrl, ftrl_blt, tree_noise
 from fedsub.dp import settings as dp_settings
 from fedsub.dp.accountant import Accountant, Sampling
 from fedsub.dp.mechanism import DpMechanism
@@ -185,9 +185,16 @@ def gaussian_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
 
 
 def ftrl_stages(mechanism: CentralMechanism) -> dict[str, Stateful]:
-    """The selected rows' last rounds (``dp_ftrl``), with rows = "private"."""
-    sparse = isinstance(mechanism, ftrl.FtrlMechanism) and mechanism.settings.rows == "private"
-    return {ftrl.STAGE: mechanism} if sparse else {}  # type: ignore[dict-item]
+    """The noise stream version (``dp_noise_stream``) and, with rows = "private", the selected
+    rows' last rounds (``dp_ftrl``)."""
+    if not isinstance(mechanism, ftrl.FtrlMechanism):
+        return {}
+    stages: dict[str, Stateful] = {
+        tree_noise.VERSION_STAGE: tree_noise.StreamVersionRecord(mechanism)
+    }
+    if mechanism.settings.rows == "private":
+        stages[ftrl.STAGE] = mechanism
+    return stages
 
 
 def ftrl_accounting(asked: DpAsked, num_clients: int) -> tuple[float, Accounting]:
