@@ -80,9 +80,9 @@ from fedsub.dp.mechanism import DpMechanism, RoundStats, round_generator
 from fedsub.dp.tree_noise import (
     STREAM_VERSION,
     Key,
+    RowsCounter,
     decomposition,
     every_node_noise,
-    node_noise,
     prefix_difference,
     subtree_sum,
     table_key,
@@ -120,47 +120,61 @@ class DenseTree:
     stack: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
     last: tuple[int, np.ndarray] | None = None  # (t, N(t) - N(t - 1)) of the latest round
     kept: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)  # _ahead
+    counter: RowsCounter | None = field(default=None, repr=False)  # _fresh_nodes (a table)
 
     def increment(self, t: int) -> np.ndarray:
         """N(t) - N(t - 1), (rows, dim) float64."""
         if self.last is not None and self.last[0] == t:  # a round combined twice
             return self.last[1]
-        every = np.arange(self.rows)
         if self.done != t - 1:  # fresh (t > 1) or resumed: the buffer of round t - 1
+            every = np.arange(self.rows)
             self.stack = [
                 (lv, i, subtree_sum(self.key, every, lv, i, self.dim))
                 for lv, i in decomposition(t - 1)
             ]
         level, index = 0, t - 1
-        noise = self._fresh_nodes(every, t)
-        b = noise(0)
-        step = np.zeros((self.rows, self.dim))
+        noise = self._fresh_nodes(t)
+        # in place on arrays this round owns (``noise`` draws fresh ones; the popped nodes
+        # leave the stack): the same operations on the same numbers as
+        # step = 0 - left w_l ... + b w_top and b = noise + 0.5 (left + b), without the
+        # temporaries (a zero can differ in its sign only, which adds as nothing)
+        b, step = noise(0), None
         while self.stack and self.stack[-1][0] == level:
             _, _, left = self.stack.pop()  # leaves the decomposition: its estimate goes
-            step -= left * weight(level)
+            if step is None:
+                step = np.multiply(left, -weight(level))
+            else:
+                step -= left * weight(level)
             index >>= 1
             level += 1
-            b = noise(level) + 0.5 * (left + b)
+            left += b
+            left *= 0.5
+            left += noise(level)
+            b = left
         self.stack.append((level, index, b))
-        step += b * weight(level)
+        if step is None:
+            step = b * weight(level)
+        else:
+            step += b * weight(level)
         self.done, self.last = t, (t, step)
         return step
 
-    def _fresh_nodes(self, every: np.ndarray, t: int) -> Callable[[int], np.ndarray]:
+    def _fresh_nodes(self, t: int) -> Callable[[int], np.ndarray]:
         """The noise of the node at each level that round ``t`` completes ((level, (t - 1) >>
-        level), level 0 its leaf), by level. A small stream (a dense parameter: a few rows)
-        draws them in one call, a table one call per node (arrays of one size a round,
-        which the allocator reuses); the same numbers."""
+        level), level 0 its leaf), by level, each a fresh array. A small stream (a dense
+        parameter: a few rows) draws them in one call, a table one call per node (into the
+        counter blocks it keeps, ``RowsCounter``); the same numbers."""
         if self.rows * self.dim > SMALL_STREAM:
-            return lambda level: node_noise(
-                self.key, every, level, np.array([(t - 1) >> level]), self.dim
-            )[:, 0]
+            if self.counter is None:
+                self.counter = RowsCounter(self.rows, self.dim)
+            counter = self.counter
+            return lambda level: counter.noise(self.key, level, (t - 1) >> level)
         merged = 0  # the levels merged: the complete subtrees on top of the stack
         while merged < len(self.stack) and self.stack[-1 - merged][0] == merged:
             merged += 1
         nodes = [(level, (t - 1) >> level) for level in range(merged + 1)]
-        drawn = self._ahead(every, nodes, t)
-        return lambda level: drawn[level]
+        drawn = self._ahead(np.arange(self.rows), nodes, t)
+        return lambda level: drawn[level].copy()  # kept: the round's arrays are its own
 
     def _ahead(self, every: np.ndarray, nodes: list[tuple[int, int]], t: int) -> list:
         """The noise of ``nodes``, drawn with the nodes of the next rounds in one call when

@@ -71,6 +71,7 @@ __all__ = [
     "VERSION_STAGE",
     "Key",
     "StreamKey",
+    "RowsCounter",
     "StreamVersionRecord",
     "decomposition",
     "difference_terms",
@@ -164,6 +165,27 @@ def node_noise(key: Key, rows: np.ndarray, level: int, nodes: np.ndarray, dim: i
     counter[..., 3] = np.asarray(rows, dtype=np.uint32)[:, None, None]
     flat = _draw(key, counter.reshape(-1, 4), len(rows) * len(nodes), dim)
     return flat.reshape(len(rows), len(nodes), dim)
+
+
+class RowsCounter:
+    """The counter blocks of one node of every row 0 .. rows - 1, kept: a dense stream
+    (dp/ftrl.py's ``DenseTree``, dp/blt_noise.py's ``DenseBlt``) draws a node of every row each
+    round, and only the node's two counter words change. ``noise`` is ``node_noise(key,
+    np.arange(rows), level, [node], dim)[:, 0]`` (the same blocks in the same order)."""
+
+    def __init__(self, rows: int, dim: int) -> None:
+        pairs = (dim + 1) // 2
+        self.rows, self.dim = rows, dim
+        self.counter = np.zeros((rows, pairs, 4), dtype=np.uint32)
+        self.counter[..., 0] = np.arange(pairs, dtype=np.uint32)
+        self.counter[..., 3] = np.arange(rows, dtype=np.uint32)[:, None]
+        self.flat = self.counter.reshape(-1, 4)
+
+    def noise(self, key: Key, level: int, node: int) -> np.ndarray:
+        """The noise of node (``level``, ``node``) of every row: (rows, dim) float64."""
+        self.flat[:, 1] = node
+        self.flat[:, 2] = level
+        return _draw(key, self.flat, self.rows, self.dim)
 
 
 def every_node_noise(
