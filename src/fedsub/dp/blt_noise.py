@@ -52,7 +52,14 @@ from pathlib import Path
 import numpy as np
 
 from fedsub.dp.participation import Pattern
-from fedsub.dp.tree_noise import STREAM_VERSION, Key, entry_noise, node_noise, stream_key
+from fedsub.dp.tree_noise import (
+    STREAM_VERSION,
+    Key,
+    RowsCounter,
+    entry_noise,
+    node_noise,
+    stream_key,
+)
 from fedsub.files.atomic_files import write_atomic
 from fedsub.files.cache_folder import cache_folder
 from fedsub.numerics import seeding
@@ -440,6 +447,7 @@ class DenseBlt:
     ahead: tuple[int, np.ndarray] = field(
         default_factory=lambda: (0, np.zeros((0, 0, 0))), repr=False
     )
+    counter: RowsCounter | None = field(default=None, repr=False)  # _z (a table)
 
     def increment(self, t: int) -> np.ndarray:
         """y_t of every row, (rows, dim) float64."""
@@ -448,27 +456,56 @@ class DenseBlt:
         if self.state is None or self.state.done != t - 1:
             self.state = fresh(self.strategy, np.arange(self.rows), self.dim)
             replay(self.strategy, self.key, self.state, t - 1, np.full(self.rows, t), self.dim)
-            self.products = np.empty_like(self.state.buffers)
         # round t alone: replay's draw and step for every row, without its per-row bookkeeping
         # (every row counts round t), the same operations on the same numbers
         z = self._z(t)
-        step = np.zeros((self.rows, self.dim))
-        step += advance(self.strategy, self.state.buffers, z, self.products)
+        if self.state.buffers.size and self._ahead() == 1:  # z drawn for this round alone
+            step = self._advance(z)  # advance's operations, in place on z
+        else:
+            if self.products.shape != self.state.buffers.shape:
+                self.products = np.empty_like(self.state.buffers)
+            step = np.zeros((self.rows, self.dim))
+            step += advance(self.strategy, self.state.buffers, z, self.products)
         self.state.done, self.last = t, (t, step)
         return step
+
+    def _advance(self, z: np.ndarray) -> np.ndarray:
+        """``advance`` with y computed in ``z`` (this round's own) and one buffer's product at
+        a time in a scratch of one buffer's size: the same operations on the same numbers
+        (0 + y, which ``increment`` returns otherwise, differs from y only in a zero's sign,
+        which adds as nothing)."""
+        assert self.state is not None
+        buffers, strategy = self.state.buffers, self.strategy
+        if self.products.shape != z.shape:
+            self.products = np.empty_like(z)
+        scratch = self.products
+        for j, scale in enumerate(strategy.scale_column):
+            np.multiply(buffers[j], scale, out=scratch)
+            z -= scratch
+        buffers *= strategy.decay_column
+        buffers += z
+        return z
 
     def _z(self, t: int) -> np.ndarray:
         """z_t of every row, (rows, dim): a tiny stream (a bias) draws the next rounds' with
         it in one call (``AHEAD_ENTRIES``) and keeps them, a call's fixed cost once every
         few dozen rounds; each entry is its own (key, row, round), so the same numbers."""
         assert self.state is not None
-        ahead = max(1, AHEAD_ENTRIES // (self.rows * self.dim))
+        ahead = self._ahead()
+        if ahead == 1:  # a round a call, into the counter blocks kept (the same numbers)
+            if self.counter is None:
+                self.counter = RowsCounter(self.rows, self.dim)
+            return self.counter.noise(self.key, 0, t)
         first, drawn = self.ahead
         if not first <= t < first + drawn.shape[1]:
             rounds = np.arange(t, t + ahead)
             self.ahead = (t, node_noise(self.key, self.state.rows, 0, rounds, self.dim))
             first, drawn = self.ahead
         return drawn[:, t - first]
+
+    def _ahead(self) -> int:
+        """The rounds of z ``_z`` draws in one call (1: a table's, this round's alone)."""
+        return max(1, AHEAD_ENTRIES // (self.rows * self.dim))
 
 
 AHEAD_ENTRIES = 64  # DenseBlt: a tiny stream's entries drawn ahead in one call (ftrl's too)
