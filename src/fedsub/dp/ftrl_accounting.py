@@ -62,20 +62,47 @@ def _merge(left: np.ndarray, right: np.ndarray, width: int, far: int) -> np.ndar
     k = left.shape[0] - 1
     out = np.full_like(left, NEG)
     out[0, far, far] = 0.0
-    for c in range(1, k + 1):  # one side empty: an offset carried across the empty half
-        for offset in range(far + 1):
-            grown = min(offset + width, far)
-            out[c, grown, :] = np.maximum(out[c, grown, :], right[c, offset, :])
-            out[c, :, grown] = np.maximum(out[c, :, grown], left[c, :, offset])
+    # one side empty: an offset carried across the empty half, offset -> min(offset + width,
+    # far); the offsets reaching far meet there (the maximum over them: exact, in any order)
+    if k >= 1:
+        kept = max(far - width, 0)  # the offsets below far - width keep their own grown offset
+        if kept:
+            out[1:, width:far, :] = right[1:, :kept, :]
+            out[1:, :, width:far] = np.maximum(out[1:, :, width:far], left[1:, :, :kept])
+        out[1:, far, :] = np.maximum(out[1:, far, :], right[1:, kept:, :].max(axis=1))
+        out[1:, :, far] = np.maximum(out[1:, :, far], left[1:, :, kept:].max(axis=2))
     # suffix maxima of the left's last offset: best[c, f, x] = max over l >= x of left[c, f, l]
     best = np.maximum.accumulate(left[:, :, ::-1], axis=2)[:, :, ::-1]
     needed = np.maximum(far - np.arange(far + 1), 0)  # the least l for the right's first f2
     for c1 in range(1, k):
         for c2 in range(1, k - c1 + 1):
-            # candidate[f1, f2, l2] = best[c1, f1, needed[f2]] + right[c2, f2, l2]
-            candidate = best[c1][:, needed][:, :, None] + right[c2][None, :, :]
-            out[c1 + c2] = np.maximum(out[c1 + c2], candidate.max(axis=1))
+            _join(out[c1 + c2], best[c1][:, needed], right[c2])
     return out
+
+
+DENSE_JOIN = 8  # _join: tables of at most this many offsets joined whole (fewer numpy calls)
+
+
+def _join(out: np.ndarray, first: np.ndarray, right: np.ndarray) -> None:
+    """out[f1, l2] = max(out[f1, l2], max over f2 of first[f1, f2] + right[f2, l2]), in place:
+    the left's best with c1 participations (``first[f1, f2]``: its last one far enough before
+    the right's first at f2) joined to the right's with c2. Only the offsets where both sides
+    have a finite value take part (a term with a side at -inf is -inf, which no maximum
+    takes: the same numbers, and most joins have none)."""
+    if first.shape[0] <= DENSE_JOIN:  # small tables (a short separation): all at once
+        np.maximum(out, (first[:, :, None] + right[None]).max(axis=1), out=out)
+        return
+    rows = np.flatnonzero(first.max(axis=1) > NEG)
+    if not len(rows):
+        return
+    middle = np.flatnonzero((first[rows].max(axis=0) > NEG) & (right.max(axis=1) > NEG))
+    if not len(middle):
+        return
+    columns = np.flatnonzero(right[middle].max(axis=0) > NEG)
+    # candidate[f1, f2, l2] = first[f1, f2] + right[f2, l2], over the finite offsets
+    candidate = first[np.ix_(rows, middle)][:, :, None] + right[np.ix_(middle, columns)][None]
+    block = np.ix_(rows, columns)
+    out[block] = np.maximum(out[block], candidate.max(axis=1))
 
 
 _ALIKE: dict[tuple[int, int], dict[tuple[int, bool], np.ndarray]] = {}  # by (k, far)
