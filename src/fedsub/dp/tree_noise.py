@@ -255,6 +255,9 @@ def _entries_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarr
 
 
 CHUNK = 20480  # _entries_v2: the entries of a piece (its arrays in the CPU's cache)
+# version 2's retry counters by step: word 0 = step 2^21 (the block's pair and slot OR-ed in)
+_STEP_TAGS = np.zeros((STEPS, 4), dtype=np.uint32)
+_STEP_TAGS[:, 0] = np.arange(STEPS, dtype=np.uint32) << (PAIR_BITS + 1)
 
 
 def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray:
@@ -266,14 +269,15 @@ def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray
     def more(entries: np.ndarray, step: int, steps: int) -> np.ndarray:
         if step + steps > STEPS:  # each step ends an entry with probability > 1/2: never
             raise RuntimeError(f"a ziggurat draw took {STEPS} steps")
-        tags = (np.arange(step, step + steps, dtype=np.uint32) << (PAIR_BITS + 1))[None, :]
+        # each entry's block, with the step in word 0 (``_STEP_TAGS``): (entries, steps, 4)
         if dim == 1:  # an entry a block, in slot 0
-            blocks = counter[np.repeat(entries, steps)].reshape(-1, steps, 4)
+            blocks = counter[entries][:, None, :] | _STEP_TAGS[step : step + steps]
         else:
             owner, position = np.divmod(entries, dim)
-            blocks = counter[np.repeat(owner * pairs + position // 2, steps)].reshape(-1, steps, 4)
-            tags = tags | ((position % 2).astype(np.uint32) << PAIR_BITS)[:, None]
-        blocks[..., 0] |= tags
+            blocks = counter[owner * pairs + position // 2][:, None, :] | _STEP_TAGS[
+                step : step + steps
+            ]
+            blocks[..., 0] |= ((position % 2).astype(np.uint32) << PAIR_BITS)[:, None]
         return keystream_words(blocks.reshape(-1, 4), key).view(np.uint64).reshape(-1, steps, 2)
 
     return ziggurat.normals(first, more).reshape(count, dim)
