@@ -53,6 +53,7 @@ position in the row's vector) only, whatever else is drawn in the same call.
 from __future__ import annotations
 
 import functools
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -269,6 +270,8 @@ def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray
     def more(entries: np.ndarray, step: int, steps: int) -> np.ndarray:
         if step + steps > STEPS:  # each step ends an entry with probability > 1/2: never
             raise RuntimeError(f"a ziggurat draw took {STEPS} steps")
+        if dim == 1 and len(entries) <= ziggurat.SCALAR:  # a few: the same blocks, packed
+            return _few_blocks(key, counter[entries].tolist(), step, steps)
         # each entry's block, with the step in word 0 (``_STEP_TAGS``): (entries, steps, 4)
         if dim == 1:  # an entry a block, in slot 0
             blocks = counter[entries][:, None, :] | _STEP_TAGS[step : step + steps]
@@ -281,6 +284,19 @@ def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray
         return keystream_words(blocks.reshape(-1, 4), key).view(np.uint64).reshape(-1, steps, 2)
 
     return ziggurat.normals(first, more).reshape(count, dim)
+
+
+_BLOCK = struct.Struct("<4I")
+
+
+def _few_blocks(key: Key, blocks: list[list[int]], step: int, steps: int) -> np.ndarray:
+    """The keystream of steps ``step`` .. ``step + steps - 1`` of a few counter ``blocks``
+    (an entry a block: width 1), packed in Python (a few numpy calls less than the array
+    path, the same bytes): (len(blocks), steps, 2) uint64."""
+    tags = [k << (PAIR_BITS + 1) for k in range(step, step + steps)]
+    data = b"".join([_BLOCK.pack(w | tag, x, y, z) for w, x, y, z in blocks for tag in tags])
+    out = _encryptor(key, threading.get_ident()).update(data)
+    return np.frombuffer(out, dtype="<u8").reshape(-1, steps, 2)
 
 
 SCALE = 1.0 / 2.0**53

@@ -94,7 +94,7 @@ _WIDTH = _signed(X * SCALE)
 _BOUND = np.tile(np.floor(INNER / X * 2.0**53).astype(np.int64), 2)
 _DROP = np.concatenate([[0.0], Y[:-1] - Y[1:]])  # f(x[i - 1]) - f(x[i]) of layer i
 _LOW = 511
-SCALAR = 12  # pending entries up to which ``_rare`` takes them one at a time
+SCALAR = 12  # pending entries up to which ``normals`` takes them one at a time
 # the tables as Python floats and ints, for ``_one`` (the same values)
 _WIDTH_LIST, _BOUND_LIST = _WIDTH[:256].tolist(), _BOUND[:256].tolist()
 _Y_LIST, _DROP_LIST = Y.tolist(), _DROP.tolist()
@@ -113,19 +113,15 @@ def normals(first: np.ndarray, more: More) -> np.ndarray:
     out = high.astype(np.float64)
     out *= _WIDTH.take(low)
     pending = np.flatnonzero(high >= _BOUND.take(low))
-    if len(pending):
-        out[pending] = _rare(first[pending], out[pending], pending, more)
+    if len(pending) > SCALAR:
+        out[pending] = _step(first[pending], out[pending], pending, more)
+    elif len(pending):  # a few: each entry's value straight into ``out`` (``_one``)
+        entries = pending.tolist()
+        blocks = more(pending, 1, AHEAD).tolist()
+        words = first[pending].tolist()
+        for word, its, entry in zip(words, blocks, entries, strict=True):
+            out[entry] = _one(word, its, 1, entry, more)
     return out
-
-
-def _rare(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:
-    """The entries not accepted at once (``attempt`` their first words, ``x`` its abscissae):
-    step 1 of the wedges vectorised when they are many (``_step``), the rest one entry at a
-    time in Python (``_one``); the same numbers either way (module docstring: the same IEEE
-    operations in the same order, and the C library's exp and log)."""
-    if len(entries) <= SCALAR:
-        return _each(attempt.tolist(), entries, more, 1)
-    return _step(attempt, x, entries, more)
 
 
 def _step(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:
