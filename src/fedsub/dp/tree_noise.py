@@ -71,8 +71,8 @@ __all__ = [
     "STREAM_VERSIONS",
     "VERSION_STAGE",
     "Key",
-    "StreamKey",
     "RowsCounter",
+    "StreamKey",
     "StreamVersionRecord",
     "decomposition",
     "difference_terms",
@@ -277,9 +277,9 @@ def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray
             blocks = counter[entries][:, None, :] | _STEP_TAGS[step : step + steps]
         else:
             owner, position = np.divmod(entries, dim)
-            blocks = counter[owner * pairs + position // 2][:, None, :] | _STEP_TAGS[
-                step : step + steps
-            ]
+            blocks = (
+                counter[owner * pairs + position // 2][:, None, :] | _STEP_TAGS[step : step + steps]
+            )
             blocks[..., 0] |= ((position % 2).astype(np.uint32) << PAIR_BITS)[:, None]
         return keystream_words(blocks.reshape(-1, 4), key).view(np.uint64).reshape(-1, steps, 2)
 
