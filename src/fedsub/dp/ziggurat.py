@@ -31,10 +31,11 @@ after a wedge attempt the block's first word is U' and its second the next attem
 only when U' rejects); in the tail its two words are U1 and U2 (a uniform of the auxiliary
 kind is (top 52 bits + 1/2) / 2^52, in (0, 1)). So an entry's value is a function of its own
 words only, the same drawn alone or among any other entries: the fast path is elementwise
-IEEE arithmetic; the ~1.5% of entries it leaves take step 1 vectorised when they are many
-(``_step``) and every later step one entry at a time in Python (``_one``: the cost of a numpy
-call is what a small draw pays), with the same IEEE operations in the same order on both
-paths, the tail's logarithm from the C library (``math.log``) on both, and the wedge test
+IEEE arithmetic; of the ~1.5% of entries it leaves, the wedges take step 1 vectorised when
+they are many (``_step``), and every other step (the tail's from its first: a few entries)
+goes one entry at a time in Python (``_one``: the cost of a numpy call is what a small draw
+pays), with the same IEEE operations in the same order on both paths, the tail's logarithm
+from the C library (``math.log``), and the wedge test
 decided as the C library's ``math.exp`` decides it (numpy's exp is used only where its
 answer is more than 2^-40 away from the comparison's other side, where the two cannot
 disagree). Which path an entry takes depends on how many others are pending; its value does
@@ -125,13 +126,14 @@ def normals(first: np.ndarray, more: More) -> np.ndarray:
 
 
 def _step(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:
-    """Step 1 of the pending entries, vectorised, from block 1: in a wedge its U' for the wedge
-    test and, when that rejects, its second word as the next attempt; in the tail its U1 and
-    U2. The entries it does not end go on one at a time, from block 2."""
+    """Step 1 of the pending wedges, vectorised, from block 1: its U' for the wedge test and,
+    when that rejects, its second word as the next attempt. The entries it does not end go on
+    one at a time (``_one``): a rejected wedge from block 2, and the tail (about 2% of the
+    pending entries: a few) from block 1, its U1 and U2 (the same steps, in Python)."""
     blocks = more(entries, 1, AHEAD)  # block 2 too: the entries step 1 does not end read it
     block = blocks[:, 0]
     layer = np.bitwise_and(attempt.view(np.int64), 255)
-    u = np.add(block[:, 0] >> np.uint64(12), 0.5)  # _open
+    u = np.add(block[:, 0] >> np.uint64(12), 0.5)  # _uniform
     u *= 2.0**-52
     wedge = layer > 0
     ends = _below_exp(Y.take(layer) + u * _DROP.take(layer), x) & wedge
@@ -140,34 +142,17 @@ def _step(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -
     high = (fresh >> np.uint64(11)).view(np.int64)
     out = np.where(ends, x, high.astype(np.float64) * _WIDTH.take(low))
     ends |= (high < _BOUND.take(low)) & wedge  # a new attempt accepted at once
-    if not wedge.all():  # the tail (0.03% of the entries): the C library's log, as _one's
-        tail = np.flatnonzero(~wedge)
-        t = -_log(u[tail]) / R
-        y = -_log(_open(fresh[tail]))
-        ok = y + y > t * t
-        value = R + t
-        value = np.where(attempt[tail] & np.uint64(256), -value, value)
-        out[tail[ok]] = value[ok]
-        ends[tail[ok]] = True
     left = np.flatnonzero(~ends)
-    if len(left):  # the tail goes on with its sign, a wedge with its new attempt
-        words = np.where(wedge[left], fresh[left], attempt[left])
-        out[left] = _each(words.tolist(), entries[left], more, 2, blocks[left, 1:].tolist())
-    return out
-
-
-def _each(
-    words: list[int], entries: np.ndarray, more: More, step: int, read: list | None = None
-) -> np.ndarray:
-    """``_one`` of each entry from its attempt ``words[i]`` at block ``step``, the entries'
-    blocks read in one call (or ``read`` already)."""
-    blocks = more(entries, step, AHEAD).tolist() if read is None else read
-    return np.array(
-        [
-            _one(word, its, step, entry, more)
-            for word, its, entry in zip(words, blocks, entries.tolist(), strict=True)
+    if len(left):  # a wedge goes on with its new attempt from block 2, the tail from block 1
+        rejected = wedge[left].tolist()
+        words = np.where(wedge[left], fresh[left], attempt[left]).tolist()
+        read = blocks[left].tolist()
+        at = entries[left].tolist()
+        out[left] = [
+            _one(word, its[1:], 2, entry, more) if later else _one(word, its, 1, entry, more)
+            for word, its, entry, later in zip(words, read, at, rejected, strict=True)
         ]
-    )
+    return out
 
 
 def _one(attempt: int, blocks: list[list[int]], step: int, entry: int, more: More) -> float:
@@ -197,7 +182,7 @@ def _one(attempt: int, blocks: list[list[int]], step: int, entry: int, more: Mor
 
 
 def _uniform(word: int) -> float:
-    """``_open`` of one word."""
+    """A uniform in (0, 1) from a word's top 52 bits: (k + 1/2) / 2^52 (exact)."""
     return (float(word >> 12) + 0.5) * 2.0**-52
 
 
@@ -215,16 +200,3 @@ def _below_exp(value: np.ndarray, x: np.ndarray) -> np.ndarray:
         pairs = zip(value[close].tolist(), x[close].tolist(), strict=True)
         below[close] = [v < math.exp(-0.5 * e * e) for v, e in pairs]
     return below
-
-
-def _log(values: np.ndarray) -> np.ndarray:
-    """The C library's natural log of each of ``values`` (as ``_one`` takes it)."""
-    return np.array([math.log(v) for v in values.tolist()])
-
-
-def _open(words: np.ndarray) -> np.ndarray:
-    """Uniforms in (0, 1) from the top 52 bits: (k + 1/2) / 2^52 (exact)."""
-    u = (words >> np.uint64(12)).astype(np.float64)
-    u += 0.5
-    u *= 2.0**-52
-    return u
