@@ -270,8 +270,13 @@ def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray
     def more(entries: np.ndarray, step: int, steps: int) -> np.ndarray:
         if step + steps > STEPS:  # each step ends an entry with probability > 1/2: never
             raise RuntimeError(f"a ziggurat draw took {STEPS} steps")
-        if dim == 1 and len(entries) <= ziggurat.SCALAR:  # a few: the same blocks, packed
-            return _few_blocks(key, counter[entries].tolist(), step, steps)
+        if len(entries) <= ziggurat.SCALAR:  # a few: the same blocks, packed in Python
+            if dim == 1:
+                return _few_blocks(key, counter[entries].tolist(), [0] * len(entries), step, steps)
+            places = [divmod(e, dim) for e in entries.tolist()]  # (owner, position)
+            at = [owner * pairs + position // 2 for owner, position in places]
+            slots = [(position % 2) << PAIR_BITS for _, position in places]
+            return _few_blocks(key, counter[at].tolist(), slots, step, steps)
         # each entry's block, with the step in word 0 (``_STEP_TAGS``): (entries, steps, 4)
         if dim == 1:  # an entry a block, in slot 0
             blocks = counter[entries][:, None, :] | _STEP_TAGS[step : step + steps]
@@ -289,12 +294,21 @@ def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray
 _BLOCK = struct.Struct("<4I")
 
 
-def _few_blocks(key: Key, blocks: list[list[int]], step: int, steps: int) -> np.ndarray:
-    """The keystream of steps ``step`` .. ``step + steps - 1`` of a few counter ``blocks``
-    (an entry a block: width 1), packed in Python (a few numpy calls less than the array
-    path, the same bytes): (len(blocks), steps, 2) uint64."""
+def _few_blocks(
+    key: Key, blocks: list[list[int]], slots: list[int], step: int, steps: int
+) -> np.ndarray:
+    """The keystream of steps ``step`` .. ``step + steps - 1`` of a few entries, each from its
+    pair's counter block (``blocks``) and its slot's tag (``slots``: 0, or 2^20 for the
+    second entry of a pair), packed in Python (fewer numpy calls than the array path, the
+    same bytes): (len(blocks), steps, 2) uint64."""
     tags = [k << (PAIR_BITS + 1) for k in range(step, step + steps)]
-    data = b"".join([_BLOCK.pack(w | tag, x, y, z) for w, x, y, z in blocks for tag in tags])
+    data = b"".join(
+        [
+            _BLOCK.pack(w | slot | tag, x, y, z)
+            for (w, x, y, z), slot in zip(blocks, slots, strict=True)
+            for tag in tags
+        ]
+    )
     out = _encryptor(key, threading.get_ident()).update(data)
     return np.frombuffer(out, dtype="<u8").reshape(-1, steps, 2)
 
