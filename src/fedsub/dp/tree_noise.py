@@ -38,8 +38,9 @@ version (``StreamKey``):
   (j // 2 + (j % 2) 2^20 + k 2^21, node, level, row). The key is derived apart from version
   1's (``stream_key``), so the two streams are independent. No transcendental function on
   the fast path: about 2x faster than version 1 over a 20,009-row table, 1.3-2x at widths 4
-  and 16, slower (0.75-0.85x) on draws of a few hundred entries, where the numpy calls of the
-  rare steps dominate (benchmarks/noise_stream.py, benchmarks/README.md).
+  and 16, and as fast on draws of 50-500 entries of width 1 (a few pending entries go one at
+  a time in Python, their retry blocks packed in Python: benchmarks/noise_stream.py,
+  benchmarks/README.md).
 - version 1, what runs started before versions draw, kept so that they resume bit for bit:
   Box-Muller from two 53-bit uniforms (as numpy's doubles are built from two 32-bit words)
   per block (pair p, node, level, row), its cosine normal at position 2p and its sine at
