@@ -173,7 +173,7 @@ def utility(args: argparse.Namespace, base: list[str]) -> dict:
 
 
 WARMUP_ROUNDS = 5  # cost: rounds left out of a run's per-round times (caches, first draws)
-BLOCK = 10  # cost: the rounds a run takes in a turn (``Lockstep``)
+BLOCK = 3  # cost: the rounds a run takes in a turn (``Lockstep``)
 
 
 class Lockstep:
@@ -185,8 +185,10 @@ class Lockstep:
     seconds (``time.thread_time``: neither the other run's thread nor other processes). A
     block's first round refills the caches the other run evicted (``round_pairs`` leaves it
     out); turns of one round would time every round that way, which favours the run with the
-    larger working set (the private one measured 1.24x turn by turn, 1.34x in blocks of 10
-    and 1.35x in whole runs)."""
+    larger working set (DP-FedAvg rows = "all" measured 1.24x turn by turn, 1.31-1.33x in
+    turns of 2 or 3 rounds, 1.34x in turns of 10 and 1.35x in whole runs), while long turns
+    let a burst of other processes' work fall on one run's turn (turns of 10: 1.12-1.39x
+    between sittings)."""
 
     def __init__(self, block: int = BLOCK) -> None:
         self.block = block  # rounds per turn
