@@ -273,8 +273,9 @@ def cost(args: argparse.Namespace, base: list[str]) -> dict:
     in lockstep (``Lockstep``: ``BLOCK`` plain rounds, ``BLOCK`` private rounds, ...),
     ``--repeats`` pairs of runs; each round of one paired with the same round of the other,
     the ratio the median of the round pairs' ratios with its interquartile range
-    (``ratio_iqr``, ``cpu_ratio_iqr``), in wall and in the threads' CPU seconds; the medians
-    of each repeat's CPU ratio (``cpu_ratio_repeats``) and the load average beside them."""
+    (``ratio_iqr``, ``cpu_ratio_iqr``), in wall and in the threads' CPU seconds; beside it
+    the ratio of the two sides' lower quartiles (``cpu_ratio_lower_quartiles``), the medians
+    of each repeat's CPU ratio (``cpu_ratio_repeats``) and the load average."""
     timed = [*base, f"train.rounds={args.timing_rounds}", f"eval.every={args.timing_rounds}"]
     out = {}
     for label, algorithm, dp in methods(args):
@@ -288,6 +289,10 @@ def cost(args: argparse.Namespace, base: list[str]) -> dict:
             entry[f"dp_{unit}ms"] = 1e3 * statistics.median(n for _, n in pairs)
             entry[f"{unit}ratio"] = ratio
             entry[f"{unit}ratio_iqr"] = [q1, q3]
+            # the lower quartiles' ratio: other processes only add time, so the faster rounds
+            # of each side are the least disturbed
+            lower = [quartiles([t[side] for t in pairs])[0] for side in (0, 1)]
+            entry[f"{unit}ratio_lower_quartiles"] = lower[1] / lower[0]
         entry["cpu_ratio_repeats"] = timing["per_repeat_cpu_ratio"]
         entry["load_average"] = os.getloadavg()[0]
         out[label] = entry
