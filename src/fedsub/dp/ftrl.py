@@ -365,6 +365,7 @@ class FtrlMechanism(DpMechanism):
         if s.selection.window > 1:
             window = self._window_rows(table, distinct, heat, round_index, generator)
             return self._window_update(table, window, distinct, sums, round_index, chosen_rows)
+        assert heat is not None  # a selection every round reads every round's histogram
         chosen = selection.largest(
             selection.select(
                 distinct.cpu(),
