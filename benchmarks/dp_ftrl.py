@@ -26,10 +26,10 @@ Ends with ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
+import threading
 import time
 
 from fedsub.config import Config
@@ -173,46 +173,129 @@ def utility(args: argparse.Namespace, base: list[str]) -> dict:
 
 
 WARMUP_ROUNDS = 5  # cost: rounds left out of a run's per-round times (caches, first draws)
+BLOCK = 3  # cost: the rounds a run takes in a turn (``Lockstep``)
 
 
-def round_times(overrides: list[str], algorithm: str) -> tuple[float, float]:
-    """The median wall and CPU (``time.process_time``: this process's, so other processes on
-    the machine do not inflate it) seconds of a run's rounds after the first
-    ``WARMUP_ROUNDS``, each round timed from the end of the one before (its share of the
-    evaluation too: ``eval.every`` is the run's length, so only the last round has one)."""
-    config = Config.from_toml(None, [*overrides, f"train.algorithms=['{algorithm}']"])
-    stamps: list[tuple[float, float]] = []
-    experiment.compare(
-        config,
-        None,
-        on_round=lambda _, r: stamps.append((time.perf_counter(), time.process_time())),
-    )
-    kept = stamps[WARMUP_ROUNDS:-1]  # the last round's evaluation left out too
-    wall = [b[0] - a[0] for a, b in itertools.pairwise(kept)]
-    cpu = [b[1] - a[1] for a, b in itertools.pairwise(kept)]
-    return statistics.median(wall), statistics.median(cpu)
+class Lockstep:
+    """Two runs in two threads taking turns ``block`` rounds at a time (a baton: only the
+    holder runs, the other waits on its semaphore), so private and plain rounds are timed
+    within a fraction of a second of each other, under the same load. Each round is timed
+    from the moment its thread takes the baton (or ends its previous round) to the end of the
+    round (``on_round``): wall seconds (``time.perf_counter``) and the thread's own CPU
+    seconds (``time.thread_time``: neither the other run's thread nor other processes). A
+    block's first round refills the caches the other run evicted (``round_pairs`` leaves it
+    out); turns of one round would time every round that way, which favours the run with the
+    larger working set (DP-FedAvg rows = "all" measured 1.24x turn by turn, 1.31-1.33x in
+    turns of 2 or 3 rounds, 1.34x in turns of 10 and 1.35x in whole runs), while long turns
+    let a burst of other processes' work fall on one run's turn (turns of 10: 1.12-1.39x
+    between sittings)."""
+
+    def __init__(self, block: int = BLOCK) -> None:
+        self.block = block  # rounds per turn
+        self.turn = [threading.Semaphore(0), threading.Semaphore(0)]
+        self.done = [False, False]
+        self.times: list[list[tuple[float, float]]] = [[], []]
+        self.errors: list[BaseException] = []
+
+    def _now(self) -> tuple[float, float]:
+        return time.perf_counter(), time.thread_time()
+
+    def _body(self, side: int, overrides: list[str], algorithm: str) -> None:
+        self.turn[side].acquire()
+        started = self._now()
+
+        def handoff(_name: str, _round: int) -> None:
+            nonlocal started
+            ended = self._now()
+            self.times[side].append((ended[0] - started[0], ended[1] - started[1]))
+            if not self.done[1 - side] and len(self.times[side]) % self.block == 0:
+                self.turn[1 - side].release()
+                self.turn[side].acquire()
+            started = self._now()
+
+        try:
+            config = Config.from_toml(None, [*overrides, f"train.algorithms=['{algorithm}']"])
+            experiment.compare(config, None, on_round=handoff)
+        except BaseException as error:  # reported by run() in the main thread
+            self.errors.append(error)
+        finally:
+            self.done[side] = True
+            self.turn[1 - side].release()
+
+    def run(self, runs: list[tuple[list[str], str]], first: int) -> list[list[tuple[float, float]]]:
+        """Each run's per-round (wall, CPU) seconds; side ``first`` takes the first turn."""
+        threads = [threading.Thread(target=self._body, args=(side, *runs[side])) for side in (0, 1)]
+        for thread in threads:
+            thread.start()
+        self.turn[first].release()
+        for thread in threads:
+            thread.join()
+        if self.errors:
+            raise self.errors[0]
+        return self.times
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, median, q3
+
+
+SEEDED = "dp.randomness='seeded'"  # cost: the same noise, selection and cohorts every sitting
+
+
+def round_pairs(plain: list[str], noised: list[str], algorithm: str, repeats: int) -> dict:
+    """``repeats`` lockstep pairs of runs (``Lockstep``; the side that goes first alternates)
+    after a discarded pair (the process's first DP calls: imports, caches); repeat i
+    runs with train.seed = i and seeded DP streams (``SEEDED``: the same code, but the same
+    work every sitting: a secret stream selects a different number of rows each run). Every
+    kept round (after ``WARMUP_ROUNDS``; neither a turn's first round nor the last round, with
+    its evaluation) is paired with the other run's round of the same index."""
+    Lockstep().run([(plain, algorithm), ([*noised, SEEDED], algorithm)], 0)  # discarded
+    wall: list[tuple[float, float]] = []
+    cpu: list[tuple[float, float]] = []
+    per_repeat = []
+    for repeat in range(repeats):
+        seed = f"train.seed={repeat}"
+        runs = [([*plain, seed], algorithm), ([*noised, SEEDED, seed], algorithm)]
+        times = Lockstep().run(runs, first=repeat % 2)
+        # after the warm-up, not a turn's first round (caches refilled), not the last round's
+        # evaluation
+        kept = [i for i in range(WARMUP_ROUNDS, len(times[0]) - 1) if i % BLOCK]
+        pairs = [(times[0][i], times[1][i]) for i in kept]
+        wall += [(p[0], n[0]) for p, n in pairs]
+        cpu += [(p[1], n[1]) for p, n in pairs]
+        per_repeat.append(statistics.median(n[1] / p[1] for p, n in pairs))
+    return {"wall": wall, "cpu": cpu, "per_repeat_cpu_ratio": per_repeat}
 
 
 def cost(args: argparse.Namespace, base: list[str]) -> dict:
-    """Per-round time with DP against the same algorithm and schedule without it: the runs
-    alternate (plain, private, plain, ...) ``--repeats`` times, each run's median round after
-    the warm-up (``round_times``), and the ratio is the median of the pairs' ratios, in wall
-    and in CPU seconds; the load average beside them (other processes slow the wall clock)."""
+    """Per-round time with DP against the same algorithm and schedule without it, the two runs
+    in lockstep (``Lockstep``: ``BLOCK`` plain rounds, ``BLOCK`` private rounds, ...),
+    ``--repeats`` pairs of runs; each round of one paired with the same round of the other,
+    the ratio the median of the round pairs' ratios with its interquartile range
+    (``ratio_iqr``, ``cpu_ratio_iqr``), in wall and in the threads' CPU seconds; beside it
+    the ratio of the two sides' lower quartiles (``cpu_ratio_lower_quartiles``), the medians
+    of each repeat's CPU ratio (``cpu_ratio_repeats``) and the load average."""
     timed = [*base, f"train.rounds={args.timing_rounds}", f"eval.every={args.timing_rounds}"]
     out = {}
     for label, algorithm, dp in methods(args):
         noised = [*timed, *dp, "dp.noise_multiplier=1.0", f"dp.clip={args.clip}"]
-        pairs = [(round_times(timed, algorithm), round_times(noised, algorithm))
-                 for _ in range(args.repeats)]  # fmt: skip
-        out[label] = {
-            "plain_ms": 1e3 * statistics.median(p[0][0] for p in pairs),
-            "dp_ms": 1e3 * statistics.median(p[1][0] for p in pairs),
-            "ratio": statistics.median(p[1][0] / p[0][0] for p in pairs),
-            "plain_cpu_ms": 1e3 * statistics.median(p[0][1] for p in pairs),
-            "dp_cpu_ms": 1e3 * statistics.median(p[1][1] for p in pairs),
-            "cpu_ratio": statistics.median(p[1][1] / p[0][1] for p in pairs),
-            "load_average": os.getloadavg()[0],
-        }
+        timing = round_pairs(timed, noised, algorithm, args.repeats)
+        entry: dict = {"rounds_paired": len(timing["wall"])}
+        for unit, key in (("", "wall"), ("cpu_", "cpu")):
+            pairs = timing[key]
+            q1, ratio, q3 = quartiles([n / p for p, n in pairs])
+            entry[f"plain_{unit}ms"] = 1e3 * statistics.median(p for p, _ in pairs)
+            entry[f"dp_{unit}ms"] = 1e3 * statistics.median(n for _, n in pairs)
+            entry[f"{unit}ratio"] = ratio
+            entry[f"{unit}ratio_iqr"] = [q1, q3]
+            # the lower quartiles' ratio: other processes only add time, so the faster rounds
+            # of each side are the least disturbed
+            lower = [quartiles([t[side] for t in pairs])[0] for side in (0, 1)]
+            entry[f"{unit}ratio_lower_quartiles"] = lower[1] / lower[0]
+        entry["cpu_ratio_repeats"] = timing["per_repeat_cpu_ratio"]
+        entry["load_average"] = os.getloadavg()[0]
+        out[label] = entry
         print("cost", label, out[label], flush=True)
     return out
 

@@ -854,6 +854,37 @@ def test_the_progress_line_shows_the_epsilon_spent():
             assert ("fedavg", f"epsilon {settings_.epsilon(r):.3g}{says}") in notes.notes
 
 
+def test_the_rounds_epsilon_is_computed_only_when_something_shows_it(monkeypatch):
+    """The silent reporter without trackers reads no round's epsilon, so none is computed
+    (``RunReport.round_metrics``); a reporter that shows notes gets every round's; the
+    evaluations' epsilon (the ledger's) is the same either way."""
+    from fedsub.engine.features.dp import DpReport
+    from fedsub.progress import Reporter, RichReporter, reporting
+
+    class Notes(Reporter):
+        def note(self, label: str, text: str) -> None:
+            pass
+
+    assert not Reporter().shows_notes
+    assert Notes().shows_notes and RichReporter().shows_notes
+    asked: list[int] = []
+    round_metrics = DpReport.round_metrics
+
+    def counted(self, round_index):
+        asked.append(round_index)
+        return round_metrics(self, round_index)
+
+    monkeypatch.setattr(DpReport, "round_metrics", counted)
+    overrides = (*DP, "train.algorithms=['fedavg']", "dp.randomness='seeded'")
+    silent = experiment.compare(config(*overrides), None)
+    assert asked == []
+    with reporting(Notes()):
+        shown = experiment.compare(config(*overrides), None)
+    assert asked == [1, 2, 3, 4]
+    epsilons = [[e.metrics["epsilon"] for e in o.histories["fedavg"]] for o in (silent, shown)]
+    assert epsilons[0] == epsilons[1] and epsilons[0][-1] > 0
+
+
 @pytest.mark.parametrize("dp", [[], DP])
 def test_an_empty_poisson_round_adds_the_noise_and_nothing_else(dp):
     from fedsub.algorithms.sampling import poisson_cohort

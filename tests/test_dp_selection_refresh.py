@@ -72,8 +72,9 @@ def test_a_refreshed_selection_reads_every_rth_window_and_serves_r_windows(monke
 
     made: list[tuple[torch.Tensor, torch.Tensor, selection.Selection]] = []
     select, histogram = selection.select, selection.histogram
-    heats: list[torch.Tensor] = []  # each round's histogram, in order
+    heats: dict[int, torch.Tensor] = {}  # each round's histogram (the rounds that read it)
     touched: list[torch.Tensor] = []
+    current = [0]  # the round being combined
 
     def recorded_select(rows, heat, *args, **kwargs):
         out = select(rows, heat, *args, **kwargs)
@@ -82,7 +83,7 @@ def test_a_refreshed_selection_reads_every_rth_window_and_serves_r_windows(monke
 
     def recorded_histogram(inverse, owner, contribution, size):
         out = histogram(inverse, owner, contribution, size)
-        heats.append(out.cpu().to(torch.float64))
+        heats[current[0]] = out.cpu().to(torch.float64)
         return out
 
     updated: dict[int, list[int]] = {}
@@ -91,6 +92,7 @@ def test_a_refreshed_selection_reads_every_rth_window_and_serves_r_windows(monke
     def recorded(self, update, round_index):
         (distinct,) = [torch.unique(r) for r in update.rows.values()]
         touched.append(distinct.cpu())
+        current[0] = round_index
         out = combine(self, update, round_index)
         updated[round_index] = sorted(r for u in out.tables.values() for r in u.rows.tolist())
         return out
@@ -103,7 +105,7 @@ def test_a_refreshed_selection_reads_every_rth_window_and_serves_r_windows(monke
     for (rows, heat, _), window_rounds in zip(made, [(1, 2), (7, 8)], strict=True):
         expected: dict[int, float] = {}
         for t in window_rounds:
-            for row, value in zip(touched[t - 1].tolist(), heats[t - 1].tolist(), strict=True):
+            for row, value in zip(touched[t - 1].tolist(), heats[t].tolist(), strict=True):
                 expected[row] = expected.get(row, 0.0) + value
         assert rows.tolist() == sorted(expected)
         assert heat.tolist() == pytest.approx([expected[r] for r in sorted(expected)])
@@ -112,6 +114,60 @@ def test_a_refreshed_selection_reads_every_rth_window_and_serves_r_windows(monke
     assert [updated[t] for t in (1, 2)] == [[], []]
     assert all(updated[t] == first for t in range(3, 9))
     assert all(updated[t] == second for t in range(9, 14))
+    # only the windows a selection reads (0, 3, 6: rounds 1-2, 7-8, 13) compute a histogram
+    assert sorted(heats) == [1, 2, 7, 8, 13]
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "refresh"), [("ftrl-tree", 3), ("ftrl-blt", 3), ("ftrl-tree", 1)]
+)
+def test_skipping_the_histograms_no_selection_reads_changes_no_number(
+    mechanism, refresh, monkeypatch
+) -> None:
+    """``FtrlMechanism.reads_heat``: the rounds of windows whose histogram no selection reads
+    skip the contributions and the histogram; every round's update (rows, values) is bit for
+    bit the update when every round computes them (``reads_heat`` always true)."""
+    from fedsub.dp import ftrl
+
+    if mechanism == "ftrl-blt":
+        pytest.importorskip("jax_privacy", reason="ftrl-blt's strategy is jax-privacy's")
+    combine, reads, histogram = (
+        ftrl.FtrlMechanism.combine,
+        ftrl.FtrlMechanism.reads_heat,
+        selection.histogram,
+    )
+
+    def updates(every_round: bool) -> tuple[list[bytes], int]:
+        out: list[bytes] = []
+        computed = [0]
+
+        def recorded(self, update, round_index):
+            got = combine(self, update, round_index)
+            out.extend(
+                u.rows.numpy().tobytes() + u.values.numpy().tobytes() for u in got.tables.values()
+            )
+            out.extend(v.numpy().tobytes() for v in got.dense.values())
+            return got
+
+        def counted(*args):
+            computed[0] += 1
+            return histogram(*args)
+
+        monkeypatch.setattr(ftrl.FtrlMechanism, "combine", recorded)
+        monkeypatch.setattr(
+            ftrl.FtrlMechanism, "reads_heat", (lambda self, t: True) if every_round else reads
+        )
+        monkeypatch.setattr(selection, "histogram", counted)
+        overrides = [f"dp.mechanism='{mechanism}'", "dp.heat_cap=4"]
+        run_ftrl([*overrides, *([f"dp.selection_refresh={refresh}"] if refresh > 1 else [])])
+        return out, computed[0]
+
+    (fast, fast_histograms), (slow, slow_histograms) = updates(False), updates(True)
+    assert fast == slow
+    assert len(set(fast[2:])) > 1  # updates with rows and values
+    assert slow_histograms == 13  # one table, 13 rounds
+    # the fast path skips: with r = 3 only rounds 1-2, 7-8 and 13 of 13 read the histogram
+    assert fast_histograms == (5 if refresh == 3 else 13)
 
 
 def effective_epsilon(count: int, settings, rounds: int) -> float:

@@ -42,6 +42,12 @@ class Reporter:
         """Show ``text`` after algorithm ``label``'s rounds from now on (e.g. the epsilon
         spent so far under differential privacy)."""
 
+    @property
+    def shows_notes(self) -> bool:
+        """Whether ``note`` shows anything: false for the silent reporter, so a caller may
+        skip computing a note nobody sees (a reporter overriding ``note`` shows them)."""
+        return type(self).note is not Reporter.note
+
 
 class RichReporter(Reporter):
     """Phases as transient spinners (a bar when their size is known) and one training bar

@@ -326,7 +326,11 @@ class FtrlMechanism(DpMechanism):
         factors = clipping.clip_factors(update.squared_norms(), clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
         clipped = self.scaled(update, factors)
-        contribution = self.contributions(update)
+        contribution = (
+            self.contributions(update)
+            if self.reads_heat(round_index)
+            else torch.zeros(0, dtype=torch.float64)  # read by no selection (``reads_heat``)
+        )
         chosen: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         tables = {
             table: self._ftrl_table(clipped, table, contribution, round_index, generator, chosen)
@@ -365,12 +369,17 @@ class FtrlMechanism(DpMechanism):
         distinct, inverse, sums = self._sums(update, table)
         dim, device, dtype = sums.shape[1], sums.device, sums.dtype
         self.last.touched_rows += len(distinct)
-        heat = selection.histogram(
-            inverse, update.row_owner[table], contribution.to(device), len(distinct)
+        heat = (
+            selection.histogram(
+                inverse, update.row_owner[table], contribution.to(device), len(distinct)
+            )
+            if self.reads_heat(round_index)
+            else None  # a windowed round whose histogram no selection reads (``reads_heat``)
         )
         if s.selection.window > 1:
             window = self._window_rows(table, distinct, heat, round_index, generator)
             return self._window_update(table, window, distinct, sums, round_index, chosen_rows)
+        assert heat is not None  # a selection every round reads every round's histogram
         chosen = selection.largest(
             selection.select(
                 distinct.cpu(),
@@ -400,6 +409,18 @@ class FtrlMechanism(DpMechanism):
             return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
         return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
 
+    def reads_heat(self, round_index: int) -> bool:
+        """Whether round ``round_index``'s histogram is read: with rows = "private", always
+        without a window; with one, only in the windows whose histograms a selection reads
+        (0, r, 2r, ...: ``_window_rows``); the other rounds skip the contributions and the
+        histogram (nothing they release reads them: the same numbers)."""
+        window = self.settings.selection.window
+        if self.settings.rows == "all":
+            return False
+        if window <= 1:
+            return True
+        return ((round_index - 1) // window) % self.settings.selection.refresh == 0
+
     def capped(self, heat: torch.Tensor) -> torch.Tensor:
         """h_m, raised to D / heat_cap when a cap is set (dp.heat_cap: the coefficient D / h_m
         at most heat_cap)."""
@@ -410,7 +431,7 @@ class FtrlMechanism(DpMechanism):
         self,
         table: str,
         distinct: torch.Tensor,
-        heat: torch.Tensor,
+        heat: torch.Tensor | None,
         round_index: int,
         generator: torch.Generator,
     ) -> selection.Selection:
@@ -424,6 +445,7 @@ class FtrlMechanism(DpMechanism):
         window = (round_index - 1) // w
         parts = self.window_parts.setdefault(table, {})
         if window % refresh == 0:  # only windows 0, r, 2r, ... are ever read (dp.selection_refresh)
+            assert heat is not None  # reads_heat: these rounds compute it
             parts[round_index] = (distinct.cpu(), heat.cpu())  # a round combined twice: replaced
         # the selection's key: windows 1..r share one, r + 1..2r the next, ...
         key = (table, (window + refresh - 1) // refresh)
@@ -432,7 +454,9 @@ class FtrlMechanism(DpMechanism):
             for r in [r for r in parts if (r - 1) // w < window - 1]:
                 del parts[r]  # older than the previous window (a resumed run)
             rows = torch.cat([b[0] for b in before]) if before else distinct.cpu()[:0]
-            values = torch.cat([b[1] for b in before]) if before else heat.cpu()[:0]
+            values = (
+                torch.cat([b[1] for b in before]) if before else torch.zeros(0, dtype=torch.float64)
+            )
             union, inverse = torch.unique(rows, return_inverse=True)
             summed = torch.zeros(len(union), dtype=torch.float64)
             summed.index_add_(0, inverse, values.to(torch.float64))

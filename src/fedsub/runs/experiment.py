@@ -266,10 +266,15 @@ class AlgorithmRun:
         """After round ``r``: the caller's hook, under [dp] the progress line's epsilon
         spent so far, evaluated or not (in process a function of the settings and r), and the
         round's metrics to the trackers (with a private level's costs so far, withheld
-        under [dp] as in privacy.json)."""
+        under [dp] as in privacy.json). The epsilon is computed only when a tracker or the
+        progress line reads it (the silent reporter, no tracker: not computed; an
+        evaluation's epsilon is the ledger's, unchanged)."""
         if self.on_round is not None:
             self.on_round(self.name, r)
         extra: dict[str, float] = {}
+        if reports and attempt.feed is None and not current_reporter().shows_notes:
+            attempt.on_round(r, extra)  # nobody reads [dp]'s epsilon now: not computed
+            return
         for report in reports:  # the features' (engine/features/: [dp]'s epsilon)
             extra.update(report.round_metrics(r))
         if "epsilon" in extra:
