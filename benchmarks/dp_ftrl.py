@@ -139,18 +139,7 @@ def rule_method(args: argparse.Namespace, epsilon: float) -> tuple[str, str, lis
     return (
         f"rule eps={epsilon:g} ({rule.mechanism}, w={rule.window}, M={rule.max_rows})",
         "fedsubavg",
-        [
-            f"dp.mechanism='{rule.mechanism}'",
-            f"dp.min_separation={args.separation}",
-            "dp.rows='private'",
-            f"dp.selection_window={rule.window}",
-            f"dp.selection_share={rule.share}",
-            f"dp.heat_cap={rule.heat_cap}",
-            f"dp.selection_threshold={rule.threshold}",
-            f"dp.selection_bound={rule.bound}",
-            f"dp.selection_max_rows={rule.max_rows}",
-            *([f"dp.selection_refresh={rule.refresh}"] if rule.refresh > 1 else []),
-        ],
+        rule.overrides(args.separation),
     )
 
 

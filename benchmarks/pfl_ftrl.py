@@ -164,16 +164,7 @@ def rule_overrides(config: Config, dataset, args: argparse.Namespace, epsilon: f
         epsilon, args.clients_per_round, args.rounds, args.separation, int(table.shape[0])
     )
     return [
-        f"dp.mechanism='{rule.mechanism}'",
-        f"dp.min_separation={args.separation}",
-        "dp.rows='private'",
-        f"dp.selection_window={rule.window}",
-        f"dp.selection_share={rule.share}",
-        f"dp.heat_cap={rule.heat_cap}",
-        f"dp.selection_threshold={rule.threshold}",
-        f"dp.selection_bound={rule.bound}",
-        f"dp.selection_max_rows={rule.max_rows}",
-        *([f"dp.selection_refresh={rule.refresh}"] if rule.refresh > 1 else []),
+        *rule.overrides(args.separation),
         f"dp.target_epsilon={epsilon}",
         f"dp.clip={args.clip}",
     ]

@@ -575,7 +575,11 @@ def test_randomized_response_download_divides_rows_by_p_without_heat_only(rows):
         (["train.algorithms=['fedavg@scheme1']"], "scheme"),
         (["privacy.level='full'"], "exact secure heat"),
         (["dp.accountant='pld'"], "no event for fixed-size cohorts"),
-        (["dp.target_epsilon=2.0"], "exactly one of"),
+        (["dp.target_epsilon=2.0"], "mechanism = 'gaussian' needs exactly one of"),
+        (
+            ["dp.mechanism='ftrl-tree'", "dp.min_separation=5", "dp.target_epsilon=2.0"],
+            "mechanism = 'ftrl-tree' needs exactly one of",
+        ),
         (["dp.rows='all'"], "exact heat"),
         (["eval.gradient_norms=true"], "exact heat"),
         (["execution.table_placement='host'"], "not yet supported"),

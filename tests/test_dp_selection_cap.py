@@ -284,3 +284,38 @@ def test_the_capped_rules_run_spends_the_target_epsilon(epsilon, k, rounds, sepa
         k * settings.noise_multiplier**2 / rule.share
     )
     assert settings.epsilon(rounds) == pytest.approx(epsilon, rel=1e-3)
+
+
+@pytest.mark.parametrize("epsilon, k, separation", [(1.0, 50, 50), (4.0, 500, 6)])
+def test_the_capped_rules_overrides_configure_its_settings(epsilon, k, separation) -> None:
+    """``CappedRule.overrides`` read back through the config: every setting of the rule lands
+    on its own [dp] key (a swapped or missing key fails here)."""
+    rule = selection.capped_rule(epsilon, k, 150, separation, 20_009)
+    dp = Config.from_toml(None, [*rule.overrides(separation), f"dp.target_epsilon={epsilon}"]).dp
+    chosen = dp.row_selection
+    read = (
+        dp.mechanism,
+        dp.participation.min_separation,
+        chosen.rows,
+        chosen.selection_window,
+        chosen.selection_share,
+        chosen.heat_cap,
+        chosen.selection_threshold,
+        chosen.selection_bound,
+        chosen.selection_max_rows,
+        chosen.selection_refresh,
+    )
+    expected = (
+        rule.mechanism,
+        separation,
+        "private",
+        rule.window,
+        rule.share,
+        rule.heat_cap,
+        rule.threshold,
+        rule.bound,
+        rule.max_rows,
+        rule.refresh,
+    )
+    assert read == expected
+    assert rule.refresh > 1  # both cases set the refresh key (K = 50: 3, K = 500: 8)

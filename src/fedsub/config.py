@@ -748,7 +748,7 @@ def check_dp(config: Config) -> None:
         return
     if (d.noise_multiplier is None) == (d.target_epsilon is None):
         raise ConfigError(
-            "[dp] mechanism = 'gaussian' needs exactly one of dp.noise_multiplier (z) and "
+            f"[dp] mechanism = {d.mechanism!r} needs exactly one of dp.noise_multiplier (z) and "
             f"dp.target_epsilon (z calibrated for train.rounds); got noise_multiplier = "
             f"{d.noise_multiplier}, target_epsilon = {d.target_epsilon}"
         )

@@ -160,6 +160,23 @@ class CappedRule:
     max_rows: int
     refresh: int = 1
 
+    def overrides(self, min_separation: int) -> list[str]:
+        """These settings as config overrides (``Config.from_toml``'s, the CLI's ``--set``)
+        for a run under the separation b the rule was computed for: private rows, and the
+        refresh only when it is more than 1 (its default)."""
+        return [
+            f"dp.mechanism='{self.mechanism}'",
+            f"dp.min_separation={min_separation}",
+            "dp.rows='private'",
+            f"dp.selection_window={self.window}",
+            f"dp.selection_share={self.share}",
+            f"dp.heat_cap={self.heat_cap}",
+            f"dp.selection_threshold={self.threshold}",
+            f"dp.selection_bound={self.bound}",
+            f"dp.selection_max_rows={self.max_rows}",
+            *([f"dp.selection_refresh={self.refresh}"] if self.refresh > 1 else []),
+        ]
+
 
 def rule_selections(participations: int, selections: int) -> int:
     """``capped_rule``'s number of selections S: the largest S <= min(3, ``selections``)
