@@ -58,6 +58,7 @@ from fedsub.dp.mechanisms import MECHANISMS, MechanismInputs
 from fedsub.dp.participation import Pattern
 from fedsub.dp.randomness import DpStreams
 from fedsub.dp.settings import DpSettings, Randomness, Rows
+from fedsub.submodel.transfer import CohortUpdate
 from tests.test_dp_audit import PUBLIC_SEED, canary_update
 from tests.test_dp_audit import settings_of as gaussian_settings
 from tests.test_dp_ftrl import drawn_cohorts
@@ -496,7 +497,8 @@ def test_each_tables_window_selection_is_kept_beside_the_others() -> None:
     heat = torch.full((10,), 40.0, dtype=torch.float64)  # far above the threshold
 
     def select(mechanism: FtrlMechanism, table: str, r: int):
-        return mechanism._window_rows(table, touched, heat, r, torch.Generator().manual_seed(r))
+        generator = torch.Generator().manual_seed(r)
+        return mechanism._window_rows(table, touched, heat, r, lambda: generator)
 
     for r in (1, 2):  # window 0: gathered, nothing selected
         for table in ("a", "b"):
@@ -506,3 +508,40 @@ def test_each_tables_window_selection_is_kept_beside_the_others() -> None:
     assert len(first_a.rows) >= 10 and len(first_b.rows) >= 10
     assert select(both, "a", 4) is first_a and select(both, "b", 4) is first_b
     assert select(alone, "a", 3).rows.tolist() == first_a.rows.tolist()
+
+
+def two_table_update(members: np.ndarray) -> CohortUpdate:
+    """``canary_update``'s members on two tables "a" and "b" with the same rows and values."""
+    one = canary_update(members, len(members))
+    return dataclasses.replace(
+        one,
+        rows={"a": one.rows["t"], "b": one.rows["t"]},
+        row_owner={"a": one.row_owner["t"], "b": one.row_owner["t"]},
+        table_deltas={"a": one.table_deltas["t"], "b": one.table_deltas["t"]},
+    )
+
+
+@pytest.mark.parametrize("rows", ["private", "all"])
+def test_a_round_draws_its_selections_from_one_stream_in_table_order(monkeypatch, rows) -> None:
+    """The round's selection stream (``round_generator``) is made once a round and read by
+    every table in turn: two tables with the same data get different selection noise (one
+    fresh stream per table would give both the same noisy heat, noise shared between tables
+    that the accounting counts as independent); a dense round makes none."""
+    made: list[int] = []
+
+    def counted(seed, round_index):
+        made.append(round_index)
+        return round_generator(seed, round_index)
+
+    monkeypatch.setattr("fedsub.dp.ftrl.round_generator", counted)
+    settings = ftrl_settings("ftrl-tree", rows, "seeded")  # type: ignore[arg-type]
+    streams = DpStreams("seeded", PUBLIC_SEED)
+    inputs = MechanismInputs(settings, {"a": 50, "b": 50}, np.ones(50), False, 1.0, streams)
+    mechanism = MECHANISMS["ftrl-tree"].build(inputs)
+    for r in (1, 2, 3):
+        update = mechanism.combine(two_table_update(np.arange(20)), r)
+        if rows == "private":
+            a, b = update.tables["a"], update.tables["b"]
+            same = a.rows.tolist() == b.rows.tolist() and torch.equal(a.values, b.values)
+            assert not same  # the same data; b's selection read the stream after a's
+    assert made == ([1, 2, 3] if rows == "private" else [])

@@ -66,6 +66,7 @@ in the checkpoints, which the operator keeps private, never in a file a run publ
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -320,8 +321,12 @@ class FtrlMechanism(DpMechanism):
         s = self.settings
         assert self.streams is not None
         self._commit(round_index)
-        # the selection's noise and false positives: the torch stream of dp/mechanism.py
-        generator = round_generator(self.streams.key, round_index)
+        # the selection's noise and false positives: the torch stream of dp/mechanism.py, made
+        # at its first draw (a dense round or a window's later rounds draw none) and then the
+        # same generator for every table in turn
+        generator = functools.cache(
+            functools.partial(round_generator, self.streams.key, round_index)
+        )
         clip = self.current_clip(round_index)
         factors = clipping.clip_factors(update.squared_norms(), clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
@@ -356,7 +361,7 @@ class FtrlMechanism(DpMechanism):
         table: str,
         contribution: torch.Tensor,
         round_index: int,
-        generator: torch.Generator,
+        generator: Callable[[], torch.Generator],
         chosen_rows: dict[str, tuple[np.ndarray, np.ndarray]],
     ) -> RowUpdate:
         s, num_rows = self.settings, self.table_rows[table]
@@ -387,7 +392,7 @@ class FtrlMechanism(DpMechanism):
                 num_rows,
                 s.selection_std,
                 s.histogram_threshold,
-                generator,
+                generator(),
             ),
             s.selection.max_rows,
         )
@@ -433,7 +438,7 @@ class FtrlMechanism(DpMechanism):
         distinct: torch.Tensor,
         heat: torch.Tensor | None,
         round_index: int,
-        generator: torch.Generator,
+        generator: Callable[[], torch.Generator],
     ) -> selection.Selection:
         """The windowed selection (fedsub's): the rows of round ``round_index``'s window, chosen
         once at its first round from the noisy histogram of the previous window's cohorts (a
@@ -470,7 +475,7 @@ class FtrlMechanism(DpMechanism):
                     self.table_rows[table],
                     s.selection_std,
                     s.histogram_threshold,
-                    generator,
+                    generator(),
                 )
                 chosen = selection.largest(chosen, s.selection.max_rows)
             self.window_selected = {k: v for k, v in self.window_selected.items() if k[0] != table}
