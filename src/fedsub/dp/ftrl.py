@@ -82,10 +82,8 @@ from fedsub.dp.tree_noise import (
     STREAM_VERSION,
     Key,
     RowsCounter,
-    decomposition,
     every_node_noise,
     prefix_difference,
-    subtree_sum,
     table_key,
 )
 from fedsub.submodel.transfer import CohortUpdate
@@ -112,7 +110,7 @@ class DenseTree:
     """The tree noise of every row of one stream (a table, or a dense parameter flattened to
     rows of one value), in units of sigma: the b of the nodes of the rounds' decomposition
     (TF Privacy's ``EfficientTreeAggregator`` buffer), O(log t) arrays. A fresh or resumed
-    tree rebuilds its buffer from the streams (``honaker_prefix``'s formula)."""
+    tree rebuilds its buffer by folding the streams' rounds again (``_replay``)."""
 
     key: Key
     rows: int
@@ -128,11 +126,7 @@ class DenseTree:
         if self.last is not None and self.last[0] == t:  # a round combined twice
             return self.last[1]
         if self.done != t - 1:  # fresh (t > 1) or resumed: the buffer of round t - 1
-            every = np.arange(self.rows)
-            self.stack = [
-                (lv, i, subtree_sum(self.key, every, lv, i, self.dim))
-                for lv, i in decomposition(t - 1)
-            ]
+            self._replay(t - 1)
         level, index = 0, t - 1
         noise = self._fresh_nodes(t)
         # in place on arrays this round owns (``noise`` draws fresh ones; the popped nodes
@@ -159,6 +153,16 @@ class DenseTree:
             step += b * weight(level)
         self.done, self.last = t, (t, step)
         return step
+
+    def _replay(self, rounds: int) -> None:
+        """The buffer after ``rounds`` rounds, folded again from round 1 (a resumed run, or a
+        tree started late): the same operations in the same order as the run that was not
+        stopped, so the same numbers to the last bit. The buffer written from its formula
+        (``subtree_sum``) equals it only to rounding, and a last bit flipped by a resume is
+        a run that does not resume bit for bit. O(rounds) draws, once."""
+        self.stack, self.done, self.last = [], 0, None
+        for r in range(1, rounds + 1):
+            self.increment(r)
 
     def _fresh_nodes(self, t: int) -> Callable[[int], np.ndarray]:
         """The noise of the node at each level that round ``t`` completes ((level, (t - 1) >>
