@@ -158,14 +158,10 @@ def stream_key(seed: seeding.Seed, purpose: int, table: int, version: int) -> St
 def node_noise(key: Key, rows: np.ndarray, level: int, nodes: np.ndarray, dim: int) -> np.ndarray:
     """Standard normal noise of the tree nodes (``level``, each of ``nodes``) of each of
     ``rows``: (len(rows), len(nodes), dim) float64, every entry a function of (key, row,
-    level, node, its position) only (``entry_noise`` of every pair)."""
-    pairs = (dim + 1) // 2
-    counter = np.empty((len(rows), len(nodes), pairs, 4), dtype=np.uint32)
-    counter[..., 0] = np.arange(pairs, dtype=np.uint32)
-    counter[..., 1] = np.asarray(nodes, dtype=np.uint32)[None, :, None]
-    counter[..., 2] = level
-    counter[..., 3] = np.asarray(rows, dtype=np.uint32)[:, None, None]
-    flat = _draw(key, counter.reshape(-1, 4), len(rows) * len(nodes), dim)
+    level, node, its position) only (``entry_noise`` of every pair, row by row)."""
+    nodes = np.asarray(nodes)
+    pairs = np.repeat(np.asarray(rows), len(nodes)), np.tile(nodes, len(rows))
+    flat = entry_noise(key, pairs[0], np.full(len(pairs[0]), level), pairs[1], dim)
     return flat.reshape(len(rows), len(nodes), dim)
 
 
@@ -195,15 +191,12 @@ def every_node_noise(
 ) -> np.ndarray:
     """``node_noise`` of each (level, index) of ``nodes`` for each of ``rows``, in one
     keystream call: (len(nodes), len(rows), dim) float64, the same numbers as a
-    ``node_noise`` call per node."""
-    pairs = (dim + 1) // 2
-    counter = np.empty((len(nodes), len(rows), pairs, 4), dtype=np.uint32)
-    counter[..., 0] = np.arange(pairs, dtype=np.uint32)
-    counter[..., 1] = np.array([index for _, index in nodes], dtype=np.uint32)[:, None, None]
-    counter[..., 2] = np.array([level for level, _ in nodes], dtype=np.uint32)[:, None, None]
-    counter[..., 3] = np.asarray(rows, dtype=np.uint32)[:, None]
-    flat = _draw(key, counter.reshape(-1, 4), len(nodes) * len(rows), dim)
-    return flat.reshape(len(nodes), len(rows), dim)
+    ``node_noise`` call per node (``entry_noise`` of every pair, node by node)."""
+    count = len(rows)
+    levels = np.repeat(np.array([level for level, _ in nodes], dtype=np.int64), count)
+    indices = np.repeat(np.array([index for _, index in nodes], dtype=np.int64), count)
+    flat = entry_noise(key, np.tile(np.asarray(rows), len(nodes)), levels, indices, dim)
+    return flat.reshape(len(nodes), count, dim)
 
 
 def entry_noise(
