@@ -286,11 +286,15 @@ def test_the_capped_rules_run_spends_the_target_epsilon(epsilon, k, rounds, sepa
     assert settings.epsilon(rounds) == pytest.approx(epsilon, rel=1e-3)
 
 
-@pytest.mark.parametrize("epsilon, k, separation", [(1.0, 50, 50), (4.0, 500, 6)])
-def test_the_capped_rules_overrides_configure_its_settings(epsilon, k, separation) -> None:
+@pytest.mark.parametrize(
+    "epsilon, k, separation, refresh", [(1.0, 50, 50, 3), (4.0, 500, 6, 8), (2.0, 1000, 30, 2)]
+)
+def test_the_capped_rules_overrides_configure_its_settings(epsilon, k, separation, refresh) -> None:
     """``CappedRule.overrides`` read back through the config: every setting of the rule lands
-    on its own [dp] key (a swapped or missing key fails here)."""
+    on its own [dp] key (a swapped or missing key fails here), the refreshes 3, 8 and 2 among
+    them (2 the smallest written: 1 is the default)."""
     rule = selection.capped_rule(epsilon, k, 150, separation, 20_009)
+    assert rule.refresh == refresh
     dp = Config.from_toml(None, [*rule.overrides(separation), f"dp.target_epsilon={epsilon}"]).dp
     chosen = dp.row_selection
     read = (
