@@ -164,7 +164,8 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
     counted round by round here), then w = min(b, T // 3) (at least 1); of that window's S1
     selections the run makes S, the largest of 3, 2 (S <= S1) with w K / sqrt(S) >= 1500,
     else 1, by the refresh r = ceil(S1 / S) (r = 1 when w = 1); M = 1% of V (at least 1),
-    heat cap min(4, max(1, epsilon sqrt(K / 50))), threshold 2, share 0.5, B = 6."""
+    heat cap min(4, max(1, epsilon sqrt(K / 50))), threshold 2, B = 6, and the share 0.3 when
+    the run makes exactly one selection with that refresh (w > 1), else 0.5."""
 
     def made(window: int) -> int:  # selections at the first round of windows 1, 2, ...
         return sum(1 for t in range(2, rounds + 1) if (t - 1) % window == 0)
@@ -179,10 +180,15 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
     refresh = -(-made(window) // count) if window > 1 and made(window) > 0 else 1
     scaled = epsilon * (k / 50) ** 0.5
     cap = 1.0 if scaled < 1 else (4.0 if scaled > 4 else scaled)
+    selections = sum(  # at the first round of windows 1, 1 + r, 1 + 2r, ...
+        1
+        for t in range(2, rounds + 1)
+        if (t - 1) % window == 0 and ((t - 1) // window - 1) % refresh == 0
+    )
     assert rule == selection.CappedRule(
         mechanism="ftrl-blt",
         window=window,
-        share=0.5,
+        share=0.3 if window > 1 and selections == 1 else 0.5,
         threshold=2.0,
         heat_cap=cap,
         bound=6.0,
@@ -197,17 +203,17 @@ def test_the_capped_rule_is_the_written_out_rule(epsilon, k, rounds, separation,
 
 
 @pytest.mark.parametrize(
-    ("k", "separation", "window", "refresh", "made"),
-    [(50, 50, 40, 3, 1), (500, 6, 6, 8, 3), (1000, 30, 30, 2, 2)],
+    ("k", "separation", "window", "refresh", "made", "share"),
+    [(50, 50, 40, 3, 1, 0.3), (500, 6, 6, 8, 3, 0.5), (1000, 30, 30, 2, 2, 0.5)],
 )
-def test_the_capped_rule_at_its_measured_settings(k, separation, window, refresh, made) -> None:
+def test_the_capped_rule_at_its_measured_settings(k, separation, window, refresh, made, share):
     """The rule's settings at the points benchmarks/README.md measured, 150 rounds: K = 50, b
-    = 50 (w K = 2,000: one selection, 2,000 / sqrt(2) < 1,500), K = 500, b = 6 and 30,000
-    users' K = 1,000, b = 30 (three and two selections, as before the selection criterion)."""
+    = 50 (w K = 2,000: one selection, 2,000 / sqrt(2) < 1,500, at share 0.3), K = 500, b = 6
+    and 30,000 users' K = 1,000, b = 30 (three and two selections, share 0.5)."""
     for epsilon in (1.0, 2.0, 4.0, 8.0):
         rule = selection.capped_rule(epsilon, k, 150, separation, 20_009)
         cap = min(4.0, max(1.0, epsilon * (k / 50) ** 0.5))
-        assert rule == selection.CappedRule("ftrl-blt", window, 0.5, 2.0, cap, 6.0, 200, refresh)
+        assert rule == selection.CappedRule("ftrl-blt", window, share, 2.0, cap, 6.0, 200, refresh)
         assert selection.windowed_selections(150, rule.window, rule.refresh) == made
     assert selection.capped_rule(1.0, 500, 150, 6, 20_009).heat_cap == pytest.approx(10**0.5)
 
