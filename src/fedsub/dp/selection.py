@@ -140,10 +140,9 @@ def windowed_selections(rounds: int, window: int, refresh: int) -> int:
 
 
 HEAT_CAP_COHORT = 50  # capped_rule: the heat cap grows as sqrt(K / 50) beyond epsilon's
-RULE_SELECTIONS = 3  # capped_rule: the most windowed selections a run makes (dp.selection_refresh)
-SELECTION_SIGNAL = 1500  # capped_rule: a selection's w K / sqrt(S) it keeps (rule_selections)
-RULE_SHARE = 0.5  # capped_rule: the selection's share of the budget ...
-ONE_SELECTION_SHARE = 0.3  # ... and when the run makes a single selection (rule_share)
+MOST_WINDOWS = 3  # capped_rule: a window of 2,000 users covering more windows takes b instead
+ONE_SELECTION_SHARE = 0.3  # capped_rule: the share of its one windowed selection (rule_share)
+PER_ROUND_SHARE = 0.5  # ... and of a selection every round (a window of 1)
 
 
 @dataclass(frozen=True)
@@ -180,37 +179,23 @@ class CappedRule:
         ]
 
 
-def rule_selections(participations: int, selections: int) -> int:
-    """``capped_rule``'s number of selections S: the largest S <= min(3, ``selections``)
-    (``RULE_SELECTIONS``; ``selections`` the windowed selections the window makes with refresh
-    1) whose per-selection signal, the window's ``participations`` w K over sqrt(S), is at
-    least ``SELECTION_SIGNAL`` (1,500): each selection is charged, so the selection noise grows
-    as sqrt(S); 1 when even one selection falls short (its docstring says what this rests on)."""
-    most = max(1, min(RULE_SELECTIONS, selections))
-    # w K / sqrt(S) >= 1500 in integers: (w K)^2 >= 1500^2 S
-    kept = [s for s in range(1, most + 1) if participations**2 >= SELECTION_SIGNAL**2 * s]
-    return max(kept, default=1)
-
-
 def rule_window(clients_per_round: int, rounds: int, min_separation: int) -> tuple[int, int]:
-    """``capped_rule``'s window w and refresh r (its docstring)."""
+    """``capped_rule``'s window w and refresh r: one selection, so r = S1, the selections the
+    window would make with refresh 1 (its docstring)."""
     window = max(1, min(min_separation, math.ceil(WINDOW_USERS / clients_per_round), rounds // 3))
-    if windowed_selections(rounds, window, 1) > RULE_SELECTIONS:
+    if windowed_selections(rounds, window, 1) > MOST_WINDOWS:
         window = max(1, min(min_separation, rounds // 3))
     if window == 1:
         return 1, 1
-    every = windowed_selections(rounds, window, 1)
-    chosen = rule_selections(window * clients_per_round, every)
-    return window, max(1, math.ceil(every / chosen))
+    return window, max(1, windowed_selections(rounds, window, 1))
 
 
-def rule_share(rounds: int, window: int, refresh: int) -> float:
-    """``capped_rule``'s selection share s: 0.3 when the run makes one windowed selection
-    (``ONE_SELECTION_SHARE``; K = 50, b = 50), else 0.5 (``RULE_SHARE``: several selections, a
-    per-round selection, or none). One selection is charged once, so less of the budget still
-    ranks the hot rows, and the update keeps 0.7 of it (its docstring says what this rests on)."""
-    made = windowed_selections(rounds, window, refresh) if window > 1 else 0
-    return ONE_SELECTION_SHARE if made == 1 else RULE_SHARE
+def rule_share(window: int) -> float:
+    """``capped_rule``'s selection share s: 0.3 for its one windowed selection
+    (``ONE_SELECTION_SHARE``), 0.5 for a selection every round (a window of 1,
+    ``PER_ROUND_SHARE``, not measured since). One selection is charged once, so less of the
+    budget still ranks the hot rows, and the update keeps 0.7 of it."""
+    return ONE_SELECTION_SHARE if window > 1 else PER_ROUND_SHARE
 
 
 def capped_rule(
@@ -224,18 +209,13 @@ def capped_rule(
     - the window w = max(1, min(b, ceil(2000 / K), rounds // 3)): a window's histogram counts
       w K >= 2,000 users' participations where b allows it (w <= b keeps its sensitivity a
       round's), and the run has at least three windows (the first updates no table row);
-    - when that window would make more than 3 selections (``windowed_selections``: a user
-      then adds to up to k_max of them, 25 at K = 500, b = 6), the window takes the whole
-      separation, w = max(1, min(b, rounds // 3)): as a selection then costs the same
-      whatever w, the longest window counts the most users against it;
-    - the run makes S selections (``rule_selections``): the largest S <= 3 (and <= S1, the
-      selections of that window with r = 1) whose per-selection signal w K / sqrt(S) is at
-      least 1,500 participations (each selection is charged, so its noise grows as sqrt(S));
-      S = 1 when none is; each selection serves r = ceil(S1 / S) windows
-      (``dp.selection_refresh``), so the accounting charges at most S selections, not k_max.
-      K = 50, b = 50: w 40, w K = 2,000, S = 1 (2,000 / sqrt(2) = 1,414 < 1,500), r = 3;
-      K = 500, b = 6: w 6, w K = 3,000, S = 3 (3,000 / sqrt(3) = 1,732), r = 8; K = 1,000, b =
-      30: w 30, S1 = 4, S = 3, r = 2 (2 selections made);
+    - when that window would cover more than 3 windows after the first (``MOST_WINDOWS``;
+      4 at K = 500, b = 6 would cover 37), the window takes the whole separation, w = max(1,
+      min(b, rounds // 3)): the longest window counts the most users in the histogram;
+    - the run makes one selection (w > 1): from the first window's histogram, serving the
+      rest of the run (``dp.selection_refresh`` r = S1, the windows after the first), so the
+      accounting charges one selection whatever k_max. K = 50, b = 50: w 40, r 3; K = 500, b
+      = 6: w 6, r 24; K = 1,000, b = 30: w 30, r 4;
     - at most M = max(1, V // 100) rows a round (1% of the table);
     - the heat cap min(4, max(1, epsilon sqrt(K / 50))): FedSubAvg's coefficient D / h_m
       multiplies a row's noise too, so the cap is lowered with epsilon (at K = 50 and epsilon
@@ -244,20 +224,15 @@ def capped_rule(
       at K = 500 and epsilon 1 / 2 / 4 / 8);
     - the threshold 2 selection-noise standard deviations (the cap, not the threshold,
       keeps the rows within M) and B = 6;
-    - the selection's share of the budget 0.3 when the run makes one selection (K = 50, b =
-      50), else 0.5 (``rule_share``; K = 500 and 30,000 users make 3 and 2).
+    - the selection's share of the budget 0.3 (``rule_share``; 0.5 for a window of 1).
 
-    The constants were chosen on a validation workload (the embedded default generated from
-    data.seed 1, benchmarks/ftrl_rule_grid.py), never on the reported one: at K = 50, b = 50
-    (the window, the cap, the threshold, the share; one selection rather than three, 10 runs
-    a cell at epsilon 1, 2, 4, 8) and at K = 500, b = 6 (the refresh, three selections level
-    with one, and the heat cap's growth with K), 150 rounds. The share of one selection was
-    chosen at K = 50 on data.seed 1 and 3 (8 runs a cell; stop 60), then checked on seeds 0 and
-    2. The two validated points place
-    the selection-signal threshold only between 1,414 and 1,732; 1,500 is a round number
-    between them, and the criterion counts participations, not the noise multiplier (which
-    grows with the participations per user). Between and beyond those points the rule is an
-    assumption."""
+    The constants were chosen on validation workloads (the embedded default generated from
+    data.seed 1 and, at stop 60, 3; benchmarks/ftrl_rule_grid.py), never on the reported one
+    (seed 0): at K = 50, b = 50 (the window, the cap, the threshold; one selection rather than
+    three; the share) and at K = 500, b = 6 (the window; the heat cap's growth with K; one
+    selection at share 0.3 rather than three at 0.5), 150 rounds, then checked on seeds 0 and
+    2; at 30,000 users, K = 1,000, b = 30, one selection was level with two (3 runs a cell).
+    Between and beyond those points the rule is an assumption."""
     if epsilon <= 0 or clients_per_round < 1 or rounds < 1 or min_separation < 1 or num_rows < 1:
         raise ValueError(
             f"capped_rule needs epsilon > 0 and K, rounds, min_separation, num_rows >= 1; got "
@@ -267,7 +242,7 @@ def capped_rule(
     return CappedRule(
         mechanism="ftrl-blt",
         window=window,
-        share=rule_share(rounds, window, refresh),
+        share=rule_share(window),
         threshold=2.0,
         heat_cap=min(4.0, max(1.0, epsilon * math.sqrt(clients_per_round / HEAT_CAP_COHORT))),
         bound=6.0,
