@@ -568,37 +568,44 @@ def test_the_most_participations_are_the_enumerated_maximum() -> None:
     assert Pattern(2, 3).as_json() == {"min_separation": 2, "max_participations": 3}
 
 
-def test_the_selected_rows_membership_is_numpys_isin() -> None:
-    """``_commit``'s binary search (which of the rows kept are selected again) gives
-    ``np.isin``'s answer, on empty, disjoint, overlapping and unsorted selections."""
-    from fedsub.dp.ftrl import _member
+def test_the_commits_merge_is_a_dict_of_each_rows_last_round() -> None:
+    """``_commit``'s merge (binary search, the known rows renewed in place) gives the rows
+    and rounds of the merge written out here (a dict of row -> last round, the selected rows'
+    new round overriding), sorted, on empty, disjoint, overlapping, all-known and unsorted
+    selections."""
+    from fedsub.dp.ftrl import _merged
 
     rng = np.random.default_rng(3)
     for size, picked in itertools.product((0, 1, 7, 200), (0, 1, 5, 150)):
-        values = np.sort(rng.choice(400, size, replace=False))
-        rows = rng.choice(400, picked, replace=False)  # a selection, in any order
-        np.testing.assert_array_equal(_member(values, rows), np.isin(values, rows))
+        known = np.sort(rng.choice(400, size, replace=False))
+        rounds = rng.integers(1, 30, size)
+        for rows in (
+            rng.choice(400, picked, replace=False),  # a selection, in any order
+            np.sort(rng.choice(known, min(picked, size), replace=False)),  # all known
+        ):
+            new_rounds = rng.integers(30, 60, len(rows))
+            expected = dict(zip(known.tolist(), rounds.tolist(), strict=True))
+            expected |= dict(zip(rows.tolist(), new_rounds.tolist(), strict=True))
+            merged, merged_rounds = _merged(known.copy(), rounds.copy(), rows, new_rounds)
+            assert merged.tolist() == sorted(expected)
+            assert merged_rounds.tolist() == [expected[r] for r in sorted(expected)]
 
 
 @pytest.mark.parametrize(
     "rows", [[3, 9, 40], [3, 9, 40, 41], [0, 3], [3, 4], [41], [2], list(range(0, 50, 3))]
 )
-def test_a_commit_of_known_rows_in_place_is_the_merge(rows) -> None:
-    """``_commit``'s in-place renewal (every row already known: a window's later rounds)
-    gives the rows and rounds of the merge written out here (a dict of row -> last round),
-    and refuses (leaving them) when a row is new."""
+def test_a_commit_of_known_rows_renews_them_in_place(rows) -> None:
+    """When every selected row is known (a window's later rounds), the merge writes the new
+    rounds into the rounds kept (no new arrays); otherwise it returns the merge written out
+    here."""
     from fedsub.dp import ftrl
 
     known, rounds = np.array([0, 3, 9, 21, 40, 41]), np.array([1, 2, 2, 5, 5, 6])
     new, at = np.array(rows), np.full(len(rows), 7)
     merged = dict(zip(known.tolist(), rounds.tolist(), strict=True)) | dict.fromkeys(rows, 7)
-    before = rounds.copy()
-    renewed = ftrl._renew(known, rounds, new, at)
-    assert renewed == (set(rows) <= set(known.tolist()))
-    if renewed:
-        assert dict(zip(known.tolist(), rounds.tolist(), strict=True)) == merged
-    else:
-        assert (rounds == before).all()
+    out_rows, out_rounds = ftrl._merged(known, rounds, new, at)
+    assert dict(zip(out_rows.tolist(), out_rounds.tolist(), strict=True)) == merged
+    assert (out_rounds is rounds) == (set(rows) <= set(known.tolist()))
 
 
 @pytest.mark.parametrize("kind", ["tree", "blt"])
