@@ -401,6 +401,26 @@ def test_the_difference_draws_each_entry_once_and_sums_every_term(t, dim, monkey
     )
 
 
+@pytest.mark.parametrize(("t", "dim"), [(1, 1), (13, 3), (48, 1), (64, 2), (65, 1)])
+@pytest.mark.parametrize("before", [0, 1, 2, 17])
+def test_rows_with_one_last_round_sum_the_same_terms_in_the_same_order(t, dim, before) -> None:
+    """Rows all last noised in round t - before (a window's rows: one last round, the
+    uniform path) get, bit for bit, the sum term after term in ``difference_terms``' order of
+    each term's weight times its entry's noise drawn alone (zero when nothing is due)."""
+    key, rows = k(3, 2), np.array([2, 40, 41, 1000, 7])
+    since = max(t - before, 0)
+    got = tree_noise.prefix_difference(key, rows, t, np.full(len(rows), since), dim)
+    levels, nodes, weights = tree_noise.difference_terms(t, since)
+    for i, row in enumerate(rows):
+        total = np.zeros(dim)
+        for level, node, w in zip(levels, nodes, weights, strict=True):
+            one = tree_noise.entry_noise(
+                key, np.array([row]), np.array([level]), np.array([node]), dim
+            )
+            total = total + one[0] * w
+        assert got[i].tobytes() == total.tobytes()
+
+
 def test_windowed_selection_keeps_one_row_set_per_window(monkeypatch) -> None:
     """dp.selection_window = w: the first window updates no table row; each later window
     updates one set of rows in every one of its rounds, chosen at its first round."""
