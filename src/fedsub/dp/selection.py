@@ -31,7 +31,10 @@ def contributions(update: CohortUpdate, bound: float) -> torch.Tensor:
     """c_k = min(1, B / sqrt(|S(k)|)) per member (float64; 1 for a member with no rows)."""
     sizes = torch.zeros(len(update), dtype=torch.float64, device=update.clients.device)
     for owner in update.row_owner.values():
-        segment_sum.index_add_(sizes, owner, torch.ones_like(owner, dtype=torch.float64))
+        if owner.device.type == "cpu":  # counts: exact integers whatever the order (faster)
+            sizes += torch.bincount(owner, minlength=len(update)).to(torch.float64)
+        else:  # (bincount reads its output's length back from a GPU)
+            segment_sum.index_add_(sizes, owner, torch.ones_like(owner, dtype=torch.float64))
     return torch.clamp(bound / torch.clamp(sizes, min=1.0).sqrt(), max=1.0)
 
 
