@@ -233,12 +233,13 @@ def test_participation_bound_refuses_users_in_their_window() -> None:
     bound = ParticipationBound(Pattern(3, 2), 6)
     assert list(bound.eligible(1, None)) == [0, 1, 2, 3, 4, 5]
     bound.record(1, np.array([0, 1]))
-    assert list(bound.eligible(2, None)) == [2, 3, 4, 5]
+    assert list(bound.eligible(2, None)) == [2, 3, 4, 5] and bound.refused == 2
     bound.record(2, np.array([2]))
-    assert list(bound.eligible(3, np.array([0, 2, 4]))) == [4]
-    assert list(bound.eligible(4, None)) == [0, 1, 3, 4, 5]
+    assert list(bound.eligible(3, np.array([0, 2, 4]))) == [4] and bound.refused == 2
+    assert list(bound.eligible(4, None)) == [0, 1, 3, 4, 5] and bound.refused == 1
     bound.record(4, np.array([0]))
     assert 0 not in bound.eligible(9, None)  # k = 2 reached
+    assert bound.refused == 1 and list(bound.eligible(9, np.array([0, 5]))) == [5]
 
 
 def run_ftrl(overrides: list[str]):
