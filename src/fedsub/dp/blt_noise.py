@@ -412,11 +412,10 @@ def _add_counted(out: np.ndarray, ys: np.ndarray, since: np.ndarray, first: int)
     round after round), a row's uncounted rounds (before its since_r: it counts every round
     after) adding +0.0 (what leaving them out gives, as ``out`` starts +0.0 and no sum of
     these is -0.0 unless ``out`` is)."""
-    counted = since[:, None] < np.arange(first, first + len(ys))
-    stack = np.empty((len(ys) + 1, *out.shape))
-    stack[0] = out
-    np.copyto(stack[1:], ys)
-    stack[1:][~counted.T] = 0.0
+    stack = np.concatenate([out[None], ys])
+    if len(since) and since.max() >= first:  # some row does not count every round
+        counted = since[:, None] < np.arange(first, first + len(ys))
+        stack[1:][~counted.T] = 0.0
     out[...] = np.add.accumulate(stack, axis=0)[-1]
 
 

@@ -77,8 +77,12 @@ def sample_untouched(
         if len(known):
             batch = batch[known[spot] != batch]
         sequence = np.concatenate([drawn, batch])
-        _, first = np.unique(sequence, return_index=True)  # keep each row's first draw
-        drawn = sequence[np.sort(first)][:count]
+        ordered = np.sort(sequence)
+        if (ordered[1:] != ordered[:-1]).all():  # no row drawn twice: every draw kept
+            drawn = sequence[:count]
+        else:
+            _, first = np.unique(sequence, return_index=True)  # keep each row's first draw
+            drawn = sequence[np.sort(first)][:count]
         if len(drawn) == count:
             return torch.from_numpy(np.sort(drawn))
 
