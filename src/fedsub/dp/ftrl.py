@@ -66,7 +66,6 @@ in the checkpoints, which the operator keeps private, never in a file a run publ
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +85,7 @@ from fedsub.dp.tree_noise import (
     prefix_difference,
     table_key,
 )
+from fedsub.numerics import seeding
 from fedsub.submodel.transfer import CohortUpdate
 
 STAGE = "dp_ftrl"  # the checkpoint stage of the selected rows' last rounds
@@ -235,6 +235,20 @@ def _merged(
     return merged_rows, merged_rounds
 
 
+def _made_once(key: seeding.Seed, round_index: int) -> Callable[[], torch.Generator]:
+    """Round ``round_index``'s generator (``round_generator``), made at the first call and
+    the same one at every later call (a plain closure: ``functools.cache`` of a partial
+    costs more than the rounds that never draw save)."""
+    made: list[torch.Generator] = []
+
+    def generator() -> torch.Generator:
+        if not made:
+            made.append(round_generator(key, round_index))
+        return made[0]
+
+    return generator
+
+
 @dataclass(frozen=True)
 class WindowRows:
     """A window's selection as each of its rounds reads it: the rows (numpy and on the
@@ -335,9 +349,7 @@ class FtrlMechanism(DpMechanism):
         # the selection's noise and false positives: the torch stream of dp/mechanism.py, made
         # at its first draw (a dense round or a window's later rounds draw none) and then the
         # same generator for every table in turn
-        generator = functools.cache(
-            functools.partial(round_generator, self.streams.key, round_index)
-        )
+        generator = _made_once(self.streams.key, round_index)
         clip = self.current_clip(round_index)
         factors = clipping.clip_factors(update.squared_norms(), clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
