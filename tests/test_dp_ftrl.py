@@ -497,6 +497,32 @@ def test_the_pattern_and_the_rows_last_rounds_survive_a_checkpoint() -> None:
     assert list(resumed.last_rounds("w", np.array([7, 8, 9]))) == [4, 0, 4]
 
 
+@pytest.mark.parametrize("cap", [0.0, 4.0])
+def test_the_host_cap_of_the_heat_is_the_clamp(cap) -> None:
+    """The per-round selection caps the noisy heat on the host (``capped_host``, numpy): the
+    same numbers as ``capped``'s clamp at D / heat_cap (and the heat itself without a cap)."""
+    from fedsub.dp.ftrl import FtrlMechanism
+    from fedsub.runs.run_setup import dp_of
+
+    config = Config.from_toml(
+        None,
+        [
+            "dp.mechanism='ftrl-tree'",
+            "dp.noise_multiplier=1.0",
+            "dp.randomness='seeded'",
+            f"dp.heat_cap={cap}",
+        ],
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None
+    mechanism = FtrlMechanism(settings, {"w": 100}, np.ones(3000), heat=True)
+    heat = np.random.default_rng(4).uniform(0.0, 3.0 * mechanism.denominator, 200)
+    host = mechanism.capped_host(heat)
+    clamped = mechanism.capped(torch.from_numpy(heat)).numpy()
+    assert host.tobytes() == clamped.tobytes()
+    assert (host > heat).any() == (cap > 0)
+
+
 def server_round_of(overrides: list[str], monkeypatch):
     """The server round a short run drew its cohorts with."""
     from fedsub.engine import server_round

@@ -423,12 +423,13 @@ class FtrlMechanism(DpMechanism):
         chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
         self.last.rows_changed += len(picked)
         self.last.false_positives += int(fresh.sum())
-        if self.heat:
-            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64))
+        if self.heat:  # capped on the host (numpy's max is torch's clamp), then moved once
+            divisor = self.capped_host(chosen.noisy_heat.numpy())
             if len(divisor):  # D / min(h_m): a float64 division either way, the same number
                 coefficient = self.denominator / float(divisor.min())
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
-            return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
+            scale = torch.from_numpy(divisor).to(device, dtype).unsqueeze(1)
+            return RowUpdate(chosen.rows.to(device), values / scale)
         return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
 
     def reads_heat(self, round_index: int) -> bool:
@@ -448,6 +449,11 @@ class FtrlMechanism(DpMechanism):
         at most heat_cap)."""
         cap = self.settings.selection.heat_cap
         return heat.clamp(min=self.denominator / cap) if cap > 0 else heat
+
+    def capped_host(self, heat: np.ndarray) -> np.ndarray:
+        """``capped`` of a float64 host array (np.maximum: the same numbers as clamp)."""
+        cap = self.settings.selection.heat_cap
+        return np.maximum(heat, self.denominator / cap) if cap > 0 else heat
 
     def _window_rows(
         self,
