@@ -358,6 +358,25 @@ def test_each_members_contribution_has_l2_norm_at_most_b():
         assert got == pytest.approx([min(1, bound / math.sqrt(n)) for n in (1, 4, 100)])
 
 
+@pytest.mark.parametrize(("num_rows", "count"), [(60, 12), (20_000, 24), (300, 40)])
+def test_untouched_rows_are_the_first_distinct_free_draws(num_rows, count):
+    """sample_untouched keeps, batch after batch of the generator's draws, each free row's
+    first draw until ``count`` (a loop over the draws written out here, the same generator
+    state), with rows drawn twice in a batch (small tables) and without."""
+    touched = torch.tensor([1, 4, 7, 30, 55])
+    for seed in range(20):
+        got = selection.sample_untouched(
+            touched, num_rows, count, torch.Generator().manual_seed(seed)
+        )
+        generator, kept = torch.Generator().manual_seed(seed), []
+        while len(kept) < count:
+            batch = torch.randint(num_rows, (2 * (count - len(kept)) + 8,), generator=generator)
+            for row in batch.tolist():
+                if row not in touched.tolist() and row not in kept and len(kept) < count:
+                    kept.append(row)
+        assert got.tolist() == sorted(kept)
+
+
 def test_all_the_free_rows_can_be_drawn_and_no_more():
     generator = torch.Generator().manual_seed(0)
     touched = torch.tensor([1, 4])

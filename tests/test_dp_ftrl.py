@@ -233,12 +233,13 @@ def test_participation_bound_refuses_users_in_their_window() -> None:
     bound = ParticipationBound(Pattern(3, 2), 6)
     assert list(bound.eligible(1, None)) == [0, 1, 2, 3, 4, 5]
     bound.record(1, np.array([0, 1]))
-    assert list(bound.eligible(2, None)) == [2, 3, 4, 5]
+    assert list(bound.eligible(2, None)) == [2, 3, 4, 5] and bound.refused == 2
     bound.record(2, np.array([2]))
-    assert list(bound.eligible(3, np.array([0, 2, 4]))) == [4]
-    assert list(bound.eligible(4, None)) == [0, 1, 3, 4, 5]
+    assert list(bound.eligible(3, np.array([0, 2, 4]))) == [4] and bound.refused == 2
+    assert list(bound.eligible(4, None)) == [0, 1, 3, 4, 5] and bound.refused == 1
     bound.record(4, np.array([0]))
     assert 0 not in bound.eligible(9, None)  # k = 2 reached
+    assert bound.refused == 1 and list(bound.eligible(9, np.array([0, 5]))) == [5]
 
 
 def run_ftrl(overrides: list[str]):
@@ -401,6 +402,26 @@ def test_the_difference_draws_each_entry_once_and_sums_every_term(t, dim, monkey
     )
 
 
+@pytest.mark.parametrize(("t", "dim"), [(1, 1), (13, 3), (48, 1), (64, 2), (65, 1)])
+@pytest.mark.parametrize("before", [0, 1, 2, 17])
+def test_rows_with_one_last_round_sum_the_same_terms_in_the_same_order(t, dim, before) -> None:
+    """Rows all last noised in round t - before (a window's rows: one last round, the
+    uniform path) get, bit for bit, the sum term after term in ``difference_terms``' order of
+    each term's weight times its entry's noise drawn alone (zero when nothing is due)."""
+    key, rows = k(3, 2), np.array([2, 40, 41, 1000, 7])
+    since = max(t - before, 0)
+    got = tree_noise.prefix_difference(key, rows, t, np.full(len(rows), since), dim)
+    levels, nodes, weights = tree_noise.difference_terms(t, since)
+    for i, row in enumerate(rows):
+        total = np.zeros(dim)
+        for level, node, w in zip(levels, nodes, weights, strict=True):
+            one = tree_noise.entry_noise(
+                key, np.array([row]), np.array([level]), np.array([node]), dim
+            )
+            total = total + one[0] * w
+        assert got[i].tobytes() == total.tobytes()
+
+
 def test_windowed_selection_keeps_one_row_set_per_window(monkeypatch) -> None:
     """dp.selection_window = w: the first window updates no table row; each later window
     updates one set of rows in every one of its rounds, chosen at its first round."""
@@ -474,6 +495,32 @@ def test_the_pattern_and_the_rows_last_rounds_survive_a_checkpoint() -> None:
     resumed = FtrlMechanism(settings, {"w": 100}, np.ones(3000))
     resumed.load_state_tensors(saved)
     assert list(resumed.last_rounds("w", np.array([7, 8, 9]))) == [4, 0, 4]
+
+
+@pytest.mark.parametrize("cap", [0.0, 4.0])
+def test_the_host_cap_of_the_heat_is_the_clamp(cap) -> None:
+    """The per-round selection caps the noisy heat on the host (``capped_host``, numpy): the
+    same numbers as ``capped``'s clamp at D / heat_cap (and the heat itself without a cap)."""
+    from fedsub.dp.ftrl import FtrlMechanism
+    from fedsub.runs.run_setup import dp_of
+
+    config = Config.from_toml(
+        None,
+        [
+            "dp.mechanism='ftrl-tree'",
+            "dp.noise_multiplier=1.0",
+            "dp.randomness='seeded'",
+            f"dp.heat_cap={cap}",
+        ],
+    )
+    settings = dp_of(config, 3000)
+    assert settings is not None
+    mechanism = FtrlMechanism(settings, {"w": 100}, np.ones(3000), heat=True)
+    heat = np.random.default_rng(4).uniform(0.0, 3.0 * mechanism.denominator, 200)
+    host = mechanism.capped_host(heat)
+    clamped = mechanism.capped(torch.from_numpy(heat)).numpy()
+    assert host.tobytes() == clamped.tobytes()
+    assert (host > heat).any() == (cap > 0)
 
 
 def server_round_of(overrides: list[str], monkeypatch):
@@ -568,37 +615,44 @@ def test_the_most_participations_are_the_enumerated_maximum() -> None:
     assert Pattern(2, 3).as_json() == {"min_separation": 2, "max_participations": 3}
 
 
-def test_the_selected_rows_membership_is_numpys_isin() -> None:
-    """``_commit``'s binary search (which of the rows kept are selected again) gives
-    ``np.isin``'s answer, on empty, disjoint, overlapping and unsorted selections."""
-    from fedsub.dp.ftrl import _member
+def test_the_commits_merge_is_a_dict_of_each_rows_last_round() -> None:
+    """``_commit``'s merge (binary search, the known rows renewed in place) gives the rows
+    and rounds of the merge written out here (a dict of row -> last round, the selected rows'
+    new round overriding), sorted, on empty, disjoint, overlapping, all-known and unsorted
+    selections."""
+    from fedsub.dp.ftrl import _merged
 
     rng = np.random.default_rng(3)
     for size, picked in itertools.product((0, 1, 7, 200), (0, 1, 5, 150)):
-        values = np.sort(rng.choice(400, size, replace=False))
-        rows = rng.choice(400, picked, replace=False)  # a selection, in any order
-        np.testing.assert_array_equal(_member(values, rows), np.isin(values, rows))
+        known = np.sort(rng.choice(400, size, replace=False))
+        rounds = rng.integers(1, 30, size)
+        for rows in (
+            rng.choice(400, picked, replace=False),  # a selection, in any order
+            np.sort(rng.choice(known, min(picked, size), replace=False)),  # all known
+        ):
+            new_rounds = rng.integers(30, 60, len(rows))
+            expected = dict(zip(known.tolist(), rounds.tolist(), strict=True))
+            expected |= dict(zip(rows.tolist(), new_rounds.tolist(), strict=True))
+            merged, merged_rounds = _merged(known.copy(), rounds.copy(), rows, new_rounds)
+            assert merged.tolist() == sorted(expected)
+            assert merged_rounds.tolist() == [expected[r] for r in sorted(expected)]
 
 
 @pytest.mark.parametrize(
     "rows", [[3, 9, 40], [3, 9, 40, 41], [0, 3], [3, 4], [41], [2], list(range(0, 50, 3))]
 )
-def test_a_commit_of_known_rows_in_place_is_the_merge(rows) -> None:
-    """``_commit``'s in-place renewal (every row already known: a window's later rounds)
-    gives the rows and rounds of the merge written out here (a dict of row -> last round),
-    and refuses (leaving them) when a row is new."""
+def test_a_commit_of_known_rows_renews_them_in_place(rows) -> None:
+    """When every selected row is known (a window's later rounds), the merge writes the new
+    rounds into the rounds kept (no new arrays); otherwise it returns the merge written out
+    here."""
     from fedsub.dp import ftrl
 
     known, rounds = np.array([0, 3, 9, 21, 40, 41]), np.array([1, 2, 2, 5, 5, 6])
     new, at = np.array(rows), np.full(len(rows), 7)
     merged = dict(zip(known.tolist(), rounds.tolist(), strict=True)) | dict.fromkeys(rows, 7)
-    before = rounds.copy()
-    renewed = ftrl._renew(known, rounds, new, at)
-    assert renewed == (set(rows) <= set(known.tolist()))
-    if renewed:
-        assert dict(zip(known.tolist(), rounds.tolist(), strict=True)) == merged
-    else:
-        assert (rounds == before).all()
+    out_rows, out_rounds = ftrl._merged(known, rounds, new, at)
+    assert dict(zip(out_rows.tolist(), out_rounds.tolist(), strict=True)) == merged
+    assert (out_rounds is rounds) == (set(rows) <= set(known.tolist()))
 
 
 @pytest.mark.parametrize("kind", ["tree", "blt"])

@@ -102,6 +102,12 @@ class BltStrategy:
         """omega_j as an (m, 1, 1) array."""
         return np.asarray(self.scale).reshape(-1, 1, 1)
 
+    @functools.cached_property
+    def step_column(self) -> np.ndarray:
+        """omega_j and theta_j as a (2, m, 1, 1) array (``_recur_rounds``: both products of
+        the buffers in one multiply)."""
+        return np.stack([self.scale_column, self.decay_column])
+
     def coefficients(self, rounds: int) -> np.ndarray:
         """C's first column (its Toeplitz coefficients) over ``rounds`` rounds: 1, then
         sum_j omega_j theta_j^(i - 1)."""
@@ -377,19 +383,25 @@ CHUNK_ENTRIES = 1 << 18  # _recur: the float64 entries of a chunk's scratch (2 M
 
 def _recur_rounds(strategy: BltStrategy, buffers: np.ndarray, z: np.ndarray) -> np.ndarray:
     """y of each of z's rounds ((rows, rounds, dim) -> (rounds, rows, dim)), stepping
-    ``buffers`` in place: four numpy calls a round. A round's z and the products omega_j
-    buf_j lie in one (m + 1, rows, dim) block, and ``np.subtract.reduce`` over its first
-    axis subtracts them in buffer order (z - p_0 - p_1 - ..., one after another: subtraction
-    is never reordered), ``advance``'s numbers."""
-    rounds = z.shape[1]
-    work = np.empty((rounds, strategy.buffers + 1, *buffers.shape[1:]))
-    work[:, 0] = z.transpose(1, 0, 2)
-    ys = np.empty((rounds, *buffers.shape[1:]))
-    for at in range(rounds):
-        np.multiply(buffers, strategy.scale_column, out=work[at, 1:])
-        np.subtract.reduce(work[at], axis=0, out=ys[at])
-        buffers *= strategy.decay_column
-        buffers += ys[at]
+    ``buffers`` in place: 2 + m numpy calls a round. One multiply gives both omega_j buf_j
+    and theta_j buf_j of the buffers before the round (``BltStrategy.step_column``), y = z -
+    p_0 - p_1 - ... is subtracted one product after another (never reordered), and buf_j
+    <- theta_j buf_j + y is the add of y to the kept product: per entry the operations of
+    ``advance``, so its numbers."""
+    ys = np.empty((z.shape[1], *buffers.shape[1:]))
+    products = np.empty((2, *buffers.shape))  # [omega_j buf_j, theta_j buf_j]
+    scaled, decayed = products[0], products[1]
+    later = list(scaled[1:])  # p_1 .. p_{m-1}, views made once
+    first = scaled[0]
+    multiply, subtract, add = np.multiply, np.subtract, np.add
+    column = strategy.step_column
+    by_round = np.ascontiguousarray(z.transpose(1, 0, 2))  # each round's z in one block
+    for y, z_round in zip(ys, by_round, strict=True):
+        multiply(buffers, column, out=products)
+        subtract(z_round, first, out=y)
+        for product in later:
+            subtract(y, product, out=y)
+        add(decayed, y, out=buffers)
     return ys
 
 
@@ -400,11 +412,10 @@ def _add_counted(out: np.ndarray, ys: np.ndarray, since: np.ndarray, first: int)
     round after round), a row's uncounted rounds (before its since_r: it counts every round
     after) adding +0.0 (what leaving them out gives, as ``out`` starts +0.0 and no sum of
     these is -0.0 unless ``out`` is)."""
-    counted = since[:, None] < np.arange(first, first + len(ys))
-    stack = np.empty((len(ys) + 1, *out.shape))
-    stack[0] = out
-    np.copyto(stack[1:], ys)
-    stack[1:][~counted.T] = 0.0
+    stack = np.concatenate([out[None], ys])
+    if len(since) and since.max() >= first:  # some row does not count every round
+        counted = since[:, None] < np.arange(first, first + len(ys))
+        stack[1:][~counted.T] = 0.0
     out[...] = np.add.accumulate(stack, axis=0)[-1]
 
 

@@ -66,7 +66,6 @@ in the checkpoints, which the operator keeps private, never in a file a run publ
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +85,7 @@ from fedsub.dp.tree_noise import (
     prefix_difference,
     table_key,
 )
+from fedsub.numerics import seeding
 from fedsub.submodel.transfer import CohortUpdate
 
 STAGE = "dp_ftrl"  # the checkpoint stage of the selected rows' last rounds
@@ -207,28 +207,46 @@ def _completed(r: int) -> int:
 SMALL_STREAM = 4096  # DenseTree: the entries of a stream whose round draws in one call
 
 
-def _member(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Whether each of ``values`` is one of ``rows`` (distinct): ``np.isin``'s answer, by
-    binary search in the sorted rows (a round's few selected rows)."""
-    if not len(rows) or not len(values):
-        return np.zeros(len(values), dtype=bool)
-    ordered = np.sort(rows)
-    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
-    return ordered[at] == values
-
-
-def _renew(known: np.ndarray, rounds: np.ndarray, rows: np.ndarray, new_rounds: np.ndarray) -> bool:
-    """When every one of ``rows`` (sorted, distinct) is already among ``known`` (sorted), set
-    their ``rounds`` to ``new_rounds`` in place and say so: the merge ``_commit`` makes
-    otherwise gives the same rows with these rounds (the windowed selection's rounds after a
-    window's first select the same rows again)."""
-    if not len(rows) or len(rows) > len(known):
-        return False
+def _merged(
+    known: np.ndarray, rounds: np.ndarray, rows: np.ndarray, new_rounds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ``known`` (sorted, distinct) with their ``rounds``, and ``rows`` (distinct)
+    with ``new_rounds``: every row of either once, sorted, a row of ``rows`` with its new
+    round. The rows already known take theirs in place (``rounds`` is updated: a window's
+    rounds after its first select the same rows again, and nothing else is written); the new
+    ones are placed by binary search (a round's few selected rows among the many kept)."""
+    if len(rows) > 1 and not (rows[1:] > rows[:-1]).all():  # a selection in any order
+        order = np.argsort(rows, kind="stable")
+        rows, new_rounds = rows[order], new_rounds[order]
     at = np.searchsorted(known, rows)
-    if (at >= len(known)).any() or not np.array_equal(known[at], rows):
-        return False
-    rounds[at] = new_rounds
-    return True
+    present = at < len(known)
+    present[present] = known[at[present]] == rows[present]
+    rounds[at[present]] = new_rounds[present]
+    if present.all():
+        return known, rounds
+    fresh = ~present
+    place = at[fresh] + np.arange(int(fresh.sum()))  # where each new row lands in the merge
+    total = len(known) + len(place)
+    others = np.ones(total, dtype=bool)
+    others[place] = False
+    merged_rows, merged_rounds = np.empty(total, known.dtype), np.empty(total, rounds.dtype)
+    merged_rows[place], merged_rounds[place] = rows[fresh], new_rounds[fresh]
+    merged_rows[others], merged_rounds[others] = known, rounds
+    return merged_rows, merged_rounds
+
+
+def _made_once(key: seeding.Seed, round_index: int) -> Callable[[], torch.Generator]:
+    """Round ``round_index``'s generator (``round_generator``), made at the first call and
+    the same one at every later call (a plain closure: ``functools.cache`` of a partial
+    costs more than the rounds that never draw save)."""
+    made: list[torch.Generator] = []
+
+    def generator() -> torch.Generator:
+        if not made:
+            made.append(round_generator(key, round_index))
+        return made[0]
+
+    return generator
 
 
 @dataclass(frozen=True)
@@ -264,6 +282,7 @@ class FtrlMechanism(DpMechanism):
     window_rows: dict[str, tuple] = field(default_factory=dict, repr=False)
     noise_version: int = STREAM_VERSION  # the keys' noise stream (tree_noise.StreamVersionRecord)
     _sigma: tuple[float, float] = field(default=(-1.0, 0.0), repr=False)  # (clip, sigma)
+    _selection_noise: tuple[float, float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -284,6 +303,16 @@ class FtrlMechanism(DpMechanism):
             self._sigma = (self.clip, self.settings.update_multiplier * self.clip)
         return self._sigma[1]
 
+    @property
+    def selection_noise(self) -> tuple[float, float]:
+        """The selection's noise std and threshold in histogram units (the settings'
+        ``selection_std`` and ``histogram_threshold``, computed once: they read the run's
+        accounting, fixed for the run like DP-FTRL's clip)."""
+        if self._selection_noise is None:
+            s = self.settings
+            self._selection_noise = (s.selection_std, s.histogram_threshold)
+        return self._selection_noise
+
     def _dense_tree(self, name: str, stream: int, rows: int, dim: int) -> NoiseStream:
         if name not in self.trees:
             self.trees[name] = DenseTree(self.key(stream), rows, dim)
@@ -295,15 +324,7 @@ class FtrlMechanism(DpMechanism):
             return
         for table, (rows, rounds) in self.pending_rows[1].items():
             old_rows, old_rounds = self.selected.get(table, (np.zeros(0, np.int64),) * 2)
-            if _renew(old_rows, old_rounds, rows, rounds):  # a window's rows again: in place
-                continue
-            keep = ~_member(old_rows, rows)
-            merged = np.concatenate([old_rows[keep], rows])  # distinct: sorted, a merge
-            order = np.argsort(merged, kind="stable")
-            self.selected[table] = (
-                merged[order],
-                np.concatenate([old_rounds[keep], rounds])[order],
-            )
+            self.selected[table] = _merged(old_rows, old_rounds, rows, rounds)
         self.pending_rows = None
 
     def last_rounds(self, table: str, rows: np.ndarray) -> np.ndarray:
@@ -328,9 +349,7 @@ class FtrlMechanism(DpMechanism):
         # the selection's noise and false positives: the torch stream of dp/mechanism.py, made
         # at its first draw (a dense round or a window's later rounds draw none) and then the
         # same generator for every table in turn
-        generator = functools.cache(
-            functools.partial(round_generator, self.streams.key, round_index)
-        )
+        generator = _made_once(self.streams.key, round_index)
         clip = self.current_clip(round_index)
         factors = clipping.clip_factors(update.squared_norms(), clip)
         self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
@@ -389,15 +408,9 @@ class FtrlMechanism(DpMechanism):
             window = self._window_rows(table, distinct, heat, round_index, generator)
             return self._window_update(table, window, distinct, sums, round_index, chosen_rows)
         assert heat is not None  # a selection every round reads every round's histogram
+        std, threshold = self.selection_noise
         chosen = selection.largest(
-            selection.select(
-                distinct.cpu(),
-                heat.cpu(),
-                num_rows,
-                s.selection_std,
-                s.histogram_threshold,
-                generator(),
-            ),
+            selection.select(distinct.cpu(), heat.cpu(), num_rows, std, threshold, generator()),
             s.selection.max_rows,
         )
         position = chosen.touched_position.numpy()
@@ -410,12 +423,13 @@ class FtrlMechanism(DpMechanism):
         chosen_rows[table] = (picked, np.full(len(picked), round_index, dtype=np.int64))
         self.last.rows_changed += len(picked)
         self.last.false_positives += int(fresh.sum())
-        if self.heat:
-            divisor = self.capped(chosen.noisy_heat.to(device, torch.float64))
-            if len(divisor):
-                coefficient = float(self.denominator / divisor.min())
+        if self.heat:  # capped on the host (numpy's max is torch's clamp), then moved once
+            divisor = self.capped_host(chosen.noisy_heat.numpy())
+            if len(divisor):  # D / min(h_m): a float64 division either way, the same number
+                coefficient = self.denominator / float(divisor.min())
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
-            return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
+            scale = torch.from_numpy(divisor).to(device, dtype).unsqueeze(1)
+            return RowUpdate(chosen.rows.to(device), values / scale)
         return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
 
     def reads_heat(self, round_index: int) -> bool:
@@ -435,6 +449,11 @@ class FtrlMechanism(DpMechanism):
         at most heat_cap)."""
         cap = self.settings.selection.heat_cap
         return heat.clamp(min=self.denominator / cap) if cap > 0 else heat
+
+    def capped_host(self, heat: np.ndarray) -> np.ndarray:
+        """``capped`` of a float64 host array (np.maximum: the same numbers as clamp)."""
+        cap = self.settings.selection.heat_cap
+        return np.maximum(heat, self.denominator / cap) if cap > 0 else heat
 
     def _window_rows(
         self,
@@ -473,13 +492,9 @@ class FtrlMechanism(DpMechanism):
                 empty = torch.zeros(0, dtype=torch.int64)
                 chosen = selection.Selection(empty, empty, torch.zeros(0, dtype=torch.float64))
             else:
+                std, threshold = self.selection_noise
                 chosen = selection.select(
-                    union,
-                    summed,
-                    self.table_rows[table],
-                    s.selection_std,
-                    s.histogram_threshold,
-                    generator(),
+                    union, summed, self.table_rows[table], std, threshold, generator()
                 )
                 chosen = selection.largest(chosen, s.selection.max_rows)
             self.window_selected = {k: v for k, v in self.window_selected.items() if k[0] != table}

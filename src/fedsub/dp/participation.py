@@ -56,8 +56,16 @@ class ParticipationBound:
 
     def eligible(self, round_index: int, among: np.ndarray | None) -> np.ndarray:
         """The users of ``among`` (default: all) that may take part in round ``round_index``."""
-        candidates = np.arange(len(self.last)) if among is None else among
-        ok = round_index - self.last[candidates] >= max(self.pattern.min_separation, 1)
+        separation = max(self.pattern.min_separation, 1)
+        if among is None:  # every user: compared in place, no gather (the same users)
+            ok = self.last <= round_index - separation
+            if self.pattern.max_participations:
+                ok &= self.count < self.pattern.max_participations
+            chosen = np.flatnonzero(ok)
+            self.refused = len(ok) - len(chosen)
+            return chosen
+        candidates = among
+        ok = round_index - self.last[candidates] >= separation
         if self.pattern.max_participations:
             ok &= self.count[candidates] < self.pattern.max_participations
         self.refused = int((~ok).sum())

@@ -17,6 +17,7 @@ backend or device.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -31,7 +32,10 @@ def contributions(update: CohortUpdate, bound: float) -> torch.Tensor:
     """c_k = min(1, B / sqrt(|S(k)|)) per member (float64; 1 for a member with no rows)."""
     sizes = torch.zeros(len(update), dtype=torch.float64, device=update.clients.device)
     for owner in update.row_owner.values():
-        segment_sum.index_add_(sizes, owner, torch.ones_like(owner, dtype=torch.float64))
+        if owner.device.type == "cpu":  # counts: exact integers whatever the order (faster)
+            sizes += torch.bincount(owner, minlength=len(update)).to(torch.float64)
+        else:  # (bincount reads its output's length back from a GPU)
+            segment_sum.index_add_(sizes, owner, torch.ones_like(owner, dtype=torch.float64))
     return torch.clamp(bound / torch.clamp(sizes, min=1.0).sqrt(), max=1.0)
 
 
@@ -46,6 +50,13 @@ def histogram(
 def false_positive_probability(threshold_in_stds: float) -> float:
     """P(N(0, 1) >= tau / sigma)."""
     return 0.5 * math.erfc(threshold_in_stds / math.sqrt(2.0))
+
+
+@functools.lru_cache(maxsize=16)
+def _probability(p: float) -> torch.Tensor:
+    """``p`` as the one-value float64 tensor ``torch.binomial`` reads (a run's selections
+    share one: made once; never written)."""
+    return torch.tensor([p], dtype=torch.float64)
 
 
 def sample_untouched(
@@ -74,8 +85,12 @@ def sample_untouched(
         if len(known):
             batch = batch[known[spot] != batch]
         sequence = np.concatenate([drawn, batch])
-        _, first = np.unique(sequence, return_index=True)  # keep each row's first draw
-        drawn = sequence[np.sort(first)][:count]
+        ordered = np.sort(sequence)
+        if (ordered[1:] != ordered[:-1]).all():  # no row drawn twice: every draw kept
+            drawn = sequence[:count]
+        else:
+            _, first = np.unique(sequence, return_index=True)  # keep each row's first draw
+            drawn = sequence[np.sort(first)][:count]
         if len(drawn) == count:
             return torch.from_numpy(np.sort(drawn))
 
@@ -101,22 +116,23 @@ def select(
 ) -> Selection:
     """Threshold the noised histogram of the touched rows (``touched`` sorted distinct, host
     tensors) and add the false positives among the untouched rows (module docstring)."""
-    noisy = heat.to(torch.float64) + std * torch.randn(
-        len(touched), dtype=torch.float64, generator=generator
-    )
-    kept = np.flatnonzero(noisy.numpy() >= threshold)  # host arrays: small, numpy is cheaper
+    # the draws from the generator (torch), the arithmetic on the host arrays (numpy: the same
+    # float64 operations, each a cheaper call than torch's on a few values)
+    z = torch.randn(len(touched), dtype=torch.float64, generator=generator).numpy()
+    noisy = heat.to(torch.float64).numpy() + std * z
+    kept = np.flatnonzero(noisy >= threshold)
     p = false_positive_probability(threshold / std)
     free = num_rows - len(touched)
     draws = torch.tensor([float(free)], dtype=torch.float64)
-    count = int(torch.binomial(draws, torch.tensor([p], dtype=torch.float64), generator=generator))
+    count = int(torch.binomial(draws, _probability(p), generator=generator))
     extra = sample_untouched(touched, num_rows, count, generator)
     # the noise given that it reached the threshold: sigma * Phi^-1(1 - v), v ~ U(0, p]
-    tail = p * (1.0 - torch.rand(count, dtype=torch.float64, generator=generator))
-    extra_heat = -std * torch.special.ndtri(tail)
+    v = torch.rand(count, dtype=torch.float64, generator=generator).numpy()
+    extra_heat = -std * torch.special.ndtri(torch.from_numpy(p * (1.0 - v))).numpy()
     rows = np.concatenate([touched.numpy()[kept], extra.numpy()])
     order = np.argsort(rows, kind="stable")
     position = np.concatenate([kept, np.full(count, -1, dtype=np.int64)])
-    heat_values = np.concatenate([noisy.numpy()[kept], extra_heat.numpy()])
+    heat_values = np.concatenate([noisy[kept], extra_heat])
     return Selection(
         torch.from_numpy(rows[order]),
         torch.from_numpy(position[order]),

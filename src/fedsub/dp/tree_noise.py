@@ -428,8 +428,11 @@ def prefix_difference(
     out = np.zeros((len(rows), dim))
     if not len(rows):
         return out
+    since = np.asarray(since, dtype=np.int64)
+    if (since == since[0]).all():  # one last round (a window's rows): ``_uniform_difference``
+        return _uniform_difference(key, rows, t, int(since[0]), dim)
     # the terms of each distinct last round once; each row's terms in their order
-    values, inverse = np.unique(np.asarray(since, dtype=np.int64), return_inverse=True)
+    values, inverse = np.unique(since, return_inverse=True)
     terms = [difference_terms(t, int(v)) for v in values]
     distinct = [_distinct_terms(t, int(v)) for v in values]
     owner, at, _ = _spread(np.array([len(x[0]) for x in terms], dtype=np.int64), inverse)
@@ -450,6 +453,24 @@ def prefix_difference(
             np.add.at(columns[j], owner, by_entry[j])
         out = np.ascontiguousarray(columns.T)
     return out
+
+
+def _uniform_difference(key: Key, rows: np.ndarray, t: int, since: int, dim: int) -> np.ndarray:
+    """``prefix_difference`` when every row's last round is ``since`` (a window's selection,
+    noised round after round): the distinct entries of every row in one call, and each row's
+    terms (each entry's noise times its weight) added in their order from +0.0
+    (``np.add.accumulate`` over the terms, never reordered: the sums of ``np.add.at``), without
+    the per-row bookkeeping of rows with different last rounds. The same numbers."""
+    levels, nodes, where = _distinct_terms(t, since)
+    weights = difference_terms(t, since)[2]
+    if not len(where):  # since = t: nothing
+        return np.zeros((len(rows), dim))
+    pairs = list(zip(levels.tolist(), nodes.tolist(), strict=True))
+    drawn = every_node_noise(key, rows, pairs, dim)  # (distinct, rows, dim)
+    terms = np.empty((len(where) + 1, len(rows), dim))
+    terms[0] = 0.0
+    np.multiply(drawn[where], weights[:, None, None], out=terms[1:])
+    return np.add.accumulate(terms, axis=0)[-1]
 
 
 def decomposition(t: int) -> list[tuple[int, int]]:
