@@ -167,17 +167,17 @@ class DenseTree:
     def _fresh_nodes(self, t: int) -> Callable[[int], np.ndarray]:
         """The noise of the node at each level that round ``t`` completes ((level, (t - 1) >>
         level), level 0 its leaf), by level, each a fresh array. A small stream (a dense
-        parameter: a few rows) draws them in one call, a table one call per node (into the
-        counter blocks it keeps, ``RowsCounter``); the same numbers."""
-        if self.rows * self.dim > SMALL_STREAM:
-            if self.counter is None:
-                self.counter = RowsCounter(self.rows, self.dim)
-            counter = self.counter
-            return lambda level: counter.noise(self.key, level, (t - 1) >> level)
+        parameter: a few rows) draws them ahead (``_ahead``), a table all of them in one call
+        (into the counter blocks it keeps, ``RowsCounter.nodes_noise``); the same numbers."""
         merged = 0  # the levels merged: the complete subtrees on top of the stack
         while merged < len(self.stack) and self.stack[-1 - merged][0] == merged:
             merged += 1
         nodes = [(level, (t - 1) >> level) for level in range(merged + 1)]
+        if self.rows * self.dim > SMALL_STREAM:
+            if self.counter is None:
+                self.counter = RowsCounter(self.rows, self.dim)
+            fresh = self.counter.nodes_noise(self.key, nodes)  # the round's own arrays
+            return lambda level: fresh[level]
         drawn = self._ahead(np.arange(self.rows), nodes, t)
         return lambda level: drawn[level].copy()  # kept: the round's arrays are its own
 
