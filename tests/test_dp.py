@@ -996,3 +996,24 @@ def test_the_downloads_p_reaches_the_central_mechanism_through_the_dp_settings(d
     assert contribution is not None
     mechanism = dp_feature.narrowed(contribution.handle, dp_feature.DpRound).mechanism
     assert mechanism is not None and mechanism.keep == keep
+
+
+def test_the_clip_factors_are_torchs_formula_to_the_last_bit_zero_nan_and_inf_included():
+    """On the CPU the clip factors min(1, C / max(||delta||, tiny)) are computed in numpy:
+    the bits of torch's formula (the path other devices take), for norms over many scales,
+    a zero update (factor 1), NaN (kept NaN) and Inf (factor 0); the clipped count is torch's."""
+    rng = np.random.default_rng(4)
+    squared = np.concatenate(
+        [rng.lognormal(0, 8, 500), [0.0, 5e-324, 1e-300, 0.25, 1.0, float("nan"), float("inf")]]
+    )
+    norms = torch.from_numpy(squared)
+    for clip in (0.5, 1.0, 3.7):
+        tiny = torch.finfo(torch.float64).tiny
+        expected = torch.clamp(clip / torch.clamp(norms.sqrt(), min=tiny), max=1.0)
+        got = clipping.clip_factors(norms, clip)
+        assert got.dtype == torch.float64
+        assert got.numpy().tobytes() == expected.numpy().tobytes()
+        assert clipping.clipped(got) == int((expected < 1).sum())
+    assert clipping.clip_factors(torch.tensor([0.0]), 0.5).tolist() == [1.0]
+    assert clipping.clip_factors(torch.tensor([float("inf")]), 0.5).tolist() == [0.0]
+    assert math.isnan(clipping.clip_factors(torch.tensor([float("nan")]), 0.5).item())

@@ -333,7 +333,7 @@ class FtrlMechanism(DpMechanism):
         )
         clip = self.current_clip(round_index)
         factors = clipping.clip_factors(update.squared_norms(), clip)
-        self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
+        self.last = RoundStats(members=len(update), clipped=clipping.clipped(factors))
         clipped = self.scaled(update, factors)
         contribution = (
             self.contributions(update)

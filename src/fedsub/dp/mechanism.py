@@ -150,7 +150,7 @@ class DpMechanism:
         if s.adaptive is not None:  # drawn first: the other draws keep their order
             self.adapt(squared.sqrt(), clip, round_index, generator)
         factors = clipping.clip_factors(squared, clip)
-        self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
+        self.last = RoundStats(members=len(update), clipped=clipping.clipped(factors))
         clipped = self.scaled(update, factors)
         contribution = self.contributions(update)
         tables = {
