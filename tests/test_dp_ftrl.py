@@ -239,6 +239,11 @@ def test_participation_bound_refuses_users_in_their_window() -> None:
     assert list(bound.eligible(4, None)) == [0, 1, 3, 4, 5]
     bound.record(4, np.array([0]))
     assert 0 not in bound.eligible(9, None)  # k = 2 reached
+    assert bound.eligible(9, None).tolist() == [1, 2, 3, 4, 5] and bound.refused == 1
+    assert bound.eligible(9, None).dtype == np.int64  # positions, as the cohort draw reads them
+    assert bound.eligible(5, np.array([0, 1, 3])).tolist() == [1, 3] and bound.refused == 1
+    assert bound.eligible(5, None).tolist() == [1, 2, 3, 4, 5] and bound.refused == 1
+    assert bound.eligible(4, None).tolist() == [1, 3, 4, 5] and bound.refused == 2
 
 
 def run_ftrl(overrides: list[str]):
