@@ -196,6 +196,9 @@ class DenseTree:
 
 
 AHEAD_ENTRIES = 64  # DenseTree / DenseBlt: a tiny stream's entries drawn ahead in one call
+# rows = "all" on the CPU: the deltas' dtypes whose noise is rounded straight from float64 by
+# numpy as torch's .to rounds it (round to nearest even, once)
+HOST_NOISE = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _completed(r: int) -> int:
@@ -370,11 +373,7 @@ class FtrlMechanism(DpMechanism):
     ) -> RowUpdate:
         s, num_rows = self.settings, self.table_rows[table]
         if s.rows == "all":
-            dim = update.table_deltas[table].shape[1]
-            stream = sorted(self.table_rows).index(table)
-            tree = self._dense_tree(table, stream, num_rows, dim)
-            noise = torch.from_numpy(self.sigma * tree.increment(round_index))
-            return self.every_row(update, table, noise)
+            return self._dense_table(update, table, round_index)
         distinct, inverse, sums = self._sums(update, table)
         dim, device, dtype = sums.shape[1], sums.device, sums.dtype
         self.last.touched_rows += len(distinct)
@@ -417,6 +416,22 @@ class FtrlMechanism(DpMechanism):
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
             return RowUpdate(chosen.rows.to(device), values / divisor.to(dtype).unsqueeze(1))
         return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
+
+    def _dense_table(self, update: CohortUpdate, table: str, round_index: int) -> RowUpdate:
+        """rows = "all": every row of ``table``, its sum plus sigma times its tree's (or
+        BLT's) increment (``every_row``)."""
+        deltas = update.table_deltas[table]
+        stream = sorted(self.table_rows).index(table)
+        tree = self._dense_tree(table, stream, self.table_rows[table], deltas.shape[1])
+        increment = tree.increment(round_index)
+        if deltas.device.type == "cpu" and deltas.dtype in HOST_NOISE:
+            # sigma * increment in float64, rounded once to the deltas' dtype as torch's .to
+            # rounds it (every_row's cast is then none): one pass, no float64 copy
+            into = np.empty(increment.shape, dtype=HOST_NOISE[deltas.dtype])
+            noise = torch.from_numpy(np.multiply(increment, self.sigma, out=into))
+        else:
+            noise = torch.from_numpy(self.sigma * increment)
+        return self.every_row(update, table, noise)
 
     def reads_heat(self, round_index: int) -> bool:
         """Whether round ``round_index``'s histogram is read: with rows = "private", always

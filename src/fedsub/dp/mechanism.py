@@ -182,7 +182,8 @@ class DpMechanism:
 
     def every_row(self, update: CohortUpdate, table: str, noise: torch.Tensor) -> RowUpdate:
         """rows = "all": every row of ``table``, its clipped deltas summed (zero when untouched)
-        plus ``noise`` (every row's, float64 on the host), over D p. The sums are the
+        plus ``noise`` (every row's, on the host: float64, or rounded to the deltas' dtype
+        already), over D p. The sums are the
         per-row sums ``_sums`` gives, taken in the same entry order (so the same numbers) but
         straight into the table-sized tensor the noise is added to, without the distinct
         rows."""
