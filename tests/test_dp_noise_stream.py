@@ -471,3 +471,18 @@ def test_a_rows_counter_draws_several_nodes_at_once_as_one_at_a_time() -> None:
             alone = tree_noise.node_noise(KEY, np.arange(700), level, np.array([node]), 3)
             np.testing.assert_array_equal(together[at], alone[:, 0])
             np.testing.assert_array_equal(counter.noise(KEY, level, node), alone[:, 0])
+
+
+def test_the_retry_blocks_are_the_counter_blocks_with_the_step_or_ed_in() -> None:
+    """``_stepped`` (the retry counters of the entries not accepted at once, built as whole
+    16-byte blocks) is ``blocks[:, None, :] | _STEP_TAGS[step : step + steps]`` byte for byte,
+    from contiguous and strided counters, none to hundreds of blocks."""
+    rng = np.random.default_rng(2)
+    for count in (0, 1, 13, 700):
+        blocks = rng.integers(0, 2**32, size=(2 * count, 4), dtype=np.uint64).astype(np.uint32)
+        for counter in (blocks[:count], blocks[::2]):  # a strided one read through a copy
+            for step, steps in ((1, 2), (3, 1), (7, 4)):
+                expected = counter[:, None, :] | tree_noise._STEP_TAGS[step : step + steps]
+                got = tree_noise._stepped(tree_noise._items(counter), step, steps)
+                assert got.shape == expected.shape == (count, steps, 4)
+                assert got.tobytes() == expected.tobytes()

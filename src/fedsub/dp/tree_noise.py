@@ -285,10 +285,32 @@ _STEP_TAGS = np.zeros((STEPS, 4), dtype=np.uint32)
 _STEP_TAGS[:, 0] = np.arange(STEPS, dtype=np.uint32) << (PAIR_BITS + 1)
 
 
+BLOCK_ITEM = np.dtype("V16")  # a counter block as one item (``_items``)
+
+
+def _items(counter: np.ndarray) -> np.ndarray:
+    """The (n, 4) uint32 counter blocks as n 16-byte items: a gather or copy of whole blocks
+    in one long loop instead of numpy's loops over rows of four words (the same bytes)."""
+    return np.ascontiguousarray(counter, dtype=np.uint32).view(BLOCK_ITEM)[:, 0]
+
+
+def _stepped(items: np.ndarray, step: int, steps: int) -> np.ndarray:
+    """``blocks[:, None, :] | _STEP_TAGS[step : step + steps]`` of the blocks ``items``
+    (``_items``), (len(items), steps, 4): each block copied once a step and the step OR-ed
+    into its word 0 (the same bytes)."""
+    out = np.empty((len(items), steps, 4), dtype=np.uint32)
+    whole = out.view(BLOCK_ITEM)[..., 0]  # (entries, steps) of whole blocks
+    for k in range(steps):
+        whole[:, k] = items
+        out[:, k, 0] |= _STEP_TAGS[step + k, 0]
+    return out
+
+
 def _more(key: Key, counter: np.ndarray, dim: int) -> ziggurat.More:
     """``ziggurat.More`` of the entries drawn from ``counter`` (entry e: position e % dim of
     row e // dim): blocks step .. step + steps - 1 of each entry's retry counters."""
     pairs = (dim + 1) // 2
+    items = _items(counter)
 
     def more(entries: np.ndarray, step: int, steps: int) -> np.ndarray:
         if step + steps > STEPS:  # each step ends an entry with probability > 1/2: never
@@ -302,12 +324,10 @@ def _more(key: Key, counter: np.ndarray, dim: int) -> ziggurat.More:
             return _few_blocks(key, counter[at].tolist(), slots, step, steps)
         # each entry's block, with the step in word 0 (``_STEP_TAGS``): (entries, steps, 4)
         if dim == 1:  # an entry a block, in slot 0
-            blocks = counter[entries][:, None, :] | _STEP_TAGS[step : step + steps]
+            blocks = _stepped(items[entries], step, steps)
         else:
             owner, position = np.divmod(entries, dim)
-            blocks = (
-                counter[owner * pairs + position // 2][:, None, :] | _STEP_TAGS[step : step + steps]
-            )
+            blocks = _stepped(items[owner * pairs + position // 2], step, steps)
             blocks[..., 0] |= ((position % 2).astype(np.uint32) << PAIR_BITS)[:, None]
         return keystream_words(blocks.reshape(-1, 4), key).view(np.uint64).reshape(-1, steps, 2)
 
