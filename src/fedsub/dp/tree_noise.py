@@ -179,11 +179,14 @@ class RowsCounter:
         self.counter[..., 3] = np.arange(rows, dtype=np.uint32)[:, None]
         self.flat = self.counter.reshape(-1, 4)
         self.many = self.flat[:0]  # ``nodes_noise``'s blocks of several nodes (grown on use)
+        self.flat_level = 0  # the level columns as written (zeros: level 0)
+        self.many_levels: list[int] = []
 
     def noise(self, key: Key, level: int, node: int) -> np.ndarray:
         """The noise of node (``level``, ``node``) of every row: (rows, dim) float64."""
         self.flat[:, 1] = node
-        self.flat[:, 2] = level
+        if self.flat_level != level:  # a column written only when it changes (BLT: never)
+            self.flat[:, 2] = self.flat_level = level
         return _draw(key, self.flat, self.rows, self.dim)
 
     def nodes_noise(self, key: Key, nodes: list[tuple[int, int]]) -> np.ndarray:
@@ -194,10 +197,12 @@ class RowsCounter:
         size = len(self.flat)
         if len(self.many) < len(nodes) * size:  # the blocks of more nodes: kept, grown
             self.many = np.tile(self.flat, (len(nodes), 1))
+            self.many_levels = [-1] * len(nodes)  # every level column to write
         many = self.many[: len(nodes) * size]
         for k, (level, node) in enumerate(nodes):
             many[k * size : (k + 1) * size, 1] = node
-            many[k * size : (k + 1) * size, 2] = level
+            if self.many_levels[k] != level:  # the tree's node k is at level k: once
+                many[k * size : (k + 1) * size, 2] = self.many_levels[k] = level
         return _draw(key, many, len(nodes) * self.rows, self.dim).reshape(
             len(nodes), self.rows, self.dim
         )
