@@ -293,6 +293,35 @@ def test_the_dense_forms_rows_are_the_clipped_sums_plus_the_rounds_noise_bit_for
     )
 
 
+def test_the_dense_forms_row_ids_are_kept_per_table_and_its_touched_rows_counted():
+    """rows = "all": every round of every table names all its rows (0 .. V - 1, the ids made
+    once per table size and kept: the same tensor round after round, never one table's for
+    another's), its values stay each round's own, and the round's touched rows (distinct rows
+    the cohort sent, a row sent twice counted once) are counted as ``torch.unique`` counts
+    them."""
+    s = settings(rows="all", noise_multiplier=0.9)
+
+    def two_tables(members: list[dict[int, list[float]]], more: list[int]) -> CohortUpdate:
+        update = cohort(members, [[0.0]] * len(members))
+        update.rows["u"] = torch.tensor(more)
+        update.row_owner["u"] = torch.zeros(len(more), dtype=torch.int64)
+        update.table_deltas["u"] = torch.ones((len(more), 2), dtype=torch.float64)
+        return update
+
+    members = [{3: [0.25, -1.0], 7: [0.5, 0.125]}, {3: [1.5, 2.0]}, {0: [0.75, 0.5], 7: [1, 2]}]
+    mechanism = DpMechanism(s, {"t": 9, "u": 12}, np.ones(1000))
+    first = mechanism.combine(two_tables(members, [11]), 4)
+    assert first.tables["t"].rows.tolist() == list(range(9))
+    assert first.tables["u"].rows.tolist() == list(range(12))
+    assert mechanism.last.touched_rows == 3 + 1
+    second = mechanism.combine(two_tables(members[:2], [2, 5]), 5)
+    assert second.tables["t"].rows is first.tables["t"].rows  # kept, and left as it was
+    assert second.tables["u"].rows is first.tables["u"].rows
+    assert first.tables["t"].rows.tolist() == list(range(9))
+    assert mechanism.last.touched_rows == 2 + 2
+    assert not first.tables["t"].values.equal(second.tables["t"].values)  # each round's noise
+
+
 def test_false_positives_are_distributed_as_thresholded_noise_on_every_row():
     # V = 12 rows, 3 touched with histogram values 0.5, 2, 4; threshold 1.5, noise std 1:
     # brute force (noise on all 12 rows, keep >= 1.5) against the sampler, row by row
@@ -986,3 +1015,24 @@ def test_the_downloads_p_reaches_the_central_mechanism_through_the_dp_settings(d
     assert contribution is not None
     mechanism = dp_feature.narrowed(contribution.handle, dp_feature.DpRound).mechanism
     assert mechanism is not None and mechanism.keep == keep
+
+
+def test_the_clip_factors_are_torchs_formula_to_the_last_bit_zero_nan_and_inf_included():
+    """On the CPU the clip factors min(1, C / max(||delta||, tiny)) are computed in numpy:
+    the bits of torch's formula (the path other devices take), for norms over many scales,
+    a zero update (factor 1), NaN (kept NaN) and Inf (factor 0); the clipped count is torch's."""
+    rng = np.random.default_rng(4)
+    squared = np.concatenate(
+        [rng.lognormal(0, 8, 500), [0.0, 5e-324, 1e-300, 0.25, 1.0, float("nan"), float("inf")]]
+    )
+    norms = torch.from_numpy(squared)
+    for clip in (0.5, 1.0, 3.7):
+        tiny = torch.finfo(torch.float64).tiny
+        expected = torch.clamp(clip / torch.clamp(norms.sqrt(), min=tiny), max=1.0)
+        got = clipping.clip_factors(norms, clip)
+        assert got.dtype == torch.float64
+        assert got.numpy().tobytes() == expected.numpy().tobytes()
+        assert clipping.clipped(got) == int((expected < 1).sum())
+    assert clipping.clip_factors(torch.tensor([0.0]), 0.5).tolist() == [1.0]
+    assert clipping.clip_factors(torch.tensor([float("inf")]), 0.5).tolist() == [0.0]
+    assert math.isnan(clipping.clip_factors(torch.tensor([float("nan")]), 0.5).item())

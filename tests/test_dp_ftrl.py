@@ -240,6 +240,11 @@ def test_participation_bound_refuses_users_in_their_window() -> None:
     bound.record(4, np.array([0]))
     assert 0 not in bound.eligible(9, None)  # k = 2 reached
     assert bound.refused == 1 and list(bound.eligible(9, np.array([0, 5]))) == [5]
+    assert bound.eligible(9, None).tolist() == [1, 2, 3, 4, 5] and bound.refused == 1
+    assert bound.eligible(9, None).dtype == np.int64  # positions, as the cohort draw reads them
+    assert bound.eligible(5, np.array([0, 1, 3])).tolist() == [1, 3] and bound.refused == 1
+    assert bound.eligible(5, None).tolist() == [1, 2, 3, 4, 5] and bound.refused == 1
+    assert bound.eligible(4, None).tolist() == [1, 3, 4, 5] and bound.refused == 2
 
 
 def run_ftrl(overrides: list[str]):
@@ -731,3 +736,55 @@ def test_a_window_read_from_what_its_first_round_kept_is_the_window_recomputed(
     kept = updates(False)
     assert kept == updates(True)
     assert len(set(kept[4:8])) == 4  # the rounds of a window: the same rows, other values
+
+
+def test_a_tables_tree_draws_a_rounds_nodes_at_once_as_the_small_streams_do(monkeypatch):
+    """A table's dense tree (more than ``SMALL_STREAM`` entries) draws the nodes a round
+    completes in one call into the counter blocks it keeps (``RowsCounter.nodes_noise``),
+    rounds of one node and of up to five among them: bit for bit the increments of the same
+    tree drawn through the small streams' path, from round 1, resumed at round 13 and a round
+    asked twice."""
+    from fedsub.dp import ftrl
+
+    def increments(start: int, small: int) -> list[bytes]:
+        monkeypatch.setattr(ftrl, "SMALL_STREAM", small)
+        tree = DenseTree(k(8, 4), 2100, 2)  # 4,200 entries
+        return [tree.increment(t).tobytes() for t in [*range(start, 34), 33]]
+
+    for start in (1, 13):
+        assert increments(start, 4096) == increments(start, 10**9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_dense_forms_table_noise_is_rounded_once_to_the_deltas_dtype(dtype):
+    """rows = "all": the table's noise sigma * increment, computed in float64 and rounded to
+    the deltas' dtype straight (numpy on the CPU), is torch's sigma * increment then .to: each
+    row's value (its clipped sum + that noise) / D to the last bit, round after round."""
+    from fedsub.dp import clipping
+    from fedsub.dp.ftrl import FtrlMechanism
+    from fedsub.runs.run_setup import dp_of
+
+    from .test_dp import cohort
+
+    config = Config.from_toml(
+        None,
+        ["train.algorithms=['fedavg']", "dp.mechanism='ftrl-tree'", "dp.rows='all'",
+         "dp.noise_multiplier=1.0",
+         "dp.randomness='seeded'", "dp.min_separation=3", "train.clients_per_round=3"],
+    )  # fmt: skip
+    settings = dp_of(config, 3000)
+    assert settings is not None
+    members = [{3: [0.25, -1.0], 7: [0.5, 0.125]}, {3: [1.5, 2.0]}, {0: [0.75, 0.5], 7: [1, 2]}]
+    update = cohort(members, [[0.0], [0.0], [0.0]])
+    update.table_deltas["t"] = update.table_deltas["t"].to(dtype)
+    mechanism = FtrlMechanism(settings, {"t": 5000}, np.ones(3000))
+    reference = DenseTree(mechanism.key(0), 5000, 2)
+    factors = clipping.clip_factors(update.squared_norms(), mechanism.clip)
+    sums = torch.zeros((5000, 2), dtype=dtype)
+    sums.index_add_(0, update.rows["t"], mechanism.scaled(update, factors).table_deltas["t"])
+    for t in (1, 2, 3, 4):
+        got = mechanism.combine(update, t).tables["t"].values
+        noise = (mechanism.sigma * torch.from_numpy(reference.increment(t))).to(dtype)
+        expected = (sums + noise) / mechanism.denominator
+        assert got.dtype == dtype
+        assert got.numpy().tobytes() == expected.numpy().tobytes()

@@ -465,3 +465,51 @@ def test_the_wedge_test_decides_as_the_c_librarys_exp_near_its_bound() -> None:
     bound = np.array([math.exp(-0.5 * v * v) for v in x])
     value = np.array([bound[0], np.nextafter(bound[1], 0), np.nextafter(bound[2], 1), 0.5])
     assert ziggurat._below_exp(value, x).tolist() == [False, True, False, True]
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_a_draw_in_pieces_pools_their_pending_entries_and_gives_each_its_own_value(
+    monkeypatch, dim
+) -> None:
+    """A draw larger than a piece (``CHUNK``: 64 entries here, so that the pieces' pending
+    entries, tails and rejected wedges among them, go through one shared step at positions
+    offset by their piece) gives every entry the value the paper's algorithm gives it alone
+    (``written_out``) and the value of a draw in one piece, bit for bit."""
+    rows = np.arange(2_000)
+    levels, nodes = np.zeros(len(rows), int), np.zeros(len(rows), int)
+    whole = tree_noise.entry_noise(KEY, rows, levels, nodes, dim)
+    monkeypatch.setattr(tree_noise, "CHUNK", 64)
+    pieces = tree_noise.entry_noise(KEY, rows, levels, nodes, dim)
+    np.testing.assert_array_equal(pieces, whole)
+    slow = [r for r in range(2_000) if written_out(KEY, r, 0, 0, 0)[2] != "q"]
+    assert {written_out(KEY, r, 0, 0, 0)[2] for r in slow} >= {"w", "t", "rq"}
+    assert [pieces[r, 0] for r in slow] == [written_out(KEY, r, 0, 0, 0)[0] for r in slow]
+
+
+def test_a_rows_counter_draws_several_nodes_at_once_as_one_at_a_time() -> None:
+    """``RowsCounter.nodes_noise`` (dp/ftrl.py's ``DenseTree``: a round's nodes in one draw)
+    is ``noise`` of each node in turn, bit for bit, whatever it drew before with the blocks it
+    keeps (more nodes, then fewer, then other levels: no block of an earlier draw left)."""
+    counter = tree_noise.RowsCounter(700, 3)
+    for nodes in ([(0, 6), (1, 3), (2, 1)], [(0, 8), (1, 4)], [(3, 0), (0, 2), (5, 1)], [(1, 9)]):
+        together = counter.nodes_noise(KEY, nodes)
+        assert together.shape == (len(nodes), 700, 3)
+        for at, (level, node) in enumerate(nodes):
+            alone = tree_noise.node_noise(KEY, np.arange(700), level, np.array([node]), 3)
+            np.testing.assert_array_equal(together[at], alone[:, 0])
+            np.testing.assert_array_equal(counter.noise(KEY, level, node), alone[:, 0])
+
+
+def test_the_retry_blocks_are_the_counter_blocks_with_the_step_or_ed_in() -> None:
+    """``_stepped`` (the retry counters of the entries not accepted at once, built as whole
+    16-byte blocks) is ``blocks[:, None, :] | _STEP_TAGS[step : step + steps]`` byte for byte,
+    from contiguous and strided counters, none to hundreds of blocks."""
+    rng = np.random.default_rng(2)
+    for count in (0, 1, 13, 700):
+        blocks = rng.integers(0, 2**32, size=(2 * count, 4), dtype=np.uint64).astype(np.uint32)
+        for counter in (blocks[:count], blocks[::2]):  # a strided one read through a copy
+            for step, steps in ((1, 2), (3, 1), (7, 4)):
+                expected = counter[:, None, :] | tree_noise._STEP_TAGS[step : step + steps]
+                got = tree_noise._stepped(tree_noise._items(counter), step, steps)
+                assert got.shape == expected.shape == (count, steps, 4)
+                assert got.tobytes() == expected.tobytes()

@@ -332,3 +332,32 @@ def test_a_checkpoint_of_the_earlier_fedyogi_resumes():
     resumed.load_state_tensors(earlier)
     for key, value in ours.state_tensors().items():
         assert torch.equal(resumed.state_tensors()[key], value)
+
+
+@pytest.mark.parametrize("lr", [1.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_server_sgd_adds_an_every_row_update_as_the_scatter_does_bit_for_bit(lr, dtype):
+    """An update of every row (DP's rows = "all": rows 0 .. V - 1) is added to the whole table
+    (``every_row``), a sparse one scattered: both the numbers of ``index_add_`` of lr times the
+    values, to the last bit (float64 values into a float32 table included); a deterministic
+    run keeps the scatter."""
+    from fedsub.algorithms.server_optimizer import ServerSGD, every_row
+    from fedsub.numerics.segment_sum import deterministic_run
+
+    rng = np.random.default_rng(3)
+    for rows in (np.arange(ROWS), np.array([0, 2, 5])):
+        values = torch.from_numpy(rng.normal(size=(len(rows), DIM)))
+        params = Params({"t": torch.from_numpy(rng.normal(size=(ROWS, DIM))).to(dtype)}, {})
+        expected = (
+            params.tables["t"]
+            .clone()
+            .index_add_(0, torch.from_numpy(rows), (lr * values).to(dtype))
+        )
+        update = ServerUpdate({"t": RowUpdate(torch.from_numpy(rows), values)}, {})
+        assert every_row(update.tables["t"], params.tables["t"]) == (len(rows) == ROWS)
+        ServerSGD(lr).apply(params, update)
+        assert torch.equal(params.tables["t"], expected)
+        assert params.tables["t"].view(torch.int8).equal(expected.view(torch.int8))
+    with deterministic_run(True):
+        whole = RowUpdate(torch.arange(ROWS), torch.zeros(ROWS, DIM))
+        assert not every_row(whole, torch.zeros(ROWS, DIM))

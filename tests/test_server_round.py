@@ -255,3 +255,7 @@ def test_the_overflow_check_reads_only_the_touched_rows_and_dense_parameters():
     assert bool(touched_nonfinite(tables_only, ServerUpdate(changed, {})))
     with_dense = Params({"t": torch.zeros(4, 2)}, {"b": torch.tensor([0.0, float("inf")])})
     assert bool(touched_nonfinite(with_dense, ServerUpdate({}, {})))
+    every = {"t": RowUpdate(torch.arange(4), torch.zeros(4, 2))}  # every row: the table read whole
+    assert bool(touched_nonfinite(tables_only, ServerUpdate(every, {})))
+    finite = Params({"t": torch.zeros(4, 2)}, {})
+    assert not bool(touched_nonfinite(finite, ServerUpdate(every, {})))

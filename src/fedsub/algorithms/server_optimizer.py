@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from fedsub.algorithms.aggregation import ServerUpdate
+from fedsub.algorithms.aggregation import RowUpdate, ServerUpdate
 from fedsub.numerics import segment_sum
 from fedsub.stateful import Stateful
 from fedsub.submodel.params import Params
@@ -38,6 +38,15 @@ class RowLocal(Protocol):
     def row_local(self) -> bool: ...
 
 
+def every_row(row_update: RowUpdate, table: torch.Tensor) -> bool:
+    """Whether ``row_update`` changes every row of ``table`` (its rows, sorted and distinct,
+    as many as the table's: 0 .. V - 1), so that ``table[rows] += values`` is ``table +=
+    values``: the same additions, one per entry, without the scatter. Not on a deterministic
+    run, whose scatter sums through a segment sum (0 + v, which can differ from v in a zero's
+    sign)."""
+    return len(row_update.rows) == len(table) and not segment_sum.deterministic()
+
+
 @dataclass(frozen=True)
 class ServerSGD:
     """``X[rows] += lr * aggregate``; lr = 1 is plain averaging. Cost O(touched rows)."""
@@ -47,9 +56,14 @@ class ServerSGD:
 
     def apply(self, params: Params, update: ServerUpdate) -> None:
         for table, row_update in update.tables.items():
-            scatter_add_rows(params.tables[table], row_update.rows, self.lr * row_update.values)
+            values = row_update.values if self.lr == 1.0 else self.lr * row_update.values
+            target = params.tables[table]
+            if every_row(row_update, target):  # a dense update (DP's rows = "all")
+                target.add_(values.to(target.dtype))
+            else:
+                scatter_add_rows(target, row_update.rows, values)
         for name, delta in update.dense.items():
-            params.dense[name].add_(self.lr * delta)
+            params.dense[name].add_(delta if self.lr == 1.0 else self.lr * delta)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {}

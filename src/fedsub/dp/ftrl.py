@@ -167,17 +167,17 @@ class DenseTree:
     def _fresh_nodes(self, t: int) -> Callable[[int], np.ndarray]:
         """The noise of the node at each level that round ``t`` completes ((level, (t - 1) >>
         level), level 0 its leaf), by level, each a fresh array. A small stream (a dense
-        parameter: a few rows) draws them in one call, a table one call per node (into the
-        counter blocks it keeps, ``RowsCounter``); the same numbers."""
-        if self.rows * self.dim > SMALL_STREAM:
-            if self.counter is None:
-                self.counter = RowsCounter(self.rows, self.dim)
-            counter = self.counter
-            return lambda level: counter.noise(self.key, level, (t - 1) >> level)
+        parameter: a few rows) draws them ahead (``_ahead``), a table all of them in one call
+        (into the counter blocks it keeps, ``RowsCounter.nodes_noise``); the same numbers."""
         merged = 0  # the levels merged: the complete subtrees on top of the stack
         while merged < len(self.stack) and self.stack[-1 - merged][0] == merged:
             merged += 1
         nodes = [(level, (t - 1) >> level) for level in range(merged + 1)]
+        if self.rows * self.dim > SMALL_STREAM:
+            if self.counter is None:
+                self.counter = RowsCounter(self.rows, self.dim)
+            fresh = self.counter.nodes_noise(self.key, nodes)  # the round's own arrays
+            return lambda level: fresh[level]
         drawn = self._ahead(np.arange(self.rows), nodes, t)
         return lambda level: drawn[level].copy()  # kept: the round's arrays are its own
 
@@ -196,6 +196,9 @@ class DenseTree:
 
 
 AHEAD_ENTRIES = 64  # DenseTree / DenseBlt: a tiny stream's entries drawn ahead in one call
+# rows = "all" on the CPU: the deltas' dtypes whose noise is rounded straight from float64 by
+# numpy as torch's .to rounds it (round to nearest even, once)
+HOST_NOISE = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _completed(r: int) -> int:
@@ -352,7 +355,7 @@ class FtrlMechanism(DpMechanism):
         generator = _made_once(self.streams.key, round_index)
         clip = self.current_clip(round_index)
         factors = clipping.clip_factors(update.squared_norms(), clip)
-        self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
+        self.last = RoundStats(members=len(update), clipped=clipping.clipped(factors))
         clipped = self.scaled(update, factors)
         contribution = (
             self.contributions(update)
@@ -389,11 +392,7 @@ class FtrlMechanism(DpMechanism):
     ) -> RowUpdate:
         s, num_rows = self.settings, self.table_rows[table]
         if s.rows == "all":
-            dim = update.table_deltas[table].shape[1]
-            stream = sorted(self.table_rows).index(table)
-            tree = self._dense_tree(table, stream, num_rows, dim)
-            noise = torch.from_numpy(self.sigma * tree.increment(round_index))
-            return self.every_row(update, table, noise)
+            return self._dense_table(update, table, round_index)
         distinct, inverse, sums = self._sums(update, table)
         dim, device, dtype = sums.shape[1], sums.device, sums.dtype
         self.last.touched_rows += len(distinct)
@@ -431,6 +430,22 @@ class FtrlMechanism(DpMechanism):
             scale = torch.from_numpy(divisor).to(device, dtype).unsqueeze(1)
             return RowUpdate(chosen.rows.to(device), values / scale)
         return RowUpdate(chosen.rows.to(device), values / (self.denominator * self.keep))
+
+    def _dense_table(self, update: CohortUpdate, table: str, round_index: int) -> RowUpdate:
+        """rows = "all": every row of ``table``, its sum plus sigma times its tree's (or
+        BLT's) increment (``every_row``)."""
+        deltas = update.table_deltas[table]
+        stream = sorted(self.table_rows).index(table)
+        tree = self._dense_tree(table, stream, self.table_rows[table], deltas.shape[1])
+        increment = tree.increment(round_index)
+        if deltas.device.type == "cpu" and deltas.dtype in HOST_NOISE:
+            # sigma * increment in float64, rounded once to the deltas' dtype as torch's .to
+            # rounds it (every_row's cast is then none): one pass, no float64 copy
+            into = np.empty(increment.shape, dtype=HOST_NOISE[deltas.dtype])
+            noise = torch.from_numpy(np.multiply(increment, self.sigma, out=into))
+        else:
+            noise = torch.from_numpy(self.sigma * increment)
+        return self.every_row(update, table, noise)
 
     def reads_heat(self, round_index: int) -> bool:
         """Whether round ``round_index``'s histogram is read: with rows = "private", always

@@ -98,6 +98,10 @@ class DpMechanism:
     # of the population's capped weights would read every user's private sample count)
     denominator: float = field(init=False)
     streams: DpStreams | None = None
+    # rows = "all": every row's ids by (rows, device), kept (``every_row``)
+    every: dict[tuple[int, torch.device], torch.Tensor] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.streams is None:
@@ -146,7 +150,7 @@ class DpMechanism:
         if s.adaptive is not None:  # drawn first: the other draws keep their order
             self.adapt(squared.sqrt(), clip, round_index, generator)
         factors = clipping.clip_factors(squared, clip)
-        self.last = RoundStats(members=len(update), clipped=int((factors < 1).sum()))
+        self.last = RoundStats(members=len(update), clipped=clipping.clipped(factors))
         clipped = self.scaled(update, factors)
         contribution = self.contributions(update)
         tables = {
@@ -178,7 +182,8 @@ class DpMechanism:
 
     def every_row(self, update: CohortUpdate, table: str, noise: torch.Tensor) -> RowUpdate:
         """rows = "all": every row of ``table``, its clipped deltas summed (zero when untouched)
-        plus ``noise`` (every row's, float64 on the host), over D p. The sums are the
+        plus ``noise`` (every row's, on the host: float64, or rounded to the deltas' dtype
+        already), over D p. The sums are the
         per-row sums ``_sums`` gives, taken in the same entry order (so the same numbers) but
         straight into the table-sized tensor the noise is added to, without the distinct
         rows."""
@@ -189,14 +194,26 @@ class DpMechanism:
         known = update.unions.get(table) if update.unions else None
         if known is not None:  # the backend's distinct rows (a GPU: no host read)
             self.last.touched_rows += len(known[0])
+        elif device.type == "cpu":  # the same count, marked in numpy (fewer calls' overhead)
+            marked = np.zeros(num_rows, dtype=bool)
+            marked[rows.numpy()] = True
+            self.last.touched_rows += int(np.count_nonzero(marked))
         else:
             touched = torch.zeros(num_rows, dtype=torch.bool, device=device)
             touched[rows] = True
             self.last.touched_rows += int(touched.sum())
         full += noise.to(device, deltas.dtype)
         self.last.rows_changed += num_rows
-        rows = torch.arange(num_rows, device=device)  # divided in place: no second copy
-        return RowUpdate(rows, full.div_(self.denominator * self.keep))
+        # divided in place (no second copy); every row's ids made once per table and device
+        # (a tensor no reader writes: a RowUpdate's rows are read only)
+        return RowUpdate(self._every(num_rows, device), full.div_(self.denominator * self.keep))
+
+    def _every(self, num_rows: int, device: torch.device) -> torch.Tensor:
+        """0 .. num_rows - 1 on ``device`` (int64), made once and kept."""
+        every = self.every.get((num_rows, device))
+        if every is None:
+            every = self.every[(num_rows, device)] = torch.arange(num_rows, device=device)
+        return every
 
     def _sums(
         self, update: CohortUpdate, table: str

@@ -56,20 +56,14 @@ class ParticipationBound:
 
     def eligible(self, round_index: int, among: np.ndarray | None) -> np.ndarray:
         """The users of ``among`` (default: all) that may take part in round ``round_index``."""
-        separation = max(self.pattern.min_separation, 1)
-        if among is None:  # every user: compared in place, no gather (the same users)
-            ok = self.last <= round_index - separation
-            if self.pattern.max_participations:
-                ok &= self.count < self.pattern.max_participations
-            chosen = np.flatnonzero(ok)
-            self.refused = len(ok) - len(chosen)
-            return chosen
-        candidates = among
-        ok = round_index - self.last[candidates] >= separation
+        last = self.last if among is None else self.last[among]  # all: no copy
+        ok = round_index - last >= max(self.pattern.min_separation, 1)
         if self.pattern.max_participations:
-            ok &= self.count[candidates] < self.pattern.max_participations
-        self.refused = int((~ok).sum())
-        return candidates[ok]
+            ok &= (self.count if among is None else self.count[among]) < (
+                self.pattern.max_participations
+            )
+        self.refused = len(ok) - int(np.count_nonzero(ok))
+        return np.flatnonzero(ok) if among is None else among[ok]  # all: positions 0 .. N - 1
 
     def record(self, round_index: int, clients: np.ndarray) -> None:
         """The cohort of round ``round_index`` took part (called once per round, at the

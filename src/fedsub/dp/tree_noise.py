@@ -178,12 +178,34 @@ class RowsCounter:
         self.counter[..., 0] = np.arange(pairs, dtype=np.uint32)
         self.counter[..., 3] = np.arange(rows, dtype=np.uint32)[:, None]
         self.flat = self.counter.reshape(-1, 4)
+        self.many = self.flat[:0]  # ``nodes_noise``'s blocks of several nodes (grown on use)
+        self.flat_level = 0  # the level columns as written (zeros: level 0)
+        self.many_levels: list[int] = []
 
     def noise(self, key: Key, level: int, node: int) -> np.ndarray:
         """The noise of node (``level``, ``node``) of every row: (rows, dim) float64."""
         self.flat[:, 1] = node
-        self.flat[:, 2] = level
+        if self.flat_level != level:  # a column written only when it changes (BLT: never)
+            self.flat[:, 2] = self.flat_level = level
         return _draw(key, self.flat, self.rows, self.dim)
+
+    def nodes_noise(self, key: Key, nodes: list[tuple[int, int]]) -> np.ndarray:
+        """``noise`` of each (level, node) of ``nodes`` in one draw: (len(nodes), rows, dim)
+        float64 (the blocks of each node in turn, as ``every_node_noise`` orders them)."""
+        if len(nodes) == 1:
+            return self.noise(key, *nodes[0])[None]
+        size = len(self.flat)
+        if len(self.many) < len(nodes) * size:  # the blocks of more nodes: kept, grown
+            self.many = np.tile(self.flat, (len(nodes), 1))
+            self.many_levels = [-1] * len(nodes)  # every level column to write
+        many = self.many[: len(nodes) * size]
+        for k, (level, node) in enumerate(nodes):
+            many[k * size : (k + 1) * size, 1] = node
+            if self.many_levels[k] != level:  # the tree's node k is at level k: once
+                many[k * size : (k + 1) * size, 2] = self.many_levels[k] = level
+        return _draw(key, many, len(nodes) * self.rows, self.dim).reshape(
+            len(nodes), self.rows, self.dim
+        )
 
 
 def every_node_noise(
@@ -232,21 +254,34 @@ STEPS = 1 << (32 - PAIR_BITS - 1)  # steps a retry counter can name (more are ne
 
 def _entries_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray:
     """Version 2 (module docstring): the ziggurat over each entry's word stream, its first
-    word from the block of its pair and the few later ones from its own retry counters; a
-    large draw in pieces of about ``CHUNK`` entries (its arrays stay in the cache: the same
-    numbers, every entry's value being its own)."""
+    word from the block of its pair and the few later ones from its own retry counters. A
+    large draw takes its first words and fast path in pieces of about ``CHUNK`` entries (its
+    arrays stay in the cache), then the entries no piece accepted at once all together (one
+    vectorised step for a draw of several nodes or pieces): the same numbers, every entry's
+    value being its own."""
     pairs = (dim + 1) // 2
     if pairs > 1 << PAIR_BITS:
         raise ValueError(f"noise stream version 2 draws at most {2 << PAIR_BITS} values an entry")
     piece = max(CHUNK // dim, 1)  # rows a piece
-    if count <= piece:
-        return _piece_v2(key, counter, count, dim)
-    out = np.empty((count, dim))
+    out = np.empty(count * dim)
+    pending, words = [], []
     for start in range(0, count, piece):
         stop = min(start + piece, count)
-        part = counter[start * pairs : stop * pairs]
-        out[start:stop] = _piece_v2(key, part, stop - start, dim)
-    return out
+        part = keystream_words(counter[start * pairs : stop * pairs], key).view(np.uint64)
+        part = part.reshape(stop - start, 2 * pairs)
+        if dim == 2 * pairs:
+            first = part.reshape(-1)
+        else:  # an odd width: the last pair's second word is not read (dim 1: a strided view)
+            first = part[:, 0] if dim == 1 else part[:, :dim].reshape(-1)
+        at = ziggurat.accepted(first, out[start * dim : stop * dim])
+        pending.append(at + start * dim)
+        words.append(first[at])
+    if pending:  # one piece's as they are, several pieces' together
+        at, first = (
+            (pending[0], words[0]) if len(pending) == 1 else map(np.concatenate, (pending, words))
+        )
+        ziggurat.finish(out, at, first, _more(key, counter, dim))
+    return out.reshape(count, dim)
 
 
 CHUNK = 20480  # _entries_v2: the entries of a piece (its arrays in the CPU's cache)
@@ -255,11 +290,32 @@ _STEP_TAGS = np.zeros((STEPS, 4), dtype=np.uint32)
 _STEP_TAGS[:, 0] = np.arange(STEPS, dtype=np.uint32) << (PAIR_BITS + 1)
 
 
-def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray:
-    """``_entries_v2`` of ``count`` rows at once."""
+BLOCK_ITEM = np.dtype("V16")  # a counter block as one item (``_items``)
+
+
+def _items(counter: np.ndarray) -> np.ndarray:
+    """The (n, 4) uint32 counter blocks as n 16-byte items: a gather or copy of whole blocks
+    in one long loop instead of numpy's loops over rows of four words (the same bytes)."""
+    return np.ascontiguousarray(counter, dtype=np.uint32).view(BLOCK_ITEM)[:, 0]
+
+
+def _stepped(items: np.ndarray, step: int, steps: int) -> np.ndarray:
+    """``blocks[:, None, :] | _STEP_TAGS[step : step + steps]`` of the blocks ``items``
+    (``_items``), (len(items), steps, 4): each block copied once a step and the step OR-ed
+    into its word 0 (the same bytes)."""
+    out = np.empty((len(items), steps, 4), dtype=np.uint32)
+    whole = out.view(BLOCK_ITEM)[..., 0]  # (entries, steps) of whole blocks
+    for k in range(steps):
+        whole[:, k] = items
+        out[:, k, 0] |= _STEP_TAGS[step + k, 0]
+    return out
+
+
+def _more(key: Key, counter: np.ndarray, dim: int) -> ziggurat.More:
+    """``ziggurat.More`` of the entries drawn from ``counter`` (entry e: position e % dim of
+    row e // dim): blocks step .. step + steps - 1 of each entry's retry counters."""
     pairs = (dim + 1) // 2
-    words = keystream_words(counter, key).view(np.uint64).reshape(count, 2 * pairs)
-    first = words.reshape(-1) if dim == 2 * pairs else words[:, :dim].reshape(-1)
+    items = _items(counter)
 
     def more(entries: np.ndarray, step: int, steps: int) -> np.ndarray:
         if step + steps > STEPS:  # each step ends an entry with probability > 1/2: never
@@ -273,16 +329,14 @@ def _piece_v2(key: Key, counter: np.ndarray, count: int, dim: int) -> np.ndarray
             return _few_blocks(key, counter[at].tolist(), slots, step, steps)
         # each entry's block, with the step in word 0 (``_STEP_TAGS``): (entries, steps, 4)
         if dim == 1:  # an entry a block, in slot 0
-            blocks = counter[entries][:, None, :] | _STEP_TAGS[step : step + steps]
+            blocks = _stepped(items[entries], step, steps)
         else:
             owner, position = np.divmod(entries, dim)
-            blocks = (
-                counter[owner * pairs + position // 2][:, None, :] | _STEP_TAGS[step : step + steps]
-            )
+            blocks = _stepped(items[owner * pairs + position // 2], step, steps)
             blocks[..., 0] |= ((position % 2).astype(np.uint32) << PAIR_BITS)[:, None]
         return keystream_words(blocks.reshape(-1, 4), key).view(np.uint64).reshape(-1, steps, 2)
 
-    return ziggurat.normals(first, more).reshape(count, dim)
+    return more
 
 
 _BLOCK = struct.Struct("<4I")

@@ -109,20 +109,32 @@ More = Callable[[np.ndarray, int, int], np.ndarray]
 def normals(first: np.ndarray, more: More) -> np.ndarray:
     """One standard normal per entry from its stream: ``first`` (n,) uint64 its W0, ``more``
     its later blocks (read only for the ~1.5% not accepted at once): (n,) float64."""
+    out = np.empty(len(first))
+    pending = accepted(first, out)
+    finish(out, pending, first[pending], more)
+    return out
+
+
+def accepted(first: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The fast path of ``normals``: each entry's first attempt x into ``out`` (n,) float64,
+    and the entries not accepted at once (their x is not their value: ``finish``)."""
     low = np.bitwise_and(first.view(np.int64), _LOW)
     high = (first >> np.uint64(11)).view(np.int64)
-    out = high.astype(np.float64)
-    out *= _WIDTH.take(low)
-    pending = np.flatnonzero(high >= _BOUND.take(low))
+    # float(high) * width, the integer converted exactly (high < 2^53) inside the product
+    np.multiply(high, _WIDTH.take(low), out=out)
+    return np.flatnonzero(high >= _BOUND.take(low))
+
+
+def finish(out: np.ndarray, pending: np.ndarray, words: np.ndarray, more: More) -> None:
+    """The values of the ``pending`` entries (``accepted``'s; ``words`` their W0s) into
+    ``out``: whichever entries of a draw are pending together, each value is its own."""
     if len(pending) > SCALAR:
-        out[pending] = _step(first[pending], out[pending], pending, more)
+        out[pending] = _step(words, out[pending], pending, more)
     elif len(pending):  # a few: each entry's value straight into ``out`` (``_one``)
         entries = pending.tolist()
         blocks = more(pending, 1, AHEAD).tolist()
-        words = first[pending].tolist()
-        for word, its, entry in zip(words, blocks, entries, strict=True):
+        for word, its, entry in zip(words.tolist(), blocks, entries, strict=True):
             out[entry] = _one(word, its, 1, entry, more)
-    return out
 
 
 def _step(attempt: np.ndarray, x: np.ndarray, entries: np.ndarray, more: More) -> np.ndarray:

@@ -74,7 +74,10 @@ def nobody(params: Params) -> Updates:
 def touched_nonfinite(params: Params, update: ServerUpdate) -> torch.Tensor:
     """A 0-d bool tensor on the model's device: whether a row this round changed, or a dense
     parameter, is NaN or Inf. O(touched), no host read."""
-    touched = [params.tables[t].index_select(0, u.rows) for t, u in update.tables.items()]
+    touched = [
+        table if len(u.rows) == len(table) else table.index_select(0, u.rows)  # every row
+        for table, u in ((params.tables[t], u) for t, u in update.tables.items())
+    ]
     return any_nonfinite([*touched, *params.dense.values()])
 
 
