@@ -387,16 +387,26 @@ def test_each_members_contribution_has_l2_norm_at_most_b():
         assert got == pytest.approx([min(1, bound / math.sqrt(n)) for n in (1, 4, 100)])
 
 
-@pytest.mark.parametrize(("num_rows", "count"), [(60, 12), (20_000, 24), (300, 40)])
-def test_untouched_rows_are_the_first_distinct_free_draws(num_rows, count):
+@pytest.mark.parametrize(
+    ("num_rows", "count", "touched"),
+    [
+        (60, 12, [1, 4, 7, 30, 55]),
+        (20_000, 24, [1, 4, 7, 30, 55]),
+        (300, 40, [1, 4, 7, 30, 55]),
+        (65, 30, [1, 4, 7, 30, 55]),  # 2 count = the free rows: still this path
+        (200, 50, list(range(0, 200, 2))),  # half the draws touched: later batches
+    ],
+)
+def test_untouched_rows_are_the_first_distinct_free_draws(num_rows, count, touched):
     """sample_untouched keeps, batch after batch of the generator's draws, each free row's
     first draw until ``count`` (a loop over the draws written out here, the same generator
-    state), with rows drawn twice in a batch (small tables) and without."""
-    touched = torch.tensor([1, 4, 7, 30, 55])
+    state), with rows drawn twice in a batch (small tables) and without, and with batches
+    after the first (each of 2 (count - kept) + 8 draws, leaving the generator where the loop
+    leaves it). It takes this path while 2 count is at most the free rows."""
+    touched = torch.tensor(touched)
     for seed in range(20):
-        got = selection.sample_untouched(
-            touched, num_rows, count, torch.Generator().manual_seed(seed)
-        )
+        used = torch.Generator().manual_seed(seed)
+        got = selection.sample_untouched(touched, num_rows, count, used)
         generator, kept = torch.Generator().manual_seed(seed), []
         while len(kept) < count:
             batch = torch.randint(num_rows, (2 * (count - len(kept)) + 8,), generator=generator)
@@ -404,6 +414,23 @@ def test_untouched_rows_are_the_first_distinct_free_draws(num_rows, count):
                 if row not in touched.tolist() and row not in kept and len(kept) < count:
                     kept.append(row)
         assert got.tolist() == sorted(kept)
+        # and exactly these draws taken from the generator (the selection's next draws read it)
+        assert torch.equal(used.get_state(), generator.get_state())
+
+
+@pytest.mark.parametrize(("num_rows", "count"), [(60, 40), (65, 31), (66, 61)])
+def test_more_than_half_the_free_rows_are_a_permutation_of_the_free_list(num_rows, count):
+    """When 2 count exceeds the free rows, sample_untouched lists the free rows (ascending)
+    and keeps the first ``count`` of a random permutation of them (written out here with the
+    same generator state)."""
+    touched = [1, 4, 7, 30, 55]
+    free = [r for r in range(num_rows) if r not in touched]
+    for seed in range(10):
+        got = selection.sample_untouched(
+            torch.tensor(touched), num_rows, count, torch.Generator().manual_seed(seed)
+        )
+        order = torch.randperm(len(free), generator=torch.Generator().manual_seed(seed))
+        assert got.tolist() == sorted(free[i] for i in order[:count].tolist())
 
 
 def test_all_the_free_rows_can_be_drawn_and_no_more():
