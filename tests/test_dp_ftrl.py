@@ -502,7 +502,7 @@ def test_the_pattern_and_the_rows_last_rounds_survive_a_checkpoint() -> None:
     assert list(resumed.last_rounds("w", np.array([7, 8, 9]))) == [4, 0, 4]
 
 
-@pytest.mark.parametrize("cap", [0.0, 4.0])
+@pytest.mark.parametrize("cap", [0.0, 0.5, 1.0, 4.0])  # 1: the rule's at K = 50, epsilon 1
 def test_the_host_cap_of_the_heat_is_the_clamp(cap) -> None:
     """The per-round selection caps the noisy heat on the host (``capped_host``, numpy): the
     same numbers as ``capped``'s clamp at D / heat_cap (and the heat itself without a cap)."""
@@ -634,6 +634,8 @@ def test_the_commits_merge_is_a_dict_of_each_rows_last_round() -> None:
         for rows in (
             rng.choice(400, picked, replace=False),  # a selection, in any order
             np.sort(rng.choice(known, min(picked, size), replace=False)),  # all known
+            np.array([377, 5]),  # two rows out of order
+            np.array([5, 377, 9]),  # the first the least, the others out of order
         ):
             new_rounds = rng.integers(30, 60, len(rows))
             expected = dict(zip(known.tolist(), rounds.tolist(), strict=True))
