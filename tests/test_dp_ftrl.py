@@ -504,8 +504,8 @@ def test_the_pattern_and_the_rows_last_rounds_survive_a_checkpoint() -> None:
 
 @pytest.mark.parametrize("cap", [0.0, 0.5, 1.0, 4.0])  # 1: the rule's at K = 50, epsilon 1
 def test_the_host_cap_of_the_heat_is_the_clamp(cap) -> None:
-    """The per-round selection caps the noisy heat on the host (``capped_host``, numpy): the
-    same numbers as ``capped``'s clamp at D / heat_cap (and the heat itself without a cap)."""
+    """The selections cap the noisy heat on the host (``capped``, numpy): the same numbers as
+    torch's clamp at D / heat_cap, written out here (and the heat itself without a cap)."""
     from fedsub.dp.ftrl import FtrlMechanism
     from fedsub.runs.run_setup import dp_of
 
@@ -522,8 +522,9 @@ def test_the_host_cap_of_the_heat_is_the_clamp(cap) -> None:
     assert settings is not None
     mechanism = FtrlMechanism(settings, {"w": 100}, np.ones(3000), heat=True)
     heat = np.random.default_rng(4).uniform(0.0, 3.0 * mechanism.denominator, 200)
-    host = mechanism.capped_host(heat)
-    clamped = mechanism.capped(torch.from_numpy(heat)).numpy()
+    host = mechanism.capped(heat)
+    floor = mechanism.denominator / cap if cap > 0 else -math.inf
+    clamped = torch.from_numpy(heat).clamp(min=floor).numpy()
     assert host.tobytes() == clamped.tobytes()
     assert (host > heat).any() == (cap > 0)
 

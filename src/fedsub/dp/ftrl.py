@@ -423,7 +423,7 @@ class FtrlMechanism(DpMechanism):
         self.last.rows_changed += len(picked)
         self.last.false_positives += int(fresh.sum())
         if self.heat:  # capped on the host (numpy's max is torch's clamp), then moved once
-            divisor = self.capped_host(chosen.noisy_heat.numpy())
+            divisor = self.capped(chosen.noisy_heat.numpy())
             if len(divisor):  # D / min(h_m): a float64 division either way, the same number
                 coefficient = self.denominator / float(divisor.min())
                 self.last.largest_coefficient = max(self.last.largest_coefficient, coefficient)
@@ -459,14 +459,9 @@ class FtrlMechanism(DpMechanism):
             return True
         return ((round_index - 1) // window) % self.settings.selection.refresh == 0
 
-    def capped(self, heat: torch.Tensor) -> torch.Tensor:
-        """h_m, raised to D / heat_cap when a cap is set (dp.heat_cap: the coefficient D / h_m
-        at most heat_cap)."""
-        cap = self.settings.selection.heat_cap
-        return heat.clamp(min=self.denominator / cap) if cap > 0 else heat
-
-    def capped_host(self, heat: np.ndarray) -> np.ndarray:
-        """``capped`` of a float64 host array (np.maximum: the same numbers as clamp)."""
+    def capped(self, heat: np.ndarray) -> np.ndarray:
+        """h_m (float64, on the host), raised to D / heat_cap when a cap is set (dp.heat_cap:
+        the coefficient D / h_m at most heat_cap)."""
         cap = self.settings.selection.heat_cap
         return np.maximum(heat, self.denominator / cap) if cap > 0 else heat
 
@@ -559,10 +554,10 @@ class FtrlMechanism(DpMechanism):
         divisor, coefficient = None, 0.0
         if self.heat:
             window = self.settings.selection.window
-            heat = self.capped(chosen.noisy_heat.to(device, torch.float64) / window)
+            heat = self.capped(chosen.noisy_heat.numpy() / window)
             if len(heat):
-                coefficient = float(self.denominator / heat.min())
-            divisor = heat.to(dtype).unsqueeze(1)
+                coefficient = self.denominator / float(heat.min())
+            divisor = torch.from_numpy(heat).to(device, dtype).unsqueeze(1)
         fresh = int((chosen.touched_position < 0).sum())
         kept = WindowRows(picked, torch.from_numpy(picked).to(device), fresh, divisor, coefficient)
         self.window_rows[table] = (chosen, (device, dtype), kept)
